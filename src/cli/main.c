@@ -1,0 +1,107 @@
+/* kvpred CLI entry point: dispatches to one file per subcommand (see cli.h). */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+struct command {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *help;
+};
+
+static const struct command commands[] = {
+    {"run", cmd_run, "generate text from a prompt"},
+    {"info", cmd_info, "show a model's architecture, shapes, types and memory needs"},
+    {"perplexity", cmd_perplexity, "perplexity of a text (llama.cpp's convention)"},
+    {"logits", cmd_logits, "next-token logits at every position of a text, as JSON"},
+    {"bench", cmd_bench, "prefill and decode speed"},
+    {"convert", cmd_convert, "convert a llama2.c checkpoint to GGUF"},
+    {"tokenize", cmd_tokenize, "print the token ids of a text"},
+    {"train-lm", cmd_train_lm, "train a small Llama-architecture model from scratch"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "kvpred %s: long-context LLM inference with sparse KV-cache attention\n\n"
+               "usage: kvpred COMMAND [options]   (kvpred COMMAND --help for its options)\n\n",
+            KVP_VERSION);
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].help);
+}
+
+int cli_fail(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("kvpred: error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return 1;
+}
+
+int cli_fail_err(const struct kvp_err *err)
+{
+    return cli_fail("%s", err->msg[0] ? err->msg : kvp_strerror(err->code));
+}
+
+void cli_warn(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("kvpred: warning: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+bool cli_parse_int(const char *s, long min, long max, long *out)
+{
+    if (!s || !*s)
+        return false;
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || v < min || v > max)
+        return false;
+    *out = v;
+    return true;
+}
+
+bool cli_parse_float(const char *s, double min, double max, double *out)
+{
+    if (!s || !*s)
+        return false;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end || !isfinite(v) || v < min || v > max)
+        return false;
+    *out = v;
+    return true;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 1;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("kvpred %s\n", KVP_VERSION);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        if (!strcmp(argv[1], commands[i].name))
+            return commands[i].fn(argc - 1, argv + 1);
+    return cli_fail("unknown command '%s' (try kvpred --help)", argv[1]);
+}

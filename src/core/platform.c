@@ -1,0 +1,92 @@
+/* Platform shims for Linux/x86-64 (see platform.h). */
+#include "core/platform.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+int kvp_file_map(const char *path, struct kvp_file_map *m, struct kvp_err *err)
+{
+    memset(m, 0, sizeof(*m));
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return kvp_err_set(err, KVP_EIO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return kvp_err_set(err, KVP_EIO, "%s: cannot stat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return kvp_err_set(err, KVP_EIO, "%s: not a regular file", path);
+    }
+    if (st.st_size == 0) {
+        close(fd);
+        return 0;
+    }
+    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int e = errno;
+    close(fd);
+    if (p == MAP_FAILED)
+        return kvp_err_set(err, KVP_EIO, "%s: cannot map: %s", path, strerror(e));
+    m->data = p;
+    m->size = (size_t)st.st_size;
+    return 0;
+}
+
+void kvp_file_unmap(struct kvp_file_map *m)
+{
+    if (!m)
+        return;
+    if (m->heap)
+        free(m->heap);
+    else if (m->data)
+        munmap((void *)m->data, m->size);
+    memset(m, 0, sizeof(*m));
+}
+
+double kvp_time_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void *kvp_alloc_aligned(size_t size)
+{
+    if (size == 0)
+        return NULL;
+    /* round up so aligned_alloc's size-multiple rule holds */
+    size_t rounded = (size + 63) & ~(size_t)63;
+    if (rounded < size)
+        return NULL;
+    return aligned_alloc(64, rounded);
+}
+
+void kvp_free_aligned(void *p)
+{
+    free(p);
+}
+
+int kvp_cpu_features(void)
+{
+    static int cached = -1;
+    if (cached >= 0)
+        return cached;
+    int f = 0;
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        f |= KVP_CPU_AVX2;
+    if ((f & KVP_CPU_AVX2) && __builtin_cpu_supports("avx512f") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512dq"))
+        f |= KVP_CPU_AVX512;
+    cached = f;
+    return f;
+}

@@ -1,0 +1,38 @@
+/*
+ * Platform shims: file mapping, whole-file reads, monotonic time, aligned allocation and CPU
+ * feature detection. Everything OS-specific lives here so the rest of the library has no #ifdef.
+ */
+#ifndef KVP_CORE_PLATFORM_H
+#define KVP_CORE_PLATFORM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/err.h"
+
+/* A read-only view of a file: mapped when possible, or a heap copy (owned). */
+struct kvp_file_map {
+    const uint8_t *data; /* points into the mapping; valid until kvp_file_unmap */
+    size_t size;
+    void *heap;          /* non-NULL when the bytes were copied instead of mapped */
+};
+
+/* Map path read-only. Empty files map to data = NULL, size = 0. */
+int kvp_file_map(const char *path, struct kvp_file_map *m, struct kvp_err *err);
+void kvp_file_unmap(struct kvp_file_map *m);
+
+/* Monotonic wall-clock seconds. */
+double kvp_time_now(void);
+
+/* 64-byte aligned allocation (cache line and AVX-512 friendly); size 0 returns NULL. */
+void *kvp_alloc_aligned(size_t size);
+void kvp_free_aligned(void *p);
+
+enum kvp_cpu_feature {
+    KVP_CPU_AVX2 = 1 << 0,    /* AVX2 + FMA + F16C */
+    KVP_CPU_AVX512 = 1 << 1,  /* AVX-512 F, BW, VL, DQ */
+};
+/* Bitmask of enum kvp_cpu_feature supported by this CPU and OS. */
+int kvp_cpu_features(void);
+
+#endif

@@ -1,0 +1,37 @@
+/*
+ * Matrix-vector and matrix-matrix products over weights of any supported type.
+ *
+ * A weight matrix is `rows` rows of `cols` elements, each row contiguous and quantized along the
+ * row (GGUF ne = [cols, rows]). Decode multiplies one activation vector; prefill multiplies a
+ * batch, through OpenBLAS sgemm for F32 weights and a dequantized tile for the others.
+ */
+#ifndef KVP_KERNELS_MATVEC_H
+#define KVP_KERNELS_MATVEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct kvp_mat {
+    int type;           /* enum kvp_type */
+    int64_t cols;       /* elements per row (ne[0]) */
+    int64_t rows;       /* ne[1] */
+    size_t row_bytes;   /* bytes per row */
+    const void *data;   /* borrowed (usually points into the model mapping) */
+};
+
+/* Bytes of scratch needed to hold x prepared for W's type (0 for float types). */
+size_t kvp_matvec_xq_bytes(int type, int64_t cols);
+
+/* Prepare x for dots against rows of W's type: quantize to Q8_0 for Q8_0 weights; no-op for
+ * float types. xq must hold kvp_matvec_xq_bytes bytes. */
+void kvp_matvec_prepare(int type, const float *x, int64_t cols, void *xq);
+
+/* y[r] = dot(row r of W, x) for r in [r0, r1). xq is x prepared by kvp_matvec_prepare (may be
+ * NULL for float types). y is indexed by absolute row. */
+void kvp_matvec_rows(const struct kvp_mat *W, const float *x, const void *xq, float *y, int64_t r0,
+                     int64_t r1);
+
+/* Dequantize rows [r0, r1) of W into dst ([r1-r0][cols] floats). */
+void kvp_mat_dequant_rows(const struct kvp_mat *W, float *dst, int64_t r0, int64_t r1);
+
+#endif

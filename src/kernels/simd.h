@@ -1,0 +1,49 @@
+/*
+ * SIMD kernel table. Every hot inner loop has a scalar version (the test oracle) and AVX2 and
+ * AVX-512 versions compiled with their own target flags (files *_avx2.c, *_avx512.c). The best
+ * table for this CPU is chosen once at first use; KVP_SIMD=scalar|avx2|avx512 in the environment
+ * forces one (the tests use that to compare paths).
+ */
+#ifndef KVP_KERNELS_SIMD_H
+#define KVP_KERNELS_SIMD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct kvp_simd_ops {
+    const char *name; /* "scalar", "avx2", "avx512" */
+
+    /* Dot products of one weight row (n elements, n a multiple of the type's block size) with
+     * an activation vector. Float types take x as f32; Q8_0 takes x already quantized to Q8_0
+     * blocks (kvp_quantize_row_q8_0). */
+    float (*dot_f32)(const float *w, const float *x, int64_t n);
+    float (*dot_f16)(const uint16_t *w, const float *x, int64_t n);
+    float (*dot_bf16)(const uint16_t *w, const float *x, int64_t n);
+    float (*dot_q8_0)(const void *w, const void *xq, int64_t n);
+
+    /* y[i] += a * x[i] */
+    void (*axpy)(float a, const float *x, float *y, int64_t n);
+
+    /* x[i] = exp(x[i] - max); returns the sum of the new x. Accurate to ~1e-6 relative. */
+    float (*exp_sum)(float *x, int64_t n, float max);
+
+    /* Attention over one KV block. kt is the block's keys transposed, [hd][bs] (bs contiguous
+     * token values per dimension); scores[t] = scale * Σ_d q[d]·kt[d][t] for t < bs. */
+    void (*block_scores)(const float *q, const float *kt, int hd, int bs, float scale,
+                         float *scores);
+    /* out[d] += Σ_t p[t]·v[t][d] for t < n, v laid out [bs][hd] (n <= bs tokens used). */
+    void (*block_accum)(const float *p, const float *v, int hd, int n, float *out);
+};
+
+/* The table for this CPU (or the one KVP_SIMD forces). Thread-safe after the first call. */
+const struct kvp_simd_ops *kvp_simd(void);
+
+/* Tables for explicit use in tests; NULL when the CPU lacks the instructions. */
+const struct kvp_simd_ops *kvp_simd_scalar(void);
+const struct kvp_simd_ops *kvp_simd_avx2(void);
+const struct kvp_simd_ops *kvp_simd_avx512(void);
+
+/* Quantize n floats (n a multiple of 32) into Q8_0 blocks (round to nearest, as ggml does). */
+void kvp_quantize_row_q8_0(const float *x, void *dst, int64_t n);
+
+#endif

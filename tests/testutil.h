@@ -1,0 +1,44 @@
+/*
+ * Helpers shared by the cmocka test programs: where ../shared is, skipping cleanly when it is
+ * absent, temporary files, and running the CLI.
+ */
+#ifndef KVP_TESTS_TESTUTIL_H
+#define KVP_TESTS_TESTUTIL_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+/* Absolute path of a file under ../shared (KVP_SHARED_DIR from CTest), or NULL if shared/ or the
+ * file is missing. The returned string is static storage, overwritten by the next call. */
+const char *kvp_test_shared(const char *relpath);
+
+/* Same, but skips the current cmocka test with a message when the file is missing. */
+#define KVP_REQUIRE_SHARED(var, relpath)                                                           \
+    const char *var = kvp_test_shared(relpath);                                                    \
+    do {                                                                                           \
+        if (!var) {                                                                                \
+            print_message("[  SKIP    ] ../shared/%s not found, test skipped\n", relpath);         \
+            skip();                                                                                \
+        }                                                                                          \
+    } while (0)
+
+/* Path of the kvpred CLI built next to the tests (KVP_CLI), or NULL. */
+const char *kvp_test_cli(void);
+
+/* A fresh temporary file path (the file is created empty); caller frees with free(). */
+char *kvp_test_tmpfile(const char *suffix);
+
+/* Read a whole file into a NUL-terminated heap buffer; NULL on failure. */
+char *kvp_test_read_file(const char *path, size_t *size);
+
+/* Write bytes to a file; 0 on success. */
+int kvp_test_write_file(const char *path, const void *data, size_t size);
+
+/* Run a shell command, capturing stdout (and stderr if merge_stderr) into a heap string.
+ * Returns the exit status (or -1). */
+int kvp_test_run(const char *cmd, char **output, int merge_stderr);
+
+#endif
