@@ -7,7 +7,6 @@
 #include <math.h>
 #include <string.h>
 
-#include "kernels/simd.h"
 
 float kvp_f16_to_f32(uint16_t h)
 {
@@ -138,13 +137,31 @@ static void q8_0_to_f32(const void *src, float *dst, int64_t n)
     }
 }
 
+void kvp_quantize_row_q8_0_ref(const float *x, void *dst, int64_t n)
+{
+    uint8_t *out = dst;
+    for (int64_t b = 0; b < n / KVP_QK8_0; b++) {
+        const float *xb = x + b * KVP_QK8_0;
+        float amax = 0.0f;
+        for (int j = 0; j < KVP_QK8_0; j++)
+            amax = fmaxf(amax, fabsf(xb[j]));
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        struct kvp_block_q8_0 blk;
+        blk.d = kvp_f32_to_f16(d);
+        for (int j = 0; j < KVP_QK8_0; j++)
+            blk.qs[j] = (int8_t)lrintf(xb[j] * id);
+        memcpy(out + b * sizeof(blk), &blk, sizeof(blk));
+    }
+}
+
 #define ROW(id, nm, bs, ts) [id] = {.name = nm, .blck_size = bs, .type_size = ts}
 
 static const struct kvp_type_traits type_table[KVP_TYPE_COUNT] = {
     [KVP_TYPE_F32] = {"F32", 1, 4, true, f32_to_f32, f32_from_f32},
     [KVP_TYPE_F16] = {"F16", 1, 2, true, f16_to_f32, f32_from_f16},
     [KVP_TYPE_BF16] = {"BF16", 1, 2, true, bf16_to_f32, f32_from_bf16},
-    [KVP_TYPE_Q8_0] = {"Q8_0", 32, 34, true, q8_0_to_f32, kvp_quantize_row_q8_0},
+    [KVP_TYPE_Q8_0] = {"Q8_0", 32, 34, true, q8_0_to_f32, kvp_quantize_row_q8_0_ref},
     ROW(KVP_TYPE_Q4_0, "Q4_0", 32, 18),
     ROW(KVP_TYPE_Q4_1, "Q4_1", 32, 20),
     ROW(KVP_TYPE_Q5_0, "Q5_0", 32, 22),

@@ -41,6 +41,10 @@ const char *kvp_type_name(int type);
  * unknown, or the size overflows. */
 bool kvp_type_row_bytes(int type, int64_t n, size_t *out);
 
+/* Reference (scalar) Q8_0 quantization of n floats, n a multiple of 32: d = max|x|/127,
+ * q = round(x/d), as ggml's quantize_row_q8_0_ref. */
+void kvp_quantize_row_q8_0_ref(const float *x, void *dst, int64_t n);
+
 /* Scalar IEEE half and bfloat16 conversions (round to nearest even). */
 float kvp_f16_to_f32(uint16_t h);
 uint16_t kvp_f32_to_f16(float f);
