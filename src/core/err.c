@@ -28,7 +28,16 @@ int kvp_err_prefix(struct kvp_err *err, const char *fmt, ...)
     vsnprintf(prefix, sizeof(prefix), fmt, ap);
     va_end(ap);
     memcpy(old, err->msg, sizeof(old));
-    snprintf(err->msg, sizeof(err->msg), "%s: %s", prefix, old);
+    size_t n = strlen(prefix);
+    if (n > sizeof(err->msg) - 3)
+        n = sizeof(err->msg) - 3;
+    memcpy(err->msg, prefix, n);
+    err->msg[n] = ':';
+    err->msg[n + 1] = ' ';
+    size_t room = sizeof(err->msg) - n - 3;
+    size_t m = strnlen(old, room);
+    memcpy(err->msg + n + 2, old, m);
+    err->msg[n + 2 + m] = 0;
     return err->code;
 }
 
