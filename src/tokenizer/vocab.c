@@ -228,6 +228,9 @@ int kvp_vocab_create_spm(int n_vocab, const char *const *texts, const size_t *le
 {
     if (!out)
         return kvp_err_set(err, KVP_EINVAL, "kvp_vocab_create_spm: NULL out");
+    if (n_vocab <= 0 || n_vocab > KVP_VOCAB_MAX_TOKENS)
+        return kvp_err_set(err, KVP_EINVAL, "vocabulary: %d tokens (must be 1 .. %d)", n_vocab,
+                           KVP_VOCAB_MAX_TOKENS);
     int ids[3] = {bos, eos, unk};
     for (int i = 0; i < 3; i++)
         if (ids[i] < -1 || ids[i] >= n_vocab)
