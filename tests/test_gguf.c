@@ -315,7 +315,7 @@ static uint8_t *make_vocab_file(size_t *size)
     struct kvp_err err = {0};
     assert_int_equal(kvp_gguf_writer_init(&w, &err), 0);
     kvp_gguf_writer_set_str(w, "tokenizer.ggml.model", "llama");
-    const char *toks[] = {"<unk>", "<s>", "</s>", "\xe2\x96\x81" "a"};
+    const char *toks[] = {"<unk>", "<s>", "</s>", "\xe2\x96\x81\x61"};
     kvp_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, NULL, 4);
     int32_t ty[] = {2, 3, 3, 1};
     kvp_gguf_writer_set_arr_i32(w, "tokenizer.ggml.token_type", ty, 4);
