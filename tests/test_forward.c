@@ -12,6 +12,7 @@
 #include <cjson/cJSON.h>
 
 #include "kvpred.h"
+#include "model/model.h"
 #include "testutil.h"
 
 static float *eval_all(kvp_model *m, const int32_t *ids, int n, int threads, int block, bool decode)
@@ -40,6 +41,119 @@ static double max_abs_diff(const float *a, const float *b, size_t n)
     for (size_t i = 0; i < n; i++)
         d = fmax(d, fabs((double)a[i] - b[i]));
     return d;
+}
+
+/* ---- the slow, obvious oracle: the whole forward pass in double precision ---- */
+
+static double *mat_f64(const struct kvp_mat *w)
+{
+    assert_int_equal(w->type, 0); /* the oracle reads F32 models only */
+    size_t n = (size_t)(w->rows * w->cols);
+    double *o = malloc(n * sizeof(double));
+    for (size_t i = 0; i < n; i++)
+        o[i] = ((const float *)w->data)[i];
+    return o;
+}
+
+/* y[r] = sum_c W[r][c] x[c] */
+static void mv64(const double *W, const double *x, double *y, int rows, int cols)
+{
+    for (int r = 0; r < rows; r++) {
+        double s = 0;
+        for (int c = 0; c < cols; c++)
+            s += W[(size_t)r * cols + c] * x[c];
+        y[r] = s;
+    }
+}
+
+static void rms64(double *o, const double *x, const float *w, int n, double eps)
+{
+    double ss = 0;
+    for (int i = 0; i < n; i++)
+        ss += x[i] * x[i];
+    double sc = 1.0 / sqrt(ss / n + eps);
+    for (int i = 0; i < n; i++)
+        o[i] = x[i] * sc * w[i];
+}
+
+static void rope64(double *v, int nh, int hd, int pos, double base)
+{
+    for (int h = 0; h < nh; h++)
+        for (int i = 0; i < hd / 2; i++) {
+            double th = pos * pow(base, -2.0 * i / hd), c = cos(th), s = sin(th);
+            double *p = v + h * hd + 2 * i, x0 = p[0], x1 = p[1];
+            p[0] = x0 * c - x1 * s;
+            p[1] = x0 * s + x1 * c;
+        }
+}
+
+static double *oracle_logits(const kvp_model *m, const int32_t *ids, int n)
+{
+    const struct kvp_hparams *hp = &m->hp;
+    int D = hp->n_embd, hd = hp->head_dim, H = hp->n_head, KV = hp->n_head_kv, F = hp->n_ff;
+    int qd = H * hd, kvd = KV * hd, g = H / KV;
+    double *emb = mat_f64(&m->tok_embd), *out = mat_f64(&m->output);
+    double *x = calloc((size_t)n * D, 8), *h = malloc(D * 8), *q = malloc((size_t)n * qd * 8);
+    double *k = malloc((size_t)n * kvd * 8), *v = malloc((size_t)n * kvd * 8);
+    double *att = malloc(qd * 8), *o = malloc(D * 8), *gt = malloc(F * 8), *up = malloc(F * 8);
+    double *sc = malloc((size_t)n * 8), *lg = malloc((size_t)n * hp->n_vocab * 8);
+    for (int i = 0; i < n; i++)
+        memcpy(x + (size_t)i * D, emb + (size_t)ids[i] * D, D * 8);
+    for (int l = 0; l < hp->n_layer; l++) {
+        const struct kvp_layer_weights *L = &m->layers[l];
+        double *wq = mat_f64(&L->wq), *wk = mat_f64(&L->wk), *wv = mat_f64(&L->wv);
+        double *wo = mat_f64(&L->wo), *w1 = mat_f64(&L->w_gate), *w3 = mat_f64(&L->w_up);
+        double *w2 = mat_f64(&L->w_down);
+        for (int i = 0; i < n; i++) {
+            rms64(h, x + (size_t)i * D, L->attn_norm, D, hp->norm_eps);
+            mv64(wq, h, q + (size_t)i * qd, qd, D);
+            mv64(wk, h, k + (size_t)i * kvd, kvd, D);
+            mv64(wv, h, v + (size_t)i * kvd, kvd, D);
+            rope64(q + (size_t)i * qd, H, hd, i, hp->rope_base);
+            rope64(k + (size_t)i * kvd, KV, hd, i, hp->rope_base);
+        }
+        for (int i = 0; i < n; i++) {
+            for (int hh = 0; hh < H; hh++) {
+                const double *qi = q + (size_t)i * qd + hh * hd;
+                int kh = hh / g;
+                double mx = -1e300, sum = 0;
+                for (int t = 0; t <= i; t++) {
+                    double s = 0;
+                    for (int d = 0; d < hd; d++)
+                        s += qi[d] * k[(size_t)t * kvd + kh * hd + d];
+                    sc[t] = s / sqrt((double)hd);
+                    mx = fmax(mx, sc[t]);
+                }
+                for (int t = 0; t <= i; t++)
+                    sum += (sc[t] = exp(sc[t] - mx));
+                for (int d = 0; d < hd; d++) {
+                    double a = 0;
+                    for (int t = 0; t <= i; t++)
+                        a += sc[t] * v[(size_t)t * kvd + kh * hd + d];
+                    att[hh * hd + d] = a / sum;
+                }
+            }
+            mv64(wo, att, o, D, qd);
+            for (int d = 0; d < D; d++)
+                x[(size_t)i * D + d] += o[d];
+            rms64(h, x + (size_t)i * D, L->ffn_norm, D, hp->norm_eps);
+            mv64(w1, h, gt, F, D);
+            mv64(w3, h, up, F, D);
+            for (int f = 0; f < F; f++)
+                gt[f] = gt[f] / (1 + exp(-gt[f])) * up[f];
+            mv64(w2, gt, o, D, F);
+            for (int d = 0; d < D; d++)
+                x[(size_t)i * D + d] += o[d];
+        }
+        free(wq), free(wk), free(wv), free(wo), free(w1), free(w3), free(w2);
+    }
+    for (int i = 0; i < n; i++) {
+        rms64(h, x + (size_t)i * D, m->output_norm, D, hp->norm_eps);
+        mv64(out, h, lg + (size_t)i * hp->n_vocab, hp->n_vocab, D);
+    }
+    free(emb), free(out), free(x), free(h), free(q), free(k), free(v), free(att), free(o);
+    free(gt), free(up), free(sc);
+    return lg;
 }
 
 /* ---- reference logits ---- */
@@ -76,7 +190,8 @@ static void test_reference_logits(void **state)
     struct kvp_model_info in;
     kvp_model_get_info(m, &in);
     float *lg = eval_all(m, ids, n, 2, 16, false);
-    double worst = 0;
+    double *truth = oracle_logits(m, ids, n);
+    double worst = 0, ref_vs_truth = 0, ours_vs_truth = 0;
     for (int i = 0; i < n; i++) {
         cJSON *row = cJSON_GetArrayItem(rlog, i);
         assert_int_equal(cJSON_GetArraySize(row), in.n_vocab);
@@ -84,19 +199,32 @@ static void test_reference_logits(void **state)
         double best_ref = -1e30;
         int j = 0;
         for (cJSON *e = row->child; e; e = e->next, j++) {
-            double r = e->valuedouble;
+            double r = e->valuedouble, o = lg[(size_t)i * in.n_vocab + j];
+            double t = truth[(size_t)i * in.n_vocab + j];
             if (r > best_ref) {
                 best_ref = r;
                 am_ref = j;
             }
-            worst = fmax(worst, fabs(r - lg[(size_t)i * in.n_vocab + j]));
-            if (lg[(size_t)i * in.n_vocab + j] > lg[(size_t)i * in.n_vocab + am])
+            worst = fmax(worst, fabs(r - o));
+            ref_vs_truth = fmax(ref_vs_truth, fabs(r - t));
+            ours_vs_truth = fmax(ours_vs_truth, fabs(o - t));
+            if (o > lg[(size_t)i * in.n_vocab + am])
                 am = j;
         }
         assert_int_equal(am, am_ref);
     }
-    print_message("max |logit - reference| over 256 x 512 = %.3g\n", worst);
-    assert_true(worst < 1e-3);
+    /* The reference engine keeps K and V in f16 (llama.cpp's default cache type), which moves its
+     * logits up to ~0.04 away from the exact function; kvpred computes in f32 and lands within
+     * 1e-4 of a float64 evaluation. So the checks are: same tokens, same argmax everywhere,
+     * kvpred closer to the exact result than the reference is, and both within the reference's
+     * own distance to it. */
+    print_message("max |kvpred - llama.cpp reference| = %.3g\n", worst);
+    print_message("max |kvpred - float64 oracle| = %.3g, max |reference - float64 oracle| = %.3g\n",
+                  ours_vs_truth, ref_vs_truth);
+    assert_true(ours_vs_truth < 1e-4);
+    assert_true(ours_vs_truth < ref_vs_truth);
+    assert_true(worst < ref_vs_truth + 1e-4);
+    free(truth);
 
     /* the decode path (one token at a time) computes the same function */
     float *lg2 = eval_all(m, ids, n, 1, 16, true);
@@ -182,7 +310,7 @@ static void test_golden_greedy(void **state)
         const char *cli = kvp_test_cli();
         if (cli) {
             char *out = kvp_test_tmpfile(".gguf");
-            char cmd[8192];
+            char cmd[16384];
             snprintf(cmd, sizeof(cmd), "%s convert %s --tokenizer %s -o %s", cli, mp, tp, out);
             assert_int_equal(kvp_test_run(cmd, NULL, 1), 0);
             assert_int_equal(kvp_model_open(out, NULL, &m, &err), 0);

@@ -55,7 +55,8 @@ void kvp_attn_decode_layer(struct kvp_ctx *c, int l, const float *q, float *out,
     for (long kvh = h0; kvh < h1; kvh++) {
         size_t first = (size_t)kvh * g; /* first query head of the group */
         kvp_attn_decode_group(c, l, (int)kvh, q + first * hd, g, n_keys,
-                              c->probs + first * c->n_ctx, c->n_ctx, out + first * hd);
+                              c->probs + first * c->probs_stride, c->probs_stride,
+                              out + first * hd);
     }
 }
 

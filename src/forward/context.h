@@ -44,7 +44,8 @@ struct kvp_ctx {
     float *gate;   /* [n_ff] */
     float *up;     /* [n_ff] */
     float *rope;   /* [n_batch][hd] cos/sin pairs for the batch positions */
-    float *probs;  /* [n_head][n_ctx] decode attention probabilities of the last layer run */
+    float *probs;  /* [n_head][probs_stride] decode attention probabilities of the last layer */
+    int probs_stride; /* n_ctx rounded up to whole blocks: score kernels write whole blocks */
 
     struct kvp_thread_scratch *ts; /* owned [n_threads] */
 

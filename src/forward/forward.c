@@ -83,7 +83,8 @@ int kvp_ctx_init(const kvp_model *model, const struct kvp_ctx_params *params, kv
     c->gate = falloc(nb * hp->n_ff);
     c->up = falloc(nb * hp->n_ff);
     c->rope = falloc(nb * hp->head_dim);
-    c->probs = falloc((size_t)hp->n_head * c->n_ctx);
+    c->probs_stride = c->kv.max_blocks * c->kv.block_size;
+    c->probs = falloc((size_t)hp->n_head * c->probs_stride);
     c->ts = calloc((size_t)p.n_threads, sizeof(*c->ts));
     if (!c->inv_freq || !c->x || !c->xn || !c->q || !c->k || !c->v || !c->att || !c->gate ||
         !c->up || !c->rope || !c->probs || !c->ts)
