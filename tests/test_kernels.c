@@ -30,14 +30,14 @@
 #include "kernels/types.h"
 
 /* ---- per-kernel bounds (relative to Σ|terms| unless noted) ---- */
-#define TOL_DOT 1e-5      /* f32-accumulated dots up to n = 4096 */
-#define TOL_BLOCK 1e-5    /* block_scores / block_accum, hd <= 128 */
-#define TOL_AXPY 3e-7     /* one fused or two rounded ops: |err| <= 3e-7·(|y|+|a·x|) */
-#define TOL_EXP 1e-6      /* exp_sum per element, relative to exp(x) */
-#define TOL_EXP_SUM 1e-5  /* exp_sum's returned sum, relative */
-#define TOL_MV_F16 1e-3   /* matvec vs original f32 matrix: f16 rounding is 2^-11 per weight */
-#define TOL_MV_BF16 1e-2  /* bf16 rounding is 2^-8 per weight */
-#define TOL_MV_Q8_0 3e-2  /* Q8_0 of both weights and x: ~0.4 % per term worst case, both sides */
+#define TOL_DOT 1e-5     /* f32-accumulated dots up to n = 4096 */
+#define TOL_BLOCK 1e-5   /* block_scores / block_accum, hd <= 128 */
+#define TOL_AXPY 3e-7    /* one fused or two rounded ops: |err| <= 3e-7·(|y|+|a·x|) */
+#define TOL_EXP 1e-6     /* exp_sum per element, relative to exp(x) */
+#define TOL_EXP_SUM 1e-5 /* exp_sum's returned sum, relative */
+#define TOL_MV_F16 1e-3  /* matvec vs original f32 matrix: f16 rounding is 2^-11 per weight */
+#define TOL_MV_BF16 1e-2 /* bf16 rounding is 2^-8 per weight */
+#define TOL_MV_Q8_0 3e-2 /* Q8_0 of both weights and x: ~0.4 % per term worst case, both sides */
 
 /* ============================== fixtures ============================== */
 
@@ -96,8 +96,8 @@ static void check_close(double got, double ref, double bound, const char *what, 
     if (bound > 0 && e / bound > worst_ratio) {
         worst_ratio = e / bound;
         if (getenv("KVP_TEST_VERBOSE"))
-            print_message("      worst so far %s [%s] (%ld, %ld): err %.3g bound %.3g\n", what,
-                          tab, a, b, e, bound);
+            print_message("      worst so far %s [%s] (%ld, %ld): err %.3g bound %.3g\n", what, tab,
+                          a, b, e, bound);
     }
     if (!(e <= bound)) {
         print_error("%s [%s] (%ld, %ld): got %.9g ref %.9g err %.3g bound %.3g\n", what, tab, a, b,
@@ -121,9 +121,10 @@ static void test_f16_values(void **state)
         uint16_t h;
         float f;
     } cases[] = {
-        {0x3C00, 1.0f}, {0xC000, -2.0f}, {0x7BFF, 65504.0f}, {0x0001, 0x1p-24f},
-        {0x7C00, INFINITY}, {0xFC00, -INFINITY}, {0x0400, 0x1p-14f}, {0x03FF, 0x3FFp-24f},
-        {0x3555, 0.333251953125f}, {0x0000, 0.0f},
+        {0x3C00, 1.0f},     {0xC000, -2.0f},      {0x7BFF, 65504.0f},
+        {0x0001, 0x1p-24f}, {0x7C00, INFINITY},   {0xFC00, -INFINITY},
+        {0x0400, 0x1p-14f}, {0x03FF, 0x3FFp-24f}, {0x3555, 0.333251953125f},
+        {0x0000, 0.0f},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         assert_true(kvp_f16_to_f32(cases[i].h) == cases[i].f);
@@ -134,16 +135,16 @@ static void test_f16_values(void **state)
     assert_false(signbit(kvp_f16_to_f32(0x0000)));
     assert_int_equal(kvp_f32_to_f16(-0.0f), 0x8000);
     /* f32 -> f16 rounds to nearest, ties to even */
-    assert_int_equal(kvp_f32_to_f16(1.0f + 0x1p-11f), 0x3C00);          /* tie, even below */
-    assert_int_equal(kvp_f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3C02);      /* tie, even above */
+    assert_int_equal(kvp_f32_to_f16(1.0f + 0x1p-11f), 0x3C00);            /* tie, even below */
+    assert_int_equal(kvp_f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3C02);        /* tie, even above */
     assert_int_equal(kvp_f32_to_f16(1.0f + 0x1p-11f + 0x1p-20f), 0x3C01); /* above the tie */
     assert_int_equal(kvp_f32_to_f16(65519.0f), 0x7BFF);
     assert_int_equal(kvp_f32_to_f16(65520.0f), 0x7C00); /* overflow to inf */
     assert_int_equal(kvp_f32_to_f16(1e10f), 0x7C00);
-    assert_int_equal(kvp_f32_to_f16(0x1p-25f), 0x0000);        /* subnormal tie -> 0 */
+    assert_int_equal(kvp_f32_to_f16(0x1p-25f), 0x0000); /* subnormal tie -> 0 */
     assert_int_equal(kvp_f32_to_f16(0x1.8p-25f), 0x0001);
-    assert_int_equal(kvp_f32_to_f16(0x1.8p-24f), 0x0002);      /* 1.5 ulp tie -> 2 */
-    assert_int_equal(kvp_f32_to_f16(0x1.ffcp-15f), 0x0400);    /* rounds up to min normal */
+    assert_int_equal(kvp_f32_to_f16(0x1.8p-24f), 0x0002);   /* 1.5 ulp tie -> 2 */
+    assert_int_equal(kvp_f32_to_f16(0x1.ffcp-15f), 0x0400); /* rounds up to min normal */
     assert_int_equal(kvp_f32_to_f16(0x1p-30f), 0x0000);
 }
 
@@ -306,8 +307,8 @@ static void test_q8_0_quantize(void **state)
 
 /* ============================== dots ============================== */
 
-static const int64_t dot_sizes[] = {1, 3, 7, 8, 15, 16, 17, 31, 32, 33, 47, 63, 64, 65, 100, 127,
-                                    129, 255, 257, 1000, 1023, 2049, 4095, 4096};
+static const int64_t dot_sizes[] = {1,  3,  7,   8,   15,  16,  17,  31,   32,   33,   47,   63,
+                                    64, 65, 100, 127, 129, 255, 257, 1000, 1023, 2049, 4095, 4096};
 static const int64_t q8_sizes[] = {32, 64, 96, 128, 160, 224, 288, 1024, 2016, 4064, 4096};
 
 static void test_dot_float(void **state)
@@ -481,8 +482,9 @@ static void test_exp_sum(void **state)
         check_exp_sum(tab[t], sweep, 8731, 0.0f);
     free(sweep);
     /* Very negative inputs, -inf and -FLT_MAX: finite results, no NaN, 0 below FLT_MIN. */
-    static const float neg[] = {0.0f, -1e-8f, -0.5f, -1.0f, -10.0f, -80.0f, -87.0f, -87.3f,
-                                -87.34f, -88.0f, -89.0f, -100.0f, -1000.0f, -1e30f, -FLT_MAX,
+    static const float neg[] = {0.0f,      -1e-8f,  -0.5f,        -1.0f,   -10.0f,
+                                -80.0f,    -87.0f,  -87.3f,       -87.34f, -88.0f,
+                                -89.0f,    -100.0f, -1000.0f,     -1e30f,  -FLT_MAX,
                                 -INFINITY, -103.0f, -0.69314718f, -50.5f};
     int64_t nn = (int64_t)(sizeof(neg) / sizeof(neg[0]));
     for (int t = 0; t < nt; t++) {
@@ -603,7 +605,8 @@ static struct kvp_mat make_mat(int type, const float *m, int64_t rows, int64_t c
     for (int64_t r = 0; r < rows; r++)
         tr->from_f32(m + r * cols, data + (size_t)r * rb, cols);
     *owned = buf;
-    return (struct kvp_mat){.type = type, .cols = cols, .rows = rows, .row_bytes = rb, .data = data};
+    return (struct kvp_mat){
+        .type = type, .cols = cols, .rows = rows, .row_bytes = rb, .data = data};
 }
 
 static void check_matvec_type(int type, double tol_orig)
@@ -617,7 +620,8 @@ static void check_matvec_type(int type, double tol_orig)
         float *m = xmalloc((size_t)(rows * cols) * sizeof(float));
         float *md = xmalloc((size_t)(rows * cols) * sizeof(float));
         float *md2 = xmalloc((size_t)(rows * cols) * sizeof(float));
-        float *x = xmalloc((size_t)cols * sizeof(float)), *xd = xmalloc((size_t)cols * sizeof(float));
+        float *x = xmalloc((size_t)cols * sizeof(float)),
+              *xd = xmalloc((size_t)cols * sizeof(float));
         float *y = xmalloc((size_t)(rows + 2) * sizeof(float));
         fill(m, rows * cols, 0.2f);
         fill(x, cols, 1.0f);
@@ -682,8 +686,9 @@ static void check_matvec_type(int type, double tol_orig)
         free(xd);
         free(y);
     }
-    print_message("    matvec %-5s worst rel. error: %.2e vs dequantized, %.2e vs f32 (bound %.0e)\n",
-                  tr->name, worst_tight, worst_orig, tol_orig);
+    print_message(
+        "    matvec %-5s worst rel. error: %.2e vs dequantized, %.2e vs f32 (bound %.0e)\n",
+        tr->name, worst_tight, worst_orig, tol_orig);
     worst_ratio = 0;
 }
 
@@ -792,14 +797,14 @@ int main(int argc, char **argv)
     if (argc > 1 && strcmp(argv[1], "--print-simd") == 0)
         return print_simd();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_f16_values),    cmocka_unit_test(test_f16_round_trip),
-        cmocka_unit_test(test_bf16),          cmocka_unit_test(test_q8_0_quantize),
-        cmocka_unit_test(test_dot_float),     cmocka_unit_test(test_dot_q8_0),
-        cmocka_unit_test(test_axpy),          cmocka_unit_test(test_exp_sum),
-        cmocka_unit_test(test_block_scores),  cmocka_unit_test(test_block_accum),
-        cmocka_unit_test(test_matvec_f32),    cmocka_unit_test(test_matvec_f16),
-        cmocka_unit_test(test_matvec_bf16),   cmocka_unit_test(test_matvec_q8_0),
-        cmocka_unit_test(test_simd_pick),     cmocka_unit_test(test_simd_override),
+        cmocka_unit_test(test_f16_values),   cmocka_unit_test(test_f16_round_trip),
+        cmocka_unit_test(test_bf16),         cmocka_unit_test(test_q8_0_quantize),
+        cmocka_unit_test(test_dot_float),    cmocka_unit_test(test_dot_q8_0),
+        cmocka_unit_test(test_axpy),         cmocka_unit_test(test_exp_sum),
+        cmocka_unit_test(test_block_scores), cmocka_unit_test(test_block_accum),
+        cmocka_unit_test(test_matvec_f32),   cmocka_unit_test(test_matvec_f16),
+        cmocka_unit_test(test_matvec_bf16),  cmocka_unit_test(test_matvec_q8_0),
+        cmocka_unit_test(test_simd_pick),    cmocka_unit_test(test_simd_override),
     };
     const struct kvp_simd_ops *tab[3];
     int nt = tables(tab);

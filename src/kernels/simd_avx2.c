@@ -15,8 +15,8 @@
  *     float FMA per block with the product of the two f16 scales. This needs x != -128, which
  *     our quantizer guarantees (it produces -127..127); weights may hold -128.
  *   - exp uses the classic Cephes split: 2^n · e^r with n = round(x·log2 e), |r| <= ln2/2 and a
- *     degree-7 polynomial (rel. error ~2e-7); inputs below -87.3 give exactly 0 (the true value
- *     is below FLT_MIN), -inf included, without producing NaN.
+ *     degree-7 polynomial (rel. error ~2e-7); inputs below ln(FLT_MIN) = -87.3365 give exactly
+ *     0 (the true value is below FLT_MIN), -inf included, without producing NaN.
  */
 #include <immintrin.h>
 #include <string.h>
@@ -99,10 +99,10 @@ KVP_INLINE float dot_generic(const void *w, const float *x, int64_t n, int kind)
     for (; i + 32 <= n; i += 32) {
         a0 = _mm256_fmadd_ps(load8(elem_at(w, i, kind), kind), _mm256_loadu_ps(x + i), a0);
         a1 = _mm256_fmadd_ps(load8(elem_at(w, i + 8, kind), kind), _mm256_loadu_ps(x + i + 8), a1);
-        a2 = _mm256_fmadd_ps(load8(elem_at(w, i + 16, kind), kind), _mm256_loadu_ps(x + i + 16),
-                             a2);
-        a3 = _mm256_fmadd_ps(load8(elem_at(w, i + 24, kind), kind), _mm256_loadu_ps(x + i + 24),
-                             a3);
+        a2 =
+            _mm256_fmadd_ps(load8(elem_at(w, i + 16, kind), kind), _mm256_loadu_ps(x + i + 16), a2);
+        a3 =
+            _mm256_fmadd_ps(load8(elem_at(w, i + 24, kind), kind), _mm256_loadu_ps(x + i + 24), a3);
     }
     for (; i + 8 <= n; i += 8)
         a0 = _mm256_fmadd_ps(load8(elem_at(w, i, kind), kind), _mm256_loadu_ps(x + i), a0);
@@ -198,8 +198,8 @@ KVP_INLINE __m256 q8_block_dot(const uint8_t *wb, const uint8_t *xb)
 {
     __m256i qw = _mm256_loadu_si256((const __m256i *)(wb + 2));
     __m256i qx = _mm256_loadu_si256((const __m256i *)(xb + 2));
-    __m256i aw = _mm256_sign_epi8(qw, qw); /* |w|, read as unsigned (so -128 -> 128) */
-    __m256i sx = _mm256_sign_epi8(qx, qw); /* x with w's sign; 0 where w == 0 */
+    __m256i aw = _mm256_sign_epi8(qw, qw);      /* |w|, read as unsigned (so -128 -> 128) */
+    __m256i sx = _mm256_sign_epi8(qx, qw);      /* x with w's sign; 0 where w == 0 */
     __m256i p16 = _mm256_maddubs_epi16(aw, sx); /* |pair| <= 2*128*127, no saturation */
     __m256i p32 = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
     return _mm256_cvtepi32_ps(p32);
@@ -260,8 +260,9 @@ static void quantize_q8_0(const float *x, void *dst, int64_t n)
         const float *xb = x + b * KVP_QK8_0;
         __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
         __m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
-        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
-                                 _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+        __m256 m =
+            _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                          _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
         __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
         m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
         m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
@@ -311,16 +312,18 @@ static void axpy(float a, const float *x, float *y, int64_t n)
     __m256 va = _mm256_set1_ps(a);
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-        _mm256_storeu_ps(y + i + 8, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i + 8),
-                                                    _mm256_loadu_ps(y + i + 8)));
+        _mm256_storeu_ps(y + i,
+                         _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+        _mm256_storeu_ps(
+            y + i + 8, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8)));
         _mm256_storeu_ps(y + i + 16, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i + 16),
                                                      _mm256_loadu_ps(y + i + 16)));
         _mm256_storeu_ps(y + i + 24, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i + 24),
                                                      _mm256_loadu_ps(y + i + 24)));
     }
     for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+        _mm256_storeu_ps(y + i,
+                         _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
     if (i < n) {
         __m256i m = tail_mask(n - i);
         __m256 r = _mm256_fmadd_ps(va, _mm256_maskload_ps(x + i, m), _mm256_maskload_ps(y + i, m));
@@ -331,8 +334,8 @@ static void axpy(float a, const float *x, float *y, int64_t n)
 /* e^x for x <= ~88; see the file comment for the method and the range handling. */
 KVP_INLINE __m256 exp8(__m256 x)
 {
-    const __m256 lo = _mm256_set1_ps(-87.3f);
-    __m256 keep = _mm256_cmp_ps(x, lo, _CMP_GE_OQ); /* false for < -87.3, -inf and NaN */
+    const __m256 lo = _mm256_set1_ps(-87.33654f);   /* ln(FLT_MIN) */
+    __m256 keep = _mm256_cmp_ps(x, lo, _CMP_GE_OQ); /* false below ln(FLT_MIN), -inf and NaN */
     x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.0f));
     __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -345,7 +348,8 @@ KVP_INLINE __m256 exp8(__m256 x)
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
     __m256 e = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-    __m256i k = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    __m256i k =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_and_ps(_mm256_mul_ps(e, _mm256_castsi256_ps(k)), keep);
 }
 
@@ -385,8 +389,9 @@ KVP_INLINE void scores8(const float *q, const float *kt, int hd, int bs, float s
 {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     int d = 0;
-#define KT(dd) (full ? _mm256_loadu_ps(kt + (size_t)(dd) * (size_t)bs)                          \
-                     : _mm256_maskload_ps(kt + (size_t)(dd) * (size_t)bs, m))
+#define KT(dd)                                                                                     \
+    (full ? _mm256_loadu_ps(kt + (size_t)(dd) * (size_t)bs)                                        \
+          : _mm256_maskload_ps(kt + (size_t)(dd) * (size_t)bs, m))
     for (; d + 4 <= hd; d += 4) {
         a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + d), KT(d), a0);
         a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + d + 1), KT(d + 1), a1);
@@ -418,8 +423,9 @@ static void block_scores(const float *q, const float *kt, int hd, int bs, float 
 KVP_INLINE void accum8(const float *p, const float *v, int hd, int n, float *out, __m256i m,
                        int full)
 {
-#define VT(tt) (full ? _mm256_loadu_ps(v + (size_t)(tt) * (size_t)hd)                           \
-                     : _mm256_maskload_ps(v + (size_t)(tt) * (size_t)hd, m))
+#define VT(tt)                                                                                     \
+    (full ? _mm256_loadu_ps(v + (size_t)(tt) * (size_t)hd)                                         \
+          : _mm256_maskload_ps(v + (size_t)(tt) * (size_t)hd, m))
     __m256 a0 = full ? _mm256_loadu_ps(out) : _mm256_maskload_ps(out, m);
     __m256 a1 = _mm256_setzero_ps(), a2 = a1, a3 = a1;
     int t = 0;

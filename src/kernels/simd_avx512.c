@@ -231,8 +231,8 @@ static float dot_q8_0(const void *w, const void *xq, int64_t n)
     for (; b + 4 <= nb; b += 4) {
         const uint8_t *w0 = pw + b * 34, *x0 = px + b * 34;
         __m512 s0 = scale_pair(f16_at(w0) * f16_at(x0), f16_at(w0 + 34) * f16_at(x0 + 34));
-        __m512 s1 = scale_pair(f16_at(w0 + 68) * f16_at(x0 + 68),
-                               f16_at(w0 + 102) * f16_at(x0 + 102));
+        __m512 s1 =
+            scale_pair(f16_at(w0 + 68) * f16_at(x0 + 68), f16_at(w0 + 102) * f16_at(x0 + 102));
         a0 = _mm512_fmadd_ps(s0, q8_pair_dot(q8_pair(w0), q8_pair(x0)), a0);
         a1 = _mm512_fmadd_ps(s1, q8_pair_dot(q8_pair(w0 + 68), q8_pair(x0 + 68)), a1);
     }
@@ -347,10 +347,12 @@ static void axpy(float a, const float *x, float *y, int64_t n)
                                                         _mm512_loadu_ps(y + i + k)));
     }
     for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+        _mm512_storeu_ps(y + i,
+                         _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
     if (i < n) {
         __mmask16 m = tail_mask(n - i);
-        __m512 r = _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i));
+        __m512 r =
+            _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i));
         _mm512_mask_storeu_ps(y + i, m, r);
     }
 }
@@ -358,8 +360,8 @@ static void axpy(float a, const float *x, float *y, int64_t n)
 /* e^x, same method and constants as exp8 in simd_avx2.c. */
 KVP_INLINE __m512 exp16(__m512 x)
 {
-    const __m512 lo = _mm512_set1_ps(-87.3f);
-    __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ); /* false for < -87.3, -inf, NaN */
+    const __m512 lo = _mm512_set1_ps(-87.33654f);           /* ln(FLT_MIN) */
+    __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ); /* false below ln(FLT_MIN), -inf, NaN */
     x = _mm512_min_ps(_mm512_max_ps(x, lo), _mm512_set1_ps(88.0f));
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -372,7 +374,8 @@ KVP_INLINE __m512 exp16(__m512 x)
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
     __m512 e = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-    __m512i k = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    __m512i k =
+        _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
     return _mm512_maskz_mul_ps(keep, e, _mm512_castsi512_ps(k));
 }
 
@@ -396,7 +399,8 @@ static float exp_sum(float *x, int64_t n, float max)
     }
     if (i < n) {
         __mmask16 m = tail_mask(n - i);
-        __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vmax)));
+        __m512 e =
+            _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vmax)));
         _mm512_mask_storeu_ps(x + i, m, e);
         s1 = _mm512_add_ps(s1, e);
     }
@@ -409,8 +413,9 @@ static float exp_sum(float *x, int64_t n, float max)
 KVP_INLINE void scores16(const float *q, const float *kt, int hd, int bs, float scale, float *out,
                          __mmask16 m, int full)
 {
-#define KT(dd) (full ? _mm512_loadu_ps(kt + (size_t)(dd) * (size_t)bs)                          \
-                     : _mm512_maskz_loadu_ps(m, kt + (size_t)(dd) * (size_t)bs))
+#define KT(dd)                                                                                     \
+    (full ? _mm512_loadu_ps(kt + (size_t)(dd) * (size_t)bs)                                        \
+          : _mm512_maskz_loadu_ps(m, kt + (size_t)(dd) * (size_t)bs))
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     int d = 0;
     for (; d + 4 <= hd; d += 4) {
@@ -444,8 +449,9 @@ static void block_scores(const float *q, const float *kt, int hd, int bs, float 
 KVP_INLINE void accum16(const float *p, const float *v, int hd, int n, float *out, __mmask16 m,
                         int full)
 {
-#define VT(tt) (full ? _mm512_loadu_ps(v + (size_t)(tt) * (size_t)hd)                           \
-                     : _mm512_maskz_loadu_ps(m, v + (size_t)(tt) * (size_t)hd))
+#define VT(tt)                                                                                     \
+    (full ? _mm512_loadu_ps(v + (size_t)(tt) * (size_t)hd)                                         \
+          : _mm512_maskz_loadu_ps(m, v + (size_t)(tt) * (size_t)hd))
     __m512 a0 = full ? _mm512_loadu_ps(out) : _mm512_maskz_loadu_ps(m, out);
     __m512 a1 = _mm512_setzero_ps(), a2 = a1, a3 = a1;
     int t = 0;
