@@ -24,7 +24,9 @@ struct kvp_simd_ops {
     /* y[i] += a * x[i] */
     void (*axpy)(float a, const float *x, float *y, int64_t n);
 
-    /* x[i] = exp(x[i] - max); returns the sum of the new x. Accurate to ~1e-6 relative. */
+    /* x[i] = exp(x[i] - max); returns the sum of the new x. Accurate to ~1e-6 relative. max
+     * must be finite and >= every x[i] (up to rounding); x[i] = -inf gives 0, and results below
+     * FLT_MIN may flush to 0. */
     float (*exp_sum)(float *x, int64_t n, float max);
 
     /* Attention over one KV block. kt is the block's keys transposed, [hd][bs] (bs contiguous
