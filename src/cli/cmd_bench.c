@@ -87,6 +87,7 @@ int cmd_bench(int argc, char **argv)
     long n_decode = 128, n_prefill = 512, reps = 3;
     double bandwidth = 0;
     bool json = false;
+    static const char *const value_flags[] = {"-n", "--prefill", "-r", "--reps", "--bandwidth", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int r = cli_model_flag(&mo, argc, argv, &i);
@@ -100,6 +101,8 @@ int cmd_bench(int argc, char **argv)
             return 0;
         } else if (!strcmp(a, "--json")) {
             json = true;
+        } else if (!cli_flag_in(a, value_flags)) {
+            return cli_fail("bench: unknown flag '%s' (see kvpred bench --help)", a);
         } else if (!(v = cli_flag_value(argc, argv, &i))) {
             return 1;
         } else if (!strcmp(a, "-n")) {

@@ -43,6 +43,7 @@ int cmd_perplexity(int argc, char **argv)
     const char *file = NULL;
     long max_bytes = 0, max_chunks = 0;
     bool json = false;
+    static const char *const value_flags[] = {"-f", "--file", "--bytes", "--chunks", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int r = cli_model_flag(&mo, argc, argv, &i);
@@ -56,6 +57,8 @@ int cmd_perplexity(int argc, char **argv)
             return 0;
         } else if (!strcmp(a, "--json")) {
             json = true;
+        } else if (!cli_flag_in(a, value_flags)) {
+            return cli_fail("perplexity: unknown flag '%s' (see kvpred perplexity --help)", a);
         } else if (!(v = cli_flag_value(argc, argv, &i))) {
             return 1;
         } else if (!strcmp(a, "-f") || !strcmp(a, "--file")) {

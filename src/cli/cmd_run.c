@@ -32,6 +32,7 @@ int cmd_run(int argc, char **argv)
     long n_predict = 128, top_k = 40, repeat_last_n = 64, seed = 42;
     double temp = 0.0, top_p = 0.95, repeat_penalty = 1.0;
     bool add_bos = true, ignore_eos = false;
+    static const char *const value_flags[] = {"-p", "--prompt", "-f", "--file", "-n", "--n-predict", "--temp", "--top-k", "--top-p", "--repeat-penalty", "--repeat-last-n", "--seed", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int r = cli_model_flag(&mo, argc, argv, &i);
@@ -47,6 +48,8 @@ int cmd_run(int argc, char **argv)
             add_bos = false;
         } else if (!strcmp(a, "--ignore-eos")) {
             ignore_eos = true;
+        } else if (!cli_flag_in(a, value_flags)) {
+            return cli_fail("run: unknown flag '%s' (see kvpred run --help)", a);
         } else if (!(v = cli_flag_value(argc, argv, &i))) {
             return 1;
         } else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
