@@ -138,6 +138,57 @@ int kvp_ctx_n_ctx(const kvp_ctx *ctx);
 int kvp_eval(kvp_ctx *ctx, const int32_t *tokens, int n, float *logits, bool all_logits,
              struct kvp_err *err);
 
+/* ---- KV selection policies ------------------------------------------------------------- */
+
+enum kvp_gqa_agg {
+    KVP_AGG_MAX = 0,  /* combine the query heads of a GQA group by the max */
+    KVP_AGG_MEAN = 1,
+    KVP_AGG_SUM = 2,
+};
+
+/* Parameters of a selection policy; zero fields take the defaults in brackets. */
+struct kvp_policy_params {
+    const char *name;    /* "full", "streaming", "h2o", "snapkv", "pyramidkv", "quest",
+                            "oracle", "random", ... [full] */
+    int budget;          /* tokens per (layer, KV head), sink and local included [0: all] */
+    float budget_ratio;  /* when budget is 0 and this is in (0, 1]: ratio of the context */
+    int sink;            /* leading tokens always kept [16] */
+    int local;           /* most recent tokens always kept [16] */
+    int window;          /* observation window of prompt-time policies [32] */
+    int pool;            /* SnapKV pooling kernel, odd [5] */
+    int pool_max;        /* 1: max pooling, 0: average [0] */
+    int dense_layers;    /* leading layers that always run dense [2]; -1 means 0 */
+    int gqa_agg;         /* enum kvp_gqa_agg [KVP_AGG_MEAN] */
+    int normalize;       /* h2o: 1 divides accumulated attention by the queries that saw the
+                            key (kvpress ObservedAttention) [0] */
+    uint64_t seed;       /* random policies [0] */
+    const char *aux_path;/* a file the policy needs (predictor weights, head profile) */
+};
+
+/* Attach a policy to the context (replacing any previous one; NULL: full attention) and clear
+ * the cache. Unknown names give KVP_EINVAL with the list of policies. */
+int kvp_ctx_set_policy(kvp_ctx *ctx, const struct kvp_policy_params *params,
+                       struct kvp_err *err);
+
+/* Name of the policy registered at index i, or NULL past the end. */
+const char *kvp_policy_name(int i);
+
+/* Measuring: when on, every decode step also computes the dense attention of every compressed
+ * layer (for measuring only; it never changes what the policy selects or attention reads). */
+void kvp_ctx_set_measure(kvp_ctx *ctx, bool on);
+
+/* Dense attention of the last decode step for (layer, query head) over its n_keys keys, or NULL
+ * when measuring was off or the layer is not compressed. */
+const float *kvp_ctx_dense_probs(const kvp_ctx *ctx, int layer, int head, int *n_keys);
+
+/* Attention recovery of the last decode step for (layer, query head): the dense attention mass
+ * on the tokens the step read. -1 when not measured. */
+double kvp_ctx_recovery(const kvp_ctx *ctx, int layer, int head);
+
+/* KV memory now: bytes of physical blocks holding live tokens (resident) and bytes of the live
+ * tokens themselves (kept). */
+void kvp_ctx_kv_bytes(const kvp_ctx *ctx, size_t *resident, size_t *kept);
+
 /* ---- sampling ----------------------------------------------------------------------------- */
 
 typedef struct kvp_sampler kvp_sampler;

@@ -9,11 +9,10 @@
 #include "forward/context.h"
 #include "kernels/simd.h"
 
-void kvp_attn_decode_group(const struct kvp_ctx *c, int l, int kvh, const float *q, int g,
-                           int n_keys, float *probs, int probs_stride, float *out)
+void kvp_attn_dense_group(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
+                          int n_keys, float *probs, int probs_stride, float *out)
 {
     const struct kvp_simd_ops *ops = kvp_simd();
-    const struct kvp_kvcache *kv = &c->kv;
     const int hd = kv->head_dim, bs = kv->block_size;
     const int n_blocks = (n_keys + bs - 1) / bs;
     const float scale = 1.0f / sqrtf((float)hd);
@@ -30,12 +29,13 @@ void kvp_attn_decode_group(const struct kvp_ctx *c, int l, int kvh, const float 
         float mx = -INFINITY;
         for (int t = 0; t < n_keys; t++)
             mx = p[t] > mx ? p[t] : mx;
-        float sum = ops->exp_sum(p, n_keys, mx);
-        float inv = 1.0f / sum;
+        float inv = 1.0f / ops->exp_sum(p, n_keys, mx);
         for (int t = 0; t < n_keys; t++)
             p[t] *= inv;
-        memset(out + (size_t)j * hd, 0, (size_t)hd * sizeof(float));
     }
+    if (!out)
+        return;
+    memset(out, 0, (size_t)g * hd * sizeof(float));
     for (int b = 0; b < n_blocks; b++) {
         const float *vb = kvp_kvcache_vblock(kv, l, kvh, b);
         int nt = n_keys - b * bs < bs ? n_keys - b * bs : bs;
@@ -45,18 +45,113 @@ void kvp_attn_decode_group(const struct kvp_ctx *c, int l, int kvh, const float 
     }
 }
 
+void kvp_attn_sparse_group(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
+                           int n_keys, const struct kvp_sel *sel, float *probs, int probs_stride,
+                           float *out)
+{
+    const struct kvp_simd_ops *ops = kvp_simd();
+    const int hd = kv->head_dim, bs = kv->block_size;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int last = (n_keys - 1) / bs;
+    const uint64_t last_valid = (n_keys % bs) ? (1ULL << (n_keys % bs)) - 1 : ~0ULL;
+    float mx[64];
+    for (int j = 0; j < g; j++)
+        mx[j] = -INFINITY;
+    /* scores of the selected tokens; everything else in a selected block is -inf */
+    for (int i = 0; i < sel->n; i++) {
+        int b = sel->blocks[i];
+        const float *kt = kvp_kvcache_kblock(kv, l, kvh, b);
+        uint64_t m = sel->mask[i] & ~kvp_kvcache_evicted(kv, l, kvh, b);
+        if (b > last)
+            m = 0;
+        else if (b == last)
+            m &= last_valid;
+        for (int j = 0; j < g; j++) {
+            float *s = probs + (size_t)j * probs_stride + (size_t)i * bs;
+            if (!kt || !m) {
+                for (int t = 0; t < bs; t++)
+                    s[t] = -INFINITY;
+                continue;
+            }
+            ops->block_scores(q + (size_t)j * hd, kt, hd, bs, scale, s);
+            for (int t = 0; t < bs; t++) {
+                if (!((m >> t) & 1))
+                    s[t] = -INFINITY;
+                else if (s[t] > mx[j])
+                    mx[j] = s[t];
+            }
+        }
+    }
+    memset(out, 0, (size_t)g * hd * sizeof(float));
+    for (int j = 0; j < g; j++) {
+        float *p = probs + (size_t)j * probs_stride;
+        int n = sel->n * bs;
+        if (mx[j] == -INFINITY) { /* nothing readable: attention output stays 0 */
+            memset(p, 0, (size_t)n * sizeof(float));
+            continue;
+        }
+        float inv = 1.0f / ops->exp_sum(p, n, mx[j]);
+        for (int t = 0; t < n; t++)
+            p[t] *= inv;
+    }
+    for (int i = 0; i < sel->n; i++) {
+        const float *vb = kvp_kvcache_vblock(kv, l, kvh, sel->blocks[i]);
+        if (!vb)
+            continue;
+        int nt = sel->blocks[i] == last ? n_keys - last * bs : bs;
+        if (sel->blocks[i] > last)
+            continue;
+        for (int j = 0; j < g; j++)
+            ops->block_accum(probs + (size_t)j * probs_stride + (size_t)i * bs, vb, hd, nt,
+                             out + (size_t)j * hd);
+    }
+}
+
+/* Dense attention mass on the tokens a selection read, for one query head. */
+static double recovery_of(const float *dense, const struct kvp_sel *sel, const float *sparse,
+                          int bs)
+{
+    double r = 0;
+    for (int i = 0; i < sel->n; i++)
+        for (int t = 0; t < bs; t++)
+            if (sparse[(size_t)i * bs + t] > 0.0f)
+                r += dense[(size_t)sel->blocks[i] * bs + t];
+    return r;
+}
+
 void kvp_attn_decode_layer(struct kvp_ctx *c, int l, const float *q, float *out, int ith, int nth)
 {
     const int hd = c->hp.head_dim;
     const int g = c->hp.n_head / c->hp.n_head_kv;
     const int n_keys = c->job_pos0 + 1;
+    const bool sparse = c->policy && l >= c->dense_layers;
     long h0, h1;
     kvp_split_range(c->hp.n_head_kv, ith, nth, &h0, &h1);
     for (long kvh = h0; kvh < h1; kvh++) {
         size_t first = (size_t)kvh * g; /* first query head of the group */
-        kvp_attn_decode_group(c, l, (int)kvh, q + first * hd, g, n_keys,
-                              c->probs + first * c->probs_stride, c->probs_stride,
+        const float *qg = q + first * hd;
+        if (!sparse) {
+            kvp_attn_dense_group(&c->kv, l, (int)kvh, qg, g, n_keys,
+                                 c->probs + first * c->probs_stride, c->probs_stride,
+                                 out + first * hd);
+            continue;
+        }
+        struct kvp_policy *p = c->policy;
+        struct kvp_sel *sel = &c->sel[(size_t)l * c->hp.n_head_kv + kvh];
+        p->ops->select(p, l, (int)kvh, qg, n_keys, sel);
+        float *sp = c->sparse_probs + first * c->probs_stride;
+        kvp_attn_sparse_group(&c->kv, l, (int)kvh, qg, g, n_keys, sel, sp, c->probs_stride,
                               out + first * hd);
+        if (c->measure) {
+            float *dp = c->dense_probs + ((size_t)l * c->hp.n_head + first) * c->probs_stride;
+            kvp_attn_dense_group(&c->kv, l, (int)kvh, qg, g, n_keys, dp, c->probs_stride, NULL);
+            for (int j = 0; j < g; j++)
+                c->recovery[(size_t)l * c->hp.n_head + first + j] =
+                    recovery_of(dp + (size_t)j * c->probs_stride, sel,
+                                sp + (size_t)j * c->probs_stride, c->kv.block_size);
+        }
+        if (p->ops->on_step)
+            p->ops->on_step(p, l, (int)kvh, sel, sp, c->probs_stride, n_keys);
     }
 }
 
@@ -75,44 +170,65 @@ static void gather_kv(const struct kvp_kvcache *kv, int l, int kvh, int n, float
     }
 }
 
-void kvp_attn_prefill_layer(struct kvp_ctx *c, int l, int ith, int nth)
+/* Attention of nq queries starting at batch row qs for query head h, keys [0, n_keys). */
+static void prefill_head(struct kvp_ctx *c, int l, int h, int qs, int nq, int n_keys,
+                         struct kvp_thread_scratch *ts)
 {
     const struct kvp_simd_ops *ops = kvp_simd();
-    struct kvp_thread_scratch *ts = &c->ts[ith];
-    const int hd = c->hp.head_dim, n = c->job_n, pos0 = c->job_pos0;
-    const int g = c->hp.n_head / c->hp.n_head_kv;
-    const int q_dim = c->hp.n_head * hd;
-    const int n_chunks = (n + KVP_QCHUNK - 1) / KVP_QCHUNK;
+    const int hd = c->hp.head_dim, q_dim = c->hp.n_head * hd, pos0 = c->job_pos0;
     const float scale = 1.0f / sqrtf((float)hd);
-    /* work items: (KV head, chunk), each covering the g query heads of the group, so one
-     * gather serves g heads */
+    const float *qp = c->q + (size_t)qs * q_dim + (size_t)h * hd;
+    const int obs_first = c->job_end - c->obs_n; /* first observed query position */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, n_keys, hd, scale, qp, q_dim, ts->kc,
+                hd, 0.0f, ts->s, n_keys);
+    for (int i = 0; i < nq; i++) {
+        float *row = ts->s + (size_t)i * n_keys;
+        int pos = pos0 + qs + i;
+        int visible = pos + 1; /* causal: keys 0 .. own position */
+        float mx = -INFINITY;
+        for (int t = 0; t < visible; t++)
+            mx = row[t] > mx ? row[t] : mx;
+        float inv = 1.0f / ops->exp_sum(row, visible, mx);
+        for (int t = 0; t < visible; t++)
+            row[t] *= inv;
+        memset(row + visible, 0, (size_t)(n_keys - visible) * sizeof(float));
+        if (c->colsum) {
+            float *cs = c->colsum + ((size_t)l * c->hp.n_head + h) * c->n_ctx;
+            for (int t = 0; t < visible; t++)
+                cs[t] += row[t];
+        }
+        if (c->obs && pos >= obs_first) {
+            float *o = c->obs + ((size_t)h * c->obs_n + (pos - obs_first)) * c->job_end;
+            memcpy(o, row, (size_t)visible * sizeof(float));
+            memset(o + visible, 0, (size_t)(c->job_end - visible) * sizeof(float));
+        }
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, n_keys, 1.0f, ts->s, n_keys,
+                ts->vc, hd, 0.0f, c->att + (size_t)qs * q_dim + (size_t)h * hd, q_dim);
+}
+
+void kvp_attn_prefill_layer(struct kvp_ctx *c, int l, int ith, int nth)
+{
+    struct kvp_thread_scratch *ts = &c->ts[ith];
+    const int n = c->job_n, pos0 = c->job_pos0;
+    const int g = c->hp.n_head / c->hp.n_head_kv;
+    const int n_chunks = (n + KVP_QCHUNK - 1) / KVP_QCHUNK;
+    /* work items: (KV head, chunk), each covering the g query heads of the group so one gather
+     * serves g heads. With column sums, one item is a whole KV head so that no two threads add
+     * into the same sums. */
+    const int per_item = c->colsum ? n_chunks : 1;
     long w0, w1;
-    kvp_split_range((long)c->hp.n_head_kv * n_chunks, ith, nth, &w0, &w1);
+    kvp_split_range((long)c->hp.n_head_kv * n_chunks / per_item, ith, nth, &w0, &w1);
     for (long w = w0; w < w1; w++) {
-        int kvh = (int)(w / n_chunks), chunk = (int)(w % n_chunks);
-        int qs = chunk * KVP_QCHUNK;
-        int nq = n - qs < KVP_QCHUNK ? n - qs : KVP_QCHUNK;
-        int n_keys = pos0 + qs + nq; /* keys visible to the chunk's last query */
-        gather_kv(&c->kv, l, kvh, n_keys, ts->kc, ts->vc);
-        for (int j = 0; j < g; j++) {
-            int h = kvh * g + j;
-            const float *qp = c->q + (size_t)qs * q_dim + (size_t)h * hd;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, n_keys, hd, scale, qp, q_dim,
-                        ts->kc, hd, 0.0f, ts->s, n_keys);
-            for (int i = 0; i < nq; i++) {
-                float *row = ts->s + (size_t)i * n_keys;
-                int visible = pos0 + qs + i + 1; /* causal: keys 0 .. own position */
-                float mx = -INFINITY;
-                for (int t = 0; t < visible; t++)
-                    mx = row[t] > mx ? row[t] : mx;
-                float inv = 1.0f / ops->exp_sum(row, visible, mx);
-                for (int t = 0; t < visible; t++)
-                    row[t] *= inv;
-                memset(row + visible, 0, (size_t)(n_keys - visible) * sizeof(float));
-            }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, n_keys, 1.0f, ts->s,
-                        n_keys, ts->vc, hd, 0.0f, c->att + (size_t)qs * q_dim + (size_t)h * hd,
-                        q_dim);
+        for (int k = 0; k < per_item; k++) {
+            long item = w * per_item + k;
+            int kvh = (int)(item / n_chunks), chunk = (int)(item % n_chunks);
+            int qs = chunk * KVP_QCHUNK;
+            int nq = n - qs < KVP_QCHUNK ? n - qs : KVP_QCHUNK;
+            int n_keys = pos0 + qs + nq; /* keys visible to the chunk's last query */
+            gather_kv(&c->kv, l, kvh, n_keys, ts->kc, ts->vc);
+            for (int j = 0; j < g; j++)
+                prefill_head(c, l, kvh * g + j, qs, nq, n_keys, ts);
         }
     }
 }

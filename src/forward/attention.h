@@ -1,30 +1,46 @@
 /*
  * Attention over the block-paged KV cache.
  *
- * Decode: for each KV head, the query heads of its GQA group are scored against every cached
- * block (keys transposed in the block, SIMD over the block's tokens), a softmax turns the scores
- * into probabilities (kept in ctx->probs for the policies of later issues), and the value rows
- * are accumulated (SIMD over the head dimension). Threads split the KV heads. At long context this
- * kernel dominates decode time: it streams K and V once and touches nothing else.
+ * Decode, dense: for each KV head, the query heads of its GQA group are scored against every
+ * cached block (keys transposed in the block, SIMD over the block's tokens), a softmax turns the
+ * scores into probabilities, and the value rows are accumulated (SIMD over the head dimension).
+ * Threads split the KV heads. At long context this kernel dominates decode time: it streams K and
+ * V once and touches nothing else.
  *
- * Prefill: per query head and chunk of 64 queries, the head's keys and values are gathered into
- * contiguous rows and two sgemm calls compute scores and outputs with the causal mask.
+ * Decode, sparse: the same over the blocks a policy selected, with a token mask per block; the
+ * softmax is renormalised over the selection. Selecting every block gives the dense result.
+ *
+ * Prefill: per KV head and chunk of 64 queries, the head's keys and values are gathered into
+ * contiguous rows and two sgemm calls per query head compute scores and outputs with the causal
+ * mask. When a policy asked for it, the last rows are copied out as its observation window and
+ * every row is added into per-key column sums.
  */
 #ifndef KVP_FORWARD_ATTENTION_H
 #define KVP_FORWARD_ATTENTION_H
 
+#include "policy/policy.h"
+
 struct kvp_ctx;
+struct kvp_kvcache;
 
 /* Attention of one new token (position ctx->job_pos0) for layer l: q is [n_head*hd] after RoPE,
- * out receives [n_head*hd]. The token's K/V are already in the cache. */
+ * out receives [n_head*hd]. Runs the policy's select/on_step hooks on compressed layers and the
+ * dense measurement when measuring. */
 void kvp_attn_decode_layer(struct kvp_ctx *c, int l, const float *q, float *out, int ith, int nth);
 
 /* Causal attention of the job's batch (ctx->q rows) for layer l into ctx->att. */
 void kvp_attn_prefill_layer(struct kvp_ctx *c, int l, int ith, int nth);
 
-/* Dense decode attention of one KV head group over blocks [0, n_blocks) holding n_keys tokens:
- * q is g heads × hd, probs g × n_keys (output probabilities), out g × hd. */
-void kvp_attn_decode_group(const struct kvp_ctx *c, int l, int kvh, const float *q, int g,
-                           int n_keys, float *probs, int probs_stride, float *out);
+/* Dense attention of one KV head group over its first n_keys tokens (no token may have been
+ * freed): q is [g][hd], probs [g][probs_stride] receives the probabilities, out [g][hd] (NULL:
+ * probabilities only). */
+void kvp_attn_dense_group(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
+                          int n_keys, float *probs, int probs_stride, float *out);
+
+/* Sparse attention over a selection: probs[j][i*bs + t] for selected block i (0 for tokens not
+ * read), out [g][hd]. Evicted tokens and tokens >= n_keys are never read. */
+void kvp_attn_sparse_group(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
+                           int n_keys, const struct kvp_sel *sel, float *probs, int probs_stride,
+                           float *out);
 
 #endif

@@ -11,6 +11,7 @@
 #include "core/threadpool.h"
 #include "forward/kvcache.h"
 #include "model/model.h"
+#include "policy/policy.h"
 
 #define KVP_QCHUNK 64      /* prefill attention: query rows per work item */
 #define KVP_TILE_ROWS 64   /* prefill: weight rows dequantized per sgemm call */
@@ -49,12 +50,33 @@ struct kvp_ctx {
 
     struct kvp_thread_scratch *ts; /* owned [n_threads] */
 
+    /* selection policy (NULL: dense everywhere) */
+    struct kvp_policy *policy;     /* owned */
+    int dense_layers;              /* layers [0, dense_layers) run dense */
+    struct kvp_sel *sel;           /* [n_layer*n_head_kv] the current step's selections */
+    int32_t *sel_blocks;           /* backing store [n_layer*n_head_kv][max_blocks] */
+    uint64_t *sel_masks;           /* backing store [n_layer*n_head_kv][max_blocks] */
+    float *sparse_probs;           /* [n_head][probs_stride] probabilities over the selection */
+    float *obs;                    /* [n_head][window][n_ctx] prefill observation rows */
+    int obs_window;                /* rows the policy asked for */
+    int obs_n;                     /* rows captured in this eval: min(obs_window, job_end) */
+    float *colsum;                 /* [n_layer][n_head][n_ctx] prompt attention column sums */
+
+    /* measuring */
+    bool measure;
+    float *dense_probs;            /* [n_layer][n_head][probs_stride] */
+    double *recovery;              /* [n_layer][n_head]; -1 when not measured */
+
     /* the job of the running eval */
     const int32_t *job_tokens;
     int job_n;
     int job_pos0;
     float *job_logits;
     bool job_all_logits;
+    int job_end;        /* n_tokens after the whole eval (last micro-batch ends here) */
+    bool job_prefill;   /* multi-token eval: call the policy's on_prefill after each layer of
+                           the last micro-batch */
+    bool job_last;      /* this micro-batch is the last of the eval */
 };
 
 #endif

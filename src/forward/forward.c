@@ -23,6 +23,7 @@
 #include "forward/context.h"
 #include "kernels/simd.h"
 #include "kernels/types.h"
+#include "policy/policy.h"
 
 /* ---- setup -------------------------------------------------------------------------------- */
 
@@ -99,6 +100,7 @@ int kvp_ctx_init(const kvp_model *model, const struct kvp_ctx_params *params, kv
         if (!s->kc || !s->vc || !s->s || !s->tile || !s->xq)
             goto fail_nomem;
     }
+    c->dense_layers = hp->n_layer;
     for (int i = 0; i < hp->head_dim / 2; i++)
         c->inv_freq[i] = pow((double)hp->rope_base, -2.0 * i / hp->head_dim);
     /* each pool thread calls sgemm on its own slice: keep OpenBLAS itself single-threaded */
@@ -111,6 +113,29 @@ fail_nomem:
 fail:
     kvp_ctx_free(c);
     return rc;
+}
+
+/* Drop the policy and every buffer that exists only for it. */
+static void free_policy(struct kvp_ctx *c)
+{
+    if (c->policy) {
+        if (c->policy->ops->free)
+            c->policy->ops->free(c->policy);
+        free(c->policy);
+        c->policy = NULL;
+    }
+    free(c->sel);
+    free(c->sel_blocks);
+    free(c->sel_masks);
+    kvp_free_aligned(c->sparse_probs);
+    kvp_free_aligned(c->obs);
+    kvp_free_aligned(c->colsum);
+    c->sel = NULL;
+    c->sel_blocks = NULL;
+    c->sel_masks = NULL;
+    c->sparse_probs = c->obs = c->colsum = NULL;
+    c->obs_window = 0;
+    c->dense_layers = c->hp.n_layer;
 }
 
 void kvp_ctx_free(kvp_ctx *c)
@@ -131,6 +156,9 @@ void kvp_ctx_free(kvp_ctx *c)
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         kvp_free_aligned(bufs[i]);
     free(c->inv_freq);
+    free_policy(c);
+    kvp_free_aligned(c->dense_probs);
+    free(c->recovery);
     kvp_kvcache_free(&c->kv);
     kvp_pool_free(c->pool);
     free(c);
@@ -139,12 +167,19 @@ void kvp_ctx_free(kvp_ctx *c)
 void kvp_ctx_reset(kvp_ctx *c)
 {
     c->n_tokens = 0;
+    kvp_kvcache_clear(&c->kv);
+    if (c->colsum)
+        memset(c->colsum, 0, (size_t)c->hp.n_layer * c->hp.n_head * c->n_ctx * sizeof(float));
+    if (c->policy && c->policy->ops->reset)
+        c->policy->ops->reset(c->policy);
 }
 
 void kvp_ctx_truncate(kvp_ctx *c, int n)
 {
-    if (n >= 0 && n < c->n_tokens)
+    if (n >= 0 && n < c->n_tokens) {
         c->n_tokens = n;
+        kvp_kvcache_truncate(&c->kv, n);
+    }
 }
 
 int kvp_ctx_n_tokens(const kvp_ctx *c)
@@ -285,6 +320,16 @@ static void forward_worker(void *arg, int ith, int nth)
         else
             kvp_attn_prefill_layer(c, l, ith, nth);
         kvp_pool_barrier(c->pool);
+        if (c->job_prefill && c->job_last && ith == 0) {
+            /* the prompt is complete for this layer: let the policy look at it (and evict) */
+            struct kvp_prefill_obs ob = {
+                .n_prompt = c->job_end,
+                .n_obs = c->obs_n,
+                .obs = c->obs,
+                .colsum = c->colsum ? c->colsum + (size_t)l * hp->n_head * c->n_ctx : NULL,
+            };
+            c->policy->ops->on_prefill(c->policy, l, &ob);
+        }
 
         matmul(&L->wo, c->att, n, q_dim, c->x, D, true, ith, nth, ts);
         kvp_pool_barrier(c->pool);
@@ -336,10 +381,31 @@ int kvp_eval(kvp_ctx *c, const int32_t *tokens, int n, float *logits, bool all_l
         if (tokens[i] < 0 || tokens[i] >= c->hp.n_vocab)
             return kvp_err_set(err, KVP_EINVAL, "token id %d out of range 0..%d", tokens[i],
                                c->hp.n_vocab - 1);
+    /* After an evicting policy has dropped tokens, prefill attention (which reads every cached
+     * token) no longer applies: feed further tokens one at a time through the decode path. */
+    if (n > 1 && c->policy && c->policy->ops->evicting && c->n_tokens > 0) {
+        for (int i = 0; i < n; i++) {
+            float *out = !logits ? NULL : all_logits ? logits + (size_t)i * c->hp.n_vocab
+                                        : (i == n - 1 ? logits : NULL);
+            int rc = kvp_eval(c, tokens + i, 1, out, false, err);
+            if (rc < 0)
+                return rc;
+        }
+        return 0;
+    }
+    int rc = kvp_kvcache_reserve(&c->kv, c->n_tokens + n, err);
+    if (rc < 0)
+        return rc;
+    c->job_end = c->n_tokens + n;
+    c->job_prefill = n > 1 && c->policy && c->policy->ops->on_prefill;
+    c->obs_n = c->obs_window < c->job_end ? c->obs_window : c->job_end;
+    if (c->job_prefill && c->colsum && c->n_tokens == 0)
+        memset(c->colsum, 0, (size_t)c->hp.n_layer * c->hp.n_head * c->n_ctx * sizeof(float));
     /* micro-batches of at most n_batch tokens */
     for (int done = 0; done < n;) {
         int nb = n - done < c->n_batch ? n - done : c->n_batch;
         bool last = done + nb == n;
+        c->job_last = last;
         c->job_tokens = tokens + done;
         c->job_n = nb;
         c->job_pos0 = c->n_tokens;
@@ -353,4 +419,143 @@ int kvp_eval(kvp_ctx *c, const int32_t *tokens, int n, float *logits, bool all_l
         done += nb;
     }
     return 0;
+}
+
+/* ---- policies and measuring --------------------------------------------------------------- */
+
+const char *kvp_policy_name(int i)
+{
+    for (int k = 0; kvp_policy_registry[k]; k++)
+        if (k == i)
+            return kvp_policy_registry[k]->name;
+    return NULL;
+}
+
+int kvp_ctx_set_policy(kvp_ctx *c, const struct kvp_policy_params *params, struct kvp_err *err)
+{
+    free_policy(c);
+    kvp_ctx_reset(c);
+    if (!params || !params->name)
+        return 0;
+    const struct kvp_policy_ops *ops = kvp_policy_find(params->name);
+    if (!ops) {
+        char names[512] = "";
+        for (int k = 0; kvp_policy_registry[k]; k++) {
+            strncat(names, k ? ", " : "", sizeof(names) - strlen(names) - 1);
+            strncat(names, kvp_policy_registry[k]->name, sizeof(names) - strlen(names) - 1);
+        }
+        return kvp_err_set(err, KVP_EINVAL, "unknown policy '%s' (known: %s)", params->name,
+                           names);
+    }
+    const struct kvp_hparams *hp = &c->hp;
+    if (hp->n_head / hp->n_head_kv > 64)
+        return kvp_err_set(err, KVP_EUNSUPPORTED, "GQA groups larger than 64 heads");
+    struct kvp_policy *p = calloc(1, sizeof(*p));
+    if (!p)
+        return kvp_err_set(err, KVP_ENOMEM, "out of memory");
+    p->ops = ops;
+    p->p = *params;
+    /* defaults */
+    if (p->p.sink <= 0)
+        p->p.sink = p->p.sink < 0 ? 0 : 16;
+    if (p->p.local <= 0)
+        p->p.local = p->p.local < 0 ? 0 : 16;
+    if (p->p.window <= 0)
+        p->p.window = 32;
+    if (p->p.pool <= 0)
+        p->p.pool = 5;
+    if (p->p.dense_layers == 0)
+        p->p.dense_layers = 2;
+    else if (p->p.dense_layers < 0)
+        p->p.dense_layers = 0;
+    if (p->p.dense_layers > hp->n_layer)
+        p->p.dense_layers = hp->n_layer;
+    if (p->p.gqa_agg < KVP_AGG_MAX || p->p.gqa_agg > KVP_AGG_SUM)
+        p->p.gqa_agg = KVP_AGG_MEAN;
+    if (p->p.budget < 0 || p->p.budget_ratio < 0 || p->p.budget_ratio > 1) {
+        free(p);
+        return kvp_err_set(err, KVP_EINVAL, "budget must be >= 0 and ratio in (0, 1]");
+    }
+    p->env = (struct kvp_policy_env){.n_layer = hp->n_layer, .n_head = hp->n_head,
+                                     .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
+                                     .block_size = c->kv.block_size, .n_ctx = c->n_ctx,
+                                     .kv = &c->kv};
+    int rc = ops->init ? ops->init(p, err) : 0;
+    if (rc < 0) {
+        free(p);
+        return rc;
+    }
+    c->policy = p;
+    c->dense_layers = p->p.dense_layers;
+    size_t n_lh = (size_t)hp->n_layer * hp->n_head_kv, mb = (size_t)c->kv.max_blocks;
+    c->sel = calloc(n_lh, sizeof(*c->sel));
+    c->sel_blocks = calloc(n_lh * mb, sizeof(int32_t));
+    c->sel_masks = calloc(n_lh * mb, sizeof(uint64_t));
+    c->sparse_probs = falloc((size_t)hp->n_head * c->probs_stride);
+    c->obs_window = ops->wants_obs ? p->p.window : 0;
+    if (c->obs_window)
+        c->obs = falloc((size_t)hp->n_head * c->obs_window * c->n_ctx);
+    if (ops->wants_colsum)
+        c->colsum = falloc((size_t)hp->n_layer * hp->n_head * c->n_ctx);
+    if (!c->sel || !c->sel_blocks || !c->sel_masks || !c->sparse_probs ||
+        (c->obs_window && !c->obs) || (ops->wants_colsum && !c->colsum)) {
+        free_policy(c);
+        return kvp_err_set(err, KVP_ENOMEM, "out of memory for policy buffers");
+    }
+    for (size_t i = 0; i < n_lh; i++) {
+        c->sel[i].blocks = c->sel_blocks + i * mb;
+        c->sel[i].mask = c->sel_masks + i * mb;
+    }
+    if (c->colsum)
+        memset(c->colsum, 0, (size_t)hp->n_layer * hp->n_head * c->n_ctx * sizeof(float));
+    c->kv.release = !c->measure;
+    return 0;
+}
+
+void kvp_ctx_set_measure(kvp_ctx *c, bool on)
+{
+    c->measure = on;
+    c->kv.release = !on;
+    if (on && !c->dense_probs) {
+        size_t n_lh = (size_t)c->hp.n_layer * c->hp.n_head;
+        c->dense_probs = falloc(n_lh * c->probs_stride);
+        c->recovery = malloc(n_lh * sizeof(double));
+        if (!c->dense_probs || !c->recovery) {
+            kvp_free_aligned(c->dense_probs);
+            free(c->recovery);
+            c->dense_probs = NULL;
+            c->recovery = NULL;
+            c->measure = false;
+            return;
+        }
+    }
+    if (c->recovery)
+        for (size_t i = 0; i < (size_t)c->hp.n_layer * c->hp.n_head; i++)
+            c->recovery[i] = -1.0;
+}
+
+const float *kvp_ctx_dense_probs(const kvp_ctx *c, int layer, int head, int *n_keys)
+{
+    if (!c->measure || !c->policy || layer < c->dense_layers || layer >= c->hp.n_layer ||
+        head < 0 || head >= c->hp.n_head)
+        return NULL;
+    if (n_keys)
+        *n_keys = c->n_tokens;
+    return c->dense_probs + ((size_t)layer * c->hp.n_head + head) * c->probs_stride;
+}
+
+double kvp_ctx_recovery(const kvp_ctx *c, int layer, int head)
+{
+    if (!c->measure || !c->recovery || layer < 0 || layer >= c->hp.n_layer || head < 0 ||
+        head >= c->hp.n_head)
+        return -1.0;
+    return c->recovery[(size_t)layer * c->hp.n_head + head];
+}
+
+void kvp_ctx_kv_bytes(const kvp_ctx *c, size_t *resident, size_t *kept)
+{
+    if (resident)
+        *resident = kvp_kvcache_resident_bytes(&c->kv, c->n_tokens);
+    if (kept)
+        *kept = kvp_kvcache_kept_bytes(&c->kv, c->n_tokens);
 }

@@ -1,47 +1,93 @@
 /*
  * Block-paged KV cache.
  *
- * Per layer and KV head, tokens live in fixed-size blocks (block_size tokens, default 16) so that
- * attention can read any subset of blocks: the policies of later issues choose blocks, and the
- * tiered store moves whole blocks. Within a block, keys are stored transposed ([head_dim][bs]) so
- * the score kernel vectorises over the block's tokens whatever the head size (bs = 16 floats is
- * exactly one AVX-512 register), and values are stored [bs][head_dim] so the weighted sum
- * vectorises over the head dimension. Keys are cached after RoPE, at their true positions.
+ * Per layer and KV head, token positions are grouped into logical blocks of block_size tokens
+ * (default 16, at most 64). A block table maps each logical block to a physical block of a shared
+ * pool, so attention can read any subset of blocks, policies can evict, and memory comes back to
+ * the pool when every token of a block has been evicted. Within a physical block, keys are stored
+ * transposed ([head_dim][bs]) so the score kernel vectorises over the block's tokens whatever the
+ * head size (bs = 16 floats is one AVX-512 register), and values are stored [bs][head_dim] so the
+ * weighted sum vectorises over the head dimension. Keys are cached after RoPE, at their true
+ * positions; a token's slot is its position, so evicting never moves data.
+ *
+ * Eviction is per token: a 64-bit mask per logical block marks evicted tokens, which attention
+ * never reads. With `release` set, a block whose tokens are all evicted returns its physical block
+ * to the pool (real memory); without it (measurement runs) the data stays so dense attention can
+ * still be computed for measuring, while the accounting reports what would have been freed.
  */
 #ifndef KVP_FORWARD_KVCACHE_H
 #define KVP_FORWARD_KVCACHE_H
 
+#include <pthread.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "core/err.h"
+
+#define KVP_MAX_BLOCK_SIZE 64 /* token masks are one uint64_t per block */
 
 struct kvp_kvcache {
     int n_layer;
     int n_head_kv;
     int head_dim;
     int block_size;
-    int max_blocks;       /* per (layer, KV head): ceil(n_ctx / block_size) */
-    size_t block_floats;  /* head_dim * block_size */
-    float *k;             /* owned [n_layer][n_head_kv][max_blocks][head_dim][block_size] */
-    float *v;             /* owned [n_layer][n_head_kv][max_blocks][block_size][head_dim] */
+    int max_blocks;        /* logical blocks per (layer, KV head): ceil(n_ctx / block_size) */
+    size_t block_floats;   /* head_dim * block_size */
+    int n_pool;            /* physical blocks in the pool */
+    float *k_pool;         /* owned [n_pool][head_dim][block_size] */
+    float *v_pool;         /* owned [n_pool][block_size][head_dim] */
+    int32_t *table;        /* owned [n_layer*n_head_kv][max_blocks]: physical block or -1 */
+    uint64_t *evicted;     /* owned [n_layer*n_head_kv][max_blocks]: bit t = token evicted */
+    int32_t *n_evicted;    /* owned [n_layer*n_head_kv]: evicted tokens */
+    int32_t *released;     /* owned [n_layer*n_head_kv]: logical blocks fully evicted */
+    int32_t *free_stack;   /* owned [n_pool] */
+    int n_free;
+    bool release;          /* give fully evicted blocks back to the pool */
+    pthread_mutex_t pool_lock; /* evictions of different heads run on different threads */
 };
 
 int kvp_kvcache_init(struct kvp_kvcache *c, int n_layer, int n_head_kv, int head_dim,
                      int block_size, int n_ctx, struct kvp_err *err);
 void kvp_kvcache_free(struct kvp_kvcache *c);
 
+/* Forget everything: all blocks back to the pool, no evictions. */
+void kvp_kvcache_clear(struct kvp_kvcache *c);
+
+/* Forget positions >= n_tokens (after a truncate); blocks past the end go back to the pool. */
+void kvp_kvcache_truncate(struct kvp_kvcache *c, int n_tokens);
+
+/* Make sure physical blocks exist for positions [0, n_tokens) of every (layer, KV head) that has
+ * not released them. KVP_ENOMEM when the pool is exhausted. Single-threaded; called before a
+ * forward pass so the pass itself never allocates. */
+int kvp_kvcache_reserve(struct kvp_kvcache *c, int n_tokens, struct kvp_err *err);
+
+static inline int kvp_kvcache_lh(const struct kvp_kvcache *c, int layer, int kvh)
+{
+    return layer * c->n_head_kv + kvh;
+}
+
+/* Physical block behind logical block blk, or NULL when it was released. */
 static inline float *kvp_kvcache_kblock(const struct kvp_kvcache *c, int layer, int kvh, int blk)
 {
-    return c->k + (((size_t)layer * c->n_head_kv + kvh) * c->max_blocks + blk) * c->block_floats;
+    int32_t p = c->table[(size_t)kvp_kvcache_lh(c, layer, kvh) * c->max_blocks + blk];
+    return p < 0 ? (float *)0 : c->k_pool + (size_t)p * c->block_floats;
 }
 
 static inline float *kvp_kvcache_vblock(const struct kvp_kvcache *c, int layer, int kvh, int blk)
 {
-    return c->v + (((size_t)layer * c->n_head_kv + kvh) * c->max_blocks + blk) * c->block_floats;
+    int32_t p = c->table[(size_t)kvp_kvcache_lh(c, layer, kvh) * c->max_blocks + blk];
+    return p < 0 ? (float *)0 : c->v_pool + (size_t)p * c->block_floats;
 }
 
-/* Store one token's key and value (head_dim floats each) at position pos. */
+/* Evicted-token mask of a logical block. */
+static inline uint64_t kvp_kvcache_evicted(const struct kvp_kvcache *c, int layer, int kvh, int blk)
+{
+    return c->evicted[(size_t)kvp_kvcache_lh(c, layer, kvh) * c->max_blocks + blk];
+}
+
+/* Store one token's key and value (head_dim floats each) at position pos; its block must have
+ * been reserved. */
 static inline void kvp_kvcache_store(const struct kvp_kvcache *c, int layer, int kvh, int pos,
                                      const float *k, const float *v)
 {
@@ -55,7 +101,28 @@ static inline void kvp_kvcache_store(const struct kvp_kvcache *c, int layer, int
     }
 }
 
-/* Bytes the cache holds for n_tokens tokens (whole blocks, both K and V). */
-size_t kvp_kvcache_bytes(const struct kvp_kvcache *c, int n_tokens);
+/* Evict one token (idempotent; thread-safe across different (layer, KV head) pairs). Releases its block when all of the block's n_tokens-visible
+ * tokens are evicted and release is on. n_tokens: tokens in the cache (the block holding the
+ * newest token is never released, since the next token will be written there). */
+void kvp_kvcache_evict(struct kvp_kvcache *c, int layer, int kvh, int pos, int n_tokens);
+
+/* Tokens of (layer, KV head) not evicted, out of n_tokens. */
+static inline int kvp_kvcache_kept(const struct kvp_kvcache *c, int layer, int kvh, int n_tokens)
+{
+    return n_tokens - c->n_evicted[kvp_kvcache_lh(c, layer, kvh)];
+}
+
+/* Bytes of K and V per token of one (layer, KV head). */
+static inline size_t kvp_kvcache_token_bytes(const struct kvp_kvcache *c)
+{
+    return (size_t)c->head_dim * 2 * sizeof(float);
+}
+
+/* Resident bytes for n_tokens: physical blocks holding live tokens (blocks that are fully
+ * evicted count as freed whether or not release is on), K and V, all layers and heads. */
+size_t kvp_kvcache_resident_bytes(const struct kvp_kvcache *c, int n_tokens);
+
+/* Bytes of the tokens kept (not evicted), as a token-compacting store would hold them. */
+size_t kvp_kvcache_kept_bytes(const struct kvp_kvcache *c, int n_tokens);
 
 #endif

@@ -1,0 +1,149 @@
+/*
+ * The policy framework: the sparse path reproduces the dense one when it selects everything,
+ * evicting policies really free KV blocks, measuring never changes what a policy computes, and
+ * recovery is 1 for the full cache.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvpred.h"
+#include "testutil.h"
+
+static kvp_model *fixture_model(char **path)
+{
+    struct kvp_test_model_spec sp = {.n_vocab = 80, .n_embd = 64, .n_layer = 4, .n_head = 4,
+                                     .n_head_kv = 2, .n_ff = 96, .n_ctx = 512, .type = 0,
+                                     .embd_type = 0, .tied = 1, .seed = 11};
+    *path = kvp_test_tmpfile(".gguf");
+    assert_int_equal(kvp_test_write_model(&sp, *path, NULL), 0);
+    kvp_model *m = NULL;
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_model_open(*path, NULL, &m, &err), 0);
+    return m;
+}
+
+/* Prefill n_prompt tokens, then decode n_dec forced tokens; logits of every decode step. */
+static float *run(kvp_model *m, const struct kvp_policy_params *pp, bool measure, int n_prompt,
+                  int n_dec, size_t *resident, double *recovery)
+{
+    struct kvp_ctx_params cp = {.n_ctx = n_prompt + n_dec, .n_threads = 2};
+    kvp_ctx *c = NULL;
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_ctx_init(m, &cp, &c, &err), 0);
+    kvp_ctx_set_measure(c, measure);
+    assert_int_equal(kvp_ctx_set_policy(c, pp, &err), 0);
+    int32_t *ids = malloc((size_t)(n_prompt + n_dec) * sizeof(int32_t));
+    for (int i = 0; i < n_prompt + n_dec; i++)
+        ids[i] = (i * 7 + 3) % 80;
+    float *lg = malloc((size_t)n_dec * 80 * sizeof(float));
+    assert_int_equal(kvp_eval(c, ids, n_prompt, NULL, false, &err), 0);
+    double rec = 0;
+    int n_rec = 0;
+    for (int i = 0; i < n_dec; i++) {
+        assert_int_equal(kvp_eval(c, ids + n_prompt + i, 1, lg + (size_t)i * 80, false, &err), 0);
+        for (int l = 0; l < 4; l++)
+            for (int h = 0; h < 4; h++) {
+                double r = kvp_ctx_recovery(c, l, h);
+                if (r >= 0) {
+                    rec += r;
+                    n_rec++;
+                }
+            }
+    }
+    if (resident)
+        kvp_ctx_kv_bytes(c, resident, NULL);
+    if (recovery)
+        *recovery = n_rec ? rec / n_rec : -1;
+    kvp_ctx_free(c);
+    free(ids);
+    return lg;
+}
+
+static double max_diff(const float *a, const float *b, size_t n)
+{
+    double d = 0;
+    for (size_t i = 0; i < n; i++)
+        d = fmax(d, fabs((double)a[i] - b[i]));
+    return d;
+}
+
+static void test_full_and_large_budgets_match_dense(void **state)
+{
+    (void)state;
+    char *path;
+    kvp_model *m = fixture_model(&path);
+    float *dense = run(m, NULL, false, 100, 30, NULL, NULL);
+    struct kvp_policy_params full = {.name = "full"};
+    double rec;
+    float *f = run(m, &full, true, 100, 30, NULL, &rec);
+    print_message("full vs dense: %.3g, recovery %.6f\n", max_diff(dense, f, 30 * 80), rec);
+    assert_true(max_diff(dense, f, 30 * 80) < 1e-5);
+    assert_true(fabs(rec - 1.0) < 1e-5);
+    struct kvp_policy_params st = {.name = "streaming", .budget = 130};
+    float *s = run(m, &st, false, 100, 30, NULL, NULL);
+    assert_true(max_diff(dense, s, 30 * 80) < 1e-5);
+    free(dense);
+    free(f);
+    free(s);
+    kvp_model_close(m);
+    remove(path);
+    free(path);
+}
+
+static void test_streaming_frees_memory(void **state)
+{
+    (void)state;
+    char *path;
+    kvp_model *m = fixture_model(&path);
+    size_t full_bytes, small_bytes, measured_bytes;
+    float *d = run(m, NULL, false, 256, 32, &full_bytes, NULL);
+    struct kvp_policy_params st = {.name = "streaming", .budget = 64, .sink = 16};
+    float *s = run(m, &st, false, 256, 32, &small_bytes, NULL);
+    double rec;
+    float *sm = run(m, &st, true, 256, 32, &measured_bytes, &rec);
+    print_message("resident bytes: full %zu, streaming-64 %zu (measure mode %zu), recovery %.3f\n",
+                  full_bytes, small_bytes, measured_bytes, rec);
+    /* 2 dense layers keep everything; 2 compressed layers keep about 64 of 288 tokens */
+    assert_true(small_bytes < full_bytes * 0.75);
+    assert_int_equal(small_bytes, measured_bytes);
+    /* measuring computes dense attention on the side but changes nothing that is read */
+    assert_true(max_diff(s, sm, 32 * 80) == 0.0);
+    assert_true(rec > 0 && rec < 1);
+    assert_true(max_diff(d, s, 32 * 80) > 1e-4); /* the budget does change the result */
+    free(d);
+    free(s);
+    free(sm);
+    kvp_model_close(m);
+    remove(path);
+    free(path);
+}
+
+static void test_unknown_policy(void **state)
+{
+    (void)state;
+    char *path;
+    kvp_model *m = fixture_model(&path);
+    struct kvp_ctx_params cp = {.n_ctx = 64};
+    kvp_ctx *c = NULL;
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_ctx_init(m, &cp, &c, &err), 0);
+    struct kvp_policy_params bad = {.name = "nonsense"};
+    assert_int_equal(kvp_ctx_set_policy(c, &bad, &err), KVP_EINVAL);
+    assert_non_null(strstr(err.msg, "streaming"));
+    kvp_ctx_free(c);
+    kvp_model_close(m);
+    remove(path);
+    free(path);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_full_and_large_budgets_match_dense),
+        cmocka_unit_test(test_streaming_frees_memory),
+        cmocka_unit_test(test_unknown_policy),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
