@@ -163,6 +163,7 @@ struct kvp_policy_params {
                             key (kvpress ObservedAttention) [0] */
     uint64_t seed;       /* random policies [0] */
     const char *aux_path;/* a file the policy needs (predictor weights, head profile) */
+    const char *opts;    /* policy-specific "key=value,..." options (predictor: see its --help) */
 };
 
 /* Attach a policy to the context (replacing any previous one; NULL: full attention) and clear
