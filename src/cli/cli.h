@@ -19,6 +19,8 @@ int cmd_bench(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_train_lm(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
+int cmd_viz(int argc, char **argv);
 
 /* Print "kvpred: error: <msg>" on stderr; returns 1 (the exit status for errors). */
 int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
