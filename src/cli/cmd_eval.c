@@ -108,22 +108,22 @@ static int split_list(char *s, char **items)
 struct eval_opts {
     struct cli_model_opts mo;
     struct cli_token_source src;
-    struct kvp_policy_params pp;     /* option flags shared by every run */
+    struct kvp_policy_params pp; /* option flags shared by every run */
     char *policies[MAX_LIST];
     int n_policies;
     char *budgets[MAX_LIST];
     int n_budgets;
     long n_prefill, n_decode, retention_k;
     bool json;
-    char *policy_arg, *budget_arg;   /* owned copies the lists point into */
+    char *policy_arg, *budget_arg; /* owned copies the lists point into */
 };
 
 /* Parse argv into o. Returns 0, 1 after printing an error, or 2 after printing the help. */
 static int parse_args(struct eval_opts *o, int argc, char **argv)
 {
-    static const char *const value_flags[] = {"-f", "--file", "--offset", "--tokens-from-seed",
-                                              "--policy", "--budget", "--prefill", "--decode",
-                                              "--retention-k", NULL};
+    static const char *const value_flags[] = {
+        "-f",       "--file",    "--offset", "--tokens-from-seed", "--policy",
+        "--budget", "--prefill", "--decode", "--retention-k",      NULL};
     const char *policy_list = "all", *budget_list = "32,64,128";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -239,8 +239,8 @@ static void table_row(FILE *f, const char *policy, const char *budget,
 {
     fprintf(f, "%-12s %7s %8.4f %8.4f %8.4f %9.4f %10.3e %6.3f %8.4f %11zu %6.3f %6.3f\n", policy,
             budget, r->recovery, r->oracle_block > 0 ? r->recovery / r->oracle_block : 0.0,
-            r->oracle_token, r->retention, r->kl, r->top1, r->ppl, r->kv_resident,
-            r->compression, r->read_fraction);
+            r->oracle_token, r->retention, r->kl, r->top1, r->ppl, r->kv_resident, r->compression,
+            r->read_fraction);
 }
 
 static cJSON *layer_array(const double *v, int n)
@@ -363,8 +363,11 @@ static int run_all(const struct eval_opts *o, struct kvp_measure *ms, const char
 
 int cmd_eval(int argc, char **argv)
 {
-    struct eval_opts o = {.src = {.seed = -1}, .pp = {.gqa_agg = KVP_AGG_MEAN},
-                          .n_prefill = 256, .n_decode = 256, .retention_k = 32};
+    struct eval_opts o = {.src = {.seed = -1},
+                          .pp = {.gqa_agg = KVP_AGG_MEAN},
+                          .n_prefill = 256,
+                          .n_decode = 256,
+                          .retention_k = 32};
     int rc = parse_args(&o, argc, argv);
     if (rc) {
         free(o.policy_arg);
@@ -390,9 +393,12 @@ int cmd_eval(int argc, char **argv)
     tokens = cli_measure_tokens(model, &o.src, (int)need + 1);
     if (!tokens)
         goto out;
-    struct kvp_ctx_params cp = {.n_ctx = (int)o.mo.n_ctx, .n_threads = (int)o.mo.n_threads,
-                                .block_size = (int)o.mo.block_size, .n_batch = (int)o.mo.n_batch};
-    struct kvp_measure_params mp = {.n_prefill = (int)o.n_prefill, .n_decode = (int)o.n_decode,
+    struct kvp_ctx_params cp = {.n_ctx = (int)o.mo.n_ctx,
+                                .n_threads = (int)o.mo.n_threads,
+                                .block_size = (int)o.mo.block_size,
+                                .n_batch = (int)o.mo.n_batch};
+    struct kvp_measure_params mp = {.n_prefill = (int)o.n_prefill,
+                                    .n_decode = (int)o.n_decode,
                                     .retention_k = (int)o.retention_k};
     struct kvp_err err = {0};
     if (kvp_measure_init(model, tokens, &cp, &mp, &ms, &err) < 0) {

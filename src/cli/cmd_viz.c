@@ -22,7 +22,7 @@
 #include "eval/png.h"
 
 #define LOG_FLOOR (-4.0) /* log10 of the smallest block mass with a colour */
-#define SEP_W 3          /* separator width in pixels */
+#define SEP_W     3      /* separator width in pixels */
 
 static void help(void)
 {
@@ -52,16 +52,16 @@ struct viz_opts {
     struct kvp_policy_params pp;
     long layer, head, n_prefill, n_decode;
     const char *out;
-    const char *budget;  /* as given */
+    const char *budget; /* as given */
 };
 
 /* What the step callback collects: [n_decode][nb] cells. */
 struct viz_grid {
     int layer, head, kvh, nb, bs, n_prefill, n_steps;
-    float *mass;      /* owned: dense attention summed over the block */
-    float *read;      /* owned: fraction of the block's present tokens the step read */
-    uint8_t *state;   /* owned: CELL_* */
-    bool missing;     /* the layer had no dense row (a dense layer) */
+    float *mass;    /* owned: dense attention summed over the block */
+    float *read;    /* owned: fraction of the block's present tokens the step read */
+    uint8_t *state; /* owned: CELL_* */
+    bool missing;   /* the layer had no dense row (a dense layer) */
 };
 
 enum { CELL_FUTURE = 0, CELL_PRESENT = 1, CELL_EVICTED = 2 };
@@ -114,8 +114,8 @@ static void ramp(double v, uint8_t *rgb)
 /* Position of a block mass on the log colour scale, in [0, 1]. */
 static double log_level(float mass)
 {
-    double l = log10(mass > 1e-12f ? (double)mass : 1e-12);
-    return (l - LOG_FLOOR) / -LOG_FLOOR;
+    double v = (log10(mass > 1e-12f ? (double)mass : 1e-12) - LOG_FLOOR) / -LOG_FLOOR;
+    return v < 0 ? 0 : v > 1 ? 1 : v;
 }
 
 /* Colour of one cell of the left (truth) or right (selection) panel. */
@@ -175,9 +175,10 @@ static int draw(const struct viz_grid *g, const char *path)
 /* Parse argv into o. Returns 0, 1 after printing an error, or 2 after printing the help. */
 static int parse_args(struct viz_opts *o, int argc, char **argv)
 {
-    static const char *const value_flags[] = {"-f", "--file", "--offset", "--tokens-from-seed",
-                                              "--layer", "--head", "--policy", "--budget",
-                                              "--prefill", "--decode", "-o", "--output", NULL};
+    static const char *const value_flags[] = {
+        "-f",     "--file",   "--offset", "--tokens-from-seed", "--layer",
+        "--head", "--policy", "--budget", "--prefill",          "--decode",
+        "-o",     "--output", NULL};
     const char *budget = "64";
     o->budget = budget;
     for (int i = 1; i < argc; i++) {
@@ -253,8 +254,8 @@ static int check_layer_head(const struct viz_opts *o, const struct kvp_model_inf
         return cli_fail("--layer %ld: the model has %d layers (0..%d)", o->layer, info->n_layer,
                         info->n_layer - 1);
     if (o->head >= info->n_head)
-        return cli_fail("--head %ld: the model has %d query heads (0..%d)", o->head,
-                        info->n_head, info->n_head - 1);
+        return cli_fail("--head %ld: the model has %d query heads (0..%d)", o->head, info->n_head,
+                        info->n_head - 1);
     if (o->layer < dense)
         return cli_fail("--layer %ld runs dense attention (layers 0..%d are dense): pick a "
                         "layer in %d..%d or lower --dense-layers",
@@ -264,8 +265,12 @@ static int check_layer_head(const struct viz_opts *o, const struct kvp_model_inf
 
 int cmd_viz(int argc, char **argv)
 {
-    struct viz_opts o = {.src = {.seed = -1}, .pp = {.name = "streaming", .gqa_agg = KVP_AGG_MEAN}, .layer = -1,
-                         .head = -1, .n_prefill = 256, .n_decode = 256};
+    struct viz_opts o = {.src = {.seed = -1},
+                         .pp = {.name = "streaming", .gqa_agg = KVP_AGG_MEAN},
+                         .layer = -1,
+                         .head = -1,
+                         .n_prefill = 256,
+                         .n_decode = 256};
     int rc = parse_args(&o, argc, argv);
     if (rc)
         return rc == 2 ? 0 : 1;
@@ -288,8 +293,10 @@ int cmd_viz(int argc, char **argv)
     tokens = cli_measure_tokens(model, &o.src, (int)need + 1);
     if (!tokens)
         goto out;
-    struct kvp_ctx_params cp = {.n_ctx = (int)o.mo.n_ctx, .n_threads = (int)o.mo.n_threads,
-                                .block_size = (int)o.mo.block_size, .n_batch = (int)o.mo.n_batch};
+    struct kvp_ctx_params cp = {.n_ctx = (int)o.mo.n_ctx,
+                                .n_threads = (int)o.mo.n_threads,
+                                .block_size = (int)o.mo.block_size,
+                                .n_batch = (int)o.mo.n_batch};
     struct kvp_measure_params mp = {.n_prefill = (int)o.n_prefill, .n_decode = (int)o.n_decode};
     struct kvp_err err = {0};
     if (kvp_measure_init(model, tokens, &cp, &mp, &ms, &err) < 0) {

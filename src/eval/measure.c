@@ -25,33 +25,33 @@
 #include "policy/policy.h"
 
 struct kvp_measure {
-    const kvp_model *model;   /* borrowed */
+    const kvp_model *model; /* borrowed */
     int n_vocab;
     int n_prefill, n_decode, k_ret;
-    int32_t *tokens;          /* owned [n_prefill + n_decode + 1] */
-    kvp_ctx *ref;             /* owned: dense reference */
-    kvp_ctx *pol;             /* owned: policy context, measuring on */
-    float *ref_logits;        /* owned [n_decode][n_vocab] reference next-token logits */
-    float *logits;            /* owned [n_vocab] policy logits of the current step */
+    int32_t *tokens;   /* owned [n_prefill + n_decode + 1] */
+    kvp_ctx *ref;      /* owned: dense reference */
+    kvp_ctx *pol;      /* owned: policy context, measuring on */
+    float *ref_logits; /* owned [n_decode][n_vocab] reference next-token logits */
+    float *logits;     /* owned [n_vocab] policy logits of the current step */
     double ppl_full;
     size_t ref_resident, ref_kept;
     int max_blocks;
-    size_t n_lh;              /* n_layer * n_head_kv */
-    uint64_t *ev_before;      /* owned [n_lh][max_blocks] eviction masks before the step */
-    uint64_t *read;           /* owned [n_lh][max_blocks] tokens the last step read */
-    uint64_t *omask;          /* owned [max_blocks] oracle selection */
-    float *gsum;              /* owned [n_ctx] group-summed dense row */
-    void *oscratch;           /* owned kvp_oracle_scratch(n_ctx) bytes */
-    int *rscratch;            /* owned [2 * n_ctx] retention scratch */
-    bool running;             /* a run is in progress (read masks are valid) */
+    size_t n_lh;         /* n_layer * n_head_kv */
+    uint64_t *ev_before; /* owned [n_lh][max_blocks] eviction masks before the step */
+    uint64_t *read;      /* owned [n_lh][max_blocks] tokens the last step read */
+    uint64_t *omask;     /* owned [max_blocks] oracle selection */
+    float *gsum;         /* owned [n_ctx] group-summed dense row */
+    void *oscratch;      /* owned kvp_oracle_scratch(n_ctx) bytes */
+    int *rscratch;       /* owned [2 * n_ctx] retention scratch */
+    bool running;        /* a run is in progress (read masks are valid) */
 };
 
 /* Per-run accumulators. */
 struct acc {
-    double rec, ob, ot, ret, n_qh;     /* sums over (step, layer, query head) */
-    double read, kept, budget, n_kvh;  /* sums over (step, layer, KV head) */
-    double kl, kl_max, top1, nll;      /* sums over steps */
-    double *l_rec, *l_ob, *l_n;        /* [n_layer] per-layer sums and counts */
+    double rec, ob, ot, ret, n_qh;    /* sums over (step, layer, query head) */
+    double read, kept, budget, n_kvh; /* sums over (step, layer, KV head) */
+    double kl, kl_max, top1, nll;     /* sums over steps */
+    double *l_rec, *l_ob, *l_n;       /* [n_layer] per-layer sums and counts */
 };
 
 void kvp_measure_free(struct kvp_measure *ms)

@@ -34,9 +34,9 @@
 struct kvp_measure;
 
 struct kvp_measure_params {
-    int n_prefill;    /* N: prompt tokens, >= 1 */
-    int n_decode;     /* M: teacher-forced decode steps, >= 1 */
-    int retention_k;  /* K of token retention [32] */
+    int n_prefill;   /* N: prompt tokens, >= 1 */
+    int n_decode;    /* M: teacher-forced decode steps, >= 1 */
+    int retention_k; /* K of token retention [32] */
 };
 
 /* Means of one run, over decode steps and the compressed layers' heads. */
@@ -45,25 +45,25 @@ struct kvp_measure_result {
     int block_size;
     int n_layer;
     int n_steps;
-    double recovery;        /* mean recovery, query heads */
-    double oracle_block;    /* mean recovery of the block oracle at the same budget */
-    double oracle_token;    /* mean recovery of the token oracle at the same budget */
-    double retention;       /* mean token retention */
-    double budget_tokens;   /* mean per-step token budget the oracles used */
-    double read_fraction;   /* mean |S| / Lk, KV heads */
-    double compression;     /* mean 1 - kept / Lk, KV heads (kept: tokens not evicted) */
-    double kl;              /* mean KL(p_full ‖ p_policy), nats */
-    double kl_max;          /* largest per-step KL */
-    double top1;            /* fraction of steps whose argmax matches the reference's */
-    double ppl;             /* exp(mean NLL) of the forced tokens, policy */
-    double ppl_full;        /* the same for the dense reference */
-    size_t kv_resident;     /* kvp_ctx_kv_bytes after the last step, policy */
+    double recovery;      /* mean recovery, query heads */
+    double oracle_block;  /* mean recovery of the block oracle at the same budget */
+    double oracle_token;  /* mean recovery of the token oracle at the same budget */
+    double retention;     /* mean token retention */
+    double budget_tokens; /* mean per-step token budget the oracles used */
+    double read_fraction; /* mean |S| / Lk, KV heads */
+    double compression;   /* mean 1 - kept / Lk, KV heads (kept: tokens not evicted) */
+    double kl;            /* mean KL(p_full ‖ p_policy), nats */
+    double kl_max;        /* largest per-step KL */
+    double top1;          /* fraction of steps whose argmax matches the reference's */
+    double ppl;           /* exp(mean NLL) of the forced tokens, policy */
+    double ppl_full;      /* the same for the dense reference */
+    size_t kv_resident;   /* kvp_ctx_kv_bytes after the last step, policy */
     size_t kv_kept;
-    size_t kv_resident_full;/* the same for the reference */
+    size_t kv_resident_full; /* the same for the reference */
     size_t kv_kept_full;
     double *layer_recovery;     /* owned [n_layer]: mean recovery per layer, -1 for dense ones */
     double *layer_oracle_block; /* owned [n_layer]: the same for the block oracle */
-    double seconds;         /* wall time of the run */
+    double seconds;             /* wall time of the run */
 };
 
 /* Called after each decode step (step counts from 0) once its metrics are in; the context and

@@ -33,8 +33,8 @@ int kvp_png_write_rgb(const char *path, const uint8_t *rgb, int w, int h, struct
     FILE *volatile f = fopen(path, "wb");
     if (!f)
         return kvp_err_set(err, KVP_EIO, "%s: %s", path, strerror(errno));
-    png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, err, on_png_error,
-                                              on_png_warning);
+    png_structp png =
+        png_create_write_struct(PNG_LIBPNG_VER_STRING, err, on_png_error, on_png_warning);
     png_infop info = png ? png_create_info_struct(png) : NULL;
     if (!png || !info) {
         png_destroy_write_struct(&png, NULL);
