@@ -87,21 +87,24 @@ static int tiny_load(const struct tiny *t, struct kvp_vocab **out, struct kvp_er
     assert_int_equal(kvp_gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2"), 0);
     if (t->pre)
         assert_int_equal(kvp_gguf_writer_set_str(w, "tokenizer.ggml.pre", t->pre), 0);
-    assert_int_equal(kvp_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", t->toks, NULL,
-                                                 (size_t)t->n_toks), 0);
+    assert_int_equal(
+        kvp_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", t->toks, NULL, (size_t)t->n_toks),
+        0);
     if (t->n_types >= 0)
         assert_int_equal(kvp_gguf_writer_set_arr_i32(w, "tokenizer.ggml.token_type", t->types,
-                                                     (size_t)t->n_types), 0);
+                                                     (size_t)t->n_types),
+                         0);
     if (t->merges_as_ints) {
         const int32_t bogus[2] = {1, 2};
         assert_int_equal(kvp_gguf_writer_set_arr_i32(w, "tokenizer.ggml.merges", bogus, 2), 0);
     } else if (t->merges) {
         assert_int_equal(kvp_gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", t->merges, NULL,
-                                                     (size_t)t->n_merges), 0);
+                                                     (size_t)t->n_merges),
+                         0);
     }
     if (t->add_bos >= 0)
-        assert_int_equal(kvp_gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token",
-                                                  t->add_bos != 0), 0);
+        assert_int_equal(
+            kvp_gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", t->add_bos != 0), 0);
     uint8_t *buf = NULL;
     size_t size = 0;
     assert_int_equal(kvp_gguf_writer_to_memory(w, &buf, &size, err), 0);
@@ -139,7 +142,7 @@ static void test_byte_map(void **state)
     assert_int_equal(kvp_byte_to_cp(0xad), 0x143);
     assert_int_equal(kvp_byte_to_cp('A'), 'A');
     assert_int_equal(kvp_byte_to_cp(0xe9), 0xe9);
-    /* §5.3: the 68 remapped bytes take U+0100.. in increasing byte order; the map is a bijection */
+    /* §5.3: the 68 remapped bytes take U+0100.. in increasing byte order; a bijection */
     uint32_t next = 0x100;
     bool seen[0x144] = {false};
     for (int b = 0; b < 256; b++) {
@@ -166,15 +169,21 @@ static void test_classes(void **state)
         uint32_t cp;
         unsigned flags;
     } cases[] = {
-        {'a', KVP_CP_LETTER},     {'Z', KVP_CP_LETTER},     {'5', KVP_CP_NUMBER},
-        {' ', KVP_CP_SPACE},      {'\r', KVP_CP_SPACE},     {'_', 0},
-        {0xe9, KVP_CP_LETTER},    /* é */
-        {0x4e2d, KVP_CP_LETTER},  /* 中 */
-        {0x0663, KVP_CP_NUMBER},  /* Arabic-Indic three, Nd */
-        {0x00bd, KVP_CP_NUMBER},  /* ½, No */
-        {0x2160, KVP_CP_NUMBER},  /* Roman numeral one, Nl */
-        {0x0301, 0},              /* combining acute, Mn: not a letter */
-        {0x00a0, KVP_CP_SPACE},   {0x3000, KVP_CP_SPACE},   {0x0085, KVP_CP_SPACE},
+        {'a', KVP_CP_LETTER},
+        {'Z', KVP_CP_LETTER},
+        {'5', KVP_CP_NUMBER},
+        {' ', KVP_CP_SPACE},
+        {'\r', KVP_CP_SPACE},
+        {'_', 0},
+        {0xe9, KVP_CP_LETTER},   /* é */
+        {0x4e2d, KVP_CP_LETTER}, /* 中 */
+        {0x0663, KVP_CP_NUMBER}, /* Arabic-Indic three, Nd */
+        {0x00bd, KVP_CP_NUMBER}, /* ½, No */
+        {0x2160, KVP_CP_NUMBER}, /* Roman numeral one, Nl */
+        {0x0301, 0},             /* combining acute, Mn: not a letter */
+        {0x00a0, KVP_CP_SPACE},
+        {0x3000, KVP_CP_SPACE},
+        {0x0085, KVP_CP_SPACE},
         {0x200b, 0},              /* zero-width space is not White_Space */
         {0x20ac, 0},              /* € */
         {0x1f600, 0},             /* emoji */
@@ -195,7 +204,10 @@ static void test_classes(void **state)
     assert_int_equal(cp, KVP_CP_INVALID);
     assert_int_equal(kvp_utf8_decode("\x80", 1, &cp), 1);
     assert_int_equal(cp, KVP_CP_INVALID);
-    assert_int_equal(kvp_utf8_decode("\xc3" "a", 2, &cp), 1);
+    assert_int_equal(kvp_utf8_decode("\xc3"
+                                     "a",
+                                     2, &cp),
+                     1);
     assert_int_equal(cp, KVP_CP_INVALID);
 }
 
@@ -260,7 +272,12 @@ static void test_scan_llama3(void **state)
     WORDS(L, "x\xd9\xa3\xd9\xa3\xd9\xa3\xd9\xa3", "x", "\xd9\xa3\xd9\xa3\xd9\xa3", "\xd9\xa3");
     WORDS(L, "e\xcc\x81x", "e", "\xcc\x81x");
     /* U+3000 ideographic space is white space */
-    WORDS(L, "a\xe3\x80\x80\xe3\x80\x80" "b", "a", "\xe3\x80\x80", "\xe3\x80\x80" "b");
+    WORDS(L,
+          "a\xe3\x80\x80\xe3\x80\x80"
+          "b",
+          "a", "\xe3\x80\x80",
+          "\xe3\x80\x80"
+          "b");
     /* malformed bytes are symbols and never lost */
     WORDS(L, "a\xff\x80 b", "a", "\xff\x80", " b");
     WORDS(L, " ", " ");
@@ -308,13 +325,20 @@ static void test_pretok_names(void **state)
         int kind;
         bool ignore_merges, add_bos;
     } cases[] = {
-        {"llama-bpe", KVP_PRETOK_LLAMA3, true, true}, {"llama3", KVP_PRETOK_LLAMA3, true, true},
-        {"llama-v3", KVP_PRETOK_LLAMA3, true, true},  {"falcon3", KVP_PRETOK_LLAMA3, true, true},
-        {"dbrx", KVP_PRETOK_LLAMA3, false, false},    {"smaug-bpe", KVP_PRETOK_LLAMA3, false, false},
-        {"qwen2", KVP_PRETOK_QWEN2, false, false},    {"stablelm2", KVP_PRETOK_QWEN2, false, false},
-        {"gpt-2", KVP_PRETOK_GPT2, false, false},     {"olmo", KVP_PRETOK_GPT2, false, false},
-        {"smollm", KVP_PRETOK_SMOLLM, false, false},  {"command-r", KVP_PRETOK_SMOLLM, false, false},
-        {"default", KVP_PRETOK_NONE, false, false},   {"", KVP_PRETOK_NONE, false, false},
+        {"llama-bpe", KVP_PRETOK_LLAMA3, true, true},
+        {"llama3", KVP_PRETOK_LLAMA3, true, true},
+        {"llama-v3", KVP_PRETOK_LLAMA3, true, true},
+        {"falcon3", KVP_PRETOK_LLAMA3, true, true},
+        {"dbrx", KVP_PRETOK_LLAMA3, false, false},
+        {"smaug-bpe", KVP_PRETOK_LLAMA3, false, false},
+        {"qwen2", KVP_PRETOK_QWEN2, false, false},
+        {"stablelm2", KVP_PRETOK_QWEN2, false, false},
+        {"gpt-2", KVP_PRETOK_GPT2, false, false},
+        {"olmo", KVP_PRETOK_GPT2, false, false},
+        {"smollm", KVP_PRETOK_SMOLLM, false, false},
+        {"command-r", KVP_PRETOK_SMOLLM, false, false},
+        {"default", KVP_PRETOK_NONE, false, false},
+        {"", KVP_PRETOK_NONE, false, false},
         {"qwen", KVP_PRETOK_NONE, false, false},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -335,7 +359,7 @@ static void test_pretok_names(void **state)
 
 /* ids: 0 a, 1 b, 2 c, 3 d, 4 Ġ, 5 ab, 6 bc, 7 abc, 8 Ġab, 9 abd, 10 aa, 11 aaaa,
  *      12 <|eot|> (control), 13 <x> (user-defined), 14 Ċ */
-static const char *const tiny_toks[] = {"a",  "b",  "c",    "d",       G,     "ab", "bc", "abc",
+static const char *const tiny_toks[] = {"a",    "b",   "c",  "d",    G,         "ab",  "bc", "abc",
                                         G "ab", "abd", "aa", "aaaa", "<|eot|>", "<x>", C};
 static const int32_t tiny_types[] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3, 4, 1};
 #define TINY_N 15
@@ -512,11 +536,29 @@ static uint64_t rng_next(uint64_t *s)
 /* Random strings: raw bytes, or pieces drawn from an alphabet of ASCII, UTF-8 and junk. */
 static void roundtrip_many(const struct kvp_vocab *v, int count, uint64_t seed)
 {
-    static const char *const alpha[] = {"a",  "Z",  " ",  "  ",     "\n",   "\r\n", "\t",
-                                        "'s", "'RE", "1",  "123",   ".",    "!!",   "\xc3\xa9",
-                                        "\xe4\xb8\xad",     "\xf0\x9f\x98\x81", "\xd9\xa3",
-                                        "\xcc\x81",         "\xe3\x80\x80",     "\xff",
-                                        "\x80",             "\xe2\x96",         "<|eot|>",
+    static const char *const alpha[] = {"a",
+                                        "Z",
+                                        " ",
+                                        "  ",
+                                        "\n",
+                                        "\r\n",
+                                        "\t",
+                                        "'s",
+                                        "'RE",
+                                        "1",
+                                        "123",
+                                        ".",
+                                        "!!",
+                                        "\xc3\xa9",
+                                        "\xe4\xb8\xad",
+                                        "\xf0\x9f\x98\x81",
+                                        "\xd9\xa3",
+                                        "\xcc\x81",
+                                        "\xe3\x80\x80",
+                                        "\xff",
+                                        "\x80",
+                                        "\xe2\x96",
+                                        "<|eot|>",
                                         "\x00"};
     const size_t n_alpha = sizeof(alpha) / sizeof(alpha[0]);
     char buf[512];
@@ -542,7 +584,11 @@ static void test_roundtrip_tiny(void **state)
 {
     (void)state;
     const char *pres[] = {"llama-bpe", "qwen2", "gpt-2", "smollm"};
-    const char *fixed[] = {"", "the theme", "  hello\n\n\nworld  ", "12 123 1212", "\xff\xfe",
+    const char *fixed[] = {"",
+                           "the theme",
+                           "  hello\n\n\nworld  ",
+                           "12 123 1212",
+                           "\xff\xfe",
                            "caf\xc3\xa9 \xe4\xb8\xad\xe6\x96\x87 \xf0\x9f\x98\x81",
                            "\xe2\x96\x81x\xe2\x96"};
     for (size_t p = 0; p < sizeof(pres) / sizeof(pres[0]); p++) {
@@ -608,12 +654,19 @@ static void test_hostile(void **state)
         {"default", ok, 1, TINY_N, false, KVP_EUNSUPPORTED, "default"},
         {"", ok, 1, TINY_N, false, KVP_EUNSUPPORTED, "tokenizer.ggml.pre"},
         {NULL, ok, 1, TINY_N, false, KVP_EUNSUPPORTED, "tokenizer.ggml.pre"},
-        {"gpt-2", ok, 1, -1, false, 0, NULL}, /* token_type absent: all normal */
+        {"gpt-2", ok, 1, -1, false, 0, NULL},     /* token_type absent: all normal */
         {"gpt-2", ok, 0, TINY_N, false, 0, NULL}, /* an empty merge list is legal */
     };
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
-        struct tiny t = {cases[c].pre,     tiny_toks, TINY_N, tiny_types, cases[c].n_types,
-                         cases[c].merges,  cases[c].n_merges, -1,         cases[c].merges_as_ints};
+        struct tiny t = {cases[c].pre,
+                         tiny_toks,
+                         TINY_N,
+                         tiny_types,
+                         cases[c].n_types,
+                         cases[c].merges,
+                         cases[c].n_merges,
+                         -1,
+                         cases[c].merges_as_ints};
         if (!cases[c].merges && !cases[c].merges_as_ints && cases[c].want == 0)
             t.merges = ok;
         struct kvp_err err = {0};
@@ -737,22 +790,14 @@ static void test_gpt2_roundtrip(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_byte_map),
-        cmocka_unit_test(test_classes),
-        cmocka_unit_test(test_scan_llama3),
-        cmocka_unit_test(test_scan_qwen2),
-        cmocka_unit_test(test_scan_gpt2),
-        cmocka_unit_test(test_scan_smollm),
-        cmocka_unit_test(test_pretok_names),
-        cmocka_unit_test(test_merge_rank),
-        cmocka_unit_test(test_whole_word),
-        cmocka_unit_test(test_special_and_defaults),
-        cmocka_unit_test(test_eog_by_text),
-        cmocka_unit_test(test_roundtrip_tiny),
-        cmocka_unit_test(test_long_word),
-        cmocka_unit_test(test_hostile),
-        cmocka_unit_test(test_gpt2_vectors),
-        cmocka_unit_test(test_gpt2_roundtrip),
+        cmocka_unit_test(test_byte_map),     cmocka_unit_test(test_classes),
+        cmocka_unit_test(test_scan_llama3),  cmocka_unit_test(test_scan_qwen2),
+        cmocka_unit_test(test_scan_gpt2),    cmocka_unit_test(test_scan_smollm),
+        cmocka_unit_test(test_pretok_names), cmocka_unit_test(test_merge_rank),
+        cmocka_unit_test(test_whole_word),   cmocka_unit_test(test_special_and_defaults),
+        cmocka_unit_test(test_eog_by_text),  cmocka_unit_test(test_roundtrip_tiny),
+        cmocka_unit_test(test_long_word),    cmocka_unit_test(test_hostile),
+        cmocka_unit_test(test_gpt2_vectors), cmocka_unit_test(test_gpt2_roundtrip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -158,8 +158,13 @@ static void test_gguf_chatml(void **state)
     (void)state;
     /* byte-mapped single letters and LF, the ChatML markers and <|endoftext|> as control
      * tokens, and "user" reached by three merges */
-    const char *toks2[] = {"a", "b", "s", "e", "r", "u", "\xc4\x8a", "<|im_start|>", "<|im_end|>",
-                           "<|endoftext|>", "us", "use", "user"};
+    const char *toks2[] = {"a",          "b",
+                           "s",          "e",
+                           "r",          "u",
+                           "\xc4\x8a",   "<|im_start|>",
+                           "<|im_end|>", "<|endoftext|>",
+                           "us",         "use",
+                           "user"};
     const int32_t types2[] = {1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 1, 1, 1};
     const char *merges2[] = {"u s", "us e", "use r"};
     struct kvp_gguf_writer *w = NULL;

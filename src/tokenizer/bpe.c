@@ -81,8 +81,7 @@ int kvp_bpe_rank(const struct kvp_vocab *v, int left, int right, int *result)
 #define EXCERPT(len) ((int)((len) > 40 ? 40 : (len)))
 
 /* See vocab_impl.h. */
-int kvp_bpe_merge_add(struct kvp_vocab *v, int rank, const char *s, size_t len,
-                      struct kvp_err *err)
+int kvp_bpe_merge_add(struct kvp_vocab *v, int rank, const char *s, size_t len, struct kvp_err *err)
 {
     const char *sp = len > 1 ? memchr(s + 1, ' ', len - 1) : NULL;
     if (!sp)
@@ -101,9 +100,11 @@ int kvp_bpe_merge_add(struct kvp_vocab *v, int rank, const char *s, size_t len,
         free(cat);
     if (left < 0 || right < 0 || result < 0)
         return kvp_err_set(err, KVP_EFORMAT,
-                           "tokenizer.ggml.merges[%d]: '%.*s' names a %s that is not a token",
-                           rank, EXCERPT(len), s,
-                           left < 0 ? "left half" : right < 0 ? "right half" : "result");
+                           "tokenizer.ggml.merges[%d]: '%.*s' names a %s that is not a token", rank,
+                           EXCERPT(len), s,
+                           left < 0    ? "left half"
+                           : right < 0 ? "right half"
+                                       : "result");
     if ((size_t)v->n_merges * 2 >= v->merge_cap)
         return kvp_err_set(err, KVP_EINVAL, "kvp_bpe_merge_add: table full");
     size_t i = merge_hash(left, right) & (v->merge_cap - 1);
@@ -124,8 +125,8 @@ struct symbol {
 };
 
 struct pair {
-    int left, right;     /* symbol indices */
-    int lid, rid;        /* their ids when pushed (stale check) */
+    int left, right; /* symbol indices */
+    int lid, rid;    /* their ids when pushed (stale check) */
     int rank, result;
 };
 
@@ -180,9 +181,9 @@ static struct pair heap_pop(struct heap *h)
 
 /* Scratch for a fragment, sized by its byte length so that every word fits. */
 struct scratch {
-    char *mapped;        /* [2 len]: byte-mapped word (each byte becomes 1 or 2 UTF-8 bytes) */
-    struct symbol *sym;  /* [len] */
-    struct heap heap;    /* cap 3 len */
+    char *mapped;       /* [2 len]: byte-mapped word (each byte becomes 1 or 2 UTF-8 bytes) */
+    struct symbol *sym; /* [len] */
+    struct heap heap;   /* cap 3 len */
 };
 
 static void try_pair(const struct kvp_vocab *v, const struct symbol *sym, int left, int right,

@@ -52,9 +52,9 @@ int kvp_chat_detect_gguf(const struct kvp_gguf *g)
 }
 
 static const char *const format_names[] = {
-    [KVP_CHAT_PLAIN] = "plain",     [KVP_CHAT_CHATML] = "chatml", [KVP_CHAT_LLAMA3] = "llama3",
-    [KVP_CHAT_LLAMA2] = "llama2",   [KVP_CHAT_MISTRAL] = "mistral",
-    [KVP_CHAT_ZEPHYR] = "zephyr",   [KVP_CHAT_PHI3] = "phi3",     [KVP_CHAT_GEMMA] = "gemma",
+    [KVP_CHAT_PLAIN] = "plain",   [KVP_CHAT_CHATML] = "chatml",   [KVP_CHAT_LLAMA3] = "llama3",
+    [KVP_CHAT_LLAMA2] = "llama2", [KVP_CHAT_MISTRAL] = "mistral", [KVP_CHAT_ZEPHYR] = "zephyr",
+    [KVP_CHAT_PHI3] = "phi3",     [KVP_CHAT_GEMMA] = "gemma",
 };
 #define N_FORMATS ((int)(sizeof(format_names) / sizeof(format_names[0])))
 

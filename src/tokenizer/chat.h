@@ -34,7 +34,7 @@ enum kvp_chat_format {
     KVP_CHAT_CHATML = 1,  /* <|im_start|>{role}\n{content}<|im_end|>\n (Qwen2, SmolLM) */
     KVP_CHAT_LLAMA3 = 2,  /* <|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|> */
     KVP_CHAT_LLAMA2 = 3,  /* [INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {answer} </s> */
-    KVP_CHAT_MISTRAL = 4, /* [INST] {user} [/INST]{answer}</s>; system text opens the 1st user turn */
+    KVP_CHAT_MISTRAL = 4, /* [INST] {user} [/INST]{answer}</s>; system text starts turn 1 */
     KVP_CHAT_ZEPHYR = 5,  /* <|user|>\n{content}</s>\n (TinyLlama-Chat) */
     KVP_CHAT_PHI3 = 6,    /* <|user|>\n{content}<|end|>\n */
     KVP_CHAT_GEMMA = 7,   /* <start_of_turn>user\n{content}<end_of_turn>\n; "model" answers */

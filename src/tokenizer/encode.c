@@ -143,10 +143,9 @@ out_free:
     free(a.a);
     *n_out = out.n;
     if (rc < 0)
-        return kvp_err_set(err, rc, "tokenizer: %s", rc == KVP_ENOMEM ? "out of memory"
-                                                                      : "text too long");
+        return kvp_err_set(err, rc, "tokenizer: %s",
+                           rc == KVP_ENOMEM ? "out of memory" : "text too long");
     if (out.n > cap)
-        return kvp_err_set(err, KVP_ERANGE, "tokenizer: %zu tokens do not fit in %zu", out.n,
-                           cap);
+        return kvp_err_set(err, KVP_ERANGE, "tokenizer: %zu tokens do not fit in %zu", out.n, cap);
     return 0;
 }

@@ -129,9 +129,9 @@ static int cps_decode(const char *text, size_t len, struct cps *s)
 
 /* ============================== Scanners ====================================================== */
 
-#define IS_L(s, i) (((s)->fl[i] & KVP_CP_LETTER) != 0)
-#define IS_N(s, i) (((s)->fl[i] & KVP_CP_NUMBER) != 0)
-#define IS_WS(s, i) (((s)->fl[i] & KVP_CP_SPACE) != 0)
+#define IS_L(s, i)   (((s)->fl[i] & KVP_CP_LETTER) != 0)
+#define IS_N(s, i)   (((s)->fl[i] & KVP_CP_NUMBER) != 0)
+#define IS_WS(s, i)  (((s)->fl[i] & KVP_CP_SPACE) != 0)
 #define IS_LNS(s, i) (((s)->fl[i] & (KVP_CP_LETTER | KVP_CP_NUMBER | KVP_CP_SPACE)) != 0)
 
 static bool is_crlf(uint32_t c)

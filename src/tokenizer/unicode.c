@@ -98,9 +98,9 @@ static bool in_ranges(const struct kvp_cp_range *r, size_t n, uint32_t cp)
 static bool is_white_space(uint32_t cp)
 {
     /* Unicode White_Space property (PropList.txt) */
-    return (cp >= 0x09 && cp <= 0x0d) || cp == 0x20 || cp == 0x85 || cp == 0xa0 ||
-           cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 || cp == 0x2029 ||
-           cp == 0x202f || cp == 0x205f || cp == 0x3000;
+    return (cp >= 0x09 && cp <= 0x0d) || cp == 0x20 || cp == 0x85 || cp == 0xa0 || cp == 0x1680 ||
+           (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 || cp == 0x2029 || cp == 0x202f ||
+           cp == 0x205f || cp == 0x3000;
 }
 
 unsigned kvp_cp_flags(uint32_t cp)
@@ -138,10 +138,10 @@ uint32_t kvp_byte_to_cp(uint8_t b)
     if (byte_is_direct(b))
         return b;
     if (b <= 0x20)
-        return 0x100u + b;              /* ranks 0..32 */
+        return 0x100u + b; /* ranks 0..32 */
     if (b <= 0xa0)
         return 0x100u + 33 + (b - 0x7fu); /* 0x7F..0xA0: ranks 33..66 */
-    return 0x100u + 67;                  /* 0xAD */
+    return 0x100u + 67;                   /* 0xAD */
 }
 
 int kvp_cp_to_byte(uint32_t cp)
