@@ -15,6 +15,7 @@
 #include "kernels/types.h"
 #include "model/gguf.h"
 #include "model/llama2c.h"
+#include "tokenizer/chat.h"
 #include "tokenizer/vocab.h"
 
 /* ---- GGUF --------------------------------------------------------------------------------- */
@@ -499,6 +500,35 @@ int kvp_tokenize(const kvp_model *m, const char *text, size_t len, bool add_bos,
         return kvp_err_set(err, KVP_EINVAL,
                            "this model has no tokenizer (llama2.c checkpoints need --tokenizer)");
     return kvp_vocab_encode(m->vocab, text, len, add_bos, false, ids, cap, n_out, err);
+}
+
+int kvp_tokenize_special(const kvp_model *m, const char *text, size_t len, bool add_bos,
+                         bool parse_special, int32_t *ids, size_t cap, size_t *n_out,
+                         struct kvp_err *err)
+{
+    if (!m->vocab)
+        return kvp_err_set(err, KVP_EINVAL,
+                           "this model has no tokenizer (llama2.c checkpoints need --tokenizer)");
+    return kvp_vocab_encode(m->vocab, text, len, add_bos, parse_special, ids, cap, n_out, err);
+}
+
+int kvp_chat_prompt(const kvp_model *m, const char *format_name, const char *system,
+                    const char *user, char **text, size_t *len, struct kvp_err *err)
+{
+    int fmt;
+    if (format_name) {
+        fmt = kvp_chat_format_from_name(format_name);
+        if (fmt < 0)
+            return kvp_err_set(err, KVP_EINVAL, "unknown chat format '%s'", format_name);
+    } else {
+        fmt = m->gguf ? kvp_chat_detect_gguf(m->gguf) : KVP_CHAT_PLAIN;
+    }
+    struct kvp_chat_msg msgs[2];
+    size_t n = 0;
+    if (system)
+        msgs[n++] = (struct kvp_chat_msg){.role = "system", .content = system};
+    msgs[n++] = (struct kvp_chat_msg){.role = "user", .content = user};
+    return kvp_chat_apply(fmt, msgs, n, true, text, len, err);
 }
 
 size_t kvp_token_to_piece(const kvp_model *m, int prev, int token, char *buf, size_t cap)
