@@ -21,6 +21,10 @@ static void help(void)
            "  --repeat-penalty R   penalty for recent tokens (default 1.0 = off)\n"
            "  --repeat-last-n N    tokens the penalty looks back over (default 64)\n"
            "  --seed S             random seed (default 42)\n"
+           "  --chat               wrap the prompt in the model's chat template (assistant turn)\n"
+           "  --system TEXT        system message for --chat\n"
+           "  --chat-format NAME   force a template: chatml, llama3, llama2, mistral, zephyr, phi3,\n"
+           "                       gemma, plain (default: from tokenizer.chat_template)\n"
            "  --no-bos             do not prepend BOS\n"
            "  --ignore-eos         keep generating after an end-of-generation token\n"
            "  --policy P           KV selection policy (default full); known: %s\n"
@@ -35,9 +39,10 @@ int cmd_run(int argc, char **argv)
     const char *prompt = NULL, *prompt_file = NULL;
     long n_predict = 128, top_k = 40, repeat_last_n = 64, seed = 42;
     double temp = 0.0, top_p = 0.95, repeat_penalty = 1.0;
-    bool add_bos = true, ignore_eos = false;
+    const char *system = NULL, *chat_format = NULL;
+    bool add_bos = true, ignore_eos = false, chat = false;
     struct kvp_policy_params pp = {.gqa_agg = KVP_AGG_MEAN};
-    static const char *const value_flags[] = {"-p", "--prompt", "-f", "--file", "-n", "--n-predict", "--temp", "--top-k", "--top-p", "--repeat-penalty", "--repeat-last-n", "--seed", "--policy", "--budget", NULL};
+    static const char *const value_flags[] = {"-p", "--prompt", "-f", "--file", "-n", "--n-predict", "--temp", "--top-k", "--top-p", "--repeat-penalty", "--repeat-last-n", "--seed", "--system", "--chat-format", "--policy", "--budget", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int r = cli_model_flag(&mo, argc, argv, &i);
@@ -55,12 +60,18 @@ int cmd_run(int argc, char **argv)
             add_bos = false;
         } else if (!strcmp(a, "--ignore-eos")) {
             ignore_eos = true;
+        } else if (!strcmp(a, "--chat")) {
+            chat = true;
         } else if (!cli_flag_in(a, value_flags)) {
             return cli_fail("run: unknown flag '%s' (see kvpred run --help)", a);
         } else if (!(v = cli_flag_value(argc, argv, &i))) {
             return 1;
         } else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
             prompt = v;
+        } else if (!strcmp(a, "--system")) {
+            system = v;
+        } else if (!strcmp(a, "--chat-format")) {
+            chat_format = v;
         } else if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
             prompt_file = v;
         } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
@@ -121,7 +132,32 @@ int cmd_run(int argc, char **argv)
         len = strlen(text);
     }
     size_t n_prompt = 0;
-    ids = cli_tokenize(model, text, len, add_bos, &n_prompt);
+    if (chat) {
+        /* the template text replaces the raw prompt; markers are tokenized as special tokens */
+        struct kvp_err cerr = {0};
+        char *templ = NULL;
+        size_t tlen = 0;
+        char *user = strndup(text, len);
+        int crc = user ? kvp_chat_prompt(model, chat_format, system, user, &templ, &tlen, &cerr)
+                       : kvp_err_set(&cerr, KVP_ENOMEM, "out of memory");
+        free(user);
+        if (crc < 0) {
+            cli_fail_err(&cerr);
+            goto out;
+        }
+        free(file_text);
+        file_text = templ;
+        text = templ;
+        len = tlen;
+        ids = malloc((len + 8) * sizeof(int32_t));
+        if (!ids || kvp_tokenize_special(model, text, len, add_bos, true, ids, len + 8, &n_prompt,
+                                         &cerr) < 0) {
+            cli_fail("%s", ids ? cerr.msg : "out of memory");
+            goto out;
+        }
+    } else {
+        ids = cli_tokenize(model, text, len, add_bos, &n_prompt);
+    }
     if (!ids)
         goto out;
     if (n_prompt == 0) {
