@@ -41,6 +41,10 @@
  *   ppl_full               number  the same with full attention
  *   ppl_ratio              number  ppl / ppl_full
  *   read_fraction          number  mean |S| / Lk per step, compressed layer and KV head
+ *   read_tokens            number  mean |S| (tokens read) per step, compressed layer and KV
+ *                                  head; above budget_tokens for policies whose budget leaves
+ *                                  out generated tokens (snapkv, pyramidkv: methods.md §4) or
+ *                                  whose block-aligned local window overshoots it by < bs
  *   compression            number  achieved compression 1 - kept/Lk (kept: tokens not evicted),
  *                                  mean over steps, compressed layers and KV heads (methods §4)
  *   kv_resident_bytes      int     KV bytes in physical blocks holding live tokens, after the
@@ -302,6 +306,7 @@ static void json_row(const struct eval_opts *o, const char *model_name, const ch
     cJSON_AddNumberToObject(j, "ppl_full", r->ppl_full);
     cJSON_AddNumberToObject(j, "ppl_ratio", r->ppl / r->ppl_full);
     cJSON_AddNumberToObject(j, "read_fraction", r->read_fraction);
+    cJSON_AddNumberToObject(j, "read_tokens", r->read_tokens);
     cJSON_AddNumberToObject(j, "compression", r->compression);
     cJSON_AddNumberToObject(j, "kv_resident_bytes", (double)r->kv_resident);
     cJSON_AddNumberToObject(j, "kv_kept_bytes", (double)r->kv_kept);

@@ -49,7 +49,7 @@ struct kvp_measure {
 /* Per-run accumulators. */
 struct acc {
     double rec, ob, ot, ret, n_qh;    /* sums over (step, layer, query head) */
-    double read, kept, budget, n_kvh; /* sums over (step, layer, KV head) */
+    double read, read_n, kept, budget, n_kvh; /* sums over (step, layer, KV head) */
     double kl, kl_max, top1, nll;     /* sums over steps */
     double *l_rec, *l_ob, *l_n;       /* [n_layer] per-layer sums and counts */
 };
@@ -185,7 +185,9 @@ static void measure_layer(struct kvp_measure *ms, struct acc *a, int l, int n_ke
     for (int kvh = 0; kvh < n_kvh; kvh++) {
         read_set(ms, l, kvh, n_keys);
         const uint64_t *r = ms->read + ((size_t)l * n_kvh + kvh) * ms->max_blocks;
-        a->read += (double)kvp_metric_set_size(r, n_keys, bs) / n_keys;
+        int n_read = kvp_metric_set_size(r, n_keys, bs);
+        a->read += (double)n_read / n_keys;
+        a->read_n += n_read;
         a->kept += (double)kvp_kvcache_kept(&c->kv, l, kvh, n_keys) / n_keys;
         a->budget += budget < n_keys ? budget : n_keys;
         a->n_kvh += 1;
@@ -193,12 +195,10 @@ static void measure_layer(struct kvp_measure *ms, struct acc *a, int l, int n_ke
         /* oracles rank by the group's summed attention (the ranking of the mean) */
         kvp_gqa_combine(rows, g, c->probs_stride, n_keys, KVP_AGG_SUM, ms->gsum);
         double ob[64], ot[64];
-        kvp_oracle_block(ms->gsum, n_keys, bs, p->p.sink, p->p.local, budget, ms->omask,
-                         ms->oscratch);
+        kvp_oracle_block(p, ms->gsum, n_keys, ms->omask, ms->oscratch);
         for (int j = 0; j < g; j++)
             ob[j] = kvp_metric_recovery(rows + (size_t)j * c->probs_stride, n_keys, ms->omask, bs);
-        kvp_oracle_token(ms->gsum, n_keys, bs, p->p.sink, p->p.local, budget, ms->omask,
-                         ms->oscratch);
+        kvp_oracle_token(p, ms->gsum, n_keys, ms->omask, ms->oscratch);
         for (int j = 0; j < g; j++)
             ot[j] = kvp_metric_recovery(rows + (size_t)j * c->probs_stride, n_keys, ms->omask, bs);
         for (int j = 0; j < g; j++) {
@@ -254,6 +254,7 @@ static void fill_result(const struct kvp_measure *ms, const struct acc *a,
     res->oracle_token = a->n_qh > 0 ? a->ot / nq : 1.0;
     res->retention = a->n_qh > 0 ? a->ret / nq : 1.0;
     res->read_fraction = a->n_kvh > 0 ? a->read / nk : 1.0;
+    res->read_tokens = a->read_n / nk;
     res->compression = a->n_kvh > 0 ? 1.0 - a->kept / nk : 0.0;
     res->budget_tokens = a->budget / nk;
     res->kl = a->kl / steps;

@@ -51,6 +51,7 @@ struct kvp_measure_result {
     double retention;     /* mean token retention */
     double budget_tokens; /* mean per-step token budget the oracles used */
     double read_fraction; /* mean |S| / Lk, KV heads */
+    double read_tokens;   /* mean |S|, KV heads */
     double compression;   /* mean 1 - kept / Lk, KV heads (kept: tokens not evicted) */
     double kl;            /* mean KL(p_full ‖ p_policy), nats */
     double kl_max;        /* largest per-step KL */

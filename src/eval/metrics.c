@@ -2,10 +2,11 @@
  * Metrics of KV selection (see metrics.h): logit fidelity (KL, top-1, log-likelihood), attention
  * recovery, token retention and the block and token oracles of methods.md §6.
  *
- * The oracles reuse the policy library's helpers (select_util.c): kvp_mask_add_range for the
- * forced sink and local windows and kvp_topk_indices for the ranking, so an oracle row and an
- * oracle policy break ties the same way (lower index first). They run once per (step, layer,
- * KV head) of a measurement over at most n_ctx keys, so they are O(n log k) with no allocation.
+ * The oracles are the policy library's selection helpers (select_util.c: kvp_block_plan,
+ * kvp_sel_blocks, kvp_keep_tokens) applied to the true attention, so an oracle row here and the
+ * `oracle` / `oracle_token` policies share the forced windows, the block count and the tie rule
+ * (lower index first). They run once per (step, layer, KV head) of a measurement over at most
+ * n_ctx keys: O(n log k), no allocation.
  */
 #include "eval/metrics.h"
 
@@ -90,84 +91,51 @@ double kvp_metric_retention(const float *a, int n_keys, const uint64_t *masks, i
     return (double)hit / k;
 }
 
-/* Forced tokens of both oracles: [0, sink) and [n_keys - local, n_keys), clipped so they never
- * overlap. Writes the boundaries of the free middle [*mid0, *mid1) and returns the forced count. */
-static int add_forced(uint64_t *masks, int n_keys, int bs, int sink, int local, int *mid0,
-                      int *mid1)
+/* Every token of [0, n_keys). */
+static void select_all(uint64_t *masks, int n_keys, int bs)
 {
-    int nb = (n_keys + bs - 1) / bs;
-    memset(masks, 0, (size_t)nb * sizeof(uint64_t));
-    int s_end = sink < n_keys ? (sink > 0 ? sink : 0) : n_keys;
-    int l_begin = n_keys - (local > 0 ? local : 0);
-    if (l_begin < s_end)
-        l_begin = s_end;
-    kvp_mask_add_range(masks, 0, s_end, bs);
-    kvp_mask_add_range(masks, l_begin, n_keys, bs);
-    *mid0 = s_end;
-    *mid1 = l_begin;
-    return s_end + (n_keys - l_begin);
+    memset(masks, 0, (size_t)((n_keys + bs - 1) / bs) * sizeof(uint64_t));
+    kvp_mask_add_range(masks, 0, n_keys, bs);
 }
 
-void kvp_oracle_block(const float *score, int n_keys, int bs, int sink, int local, int budget,
+void kvp_oracle_block(const struct kvp_policy *p, const float *score, int n_keys,
                       uint64_t *masks, void *scratch)
 {
-    int nb = (n_keys + bs - 1) / bs;
-    if (budget >= n_keys) {
-        memset(masks, 0, (size_t)nb * sizeof(uint64_t));
-        kvp_mask_add_range(masks, 0, n_keys, bs);
+    const int bs = p->env.block_size;
+    struct kvp_block_plan bp;
+    kvp_block_plan(p, n_keys, &bp);
+    if (bp.all) {
+        select_all(masks, n_keys, bs);
         return;
     }
-    int mid0, mid1;
-    int forced = add_forced(masks, n_keys, bs, sink, local, &mid0, &mid1);
-    int k = (budget - forced) / bs;
-    if (k <= 0 || mid0 >= mid1)
-        return;
-    /* candidates: the blocks that hold at least one token of the free middle, scored by the sum
-     * of the scores of those tokens (the forced ones are kept anyway) */
-    float *bscore = scratch;
-    int *cand = (int *)(bscore + n_keys);
-    int *top = cand + n_keys, *heap = top + n_keys;
-    int b0 = mid0 / bs, b1 = (mid1 - 1) / bs, n_cand = 0;
-    for (int b = b0; b <= b1; b++) {
-        int t0 = b * bs > mid0 ? b * bs : mid0;
-        int t1 = (b + 1) * bs < mid1 ? (b + 1) * bs : mid1;
-        double s = 0.0;
-        for (int t = t0; t < t1; t++)
-            s += score[t];
-        bscore[n_cand] = (float)s;
-        cand[n_cand++] = b;
+    /* scratch: [n] selection masks, [n] block scores, [n] selection blocks, [2n] top-k ints */
+    const size_t n = (size_t)n_keys;
+    uint64_t *sel_mask = scratch;
+    float *bscore = (float *)(sel_mask + n);
+    int32_t *sel_blocks = (int32_t *)(bscore + n);
+    int *iscratch = (int *)(sel_blocks + n);
+    for (int b = bp.first; b < bp.end; b++) {
+        double sum = 0.0;
+        for (int t = b * bs; t < (b + 1) * bs; t++)
+            sum += score[t];
+        bscore[b] = (float)sum;
     }
-    if (k > n_cand)
-        k = n_cand;
-    kvp_topk_indices(bscore, n_cand, k, top, heap);
-    for (int i = 0; i < k; i++) {
-        int b = cand[top[i]];
-        int t1 = (b + 1) * bs < n_keys ? (b + 1) * bs : n_keys;
-        kvp_mask_add_range(masks, b * bs, t1, bs);
-    }
+    struct kvp_sel sel = {.blocks = sel_blocks, .mask = sel_mask};
+    /* kvp_sel_blocks builds the dense per-block masks we want in its masks argument */
+    kvp_sel_blocks(&bp, bscore, n_keys, bs, &sel, masks, iscratch);
 }
 
-void kvp_oracle_token(const float *score, int n_keys, int bs, int sink, int local, int budget,
+void kvp_oracle_token(const struct kvp_policy *p, const float *score, int n_keys,
                       uint64_t *masks, void *scratch)
 {
-    int nb = (n_keys + bs - 1) / bs;
+    const int bs = p->env.block_size;
+    const int budget = kvp_policy_budget(p, n_keys);
     if (budget >= n_keys) {
-        memset(masks, 0, (size_t)nb * sizeof(uint64_t));
-        kvp_mask_add_range(masks, 0, n_keys, bs);
+        select_all(masks, n_keys, bs);
         return;
     }
-    int mid0, mid1;
-    int forced = add_forced(masks, n_keys, bs, sink, local, &mid0, &mid1);
-    int k = budget - forced;
-    if (k <= 0 || mid0 >= mid1)
-        return;
-    int *top = scratch, *heap = top + n_keys;
-    int n = mid1 - mid0;
-    if (k > n)
-        k = n;
-    kvp_topk_indices(score + mid0, n, k, top, heap);
-    for (int i = 0; i < k; i++) {
-        int t = mid0 + top[i];
-        masks[t / bs] |= 1ULL << (t % bs);
-    }
+    float *fscratch = scratch;
+    int *iscratch = (int *)(fscratch + n_keys);
+    kvp_keep_tokens(score, n_keys, p->p.sink, kvp_policy_recent(p), budget, NULL, 0, 0, bs, masks,
+                    fscratch, iscratch);
 }

@@ -37,24 +37,30 @@ int kvp_metric_set_size(const uint64_t *masks, int n_keys, int bs);
 double kvp_metric_retention(const float *a, int n_keys, const uint64_t *masks, int bs, int k,
                             int *scratch);
 
-/* Oracle selections at a token budget (methods.md §6, "oracle granularity"). Both keep the forced
- * tokens [0, sink) and [n_keys - local, n_keys), then spend what is left of `budget` tokens on the
- * rest by `score` (one value per key: for GQA the group-summed dense attention):
- *   block oracle: whole blocks of bs tokens, k = (budget - forced) / bs of them, chosen by the
- *                 SUM of the scores of their not-forced tokens (a block that overlaps the forced
- *                 tokens costs one of the k like any other, so at most `budget` tokens are kept);
- *   token oracle: the budget - forced best single tokens.
- * masks[(n_keys + bs - 1) / bs] is overwritten with the selection. A budget >= n_keys keeps every
- * token. scratch must hold kvp_oracle_scratch(n_keys) bytes. */
-void kvp_oracle_block(const float *score, int n_keys, int bs, int sink, int local, int budget,
+/* Oracle selections at the budget of a policy (methods.md §6, "oracle granularity"), built
+ * with the policy library's own helpers (select_util.c), so an oracle row here selects exactly
+ * what the `oracle` and `oracle_token` policies would on the same scores:
+ *   block oracle: kvp_block_plan(p, n_keys), the plan every block policy uses (forced sink,
+ *                 block-aligned local window, k whole candidate blocks between them), with the
+ *                 candidates ranked by the SUM of `score` over each block (kvp_sel_blocks);
+ *   token oracle: kvp_keep_tokens, the forced sink and last max(local, 1) tokens plus the best
+ *                 budget - forced single tokens by `score` (every token is a candidate: the truth
+ *                 knows no eviction).
+ * p supplies the resolved sink, local, budget (or ratio) and block size (p->env.block_size);
+ * score holds one value per key (for GQA the group-summed dense attention). masks receives
+ * ceil(n_keys / bs) per-block masks. A budget >= n_keys keeps every token. scratch must hold
+ * kvp_oracle_scratch(n_keys) bytes, aligned for uint64_t. */
+struct kvp_policy;
+void kvp_oracle_block(const struct kvp_policy *p, const float *score, int n_keys,
                       uint64_t *masks, void *scratch);
-void kvp_oracle_token(const float *score, int n_keys, int bs, int sink, int local, int budget,
+void kvp_oracle_token(const struct kvp_policy *p, const float *score, int n_keys,
                       uint64_t *masks, void *scratch);
 
 /* Bytes of scratch the oracle functions need for n_keys keys. */
 static inline size_t kvp_oracle_scratch(int n_keys)
 {
-    return (size_t)(n_keys > 0 ? n_keys : 1) * (3 * sizeof(int) + sizeof(float));
+    size_t n = (size_t)(n_keys > 0 ? n_keys : 1);
+    return n * (sizeof(uint64_t) + sizeof(int32_t) + 4 * sizeof(float) + 3 * sizeof(int));
 }
 
 #endif
