@@ -48,10 +48,10 @@ struct kvp_measure {
 
 /* Per-run accumulators. */
 struct acc {
-    double rec, ob, ot, ret, n_qh;    /* sums over (step, layer, query head) */
+    double rec, ob, ot, ret, n_qh;            /* sums over (step, layer, query head) */
     double read, read_n, kept, budget, n_kvh; /* sums over (step, layer, KV head) */
-    double kl, kl_max, top1, nll;     /* sums over steps */
-    double *l_rec, *l_ob, *l_n;       /* [n_layer] per-layer sums and counts */
+    double kl, kl_max, top1, nll;             /* sums over steps */
+    double *l_rec, *l_ob, *l_n;               /* [n_layer] per-layer sums and counts */
 };
 
 void kvp_measure_free(struct kvp_measure *ms)

@@ -98,8 +98,8 @@ static void select_all(uint64_t *masks, int n_keys, int bs)
     kvp_mask_add_range(masks, 0, n_keys, bs);
 }
 
-void kvp_oracle_block(const struct kvp_policy *p, const float *score, int n_keys,
-                      uint64_t *masks, void *scratch)
+void kvp_oracle_block(const struct kvp_policy *p, const float *score, int n_keys, uint64_t *masks,
+                      void *scratch)
 {
     const int bs = p->env.block_size;
     struct kvp_block_plan bp;
@@ -125,8 +125,8 @@ void kvp_oracle_block(const struct kvp_policy *p, const float *score, int n_keys
     kvp_sel_blocks(&bp, bscore, n_keys, bs, &sel, masks, iscratch);
 }
 
-void kvp_oracle_token(const struct kvp_policy *p, const float *score, int n_keys,
-                      uint64_t *masks, void *scratch)
+void kvp_oracle_token(const struct kvp_policy *p, const float *score, int n_keys, uint64_t *masks,
+                      void *scratch)
 {
     const int bs = p->env.block_size;
     const int budget = kvp_policy_budget(p, n_keys);

@@ -51,10 +51,10 @@ double kvp_metric_retention(const float *a, int n_keys, const uint64_t *masks, i
  * ceil(n_keys / bs) per-block masks. A budget >= n_keys keeps every token. scratch must hold
  * kvp_oracle_scratch(n_keys) bytes, aligned for uint64_t. */
 struct kvp_policy;
-void kvp_oracle_block(const struct kvp_policy *p, const float *score, int n_keys,
-                      uint64_t *masks, void *scratch);
-void kvp_oracle_token(const struct kvp_policy *p, const float *score, int n_keys,
-                      uint64_t *masks, void *scratch);
+void kvp_oracle_block(const struct kvp_policy *p, const float *score, int n_keys, uint64_t *masks,
+                      void *scratch);
+void kvp_oracle_token(const struct kvp_policy *p, const float *score, int n_keys, uint64_t *masks,
+                      void *scratch);
 
 /* Bytes of scratch the oracle functions need for n_keys keys. */
 static inline size_t kvp_oracle_scratch(int n_keys)
