@@ -23,6 +23,8 @@ static const struct command commands[] = {
     {"convert", cmd_convert, "convert a llama2.c checkpoint to GGUF"},
     {"tokenize", cmd_tokenize, "print the token ids of a text"},
     {"train-lm", cmd_train_lm, "train a small Llama-architecture model from scratch"},
+    {"eval", cmd_eval, "measure KV selection policies against full attention"},
+    {"viz", cmd_viz, "draw one head's attention and a policy's selection as a PNG"},
     {"trace", cmd_trace, "record attention traces for training the predictor"},
     {"train-predictor", cmd_train_predictor, "train the AttentionPredictor CNN on a trace"},
 };
