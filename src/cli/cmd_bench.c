@@ -18,8 +18,10 @@
 
 #include "cli/cli.h"
 #include "cli/common.h"
+#include "cli/measure_opts.h"
 #include "core/platform.h"
 #include "core/threadpool.h"
+#include "forward/context.h"
 #include "kernels/simd.h"
 
 static void help(void)
@@ -30,8 +32,58 @@ static void help(void)
            "  --prefill N          prefill tokens timed from an empty cache (default 512)\n"
            "  -r, --reps N         repetitions (default 3)\n"
            "  --bandwidth GBPS     memory bandwidth for the floor (default: measured)\n"
-           "  --json               print one JSON object\n\n%s",
-           cli_model_flags_help);
+           "  --json               print one JSON object\n"
+           "  --policy NAME        decode through a KV selection policy; its select/on_step\n"
+           "                       hooks are timed (policy_ms_per_token, policy_share)\n"
+           "  --budget B           the policy's budget: tokens, or a ratio of the context\n"
+           "%s\n%s",
+           cli_policy_flags_help, cli_model_flags_help);
+}
+
+/* Time spent inside a policy's per-step hooks: the policy's ops table is swapped for one whose
+ * select and on_step call the originals between two clock reads. Hooks of different KV heads run
+ * on different threads, so each KV head has its own accumulator; their sum is thread time (wall
+ * time with -t 1). */
+static struct {
+    const struct kvp_policy_ops *orig;
+    struct kvp_policy_ops ops;
+    double sec[256];
+} hook_timer;
+
+static void timed_select(struct kvp_policy *p, int layer, int kvh, const float *q, int n_tokens,
+                         struct kvp_sel *sel)
+{
+    double t0 = kvp_time_now();
+    hook_timer.orig->select(p, layer, kvh, q, n_tokens, sel);
+    hook_timer.sec[kvh & 255] += kvp_time_now() - t0;
+}
+
+static void timed_step(struct kvp_policy *p, int layer, int kvh, const struct kvp_sel *sel,
+                       const float *probs, int probs_stride, int n_tokens)
+{
+    double t0 = kvp_time_now();
+    hook_timer.orig->on_step(p, layer, kvh, sel, probs, probs_stride, n_tokens);
+    hook_timer.sec[kvh & 255] += kvp_time_now() - t0;
+}
+
+static void time_policy_hooks(kvp_ctx *ctx)
+{
+    struct kvp_policy *p = ctx->policy;
+    if (!p)
+        return;
+    hook_timer.orig = p->ops;
+    hook_timer.ops = *p->ops;
+    hook_timer.ops.select = timed_select;
+    hook_timer.ops.on_step = p->ops->on_step ? timed_step : NULL;
+    p->ops = &hook_timer.ops;
+}
+
+static double hook_seconds(void)
+{
+    double s = 0;
+    for (int i = 0; i < 256; i++)
+        s += hook_timer.sec[i];
+    return s;
 }
 
 struct bw_job {
@@ -87,10 +139,15 @@ int cmd_bench(int argc, char **argv)
     long n_decode = 128, n_prefill = 512, reps = 3;
     double bandwidth = 0;
     bool json = false;
-    static const char *const value_flags[] = {"-n", "--prefill", "-r", "--reps", "--bandwidth", NULL};
+    struct kvp_policy_params pp = {0};
+    const char *budget_arg = NULL;
+    static const char *const value_flags[] = {"-n", "--prefill", "-r", "--reps", "--bandwidth",
+                                              "--policy", "--budget", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int r = cli_model_flag(&mo, argc, argv, &i);
+        if (r == 0)
+            r = cli_policy_flag(&pp, false, argc, argv, &i);
         if (r < 0)
             return 1;
         if (r > 0)
@@ -114,6 +171,15 @@ int cmd_bench(int argc, char **argv)
         } else if (!strcmp(a, "-r") || !strcmp(a, "--reps")) {
             if (!cli_parse_int(v, 1, 1000, &reps))
                 return cli_fail("--reps: '%s' is not in 1..1000", v);
+        } else if (!strcmp(a, "--policy")) {
+            if (!cli_policy_known(v))
+                return cli_fail("--policy: unknown policy '%s' (known: %s)", v,
+                                cli_policy_names());
+            pp.name = v;
+        } else if (!strcmp(a, "--budget")) {
+            budget_arg = v;
+            if (!cli_parse_budget(v, &pp.budget, &pp.budget_ratio))
+                return cli_fail("--budget: '%s' is not a token count or a ratio in (0, 1]", v);
         } else if (!strcmp(a, "--bandwidth")) {
             if (!cli_parse_float(v, 0.001, 1e6, &bandwidth))
                 return cli_fail("--bandwidth: '%s' is not a positive GB/s value", v);
@@ -153,6 +219,11 @@ int cmd_bench(int argc, char **argv)
     }
     toks[0] = kvp_token_bos(m);
     struct kvp_err err = {0};
+    if (pp.name) {
+        if (kvp_ctx_set_policy(ctx, &pp, &err) < 0)
+            goto fail_err;
+        time_policy_hooks(ctx);
+    }
 
     /* prefill */
     double pp_best = 0;
@@ -171,6 +242,7 @@ int cmd_bench(int argc, char **argv)
         goto fail_err;
     double fill_s = kvp_time_now() - t0;
     double tg_sum = 0, tg_best = 0;
+    memset(hook_timer.sec, 0, sizeof(hook_timer.sec));
     for (long r = 0; r < reps; r++) {
         kvp_ctx_truncate(ctx, (int)depth);
         t0 = kvp_time_now();
@@ -182,6 +254,7 @@ int cmd_bench(int argc, char **argv)
         tg_best = rate > tg_best ? rate : tg_best;
     }
     double tg_mean = tg_sum / reps;
+    double pol_ms = pp.name ? 1e3 * hook_seconds() / ((double)reps * n_decode) : 0;
     if (bandwidth <= 0)
         bandwidth = measure_bandwidth((int)mo.n_threads);
     double kv_bytes = 2.0 * in.n_layer * in.n_head_kv * in.head_dim * sizeof(float) *
@@ -207,6 +280,12 @@ int cmd_bench(int argc, char **argv)
         cJSON_AddNumberToObject(o, "bandwidth_gbps", bandwidth);
         cJSON_AddNumberToObject(o, "floor_decode_tokens_per_s", floor_tps);
         cJSON_AddNumberToObject(o, "fraction_of_floor", floor_tps > 0 ? tg_mean / floor_tps : 0);
+        if (pp.name) {
+            cJSON_AddStringToObject(o, "policy", pp.name);
+            cJSON_AddStringToObject(o, "budget", budget_arg ? budget_arg : "all");
+            cJSON_AddNumberToObject(o, "policy_ms_per_token", pol_ms);
+            cJSON_AddNumberToObject(o, "policy_share", pol_ms * tg_mean / 1e3);
+        }
         char *s = cJSON_PrintUnformatted(o);
         printf("%s\n", s);
         cJSON_free(s);
@@ -219,6 +298,9 @@ int cmd_bench(int argc, char **argv)
                tg_best, 1e3 / tg_mean);
         printf("floor    %.1f tokens/s = %.1f GB/s / (%.2f MB weights + %.2f MB KV)\n", floor_tps,
                bandwidth, in.weight_bytes / 1e6, kv_bytes / 1e6);
+        if (pp.name)
+            printf("policy   %s, budget %s: %.3f ms/token in select/on_step, %.1f%% of decode\n",
+                   pp.name, budget_arg ? budget_arg : "all", pol_ms, 100 * pol_ms * tg_mean / 1e3);
     }
     status = 0;
     goto out;

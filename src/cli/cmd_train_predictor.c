@@ -199,11 +199,12 @@ int cmd_train_predictor(int argc, char **argv)
            val_path ? val_path : out_path, net.meta.model, kvp_cnn_n_params(&net), net.H,
            net.meta.loss == KVP_LOSS_CE ? "ce" : "mse", rep.n_train_samples, rep.n_val_samples,
            rep.train_loss, rep.val_loss, kvp_time_now() - t0);
-    printf("validation recovery (sink %d, local %d):\n  budget  predicted  oracle  newest-row  "
-           "predicted/oracle\n", o.sink, o.local);
+    printf("validation recovery (dense histories; sink %d, local %d):\n"
+           "  budget  predicted  oracle  newest-row  recency  predicted/oracle\n",
+           o.sink, o.local);
     for (int b = 0; b < rep.n_budgets; b++)
-        printf("  %6d  %9.4f  %6.4f  %10.4f  %16.4f\n", rep.budgets[b], rep.rec_pred[b],
-               rep.rec_oracle[b], rep.rec_last[b], rep.rel[b]);
+        printf("  %6d  %9.4f  %6.4f  %10.4f  %7.4f  %16.4f\n", rep.budgets[b], rep.rec_pred[b],
+               rep.rec_oracle[b], rep.rec_last[b], rep.rec_recent[b], rep.rel[b]);
     status = 0;
 out:
     kvp_cnn_free(&net);

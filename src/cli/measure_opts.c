@@ -17,7 +17,9 @@ const char *cli_policy_flags_help =
     "  --dense-layers N     leading layers that always run dense (default 2)\n"
     "  --gqa-agg A          combine a GQA group's scores by max, mean or sum (default mean)\n"
     "  --normalize          h2o: divide accumulated attention by the queries that saw the key\n"
-    "  --aux PATH           a file the policy needs (predictor weights, head profile)\n";
+    "  --aux PATH           a file the policy needs (predictor weights, head profile)\n"
+    "  --policy-opts S      policy-specific key=value,... options (predictor: every, calib,\n"
+    "                       gqa=pooled|union, hist=head|kv, inc, refresh)\n";
 
 static const char *const agg_names[] = {"max", "mean", "sum"};
 
@@ -79,7 +81,7 @@ int cli_policy_flag(struct kvp_policy_params *p, bool with_seed, int argc, char 
         return 1;
     }
     if (strcmp(a, "--window") && strcmp(a, "--pool") && strcmp(a, "--gqa-agg") &&
-        strcmp(a, "--aux") && (!with_seed || strcmp(a, "--seed")))
+        strcmp(a, "--aux") && strcmp(a, "--policy-opts") && (!with_seed || strcmp(a, "--seed")))
         return 0;
     const char *v = cli_flag_value(argc, argv, i);
     long n;
@@ -109,6 +111,8 @@ int cli_policy_flag(struct kvp_policy_params *p, bool with_seed, int argc, char 
         p->gqa_agg = k;
     } else if (!strcmp(a, "--aux")) {
         p->aux_path = v;
+    } else if (!strcmp(a, "--policy-opts")) {
+        p->opts = v;
     } else {
         if (!cli_parse_int(v, 0, 0x7fffffffffffffffL, &n)) {
             cli_fail("--seed: '%s' is not a non-negative integer", v);

@@ -5,15 +5,18 @@
  * block for the next step; each decode step keeps the sink, the local window and the best
  * predicted blocks. Nothing is evicted: the whole cache stays, each step reads a budget of it.
  *
- * One decode step of (layer, KV head), Lk keys (the current token included):
- *   1. local window starts at a block boundary, ls = b·⌊(Lk − local)/b⌋ (kvpred's fix of the
- *      reference's overlap and gap, §1.4); the CNN sees the history columns [sink/b, ls/b);
- *   2. k = ⌊(B − sink − (Lk − ls)) / b⌋ blocks are predicted (B includes sink and local); if k
- *      covers every column the step is dense; with fewer than 3 columns every column scores the
- *      same and ties go to the lower index;
- *   3. GQA (§1.6): `pooled` (default) combines the g heads' scores with gqa_agg (max unless set)
- *      and takes one top-k per KV head, so the budget per KV head holds; `union` takes each head's
- *      top-k and reads their union (up to g·k blocks, the paper's per-head quality);
+ * One decode step of (layer, KV head), Lk keys (the current token included), with the block plan
+ * shared by the block policies (kvp_block_plan in select_util.c):
+ *   1. the local window starts at a block boundary, ls = b·⌊(Lk − local)/b⌋ (kvpred's fix of the
+ *      reference's overlap and gap, §1.4; the plan keeps it exact when the budget cannot pay the
+ *      extra tokens); the CNN sees the whole history columns between the sink and ls;
+ *   2. k = ⌊(B − forced) / b⌋ blocks are predicted (B includes sink and local); if k covers every
+ *      column they are all read; with fewer than 3 columns every column scores the same and
+ *      ties go to the lower index;
+ *   3. GQA (§1.6): `pooled` (default) combines the g heads' scores with gqa_agg (max, or mean,
+ *      which ranks as sum) and takes one top-k per KV head, so the budget per KV head holds;
+ *      `union` takes each head's top-k and reads their union (up to g·k blocks, the paper's
+ *      per-head quality);
  *   4. after attention the history gets the block-max of the step's sparse probabilities (zero on
  *      blocks not read); every M-th step (calib, default 5; 0 = never) it gets the dense row
  *      instead, computed with kvp_attn_dense_group in select (where q is at hand).
@@ -50,7 +53,8 @@ struct pred_kvh { /* scratch of one KV head */
     float *grow, *gdrow;   /* [max_blocks] group max of them (hist=kv) */
     float *agg;            /* [max_blocks] combined scores */
     uint64_t *masks;       /* [max_blocks] */
-    int *top, *heap;       /* [max_blocks] */
+    int *top;              /* [2 * max_blocks] */
+    int *heap;             /* [max_blocks] */
     const float **rows;    /* [H] */
     int calib_now;         /* this step appends dense rows */
 };
@@ -204,7 +208,7 @@ static int pred_init(struct kvp_policy *p, struct kvp_err *err)
         k->gdrow = malloc((size_t)mb * sizeof(float));
         k->agg = malloc((size_t)mb * sizeof(float));
         k->masks = malloc((size_t)mb * sizeof(uint64_t));
-        k->top = malloc((size_t)mb * sizeof(int));
+        k->top = malloc((size_t)2 * mb * sizeof(int)); /* kvp_sel_blocks: 2 × candidates */
         k->heap = malloc((size_t)mb * sizeof(int));
         k->rows = malloc((size_t)s->cnn.H * sizeof(*k->rows));
         if (!k->dense || !k->row || !k->drow || !k->grow || !k->gdrow || !k->agg || !k->masks ||
@@ -322,67 +326,56 @@ static void pred_select(struct kvp_policy *p, int layer, int kvh, const float *q
     struct pred_state *s = p->state;
     struct pred_kvh *k = &s->kv[kvh];
     const int bs = p->env.block_size, g = p->env.n_head / p->env.n_head_kv;
-    const int Lk = n_tokens, nb = (Lk + bs - 1) / bs;
     int step = ++s->step[layer * p->env.n_head_kv + kvh];
     k->calib_now = kvp_hist_is_calibration(step, s->o.calib);
     if (k->calib_now)
-        kvp_attn_dense_group(p->env.kv, layer, kvh, q, g, Lk, k->dense, s->dstride, NULL);
+        kvp_attn_dense_group(p->env.kv, layer, kvh, q, g, n_tokens, k->dense, s->dstride, NULL);
 
-    int B = kvp_policy_budget(p, Lk);
-    if (B >= Lk) {
-        kvp_sel_all(sel, Lk, bs);
+    /* the shared block plan: sink, block-aligned local window, k candidates in [first, end) */
+    struct kvp_block_plan bp;
+    kvp_block_plan(p, n_tokens, &bp);
+    const int col0 = bp.first, W = bp.end - bp.first;
+    float *score = k->agg; /* indexed by block id, as kvp_sel_blocks wants */
+    if (bp.all || bp.k == 0 || bp.k >= W || W < 3) {
+        /* nothing to predict (or too narrow for the CNN: equal scores, lower index first) */
+        memset(score, 0, (size_t)bp.n_blocks * sizeof(float));
+        kvp_sel_blocks(&bp, score, n_tokens, bs, sel, k->masks, k->top);
         return;
     }
-    int sink = p->p.sink < Lk ? p->p.sink : Lk;
-    int ls = bs * ((Lk - p->p.local) / bs);
-    if (ls < 0)
-        ls = 0;
-    int col0 = sink / bs, col1 = ls / bs, W = col1 - col0;
-    int kb = W > 0 ? (B - sink - (Lk - ls)) / bs : 0;
-    if (kb >= W) {
-        kvp_sel_all(sel, Lk, bs);
+    bool predict = (step - 1) % s->o.every == 0;
+    bool refresh = s->o.refresh > 0 && step % s->o.refresh == 0;
+    if (s->o.hist_kv) {
+        series_scores(p, series_of(p, layer, kvh), col0, W, predict, refresh, k, score + col0);
+        kvp_sel_blocks(&bp, score, n_tokens, bs, sel, k->masks, k->top);
         return;
     }
-    memset(k->masks, 0, (size_t)nb * sizeof(uint64_t));
-    kvp_mask_add_range(k->masks, 0, sink, bs);
-    kvp_mask_add_range(k->masks, ls, Lk, bs);
-    if (kb > 0 && W < 3) { /* too narrow for the CNN: equal scores, lower index first */
-        for (int i = 0; i < kb; i++)
-            k->top[i] = i;
-        add_blocks(k->masks, k->top, kb, col0, bs);
-    } else if (kb > 0) {
-        bool predict = (step - 1) % s->o.every == 0;
-        bool refresh = s->o.refresh > 0 && step % s->o.refresh == 0;
-        if (s->o.hist_kv) {
-            series_scores(p, series_of(p, layer, kvh), col0, W, predict, refresh, k, k->agg);
-            kvp_topk_indices(k->agg, W, kb, k->top, k->heap);
-            add_blocks(k->masks, k->top, kb, col0, bs);
-        } else {
-            /* per query head scores (k->row is free until on_step), then union or pooled */
-            for (int j = 0; j < g; j++) {
-                series_scores(p, series_of(p, layer, kvh * g + j), col0, W, predict, refresh, k,
-                              k->row);
-                if (s->o.gqa_union) {
-                    kvp_topk_indices(k->row, W, kb, k->top, k->heap);
-                    add_blocks(k->masks, k->top, kb, col0, bs);
-                } else if (j == 0) {
-                    memcpy(k->agg, k->row, (size_t)W * sizeof(float));
-                } else {
-                    for (int x = 0; x < W; x++) {
-                        if (p->p.gqa_agg == KVP_AGG_MAX)
-                            k->agg[x] = k->row[x] > k->agg[x] ? k->row[x] : k->agg[x];
-                        else
-                            k->agg[x] += k->row[x]; /* mean and sum rank the same */
-                    }
-                }
-            }
-            if (!s->o.gqa_union) {
-                kvp_topk_indices(k->agg, W, kb, k->top, k->heap);
-                add_blocks(k->masks, k->top, kb, col0, bs);
-            }
+    if (s->o.gqa_union) { /* each head's top-k, read together */
+        memset(k->masks, 0, (size_t)bp.n_blocks * sizeof(uint64_t));
+        kvp_mask_add_range(k->masks, 0, bp.sink, bs);
+        kvp_mask_add_range(k->masks, bp.local_start, n_tokens, bs);
+        for (int j = 0; j < g; j++) {
+            series_scores(p, series_of(p, layer, kvh * g + j), col0, W, predict, refresh, k,
+                          k->row);
+            kvp_topk_indices(k->row, W, bp.k, k->top, k->heap);
+            add_blocks(k->masks, k->top, bp.k, col0, bs);
+        }
+        kvp_sel_from_masks(sel, k->masks, bp.n_blocks);
+        return;
+    }
+    /* pooled: one top-k per KV head over the group's combined scores */
+    for (int j = 0; j < g; j++) {
+        series_scores(p, series_of(p, layer, kvh * g + j), col0, W, predict, refresh, k, k->row);
+        for (int x = 0; x < W; x++) {
+            float *o = &score[col0 + x];
+            if (j == 0)
+                *o = k->row[x];
+            else if (p->p.gqa_agg == KVP_AGG_MAX)
+                *o = k->row[x] > *o ? k->row[x] : *o;
+            else
+                *o += k->row[x]; /* mean and sum rank alike */
         }
     }
-    kvp_sel_from_masks(sel, k->masks, nb);
+    kvp_sel_blocks(&bp, score, n_tokens, bs, sel, k->masks, k->top);
 }
 
 /* ---- after attention ----------------------------------------------------------------------- */

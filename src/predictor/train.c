@@ -421,7 +421,7 @@ static int validate(const struct kvp_trace *tr, const struct kvp_cnn *n,
     rep->n_budgets = o->n_budgets;
     for (int b = 0; b < o->n_budgets; b++) {
         rep->budgets[b] = o->budgets[b];
-        rep->rec_pred[b] = rep->rec_oracle[b] = rep->rec_last[b] = 0;
+        rep->rec_pred[b] = rep->rec_oracle[b] = rep->rec_last[b] = rep->rec_recent[b] = 0;
     }
     long draws = val->n ? o->val_samples : 0;
     for (long i = 0; i < draws; i++) {
@@ -439,20 +439,24 @@ static int validate(const struct kvp_trace *tr, const struct kvp_cnn *n,
             int kb = (o->budgets[b] - o->sink - smp.local_n) / bs;
             if (kb < 0)
                 kb = 0;
-            double rp, ro, rl;
+            double rp, ro, rl, rr;
             if (kb >= smp.W) {
-                rp = ro = rl = smp.forced;
+                rp = smp.forced;
                 for (int xx = 0; xx < smp.W; xx++)
                     rp += sm[xx];
-                ro = rl = rp;
+                ro = rl = rr = rp;
             } else {
                 rp = smp.forced + topk_mass(ws->y, sm, smp.W, kb, taken);
                 ro = smp.forced + topk_mass(sm, sm, smp.W, kb, taken);
                 rl = smp.forced + topk_mass(last, sm, smp.W, kb, taken);
+                for (int xx = 0; xx < smp.W; xx++)
+                    ws->dp[xx] = (float)xx; /* recency: the newest blocks first */
+                rr = smp.forced + topk_mass(ws->dp, sm, smp.W, kb, taken);
             }
             rep->rec_pred[b] += rp;
             rep->rec_oracle[b] += ro;
             rep->rec_last[b] += rl;
+            rep->rec_recent[b] += rr;
         }
     }
     free(taken);
@@ -462,6 +466,7 @@ static int validate(const struct kvp_trace *tr, const struct kvp_cnn *n,
             rep->rec_pred[b] /= cnt;
             rep->rec_oracle[b] /= cnt;
             rep->rec_last[b] /= cnt;
+            rep->rec_recent[b] /= cnt;
         }
         rep->rel[b] = rep->rec_oracle[b] > 0 ? rep->rec_pred[b] / rep->rec_oracle[b] : 1.0;
     }

@@ -91,6 +91,7 @@ struct kvp_train_report {
     double rec_pred[KVP_CNN_MAX_REC];     /* mean recovery of the predicted selection */
     double rec_oracle[KVP_CNN_MAX_REC];   /* mean recovery of the block oracle */
     double rec_last[KVP_CNN_MAX_REC];     /* mean recovery when ranking by the newest row */
+    double rec_recent[KVP_CNN_MAX_REC];   /* mean recovery when taking the newest blocks */
     double rel[KVP_CNN_MAX_REC];          /* rec_pred / rec_oracle */
 };
 
