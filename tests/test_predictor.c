@@ -326,14 +326,14 @@ static void test_incremental_matches_full(void **state)
     assert_int_equal(kvp_cnn_inc_init(&st, &n, max_cols, NULL), 0);
     float row[64], a[64], b[64];
     const float *rows[64];
-    int width = 12, n_inc = 0;
+    int width = 9, n_inc = 0;
     for (int i = 0; i < H; i++) { /* a full history first, as after a prefill */
         for (int c = 0; c < width; c++)
             row[c] = 0.5f * (frand() + 1);
         kvp_hist_append(&h, 0, row, width);
     }
     double md = 0;
-    for (int step = 0; step < 60; step++) {
+    for (int step = 0; step < 40; step++) {
         if (step % 3 == 2)
             width++; /* a new block every third step: the slice grows by one column */
         for (int c = 0; c < width; c++)
@@ -346,9 +346,9 @@ static void test_incremental_matches_full(void **state)
         for (int c = 0; c < in.W; c++)
             md = fmax(md, fabs(a[c] - b[c]) / fmax(1.0, fabs(b[c])));
     }
-    print_message("incremental vs from scratch: %d of 60 steps incremental, max rel diff %.3g\n",
+    print_message("incremental vs from scratch: %d of 40 steps incremental, max rel diff %.3g\n",
                   n_inc, md);
-    assert_true(n_inc >= 59); /* only the first call starts from scratch */
+    assert_true(n_inc >= 39); /* only the first call starts from scratch */
     assert_true(md < 1e-5);
     kvp_cnn_inc_free(&st);
     kvp_cnn_scratch_free(&scr);
@@ -542,9 +542,9 @@ struct run_out {
 };
 
 static struct run_out run(kvp_model *m, const struct kvp_policy_params *pp, int n_prompt,
-                          int n_dec)
+                          int n_dec, int n_threads)
 {
-    struct kvp_ctx_params cp = {.n_ctx = n_prompt + n_dec, .n_threads = 2};
+    struct kvp_ctx_params cp = {.n_ctx = n_prompt + n_dec, .n_threads = n_threads};
     kvp_ctx *c = NULL;
     struct kvp_err err = {0};
     struct run_out r = {0};
@@ -610,15 +610,15 @@ static double max_diff(const float *a, const float *b, size_t n)
 static void test_policy_end_to_end(void **state)
 {
     (void)state;
-    char *mpath, *ppath = write_predictor(64);
+    char *mpath, *ppath = write_predictor(16); /* H = 16 keeps the sanitizer run short */
     kvp_model *m = fixture_model(&mpath);
     const int np = 150, nd = 40;
-    struct run_out dense = run(m, NULL, np, nd);
+    struct run_out dense = run(m, NULL, np, nd, 1);
 
     /* a budget covering the context reproduces the full logits */
     struct kvp_policy_params big = {.name = "predictor", .aux_path = ppath, .budget = np + nd,
                                     .sink = 16, .local = 16};
-    struct run_out r = run(m, &big, np, nd);
+    struct run_out r = run(m, &big, np, nd, 1);
     print_message("budget >= context: max logit diff %.3g, recovery %.6f\n",
                   max_diff(dense.logits, r.logits, (size_t)nd * 80), r.recovery);
     assert_true(max_diff(dense.logits, r.logits, (size_t)nd * 80) < 1e-5);
@@ -632,7 +632,7 @@ static void test_policy_end_to_end(void **state)
     for (size_t i = 0; i < sizeof(opts) / sizeof(opts[0]); i++) {
         struct kvp_policy_params pp = {.name = "predictor", .aux_path = ppath, .budget = 64,
                                        .sink = 16, .local = 16, .opts = opts[i]};
-        r = run(m, &pp, np, nd);
+        r = run(m, &pp, np, nd, i == 0 ? 2 : 1); /* two threads: KV heads run concurrently */
         print_message("budget 64, opts %s: recovery %.4f, violations %d\n",
                       opts[i] ? opts[i] : "(default)", r.recovery, r.violations);
         assert_int_equal(r.violations, 0);
@@ -649,7 +649,7 @@ static void test_policy_end_to_end(void **state)
     /* union may read more than the budget, but always sink and local */
     struct kvp_policy_params un = {.name = "predictor", .aux_path = ppath, .budget = 64,
                                    .sink = 16, .local = 16, .opts = "gqa=union"};
-    r = run(m, &un, np, nd);
+    r = run(m, &un, np, nd, 1);
     print_message("union: recovery %.4f\n", r.recovery);
     free(r.logits);
 

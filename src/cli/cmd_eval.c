@@ -65,6 +65,7 @@
 #include "cli/common.h"
 #include "cli/measure_opts.h"
 #include "eval/measure.h"
+#include "policy/policy.h"
 
 #define MAX_LIST 64
 
@@ -181,7 +182,8 @@ static int parse_args(struct eval_opts *o, int argc, char **argv)
         return cli_fail("out of memory");
     if (!strcmp(o->policy_arg, "all")) {
         for (int i = 0; kvp_policy_name(i) && i < MAX_LIST; i++)
-            o->policies[o->n_policies++] = (char *)kvp_policy_name(i);
+            if (o->pp.aux_path || !kvp_policy_find(kvp_policy_name(i))->needs_aux) /* no --aux */
+                o->policies[o->n_policies++] = (char *)kvp_policy_name(i);
     } else if ((o->n_policies = split_list(o->policy_arg, o->policies)) < 0) {
         return cli_fail("--policy: '%s' is not a comma-separated list of policies", policy_list);
     }

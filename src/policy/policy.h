@@ -78,6 +78,7 @@ struct kvp_policy_ops {
     bool evicting;              /* evicts tokens for good (memory falls with the budget) */
     bool wants_obs;             /* on_prefill needs the observation window's attention rows */
     bool wants_colsum;          /* on_prefill needs the prompt's attention column sums */
+    bool needs_aux;             /* cannot run without p.aux_path ("all" lists skip it then) */
     /* Set up p->state. Called once; p->p and p->env are filled. */
     int (*init)(struct kvp_policy *p, struct kvp_err *err);
     void (*free)(struct kvp_policy *p);

@@ -33,6 +33,7 @@
  * rows per series. select and on_step of different KV heads run on different threads: all state
  * is per (layer, KV head) or per series, and scratch is per KV head (layers run one after another).
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -314,6 +315,19 @@ static void series_scores(struct kvp_policy *p, int ser, int col0, int W, bool p
         out[x] = top + 1.0f;
 }
 
+static void softmax(float *x, int n)
+{
+    float mx = x[0], sum = 0;
+    for (int i = 1; i < n; i++)
+        mx = x[i] > mx ? x[i] : mx;
+    for (int i = 0; i < n; i++) {
+        x[i] = expf(x[i] - mx);
+        sum += x[i];
+    }
+    for (int i = 0; i < n; i++)
+        x[i] /= sum;
+}
+
 static void add_blocks(uint64_t *masks, const int *top, int kb, int col0, int bs)
 {
     for (int i = 0; i < kb; i++)
@@ -362,9 +376,14 @@ static void pred_select(struct kvp_policy *p, int layer, int kvh, const float *q
         kvp_sel_from_masks(sel, k->masks, bp.n_blocks);
         return;
     }
-    /* pooled: one top-k per KV head over the group's combined scores */
+    /* pooled: one top-k per KV head over the group's combined scores. A CE-trained network
+     * outputs the logits of a distribution over the blocks, so each head's scores become that
+     * distribution first: the group's predicted mass on a block is then the sum (or max) of its
+     * heads' probabilities, which logits cannot be summed into. */
     for (int j = 0; j < g; j++) {
         series_scores(p, series_of(p, layer, kvh * g + j), col0, W, predict, refresh, k, k->row);
+        if (s->cnn.meta.loss == KVP_LOSS_CE)
+            softmax(k->row, W);
         for (int x = 0; x < W; x++) {
             float *o = &score[col0 + x];
             if (j == 0)
@@ -414,6 +433,7 @@ const struct kvp_policy_ops kvp_policy_predictor = {
     .help = "AttentionPredictor: a CNN over the attention history predicts the blocks to read "
             "(needs aux_path = predictor file)",
     .wants_obs = true,
+    .needs_aux = true,
     .init = pred_init,
     .free = pred_free,
     .reset = pred_reset,
