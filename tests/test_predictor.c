@@ -525,8 +525,14 @@ static void test_predictor_file(void **state)
 
 static kvp_model *fixture_model(char **path)
 {
-    struct kvp_test_model_spec sp = {.n_vocab = 80, .n_embd = 64, .n_layer = 4, .n_head = 4,
-                                     .n_head_kv = 2, .n_ff = 96, .n_ctx = 512, .tied = 1,
+    struct kvp_test_model_spec sp = {.n_vocab = 80,
+                                     .n_embd = 64,
+                                     .n_layer = 4,
+                                     .n_head = 4,
+                                     .n_head_kv = 2,
+                                     .n_ff = 96,
+                                     .n_ctx = 512,
+                                     .tied = 1,
                                      .seed = 11};
     *path = kvp_test_tmpfile(".gguf");
     assert_int_equal(kvp_test_write_model(&sp, *path, NULL), 0);
@@ -536,13 +542,13 @@ static kvp_model *fixture_model(char **path)
 }
 
 struct run_out {
-    float *logits;       /* [n_dec][80] */
-    double recovery;     /* mean over compressed layers, heads and steps */
-    int violations;      /* selections over budget or missing sink/local tokens */
+    float *logits;   /* [n_dec][80] */
+    double recovery; /* mean over compressed layers, heads and steps */
+    int violations;  /* selections over budget or missing sink/local tokens */
 };
 
-static struct run_out run(kvp_model *m, const struct kvp_policy_params *pp, int n_prompt,
-                          int n_dec, int n_threads)
+static struct run_out run(kvp_model *m, const struct kvp_policy_params *pp, int n_prompt, int n_dec,
+                          int n_threads)
 {
     struct kvp_ctx_params cp = {.n_ctx = n_prompt + n_dec, .n_threads = n_threads};
     kvp_ctx *c = NULL;
@@ -616,8 +622,8 @@ static void test_policy_end_to_end(void **state)
     struct run_out dense = run(m, NULL, np, nd, 1);
 
     /* a budget covering the context reproduces the full logits */
-    struct kvp_policy_params big = {.name = "predictor", .aux_path = ppath, .budget = np + nd,
-                                    .sink = 16, .local = 16};
+    struct kvp_policy_params big = {
+        .name = "predictor", .aux_path = ppath, .budget = np + nd, .sink = 16, .local = 16};
     struct run_out r = run(m, &big, np, nd, 1);
     print_message("budget >= context: max logit diff %.3g, recovery %.6f\n",
                   max_diff(dense.logits, r.logits, (size_t)nd * 80), r.recovery);
@@ -630,8 +636,12 @@ static void test_policy_end_to_end(void **state)
     const char *opts[] = {NULL, "calib=3,every=2", "hist=kv", "gqa=pooled,calib=0", "inc=0"};
     float *inc_logits = NULL;
     for (size_t i = 0; i < sizeof(opts) / sizeof(opts[0]); i++) {
-        struct kvp_policy_params pp = {.name = "predictor", .aux_path = ppath, .budget = 64,
-                                       .sink = 16, .local = 16, .opts = opts[i]};
+        struct kvp_policy_params pp = {.name = "predictor",
+                                       .aux_path = ppath,
+                                       .budget = 64,
+                                       .sink = 16,
+                                       .local = 16,
+                                       .opts = opts[i]};
         r = run(m, &pp, np, nd, i == 0 ? 2 : 1); /* two threads: KV heads run concurrently */
         print_message("budget 64, opts %s: recovery %.4f, violations %d\n",
                       opts[i] ? opts[i] : "(default)", r.recovery, r.violations);
@@ -647,8 +657,12 @@ static void test_policy_end_to_end(void **state)
     }
     free(inc_logits);
     /* union may read more than the budget, but always sink and local */
-    struct kvp_policy_params un = {.name = "predictor", .aux_path = ppath, .budget = 64,
-                                   .sink = 16, .local = 16, .opts = "gqa=union"};
+    struct kvp_policy_params un = {.name = "predictor",
+                                   .aux_path = ppath,
+                                   .budget = 64,
+                                   .sink = 16,
+                                   .local = 16,
+                                   .opts = "gqa=union"};
     r = run(m, &un, np, nd, 1);
     print_message("union: recovery %.4f\n", r.recovery);
     free(r.logits);

@@ -48,9 +48,9 @@ int cmd_trace(int argc, char **argv)
     const char *out_path = NULL;
     long seq_len = 512, max_seq = 32, dense_layers = 2;
     double start = 0.0, end = 1.0;
-    static const char *const value_flags[] = {"-f", "--file", "-o", "--output", "--seq-len",
-                                              "--max-seq", "--start", "--end", "--dense-layers",
-                                              NULL};
+    static const char *const value_flags[] = {
+        "-f",        "--file",  "-o",    "--output",       "--seq-len",
+        "--max-seq", "--start", "--end", "--dense-layers", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int r = cli_model_flag(&mo, argc, argv, &i);
@@ -184,8 +184,8 @@ int cmd_trace(int argc, char **argv)
         cli_fail_err(&err);
         goto out;
     }
-    printf("wrote %s: %ld sequences of %ld tokens (%zu corpus tokens), layers %ld..%d\n",
-           out_path, n_seq, seq_len, n_all, dense_layers, w.first_layer + w.n_layers - 1);
+    printf("wrote %s: %ld sequences of %ld tokens (%zu corpus tokens), layers %ld..%d\n", out_path,
+           n_seq, seq_len, n_all, dense_layers, w.first_layer + w.n_layers - 1);
     status = 0;
 out:
     if (w.f) {

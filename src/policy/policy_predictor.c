@@ -49,29 +49,29 @@ struct pred_opts {
 
 struct pred_kvh { /* scratch of one KV head */
     struct kvp_cnn_scratch cnn;
-    float *dense;          /* [g][dstride] dense probabilities of a calibration step */
-    float *row, *drow;     /* [max_blocks] pooled sparse and dense rows */
-    float *grow, *gdrow;   /* [max_blocks] group max of them (hist=kv) */
-    float *agg;            /* [max_blocks] combined scores */
-    uint64_t *masks;       /* [max_blocks] */
-    int *top;              /* [2 * max_blocks] */
-    int *heap;             /* [max_blocks] */
-    const float **rows;    /* [H] */
-    int calib_now;         /* this step appends dense rows */
+    float *dense;        /* [g][dstride] dense probabilities of a calibration step */
+    float *row, *drow;   /* [max_blocks] pooled sparse and dense rows */
+    float *grow, *gdrow; /* [max_blocks] group max of them (hist=kv) */
+    float *agg;          /* [max_blocks] combined scores */
+    uint64_t *masks;     /* [max_blocks] */
+    int *top;            /* [2 * max_blocks] */
+    int *heap;           /* [max_blocks] */
+    const float **rows;  /* [H] */
+    int calib_now;       /* this step appends dense rows */
 };
 
 struct pred_state {
     struct pred_opts o;
     struct kvp_cnn cnn;
     struct kvp_hist hist;
-    int per_layer;              /* series per compressed layer: n_head, or n_head_kv (hist=kv) */
+    int per_layer; /* series per compressed layer: n_head, or n_head_kv (hist=kv) */
     int max_blocks;
-    int dstride;                /* max_blocks * block_size */
-    struct kvp_cnn_inc *inc;    /* [n_series] */
-    float *scores;              /* [n_series][max_blocks] the last prediction of each series */
-    int *score_w;               /* [n_series] columns it covers (0: none) */
-    int *step;                  /* [n_layer * n_head_kv] decode steps since the prefill */
-    struct pred_kvh *kv;        /* [n_head_kv] */
+    int dstride;             /* max_blocks * block_size */
+    struct kvp_cnn_inc *inc; /* [n_series] */
+    float *scores;           /* [n_series][max_blocks] the last prediction of each series */
+    int *score_w;            /* [n_series] columns it covers (0: none) */
+    int *step;               /* [n_layer * n_head_kv] decode steps since the prefill */
+    struct pred_kvh *kv;     /* [n_head_kv] */
 };
 
 /* ---- options ------------------------------------------------------------------------------- */
@@ -166,7 +166,8 @@ static int pred_init(struct kvp_policy *p, struct kvp_err *err)
     if (rc < 0)
         goto fail;
     if (!p->p.aux_path || !*p->p.aux_path) {
-        rc = kvp_err_set(err, KVP_EINVAL, "predictor: no predictor file (set aux_path, "
+        rc = kvp_err_set(err, KVP_EINVAL,
+                         "predictor: no predictor file (set aux_path, "
                          "e.g. --aux models/stories260K.kvpp)");
         goto fail;
     }
@@ -175,8 +176,10 @@ static int pred_init(struct kvp_policy *p, struct kvp_err *err)
         goto fail;
     const struct kvp_policy_env *e = &p->env;
     if (s->cnn.block_size != e->block_size) {
-        rc = kvp_err_set(err, KVP_EINVAL, "predictor: %s was trained for blocks of %d tokens, "
-                         "the cache uses %d", p->p.aux_path, s->cnn.block_size, e->block_size);
+        rc = kvp_err_set(err, KVP_EINVAL,
+                         "predictor: %s was trained for blocks of %d tokens, "
+                         "the cache uses %d",
+                         p->p.aux_path, s->cnn.block_size, e->block_size);
         goto fail;
     }
     const int g = e->n_head / e->n_head_kv, n_comp = e->n_layer - p->p.dense_layers;

@@ -76,7 +76,8 @@ void kvp_cnn_prepare(struct kvp_cnn *n)
     for (int co = 0; co < c2; co++)
         for (int ci = 0; ci < c1; ci++)
             for (int t = 0; t < k * k; t++)
-                n->w2t[((size_t)ci * k * k + t) * c2 + co] = n->w2[((size_t)co * c1 + ci) * k * k + t];
+                n->w2t[((size_t)ci * k * k + t) * c2 + co] =
+                    n->w2[((size_t)co * c1 + ci) * k * k + t];
 }
 
 /* ---- the predictor file -------------------------------------------------------------------- */
@@ -118,8 +119,14 @@ static void put(struct wbuf *b, const void *src, size_t n)
     b->n += n;
 }
 
-static void put_u32(struct wbuf *b, uint32_t v) { put(b, &v, 4); }
-static void put_u64(struct wbuf *b, uint64_t v) { put(b, &v, 8); }
+static void put_u32(struct wbuf *b, uint32_t v)
+{
+    put(b, &v, 4);
+}
+static void put_u64(struct wbuf *b, uint64_t v)
+{
+    put(b, &v, 8);
+}
 
 int kvp_cnn_save(const struct kvp_cnn *n, const char *path, struct kvp_err *err)
 {
@@ -197,8 +204,8 @@ int kvp_cnn_parse(const void *data, size_t size, struct kvp_cnn *n, struct kvp_e
                            "predictor file: implausible architecture (c1 %u, c2 %u, kernel %u, "
                            "H %u, block %u, loss %u)",
                            h[1], h[2], h[3], h[4], h[5], h[6]);
-    struct kvp_cnn_meta m = {.loss = h[6], .sink = h[7], .local = h[8], .flags = h[9],
-                             .epochs = h[10]};
+    struct kvp_cnn_meta m = {
+        .loss = h[6], .sink = h[7], .local = h[8], .flags = h[9], .epochs = h[10]};
     const uint8_t *name;
     if (kvp_rd_u64(&c, &m.seed) < 0 || kvp_rd_u64(&c, &m.n_train) < 0 ||
         kvp_rd_u64(&c, &m.n_val) < 0 || kvp_rd_bytes(&c, 64, &name) < 0 ||

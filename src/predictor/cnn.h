@@ -18,16 +18,17 @@
  *   kvp_cnn_forward      from scratch: conv1 rows are streamed through a ring of k rows, each conv2
  *                        row is rectified and added into per-(channel, column) sums; nothing of
  *                        size H×W is kept;
- *   kvp_cnn_forward_inc  incremental (§1.7): when the history has moved by exactly one row since the
- *                        last call (and grown by at most one column), only the conv2 rows whose
- *                        neighbourhood changed are recomputed (rows [0, 2p] and [H-1-2p, H) with
- *                        p = k/2: 6 of 64 for k = 3); running column sums absorb the difference.
- *                        The last 2p+1 columns are recomputed over all rows when the slice grows.
+ *   kvp_cnn_forward_inc  incremental (§1.7): when the history has moved by exactly one row
+ *                        since the last call (and grown by at most one column), only the conv2
+ *                        rows whose neighbourhood changed are recomputed (rows [0, 2p] and
+ *                        [H-1-2p, H) with p = k/2: 6 of 64 for k = 3); running column sums
+ *                        absorb the difference; the last 2p+1 columns are recomputed over all
+ *                        rows when the slice grows.
  * Both give the same scores up to float rounding of the running sums (tested).
  *
  * The hot loop is one conv2 output row (97 % of the work). It is written once (cnn_kernel.inc) with
  * GCC vector extensions over 16/8/4 columns and register-blocked over output channels, and compiled
- * three times: baseline x86-64, AVX2+FMA and AVX-512 (cnn_scalar via cnn.c, cnn_avx2.c,
+ * three times: baseline x86-64, AVX2+FMA and AVX-512 (cnn_scalar.c, cnn_avx2.c,
  * cnn_avx512.c); the fastest one the CPU runs is picked at first use, like src/kernels/simd.c.
  */
 #ifndef KVP_PREDICTOR_CNN_H
@@ -39,9 +40,9 @@
 
 #include "core/err.h"
 
-#define KVP_CNN_MAX_CH 256   /* channel limit accepted from a file */
-#define KVP_CNN_MAX_K 7      /* largest (odd) kernel accepted from a file */
-#define KVP_CNN_MAX_H 1024   /* largest history length accepted from a file */
+#define KVP_CNN_MAX_CH  256  /* channel limit accepted from a file */
+#define KVP_CNN_MAX_K   7    /* largest (odd) kernel accepted from a file */
+#define KVP_CNN_MAX_H   1024 /* largest history length accepted from a file */
 #define KVP_CNN_MAX_REC 8    /* validation recovery entries kept in the metadata */
 
 enum kvp_cnn_loss {
@@ -51,38 +52,38 @@ enum kvp_cnn_loss {
 
 /* Training metadata stored with the weights (informational; the policy checks only block size). */
 struct kvp_cnn_meta {
-    char model[64];        /* general.name of the LLM the predictor was trained on */
-    uint64_t n_train;      /* training samples */
-    uint64_t n_val;        /* validation samples */
+    char model[64];   /* general.name of the LLM the predictor was trained on */
+    uint64_t n_train; /* training samples */
+    uint64_t n_val;   /* validation samples */
     uint64_t seed;
-    uint32_t loss;         /* enum kvp_cnn_loss */
-    uint32_t sink, local;  /* forced tokens the training slices excluded */
-    uint32_t flags;        /* bit 0: trained on per-KV-head pooled histories */
+    uint32_t loss;        /* enum kvp_cnn_loss */
+    uint32_t sink, local; /* forced tokens the training slices excluded */
+    uint32_t flags;       /* bit 0: trained on per-KV-head pooled histories */
     uint32_t epochs;
-    uint32_t n_rec;        /* entries in rec_budget / rec_rel */
+    uint32_t n_rec;                       /* entries in rec_budget / rec_rel */
     uint32_t rec_budget[KVP_CNN_MAX_REC]; /* token budgets */
     float rec_rel[KVP_CNN_MAX_REC];       /* validation recovery / oracle recovery */
 };
 
 struct kvp_cnn {
-    int c1, c2, k;    /* conv1 and conv2 output channels, kernel size (odd) */
-    int H;            /* history rows the network was trained with */
-    int block_size;   /* tokens per history column */
-    float *w1;        /* [c1][1][k][k] */
-    float *b1;        /* [c1] */
-    float *w2;        /* [c2][c1][k][k] */
-    float *b2;        /* [c2] */
-    float *w3;        /* [c2]: conv3 weight [1][c2][1] */
-    float *b3;        /* [1] */
-    float *w2t;       /* [c1][k][k][c2] conv2 weights transposed for the kernel (kvp_cnn_prepare) */
-    float *params;    /* owned: w1 .. b3 in that order (the file order), then w2t */
+    int c1, c2, k;  /* conv1 and conv2 output channels, kernel size (odd) */
+    int H;          /* history rows the network was trained with */
+    int block_size; /* tokens per history column */
+    float *w1;      /* [c1][1][k][k] */
+    float *b1;      /* [c1] */
+    float *w2;      /* [c2][c1][k][k] */
+    float *b2;      /* [c2] */
+    float *w3;      /* [c2]: conv3 weight [1][c2][1] */
+    float *b3;      /* [1] */
+    float *w2t;     /* [c1][k][k][c2] conv2 weights transposed for the kernel (kvp_cnn_prepare) */
+    float *params;  /* owned: w1 .. b3 in that order (the file order), then w2t */
     struct kvp_cnn_meta meta;
 };
 
 /* Allocate a network with zero weights. Returns 0 or KVP_EINVAL / KVP_ENOMEM. */
 int kvp_cnn_init(struct kvp_cnn *n, int c1, int c2, int k, int H, int block_size,
                  struct kvp_err *err);
-void kvp_cnn_free(struct kvp_cnn *n);   /* accepts a zeroed struct */
+void kvp_cnn_free(struct kvp_cnn *n);             /* accepts a zeroed struct */
 size_t kvp_cnn_n_params(const struct kvp_cnn *n); /* w1 .. b3 */
 /* Recompute derived weights (w2t) after the parameters changed. */
 void kvp_cnn_prepare(struct kvp_cnn *n);
@@ -105,7 +106,8 @@ int kvp_cnn_load(const char *path, struct kvp_cnn *n, struct kvp_err *err);
 /* Parse a predictor file held in memory (the loader's core; used by the tests). */
 int kvp_cnn_parse(const void *data, size_t size, struct kvp_cnn *n, struct kvp_err *err);
 
-/* ---- inference -------------------------------------------------------------------------------- */
+/* ---- inference --------------------------------------------------------------------------------
+ */
 
 /* The CNN's view of one history: n_rows row pointers, oldest first; column x of the input is
  * rows[i][col0 + x] for x < W. Columns outside [col0, col0 + W) are never read (zero padding). */
@@ -119,12 +121,12 @@ struct kvp_cnn_input {
 /* Scratch for one thread, sized for inputs up to max_w columns. */
 struct kvp_cnn_scratch {
     int max_w;
-    int stride;     /* floats per channel row: columns padded to whole vectors plus margins */
-    float *xin;     /* [k][stride] padded input rows */
-    float *a1;      /* [k][c1][stride] ring of conv1 rows (slot = row mod k) */
-    int *a1_row;    /* [k] which row each ring slot holds (-1: none) */
-    float *z2;      /* [c2][stride] one conv2 row */
-    float *sums;    /* [c2][stride] column sums of a from-scratch run */
+    int stride;  /* floats per channel row: columns padded to whole vectors plus margins */
+    float *xin;  /* [k][stride] padded input rows */
+    float *a1;   /* [k][c1][stride] ring of conv1 rows (slot = row mod k) */
+    int *a1_row; /* [k] which row each ring slot holds (-1: none) */
+    float *z2;   /* [c2][stride] one conv2 row */
+    float *sums; /* [c2][stride] column sums of a from-scratch run */
 };
 int kvp_cnn_scratch_init(struct kvp_cnn_scratch *s, const struct kvp_cnn *n, int max_w,
                          struct kvp_err *err);
@@ -139,10 +141,10 @@ void kvp_cnn_forward(const struct kvp_cnn *n, const struct kvp_cnn_input *in,
 struct kvp_cnn_inc {
     int max_w;
     bool valid;
-    uint64_t gen;   /* history generation (rows appended so far) the sums belong to */
+    uint64_t gen; /* history generation (rows appended so far) the sums belong to */
     int n_rows, col0, W;
-    float *sums;    /* [c2][max_w] sum over rows of ReLU(conv2) */
-    float *keep;    /* [4p+1][c2][max_w] ReLU(conv2) rows 0..2p and H-2p..H-1 of that state */
+    float *sums; /* [c2][max_w] sum over rows of ReLU(conv2) */
+    float *keep; /* [4p+1][c2][max_w] ReLU(conv2) rows 0..2p and H-2p..H-1 of that state */
 };
 int kvp_cnn_inc_init(struct kvp_cnn_inc *st, const struct kvp_cnn *n, int max_w,
                      struct kvp_err *err);
@@ -156,7 +158,8 @@ bool kvp_cnn_forward_inc(const struct kvp_cnn *n, const struct kvp_cnn_input *in
                          bool full, struct kvp_cnn_inc *st, struct kvp_cnn_scratch *s,
                          float *scores);
 
-/* ---- kernel table (internal; cnn_kernel.inc) --------------------------------------------------- */
+/* ---- kernel table (internal; cnn_kernel.inc) ---------------------------------------------------
+ */
 
 struct kvp_cnn_kernels {
     const char *name;

@@ -100,8 +100,8 @@ int kvp_hist_pool_dense(const float *probs, int n_keys, int bs, float *out)
     return nb;
 }
 
-int kvp_hist_pool_sparse(const float *probs, const int32_t *blocks, int n_sel, int n_keys,
-                         int bs, float *out)
+int kvp_hist_pool_sparse(const float *probs, const int32_t *blocks, int n_sel, int n_keys, int bs,
+                         float *out)
 {
     int nb = (n_keys + bs - 1) / bs;
     memset(out, 0, (size_t)nb * sizeof(float));

@@ -10,10 +10,11 @@
  * extension). Rows never change after they are appended.
  *
  * Memory layout (one allocation):
- *   rows   [n_series][H][max_cols]  ring of rows per series; slot (head + i) % H is row i (0 oldest)
- *   slot_w [n_series][H]            columns written in each slot (the rest of the slot is zero)
- *   head, n_rows, n_cols, gen [n_series]
- * max_cols = ceil(n_ctx / b): 64 rows × 1,024 columns × 4 bytes = 256 KiB per series at 16K tokens.
+ *   rows   [n_series][H][max_cols]  ring of rows per series; slot (head + i) % H is row i
+ *                                   (row 0 the oldest)
+ *   slot_w [n_series][H]            columns written in each slot (the rest of it is zero)
+ *   head, n_rows, n_cols, gen       [n_series]
+ * max_cols = ceil(n_ctx / b): 64 rows × 1,024 columns × 4 bytes = 256 KiB per series at 16K.
  *
  * Update rules (one decode step, per series):
  *   step s = 1, 2, ... counts decode steps since the prefill;
@@ -31,14 +32,14 @@
 
 struct kvp_hist {
     int n_series;
-    int H;          /* rows kept per series */
-    int max_cols;   /* columns at the full context */
-    float *rows;    /* [n_series][H][max_cols], see above (owned) */
-    int *slot_w;    /* [n_series][H] (owned) */
-    int *head;      /* [n_series] slot of the oldest row */
-    int *n_rows;    /* [n_series] rows present, <= H */
-    int *n_cols;    /* [n_series] width: columns of the widest (newest) row */
-    uint64_t *gen;  /* [n_series] rows ever appended (the CNN's incremental state keys on it) */
+    int H;         /* rows kept per series */
+    int max_cols;  /* columns at the full context */
+    float *rows;   /* [n_series][H][max_cols], see above (owned) */
+    int *slot_w;   /* [n_series][H] (owned) */
+    int *head;     /* [n_series] slot of the oldest row */
+    int *n_rows;   /* [n_series] rows present, <= H */
+    int *n_cols;   /* [n_series] width: columns of the widest (newest) row */
+    uint64_t *gen; /* [n_series] rows ever appended (the CNN's incremental state keys on it) */
 };
 
 int kvp_hist_init(struct kvp_hist *h, int n_series, int H, int max_cols, struct kvp_err *err);
@@ -67,8 +68,8 @@ int kvp_hist_pool_dense(const float *probs, int n_keys, int bs, float *out);
 /* Block-max-pool a sparse row: probs[i*bs + t] for the i-th of n_sel selected blocks blocks[i]
  * (the framework's layout), zero on every other block; n_keys keys in all. Returns the column
  * count. */
-int kvp_hist_pool_sparse(const float *probs, const int32_t *blocks, int n_sel, int n_keys,
-                         int bs, float *out);
+int kvp_hist_pool_sparse(const float *probs, const int32_t *blocks, int n_sel, int n_keys, int bs,
+                         float *out);
 
 /* One decode step of series s: append dense_row on calibration steps, else sparse_row (both
  * pooled, n_cols columns). Returns true when the dense row was used. */

@@ -38,8 +38,7 @@ static void w_u32(struct kvp_trace_writer *w, uint32_t v)
 }
 
 int kvp_trace_open(struct kvp_trace_writer *w, const char *path, const kvp_model *model,
-                   int first_layer, int block_size, int max_tokens, int n_seq,
-                   struct kvp_err *err)
+                   int first_layer, int block_size, int max_tokens, int n_seq, struct kvp_err *err)
 {
     struct kvp_model_info in;
     kvp_model_get_info(model, &in);
@@ -85,8 +84,7 @@ int kvp_trace_record(struct kvp_trace_writer *w, kvp_ctx *ctx, const int32_t *to
     if (n < 1 || (n + w->block_size - 1) / w->block_size > w->max_blocks)
         return kvp_err_set(err, KVP_EINVAL, "trace: sequence of %d tokens does not fit", n);
     if (w->n_done >= w->n_seq)
-        return kvp_err_set(err, KVP_EINVAL, "trace: more sequences than announced (%d)",
-                           w->n_seq);
+        return kvp_err_set(err, KVP_EINVAL, "trace: more sequences than announced (%d)", w->n_seq);
     struct kvp_policy_params pp = {.name = "full",
                                    .dense_layers = w->first_layer ? w->first_layer : -1};
     int rc = kvp_ctx_set_policy(ctx, &pp, err);

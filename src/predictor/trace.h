@@ -37,8 +37,8 @@
 
 struct kvp_trace_seq {
     int T;
-    const float *data;   /* rows of this sequence, in file order (points into the trace) */
-    size_t *row_off;     /* [T] float offset of position t's first (layer 0, head 0) max row */
+    const float *data; /* rows of this sequence, in file order (points into the trace) */
+    size_t *row_off;   /* [T] float offset of position t's first (layer 0, head 0) max row */
 };
 
 struct kvp_trace {
@@ -46,8 +46,8 @@ struct kvp_trace {
     int first_layer, n_layers, n_head;
     int n_seq;
     char model[64];
-    struct kvp_trace_seq *seq;  /* [n_seq] (owned) */
-    struct kvp_file_map map;    /* the file's bytes (owned); seq[].data points into it */
+    struct kvp_trace_seq *seq; /* [n_seq] (owned) */
+    struct kvp_file_map map;   /* the file's bytes (owned); seq[].data points into it */
 };
 
 /* Position t's rows of (layer index li, head h) in sequence s: max then sum, nb_t floats each. */
@@ -67,16 +67,15 @@ void kvp_trace_free(struct kvp_trace *tr);
 struct kvp_trace_writer {
     FILE *f;
     uint64_t hash;
-    int n_seq;          /* sequences announced at open */
-    int n_done;         /* sequences recorded */
+    int n_seq;  /* sequences announced at open */
+    int n_done; /* sequences recorded */
     int block_size, first_layer, n_layers, n_head;
-    float *row;         /* [max_blocks * 2] scratch */
+    float *row; /* [max_blocks * 2] scratch */
     int max_blocks;
     int failed;
 };
 int kvp_trace_open(struct kvp_trace_writer *w, const char *path, const kvp_model *model,
-                   int first_layer, int block_size, int max_tokens, int n_seq,
-                   struct kvp_err *err);
+                   int first_layer, int block_size, int max_tokens, int n_seq, struct kvp_err *err);
 /* Decode tokens[0..n) densely from an empty cache (ctx is reset; its policy is replaced by a
  * measuring `full` policy with first_layer dense layers) and append the sequence. */
 int kvp_trace_record(struct kvp_trace_writer *w, kvp_ctx *ctx, const int32_t *tokens, int n,

@@ -63,8 +63,8 @@ static void col2im(const float *col, int c, int H, int W, int k, float *out)
             }
 }
 
-void kvp_tr_conv_fwd(const float *in, int ci, int H, int W, const float *w, const float *b,
-                     int co, int k, float *col, float *out)
+void kvp_tr_conv_fwd(const float *in, int ci, int H, int W, const float *w, const float *b, int co,
+                     int k, float *col, float *out)
 {
     const int HW = H * W, K = ci * k * k;
     im2col(in, ci, H, W, k, col);
@@ -224,8 +224,8 @@ void kvp_tr_ws_free(struct kvp_tr_ws *ws)
 {
     if (!ws)
         return;
-    float *b[] = {ws->col1, ws->a1, ws->col2, ws->a2, ws->p, ws->y,
-                  ws->dy, ws->dp, ws->da2, ws->dcol2, ws->da1};
+    float *b[] = {ws->col1, ws->a1, ws->col2, ws->a2,    ws->p,  ws->y,
+                  ws->dy,   ws->dp, ws->da2,  ws->dcol2, ws->da1};
     for (size_t i = 0; i < sizeof(b) / sizeof(b[0]); i++)
         free(b[i]);
     memset(ws, 0, sizeof(*ws));
@@ -311,8 +311,8 @@ void kvp_train_opts_default(struct kvp_train_opts *o)
  * policy would use at Lk = t + 1 keys, and the target row t. */
 struct sample {
     int W;
-    float forced;  /* attention mass on the sink and local tokens (always kept) */
-    int local_n;   /* tokens in the local window */
+    float forced; /* attention mass on the sink and local tokens (always kept) */
+    int local_n;  /* tokens in the local window */
 };
 
 static int build_sample(const struct kvp_trace *tr, const struct kvp_train_opts *o, int s, int t,
@@ -349,7 +349,7 @@ static int build_sample(const struct kvp_trace *tr, const struct kvp_train_opts 
 }
 
 struct split {
-    int *seq, *t;  /* [n] (sequence, position) pairs with a valid slice */
+    int *seq, *t; /* [n] (sequence, position) pairs with a valid slice */
     long n;
 };
 
@@ -477,11 +477,14 @@ static int check_opts(const struct kvp_trace *tr, const struct kvp_train_opts *o
                       struct kvp_err *err)
 {
     if (tr->n_seq < 2)
-        return kvp_err_set(err, KVP_EINVAL, "train: the trace needs at least 2 sequences "
+        return kvp_err_set(err, KVP_EINVAL,
+                           "train: the trace needs at least 2 sequences "
                            "(one for validation)");
     if (o->sink < 0 || o->local < 1 || o->sink % tr->block_size)
-        return kvp_err_set(err, KVP_EINVAL, "train: sink %d must be a multiple of the block "
-                           "size %d and local >= 1", o->sink, tr->block_size);
+        return kvp_err_set(err, KVP_EINVAL,
+                           "train: sink %d must be a multiple of the block "
+                           "size %d and local >= 1",
+                           o->sink, tr->block_size);
     if (o->n_budgets < 0 || o->n_budgets > KVP_CNN_MAX_REC || o->batch < 1 || o->epochs < 0)
         return kvp_err_set(err, KVP_EINVAL, "train: bad options");
     return 0;
@@ -529,6 +532,7 @@ int kvp_predictor_train(const struct kvp_trace *tr, const struct kvp_train_opts 
     rc = kvp_cnn_init(out, o->c1, o->c2, o->k, o->H, tr->block_size, err);
     if (rc < 0)
         return rc;
+    openblas_set_num_threads(1); /* the summation order, so the run, is the same on any machine */
     memset(rep, 0, sizeof(*rep));
     const int n_ser = tr->n_layers * tr->n_head;
     const size_t np = kvp_cnn_n_params(out);
@@ -559,8 +563,10 @@ int kvp_predictor_train(const struct kvp_trace *tr, const struct kvp_train_opts 
         goto out;
     }
     if (trn.n == 0 || val.n == 0) {
-        rc = kvp_err_set(err, KVP_EINVAL, "train: no samples (sequences must be longer than "
-                         "H = %d tokens plus the sink and local windows)", o->H);
+        rc = kvp_err_set(err, KVP_EINVAL,
+                         "train: no samples (sequences must be longer than "
+                         "H = %d tokens plus the sink and local windows)",
+                         o->H);
         goto out;
     }
     rc = kvp_tr_ws_init(&ws, out, o->H, mw, err);

@@ -30,14 +30,14 @@
 
 /* k×k convolution, stride 1, zero padding k/2, PyTorch cross-correlation: in [ci][H][W] ->
  * out [co][H][W]; w [co][ci][k][k], b [co]. col receives im2col(in) ([ci·k·k][H·W]). */
-void kvp_tr_conv_fwd(const float *in, int ci, int H, int W, const float *w, const float *b,
-                     int co, int k, float *col, float *out);
+void kvp_tr_conv_fwd(const float *in, int ci, int H, int W, const float *w, const float *b, int co,
+                     int k, float *col, float *out);
 /* Backward of kvp_tr_conv_fwd given its col and dout [co][H][W]: gw += dout·colᵀ, gb += Σ dout,
  * and din = dL/din ([ci][H][W], overwritten) when din is not NULL (dcol: [ci·k·k][H·W] scratch). */
 void kvp_tr_conv_bwd(const float *col, const float *dout, int ci, int H, int W, const float *w,
                      int co, int k, float *gw, float *gb, float *dcol, float *din);
-void kvp_tr_relu_fwd(float *x, size_t n);                        /* in place */
-void kvp_tr_relu_bwd(const float *y, float *dy, size_t n);       /* dy *= (y > 0) */
+void kvp_tr_relu_fwd(float *x, size_t n);                  /* in place */
+void kvp_tr_relu_bwd(const float *y, float *dy, size_t n); /* dy *= (y > 0) */
 /* Mean over the H rows: a [c][H][W] -> p [c][W]; backward spreads dp/H over the rows. */
 void kvp_tr_mean_fwd(const float *a, int c, int H, int W, float *p);
 void kvp_tr_mean_bwd(const float *dp, int c, int H, int W, float *da);
@@ -66,17 +66,17 @@ float kvp_tr_sample(const struct kvp_cnn *n, struct kvp_tr_ws *ws, const float *
 /* ---- the training loop ---------------------------------------------------------------------- */
 
 struct kvp_train_opts {
-    int c1, c2, k, H;          /* architecture [16, 32, 3, 64] */
-    int loss;                  /* enum kvp_cnn_loss */
-    int epochs;                /* [4] */
-    int batch;                 /* samples per Adam step [32] */
-    int samples;               /* training samples drawn per epoch [20000] */
-    int val_samples;           /* validation samples [4000] */
-    float lr;                  /* Adam learning rate, decayed linearly to lr/10 [1e-3] */
-    float val_frac;            /* fraction of the sequences held out (the last ones) [0.1] */
-    uint64_t seed;             /* [1] */
-    int sink, local;           /* the slice the policy gives the CNN [16, 16] */
-    int n_budgets;             /* validation budgets [3: 32, 64, 128] */
+    int c1, c2, k, H; /* architecture [16, 32, 3, 64] */
+    int loss;         /* enum kvp_cnn_loss */
+    int epochs;       /* [4] */
+    int batch;        /* samples per Adam step [32] */
+    int samples;      /* training samples drawn per epoch [20000] */
+    int val_samples;  /* validation samples [4000] */
+    float lr;         /* Adam learning rate, decayed linearly to lr/10 [1e-3] */
+    float val_frac;   /* fraction of the sequences held out (the last ones) [0.1] */
+    uint64_t seed;    /* [1] */
+    int sink, local;  /* the slice the policy gives the CNN [16, 16] */
+    int n_budgets;    /* validation budgets [3: 32, 64, 128] */
     int budgets[KVP_CNN_MAX_REC];
     /* called after every Adam step (may be NULL) */
     void (*progress)(void *user, int epoch, long step, long steps, double loss);
@@ -84,15 +84,15 @@ struct kvp_train_opts {
 };
 
 struct kvp_train_report {
-    long n_train_samples, n_val_samples;  /* available samples in the two splits */
-    double train_loss, val_loss;          /* last epoch's mean, validation mean */
+    long n_train_samples, n_val_samples; /* available samples in the two splits */
+    double train_loss, val_loss;         /* last epoch's mean, validation mean */
     int n_budgets;
     int budgets[KVP_CNN_MAX_REC];
-    double rec_pred[KVP_CNN_MAX_REC];     /* mean recovery of the predicted selection */
-    double rec_oracle[KVP_CNN_MAX_REC];   /* mean recovery of the block oracle */
-    double rec_last[KVP_CNN_MAX_REC];     /* mean recovery when ranking by the newest row */
-    double rec_recent[KVP_CNN_MAX_REC];   /* mean recovery when taking the newest blocks */
-    double rel[KVP_CNN_MAX_REC];          /* rec_pred / rec_oracle */
+    double rec_pred[KVP_CNN_MAX_REC];   /* mean recovery of the predicted selection */
+    double rec_oracle[KVP_CNN_MAX_REC]; /* mean recovery of the block oracle */
+    double rec_last[KVP_CNN_MAX_REC];   /* mean recovery when ranking by the newest row */
+    double rec_recent[KVP_CNN_MAX_REC]; /* mean recovery when taking the newest blocks */
+    double rel[KVP_CNN_MAX_REC];        /* rec_pred / rec_oracle */
 };
 
 /* Fill unset fields of o with the defaults above. */
