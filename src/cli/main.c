@@ -21,6 +21,7 @@ static const struct command commands[] = {
     {"logits", cmd_logits, "next-token logits at every position of a text, as JSON"},
     {"bench", cmd_bench, "prefill and decode speed"},
     {"convert", cmd_convert, "convert a llama2.c checkpoint to GGUF"},
+    {"quantize", cmd_quantize, "rewrite a GGUF model's weight matrices in another type"},
     {"tokenize", cmd_tokenize, "print the token ids of a text"},
     {"train-lm", cmd_train_lm, "train a small Llama-architecture model from scratch"},
 };
