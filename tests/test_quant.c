@@ -566,20 +566,20 @@ static void test_quantize_fixture(void **state)
     (void)state;
     /* dims multiples of 256, so every K-quant is used as such; vocab 96 rows */
     struct kvp_test_model_spec sp = {.n_vocab = 96, .n_embd = 256, .n_layer = 1, .n_head = 4,
-                                     .n_head_kv = 2, .n_ff = 512, .n_ctx = 32, .type = 0,
+                                     .n_head_kv = 2, .n_ff = 256, .n_ctx = 32, .type = 0,
                                      .embd_type = 0, .tied = 0, .seed = 5};
     char *src = kvp_test_tmpfile(".gguf"), *dst = kvp_test_tmpfile(".gguf");
     assert_int_equal(kvp_test_write_model(&sp, src, NULL), 0);
     /* logit error bounds (relative to the largest logit): weight error from the RMS bounds
-     * above plus Q8_0/Q8_K activations; measured values are printed */
+     * above plus Q8_0/Q8_K activations. Measured: F16 0.0003, Q4_0 0.106, Q2_K 0.334,
+     * Q3_K 0.219, Q4_K 0.077, Q5_K 0.041, Q6_K 0.023 (the other 32-element types run in
+     * test_forward.c and on stories260K below; this fixture is for the K-quants) */
     static const struct {
         int type;
         double bound;
     } cases[] = {
-        {KVP_TYPE_F16, 1e-3},    {KVP_TYPE_BF16, 1e-2},  {KVP_TYPE_Q8_0, 0.02},
-        {KVP_TYPE_Q4_0, 0.15},   {KVP_TYPE_Q4_1, 0.15},  {KVP_TYPE_Q5_0, 0.08},
-        {KVP_TYPE_Q5_1, 0.08},   {KVP_TYPE_IQ4_NL, 0.15}, {KVP_TYPE_Q2_K, 0.6},
-        {KVP_TYPE_Q3_K, 0.3},    {KVP_TYPE_Q4_K, 0.15},  {KVP_TYPE_Q5_K, 0.08},
+        {KVP_TYPE_F16, 1e-3},  {KVP_TYPE_Q4_0, 0.15}, {KVP_TYPE_Q2_K, 0.6},
+        {KVP_TYPE_Q3_K, 0.3},  {KVP_TYPE_Q4_K, 0.15}, {KVP_TYPE_Q5_K, 0.08},
         {KVP_TYPE_Q6_K, 0.04},
     };
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
@@ -664,7 +664,8 @@ static void test_cli_stories(void **state)
      * parentheses: F16 0.005 (-0.0002), BF16 0.005 (+0.0004), Q8_0 and Q6_K 0.01 (+0.0035),
      * Q5_1 and Q5_K 0.06 (+0.035), Q5_0 and Q4_K 0.17 (+0.109), Q4_1 0.45 (+0.304), Q4_0 0.55
      * (+0.369), IQ4_NL, Q3_K and Q2_K 0.5 (+0.335). A perplexity run takes ~5 s under ASan, so
-     * by default two types run at the full 60000 bytes and the rest are quantized and opened;
+     * by default Q4_K (Q5_0 + F16, what a Q4_K_M download of a model this narrow holds) runs at the
+     * full 60000 bytes and the rest are quantized and opened;
      * KVP_TEST_FULL=1 runs every type. */
     static const struct {
         const char *name;
@@ -673,7 +674,7 @@ static void test_cli_stories(void **state)
         bool always;
     } cases[] = {
         {"F16", 0.005, "F16×37", false},          {"BF16", 0.005, "BF16×37", false},
-        {"Q8_0", 0.01, "F16×5 Q8_0×32", true},    {"Q6_K", 0.01, "F16×5 Q8_0×32", false},
+        {"Q8_0", 0.01, "F16×5 Q8_0×32", false},    {"Q6_K", 0.01, "F16×5 Q8_0×32", false},
         {"Q5_1", 0.06, "F16×5 Q5_1×32", false},   {"Q5_K", 0.06, "F16×5 Q5_1×32", false},
         {"Q5_0", 0.17, "F16×5 Q5_0×32", false},   {"Q4_K", 0.17, "F16×5 Q5_0×32", true},
         {"Q4_1", 0.45, "F16×5 Q4_1×32", false},   {"Q4_0", 0.55, "F16×5 Q4_0×32", false},
