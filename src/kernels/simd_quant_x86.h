@@ -159,27 +159,27 @@ KVP_QINLINE float qx_dot32(const void *w, const void *xq, int64_t n, int kind, s
     return qx_hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(m0, m1)));
 }
 
-static float qx_dot_q4_0(const void *w, const void *xq, int64_t n)
+static inline float qx_dot_q4_0(const void *w, const void *xq, int64_t n)
 {
     return qx_dot32(w, xq, n, QX_Q4_0, 18);
 }
 
-static float qx_dot_q4_1(const void *w, const void *xq, int64_t n)
+static inline float qx_dot_q4_1(const void *w, const void *xq, int64_t n)
 {
     return qx_dot32(w, xq, n, QX_Q4_1, 20);
 }
 
-static float qx_dot_q5_0(const void *w, const void *xq, int64_t n)
+static inline float qx_dot_q5_0(const void *w, const void *xq, int64_t n)
 {
     return qx_dot32(w, xq, n, QX_Q5_0, 22);
 }
 
-static float qx_dot_q5_1(const void *w, const void *xq, int64_t n)
+static inline float qx_dot_q5_1(const void *w, const void *xq, int64_t n)
 {
     return qx_dot32(w, xq, n, QX_Q5_1, 24);
 }
 
-static float qx_dot_iq4_nl(const void *w, const void *xq, int64_t n)
+static inline float qx_dot_iq4_nl(const void *w, const void *xq, int64_t n)
 {
     return qx_dot32(w, xq, n, QX_IQ4_NL, 18);
 }
@@ -193,6 +193,31 @@ static float qx_dot_iq4_nl(const void *w, const void *xq, int64_t n)
 KVP_QINLINE void qx_bsums(const uint8_t *xb, int16_t bs[16])
 {
     memcpy(bs, xb + QX_K_BSUMS, 32);
+}
+
+/* kvp_k_scales_unpack with four 32-bit word operations (x86 is little-endian, so byte k of a
+ * word is s[4w + k]): sc0-3 / m0-3 are the low six bits of words 0 / 1; sc4-7 / m4-7 take the
+ * low / high nibbles of word 2 and the top two bits of words 0 / 1. */
+KVP_QINLINE void qx_k_scales(const uint8_t *s, uint8_t sc[8], uint8_t m[8])
+{
+    uint32_t u[3], v[4];
+    memcpy(u, s, 12);
+    v[0] = u[0] & 0x3f3f3f3fu;
+    v[1] = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 6) & 0x03030303u) << 4;
+    v[2] = u[1] & 0x3f3f3f3fu;
+    v[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4;
+    memcpy(sc, v, 8);
+    memcpy(m, v + 2, 8);
+}
+
+/* Σ_j m[j] · (bsums[2j] + bsums[2j+1]) in eight int32 lanes (Q4_K/Q5_K mins, 32-element
+ * sub-blocks). */
+KVP_QINLINE __m256i qx_k_mins(const uint8_t m[8], const uint8_t *xb)
+{
+    __m256i bs = qx_load(xb + QX_K_BSUMS);
+    __m256i pairs = _mm256_madd_epi16(bs, _mm256_set1_epi16(1));
+    __m256i mv = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)m));
+    return _mm256_mullo_epi32(mv, pairs);
 }
 
 /* Q4_K (nmax 15) and Q5_K (qh != NULL): int32 lanes of Σ sc·q·x for one super-block. */
@@ -223,37 +248,32 @@ KVP_QINLINE float qx_dot_k45(const void *w, const void *xq, int64_t n, int five)
 {
     const size_t bytes = five ? 176 : 144;
     const uint8_t *pw = w, *px = xq;
-    __m256 acc = _mm256_setzero_ps();
-    float mins = 0.0f;
+    __m256 acc = _mm256_setzero_ps(), mins = acc;
     for (int64_t b = 0; b < n / KVP_QK_K; b++) {
         const uint8_t *wb = pw + (size_t)b * bytes, *xb = px + (size_t)b * 292;
         uint8_t sc[8], m[8];
-        kvp_k_scales_unpack(wb + 4, sc, m);
+        qx_k_scales(wb + 4, sc, m);
         float xd = qx_f32(xb);
         __m256i s = qx_k45_sum(wb + (five ? 48 : 16), five ? wb + 16 : NULL, sc, xb + QX_K_QS);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(qx_f16(wb) * xd), _mm256_cvtepi32_ps(s), acc);
-        int16_t bs[16];
-        qx_bsums(xb, bs);
-        int32_t ms = 0;
-        for (int j = 0; j < 8; j++)
-            ms += m[j] * (bs[2 * j] + bs[2 * j + 1]);
-        mins += qx_f16(wb + 2) * xd * (float)ms;
+        mins = _mm256_fmadd_ps(_mm256_set1_ps(qx_f16(wb + 2) * xd),
+                               _mm256_cvtepi32_ps(qx_k_mins(m, xb)), mins);
     }
-    return qx_hsum(acc) - mins;
+    return qx_hsum(_mm256_sub_ps(acc, mins));
 }
 
-static float qx_dot_q4_k(const void *w, const void *xq, int64_t n)
+static inline float qx_dot_q4_k(const void *w, const void *xq, int64_t n)
 {
     return qx_dot_k45(w, xq, n, 0);
 }
 
-static float qx_dot_q5_k(const void *w, const void *xq, int64_t n)
+static inline float qx_dot_q5_k(const void *w, const void *xq, int64_t n)
 {
     return qx_dot_k45(w, xq, n, 1);
 }
 
 /* Q6_K: codes 0..63 (the -32 offset is applied through bsums). */
-static float qx_dot_q6_k(const void *w, const void *xq, int64_t n)
+static inline float qx_dot_q6_k(const void *w, const void *xq, int64_t n)
 {
     const uint8_t *pw = w, *px = xq;
     const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x30);
@@ -352,12 +372,12 @@ KVP_QINLINE float qx_dot_k23(const void *w, const void *xq, int64_t n, int three
     return qx_hsum(acc) - corr;
 }
 
-static float qx_dot_q2_k(const void *w, const void *xq, int64_t n)
+static inline float qx_dot_q2_k(const void *w, const void *xq, int64_t n)
 {
     return qx_dot_k23(w, xq, n, 0);
 }
 
-static float qx_dot_q3_k(const void *w, const void *xq, int64_t n)
+static inline float qx_dot_q3_k(const void *w, const void *xq, int64_t n)
 {
     return qx_dot_k23(w, xq, n, 1);
 }
@@ -367,7 +387,7 @@ static float qx_dot_q3_k(const void *w, const void *xq, int64_t n)
 /* Bit-identical to kvp_quantize_row_q8_k_ref: exact max, the same scalar d and 1/d, the same
  * f32 products, vcvtps2dq rounding like lrintf (nearest even by default); |x·id| <= 127 up to
  * one ulp, so no clamp is needed and the saturating packs never clip. */
-static void qx_quantize_q8_k(const float *x, void *dst, int64_t n)
+static inline void qx_quantize_q8_k(const float *x, void *dst, int64_t n)
 {
     uint8_t *out = dst;
     const __m256 sign = _mm256_set1_ps(-0.0f);
