@@ -619,6 +619,21 @@ static void test_quantize_fixture(void **state)
     assert_int_equal(kvp_gguf_find_tensor(g, "output.weight")->type, KVP_TYPE_F32);
     assert_int_equal(kvp_gguf_find_tensor(g, "token_embd.weight")->type, KVP_TYPE_Q4_K);
     kvp_gguf_close(g);
+    /* the thread count does not change the output */
+    {
+        char *d2 = kvp_test_tmpfile(".gguf");
+        struct kvp_quantize_params p1 = {.type = KVP_TYPE_Q4_K, .n_threads = 1};
+        struct kvp_quantize_params p3 = {.type = KVP_TYPE_Q4_K, .n_threads = 3};
+        assert_int_equal(kvp_quantize_file(src, dst, &p1, NULL, &err), 0);
+        assert_int_equal(kvp_quantize_file(src, d2, &p3, NULL, &err), 0);
+        size_t n1, n2;
+        char *b1 = kvp_test_read_file(dst, &n1), *b2 = kvp_test_read_file(d2, &n2);
+        assert_true(b1 && b2 && n1 == n2 && memcmp(b1, b2, n1) == 0);
+        free(b1);
+        free(b2);
+        remove(d2);
+        free(d2);
+    }
     /* a quantized input can be re-quantized; a bad target is refused */
     struct kvp_quantize_params p2 = {.type = KVP_TYPE_Q8_0};
     assert_int_equal(kvp_quantize_file(dst, dst, &p2, NULL, &err), 0);

@@ -12,15 +12,16 @@
 static void quantize_usage(FILE *f)
 {
     fprintf(f,
-            "usage: kvpred quantize IN.gguf OUT.gguf --type TYPE [--keep-output]\n\n"
+            "usage: kvpred quantize IN.gguf OUT.gguf --type TYPE [--keep-output] [-t N]\n\n"
             "Rewrite every 2-D weight matrix of a GGUF model (token_embd and output included)\n"
             "in TYPE; norms and other 1-D tensors are copied, and so is every metadata key\n"
             "(general.file_type is updated). A matrix whose rows are not a multiple of the\n"
             "type's block size falls back: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0,\n"
             "Q2_K/Q3_K -> IQ4_NL, then F16.\n\n"
-            "  --type, -t TYPE   Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL Q2_K Q3_K Q4_K Q5_K Q6_K\n"
+            "  --type TYPE       Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL Q2_K Q3_K Q4_K Q5_K Q6_K\n"
             "                    F16 BF16 F32 (required)\n"
             "  --keep-output     leave output.weight (token_embd.weight if tied) as it is\n"
+            "  --threads, -t N   threads (default 1; the output does not depend on it)\n"
             "  -h, --help        show this help\n");
 }
 
@@ -34,7 +35,15 @@ int cmd_quantize(int argc, char **argv)
             quantize_usage(stdout);
             return 0;
         }
-        if (!strcmp(a, "--type") || !strcmp(a, "-t")) {
+        if (!strcmp(a, "--threads") || !strcmp(a, "-t")) {
+            long n;
+            if (i + 1 >= argc || !cli_parse_int(argv[i + 1], 1, 256, &n))
+                return cli_fail("quantize: %s needs a thread count 1..256", a);
+            p.n_threads = (int)n;
+            i++;
+            continue;
+        }
+        if (!strcmp(a, "--type")) {
             if (i + 1 >= argc)
                 return cli_fail("quantize: %s needs a value", a);
             type_name = argv[++i];

@@ -18,6 +18,7 @@
 #include <strings.h>
 
 #include "core/err.h"
+#include "core/threadpool.h"
 #include "kernels/types.h"
 #include "model/gguf.h"
 
@@ -137,46 +138,79 @@ static int copy_kv(struct kvp_gguf_writer *w, const struct kvp_gguf_kv *kv)
 
 /* ---- tensors ------------------------------------------------------------------------------ */
 
+/* One tensor's conversion, split by rows over the pool's threads. */
+struct conv_job {
+    const struct kvp_type_traits *src, *dst;
+    const uint8_t *in;   /* borrowed: the tensor in the mapping */
+    uint8_t *out;        /* [rows][dst_row] */
+    size_t src_row, dst_row;
+    int64_t ne0, rows;
+    float *scratch;      /* [nth][ne0] */
+    int64_t *bad_row;    /* [nth]: first row with a non-finite weight, or -1 */
+};
+
+static void conv_rows(void *ctx, int ith, int nth)
+{
+    struct conv_job *j = ctx;
+    long r0, r1;
+    kvp_split_range((long)j->rows, ith, nth, &r0, &r1);
+    float *row = j->scratch + (size_t)ith * (size_t)j->ne0;
+    j->bad_row[ith] = -1;
+    for (long r = r0; r < r1; r++) {
+        j->src->to_f32(j->in + (size_t)r * j->src_row, row, j->ne0);
+        for (int64_t i = 0; i < j->ne0; i++)
+            if (!isfinite(row[i])) {
+                j->bad_row[ith] = r;
+                return;
+            }
+        j->dst->from_f32(row, j->out + (size_t)r * j->dst_row, j->ne0);
+    }
+}
+
 /* Decode every row of t to f32 and encode it as type `to` into a new buffer (*out, owned by the
- * caller). Returns 0 or a negative code with err filled in. */
-static int convert_tensor(const struct kvp_gguf_tensor *t, int to, void **out, size_t *out_bytes,
-                          struct kvp_err *err)
+ * caller), rows split over pool. Returns 0 or a negative code with err filled in. */
+static int convert_tensor(const struct kvp_gguf_tensor *t, int to, struct kvp_pool *pool,
+                          void **out, size_t *out_bytes, struct kvp_err *err)
 {
     const struct kvp_type_traits *src = kvp_type_traits((int)t->type);
     const struct kvp_type_traits *dst = kvp_type_traits(to);
     if (!src || !src->supported || !src->to_f32)
         return kvp_err_set(err, KVP_EUNSUPPORTED, "tensor %s: cannot decode type %s", t->name,
                            kvp_type_name((int)t->type));
-    int64_t ne0 = t->ne[0], rows = t->ne[1] * t->ne[2] * t->ne[3];
-    size_t src_row, dst_row, total;
-    if (!kvp_type_row_bytes((int)t->type, ne0, &src_row) ||
-        !kvp_type_row_bytes(to, ne0, &dst_row) ||
-        __builtin_mul_overflow(dst_row, (size_t)rows, &total))
+    int nth = kvp_pool_size(pool);
+    struct conv_job j = {.src = src, .dst = dst, .in = t->data, .ne0 = t->ne[0],
+                         .rows = t->ne[1] * t->ne[2] * t->ne[3]};
+    size_t total;
+    if (!kvp_type_row_bytes((int)t->type, j.ne0, &j.src_row) ||
+        !kvp_type_row_bytes(to, j.ne0, &j.dst_row) ||
+        __builtin_mul_overflow(j.dst_row, (size_t)j.rows, &total))
         return kvp_err_set(err, KVP_EFORMAT, "tensor %s: bad row size for %s", t->name,
                            dst->name);
-    uint8_t *buf = malloc(total ? total : 1);
-    float *row = malloc((size_t)ne0 * sizeof(float));
-    if (!buf || !row) {
-        free(buf);
-        free(row);
-        return kvp_err_set(err, KVP_ENOMEM, "tensor %s: out of memory (%zu bytes)", t->name,
-                           total);
+    j.out = malloc(total ? total : 1);
+    j.scratch = malloc((size_t)nth * (size_t)j.ne0 * sizeof(float));
+    j.bad_row = malloc((size_t)nth * sizeof(int64_t));
+    if (!j.out || !j.scratch || !j.bad_row) {
+        kvp_err_set(err, KVP_ENOMEM, "tensor %s: out of memory (%zu bytes)", t->name, total);
+        goto fail_free;
     }
-    for (int64_t r = 0; r < rows; r++) {
-        src->to_f32((const uint8_t *)t->data + (size_t)r * src_row, row, ne0);
-        for (int64_t i = 0; i < ne0; i++)
-            if (!isfinite(row[i])) {
-                free(buf);
-                free(row);
-                return kvp_err_set(err, KVP_ERANGE, "tensor %s: non-finite weight at row %lld",
-                                   t->name, (long long)r);
-            }
-        dst->from_f32(row, buf + (size_t)r * dst_row, ne0);
-    }
-    free(row);
-    *out = buf;
+    kvp_pool_run(pool, conv_rows, &j);
+    for (int i = 0; i < nth; i++)
+        if (j.bad_row[i] >= 0) {
+            kvp_err_set(err, KVP_ERANGE, "tensor %s: non-finite weight in row %lld", t->name,
+                        (long long)j.bad_row[i]);
+            goto fail_free;
+        }
+    free(j.scratch);
+    free(j.bad_row);
+    *out = j.out;
     *out_bytes = total;
     return 0;
+
+fail_free:
+    free(j.out);
+    free(j.scratch);
+    free(j.bad_row);
+    return err->code;
 }
 
 /* True for the tensor --keep-output protects: output.weight, or token_embd.weight when the file
@@ -200,8 +234,8 @@ static int choose_type(const struct kvp_gguf *g, const struct kvp_gguf_tensor *t
 
 /* Add every tensor to w; converted buffers are appended to bufs (n_bufs counts them). */
 static int add_tensors(const struct kvp_gguf *g, struct kvp_gguf_writer *w,
-                       const struct kvp_quantize_params *p, void **bufs, size_t *n_bufs,
-                       struct kvp_quantize_stats *st, struct kvp_err *err)
+                       const struct kvp_quantize_params *p, struct kvp_pool *pool, void **bufs,
+                       size_t *n_bufs, struct kvp_quantize_stats *st, struct kvp_err *err)
 {
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         const struct kvp_gguf_tensor *t = &g->tensors[i];
@@ -211,7 +245,7 @@ static int add_tensors(const struct kvp_gguf *g, struct kvp_gguf_writer *w,
         int rc;
         if (to != (int)t->type) {
             void *buf = NULL;
-            if ((rc = convert_tensor(t, to, &buf, &nbytes, err)) < 0)
+            if ((rc = convert_tensor(t, to, pool, &buf, &nbytes, err)) < 0)
                 return rc;
             bufs[(*n_bufs)++] = buf;
             data = buf;
@@ -262,6 +296,7 @@ int kvp_quantize_file(const char *in_path, const char *out_path,
     struct kvp_quantize_stats st = {0};
     struct kvp_gguf *g = NULL;
     struct kvp_gguf_writer *w = NULL;
+    struct kvp_pool *pool = NULL;
     void **bufs = NULL;
     size_t n_bufs = 0;
     int rc;
@@ -281,10 +316,12 @@ int kvp_quantize_file(const char *in_path, const char *out_path,
         rc = kvp_err_set(err, KVP_ENOMEM, "quantize: out of memory");
         goto out_close;
     }
-    if ((rc = kvp_gguf_writer_init(&w, err)) < 0)
+    if ((rc = kvp_pool_init(p->n_threads > 0 ? p->n_threads : 1, &pool, err)) < 0)
         goto out_free_bufs;
+    if ((rc = kvp_gguf_writer_init(&w, err)) < 0)
+        goto out_free_pool;
     if ((rc = add_metadata(g, w, p, err)) < 0 ||
-        (rc = add_tensors(g, w, p, bufs, &n_bufs, &st, err)) < 0)
+        (rc = add_tensors(g, w, p, pool, bufs, &n_bufs, &st, err)) < 0)
         goto out_free_writer;
     rc = kvp_gguf_writer_write_file(w, out_path, err);
     if (rc == 0 && stats)
@@ -292,6 +329,8 @@ int kvp_quantize_file(const char *in_path, const char *out_path,
 
 out_free_writer:
     kvp_gguf_writer_free(w);
+out_free_pool:
+    kvp_pool_free(pool);
 out_free_bufs:
     for (size_t i = 0; i < n_bufs; i++)
         free(bufs[i]);

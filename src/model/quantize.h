@@ -15,6 +15,8 @@ struct kvp_quantize_params {
     int type;         /* target type id: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL,
                          Q2_K, Q3_K, Q4_K, Q5_K or Q6_K */
     bool keep_output; /* leave output.weight (token_embd.weight when tied) in its source type */
+    int n_threads;    /* rows of each matrix are split over this many threads (<= 0: 1); the
+                         output does not depend on it */
 };
 
 /* What kvp_quantize_file did; every field counts tensors except the byte sizes. */
