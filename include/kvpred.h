@@ -149,7 +149,7 @@ enum kvp_gqa_agg {
 /* Parameters of a selection policy; zero fields take the defaults in brackets. */
 struct kvp_policy_params {
     const char *name;    /* "full", "streaming", "h2o", "snapkv", "pyramidkv", "quest",
-                            "oracle", "random", ... [full] */
+                            "oracle", "oracle_token", "random", ... [full] */
     int budget;          /* tokens per (layer, KV head), sink and local included [0: all] */
     float budget_ratio;  /* when budget is 0 and this is in (0, 1]: ratio of the context */
     int sink;            /* leading tokens always kept [16] */

@@ -315,7 +315,7 @@ static void test_stories_large_budget_is_full(void **state)
     struct kvp_err err = {0};
     assert_int_equal(kvp_model_open(mpath, NULL, &m, &err), 0);
     int32_t *ids = stories_tokens(m, 300);
-    check_large_budget_is_full(m, ids, 200, 24);
+    check_large_budget_is_full(m, ids, 160, 16);
     free(ids);
     kvp_model_close(m);
 }
@@ -327,8 +327,8 @@ static void test_stories_recovery_and_memory(void **state)
     kvp_model *m = NULL;
     struct kvp_err err = {0};
     assert_int_equal(kvp_model_open(mpath, NULL, &m, &err), 0);
-    int32_t *ids = stories_tokens(m, 450);
-    check_recovery_and_memory(m, ids, 384, 32, "stories260K");
+    int32_t *ids = stories_tokens(m, 400);
+    check_recovery_and_memory(m, ids, 320, 24, "stories260K");
     free(ids);
     kvp_model_close(m);
 }
