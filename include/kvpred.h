@@ -154,8 +154,8 @@ int kvp_eval(kvp_ctx *ctx, const int32_t *tokens, int n, float *logits, bool all
 /* ---- KV selection policies ------------------------------------------------------------- */
 
 enum kvp_gqa_agg {
-    KVP_AGG_MAX = 0,  /* combine the query heads of a GQA group by the max */
-    KVP_AGG_MEAN = 1,
+    KVP_AGG_MEAN = 0, /* the default: average the query heads' probabilities (methods.md §5) */
+    KVP_AGG_MAX = 1,  /* combine the query heads of a GQA group by the max */
     KVP_AGG_SUM = 2,
 };
 
