@@ -5,10 +5,12 @@
 
 extern const struct kvp_policy_ops kvp_policy_full;
 extern const struct kvp_policy_ops kvp_policy_streaming;
+extern const struct kvp_policy_ops kvp_policy_catekv;
 
 const struct kvp_policy_ops *const kvp_policy_registry[] = {
     &kvp_policy_full,
     &kvp_policy_streaming,
+    &kvp_policy_catekv,
     NULL,
 };
 
