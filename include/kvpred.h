@@ -102,6 +102,19 @@ bool kvp_token_is_eog(const kvp_model *model, int token);
 int kvp_tokenize(const kvp_model *model, const char *text, size_t len, bool add_bos, int32_t *ids,
                  size_t cap, size_t *n_out, struct kvp_err *err);
 
+/* As kvp_tokenize, with control-token texts (chat markers such as <|im_start|>) split out as
+ * their ids when parse_special is true. */
+int kvp_tokenize_special(const kvp_model *model, const char *text, size_t len, bool add_bos,
+                         bool parse_special, int32_t *ids, size_t cap, size_t *n_out,
+                         struct kvp_err *err);
+
+/* Wrap a user message (and an optional system message) in the model's chat template, detected
+ * from tokenizer.chat_template (ChatML, Llama 3, Llama 2/Mistral, Zephyr, Phi-3, Gemma; plain
+ * text otherwise), ending with the assistant prompt. format_name forces a format ("chatml",
+ * "llama3", ...; NULL: detect). *text is malloc'd; tokenize it with parse_special. */
+int kvp_chat_prompt(const kvp_model *model, const char *format_name, const char *system,
+                    const char *user, char **text, size_t *len, struct kvp_err *err);
+
 /* Text of one token for streaming output. Byte tokens yield their raw byte, so a multi-byte
  * character may arrive in pieces; `prev` is the previous token (or -1) so the SentencePiece
  * leading space after BOS is dropped as llama2.c does. Returns the number of bytes written

@@ -19,6 +19,8 @@ int cmd_bench(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_train_lm(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
+int cmd_viz(int argc, char **argv);
 int cmd_profile_heads(int argc, char **argv);
 int cmd_viz_heads(int argc, char **argv);
 /* Draw a CateKV head profile as a PNG (for `kvpred viz --head-profile`); prints errors, returns
