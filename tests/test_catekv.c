@@ -274,15 +274,23 @@ static void test_geometry(void **state)
 
 /* ---- the policy end to end ---------------------------------------------------------------- */
 
-#define NV 80
-#define NL 4
+#define NV  80
+#define NL  4
 #define NKV 2
 
 static kvp_model *fixture_model(char **path)
 {
-    struct kvp_test_model_spec sp = {.n_vocab = NV, .n_embd = 64, .n_layer = NL, .n_head = 4,
-                                     .n_head_kv = NKV, .n_ff = 96, .n_ctx = 512, .type = 0,
-                                     .embd_type = 0, .tied = 1, .seed = 23};
+    struct kvp_test_model_spec sp = {.n_vocab = NV,
+                                     .n_embd = 64,
+                                     .n_layer = NL,
+                                     .n_head = 4,
+                                     .n_head_kv = NKV,
+                                     .n_ff = 96,
+                                     .n_ctx = 512,
+                                     .type = 0,
+                                     .embd_type = 0,
+                                     .tied = 1,
+                                     .seed = 23};
     *path = kvp_test_tmpfile(".gguf");
     assert_int_equal(kvp_test_write_model(&sp, *path, NULL), 0);
     kvp_model *m = NULL;
@@ -291,7 +299,7 @@ static kvp_model *fixture_model(char **path)
 }
 
 struct run_out {
-    float *logits;       /* [n_dec][NV] */
+    float *logits; /* [n_dec][NV] */
     size_t resident, kept;
     uint8_t adaptive[NL * NKV];
     int n_adaptive;
@@ -299,8 +307,8 @@ struct run_out {
 };
 
 /* Prefill n_prompt tokens then decode n_dec forced tokens with block size bs. */
-static int run(kvp_model *m, const struct kvp_policy_params *pp, int bs, bool measure,
-               int n_prompt, int n_dec, struct run_out *o)
+static int run(kvp_model *m, const struct kvp_policy_params *pp, int bs, bool measure, int n_prompt,
+               int n_dec, struct run_out *o)
 {
     struct kvp_ctx_params cp = {.n_ctx = n_prompt + n_dec, .n_threads = 2, .block_size = bs};
     kvp_ctx *c = NULL;
@@ -324,9 +332,8 @@ static int run(kvp_model *m, const struct kvp_policy_params *pp, int bs, bool me
     double rec = 0;
     int n_rec = 0;
     for (int i = 0; i < n_dec; i++) {
-        assert_int_equal(kvp_eval(c, ids + n_prompt + i, 1, o->logits + (size_t)i * NV, false,
-                                  &err),
-                         0);
+        assert_int_equal(
+            kvp_eval(c, ids + n_prompt + i, 1, o->logits + (size_t)i * NV, false, &err), 0);
         for (int l = 0; l < NL; l++)
             for (int h = 0; h < 4; h++) {
                 double r = kvp_ctx_recovery(c, l, h);
@@ -354,9 +361,15 @@ static double max_diff(const float *a, const float *b, size_t n)
 /* The scaled-down setting: c 8, S 8, R 8, tail 8, B 64 (select_sets 6 of 29 middle chunks). */
 static struct kvp_policy_params small_params(float r, int mode)
 {
-    return (struct kvp_policy_params){.name = "catekv", .budget = 64, .sink = 8, .local = 8,
-                                      .chunk = 8, .tail_tokens = 8, .window = 32,
-                                      .adaptive_ratio = r, .adaptive_mode = mode,
+    return (struct kvp_policy_params){.name = "catekv",
+                                      .budget = 64,
+                                      .sink = 8,
+                                      .local = 8,
+                                      .chunk = 8,
+                                      .tail_tokens = 8,
+                                      .window = 32,
+                                      .adaptive_ratio = r,
+                                      .adaptive_mode = mode,
                                       .percentile = 0.98f};
 }
 
@@ -623,8 +636,7 @@ static void test_profile_hostile(void **state)
 {
     (void)state;
     struct kvp_head_profile *hp = NULL;
-    assert_int_equal(kvp_head_profile_parse(good_profile, strlen(good_profile), "g", &hp, NULL),
-                     0);
+    assert_int_equal(kvp_head_profile_parse(good_profile, strlen(good_profile), "g", &hp, NULL), 0);
     assert_int_equal(hp->adaptive[3], 1);
     NEAR(hp->cv[2], 2.0, 0);
     kvp_head_profile_free(hp);

@@ -51,13 +51,13 @@ struct profile_opts {
 /* Returns 0, 1 after --help, or -1 after printing an error. */
 static int parse_profile_args(int argc, char **argv, struct profile_opts *o)
 {
-    static const char *const int_flags[] = {"--prefill", "--samples", "--chunk", "--tail",
-                                            "--sink", "--recent", "--window", NULL};
-    static const char *const value_flags[] = {"-f", "--file", "-r", "--ratio", "-o",
-                                              "--output", "--skip-frac", "--percentile",
+    static const char *const int_flags[] = {"--prefill", "--samples", "--chunk",  "--tail",
+                                            "--sink",    "--recent",  "--window", NULL};
+    static const char *const value_flags[] = {"-f",      "--file",   "-r",          "--ratio",
+                                              "-o",      "--output", "--skip-frac", "--percentile",
                                               "--alpha", NULL};
-    long *int_dst[] = {&o->prefill, &o->samples, &o->chunk, &o->tail, &o->sink, &o->recent,
-                       &o->window};
+    long *int_dst[] = {&o->prefill, &o->samples, &o->chunk, &o->tail,
+                       &o->sink,    &o->recent,  &o->window};
     o->ratio = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -103,8 +103,7 @@ static int parse_profile_args(int argc, char **argv, struct profile_opts *o)
         }
     }
     if (!o->n_refs || o->ratio < 0 || !o->out)
-        return cli_fail("profile-heads needs -f REFERENCE, -r R and -o PROFILE (see --help)"),
-               -1;
+        return cli_fail("profile-heads needs -f REFERENCE, -r R and -o PROFILE (see --help)"), -1;
     if (o->prefill == 0)
         o->prefill = 256;
     if (o->samples == 0)
@@ -175,9 +174,14 @@ int cmd_profile_heads(int argc, char **argv)
     if (!c)
         goto out;
     struct kvp_policy_params pp = {
-        .name = "catekv", .chunk = (int)o.chunk, .tail_tokens = o.tail ? (int)o.tail : 0,
-        .sink = (int)o.sink, .local = (int)o.recent, .window = (int)o.window,
-        .percentile = (float)o.percentile, .alpha = (float)o.alpha,
+        .name = "catekv",
+        .chunk = (int)o.chunk,
+        .tail_tokens = o.tail ? (int)o.tail : 0,
+        .sink = (int)o.sink,
+        .local = (int)o.recent,
+        .window = (int)o.window,
+        .percentile = (float)o.percentile,
+        .alpha = (float)o.alpha,
     };
     /* defaults as the policy resolves them, so the budget below is sink + recent */
     int chunk = pp.chunk ? pp.chunk : 8, sink = pp.sink ? pp.sink : 16;
@@ -213,8 +217,8 @@ int cmd_profile_heads(int argc, char **argv)
         cli_fail_err(&err);
         goto out;
     }
-    printf("%s: %ld samples of %ld tokens, r = %g: %d of %d KV heads adaptive\n", o.out,
-           n_samples, o.prefill, o.ratio, kvp_head_profile_n_adaptive(hp), n_heads);
+    printf("%s: %ld samples of %ld tokens, r = %g: %d of %d KV heads adaptive\n", o.out, n_samples,
+           o.prefill, o.ratio, kvp_head_profile_n_adaptive(hp), n_heads);
     for (int l = 0; l < info.n_layer; l++) {
         printf("  layer %2d:", l);
         for (int h = 0; h < info.n_head_kv; h++)
@@ -256,9 +260,9 @@ int cmd_viz_heads(int argc, char **argv)
                  "consistent, orange with a square mark = adaptive, darker = higher CV.");
             return 0;
         }
-        const char **dst = !strcmp(a, "--head-profile") ? &profile
+        const char **dst = !strcmp(a, "--head-profile")                   ? &profile
                            : (!strcmp(a, "-o") || !strcmp(a, "--output")) ? &out
-                                                                            : NULL;
+                                                                          : NULL;
         if (!dst)
             return cli_fail("viz-heads: unknown flag %s", a);
         if (!(*dst = cli_flag_value(argc, argv, &i)))
@@ -267,4 +271,66 @@ int cmd_viz_heads(int argc, char **argv)
     if (!profile || !out)
         return cli_fail("viz-heads needs --head-profile PROFILE and -o OUT.png");
     return cli_viz_heads(profile, out);
+}
+
+/* ---- catekv policy flags (for the commands that run policies) ----------------------------- */
+
+const char *cli_catekv_flags_help =
+    "  --adaptive MODE      catekv adaptive heads: full, fraction, quest, predictor (default "
+    "full)\n"
+    "  --adaptive-ratio R   catekv: fraction r of adaptive KV heads, 0..1 (default 0.4)\n"
+    "  --eta E              catekv: fraction of middle chunks adaptive heads keep, (0, 1]\n"
+    "                       (default 1; 0.5 for fraction)\n"
+    "  --chunk N            catekv: chunk size c (default 8)\n"
+    "  --tail N             catekv: unchunked prompt tail (default 32)\n"
+    "  --percentile K       catekv: binarization quantile k, (0.5, 1) (default 0.995)\n"
+    "  --alpha A            catekv: binarization interpolation, 0..1 (default 1)\n"
+    "  --head-profile PATH  catekv: static classes from kvpred profile-heads (default: classify\n"
+    "                       every prompt)\n";
+
+int cli_catekv_flag(struct kvp_policy_params *p, int argc, char **argv, int *i)
+{
+    static const char *const flags[] = {"--adaptive", "--adaptive-ratio", "--eta",
+                                        "--chunk",    "--tail",           "--percentile",
+                                        "--alpha",    "--head-profile",   NULL};
+    static const char *const modes[] = {"full", "fraction", "quest", "predictor", NULL};
+    const char *a = argv[*i];
+    if (!cli_flag_in(a, flags))
+        return 0;
+    const char *v = cli_flag_value(argc, argv, i);
+    if (!v)
+        return -1;
+    double d;
+    long n;
+    if (!strcmp(a, "--adaptive")) {
+        int k = 0;
+        while (modes[k] && strcmp(modes[k], v))
+            k++;
+        if (!modes[k])
+            return cli_fail("--adaptive: '%s' is not one of full, fraction, quest, predictor", v),
+                   -1;
+        p->adaptive_mode = k;
+    } else if (!strcmp(a, "--head-profile")) {
+        p->head_profile = v;
+    } else if (!strcmp(a, "--chunk") || !strcmp(a, "--tail")) {
+        if (!cli_parse_int(v, 0, 1 << 24, &n) || (n == 0 && !strcmp(a, "--chunk")))
+            return cli_fail("%s: '%s' is not a token count", a, v), -1;
+        if (!strcmp(a, "--chunk"))
+            p->chunk = (int)n;
+        else
+            p->tail_tokens = n == 0 ? -1 : (int)n; /* the library reads 0 as the default */
+    } else {
+        if (!cli_parse_float(v, 0, 1, &d))
+            return cli_fail("%s: '%s' is not a number in 0..1", a, v), -1;
+        float f = (float)d;
+        if (!strcmp(a, "--adaptive-ratio"))
+            p->adaptive_ratio = f == 0.0f ? -1.0f : f; /* 0 means none, not the default */
+        else if (!strcmp(a, "--eta"))
+            p->eta = f;
+        else if (!strcmp(a, "--percentile"))
+            p->percentile = f;
+        else
+            p->alpha = f == 0.0f ? -1.0f : f;
+    }
+    return 1;
 }

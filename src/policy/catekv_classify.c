@@ -69,9 +69,21 @@ int kvp_catekv_geometry(int n, int chunk, int sink, int recent, int tail, int bu
         while (hi > lo) {                                                                          \
             size_t mid = lo + (hi - lo) / 2;                                                       \
             T t;                                                                                   \
-            if (x[mid] < x[lo]) { t = x[mid]; x[mid] = x[lo]; x[lo] = t; }                         \
-            if (x[hi] < x[lo]) { t = x[hi]; x[hi] = x[lo]; x[lo] = t; }                            \
-            if (x[hi] < x[mid]) { t = x[hi]; x[hi] = x[mid]; x[mid] = t; }                         \
+            if (x[mid] < x[lo]) {                                                                  \
+                t = x[mid];                                                                        \
+                x[mid] = x[lo];                                                                    \
+                x[lo] = t;                                                                         \
+            }                                                                                      \
+            if (x[hi] < x[lo]) {                                                                   \
+                t = x[hi];                                                                         \
+                x[hi] = x[lo];                                                                     \
+                x[lo] = t;                                                                         \
+            }                                                                                      \
+            if (x[hi] < x[mid]) {                                                                  \
+                t = x[hi];                                                                         \
+                x[hi] = x[mid];                                                                    \
+                x[mid] = t;                                                                        \
+            }                                                                                      \
             T pivot = x[mid];                                                                      \
             size_t i = lo, j = hi;                                                                 \
             for (;;) {                                                                             \
@@ -81,7 +93,9 @@ int kvp_catekv_geometry(int n, int chunk, int sink, int recent, int tail, int bu
                     j--;                                                                           \
                 if (i >= j)                                                                        \
                     break;                                                                         \
-                t = x[i]; x[i] = x[j]; x[j] = t;                                                   \
+                t = x[i];                                                                          \
+                x[i] = x[j];                                                                       \
+                x[j] = t;                                                                          \
                 i++;                                                                               \
                 j--;                                                                               \
             }                                                                                      \

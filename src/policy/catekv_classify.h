@@ -27,20 +27,20 @@
 #include "core/err.h"
 #include "policy/policy.h"
 
-#define KVP_CATEKV_TAU_FLOOR 1e-9   /* smallest binarization threshold */
+#define KVP_CATEKV_TAU_FLOOR  1e-9  /* smallest binarization threshold */
 #define KVP_CATEKV_MEAN_FLOOR 1e-10 /* CV denominator floor */
 
 /* Chunk geometry of one prompt (methods.md §2.2). All positions are token positions. */
 struct kvp_catekv_geom {
-    int n;             /* prompt tokens */
-    int chunk;         /* c */
-    int sink;          /* S, multiple of c */
-    int recent;        /* R, multiple of c */
-    int tail;          /* tail_tokens (upstream's hidden 32), multiple of c */
-    int budget;        /* B: sink + selected chunks + recent of a consistent head */
-    int chunks;        /* ⌊n/c⌋ − tail/c (0 when negative) */
-    int chunk_end;     /* chunks·c; [chunk_end, n) is never chunked */
-    int mid_begin;     /* middle region M = [mid_begin, mid_end) = [S, chunk_end − R) */
+    int n;         /* prompt tokens */
+    int chunk;     /* c */
+    int sink;      /* S, multiple of c */
+    int recent;    /* R, multiple of c */
+    int tail;      /* tail_tokens (upstream's hidden 32), multiple of c */
+    int budget;    /* B: sink + selected chunks + recent of a consistent head */
+    int chunks;    /* ⌊n/c⌋ − tail/c (0 when negative) */
+    int chunk_end; /* chunks·c; [chunk_end, n) is never chunked */
+    int mid_begin; /* middle region M = [mid_begin, mid_end) = [S, chunk_end − R) */
     int mid_end;
     int middle_chunks; /* |M| / c (0 when the prompt is too short) */
     int select_sets;   /* middle chunks a consistent head keeps: (B − R − S)/c, at most

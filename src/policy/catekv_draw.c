@@ -6,8 +6,9 @@
  * (scaled to the profile's largest CV), and adaptive cells carry a small black-and-white square
  * so the classes can be told apart without colour. Row and column numbers are written with a
  * 3×5 pixel digit font; under the grid two legend bars show both ramps from the smallest CV
- * (left) to the largest (right), with both values written next to the bars. Pixels are composed in an RGB buffer
- * and written with libpng in one call; nothing here depends on the eval module's PNG writer.
+ * (left) to the largest (right), with both values written next to the bars. Pixels are composed in
+ * an RGB buffer and written with libpng in one call; nothing here depends on the eval module's PNG
+ * writer.
  */
 #include <errno.h>
 #include <math.h>
@@ -18,9 +19,9 @@
 
 #include "policy/catekv_profile.h"
 
-#define CELL 28   /* cell side in pixels */
-#define GAP 2     /* space between cells */
-#define FONT 2    /* digit font scale: glyphs are 6 × 10 pixels */
+#define CELL   28 /* cell side in pixels */
+#define GAP    2  /* space between cells */
+#define FONT   2  /* digit font scale: glyphs are 6 × 10 pixels */
 #define MARGIN 8
 
 struct canvas {
@@ -37,9 +38,9 @@ static void fill(struct canvas *c, int x0, int y0, int w, int h, const uint8_t r
 
 /* 3×5 glyphs, one row per byte (bit 2 = left column): 0-9 then '.' */
 static const uint8_t glyphs[11][5] = {
-    {7, 5, 5, 5, 7}, {2, 6, 2, 2, 7}, {7, 1, 7, 4, 7}, {7, 1, 7, 1, 7}, {5, 5, 7, 1, 1},
-    {7, 4, 7, 1, 7}, {7, 4, 7, 5, 7}, {7, 1, 1, 1, 1}, {7, 5, 7, 5, 7}, {7, 5, 7, 1, 7},
-    {0, 0, 0, 0, 2},
+    {7, 5, 5, 5, 7}, {2, 6, 2, 2, 7}, {7, 1, 7, 4, 7}, {7, 1, 7, 1, 7},
+    {5, 5, 7, 1, 1}, {7, 4, 7, 1, 7}, {7, 4, 7, 5, 7}, {7, 1, 1, 1, 1},
+    {7, 5, 7, 5, 7}, {7, 5, 7, 1, 7}, {0, 0, 0, 0, 2},
 };
 
 /* Write a string of digits and dots at (x, y); returns the x after it. */
@@ -75,8 +76,7 @@ static int write_png(const struct canvas *c, const char *path, struct kvp_err *e
 {
     FILE *f = fopen(path, "wb");
     if (!f)
-        return kvp_err_set(err, KVP_EIO, "%s: cannot open for writing: %s", path,
-                           strerror(errno));
+        return kvp_err_set(err, KVP_EIO, "%s: cannot open for writing: %s", path, strerror(errno));
     png_image img;
     memset(&img, 0, sizeof(img));
     img.version = PNG_IMAGE_VERSION;

@@ -98,13 +98,11 @@ int kvp_head_profile_vote(const double *cvs, int n_samples, int n_layer, int n_h
 
 /* ---- writing ------------------------------------------------------------------------------ */
 
-int kvp_head_profile_write(const struct kvp_head_profile *hp, const char *path,
-                           struct kvp_err *err)
+int kvp_head_profile_write(const struct kvp_head_profile *hp, const char *path, struct kvp_err *err)
 {
     FILE *f = fopen(path, "w");
     if (!f)
-        return kvp_err_set(err, KVP_EIO, "%s: cannot open for writing: %s", path,
-                           strerror(errno));
+        return kvp_err_set(err, KVP_EIO, "%s: cannot open for writing: %s", path, strerror(errno));
     fprintf(f, "%s %d\n", KVP_HEAD_PROFILE_MAGIC, KVP_HEAD_PROFILE_VERSION);
     fprintf(f, "# CateKV head profile: rows = layers, columns = KV heads; adaptive 1 = full KV\n");
     if (hp->model[0])
@@ -113,8 +111,9 @@ int kvp_head_profile_write(const struct kvp_head_profile *hp, const char *path,
     const struct {
         const char *key;
         int v;
-    } ints[] = {{"n_samples", hp->n_samples}, {"n_prompt", hp->n_prompt}, {"chunk", hp->chunk},
-                {"tail_tokens", hp->tail_tokens}, {"sink", hp->sink}, {"recent", hp->recent},
+    } ints[] = {{"n_samples", hp->n_samples}, {"n_prompt", hp->n_prompt},
+                {"chunk", hp->chunk},         {"tail_tokens", hp->tail_tokens},
+                {"sink", hp->sink},           {"recent", hp->recent},
                 {"window", hp->window}};
     for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++)
         if (ints[i].v > 0)
@@ -131,8 +130,7 @@ int kvp_head_profile_write(const struct kvp_head_profile *hp, const char *path,
     fprintf(f, "cv\n");
     for (int l = 0; l < hp->n_layer; l++)
         for (int h = 0; h < hp->n_head_kv; h++)
-            fprintf(f, "%.9g%c", hp->cv[l * hp->n_head_kv + h],
-                    h + 1 < hp->n_head_kv ? ' ' : '\n');
+            fprintf(f, "%.9g%c", hp->cv[l * hp->n_head_kv + h], h + 1 < hp->n_head_kv ? ' ' : '\n');
     fprintf(f, "end\n");
     bool bad = ferror(f) != 0;
     if (fclose(f) != 0 || bad)
@@ -143,7 +141,7 @@ int kvp_head_profile_write(const struct kvp_head_profile *hp, const char *path,
 /* ---- reading ------------------------------------------------------------------------------ */
 
 struct parser {
-    const char *name;  /* file name for messages */
+    const char *name; /* file name for messages */
     int line_no;
     struct kvp_err *err;
 };
@@ -180,14 +178,15 @@ static bool parse_num(const char *s, double *out)
 enum section { SEC_HEADER, SEC_ADAPTIVE, SEC_CV, SEC_END };
 
 /* Header keys: each may appear once; `seen` is a bitmask in this table's order. */
-static const char *const header_keys[] = {"model", "n_layer", "n_head_kv", "ratio", "n_samples",
-                                          "n_prompt", "chunk", "tail_tokens", "sink", "recent",
-                                          "window", "percentile", "alpha", "n_adaptive", NULL};
+static const char *const header_keys[] = {"model",     "n_layer",    "n_head_kv", "ratio",
+                                          "n_samples", "n_prompt",   "chunk",     "tail_tokens",
+                                          "sink",      "recent",     "window",    "percentile",
+                                          "alpha",     "n_adaptive", NULL};
 
 struct header {
     unsigned seen;
     long n_layer, n_head_kv, n_adaptive;
-    long ints[7];       /* n_samples .. window */
+    long ints[7]; /* n_samples .. window */
     double ratio, percentile, alpha;
     char model[128];
 };
@@ -256,8 +255,8 @@ static int header_done(struct parser *ps, const struct header *h, struct kvp_hea
     struct kvp_head_profile *hp = *out;
     memcpy(hp->model, h->model, sizeof(hp->model));
     hp->ratio = h->ratio;
-    int *dst[] = {&hp->n_samples, &hp->n_prompt, &hp->chunk, &hp->tail_tokens, &hp->sink,
-                  &hp->recent, &hp->window};
+    int *dst[] = {&hp->n_samples, &hp->n_prompt, &hp->chunk, &hp->tail_tokens,
+                  &hp->sink,      &hp->recent,   &hp->window};
     for (int i = 0; i < 7; i++)
         *dst[i] = (int)h->ints[i];
     hp->percentile = h->percentile;
@@ -266,8 +265,8 @@ static int header_done(struct parser *ps, const struct header *h, struct kvp_hea
 }
 
 /* Feed one line (NUL-terminated, without '\n') to the state machine. */
-static int parse_line(struct parser *ps, struct header *h, enum section *sec, int *row,
-                      char *line, struct kvp_head_profile **hp)
+static int parse_line(struct parser *ps, struct header *h, enum section *sec, int *row, char *line,
+                      struct kvp_head_profile **hp)
 {
     if (line[0] == '#' || line[0] == 0)
         return 0;
@@ -337,8 +336,7 @@ int kvp_head_profile_parse(const char *data, size_t size, const char *name,
             rc = bad(&ps, "NUL byte");
         } else if (ps.line_no == 1) {
             char want[64];
-            snprintf(want, sizeof(want), "%s %d", KVP_HEAD_PROFILE_MAGIC,
-                     KVP_HEAD_PROFILE_VERSION);
+            snprintf(want, sizeof(want), "%s %d", KVP_HEAD_PROFILE_MAGIC, KVP_HEAD_PROFILE_VERSION);
             size_t ml = strlen(KVP_HEAD_PROFILE_MAGIC);
             if (strncmp(line, KVP_HEAD_PROFILE_MAGIC, ml) != 0 || line[ml] != ' ')
                 rc = kvp_err_set(err, KVP_EFORMAT,

@@ -34,22 +34,22 @@
 #include "kvpred.h"
 #include "policy/policy.h"
 
-#define KVP_HEAD_PROFILE_MAGIC "kvpred-head-profile"
-#define KVP_HEAD_PROFILE_VERSION 1
+#define KVP_HEAD_PROFILE_MAGIC     "kvpred-head-profile"
+#define KVP_HEAD_PROFILE_VERSION   1
 #define KVP_HEAD_PROFILE_MAX_BYTES (4u << 20)
-#define KVP_HEAD_PROFILE_MAX_DIM 1024
+#define KVP_HEAD_PROFILE_MAX_DIM   1024
 
 struct kvp_head_profile {
-    int n_layer;           /* 1..1024 */
-    int n_head_kv;         /* 1..1024 */
-    double ratio;          /* r the mask was voted for, [0, 1] */
-    char model[128];       /* model name ("" when unknown) */
-    int n_samples;         /* reference samples voted over (0: unknown) */
-    int n_prompt;          /* tokens per sample */
+    int n_layer;                                  /* 1..1024 */
+    int n_head_kv;                                /* 1..1024 */
+    double ratio;                                 /* r the mask was voted for, [0, 1] */
+    char model[128];                              /* model name ("" when unknown) */
+    int n_samples;                                /* reference samples voted over (0: unknown) */
+    int n_prompt;                                 /* tokens per sample */
     int chunk, tail_tokens, sink, recent, window; /* classification parameters (0: unknown) */
     double percentile, alpha;
-    uint8_t *adaptive;     /* owned [n_layer][n_head_kv], 1 = adaptive */
-    double *cv;            /* owned [n_layer][n_head_kv], mean CV over the samples */
+    uint8_t *adaptive; /* owned [n_layer][n_head_kv], 1 = adaptive */
+    double *cv;        /* owned [n_layer][n_head_kv], mean CV over the samples */
 };
 
 /* Allocate an empty profile of the given shape (everything 0). */

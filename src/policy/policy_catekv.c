@@ -39,24 +39,24 @@
 #include "policy/policy.h"
 
 struct catekv_state {
-    int n_lh;                 /* n_layer × n_head_kv */
-    int max_blocks;           /* logical KV blocks per head */
-    int max_chunks;           /* n_ctx / c */
+    int n_lh;                         /* n_layer × n_head_kv */
+    int max_blocks;                   /* logical KV blocks per head */
+    int max_chunks;                   /* n_ctx / c */
     struct kvp_head_profile *profile; /* owned; NULL in dynamic mode */
-    uint8_t *adaptive;        /* [n_lh] 1 = adaptive (valid once prefilled) */
-    double *cv;               /* [n_lh] CVs of the last prompt (dynamic mode) */
-    double *cv_scratch;       /* [n_lh] */
-    float *score;             /* [n_lh][max_chunks] chunk scores of the last prompt */
-    float *A;                 /* [window][n_ctx] observation matrix of one head */
-    float *A_scratch;         /* [window][n_ctx] copy for the quantiles */
-    int *topk;                /* [max_chunks] chosen chunks */
-    int *topk_scratch;        /* [max_chunks] */
-    uint64_t *masks;          /* [n_lh][max_blocks] selection scratch */
+    uint8_t *adaptive;                /* [n_lh] 1 = adaptive (valid once prefilled) */
+    double *cv;                       /* [n_lh] CVs of the last prompt (dynamic mode) */
+    double *cv_scratch;               /* [n_lh] */
+    float *score;                     /* [n_lh][max_chunks] chunk scores of the last prompt */
+    float *A;                         /* [window][n_ctx] observation matrix of one head */
+    float *A_scratch;                 /* [window][n_ctx] copy for the quantiles */
+    int *topk;                        /* [max_chunks] chosen chunks */
+    int *topk_scratch;                /* [max_chunks] */
+    uint64_t *masks;                  /* [n_lh][max_blocks] selection scratch */
     /* quest mode only */
-    float *kmin, *kmax;       /* [n_lh][max_chunks][head_dim] landmarks of [0, chunk_end) */
-    uint8_t *stored;          /* [n_lh][max_chunks] chunk still in the cache after prefill */
-    float *qscore;            /* [n_lh][max_chunks] */
-    int *qcand, *qidx, *qtmp; /* [n_lh][max_chunks] candidates, chosen, top-k scratch */
+    float *kmin, *kmax;         /* [n_lh][max_chunks][head_dim] landmarks of [0, chunk_end) */
+    uint8_t *stored;            /* [n_lh][max_chunks] chunk still in the cache after prefill */
+    float *qscore;              /* [n_lh][max_chunks] */
+    int *qcand, *qidx, *qtmp;   /* [n_lh][max_chunks] candidates, chosen, top-k scratch */
     struct kvp_catekv_geom geo; /* of the last prompt */
     bool prefilled;
 };
@@ -80,9 +80,9 @@ static void catekv_free(struct kvp_policy *p)
     if (!s)
         return;
     kvp_head_profile_free(s->profile);
-    void *bufs[] = {s->adaptive, s->cv, s->cv_scratch, s->score, s->A, s->A_scratch, s->topk,
-                    s->topk_scratch, s->masks, s->kmin, s->kmax, s->stored, s->qscore,
-                    s->qcand, s->qidx, s->qtmp};
+    void *bufs[] = {s->adaptive, s->cv,           s->cv_scratch, s->score, s->A,    s->A_scratch,
+                    s->topk,     s->topk_scratch, s->masks,      s->kmin,  s->kmax, s->stored,
+                    s->qscore,   s->qcand,        s->qidx,       s->qtmp};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         free(bufs[i]);
     free(s);
@@ -186,8 +186,7 @@ static int catekv_init(struct kvp_policy *p, struct kvp_err *err)
         s->qcand = malloc(n_lh * mc * sizeof(int));
         s->qidx = malloc(n_lh * mc * sizeof(int));
         s->qtmp = malloc(n_lh * mc * sizeof(int));
-        if (!s->kmin || !s->kmax || !s->stored || !s->qscore || !s->qcand || !s->qidx ||
-            !s->qtmp)
+        if (!s->kmin || !s->kmax || !s->stored || !s->qscore || !s->qcand || !s->qidx || !s->qtmp)
             goto fail_nomem;
     }
     return 0;
