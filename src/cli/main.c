@@ -25,6 +25,8 @@ static const struct command commands[] = {
     {"train-lm", cmd_train_lm, "train a small Llama-architecture model from scratch"},
     {"eval", cmd_eval, "measure KV selection policies against full attention"},
     {"viz", cmd_viz, "draw one head's attention and a policy's selection as a PNG"},
+    {"profile-heads", cmd_profile_heads, "CateKV: classify KV heads over a reference set"},
+    {"viz-heads", cmd_viz_heads, "CateKV: draw a head profile as a PNG"},
 };
 
 static void usage(FILE *f)
