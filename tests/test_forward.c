@@ -77,15 +77,27 @@ static void rms64(double *o, const double *x, const float *w, int n, double eps)
         o[i] = x[i] * sc * w[i];
 }
 
-static void rope64(double *v, int nh, int hd, int pos, double base)
+static void rope64(double *v, int nh, int hd, int pos, const kvp_model *m)
 {
+    const struct kvp_hparams *hp = &m->hp;
+    bool neox = hp->rope_style == KVP_ROPE_NEOX;
     for (int h = 0; h < nh; h++)
         for (int i = 0; i < hd / 2; i++) {
-            double th = pos * pow(base, -2.0 * i / hd), c = cos(th), s = sin(th);
-            double *p = v + h * hd + 2 * i, x0 = p[0], x1 = p[1];
-            p[0] = x0 * c - x1 * s;
-            p[1] = x0 * s + x1 * c;
+            double th = pos * pow(hp->rope_base, -2.0 * i / hd) * hp->rope_freq_scale;
+            if (m->rope_freqs)
+                th /= m->rope_freqs[i];
+            double c = cos(th), s = sin(th);
+            double *a = v + h * hd + (neox ? i : 2 * i), *b = a + (neox ? hd / 2 : 1);
+            double x0 = *a, x1 = *b;
+            *a = x0 * c - x1 * s;
+            *b = x0 * s + x1 * c;
         }
+}
+
+static void addb(double *y, const float *b, int n)
+{
+    for (int i = 0; b && i < n; i++)
+        y[i] += b[i];
 }
 
 static double *oracle_logits(const kvp_model *m, const int32_t *ids, int n)
@@ -110,8 +122,11 @@ static double *oracle_logits(const kvp_model *m, const int32_t *ids, int n)
             mv64(wq, h, q + (size_t)i * qd, qd, D);
             mv64(wk, h, k + (size_t)i * kvd, kvd, D);
             mv64(wv, h, v + (size_t)i * kvd, kvd, D);
-            rope64(q + (size_t)i * qd, H, hd, i, hp->rope_base);
-            rope64(k + (size_t)i * kvd, KV, hd, i, hp->rope_base);
+            addb(q + (size_t)i * qd, L->bq, qd);
+            addb(k + (size_t)i * kvd, L->bk, kvd);
+            addb(v + (size_t)i * kvd, L->bv, kvd);
+            rope64(q + (size_t)i * qd, H, hd, i, m);
+            rope64(k + (size_t)i * kvd, KV, hd, i, m);
         }
         for (int i = 0; i < n; i++) {
             for (int hh = 0; hh < H; hh++) {
@@ -135,6 +150,7 @@ static double *oracle_logits(const kvp_model *m, const int32_t *ids, int n)
                 }
             }
             mv64(wo, att, o, D, qd);
+            addb(o, L->bo, D);
             for (int d = 0; d < D; d++)
                 x[(size_t)i * D + d] += o[d];
             rms64(h, x + (size_t)i * D, L->ffn_norm, D, hp->norm_eps);
@@ -397,6 +413,61 @@ static void test_types(void **state)
     check_type(14, 12, 0, 2); /* Q4_K_M-like: Q6_K matrices, Q4_K embeddings */
 }
 
+/* ---- architectures: qwen2 (biases, split-half RoPE), rope_freqs, key_length ---- */
+
+static void check_against_oracle(const struct kvp_test_model_spec *sp, const char *what)
+{
+    char *p = kvp_test_tmpfile(".gguf");
+    assert_int_equal(kvp_test_write_model(sp, p, NULL), 0);
+    kvp_model *m = NULL;
+    struct kvp_err err = {0};
+    if (kvp_model_open(p, NULL, &m, &err) < 0)
+        print_message("%s: %s\n", what, err.msg);
+    assert_non_null(m);
+    int32_t ids[48];
+    for (int i = 0; i < 48; i++)
+        ids[i] = (i * 13 + 1) % sp->n_vocab;
+    float *pre = eval_all(m, ids, 48, 2, 16, false);
+    float *dec = eval_all(m, ids, 48, 1, 16, true);
+    double *truth = oracle_logits(m, ids, 48);
+    double e_pre = 0, e_dec = 0, scale = 0;
+    for (size_t i = 0; i < (size_t)48 * sp->n_vocab; i++) {
+        e_pre = fmax(e_pre, fabs(pre[i] - truth[i]));
+        e_dec = fmax(e_dec, fabs(dec[i] - truth[i]));
+        scale = fmax(scale, fabs(truth[i]));
+    }
+    print_message("%s: |logit| max %.3g, prefill err %.3g, decode err %.3g\n", what, scale, e_pre,
+                  e_dec);
+    assert_true(e_pre < 1e-4 * scale + 1e-5);
+    assert_true(e_dec < 1e-4 * scale + 1e-5);
+    free(pre);
+    free(dec);
+    free(truth);
+    kvp_model_close(m);
+    remove(p);
+    free(p);
+}
+
+static void test_architectures(void **state)
+{
+    (void)state;
+    struct kvp_test_model_spec base = {.n_vocab = 96, .n_embd = 64, .n_layer = 2, .n_head = 4,
+                                       .n_head_kv = 2, .n_ff = 96, .n_ctx = 64, .type = 0,
+                                       .embd_type = 0, .tied = 0, .seed = 21};
+    struct kvp_test_model_spec q = base;
+    q.arch = "qwen2";
+    q.rope_base = 1e6f;
+    check_against_oracle(&q, "qwen2 (biases, NEOX RoPE)");
+    struct kvp_test_model_spec r = base;
+    r.rope_freqs = 1;
+    r.rope_base = 500000.0f;
+    check_against_oracle(&r, "llama with rope_freqs");
+    struct kvp_test_model_spec k = base;
+    k.head_dim = 32; /* q_dim = 128 != n_embd */
+    k.biases = 1;
+    check_against_oracle(&k, "llama with key_length 32 and biases");
+}
+
 /* ---- errors ---- */
 
 static void test_eval_errors(void **state)
@@ -437,6 +508,7 @@ int main(void)
         cmocka_unit_test(test_reference_logits),
         cmocka_unit_test(test_golden_greedy),
         cmocka_unit_test(test_types),
+        cmocka_unit_test(test_architectures),
         cmocka_unit_test(test_eval_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

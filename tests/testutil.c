@@ -160,7 +160,8 @@ int kvp_test_write_model(const struct kvp_test_model_spec *sp, const char *path,
                          const char *deq_path)
 {
     const char *arch = sp->arch ? sp->arch : "llama";
-    int hd = sp->n_embd / sp->n_head;
+    int hd = sp->head_dim > 0 ? sp->head_dim : sp->n_embd / sp->n_head;
+    int biases = sp->biases || (sp->arch && !strcmp(sp->arch, "qwen2"));
     int64_t qd = (int64_t)sp->n_head * hd, kvd = (int64_t)sp->n_head_kv * hd;
     unsigned seed = sp->seed ? sp->seed : 1;
     struct kvp_gguf_writer *w[2] = {NULL, NULL};
@@ -185,6 +186,11 @@ int kvp_test_write_model(const struct kvp_test_model_spec *sp, const char *path,
         kvp_gguf_writer_set_f32(w[f], KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
         kvp_gguf_writer_set_f32(w[f], KEY("rope.freq_base"),
                                 sp->rope_base > 0 ? sp->rope_base : 10000.0f);
+        if (sp->head_dim > 0) {
+            kvp_gguf_writer_set_u32(w[f], KEY("attention.key_length"), (uint32_t)hd);
+            kvp_gguf_writer_set_u32(w[f], KEY("attention.value_length"), (uint32_t)hd);
+            kvp_gguf_writer_set_u32(w[f], KEY("rope.dimension_count"), (uint32_t)hd);
+        }
 #undef KEY
     }
     /* add one matrix to both files */
@@ -211,6 +217,17 @@ int kvp_test_write_model(const struct kvp_test_model_spec *sp, const char *path,
     } while (0)
     float ws = 1.0f / sqrtf((float)sp->n_embd) * 2.0f;
     MAT("token_embd.weight", sp->embd_type, sp->n_embd, sp->n_vocab, 2.0f);
+    if (sp->rope_freqs) {
+        float *v_ = malloc((size_t)(hd / 2) * sizeof(float));
+        if (!v_ || nn >= MAXT)
+            goto out;
+        for (int i_ = 0; i_ < hd / 2; i_++)
+            v_[i_] = 1.0f + 7.0f * (float)i_ / (float)(hd / 2);
+        norms[nn++] = v_;
+        int64_t ne_[1] = {hd / 2};
+        kvp_gguf_writer_add_tensor(w[0], "rope_freqs.weight", KVP_TYPE_F32, 1, ne_, v_);
+        kvp_gguf_writer_add_tensor(w[1], "rope_freqs.weight", KVP_TYPE_F32, 1, ne_, v_);
+    }
     for (int l = 0; l < sp->n_layer; l++) {
         char nm[64];
         snprintf(nm, sizeof(nm), "blk.%d.attn_norm.weight", l);
@@ -221,6 +238,14 @@ int kvp_test_write_model(const struct kvp_test_model_spec *sp, const char *path,
         MAT(nm, sp->type, sp->n_embd, kvd, ws * 2);
         snprintf(nm, sizeof(nm), "blk.%d.attn_v.weight", l);
         MAT(nm, sp->type, sp->n_embd, kvd, ws);
+        if (biases) {
+            snprintf(nm, sizeof(nm), "blk.%d.attn_q.bias", l);
+            VEC(nm, (int)qd);
+            snprintf(nm, sizeof(nm), "blk.%d.attn_k.bias", l);
+            VEC(nm, (int)kvd);
+            snprintf(nm, sizeof(nm), "blk.%d.attn_v.bias", l);
+            VEC(nm, (int)kvd);
+        }
         snprintf(nm, sizeof(nm), "blk.%d.attn_output.weight", l);
         MAT(nm, sp->type, qd, sp->n_embd, ws);
         snprintf(nm, sizeof(nm), "blk.%d.ffn_norm.weight", l);

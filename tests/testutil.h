@@ -52,6 +52,9 @@ struct kvp_test_model_spec {
     float rope_base;
     unsigned seed;
     const char *arch; /* NULL: "llama" */
+    int biases;       /* 1: attn_q/k/v biases (always for qwen2) */
+    int rope_freqs;   /* 1: a rope_freqs.weight tensor of factors in [1, 8] */
+    int head_dim;     /* 0: n_embd / n_head; else written as attention.key_length */
 };
 
 /* Write a GGUF model with random weights (deterministic in seed). When deq_path is not NULL,

@@ -101,8 +101,12 @@ int kvp_ctx_init(const kvp_model *model, const struct kvp_ctx_params *params, kv
             goto fail_nomem;
     }
     c->dense_layers = hp->n_layer;
-    for (int i = 0; i < hp->head_dim / 2; i++)
-        c->inv_freq[i] = pow((double)hp->rope_base, -2.0 * i / hp->head_dim);
+    for (int i = 0; i < hp->head_dim / 2; i++) {
+        /* θ_i = pos · base^(−2i/d) · freq_scale / ff_i (formats.md §3.4, §3.5) */
+        c->inv_freq[i] = pow((double)hp->rope_base, -2.0 * i / hp->head_dim) * hp->rope_freq_scale;
+        if (model->rope_freqs)
+            c->inv_freq[i] /= model->rope_freqs[i];
+    }
     /* each pool thread calls sgemm on its own slice: keep OpenBLAS itself single-threaded */
     openblas_set_num_threads(1);
     *out = c;
@@ -251,18 +255,32 @@ static void rmsnorm(float *out, const float *x, const float *w, int n, float eps
         out[i] = x[i] * scale * w[i];
 }
 
-/* Rotate adjacent pairs of every head in vec (n_heads heads of hd) by the angles in cs. */
-static void rope_apply(float *vec, int n_heads, int hd, const float *cs)
+/* Rotate every head in vec (n_heads heads of hd) by the angles in cs: pairs (2i, 2i+1) for NORM,
+ * (i, i + hd/2) for NEOX. */
+static void rope_apply(float *vec, int n_heads, int hd, const float *cs, int style)
 {
+    int stride = style == KVP_ROPE_NEOX ? 1 : 2;      /* distance between pair starts */
+    int other = style == KVP_ROPE_NEOX ? hd / 2 : 1;  /* offset of the pair's second element */
     for (int h = 0; h < n_heads; h++) {
         float *p = vec + (size_t)h * hd;
         for (int i = 0; i < hd / 2; i++) {
             float c = cs[2 * i], s = cs[2 * i + 1];
-            float x0 = p[2 * i], x1 = p[2 * i + 1];
-            p[2 * i] = x0 * c - x1 * s;
-            p[2 * i + 1] = x0 * s + x1 * c;
+            float *a = p + i * stride, *b = a + other;
+            float x0 = *a, x1 = *b;
+            *a = x0 * c - x1 * s;
+            *b = x0 * s + x1 * c;
         }
     }
+}
+
+/* y[i][r] += bias[r] for the rows [r0, r1) of n vectors of width ld. */
+static void add_bias(float *y, int n, int ld, const float *bias, long r0, long r1)
+{
+    if (!bias)
+        return;
+    for (int i = 0; i < n; i++)
+        for (long r = r0; r < r1; r++)
+            y[(size_t)i * ld + r] += bias[r];
 }
 
 /* ---- the pass ----------------------------------------------------------------------------- */
@@ -301,14 +319,20 @@ static void forward_worker(void *arg, int ith, int nth)
             rmsnorm(c->xn + i * D, c->x + i * D, L->attn_norm, D, hp->norm_eps);
         kvp_pool_barrier(c->pool);
 
-        matmul(&L->wq, c->xn, n, D, c->q, q_dim, false, ith, nth, ts);
-        matmul(&L->wk, c->xn, n, D, c->k, kv_dim, false, ith, nth, ts);
-        matmul(&L->wv, c->xn, n, D, c->v, kv_dim, false, ith, nth, ts);
+        long r0, r1;
+        kvp_split_range(q_dim, ith, nth, &r0, &r1);
+        matmul_rows(&L->wq, c->xn, n, D, c->q, q_dim, false, r0, r1, ts);
+        add_bias(c->q, n, q_dim, L->bq, r0, r1);
+        kvp_split_range(kv_dim, ith, nth, &r0, &r1);
+        matmul_rows(&L->wk, c->xn, n, D, c->k, kv_dim, false, r0, r1, ts);
+        add_bias(c->k, n, kv_dim, L->bk, r0, r1);
+        matmul_rows(&L->wv, c->xn, n, D, c->v, kv_dim, false, r0, r1, ts);
+        add_bias(c->v, n, kv_dim, L->bv, r0, r1);
         kvp_pool_barrier(c->pool);
 
         for (long i = t0; i < t1; i++) {
-            rope_apply(c->q + i * q_dim, hp->n_head, hd, c->rope + i * hd);
-            rope_apply(c->k + i * kv_dim, hp->n_head_kv, hd, c->rope + i * hd);
+            rope_apply(c->q + i * q_dim, hp->n_head, hd, c->rope + i * hd, hp->rope_style);
+            rope_apply(c->k + i * kv_dim, hp->n_head_kv, hd, c->rope + i * hd, hp->rope_style);
             for (int h = 0; h < hp->n_head_kv; h++)
                 kvp_kvcache_store(&c->kv, l, h, pos0 + (int)i, c->k + i * kv_dim + h * hd,
                                   c->v + i * kv_dim + h * hd);
@@ -331,7 +355,9 @@ static void forward_worker(void *arg, int ith, int nth)
             c->policy->ops->on_prefill(c->policy, l, &ob);
         }
 
-        matmul(&L->wo, c->att, n, q_dim, c->x, D, true, ith, nth, ts);
+        kvp_split_range(D, ith, nth, &r0, &r1);
+        matmul_rows(&L->wo, c->att, n, q_dim, c->x, D, true, r0, r1, ts);
+        add_bias(c->x, n, D, L->bo, r0, r1);
         kvp_pool_barrier(c->pool);
 
         for (long i = t0; i < t1; i++)
@@ -470,8 +496,11 @@ int kvp_ctx_set_policy(kvp_ctx *c, const struct kvp_policy_params *params, struc
         p->p.dense_layers = 0;
     if (p->p.dense_layers > hp->n_layer)
         p->p.dense_layers = hp->n_layer;
-    if (p->p.gqa_agg < KVP_AGG_MAX || p->p.gqa_agg > KVP_AGG_SUM)
-        p->p.gqa_agg = KVP_AGG_MEAN;
+    if (p->p.gqa_agg < 0 || p->p.gqa_agg > KVP_AGG_SUM) {
+        int agg = p->p.gqa_agg;
+        free(p);
+        return kvp_err_set(err, KVP_EINVAL, "unknown GQA aggregation %d", agg);
+    }
     if (p->p.budget < 0 || p->p.budget_ratio < 0 || p->p.budget_ratio > 1) {
         free(p);
         return kvp_err_set(err, KVP_EINVAL, "budget must be >= 0 and ratio in (0, 1]");

@@ -15,6 +15,7 @@
 #include "kernels/types.h"
 #include "model/gguf.h"
 #include "model/llama2c.h"
+#include "tokenizer/chat.h"
 #include "tokenizer/vocab.h"
 
 /* ---- GGUF --------------------------------------------------------------------------------- */
@@ -115,9 +116,10 @@ static int load_gguf_hparams(const struct kvp_gguf *g, struct kvp_model *m, stru
         alen = sizeof(m->arch) - 1;
     memcpy(m->arch, arch, alen);
     m->arch[alen] = 0;
-    if (strcmp(m->arch, "llama") != 0)
+    if (strcmp(m->arch, "llama") != 0 && strcmp(m->arch, "qwen2") != 0)
         return kvp_err_set(err, KVP_EUNSUPPORTED,
-                           "architecture '%s' is not supported (supported: llama)", m->arch);
+                           "architecture '%s' is not supported (supported: llama, qwen2)",
+                           m->arch);
     const char *name;
     size_t nlen;
     if (kvp_gguf_get_str(g, "general.name", &name, &nlen, NULL) == 0) {
@@ -164,21 +166,39 @@ static int load_gguf_hparams(const struct kvp_gguf *g, struct kvp_model *m, stru
         return kvp_err_set(err, KVP_EUNSUPPORTED,
                            "partial RoPE (dimension_count %d, head_dim %d) is not supported", n_rot,
                            hp->head_dim);
+    if (n_rot != hp->head_dim && strcmp(m->arch, "qwen2") == 0)
+        return kvp_err_set(err, KVP_EUNSUPPORTED, "partial RoPE is not supported");
     if (hp->head_dim % 2 != 0)
         return kvp_err_set(err, KVP_EFORMAT, "head_dim %d is odd", hp->head_dim);
     if (get_fparam(g, m->arch, "attention.layer_norm_rms_epsilon", true, 0, 0, 1, &hp->norm_eps,
                    err) ||
         get_fparam(g, m->arch, "rope.freq_base", false, 10000.0, 1e-3, 1e12, &hp->rope_base, err))
         return err ? err->code : KVP_EFORMAT;
-    double scale = 0;
+    /* RoPE scaling: "linear" (or an older scale_linear key) divides positions by the factor;
+     * YaRN and longrope are refused rather than silently run wrong */
+    hp->rope_freq_scale = 1.0f;
+    const char *stype = NULL;
+    size_t slen = 0;
+    snprintf(key, sizeof(key), "%s.rope.scaling.type", m->arch);
+    bool has_type = kvp_gguf_get_str(g, key, &stype, &slen, NULL) == 0;
+    double factor = 0;
     snprintf(key, sizeof(key), "%s.rope.scaling.factor", m->arch);
-    if (kvp_gguf_get_float(g, key, &scale, NULL) == 0 && scale != 0.0 && scale != 1.0)
-        return kvp_err_set(err, KVP_EUNSUPPORTED, "RoPE scaling (factor %g) is not supported yet",
-                           scale);
-    if (kvp_gguf_find_tensor(g, "rope_freqs.weight"))
-        return kvp_err_set(err, KVP_EUNSUPPORTED,
-                           "rope_freqs.weight (Llama 3.1 frequency factors) is not supported yet");
-    hp->rope_style = KVP_ROPE_NORM;
+    if (kvp_gguf_get_float(g, key, &factor, NULL) != 0) {
+        snprintf(key, sizeof(key), "%s.rope.scale_linear", m->arch);
+        kvp_gguf_get_float(g, key, &factor, NULL);
+    }
+    bool none = has_type && slen == 4 && !memcmp(stype, "none", 4);
+    bool linear = !has_type || (slen == 6 && !memcmp(stype, "linear", 6));
+    if (!none && factor != 0.0 && factor != 1.0) {
+        if (!linear)
+            return kvp_err_set(err, KVP_EUNSUPPORTED, "RoPE scaling type '%.*s' is not supported",
+                               (int)(slen < 32 ? slen : 32), stype);
+        if (!(factor > 0 && factor < 1e6))
+            return kvp_err_set(err, KVP_EFORMAT, "bad RoPE scaling factor %g", factor);
+        hp->rope_freq_scale = (float)(1.0 / factor);
+    }
+    /* qwen2 rotates split halves; llama files were permuted by the converter to adjacent pairs */
+    hp->rope_style = strcmp(m->arch, "qwen2") == 0 ? KVP_ROPE_NEOX : KVP_ROPE_NORM;
     return 0;
 }
 
@@ -205,6 +225,9 @@ static int bind_gguf_weights(const struct kvp_gguf *g, struct kvp_model *m, stru
         m->output = m->tok_embd;
         m->tied_output = true;
     }
+    if (kvp_gguf_find_tensor(g, "rope_freqs.weight") &&
+        bind_vec(g, "rope_freqs.weight", hp->head_dim / 2, &m->rope_freqs, err))
+        return err ? err->code : KVP_EFORMAT;
     m->layers = calloc((size_t)hp->n_layer, sizeof(*m->layers));
     if (!m->layers)
         return kvp_err_set(err, KVP_ENOMEM, "out of memory for %d layers", hp->n_layer);
@@ -222,8 +245,19 @@ static int bind_gguf_weights(const struct kvp_gguf *g, struct kvp_model *m, stru
             bind_mat(g, NAME("ffn_up.weight"), hp->n_embd, hp->n_ff, &L->w_up, err) ||
             bind_mat(g, NAME("ffn_down.weight"), hp->n_ff, hp->n_embd, &L->w_down, err))
             return err ? err->code : KVP_EFORMAT;
-        if (kvp_gguf_find_tensor(g, NAME("attn_q.bias")))
-            return kvp_err_set(err, KVP_EUNSUPPORTED, "attention biases are not supported yet");
+        bool qwen2 = strcmp(m->arch, "qwen2") == 0;
+        if ((qwen2 || kvp_gguf_find_tensor(g, NAME("attn_q.bias"))) &&
+            (bind_vec(g, NAME("attn_q.bias"), q_dim, &L->bq, err) ||
+             bind_vec(g, NAME("attn_k.bias"), kv_dim, &L->bk, err) ||
+             bind_vec(g, NAME("attn_v.bias"), kv_dim, &L->bv, err)))
+            return err ? err->code : KVP_EFORMAT;
+        if (kvp_gguf_find_tensor(g, NAME("attn_output.bias")) &&
+            bind_vec(g, NAME("attn_output.bias"), hp->n_embd, &L->bo, err))
+            return err ? err->code : KVP_EFORMAT;
+        if (kvp_gguf_find_tensor(g, NAME("ffn_gate.bias")) ||
+            kvp_gguf_find_tensor(g, NAME("ffn_up.bias")) ||
+            kvp_gguf_find_tensor(g, NAME("ffn_down.bias")))
+            return kvp_err_set(err, KVP_EUNSUPPORTED, "feed-forward biases are not supported");
 #undef NAME
     }
     return 0;
@@ -296,6 +330,7 @@ static int model_from_llama2c(struct kvp_llama2c *c, const char *path, struct kv
     hp->norm_eps = 1e-5f; /* llama2.c constants (formats.md §6.1) */
     hp->rope_base = 10000.0f;
     hp->rope_style = KVP_ROPE_NORM;
+    hp->rope_freq_scale = 1.0f;
     int64_t d = hp->n_embd, kv = (int64_t)hp->n_head_kv * hp->head_dim, f = hp->n_ff;
     m->tok_embd = f32_mat(c->tok_embd, hp->n_vocab, d);
     m->output = f32_mat(c->wcls, hp->n_vocab, d);
@@ -344,6 +379,10 @@ int kvp_model_open(const char *path, const struct kvp_model_params *params, kvp_
         rc = kvp_model_from_gguf(g, &m, err);
         if (rc < 0)
             return kvp_err_prefix(err, "%s", path);
+        if (!m->name[0]) { /* no general.name: the file name stands for the model */
+            const char *base = strrchr(path, '/');
+            snprintf(m->name, sizeof(m->name), "%s", base ? base + 1 : path);
+        }
         if (params && params->tokenizer_path) {
             /* an explicit tokenizer replaces the embedded one */
             struct kvp_vocab *v;
@@ -465,6 +504,35 @@ int kvp_tokenize(const kvp_model *m, const char *text, size_t len, bool add_bos,
         return kvp_err_set(err, KVP_EINVAL,
                            "this model has no tokenizer (llama2.c checkpoints need --tokenizer)");
     return kvp_vocab_encode(m->vocab, text, len, add_bos, false, ids, cap, n_out, err);
+}
+
+int kvp_tokenize_special(const kvp_model *m, const char *text, size_t len, bool add_bos,
+                         bool parse_special, int32_t *ids, size_t cap, size_t *n_out,
+                         struct kvp_err *err)
+{
+    if (!m->vocab)
+        return kvp_err_set(err, KVP_EINVAL,
+                           "this model has no tokenizer (llama2.c checkpoints need --tokenizer)");
+    return kvp_vocab_encode(m->vocab, text, len, add_bos, parse_special, ids, cap, n_out, err);
+}
+
+int kvp_chat_prompt(const kvp_model *m, const char *format_name, const char *system,
+                    const char *user, char **text, size_t *len, struct kvp_err *err)
+{
+    int fmt;
+    if (format_name) {
+        fmt = kvp_chat_format_from_name(format_name);
+        if (fmt < 0)
+            return kvp_err_set(err, KVP_EINVAL, "unknown chat format '%s'", format_name);
+    } else {
+        fmt = m->gguf ? kvp_chat_detect_gguf(m->gguf) : KVP_CHAT_PLAIN;
+    }
+    struct kvp_chat_msg msgs[2];
+    size_t n = 0;
+    if (system)
+        msgs[n++] = (struct kvp_chat_msg){.role = "system", .content = system};
+    msgs[n++] = (struct kvp_chat_msg){.role = "user", .content = user};
+    return kvp_chat_apply(fmt, msgs, n, true, text, len, err);
 }
 
 size_t kvp_token_to_piece(const kvp_model *m, int prev, int token, char *buf, size_t cap)

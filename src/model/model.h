@@ -18,7 +18,7 @@ struct kvp_vocab;
 
 enum kvp_rope_style {
     KVP_ROPE_NORM = 0, /* adjacent pairs (x[2i], x[2i+1]): GGUF llama, llama2.c */
-    KVP_ROPE_NEOX = 2, /* split halves (x[i], x[i+d/2]): qwen2 (a later issue) */
+    KVP_ROPE_NEOX = 2, /* split halves (x[i], x[i+d/2]): qwen2 */
 };
 
 struct kvp_hparams {
@@ -33,6 +33,7 @@ struct kvp_hparams {
     float norm_eps;
     float rope_base;
     int rope_style; /* enum kvp_rope_style */
+    float rope_freq_scale; /* linear RoPE scaling: angles are multiplied by it (1 = none) */
 };
 
 struct kvp_layer_weights {
@@ -45,6 +46,7 @@ struct kvp_layer_weights {
     struct kvp_mat w_gate;   /* [n_ff][n_embd] */
     struct kvp_mat w_up;     /* [n_ff][n_embd] */
     struct kvp_mat w_down;   /* [n_embd][n_ff] */
+    const float *bq, *bk, *bv, *bo; /* optional biases [q_dim], [kv_dim], [kv_dim], [n_embd] */
 };
 
 struct kvp_model {
@@ -55,6 +57,7 @@ struct kvp_model {
     const float *output_norm;        /* [n_embd] */
     struct kvp_mat output;           /* [n_vocab][n_embd]; equals tok_embd when tied */
     bool tied_output;
+    const float *rope_freqs;          /* [head_dim/2] Llama 3.1 frequency factors, or NULL */
     struct kvp_layer_weights *layers; /* owned [n_layer] */
     struct kvp_vocab *vocab;          /* owned; may be NULL for a checkpoint without tokenizer */
     struct kvp_gguf *gguf;            /* owned when loaded from GGUF */
