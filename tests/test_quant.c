@@ -176,8 +176,8 @@ static void test_hand_k(void **state)
     (void)state;
     float y[256];
     /* Q4_K: sc = {1,2,3,4,17,33,63,5}, m = {0,1,2,3,16,40,63,7}, packed by hand */
-    static const uint8_t ks[12] = {0x41, 0x82, 0xC3, 0x04, 0x40, 0x81, 0xC2, 0x03,
-                                   0x01, 0x81, 0xFF, 0x75};
+    static const uint8_t ks[12] = {0x41, 0x82, 0xC3, 0x04, 0x40, 0x81,
+                                   0xC2, 0x03, 0x01, 0x81, 0xFF, 0x75};
     uint8_t sc[8], m[8];
     kvp_k_scales_unpack(ks, sc, m);
     static const uint8_t want_sc[8] = {1, 2, 3, 4, 17, 33, 63, 5};
@@ -228,8 +228,8 @@ static void test_hand_k(void **state)
 
     /* Q3_K: stored 6-bit scales i + 24 (so sc_i = i - 8), packed by hand; hmask 0x0F: the
      * first half has the high bit (no -4), the second half not; qs = 0xE4 → low bits j */
-    static const uint8_t s3[12] = {0x08, 0x19, 0x2A, 0x3B, 0x4C, 0x5D, 0x6E, 0x7F,
-                                   0xA5, 0xA5, 0xA5, 0xA5};
+    static const uint8_t s3[12] = {0x08, 0x19, 0x2A, 0x3B, 0x4C, 0x5D,
+                                   0x6E, 0x7F, 0xA5, 0xA5, 0xA5, 0xA5};
     int8_t sc3[16];
     kvp_q3_k_scales_unpack(s3, sc3);
     for (int i = 0; i < 16; i++)
@@ -387,8 +387,8 @@ static void test_dot_oracle(void **state)
             }
             double got = scalar_dot(type, wq, xq, N);
             if (fabs(got - ref) > 1e-5 * mag)
-                print_message("  %s: integer dot %.7g, dequantized dot %.7g\n",
-                              kvp_type_name(type), got, ref);
+                print_message("  %s: integer dot %.7g, dequantized dot %.7g\n", kvp_type_name(type),
+                              got, ref);
             assert_true(fabs(got - ref) <= 1e-5 * mag);
             free(wq);
             free(wd);
@@ -567,9 +567,17 @@ static void test_quantize_fixture(void **state)
 {
     (void)state;
     /* dims multiples of 256, so every K-quant is used as such; vocab 96 rows */
-    struct kvp_test_model_spec sp = {.n_vocab = 96, .n_embd = 256, .n_layer = 1, .n_head = 4,
-                                     .n_head_kv = 2, .n_ff = 256, .n_ctx = 32, .type = 0,
-                                     .embd_type = 0, .tied = 0, .seed = 5};
+    struct kvp_test_model_spec sp = {.n_vocab = 96,
+                                     .n_embd = 256,
+                                     .n_layer = 1,
+                                     .n_head = 4,
+                                     .n_head_kv = 2,
+                                     .n_ff = 256,
+                                     .n_ctx = 32,
+                                     .type = 0,
+                                     .embd_type = 0,
+                                     .tied = 0,
+                                     .seed = 5};
     char *src = kvp_test_tmpfile(".gguf"), *dst = kvp_test_tmpfile(".gguf");
     assert_int_equal(kvp_test_write_model(&sp, src, NULL), 0);
     /* logit error bounds (relative to the largest logit): weight error from the RMS bounds
@@ -580,9 +588,8 @@ static void test_quantize_fixture(void **state)
         int type;
         double bound;
     } cases[] = {
-        {KVP_TYPE_F16, 1e-3},  {KVP_TYPE_Q4_0, 0.15}, {KVP_TYPE_Q2_K, 0.6},
-        {KVP_TYPE_Q3_K, 0.3},  {KVP_TYPE_Q4_K, 0.15}, {KVP_TYPE_Q5_K, 0.08},
-        {KVP_TYPE_Q6_K, 0.04},
+        {KVP_TYPE_F16, 1e-3},  {KVP_TYPE_Q4_0, 0.15}, {KVP_TYPE_Q2_K, 0.6},  {KVP_TYPE_Q3_K, 0.3},
+        {KVP_TYPE_Q4_K, 0.15}, {KVP_TYPE_Q5_K, 0.08}, {KVP_TYPE_Q6_K, 0.04},
     };
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
         struct kvp_quantize_params p = {.type = cases[c].type};
@@ -651,8 +658,8 @@ static void test_quantize_fixture(void **state)
 static double run_ppl(const char *cli, const char *model, const char *text)
 {
     char cmd[2048];
-    snprintf(cmd, sizeof(cmd),
-             "%s perplexity -m %s -f %s --bytes 60000 -c 256 --json", cli, model, text);
+    snprintf(cmd, sizeof(cmd), "%s perplexity -m %s -f %s --bytes 60000 -c 256 --json", cli, model,
+             text);
     char *out = NULL;
     int rc = kvp_test_run(cmd, &out, 0);
     assert_int_equal(rc, 0);
@@ -690,11 +697,11 @@ static void test_cli_stories(void **state)
         const char *types; /* `kvpred info` matrix types line */
         bool always;
     } cases[] = {
-        {"F16", 0.005, "F16×37", false},          {"BF16", 0.005, "BF16×37", false},
+        {"F16", 0.005, "F16×37", false},           {"BF16", 0.005, "BF16×37", false},
         {"Q8_0", 0.01, "F16×5 Q8_0×32", false},    {"Q6_K", 0.01, "F16×5 Q8_0×32", false},
-        {"Q5_1", 0.06, "F16×5 Q5_1×32", false},   {"Q5_K", 0.06, "F16×5 Q5_1×32", false},
-        {"Q5_0", 0.17, "F16×5 Q5_0×32", false},   {"Q4_K", 0.17, "F16×5 Q5_0×32", true},
-        {"Q4_1", 0.45, "F16×5 Q4_1×32", false},   {"Q4_0", 0.55, "F16×5 Q4_0×32", false},
+        {"Q5_1", 0.06, "F16×5 Q5_1×32", false},    {"Q5_K", 0.06, "F16×5 Q5_1×32", false},
+        {"Q5_0", 0.17, "F16×5 Q5_0×32", false},    {"Q4_K", 0.17, "F16×5 Q5_0×32", true},
+        {"Q4_1", 0.45, "F16×5 Q4_1×32", false},    {"Q4_0", 0.55, "F16×5 Q4_0×32", false},
         {"IQ4_NL", 0.5, "F16×5 IQ4_NL×32", false}, {"Q3_K", 0.5, "F16×5 IQ4_NL×32", false},
         {"Q2_K", 0.5, "F16×5 IQ4_NL×32", false},
     };
@@ -716,8 +723,8 @@ static void test_cli_stories(void **state)
         if (!cases[c].always && !all)
             continue;
         double ppl = run_ppl(cli, out, tpath);
-        print_message("  stories260K %-6s ppl %.4f (F32 %.4f, margin %.3f)\n", cases[c].name,
-                      ppl, f32, cases[c].margin);
+        print_message("  stories260K %-6s ppl %.4f (F32 %.4f, margin %.3f)\n", cases[c].name, ppl,
+                      f32, cases[c].margin);
         assert_true(ppl <= f32 + cases[c].margin && ppl >= f32 - 0.01);
     }
     /* CLI errors: one line each */
@@ -741,11 +748,11 @@ static void test_cli_stories(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_block_sizes),     cmocka_unit_test(test_hand_32),
-        cmocka_unit_test(test_hand_k),          cmocka_unit_test(test_roundtrip),
-        cmocka_unit_test(test_q8_k),            cmocka_unit_test(test_dot_oracle),
-        cmocka_unit_test(test_dot_simd),        cmocka_unit_test(test_matvec),
-        cmocka_unit_test(test_pick_type),       cmocka_unit_test(test_quantize_fixture),
+        cmocka_unit_test(test_block_sizes), cmocka_unit_test(test_hand_32),
+        cmocka_unit_test(test_hand_k),      cmocka_unit_test(test_roundtrip),
+        cmocka_unit_test(test_q8_k),        cmocka_unit_test(test_dot_oracle),
+        cmocka_unit_test(test_dot_simd),    cmocka_unit_test(test_matvec),
+        cmocka_unit_test(test_pick_type),   cmocka_unit_test(test_quantize_fixture),
         cmocka_unit_test(test_cli_stories),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

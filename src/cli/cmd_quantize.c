@@ -11,18 +11,17 @@
 
 static void quantize_usage(FILE *f)
 {
-    fprintf(f,
-            "usage: kvpred quantize IN.gguf OUT.gguf --type TYPE [--keep-output] [-t N]\n\n"
-            "Rewrite every 2-D weight matrix of a GGUF model (token_embd and output included)\n"
-            "in TYPE; norms and other 1-D tensors are copied, and so is every metadata key\n"
-            "(general.file_type is updated). A matrix whose rows are not a multiple of the\n"
-            "type's block size falls back: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0,\n"
-            "Q2_K/Q3_K -> IQ4_NL, then F16.\n\n"
-            "  --type TYPE       Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL Q2_K Q3_K Q4_K Q5_K Q6_K\n"
-            "                    F16 BF16 F32 (required)\n"
-            "  --keep-output     leave output.weight (token_embd.weight if tied) as it is\n"
-            "  --threads, -t N   threads (default 1; the output does not depend on it)\n"
-            "  -h, --help        show this help\n");
+    fprintf(f, "usage: kvpred quantize IN.gguf OUT.gguf --type TYPE [--keep-output] [-t N]\n\n"
+               "Rewrite every 2-D weight matrix of a GGUF model (token_embd and output included)\n"
+               "in TYPE; norms and other 1-D tensors are copied, and so is every metadata key\n"
+               "(general.file_type is updated). A matrix whose rows are not a multiple of the\n"
+               "type's block size falls back: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0,\n"
+               "Q2_K/Q3_K -> IQ4_NL, then F16.\n\n"
+               "  --type TYPE       Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL Q2_K Q3_K Q4_K Q5_K Q6_K\n"
+               "                    F16 BF16 F32 (required)\n"
+               "  --keep-output     leave output.weight (token_embd.weight if tied) as it is\n"
+               "  --threads, -t N   threads (default 1; the output does not depend on it)\n"
+               "  -h, --help        show this help\n");
 }
 
 int cmd_quantize(int argc, char **argv)
@@ -64,8 +63,9 @@ int cmd_quantize(int argc, char **argv)
     }
     if (!in || !out || !type_name) {
         quantize_usage(stderr);
-        return cli_fail("quantize: %s is required",
-                        !in ? "an input file" : !out ? "an output file" : "--type");
+        return cli_fail("quantize: %s is required", !in    ? "an input file"
+                                                    : !out ? "an output file"
+                                                           : "--type");
     }
     p.type = kvp_quantize_type_from_name(type_name);
     if (p.type < 0)

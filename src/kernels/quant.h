@@ -19,21 +19,21 @@
 
 #include <stdint.h>
 
-#define KVP_QK4_0 32
-#define KVP_QK_K 256
+#define KVP_QK4_0        32
+#define KVP_QK_K         256
 #define KVP_K_SCALE_SIZE 12
 
 /* Q4_0: y = (q - 8)·d, q 4-bit; low nibbles are elements 0..15, high nibbles 16..31. */
 struct kvp_block_q4_0 {
-    uint16_t d;      /* f16 scale */
-    uint8_t qs[16];  /* 32 nibbles */
+    uint16_t d;     /* f16 scale */
+    uint8_t qs[16]; /* 32 nibbles */
 };
 _Static_assert(sizeof(struct kvp_block_q4_0) == 18, "q4_0 block is 18 bytes");
 
 /* Q4_1: y = q·d + m. */
 struct kvp_block_q4_1 {
-    uint16_t d;      /* f16 scale */
-    uint16_t m;      /* f16 offset (the block minimum) */
+    uint16_t d; /* f16 scale */
+    uint16_t m; /* f16 offset (the block minimum) */
     uint8_t qs[16];
 };
 _Static_assert(sizeof(struct kvp_block_q4_1) == 20, "q4_1 block is 20 bytes");
@@ -41,7 +41,7 @@ _Static_assert(sizeof(struct kvp_block_q4_1) == 20, "q4_1 block is 20 bytes");
 /* Q5_0: y = (q - 16)·d, q = nibble | bit j of qh (LE u32) << 4. */
 struct kvp_block_q5_0 {
     uint16_t d;
-    uint8_t qh[4];   /* fifth bits, element j at bit j */
+    uint8_t qh[4]; /* fifth bits, element j at bit j */
     uint8_t qs[16];
 };
 _Static_assert(sizeof(struct kvp_block_q5_0) == 22, "q5_0 block is 22 bytes");
@@ -65,9 +65,9 @@ _Static_assert(sizeof(struct kvp_block_iq4_nl) == 18, "iq4_nl block is 18 bytes"
 /* Q2_K: 16 sub-blocks of 16; scales[k] = scale (low nibble) | min (high nibble). */
 struct kvp_block_q2_k {
     uint8_t scales[16];
-    uint8_t qs[64];  /* 2-bit quants, four per byte (formats.md §4.4 for the order) */
-    uint16_t d;      /* f16 super-block scale for the 4-bit scales */
-    uint16_t dmin;   /* f16 super-block scale for the 4-bit mins */
+    uint8_t qs[64]; /* 2-bit quants, four per byte (formats.md §4.4 for the order) */
+    uint16_t d;     /* f16 super-block scale for the 4-bit scales */
+    uint16_t dmin;  /* f16 super-block scale for the 4-bit mins */
 };
 _Static_assert(sizeof(struct kvp_block_q2_k) == 84, "q2_k block is 84 bytes");
 

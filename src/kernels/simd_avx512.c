@@ -538,7 +538,8 @@ static float dot_q4_k(const void *w, const void *xq, int64_t n)
         qx_k_scales(wb + 4, sc, m);
         __m512i sum = _mm512_setzero_si512();
         for (int c = 0; c < 4; c++) {
-            __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(wb + 16 + 32 * c)));
+            __m512i q =
+                _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(wb + 16 + 32 * c)));
             q = _mm512_and_si512(_mm512_srlv_epi16(q, shift), m4);
             __m512i x = _mm512_loadu_si512(xb + 4 + 64 * c);
             __m512i scv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(sc[2 * c])),
@@ -580,8 +581,8 @@ static float dot_q6_k(const void *w, const void *xq, int64_t n)
             __m256i L0 = _mm256_loadu_si256((const __m256i *)(wb + 64 * h));
             __m256i L1 = _mm256_loadu_si256((const __m256i *)(wb + 64 * h + 32));
             __m512i L = _mm512_inserti64x4(_mm512_castsi256_si512(L0), L1, 1);
-            __m512i Q = _mm512_broadcast_i64x4(
-                _mm256_loadu_si256((const __m256i *)(wb + 128 + 32 * h)));
+            __m512i Q =
+                _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(wb + 128 + 32 * h)));
             __m512i qa = _mm512_or_si512(_mm512_and_si512(L, m4),
                                          _mm512_and_si512(_mm512_sllv_epi16(Q, sh_a), m2));
             __m512i qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(L, 4), m4),
@@ -630,17 +631,18 @@ const struct kvp_simd_ops kvp_simd_ops_avx512 = {
     .quantize_q8_0 = quantize_q8_0,
     .dequant_f16 = dequant_f16,
     .dequant_q8_0 = dequant_q8_0,
-    .dot_q = {
-        [KVP_TYPE_Q4_0] = DOT_Q4_0,
-        [KVP_TYPE_Q4_1] = qx_dot_q4_1,
-        [KVP_TYPE_Q5_0] = qx_dot_q5_0,
-        [KVP_TYPE_Q5_1] = qx_dot_q5_1,
-        [KVP_TYPE_IQ4_NL] = qx_dot_iq4_nl,
-        [KVP_TYPE_Q2_K] = qx_dot_q2_k,
-        [KVP_TYPE_Q3_K] = qx_dot_q3_k,
-        [KVP_TYPE_Q4_K] = DOT_Q4_K,
-        [KVP_TYPE_Q5_K] = qx_dot_q5_k,
-        [KVP_TYPE_Q6_K] = DOT_Q6_K,
-    },
+    .dot_q =
+        {
+            [KVP_TYPE_Q4_0] = DOT_Q4_0,
+            [KVP_TYPE_Q4_1] = qx_dot_q4_1,
+            [KVP_TYPE_Q5_0] = qx_dot_q5_0,
+            [KVP_TYPE_Q5_1] = qx_dot_q5_1,
+            [KVP_TYPE_IQ4_NL] = qx_dot_iq4_nl,
+            [KVP_TYPE_Q2_K] = qx_dot_q2_k,
+            [KVP_TYPE_Q3_K] = qx_dot_q3_k,
+            [KVP_TYPE_Q4_K] = DOT_Q4_K,
+            [KVP_TYPE_Q5_K] = qx_dot_q5_k,
+            [KVP_TYPE_Q6_K] = DOT_Q6_K,
+        },
     .quantize_q8_k = qx_quantize_q8_k,
 };

@@ -124,7 +124,8 @@ KVP_QINLINE void qx_block32(const uint8_t *wb, const uint8_t *xb, int kind, __m2
         break;
     }
     case QX_IQ4_NL: {
-        __m256i tbl = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kvp_iq4nl_table));
+        __m256i tbl =
+            _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kvp_iq4nl_table));
         s = qx_dot_i8(_mm256_shuffle_epi8(tbl, qx_nibbles(wb + 2)), x);
         break;
     }
@@ -137,8 +138,8 @@ KVP_QINLINE void qx_block32(const uint8_t *wb, const uint8_t *xb, int kind, __m2
                                 _mm256_and_si256(qx_bits(wb + 4), _mm256_set1_epi8(0x10)));
         s = qx_dot_u8(q, x);
         __m256i xs = qx_dot_u8(_mm256_set1_epi8(1), x);
-        *accm = _mm256_fmadd_ps(_mm256_set1_ps(qx_f16(wb + 2) * dxf), _mm256_cvtepi32_ps(xs),
-                                *accm);
+        *accm =
+            _mm256_fmadd_ps(_mm256_set1_ps(qx_f16(wb + 2) * dxf), _mm256_cvtepi32_ps(xs), *accm);
         break;
     }
     }
@@ -187,7 +188,7 @@ static inline float qx_dot_iq4_nl(const void *w, const void *xq, int64_t n)
 /* ============================== K-quants × Q8_K ============================== */
 
 /* Q8_K block fields: d at 0, qs at 4, bsums at 260. */
-#define QX_K_QS 4
+#define QX_K_QS    4
 #define QX_K_BSUMS 260
 
 KVP_QINLINE void qx_bsums(const uint8_t *xb, int16_t bs[16])
@@ -415,7 +416,8 @@ static inline void qx_quantize_q8_k(const float *x, void *dst, int64_t n)
             _mm256_storeu_si256((__m256i *)(ob + QX_K_QS + j), q);
             /* bsums of the two 16-element groups: int8 → int16 pairs → int32 */
             __m256i s32 = qx_dot_u8(_mm256_set1_epi8(1), q);
-            __m128i s4 = _mm_hadd_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+            __m128i s4 =
+                _mm_hadd_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
             s4 = _mm_hadd_epi32(s4, s4); /* [g0, g1, g0, g1] */
             int16_t g[2] = {(int16_t)_mm_cvtsi128_si32(s4), (int16_t)_mm_extract_epi32(s4, 1)};
             memcpy(ob + QX_K_BSUMS + 2 * (j / 16), g, 4);

@@ -32,13 +32,20 @@ struct target {
 };
 
 static const struct target targets[] = {
-    {"F32", KVP_TYPE_F32, -1, 0},          {"F16", KVP_TYPE_F16, -1, 1},
-    {"BF16", KVP_TYPE_BF16, -1, 32},       {"Q8_0", KVP_TYPE_Q8_0, -1, 7},
-    {"Q4_0", KVP_TYPE_Q4_0, -1, 2},        {"Q4_1", KVP_TYPE_Q4_1, -1, 3},
-    {"Q5_0", KVP_TYPE_Q5_0, -1, 8},        {"Q5_1", KVP_TYPE_Q5_1, -1, 9},
-    {"IQ4_NL", KVP_TYPE_IQ4_NL, -1, 25},   {"Q2_K", KVP_TYPE_Q2_K, KVP_TYPE_IQ4_NL, 10},
-    {"Q3_K", KVP_TYPE_Q3_K, KVP_TYPE_IQ4_NL, 11}, {"Q4_K", KVP_TYPE_Q4_K, KVP_TYPE_Q5_0, 14},
-    {"Q5_K", KVP_TYPE_Q5_K, KVP_TYPE_Q5_1, 16},   {"Q6_K", KVP_TYPE_Q6_K, KVP_TYPE_Q8_0, 18},
+    {"F32", KVP_TYPE_F32, -1, 0},
+    {"F16", KVP_TYPE_F16, -1, 1},
+    {"BF16", KVP_TYPE_BF16, -1, 32},
+    {"Q8_0", KVP_TYPE_Q8_0, -1, 7},
+    {"Q4_0", KVP_TYPE_Q4_0, -1, 2},
+    {"Q4_1", KVP_TYPE_Q4_1, -1, 3},
+    {"Q5_0", KVP_TYPE_Q5_0, -1, 8},
+    {"Q5_1", KVP_TYPE_Q5_1, -1, 9},
+    {"IQ4_NL", KVP_TYPE_IQ4_NL, -1, 25},
+    {"Q2_K", KVP_TYPE_Q2_K, KVP_TYPE_IQ4_NL, 10},
+    {"Q3_K", KVP_TYPE_Q3_K, KVP_TYPE_IQ4_NL, 11},
+    {"Q4_K", KVP_TYPE_Q4_K, KVP_TYPE_Q5_0, 14},
+    {"Q5_K", KVP_TYPE_Q5_K, KVP_TYPE_Q5_1, 16},
+    {"Q6_K", KVP_TYPE_Q6_K, KVP_TYPE_Q8_0, 18},
 };
 #define N_TARGETS (sizeof(targets) / sizeof(targets[0]))
 
@@ -141,12 +148,12 @@ static int copy_kv(struct kvp_gguf_writer *w, const struct kvp_gguf_kv *kv)
 /* One tensor's conversion, split by rows over the pool's threads. */
 struct conv_job {
     const struct kvp_type_traits *src, *dst;
-    const uint8_t *in;   /* borrowed: the tensor in the mapping */
-    uint8_t *out;        /* [rows][dst_row] */
+    const uint8_t *in; /* borrowed: the tensor in the mapping */
+    uint8_t *out;      /* [rows][dst_row] */
     size_t src_row, dst_row;
     int64_t ne0, rows;
-    float *scratch;      /* [nth][ne0] */
-    int64_t *bad_row;    /* [nth]: first row with a non-finite weight, or -1 */
+    float *scratch;   /* [nth][ne0] */
+    int64_t *bad_row; /* [nth]: first row with a non-finite weight, or -1 */
 };
 
 static void conv_rows(void *ctx, int ith, int nth)
@@ -178,14 +185,16 @@ static int convert_tensor(const struct kvp_gguf_tensor *t, int to, struct kvp_po
         return kvp_err_set(err, KVP_EUNSUPPORTED, "tensor %s: cannot decode type %s", t->name,
                            kvp_type_name((int)t->type));
     int nth = kvp_pool_size(pool);
-    struct conv_job j = {.src = src, .dst = dst, .in = t->data, .ne0 = t->ne[0],
+    struct conv_job j = {.src = src,
+                         .dst = dst,
+                         .in = t->data,
+                         .ne0 = t->ne[0],
                          .rows = t->ne[1] * t->ne[2] * t->ne[3]};
     size_t total;
     if (!kvp_type_row_bytes((int)t->type, j.ne0, &j.src_row) ||
         !kvp_type_row_bytes(to, j.ne0, &j.dst_row) ||
         __builtin_mul_overflow(j.dst_row, (size_t)j.rows, &total))
-        return kvp_err_set(err, KVP_EFORMAT, "tensor %s: bad row size for %s", t->name,
-                           dst->name);
+        return kvp_err_set(err, KVP_EFORMAT, "tensor %s: bad row size for %s", t->name, dst->name);
     j.out = malloc(total ? total : 1);
     j.scratch = malloc((size_t)nth * (size_t)j.ne0 * sizeof(float));
     j.bad_row = malloc((size_t)nth * sizeof(int64_t));

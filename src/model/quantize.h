@@ -21,20 +21,21 @@ struct kvp_quantize_params {
 
 /* What kvp_quantize_file did; every field counts tensors except the byte sizes. */
 struct kvp_quantize_stats {
-    int n_tensors;      /* tensors in the file */
-    int n_converted;    /* matrices written in the requested type */
-    int n_fallback;     /* matrices written in a fallback type (row length, formats.md §4.5) */
-    int n_kept;         /* tensors copied unchanged (1-D, --keep-output, already that type) */
-    uint64_t bytes_in;  /* tensor data bytes in and out */
+    int n_tensors;     /* tensors in the file */
+    int n_converted;   /* matrices written in the requested type */
+    int n_fallback;    /* matrices written in a fallback type (row length, formats.md §4.5) */
+    int n_kept;        /* tensors copied unchanged (1-D, --keep-output, already that type) */
+    uint64_t bytes_in; /* tensor data bytes in and out */
     uint64_t bytes_out;
 };
 
 /* Quantize the GGUF at in_path into out_path (written to a temporary file and renamed into
  * place, so out_path may even name the input). The converted tensors are held in memory until
- * the file is written (about the output's size, plus the writer's serialized copy). Every 2-D tensor becomes kvp_quantize_pick_type(p->type, ne[0]) unless kept. stats may be
- * NULL. Returns 0, or a negative KVP_E* code with err filled in: KVP_EINVAL for a bad target
- * type, KVP_EUNSUPPORTED for a source tensor kvpred cannot decode, KVP_ERANGE for a non-finite
- * weight, or the reader's and writer's codes. */
+ * the file is written (about the output's size, plus the writer's serialized copy). Every 2-D
+ * tensor becomes kvp_quantize_pick_type(p->type, ne[0]) unless kept. stats may be NULL. Returns 0,
+ * or a negative KVP_E* code with err filled in: KVP_EINVAL for a bad target type, KVP_EUNSUPPORTED
+ * for a source tensor kvpred cannot decode, KVP_ERANGE for a non-finite weight, or the reader's and
+ * writer's codes. */
 int kvp_quantize_file(const char *in_path, const char *out_path,
                       const struct kvp_quantize_params *p, struct kvp_quantize_stats *stats,
                       struct kvp_err *err);
