@@ -207,7 +207,7 @@ static void matmul_rows(const struct kvp_mat *W, const float *X, int n, int ldx,
     if (n == 1) {
         /* decode: SIMD mat-vec; y indexed by absolute row */
         const void *xq = NULL;
-        if (W->type == KVP_TYPE_Q8_0) {
+        if (kvp_matvec_xq_bytes(W->type, W->cols) > 0) {
             kvp_matvec_prepare(W->type, X, W->cols, ts->xq);
             xq = ts->xq;
         }
