@@ -154,15 +154,15 @@ int kvp_eval(kvp_ctx *ctx, const int32_t *tokens, int n, float *logits, bool all
 /* ---- KV selection policies ------------------------------------------------------------- */
 
 enum kvp_gqa_agg {
-    KVP_AGG_MAX = 0,  /* combine the query heads of a GQA group by the max */
-    KVP_AGG_MEAN = 1,
+    KVP_AGG_MEAN = 0, /* the default: average the query heads' probabilities (methods.md §5) */
+    KVP_AGG_MAX = 1,  /* combine the query heads of a GQA group by the max */
     KVP_AGG_SUM = 2,
 };
 
 /* Parameters of a selection policy; zero fields take the defaults in brackets. */
 struct kvp_policy_params {
     const char *name;    /* "full", "streaming", "h2o", "snapkv", "pyramidkv", "quest",
-                            "oracle", "random", ... [full] */
+                            "oracle", "oracle_token", "random", ... [full] */
     int budget;          /* tokens per (layer, KV head), sink and local included [0: all] */
     float budget_ratio;  /* when budget is 0 and this is in (0, 1]: ratio of the context */
     int sink;            /* leading tokens always kept [16] */
@@ -177,6 +177,26 @@ struct kvp_policy_params {
     uint64_t seed;       /* random policies [0] */
     const char *aux_path;/* a file the policy needs (predictor weights, head profile) */
     const char *opts;    /* policy-specific "key=value,..." options (predictor: see its --help) */
+    /* ---- catekv (methods.md §2): sink = S, local = R, budget = B per consistent KV head,
+       window = w; dense_layers is ignored (every layer alike) ---- */
+    float adaptive_ratio;/* r, fraction of adaptive KV heads [0.4]; < 0 means 0, >= 1 all */
+    int adaptive_mode;   /* enum kvp_adaptive_mode [KVP_ADAPTIVE_FULL] */
+    float eta;           /* η, fraction of middle chunks an adaptive head keeps
+                            [1 for full/quest, 0.5 for fraction] */
+    int chunk;           /* c, chunk size in tokens [8] */
+    int tail_tokens;     /* unchunked prompt tail (upstream's hidden 32) [32]; < 0 means 0 */
+    float percentile;    /* k, binarization quantile in (0.5, 1) [0.995] */
+    float alpha;         /* α, binarization interpolation in [0, 1] [1.0]; < 0 means 0 */
+    const char *head_profile; /* static classification file (kvpred profile-heads); NULL:
+                                 classify every prompt (dynamic) */
+};
+
+/* How CateKV's adaptive heads decode (methods.md §2.6). */
+enum kvp_adaptive_mode {
+    KVP_ADAPTIVE_FULL = 0,     /* the whole cache */
+    KVP_ADAPTIVE_FRACTION = 1, /* sink + the top η of the middle chunks + tail, fixed */
+    KVP_ADAPTIVE_QUEST = 2,    /* the η-cache, read through Quest page selection each step */
+    KVP_ADAPTIVE_PREDICTOR = 3,/* AttentionPredictor on the adaptive heads only */
 };
 
 /* Attach a policy to the context (replacing any previous one; NULL: full attention) and clear

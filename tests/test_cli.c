@@ -202,10 +202,24 @@ static void test_bad_input(void **state)
     snprintf(cmd, sizeof(cmd), "%s info -m %s", cli, gemma);
     expect_error(cmd, "architecture 'gemma' is not supported");
 
+    /* a valid GGUF type kvpred has no kernels for (IQ2_XXS, id 16) */
     sp.arch = NULL;
-    sp.type = 12; /* Q4_K: valid GGUF type, no kernels yet */
-    char *q4k = kvp_test_tmpfile(".gguf");
-    (void)q4k;
+    char *iq = kvp_test_tmpfile(".gguf");
+    assert_int_equal(kvp_test_write_model(&sp, iq, NULL), 0);
+    size_t iq_size;
+    char *iq_bytes = kvp_test_read_file(iq, &iq_size);
+    assert_non_null(iq_bytes);
+    /* the first matrix after token_embd is blk.0.attn_q.weight: patch its type field by name */
+    char *name = memmem(iq_bytes, iq_size, "blk.0.attn_q.weight", 19);
+    assert_non_null(name);
+    uint32_t ndims;
+    memcpy(&ndims, name + 19, 4);
+    uint32_t bad_type = 16;
+    memcpy(name + 19 + 4 + 8 * ndims, &bad_type, 4);
+    assert_int_equal(kvp_test_write_file(iq, iq_bytes, iq_size), 0);
+    snprintf(cmd, sizeof(cmd), "%s info -m %s", cli, iq);
+    expect_error(cmd, "IQ2_XXS");
+    free(iq_bytes);
 
     /* a prompt longer than the context */
     snprintf(cmd, sizeof(cmd), "%s run -m %s -c 4 --no-bos -p 'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa'",
@@ -216,12 +230,12 @@ static void test_bad_input(void **state)
     remove(good);
     remove(trunc);
     remove(gemma);
-    remove(q4k);
+    remove(iq);
     free(junk);
     free(good);
     free(trunc);
     free(gemma);
-    free(q4k);
+    free(iq);
     free(bytes);
 }
 

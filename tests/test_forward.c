@@ -11,6 +11,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "kernels/types.h"
 #include "kvpred.h"
 #include "model/model.h"
 #include "testutil.h"
@@ -348,8 +349,12 @@ static void test_golden_greedy(void **state)
 
 static void check_type(int type, int embd_type, int tied, int n_head_kv)
 {
-    struct kvp_test_model_spec sp = {.n_vocab = 96, .n_embd = 64, .n_layer = 2, .n_head = 4,
-                                     .n_head_kv = n_head_kv, .n_ff = 96, .n_ctx = 64,
+    /* K-quants need rows that are whole 256-element super-blocks */
+    bool k256 = kvp_type_traits(type)->blck_size == 256 ||
+                kvp_type_traits(embd_type)->blck_size == 256;
+    struct kvp_test_model_spec sp = {.n_vocab = 96, .n_embd = k256 ? 256 : 64, .n_layer = 2,
+                                     .n_head = 4, .n_head_kv = n_head_kv,
+                                     .n_ff = k256 ? 256 : 96, .n_ctx = 64,
                                      .type = type, .embd_type = embd_type, .tied = tied,
                                      .seed = (unsigned)(type * 31 + tied + 7)};
     char *qp = kvp_test_tmpfile(".gguf"), *fp = kvp_test_tmpfile(".gguf");
@@ -370,8 +375,11 @@ static void check_type(int type, int embd_type, int tied, int n_head_kv)
         scale = fmax(scale, fabs(ref[i]));
     double e_pre = max_abs_diff(ref, pre, nl), e_dec = max_abs_diff(ref, dec, nl);
     /* prefill dequantizes weights to F32: only summation order differs. Decode uses the SIMD
-     * dots; Q8_0 also quantizes the activations to 8 bits, a ~1% effect on each product. */
-    double bound_dec = type == 8 ? 0.03 * scale : 1e-4 * scale + 1e-5;
+     * dots; every quantized type also quantizes the activations to 8 bits (Q8_0 blocks of 32
+     * for the 32-element types, Q8_K blocks of 256 for the K-quants), a ~1% effect on each
+     * product; measured up to 0.012·scale, bound 0.03·scale. */
+    bool quantized = kvp_type_traits(type)->blck_size > 1;
+    double bound_dec = quantized ? 0.03 * scale : 1e-4 * scale + 1e-5;
     print_message("type %d embd %d tied %d: |logit| max %.3g, prefill err %.3g, decode err %.3g "
                   "(bound %.3g)\n", type, embd_type, tied, scale, e_pre, e_dec, bound_dec);
     assert_true(e_pre <= 1e-4 * scale + 1e-5);
@@ -395,7 +403,14 @@ static void test_types(void **state)
         check_type(types[i], types[i], 1, 2);
         check_type(types[i], 0, 0, 4);
     }
-    check_type(8, 1, 0, 1); /* Q8_0 matrices, F16 embeddings, MQA */
+    /* the other quantized types: matrices and tied embeddings in the type (K-quants on a
+     * 256-wide model, see check_type) */
+    const int qtypes[] = {2 /*Q4_0*/,  3 /*Q4_1*/,  6 /*Q5_0*/,  7 /*Q5_1*/,  20 /*IQ4_NL*/,
+                          10 /*Q2_K*/, 11 /*Q3_K*/, 12 /*Q4_K*/, 13 /*Q5_K*/, 14 /*Q6_K*/};
+    for (size_t i = 0; i < sizeof(qtypes) / sizeof(qtypes[0]); i++)
+        check_type(qtypes[i], qtypes[i], 1, 2);
+    check_type(8, 1, 0, 1);  /* Q8_0 matrices, F16 embeddings, MQA */
+    check_type(14, 12, 0, 2); /* Q4_K_M-like: Q6_K matrices, Q4_K embeddings */
 }
 
 /* ---- architectures: qwen2 (biases, split-half RoPE), rope_freqs, key_length ---- */

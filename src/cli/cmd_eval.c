@@ -90,6 +90,7 @@ static void help(void)
            "                       table goes to stderr\n"
            "  --seed S             seed of random policies (default 0)\n%s",
            cli_model_flags_help, cli_policy_names(), cli_policy_flags_help);
+    printf("%s", cli_catekv_flags_help);
 }
 
 /* Split a comma-separated list in place into at most MAX_LIST items. Returns the count, or -1

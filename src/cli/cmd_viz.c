@@ -265,6 +265,22 @@ static int check_layer_head(const struct viz_opts *o, const struct kvp_model_inf
 
 int cmd_viz(int argc, char **argv)
 {
+    /* `kvpred viz --head-profile PROFILE -o OUT.png` draws a CateKV head classification */
+    const char *profile = NULL, *png = NULL;
+    for (int k = 1; k + 1 < argc; k++) {
+        if (!strcmp(argv[k], "--head-profile"))
+            profile = argv[k + 1];
+        else if (!strcmp(argv[k], "-o"))
+            png = argv[k + 1];
+    }
+    if (profile && png) {
+        bool has_layer = false;
+        for (int k = 1; k < argc; k++)
+            has_layer |= !strcmp(argv[k], "--layer");
+        if (!has_layer)
+            return cli_viz_heads(profile, png);
+    }
+
     struct viz_opts o = {.src = {.seed = -1},
                          .pp = {.name = "streaming", .gqa_agg = KVP_AGG_MEAN},
                          .layer = -1,

@@ -21,10 +21,13 @@ static const struct command commands[] = {
     {"logits", cmd_logits, "next-token logits at every position of a text, as JSON"},
     {"bench", cmd_bench, "prefill and decode speed"},
     {"convert", cmd_convert, "convert a llama2.c checkpoint to GGUF"},
+    {"quantize", cmd_quantize, "rewrite a GGUF model's weight matrices in another type"},
     {"tokenize", cmd_tokenize, "print the token ids of a text"},
     {"train-lm", cmd_train_lm, "train a small Llama-architecture model from scratch"},
     {"eval", cmd_eval, "measure KV selection policies against full attention"},
     {"viz", cmd_viz, "draw one head's attention and a policy's selection as a PNG"},
+    {"profile-heads", cmd_profile_heads, "CateKV: classify KV heads over a reference set"},
+    {"viz-heads", cmd_viz_heads, "CateKV: draw a head profile as a PNG"},
     {"trace", cmd_trace, "record attention traces for training the predictor"},
     {"train-predictor", cmd_train_predictor, "train the AttentionPredictor CNN on a trace"},
 };

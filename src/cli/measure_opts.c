@@ -66,6 +66,9 @@ static int count_flag(int argc, char **argv, int *i, long max, int *out)
 int cli_policy_flag(struct kvp_policy_params *p, bool with_seed, int argc, char **argv, int *i)
 {
     const char *a = argv[*i];
+    int ck = cli_catekv_flag(p, argc, argv, i); /* catekv's own options */
+    if (ck != 0)
+        return ck;
     if (!strcmp(a, "--sink"))
         return count_flag(argc, argv, i, 1 << 24, &p->sink);
     if (!strcmp(a, "--local"))

@@ -9,11 +9,12 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sched.h>
 #include <stdlib.h>
 
 #include <immintrin.h>
 
-#define KVP_POOL_SPIN 200000 /* spins (~100 µs) before a worker sleeps */
+#define KVP_POOL_SPIN 20000 /* polls (pauses, then yields; a few ms) before a worker sleeps */
 
 struct kvp_pool {
     int n_threads;
@@ -29,6 +30,17 @@ struct kvp_pool {
     atomic_int bar_count;
     atomic_uint bar_sense;
 };
+
+/* Wait politely: spin briefly (the other threads are usually microseconds away), then yield the
+ * core so that an oversubscribed machine (more runnable threads than cores) still makes progress
+ * instead of burning whole time slices in the spin. */
+static inline void relax(int spins)
+{
+    if (spins < 2000)
+        _mm_pause();
+    else
+        sched_yield();
+}
 
 struct worker_arg {
     struct kvp_pool *pool;
@@ -48,7 +60,7 @@ static void *worker_main(void *p)
         while ((gen = atomic_load_explicit(&pool->generation, memory_order_acquire)) == seen &&
                !atomic_load(&pool->stop)) {
             if (++spins < KVP_POOL_SPIN) {
-                _mm_pause();
+                relax(spins);
                 continue;
             }
             pthread_mutex_lock(&pool->mu);
@@ -137,8 +149,9 @@ void kvp_pool_run(struct kvp_pool *p, kvp_pool_fn fn, void *ctx)
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
     fn(ctx, 0, p->n_threads);
-    while (atomic_load_explicit(&p->n_done, memory_order_acquire) < p->n_threads - 1)
-        _mm_pause();
+    for (int spins = 0;
+         atomic_load_explicit(&p->n_done, memory_order_acquire) < p->n_threads - 1; spins++)
+        relax(spins);
 }
 
 void kvp_pool_barrier(struct kvp_pool *p)
@@ -151,6 +164,6 @@ void kvp_pool_barrier(struct kvp_pool *p)
         atomic_fetch_add_explicit(&p->bar_sense, 1, memory_order_release);
         return;
     }
-    while (atomic_load_explicit(&p->bar_sense, memory_order_acquire) == sense)
-        _mm_pause();
+    for (int spins = 0; atomic_load_explicit(&p->bar_sense, memory_order_acquire) == sense; spins++)
+        relax(spins);
 }

@@ -207,7 +207,7 @@ static void matmul_rows(const struct kvp_mat *W, const float *X, int n, int ldx,
     if (n == 1) {
         /* decode: SIMD mat-vec; y indexed by absolute row */
         const void *xq = NULL;
-        if (W->type == KVP_TYPE_Q8_0) {
+        if (kvp_matvec_xq_bytes(W->type, W->cols) > 0) {
             kvp_matvec_prepare(W->type, X, W->cols, ts->xq);
             xq = ts->xq;
         }
@@ -496,8 +496,11 @@ int kvp_ctx_set_policy(kvp_ctx *c, const struct kvp_policy_params *params, struc
         p->p.dense_layers = 0;
     if (p->p.dense_layers > hp->n_layer)
         p->p.dense_layers = hp->n_layer;
-    if (p->p.gqa_agg < KVP_AGG_MAX || p->p.gqa_agg > KVP_AGG_SUM)
-        p->p.gqa_agg = KVP_AGG_MEAN;
+    if (p->p.gqa_agg < 0 || p->p.gqa_agg > KVP_AGG_SUM) {
+        int agg = p->p.gqa_agg;
+        free(p);
+        return kvp_err_set(err, KVP_EINVAL, "unknown GQA aggregation %d", agg);
+    }
     if (p->p.budget < 0 || p->p.budget_ratio < 0 || p->p.budget_ratio > 1) {
         free(p);
         return kvp_err_set(err, KVP_EINVAL, "budget must be >= 0 and ratio in (0, 1]");

@@ -1,13 +1,16 @@
 /*
- * Matrix-vector products over weights stored as F32, F16, BF16 or Q8_0 rows.
+ * Matrix-vector products over weights stored as F32, F16, BF16 or any quantized type in quant.h.
  *
  * Decode spends its time here. At long context it is memory-bound on the weights, so the kernels
- * stream each row once with unaligned loads straight from the mapping (Q8_0 rows are runs of
- * 34-byte blocks and are never aligned). At short context a token runs ~30 small mat-vecs (a
- * 64x64 matrix takes ~0.3 µs), so the per-call path is kept to one table load, one switch on
- * the type and one call into a row-batched kernel (kvp_simd_ops.rows_*), which handles four rows
- * per pass and shares their horizontal sums. Nothing here allocates; Q8_0 weights need x
- * quantized once per vector by kvp_matvec_prepare into caller-owned scratch.
+ * stream each row once with unaligned loads straight from the mapping (quantized rows are runs
+ * of 18- to 210-byte blocks and are never aligned). At short context a token runs ~30 small
+ * mat-vecs (a 64x64 matrix takes ~0.3 µs), so the per-call path is kept to one table load, one
+ * switch on the type and one call into a row-batched kernel (kvp_simd_ops.rows_*), which handles
+ * four rows per pass and shares their horizontal sums; the other quantized types call their
+ * integer dot (kvp_simd_ops.dot_q) once per row. Quantized weights need x quantized once per
+ * vector (Q8_0 or Q8_K, kvp_type_vec_dot_type) by kvp_matvec_prepare into caller-owned scratch;
+ * a caller that passes no prepared x gets it quantized here, in column chunks on the stack.
+ * Nothing here allocates.
  */
 #include "kernels/matvec.h"
 
@@ -15,25 +18,83 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/quant.h"
 #include "kernels/simd.h"
 #include "kernels/types.h"
 
 size_t kvp_matvec_xq_bytes(int type, int64_t cols)
 {
-    if (type != KVP_TYPE_Q8_0)
+    switch (kvp_type_vec_dot_type(type)) {
+    case KVP_TYPE_Q8_0:
+        return (size_t)(cols / KVP_QK8_0) * sizeof(struct kvp_block_q8_0);
+    case KVP_TYPE_Q8_K:
+        return (size_t)(cols / KVP_QK_K) * sizeof(struct kvp_block_q8_k);
+    default:
         return 0;
-    return (size_t)(cols / KVP_QK8_0) * sizeof(struct kvp_block_q8_0);
+    }
+}
+
+/* Quantize n activations for weights of type with the given table. */
+static void prepare_ops(const struct kvp_simd_ops *ops, int type, const float *x, int64_t n,
+                        void *xq)
+{
+    int vt = kvp_type_vec_dot_type(type);
+    if (vt == KVP_TYPE_Q8_0)
+        ops->quantize_q8_0(x, xq, n);
+    else if (vt == KVP_TYPE_Q8_K)
+        ops->quantize_q8_k(x, xq, n);
 }
 
 void kvp_matvec_prepare(int type, const float *x, int64_t cols, void *xq)
 {
-    if (type == KVP_TYPE_Q8_0)
-        kvp_quantize_row_q8_0(x, xq, cols);
+    prepare_ops(kvp_simd(), type, x, cols, xq);
 }
 
-/* Contract as kvp_matvec_rows. W->type must be F32, F16, BF16 or Q8_0 (the model loader rejects
- * the others before any product runs); any other type fills y[r0..r1) with NaN so that a
- * mistake shows up in the logits instead of as stale numbers. */
+/* y[r] = dot(row r, x) for nrows rows starting at w, x prepared (xq) for W's type. */
+static void rows_quant(const struct kvp_simd_ops *ops, int type, const char *w, size_t row_bytes,
+                       const void *xq, int64_t n, int64_t nrows, float *y)
+{
+    if (type == KVP_TYPE_Q8_0) {
+        ops->rows_q8_0(w, row_bytes, xq, n, nrows, y);
+        return;
+    }
+    float (*dot)(const void *, const void *, int64_t) = ops->dot_q[type];
+    for (int64_t r = 0; r < nrows; r++)
+        y[r] = dot(w + (size_t)r * row_bytes, xq, n);
+}
+
+enum { XQ_CHUNK = 4096 }; /* columns per stack chunk when the caller passes no prepared x */
+
+/* rows_quant for a caller without prepared activations: quantize x in chunks of XQ_CHUNK
+ * columns (a multiple of every block size) into a stack buffer and accumulate the partial dots.
+ * With cols <= XQ_CHUNK the result is bit-identical to the prepared path. */
+static void rows_quant_unprepared(const struct kvp_simd_ops *ops, int type, const char *w,
+                                  size_t row_bytes, const float *x, int64_t n, int64_t nrows,
+                                  float *y)
+{
+    uint8_t buf[XQ_CHUNK / KVP_QK_K * sizeof(struct kvp_block_q8_k)];
+    _Static_assert(XQ_CHUNK / KVP_QK8_0 * sizeof(struct kvp_block_q8_0) <= sizeof(buf),
+                   "chunk buffer holds Q8_0 activations too");
+    float part[64];
+    for (int64_t r = 0; r < nrows; r++)
+        y[r] = 0.0f;
+    for (int64_t c0 = 0; c0 < n; c0 += XQ_CHUNK) {
+        int64_t nc = n - c0 < XQ_CHUNK ? n - c0 : XQ_CHUNK;
+        size_t woff = 0;
+        kvp_type_row_bytes(type, c0, &woff);
+        prepare_ops(ops, type, x + c0, nc, buf);
+        for (int64_t r0 = 0; r0 < nrows; r0 += 64) {
+            int64_t k = nrows - r0 < 64 ? nrows - r0 : 64;
+            rows_quant(ops, type, w + (size_t)r0 * row_bytes + woff, row_bytes, buf, nc, k, part);
+            for (int64_t i = 0; i < k; i++)
+                y[r0 + i] += part[i];
+        }
+    }
+}
+
+/* Contract as kvp_matvec_rows. W->type must be F32, F16, BF16 or a type with an integer dot (the
+ * model loader rejects the others before any product runs); any other type fills y[r0..r1) with
+ * NaN so that a mistake shows up in the logits instead of as stale numbers. */
 void kvp_matvec_rows_ops(const struct kvp_simd_ops *ops, const struct kvp_mat *W, const float *x,
                          const void *xq, float *y, int64_t r0, int64_t r1)
 {
@@ -51,13 +112,18 @@ void kvp_matvec_rows_ops(const struct kvp_simd_ops *ops, const struct kvp_mat *W
     case KVP_TYPE_BF16:
         ops->rows_bf16(w, W->row_bytes, x, n, nrows, y + r0);
         break;
-    case KVP_TYPE_Q8_0:
-        ops->rows_q8_0(w, W->row_bytes, xq, n, nrows, y + r0);
-        break;
     default:
-        assert(!"kvp_matvec_rows: unsupported weight type");
-        for (int64_t r = r0; r < r1; r++)
-            y[r] = NAN;
+        if (W->type != KVP_TYPE_Q8_0 &&
+            (W->type < 0 || W->type >= KVP_SIMD_NTYPES || !ops->dot_q[W->type])) {
+            assert(!"kvp_matvec_rows: unsupported weight type");
+            for (int64_t r = r0; r < r1; r++)
+                y[r] = NAN;
+            break;
+        }
+        if (xq)
+            rows_quant(ops, W->type, w, W->row_bytes, xq, n, nrows, y + r0);
+        else
+            rows_quant_unprepared(ops, W->type, w, W->row_bytes, x, n, nrows, y + r0);
         break;
     }
 }
@@ -99,11 +165,18 @@ void kvp_mat_dequant_rows(const struct kvp_mat *W, float *dst, int64_t r0, int64
         case KVP_TYPE_Q8_0:
             ops->dequant_q8_0(src, out, n);
             break;
-        default:
+        default: {
+            /* the other quantized types: the reference dequantizer (prefill cost is sgemm) */
+            const struct kvp_type_traits *tt = kvp_type_traits(W->type);
+            if (tt && tt->supported && tt->to_f32) {
+                tt->to_f32(src, out, n);
+                break;
+            }
             assert(!"kvp_mat_dequant_rows: unsupported weight type");
             for (int64_t i = 0; i < n; i++)
                 out[i] = NAN;
             break;
+        }
         }
     }
 }

@@ -22,12 +22,14 @@ struct kvp_mat {
 /* Bytes of scratch needed to hold x prepared for W's type (0 for float types). */
 size_t kvp_matvec_xq_bytes(int type, int64_t cols);
 
-/* Prepare x for dots against rows of W's type: quantize to Q8_0 for Q8_0 weights; no-op for
- * float types. xq must hold kvp_matvec_xq_bytes bytes. */
+/* Prepare x for dots against rows of W's type: quantize to kvp_type_vec_dot_type(type) (Q8_0
+ * for the 32-element quantized types, Q8_K for the K-quants); no-op for float types. xq must hold
+ * kvp_matvec_xq_bytes bytes. */
 void kvp_matvec_prepare(int type, const float *x, int64_t cols, void *xq);
 
-/* y[r] = dot(row r of W, x) for r in [r0, r1). xq is x prepared by kvp_matvec_prepare (may be
- * NULL for float types). y is indexed by absolute row. */
+/* y[r] = dot(row r of W, x) for r in [r0, r1). xq is x prepared by kvp_matvec_prepare, or NULL:
+ * then quantized types quantize x themselves on each call (in 4096-column chunks on the stack;
+ * same result as the prepared path when cols <= 4096). y is indexed by absolute row. */
 void kvp_matvec_rows(const struct kvp_mat *W, const float *x, const void *xq, float *y, int64_t r0,
                      int64_t r1);
 

@@ -86,3 +86,8 @@ void kvp_quantize_row_q8_0(const float *x, void *dst, int64_t n)
 {
     kvp_simd()->quantize_q8_0(x, dst, n);
 }
+
+void kvp_quantize_row_q8_k(const float *x, void *dst, int64_t n)
+{
+    kvp_simd()->quantize_q8_k(x, dst, n);
+}

@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#define KVP_SIMD_NTYPES 32 /* dot_q[] slots: GGUF type ids below 32 */
+
 struct kvp_simd_ops {
     const char *name; /* "scalar", "avx2", "avx512" */
 
@@ -58,6 +60,21 @@ struct kvp_simd_ops {
     /* Dequantize n elements (src may be unaligned; Q8_0: n a multiple of 32). */
     void (*dequant_f16)(const void *src, float *dst, int64_t n);
     void (*dequant_q8_0)(const void *src, float *dst, int64_t n);
+
+    /* ---- Added for the quantized weight types (quant.h); appended, the fields above are
+     * unchanged. ---- */
+
+    /* Integer dots of one weight row of type t (indexed by the GGUF type id) with activations
+     * quantized to kvp_type_vec_dot_type(t): Q8_0 blocks for Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL,
+     * Q8_K blocks (kvp_quantize_row_q8_k) for Q2_K..Q6_K. n is a multiple of the block size;
+     * w and xq may be unaligned. Each block's products are summed exactly in int32 before the
+     * float scales apply, so every table agrees with the scalar one to float rounding. NULL for
+     * types without an integer dot (floats, Q8_0, which keep their own fields above). */
+    float (*dot_q[KVP_SIMD_NTYPES])(const void *w, const void *xq, int64_t n);
+
+    /* Q8_K quantization of n floats (n a multiple of 256), bit-identical to
+     * kvp_quantize_row_q8_k_ref for finite inputs. dst may be unaligned. */
+    void (*quantize_q8_k)(const float *x, void *dst, int64_t n);
 };
 
 /* The table for this CPU (or the one KVP_SIMD forces). Thread-safe after the first call. */
@@ -75,5 +92,8 @@ const struct kvp_simd_ops *kvp_simd_pick(const char *want, int features);
 
 /* Quantize n floats (n a multiple of 32) into Q8_0 blocks (round to nearest, as ggml does). */
 void kvp_quantize_row_q8_0(const float *x, void *dst, int64_t n);
+
+/* Quantize n floats (n a multiple of 256) into Q8_K blocks with the best table's kernel. */
+void kvp_quantize_row_q8_k(const float *x, void *dst, int64_t n);
 
 #endif

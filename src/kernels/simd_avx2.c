@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "kernels/simd_internal.h"
+#include "kernels/simd_quant_x86.h"
 #include "kernels/types.h"
 
 #define KVP_INLINE static inline __attribute__((always_inline))
@@ -454,6 +455,11 @@ static void block_accum(const float *p, const float *v, int hd, int n, float *ou
         accum8(p, v + d, hd, n, out + d, tail_mask(hd - d), 0);
 }
 
+/* The quantized-type dots are the shared 256-bit kernels of simd_quant_x86.h. */
+#define DOT_Q4_0 qx_dot_q4_0
+#define DOT_Q4_K qx_dot_q4_k
+#define DOT_Q6_K qx_dot_q6_k
+
 const struct kvp_simd_ops kvp_simd_ops_avx2 = {
     .name = "avx2",
     .dot_f32 = dot_f32,
@@ -471,4 +477,18 @@ const struct kvp_simd_ops kvp_simd_ops_avx2 = {
     .quantize_q8_0 = quantize_q8_0,
     .dequant_f16 = dequant_f16,
     .dequant_q8_0 = dequant_q8_0,
+    .dot_q =
+        {
+            [KVP_TYPE_Q4_0] = DOT_Q4_0,
+            [KVP_TYPE_Q4_1] = qx_dot_q4_1,
+            [KVP_TYPE_Q5_0] = qx_dot_q5_0,
+            [KVP_TYPE_Q5_1] = qx_dot_q5_1,
+            [KVP_TYPE_IQ4_NL] = qx_dot_iq4_nl,
+            [KVP_TYPE_Q2_K] = qx_dot_q2_k,
+            [KVP_TYPE_Q3_K] = qx_dot_q3_k,
+            [KVP_TYPE_Q4_K] = DOT_Q4_K,
+            [KVP_TYPE_Q5_K] = qx_dot_q5_k,
+            [KVP_TYPE_Q6_K] = DOT_Q6_K,
+        },
+    .quantize_q8_k = qx_quantize_q8_k,
 };

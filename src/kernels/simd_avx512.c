@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "kernels/simd_internal.h"
+#include "kernels/simd_quant_x86.h"
 #include "kernels/types.h"
 
 #define KVP_INLINE static inline __attribute__((always_inline))
@@ -480,6 +481,139 @@ static void block_accum(const float *p, const float *v, int hd, int n, float *ou
         accum16(p, v + d, hd, n, out + d, tail_mask(hd - d), 0);
 }
 
+/* ============================== quantized weights (zmm) ==============================
+ *
+ * zmm versions of the dots for the types that dominate published files (Q4_0 in older and
+ * ARM-oriented repos, Q4_K and Q6_K in every Q4_K_M); the other types use the shared 256-bit
+ * kernels of simd_quant_x86.h. Same arithmetic as those (exact int32 per block or super-block,
+ * then the float scales), so the contract is unchanged. */
+
+/* Q4_0 × Q8_0, two blocks per zmm: codes - 8 in the block order, paired with q8_pair's x. */
+KVP_INLINE __m512i q4_0_pair(const uint8_t *wb)
+{
+    __m128i a = _mm_loadu_si128((const __m128i *)(wb + 2));
+    __m128i b = _mm_loadu_si128((const __m128i *)(wb + 18 + 2));
+    __m256i lo = _mm256_set_m128i(_mm_srli_epi16(a, 4), a);
+    __m256i hi = _mm256_set_m128i(_mm_srli_epi16(b, 4), b);
+    __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    return _mm512_sub_epi8(_mm512_and_si512(v, _mm512_set1_epi8(0x0F)), _mm512_set1_epi8(8));
+}
+
+static float dot_q4_0(const void *w, const void *xq, int64_t n)
+{
+    const uint8_t *pw = w, *px = xq;
+    int64_t nb = n / 32, b = 0;
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+    for (; b + 4 <= nb; b += 4) {
+        const uint8_t *w0 = pw + b * 18, *x0 = px + b * 34;
+        __m512 s0 = scale_pair(f16_at(w0) * f16_at(x0), f16_at(w0 + 18) * f16_at(x0 + 34));
+        __m512 s1 =
+            scale_pair(f16_at(w0 + 36) * f16_at(x0 + 68), f16_at(w0 + 54) * f16_at(x0 + 102));
+        a0 = _mm512_fmadd_ps(s0, q8_pair_dot(q4_0_pair(w0), q8_pair(x0)), a0);
+        a1 = _mm512_fmadd_ps(s1, q8_pair_dot(q4_0_pair(w0 + 36), q8_pair(x0 + 68)), a1);
+    }
+    for (; b + 2 <= nb; b += 2) {
+        const uint8_t *w0 = pw + b * 18, *x0 = px + b * 34;
+        __m512 s0 = scale_pair(f16_at(w0) * f16_at(x0), f16_at(w0 + 18) * f16_at(x0 + 34));
+        a0 = _mm512_fmadd_ps(s0, q8_pair_dot(q4_0_pair(w0), q8_pair(x0)), a0);
+    }
+    float s = hsum(_mm512_add_ps(a0, a1));
+    if (b < nb) /* odd last block: the 256-bit kernel */
+        s += qx_dot_q4_0(pw + b * 18, px + b * 34, 32);
+    return s;
+}
+
+/* Q4_K × Q8_K: one zmm per 64-element chunk (low nibbles = sub-block 2c in the low half, high
+ * nibbles = 2c+1 in the high half), which lines up with 64 contiguous activations. */
+static float dot_q4_k(const void *w, const void *xq, int64_t n)
+{
+    const uint8_t *pw = w, *px = xq;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    __m512 acc = _mm512_setzero_ps();
+    __m256 mins = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n / KVP_QK_K; b++) {
+        const uint8_t *wb = pw + (size_t)b * 144, *xb = px + (size_t)b * 292;
+        uint8_t sc[8], m[8];
+        qx_k_scales(wb + 4, sc, m);
+        __m512i sum = _mm512_setzero_si512();
+        for (int c = 0; c < 4; c++) {
+            __m512i q =
+                _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(wb + 16 + 32 * c)));
+            q = _mm512_and_si512(_mm512_srlv_epi16(q, shift), m4);
+            __m512i x = _mm512_loadu_si512(xb + 4 + 64 * c);
+            __m512i scv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(sc[2 * c])),
+                                             _mm256_set1_epi16(sc[2 * c + 1]), 1);
+            sum = _mm512_add_epi32(sum, _mm512_madd_epi16(_mm512_maddubs_epi16(q, x), scv));
+        }
+        float xd = qx_f32(xb);
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(f16_at(wb) * xd), _mm512_cvtepi32_ps(sum), acc);
+        mins = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(wb + 2) * xd),
+                               _mm256_cvtepi32_ps(qx_k_mins(m, xb)), mins);
+    }
+    return hsum256(_mm256_sub_ps(fold(acc), mins));
+}
+
+/* Q6_K × Q8_K: per half, two zmm of 64 codes (runs 0|1 and 2|3 of formats.md §4.4); the eight
+ * int8 scales of the half are widened and spread over the int16 pairs with vpermw. */
+static float dot_q6_k(const void *w, const void *xq, int64_t n)
+{
+    const uint8_t *pw = w, *px = xq;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(0x30);
+    const __m512i sh_a = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    const __m512i sh_b = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    /* int16 lane i of run pair 0|1 uses scale i/8, of run pair 2|3 scale 4 + i/8 */
+    __m512i idx0 = _mm512_setzero_si512(), idx1;
+    {
+        int16_t ix[32];
+        for (int i = 0; i < 32; i++)
+            ix[i] = (int16_t)(i / 8);
+        idx0 = _mm512_loadu_si512(ix);
+        idx1 = _mm512_add_epi16(idx0, _mm512_set1_epi16(4));
+    }
+    __m512 acc = _mm512_setzero_ps();
+    float corr = 0.0f;
+    for (int64_t b = 0; b < n / KVP_QK_K; b++) {
+        const uint8_t *wb = pw + (size_t)b * 210, *xb = px + (size_t)b * 292;
+        const int8_t *S = (const int8_t *)(wb + 192);
+        __m512i sum = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {
+            __m256i L0 = _mm256_loadu_si256((const __m256i *)(wb + 64 * h));
+            __m256i L1 = _mm256_loadu_si256((const __m256i *)(wb + 64 * h + 32));
+            __m512i L = _mm512_inserti64x4(_mm512_castsi256_si512(L0), L1, 1);
+            __m512i Q =
+                _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(wb + 128 + 32 * h)));
+            __m512i qa = _mm512_or_si512(_mm512_and_si512(L, m4),
+                                         _mm512_and_si512(_mm512_sllv_epi16(Q, sh_a), m2));
+            __m512i qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(L, 4), m4),
+                                         _mm512_and_si512(_mm512_srlv_epi16(Q, sh_b), m2));
+            __m512i s16 = _mm512_castsi128_si512(
+                _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(S + 8 * h))));
+            __m512i xa = _mm512_loadu_si512(xb + 4 + 128 * h);
+            __m512i xb2 = _mm512_loadu_si512(xb + 4 + 128 * h + 64);
+            sum = _mm512_add_epi32(sum, _mm512_madd_epi16(_mm512_maddubs_epi16(qa, xa),
+                                                          _mm512_permutexvar_epi16(idx0, s16)));
+            sum = _mm512_add_epi32(sum, _mm512_madd_epi16(_mm512_maddubs_epi16(qb, xb2),
+                                                          _mm512_permutexvar_epi16(idx1, s16)));
+        }
+        float dd = f16_at(wb + 208) * qx_f32(xb);
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(dd), _mm512_cvtepi32_ps(sum), acc);
+        int16_t bs[16];
+        qx_bsums(xb, bs);
+        int32_t c = 0;
+        for (int s = 0; s < 16; s++)
+            c += S[s] * bs[s];
+        corr += dd * (float)(32 * c);
+    }
+    return hsum(acc) - corr;
+}
+
+/* Quantized-type dots: the shared 256-bit kernels of simd_quant_x86.h (compiled here with the
+ * AVX-512 flags), except the types that dominate real files, which have zmm versions above. */
+#define DOT_Q4_0 dot_q4_0
+#define DOT_Q4_K dot_q4_k
+#define DOT_Q6_K dot_q6_k
+
 const struct kvp_simd_ops kvp_simd_ops_avx512 = {
     .name = "avx512",
     .dot_f32 = dot_f32,
@@ -497,4 +631,18 @@ const struct kvp_simd_ops kvp_simd_ops_avx512 = {
     .quantize_q8_0 = quantize_q8_0,
     .dequant_f16 = dequant_f16,
     .dequant_q8_0 = dequant_q8_0,
+    .dot_q =
+        {
+            [KVP_TYPE_Q4_0] = DOT_Q4_0,
+            [KVP_TYPE_Q4_1] = qx_dot_q4_1,
+            [KVP_TYPE_Q5_0] = qx_dot_q5_0,
+            [KVP_TYPE_Q5_1] = qx_dot_q5_1,
+            [KVP_TYPE_IQ4_NL] = qx_dot_iq4_nl,
+            [KVP_TYPE_Q2_K] = qx_dot_q2_k,
+            [KVP_TYPE_Q3_K] = qx_dot_q3_k,
+            [KVP_TYPE_Q4_K] = DOT_Q4_K,
+            [KVP_TYPE_Q5_K] = qx_dot_q5_k,
+            [KVP_TYPE_Q6_K] = DOT_Q6_K,
+        },
+    .quantize_q8_k = qx_quantize_q8_k,
 };

@@ -4,6 +4,8 @@
  */
 #include "kernels/types.h"
 
+#include "kernels/quant.h"
+
 #include <math.h>
 #include <string.h>
 
@@ -156,28 +158,32 @@ void kvp_quantize_row_q8_0_ref(const float *x, void *dst, int64_t n)
 }
 
 #define ROW(id, nm, bs, ts) [id] = {.name = nm, .blck_size = bs, .type_size = ts}
+/* A quantized type with kernels: converters from quant.c. */
+#define QROW(id, nm, bs, ts, sfx)                                                                  \
+    [id] = {nm, bs, ts, true, kvp_dequant_row_##sfx, kvp_quantize_row_##sfx##_ref}
 
 static const struct kvp_type_traits type_table[KVP_TYPE_COUNT] = {
     [KVP_TYPE_F32] = {"F32", 1, 4, true, f32_to_f32, f32_from_f32},
     [KVP_TYPE_F16] = {"F16", 1, 2, true, f16_to_f32, f32_from_f16},
     [KVP_TYPE_BF16] = {"BF16", 1, 2, true, bf16_to_f32, f32_from_bf16},
     [KVP_TYPE_Q8_0] = {"Q8_0", 32, 34, true, q8_0_to_f32, kvp_quantize_row_q8_0_ref},
-    ROW(KVP_TYPE_Q4_0, "Q4_0", 32, 18),
-    ROW(KVP_TYPE_Q4_1, "Q4_1", 32, 20),
-    ROW(KVP_TYPE_Q5_0, "Q5_0", 32, 22),
-    ROW(KVP_TYPE_Q5_1, "Q5_1", 32, 24),
+    QROW(KVP_TYPE_Q4_0, "Q4_0", 32, 18, q4_0),
+    QROW(KVP_TYPE_Q4_1, "Q4_1", 32, 20, q4_1),
+    QROW(KVP_TYPE_Q5_0, "Q5_0", 32, 22, q5_0),
+    QROW(KVP_TYPE_Q5_1, "Q5_1", 32, 24, q5_1),
     ROW(KVP_TYPE_Q8_1, "Q8_1", 32, 36),
-    ROW(KVP_TYPE_Q2_K, "Q2_K", 256, 84),
-    ROW(KVP_TYPE_Q3_K, "Q3_K", 256, 110),
-    ROW(KVP_TYPE_Q4_K, "Q4_K", 256, 144),
-    ROW(KVP_TYPE_Q5_K, "Q5_K", 256, 176),
-    ROW(KVP_TYPE_Q6_K, "Q6_K", 256, 210),
-    ROW(KVP_TYPE_Q8_K, "Q8_K", 256, 292),
+    QROW(KVP_TYPE_Q2_K, "Q2_K", 256, 84, q2_k),
+    QROW(KVP_TYPE_Q3_K, "Q3_K", 256, 110, q3_k),
+    QROW(KVP_TYPE_Q4_K, "Q4_K", 256, 144, q4_k),
+    QROW(KVP_TYPE_Q5_K, "Q5_K", 256, 176, q5_k),
+    QROW(KVP_TYPE_Q6_K, "Q6_K", 256, 210, q6_k),
+    /* activations only: converters for tests, but no weight kernels (never in model files) */
+    [KVP_TYPE_Q8_K] = {"Q8_K", 256, 292, false, kvp_dequant_row_q8_k, kvp_quantize_row_q8_k_ref},
     ROW(16, "IQ2_XXS", 256, 66),
     ROW(17, "IQ2_XS", 256, 74),
     ROW(18, "IQ3_XXS", 256, 98),
     ROW(19, "IQ1_S", 256, 50),
-    ROW(20, "IQ4_NL", 32, 18),
+    QROW(KVP_TYPE_IQ4_NL, "IQ4_NL", 32, 18, iq4_nl),
     ROW(21, "IQ3_S", 256, 110),
     ROW(22, "IQ2_S", 256, 82),
     ROW(23, "IQ4_XS", 256, 136),
@@ -202,6 +208,31 @@ const char *kvp_type_name(int type)
 {
     const struct kvp_type_traits *t = kvp_type_traits(type);
     return t ? t->name : "unknown";
+}
+
+int kvp_type_vec_dot_type(int type)
+{
+    switch (type) {
+    case KVP_TYPE_F32:
+    case KVP_TYPE_F16:
+    case KVP_TYPE_BF16:
+        return KVP_TYPE_F32;
+    case KVP_TYPE_Q4_0:
+    case KVP_TYPE_Q4_1:
+    case KVP_TYPE_Q5_0:
+    case KVP_TYPE_Q5_1:
+    case KVP_TYPE_Q8_0:
+    case KVP_TYPE_IQ4_NL:
+        return KVP_TYPE_Q8_0;
+    case KVP_TYPE_Q2_K:
+    case KVP_TYPE_Q3_K:
+    case KVP_TYPE_Q4_K:
+    case KVP_TYPE_Q5_K:
+    case KVP_TYPE_Q6_K:
+        return KVP_TYPE_Q8_K;
+    default:
+        return -1;
+    }
 }
 
 bool kvp_type_row_bytes(int type, int64_t n, size_t *out)

@@ -14,6 +14,9 @@
 
 #define KVP_QK8_0 32
 
+/* Type ids the public enum kvp_type does not list (formats.md §4.1). */
+enum { KVP_TYPE_IQ4_NL = 20 };
+
 /* Q8_0: 32 int8 quants and one f16 scale (formats.md §4.3). */
 struct kvp_block_q8_0 {
     uint16_t d;      /* f16 scale */
@@ -40,6 +43,11 @@ const char *kvp_type_name(int type);
 /* Bytes of n elements of type; false if n is not a multiple of the block size, the type is
  * unknown, or the size overflows. */
 bool kvp_type_row_bytes(int type, int64_t n, size_t *out);
+
+/* The activation format dots against weights of this type consume: KVP_TYPE_Q8_0 for the
+ * 32-element quantized types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL), KVP_TYPE_Q8_K for the
+ * K-quants, KVP_TYPE_F32 for float types (x used as is). -1 for types without kernels. */
+int kvp_type_vec_dot_type(int type);
 
 /* Reference (scalar) Q8_0 quantization of n floats, n a multiple of 32: d = max|x|/127,
  * q = round(x/d), as ggml's quantize_row_q8_0_ref. */

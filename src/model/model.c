@@ -379,6 +379,10 @@ int kvp_model_open(const char *path, const struct kvp_model_params *params, kvp_
         rc = kvp_model_from_gguf(g, &m, err);
         if (rc < 0)
             return kvp_err_prefix(err, "%s", path);
+        if (!m->name[0]) { /* no general.name: the file name stands for the model */
+            const char *base = strrchr(path, '/');
+            snprintf(m->name, sizeof(m->name), "%s", base ? base + 1 : path);
+        }
         if (params && params->tokenizer_path) {
             /* an explicit tokenizer replaces the embedded one */
             struct kvp_vocab *v;

@@ -30,7 +30,7 @@
 #include "policy/policy.h"
 
 struct h2o_state {
-    float *score;          /* [n_layer*n_head_kv][cap] accumulated attention per position */
+    float *score; /* [n_layer*n_head_kv][cap] accumulated attention per position */
     struct kvp_scratch scr;
 };
 

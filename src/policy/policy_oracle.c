@@ -30,8 +30,8 @@ static int oracle_init(struct kvp_policy *p, struct kvp_err *err)
 {
     struct kvp_scratch *s = calloc(1, sizeof(*s));
     size_t g = (size_t)(p->env.n_head / p->env.n_head_kv);
-    size_t cap = (size_t)(p->env.n_ctx + p->env.block_size - 1) / p->env.block_size *
-                 p->env.block_size;
+    size_t cap =
+        (size_t)(p->env.n_ctx + p->env.block_size - 1) / p->env.block_size * p->env.block_size;
     if (!s || kvp_scratch_init(s, &p->env, g * cap) < 0) {
         free(s);
         return kvp_err_set(err, KVP_ENOMEM, "oracle: out of memory");
@@ -47,8 +47,7 @@ static void oracle_free(struct kvp_policy *p)
 }
 
 /* Dense attention of the group, combined over its query heads into agg[0 .. n_tokens). */
-static float *true_attention(struct kvp_policy *p, int layer, int kvh, const float *q,
-                             int n_tokens)
+static float *true_attention(struct kvp_policy *p, int layer, int kvh, const float *q, int n_tokens)
 {
     const struct kvp_scratch *s = p->state;
     const int g = p->env.n_head / p->env.n_head_kv;

@@ -125,8 +125,8 @@ static void pyramid_prefill(struct kvp_policy *p, int layer, const struct kvp_pr
     kvp_snap_compress(p, &s->scr, layer, obs, s->caps[layer]);
 }
 
-static void pyramid_select(struct kvp_policy *p, int layer, int kvh, const float *q,
-                           int n_tokens, struct kvp_sel *sel)
+static void pyramid_select(struct kvp_policy *p, int layer, int kvh, const float *q, int n_tokens,
+                           struct kvp_sel *sel)
 {
     (void)q;
     struct pyramid_state *s = p->state;

@@ -32,9 +32,9 @@
 #include "policy/policy.h"
 
 struct quest_state {
-    float *kmax;       /* [n_layer*n_head_kv][max_blocks][head_dim] element-wise max of keys */
-    float *kmin;       /* [n_layer*n_head_kv][max_blocks][head_dim] element-wise min of keys */
-    int *done;         /* [n_layer*n_head_kv] tokens folded into the metadata */
+    float *kmax; /* [n_layer*n_head_kv][max_blocks][head_dim] element-wise max of keys */
+    float *kmin; /* [n_layer*n_head_kv][max_blocks][head_dim] element-wise min of keys */
+    int *done;   /* [n_layer*n_head_kv] tokens folded into the metadata */
     struct kvp_scratch scr;
 };
 
@@ -136,8 +136,8 @@ static void quest_select(struct kvp_policy *p, int layer, int kvh, const float *
     fold_keys(p, layer, kvh, n_tokens);
     struct kvp_block_plan bp;
     kvp_block_plan(p, n_tokens, &bp);
-    float *score = kvp_scratch_f(&s->scr, kvh);          /* [max_blocks] combined bounds */
-    float *ub = score + s->scr.cap;                      /* [g][n_cand] per-head bounds */
+    float *score = kvp_scratch_f(&s->scr, kvh); /* [max_blocks] combined bounds */
+    float *ub = score + s->scr.cap;             /* [g][n_cand] per-head bounds */
     int n_cand = bp.end - bp.first;
     if (!bp.all && bp.k < n_cand) {
         for (int j = 0; j < g; j++)

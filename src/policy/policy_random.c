@@ -15,7 +15,7 @@
 #include "policy/policy.h"
 
 struct random_state {
-    uint64_t *rng;         /* [n_layer*n_head_kv] splitmix64 states */
+    uint64_t *rng; /* [n_layer*n_head_kv] splitmix64 states */
     struct kvp_scratch scr;
 };
 

@@ -32,8 +32,8 @@
 int kvp_snap_init_scratch(struct kvp_policy *p, struct kvp_scratch *scr)
 {
     size_t g = (size_t)(p->env.n_head / p->env.n_head_kv);
-    size_t cap = (size_t)(p->env.n_ctx + p->env.block_size - 1) / p->env.block_size *
-                 p->env.block_size;
+    size_t cap =
+        (size_t)(p->env.n_ctx + p->env.block_size - 1) / p->env.block_size * p->env.block_size;
     return kvp_scratch_init(scr, &p->env, (g + 1) * cap);
 }
 
@@ -45,13 +45,13 @@ void kvp_snap_compress(struct kvp_policy *p, struct kvp_scratch *scr, int layer,
         return;
     int recent = obs->n_obs > kvp_policy_recent(p) ? obs->n_obs : kvp_policy_recent(p);
     for (int h = 0; h < p->env.n_head_kv; h++) {
-        float *score = kvp_scratch_f(scr, h);  /* [cap] pooled scores */
-        float *fscr = score + scr->cap;        /* [cap] top-k values */
-        float *tmp = fscr + scr->cap;          /* [(g + 1) * cap] per-head sums */
+        float *score = kvp_scratch_f(scr, h); /* [cap] pooled scores */
+        float *fscr = score + scr->cap;       /* [cap] top-k values */
+        float *tmp = fscr + scr->cap;         /* [(g + 1) * cap] per-head sums */
         uint64_t *keep = kvp_scratch_m(scr, h);
         kvp_snap_scores(obs, h * g, g, p->p.gqa_agg, p->p.pool, p->p.pool_max != 0, score, tmp);
-        kvp_keep_tokens(score, n, p->p.sink, recent, budget, p->env.kv, layer, h,
-                        p->env.block_size, keep, fscr, kvp_scratch_i(scr, h));
+        kvp_keep_tokens(score, n, p->p.sink, recent, budget, p->env.kv, layer, h, p->env.block_size,
+                        keep, fscr, kvp_scratch_i(scr, h));
         kvp_evict_unkept(p->env.kv, layer, h, keep, n);
     }
 }

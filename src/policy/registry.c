@@ -12,6 +12,7 @@ extern const struct kvp_policy_ops kvp_policy_quest;
 extern const struct kvp_policy_ops kvp_policy_oracle;
 extern const struct kvp_policy_ops kvp_policy_oracle_token;
 extern const struct kvp_policy_ops kvp_policy_random;
+extern const struct kvp_policy_ops kvp_policy_catekv;
 extern const struct kvp_policy_ops kvp_policy_predictor;
 
 const struct kvp_policy_ops *const kvp_policy_registry[] = {
@@ -24,6 +25,7 @@ const struct kvp_policy_ops *const kvp_policy_registry[] = {
     &kvp_policy_oracle,
     &kvp_policy_oracle_token,
     &kvp_policy_random,
+    &kvp_policy_catekv,
     &kvp_policy_predictor,
     NULL,
 };
