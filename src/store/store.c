@@ -390,8 +390,9 @@ static void clear_overflow(struct kvp_store *s)
 {
     if (s->ovf_layer < 0)
         return;
+    /* a block may have become resident since (a prefetch): point at its hot slot then */
     for (int i = 0; i < s->n_ovf; i++)
-        set_table(s, s->ovf_layer, s->ovf[i], -1);
+        set_table(s, s->ovf_layer, s->ovf[i], *res_of(s, s->ovf_layer, s->ovf[i]));
     s->n_ovf = 0;
     s->ovf_layer = -1;
 }
