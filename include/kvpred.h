@@ -102,6 +102,19 @@ bool kvp_token_is_eog(const kvp_model *model, int token);
 int kvp_tokenize(const kvp_model *model, const char *text, size_t len, bool add_bos, int32_t *ids,
                  size_t cap, size_t *n_out, struct kvp_err *err);
 
+/* As kvp_tokenize, with control-token texts (chat markers such as <|im_start|>) split out as
+ * their ids when parse_special is true. */
+int kvp_tokenize_special(const kvp_model *model, const char *text, size_t len, bool add_bos,
+                         bool parse_special, int32_t *ids, size_t cap, size_t *n_out,
+                         struct kvp_err *err);
+
+/* Wrap a user message (and an optional system message) in the model's chat template, detected
+ * from tokenizer.chat_template (ChatML, Llama 3, Llama 2/Mistral, Zephyr, Phi-3, Gemma; plain
+ * text otherwise), ending with the assistant prompt. format_name forces a format ("chatml",
+ * "llama3", ...; NULL: detect). *text is malloc'd; tokenize it with parse_special. */
+int kvp_chat_prompt(const kvp_model *model, const char *format_name, const char *system,
+                    const char *user, char **text, size_t *len, struct kvp_err *err);
+
 /* Text of one token for streaming output. Byte tokens yield their raw byte, so a multi-byte
  * character may arrive in pieces; `prev` is the previous token (or -1) so the SentencePiece
  * leading space after BOS is dropped as llama2.c does. Returns the number of bytes written
@@ -165,8 +178,8 @@ int kvp_eval(kvp_ctx *ctx, const int32_t *tokens, int n, float *logits, bool all
 /* ---- KV selection policies ------------------------------------------------------------- */
 
 enum kvp_gqa_agg {
-    KVP_AGG_MAX = 0,  /* combine the query heads of a GQA group by the max */
-    KVP_AGG_MEAN = 1,
+    KVP_AGG_MEAN = 0, /* the default: average the query heads' probabilities (methods.md §5) */
+    KVP_AGG_MAX = 1,  /* combine the query heads of a GQA group by the max */
     KVP_AGG_SUM = 2,
 };
 
@@ -187,6 +200,26 @@ struct kvp_policy_params {
                             key (kvpress ObservedAttention) [0] */
     uint64_t seed;       /* random policies [0] */
     const char *aux_path;/* a file the policy needs (predictor weights, head profile) */
+    /* ---- catekv (methods.md §2): sink = S, local = R, budget = B per consistent KV head,
+       window = w; dense_layers is ignored (every layer alike) ---- */
+    float adaptive_ratio;/* r, fraction of adaptive KV heads [0.4]; < 0 means 0, >= 1 all */
+    int adaptive_mode;   /* enum kvp_adaptive_mode [KVP_ADAPTIVE_FULL] */
+    float eta;           /* η, fraction of middle chunks an adaptive head keeps
+                            [1 for full/quest, 0.5 for fraction] */
+    int chunk;           /* c, chunk size in tokens [8] */
+    int tail_tokens;     /* unchunked prompt tail (upstream's hidden 32) [32]; < 0 means 0 */
+    float percentile;    /* k, binarization quantile in (0.5, 1) [0.995] */
+    float alpha;         /* α, binarization interpolation in [0, 1] [1.0]; < 0 means 0 */
+    const char *head_profile; /* static classification file (kvpred profile-heads); NULL:
+                                 classify every prompt (dynamic) */
+};
+
+/* How CateKV's adaptive heads decode (methods.md §2.6). */
+enum kvp_adaptive_mode {
+    KVP_ADAPTIVE_FULL = 0,     /* the whole cache */
+    KVP_ADAPTIVE_FRACTION = 1, /* sink + the top η of the middle chunks + tail, fixed */
+    KVP_ADAPTIVE_QUEST = 2,    /* the η-cache, read through Quest page selection each step */
+    KVP_ADAPTIVE_PREDICTOR = 3,/* AttentionPredictor on the adaptive heads only */
 };
 
 /* Attach a policy to the context (replacing any previous one; NULL: full attention) and clear

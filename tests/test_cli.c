@@ -131,6 +131,18 @@ static void test_generation(void **state)
     assert_memory_equal(out, "Once upon a time", 16);
     assert_true(strlen(out) > 40);
     free(out);
+    /* --chat wraps the prompt in a template (plain for this model, ChatML when forced) */
+    snprintf(cmd, sizeof(cmd), "%s run -m %s --chat --system 'Be brief.' -p 'Hi' -n 4", cli, m_s);
+    assert_int_equal(kvp_test_run(cmd, &out, 0), 0);
+    assert_non_null(strstr(out, "Hi"));
+    assert_non_null(strstr(out, "Be brief."));
+    free(out);
+    snprintf(cmd, sizeof(cmd), "%s run -m %s --chat --chat-format chatml -p 'Hi' -n 4", cli, m_s);
+    assert_int_equal(kvp_test_run(cmd, &out, 0), 0);
+    assert_non_null(strstr(out, "<|im_start|>user"));
+    free(out);
+    snprintf(cmd, sizeof(cmd), "%s run -m %s --chat --chat-format klingon -p 'Hi' -n 4", cli, m_s);
+    expect_error(cmd, "unknown chat format");
     /* sampling with a seed is reproducible; different seeds differ */
     char *a = NULL, *b = NULL, *c = NULL;
     snprintf(cmd, sizeof(cmd), "%s run -m %s -n 48 --temp 1.0 --top-k 40 --top-p 0.9 --seed 7",

@@ -19,6 +19,17 @@ int cmd_bench(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_train_lm(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
+int cmd_viz(int argc, char **argv);
+int cmd_profile_heads(int argc, char **argv);
+int cmd_viz_heads(int argc, char **argv);
+/* Draw a CateKV head profile as a PNG (for `kvpred viz --head-profile`); prints errors, returns
+ * the exit status. */
+int cli_viz_heads(const char *profile_path, const char *png_path);
+/* catekv policy flags (--adaptive, --adaptive-ratio, --eta, --chunk, --tail, --percentile,
+ * --alpha, --head-profile): like cli_policy_flag, 1 consumed, 0 not one, -1 error printed. */
+int cli_catekv_flag(struct kvp_policy_params *p, int argc, char **argv, int *i);
+extern const char *cli_catekv_flags_help;
 
 /* Print "kvpred: error: <msg>" on stderr; returns 1 (the exit status for errors). */
 int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

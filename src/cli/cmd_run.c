@@ -5,6 +5,7 @@
 
 #include "cli/cli.h"
 #include "cli/common.h"
+#include "cli/measure_opts.h"
 #include "core/platform.h"
 
 static void help(void)
@@ -20,9 +21,16 @@ static void help(void)
            "  --repeat-penalty R   penalty for recent tokens (default 1.0 = off)\n"
            "  --repeat-last-n N    tokens the penalty looks back over (default 64)\n"
            "  --seed S             random seed (default 42)\n"
+           "  --chat               wrap the prompt in the model's chat template (assistant turn)\n"
+           "  --system TEXT        system message for --chat\n"
+           "  --chat-format NAME   force a template: chatml, llama3, llama2, mistral, zephyr, phi3,\n"
+           "                       gemma, plain (default: from tokenizer.chat_template)\n"
            "  --no-bos             do not prepend BOS\n"
-           "  --ignore-eos         keep generating after an end-of-generation token\n",
-           cli_model_flags_help);
+           "  --ignore-eos         keep generating after an end-of-generation token\n"
+           "  --policy P           KV selection policy (default full); known: %s\n"
+           "  --budget B           tokens per layer and KV head, or a ratio such as 1/16\n"
+           "                       (default: all); random policies use --seed\n%s",
+           cli_model_flags_help, cli_policy_names(), cli_policy_flags_help);
 }
 
 int cmd_run(int argc, char **argv)
@@ -31,11 +39,15 @@ int cmd_run(int argc, char **argv)
     const char *prompt = NULL, *prompt_file = NULL;
     long n_predict = 128, top_k = 40, repeat_last_n = 64, seed = 42;
     double temp = 0.0, top_p = 0.95, repeat_penalty = 1.0;
-    bool add_bos = true, ignore_eos = false;
-    static const char *const value_flags[] = {"-p", "--prompt", "-f", "--file", "-n", "--n-predict", "--temp", "--top-k", "--top-p", "--repeat-penalty", "--repeat-last-n", "--seed", NULL};
+    const char *system = NULL, *chat_format = NULL;
+    bool add_bos = true, ignore_eos = false, chat = false;
+    struct kvp_policy_params pp = {.gqa_agg = KVP_AGG_MEAN};
+    static const char *const value_flags[] = {"-p", "--prompt", "-f", "--file", "-n", "--n-predict", "--temp", "--top-k", "--top-p", "--repeat-penalty", "--repeat-last-n", "--seed", "--system", "--chat-format", "--policy", "--budget", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int r = cli_model_flag(&mo, argc, argv, &i);
+        if (r == 0)
+            r = cli_policy_flag(&pp, false, argc, argv, &i);
         if (r < 0)
             return 1;
         if (r > 0)
@@ -48,12 +60,18 @@ int cmd_run(int argc, char **argv)
             add_bos = false;
         } else if (!strcmp(a, "--ignore-eos")) {
             ignore_eos = true;
+        } else if (!strcmp(a, "--chat")) {
+            chat = true;
         } else if (!cli_flag_in(a, value_flags)) {
             return cli_fail("run: unknown flag '%s' (see kvpred run --help)", a);
         } else if (!(v = cli_flag_value(argc, argv, &i))) {
             return 1;
         } else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
             prompt = v;
+        } else if (!strcmp(a, "--system")) {
+            system = v;
+        } else if (!strcmp(a, "--chat-format")) {
+            chat_format = v;
         } else if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
             prompt_file = v;
         } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
@@ -77,6 +95,13 @@ int cmd_run(int argc, char **argv)
         } else if (!strcmp(a, "--seed")) {
             if (!cli_parse_int(v, 0, 0x7fffffffffffffffL, &seed))
                 return cli_fail("--seed: '%s' is not a non-negative integer", v);
+        } else if (!strcmp(a, "--policy")) {
+            if (!cli_policy_known(v))
+                return cli_fail("--policy: unknown policy '%s' (known: %s)", v, cli_policy_names());
+            pp.name = v;
+        } else if (!strcmp(a, "--budget")) {
+            if (!cli_parse_budget(v, &pp.budget, &pp.budget_ratio))
+                return cli_fail("--budget: '%s' is not a token count or a ratio in (0, 1]", v);
         } else {
             return cli_fail("run: unknown flag '%s' (see kvpred run --help)", a);
         }
@@ -107,7 +132,32 @@ int cmd_run(int argc, char **argv)
         len = strlen(text);
     }
     size_t n_prompt = 0;
-    ids = cli_tokenize(model, text, len, add_bos, &n_prompt);
+    if (chat) {
+        /* the template text replaces the raw prompt; markers are tokenized as special tokens */
+        struct kvp_err cerr = {0};
+        char *templ = NULL;
+        size_t tlen = 0;
+        char *user = strndup(text, len);
+        int crc = user ? kvp_chat_prompt(model, chat_format, system, user, &templ, &tlen, &cerr)
+                       : kvp_err_set(&cerr, KVP_ENOMEM, "out of memory");
+        free(user);
+        if (crc < 0) {
+            cli_fail_err(&cerr);
+            goto out;
+        }
+        free(file_text);
+        file_text = templ;
+        text = templ;
+        len = tlen;
+        ids = malloc((len + 8) * sizeof(int32_t));
+        if (!ids || kvp_tokenize_special(model, text, len, add_bos, true, ids, len + 8, &n_prompt,
+                                         &cerr) < 0) {
+            cli_fail("%s", ids ? cerr.msg : "out of memory");
+            goto out;
+        }
+    } else {
+        ids = cli_tokenize(model, text, len, add_bos, &n_prompt);
+    }
     if (!ids)
         goto out;
     if (n_prompt == 0) {
@@ -128,10 +178,15 @@ int cmd_run(int argc, char **argv)
     ctx = cli_open_ctx(model, &mo, n_ctx);
     if (!ctx)
         goto out;
+    struct kvp_err err = {0};
+    pp.seed = (uint64_t)seed;
+    if (pp.name && kvp_ctx_set_policy(ctx, &pp, &err) < 0) {
+        cli_fail_err(&err);
+        goto out;
+    }
     struct kvp_sampler_params sp = {.temperature = (float)temp, .top_k = (int)top_k,
                                     .top_p = (float)top_p, .repeat_penalty = (float)repeat_penalty,
                                     .repeat_last_n = (int)repeat_last_n, .seed = (uint64_t)seed};
-    struct kvp_err err = {0};
     if (kvp_sampler_init(&sp, info.n_vocab, &smp, &err) < 0) {
         cli_fail_err(&err);
         goto out;
@@ -174,11 +229,13 @@ int cmd_run(int argc, char **argv)
         }
     }
     double t2 = kvp_time_now();
+    size_t kv_resident = 0;
+    kvp_ctx_kv_bytes(ctx, &kv_resident, NULL);
     printf("\n");
     fprintf(stderr, "\nkvpred: prompt %zu tokens in %.1f ms (%.0f tok/s), generated %ld tokens in "
-                    "%.1f ms (%.0f tok/s)\n",
+                    "%.1f ms (%.0f tok/s), KV resident %zu bytes (%s)\n",
             n_prompt, (t1 - t0) * 1e3, n_prompt / (t1 - t0), generated, (t2 - t1) * 1e3,
-            generated / (t2 - t1 > 0 ? t2 - t1 : 1e-9));
+            generated / (t2 - t1 > 0 ? t2 - t1 : 1e-9), kv_resident, pp.name ? pp.name : "full");
     status = 0;
 out:
     free(logits);

@@ -23,6 +23,10 @@ static const struct command commands[] = {
     {"convert", cmd_convert, "convert a llama2.c checkpoint to GGUF"},
     {"tokenize", cmd_tokenize, "print the token ids of a text"},
     {"train-lm", cmd_train_lm, "train a small Llama-architecture model from scratch"},
+    {"eval", cmd_eval, "measure KV selection policies against full attention"},
+    {"viz", cmd_viz, "draw one head's attention and a policy's selection as a PNG"},
+    {"profile-heads", cmd_profile_heads, "CateKV: classify KV heads over a reference set"},
+    {"viz-heads", cmd_viz_heads, "CateKV: draw a head profile as a PNG"},
 };
 
 static void usage(FILE *f)

@@ -612,8 +612,11 @@ int kvp_ctx_set_policy(kvp_ctx *c, const struct kvp_policy_params *params, struc
         p->p.dense_layers = 0;
     if (p->p.dense_layers > hp->n_layer)
         p->p.dense_layers = hp->n_layer;
-    if (p->p.gqa_agg < KVP_AGG_MAX || p->p.gqa_agg > KVP_AGG_SUM)
-        p->p.gqa_agg = KVP_AGG_MEAN;
+    if (p->p.gqa_agg < 0 || p->p.gqa_agg > KVP_AGG_SUM) {
+        int agg = p->p.gqa_agg;
+        free(p);
+        return kvp_err_set(err, KVP_EINVAL, "unknown GQA aggregation %d", agg);
+    }
     if (p->p.budget < 0 || p->p.budget_ratio < 0 || p->p.budget_ratio > 1) {
         free(p);
         return kvp_err_set(err, KVP_EINVAL, "budget must be >= 0 and ratio in (0, 1]");

@@ -15,6 +15,7 @@
 #include "kernels/types.h"
 #include "model/gguf.h"
 #include "model/llama2c.h"
+#include "tokenizer/chat.h"
 #include "tokenizer/vocab.h"
 
 /* ---- GGUF --------------------------------------------------------------------------------- */
@@ -378,6 +379,10 @@ int kvp_model_open(const char *path, const struct kvp_model_params *params, kvp_
         rc = kvp_model_from_gguf(g, &m, err);
         if (rc < 0)
             return kvp_err_prefix(err, "%s", path);
+        if (!m->name[0]) { /* no general.name: the file name stands for the model */
+            const char *base = strrchr(path, '/');
+            snprintf(m->name, sizeof(m->name), "%s", base ? base + 1 : path);
+        }
         if (params && params->tokenizer_path) {
             /* an explicit tokenizer replaces the embedded one */
             struct kvp_vocab *v;
@@ -499,6 +504,35 @@ int kvp_tokenize(const kvp_model *m, const char *text, size_t len, bool add_bos,
         return kvp_err_set(err, KVP_EINVAL,
                            "this model has no tokenizer (llama2.c checkpoints need --tokenizer)");
     return kvp_vocab_encode(m->vocab, text, len, add_bos, false, ids, cap, n_out, err);
+}
+
+int kvp_tokenize_special(const kvp_model *m, const char *text, size_t len, bool add_bos,
+                         bool parse_special, int32_t *ids, size_t cap, size_t *n_out,
+                         struct kvp_err *err)
+{
+    if (!m->vocab)
+        return kvp_err_set(err, KVP_EINVAL,
+                           "this model has no tokenizer (llama2.c checkpoints need --tokenizer)");
+    return kvp_vocab_encode(m->vocab, text, len, add_bos, parse_special, ids, cap, n_out, err);
+}
+
+int kvp_chat_prompt(const kvp_model *m, const char *format_name, const char *system,
+                    const char *user, char **text, size_t *len, struct kvp_err *err)
+{
+    int fmt;
+    if (format_name) {
+        fmt = kvp_chat_format_from_name(format_name);
+        if (fmt < 0)
+            return kvp_err_set(err, KVP_EINVAL, "unknown chat format '%s'", format_name);
+    } else {
+        fmt = m->gguf ? kvp_chat_detect_gguf(m->gguf) : KVP_CHAT_PLAIN;
+    }
+    struct kvp_chat_msg msgs[2];
+    size_t n = 0;
+    if (system)
+        msgs[n++] = (struct kvp_chat_msg){.role = "system", .content = system};
+    msgs[n++] = (struct kvp_chat_msg){.role = "user", .content = user};
+    return kvp_chat_apply(fmt, msgs, n, true, text, len, err);
 }
 
 size_t kvp_token_to_piece(const kvp_model *m, int prev, int token, char *buf, size_t cap)

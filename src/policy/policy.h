@@ -32,6 +32,7 @@
 #include "kvpred.h"
 
 struct kvp_kvcache;
+struct kvp_scratch;
 
 /* One (layer, KV head) selection: logical blocks in ascending order, each with the mask of its
  * tokens to read (bit t = token blk*bs + t). Evicted tokens and tokens past the end are removed
@@ -54,12 +55,13 @@ struct kvp_policy_env {
  *   obs[h][i][j]: attention of prompt query n_prompt - n_obs + i to key j (j < n_prompt),
  *                 causal, rows sum to 1; n_obs = min(window, n_prompt);
  *   colsum[h][j]: sum over all prompt queries of their attention to key j (NULL unless the
- *                 policy asked for it). */
+ *                 policy asked for it); rows are env.n_ctx floats apart, the first n_prompt
+ *                 are used. */
 struct kvp_prefill_obs {
     int n_prompt;
     int n_obs;
     const float *obs;      /* [n_head][n_obs][n_prompt] */
-    const float *colsum;   /* [n_head][n_prompt] or NULL */
+    const float *colsum;   /* [n_head][env.n_ctx] or NULL */
 };
 
 /* A policy instance. */
@@ -127,5 +129,118 @@ void kvp_topk_indices(const float *x, int n, int k, int *out, int *scratch);
 
 /* Combine g rows (stride apart) of n values into out with agg (KVP_AGG_MAX/MEAN/SUM). */
 void kvp_gqa_combine(const float *rows, int g, int stride, int n, int agg, float *out);
+
+/* ---- the forced set every policy shares ----
+ *
+ * Every policy keeps the first `sink` tokens and the most recent max(local, 1) tokens (the
+ * current token is always read, so attention is never empty), and the budget counts both
+ * (methods.md §4). sink = -1 / local = -1 in the parameters turn them off (local then still
+ * keeps the current token, or its block for block policies). */
+int kvp_policy_recent(const struct kvp_policy *p);
+
+/* Block selection plan for a context of n_tokens (quest, oracle, random, attnpred):
+ *   forced tokens [0, sink) and [local_start, n_tokens), where local_start is the block boundary
+ *   at or below n_tokens - max(local, 1) (methods.md §1.4 kvpred default: the local window holds
+ *   local .. local + bs - 1 tokens, so there is neither a gap nor an overlap before it);
+ *   candidates: the whole blocks [first, end) between the sink and the local window (a sink that
+ *   is not a multiple of bs leaves the rest of its last block unread);
+ *   k = floor((budget - forced) / bs) candidates, at most end - first;
+ *   all: the budget covers the context, so everything is read (reproduces full attention).
+ * When the budget is smaller than the forced set the forced set is still read (at most bs - 1
+ * tokens over a budget of at least sink + local). */
+struct kvp_block_plan {
+    int n_blocks;     /* ceil(n_tokens / bs) */
+    int sink;         /* forced [0, sink) */
+    int local_start;  /* forced [local_start, n_tokens), a multiple of bs */
+    int forced;       /* tokens in the two forced ranges */
+    int first, end;   /* candidate blocks [first, end) */
+    int k;            /* candidates to select, 0 <= k <= end - first */
+    bool all;         /* budget >= n_tokens: select every block */
+};
+void kvp_block_plan(const struct kvp_policy *p, int n_tokens, struct kvp_block_plan *bp);
+
+/* Apply a plan: the forced ranges plus the k best candidates by score[b] (indexed by block id;
+ * only [first, end) is read), ties to the lower block. masks: [n_blocks] scratch; iscratch:
+ * 2 * (end - first) ints. */
+void kvp_sel_blocks(const struct kvp_block_plan *bp, const float *score, int n_tokens, int bs,
+                    struct kvp_sel *sel, uint64_t *masks, int *iscratch);
+
+/* Token keep set (h2o, snapkv, pyramidkv, oracle_token): keep[b] (n_blocks masks, overwritten)
+ * gets [0, sink) ∪ [max(n_tokens - recent, sink), n_tokens) plus the best
+ * budget - |forced| tokens by score[t] among the live tokens in between (ties to the lower
+ * position). Tokens evicted from kv (layer, kvh) are not candidates; kv may be NULL. fscratch:
+ * n_tokens floats; iscratch: 3 * n_tokens ints. */
+void kvp_keep_tokens(const float *score, int n_tokens, int sink, int recent, int budget,
+                     const struct kvp_kvcache *kv, int layer, int kvh, int bs, uint64_t *keep,
+                     float *fscratch, int *iscratch);
+
+/* Evict every live token of (layer, kvh) in [0, n_tokens) whose keep bit is clear. */
+void kvp_evict_unkept(struct kvp_kvcache *kv, int layer, int kvh, const uint64_t *keep,
+                      int n_tokens);
+
+/* Select every live token of (layer, kvh) in [0, n_tokens). masks: [n_blocks] scratch. */
+void kvp_sel_resident(struct kvp_sel *sel, const struct kvp_kvcache *kv, int layer, int kvh,
+                      int n_tokens, uint64_t *masks);
+
+/* SnapKV score of one KV head (methods.md §3.3) from a prefill observation: for each query head
+ * j of the group (first_head + j, j < g), s_j[t] = sum over the n_obs window rows of their
+ * attention to t, for the past positions t < n_prompt - n_obs; combined over the group with agg,
+ * then pooled along positions with a centred window of `pool` (padding pool/2, stride 1;
+ * average counts the padding as PyTorch's default does, max ignores it; pool <= 1: none).
+ * out: n_prompt - n_obs floats; tmp: (g + 1) * n_prompt floats. */
+void kvp_snap_scores(const struct kvp_prefill_obs *obs, int first_head, int g, int agg, int pool,
+                     bool pool_max, float *out, float *tmp);
+
+/* SnapKV's compression of one layer with a given budget (policy_snapkv.c), shared with
+ * pyramidkv: scores every KV head with kvp_snap_scores and evicts all prompt tokens outside
+ * sink ∪ window ∪ the best budget - |sink ∪ window| (window = max(n_obs, local)); nothing when
+ * budget >= n_prompt. scr must come from kvp_snap_init_scratch (0, or -1 out of memory). */
+int kvp_snap_init_scratch(struct kvp_policy *p, struct kvp_scratch *scr);
+void kvp_snap_compress(struct kvp_policy *p, struct kvp_scratch *scr, int layer,
+                       const struct kvp_prefill_obs *obs, int budget);
+
+/* PyramidKV per-layer budgets (methods.md §3.4), see policy_pyramidkv.c. */
+enum kvp_pyramid_mode {
+    KVP_PYRAMID_NONE = 0,    /* n_prompt <= budget: nothing is compressed */
+    KVP_PYRAMID_FLAT = 1,    /* fallback: every compressed layer gets the budget (= SnapKV) */
+    KVP_PYRAMID_PYRAMID = 2, /* the pyramid */
+};
+/* Token budget (window included) of every layer for a prompt of n_prompt tokens, an average
+ * budget and an observation window; layers < dense_layers get n_prompt (dense). Returns the
+ * mode, so callers can report a fallback; *reason (may be NULL) gets a static string saying
+ * why a fallback happened (NULL for the pyramid). caps: [n_layer]. */
+int kvp_pyramid_budgets(int n_prompt, int budget, int window, int n_layer, int dense_layers,
+                        int *caps, const char **reason);
+
+/* Quest's bound for one query head and one block: Σ_d max(q_d·kmax_d, q_d·kmin_d), an upper
+ * bound of q·k for every key k with kmin <= k <= kmax element-wise (policy_quest.c). */
+float kvp_quest_bound(const float *q, const float *kmax, const float *kmin, int hd);
+
+/* Scratch per KV head for select/on_step, which run concurrently for different KV heads (and
+ * in sequence for the layers of one KV head). */
+struct kvp_scratch {
+    int max_blocks;   /* ceil(n_ctx / bs) */
+    int cap;          /* max_blocks * bs */
+    size_t nf, ni;    /* floats and ints per KV head: 2 * cap + extra, 3 * cap */
+    float *f;         /* owned [n_head_kv][nf] */
+    int *i;           /* owned [n_head_kv][ni] */
+    uint64_t *masks;  /* owned [n_head_kv][max_blocks] */
+};
+/* 0, or -1 when out of memory (nothing left allocated). */
+int kvp_scratch_init(struct kvp_scratch *s, const struct kvp_policy_env *env,
+                     size_t extra_floats);
+void kvp_scratch_free(struct kvp_scratch *s); /* NULL-safe, idempotent */
+static inline float *kvp_scratch_f(const struct kvp_scratch *s, int kvh)
+{
+    return s->f + (size_t)kvh * s->nf;
+}
+static inline int *kvp_scratch_i(const struct kvp_scratch *s, int kvh)
+{
+    return s->i + (size_t)kvh * s->ni;
+}
+static inline uint64_t *kvp_scratch_m(const struct kvp_scratch *s, int kvh)
+{
+    return s->masks + (size_t)kvh * s->max_blocks;
+}
 
 #endif

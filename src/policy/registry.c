@@ -5,10 +5,26 @@
 
 extern const struct kvp_policy_ops kvp_policy_full;
 extern const struct kvp_policy_ops kvp_policy_streaming;
+extern const struct kvp_policy_ops kvp_policy_h2o;
+extern const struct kvp_policy_ops kvp_policy_snapkv;
+extern const struct kvp_policy_ops kvp_policy_pyramidkv;
+extern const struct kvp_policy_ops kvp_policy_quest;
+extern const struct kvp_policy_ops kvp_policy_oracle;
+extern const struct kvp_policy_ops kvp_policy_oracle_token;
+extern const struct kvp_policy_ops kvp_policy_random;
+extern const struct kvp_policy_ops kvp_policy_catekv;
 
 const struct kvp_policy_ops *const kvp_policy_registry[] = {
     &kvp_policy_full,
     &kvp_policy_streaming,
+    &kvp_policy_h2o,
+    &kvp_policy_snapkv,
+    &kvp_policy_pyramidkv,
+    &kvp_policy_quest,
+    &kvp_policy_oracle,
+    &kvp_policy_oracle_token,
+    &kvp_policy_random,
+    &kvp_policy_catekv,
     NULL,
 };
 

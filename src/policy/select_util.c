@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "forward/kvcache.h"
 #include "policy/policy.h"
 
 int kvp_policy_budget(const struct kvp_policy *p, int n_tokens)
@@ -111,4 +112,188 @@ void kvp_gqa_combine(const float *rows, int g, int stride, int n, int agg, float
     if (agg == KVP_AGG_MEAN && g > 1)
         for (int i = 0; i < n; i++)
             out[i] /= (float)g;
+}
+
+/* ---- forced windows, block plans, token keep sets ------------------------------------------ */
+
+int kvp_policy_recent(const struct kvp_policy *p)
+{
+    return p->p.local > 1 ? p->p.local : 1;
+}
+
+static uint64_t block_full_mask(int bs)
+{
+    return bs >= 64 ? ~0ULL : (1ULL << bs) - 1;
+}
+
+void kvp_block_plan(const struct kvp_policy *p, int n_tokens, struct kvp_block_plan *bp)
+{
+    const int bs = p->env.block_size;
+    const int budget = kvp_policy_budget(p, n_tokens);
+    int sink = p->p.sink < n_tokens ? p->p.sink : n_tokens;
+    int from = n_tokens - kvp_policy_recent(p);
+    int ls = from > 0 ? from / bs * bs : 0;
+    bp->n_blocks = (n_tokens + bs - 1) / bs;
+    bp->sink = sink;
+    bp->local_start = ls;
+    bp->first = (sink + bs - 1) / bs;
+    bp->end = ls / bs > bp->first ? ls / bs : bp->first;
+    bp->forced = sink + (n_tokens - ls) - (sink > ls ? sink - ls : 0);
+    int k = budget > bp->forced ? (budget - bp->forced) / bs : 0;
+    bp->k = k < bp->end - bp->first ? k : bp->end - bp->first;
+    bp->all = budget >= n_tokens;
+}
+
+void kvp_sel_blocks(const struct kvp_block_plan *bp, const float *score, int n_tokens, int bs,
+                    struct kvp_sel *sel, uint64_t *masks, int *iscratch)
+{
+    if (bp->all) {
+        kvp_sel_all(sel, n_tokens, bs);
+        return;
+    }
+    memset(masks, 0, (size_t)bp->n_blocks * sizeof(uint64_t));
+    kvp_mask_add_range(masks, 0, bp->sink, bs);
+    kvp_mask_add_range(masks, bp->local_start, n_tokens, bs);
+    int n_cand = bp->end - bp->first;
+    int *out = iscratch, *heap = iscratch + n_cand;
+    if (bp->k < n_cand) {
+        kvp_topk_indices(score + bp->first, n_cand, bp->k, out, heap);
+        for (int i = 0; i < bp->k; i++)
+            masks[bp->first + out[i]] = block_full_mask(bs);
+    } else {
+        for (int b = bp->first; b < bp->end; b++)
+            masks[b] = block_full_mask(bs);
+    }
+    kvp_sel_from_masks(sel, masks, bp->n_blocks);
+}
+
+/* Is token t of (layer, kvh) still in the cache? */
+static bool alive(const struct kvp_kvcache *kv, int layer, int kvh, int t)
+{
+    if (!kv)
+        return true;
+    int bs = kv->block_size;
+    return !((kvp_kvcache_evicted(kv, layer, kvh, t / bs) >> (t % bs)) & 1);
+}
+
+void kvp_keep_tokens(const float *score, int n_tokens, int sink, int recent, int budget,
+                     const struct kvp_kvcache *kv, int layer, int kvh, int bs, uint64_t *keep,
+                     float *fscratch, int *iscratch)
+{
+    int nb = (n_tokens + bs - 1) / bs;
+    if (sink > n_tokens)
+        sink = n_tokens;
+    int rs = n_tokens - recent > sink ? n_tokens - recent : sink; /* recent window start */
+    memset(keep, 0, (size_t)nb * sizeof(uint64_t));
+    kvp_mask_add_range(keep, 0, sink, bs);
+    kvp_mask_add_range(keep, rs, n_tokens, bs);
+    int k = budget - sink - (n_tokens - rs);
+    if (k <= 0)
+        return;
+    /* compact the live candidates [sink, rs) */
+    int *map = iscratch, *out = iscratch + n_tokens, *heap = iscratch + 2 * n_tokens;
+    int n = 0;
+    for (int t = sink; t < rs; t++)
+        if (alive(kv, layer, kvh, t)) {
+            fscratch[n] = score[t];
+            map[n++] = t;
+        }
+    if (k >= n) {
+        for (int i = 0; i < n; i++)
+            keep[map[i] / bs] |= 1ULL << (map[i] % bs);
+        return;
+    }
+    kvp_topk_indices(fscratch, n, k, out, heap);
+    for (int i = 0; i < k; i++)
+        keep[map[out[i]] / bs] |= 1ULL << (map[out[i]] % bs);
+}
+
+void kvp_evict_unkept(struct kvp_kvcache *kv, int layer, int kvh, const uint64_t *keep,
+                      int n_tokens)
+{
+    int bs = kv->block_size;
+    for (int t = 0; t < n_tokens; t++)
+        if (!((keep[t / bs] >> (t % bs)) & 1) && alive(kv, layer, kvh, t))
+            kvp_kvcache_evict(kv, layer, kvh, t, n_tokens);
+}
+
+void kvp_sel_resident(struct kvp_sel *sel, const struct kvp_kvcache *kv, int layer, int kvh,
+                      int n_tokens, uint64_t *masks)
+{
+    int bs = kv->block_size, nb = (n_tokens + bs - 1) / bs;
+    for (int b = 0; b < nb; b++) {
+        int nt = n_tokens - b * bs < bs ? n_tokens - b * bs : bs;
+        masks[b] = block_full_mask(nt) & ~kvp_kvcache_evicted(kv, layer, kvh, b);
+    }
+    kvp_sel_from_masks(sel, masks, nb);
+}
+
+/* ---- SnapKV window scores ------------------------------------------------------------------ */
+
+void kvp_snap_scores(const struct kvp_prefill_obs *obs, int first_head, int g, int agg, int pool,
+                     bool pool_max, float *out, float *tmp)
+{
+    const int n = obs->n_prompt, w = obs->n_obs, np = n - w;
+    if (np <= 0)
+        return;
+    /* per query head: column sums of the window rows over the past positions, then combined */
+    for (int j = 0; j < g; j++) {
+        float *s = tmp + (size_t)j * np;
+        memset(s, 0, (size_t)np * sizeof(float));
+        for (int i = 0; i < w; i++) {
+            const float *row = obs->obs + ((size_t)(first_head + j) * w + i) * n;
+            for (int t = 0; t < np; t++)
+                s[t] += row[t];
+        }
+    }
+    float *s = tmp + (size_t)g * np;
+    kvp_gqa_combine(tmp, g, np, np, agg, s);
+    if (pool <= 1) {
+        memcpy(out, s, (size_t)np * sizeof(float));
+        return;
+    }
+    /* centred window [t - pool/2, t - pool/2 + pool); outside positions are padding: they add 0
+     * to the average, which always divides by pool (PyTorch count_include_pad), and are ignored
+     * by the max (PyTorch pads max pooling with -inf) */
+    const int half = pool / 2;
+    for (int t = 0; t < np; t++) {
+        int a = t - half < 0 ? 0 : t - half;
+        int b = t - half + pool > np ? np : t - half + pool;
+        float acc = pool_max ? s[a] : 0.0f;
+        for (int u = a; u < b; u++)
+            acc = pool_max ? (s[u] > acc ? s[u] : acc) : acc + s[u];
+        out[t] = pool_max ? acc : acc / (float)pool;
+    }
+}
+
+/* ---- per-KV-head scratch ------------------------------------------------------------------- */
+
+int kvp_scratch_init(struct kvp_scratch *s, const struct kvp_policy_env *env, size_t extra_floats)
+{
+    int bs = env->block_size;
+    s->max_blocks = (env->n_ctx + bs - 1) / bs;
+    s->cap = s->max_blocks * bs;
+    s->nf = 2 * (size_t)s->cap + extra_floats;
+    s->ni = 3 * (size_t)s->cap;
+    size_t nkv = (size_t)env->n_head_kv;
+    s->f = calloc(nkv * s->nf, sizeof(float));
+    s->i = calloc(nkv * s->ni, sizeof(int));
+    s->masks = calloc(nkv * (size_t)s->max_blocks, sizeof(uint64_t));
+    if (!s->f || !s->i || !s->masks) {
+        kvp_scratch_free(s);
+        return -1;
+    }
+    return 0;
+}
+
+void kvp_scratch_free(struct kvp_scratch *s)
+{
+    if (!s)
+        return;
+    free(s->f);
+    free(s->i);
+    free(s->masks);
+    s->f = NULL;
+    s->i = NULL;
+    s->masks = NULL;
 }

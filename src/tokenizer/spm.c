@@ -2,8 +2,8 @@
  * SentencePiece-style encoder (formats.md §5.1–5.2), as llama.cpp runs it on
  * tokenizer.ggml.model = "llama" vocabularies and as llama2.c's run.c runs it on tokenizer.bin.
  *
- * The text is first cut into fragments at the literal texts of special tokens (longest first;
- * user-defined tokens always, control and unknown ones only when the caller asks). Each raw
+ * encode.c first cuts the text into fragments at the literal texts of special tokens (longest
+ * first; user-defined tokens always, control and unknown ones only when the caller asks). Each raw
  * fragment gets one ASCII space in front when it starts the text or follows a special token,
  * every space becomes U+2581, and the result is split into one symbol per UTF-8 character
  * (a malformed byte is a symbol of its own). Symbols sit in a doubly linked list over an array.
@@ -23,20 +23,6 @@
 #include <string.h>
 
 #include "core/cursor.h"
-
-/* Output sink: counts every id, stores the first cap. */
-struct id_sink {
-    int32_t *ids;
-    size_t cap;
-    size_t n;
-};
-
-static void emit(struct id_sink *out, int id)
-{
-    if (out->n < out->cap)
-        out->ids[out->n] = id;
-    out->n++;
-}
 
 /* ============================== Merge heap ==================================================== */
 
@@ -138,23 +124,24 @@ static int try_pair(const struct kvp_vocab *v, const struct symbol *sym, int lef
 }
 
 /* Emit one final symbol: its id, or byte fallback. */
-static void emit_symbol(const struct kvp_vocab *v, const struct symbol *s, struct id_sink *out)
+static void emit_symbol(const struct kvp_vocab *v, const struct symbol *s,
+                        struct kvp_id_sink *out)
 {
     int id = kvp_vocab_find(v, s->text, s->n);
     if (id >= 0) {
-        emit(out, id);
+        kvp_sink_emit(out, id);
         return;
     }
     for (size_t i = 0; i < s->n; i++) {
         int b = v->byte_id[(uint8_t)s->text[i]];
         if (b >= 0)
-            emit(out, b);
+            kvp_sink_emit(out, b);
     }
 }
 
 /* Tokenize escaped text t[0..n) (spaces already U+2581). */
 static int encode_escaped(const struct kvp_vocab *v, const char *t, size_t n,
-                          struct id_sink *out)
+                          struct kvp_id_sink *out)
 {
     if (n == 0)
         return 0;
@@ -202,9 +189,9 @@ out_free:
     return rc;
 }
 
-/* Escape one raw fragment (with an optional leading space) and tokenize it. */
-static int encode_fragment(const struct kvp_vocab *v, const char *text, size_t len, bool prefix,
-                           struct id_sink *out)
+/* Escape one raw fragment (with an optional leading space) and tokenize it (vocab_impl.h). */
+int kvp_spm_encode_fragment(const struct kvp_vocab *v, const char *text, size_t len, bool prefix,
+                            struct kvp_id_sink *out)
 {
     size_t cap;
     if (!kvp_add_ok(len, 1, &cap) || !kvp_mul_ok(cap, 3, &cap))
@@ -228,124 +215,4 @@ static int encode_fragment(const struct kvp_vocab *v, const char *text, size_t l
     int rc = encode_escaped(v, esc, n, out);
     free(esc);
     return rc;
-}
-
-/* ============================== Special-token partitioning ==================================== */
-
-struct fragment {
-    int token;  /* special token id, or -1 for raw text */
-    size_t off; /* raw text: byte range in the input */
-    size_t len;
-};
-
-struct frag_list {
-    struct fragment *a; /* owned */
-    size_t n, cap;
-};
-
-static int frag_push(struct frag_list *l, struct fragment f)
-{
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? 2 * l->cap : 16;
-        if (cap > SIZE_MAX / sizeof(*l->a))
-            return KVP_ENOMEM;
-        struct fragment *a = realloc(l->a, cap * sizeof(*a));
-        if (!a)
-            return KVP_ENOMEM;
-        l->a = a;
-        l->cap = cap;
-    }
-    l->a[l->n++] = f;
-    return 0;
-}
-
-/* Split the raw fragments of *cur at every occurrence of special token id, into *next. */
-static int split_on(const struct kvp_vocab *v, int id, const char *text, struct frag_list *cur,
-                    struct frag_list *next)
-{
-    const char *s = v->text[id];
-    size_t sn = v->len[id];
-    next->n = 0;
-    for (size_t i = 0; i < cur->n; i++) {
-        struct fragment f = cur->a[i];
-        if (f.token >= 0) {
-            if (frag_push(next, f) < 0)
-                return KVP_ENOMEM;
-            continue;
-        }
-        size_t pos = f.off, end = f.off + f.len;
-        while (pos < end) {
-            const char *hit = memmem(text + pos, end - pos, s, sn);
-            size_t at = hit ? (size_t)(hit - text) : end;
-            if (at > pos && frag_push(next, (struct fragment){-1, pos, at - pos}) < 0)
-                return KVP_ENOMEM;
-            if (!hit)
-                break;
-            if (frag_push(next, (struct fragment){id, 0, 0}) < 0)
-                return KVP_ENOMEM;
-            pos = at + sn;
-        }
-    }
-    return 0;
-}
-
-/* ============================== Public entry point ============================================ */
-
-/* See vocab.h. Errors: KVP_EINVAL for bad arguments, KVP_EUNSUPPORTED for a BPE vocabulary,
- * KVP_ENOMEM, and KVP_ERANGE when cap is too small (*n_out still holds the full count). */
-int kvp_vocab_encode(const struct kvp_vocab *v, const char *text, size_t len, bool add_special,
-                     bool parse_special, int32_t *ids, size_t cap, size_t *n_out,
-                     struct kvp_err *err)
-{
-    if (!v || (!text && len) || (!ids && cap) || !n_out)
-        return kvp_err_set(err, KVP_EINVAL, "kvp_vocab_encode: NULL argument");
-    if (v->kind != KVP_VOCAB_SPM)
-        return kvp_err_set(err, KVP_EUNSUPPORTED, "BPE tokenizer not supported yet");
-
-    struct id_sink out = {ids, cap, 0};
-    struct frag_list a = {0}, b = {0};
-    int rc = 0;
-    if (len > 0 && (rc = frag_push(&a, (struct fragment){-1, 0, len})) < 0)
-        goto out_free;
-    for (int i = 0; i < v->n_special && a.n > 0; i++) {
-        int id = v->special[i];
-        int t = v->type[id];
-        if (!parse_special && (t == KVP_TOKEN_CONTROL || t == KVP_TOKEN_UNKNOWN))
-            continue;
-        if ((rc = split_on(v, id, text, &a, &b)) < 0)
-            goto out_free;
-        struct frag_list tmp = a;
-        a = b;
-        b = tmp;
-    }
-
-    if (add_special && v->add_bos && v->bos >= 0)
-        emit(&out, v->bos);
-    bool prev_special = true; /* the first fragment gets the space prefix too */
-    for (size_t i = 0; i < a.n; i++) {
-        if (a.a[i].token >= 0) {
-            emit(&out, a.a[i].token);
-            prev_special = true;
-            continue;
-        }
-        rc = encode_fragment(v, text + a.a[i].off, a.a[i].len,
-                             v->add_space_prefix && prev_special, &out);
-        if (rc < 0)
-            goto out_free;
-        prev_special = false;
-    }
-    if (add_special && v->add_eos && v->eos >= 0)
-        emit(&out, v->eos);
-
-out_free:
-    free(a.a);
-    free(b.a);
-    *n_out = out.n;
-    if (rc < 0)
-        return kvp_err_set(err, rc, "tokenizer: %s", rc == KVP_ENOMEM ? "out of memory"
-                                                                      : "text too long");
-    if (out.n > cap)
-        return kvp_err_set(err, KVP_ERANGE, "tokenizer: %zu tokens do not fit in %zu", out.n,
-                           cap);
-    return 0;
 }

@@ -216,6 +216,7 @@ void kvp_vocab_free(struct kvp_vocab *v)
     free(v->type);
     free(v->hash);
     free(v->special);
+    free(v->merge);
     free(v);
 }
 
@@ -430,10 +431,17 @@ bool kvp_vocab_add_bos(const struct kvp_vocab *v)
     return v && v->add_bos && v->bos >= 0;
 }
 
-/* True for EOS, EOT and EOM. */
+/* True for EOS, EOT, EOM and the end-of-turn tokens found by text at load (§5.4). */
 bool kvp_vocab_is_eog(const struct kvp_vocab *v, int token)
 {
-    return v && token >= 0 && (token == v->eos || token == v->eot || token == v->eom);
+    if (!v || token < 0)
+        return false;
+    if (token == v->eos || token == v->eot || token == v->eom)
+        return true;
+    for (int i = 0; i < v->n_eog; i++)
+        if (token == v->eog[i])
+            return true;
+    return false;
 }
 
 const char *kvp_vocab_text(const struct kvp_vocab *v, int token, size_t *len)
@@ -486,6 +494,8 @@ size_t kvp_vocab_piece(const struct kvp_vocab *v, int prev, int token, char *buf
 {
     if (!v || token < 0 || token >= v->n || (!buf && cap))
         return 0;
+    if (v->kind == KVP_VOCAB_BPE)
+        return kvp_bpe_piece(v, token, buf, cap);
     const char *t = v->text[token];
     size_t n = v->len[token];
     switch (v->type[token]) {

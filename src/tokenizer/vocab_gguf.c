@@ -3,9 +3,14 @@
  * struct kvp_vocab, and writing one back for `kvpred convert`. Kept apart from vocab.c so that
  * programs that only read llama2.c files do not pull in the GGUF reader.
  *
- * Only SentencePiece vocabularies ("llama") are implemented; "gpt2" (byte-level BPE) is
- * recognised and refused with KVP_EUNSUPPORTED until its encoder exists. Missing ids and flags
- * take llama.cpp's SPM defaults, and an id outside the vocabulary is ignored, as llama.cpp does.
+ * Two tokenizer models are read: "llama" (SentencePiece style) and "gpt2" (byte-level BPE,
+ * which also needs tokenizer.ggml.merges and a known tokenizer.ggml.pre naming its
+ * pre-tokenizer; an unknown or missing pre is refused with KVP_EUNSUPPORTED rather than guessed,
+ * since a wrong split silently changes every prompt). Missing ids and flags take llama.cpp's
+ * defaults for the model (§2.3, §5.4), and an id outside the vocabulary is ignored, as llama.cpp
+ * does. Besides eos / eot / eom, every token spelled like a known end-of-turn marker joins the
+ * end-of-generation set, so generation stops on both <|end_of_text|> and <|eot_id|> of Llama 3.
+ * Only SPM vocabularies can be written back.
  */
 #include "tokenizer/vocab_impl.h"
 
@@ -13,6 +18,7 @@
 #include <string.h>
 
 #include "model/gguf.h"
+#include "tokenizer/pretok.h"
 
 /* ============================== GGUF metadata ================================================= */
 
@@ -81,7 +87,21 @@ static int find_eot(const struct kvp_gguf *g, struct kvp_vocab *v, struct kvp_er
     return 0;
 }
 
-/* Load the token arrays of an SPM vocabulary into a new kvp_vocab. */
+/* Every token spelled like an end-of-turn marker ends generation too (llama.cpp's EOG set). */
+static void find_eog(struct kvp_vocab *v)
+{
+    static const char *const names[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>",
+                                        "<|endoftext|>", "<|eom_id|>", "<|end_of_text|>"};
+    v->n_eog = 0;
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]) && v->n_eog < KVP_VOCAB_MAX_EOG;
+         i++) {
+        int id = kvp_vocab_find(v, names[i], strlen(names[i]));
+        if (id >= 0)
+            v->eog[v->n_eog++] = id;
+    }
+}
+
+/* Load the token arrays (either model) into a new kvp_vocab. */
 static int load_gguf_arrays(const struct kvp_gguf *g, struct kvp_vocab **out, struct kvp_err *err)
 {
     int rc;
@@ -136,8 +156,72 @@ out_free:
     return rc;
 }
 
+/* gpt2 only: tokenizer.ggml.pre → pre-tokenizer and defaults. KVP_EUNSUPPORTED when it is
+ * missing, empty or not one kvpred implements. */
+static int read_pre(const struct kvp_gguf *g, struct kvp_pretok_info *info, char *name,
+                    size_t name_cap, struct kvp_err *err)
+{
+    const char *pre;
+    size_t len;
+    int rc = kvp_gguf_get_str(g, "tokenizer.ggml.pre", &pre, &len, err);
+    if (rc == KVP_ENOTFOUND || (rc == 0 && len == 0))
+        return kvp_err_set(err, KVP_EUNSUPPORTED,
+                           "BPE vocabulary without tokenizer.ggml.pre: the pre-tokenizer rules "
+                           "are unknown (kvpred knows %s)", kvp_pretok_known_names());
+    if (rc < 0)
+        return rc;
+    *info = kvp_pretok_lookup(pre, len);
+    if (info->kind == KVP_PRETOK_NONE)
+        return kvp_err_set(err, KVP_EUNSUPPORTED,
+                           "BPE pre-tokenizer '%.*s' (tokenizer.ggml.pre) is not supported; "
+                           "kvpred knows %s", (int)(len > 64 ? 64 : len), pre,
+                           kvp_pretok_known_names());
+    size_t n = len < name_cap - 1 ? len : name_cap - 1;
+    memcpy(name, pre, n);
+    name[n] = 0;
+    return 0;
+}
+
+/* gpt2 only: tokenizer.ggml.merges into the rank table. */
+static int read_merges(const struct kvp_gguf *g, struct kvp_vocab *v, struct kvp_err *err)
+{
+    int rc;
+    const struct kvp_gguf_kv *m = get_array(g, "tokenizer.ggml.merges", true, 0, &rc, err);
+    if (!m)
+        return rc < 0 ? rc : kvp_err_set(err, KVP_EFORMAT, "tokenizer.ggml.merges missing (a "
+                                                           "gpt2 vocabulary needs it)");
+    if ((rc = kvp_bpe_merges_init(v, (size_t)m->count, err)) < 0)
+        return rc;
+    for (uint64_t i = 0; i < m->count; i++) {
+        const char *s;
+        size_t len;
+        if (kvp_gguf_arr_str(m, i, &s, &len) < 0)
+            return kvp_err_set(err, KVP_EFORMAT, "tokenizer.ggml.merges: cannot read entry %llu",
+                               (unsigned long long)i);
+        if ((rc = kvp_bpe_merge_add(v, (int)i, s, len, err)) < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* BPE defaults (§2.3, §5.4): bos = eos = 11 when that id exists, no unk, no space prefix, BOS
+ * only for llama3-style pre-tokenizers. The keys read afterwards override them. */
+static void set_bpe_defaults(struct kvp_vocab *v, const struct kvp_pretok_info *info)
+{
+    v->kind = KVP_VOCAB_BPE;
+    v->pretok = info->kind;
+    v->ignore_merges = info->ignore_merges;
+    v->bos = v->n > 11 ? 11 : -1;
+    v->eos = v->n > 11 ? 11 : -1;
+    v->unk = -1;
+    v->add_bos = info->add_bos;
+    v->add_eos = false;
+    v->add_space_prefix = false;
+}
+
 /* Read tokenizer.ggml.* (formats.md §2.3, defaults of §5.4). Returns 0, KVP_ENOTFOUND when the
- * file has no tokenizer, KVP_EUNSUPPORTED for models other than "llama", or KVP_EFORMAT. */
+ * file has no tokenizer, KVP_EUNSUPPORTED for models other than "llama" and "gpt2" or an
+ * unknown BPE pre-tokenizer, or KVP_EFORMAT. */
 int kvp_vocab_load_gguf(const struct kvp_gguf *g, struct kvp_vocab **out, struct kvp_err *err)
 {
     struct kvp_err scratch;
@@ -153,24 +237,38 @@ int kvp_vocab_load_gguf(const struct kvp_gguf *g, struct kvp_vocab **out, struct
                                                "missing)");
     if (rc < 0)
         return rc;
-    if (mlen == 4 && memcmp(model, "gpt2", 4) == 0)
-        return kvp_err_set(err, KVP_EUNSUPPORTED, "BPE tokenizer not supported yet");
-    if (!(mlen == 5 && memcmp(model, "llama", 5) == 0))
+    bool bpe = mlen == 4 && memcmp(model, "gpt2", 4) == 0;
+    if (!bpe && !(mlen == 5 && memcmp(model, "llama", 5) == 0))
         return kvp_err_set(err, KVP_EUNSUPPORTED, "tokenizer model '%.*s' not supported",
                            (int)(mlen > 64 ? 64 : mlen), model);
+    struct kvp_pretok_info pre = {0};
+    char pre_name[32] = "";
+    if (bpe && (rc = read_pre(g, &pre, pre_name, sizeof(pre_name), err)) < 0)
+        return rc;
 
     struct kvp_vocab *v = NULL;
     if ((rc = load_gguf_arrays(g, &v, err)) < 0)
         return rc;
+    if (bpe) {
+        set_bpe_defaults(v, &pre);
+        memcpy(v->pre, pre_name, sizeof(v->pre));
+        if ((rc = read_merges(g, v, err)) < 0)
+            goto fail_free_vocab;
+    }
     if ((rc = read_id(g, "tokenizer.ggml.bos_token_id", v->n, &v->bos, err)) < 0 ||
         (rc = read_id(g, "tokenizer.ggml.eos_token_id", v->n, &v->eos, err)) < 0 ||
         (rc = read_id(g, "tokenizer.ggml.unknown_token_id", v->n, &v->unk, err)) < 0 ||
         (rc = read_id(g, "tokenizer.ggml.eom_token_id", v->n, &v->eom, err)) < 0 ||
         (rc = find_eot(g, v, err)) < 0 ||
         (rc = read_flag(g, "tokenizer.ggml.add_bos_token", &v->add_bos, err)) < 0 ||
-        (rc = read_flag(g, "tokenizer.ggml.add_eos_token", &v->add_eos, err)) < 0 ||
-        (rc = read_flag(g, "tokenizer.ggml.add_space_prefix", &v->add_space_prefix, err)) < 0 ||
-        (rc = kvp_vocab_finish(v, err)) < 0)
+        (rc = read_flag(g, "tokenizer.ggml.add_eos_token", &v->add_eos, err)) < 0)
+        goto fail_free_vocab;
+    /* §2.3: BPE never adds a space prefix, whatever the key says */
+    if (!bpe &&
+        (rc = read_flag(g, "tokenizer.ggml.add_space_prefix", &v->add_space_prefix, err)) < 0)
+        goto fail_free_vocab;
+    find_eog(v);
+    if ((rc = kvp_vocab_finish(v, err)) < 0)
         goto fail_free_vocab;
     *out = v;
     return 0;

@@ -1,0 +1,421 @@
+/*
+ * `kvpred eval`: every policy × budget on identical forced tokens, measured against the dense
+ * reference (src/eval/measure.h has the protocol and the metric definitions, methods.md §6).
+ *
+ * Output: a table (stdout; stderr with --json) and, with --json, one JSON object per line per
+ * (policy, budget) on stdout. `full` ignores budgets, so it runs once with budget "all".
+ *
+ * JSON fields (one object per line):
+ *   model                  string  model name (general.name or the file name)
+ *   text                   string  the text file, or null with --tokens-from-seed
+ *   offset                 int     byte offset into the text where tokenizing started
+ *   token_seed             int     seed of --tokens-from-seed, or null
+ *   n_prefill              int     N: prompt tokens (BOS included), prefilled densely
+ *   n_decode               int     M: teacher-forced decode steps (step i feeds token N+i and
+ *                                  is scored on token N+i+1)
+ *   policy                 string  policy name
+ *   budget                 string  the budget as given ("64", "1/16", "0.0625"; "all" for full)
+ *   budget_tokens          number  mean per-step token budget per (layer, KV head), sink and
+ *                                  local included (what the oracles were given)
+ *   budget_ratio           number  the ratio when the budget was given as one, else 0
+ *   sink, local, window, pool, pool_max, dense_layers, seed, block_size
+ *                          int     resolved policy parameters
+ *   gqa_agg                string  "max", "mean" or "sum"
+ *   retention_k            int     K of token retention
+ *   recovery               number  mean attention recovery over steps, compressed layers and
+ *                                  query heads
+ *   recovery_layers        array   [n_layer] mean recovery per layer; null for dense layers
+ *   oracle_block_recovery  number  the same for the block oracle at the same budget (forced sink
+ *                                  and local, top blocks by the group-summed attention)
+ *   oracle_block_recovery_layers  array  [n_layer], like recovery_layers
+ *   oracle_token_recovery  number  the same for the token oracle (bound for every policy)
+ *   oracle_relative        number  recovery / oracle_block_recovery (AttentionPredictor's
+ *                                  R_pred / R_target; may exceed 1 for token-granular policies)
+ *   oracle_token_relative  number  recovery / oracle_token_recovery
+ *   retention              number  mean |Top-K(a_t) ∩ S| / K, S = the tokens a step read
+ *   kl                     number  mean KL(p_full ‖ p_policy) of the next-token distributions,
+ *                                  nats, double precision
+ *   kl_max                 number  largest per-step KL
+ *   top1                   number  fraction of steps whose argmax agrees with full attention
+ *   ppl                    number  perplexity of the forced continuation, policy
+ *   ppl_full               number  the same with full attention
+ *   ppl_ratio              number  ppl / ppl_full
+ *   read_fraction          number  mean |S| / Lk per step, compressed layer and KV head
+ *   read_tokens            number  mean |S| (tokens read) per step, compressed layer and KV
+ *                                  head; above budget_tokens for policies whose budget leaves
+ *                                  out generated tokens (snapkv, pyramidkv: methods.md §4) or
+ *                                  whose block-aligned local window overshoots it by < bs
+ *   compression            number  achieved compression 1 - kept/Lk (kept: tokens not evicted),
+ *                                  mean over steps, compressed layers and KV heads (methods §4)
+ *   kv_resident_bytes      int     KV bytes in physical blocks holding live tokens, after the
+ *                                  last step (all layers)
+ *   kv_kept_bytes          int     bytes of the live tokens themselves
+ *   kv_resident_bytes_full int     kv_resident_bytes of full attention
+ *   kv_kept_bytes_full     int     kv_kept_bytes of full attention
+ *   seconds                number  wall time of the run
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "cli/cli.h"
+#include "cli/common.h"
+#include "cli/measure_opts.h"
+#include "eval/measure.h"
+
+#define MAX_LIST 64
+
+static void help(void)
+{
+    printf("usage: kvpred eval [-m MODEL] (-f TEXT | --tokens-from-seed S) [--policy P,...]\n"
+           "                   [--budget B,...] [--prefill N] [--decode N] [--json] [options]\n\n"
+           "Run every policy x budget on the same forced tokens: prefill N tokens of the text,\n"
+           "then decode the next M with teacher forcing next to full attention, and report\n"
+           "attention recovery, recovery relative to the block oracle, token retention, KL and\n"
+           "top-1 agreement with full attention, perplexity, and KV memory.\n\n%s"
+           "  -f, --file PATH      text to read the tokens from\n"
+           "  --offset BYTES       start tokenizing at this byte of the text (default 0)\n"
+           "  --tokens-from-seed S random token ids from seed S (models without a tokenizer)\n"
+           "  --policy LIST        comma-separated policies, or 'all' (default all); known: %s\n"
+           "  --budget LIST        comma-separated budgets: tokens per layer and KV head (64),\n"
+           "                       or ratios of the context (1/16, 0.0625) (default 32,64,128)\n"
+           "  --prefill N          prompt tokens, BOS included (default 256)\n"
+           "  --decode N           teacher-forced decode steps (default 256)\n"
+           "  --retention-k K      K of token retention (default 32)\n"
+           "  --json               one JSON object per line per (policy, budget) on stdout; the\n"
+           "                       table goes to stderr\n"
+           "  --seed S             seed of random policies (default 0)\n%s",
+           cli_model_flags_help, cli_policy_names(), cli_policy_flags_help);
+}
+
+/* Split a comma-separated list in place into at most MAX_LIST items. Returns the count, or -1
+ * for an empty item or too many items. */
+static int split_list(char *s, char **items)
+{
+    int n = 0;
+    for (char *tok = s;; n++) {
+        char *comma = strchr(tok, ',');
+        if (comma)
+            *comma = 0;
+        if (!*tok || n == MAX_LIST)
+            return -1;
+        items[n] = tok;
+        if (!comma)
+            return n + 1;
+        tok = comma + 1;
+    }
+}
+
+struct eval_opts {
+    struct cli_model_opts mo;
+    struct cli_token_source src;
+    struct kvp_policy_params pp; /* option flags shared by every run */
+    char *policies[MAX_LIST];
+    int n_policies;
+    char *budgets[MAX_LIST];
+    int n_budgets;
+    long n_prefill, n_decode, retention_k;
+    bool json;
+    char *policy_arg, *budget_arg; /* owned copies the lists point into */
+};
+
+/* Parse argv into o. Returns 0, 1 after printing an error, or 2 after printing the help. */
+static int parse_args(struct eval_opts *o, int argc, char **argv)
+{
+    static const char *const value_flags[] = {
+        "-f",       "--file",    "--offset", "--tokens-from-seed", "--policy",
+        "--budget", "--prefill", "--decode", "--retention-k",      NULL};
+    const char *policy_list = "all", *budget_list = "32,64,128";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int r = cli_model_flag(&o->mo, argc, argv, &i);
+        if (r == 0)
+            r = cli_policy_flag(&o->pp, true, argc, argv, &i);
+        if (r < 0)
+            return 1;
+        if (r > 0)
+            continue;
+        const char *v;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            help();
+            return 2;
+        } else if (!strcmp(a, "--json")) {
+            o->json = true;
+        } else if (!cli_flag_in(a, value_flags)) {
+            return cli_fail("eval: unknown flag '%s' (see kvpred eval --help)", a);
+        } else if (!(v = cli_flag_value(argc, argv, &i))) {
+            return 1;
+        } else if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
+            o->src.text_path = v;
+        } else if (!strcmp(a, "--offset")) {
+            if (!cli_parse_int(v, 0, 0x7fffffffffffL, &o->src.offset))
+                return cli_fail("--offset: '%s' is not a byte offset", v);
+        } else if (!strcmp(a, "--tokens-from-seed")) {
+            if (!cli_parse_int(v, 0, 0x7fffffffffffffffL, &o->src.seed))
+                return cli_fail("--tokens-from-seed: '%s' is not a non-negative integer", v);
+        } else if (!strcmp(a, "--policy")) {
+            policy_list = v;
+        } else if (!strcmp(a, "--budget")) {
+            budget_list = v;
+        } else if (!strcmp(a, "--prefill")) {
+            if (!cli_parse_int(v, 1, 1 << 24, &o->n_prefill))
+                return cli_fail("--prefill: '%s' is not a positive token count", v);
+        } else if (!strcmp(a, "--decode")) {
+            if (!cli_parse_int(v, 1, 1 << 24, &o->n_decode))
+                return cli_fail("--decode: '%s' is not a positive token count", v);
+        } else {
+            if (!cli_parse_int(v, 1, 1 << 20, &o->retention_k))
+                return cli_fail("--retention-k: '%s' is not a positive count", v);
+        }
+    }
+    if (!o->src.text_path && o->src.seed < 0)
+        return cli_fail("eval: give a text with -f FILE (or --tokens-from-seed S)");
+    if (o->src.text_path && o->src.seed >= 0)
+        return cli_fail("eval: give either -f or --tokens-from-seed, not both");
+    o->policy_arg = strdup(policy_list);
+    o->budget_arg = strdup(budget_list);
+    if (!o->policy_arg || !o->budget_arg)
+        return cli_fail("out of memory");
+    if (!strcmp(o->policy_arg, "all")) {
+        for (int i = 0; kvp_policy_name(i) && i < MAX_LIST; i++)
+            o->policies[o->n_policies++] = (char *)kvp_policy_name(i);
+    } else if ((o->n_policies = split_list(o->policy_arg, o->policies)) < 0) {
+        return cli_fail("--policy: '%s' is not a comma-separated list of policies", policy_list);
+    }
+    for (int i = 0; i < o->n_policies; i++)
+        if (!cli_policy_known(o->policies[i]))
+            return cli_fail("--policy: unknown policy '%s' (known: %s)", o->policies[i],
+                            cli_policy_names());
+    if ((o->n_budgets = split_list(o->budget_arg, o->budgets)) < 0)
+        return cli_fail("--budget: '%s' is not a comma-separated list of budgets", budget_list);
+    for (int i = 0; i < o->n_budgets; i++) {
+        int b;
+        float r;
+        if (!cli_parse_budget(o->budgets[i], &b, &r))
+            return cli_fail("--budget: '%s' is not a token count or a ratio in (0, 1] such as "
+                            "1/16 or 0.0625",
+                            o->budgets[i]);
+    }
+    return 0;
+}
+
+/* ---- progress bar ---------------------------------------------------------------------------- */
+
+struct progress {
+    bool on;          /* stderr is a terminal */
+    long done, total; /* decode steps */
+    const char *policy, *budget;
+};
+
+static void progress_step(void *ud, const struct kvp_measure *ms, int step)
+{
+    (void)ms;
+    (void)step;
+    struct progress *pg = ud;
+    pg->done++;
+    if (!pg->on || (pg->done % 8 && pg->done != pg->total))
+        return;
+    const int width = 30;
+    int fill = (int)(width * pg->done / (pg->total > 0 ? pg->total : 1));
+    char bar[64];
+    for (int i = 0; i < width; i++)
+        bar[i] = i < fill ? '#' : '.';
+    bar[width] = 0;
+    fprintf(stderr, "\r\033[Keval [%s] %3ld%%  %s @ %s", bar, 100 * pg->done / pg->total,
+            pg->policy, pg->budget);
+    fflush(stderr);
+}
+
+/* ---- output ---------------------------------------------------------------------------------- */
+
+static void table_header(FILE *f)
+{
+    fprintf(f, "%-12s %7s %8s %8s %8s %9s %10s %6s %8s %11s %6s %6s\n", "policy", "budget",
+            "recovery", "orc_rel", "orc_tok", "retention", "KL", "top-1", "ppl", "KV resident",
+            "compr", "read");
+}
+
+static void table_row(FILE *f, const char *policy, const char *budget,
+                      const struct kvp_measure_result *r)
+{
+    fprintf(f, "%-12s %7s %8.4f %8.4f %8.4f %9.4f %10.3e %6.3f %8.4f %11zu %6.3f %6.3f\n", policy,
+            budget, r->recovery, r->oracle_block > 0 ? r->recovery / r->oracle_block : 0.0,
+            r->oracle_token, r->retention, r->kl, r->top1, r->ppl, r->kv_resident, r->compression,
+            r->read_fraction);
+}
+
+static cJSON *layer_array(const double *v, int n)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (int l = 0; a && l < n; l++)
+        cJSON_AddItemToArray(a, v[l] < 0 ? cJSON_CreateNull() : cJSON_CreateNumber(v[l]));
+    return a;
+}
+
+static void json_row(const struct eval_opts *o, const char *model_name, const char *budget,
+                     const struct kvp_measure_result *r)
+{
+    cJSON *j = cJSON_CreateObject();
+    if (!j)
+        return;
+    const struct kvp_policy_params *p = &r->p;
+    cJSON_AddStringToObject(j, "model", model_name);
+    if (o->src.text_path)
+        cJSON_AddStringToObject(j, "text", o->src.text_path);
+    else
+        cJSON_AddNullToObject(j, "text");
+    cJSON_AddNumberToObject(j, "offset", (double)o->src.offset);
+    if (o->src.seed >= 0)
+        cJSON_AddNumberToObject(j, "token_seed", (double)o->src.seed);
+    else
+        cJSON_AddNullToObject(j, "token_seed");
+    cJSON_AddNumberToObject(j, "n_prefill", (double)o->n_prefill);
+    cJSON_AddNumberToObject(j, "n_decode", (double)o->n_decode);
+    cJSON_AddStringToObject(j, "policy", p->name);
+    cJSON_AddStringToObject(j, "budget", budget);
+    cJSON_AddNumberToObject(j, "budget_tokens", r->budget_tokens);
+    cJSON_AddNumberToObject(j, "budget_ratio", p->budget > 0 ? 0.0 : p->budget_ratio);
+    cJSON_AddNumberToObject(j, "sink", p->sink);
+    cJSON_AddNumberToObject(j, "local", p->local);
+    cJSON_AddNumberToObject(j, "window", p->window);
+    cJSON_AddNumberToObject(j, "pool", p->pool);
+    cJSON_AddNumberToObject(j, "pool_max", p->pool_max);
+    cJSON_AddNumberToObject(j, "dense_layers", p->dense_layers);
+    cJSON_AddStringToObject(j, "gqa_agg", cli_gqa_agg_name(p->gqa_agg));
+    cJSON_AddNumberToObject(j, "seed", (double)p->seed);
+    cJSON_AddNumberToObject(j, "block_size", r->block_size);
+    cJSON_AddNumberToObject(j, "retention_k", (double)o->retention_k);
+    cJSON_AddNumberToObject(j, "recovery", r->recovery);
+    cJSON_AddItemToObject(j, "recovery_layers", layer_array(r->layer_recovery, r->n_layer));
+    cJSON_AddNumberToObject(j, "oracle_block_recovery", r->oracle_block);
+    cJSON_AddItemToObject(j, "oracle_block_recovery_layers",
+                          layer_array(r->layer_oracle_block, r->n_layer));
+    cJSON_AddNumberToObject(j, "oracle_token_recovery", r->oracle_token);
+    cJSON_AddNumberToObject(j, "oracle_relative",
+                            r->oracle_block > 0 ? r->recovery / r->oracle_block : 0.0);
+    cJSON_AddNumberToObject(j, "oracle_token_relative",
+                            r->oracle_token > 0 ? r->recovery / r->oracle_token : 0.0);
+    cJSON_AddNumberToObject(j, "retention", r->retention);
+    cJSON_AddNumberToObject(j, "kl", r->kl);
+    cJSON_AddNumberToObject(j, "kl_max", r->kl_max);
+    cJSON_AddNumberToObject(j, "top1", r->top1);
+    cJSON_AddNumberToObject(j, "ppl", r->ppl);
+    cJSON_AddNumberToObject(j, "ppl_full", r->ppl_full);
+    cJSON_AddNumberToObject(j, "ppl_ratio", r->ppl / r->ppl_full);
+    cJSON_AddNumberToObject(j, "read_fraction", r->read_fraction);
+    cJSON_AddNumberToObject(j, "read_tokens", r->read_tokens);
+    cJSON_AddNumberToObject(j, "compression", r->compression);
+    cJSON_AddNumberToObject(j, "kv_resident_bytes", (double)r->kv_resident);
+    cJSON_AddNumberToObject(j, "kv_kept_bytes", (double)r->kv_kept);
+    cJSON_AddNumberToObject(j, "kv_resident_bytes_full", (double)r->kv_resident_full);
+    cJSON_AddNumberToObject(j, "kv_kept_bytes_full", (double)r->kv_kept_full);
+    cJSON_AddNumberToObject(j, "seconds", r->seconds);
+    char *s = cJSON_PrintUnformatted(j);
+    if (s)
+        printf("%s\n", s);
+    fflush(stdout);
+    cJSON_free(s);
+    cJSON_Delete(j);
+}
+
+/* ---- the command ----------------------------------------------------------------------------- */
+
+/* Run every (policy, budget) of o on ms and print the rows. Returns 0 or 1 after an error. */
+static int run_all(const struct eval_opts *o, struct kvp_measure *ms, const char *model_name)
+{
+    FILE *tf = o->json ? stderr : stdout;
+    struct progress pg = {.on = isatty(STDERR_FILENO) != 0};
+    for (int i = 0; i < o->n_policies; i++)
+        pg.total += (strcmp(o->policies[i], "full") ? o->n_budgets : 1) * o->n_decode;
+    bool header = false;
+    for (int i = 0; i < o->n_policies; i++) {
+        bool full = !strcmp(o->policies[i], "full");
+        for (int k = 0; k < (full ? 1 : o->n_budgets); k++) {
+            struct kvp_policy_params pp = o->pp;
+            pp.name = o->policies[i];
+            const char *label = full ? "all" : o->budgets[k];
+            if (!full)
+                cli_parse_budget(o->budgets[k], &pp.budget, &pp.budget_ratio);
+            pg.policy = pp.name;
+            pg.budget = label;
+            struct kvp_measure_result r;
+            struct kvp_err err = {0};
+            if (kvp_measure_run(ms, &pp, progress_step, &pg, &r, &err) < 0) {
+                if (pg.on)
+                    fprintf(stderr, "\r\033[K");
+                return cli_fail("eval: %s @ %s: %s", pp.name, label, err.msg);
+            }
+            if (pg.on)
+                fprintf(stderr, "\r\033[K");
+            if (!header) {
+                fprintf(tf, "# %s: %ld prefill + %ld decode tokens; full-attention ppl %.4f\n",
+                        model_name, o->n_prefill, o->n_decode, r.ppl_full);
+                table_header(tf);
+                header = true;
+            }
+            table_row(tf, pp.name, label, &r);
+            fflush(tf);
+            if (o->json)
+                json_row(o, model_name, label, &r);
+            kvp_measure_result_free(&r);
+        }
+    }
+    return 0;
+}
+
+int cmd_eval(int argc, char **argv)
+{
+    struct eval_opts o = {.src = {.seed = -1},
+                          .pp = {.gqa_agg = KVP_AGG_MEAN},
+                          .n_prefill = 256,
+                          .n_decode = 256,
+                          .retention_k = 32};
+    int rc = parse_args(&o, argc, argv);
+    if (rc) {
+        free(o.policy_arg);
+        free(o.budget_arg);
+        return rc == 2 ? 0 : 1;
+    }
+    int status = 1;
+    int32_t *tokens = NULL;
+    struct kvp_measure *ms = NULL;
+    kvp_model *model = cli_open_model(&o.mo);
+    if (!model)
+        goto out;
+    struct kvp_model_info info;
+    kvp_model_get_info(model, &info);
+    long need = o.n_prefill + o.n_decode;
+    if (o.mo.n_ctx > 0 && o.mo.n_ctx < need) {
+        cli_fail("eval: prefill + decode (%ld) exceed the context -c %ld", need, o.mo.n_ctx);
+        goto out;
+    }
+    if (need > info.n_ctx_train)
+        cli_warn("prefill + decode (%ld) exceed the model's training context %d", need,
+                 info.n_ctx_train);
+    tokens = cli_measure_tokens(model, &o.src, (int)need + 1);
+    if (!tokens)
+        goto out;
+    struct kvp_ctx_params cp = {.n_ctx = (int)o.mo.n_ctx,
+                                .n_threads = (int)o.mo.n_threads,
+                                .block_size = (int)o.mo.block_size,
+                                .n_batch = (int)o.mo.n_batch};
+    struct kvp_measure_params mp = {.n_prefill = (int)o.n_prefill,
+                                    .n_decode = (int)o.n_decode,
+                                    .retention_k = (int)o.retention_k};
+    struct kvp_err err = {0};
+    if (kvp_measure_init(model, tokens, &cp, &mp, &ms, &err) < 0) {
+        cli_fail_err(&err);
+        goto out;
+    }
+    status = run_all(&o, ms, info.name);
+out:
+    kvp_measure_free(ms);
+    free(tokens);
+    kvp_model_close(model);
+    free(o.policy_arg);
+    free(o.budget_arg);
+    return status;
+}

@@ -1,0 +1,336 @@
+/*
+ * `kvpred profile-heads`: CateKV static head identification (methods.md §2.4). Cuts reference
+ * texts into samples of --prefill tokens, classifies every sample dynamically with the catekv
+ * policy (its CVs over layers × KV heads), votes for the fraction r of adaptive heads and writes
+ * a head profile (format: src/policy/catekv_profile.h) for `--head-profile` / params.head_profile.
+ *
+ * `kvpred viz-heads`: draws a head profile as a PNG grid (cli_viz_heads, which `kvpred viz` can
+ * call for its --head-profile mode).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "cli/common.h"
+#include "policy/catekv_profile.h"
+
+#define MAX_REFS 64
+
+static const char *profile_help =
+    "usage: kvpred profile-heads -m MODEL -f REFERENCE [-f REFERENCE ...] -r R -o PROFILE "
+    "[options]\n\n"
+    "Classify KV heads as CateKV adaptive (1) or consistent (0) by voting over reference\n"
+    "samples (methods.md §2.4) and write a head profile.\n\n"
+    "  -f, --file PATH      reference text (repeatable; keep it disjoint from evaluation text)\n"
+    "  -r, --ratio R        fraction of adaptive heads, 0..1\n"
+    "  -o, --output PATH    profile file to write\n"
+    "  --prefill N          tokens per sample, BOS included (default 256)\n"
+    "  --samples N          at most N samples over all files (default 32)\n"
+    "  --skip-frac F        skip the first fraction F of every file's bytes (default 0)\n"
+    "  --chunk N            chunk size c (default 8)\n"
+    "  --tail N             unchunked prompt tail (default 32)\n"
+    "  --sink N             sink tokens S (default 16)\n"
+    "  --recent N           recent window R (default 16)\n"
+    "  --window N           observation window w (default 32)\n"
+    "  --percentile K       binarization quantile k (default 0.995)\n"
+    "  --alpha A            binarization interpolation (default 1.0)\n";
+
+struct profile_opts {
+    struct cli_model_opts mo;
+    const char *refs[MAX_REFS];
+    int n_refs;
+    double ratio;
+    const char *out;
+    long prefill, samples;
+    double skip_frac;
+    long chunk, tail, sink, recent, window;
+    double percentile, alpha;
+};
+
+/* Returns 0, 1 after --help, or -1 after printing an error. */
+static int parse_profile_args(int argc, char **argv, struct profile_opts *o)
+{
+    static const char *const int_flags[] = {"--prefill", "--samples", "--chunk",  "--tail",
+                                            "--sink",    "--recent",  "--window", NULL};
+    static const char *const value_flags[] = {"-f",      "--file",   "-r",          "--ratio",
+                                              "-o",      "--output", "--skip-frac", "--percentile",
+                                              "--alpha", NULL};
+    long *int_dst[] = {&o->prefill, &o->samples, &o->chunk, &o->tail,
+                       &o->sink,    &o->recent,  &o->window};
+    o->ratio = -1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int r = cli_model_flag(&o->mo, argc, argv, &i);
+        if (r < 0)
+            return -1;
+        if (r > 0)
+            continue;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(profile_help, stdout);
+            fputs(cli_model_flags_help, stdout);
+            return 1;
+        }
+        if (!cli_flag_in(a, value_flags) && !cli_flag_in(a, int_flags))
+            return cli_fail("profile-heads: unknown flag '%s' (see kvpred profile-heads --help)",
+                            a),
+                   -1;
+        const char *v = cli_flag_value(argc, argv, &i);
+        if (!v)
+            return -1;
+        if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
+            if (o->n_refs == MAX_REFS)
+                return cli_fail("at most %d reference files", MAX_REFS), -1;
+            o->refs[o->n_refs++] = v;
+        } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
+            o->out = v;
+        } else if (!strcmp(a, "-r") || !strcmp(a, "--ratio")) {
+            if (!cli_parse_float(v, 0, 1, &o->ratio))
+                return cli_fail("%s: '%s' is not a number in 0..1", a, v), -1;
+        } else if (!strcmp(a, "--skip-frac")) {
+            if (!cli_parse_float(v, 0, 0.999, &o->skip_frac))
+                return cli_fail("%s: '%s' is not a number in 0..0.999", a, v), -1;
+        } else if (!strcmp(a, "--percentile") || !strcmp(a, "--alpha")) {
+            double *d = !strcmp(a, "--alpha") ? &o->alpha : &o->percentile;
+            if (!cli_parse_float(v, 0, 1, d))
+                return cli_fail("%s: '%s' is not a number in 0..1", a, v), -1;
+        } else {
+            int k = 0;
+            while (strcmp(int_flags[k], a))
+                k++;
+            if (!cli_parse_int(v, 0, 1 << 24, int_dst[k]))
+                return cli_fail("%s: '%s' is not an integer in 0..%d", a, v, 1 << 24), -1;
+        }
+    }
+    if (!o->n_refs || o->ratio < 0 || !o->out)
+        return cli_fail("profile-heads needs -f REFERENCE, -r R and -o PROFILE (see --help)"), -1;
+    if (o->prefill == 0)
+        o->prefill = 256;
+    if (o->samples == 0)
+        o->samples = 32;
+    if (o->prefill < 2)
+        return cli_fail("--prefill must be at least 2"), -1;
+    return 0;
+}
+
+/* Tokenize the part of one reference file after skip_frac and append its samples. */
+static int add_samples(const kvp_model *m, const struct profile_opts *o, const char *path,
+                       int32_t *samples, long *n_samples)
+{
+    size_t len;
+    char *text = cli_read_file(path, &len);
+    if (!text)
+        return -1;
+    size_t skip = (size_t)(o->skip_frac * (double)len);
+    while (skip < len && (text[skip] & 0xc0) == 0x80)
+        skip++; /* do not start inside a UTF-8 sequence */
+    size_t n;
+    int32_t *ids = cli_tokenize(m, text + skip, len - skip, false, &n);
+    free(text);
+    if (!ids)
+        return -1;
+    long per = o->prefill - 1;
+    for (size_t at = 0; at + (size_t)per <= n && *n_samples < o->samples; at += (size_t)per) {
+        int32_t *s = samples + (size_t)*n_samples * o->prefill;
+        s[0] = kvp_token_bos(m);
+        memcpy(s + 1, ids + at, (size_t)per * sizeof(int32_t));
+        ++*n_samples;
+    }
+    free(ids);
+    return 0;
+}
+
+int cmd_profile_heads(int argc, char **argv)
+{
+    struct profile_opts o = {0};
+    int parsed = parse_profile_args(argc, argv, &o);
+    if (parsed != 0)
+        return parsed < 0 ? 1 : 0; /* error, or --help printed */
+    int status = 1;
+    kvp_model *m = cli_open_model(&o.mo);
+    if (!m)
+        return 1;
+    struct kvp_model_info info;
+    kvp_model_get_info(m, &info);
+    int n_heads = info.n_layer * info.n_head_kv;
+    int32_t *samples = malloc((size_t)o.samples * o.prefill * sizeof(int32_t));
+    double *cvs = malloc((size_t)o.samples * n_heads * sizeof(double));
+    kvp_ctx *c = NULL;
+    struct kvp_head_profile *hp = NULL;
+    struct kvp_err err = {0};
+    long n_samples = 0;
+    if (!samples || !cvs) {
+        cli_fail("out of memory");
+        goto out;
+    }
+    for (int i = 0; i < o.n_refs && n_samples < o.samples; i++)
+        if (add_samples(m, &o, o.refs[i], samples, &n_samples) < 0)
+            goto out;
+    if (n_samples == 0) {
+        cli_fail("the reference text holds no sample of %ld tokens", o.prefill);
+        goto out;
+    }
+    c = cli_open_ctx(m, &o.mo, o.prefill);
+    if (!c)
+        goto out;
+    struct kvp_policy_params pp = {
+        .name = "catekv",
+        .chunk = (int)o.chunk,
+        .tail_tokens = o.tail ? (int)o.tail : 0,
+        .sink = (int)o.sink,
+        .local = (int)o.recent,
+        .window = (int)o.window,
+        .percentile = (float)o.percentile,
+        .alpha = (float)o.alpha,
+    };
+    /* defaults as the policy resolves them, so the budget below is sink + recent */
+    int chunk = pp.chunk ? pp.chunk : 8, sink = pp.sink ? pp.sink : 16;
+    int recent = pp.local ? pp.local : 16;
+    pp.budget = sink + recent; /* CVs do not depend on B; it only has to be below n */
+    if (kvp_ctx_set_policy(c, &pp, &err) < 0) {
+        cli_fail_err(&err);
+        goto out;
+    }
+    for (long s = 0; s < n_samples; s++)
+        if (kvp_catekv_sample_cv(c, samples + (size_t)s * o.prefill, (int)o.prefill,
+                                 cvs + (size_t)s * n_heads, &err) < 0) {
+            cli_fail_err(&err);
+            goto out;
+        }
+    if (kvp_head_profile_vote(cvs, (int)n_samples, info.n_layer, info.n_head_kv, o.ratio, &hp,
+                              &err) < 0) {
+        cli_fail_err(&err);
+        goto out;
+    }
+    snprintf(hp->model, sizeof(hp->model), "%s", info.name ? info.name : "");
+    for (char *p = hp->model; *p; p++)
+        *p = (*p == '\n' || *p == '\r') ? ' ' : *p;
+    hp->n_prompt = (int)o.prefill;
+    hp->chunk = chunk;
+    hp->tail_tokens = pp.tail_tokens ? pp.tail_tokens : 32;
+    hp->sink = sink;
+    hp->recent = recent;
+    hp->window = pp.window ? pp.window : 32;
+    hp->percentile = pp.percentile ? pp.percentile : 0.995;
+    hp->alpha = pp.alpha ? pp.alpha : 1.0;
+    if (kvp_head_profile_write(hp, o.out, &err) < 0) {
+        cli_fail_err(&err);
+        goto out;
+    }
+    printf("%s: %ld samples of %ld tokens, r = %g: %d of %d KV heads adaptive\n", o.out, n_samples,
+           o.prefill, o.ratio, kvp_head_profile_n_adaptive(hp), n_heads);
+    for (int l = 0; l < info.n_layer; l++) {
+        printf("  layer %2d:", l);
+        for (int h = 0; h < info.n_head_kv; h++)
+            printf(" %c%.3f", hp->adaptive[l * info.n_head_kv + h] ? '*' : ' ',
+                   hp->cv[l * info.n_head_kv + h]);
+        printf("\n");
+    }
+    status = 0;
+out:
+    kvp_head_profile_free(hp);
+    kvp_ctx_free(c);
+    free(samples);
+    free(cvs);
+    kvp_model_close(m);
+    return status;
+}
+
+int cli_viz_heads(const char *profile_path, const char *png_path)
+{
+    struct kvp_head_profile *hp = NULL;
+    struct kvp_err err = {0};
+    if (kvp_head_profile_read(profile_path, &hp, &err) < 0)
+        return cli_fail_err(&err);
+    int rc = kvp_head_profile_draw(hp, png_path, &err);
+    kvp_head_profile_free(hp);
+    if (rc < 0)
+        return cli_fail_err(&err);
+    return 0;
+}
+
+int cmd_viz_heads(int argc, char **argv)
+{
+    const char *profile = NULL, *out = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            puts("usage: kvpred viz-heads --head-profile PROFILE -o OUT.png\n\n"
+                 "Draw a CateKV head profile: rows = layers, columns = KV heads; blue =\n"
+                 "consistent, orange with a square mark = adaptive, darker = higher CV.");
+            return 0;
+        }
+        const char **dst = !strcmp(a, "--head-profile")                   ? &profile
+                           : (!strcmp(a, "-o") || !strcmp(a, "--output")) ? &out
+                                                                          : NULL;
+        if (!dst)
+            return cli_fail("viz-heads: unknown flag %s", a);
+        if (!(*dst = cli_flag_value(argc, argv, &i)))
+            return 1;
+    }
+    if (!profile || !out)
+        return cli_fail("viz-heads needs --head-profile PROFILE and -o OUT.png");
+    return cli_viz_heads(profile, out);
+}
+
+/* ---- catekv policy flags (for the commands that run policies) ----------------------------- */
+
+const char *cli_catekv_flags_help =
+    "  --adaptive MODE      catekv adaptive heads: full, fraction, quest, predictor (default "
+    "full)\n"
+    "  --adaptive-ratio R   catekv: fraction r of adaptive KV heads, 0..1 (default 0.4)\n"
+    "  --eta E              catekv: fraction of middle chunks adaptive heads keep, (0, 1]\n"
+    "                       (default 1; 0.5 for fraction)\n"
+    "  --chunk N            catekv: chunk size c (default 8)\n"
+    "  --tail N             catekv: unchunked prompt tail (default 32)\n"
+    "  --percentile K       catekv: binarization quantile k, (0.5, 1) (default 0.995)\n"
+    "  --alpha A            catekv: binarization interpolation, 0..1 (default 1)\n"
+    "  --head-profile PATH  catekv: static classes from kvpred profile-heads (default: classify\n"
+    "                       every prompt)\n";
+
+int cli_catekv_flag(struct kvp_policy_params *p, int argc, char **argv, int *i)
+{
+    static const char *const flags[] = {"--adaptive", "--adaptive-ratio", "--eta",
+                                        "--chunk",    "--tail",           "--percentile",
+                                        "--alpha",    "--head-profile",   NULL};
+    static const char *const modes[] = {"full", "fraction", "quest", "predictor", NULL};
+    const char *a = argv[*i];
+    if (!cli_flag_in(a, flags))
+        return 0;
+    const char *v = cli_flag_value(argc, argv, i);
+    if (!v)
+        return -1;
+    double d;
+    long n;
+    if (!strcmp(a, "--adaptive")) {
+        int k = 0;
+        while (modes[k] && strcmp(modes[k], v))
+            k++;
+        if (!modes[k])
+            return cli_fail("--adaptive: '%s' is not one of full, fraction, quest, predictor", v),
+                   -1;
+        p->adaptive_mode = k;
+    } else if (!strcmp(a, "--head-profile")) {
+        p->head_profile = v;
+    } else if (!strcmp(a, "--chunk") || !strcmp(a, "--tail")) {
+        if (!cli_parse_int(v, 0, 1 << 24, &n) || (n == 0 && !strcmp(a, "--chunk")))
+            return cli_fail("%s: '%s' is not a token count", a, v), -1;
+        if (!strcmp(a, "--chunk"))
+            p->chunk = (int)n;
+        else
+            p->tail_tokens = n == 0 ? -1 : (int)n; /* the library reads 0 as the default */
+    } else {
+        if (!cli_parse_float(v, 0, 1, &d))
+            return cli_fail("%s: '%s' is not a number in 0..1", a, v), -1;
+        float f = (float)d;
+        if (!strcmp(a, "--adaptive-ratio"))
+            p->adaptive_ratio = f == 0.0f ? -1.0f : f; /* 0 means none, not the default */
+        else if (!strcmp(a, "--eta"))
+            p->eta = f;
+        else if (!strcmp(a, "--percentile"))
+            p->percentile = f;
+        else
+            p->alpha = f == 0.0f ? -1.0f : f;
+    }
+    return 1;
+}

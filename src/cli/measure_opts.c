@@ -1,0 +1,212 @@
+/* Policy option flags, budgets and forced tokens for eval, viz and run (see measure_opts.h). */
+#include "cli/measure_opts.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "cli/common.h"
+
+const char *cli_policy_flags_help =
+    "  --sink N             leading tokens always kept (default 16)\n"
+    "  --local N            most recent tokens always kept (default 16)\n"
+    "  --window N           observation window of prompt-time policies (default 32)\n"
+    "  --pool N             SnapKV pooling kernel, odd (default 5)\n"
+    "  --pool-max           SnapKV: max pooling instead of average\n"
+    "  --dense-layers N     leading layers that always run dense (default 2)\n"
+    "  --gqa-agg A          combine a GQA group's scores by max, mean or sum (default mean)\n"
+    "  --normalize          h2o: divide accumulated attention by the queries that saw the key\n"
+    "  --aux PATH           a file the policy needs (predictor weights, head profile)\n";
+
+static const char *const agg_names[] = {"max", "mean", "sum"};
+
+const char *cli_gqa_agg_name(int agg)
+{
+    return agg >= 0 && agg <= 2 ? agg_names[agg] : "?";
+}
+
+const char *cli_policy_names(void)
+{
+    static char names[1024];
+    names[0] = 0;
+    for (int i = 0; kvp_policy_name(i); i++) {
+        strncat(names, i ? ", " : "", sizeof(names) - strlen(names) - 1);
+        strncat(names, kvp_policy_name(i), sizeof(names) - strlen(names) - 1);
+    }
+    return names;
+}
+
+bool cli_policy_known(const char *name)
+{
+    for (int i = 0; kvp_policy_name(i); i++)
+        if (!strcmp(kvp_policy_name(i), name))
+            return true;
+    return false;
+}
+
+/* A count flag where 0 is meaningful: the library takes 0 as "default", -1 as zero. */
+static int count_flag(int argc, char **argv, int *i, long max, int *out)
+{
+    const char *flag = argv[*i];
+    const char *v = cli_flag_value(argc, argv, i);
+    long n;
+    if (!v)
+        return -1;
+    if (!cli_parse_int(v, 0, max, &n)) {
+        cli_fail("%s: '%s' is not an integer in 0..%ld", flag, v, max);
+        return -1;
+    }
+    *out = n == 0 ? -1 : (int)n;
+    return 1;
+}
+
+int cli_policy_flag(struct kvp_policy_params *p, bool with_seed, int argc, char **argv, int *i)
+{
+    const char *a = argv[*i];
+    if (!strcmp(a, "--sink"))
+        return count_flag(argc, argv, i, 1 << 24, &p->sink);
+    if (!strcmp(a, "--local"))
+        return count_flag(argc, argv, i, 1 << 24, &p->local);
+    if (!strcmp(a, "--dense-layers"))
+        return count_flag(argc, argv, i, 4096, &p->dense_layers);
+    if (!strcmp(a, "--pool-max")) {
+        p->pool_max = 1;
+        return 1;
+    }
+    if (!strcmp(a, "--normalize")) {
+        p->normalize = 1;
+        return 1;
+    }
+    if (strcmp(a, "--window") && strcmp(a, "--pool") && strcmp(a, "--gqa-agg") &&
+        strcmp(a, "--aux") && (!with_seed || strcmp(a, "--seed")))
+        return 0;
+    const char *v = cli_flag_value(argc, argv, i);
+    long n;
+    if (!v)
+        return -1;
+    if (!strcmp(a, "--window")) {
+        if (!cli_parse_int(v, 1, 1 << 24, &n)) {
+            cli_fail("--window: '%s' is not a positive token count", v);
+            return -1;
+        }
+        p->window = (int)n;
+    } else if (!strcmp(a, "--pool")) {
+        if (!cli_parse_int(v, 1, 1023, &n) || n % 2 == 0) {
+            cli_fail("--pool: '%s' is not an odd kernel size in 1..1023", v);
+            return -1;
+        }
+        p->pool = (int)n;
+    } else if (!strcmp(a, "--gqa-agg")) {
+        int k = -1;
+        for (int j = 0; j < 3; j++)
+            if (!strcmp(v, agg_names[j]))
+                k = j;
+        if (k < 0) {
+            cli_fail("--gqa-agg: '%s' is not one of max, mean, sum", v);
+            return -1;
+        }
+        p->gqa_agg = k;
+    } else if (!strcmp(a, "--aux")) {
+        p->aux_path = v;
+    } else {
+        if (!cli_parse_int(v, 0, 0x7fffffffffffffffL, &n)) {
+            cli_fail("--seed: '%s' is not a non-negative integer", v);
+            return -1;
+        }
+        p->seed = (uint64_t)n;
+    }
+    return 1;
+}
+
+bool cli_parse_budget(const char *s, int *budget, float *ratio)
+{
+    long num, den;
+    double r;
+    *budget = 0;
+    *ratio = 0;
+    const char *slash = s ? strchr(s, '/') : NULL;
+    if (slash) {
+        char a[32];
+        size_t n = (size_t)(slash - s);
+        if (n == 0 || n >= sizeof(a))
+            return false;
+        memcpy(a, s, n);
+        a[n] = 0;
+        if (!cli_parse_int(a, 1, 1 << 30, &num) || !cli_parse_int(slash + 1, 1, 1 << 30, &den) ||
+            num > den)
+            return false;
+        *ratio = (float)((double)num / (double)den);
+        return true;
+    }
+    if (cli_parse_int(s, 1, 1 << 30, &num)) {
+        *budget = (int)num;
+        return true;
+    }
+    if (!cli_parse_float(s, 0.0, 1.0, &r) || r <= 0.0)
+        return false;
+    *ratio = (float)r;
+    return true;
+}
+
+/* splitmix64: a seeded, portable stream for tokenizer-less fixtures */
+static uint64_t splitmix64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* Tokenize a growing prefix of text until it yields n tokens with a margin (so the cut at the
+ * end of the prefix cannot change them) or the text runs out. */
+static int32_t *tokens_from_text(const kvp_model *m, const char *text, size_t len, int n)
+{
+    size_t chunk = (size_t)n * 8 + 256;
+    for (;;) {
+        size_t use = chunk < len ? chunk : len;
+        size_t got = 0;
+        int32_t *ids = cli_tokenize(m, text, use, true, &got);
+        if (!ids)
+            return NULL;
+        if (got >= (size_t)n + 16 || (use == len && got >= (size_t)n))
+            return ids;
+        free(ids);
+        if (use == len) {
+            cli_fail("the text has %zu tokens from the offset on; %d are needed (prefill + "
+                     "decode + 1)",
+                     got, n);
+            return NULL;
+        }
+        chunk *= 2;
+    }
+}
+
+int32_t *cli_measure_tokens(const kvp_model *m, const struct cli_token_source *src, int n)
+{
+    if (src->seed >= 0) {
+        struct kvp_model_info info;
+        kvp_model_get_info(m, &info);
+        int32_t *ids = malloc((size_t)n * sizeof(int32_t));
+        if (!ids) {
+            cli_fail("out of memory");
+            return NULL;
+        }
+        uint64_t s = (uint64_t)src->seed;
+        for (int i = 0; i < n; i++)
+            ids[i] = (int32_t)(splitmix64(&s) % (uint64_t)info.n_vocab);
+        return ids;
+    }
+    size_t len = 0;
+    char *text = cli_read_file(src->text_path, &len);
+    if (!text)
+        return NULL;
+    int32_t *ids = NULL;
+    if ((size_t)src->offset >= len)
+        cli_fail("--offset %ld is past the end of %s (%zu bytes)", src->offset, src->text_path,
+                 len);
+    else
+        ids = tokens_from_text(m, text + src->offset, len - (size_t)src->offset, n);
+    free(text);
+    return ids;
+}

@@ -1,0 +1,46 @@
+/* CLI plumbing shared by the commands that run KV selection policies (eval, viz, run): policy
+ * option flags, budget parsing and the forced token sequence a measurement decodes. */
+#ifndef KVP_CLI_MEASURE_OPTS_H
+#define KVP_CLI_MEASURE_OPTS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvpred.h"
+
+/* If argv[*i] is a policy option flag (--sink, --local, --window, --pool, --pool-max,
+ * --dense-layers, --gqa-agg, --normalize, --aux, and --seed when with_seed), store it in p,
+ * consume it (and its value) and return 1; return 0 if it is not one; print an error and return
+ * -1 for a bad value. Zero counts given on the command line mean zero (the library reads 0 as
+ * "default", so they are stored as -1). */
+int cli_policy_flag(struct kvp_policy_params *p, bool with_seed, int argc, char **argv, int *i);
+
+/* Help text for the policy option flags (without --seed). */
+extern const char *cli_policy_flags_help;
+
+/* Parse one budget: "64" (tokens per layer and KV head), "1/16" or "0.0625" (ratio of the
+ * context, in (0, 1]). Exactly one of *budget and *ratio is set non-zero. */
+bool cli_parse_budget(const char *s, int *budget, float *ratio);
+
+/* Comma-separated list of the registered policy names (static storage). */
+const char *cli_policy_names(void);
+
+/* True when name is a registered policy. */
+bool cli_policy_known(const char *name);
+
+/* Name of an enum kvp_gqa_agg value. */
+const char *cli_gqa_agg_name(int agg);
+
+/* Where the forced tokens of a measurement come from. */
+struct cli_token_source {
+    const char *text_path; /* -f: a text file, tokenized with BOS from `offset` */
+    long offset;           /* --offset BYTES */
+    long seed;             /* --tokens-from-seed S (>= 0; -1: off), for models without a
+                              tokenizer: uniform ids from a seeded splitmix64 */
+};
+
+/* n tokens for a measurement, malloc'd. Prints the error and returns NULL. */
+int32_t *cli_measure_tokens(const kvp_model *m, const struct cli_token_source *src, int n);
+
+#endif

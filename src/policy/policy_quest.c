@@ -1,0 +1,163 @@
+/*
+ * `quest` (Quest, Tang et al. 2024; methods.md §3.5): query-aware block ("page") selection with
+ * nothing evicted. For every block and KV head the policy keeps the element-wise max M and min m
+ * of the block's keys, read from the cache after RoPE. At each decode step the bound
+ *
+ *     ub_h(block) = Σ_d max(q_d · M_d, q_d · m_d)  >=  q · k  for every key k of the block
+ *
+ * is computed for each query head h of the group (unscaled: 1/√d does not change the ranking),
+ * the g bounds are combined with gqa_agg, and the best blocks are read.
+ *
+ * What kvpred does differently, and why:
+ *  - one selection per KV head (upstream's kernel is MHA and its evaluation path selects per
+ *    query head). The bounds are combined with p.gqa_agg; methods §5 names sum for Quest, the
+ *    framework default is mean: both rank identically, max (CateKV + Quest) is an option;
+ *  - the forced set and the budget are the block plan every block policy shares
+ *    (kvp_block_plan, policy.h): sink [0, sink) and the local window from the block boundary at
+ *    or below n - local, both counted in the budget. The block holding the current token is
+ *    always in the local window, which is Quest's "last page forced" (its kernel's choice;
+ *    defect §8.5: the evaluation path forgets it). With sink = -1 and local = -1 this is exactly
+ *    Quest: top (budget/bs - 1) blocks among all but the last, plus the last;
+ *  - metadata is rebuilt from the cache after the prompt (on_prefill) and then folded in one
+ *    token at a time as tokens are appended, so each step touches only the newest block.
+ *    Upstream starts a new page from ∓FP16_MAX; here a block starts from its first key, which is
+ *    the same thing without the sentinel.
+ *
+ * Memory: 2 × head_dim floats per block and (layer, KV head), 1/8 of the keys at bs = 16.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "forward/kvcache.h"
+#include "policy/policy.h"
+
+struct quest_state {
+    float *kmax;       /* [n_layer*n_head_kv][max_blocks][head_dim] element-wise max of keys */
+    float *kmin;       /* [n_layer*n_head_kv][max_blocks][head_dim] element-wise min of keys */
+    int *done;         /* [n_layer*n_head_kv] tokens folded into the metadata */
+    struct kvp_scratch scr;
+};
+
+static int quest_init(struct kvp_policy *p, struct kvp_err *err)
+{
+    struct quest_state *s = calloc(1, sizeof(*s));
+    if (!s)
+        return kvp_err_set(err, KVP_ENOMEM, "quest: out of memory");
+    size_t n_lh = (size_t)p->env.n_layer * p->env.n_head_kv;
+    size_t mb = (size_t)(p->env.n_ctx + p->env.block_size - 1) / p->env.block_size;
+    s->kmax = malloc(n_lh * mb * p->env.head_dim * sizeof(float));
+    s->kmin = malloc(n_lh * mb * p->env.head_dim * sizeof(float));
+    s->done = calloc(n_lh, sizeof(int));
+    size_t g = (size_t)(p->env.n_head / p->env.n_head_kv);
+    if (!s->kmax || !s->kmin || !s->done ||
+        kvp_scratch_init(&s->scr, &p->env, g * mb * p->env.block_size) < 0) {
+        free(s->kmax);
+        free(s->kmin);
+        free(s->done);
+        free(s);
+        return kvp_err_set(err, KVP_ENOMEM, "quest: out of memory for block metadata");
+    }
+    p->state = s;
+    return 0;
+}
+
+static void quest_free(struct kvp_policy *p)
+{
+    struct quest_state *s = p->state;
+    if (!s)
+        return;
+    free(s->kmax);
+    free(s->kmin);
+    free(s->done);
+    kvp_scratch_free(&s->scr);
+    free(s);
+}
+
+static void quest_reset(struct kvp_policy *p)
+{
+    struct quest_state *s = p->state;
+    memset(s->done, 0, (size_t)p->env.n_layer * p->env.n_head_kv * sizeof(int));
+}
+
+/* Fold the keys of tokens [done, n_tokens) of (layer, kvh) into their blocks' min/max. A token
+ * at offset 0 of its block starts the block afresh, so a rebuild is done = 0. */
+static void fold_keys(struct kvp_policy *p, int layer, int kvh, int n_tokens)
+{
+    struct quest_state *s = p->state;
+    const struct kvp_kvcache *kv = p->env.kv;
+    const int bs = kv->block_size, hd = kv->head_dim;
+    const int lh = layer * p->env.n_head_kv + kvh;
+    if (s->done[lh] > n_tokens) /* the context was truncated */
+        s->done[lh] = 0;
+    for (int t = s->done[lh]; t < n_tokens; t++) {
+        int b = t / bs, o = t % bs;
+        const float *kt = kvp_kvcache_kblock(kv, layer, kvh, b); /* [hd][bs] */
+        float *mx = s->kmax + ((size_t)lh * s->scr.max_blocks + b) * hd;
+        float *mn = s->kmin + ((size_t)lh * s->scr.max_blocks + b) * hd;
+        for (int d = 0; d < hd; d++) {
+            float k = kt[(size_t)d * bs + o];
+            if (o == 0 || k > mx[d])
+                mx[d] = k;
+            if (o == 0 || k < mn[d])
+                mn[d] = k;
+        }
+    }
+    s->done[lh] = n_tokens;
+}
+
+float kvp_quest_bound(const float *q, const float *kmax, const float *kmin, int hd)
+{
+    float ub = 0.0f;
+    for (int d = 0; d < hd; d++) {
+        float a = q[d] * kmax[d], b = q[d] * kmin[d];
+        ub += a > b ? a : b;
+    }
+    return ub;
+}
+
+static void quest_prefill(struct kvp_policy *p, int layer, const struct kvp_prefill_obs *obs)
+{
+    struct quest_state *s = p->state;
+    if (layer < p->p.dense_layers)
+        return;
+    for (int h = 0; h < p->env.n_head_kv; h++) {
+        s->done[layer * p->env.n_head_kv + h] = 0;
+        fold_keys(p, layer, h, obs->n_prompt);
+    }
+}
+
+static void quest_select(struct kvp_policy *p, int layer, int kvh, const float *q, int n_tokens,
+                         struct kvp_sel *sel)
+{
+    struct quest_state *s = p->state;
+    const int bs = p->env.block_size, hd = p->env.head_dim;
+    const int g = p->env.n_head / p->env.n_head_kv;
+    const int lh = layer * p->env.n_head_kv + kvh;
+    fold_keys(p, layer, kvh, n_tokens);
+    struct kvp_block_plan bp;
+    kvp_block_plan(p, n_tokens, &bp);
+    float *score = kvp_scratch_f(&s->scr, kvh);          /* [max_blocks] combined bounds */
+    float *ub = score + s->scr.cap;                      /* [g][n_cand] per-head bounds */
+    int n_cand = bp.end - bp.first;
+    if (!bp.all && bp.k < n_cand) {
+        for (int j = 0; j < g; j++)
+            for (int c = 0; c < n_cand; c++) {
+                size_t m = ((size_t)lh * s->scr.max_blocks + bp.first + c) * hd;
+                ub[(size_t)j * n_cand + c] =
+                    kvp_quest_bound(q + (size_t)j * hd, s->kmax + m, s->kmin + m, hd);
+            }
+        kvp_gqa_combine(ub, g, n_cand, n_cand, p->p.gqa_agg, score + bp.first);
+    }
+    kvp_sel_blocks(&bp, score, n_tokens, bs, sel, kvp_scratch_m(&s->scr, kvh),
+                   kvp_scratch_i(&s->scr, kvh));
+}
+
+const struct kvp_policy_ops kvp_policy_quest = {
+    .name = "quest",
+    .help = "Quest: per-step top blocks by the min/max key bound, nothing evicted",
+    .init = quest_init,
+    .free = quest_free,
+    .reset = quest_reset,
+    .on_prefill = quest_prefill,
+    .select = quest_select,
+};

@@ -1,0 +1,509 @@
+/*
+ * The measuring instruments: each metric on hand-made arrays with known answers (KL, top-1,
+ * log-likelihood, recovery, retention, the block and token oracles, ties included); the harness
+ * on a random-weight fixture (full attention measures as perfect, a small streaming budget as
+ * imperfect but within the oracle bound); and `kvpred eval --json` and `kvpred viz` end to end,
+ * including the one-line errors for bad flags.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "eval/measure.h"
+#include "eval/metrics.h"
+#include "kvpred.h"
+#include "policy/policy.h"
+#include "testutil.h"
+
+/* ---- metrics on hand-made arrays ---- */
+
+static void test_kl_top1_nll(void **state)
+{
+    (void)state;
+    float a[4] = {1.0f, -2.0f, 0.5f, 3.0f}, b[4];
+    assert_true(kvp_metric_kl(a, a, 4) == 0.0);
+    for (int i = 0; i < 4; i++)
+        b[i] = a[i] + 7.0f; /* softmax is shift-invariant */
+    assert_true(kvp_metric_kl(a, b, 4) < 1e-12);
+    /* p = (1/2, 1/2), q = (1/4, 3/4): KL = 1/2 ln 2 + 1/2 ln(2/3) = 1/2 ln(4/3) */
+    float p[2] = {0.0f, 0.0f}, q[2] = {logf(0.25f), logf(0.75f)};
+    assert_true(fabs(kvp_metric_kl(p, q, 2) - 0.5 * log(4.0 / 3.0)) < 1e-7);
+    assert_true(kvp_metric_kl(q, p, 2) > 0);
+    assert_int_equal(kvp_metric_argmax(a, 4), 3);
+    float tie[4] = {0.0f, 2.0f, 2.0f, 1.0f};
+    assert_int_equal(kvp_metric_argmax(tie, 4), 1);
+    assert_true(fabs(kvp_metric_nll(p, 2, 1) - log(2.0)) < 1e-12);
+    assert_true(fabs(kvp_metric_nll(q, 2, 1) + log(0.75)) < 1e-7);
+}
+
+static void test_recovery_and_retention(void **state)
+{
+    (void)state;
+    /* 20 keys, bs = 8: blocks 0..2 */
+    float a[20] = {0};
+    a[0] = 0.3f;
+    a[5] = 0.2f;
+    a[9] = 0.25f;
+    a[17] = 0.15f;
+    a[19] = 0.1f;
+    uint64_t m[3] = {1ULL << 0, 1ULL << 1 /* token 9 */, (1ULL << 1) | (1ULL << 3)};
+    assert_true(fabs(kvp_metric_recovery(a, 20, m, 8) - (0.3 + 0.25 + 0.15 + 0.1)) < 1e-6);
+    assert_int_equal(kvp_metric_set_size(m, 20, 8), 4);
+    /* bits past n_keys do not count */
+    uint64_t m2[3] = {0, 0, ~0ULL};
+    assert_int_equal(kvp_metric_set_size(m2, 20, 8), 4);
+    int scratch[40];
+    /* top 4 = {0, 9, 5, 17}; S holds 0, 9 and 17 */
+    assert_true(fabs(kvp_metric_retention(a, 20, m, 8, 4, scratch) - 0.75) < 1e-12);
+    /* top 5 adds 19, also in S */
+    assert_true(fabs(kvp_metric_retention(a, 20, m, 8, 5, scratch) - 0.8) < 1e-12);
+    /* ties go to the lower index: all equal, top 2 = {0, 1} */
+    float flat[20];
+    for (int i = 0; i < 20; i++)
+        flat[i] = 0.05f;
+    uint64_t first[3] = {1ULL << 0, 0, 0};
+    assert_true(fabs(kvp_metric_retention(flat, 20, first, 8, 2, scratch) - 0.5) < 1e-12);
+    /* K larger than the row: K = n_keys */
+    uint64_t all[3] = {~0ULL, ~0ULL, ~0ULL};
+    assert_true(kvp_metric_retention(a, 20, all, 8, 32, scratch) == 1.0);
+}
+
+/* A resolved policy for the oracles: only sink, local, budget and the block size matter. */
+static struct kvp_policy plan_policy(int bs, int sink, int local, int budget)
+{
+    struct kvp_policy p = {.p = {.sink = sink, .local = local, .budget = budget},
+                           .env = {.block_size = bs}};
+    return p;
+}
+
+static void test_block_oracle(void **state)
+{
+    (void)state;
+    /* 40 keys, bs = 8 (blocks 0..4), sink 8 and local 8 forced; budget 24 leaves k = 1 block of
+     * blocks 1..3. Block 1 has the largest single token but block 2 the largest sum. */
+    float s[40] = {0};
+    s[8] = 0.30f;
+    for (int t = 16; t < 24; t++)
+        s[t] = 0.05f; /* block 2 sums to 0.40 */
+    s[25] = 0.10f;
+    uint64_t m[5];
+    _Alignas(8) char scratch[40 * 64];
+    struct kvp_policy p = plan_policy(8, 8, 8, 24);
+    kvp_oracle_block(&p, s, 40, m, scratch);
+    assert_int_equal(m[0], 0xff);
+    assert_int_equal(m[1], 0);
+    assert_int_equal(m[2], 0xff);
+    assert_int_equal(m[3], 0);
+    assert_int_equal(m[4], 0xff);
+    /* ties between block sums go to the lower block */
+    float t2[40] = {0};
+    t2[10] = 0.2f;
+    t2[30] = 0.2f;
+    kvp_oracle_block(&p, t2, 40, m, scratch);
+    assert_int_equal(m[1], 0xff);
+    assert_int_equal(m[3], 0);
+    /* a budget that does not buy a whole block keeps only the forced tokens */
+    p = plan_policy(8, 8, 8, 23);
+    kvp_oracle_block(&p, s, 40, m, scratch);
+    assert_int_equal(m[1] | m[2] | m[3], 0);
+    /* a budget >= n_keys keeps everything, including a partial last block */
+    p = plan_policy(8, 8, 8, 64);
+    kvp_oracle_block(&p, s, 37, m, scratch);
+    assert_int_equal(m[4], 0x1f);
+    assert_int_equal(kvp_metric_set_size(m, 37, 8), 37);
+    /* unaligned sink and local: forced [0, 4) and the block-aligned local window [32, 40) (the
+     * last 6 tokens rounded down to a block boundary); candidates are the whole blocks 1..3, so
+     * the rest of block 0 is never read however much attention it holds */
+    float u[40] = {0};
+    u[6] = 0.5f;
+    u[12] = 0.01f;
+    u[20] = 0.03f;
+    p = plan_policy(8, 4, 6, 20);
+    kvp_oracle_block(&p, u, 40, m, scratch);
+    assert_int_equal(m[0], 0x0f);
+    assert_int_equal(m[1], 0);
+    assert_int_equal(m[2], 0xff);
+    assert_int_equal(m[3], 0);
+    assert_int_equal(m[4], 0xff);
+    assert_true(kvp_metric_set_size(m, 40, 8) <= 20);
+}
+
+static void test_token_oracle(void **state)
+{
+    (void)state;
+    float s[40] = {0};
+    s[8] = 0.30f;
+    for (int t = 16; t < 24; t++)
+        s[t] = 0.05f;
+    s[25] = 0.10f;
+    s[3] = 0.9f; /* in the sink: forced anyway */
+    uint64_t m[5];
+    _Alignas(8) char scratch[40 * 64];
+    /* budget 19 = 16 forced + 3 best free tokens: 8, 25 and the lowest-index 0.05, 16 */
+    struct kvp_policy p = plan_policy(8, 8, 8, 19);
+    kvp_oracle_token(&p, s, 40, m, scratch);
+    assert_int_equal(m[0], 0xff);
+    assert_int_equal(m[1], 1ULL << 0);
+    assert_int_equal(m[2], 1ULL << 0);
+    assert_int_equal(m[3], 1ULL << 1);
+    assert_int_equal(m[4], 0xff);
+    /* the token oracle never holds less than the block oracle on the same scores */
+    uint64_t mb[5];
+    p = plan_policy(8, 8, 8, 24);
+    kvp_oracle_block(&p, s, 40, mb, scratch);
+    kvp_oracle_token(&p, s, 40, m, scratch);
+    assert_true(kvp_metric_recovery(s, 40, m, 8) >= kvp_metric_recovery(s, 40, mb, 8));
+    /* sink and local longer than the row: everything */
+    p = plan_policy(8, 16, 16, 4);
+    kvp_oracle_token(&p, s, 10, m, scratch);
+    assert_int_equal(kvp_metric_set_size(m, 10, 8), 10);
+}
+
+/* ---- the harness on a fixture ---- */
+
+static const struct kvp_test_model_spec fixture = {.n_vocab = 80,
+                                                   .n_embd = 64,
+                                                   .n_layer = 4,
+                                                   .n_head = 4,
+                                                   .n_head_kv = 2,
+                                                   .n_ff = 96,
+                                                   .n_ctx = 512,
+                                                   .type = 0,
+                                                   .embd_type = 0,
+                                                   .tied = 1,
+                                                   .seed = 5};
+
+static void test_harness(void **state)
+{
+    (void)state;
+    char *path = kvp_test_tmpfile(".gguf");
+    assert_int_equal(kvp_test_write_model(&fixture, path, NULL), 0);
+    kvp_model *m = NULL;
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_model_open(path, NULL, &m, &err), 0);
+    enum { N = 160, M = 24 };
+    int32_t tok[N + M + 1];
+    for (int i = 0; i < N + M + 1; i++)
+        tok[i] = (i * 37 + 11) % 80;
+    struct kvp_ctx_params cp = {.n_threads = 2};
+    struct kvp_measure_params mp = {.n_prefill = N, .n_decode = M};
+    struct kvp_measure *ms = NULL;
+    assert_int_equal(kvp_measure_init(m, tok, &cp, &mp, &ms, &err), 0);
+
+    struct kvp_measure_result r;
+    struct kvp_policy_params full = {.name = "full"};
+    assert_int_equal(kvp_measure_run(ms, &full, NULL, NULL, &r, &err), 0);
+    print_message("full: recovery %.8f kl %.3g top1 %.3f ppl %.5f / %.5f\n", r.recovery, r.kl,
+                  r.top1, r.ppl, r.ppl_full);
+    assert_true(fabs(r.recovery - 1.0) < 1e-5);
+    assert_true(fabs(r.oracle_block - 1.0) < 1e-5);
+    assert_true(r.kl < 1e-8);
+    assert_true(r.top1 == 1.0);
+    assert_true(r.retention == 1.0);
+    assert_true(fabs(r.ppl / r.ppl_full - 1.0) < 1e-5);
+    assert_true(r.compression == 0.0);
+    assert_true(r.layer_recovery[0] == -1.0 && r.layer_recovery[1] == -1.0);
+    assert_true(fabs(r.layer_recovery[3] - 1.0) < 1e-5);
+    assert_int_equal(r.kv_resident, r.kv_resident_full);
+    kvp_measure_result_free(&r);
+
+    struct kvp_policy_params st = {.name = "streaming", .budget = 48};
+    assert_int_equal(kvp_measure_run(ms, &st, NULL, NULL, &r, &err), 0);
+    print_message("streaming-48: recovery %.4f block oracle %.4f token oracle %.4f retention "
+                  "%.3f kl %.4g top1 %.3f compression %.3f read %.3f\n",
+                  r.recovery, r.oracle_block, r.oracle_token, r.retention, r.kl, r.top1,
+                  r.compression, r.read_fraction);
+    assert_true(r.recovery > 0 && r.recovery < 1);
+    assert_true(r.recovery <= r.oracle_token + 1e-6);
+    assert_true(r.oracle_block <= r.oracle_token + 1e-6);
+    assert_true(r.retention > 0 && r.retention < 1);
+    assert_true(r.kl > 0);
+    assert_true(r.compression > 0.6 && r.compression < 0.8);
+    assert_true(fabs(r.budget_tokens - 48) < 1e-9);
+    assert_true(fabs(r.read_fraction - (1.0 - r.compression)) < 1e-9);
+    assert_true(r.kv_resident < r.kv_resident_full);
+    kvp_measure_result_free(&r);
+
+    struct kvp_policy_params bad = {.name = "nope"};
+    assert_int_equal(kvp_measure_run(ms, &bad, NULL, NULL, &r, &err), KVP_EINVAL);
+    kvp_measure_free(ms);
+    kvp_measure_free(NULL);
+    kvp_model_close(m);
+    remove(path);
+    free(path);
+}
+
+/* ---- the CLI ---- */
+
+#define REQUIRE_CLI(var)                                                                           \
+    const char *var = kvp_test_cli();                                                              \
+    do {                                                                                           \
+        if (!var) {                                                                                \
+            print_message("[  SKIP    ] KVP_CLI not set\n");                                       \
+            skip();                                                                                \
+        }                                                                                          \
+    } while (0)
+
+static void expect_error(const char *cmd, const char *needle)
+{
+    char *out = NULL;
+    int st = kvp_test_run(cmd, &out, 1);
+    assert_non_null(out);
+    if (st != 1 || strncmp(out, "kvpred: error: ", 15) != 0 || !strstr(out, needle) ||
+        strchr(out, '\n') != out + strlen(out) - 1)
+        print_message("command: %s\nstatus %d, output: %s\n", cmd, st, out);
+    assert_int_equal(st, 1);
+    assert_memory_equal(out, "kvpred: error: ", 15);
+    assert_non_null(strstr(out, needle));
+    assert_ptr_equal(strchr(out, '\n'), out + strlen(out) - 1);
+    free(out);
+}
+
+static const char *const json_fields[] = {"model",
+                                          "text",
+                                          "offset",
+                                          "token_seed",
+                                          "n_prefill",
+                                          "n_decode",
+                                          "policy",
+                                          "budget",
+                                          "budget_tokens",
+                                          "budget_ratio",
+                                          "sink",
+                                          "local",
+                                          "window",
+                                          "pool",
+                                          "pool_max",
+                                          "dense_layers",
+                                          "gqa_agg",
+                                          "seed",
+                                          "block_size",
+                                          "retention_k",
+                                          "recovery",
+                                          "recovery_layers",
+                                          "oracle_block_recovery",
+                                          "oracle_block_recovery_layers",
+                                          "oracle_token_recovery",
+                                          "oracle_relative",
+                                          "oracle_token_relative",
+                                          "retention",
+                                          "kl",
+                                          "kl_max",
+                                          "top1",
+                                          "ppl",
+                                          "ppl_full",
+                                          "ppl_ratio",
+                                          "read_fraction",
+                                          "compression",
+                                          "kv_resident_bytes",
+                                          "kv_kept_bytes",
+                                          "kv_resident_bytes_full",
+                                          "kv_kept_bytes_full",
+                                          "seconds",
+                                          NULL};
+
+static void test_cli_eval_json(void **state)
+{
+    (void)state;
+    REQUIRE_CLI(cli);
+    char *path = kvp_test_tmpfile(".gguf");
+    assert_int_equal(kvp_test_write_model(&fixture, path, NULL), 0);
+    char cmd[4096];
+    snprintf(cmd, sizeof(cmd),
+             "%s eval -m %s --tokens-from-seed 3 --prefill 96 --decode 16 -t 2 "
+             "--policy full,streaming --budget 32,1/4 --gqa-agg max --json 2>/dev/null",
+             cli, path);
+    char *out = NULL;
+    assert_int_equal(kvp_test_run(cmd, &out, 0), 0);
+    int lines = 0;
+    const char *expect[3][2] = {{"full", "all"}, {"streaming", "32"}, {"streaming", "1/4"}};
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n"), lines++) {
+        cJSON *j = cJSON_Parse(line);
+        assert_non_null(j);
+        for (int f = 0; json_fields[f]; f++)
+            if (!cJSON_GetObjectItem(j, json_fields[f])) {
+                print_message("missing field %s in %s\n", json_fields[f], line);
+                fail();
+            }
+        assert_true(lines < 3);
+        assert_string_equal(cJSON_GetObjectItem(j, "policy")->valuestring, expect[lines][0]);
+        assert_string_equal(cJSON_GetObjectItem(j, "budget")->valuestring, expect[lines][1]);
+        assert_string_equal(cJSON_GetObjectItem(j, "gqa_agg")->valuestring, "max");
+        assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "recovery_layers")), 4);
+        double rec = cJSON_GetObjectItem(j, "recovery")->valuedouble;
+        if (lines == 0) {
+            assert_true(fabs(rec - 1.0) < 1e-5);
+            assert_true(cJSON_GetObjectItem(j, "kl")->valuedouble < 1e-8);
+            assert_true(cJSON_GetObjectItem(j, "top1")->valuedouble == 1.0);
+        } else {
+            assert_true(rec < 1.0);
+        }
+        if (lines == 2) /* 1/4 of 97..112 keys */
+            assert_true(fabs(cJSON_GetObjectItem(j, "budget_ratio")->valuedouble - 0.25) < 1e-6);
+        cJSON_Delete(j);
+    }
+    assert_int_equal(lines, 3);
+    free(out);
+    /* without --json: a table on stdout */
+    snprintf(cmd, sizeof(cmd),
+             "%s eval -m %s --tokens-from-seed 3 --prefill 64 --decode 4 --policy streaming "
+             "--budget 32",
+             cli, path);
+    assert_int_equal(kvp_test_run(cmd, &out, 0), 0);
+    assert_non_null(strstr(out, "recovery"));
+    assert_non_null(strstr(out, "streaming"));
+    free(out);
+    remove(path);
+    free(path);
+}
+
+static uint32_t be32(const unsigned char *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static void test_cli_viz(void **state)
+{
+    (void)state;
+    REQUIRE_CLI(cli);
+    char *path = kvp_test_tmpfile(".gguf");
+    char *png = kvp_test_tmpfile(".png");
+    assert_int_equal(kvp_test_write_model(&fixture, path, NULL), 0);
+    char cmd[8192];
+    snprintf(cmd, sizeof(cmd),
+             "%s viz -m %s --tokens-from-seed 9 --prefill 64 --decode 32 --layer 3 --head 1 "
+             "--policy streaming --budget 32 -o %s 2>/dev/null",
+             cli, path, png);
+    char *out = NULL;
+    assert_int_equal(kvp_test_run(cmd, &out, 0), 0);
+    free(out);
+    size_t n = 0;
+    unsigned char *d = (unsigned char *)kvp_test_read_file(png, &n);
+    assert_non_null(d);
+    assert_true(n > 33);
+    assert_memory_equal(d, "\x89PNG\r\n\x1a\n", 8);
+    assert_memory_equal(d + 12, "IHDR", 4);
+    /* 6 key blocks of 16 px per panel plus a 3 px separator; 32 steps of 8 px */
+    assert_int_equal(be32(d + 16), 2 * 6 * 16 + 3);
+    assert_int_equal(be32(d + 20), 32 * 8);
+    assert_int_equal(d[24], 8); /* bit depth */
+    assert_int_equal(d[25], 2); /* RGB */
+    free(d);
+
+    char base[4096];
+    snprintf(base, sizeof(base), "%s viz -m %s --tokens-from-seed 9 --prefill 64 --decode 8 -o %s",
+             cli, path, png);
+    snprintf(cmd, sizeof(cmd), "%s --layer 0 --head 0", base);
+    expect_error(cmd, "runs dense");
+    snprintf(cmd, sizeof(cmd), "%s --layer 9 --head 0", base);
+    expect_error(cmd, "4 layers");
+    snprintf(cmd, sizeof(cmd), "%s --layer 3 --head 4", base);
+    expect_error(cmd, "query heads");
+    snprintf(cmd, sizeof(cmd), "%s --head 0", base);
+    expect_error(cmd, "--layer");
+    snprintf(cmd, sizeof(cmd), "%s --layer 3 --head 0 --policy nope", base);
+    expect_error(cmd, "unknown policy 'nope'");
+    remove(path);
+    remove(png);
+    free(path);
+    free(png);
+}
+
+static void test_cli_eval_errors(void **state)
+{
+    (void)state;
+    REQUIRE_CLI(cli);
+    char *path = kvp_test_tmpfile(".gguf");
+    assert_int_equal(kvp_test_write_model(&fixture, path, NULL), 0);
+    char base[4096], cmd[8192];
+    snprintf(base, sizeof(base), "%s eval -m %s --tokens-from-seed 1 --prefill 32 --decode 4", cli,
+             path);
+    snprintf(cmd, sizeof(cmd), "%s --budget 0", base);
+    expect_error(cmd, "--budget: '0'");
+    snprintf(cmd, sizeof(cmd), "%s --budget 3/2", base);
+    expect_error(cmd, "--budget: '3/2'");
+    snprintf(cmd, sizeof(cmd), "%s --budget 32,,64", base);
+    expect_error(cmd, "--budget");
+    snprintf(cmd, sizeof(cmd), "%s --budget 1.5", base);
+    expect_error(cmd, "--budget: '1.5'");
+    snprintf(cmd, sizeof(cmd), "%s --policy streaming,bogus", base);
+    expect_error(cmd, "unknown policy 'bogus'");
+    snprintf(cmd, sizeof(cmd), "%s --gqa-agg median", base);
+    expect_error(cmd, "--gqa-agg");
+    snprintf(cmd, sizeof(cmd), "%s --pool 4", base);
+    expect_error(cmd, "--pool");
+    snprintf(cmd, sizeof(cmd), "%s --frobnicate", base);
+    expect_error(cmd, "unknown flag '--frobnicate'");
+    snprintf(cmd, sizeof(cmd), "%s --prefill", base);
+    expect_error(cmd, "needs a value");
+    snprintf(cmd, sizeof(cmd), "%s eval -m %s", cli, path);
+    expect_error(cmd, "-f FILE");
+    snprintf(cmd, sizeof(cmd), "%s eval -m %s -f /nonexistent/text.txt --decode 4", cli, path);
+    expect_error(cmd, "/nonexistent/text.txt");
+    snprintf(cmd, sizeof(cmd), "%s -c 16", base);
+    expect_error(cmd, "exceed the context");
+    snprintf(cmd, sizeof(cmd), "%s -f /tmp/none.txt", base);
+    expect_error(cmd, "either -f or --tokens-from-seed");
+    snprintf(cmd, sizeof(cmd), "%s run -m %s --policy bogus", cli, path);
+    expect_error(cmd, "unknown policy 'bogus'");
+    snprintf(cmd, sizeof(cmd), "%s run -m %s --budget x", cli, path);
+    expect_error(cmd, "--budget: 'x'");
+    remove(path);
+    free(path);
+}
+
+/* The table command on the real model and text, shortened. */
+static void test_cli_eval_stories(void **state)
+{
+    (void)state;
+    REQUIRE_CLI(cli);
+    KVP_REQUIRE_SHARED(m_s, "models/stories260K.gguf");
+    char m[4096];
+    snprintf(m, sizeof(m), "%s", m_s);
+    KVP_REQUIRE_SHARED(txt, "data/tinystories/tinystories_val.txt");
+    char cmd[10000];
+    snprintf(cmd, sizeof(cmd),
+             "%s eval -m %s -f %s --offset 1000 --prefill 128 --decode 32 --budget 32,1/4 "
+             "--json 2>/dev/null",
+             cli, m, txt);
+    char *out = NULL;
+    assert_int_equal(kvp_test_run(cmd, &out, 0), 0);
+    int lines = 0;
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n"), lines++) {
+        cJSON *j = cJSON_Parse(line);
+        assert_non_null(j);
+        const char *pol = cJSON_GetObjectItem(j, "policy")->valuestring;
+        double rec = cJSON_GetObjectItem(j, "recovery")->valuedouble;
+        double orc_b = cJSON_GetObjectItem(j, "oracle_block_recovery")->valuedouble;
+        double orc_t = cJSON_GetObjectItem(j, "oracle_token_recovery")->valuedouble;
+        print_message("%-12s %-4s recovery %.4f block oracle %.4f token oracle %.4f\n", pol,
+                      cJSON_GetObjectItem(j, "budget")->valuestring, rec, orc_b, orc_t);
+        assert_true(rec > 0 && rec <= 1.0 + 1e-5);
+        assert_true(orc_b <= 1.0 + 1e-5 && orc_t <= 1.0 + 1e-5);
+        /* the oracle policies select what the instruments' oracles select */
+        if (!strcmp(pol, "full"))
+            assert_true(fabs(rec - 1.0) < 1e-5);
+        if (!strcmp(pol, "oracle"))
+            assert_true(fabs(rec - orc_b) < 1e-4);
+        if (!strcmp(pol, "oracle_token"))
+            assert_true(fabs(rec - orc_t) < 1e-4);
+        cJSON_Delete(j);
+    }
+    assert_true(lines >= 3);
+    free(out);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_kl_top1_nll),      cmocka_unit_test(test_recovery_and_retention),
+        cmocka_unit_test(test_block_oracle),     cmocka_unit_test(test_token_oracle),
+        cmocka_unit_test(test_harness),          cmocka_unit_test(test_cli_eval_json),
+        cmocka_unit_test(test_cli_viz),          cmocka_unit_test(test_cli_eval_errors),
+        cmocka_unit_test(test_cli_eval_stories),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
