@@ -30,6 +30,8 @@ int cli_viz_heads(const char *profile_path, const char *png_path);
  * --alpha, --head-profile): like cli_policy_flag, 1 consumed, 0 not one, -1 error printed. */
 int cli_catekv_flag(struct kvp_policy_params *p, int argc, char **argv, int *i);
 extern const char *cli_catekv_flags_help;
+int cmd_trace(int argc, char **argv);
+int cmd_train_predictor(int argc, char **argv);
 
 /* Print "kvpred: error: <msg>" on stderr; returns 1 (the exit status for errors). */
 int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

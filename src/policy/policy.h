@@ -139,15 +139,18 @@ void kvp_gqa_combine(const float *rows, int g, int stride, int n, int agg, float
 int kvp_policy_recent(const struct kvp_policy *p);
 
 /* Block selection plan for a context of n_tokens (quest, oracle, random, attnpred):
- *   forced tokens [0, sink) and [local_start, n_tokens), where local_start is the block boundary
- *   at or below n_tokens - max(local, 1) (methods.md §1.4 kvpred default: the local window holds
- *   local .. local + bs - 1 tokens, so there is neither a gap nor an overlap before it);
+ *   forced tokens [0, sink) and [local_start, n_tokens). The local window is the last
+ *   max(local, 1) tokens, moved down to the block boundary below its start when the budget can
+ *   pay for the extra tokens (methods.md §1.4 kvpred default: no gap and no overlap between the
+ *   selected blocks and the window); otherwise it stays exact, and the rest of the block it
+ *   starts in is not read;
  *   candidates: the whole blocks [first, end) between the sink and the local window (a sink that
  *   is not a multiple of bs leaves the rest of its last block unread);
  *   k = floor((budget - forced) / bs) candidates, at most end - first;
  *   all: the budget covers the context, so everything is read (reproduces full attention).
- * When the budget is smaller than the forced set the forced set is still read (at most bs - 1
- * tokens over a budget of at least sink + local). */
+ * A selection never reads more than the budget (which kvp_policy_budget keeps >= sink + local),
+ * so budgets are comparable across block and token policies (§4); the one exception is the
+ * current token when local = 0 and the budget is exactly the sink. */
 struct kvp_block_plan {
     int n_blocks;     /* ceil(n_tokens / bs) */
     int sink;         /* forced [0, sink) */
@@ -205,12 +208,16 @@ enum kvp_pyramid_mode {
     KVP_PYRAMID_FLAT = 1,    /* fallback: every compressed layer gets the budget (= SnapKV) */
     KVP_PYRAMID_PYRAMID = 2, /* the pyramid */
 };
-/* Token budget (window included) of every layer for a prompt of n_prompt tokens, an average
- * budget and an observation window; layers < dense_layers get n_prompt (dense). Returns the
- * mode, so callers can report a fallback; *reason (may be NULL) gets a static string saying
- * why a fallback happened (NULL for the pyramid). caps: [n_layer]. */
-int kvp_pyramid_budgets(int n_prompt, int budget, int window, int n_layer, int dense_layers,
+/* Token budget of every layer for a prompt of n_prompt tokens and an average budget, where
+ * `forced` tokens are kept by every layer (upstream: the window w; kvpred: sink + window, see
+ * pyramidkv_forced); layers < dense_layers get n_prompt (dense). Returns the mode, so callers
+ * can report a fallback; *reason (may be NULL) gets a static string saying why a fallback
+ * happened (NULL for the pyramid). caps: [n_layer]. */
+int kvp_pyramid_budgets(int n_prompt, int budget, int forced, int n_layer, int dense_layers,
                         int *caps, const char **reason);
+/* The forced tokens of a pyramidkv policy for a prompt of n_prompt tokens:
+ * sink + max(min(window, n_prompt), local), capped at n_prompt. */
+int kvp_pyramid_forced(const struct kvp_policy *p, int n_prompt);
 
 /* Quest's bound for one query head and one block: Σ_d max(q_d·kmax_d, q_d·kmin_d), an upper
  * bound of q·k for every key k with kmin <= k <= kmax element-wise (policy_quest.c). */

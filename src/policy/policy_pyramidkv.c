@@ -9,7 +9,10 @@
  *     steps = (max - min) // (L - 1);   layer l keeps max - l·steps positions plus the window.
  *
  * This is KVCache-Factory's formula, over the compressed layers only (upstream compresses every
- * layer; kvpred keeps the first dense_layers dense for every policy).
+ * layer; kvpred keeps the first dense_layers dense for every policy), with w read as "the
+ * tokens every layer keeps": the window and, in kvpred, the sink (w = sink + max(window,
+ * local)), so that the positions the pyramid distributes are exactly the selectable ones and no
+ * layer's budget falls below its forced set (which would push the average above C).
  *
  * What kvpred does differently, and why:
  *  - the fallbacks are reported, not hidden (§8 baseline defect 3: kvpress silently falls back
@@ -19,7 +22,8 @@
  *  - the floor in `steps` makes upstream's average exceed c by up to (L - 2) / 2 tokens; kvpred
  *    trims that excess (evenly, the odd token from the deepest layers) so that the per-layer
  *    budgets average to exactly C and budgets stay comparable across methods (§4);
- *  - the sink is forced inside every layer's budget, as in snapkv.
+ *  - the sink is forced inside every layer's budget, as in snapkv; sink = -1 and local = -1
+ *    give upstream's rule exactly (w = window).
  */
 #include <stdlib.h>
 
@@ -27,11 +31,19 @@
 
 #define PYRAMID_BETA 20
 
-int kvp_pyramid_budgets(int n_prompt, int budget, int window, int n_layer, int dense_layers,
+int kvp_pyramid_forced(const struct kvp_policy *p, int n_prompt)
+{
+    int w = p->p.window < n_prompt ? p->p.window : n_prompt;
+    int recent = w > kvp_policy_recent(p) ? w : kvp_policy_recent(p);
+    int f = p->p.sink + recent;
+    return f < n_prompt ? f : n_prompt;
+}
+
+int kvp_pyramid_budgets(int n_prompt, int budget, int forced, int n_layer, int dense_layers,
                         int *caps, const char **reason)
 {
     const int lc = n_layer - dense_layers;
-    const int w = window < n_prompt ? window : n_prompt;
+    const int w = forced < n_prompt ? forced : n_prompt;
     const int c = budget - w;
     const char *why = NULL;
     int mode = KVP_PYRAMID_FLAT;
@@ -43,7 +55,7 @@ int kvp_pyramid_budgets(int n_prompt, int budget, int window, int n_layer, int d
         for (int l = 0; l < n_layer; l++)
             caps[l] = n_prompt;
     } else if (c <= 0) {
-        why = "the budget does not exceed the window: flat budgets (SnapKV)";
+        why = "the budget does not exceed the forced sink and window: flat budgets (SnapKV)";
     } else if (lc < 2) {
         why = "fewer than two compressed layers: flat budgets (SnapKV)";
     } else if (n_prompt < 2 * c) {
@@ -107,8 +119,9 @@ static void pyramid_prefill(struct kvp_policy *p, int layer, const struct kvp_pr
     struct pyramid_state *s = p->state;
     if (layer < p->p.dense_layers)
         return;
-    kvp_pyramid_budgets(obs->n_prompt, kvp_policy_budget(p, obs->n_prompt), obs->n_obs,
-                        p->env.n_layer, p->p.dense_layers, s->caps, NULL);
+    kvp_pyramid_budgets(obs->n_prompt, kvp_policy_budget(p, obs->n_prompt),
+                        kvp_pyramid_forced(p, obs->n_prompt), p->env.n_layer, p->p.dense_layers,
+                        s->caps, NULL);
     kvp_snap_compress(p, &s->scr, layer, obs, s->caps[layer]);
 }
 

@@ -13,6 +13,7 @@ extern const struct kvp_policy_ops kvp_policy_oracle;
 extern const struct kvp_policy_ops kvp_policy_oracle_token;
 extern const struct kvp_policy_ops kvp_policy_random;
 extern const struct kvp_policy_ops kvp_policy_catekv;
+extern const struct kvp_policy_ops kvp_policy_predictor;
 
 const struct kvp_policy_ops *const kvp_policy_registry[] = {
     &kvp_policy_full,
@@ -25,6 +26,7 @@ const struct kvp_policy_ops *const kvp_policy_registry[] = {
     &kvp_policy_oracle_token,
     &kvp_policy_random,
     &kvp_policy_catekv,
+    &kvp_policy_predictor,
     NULL,
 };
 

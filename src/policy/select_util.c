@@ -131,15 +131,23 @@ void kvp_block_plan(const struct kvp_policy *p, int n_tokens, struct kvp_block_p
     const int bs = p->env.block_size;
     const int budget = kvp_policy_budget(p, n_tokens);
     int sink = p->p.sink < n_tokens ? p->p.sink : n_tokens;
-    int from = n_tokens - kvp_policy_recent(p);
-    int ls = from > 0 ? from / bs * bs : 0;
+    int from = n_tokens - kvp_policy_recent(p); /* exact local window start */
+    if (from < 0)
+        from = 0;
+    /* the local window moves down to a block boundary when the budget can pay for it */
+    int ls = from / bs * bs;
+    int forced = sink + (n_tokens - ls) - (sink > ls ? sink - ls : 0);
+    if (forced > budget) {
+        ls = from;
+        forced = sink + (n_tokens - ls) - (sink > ls ? sink - ls : 0);
+    }
     bp->n_blocks = (n_tokens + bs - 1) / bs;
     bp->sink = sink;
     bp->local_start = ls;
+    bp->forced = forced;
     bp->first = (sink + bs - 1) / bs;
     bp->end = ls / bs > bp->first ? ls / bs : bp->first;
-    bp->forced = sink + (n_tokens - ls) - (sink > ls ? sink - ls : 0);
-    int k = budget > bp->forced ? (budget - bp->forced) / bs : 0;
+    int k = budget > forced ? (budget - forced) / bs : 0;
     bp->k = k < bp->end - bp->first ? k : bp->end - bp->first;
     bp->all = budget >= n_tokens;
 }

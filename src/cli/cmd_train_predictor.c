@@ -1,0 +1,212 @@
+/*
+ * `kvpred train-predictor`: train the AttentionPredictor CNN on a trace from `kvpred trace` and
+ * write the predictor file the `predictor` policy loads (formats in src/predictor/cnn.h and
+ * src/predictor/train.h). With --validate the file is not trained but evaluated.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "cli/common.h"
+#include "core/platform.h"
+#include "predictor/train.h"
+
+static void help(void)
+{
+    printf("usage: kvpred train-predictor DATASET -o PREDICTOR [options]\n"
+           "       kvpred train-predictor DATASET --validate PREDICTOR [options]\n\n"
+           "Train the predictor CNN by backprop with Adam on a trace (kvpred trace); the last\n"
+           "sequences are held out for validation, which reports the attention recovery of the\n"
+           "predicted blocks relative to the block oracle at several budgets.\n\n"
+           "  -o, --output PATH    predictor file to write\n"
+           "  --validate PATH      evaluate an existing predictor file instead of training\n"
+           "  --loss mse|ce        MSE on the next block-max row (paper), or softmax\n"
+           "                       cross-entropy on the next block-attention distribution (default)\n"
+           "  --epochs N           (default 4)\n"
+           "  --samples N          training samples per epoch (default 20000)\n"
+           "  --batch N            samples per Adam step (default 32)\n"
+           "  --lr X               Adam learning rate, decayed linearly to X/10 (default 1e-3)\n"
+           "  --seed S             initialisation and sampling seed (default 1)\n"
+           "  --val-frac F         fraction of sequences held out (default 0.1)\n"
+           "  --val-samples N      validation samples (default 4000)\n"
+           "  --sink N, --local N  the slice the policy gives the CNN (default 16, 16)\n"
+           "  --history H          history rows (default 64)\n"
+           "  --channels C1,C2     conv1 and conv2 channels (default 16,32)\n"
+           "  --kernel K           odd kernel size (default 3)\n"
+           "  --budgets B1,B2,...  validation token budgets (default 32,64,128)\n");
+}
+
+static void progress(void *user, int epoch, long step, long steps, double loss)
+{
+    double *t0 = user;
+    if (step != steps && step % 20)
+        return;
+    int width = 30, fill = (int)((double)width * step / steps);
+    double el = kvp_time_now() - *t0;
+    fprintf(stderr, "\r[%.*s%*s] %3d%% epoch %d loss %.5f  %.0fs elapsed, %.0fs left ", fill,
+            "##############################", width - fill, "", (int)(100.0 * step / steps),
+            epoch + 1, loss, el, step ? el * (steps - step) / step : 0.0);
+    if (step == steps)
+        fputc('\n', stderr);
+}
+
+static int parse_list(const char *v, int *out, int cap, long min, long max)
+{
+    int n = 0;
+    char buf[256];
+    if (strlen(v) >= sizeof(buf))
+        return -1;
+    strcpy(buf, v);
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+        long x;
+        if (n == cap || !cli_parse_int(tok, min, max, &x))
+            return -1;
+        out[n++] = (int)x;
+    }
+    return n;
+}
+
+int cmd_train_predictor(int argc, char **argv)
+{
+    struct kvp_train_opts o = {.loss = KVP_LOSS_CE};
+    const char *data = NULL, *out_path = NULL, *val_path = NULL;
+    static const char *const value_flags[] = {
+        "-o", "--output", "--validate", "--loss", "--epochs", "--samples", "--batch", "--lr",
+        "--seed", "--val-frac", "--val-samples", "--sink", "--local", "--history", "--channels",
+        "--kernel", "--budgets", NULL};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        long n;
+        double d;
+        int ch[2];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            help();
+            return 0;
+        } else if (a[0] != '-') {
+            if (data)
+                return cli_fail("train-predictor: one dataset only ('%s' and '%s')", data, a);
+            data = a;
+            continue;
+        } else if (!cli_flag_in(a, value_flags)) {
+            return cli_fail("train-predictor: unknown flag '%s' (see --help)", a);
+        } else if (!(v = cli_flag_value(argc, argv, &i))) {
+            return 1;
+        } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
+            out_path = v;
+        } else if (!strcmp(a, "--validate")) {
+            val_path = v;
+        } else if (!strcmp(a, "--loss")) {
+            if (!strcmp(v, "mse"))
+                o.loss = KVP_LOSS_MSE;
+            else if (!strcmp(v, "ce"))
+                o.loss = KVP_LOSS_CE;
+            else
+                return cli_fail("--loss: '%s' is not mse or ce", v);
+        } else if (!strcmp(a, "--seed")) {
+            if (!cli_parse_int(v, 1, 0x7fffffffffffffffL, &n))
+                return cli_fail("--seed: '%s' is not a positive integer", v);
+            o.seed = (uint64_t)n;
+        } else if (!strcmp(a, "--lr")) {
+            if (!cli_parse_float(v, 1e-7, 1.0, &d))
+                return cli_fail("--lr: '%s' is not in 1e-7..1", v);
+            o.lr = (float)d;
+        } else if (!strcmp(a, "--val-frac")) {
+            if (!cli_parse_float(v, 0.01, 0.9, &d))
+                return cli_fail("--val-frac: '%s' is not in 0.01..0.9", v);
+            o.val_frac = (float)d;
+        } else if (!strcmp(a, "--channels")) {
+            if (parse_list(v, ch, 2, 1, KVP_CNN_MAX_CH) != 2)
+                return cli_fail("--channels: '%s' is not C1,C2 in 1..%d", v, KVP_CNN_MAX_CH);
+            o.c1 = ch[0];
+            o.c2 = ch[1];
+        } else if (!strcmp(a, "--budgets")) {
+            if ((o.n_budgets = parse_list(v, o.budgets, KVP_CNN_MAX_REC, 1, 1 << 24)) < 1)
+                return cli_fail("--budgets: '%s' is not a list of up to %d token counts", v,
+                                KVP_CNN_MAX_REC);
+        } else {
+            long lo = 1, hi = 1 << 24;
+            if (!strcmp(a, "--sink"))
+                lo = 0;
+            if (!strcmp(a, "--history"))
+                hi = KVP_CNN_MAX_H;
+            if (!strcmp(a, "--kernel"))
+                hi = KVP_CNN_MAX_K;
+            if (!cli_parse_int(v, lo, hi, &n))
+                return cli_fail("%s: '%s' is not an integer in %ld..%ld", a, v, lo, hi);
+            if (!strcmp(a, "--epochs"))
+                o.epochs = (int)n;
+            else if (!strcmp(a, "--samples"))
+                o.samples = (int)n;
+            else if (!strcmp(a, "--batch"))
+                o.batch = (int)n;
+            else if (!strcmp(a, "--val-samples"))
+                o.val_samples = (int)n;
+            else if (!strcmp(a, "--sink"))
+                o.sink = n ? (int)n : -1;
+            else if (!strcmp(a, "--local"))
+                o.local = (int)n;
+            else if (!strcmp(a, "--history"))
+                o.H = (int)n;
+            else if (!strcmp(a, "--kernel")) {
+                if (n % 2 == 0)
+                    return cli_fail("--kernel: %ld is even; the padding needs an odd kernel", n);
+                o.k = (int)n;
+            }
+        }
+    }
+    if (!data || (!out_path && !val_path))
+        return cli_fail("train-predictor: give the dataset and -o PREDICTOR (or --validate)");
+    kvp_train_opts_default(&o);
+    if (o.sink < 0)
+        o.sink = 0;
+
+    struct kvp_err err = {0};
+    struct kvp_trace tr;
+    struct kvp_cnn net = {0};
+    struct kvp_train_report rep = {0};
+    if (kvp_trace_load(data, &tr, &err) < 0)
+        return cli_fail_err(&err);
+    int status = 1;
+    double t0 = kvp_time_now();
+    if (val_path) {
+        if (kvp_cnn_load(val_path, &net, &err) < 0 ||
+            kvp_predictor_validate(&tr, &net, &o, &rep, &err) < 0) {
+            cli_fail_err(&err);
+            goto out;
+        }
+    } else {
+        if (isatty(2)) {
+            o.progress = progress;
+            o.user = &t0;
+        }
+        fprintf(stderr, "train-predictor: %s (%s), %d sequences; loss %s, %d epochs × %d "
+                "samples, batch %d, lr %g, seed %llu\n", data, tr.model, tr.n_seq,
+                o.loss == KVP_LOSS_CE ? "ce" : "mse", o.epochs, o.samples, o.batch, (double)o.lr,
+                (unsigned long long)o.seed);
+        if (kvp_predictor_train(&tr, &o, &net, &rep, &err) < 0) {
+            cli_fail_err(&err);
+            goto out;
+        }
+        if (kvp_cnn_save(&net, out_path, &err) < 0) {
+            cli_fail_err(&err);
+            goto out;
+        }
+    }
+    printf("%s: %s, %zu parameters, H %d, loss %s; %ld train / %ld validation samples "
+           "available; train loss %.5f, validation loss %.5f (%.0f s)\n",
+           val_path ? val_path : out_path, net.meta.model, kvp_cnn_n_params(&net), net.H,
+           net.meta.loss == KVP_LOSS_CE ? "ce" : "mse", rep.n_train_samples, rep.n_val_samples,
+           rep.train_loss, rep.val_loss, kvp_time_now() - t0);
+    printf("validation recovery (sink %d, local %d):\n  budget  predicted  oracle  newest-row  "
+           "predicted/oracle\n", o.sink, o.local);
+    for (int b = 0; b < rep.n_budgets; b++)
+        printf("  %6d  %9.4f  %6.4f  %10.4f  %16.4f\n", rep.budgets[b], rep.rec_pred[b],
+               rep.rec_oracle[b], rep.rec_last[b], rep.rel[b]);
+    status = 0;
+out:
+    kvp_cnn_free(&net);
+    kvp_trace_free(&tr);
+    return status;
+}

@@ -1,0 +1,570 @@
+/*
+ * The AttentionPredictor CNN: weights, the predictor file, from-scratch and incremental inference
+ * (see cnn.h for the architecture, the file layout and the incremental scheme).
+ *
+ * Conventions: a history slice is [n_rows][W] with row 0 the oldest, as upstream; columns are
+ * local to the slice (column x = history column col0 + x). Padded buffers hold column x at index
+ * x + p (p = k/2) with zeros around, so the kernels never branch on the edges. A conv2 output
+ * value is a pure function of its 3×3 (k×k) neighbourhood computed in a fixed order, so the same
+ * row computed by the from-scratch and the incremental path is bit-identical; only the running
+ * column sums differ by rounding.
+ */
+#include "predictor/cnn.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/cursor.h"
+#include "core/platform.h"
+
+/* ---- weights ------------------------------------------------------------------------------- */
+
+static size_t n_params_of(int c1, int c2, int k)
+{
+    return (size_t)c1 * k * k + c1 + (size_t)c2 * c1 * k * k + c2 + c2 + 1;
+}
+
+size_t kvp_cnn_n_params(const struct kvp_cnn *n)
+{
+    return n_params_of(n->c1, n->c2, n->k);
+}
+
+int kvp_cnn_init(struct kvp_cnn *n, int c1, int c2, int k, int H, int block_size,
+                 struct kvp_err *err)
+{
+    memset(n, 0, sizeof(*n));
+    if (c1 < 1 || c1 > KVP_CNN_MAX_CH || c2 < 1 || c2 > KVP_CNN_MAX_CH || k < 1 ||
+        k > KVP_CNN_MAX_K || k % 2 == 0 || H < 1 || H > KVP_CNN_MAX_H || block_size < 1 ||
+        block_size > 64)
+        return kvp_err_set(err, KVP_EINVAL,
+                           "predictor: implausible shape c1 %d, c2 %d, kernel %d, H %d, block %d",
+                           c1, c2, k, H, block_size);
+    size_t np = n_params_of(c1, c2, k);
+    size_t nw2 = (size_t)c2 * c1 * k * k;
+    n->params = calloc(np + nw2, sizeof(float));
+    if (!n->params)
+        return kvp_err_set(err, KVP_ENOMEM, "predictor: out of memory");
+    n->c1 = c1;
+    n->c2 = c2;
+    n->k = k;
+    n->H = H;
+    n->block_size = block_size;
+    n->w1 = n->params;
+    n->b1 = n->w1 + (size_t)c1 * k * k;
+    n->w2 = n->b1 + c1;
+    n->b2 = n->w2 + nw2;
+    n->w3 = n->b2 + c2;
+    n->b3 = n->w3 + c2;
+    n->w2t = n->b3 + 1;
+    return 0;
+}
+
+void kvp_cnn_free(struct kvp_cnn *n)
+{
+    if (!n)
+        return;
+    free(n->params);
+    n->params = NULL;
+}
+
+void kvp_cnn_prepare(struct kvp_cnn *n)
+{
+    const int c1 = n->c1, c2 = n->c2, k = n->k;
+    for (int co = 0; co < c2; co++)
+        for (int ci = 0; ci < c1; ci++)
+            for (int t = 0; t < k * k; t++)
+                n->w2t[((size_t)ci * k * k + t) * c2 + co] = n->w2[((size_t)co * c1 + ci) * k * k + t];
+}
+
+/* ---- the predictor file -------------------------------------------------------------------- */
+
+static const char file_magic[8] = {'K', 'V', 'P', 'C', 'N', 'N', '0', '1'};
+#define FILE_VERSION 1u
+
+static uint64_t fnv1a(const uint8_t *p, size_t n)
+{
+    uint64_t h = 14695981039346656037ULL;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
+
+struct wbuf {
+    uint8_t *p;
+    size_t n, cap;
+    bool fail;
+};
+
+static void put(struct wbuf *b, const void *src, size_t n)
+{
+    if (b->fail)
+        return;
+    if (b->n + n > b->cap) {
+        size_t cap = (b->cap ? b->cap * 2 : 1024) + n;
+        uint8_t *q = realloc(b->p, cap);
+        if (!q) {
+            b->fail = true;
+            return;
+        }
+        b->p = q;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, src, n);
+    b->n += n;
+}
+
+static void put_u32(struct wbuf *b, uint32_t v) { put(b, &v, 4); }
+static void put_u64(struct wbuf *b, uint64_t v) { put(b, &v, 8); }
+
+int kvp_cnn_save(const struct kvp_cnn *n, const char *path, struct kvp_err *err)
+{
+    struct wbuf b = {0};
+    const struct kvp_cnn_meta *m = &n->meta;
+    put(&b, file_magic, 8);
+    put_u32(&b, FILE_VERSION);
+    put_u32(&b, (uint32_t)n->c1);
+    put_u32(&b, (uint32_t)n->c2);
+    put_u32(&b, (uint32_t)n->k);
+    put_u32(&b, (uint32_t)n->H);
+    put_u32(&b, (uint32_t)n->block_size);
+    put_u32(&b, m->loss);
+    put_u32(&b, m->sink);
+    put_u32(&b, m->local);
+    put_u32(&b, m->flags);
+    put_u32(&b, m->epochs);
+    put_u64(&b, m->seed);
+    put_u64(&b, m->n_train);
+    put_u64(&b, m->n_val);
+    char name[64] = {0};
+    memcpy(name, m->model, strnlen(m->model, sizeof(name) - 1));
+    put(&b, name, sizeof(name));
+    uint32_t n_rec = m->n_rec > KVP_CNN_MAX_REC ? KVP_CNN_MAX_REC : m->n_rec;
+    put_u32(&b, n_rec);
+    for (uint32_t i = 0; i < n_rec; i++) {
+        put_u32(&b, m->rec_budget[i]);
+        put(&b, &m->rec_rel[i], 4);
+    }
+    size_t np = kvp_cnn_n_params(n);
+    put_u32(&b, (uint32_t)np);
+    put(&b, n->params, np * sizeof(float));
+    if (!b.fail)
+        put_u64(&b, fnv1a(b.p, b.n));
+    if (b.fail) {
+        free(b.p);
+        return kvp_err_set(err, KVP_ENOMEM, "%s: out of memory", path);
+    }
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        free(b.p);
+        return kvp_err_set(err, KVP_EIO, "%s: cannot create", path);
+    }
+    bool ok = fwrite(b.p, 1, b.n, f) == b.n;
+    ok = (fclose(f) == 0) && ok;
+    free(b.p);
+    if (!ok)
+        return kvp_err_set(err, KVP_EIO, "%s: write failed", path);
+    return 0;
+}
+
+#define TRUNC(what) kvp_err_set(err, KVP_EFORMAT, "predictor file truncated (in the %s)", what)
+
+int kvp_cnn_parse(const void *data, size_t size, struct kvp_cnn *n, struct kvp_err *err)
+{
+    struct kvp_cursor c;
+    kvp_cursor_init(&c, data, size);
+    const uint8_t *magic;
+    memset(n, 0, sizeof(*n));
+    if (kvp_rd_bytes(&c, 8, &magic) < 0)
+        return TRUNC("magic");
+    if (memcmp(magic, file_magic, 8) != 0)
+        return kvp_err_set(err, KVP_EFORMAT, "not a kvpred predictor file (bad magic)");
+    uint32_t h[11];
+    for (int i = 0; i < 11; i++)
+        if (kvp_rd_u32(&c, &h[i]) < 0)
+            return TRUNC("header");
+    if (h[0] != FILE_VERSION)
+        return kvp_err_set(err, KVP_EFORMAT, "predictor file version %u (this build reads %u)",
+                           h[0], FILE_VERSION);
+    if (h[1] < 1 || h[1] > KVP_CNN_MAX_CH || h[2] < 1 || h[2] > KVP_CNN_MAX_CH || h[3] < 1 ||
+        h[3] > KVP_CNN_MAX_K || h[3] % 2 == 0 || h[4] < 1 || h[4] > KVP_CNN_MAX_H || h[5] < 1 ||
+        h[5] > 64 || h[6] > KVP_LOSS_CE)
+        return kvp_err_set(err, KVP_EFORMAT,
+                           "predictor file: implausible architecture (c1 %u, c2 %u, kernel %u, "
+                           "H %u, block %u, loss %u)",
+                           h[1], h[2], h[3], h[4], h[5], h[6]);
+    struct kvp_cnn_meta m = {.loss = h[6], .sink = h[7], .local = h[8], .flags = h[9],
+                             .epochs = h[10]};
+    const uint8_t *name;
+    if (kvp_rd_u64(&c, &m.seed) < 0 || kvp_rd_u64(&c, &m.n_train) < 0 ||
+        kvp_rd_u64(&c, &m.n_val) < 0 || kvp_rd_bytes(&c, 64, &name) < 0 ||
+        kvp_rd_u32(&c, &m.n_rec) < 0)
+        return TRUNC("training metadata");
+    memcpy(m.model, name, 63);
+    m.model[63] = 0;
+    if (m.n_rec > KVP_CNN_MAX_REC)
+        return kvp_err_set(err, KVP_EFORMAT, "predictor file: %u recovery entries (at most %d)",
+                           m.n_rec, KVP_CNN_MAX_REC);
+    for (uint32_t i = 0; i < m.n_rec; i++)
+        if (kvp_rd_u32(&c, &m.rec_budget[i]) < 0 || kvp_rd_f32(&c, &m.rec_rel[i]) < 0)
+            return TRUNC("training metadata");
+    uint32_t np;
+    if (kvp_rd_u32(&c, &np) < 0)
+        return TRUNC("weights");
+    size_t want = n_params_of((int)h[1], (int)h[2], (int)h[3]);
+    if (np != want)
+        return kvp_err_set(err, KVP_EFORMAT,
+                           "predictor file: %u weights, the architecture needs %zu", np, want);
+    const uint8_t *w;
+    if (kvp_rd_bytes(&c, (size_t)np * 4, &w) < 0)
+        return TRUNC("weights");
+    size_t body = c.pos;
+    uint64_t sum;
+    if (kvp_rd_u64(&c, &sum) < 0)
+        return TRUNC("checksum");
+    if (kvp_cursor_left(&c) != 0)
+        return kvp_err_set(err, KVP_EFORMAT, "predictor file: %zu unexpected bytes at the end",
+                           kvp_cursor_left(&c));
+    if (sum != fnv1a(c.base, body))
+        return kvp_err_set(err, KVP_EFORMAT, "predictor file corrupted (checksum mismatch)");
+    int rc = kvp_cnn_init(n, (int)h[1], (int)h[2], (int)h[3], (int)h[4], (int)h[5], err);
+    if (rc < 0)
+        return rc;
+    memcpy(n->params, w, (size_t)np * 4);
+    for (uint32_t i = 0; i < np; i++)
+        if (!isfinite(n->params[i])) {
+            kvp_cnn_free(n);
+            return kvp_err_set(err, KVP_EFORMAT, "predictor file: weight %u is not finite", i);
+        }
+    n->meta = m;
+    kvp_cnn_prepare(n);
+    return 0;
+}
+
+int kvp_cnn_load(const char *path, struct kvp_cnn *n, struct kvp_err *err)
+{
+    struct kvp_file_map fm;
+    memset(n, 0, sizeof(*n));
+    if (!path || !*path)
+        return kvp_err_set(err, KVP_EINVAL, "predictor: no predictor file given");
+    int rc = kvp_file_map(path, &fm, err);
+    if (rc < 0)
+        return kvp_err_prefix(err, "predictor file");
+    rc = kvp_cnn_parse(fm.data, fm.size, n, err);
+    kvp_file_unmap(&fm);
+    if (rc < 0)
+        return kvp_err_prefix(err, "%s", path);
+    return 0;
+}
+
+/* ---- kernel choice ------------------------------------------------------------------------- */
+
+static pthread_once_t kern_once = PTHREAD_ONCE_INIT;
+static const struct kvp_cnn_kernels *kern_best;
+
+static void kern_init(void)
+{
+    int f = kvp_cpu_features();
+    const char *want = getenv("KVP_SIMD");
+    bool avx2 = (f & KVP_CPU_AVX2) != 0, avx512 = avx2 && (f & KVP_CPU_AVX512) != 0;
+    if (want && !strcmp(want, "scalar"))
+        kern_best = &kvp_cnn_kernels_scalar;
+    else if (avx512 && !(want && !strcmp(want, "avx2")))
+        kern_best = &kvp_cnn_kernels_avx512;
+    else if (avx2)
+        kern_best = &kvp_cnn_kernels_avx2;
+    else
+        kern_best = &kvp_cnn_kernels_scalar;
+}
+
+const struct kvp_cnn_kernels *kvp_cnn_kernels(void)
+{
+    pthread_once(&kern_once, kern_init);
+    return kern_best;
+}
+
+/* ---- scratch and state --------------------------------------------------------------------- */
+
+static int round16(int x)
+{
+    return (x + 15) & ~15;
+}
+
+int kvp_cnn_scratch_init(struct kvp_cnn_scratch *s, const struct kvp_cnn *n, int max_w,
+                         struct kvp_err *err)
+{
+    memset(s, 0, sizeof(*s));
+    if (max_w < 1)
+        max_w = 1;
+    s->max_w = max_w;
+    s->stride = round16(max_w + n->k) + 16;
+    size_t st = (size_t)s->stride;
+    s->xin = kvp_alloc_aligned((size_t)n->k * st * sizeof(float));
+    s->a1 = kvp_alloc_aligned((size_t)n->k * n->c1 * st * sizeof(float));
+    s->a1_row = malloc((size_t)n->k * sizeof(int));
+    s->z2 = kvp_alloc_aligned((size_t)n->c2 * st * sizeof(float));
+    s->sums = kvp_alloc_aligned((size_t)n->c2 * st * sizeof(float));
+    if (!s->xin || !s->a1 || !s->a1_row || !s->z2 || !s->sums) {
+        kvp_cnn_scratch_free(s);
+        return kvp_err_set(err, KVP_ENOMEM, "predictor: out of memory for CNN scratch");
+    }
+    return 0;
+}
+
+void kvp_cnn_scratch_free(struct kvp_cnn_scratch *s)
+{
+    if (!s)
+        return;
+    kvp_free_aligned(s->xin);
+    kvp_free_aligned(s->a1);
+    free(s->a1_row);
+    kvp_free_aligned(s->z2);
+    kvp_free_aligned(s->sums);
+    memset(s, 0, sizeof(*s));
+}
+
+int kvp_cnn_inc_init(struct kvp_cnn_inc *st, const struct kvp_cnn *n, int max_w,
+                     struct kvp_err *err)
+{
+    memset(st, 0, sizeof(*st));
+    if (max_w < 1)
+        max_w = 1;
+    int p = n->k / 2;
+    st->max_w = max_w;
+    st->sums = calloc((size_t)n->c2 * max_w, sizeof(float));
+    st->keep = calloc((size_t)(4 * p + 1) * n->c2 * max_w, sizeof(float));
+    if (!st->sums || !st->keep) {
+        kvp_cnn_inc_free(st);
+        return kvp_err_set(err, KVP_ENOMEM, "predictor: out of memory for CNN state");
+    }
+    return 0;
+}
+
+void kvp_cnn_inc_free(struct kvp_cnn_inc *st)
+{
+    if (!st)
+        return;
+    free(st->sums);
+    free(st->keep);
+    memset(st, 0, sizeof(*st));
+}
+
+/* ---- the network over a column window ------------------------------------------------------ */
+
+/* A window of the CNN slice: local column x is slice column xs + x, x < w. Padding is applied at
+ * the window's edges, so columns within 2p of an inner edge are wrong and must not be used. */
+struct window {
+    const struct kvp_cnn *n;
+    const struct kvp_cnn_input *in;
+    struct kvp_cnn_scratch *s;
+    int xs, w;
+};
+
+/* Conv1 row i (ReLU, zero margins) in the ring, or NULL for a padding row. */
+static const float *conv1_row(const struct window *v, int i)
+{
+    const struct kvp_cnn *n = v->n;
+    struct kvp_cnn_scratch *s = v->s;
+    if (i < 0 || i >= v->in->n_rows)
+        return NULL;
+    const int k = n->k, p = k / 2, st = s->stride, w = v->w;
+    float *out = s->a1 + (size_t)(i % k) * n->c1 * st;
+    if (s->a1_row[i % k] == i)
+        return out;
+    /* the k input rows around i, padded */
+    for (int dy = 0; dy < k; dy++) {
+        float *x = s->xin + (size_t)dy * st;
+        int r = i - p + dy;
+        memset(x, 0, (size_t)st * sizeof(float));
+        if (r >= 0 && r < v->in->n_rows)
+            memcpy(x + p, v->in->rows[r] + v->in->col0 + v->xs, (size_t)w * sizeof(float));
+    }
+    for (int c = 0; c < n->c1; c++) {
+        float *o = out + (size_t)c * st;
+        memset(o, 0, (size_t)st * sizeof(float));
+        for (int x = 0; x < w; x++)
+            o[x + p] = n->b1[c];
+        for (int dy = 0; dy < k; dy++) {
+            const float *x = s->xin + (size_t)dy * st;
+            for (int dx = 0; dx < k; dx++) {
+                float wt = n->w1[((size_t)c * k + dy) * k + dx];
+                for (int xx = 0; xx < w; xx++)
+                    o[xx + p] += wt * x[xx + dx];
+            }
+        }
+        for (int x = 0; x < w; x++)
+            o[x + p] = o[x + p] > 0.0f ? o[x + p] : 0.0f;
+    }
+    s->a1_row[i % k] = i;
+    return out;
+}
+
+/* ReLU(conv2) of row r into s->z2 ([c2][stride], local columns from 0). */
+static void conv2_row(const struct window *v, int r)
+{
+    const struct kvp_cnn *n = v->n;
+    const int k = n->k, p = k / 2;
+    const float *in[KVP_CNN_MAX_K];
+    for (int dy = 0; dy < k; dy++)
+        in[dy] = conv1_row(v, r - p + dy);
+    int wt = round16(v->w);
+    kvp_cnn_kernels()->conv2_row(n->w2t, n->b2, n->c1, n->c2, k, in, v->s->stride, wt, v->s->z2,
+                                 v->s->stride);
+    for (int c = 0; c < n->c2; c++) {
+        float *z = v->s->z2 + (size_t)c * v->s->stride;
+        for (int x = 0; x < v->w; x++)
+            z[x] = z[x] > 0.0f ? z[x] : 0.0f;
+    }
+}
+
+static void window_begin(struct window *v, const struct kvp_cnn *n, const struct kvp_cnn_input *in,
+                         struct kvp_cnn_scratch *s, int xs, int w)
+{
+    *v = (struct window){.n = n, .in = in, .s = s, .xs = xs, .w = w};
+    for (int i = 0; i < n->k; i++)
+        s->a1_row[i] = -1;
+}
+
+/* Index into keep[] of row r of an n_rows-row state, or -1 when row r is not kept. */
+static int keep_slot(int r, int n_rows, int p)
+{
+    if (r <= 2 * p)
+        return r;
+    if (r >= n_rows - 2 * p)
+        return 2 * p + 1 + (r - (n_rows - 2 * p));
+    return -1;
+}
+
+/* All rows over window [xs, xs + w): column sums into s->sums (local columns); kept rows (for
+ * local columns >= from) copied into st->keep at slice column xs + x when st is not NULL. */
+static void full_pass(const struct kvp_cnn *n, const struct kvp_cnn_input *in,
+                      struct kvp_cnn_scratch *s, int xs, int w, struct kvp_cnn_inc *st, int from)
+{
+    struct window v;
+    window_begin(&v, n, in, s, xs, w);
+    const int p = n->k / 2, so = s->stride;
+    for (int c = 0; c < n->c2; c++)
+        memset(s->sums + (size_t)c * so, 0, (size_t)w * sizeof(float));
+    for (int r = 0; r < in->n_rows; r++) {
+        conv2_row(&v, r);
+        for (int c = 0; c < n->c2; c++) {
+            float *sm = s->sums + (size_t)c * so;
+            const float *z = s->z2 + (size_t)c * so;
+            for (int x = 0; x < w; x++)
+                sm[x] += z[x];
+        }
+        int slot = st ? keep_slot(r, in->n_rows, p) : -1;
+        if (slot >= 0)
+            for (int c = 0; c < n->c2; c++)
+                memcpy(st->keep + ((size_t)slot * n->c2 + c) * st->max_w + xs + from,
+                       s->z2 + (size_t)c * so + from, (size_t)(w - from) * sizeof(float));
+    }
+}
+
+static void scores_from_sums(const struct kvp_cnn *n, const float *sums, size_t stride, int W,
+                             int n_rows, float *scores)
+{
+    float inv = 1.0f / (float)n_rows;
+    for (int x = 0; x < W; x++)
+        scores[x] = n->b3[0];
+    for (int c = 0; c < n->c2; c++) {
+        float wc = n->w3[c];
+        const float *sm = sums + (size_t)c * stride;
+        for (int x = 0; x < W; x++)
+            scores[x] += wc * (sm[x] * inv);
+    }
+}
+
+void kvp_cnn_forward(const struct kvp_cnn *n, const struct kvp_cnn_input *in,
+                     struct kvp_cnn_scratch *s, float *scores)
+{
+    if (in->W <= 0)
+        return;
+    if (in->n_rows <= 0) {
+        for (int x = 0; x < in->W; x++)
+            scores[x] = n->b3[0];
+        return;
+    }
+    full_pass(n, in, s, 0, in->W, NULL, 0);
+    scores_from_sums(n, s->sums, (size_t)s->stride, in->W, in->n_rows, scores);
+}
+
+/* From scratch, leaving the state of generation gen in st. */
+static void inc_full(const struct kvp_cnn *n, const struct kvp_cnn_input *in, uint64_t gen,
+                     struct kvp_cnn_inc *st, struct kvp_cnn_scratch *s, float *scores)
+{
+    full_pass(n, in, s, 0, in->W, st, 0);
+    for (int c = 0; c < n->c2; c++)
+        memcpy(st->sums + (size_t)c * st->max_w, s->sums + (size_t)c * s->stride,
+               (size_t)in->W * sizeof(float));
+    st->valid = true;
+    st->gen = gen;
+    st->n_rows = in->n_rows;
+    st->col0 = in->col0;
+    st->W = in->W;
+    scores_from_sums(n, st->sums, (size_t)st->max_w, in->W, in->n_rows, scores);
+}
+
+bool kvp_cnn_forward_inc(const struct kvp_cnn *n, const struct kvp_cnn_input *in, uint64_t gen,
+                         bool full, struct kvp_cnn_inc *st, struct kvp_cnn_scratch *s,
+                         float *scores)
+{
+    const int p = n->k / 2, H = in->n_rows, W = in->W, c2 = n->c2;
+    const size_t mw = (size_t)st->max_w;
+    if (W <= 0)
+        return false;
+    if (H <= 0 || W > st->max_w) {
+        st->valid = false;
+        kvp_cnn_forward(n, in, s, scores);
+        return false;
+    }
+    bool inc = !full && st->valid && gen == st->gen + 1 && H == st->n_rows &&
+               in->col0 == st->col0 && (W == st->W || W == st->W + 1) && H >= 4 * p + 2 &&
+               st->W > 4 * p + 1;
+    if (!inc) {
+        inc_full(n, in, gen, st, s, scores);
+        return false;
+    }
+    /* columns [0, wc) move with the rows; [wc, W) are recomputed over all rows */
+    const int wc = W == st->W ? W : st->W - 2 * p;
+    for (int slot = 0; slot < 4 * p + 1; slot++)
+        for (int c = 0; c < c2; c++) {
+            float *sm = st->sums + (size_t)c * mw;
+            const float *kp = st->keep + ((size_t)slot * c2 + c) * mw;
+            for (int x = 0; x < wc; x++)
+                sm[x] -= kp[x];
+        }
+    struct window v;
+    window_begin(&v, n, in, s, 0, W);
+    for (int r = 0; r < H; r++) {
+        if (r == 2 * p + 1)
+            r = H - 1 - 2 * p; /* rows [2p+1, H-1-2p) are carried over */
+        conv2_row(&v, r);
+        int slot = keep_slot(r, H, p);
+        for (int c = 0; c < c2; c++) {
+            const float *z = s->z2 + (size_t)c * s->stride;
+            if (r != 2 * p) { /* row 2p is carried (old row 2p+1); computed only to be kept */
+                float *sm = st->sums + (size_t)c * mw;
+                for (int x = 0; x < wc; x++)
+                    sm[x] += z[x];
+            }
+            if (slot >= 0)
+                memcpy(st->keep + ((size_t)slot * c2 + c) * mw, z, (size_t)W * sizeof(float));
+        }
+    }
+    if (wc < W) {
+        int xs = wc - 2 * p > 0 ? wc - 2 * p : 0;
+        full_pass(n, in, s, xs, W - xs, NULL, 0);
+        for (int c = 0; c < c2; c++)
+            memcpy(st->sums + (size_t)c * mw + wc, s->sums + (size_t)c * s->stride + (wc - xs),
+                   (size_t)(W - wc) * sizeof(float));
+    }
+    st->gen = gen;
+    st->W = W;
+    scores_from_sums(n, st->sums, mw, W, H, scores);
+    return true;
+}

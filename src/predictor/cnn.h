@@ -1,0 +1,177 @@
+/*
+ * The AttentionPredictor CNN (methods.md §1.3): a tiny fully convolutional network that reads the
+ * recent history of block-max-pooled attention rows of one head as an image (time × blocks) and
+ * scores every block for the next decode step.
+ *
+ *   input  [H][W]            history rows, row 0 the oldest, row H-1 the newest (upstream order)
+ *   conv1  1 -> c1, k×k, zero padding k/2 on both axes, ReLU        [c1][H][W]
+ *   conv2  c1 -> c2, k×k, zero padding k/2, ReLU                     [c2][H][W]
+ *   mean over the H rows                                             [c2][W]
+ *   conv3  c2 -> 1, pointwise, no activation                         [W] one score per block
+ *
+ * PyTorch semantics throughout: cross-correlation (no kernel flip), weights [out][in][kh][kw],
+ * one bias per output channel. Defaults c1 = 16, c2 = 32, k = 3: 4,833 parameters. Since time is
+ * mean-pooled, the network can tell recent rows from old ones only through the zero padding at the
+ * bottom edge; a wrong row order or padding silently degrades it, so the tests pin both.
+ *
+ * Two ways to run it:
+ *   kvp_cnn_forward      from scratch: conv1 rows are streamed through a ring of k rows, each conv2
+ *                        row is rectified and added into per-(channel, column) sums; nothing of
+ *                        size H×W is kept;
+ *   kvp_cnn_forward_inc  incremental (§1.7): when the history has moved by exactly one row since the
+ *                        last call (and grown by at most one column), only the conv2 rows whose
+ *                        neighbourhood changed are recomputed (rows [0, 2p] and [H-1-2p, H) with
+ *                        p = k/2: 6 of 64 for k = 3); running column sums absorb the difference.
+ *                        The last 2p+1 columns are recomputed over all rows when the slice grows.
+ * Both give the same scores up to float rounding of the running sums (tested).
+ *
+ * The hot loop is one conv2 output row (97 % of the work). It is written once (cnn_kernel.inc) with
+ * GCC vector extensions over 16/8/4 columns and register-blocked over output channels, and compiled
+ * three times: baseline x86-64, AVX2+FMA and AVX-512 (cnn_scalar via cnn.c, cnn_avx2.c,
+ * cnn_avx512.c); the fastest one the CPU runs is picked at first use, like src/kernels/simd.c.
+ */
+#ifndef KVP_PREDICTOR_CNN_H
+#define KVP_PREDICTOR_CNN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/err.h"
+
+#define KVP_CNN_MAX_CH 256   /* channel limit accepted from a file */
+#define KVP_CNN_MAX_K 7      /* largest (odd) kernel accepted from a file */
+#define KVP_CNN_MAX_H 1024   /* largest history length accepted from a file */
+#define KVP_CNN_MAX_REC 8    /* validation recovery entries kept in the metadata */
+
+enum kvp_cnn_loss {
+    KVP_LOSS_MSE = 0, /* squared error against the next block-max-pooled row (the paper) */
+    KVP_LOSS_CE = 1,  /* softmax cross-entropy against the next block-attention distribution */
+};
+
+/* Training metadata stored with the weights (informational; the policy checks only block size). */
+struct kvp_cnn_meta {
+    char model[64];        /* general.name of the LLM the predictor was trained on */
+    uint64_t n_train;      /* training samples */
+    uint64_t n_val;        /* validation samples */
+    uint64_t seed;
+    uint32_t loss;         /* enum kvp_cnn_loss */
+    uint32_t sink, local;  /* forced tokens the training slices excluded */
+    uint32_t flags;        /* bit 0: trained on per-KV-head pooled histories */
+    uint32_t epochs;
+    uint32_t n_rec;        /* entries in rec_budget / rec_rel */
+    uint32_t rec_budget[KVP_CNN_MAX_REC]; /* token budgets */
+    float rec_rel[KVP_CNN_MAX_REC];       /* validation recovery / oracle recovery */
+};
+
+struct kvp_cnn {
+    int c1, c2, k;    /* conv1 and conv2 output channels, kernel size (odd) */
+    int H;            /* history rows the network was trained with */
+    int block_size;   /* tokens per history column */
+    float *w1;        /* [c1][1][k][k] */
+    float *b1;        /* [c1] */
+    float *w2;        /* [c2][c1][k][k] */
+    float *b2;        /* [c2] */
+    float *w3;        /* [c2]: conv3 weight [1][c2][1] */
+    float *b3;        /* [1] */
+    float *w2t;       /* [c1][k][k][c2] conv2 weights transposed for the kernel (kvp_cnn_prepare) */
+    float *params;    /* owned: w1 .. b3 in that order (the file order), then w2t */
+    struct kvp_cnn_meta meta;
+};
+
+/* Allocate a network with zero weights. Returns 0 or KVP_EINVAL / KVP_ENOMEM. */
+int kvp_cnn_init(struct kvp_cnn *n, int c1, int c2, int k, int H, int block_size,
+                 struct kvp_err *err);
+void kvp_cnn_free(struct kvp_cnn *n);   /* accepts a zeroed struct */
+size_t kvp_cnn_n_params(const struct kvp_cnn *n); /* w1 .. b3 */
+/* Recompute derived weights (w2t) after the parameters changed. */
+void kvp_cnn_prepare(struct kvp_cnn *n);
+
+/* ---- the predictor file ----------------------------------------------------------------------
+ * Little-endian, version 1:
+ *   char[8]  magic "KVPCNN01"
+ *   u32      version (1)
+ *   u32      c1, c2, k, H, block_size
+ *   u32      loss, sink, local, flags, epochs
+ *   u64      seed, n_train, n_val
+ *   char[64] model name (NUL padded)
+ *   u32      n_rec, then n_rec × (u32 budget, f32 recovery relative to the oracle)   (n_rec <= 8)
+ *   u32      n_params, then n_params × f32: w1, b1, w2, b2, w3, b3 (PyTorch order and layout)
+ *   u64      FNV-1a 64 checksum of every byte before it
+ * Anything else (short, long, bad magic, bad version, implausible shape, checksum mismatch, a
+ * non-finite weight) is refused with KVP_EFORMAT and one line naming the problem. */
+int kvp_cnn_save(const struct kvp_cnn *n, const char *path, struct kvp_err *err);
+int kvp_cnn_load(const char *path, struct kvp_cnn *n, struct kvp_err *err);
+/* Parse a predictor file held in memory (the loader's core; used by the tests). */
+int kvp_cnn_parse(const void *data, size_t size, struct kvp_cnn *n, struct kvp_err *err);
+
+/* ---- inference -------------------------------------------------------------------------------- */
+
+/* The CNN's view of one history: n_rows row pointers, oldest first; column x of the input is
+ * rows[i][col0 + x] for x < W. Columns outside [col0, col0 + W) are never read (zero padding). */
+struct kvp_cnn_input {
+    const float *const *rows;
+    int n_rows;
+    int col0;
+    int W;
+};
+
+/* Scratch for one thread, sized for inputs up to max_w columns. */
+struct kvp_cnn_scratch {
+    int max_w;
+    int stride;     /* floats per channel row: columns padded to whole vectors plus margins */
+    float *xin;     /* [k][stride] padded input rows */
+    float *a1;      /* [k][c1][stride] ring of conv1 rows (slot = row mod k) */
+    int *a1_row;    /* [k] which row each ring slot holds (-1: none) */
+    float *z2;      /* [c2][stride] one conv2 row */
+    float *sums;    /* [c2][stride] column sums of a from-scratch run */
+};
+int kvp_cnn_scratch_init(struct kvp_cnn_scratch *s, const struct kvp_cnn *n, int max_w,
+                         struct kvp_err *err);
+void kvp_cnn_scratch_free(struct kvp_cnn_scratch *s);
+
+/* Scores of every input column: scores[x], x < in->W. From scratch. Needs in->W <= s->max_w. */
+void kvp_cnn_forward(const struct kvp_cnn *n, const struct kvp_cnn_input *in,
+                     struct kvp_cnn_scratch *s, float *scores);
+
+/* Incremental state of one history (one series): the running column sums and the rectified conv2
+ * rows that leave or get recomputed at the next step. */
+struct kvp_cnn_inc {
+    int max_w;
+    bool valid;
+    uint64_t gen;   /* history generation (rows appended so far) the sums belong to */
+    int n_rows, col0, W;
+    float *sums;    /* [c2][max_w] sum over rows of ReLU(conv2) */
+    float *keep;    /* [4p+1][c2][max_w] ReLU(conv2) rows 0..2p and H-2p..H-1 of that state */
+};
+int kvp_cnn_inc_init(struct kvp_cnn_inc *st, const struct kvp_cnn *n, int max_w,
+                     struct kvp_err *err);
+void kvp_cnn_inc_free(struct kvp_cnn_inc *st);
+
+/* Scores for a history whose generation (count of rows ever appended) is gen. Incremental when
+ * st holds the state of generation gen - 1 with the same row count and first column and a width
+ * that is equal or one smaller; from scratch otherwise (and when full is true). Either way st then
+ * holds generation gen. Returns true when the incremental path ran. */
+bool kvp_cnn_forward_inc(const struct kvp_cnn *n, const struct kvp_cnn_input *in, uint64_t gen,
+                         bool full, struct kvp_cnn_inc *st, struct kvp_cnn_scratch *s,
+                         float *scores);
+
+/* ---- kernel table (internal; cnn_kernel.inc) --------------------------------------------------- */
+
+struct kvp_cnn_kernels {
+    const char *name;
+    /* Pre-activation conv2 output of one row over local columns [0, wt), wt a multiple of 16:
+     *   out[co*so + x] = b2[co] + sum_{ci,dy,dx} w2t[((ci*k + dy)*k + dx)*c2 + co]
+     *                                            * in[dy][ci*si + x + dx]
+     * in[dy] is the conv1 row r - p + dy ([c1][si], local column x at index x + p, zero margins) or
+     * NULL for a padding row. */
+    void (*conv2_row)(const float *w2t, const float *b2, int c1, int c2, int k,
+                      const float *const *in, int si, int wt, float *out, int so);
+};
+extern const struct kvp_cnn_kernels kvp_cnn_kernels_scalar;
+extern const struct kvp_cnn_kernels kvp_cnn_kernels_avx2;
+extern const struct kvp_cnn_kernels kvp_cnn_kernels_avx512;
+/* The table this CPU runs best (KVP_SIMD=scalar|avx2 forces one, as for the other kernels). */
+const struct kvp_cnn_kernels *kvp_cnn_kernels(void);
+
+#endif

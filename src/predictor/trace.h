@@ -1,0 +1,86 @@
+/*
+ * Attention traces: the training data of the predictor (`kvpred trace` writes them,
+ * `kvpred train-predictor` reads them).
+ *
+ * A trace is recorded by decoding real text densely, one token at a time from the first token,
+ * and keeping for every position t, every compressed layer (>= first_layer) and every query head
+ * the dense attention row of query t over keys 0..t, pooled over blocks of b tokens twice: the
+ * block max (what the history holds, methods.md §1.2) and the block sum (the attention mass a
+ * block would recover, what the oracle ranks by, §6). A training sample (history window, next
+ * row) is then any t >= H: rows t-H .. t-1 form the history (zero-extended to the width of row
+ * t-1), row t is the target, exactly the step at which the policy predicts for Lk = t + 1 keys.
+ * Storing rows instead of windows keeps the file H times smaller.
+ *
+ * File layout (little-endian, version 1):
+ *   char[8]  magic "KVPTRC01"
+ *   u32      version (1)
+ *   u32      block_size b
+ *   u32      first_layer, n_layers   recorded layers first_layer .. first_layer + n_layers - 1
+ *   u32      n_head                  query heads per layer
+ *   u32      n_seq                   sequences
+ *   char[64] model name (NUL padded)
+ *   n_seq × sequence:
+ *     u32    T                       tokens
+ *     for t in 0 .. T-1, with nb_t = ceil((t + 1) / b):
+ *       for layer, for head:  f32 max[nb_t], f32 sum[nb_t]
+ *   u64      FNV-1a 64 checksum of every byte before it
+ */
+#ifndef KVP_PREDICTOR_TRACE_H
+#define KVP_PREDICTOR_TRACE_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "core/err.h"
+#include "core/platform.h"
+#include "kvpred.h"
+
+struct kvp_trace_seq {
+    int T;
+    const float *data;   /* rows of this sequence, in file order (points into the trace) */
+    size_t *row_off;     /* [T] float offset of position t's first (layer 0, head 0) max row */
+};
+
+struct kvp_trace {
+    int block_size;
+    int first_layer, n_layers, n_head;
+    int n_seq;
+    char model[64];
+    struct kvp_trace_seq *seq;  /* [n_seq] (owned) */
+    struct kvp_file_map map;    /* the file's bytes (owned); seq[].data points into it */
+};
+
+/* Position t's rows of (layer index li, head h) in sequence s: max then sum, nb_t floats each. */
+static inline const float *kvp_trace_row(const struct kvp_trace *tr, int s, int t, int li, int h)
+{
+    const struct kvp_trace_seq *q = &tr->seq[s];
+    int nb = (t + tr->block_size) / tr->block_size;
+    return q->data + q->row_off[t] + (size_t)(li * tr->n_head + h) * 2 * nb;
+}
+
+/* Read and check a whole trace file. KVP_EFORMAT with one line for anything malformed. */
+int kvp_trace_load(const char *path, struct kvp_trace *tr, struct kvp_err *err);
+void kvp_trace_free(struct kvp_trace *tr);
+
+/* Writing: open a file announcing n_seq sequences, record them, close (writes the checksum;
+ * KVP_EINVAL if fewer were recorded). */
+struct kvp_trace_writer {
+    FILE *f;
+    uint64_t hash;
+    int n_seq;          /* sequences announced at open */
+    int n_done;         /* sequences recorded */
+    int block_size, first_layer, n_layers, n_head;
+    float *row;         /* [max_blocks * 2] scratch */
+    int max_blocks;
+    int failed;
+};
+int kvp_trace_open(struct kvp_trace_writer *w, const char *path, const kvp_model *model,
+                   int first_layer, int block_size, int max_tokens, int n_seq,
+                   struct kvp_err *err);
+/* Decode tokens[0..n) densely from an empty cache (ctx is reset; its policy is replaced by a
+ * measuring `full` policy with first_layer dense layers) and append the sequence. */
+int kvp_trace_record(struct kvp_trace_writer *w, kvp_ctx *ctx, const int32_t *tokens, int n,
+                     struct kvp_err *err);
+int kvp_trace_close(struct kvp_trace_writer *w, struct kvp_err *err);
+
+#endif

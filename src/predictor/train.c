@@ -1,0 +1,640 @@
+/*
+ * Training the predictor CNN (see train.h). Every layer has a forward and a hand-written backward
+ * pass; the convolutions go through im2col and sgemm, which makes a 64 × 32 sample cost about a
+ * millisecond forward and backward on one core. Sampling, initialisation and the split are driven
+ * by one seeded generator, so a run is reproducible for a given trace, seed and thread count
+ * (OpenBLAS is kept single-threaded by the caller).
+ */
+#include "predictor/train.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cblas.h>
+
+/* ---- layers -------------------------------------------------------------------------------- */
+
+static void im2col(const float *in, int c, int H, int W, int k, float *col)
+{
+    const int p = k / 2;
+    const size_t HW = (size_t)H * W;
+    for (int ci = 0; ci < c; ci++)
+        for (int dy = 0; dy < k; dy++)
+            for (int dx = 0; dx < k; dx++) {
+                float *dst = col + (size_t)((ci * k + dy) * k + dx) * HW;
+                for (int r = 0; r < H; r++) {
+                    int rr = r + dy - p;
+                    float *d = dst + (size_t)r * W;
+                    if (rr < 0 || rr >= H) {
+                        memset(d, 0, (size_t)W * sizeof(float));
+                        continue;
+                    }
+                    const float *s = in + ((size_t)ci * H + rr) * W;
+                    for (int x = 0; x < W; x++) {
+                        int xx = x + dx - p;
+                        d[x] = (xx >= 0 && xx < W) ? s[xx] : 0.0f;
+                    }
+                }
+            }
+}
+
+static void col2im(const float *col, int c, int H, int W, int k, float *out)
+{
+    const int p = k / 2;
+    const size_t HW = (size_t)H * W;
+    memset(out, 0, (size_t)c * HW * sizeof(float));
+    for (int ci = 0; ci < c; ci++)
+        for (int dy = 0; dy < k; dy++)
+            for (int dx = 0; dx < k; dx++) {
+                const float *src = col + (size_t)((ci * k + dy) * k + dx) * HW;
+                for (int r = 0; r < H; r++) {
+                    int rr = r + dy - p;
+                    if (rr < 0 || rr >= H)
+                        continue;
+                    float *o = out + ((size_t)ci * H + rr) * W;
+                    const float *s = src + (size_t)r * W;
+                    for (int x = 0; x < W; x++) {
+                        int xx = x + dx - p;
+                        if (xx >= 0 && xx < W)
+                            o[xx] += s[x];
+                    }
+                }
+            }
+}
+
+void kvp_tr_conv_fwd(const float *in, int ci, int H, int W, const float *w, const float *b,
+                     int co, int k, float *col, float *out)
+{
+    const int HW = H * W, K = ci * k * k;
+    im2col(in, ci, H, W, k, col);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, co, HW, K, 1.0f, w, K, col, HW, 0.0f,
+                out, HW);
+    for (int o = 0; o < co; o++) {
+        float *r = out + (size_t)o * HW;
+        for (int i = 0; i < HW; i++)
+            r[i] += b[o];
+    }
+}
+
+void kvp_tr_conv_bwd(const float *col, const float *dout, int ci, int H, int W, const float *w,
+                     int co, int k, float *gw, float *gb, float *dcol, float *din)
+{
+    const int HW = H * W, K = ci * k * k;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, co, K, HW, 1.0f, dout, HW, col, HW, 1.0f,
+                gw, K);
+    for (int o = 0; o < co; o++) {
+        const float *r = dout + (size_t)o * HW;
+        double s = 0;
+        for (int i = 0; i < HW; i++)
+            s += r[i];
+        gb[o] += (float)s;
+    }
+    if (!din)
+        return;
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, K, HW, co, 1.0f, w, K, dout, HW, 0.0f,
+                dcol, HW);
+    col2im(dcol, ci, H, W, k, din);
+}
+
+void kvp_tr_relu_fwd(float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+void kvp_tr_relu_bwd(const float *y, float *dy, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!(y[i] > 0.0f))
+            dy[i] = 0.0f;
+}
+
+void kvp_tr_mean_fwd(const float *a, int c, int H, int W, float *p)
+{
+    for (int ch = 0; ch < c; ch++) {
+        float *o = p + (size_t)ch * W;
+        memset(o, 0, (size_t)W * sizeof(float));
+        for (int r = 0; r < H; r++) {
+            const float *row = a + ((size_t)ch * H + r) * W;
+            for (int x = 0; x < W; x++)
+                o[x] += row[x];
+        }
+        for (int x = 0; x < W; x++)
+            o[x] /= (float)H;
+    }
+}
+
+void kvp_tr_mean_bwd(const float *dp, int c, int H, int W, float *da)
+{
+    for (int ch = 0; ch < c; ch++)
+        for (int r = 0; r < H; r++) {
+            float *row = da + ((size_t)ch * H + r) * W;
+            for (int x = 0; x < W; x++)
+                row[x] = dp[(size_t)ch * W + x] / (float)H;
+        }
+}
+
+void kvp_tr_point_fwd(const float *p, int c, int W, const float *w, float b, float *y)
+{
+    for (int x = 0; x < W; x++)
+        y[x] = b;
+    for (int ch = 0; ch < c; ch++)
+        for (int x = 0; x < W; x++)
+            y[x] += w[ch] * p[(size_t)ch * W + x];
+}
+
+void kvp_tr_point_bwd(const float *p, const float *dy, int c, int W, const float *w, float *gw,
+                      float *gb, float *dp)
+{
+    for (int x = 0; x < W; x++)
+        *gb += dy[x];
+    for (int ch = 0; ch < c; ch++) {
+        float g = 0;
+        for (int x = 0; x < W; x++) {
+            g += dy[x] * p[(size_t)ch * W + x];
+            dp[(size_t)ch * W + x] = w[ch] * dy[x];
+        }
+        gw[ch] += g;
+    }
+}
+
+float kvp_tr_loss(int loss, const float *y, const float *m, const float *s, int W, float *dy)
+{
+    if (loss == KVP_LOSS_MSE) {
+        double l = 0;
+        for (int x = 0; x < W; x++) {
+            float d = y[x] - m[x];
+            l += (double)d * d;
+            dy[x] = 2.0f * d / (float)W;
+        }
+        return (float)(l / W);
+    }
+    double tot = 0;
+    for (int x = 0; x < W; x++)
+        tot += s[x];
+    if (!(tot > 0)) {
+        memset(dy, 0, (size_t)W * sizeof(float));
+        return 0.0f;
+    }
+    float mx = y[0];
+    for (int x = 1; x < W; x++)
+        mx = y[x] > mx ? y[x] : mx;
+    double z = 0;
+    for (int x = 0; x < W; x++)
+        z += exp((double)(y[x] - mx));
+    double lz = log(z) + mx, l = 0;
+    for (int x = 0; x < W; x++) {
+        double px = s[x] / tot;
+        l -= px * ((double)y[x] - lz);
+        dy[x] = (float)(exp((double)y[x] - lz) - px);
+    }
+    return (float)l;
+}
+
+/* ---- one sample ---------------------------------------------------------------------------- */
+
+int kvp_tr_ws_init(struct kvp_tr_ws *ws, const struct kvp_cnn *n, int H, int max_w,
+                   struct kvp_err *err)
+{
+    memset(ws, 0, sizeof(*ws));
+    ws->H = H;
+    ws->max_w = max_w;
+    size_t HW = (size_t)H * max_w, kk = (size_t)n->k * n->k;
+    ws->col1 = malloc(kk * HW * sizeof(float));
+    ws->a1 = malloc((size_t)n->c1 * HW * sizeof(float));
+    ws->col2 = malloc(n->c1 * kk * HW * sizeof(float));
+    ws->a2 = malloc((size_t)n->c2 * HW * sizeof(float));
+    ws->p = malloc((size_t)n->c2 * max_w * sizeof(float));
+    ws->y = malloc((size_t)max_w * sizeof(float));
+    ws->dy = malloc((size_t)max_w * sizeof(float));
+    ws->dp = malloc((size_t)n->c2 * max_w * sizeof(float));
+    ws->da2 = malloc((size_t)n->c2 * HW * sizeof(float));
+    ws->dcol2 = malloc(n->c1 * kk * HW * sizeof(float));
+    ws->da1 = malloc((size_t)n->c1 * HW * sizeof(float));
+    if (!ws->col1 || !ws->a1 || !ws->col2 || !ws->a2 || !ws->p || !ws->y || !ws->dy || !ws->dp ||
+        !ws->da2 || !ws->dcol2 || !ws->da1) {
+        kvp_tr_ws_free(ws);
+        return kvp_err_set(err, KVP_ENOMEM, "train: out of memory");
+    }
+    return 0;
+}
+
+void kvp_tr_ws_free(struct kvp_tr_ws *ws)
+{
+    if (!ws)
+        return;
+    float *b[] = {ws->col1, ws->a1, ws->col2, ws->a2, ws->p, ws->y,
+                  ws->dy, ws->dp, ws->da2, ws->dcol2, ws->da1};
+    for (size_t i = 0; i < sizeof(b) / sizeof(b[0]); i++)
+        free(b[i]);
+    memset(ws, 0, sizeof(*ws));
+}
+
+float kvp_tr_sample(const struct kvp_cnn *n, struct kvp_tr_ws *ws, const float *x, int H, int W,
+                    const float *m, const float *s, int loss, float *grad)
+{
+    const int c1 = n->c1, c2 = n->c2, k = n->k;
+    const size_t HW = (size_t)H * W;
+    kvp_tr_conv_fwd(x, 1, H, W, n->w1, n->b1, c1, k, ws->col1, ws->a1);
+    kvp_tr_relu_fwd(ws->a1, c1 * HW);
+    kvp_tr_conv_fwd(ws->a1, c1, H, W, n->w2, n->b2, c2, k, ws->col2, ws->a2);
+    kvp_tr_relu_fwd(ws->a2, c2 * HW);
+    kvp_tr_mean_fwd(ws->a2, c2, H, W, ws->p);
+    kvp_tr_point_fwd(ws->p, c2, W, n->w3, n->b3[0], ws->y);
+    float l = kvp_tr_loss(loss, ws->y, m, s, W, ws->dy);
+    if (!grad)
+        return l;
+    float *gw1 = grad, *gb1 = gw1 + (size_t)c1 * k * k, *gw2 = gb1 + c1;
+    float *gb2 = gw2 + (size_t)c2 * c1 * k * k, *gw3 = gb2 + c2, *gb3 = gw3 + c2;
+    kvp_tr_point_bwd(ws->p, ws->dy, c2, W, n->w3, gw3, gb3, ws->dp);
+    kvp_tr_mean_bwd(ws->dp, c2, H, W, ws->da2);
+    kvp_tr_relu_bwd(ws->a2, ws->da2, c2 * HW);
+    kvp_tr_conv_bwd(ws->col2, ws->da2, c1, H, W, n->w2, c2, k, gw2, gb2, ws->dcol2, ws->da1);
+    kvp_tr_relu_bwd(ws->a1, ws->da1, c1 * HW);
+    kvp_tr_conv_bwd(ws->col1, ws->da1, 1, H, W, n->w1, c1, k, gw1, gb1, NULL, NULL);
+    return l;
+}
+
+/* ---- samples from a trace ------------------------------------------------------------------ */
+
+static uint64_t splitmix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static float uniform(uint64_t *s)
+{
+    return (float)((splitmix(s) >> 40) * (1.0 / 16777216.0));
+}
+
+void kvp_train_opts_default(struct kvp_train_opts *o)
+{
+    if (!o->c1)
+        o->c1 = 16;
+    if (!o->c2)
+        o->c2 = 32;
+    if (!o->k)
+        o->k = 3;
+    if (!o->H)
+        o->H = 64;
+    if (!o->epochs)
+        o->epochs = 4;
+    if (!o->batch)
+        o->batch = 32;
+    if (!o->samples)
+        o->samples = 20000;
+    if (!o->val_samples)
+        o->val_samples = 4000;
+    if (!(o->lr > 0))
+        o->lr = 1e-3f;
+    if (!(o->val_frac > 0))
+        o->val_frac = 0.1f;
+    if (!o->seed)
+        o->seed = 1;
+    if (!o->sink)
+        o->sink = 16;
+    if (!o->local)
+        o->local = 16;
+    if (!o->n_budgets) {
+        o->n_budgets = 3;
+        o->budgets[0] = 32;
+        o->budgets[1] = 64;
+        o->budgets[2] = 128;
+    }
+}
+
+/* One sample: history rows t-H .. t-1 of (sequence s, layer li, head h) over the CNN slice the
+ * policy would use at Lk = t + 1 keys, and the target row t. */
+struct sample {
+    int W;
+    float forced;  /* attention mass on the sink and local tokens (always kept) */
+    int local_n;   /* tokens in the local window */
+};
+
+static int build_sample(const struct kvp_trace *tr, const struct kvp_train_opts *o, int s, int t,
+                        int li, int h, float *x, float *m, float *sm, struct sample *out)
+{
+    const int bs = tr->block_size, Lk = t + 1, H = o->H;
+    if (t < H)
+        return 0;
+    int ls = bs * ((Lk - o->local) / bs);
+    int c0 = o->sink / bs, c1 = ls / bs;
+    int W = c1 - c0;
+    if (W < 3)
+        return 0;
+    for (int i = 0; i < H; i++) {
+        int tp = t - H + i, nb = (tp + bs) / bs;
+        const float *row = kvp_trace_row(tr, s, tp, li, h);
+        for (int xx = 0; xx < W; xx++)
+            x[(size_t)i * W + xx] = c0 + xx < nb ? row[c0 + xx] : 0.0f;
+    }
+    int nb = (t + bs) / bs;
+    const float *row = kvp_trace_row(tr, s, t, li, h);
+    double tot = 0, in = 0;
+    for (int j = 0; j < nb; j++)
+        tot += row[nb + j];
+    for (int xx = 0; xx < W; xx++) {
+        m[xx] = row[c0 + xx];
+        sm[xx] = row[nb + c0 + xx];
+        in += sm[xx];
+    }
+    out->W = W;
+    out->forced = (float)(tot - in);
+    out->local_n = Lk - ls;
+    return 1;
+}
+
+struct split {
+    int *seq, *t;  /* [n] (sequence, position) pairs with a valid slice */
+    long n;
+};
+
+static int make_split(const struct kvp_trace *tr, const struct kvp_train_opts *o, int s0, int s1,
+                      struct split *sp)
+{
+    long cnt = 0;
+    for (int s = s0; s < s1; s++)
+        cnt += tr->seq[s].T > o->H ? tr->seq[s].T - o->H : 0;
+    sp->n = 0;
+    sp->seq = malloc((size_t)(cnt ? cnt : 1) * sizeof(int));
+    sp->t = malloc((size_t)(cnt ? cnt : 1) * sizeof(int));
+    if (!sp->seq || !sp->t)
+        return -1;
+    const int bs = tr->block_size;
+    for (int s = s0; s < s1; s++)
+        for (int t = o->H; t < tr->seq[s].T; t++) {
+            int ls = bs * ((t + 1 - o->local) / bs);
+            if (ls / bs - o->sink / bs < 3)
+                continue;
+            sp->seq[sp->n] = s;
+            sp->t[sp->n] = t;
+            sp->n++;
+        }
+    return 0;
+}
+
+static void split_free(struct split *sp)
+{
+    free(sp->seq);
+    free(sp->t);
+}
+
+/* Indices of the k largest of y[0..W) (ties to the lower index) summed over w. */
+static double topk_mass(const float *y, const float *w, int W, int k, char *taken)
+{
+    memset(taken, 0, (size_t)W);
+    double r = 0;
+    for (int i = 0; i < k; i++) {
+        int best = -1;
+        for (int x = 0; x < W; x++)
+            if (!taken[x] && (best < 0 || y[x] > y[best]))
+                best = x;
+        taken[best] = 1;
+        r += w[best];
+    }
+    return r;
+}
+
+static int max_blocks(const struct kvp_trace *tr)
+{
+    int T = 1;
+    for (int s = 0; s < tr->n_seq; s++)
+        T = tr->seq[s].T > T ? tr->seq[s].T : T;
+    return (T + tr->block_size - 1) / tr->block_size;
+}
+
+static int validate(const struct kvp_trace *tr, const struct kvp_cnn *n,
+                    const struct kvp_train_opts *o, const struct split *val, struct kvp_tr_ws *ws,
+                    float *x, float *m, float *sm, struct kvp_train_report *rep)
+{
+    const int n_ser = tr->n_layers * tr->n_head, bs = tr->block_size;
+    uint64_t rng = o->seed ^ 0x5eed5eed5eedULL;
+    char *taken = malloc((size_t)ws->max_w);
+    if (!taken)
+        return -1;
+    double loss = 0;
+    long cnt = 0;
+    rep->n_budgets = o->n_budgets;
+    for (int b = 0; b < o->n_budgets; b++) {
+        rep->budgets[b] = o->budgets[b];
+        rep->rec_pred[b] = rep->rec_oracle[b] = rep->rec_last[b] = 0;
+    }
+    long draws = val->n ? o->val_samples : 0;
+    for (long i = 0; i < draws; i++) {
+        long pick = (long)(splitmix(&rng) % ((uint64_t)val->n * n_ser));
+        long pair = pick / n_ser;
+        int ser = (int)(pick % n_ser);
+        struct sample smp;
+        if (!build_sample(tr, o, val->seq[pair], val->t[pair], ser / tr->n_head, ser % tr->n_head,
+                          x, m, sm, &smp))
+            continue;
+        loss += kvp_tr_sample(n, ws, x, o->H, smp.W, m, sm, o->loss, NULL);
+        cnt++;
+        const float *last = x + (size_t)(o->H - 1) * smp.W;
+        for (int b = 0; b < o->n_budgets; b++) {
+            int kb = (o->budgets[b] - o->sink - smp.local_n) / bs;
+            if (kb < 0)
+                kb = 0;
+            double rp, ro, rl;
+            if (kb >= smp.W) {
+                rp = ro = rl = smp.forced;
+                for (int xx = 0; xx < smp.W; xx++)
+                    rp += sm[xx];
+                ro = rl = rp;
+            } else {
+                rp = smp.forced + topk_mass(ws->y, sm, smp.W, kb, taken);
+                ro = smp.forced + topk_mass(sm, sm, smp.W, kb, taken);
+                rl = smp.forced + topk_mass(last, sm, smp.W, kb, taken);
+            }
+            rep->rec_pred[b] += rp;
+            rep->rec_oracle[b] += ro;
+            rep->rec_last[b] += rl;
+        }
+    }
+    free(taken);
+    rep->val_loss = cnt ? loss / cnt : 0;
+    for (int b = 0; b < o->n_budgets; b++) {
+        if (cnt) {
+            rep->rec_pred[b] /= cnt;
+            rep->rec_oracle[b] /= cnt;
+            rep->rec_last[b] /= cnt;
+        }
+        rep->rel[b] = rep->rec_oracle[b] > 0 ? rep->rec_pred[b] / rep->rec_oracle[b] : 1.0;
+    }
+    return 0;
+}
+
+static int check_opts(const struct kvp_trace *tr, const struct kvp_train_opts *o,
+                      struct kvp_err *err)
+{
+    if (tr->n_seq < 2)
+        return kvp_err_set(err, KVP_EINVAL, "train: the trace needs at least 2 sequences "
+                           "(one for validation)");
+    if (o->sink < 0 || o->local < 1 || o->sink % tr->block_size)
+        return kvp_err_set(err, KVP_EINVAL, "train: sink %d must be a multiple of the block "
+                           "size %d and local >= 1", o->sink, tr->block_size);
+    if (o->n_budgets < 0 || o->n_budgets > KVP_CNN_MAX_REC || o->batch < 1 || o->epochs < 0)
+        return kvp_err_set(err, KVP_EINVAL, "train: bad options");
+    return 0;
+}
+
+int kvp_predictor_validate(const struct kvp_trace *tr, const struct kvp_cnn *n,
+                           const struct kvp_train_opts *o, struct kvp_train_report *rep,
+                           struct kvp_err *err)
+{
+    int rc = check_opts(tr, o, err);
+    if (rc < 0)
+        return rc;
+    if (n->block_size != tr->block_size)
+        return kvp_err_set(err, KVP_EINVAL, "predictor block size %d, trace block size %d",
+                           n->block_size, tr->block_size);
+    struct kvp_train_opts oo = *o;
+    oo.H = n->H;
+    int n_val_seq = (int)ceilf(oo.val_frac * tr->n_seq);
+    n_val_seq = n_val_seq < 1 ? 1 : n_val_seq >= tr->n_seq ? tr->n_seq - 1 : n_val_seq;
+    struct split val = {0};
+    struct kvp_tr_ws ws = {0};
+    int mw = max_blocks(tr);
+    float *x = malloc((size_t)oo.H * mw * sizeof(float)), *m = malloc((size_t)mw * 4),
+          *sm = malloc((size_t)mw * 4);
+    rc = KVP_ENOMEM;
+    if (x && m && sm && make_split(tr, &oo, tr->n_seq - n_val_seq, tr->n_seq, &val) == 0 &&
+        kvp_tr_ws_init(&ws, n, oo.H, mw, err) == 0) {
+        rep->n_val_samples = val.n * tr->n_layers * tr->n_head;
+        rc = validate(tr, n, &oo, &val, &ws, x, m, sm, rep) < 0 ? KVP_ENOMEM : 0;
+    }
+    split_free(&val);
+    kvp_tr_ws_free(&ws);
+    free(x);
+    free(m);
+    free(sm);
+    return rc < 0 ? kvp_err_set(err, rc, "validate: out of memory") : 0;
+}
+
+int kvp_predictor_train(const struct kvp_trace *tr, const struct kvp_train_opts *o,
+                        struct kvp_cnn *out, struct kvp_train_report *rep, struct kvp_err *err)
+{
+    int rc = check_opts(tr, o, err);
+    if (rc < 0)
+        return rc;
+    rc = kvp_cnn_init(out, o->c1, o->c2, o->k, o->H, tr->block_size, err);
+    if (rc < 0)
+        return rc;
+    memset(rep, 0, sizeof(*rep));
+    const int n_ser = tr->n_layers * tr->n_head;
+    const size_t np = kvp_cnn_n_params(out);
+    uint64_t rng = o->seed;
+    /* He-uniform initialisation for the ReLU layers, fan-in scaled for conv3; zero biases */
+    const int kk = o->k * o->k;
+    float a1 = sqrtf(6.0f / kk), a2 = sqrtf(6.0f / (o->c1 * kk)), a3 = sqrtf(3.0f / o->c2);
+    for (int i = 0; i < o->c1 * kk; i++)
+        out->w1[i] = a1 * (2 * uniform(&rng) - 1);
+    for (int i = 0; i < o->c2 * o->c1 * kk; i++)
+        out->w2[i] = a2 * (2 * uniform(&rng) - 1);
+    for (int i = 0; i < o->c2; i++)
+        out->w3[i] = a3 * (2 * uniform(&rng) - 1);
+
+    int n_val_seq = (int)ceilf(o->val_frac * tr->n_seq);
+    n_val_seq = n_val_seq < 1 ? 1 : n_val_seq >= tr->n_seq ? tr->n_seq - 1 : n_val_seq;
+    struct split trn = {0}, val = {0};
+    struct kvp_tr_ws ws = {0};
+    int mw = max_blocks(tr);
+    float *grad = calloc(np, sizeof(float)), *am = calloc(np, sizeof(float)),
+          *av = calloc(np, sizeof(float));
+    float *x = malloc((size_t)o->H * mw * sizeof(float)), *m = malloc((size_t)mw * 4),
+          *sm = malloc((size_t)mw * 4);
+    if (!grad || !am || !av || !x || !m || !sm ||
+        make_split(tr, o, 0, tr->n_seq - n_val_seq, &trn) < 0 ||
+        make_split(tr, o, tr->n_seq - n_val_seq, tr->n_seq, &val) < 0) {
+        rc = kvp_err_set(err, KVP_ENOMEM, "train: out of memory");
+        goto out;
+    }
+    if (trn.n == 0 || val.n == 0) {
+        rc = kvp_err_set(err, KVP_EINVAL, "train: no samples (sequences must be longer than "
+                         "H = %d tokens plus the sink and local windows)", o->H);
+        goto out;
+    }
+    rc = kvp_tr_ws_init(&ws, out, o->H, mw, err);
+    if (rc < 0)
+        goto out;
+    rep->n_train_samples = trn.n * n_ser;
+    rep->n_val_samples = val.n * n_ser;
+
+    const long steps_per_epoch = (o->samples + o->batch - 1) / o->batch;
+    const long steps = steps_per_epoch * o->epochs;
+    const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
+    long step = 0;
+    for (int ep = 0; ep < o->epochs; ep++) {
+        double ep_loss = 0;
+        long ep_n = 0;
+        for (long st = 0; st < steps_per_epoch; st++, step++) {
+            memset(grad, 0, np * sizeof(float));
+            double bl = 0;
+            int got = 0;
+            for (int b = 0; b < o->batch; b++) {
+                long pick = (long)(splitmix(&rng) % ((uint64_t)trn.n * n_ser));
+                long pair = pick / n_ser;
+                int ser = (int)(pick % n_ser);
+                struct sample smp;
+                if (!build_sample(tr, o, trn.seq[pair], trn.t[pair], ser / tr->n_head,
+                                  ser % tr->n_head, x, m, sm, &smp))
+                    continue;
+                bl += kvp_tr_sample(out, &ws, x, o->H, smp.W, m, sm, o->loss, grad);
+                got++;
+            }
+            if (!got)
+                continue;
+            /* Adam with bias correction; the rate decays linearly to a tenth */
+            float lr = o->lr * (1.0f - 0.9f * (float)step / (float)(steps > 1 ? steps - 1 : 1));
+            float c1 = 1.0f - powf(b1, (float)(step + 1)), c2 = 1.0f - powf(b2, (float)(step + 1));
+            for (size_t i = 0; i < np; i++) {
+                float g = grad[i] / (float)got;
+                am[i] = b1 * am[i] + (1 - b1) * g;
+                av[i] = b2 * av[i] + (1 - b2) * g * g;
+                out->params[i] -= lr * (am[i] / c1) / (sqrtf(av[i] / c2) + eps);
+            }
+            ep_loss += bl;
+            ep_n += got;
+            if (o->progress)
+                o->progress(o->user, ep, step + 1, steps, ep_n ? ep_loss / ep_n : 0);
+        }
+        rep->train_loss = ep_n ? ep_loss / ep_n : 0;
+    }
+    kvp_cnn_prepare(out);
+    if (validate(tr, out, o, &val, &ws, x, m, sm, rep) < 0) {
+        rc = kvp_err_set(err, KVP_ENOMEM, "train: out of memory");
+        goto out;
+    }
+    struct kvp_cnn_meta *me = &out->meta;
+    memcpy(me->model, tr->model, strnlen(tr->model, sizeof(me->model) - 1));
+    me->n_train = (uint64_t)rep->n_train_samples;
+    me->n_val = (uint64_t)rep->n_val_samples;
+    me->seed = o->seed;
+    me->loss = (uint32_t)o->loss;
+    me->sink = (uint32_t)o->sink;
+    me->local = (uint32_t)o->local;
+    me->epochs = (uint32_t)o->epochs;
+    me->n_rec = (uint32_t)o->n_budgets;
+    for (int b = 0; b < o->n_budgets; b++) {
+        me->rec_budget[b] = (uint32_t)o->budgets[b];
+        me->rec_rel[b] = (float)rep->rel[b];
+    }
+    rc = 0;
+out:
+    if (rc < 0)
+        kvp_cnn_free(out);
+    split_free(&trn);
+    split_free(&val);
+    kvp_tr_ws_free(&ws);
+    free(grad);
+    free(am);
+    free(av);
+    free(x);
+    free(m);
+    free(sm);
+    return rc;
+}

@@ -1,0 +1,702 @@
+/*
+ * AttentionPredictor: finite-difference gradient checks of every training layer and the loss,
+ * the inference CNN against the training forward pass (the slow, obvious oracle), PyTorch
+ * semantics (no kernel flip, newest row last, zero padding), incremental == from scratch, the
+ * history update rules on hand-made rows, the predictor file (round trip and hostile files), and
+ * the `predictor` policy end to end on a random-weight fixture model.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/platform.h"
+#include "forward/context.h"
+#include "kvpred.h"
+#include "predictor/cnn.h"
+#include "predictor/history.h"
+#include "predictor/train.h"
+#include "testutil.h"
+
+static uint64_t rng_state = 12345;
+
+static float frand(void) /* uniform in [-1, 1) */
+{
+    rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (float)((rng_state >> 40) * (1.0 / 8388608.0)) - 1.0f;
+}
+
+static void fill(float *x, size_t n, float scale)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = scale * frand();
+}
+
+static double dot(const float *a, const float *b, size_t n)
+{
+    double s = 0;
+    for (size_t i = 0; i < n; i++)
+        s += (double)a[i] * b[i];
+    return s;
+}
+
+/* Relative-or-absolute closeness for finite differences in float. */
+static void assert_close(double analytic, double numeric, double tol, const char *what)
+{
+    double d = fabs(analytic - numeric), s = fmax(fabs(analytic), fabs(numeric));
+    if (d > tol * fmax(s, 1e-2)) {
+        print_message("%s: analytic %.6g, numeric %.6g\n", what, analytic, numeric);
+        fail();
+    }
+}
+
+/* ---- gradient checks ------------------------------------------------------------------------ */
+
+/* Objective L = <conv(in; w, b), R> for a conv layer with ci inputs (conv1: ci = 1). */
+static void check_conv(int ci, int co)
+{
+    const int H = 5, W = 6, k = 3, HW = H * W, K = ci * k * k;
+    float *in = malloc(sizeof(float) * ci * HW), *w = malloc(sizeof(float) * co * K);
+    float *b = malloc(sizeof(float) * co), *R = malloc(sizeof(float) * co * HW);
+    float *out = malloc(sizeof(float) * co * HW), *col = malloc(sizeof(float) * K * HW);
+    float *dcol = malloc(sizeof(float) * K * HW), *din = malloc(sizeof(float) * ci * HW);
+    float *gw = calloc((size_t)co * K, sizeof(float)), *gb = calloc((size_t)co, sizeof(float));
+    fill(in, (size_t)ci * HW, 1);
+    fill(w, (size_t)co * K, 0.5f);
+    fill(b, co, 0.5f);
+    fill(R, (size_t)co * HW, 1);
+    kvp_tr_conv_fwd(in, ci, H, W, w, b, co, k, col, out);
+    kvp_tr_conv_bwd(col, R, ci, H, W, w, co, k, gw, gb, dcol, din);
+    float *params[3] = {in, w, b}, *grads[3] = {din, gw, gb};
+    size_t sizes[3] = {(size_t)ci * HW, (size_t)co * K, (size_t)co};
+    const char *names[3] = {"conv d/din", "conv d/dw", "conv d/db"};
+    for (int t = 0; t < 3; t++)
+        for (size_t i = 0; i < sizes[t]; i += 1 + sizes[t] / 17) {
+            float keep = params[t][i], e = 1e-2f;
+            params[t][i] = keep + e;
+            kvp_tr_conv_fwd(in, ci, H, W, w, b, co, k, col, out);
+            double lp = dot(out, R, (size_t)co * HW);
+            params[t][i] = keep - e;
+            kvp_tr_conv_fwd(in, ci, H, W, w, b, co, k, col, out);
+            double lm = dot(out, R, (size_t)co * HW);
+            params[t][i] = keep;
+            assert_close(grads[t][i], (lp - lm) / (2 * e), 1e-3, names[t]);
+        }
+    free(in), free(w), free(b), free(R), free(out), free(col), free(dcol), free(din), free(gw),
+        free(gb);
+}
+
+static void test_grad_conv1_conv2(void **state)
+{
+    (void)state;
+    check_conv(1, 4); /* conv1: one input channel */
+    check_conv(3, 5); /* conv2 */
+}
+
+static void test_grad_mean_point(void **state)
+{
+    (void)state;
+    const int c = 3, H = 4, W = 5;
+    float a[60], p[15], dp[15], da[60], R[15], y[5], Ry[5], w[3], gw[3] = {0}, gb = 0, dpp[15];
+    fill(a, 60, 1);
+    fill(R, 15, 1);
+    fill(Ry, 5, 1);
+    fill(w, 3, 1);
+    /* mean over rows: L = <mean(a), R> */
+    kvp_tr_mean_bwd(R, c, H, W, da);
+    for (int i = 0; i < 60; i += 7) {
+        float keep = a[i], e = 1e-2f;
+        a[i] = keep + e;
+        kvp_tr_mean_fwd(a, c, H, W, p);
+        double lp = dot(p, R, 15);
+        a[i] = keep - e;
+        kvp_tr_mean_fwd(a, c, H, W, p);
+        double lm = dot(p, R, 15);
+        a[i] = keep;
+        assert_close(da[i], (lp - lm) / (2 * e), 1e-3, "mean d/da");
+    }
+    /* conv3 (pointwise): L = <point(p), Ry> */
+    kvp_tr_mean_fwd(a, c, H, W, p);
+    kvp_tr_point_bwd(p, Ry, c, W, w, gw, &gb, dpp);
+    float b = 0.3f;
+    float *params[3] = {p, w, &b}, *grads[3] = {dpp, gw, &gb};
+    int sizes[3] = {15, 3, 1};
+    for (int t = 0; t < 3; t++)
+        for (int i = 0; i < sizes[t]; i++) {
+            float keep = params[t][i], e = 1e-2f;
+            params[t][i] = keep + e;
+            kvp_tr_point_fwd(p, c, W, w, b, y);
+            double lp = dot(y, Ry, 5);
+            params[t][i] = keep - e;
+            kvp_tr_point_fwd(p, c, W, w, b, y);
+            double lm = dot(y, Ry, 5);
+            params[t][i] = keep;
+            assert_close(grads[t][i], (lp - lm) / (2 * e), 1e-3, "conv3");
+        }
+    (void)dp;
+}
+
+static void test_grad_losses(void **state)
+{
+    (void)state;
+    const int W = 9;
+    float y[9], m[9], s[9], dy[9], tmp[9];
+    fill(y, W, 2);
+    for (int i = 0; i < W; i++) {
+        m[i] = 0.5f * (frand() + 1);
+        s[i] = 0.5f * (frand() + 1);
+    }
+    for (int loss = KVP_LOSS_MSE; loss <= KVP_LOSS_CE; loss++) {
+        kvp_tr_loss(loss, y, m, s, W, dy);
+        for (int i = 0; i < W; i++) {
+            float keep = y[i], e = 1e-3f;
+            y[i] = keep + e;
+            double lp = kvp_tr_loss(loss, y, m, s, W, tmp);
+            y[i] = keep - e;
+            double lm = kvp_tr_loss(loss, y, m, s, W, tmp);
+            y[i] = keep;
+            assert_close(dy[i], (lp - lm) / (2 * e), 1e-2, loss ? "ce loss" : "mse loss");
+        }
+    }
+    /* CE is shift-invariant: its gradient sums to zero */
+    kvp_tr_loss(KVP_LOSS_CE, y, m, s, W, dy);
+    double sum = 0;
+    for (int i = 0; i < W; i++)
+        sum += dy[i];
+    assert_true(fabs(sum) < 1e-5);
+}
+
+/* The whole network: every parameter tensor against finite differences of the sample loss. */
+static void test_grad_network(void **state)
+{
+    (void)state;
+    struct kvp_cnn n;
+    assert_int_equal(kvp_cnn_init(&n, 4, 6, 3, 6, 16, NULL), 0);
+    size_t np = kvp_cnn_n_params(&n);
+    fill(n.params, np, 0.5f);
+    const int H = 6, W = 7;
+    float x[42], m[7], s[7];
+    for (int i = 0; i < 42; i++)
+        x[i] = 0.5f * (frand() + 1);
+    for (int i = 0; i < W; i++) {
+        m[i] = 0.5f * (frand() + 1);
+        s[i] = 0.5f * (frand() + 1);
+    }
+    struct kvp_tr_ws ws;
+    assert_int_equal(kvp_tr_ws_init(&ws, &n, H, W, NULL), 0);
+    float *grad = calloc(np, sizeof(float));
+    for (int loss = KVP_LOSS_MSE; loss <= KVP_LOSS_CE; loss++) {
+        memset(grad, 0, np * sizeof(float));
+        kvp_tr_sample(&n, &ws, x, H, W, m, s, loss, grad);
+        int bad = 0, checked = 0;
+        for (size_t i = 0; i < np; i += 3) {
+            float keep = n.params[i], e = 2e-3f;
+            n.params[i] = keep + e;
+            double lp = kvp_tr_sample(&n, &ws, x, H, W, m, s, loss, NULL);
+            n.params[i] = keep - e;
+            double lm = kvp_tr_sample(&n, &ws, x, H, W, m, s, loss, NULL);
+            n.params[i] = keep;
+            double num = (lp - lm) / (2 * e), d = fabs(num - grad[i]);
+            checked++;
+            if (d > 2e-2 * fmax(fmax(fabs(num), fabs(grad[i])), 1e-2))
+                bad++; /* a ReLU kink inside ±e: rare */
+        }
+        print_message("network %s: %d of %d parameters off\n", loss ? "ce" : "mse", bad, checked);
+        assert_true(bad * 50 <= checked);
+    }
+    free(grad);
+    kvp_tr_ws_free(&ws);
+    kvp_cnn_free(&n);
+}
+
+/* ---- inference ------------------------------------------------------------------------------ */
+
+static void random_net(struct kvp_cnn *n, int H)
+{
+    assert_int_equal(kvp_cnn_init(n, 16, 32, 3, H, 16, NULL), 0);
+    fill(n->w1, 144, 0.6f);
+    fill(n->b1, 16, 0.1f);
+    fill(n->w2, 4608, 0.15f);
+    fill(n->b2, 32, 0.1f);
+    fill(n->w3, 32, 0.5f);
+    n->b3[0] = 0.05f;
+    kvp_cnn_prepare(n);
+    assert_int_equal(kvp_cnn_n_params(n), 4833);
+}
+
+static void test_inference_matches_training(void **state)
+{
+    (void)state;
+    const int H = 64, W = 37;
+    struct kvp_cnn n;
+    random_net(&n, H);
+    float *x = malloc(sizeof(float) * H * W), sc[37], m[37] = {0}, s[37] = {0};
+    for (int i = 0; i < H * W; i++)
+        x[i] = 0.5f * (frand() + 1);
+    const float *rows[64];
+    for (int i = 0; i < H; i++)
+        rows[i] = x + (size_t)i * W;
+    struct kvp_cnn_input in = {.rows = rows, .n_rows = H, .col0 = 0, .W = W};
+    struct kvp_cnn_scratch scr;
+    assert_int_equal(kvp_cnn_scratch_init(&scr, &n, W, NULL), 0);
+    kvp_cnn_forward(&n, &in, &scr, sc);
+    struct kvp_tr_ws ws;
+    assert_int_equal(kvp_tr_ws_init(&ws, &n, H, W, NULL), 0);
+    kvp_tr_sample(&n, &ws, x, H, W, m, s, KVP_LOSS_MSE, NULL);
+    double md = 0;
+    for (int i = 0; i < W; i++)
+        md = fmax(md, fabs(sc[i] - ws.y[i]));
+    print_message("inference (%s) vs training forward: max diff %.3g\n", kvp_cnn_kernels()->name,
+                  md);
+    assert_true(md < 1e-4);
+
+    /* every kernel table the CPU runs computes the same conv2 row */
+    const struct kvp_cnn_kernels *tabs[] = {&kvp_cnn_kernels_scalar, &kvp_cnn_kernels_avx2,
+                                            &kvp_cnn_kernels_avx512};
+    int feats = kvp_cpu_features();
+    const int st = scr.stride;
+    float *a1 = calloc((size_t)3 * 16 * st, sizeof(float));
+    float *ref = calloc((size_t)32 * st, sizeof(float)), *got = calloc((size_t)32 * st, 4);
+    for (int i = 0; i < 3 * 16 * st; i++)
+        a1[i] = frand();
+    const float *inr[3] = {a1, a1 + 16 * st, NULL}; /* bottom padding row */
+    tabs[0]->conv2_row(n.w2t, n.b2, 16, 32, 3, inr, st, 48, ref, st);
+    for (int t = 1; t < 3; t++) {
+        if ((t == 1 && !(feats & KVP_CPU_AVX2)) || (t == 2 && !(feats & KVP_CPU_AVX512)))
+            continue;
+        tabs[t]->conv2_row(n.w2t, n.b2, 16, 32, 3, inr, st, 48, got, st);
+        for (int c = 0; c < 32; c++)
+            for (int xx = 0; xx < 48; xx++)
+                assert_true(fabsf(got[c * st + xx] - ref[c * st + xx]) < 1e-4f);
+    }
+    free(a1), free(ref), free(got), free(x);
+    kvp_tr_ws_free(&ws);
+    kvp_cnn_scratch_free(&scr);
+    kvp_cnn_free(&n);
+}
+
+/* A one-channel network with known weights pins the conventions: cross-correlation (no flip),
+ * row 0 oldest, zero padding at the bottom edge loses a spike in the newest row. */
+static void test_pytorch_semantics(void **state)
+{
+    (void)state;
+    struct kvp_cnn n;
+    assert_int_equal(kvp_cnn_init(&n, 1, 1, 3, 8, 16, NULL), 0);
+    n.w1[0 * 3 + 2] = 1.0f; /* w1[dy = 0][dx = 2]: out[r][x] = in[r - 1][x + 1] */
+    n.w2[1 * 3 + 1] = 1.0f; /* identity */
+    n.w3[0] = 1.0f;
+    kvp_cnn_prepare(&n);
+    const int H = 8, W = 10;
+    float x[80] = {0}, sc[10];
+    const float *rows[8];
+    for (int i = 0; i < H; i++)
+        rows[i] = x + i * W;
+    struct kvp_cnn_input in = {.rows = rows, .n_rows = H, .col0 = 0, .W = W};
+    struct kvp_cnn_scratch scr;
+    assert_int_equal(kvp_cnn_scratch_init(&scr, &n, W, NULL), 0);
+    x[3 * W + 5] = 1.0f; /* spike in row 3, column 5 -> conv1 row 4, column 4 */
+    kvp_cnn_forward(&n, &in, &scr, sc);
+    for (int i = 0; i < W; i++)
+        assert_true(fabsf(sc[i] - (i == 4 ? 1.0f / H : 0.0f)) < 1e-7f);
+    x[3 * W + 5] = 0;
+    x[7 * W + 5] = 1.0f; /* newest row: its conv1 image would be row 8, in the padding */
+    kvp_cnn_forward(&n, &in, &scr, sc);
+    for (int i = 0; i < W; i++)
+        assert_true(sc[i] == 0.0f);
+    x[7 * W + 5] = 0;
+    x[2 * W + 0] = 1.0f; /* column 0: its image would be column -1, in the padding */
+    kvp_cnn_forward(&n, &in, &scr, sc);
+    for (int i = 0; i < W; i++)
+        assert_true(sc[i] == 0.0f);
+    kvp_cnn_scratch_free(&scr);
+    kvp_cnn_free(&n);
+}
+
+static void test_incremental_matches_full(void **state)
+{
+    (void)state;
+    const int H = 64, max_cols = 64;
+    struct kvp_cnn n;
+    random_net(&n, H);
+    struct kvp_hist h;
+    assert_int_equal(kvp_hist_init(&h, 1, H, max_cols, NULL), 0);
+    struct kvp_cnn_scratch scr;
+    struct kvp_cnn_inc st;
+    assert_int_equal(kvp_cnn_scratch_init(&scr, &n, max_cols, NULL), 0);
+    assert_int_equal(kvp_cnn_inc_init(&st, &n, max_cols, NULL), 0);
+    float row[64], a[64], b[64];
+    const float *rows[64];
+    int width = 12, n_inc = 0;
+    for (int i = 0; i < H; i++) { /* a full history first, as after a prefill */
+        for (int c = 0; c < width; c++)
+            row[c] = 0.5f * (frand() + 1);
+        kvp_hist_append(&h, 0, row, width);
+    }
+    double md = 0;
+    for (int step = 0; step < 60; step++) {
+        if (step % 3 == 2)
+            width++; /* a new block every third step: the slice grows by one column */
+        for (int c = 0; c < width; c++)
+            row[c] = 0.5f * (frand() + 1) * (frand() > 0 ? 1.0f : 0.0f);
+        kvp_hist_append(&h, 0, row, width);
+        struct kvp_cnn_input in = {.rows = rows, .col0 = 1, .W = width - 2};
+        in.n_rows = kvp_hist_rows(&h, 0, rows);
+        n_inc += kvp_cnn_forward_inc(&n, &in, h.gen[0], false, &st, &scr, a);
+        kvp_cnn_forward(&n, &in, &scr, b);
+        for (int c = 0; c < in.W; c++)
+            md = fmax(md, fabs(a[c] - b[c]) / fmax(1.0, fabs(b[c])));
+    }
+    print_message("incremental vs from scratch: %d of 60 steps incremental, max rel diff %.3g\n",
+                  n_inc, md);
+    assert_true(n_inc >= 59); /* only the first call starts from scratch */
+    assert_true(md < 1e-5);
+    kvp_cnn_inc_free(&st);
+    kvp_cnn_scratch_free(&scr);
+    kvp_hist_free(&h);
+    kvp_cnn_free(&n);
+}
+
+/* ---- history -------------------------------------------------------------------------------- */
+
+static void test_history_rules(void **state)
+{
+    (void)state;
+    struct kvp_hist h;
+    assert_int_equal(kvp_hist_init(&h, 2, 4, 8, NULL), 0);
+    const float *rows[4];
+    /* rows r = 1..6 hold the value r in every column; widths grow 1, 2, 2, 3, 3, 4 */
+    int widths[6] = {1, 2, 2, 3, 3, 4};
+    for (int r = 1; r <= 6; r++) {
+        float v[8];
+        for (int c = 0; c < 8; c++)
+            v[c] = (float)r;
+        kvp_hist_append(&h, 1, v, widths[r - 1]);
+        int n = kvp_hist_rows(&h, 1, rows);
+        assert_int_equal(n, r < 4 ? r : 4);
+        assert_int_equal(h.n_cols[1], widths[r - 1]);
+        for (int i = 0; i < n; i++) { /* oldest first, newest last */
+            int rid = r - n + 1 + i;
+            for (int c = 0; c < 8; c++) /* zero extension past a row's own width */
+                assert_true(rows[i][c] == (c < widths[rid - 1] ? (float)rid : 0.0f));
+        }
+    }
+    assert_int_equal(h.gen[1], 6);
+    assert_int_equal(h.n_rows[0], 0); /* series are independent */
+
+    /* calibration cadence: with M = 3, steps 3 and 6 append the dense row; M = 0 never */
+    kvp_hist_reset(&h);
+    float sparse[2] = {1, 1}, dense[2] = {2, 2};
+    for (int step = 1; step <= 7; step++) {
+        bool cal = kvp_hist_step(&h, 0, step, 3, sparse, dense, 2);
+        assert_int_equal(cal, step % 3 == 0);
+        kvp_hist_step(&h, 1, step, 0, sparse, dense, 2);
+    }
+    int n = kvp_hist_rows(&h, 0, rows); /* steps 4..7: sparse, sparse, dense, sparse */
+    assert_int_equal(n, 4);
+    assert_true(rows[0][0] == 1 && rows[1][0] == 1 && rows[2][0] == 2 && rows[3][0] == 1);
+    kvp_hist_rows(&h, 1, rows);
+    for (int i = 0; i < 4; i++)
+        assert_true(rows[i][1] == 1);
+
+    /* pooling: block max, partial last block; sparse rows are zero off the selection */
+    float probs[40], out[3];
+    for (int i = 0; i < 40; i++)
+        probs[i] = (float)(i % 16) / 100.0f;
+    probs[33] = 0.9f;
+    assert_int_equal(kvp_hist_pool_dense(probs, 35, 16, out), 3);
+    assert_true(out[0] == 0.15f && out[1] == 0.15f && out[2] == 0.9f);
+    int32_t blocks[1] = {2};
+    float sp[16] = {0};
+    sp[3] = 0.5f;
+    assert_int_equal(kvp_hist_pool_sparse(sp, blocks, 1, 35, 16, out), 3);
+    assert_true(out[0] == 0 && out[1] == 0 && out[2] == 0.5f);
+    kvp_hist_free(&h);
+}
+
+/* ---- the predictor file --------------------------------------------------------------------- */
+
+static char *write_predictor(int H)
+{
+    struct kvp_cnn n;
+    random_net(&n, H);
+    strcpy(n.meta.model, "test model");
+    n.meta.seed = 7;
+    n.meta.loss = KVP_LOSS_CE;
+    n.meta.n_rec = 2;
+    n.meta.rec_budget[0] = 64;
+    n.meta.rec_rel[0] = 0.9f;
+    n.meta.rec_budget[1] = 128;
+    n.meta.rec_rel[1] = 0.95f;
+    char *path = kvp_test_tmpfile(".kvpp");
+    assert_int_equal(kvp_cnn_save(&n, path, NULL), 0);
+    kvp_cnn_free(&n);
+    return path;
+}
+
+static uint64_t fnv(const uint8_t *p, size_t n)
+{
+    uint64_t h = 14695981039346656037ULL;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 1099511628211ULL;
+    return h;
+}
+
+static void expect_format_error(const void *buf, size_t n, const char *needle)
+{
+    struct kvp_cnn m;
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_cnn_parse(buf, n, &m, &err), KVP_EFORMAT);
+    if (!strstr(err.msg, needle)) {
+        print_message("expected '%s' in '%s'\n", needle, err.msg);
+        fail();
+    }
+}
+
+static void test_predictor_file(void **state)
+{
+    (void)state;
+    char *path = write_predictor(64);
+    struct kvp_cnn a, b;
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_cnn_load(path, &a, &err), 0);
+    assert_int_equal(a.c1, 16);
+    assert_int_equal(a.c2, 32);
+    assert_int_equal(a.k, 3);
+    assert_int_equal(a.H, 64);
+    assert_int_equal(a.block_size, 16);
+    assert_string_equal(a.meta.model, "test model");
+    assert_int_equal(a.meta.n_rec, 2);
+    assert_true(a.meta.rec_rel[1] == 0.95f);
+    /* save the loaded copy again: byte-identical */
+    char *path2 = kvp_test_tmpfile(".kvpp");
+    assert_int_equal(kvp_cnn_save(&a, path2, NULL), 0);
+    size_t n1, n2;
+    char *f1 = kvp_test_read_file(path, &n1), *f2 = kvp_test_read_file(path2, &n2);
+    assert_int_equal(n1, n2);
+    assert_int_equal(n1, 8 + 11 * 4 + 3 * 8 + 64 + 4 + 2 * 8 + 4 + 4833 * 4 + 8);
+    assert_memory_equal(f1, f2, n1);
+    assert_int_equal(kvp_cnn_load(path2, &b, NULL), 0);
+    assert_memory_equal(a.params, b.params, kvp_cnn_n_params(&a) * sizeof(float));
+    kvp_cnn_free(&a);
+    kvp_cnn_free(&b);
+
+    /* hostile files: every truncation, bad magic, bad version, shape, checksum, trailing bytes */
+    for (size_t cut = 0; cut < n1; cut += (cut < 200 ? 1 : 97))
+        expect_format_error(f1, cut, "truncated");
+    uint8_t *buf = malloc(n1 + 1);
+    memcpy(buf, f1, n1);
+    buf[0] = 'X';
+    expect_format_error(buf, n1, "bad magic");
+    memcpy(buf, f1, n1);
+    buf[8] = 2;
+    expect_format_error(buf, n1, "version");
+    memcpy(buf, f1, n1);
+    buf[12] = 0; /* c1 = 0 */
+    expect_format_error(buf, n1, "implausible");
+    memcpy(buf, f1, n1);
+    buf[20] = 4; /* even kernel */
+    expect_format_error(buf, n1, "implausible");
+    memcpy(buf, f1, n1);
+    buf[n1 / 2] ^= 0x40; /* a weight bit */
+    expect_format_error(buf, n1, "checksum");
+    memcpy(buf, f1, n1);
+    buf[n1] = 0;
+    expect_format_error(buf, n1 + 1, "unexpected bytes");
+    /* a NaN weight with a valid checksum */
+    memcpy(buf, f1, n1);
+    float nan = NAN;
+    memcpy(buf + n1 - 8 - 4, &nan, 4);
+    uint64_t h = fnv(buf, n1 - 8);
+    memcpy(buf + n1 - 8, &h, 8);
+    expect_format_error(buf, n1, "not finite");
+    /* a missing file names itself */
+    assert_int_equal(kvp_cnn_load("/nonexistent/p.kvpp", &a, &err), KVP_EIO);
+    assert_non_null(strstr(err.msg, "/nonexistent/p.kvpp"));
+    free(buf);
+    free(f1);
+    free(f2);
+    remove(path);
+    remove(path2);
+    free(path);
+    free(path2);
+}
+
+/* ---- the policy, end to end ----------------------------------------------------------------- */
+
+static kvp_model *fixture_model(char **path)
+{
+    struct kvp_test_model_spec sp = {.n_vocab = 80, .n_embd = 64, .n_layer = 4, .n_head = 4,
+                                     .n_head_kv = 2, .n_ff = 96, .n_ctx = 512, .tied = 1,
+                                     .seed = 11};
+    *path = kvp_test_tmpfile(".gguf");
+    assert_int_equal(kvp_test_write_model(&sp, *path, NULL), 0);
+    kvp_model *m = NULL;
+    assert_int_equal(kvp_model_open(*path, NULL, &m, NULL), 0);
+    return m;
+}
+
+struct run_out {
+    float *logits;       /* [n_dec][80] */
+    double recovery;     /* mean over compressed layers, heads and steps */
+    int violations;      /* selections over budget or missing sink/local tokens */
+};
+
+static struct run_out run(kvp_model *m, const struct kvp_policy_params *pp, int n_prompt,
+                          int n_dec)
+{
+    struct kvp_ctx_params cp = {.n_ctx = n_prompt + n_dec, .n_threads = 2};
+    kvp_ctx *c = NULL;
+    struct kvp_err err = {0};
+    struct run_out r = {0};
+    assert_int_equal(kvp_ctx_init(m, &cp, &c, &err), 0);
+    kvp_ctx_set_measure(c, true);
+    if (kvp_ctx_set_policy(c, pp, &err) < 0) {
+        print_message("set_policy: %s\n", err.msg);
+        fail();
+    }
+    int32_t *ids = malloc((size_t)(n_prompt + n_dec) * sizeof(int32_t));
+    for (int i = 0; i < n_prompt + n_dec; i++)
+        ids[i] = (i * 7 + 3) % 80;
+    r.logits = malloc((size_t)n_dec * 80 * sizeof(float));
+    assert_int_equal(kvp_eval(c, ids, n_prompt, NULL, false, &err), 0);
+    int n_rec = 0;
+    for (int i = 0; i < n_dec; i++) {
+        assert_int_equal(kvp_eval(c, ids + n_prompt + i, 1, r.logits + (size_t)i * 80, false, &err),
+                         0);
+        int Lk = n_prompt + i + 1;
+        for (int l = 0; l < 4; l++) {
+            for (int h = 0; h < 4; h++) {
+                double rv = kvp_ctx_recovery(c, l, h);
+                if (rv >= 0) {
+                    r.recovery += rv;
+                    n_rec++;
+                }
+            }
+            if (!pp || l < 2)
+                continue;
+            for (int kvh = 0; kvh < 2; kvh++) { /* what the step read */
+                const struct kvp_sel *sel = &c->sel[l * 2 + kvh];
+                int count = 0;
+                bool seen[1024] = {false};
+                for (int b = 0; b < sel->n; b++)
+                    for (int t = 0; t < 16; t++)
+                        if (((sel->mask[b] >> t) & 1) && sel->blocks[b] * 16 + t < Lk) {
+                            count++;
+                            seen[sel->blocks[b] * 16 + t] = true;
+                        }
+                int budget = pp->budget ? pp->budget : Lk;
+                if (count > budget)
+                    r.violations++;
+                for (int t = 0; t < Lk; t++)
+                    if ((t < pp->sink || t >= Lk - pp->local) && !seen[t])
+                        r.violations++;
+            }
+        }
+    }
+    r.recovery = n_rec ? r.recovery / n_rec : -1;
+    kvp_ctx_free(c);
+    free(ids);
+    return r;
+}
+
+static double max_diff(const float *a, const float *b, size_t n)
+{
+    double d = 0;
+    for (size_t i = 0; i < n; i++)
+        d = fmax(d, fabs((double)a[i] - b[i]));
+    return d;
+}
+
+static void test_policy_end_to_end(void **state)
+{
+    (void)state;
+    char *mpath, *ppath = write_predictor(64);
+    kvp_model *m = fixture_model(&mpath);
+    const int np = 150, nd = 40;
+    struct run_out dense = run(m, NULL, np, nd);
+
+    /* a budget covering the context reproduces the full logits */
+    struct kvp_policy_params big = {.name = "predictor", .aux_path = ppath, .budget = np + nd,
+                                    .sink = 16, .local = 16};
+    struct run_out r = run(m, &big, np, nd);
+    print_message("budget >= context: max logit diff %.3g, recovery %.6f\n",
+                  max_diff(dense.logits, r.logits, (size_t)nd * 80), r.recovery);
+    assert_true(max_diff(dense.logits, r.logits, (size_t)nd * 80) < 1e-5);
+    assert_true(fabs(r.recovery - 1.0) < 1e-5);
+    free(r.logits);
+
+    /* small budgets: never over budget, sink and local always read; options change nothing of
+     * that; the incremental CNN selects what the from-scratch one selects */
+    const char *opts[] = {NULL, "calib=3,every=2", "hist=kv", "gqa=pooled,calib=0", "inc=0"};
+    float *inc_logits = NULL;
+    for (size_t i = 0; i < sizeof(opts) / sizeof(opts[0]); i++) {
+        struct kvp_policy_params pp = {.name = "predictor", .aux_path = ppath, .budget = 64,
+                                       .sink = 16, .local = 16, .opts = opts[i]};
+        r = run(m, &pp, np, nd);
+        print_message("budget 64, opts %s: recovery %.4f, violations %d\n",
+                      opts[i] ? opts[i] : "(default)", r.recovery, r.violations);
+        assert_int_equal(r.violations, 0);
+        assert_true(r.recovery > 0 && r.recovery < 1);
+        if (i == 0)
+            inc_logits = r.logits;
+        else if (i == 4) {
+            assert_true(max_diff(inc_logits, r.logits, (size_t)nd * 80) < 1e-4);
+            free(r.logits);
+        } else
+            free(r.logits);
+    }
+    free(inc_logits);
+    /* union may read more than the budget, but always sink and local */
+    struct kvp_policy_params un = {.name = "predictor", .aux_path = ppath, .budget = 64,
+                                   .sink = 16, .local = 16, .opts = "gqa=union"};
+    r = run(m, &un, np, nd);
+    print_message("union: recovery %.4f\n", r.recovery);
+    free(r.logits);
+
+    /* bad files and options: one clear error from kvp_ctx_set_policy */
+    kvp_ctx *c = NULL;
+    struct kvp_ctx_params cp = {.n_ctx = 64};
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_ctx_init(m, &cp, &c, &err), 0);
+    struct kvp_policy_params bad = {.name = "predictor", .aux_path = "/nonexistent.kvpp"};
+    assert_int_equal(kvp_ctx_set_policy(c, &bad, &err), KVP_EIO);
+    assert_non_null(strstr(err.msg, "/nonexistent.kvpp"));
+    bad.aux_path = NULL;
+    assert_int_equal(kvp_ctx_set_policy(c, &bad, &err), KVP_EINVAL);
+    assert_non_null(strstr(err.msg, "predictor file"));
+    bad.aux_path = mpath; /* a GGUF is not a predictor */
+    assert_int_equal(kvp_ctx_set_policy(c, &bad, &err), KVP_EFORMAT);
+    assert_non_null(strstr(err.msg, "bad magic"));
+    bad.aux_path = ppath;
+    bad.opts = "every=0";
+    assert_int_equal(kvp_ctx_set_policy(c, &bad, &err), KVP_EINVAL);
+    assert_non_null(strstr(err.msg, "every=0"));
+    /* the context still works (full attention) after a refused policy */
+    int32_t tok = 1;
+    assert_int_equal(kvp_eval(c, &tok, 1, NULL, false, &err), 0);
+    kvp_ctx_free(c);
+
+    free(dense.logits);
+    kvp_model_close(m);
+    remove(mpath);
+    remove(ppath);
+    free(mpath);
+    free(ppath);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_grad_conv1_conv2),
+        cmocka_unit_test(test_grad_mean_point),
+        cmocka_unit_test(test_grad_losses),
+        cmocka_unit_test(test_grad_network),
+        cmocka_unit_test(test_inference_matches_training),
+        cmocka_unit_test(test_pytorch_semantics),
+        cmocka_unit_test(test_incremental_matches_full),
+        cmocka_unit_test(test_history_rules),
+        cmocka_unit_test(test_predictor_file),
+        cmocka_unit_test(test_policy_end_to_end),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
