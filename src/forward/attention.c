@@ -17,12 +17,18 @@ void kvp_attn_dense_group(const struct kvp_kvcache *kv, int l, int kvh, const fl
     const int n_blocks = (n_keys + bs - 1) / bs;
     const float scale = 1.0f / sqrtf((float)hd);
 
-    /* scores: blocks outer so each key block is loaded once for the whole group */
+    /* scores: blocks outer so each key block is loaded once for the whole group; a block
+     * without storage (a tiered store's cold block seen from a policy) reads as absent */
     for (int b = 0; b < n_blocks; b++) {
         const float *kt = kvp_kvcache_kblock(kv, l, kvh, b);
-        for (int j = 0; j < g; j++)
-            ops->block_scores(q + (size_t)j * hd, kt, hd, bs, scale,
-                              probs + (size_t)j * probs_stride + (size_t)b * bs);
+        for (int j = 0; j < g; j++) {
+            float *s = probs + (size_t)j * probs_stride + (size_t)b * bs;
+            if (!kt)
+                for (int t = 0; t < bs; t++)
+                    s[t] = -INFINITY;
+            else
+                ops->block_scores(q + (size_t)j * hd, kt, hd, bs, scale, s);
+        }
     }
     for (int j = 0; j < g; j++) {
         float *p = probs + (size_t)j * probs_stride;
@@ -38,6 +44,8 @@ void kvp_attn_dense_group(const struct kvp_kvcache *kv, int l, int kvh, const fl
     memset(out, 0, (size_t)g * hd * sizeof(float));
     for (int b = 0; b < n_blocks; b++) {
         const float *vb = kvp_kvcache_vblock(kv, l, kvh, b);
+        if (!vb)
+            continue;
         int nt = n_keys - b * bs < bs ? n_keys - b * bs : bs;
         for (int j = 0; j < g; j++)
             ops->block_accum(probs + (size_t)j * probs_stride + (size_t)b * bs, vb, hd, nt,

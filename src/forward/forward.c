@@ -330,11 +330,19 @@ static void decode_tiered(struct kvp_ctx *c, int l, int ith, int nth)
             kvp_store_prefetch(st, l + 1, c->sel_next + (size_t)(l + 1) * n_kv, n_keys);
         }
     }
+    if (sparse && st->tier == KVP_TIER_RAM) {
+        if (ith == 0)
+            kvp_store_map_cold(st, l, n_keys, true);
+        kvp_pool_barrier(c->pool);
+    }
     if (sparse)
         kvp_attn_select_layer(c, l, c->q, ith, nth);
     kvp_pool_barrier(c->pool);
-    if (ith == 0)
+    if (ith == 0) {
+        if (sparse)
+            kvp_store_map_cold(st, l, n_keys, false);
         kvp_store_acquire(st, l, sparse ? c->sel + (size_t)l * n_kv : NULL, n_keys);
+    }
     kvp_pool_barrier(c->pool);
     kvp_attn_decode_layer(c, l, c->q, c->att, ith, nth);
     if (st->mode != KVP_PREFETCH_TOKEN || !sparse)

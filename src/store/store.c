@@ -495,13 +495,7 @@ int kvp_store_init(const struct kvp_ctx_params *p, struct kvp_kvcache *kv, int n
         goto fail;
     }
     if (s->tier == KVP_TIER_RAM) {
-        s->cold = alloc_4k(s->cold_bytes);
-        if (!s->cold) {
-            rc = kvp_err_set(err, KVP_ENOMEM, "cannot allocate the cold KV tier (%zu MiB)",
-                             s->cold_bytes >> 20);
-            goto fail;
-        }
-        memset(s->cold, 0, s->cold_bytes); /* touch every page now, not while timing */
+        /* the cold units live behind the hot slots, in the same allocation (configure) */
         if (pthread_create(&s->thread, NULL, ram_thread, s) != 0) {
             rc = kvp_err_set(err, KVP_ENOMEM, "cannot start the KV transfer thread");
             goto fail;
@@ -543,6 +537,7 @@ fail:
 static void free_hot(struct kvp_store *s)
 {
     free(s->hot);
+    s->cold = NULL;
     free(s->slot_blk);
     free(s->slot_state);
     free(s->slot_writing);
@@ -572,7 +567,6 @@ void kvp_store_free(struct kvp_store *s)
     }
     if (s->fd >= 0)
         close(s->fd);
-    free(s->cold);
     free_hot(s);
     free(s->list);
     free(s->ovf);
@@ -638,7 +632,11 @@ int kvp_store_configure(struct kvp_store *s, int dense_layers, int hot_blocks,
     if (staging)
         n += s->max_blocks;
     s->n_slot = n;
-    s->hot = alloc_4k((size_t)n * s->unit_bytes);
+    /* RAM tier: the cold units follow the slots, so a table entry can point at a cold copy
+     * (kvp_store_map_cold) */
+    size_t hot_bytes = (size_t)n * s->unit_bytes;
+    size_t bytes = hot_bytes + (s->tier == KVP_TIER_RAM ? s->cold_bytes : 0);
+    s->hot = alloc_4k(bytes);
     s->slot_blk = malloc((size_t)n * sizeof(int32_t));
     s->slot_state = malloc((size_t)n);
     s->slot_writing = calloc((size_t)n, 1);
@@ -648,8 +646,9 @@ int kvp_store_configure(struct kvp_store *s, int dense_layers, int hot_blocks,
         return kvp_err_set(err, KVP_ENOMEM, "cannot allocate the hot KV tier (%zu MiB)",
                            (size_t)n * s->unit_bytes >> 20);
     }
-    memset(s->hot, 0, (size_t)n * s->unit_bytes);
-    s->st.hot_bytes = (size_t)n * s->unit_bytes;
+    memset(s->hot, 0, bytes); /* touches every page now, not while timing */
+    s->cold = s->tier == KVP_TIER_RAM ? s->hot + hot_bytes : NULL;
+    s->st.hot_bytes = hot_bytes;
     kvp_kvcache_attach(s->kv, (float *)s->hot, (float *)s->hot + s->bf, 2 * s->bf);
     remap_all(s);
     s->n_tokens = 0;
@@ -927,4 +926,15 @@ void kvp_store_prefetch(struct kvp_store *s, int layer, const struct kvp_sel *se
     }
     int left = read_blocks(s, layer, s->list, n, false);
     s->st.prefetched += (uint64_t)(n - left);
+}
+
+void kvp_store_map_cold(struct kvp_store *s, int layer, int n_keys, bool on)
+{
+    if (s->tier != KVP_TIER_RAM || !s->tiered[layer] || identity_layer(s, layer))
+        return;
+    int nb = (n_keys + s->bs - 1) / s->bs;
+    int base = s->n_slot + layer * s->max_blocks;
+    for (int b = 0; b < nb; b++)
+        if (*res_of(s, layer, b) < 0)
+            set_table(s, layer, b, on ? base + b : -1);
 }

@@ -102,7 +102,9 @@ struct kvp_store {
     double link_lat;       /* seconds of latency per transfer */
 
     /* cold tier */
-    uint8_t *cold;         /* RAM tier: owned [n_layer][max_blocks][unit_bytes] */
+    uint8_t *cold;         /* RAM tier: [n_layer][max_blocks][unit_bytes] inside the hot
+                              allocation, right after the slots (cold unit (l, b) is "slot"
+                              n_slot + l*max_blocks + b) */
     int fd;                /* disk tier: the unnamed scratch file, or -1 */
     size_t cold_bytes;
 
@@ -200,6 +202,13 @@ void kvp_store_acquire(struct kvp_store *s, int layer, const struct kvp_sel *sel
 /* Start reading the units of the predicted selections sels[0..n_kv) of layer for a step with
  * n_keys keys, into slots that hold nothing predicted (LRU); stops when no slot is free. */
 void kvp_store_prefetch(struct kvp_store *s, int layer, const struct kvp_sel *sels, int n_keys);
+
+/* RAM tier, around a layer's select: point the table entries of blocks that are not hot at
+ * their cold copies (on), or at nothing again (off), so a policy that reads keys in select
+ * (AttentionPredictor's dense calibration rows, a Quest metadata rebuild) reads the whole
+ * cache where it lives, as the host would (methods.md §1.9). No-op for the disk tier, where
+ * such reads see the hot blocks only (kvp_attn_dense_group skips unmapped blocks). */
+void kvp_store_map_cold(struct kvp_store *s, int layer, int n_keys, bool on);
 
 /* Record a span of worker 0 (timeline and prediction accounting). */
 void kvp_store_note(struct kvp_store *s, int kind, int layer, double t0, double t1);
