@@ -130,6 +130,30 @@ struct kvp_ctx_params {
     int n_threads;    /* worker threads including the caller (0: 1) */
     int block_size;   /* KV block size in tokens (0: 16) */
     int n_batch;      /* prefill micro-batch in tokens (0: 512) */
+    /* tiered KV store (all off by default: kv_tier 0 keeps the whole cache in RAM, untiered) */
+    int kv_tier;          /* enum kvp_kv_tier [KVP_TIER_NONE] */
+    const char *kv_dir;   /* disk tier: directory of the scratch file [$TMPDIR or /tmp] */
+    int hot_budget;       /* hot-tier tokens per compressed layer, rounded up to blocks
+                             [0: sized from the policy budget so a step always fits] */
+    int prefetch;         /* enum kvp_prefetch [KVP_PREFETCH_TOKEN] */
+    double link_gbps;     /* RAM tier: model a link of this bandwidth in GB/s [0: off] */
+    double link_latency_us; /* RAM tier: and this latency per transfer in µs [0] */
+};
+
+/* Where the whole KV cache lives when it is tiered (kvp_ctx_params.kv_tier). */
+enum kvp_kv_tier {
+    KVP_TIER_NONE = 0, /* no tiering: the whole cache is fast memory (the default) */
+    KVP_TIER_RAM = 1,  /* cold tier in RAM, copied by a transfer thread */
+    KVP_TIER_DISK = 2, /* cold tier in an unnamed O_DIRECT file read through io_uring */
+};
+
+/* How the hot tier is filled (kvp_ctx_params.prefetch). */
+enum kvp_prefetch {
+    KVP_PREFETCH_DEFAULT = 0, /* token */
+    KVP_PREFETCH_NONE = 1,    /* fetch missing selected blocks on demand, synchronously */
+    KVP_PREFETCH_DENSE = 2,   /* fetch the whole cache every step (offloading baseline) */
+    KVP_PREFETCH_LAYER = 3,   /* while layer l computes, fetch layer l+1's predicted blocks */
+    KVP_PREFETCH_TOKEN = 4,   /* after layer l of token t, fetch its predicted blocks of t+1 */
 };
 
 int kvp_ctx_init(const kvp_model *model, const struct kvp_ctx_params *params, kvp_ctx **out,
@@ -189,6 +213,7 @@ struct kvp_policy_params {
     float alpha;         /* α, binarization interpolation in [0, 1] [1.0]; < 0 means 0 */
     const char *head_profile; /* static classification file (kvpred profile-heads); NULL:
                                  classify every prompt (dynamic) */
+    const char *opts;    /* policy-specific "key=value,..." options (predictor: see its --help) */
 };
 
 /* How CateKV's adaptive heads decode (methods.md §2.6). */
@@ -222,6 +247,46 @@ double kvp_ctx_recovery(const kvp_ctx *ctx, int layer, int head);
 /* KV memory now: bytes of physical blocks holding live tokens (resident) and bytes of the live
  * tokens themselves (kept). */
 void kvp_ctx_kv_bytes(const kvp_ctx *ctx, size_t *resident, size_t *kept);
+
+/* ---- tiered KV store ---------------------------------------------------------------------- */
+
+/* Counters of the tiered store since the last kvp_ctx_store_reset_stats. A unit is one
+ * (layer, block) with the K and V of every KV head (the transfer granularity). Times are
+ * seconds summed over decode steps; divide by `steps` for per-token means. */
+struct kvp_store_stats {
+    uint64_t steps;         /* decode steps (single-token evals) counted */
+    double step_s;          /* wall time of those steps */
+    double compute_s;       /* step_s - predict_s - wait_s: the forward pass itself */
+    double predict_s;       /* next-step prediction on the critical path (layer/token modes) */
+    double transfer_s;      /* time with at least one cold-tier read or write in flight */
+    double wait_s;          /* stalls: waiting for prefetches and on-demand fetches */
+    uint64_t hits;          /* selected units already hot or in flight when attention asked */
+    uint64_t late;          /* of the hits, units whose prefetch was still in flight */
+    uint64_t misses;        /* selected units fetched on demand */
+    uint64_t prefetched;    /* units read ahead of need */
+    uint64_t overflow;      /* of the misses, units read past a full hot tier into the staging
+                               area (raise hot_budget if this is not 0) */
+    uint64_t bytes_read;    /* from the cold tier */
+    uint64_t bytes_written; /* write-through to the cold tier */
+    uint64_t reads, writes; /* I/O requests (a request may cover several adjacent units) */
+    uint64_t misaligned;    /* disk requests not 4 KiB aligned in offset, length or buffer */
+    size_t hot_bytes;       /* hot tier (including the prefill staging area) */
+    size_t cold_bytes;      /* cold tier: the whole cache */
+    size_t unit_bytes;      /* bytes of one unit */
+};
+
+/* 0 and stats filled, or KVP_EINVAL when the context is not tiered. */
+int kvp_ctx_store_stats(const kvp_ctx *ctx, struct kvp_store_stats *stats);
+void kvp_ctx_store_reset_stats(kvp_ctx *ctx);
+
+/* Timeline recording for the next decode steps: on clears the recorded events and records up to
+ * a fixed number of them (preallocated; recording stops when full); off stops recording. */
+void kvp_ctx_store_timeline(kvp_ctx *ctx, bool on);
+
+/* Draw the recorded timeline as a PNG (lanes: compute per layer, prediction, stalls, transfers;
+ * one vertical line per token). KVP_EINVAL when nothing was recorded, KVP_EIO when the file
+ * cannot be written. */
+int kvp_ctx_store_timeline_png(const kvp_ctx *ctx, const char *path, struct kvp_err *err);
 
 /* ---- sampling ----------------------------------------------------------------------------- */
 

@@ -9,6 +9,14 @@
  * The floor: a decode step must read every weight byte and the whole KV cache once, so
  * floor tokens/s = bandwidth / (weight bytes + KV bytes at CTX), with the bandwidth measured here
  * by streaming a 256 MiB buffer with the same number of threads (or given with --bandwidth).
+ *
+ * Sparse and tiered runs: --policy/--budget attach a selection policy; --kv-tier ram|disk puts
+ * the whole cache in a cold tier with a small hot tier in front (src/store/store.h), filled by
+ * --prefetch dense|none|layer|token; --link-gbps/--link-latency-us make a RAM cold tier behave
+ * like a link of that bandwidth and latency. Tiered runs re-fill the cache before every
+ * repetition instead of truncating it (a policy may rebuild its metadata from every block after
+ * a truncation, and the hot tier does not hold every block), and report the store's counters
+ * per decoded token; --timeline OUT.png draws tokens 8..11 of the first repetition.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +32,9 @@
 #include "forward/context.h"
 #include "kernels/simd.h"
 
+static const char *const tier_names[] = {"none", "ram", "disk", NULL};
+static const char *const prefetch_names[] = {"default", "none", "dense", "layer", "token", NULL};
+
 static void help(void)
 {
     printf("usage: kvpred bench [-m MODEL] -c CTX -n N [-t T] [--json]\n\n"
@@ -32,11 +43,20 @@ static void help(void)
            "  --prefill N          prefill tokens timed from an empty cache (default 512)\n"
            "  -r, --reps N         repetitions (default 3)\n"
            "  --bandwidth GBPS     memory bandwidth for the floor (default: measured)\n"
-           "  --json               print one JSON object\n"
-           "  --policy NAME        decode through a KV selection policy; its select/on_step\n"
-           "                       hooks are timed (policy_ms_per_token, policy_share)\n"
-           "  --budget B           the policy's budget: tokens, or a ratio of the context\n"
-           "%s\n%s",
+           "  --policy NAME        KV selection policy (default: none, dense attention); its\n"
+           "                       select/on_step hooks are timed (policy_ms_per_token,\n"
+           "                       policy_share)\n"
+           "  --budget B           policy budget: tokens per (layer, KV head), or a fraction of\n"
+           "                       the context (0.0625 or 1/16)\n"
+           "  --kv-tier T          ram or disk: tiered KV store (default: untiered)\n"
+           "  --kv-dir DIR         directory of the disk tier's scratch file (default $TMPDIR,\n"
+           "                       /tmp); the file has no name and vanishes with the process\n"
+           "  --hot-budget N       hot-tier tokens per layer (default: from the budget)\n"
+           "  --prefetch M         dense, none, layer or token (default token)\n"
+           "  --link-gbps X        RAM tier: model a link of X GB/s\n"
+           "  --link-latency-us Y  RAM tier: and Y microseconds of latency per transfer\n"
+           "  --timeline OUT.png   draw a timeline of four decode steps (tiered runs)\n"
+           "  --json               print one JSON object\n%s\n%s",
            cli_policy_flags_help, cli_model_flags_help);
 }
 
@@ -133,16 +153,81 @@ static double measure_bandwidth(int n_threads)
     return best;
 }
 
+/* Index of name in a NULL-terminated table, or -1. */
+static int name_index(const char *name, const char *const *table)
+{
+    for (int i = 0; table[i]; i++)
+        if (!strcmp(name, table[i]))
+            return i;
+    return -1;
+}
+
+/* The context for the run, with the tiered-store fields of cp. Prints the error, returns NULL. */
+static kvp_ctx *open_ctx(const kvp_model *m, const struct cli_model_opts *o, long n_ctx,
+                         struct kvp_ctx_params cp)
+{
+    struct kvp_model_info info;
+    kvp_model_get_info(m, &info);
+    cp.n_ctx = (int)n_ctx;
+    cp.n_threads = (int)o->n_threads;
+    cp.block_size = (int)o->block_size;
+    cp.n_batch = (int)o->n_batch;
+    if (cp.n_ctx > info.n_ctx_train)
+        cli_warn("context %d is longer than the model's training context %d: quality beyond it "
+                 "is not meaningful",
+                 cp.n_ctx, info.n_ctx_train);
+    struct kvp_err err = {0};
+    kvp_ctx *c = NULL;
+    if (kvp_ctx_init(m, &cp, &c, &err) < 0) {
+        cli_fail_err(&err);
+        return NULL;
+    }
+    return c;
+}
+
+/* The store's counters per decoded token, as one JSON object (fields documented inline). */
+static cJSON *store_json(const struct kvp_store_stats *s)
+{
+    double n = s->steps ? (double)s->steps : 1;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "tokens", (double)s->steps);            /* decode steps counted */
+    cJSON_AddNumberToObject(o, "hot_bytes", (double)s->hot_bytes);     /* hot tier + staging */
+    cJSON_AddNumberToObject(o, "cold_bytes", (double)s->cold_bytes);   /* the whole cache */
+    cJSON_AddNumberToObject(o, "unit_bytes", (double)s->unit_bytes);   /* one (layer, block) */
+    cJSON_AddNumberToObject(o, "step_ms", s->step_s / n * 1e3);        /* mean wall per token */
+    cJSON_AddNumberToObject(o, "compute_ms", s->compute_s / n * 1e3);  /* step - predict - wait */
+    cJSON_AddNumberToObject(o, "predict_ms", s->predict_s / n * 1e3);  /* next-step prediction */
+    cJSON_AddNumberToObject(o, "transfer_ms", s->transfer_s / n * 1e3);/* any I/O in flight */
+    cJSON_AddNumberToObject(o, "wait_ms", s->wait_s / n * 1e3);        /* stalled on transfers */
+    cJSON_AddNumberToObject(o, "hits", (double)s->hits / n);           /* needed units hot */
+    cJSON_AddNumberToObject(o, "late", (double)s->late / n);           /* hits still in flight */
+    cJSON_AddNumberToObject(o, "misses", (double)s->misses / n);       /* fetched on demand */
+    cJSON_AddNumberToObject(o, "hit_rate", s->hits + s->misses
+                                               ? (double)s->hits / (double)(s->hits + s->misses)
+                                               : 1.0);
+    cJSON_AddNumberToObject(o, "prefetched", (double)s->prefetched / n); /* units read ahead */
+    cJSON_AddNumberToObject(o, "overflow", (double)s->overflow / n);   /* past a full hot tier */
+    cJSON_AddNumberToObject(o, "bytes_read", (double)s->bytes_read / n);
+    cJSON_AddNumberToObject(o, "bytes_written", (double)s->bytes_written / n);
+    cJSON_AddNumberToObject(o, "reads", (double)s->reads / n);         /* I/O requests */
+    cJSON_AddNumberToObject(o, "misaligned", (double)s->misaligned);   /* total; must be 0 */
+    return o;
+}
+
 int cmd_bench(int argc, char **argv)
 {
     struct cli_model_opts mo = {0};
-    long n_decode = 128, n_prefill = 512, reps = 3;
-    double bandwidth = 0;
+    long n_decode = 128, n_prefill = 512, reps = 3, hot_budget = 0;
+    double bandwidth = 0, link_gbps = 0, link_us = 0;
     bool json = false;
     struct kvp_policy_params pp = {0};
-    const char *budget_arg = NULL;
-    static const char *const value_flags[] = {"-n", "--prefill", "-r", "--reps", "--bandwidth",
-                                              "--policy", "--budget", NULL};
+    const char *budget_arg = NULL, *timeline = NULL;
+    int tier = KVP_TIER_NONE, prefetch = KVP_PREFETCH_DEFAULT;
+    const char *kv_dir = NULL;
+    static const char *const value_flags[] = {
+        "-n", "--prefill", "-r", "--reps", "--bandwidth", "--policy", "--budget", "--kv-tier",
+        "--kv-dir", "--hot-budget", "--prefetch", "--link-gbps", "--link-latency-us",
+        "--timeline", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int r = cli_model_flag(&mo, argc, argv, &i);
@@ -183,12 +268,43 @@ int cmd_bench(int argc, char **argv)
         } else if (!strcmp(a, "--bandwidth")) {
             if (!cli_parse_float(v, 0.001, 1e6, &bandwidth))
                 return cli_fail("--bandwidth: '%s' is not a positive GB/s value", v);
+        } else if (!strcmp(a, "--kv-tier")) {
+            if ((tier = name_index(v, tier_names)) <= 0)
+                return cli_fail("--kv-tier: '%s' is not ram or disk", v);
+        } else if (!strcmp(a, "--kv-dir")) {
+            kv_dir = v;
+        } else if (!strcmp(a, "--hot-budget")) {
+            if (!cli_parse_int(v, 1, 1 << 24, &hot_budget))
+                return cli_fail("--hot-budget: '%s' is not a positive token count", v);
+        } else if (!strcmp(a, "--prefetch")) {
+            if ((prefetch = name_index(v, prefetch_names)) <= 0)
+                return cli_fail("--prefetch: '%s' is not dense, none, layer or token", v);
+        } else if (!strcmp(a, "--link-gbps")) {
+            if (!cli_parse_float(v, 0.001, 1e6, &link_gbps))
+                return cli_fail("--link-gbps: '%s' is not a positive GB/s value", v);
+        } else if (!strcmp(a, "--link-latency-us")) {
+            if (!cli_parse_float(v, 0, 1e7, &link_us))
+                return cli_fail("--link-latency-us: '%s' is not a latency in microseconds", v);
+        } else if (!strcmp(a, "--timeline")) {
+            timeline = v;
         } else {
             return cli_fail("bench: unknown flag '%s' (see kvpred bench --help)", a);
         }
     }
     if (mo.n_threads <= 0)
         mo.n_threads = 1;
+    if (budget_arg && !pp.name)
+        return cli_fail("--budget needs --policy");
+    if (tier == KVP_TIER_NONE && (kv_dir || hot_budget || prefetch || link_gbps || link_us ||
+                                  timeline))
+        return cli_fail("--kv-dir, --hot-budget, --prefetch, --link-* and --timeline need "
+                        "--kv-tier");
+    if (!pp.name && tier != KVP_TIER_NONE && prefetch != KVP_PREFETCH_DENSE)
+        cli_warn("without --policy every layer is dense and stays hot: nothing is tiered "
+                 "unless --prefetch dense");
+    struct kvp_ctx_params cp = {.kv_tier = tier, .kv_dir = kv_dir, .hot_budget = (int)hot_budget,
+                                .prefetch = prefetch, .link_gbps = link_gbps,
+                                .link_latency_us = link_us};
     int status = 1;
     int32_t *toks = NULL;
     float *logits = NULL;
@@ -202,8 +318,11 @@ int cmd_bench(int argc, char **argv)
     if (n_prefill > depth)
         n_prefill = depth;
     long cap = depth + n_decode;
-    if (!(ctx = cli_open_ctx(m, &mo, cap)))
+    if (!(ctx = open_ctx(m, &mo, cap, cp)))
         goto out;
+    struct kvp_err err = {0};
+    if (pp.name && kvp_ctx_set_policy(ctx, &pp, &err) < 0)
+        goto fail_err;
     toks = malloc((size_t)cap * sizeof(int32_t));
     logits = malloc((size_t)in.n_vocab * sizeof(float));
     if (!toks || !logits) {
@@ -218,12 +337,8 @@ int cmd_bench(int argc, char **argv)
         toks[i] = (int32_t)(x % (uint64_t)in.n_vocab);
     }
     toks[0] = kvp_token_bos(m);
-    struct kvp_err err = {0};
-    if (pp.name) {
-        if (kvp_ctx_set_policy(ctx, &pp, &err) < 0)
-            goto fail_err;
+    if (pp.name)
         time_policy_hooks(ctx);
-    }
 
     /* prefill */
     double pp_best = 0;
@@ -241,20 +356,39 @@ int cmd_bench(int argc, char **argv)
     if (kvp_eval(ctx, toks, (int)depth, logits, false, &err) < 0)
         goto fail_err;
     double fill_s = kvp_time_now() - t0;
-    double tg_sum = 0, tg_best = 0;
+    double tg_sum = 0, tg_best = 0, decode_s = 0;
+    long tl0 = n_decode >= 12 ? 8 : 0, tl1 = tl0 + 4 < n_decode ? tl0 + 4 : n_decode;
+    kvp_ctx_store_reset_stats(ctx);
     memset(hook_timer.sec, 0, sizeof(hook_timer.sec));
     for (long r = 0; r < reps; r++) {
-        kvp_ctx_truncate(ctx, (int)depth);
+        if (tier != KVP_TIER_NONE && r > 0) {
+            kvp_ctx_reset(ctx);
+            if (kvp_eval(ctx, toks, (int)depth, logits, false, &err) < 0)
+                goto fail_err;
+        } else {
+            kvp_ctx_truncate(ctx, (int)depth);
+        }
         t0 = kvp_time_now();
-        for (long i = 0; i < n_decode; i++)
+        for (long i = 0; i < n_decode; i++) {
+            if (timeline && r == 0 && i == tl0)
+                kvp_ctx_store_timeline(ctx, true);
             if (kvp_eval(ctx, toks + depth + i, 1, logits, false, &err) < 0)
                 goto fail_err;
-        double rate = n_decode / (kvp_time_now() - t0);
+            if (timeline && r == 0 && i + 1 == tl1)
+                kvp_ctx_store_timeline(ctx, false);
+        }
+        double dt = kvp_time_now() - t0, rate = n_decode / dt;
+        decode_s += dt;
         tg_sum += rate;
         tg_best = rate > tg_best ? rate : tg_best;
     }
     double tg_mean = tg_sum / reps;
     double pol_ms = pp.name ? 1e3 * hook_seconds() / ((double)reps * n_decode) : 0;
+    (void)decode_s;
+    struct kvp_store_stats ss = {0};
+    bool tiered = kvp_ctx_store_stats(ctx, &ss) == 0;
+    if (timeline && kvp_ctx_store_timeline_png(ctx, timeline, &err) < 0)
+        goto fail_err;
     if (bandwidth <= 0)
         bandwidth = measure_bandwidth((int)mo.n_threads);
     double kv_bytes = 2.0 * in.n_layer * in.n_head_kv * in.head_dim * sizeof(float) *
@@ -280,12 +414,49 @@ int cmd_bench(int argc, char **argv)
         cJSON_AddNumberToObject(o, "bandwidth_gbps", bandwidth);
         cJSON_AddNumberToObject(o, "floor_decode_tokens_per_s", floor_tps);
         cJSON_AddNumberToObject(o, "fraction_of_floor", floor_tps > 0 ? tg_mean / floor_tps : 0);
+        /* policy: the selection policy or "none" (dense attention); budget: as given (tokens,
+         * or a fraction of the context), null without a policy */
+        cJSON_AddStringToObject(o, "policy", pp.name ? pp.name : "none");
+        if (budget_arg)
+            cJSON_AddStringToObject(o, "budget", budget_arg);
+        else
+            cJSON_AddNullToObject(o, "budget");
+        /* kv_tier: none, ram or disk; prefetch: dense/none/layer/token (null when untiered);
+         * hot_budget: --hot-budget tokens per layer (0: sized from the budget); link_gbps,
+         * link_latency_us: the modelled link (0: off) */
+        /* policy_ms_per_token: time inside the policy's select/on_step hooks per token (thread
+         * time summed over KV heads); policy_share: its fraction of the decode time */
         if (pp.name) {
-            cJSON_AddStringToObject(o, "policy", pp.name);
-            cJSON_AddStringToObject(o, "budget", budget_arg ? budget_arg : "all");
             cJSON_AddNumberToObject(o, "policy_ms_per_token", pol_ms);
             cJSON_AddNumberToObject(o, "policy_share", pol_ms * tg_mean / 1e3);
         }
+        cJSON_AddStringToObject(o, "kv_tier", tier_names[tier]);
+        if (tiered)
+            cJSON_AddStringToObject(o, "prefetch", prefetch_names[prefetch ? prefetch : 4]);
+        else
+            cJSON_AddNullToObject(o, "prefetch");
+        cJSON_AddNumberToObject(o, "hot_budget", (double)hot_budget);
+        cJSON_AddNumberToObject(o, "link_gbps", link_gbps);
+        cJSON_AddNumberToObject(o, "link_latency_us", link_us);
+        /* store (tiered runs only, else null): means per decoded token over every repetition:
+         *   tokens          decode steps counted
+         *   hot_bytes       hot tier including the one-layer prefill staging area
+         *   cold_bytes      cold tier (the whole cache); unit_bytes: one (layer, block) unit
+         *   step_ms         wall time of a step = compute_ms + predict_ms + wait_ms
+         *   compute_ms      the forward pass itself
+         *   predict_ms      next-step prediction on the critical path (layer, token modes)
+         *   transfer_ms     time with at least one cold-tier read or write in flight
+         *   wait_ms         stalls waiting for prefetches and on-demand fetches
+         *   hits, late      selected units already hot (late: prefetch still in flight)
+         *   misses          selected units fetched on demand; hit_rate = hits/(hits+misses)
+         *   prefetched      units read ahead of need
+         *   overflow        units read past a full hot tier (raise --hot-budget if not 0)
+         *   bytes_read, bytes_written, reads   cold-tier traffic and I/O requests
+         *   misaligned      disk requests not 4 KiB aligned (total; always 0) */
+        if (tiered)
+            cJSON_AddItemToObject(o, "store", store_json(&ss));
+        else
+            cJSON_AddNullToObject(o, "store");
         char *s = cJSON_PrintUnformatted(o);
         printf("%s\n", s);
         cJSON_free(s);
@@ -301,6 +472,14 @@ int cmd_bench(int argc, char **argv)
         if (pp.name)
             printf("policy   %s, budget %s: %.3f ms/token in select/on_step, %.1f%% of decode\n",
                    pp.name, budget_arg ? budget_arg : "all", pol_ms, 100 * pol_ms * tg_mean / 1e3);
+        if (tiered) {
+            double n = ss.steps ? (double)ss.steps : 1;
+            printf("store    %s tier, prefetch %s: per token %.3f ms compute, %.3f predict, "
+                   "%.3f wait, %.3f transfer; %.1f hits, %.1f misses, %.0f KB read\n",
+                   tier_names[tier], prefetch_names[prefetch ? prefetch : 4],
+                   ss.compute_s / n * 1e3, ss.predict_s / n * 1e3, ss.wait_s / n * 1e3,
+                   ss.transfer_s / n * 1e3, ss.hits / n, ss.misses / n, ss.bytes_read / n / 1e3);
+        }
     }
     status = 0;
     goto out;

@@ -17,12 +17,18 @@ void kvp_attn_dense_group(const struct kvp_kvcache *kv, int l, int kvh, const fl
     const int n_blocks = (n_keys + bs - 1) / bs;
     const float scale = 1.0f / sqrtf((float)hd);
 
-    /* scores: blocks outer so each key block is loaded once for the whole group */
+    /* scores: blocks outer so each key block is loaded once for the whole group; a block
+     * without storage (a tiered store's cold block seen from a policy) reads as absent */
     for (int b = 0; b < n_blocks; b++) {
         const float *kt = kvp_kvcache_kblock(kv, l, kvh, b);
-        for (int j = 0; j < g; j++)
-            ops->block_scores(q + (size_t)j * hd, kt, hd, bs, scale,
-                              probs + (size_t)j * probs_stride + (size_t)b * bs);
+        for (int j = 0; j < g; j++) {
+            float *s = probs + (size_t)j * probs_stride + (size_t)b * bs;
+            if (!kt)
+                for (int t = 0; t < bs; t++)
+                    s[t] = -INFINITY;
+            else
+                ops->block_scores(q + (size_t)j * hd, kt, hd, bs, scale, s);
+        }
     }
     for (int j = 0; j < g; j++) {
         float *p = probs + (size_t)j * probs_stride;
@@ -38,6 +44,8 @@ void kvp_attn_dense_group(const struct kvp_kvcache *kv, int l, int kvh, const fl
     memset(out, 0, (size_t)g * hd * sizeof(float));
     for (int b = 0; b < n_blocks; b++) {
         const float *vb = kvp_kvcache_vblock(kv, l, kvh, b);
+        if (!vb)
+            continue;
         int nt = n_keys - b * bs < bs ? n_keys - b * bs : bs;
         for (int j = 0; j < g; j++)
             ops->block_accum(probs + (size_t)j * probs_stride + (size_t)b * bs, vb, hd, nt,
@@ -138,11 +146,12 @@ void kvp_attn_decode_layer(struct kvp_ctx *c, int l, const float *q, float *out,
         }
         struct kvp_policy *p = c->policy;
         struct kvp_sel *sel = &c->sel[(size_t)l * c->hp.n_head_kv + kvh];
-        p->ops->select(p, l, (int)kvh, qg, n_keys, sel);
+        if (!c->store)
+            p->ops->select(p, l, (int)kvh, qg, n_keys, sel);
         float *sp = c->sparse_probs + first * c->probs_stride;
         kvp_attn_sparse_group(&c->kv, l, (int)kvh, qg, g, n_keys, sel, sp, c->probs_stride,
                               out + first * hd);
-        if (c->measure) {
+        if (c->measure && !c->store) {
             float *dp = c->dense_probs + ((size_t)l * c->hp.n_head + first) * c->probs_stride;
             kvp_attn_dense_group(&c->kv, l, (int)kvh, qg, g, n_keys, dp, c->probs_stride, NULL);
             for (int j = 0; j < g; j++)
@@ -152,6 +161,34 @@ void kvp_attn_decode_layer(struct kvp_ctx *c, int l, const float *q, float *out,
         }
         if (p->ops->on_step)
             p->ops->on_step(p, l, (int)kvh, sel, sp, c->probs_stride, n_keys);
+    }
+}
+
+void kvp_attn_select_layer(struct kvp_ctx *c, int l, const float *q, int ith, int nth)
+{
+    const int hd = c->hp.head_dim, g = c->hp.n_head / c->hp.n_head_kv;
+    long h0, h1;
+    kvp_split_range(c->hp.n_head_kv, ith, nth, &h0, &h1);
+    for (long kvh = h0; kvh < h1; kvh++)
+        c->policy->ops->select(c->policy, l, (int)kvh, q + (size_t)kvh * g * hd,
+                               c->job_pos0 + 1, &c->sel[(size_t)l * c->hp.n_head_kv + kvh]);
+}
+
+void kvp_attn_predict_layer(struct kvp_ctx *c, int l, int n_tokens_next, int ith, int nth)
+{
+    long h0, h1;
+    kvp_split_range(c->hp.n_head_kv, ith, nth, &h0, &h1);
+    for (long kvh = h0; kvh < h1; kvh++) {
+        size_t lh = (size_t)l * c->hp.n_head_kv + kvh;
+        struct kvp_sel *next = &c->sel_next[lh];
+        const struct kvp_sel *last = &c->sel[lh];
+        if (c->policy->ops->predict_next) {
+            c->policy->ops->predict_next(c->policy, l, (int)kvh, n_tokens_next, next);
+            continue;
+        }
+        next->n = last->n;
+        memcpy(next->blocks, last->blocks, (size_t)last->n * sizeof(int32_t));
+        memcpy(next->mask, last->mask, (size_t)last->n * sizeof(uint64_t));
     }
 }
 

@@ -25,8 +25,18 @@ struct kvp_kvcache;
 
 /* Attention of one new token (position ctx->job_pos0) for layer l: q is [n_head*hd] after RoPE,
  * out receives [n_head*hd]. Runs the policy's select/on_step hooks on compressed layers and the
- * dense measurement when measuring. */
+ * dense measurement when measuring. With a tiered store, select ran before (the store fetched
+ * the selected blocks in between) and nothing is measured (the whole cache is not hot). */
 void kvp_attn_decode_layer(struct kvp_ctx *c, int l, const float *q, float *out, int ith, int nth);
+
+/* Tiered store (the select of kvp_attn_decode_layer then does not run): the policy's select for
+ * this thread's KV heads of layer l into ctx->sel. */
+void kvp_attn_select_layer(struct kvp_ctx *c, int l, const float *q, int ith, int nth);
+
+/* Tiered store: the predicted selections of layer l for a step with n_tokens_next tokens, for
+ * this thread's KV heads, into ctx->sel_next: the policy's predict_next, or else the last
+ * selection of the same (layer, KV head) (re-access). */
+void kvp_attn_predict_layer(struct kvp_ctx *c, int l, int n_tokens_next, int ith, int nth);
 
 /* Causal attention of the job's batch (ctx->q rows) for layer l into ctx->att. */
 void kvp_attn_prefill_layer(struct kvp_ctx *c, int l, int ith, int nth);

@@ -13,6 +13,8 @@
 #include "model/model.h"
 #include "policy/policy.h"
 
+struct kvp_store;
+
 #define KVP_QCHUNK 64      /* prefill attention: query rows per work item */
 #define KVP_TILE_ROWS 64   /* prefill: weight rows dequantized per sgemm call */
 
@@ -61,6 +63,13 @@ struct kvp_ctx {
     int obs_window;                /* rows the policy asked for */
     int obs_n;                     /* rows captured in this eval: min(obs_window, job_end) */
     float *colsum;                 /* [n_layer][n_head][n_ctx] prompt attention column sums */
+
+    /* tiered KV store (src/store/store.h), NULL when the whole cache is fast memory */
+    struct kvp_store *store;       /* owned */
+    int hot_budget;                /* kvp_ctx_params.hot_budget (tokens per layer, 0: auto) */
+    struct kvp_sel *sel_next;      /* [n_layer*n_head_kv] predicted next selections (tiered) */
+    int32_t *sel_next_blocks;      /* backing store [n_layer*n_head_kv][max_blocks] */
+    uint64_t *sel_next_masks;      /* backing store [n_layer*n_head_kv][max_blocks] */
 
     /* measuring */
     bool measure;

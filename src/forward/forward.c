@@ -24,6 +24,7 @@
 #include "kernels/simd.h"
 #include "kernels/types.h"
 #include "policy/policy.h"
+#include "store/store.h"
 
 /* ---- setup -------------------------------------------------------------------------------- */
 
@@ -61,10 +62,21 @@ int kvp_ctx_init(const kvp_model *model, const struct kvp_ctx_params *params, kv
     int rc = kvp_pool_init(p.n_threads, &c->pool, err);
     if (rc < 0)
         goto fail;
-    rc = kvp_kvcache_init(&c->kv, hp->n_layer, hp->n_head_kv, hp->head_dim, p.block_size, p.n_ctx,
-                          err);
+    if (p.kv_tier == KVP_TIER_NONE)
+        rc = kvp_kvcache_init(&c->kv, hp->n_layer, hp->n_head_kv, hp->head_dim, p.block_size,
+                              p.n_ctx, err);
+    else
+        rc = kvp_kvcache_init_external(&c->kv, hp->n_layer, hp->n_head_kv, hp->head_dim,
+                                       p.block_size, p.n_ctx, err);
     if (rc < 0)
         goto fail;
+    if (p.kv_tier != KVP_TIER_NONE) {
+        rc = kvp_store_init(&p, &c->kv, hp->n_layer, hp->n_head_kv, hp->head_dim, p.block_size,
+                            c->kv.max_blocks, &c->store, err);
+        if (rc < 0)
+            goto fail;
+        c->hot_budget = p.hot_budget;
+    }
 
     size_t nb = (size_t)c->n_batch;
     size_t q_dim = (size_t)hp->n_head * hp->head_dim;
@@ -131,6 +143,12 @@ static void free_policy(struct kvp_ctx *c)
     free(c->sel);
     free(c->sel_blocks);
     free(c->sel_masks);
+    free(c->sel_next);
+    free(c->sel_next_blocks);
+    free(c->sel_next_masks);
+    c->sel_next = NULL;
+    c->sel_next_blocks = NULL;
+    c->sel_next_masks = NULL;
     kvp_free_aligned(c->sparse_probs);
     kvp_free_aligned(c->obs);
     kvp_free_aligned(c->colsum);
@@ -163,6 +181,7 @@ void kvp_ctx_free(kvp_ctx *c)
     free_policy(c);
     kvp_free_aligned(c->dense_probs);
     free(c->recovery);
+    kvp_store_free(c->store);
     kvp_kvcache_free(&c->kv);
     kvp_pool_free(c->pool);
     free(c);
@@ -171,7 +190,10 @@ void kvp_ctx_free(kvp_ctx *c)
 void kvp_ctx_reset(kvp_ctx *c)
 {
     c->n_tokens = 0;
-    kvp_kvcache_clear(&c->kv);
+    if (c->store)
+        kvp_store_truncate(c->store, 0);
+    else
+        kvp_kvcache_clear(&c->kv);
     if (c->colsum)
         memset(c->colsum, 0, (size_t)c->hp.n_layer * c->hp.n_head * c->n_ctx * sizeof(float));
     if (c->policy && c->policy->ops->reset)
@@ -182,7 +204,10 @@ void kvp_ctx_truncate(kvp_ctx *c, int n)
 {
     if (n >= 0 && n < c->n_tokens) {
         c->n_tokens = n;
-        kvp_kvcache_truncate(&c->kv, n);
+        if (c->store)
+            kvp_store_truncate(c->store, n);
+        else
+            kvp_kvcache_truncate(&c->kv, n);
     }
 }
 
@@ -285,6 +310,53 @@ static void add_bias(float *y, int n, int ld, const float *bias, long r0, long r
 
 /* ---- the pass ----------------------------------------------------------------------------- */
 
+/* Decode attention of layer l with a tiered store (store.h): select, let worker 0 bring the
+ * selected blocks into the hot tier (and start the cross-layer prefetch of layer l+1), attend,
+ * then for cross-token prefetching predict layer l's next selection and start reading it while
+ * the rest of this token and the first layers of the next one compute. */
+static void decode_tiered(struct kvp_ctx *c, int l, int ith, int nth)
+{
+    struct kvp_store *st = c->store;
+    const int n_keys = c->job_pos0 + 1, n_kv = c->hp.n_head_kv;
+    const bool sparse = c->policy && l >= c->dense_layers;
+    const bool ahead = st->mode == KVP_PREFETCH_LAYER && c->policy && l + 1 < c->hp.n_layer &&
+                       l + 1 >= c->dense_layers;
+    if (ahead) {
+        double tp = ith == 0 ? kvp_time_now() : 0;
+        kvp_attn_predict_layer(c, l + 1, n_keys, ith, nth);
+        kvp_pool_barrier(c->pool);
+        if (ith == 0) {
+            kvp_store_note(st, KVP_EV_PREDICT, l + 1, tp, kvp_time_now());
+            kvp_store_prefetch(st, l + 1, c->sel_next + (size_t)(l + 1) * n_kv, n_keys);
+        }
+    }
+    if (sparse && st->tier == KVP_TIER_RAM) {
+        if (ith == 0)
+            kvp_store_map_cold(st, l, n_keys, true);
+        kvp_pool_barrier(c->pool);
+    }
+    if (sparse)
+        kvp_attn_select_layer(c, l, c->q, ith, nth);
+    kvp_pool_barrier(c->pool);
+    if (ith == 0) {
+        if (sparse)
+            kvp_store_map_cold(st, l, n_keys, false);
+        kvp_store_acquire(st, l, sparse ? c->sel + (size_t)l * n_kv : NULL, n_keys);
+    }
+    kvp_pool_barrier(c->pool);
+    kvp_attn_decode_layer(c, l, c->q, c->att, ith, nth);
+    if (st->mode != KVP_PREFETCH_TOKEN || !sparse)
+        return;
+    kvp_pool_barrier(c->pool);
+    double tp = ith == 0 ? kvp_time_now() : 0;
+    kvp_attn_predict_layer(c, l, n_keys + 1, ith, nth);
+    kvp_pool_barrier(c->pool);
+    if (ith == 0) {
+        kvp_store_note(st, KVP_EV_PREDICT, l, tp, kvp_time_now());
+        kvp_store_prefetch(st, l, c->sel_next + (size_t)l * n_kv, n_keys + 1);
+    }
+}
+
 static void forward_worker(void *arg, int ith, int nth)
 {
     struct kvp_ctx *c = arg;
@@ -315,6 +387,12 @@ static void forward_worker(void *arg, int ith, int nth)
 
     for (int l = 0; l < hp->n_layer; l++) {
         const struct kvp_layer_weights *L = &m->layers[l];
+        double t_layer = 0;
+        if (c->store && ith == 0) {
+            t_layer = kvp_time_now();
+            if (n > 1) /* stage the layer's whole KV for prefill attention */
+                kvp_store_prefill_begin(c->store, l, pos0, pos0 + n);
+        }
         for (long i = t0; i < t1; i++)
             rmsnorm(c->xn + i * D, c->x + i * D, L->attn_norm, D, hp->norm_eps);
         kvp_pool_barrier(c->pool);
@@ -339,7 +417,9 @@ static void forward_worker(void *arg, int ith, int nth)
         }
         kvp_pool_barrier(c->pool);
 
-        if (n == 1)
+        if (n == 1 && c->store)
+            decode_tiered(c, l, ith, nth);
+        else if (n == 1)
             kvp_attn_decode_layer(c, l, c->q, c->att, ith, nth);
         else
             kvp_attn_prefill_layer(c, l, ith, nth);
@@ -354,6 +434,8 @@ static void forward_worker(void *arg, int ith, int nth)
             };
             c->policy->ops->on_prefill(c->policy, l, &ob);
         }
+        if (c->store && n > 1 && ith == 0)
+            kvp_store_prefill_end(c->store, l, pos0, pos0 + n);
 
         kvp_split_range(D, ith, nth, &r0, &r1);
         matmul_rows(&L->wo, c->att, n, q_dim, c->x, D, true, r0, r1, ts);
@@ -378,6 +460,8 @@ static void forward_worker(void *arg, int ith, int nth)
 
         matmul(&L->w_down, c->gate, n, hp->n_ff, c->x, D, true, ith, nth, ts);
         kvp_pool_barrier(c->pool);
+        if (c->store && n == 1 && ith == 0)
+            kvp_store_note(c->store, KVP_EV_LAYER, l, t_layer, kvp_time_now());
     }
 
     if (!c->job_logits)
@@ -419,7 +503,7 @@ int kvp_eval(kvp_ctx *c, const int32_t *tokens, int n, float *logits, bool all_l
         }
         return 0;
     }
-    int rc = kvp_kvcache_reserve(&c->kv, c->n_tokens + n, err);
+    int rc = c->store ? 0 : kvp_kvcache_reserve(&c->kv, c->n_tokens + n, err);
     if (rc < 0)
         return rc;
     c->job_end = c->n_tokens + n;
@@ -440,9 +524,15 @@ int kvp_eval(kvp_ctx *c, const int32_t *tokens, int n, float *logits, bool all_l
             c->job_logits = logits + (size_t)done * c->hp.n_vocab;
         else
             c->job_logits = (logits && last) ? logits : NULL;
+        if (c->store && nb == 1)
+            kvp_store_step_begin(c->store, c->n_tokens);
         kvp_pool_run(c->pool, forward_worker, c);
+        if (c->store && nb == 1)
+            kvp_store_step_end(c->store);
         c->n_tokens += nb;
         done += nb;
+        if (c->store && (rc = kvp_store_take_error(c->store, err)) < 0)
+            return rc;
     }
     return 0;
 }
@@ -457,12 +547,41 @@ const char *kvp_policy_name(int i)
     return NULL;
 }
 
+/* Hot slots per tiered layer: hot_budget tokens, or enough for the policy's budget (per KV head
+ * its blocks plus two partial ones at the window edges, times the KV heads whose union a unit
+ * carries, plus the newest block). */
+static int hot_blocks_for(const struct kvp_ctx *c)
+{
+    const int bs = c->kv.block_size;
+    if (c->hot_budget > 0)
+        return (c->hot_budget + bs - 1) / bs;
+    if (!c->policy)
+        return 0;
+    const struct kvp_policy_params *pp = &c->policy->p;
+    long b = pp->budget > 0         ? pp->budget
+             : pp->budget_ratio > 0 ? (long)(pp->budget_ratio * c->n_ctx + 0.999)
+                                    : c->n_ctx;
+    long per_head = (b + bs - 1) / bs + 2;
+    long n = (long)c->hp.n_head_kv * per_head + 1;
+    return n > c->kv.max_blocks ? c->kv.max_blocks : (int)n;
+}
+
+/* Rebuild the hot tier for the current policy (no-op without a store). */
+static int store_reconfigure(struct kvp_ctx *c, struct kvp_err *err)
+{
+    if (!c->store)
+        return 0;
+    int dense = c->policy ? c->dense_layers : c->hp.n_layer;
+    return kvp_store_configure(c->store, dense, hot_blocks_for(c), err);
+}
+
 int kvp_ctx_set_policy(kvp_ctx *c, const struct kvp_policy_params *params, struct kvp_err *err)
 {
     free_policy(c);
     kvp_ctx_reset(c);
-    if (!params || !params->name)
-        return 0;
+    int rc0 = store_reconfigure(c, err);
+    if (rc0 < 0 || !params || !params->name)
+        return rc0;
     const struct kvp_policy_ops *ops = kvp_policy_find(params->name);
     if (!ops) {
         char names[512] = "";
@@ -474,6 +593,11 @@ int kvp_ctx_set_policy(kvp_ctx *c, const struct kvp_policy_params *params, struc
                            names);
     }
     const struct kvp_hparams *hp = &c->hp;
+    if (c->store && ops->evicting)
+        return kvp_err_set(err, KVP_EUNSUPPORTED,
+                           "policy '%s' evicts tokens; the tiered KV store needs a policy that "
+                           "keeps the whole cache (it selects per step)",
+                           ops->name);
     if (hp->n_head / hp->n_head_kv > 64)
         return kvp_err_set(err, KVP_EUNSUPPORTED, "GQA groups larger than 64 heads");
     struct kvp_policy *p = calloc(1, sizeof(*p));
@@ -534,6 +658,25 @@ int kvp_ctx_set_policy(kvp_ctx *c, const struct kvp_policy_params *params, struc
     for (size_t i = 0; i < n_lh; i++) {
         c->sel[i].blocks = c->sel_blocks + i * mb;
         c->sel[i].mask = c->sel_masks + i * mb;
+    }
+    if (c->store) {
+        c->sel_next = calloc(n_lh, sizeof(*c->sel_next));
+        c->sel_next_blocks = calloc(n_lh * mb, sizeof(int32_t));
+        c->sel_next_masks = calloc(n_lh * mb, sizeof(uint64_t));
+        if (!c->sel_next || !c->sel_next_blocks || !c->sel_next_masks) {
+            free_policy(c);
+            store_reconfigure(c, NULL);
+            return kvp_err_set(err, KVP_ENOMEM, "out of memory for policy buffers");
+        }
+        for (size_t i = 0; i < n_lh; i++) {
+            c->sel_next[i].blocks = c->sel_next_blocks + i * mb;
+            c->sel_next[i].mask = c->sel_next_masks + i * mb;
+        }
+        if ((rc = store_reconfigure(c, err)) < 0) {
+            free_policy(c);
+            store_reconfigure(c, NULL);
+            return rc;
+        }
     }
     if (c->colsum)
         memset(c->colsum, 0, (size_t)hp->n_layer * hp->n_head * c->n_ctx * sizeof(float));

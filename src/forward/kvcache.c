@@ -7,8 +7,8 @@
 #include "core/cursor.h"
 #include "core/platform.h"
 
-int kvp_kvcache_init(struct kvp_kvcache *c, int n_layer, int n_head_kv, int head_dim,
-                     int block_size, int n_ctx, struct kvp_err *err)
+static int kvcache_init(struct kvp_kvcache *c, int n_layer, int n_head_kv, int head_dim,
+                        int block_size, int n_ctx, bool external, struct kvp_err *err)
 {
     memset(c, 0, sizeof(*c));
     if (block_size < 1 || block_size > KVP_MAX_BLOCK_SIZE)
@@ -20,39 +20,66 @@ int kvp_kvcache_init(struct kvp_kvcache *c, int n_layer, int n_head_kv, int head
     c->block_size = block_size;
     c->max_blocks = (n_ctx + block_size - 1) / block_size;
     c->block_floats = (size_t)head_dim * block_size;
+    c->pool_stride = c->block_floats;
+    c->external = external;
     c->release = true;
     pthread_mutex_init(&c->pool_lock, NULL);
     size_t n_lh = (size_t)n_layer * n_head_kv, n_tab, bytes;
     if (!kvp_mul_ok(n_lh, (size_t)c->max_blocks, &n_tab) || n_tab > INT32_MAX ||
         !kvp_mul_ok(n_tab, c->block_floats * sizeof(float), &bytes))
         return kvp_err_set(err, KVP_ENOMEM, "KV cache size overflows");
-    c->n_pool = (int)n_tab;
-    c->k_pool = kvp_alloc_aligned(bytes);
-    c->v_pool = kvp_alloc_aligned(bytes);
+    c->n_pool = external ? 0 : (int)n_tab;
+    if (!external) {
+        c->k_pool = kvp_alloc_aligned(bytes);
+        c->v_pool = kvp_alloc_aligned(bytes);
+    }
     c->table = malloc(n_tab * sizeof(int32_t));
     c->evicted = calloc(n_tab, sizeof(uint64_t));
     c->n_evicted = calloc(n_lh, sizeof(int32_t));
     c->released = calloc(n_lh, sizeof(int32_t));
     c->free_stack = malloc(n_tab * sizeof(int32_t));
-    if (!c->k_pool || !c->v_pool || !c->table || !c->evicted || !c->n_evicted || !c->released ||
+    if ((!external && (!c->k_pool || !c->v_pool)) || !c->table || !c->evicted || !c->n_evicted || !c->released ||
         !c->free_stack) {
         kvp_kvcache_free(c);
         return kvp_err_set(err, KVP_ENOMEM, "cannot allocate the KV cache (%zu MiB)",
                            2 * bytes >> 20);
     }
     /* zero so the unused tail of a partial block holds finite values (it is masked anyway) */
-    memset(c->k_pool, 0, bytes);
-    memset(c->v_pool, 0, bytes);
+    if (!external) {
+        memset(c->k_pool, 0, bytes);
+        memset(c->v_pool, 0, bytes);
+    }
     kvp_kvcache_clear(c);
     return 0;
+}
+
+int kvp_kvcache_init(struct kvp_kvcache *c, int n_layer, int n_head_kv, int head_dim,
+                     int block_size, int n_ctx, struct kvp_err *err)
+{
+    return kvcache_init(c, n_layer, n_head_kv, head_dim, block_size, n_ctx, false, err);
+}
+
+int kvp_kvcache_init_external(struct kvp_kvcache *c, int n_layer, int n_head_kv, int head_dim,
+                              int block_size, int n_ctx, struct kvp_err *err)
+{
+    return kvcache_init(c, n_layer, n_head_kv, head_dim, block_size, n_ctx, true, err);
+}
+
+void kvp_kvcache_attach(struct kvp_kvcache *c, float *k, float *v, size_t stride)
+{
+    c->k_pool = k;
+    c->v_pool = v;
+    c->pool_stride = stride;
 }
 
 void kvp_kvcache_free(struct kvp_kvcache *c)
 {
     if (!c)
         return;
-    kvp_free_aligned(c->k_pool);
-    kvp_free_aligned(c->v_pool);
+    if (!c->external) {
+        kvp_free_aligned(c->k_pool);
+        kvp_free_aligned(c->v_pool);
+    }
     free(c->table);
     free(c->evicted);
     free(c->n_evicted);

@@ -34,9 +34,12 @@ struct kvp_kvcache {
     int block_size;
     int max_blocks;        /* logical blocks per (layer, KV head): ceil(n_ctx / block_size) */
     size_t block_floats;   /* head_dim * block_size */
+    size_t pool_stride;    /* floats between physical blocks: block_floats, or 2*block_floats
+                              when a tiered store interleaves K and V (kvp_kvcache_attach) */
     int n_pool;            /* physical blocks in the pool */
-    float *k_pool;         /* owned [n_pool][head_dim][block_size] */
-    float *v_pool;         /* owned [n_pool][block_size][head_dim] */
+    float *k_pool;         /* owned [n_pool][head_dim][block_size] (borrowed when external) */
+    float *v_pool;         /* owned [n_pool][block_size][head_dim] (borrowed when external) */
+    bool external;         /* pools and table are managed by a tiered store (store.h) */
     int32_t *table;        /* owned [n_layer*n_head_kv][max_blocks]: physical block or -1 */
     uint64_t *evicted;     /* owned [n_layer*n_head_kv][max_blocks]: bit t = token evicted */
     int32_t *n_evicted;    /* owned [n_layer*n_head_kv]: evicted tokens */
@@ -50,6 +53,16 @@ struct kvp_kvcache {
 int kvp_kvcache_init(struct kvp_kvcache *c, int n_layer, int n_head_kv, int head_dim,
                      int block_size, int n_ctx, struct kvp_err *err);
 void kvp_kvcache_free(struct kvp_kvcache *c);
+
+/* Same as kvp_kvcache_init, but without a pool: a tiered store (src/store/store.h) owns the
+ * memory and maps logical blocks to its hot slots itself, then hands the pool over with
+ * kvp_kvcache_attach. reserve and truncate must not be called on such a cache. */
+int kvp_kvcache_init_external(struct kvp_kvcache *c, int n_layer, int n_head_kv, int head_dim,
+                              int block_size, int n_ctx, struct kvp_err *err);
+
+/* External caches: physical block p's keys are at k + p*stride, its values at v + p*stride
+ * (borrowed; valid until the next attach or kvp_kvcache_free). */
+void kvp_kvcache_attach(struct kvp_kvcache *c, float *k, float *v, size_t stride);
 
 /* Forget everything: all blocks back to the pool, no evictions. */
 void kvp_kvcache_clear(struct kvp_kvcache *c);
@@ -71,13 +84,13 @@ static inline int kvp_kvcache_lh(const struct kvp_kvcache *c, int layer, int kvh
 static inline float *kvp_kvcache_kblock(const struct kvp_kvcache *c, int layer, int kvh, int blk)
 {
     int32_t p = c->table[(size_t)kvp_kvcache_lh(c, layer, kvh) * c->max_blocks + blk];
-    return p < 0 ? (float *)0 : c->k_pool + (size_t)p * c->block_floats;
+    return p < 0 ? (float *)0 : c->k_pool + (size_t)p * c->pool_stride;
 }
 
 static inline float *kvp_kvcache_vblock(const struct kvp_kvcache *c, int layer, int kvh, int blk)
 {
     int32_t p = c->table[(size_t)kvp_kvcache_lh(c, layer, kvh) * c->max_blocks + blk];
-    return p < 0 ? (float *)0 : c->v_pool + (size_t)p * c->block_floats;
+    return p < 0 ? (float *)0 : c->v_pool + (size_t)p * c->pool_stride;
 }
 
 /* Evicted-token mask of a logical block. */

@@ -95,6 +95,14 @@ struct kvp_policy_ops {
      * group gave token blocks[i]*bs + t (0 for tokens not read). May evict. */
     void (*on_step)(struct kvp_policy *p, int layer, int kvh, const struct kvp_sel *sel,
                     const float *probs, int probs_stride, int n_tokens);
+    /* Optional, for the tiered store's prefetching (src/store/store.h, methods.md §1.9): the
+     * blocks the next select of (layer, kvh) is expected to read, for a step with n_tokens_next
+     * tokens, without that step's query. Called after on_step of the current step (cross-token
+     * prefetching) or, for cross-layer prefetching, before the step's select of the layer; same
+     * threading rules as select; must not change what select will return. NULL: the store
+     * prefetches the last selection of the same (layer, KV head) (re-access). */
+    void (*predict_next)(struct kvp_policy *p, int layer, int kvh, int n_tokens_next,
+                         struct kvp_sel *sel);
 };
 
 /* Registry (registry.c): NULL-terminated table of every policy. */

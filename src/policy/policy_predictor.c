@@ -70,6 +70,8 @@ struct pred_state {
     struct kvp_cnn_inc *inc; /* [n_series] */
     float *scores;           /* [n_series][max_blocks] the last prediction of each series */
     int *score_w;            /* [n_series] columns it covers (0: none) */
+    int *score_c0;           /* [n_series] its first column */
+    uint64_t *score_gen;     /* [n_series] history generation it was computed on */
     int *step;               /* [n_layer * n_head_kv] decode steps since the prefill */
     struct pred_kvh *kv;     /* [n_head_kv] */
 };
@@ -149,6 +151,8 @@ static void pred_free(struct kvp_policy *p)
     free(s->inc);
     free(s->scores);
     free(s->score_w);
+    free(s->score_c0);
+    free(s->score_gen);
     free(s->step);
     kvp_hist_free(&s->hist);
     kvp_cnn_free(&s->cnn);
@@ -194,9 +198,12 @@ static int pred_init(struct kvp_policy *p, struct kvp_err *err)
     s->inc = calloc((size_t)(n_series ? n_series : 1), sizeof(*s->inc));
     s->scores = calloc((size_t)(n_series ? n_series : 1) * mb, sizeof(float));
     s->score_w = calloc((size_t)(n_series ? n_series : 1), sizeof(int));
+    s->score_c0 = calloc((size_t)(n_series ? n_series : 1), sizeof(int));
+    s->score_gen = calloc((size_t)(n_series ? n_series : 1), sizeof(uint64_t));
     s->step = calloc((size_t)e->n_layer * e->n_head_kv, sizeof(int));
     s->kv = calloc((size_t)e->n_head_kv, sizeof(*s->kv));
-    if (!s->inc || !s->scores || !s->score_w || !s->step || !s->kv)
+    if (!s->inc || !s->scores || !s->score_w || !s->score_c0 || !s->score_gen || !s->step ||
+        !s->kv)
         goto fail_nomem;
     for (int i = 0; i < n_series; i++)
         if ((rc = kvp_cnn_inc_init(&s->inc[i], &s->cnn, mb, err)) < 0)
@@ -298,7 +305,11 @@ static void series_scores(struct kvp_policy *p, int ser, int col0, int W, bool p
 {
     struct pred_state *s = p->state;
     float *last = s->scores + (size_t)ser * s->max_blocks;
-    if (predict || s->score_w[ser] == 0) {
+    /* the tiered store may already have run this prediction (predict_next) on the same history
+     * and columns: reuse it instead of running the CNN twice */
+    bool fresh = s->score_w[ser] == W && s->score_c0[ser] == col0 &&
+                 s->score_gen[ser] == s->hist.gen[ser];
+    if ((predict && !fresh) || s->score_w[ser] == 0) {
         struct kvp_cnn_input in = {.rows = k->rows, .col0 = col0, .W = W};
         in.n_rows = kvp_hist_rows(&s->hist, ser, k->rows);
         if (s->o.inc)
@@ -307,6 +318,8 @@ static void series_scores(struct kvp_policy *p, int ser, int col0, int W, bool p
         else
             kvp_cnn_forward(&s->cnn, &in, &k->cnn, last);
         s->score_w[ser] = W;
+        s->score_c0[ser] = col0;
+        s->score_gen[ser] = s->hist.gen[ser];
     }
     int w = s->score_w[ser] < W ? s->score_w[ser] : W;
     float top = last[0];
@@ -337,16 +350,13 @@ static void add_blocks(uint64_t *masks, const int *top, int kb, int col0, int bs
         kvp_mask_add_range(masks, (col0 + top[i]) * bs, (col0 + top[i] + 1) * bs, bs);
 }
 
-static void pred_select(struct kvp_policy *p, int layer, int kvh, const float *q, int n_tokens,
+/* The blocks of decode step `step` (n_tokens keys) from the history as it is now. */
+static void pred_choose(struct kvp_policy *p, int layer, int kvh, int n_tokens, int step,
                         struct kvp_sel *sel)
 {
     struct pred_state *s = p->state;
     struct pred_kvh *k = &s->kv[kvh];
     const int bs = p->env.block_size, g = p->env.n_head / p->env.n_head_kv;
-    int step = ++s->step[layer * p->env.n_head_kv + kvh];
-    k->calib_now = kvp_hist_is_calibration(step, s->o.calib);
-    if (k->calib_now)
-        kvp_attn_dense_group(p->env.kv, layer, kvh, q, g, n_tokens, k->dense, s->dstride, NULL);
 
     /* the shared block plan: sink, block-aligned local window, k candidates in [first, end) */
     struct kvp_block_plan bp;
@@ -402,6 +412,28 @@ static void pred_select(struct kvp_policy *p, int layer, int kvh, const float *q
 
 /* ---- after attention ----------------------------------------------------------------------- */
 
+static void pred_select(struct kvp_policy *p, int layer, int kvh, const float *q, int n_tokens,
+                        struct kvp_sel *sel)
+{
+    struct pred_state *s = p->state;
+    struct pred_kvh *k = &s->kv[kvh];
+    const int g = p->env.n_head / p->env.n_head_kv;
+    int step = ++s->step[layer * p->env.n_head_kv + kvh];
+    k->calib_now = kvp_hist_is_calibration(step, s->o.calib);
+    if (k->calib_now)
+        kvp_attn_dense_group(p->env.kv, layer, kvh, q, g, n_tokens, k->dense, s->dstride, NULL);
+    pred_choose(p, layer, kvh, n_tokens, step, sel);
+}
+
+/* The tiered store's cross-token prefetch: the blocks the next step will select, from the
+ * history as it is after this step (the prediction needs no query). */
+static void pred_predict_next(struct kvp_policy *p, int layer, int kvh, int n_tokens_next,
+                              struct kvp_sel *sel)
+{
+    struct pred_state *s = p->state;
+    pred_choose(p, layer, kvh, n_tokens_next, s->step[layer * p->env.n_head_kv + kvh] + 1, sel);
+}
+
 static void pred_step(struct kvp_policy *p, int layer, int kvh, const struct kvp_sel *sel,
                       const float *probs, int probs_stride, int n_tokens)
 {
@@ -442,5 +474,6 @@ const struct kvp_policy_ops kvp_policy_predictor = {
     .reset = pred_reset,
     .on_prefill = pred_prefill,
     .select = pred_select,
+    .predict_next = pred_predict_next,
     .on_step = pred_step,
 };

@@ -1,0 +1,228 @@
+/*
+ * Tiered KV store: the whole KV cache in a slow (cold) tier, only the blocks a step needs in a
+ * small fast (hot) tier, and cross-token prefetching to hide the transfers (methods.md §1.9).
+ *
+ * Units. The transfer unit is one (layer, logical block) with the keys and values of every KV
+ * head: [kv_head][K: head_dim x bs][V: bs x head_dim], the same per-head layouts as kvcache.h
+ * (keys transposed), padded with empty head slots to a multiple of 4 KiB so every disk request
+ * is O_DIRECT-aligned in offset, length and buffer. For stories260K (4 KV heads, head_dim 8,
+ * bs 16) a head is 1 KiB of K+V and a unit is exactly 4 KiB with no padding; a model with
+ * head_dim 128 has 16 KiB per head and never pads. A unit holds every KV head because a
+ * per-head unit of a tiny model would be under the 4 KiB minimum; the price is that a step moves
+ * the union of its KV heads' selections.
+ *
+ * Cold tier. [layer][block][unit], the whole context, in RAM (kvp_alloc'd, 4 KiB aligned) or in
+ * a file opened with O_TMPFILE | O_DIRECT under kv_dir (falling back to mkstemp + unlink), so
+ * the file has no name while it is used and disappears with the process, Ctrl-C included. The
+ * file is reserved with fallocate up front: a full disk is one clear error at context creation,
+ * not a failed write in the middle of decoding.
+ *
+ * Hot tier. Per layer a pool of unit-sized slots, and the kvcache's block table points into it
+ * (kvp_kvcache_attach: K of head h of slot s at hot + (s*ppu + h)*2*bf floats, V bf floats
+ * later), so the attention kernels read hot copies through kvp_kvcache_kblock unchanged and see
+ * NULL for a block that is not resident. Layers that are not tiered (dense layers of a sparse
+ * policy; everything without a policy) get one slot per block, mapped once, and are never
+ * transferred. Tiered layers get `hot_budget` slots with a slot map (slot -> block, block ->
+ * slot), a state per slot (empty, loading, ready, plus a write-in-flight flag) and LRU
+ * replacement by a use stamp; the block being written (the newest) is pinned. Prefill needs the
+ * whole layer: it runs in a staging area of one layer (max_blocks slots), loaded from the cold
+ * tier before the layer and written back after it.
+ *
+ * Transfers. Reads and writes are records (hot slots [s0, s0+n) <-> cold units of one layer
+ * [b0, b0+n)); adjacent units that land in adjacent slots share one record. The disk tier
+ * submits them to io_uring; the RAM tier queues them to a transfer thread that copies and, with
+ * a link model, holds each completion back until start + latency + bytes/bandwidth on a
+ * serial link. Only the thread that drives the forward pass (worker 0, or the caller between
+ * passes) calls the store; the transfer thread only touches its queue and the bytes.
+ *
+ * Modes (enum kvp_prefetch): dense refetches every unit of every layer at the start of each
+ * step (the offloading baseline; layer l's copies overlap the layers before it); none fetches
+ * what attention selected, on demand; layer prefetches layer l+1's predicted blocks when layer
+ * l starts; token prefetches layer l's predicted blocks for the next token right after layer l
+ * of this token. A needed unit that is not hot nor in flight is a miss, fetched synchronously.
+ * Write-through: after every step the newest block of each tiered layer goes to the cold tier
+ * (async; a second write of the same slot waits for the first, and a torn in-flight write is
+ * always superseded by the next one).
+ */
+#ifndef KVP_STORE_STORE_H
+#define KVP_STORE_STORE_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/err.h"
+#include "kvpred.h"
+
+struct kvp_kvcache;
+struct kvp_sel;
+
+#define KVP_STORE_ALIGN 4096   /* O_DIRECT alignment and minimum unit size */
+#define KVP_STORE_MAX_XFER 256 /* transfer records in flight (and io_uring depth) */
+
+enum kvp_store_event_kind {
+    KVP_EV_LAYER = 0,   /* worker 0 computing layer `layer` */
+    KVP_EV_PREDICT = 1, /* next-step prediction */
+    KVP_EV_WAIT = 2,    /* stalled on transfers */
+    KVP_EV_READ = 3,    /* a cold-tier read in flight (submit to completion) */
+    KVP_EV_WRITE = 4,   /* a write-through in flight */
+    KVP_EV_TOKEN = 5,   /* a decode step (t0 start, t1 end) */
+};
+
+struct kvp_store_event {
+    int kind;     /* enum kvp_store_event_kind */
+    int layer;
+    double t0, t1;
+};
+
+/* Test hook: make the Nth next cold-tier request (1 = the next one) fail or come back short. */
+enum kvp_store_fault { KVP_FAULT_NONE = 0, KVP_FAULT_EIO = 1, KVP_FAULT_SHORT = 2 };
+
+struct kvp_store_xfer {
+    int s0, n;        /* hot slots [s0, s0+n) */
+    int layer, b0;    /* cold units (layer, [b0, b0+n)) */
+    bool write;       /* hot -> cold */
+    bool busy;        /* record in use */
+    int res;          /* bytes moved or -errno (set on completion) */
+    double t_submit, t_done;
+};
+
+enum kvp_slot_state { KVP_SLOT_EMPTY = 0, KVP_SLOT_LOADING = 1, KVP_SLOT_READY = 2 };
+
+struct kvp_store {
+    /* geometry */
+    int n_layer, n_kv, head_dim, bs, max_blocks;
+    size_t bf;             /* floats of one K (or V) block of one head: head_dim * bs */
+    int ppu;               /* head slots per unit, >= n_kv; the rest is padding */
+    size_t unit_bytes;     /* ppu * 2 * bf * 4, a multiple of KVP_STORE_ALIGN */
+    int tier;              /* enum kvp_kv_tier (RAM or DISK) */
+    int mode;              /* enum kvp_prefetch, never DEFAULT */
+    double link_bps;       /* bytes per second of the modelled link (0: off) */
+    double link_lat;       /* seconds of latency per transfer */
+
+    /* cold tier */
+    uint8_t *cold;         /* RAM tier: [n_layer][max_blocks][unit_bytes] inside the hot
+                              allocation, right after the slots (cold unit (l, b) is "slot"
+                              n_slot + l*max_blocks + b) */
+    int fd;                /* disk tier: the unnamed scratch file, or -1 */
+    size_t cold_bytes;
+
+    /* hot tier: layers' slots back to back, then the staging area */
+    uint8_t *hot;          /* owned [n_slot][unit_bytes], 4 KiB aligned, zeroed */
+    int n_slot;            /* slots in total, staging included */
+    int stage0;            /* first staging slot (max_blocks of them), or -1 without staging */
+    int *slot0;            /* [n_layer] first slot of the layer */
+    int *n_slots;          /* [n_layer] slots of the layer */
+    bool *tiered;          /* [n_layer] the layer moves through the cold tier */
+    int32_t *res;          /* [n_layer][max_blocks] slot holding the block, or -1 */
+    int32_t *slot_blk;     /* [n_slot] block held (-1: none) */
+    uint8_t *slot_state;   /* [n_slot] enum kvp_slot_state */
+    uint8_t *slot_writing; /* [n_slot] a write-through of the slot is in flight */
+    uint64_t *slot_use;    /* [n_slot] LRU stamp: tick of the last need or prediction */
+    uint32_t *mark;        /* [max_blocks] per-call set membership (== mark_id) */
+    uint32_t mark_id;
+    uint64_t tick;
+    int32_t *list;         /* [max_blocks] scratch: blocks to fetch */
+    int32_t *ovf;          /* [max_blocks] blocks of ovf_layer read into the staging area
+                              because the layer's hot slots were all needed */
+    int n_ovf;
+    int ovf_layer;         /* -1: none */
+    int n_tokens;          /* tokens in the cache as the store last saw it */
+    bool dense_layers_only;/* no policy: every layer is dense */
+    struct kvp_kvcache *kv;/* borrowed: the cache whose table points into hot */
+
+    /* transfers */
+    struct kvp_store_xfer xfer[KVP_STORE_MAX_XFER];
+    int n_inflight;
+    double busy_since;     /* first submit while idle */
+    void *ring;            /* owned struct io_uring (disk tier) */
+    int n_unsubmitted;     /* prepared SQEs not yet submitted */
+    /* RAM transfer thread */
+    pthread_t thread;
+    bool thread_on;
+    pthread_mutex_t mu;
+    pthread_cond_t cv_work, cv_done;
+    int q_todo[KVP_STORE_MAX_XFER];  /* FIFO of record ids for the thread */
+    int q_head, q_len;
+    int q_done[KVP_STORE_MAX_XFER];  /* record ids completed by the thread */
+    int n_done;
+    bool stop;
+    double link_free;      /* modelled link is busy until then */
+
+    /* errors and faults */
+    int err_code;          /* first I/O error (sticky until reset), 0 if none */
+    char err_msg[256];
+    int fault_kind;        /* enum kvp_store_fault */
+    int fault_after;       /* requests left before the fault fires */
+
+    /* accounting */
+    struct kvp_store_stats st;
+    double step_t0;
+    double st_predict0, st_wait0; /* predict_s and wait_s when the step began */
+    struct kvp_store_event *ev; /* owned [ev_cap] */
+    int ev_cap, n_ev;
+    bool ev_on;
+};
+
+/* Create a store for a cache of the given shape (cold tier created and reserved; hot tier for a
+ * context without policy). Disk: KVP_EIO naming the directory and the reason when the scratch
+ * file cannot be created or its space reserved. On failure *out is untouched. */
+int kvp_store_init(const struct kvp_ctx_params *p, struct kvp_kvcache *kv, int n_layer,
+                   int n_kv, int head_dim, int bs, int max_blocks, struct kvp_store **out,
+                   struct kvp_err *err);
+void kvp_store_free(struct kvp_store *s);
+
+/* (Re)build the hot tier for a policy: layers [0, dense_layers) stay whole, the others get
+ * hot_blocks slots (tiered). dense_layers = n_layer means no policy. Drains every transfer,
+ * forgets residency and remaps the cache's table. KVP_ENOMEM. */
+int kvp_store_configure(struct kvp_store *s, int dense_layers, int hot_blocks,
+                        struct kvp_err *err);
+
+/* The cache was cleared (n = 0) or truncated to n tokens: drop blocks past the end. */
+void kvp_store_truncate(struct kvp_store *s, int n);
+
+/* Prefill of tokens [pos0, end) for one layer: begin maps the layer to the staging area and
+ * loads what the layer already holds; end writes the new tokens' units to the cold tier and
+ * maps the layer back to its hot slots. */
+void kvp_store_prefill_begin(struct kvp_store *s, int layer, int pos0, int end);
+void kvp_store_prefill_end(struct kvp_store *s, int layer, int pos0, int end);
+
+/* Decode step with n_tokens cached before it: begin makes every layer's newest block hot
+ * (and, in dense mode, starts refetching everything); end writes the newest blocks through
+ * and closes the step's accounting (predict_s and wait_s of the step come from the calls in
+ * between). */
+void kvp_store_step_begin(struct kvp_store *s, int n_tokens);
+void kvp_store_step_end(struct kvp_store *s);
+
+/* Before layer's attention with n_keys keys: make every block of sels[0..n_kv) hot (sels NULL:
+ * every block), waiting for prefetches and fetching misses on demand. */
+void kvp_store_acquire(struct kvp_store *s, int layer, const struct kvp_sel *sels, int n_keys);
+
+/* Start reading the units of the predicted selections sels[0..n_kv) of layer for a step with
+ * n_keys keys, into slots that hold nothing predicted (LRU); stops when no slot is free. */
+void kvp_store_prefetch(struct kvp_store *s, int layer, const struct kvp_sel *sels, int n_keys);
+
+/* RAM tier, around a layer's select: point the table entries of blocks that are not hot at
+ * their cold copies (on), or at nothing again (off), so a policy that reads keys in select
+ * (AttentionPredictor's dense calibration rows, a Quest metadata rebuild) reads the whole
+ * cache where it lives, as the host would (methods.md §1.9). No-op for the disk tier, where
+ * such reads see the hot blocks only (kvp_attn_dense_group skips unmapped blocks). */
+void kvp_store_map_cold(struct kvp_store *s, int layer, int n_keys, bool on);
+
+/* Record a span of worker 0 (timeline and prediction accounting). */
+void kvp_store_note(struct kvp_store *s, int kind, int layer, double t0, double t1);
+
+/* Sticky I/O error: 0, or the code with err filled in (then cleared). */
+int kvp_store_take_error(struct kvp_store *s, struct kvp_err *err);
+
+/* Wait for every transfer in flight. */
+void kvp_store_drain(struct kvp_store *s);
+
+/* Test hook: the `after`-th next request fails (KVP_FAULT_EIO) or comes back short. */
+void kvp_store_inject_fault(struct kvp_store *s, int kind, int after);
+
+/* Timeline drawing (timeline.c). */
+int kvp_store_timeline_png(const struct kvp_store *s, const char *path, struct kvp_err *err);
+
+#endif

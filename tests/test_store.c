@@ -1,0 +1,649 @@
+/*
+ * The tiered KV store: resident-set bookkeeping (hits, misses, LRU eviction, overflow into the
+ * staging area), O_DIRECT alignment of every disk request, on-demand fetch of mispredicted
+ * blocks, logits of tiered runs equal to the untiered run (RAM and disk, every prefetch mode,
+ * with prefill in several micro-batches, truncation and a chunk after decoding), the link
+ * model's delay, the timeline PNG, and the faults: an unwritable directory, a full disk
+ * (RLIMIT_FSIZE in a child), injected failed and short requests, no file left behind.
+ *
+ * The sparse policy here is a test double installed behind the `full` policy's back: it reads
+ * block 0, the newest block and a pseudo-random quarter of the rest, different for every step,
+ * layer and KV head; its predict_next is exact, or deliberately wrong.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "core/platform.h"
+#include "forward/context.h"
+#include "forward/kvcache.h"
+#include "kvpred.h"
+#include "store/store.h"
+#include "testutil.h"
+
+#define VOCAB 80
+
+/* ==================================== test policy ========================================= */
+
+static int predict_salt; /* 0: predict_next is exact; otherwise it predicts other blocks */
+static int null_reads;   /* blocks select found without storage (read like a calibration) */
+
+static bool picked(int layer, int kvh, int n_tokens, int b, int salt)
+{
+    uint64_t x = (uint64_t)(layer * 131 + kvh * 17 + salt) * 0x9e3779b97f4a7c15ULL ^
+                 (uint64_t)n_tokens * 0xbf58476d1ce4e5b9ULL ^ (uint64_t)b * 0x94d049bb133111ebULL;
+    x ^= x >> 31;
+    x *= 0xd6e8feb86659fd93ULL;
+    x ^= x >> 29;
+    return x % 4 == 0;
+}
+
+static void fill_sel(int layer, int kvh, int n_tokens, int bs, int salt, struct kvp_sel *sel)
+{
+    int nb = (n_tokens + bs - 1) / bs;
+    sel->n = 0;
+    for (int b = 0; b < nb; b++)
+        if (b == 0 || b == nb - 1 || picked(layer, kvh, n_tokens, b, salt)) {
+            sel->blocks[sel->n] = b;
+            sel->mask[sel->n++] = ~0ULL;
+        }
+}
+
+static void test_select(struct kvp_policy *p, int layer, int kvh, const float *q, int n_tokens,
+                        struct kvp_sel *sel)
+{
+    (void)q;
+    /* like a predictor calibration step: read every key of the layer in select */
+    for (int b = 0; b * p->env.block_size < n_tokens; b++)
+        if (!kvp_kvcache_kblock(p->env.kv, layer, kvh, b))
+            __atomic_add_fetch(&null_reads, 1, __ATOMIC_RELAXED);
+    fill_sel(layer, kvh, n_tokens, p->env.block_size, 0, sel);
+}
+
+static void test_predict(struct kvp_policy *p, int layer, int kvh, int n_tokens_next,
+                         struct kvp_sel *sel)
+{
+    fill_sel(layer, kvh, n_tokens_next, p->env.block_size, predict_salt, sel);
+}
+
+static const struct kvp_policy_ops test_ops = {
+    .name = "test-sparse",
+    .select = test_select,
+    .predict_next = test_predict,
+};
+
+/* ====================================== fixtures ========================================== */
+
+static char *model_path;
+static kvp_model *model;
+
+static int setup(void **state)
+{
+    (void)state;
+    struct kvp_test_model_spec sp = {.n_vocab = VOCAB, .n_embd = 64, .n_layer = 4, .n_head = 4,
+                                     .n_head_kv = 2, .n_ff = 96, .n_ctx = 512, .type = 0,
+                                     .embd_type = 0, .tied = 1, .seed = 23};
+    model_path = kvp_test_tmpfile(".gguf");
+    if (kvp_test_write_model(&sp, model_path, NULL) != 0)
+        return -1;
+    struct kvp_err err = {0};
+    return kvp_model_open(model_path, NULL, &model, &err);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    kvp_model_close(model);
+    remove(model_path);
+    free(model_path);
+    return 0;
+}
+
+/* A fresh empty directory for scratch files (caller frees the string). */
+static char *scratch_dir(void)
+{
+    const char *tmp = getenv("TMPDIR");
+    char *d = malloc(4096);
+    snprintf(d, 4096, "%s/kvpstoreXXXXXX", tmp && *tmp ? tmp : "/tmp");
+    assert_non_null(mkdtemp(d));
+    return d;
+}
+
+static int dir_entries(const char *path)
+{
+    DIR *d = opendir(path);
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d)))
+        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    if (d)
+        closedir(d);
+    return n;
+}
+
+struct run_cfg {
+    int tier, prefetch, hot_budget;
+    bool sparse;
+    const char *dir;
+    double link_gbps, link_us;
+};
+
+#define N_ROWS 71 /* logits rows of run_sequence */
+
+/* Prefill 100 tokens in micro-batches of 64, decode 40, truncate to 110, decode 20, evaluate a
+ * 5-token chunk, decode 10. Returns the logits rows; stats of the whole run when asked. */
+static float *run_sequence(const struct run_cfg *rc, struct kvp_store_stats *stats)
+{
+    struct kvp_ctx_params cp = {.n_ctx = 256, .n_threads = 2, .n_batch = 64,
+                                .kv_tier = rc->tier, .kv_dir = rc->dir,
+                                .hot_budget = rc->hot_budget, .prefetch = rc->prefetch,
+                                .link_gbps = rc->link_gbps, .link_latency_us = rc->link_us};
+    kvp_ctx *c = NULL;
+    struct kvp_err err = {0};
+    int rc0 = kvp_ctx_init(model, &cp, &c, &err);
+    if (rc0 < 0)
+        print_message("ctx: %s\n", err.msg);
+    assert_int_equal(rc0, 0);
+    if (rc->sparse) {
+        struct kvp_policy_params pp = {.name = "full", .budget = 64, .dense_layers = 1};
+        assert_int_equal(kvp_ctx_set_policy(c, &pp, &err), 0);
+        c->policy->ops = &test_ops;
+    }
+    int32_t ids[256];
+    for (int i = 0; i < 256; i++)
+        ids[i] = (i * 7 + 3) % VOCAB;
+    float *lg = calloc((size_t)N_ROWS * VOCAB, sizeof(float));
+    int row = 0;
+    assert_int_equal(kvp_eval(c, ids, 100, NULL, false, &err), 0);
+    for (int i = 0; i < 40; i++)
+        assert_int_equal(kvp_eval(c, ids + 100 + i, 1, lg + (size_t)row++ * VOCAB, false, &err), 0);
+    kvp_ctx_truncate(c, 110);
+    for (int i = 0; i < 20; i++)
+        assert_int_equal(kvp_eval(c, ids + 150 + i, 1, lg + (size_t)row++ * VOCAB, false, &err), 0);
+    assert_int_equal(kvp_eval(c, ids + 200, 5, lg + (size_t)row++ * VOCAB, false, &err), 0);
+    for (int i = 0; i < 10; i++) {
+        int r = kvp_eval(c, ids + 210 + i, 1, lg + (size_t)row++ * VOCAB, false, &err);
+        if (r < 0)
+            print_message("eval: %s\n", err.msg);
+        assert_int_equal(r, 0);
+    }
+    assert_int_equal(row, N_ROWS);
+    if (stats)
+        assert_int_equal(kvp_ctx_store_stats(c, stats), 0);
+    kvp_ctx_free(c);
+    return lg;
+}
+
+static double max_diff(const float *a, const float *b, size_t n)
+{
+    double d = 0;
+    for (size_t i = 0; i < n; i++)
+        d = fmax(d, fabs((double)a[i] - b[i]));
+    return d;
+}
+
+/* ================================ bookkeeping (store alone) ================================ */
+
+/* A store over a bare external cache: 2 layers, 2 KV heads, head_dim hd, bs 16, 256 tokens. */
+struct bare {
+    struct kvp_kvcache kv;
+    struct kvp_store *s;
+};
+
+static void bare_init(struct bare *b, int tier, const char *dir, int hd, int hot_blocks)
+{
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_kvcache_init_external(&b->kv, 2, 2, hd, 16, 256, &err), 0);
+    struct kvp_ctx_params p = {.kv_tier = tier, .kv_dir = dir, .prefetch = KVP_PREFETCH_NONE};
+    int rc = kvp_store_init(&p, &b->kv, 2, 2, hd, 16, b->kv.max_blocks, &b->s, &err);
+    if (rc < 0)
+        print_message("store: %s\n", err.msg);
+    assert_int_equal(rc, 0);
+    assert_int_equal(kvp_store_configure(b->s, 0, hot_blocks, &err), 0);
+}
+
+static void bare_free(struct bare *b)
+{
+    kvp_store_free(b->s);
+    kvp_kvcache_free(&b->kv);
+}
+
+static float val(int layer, int h, int pos, int d, int kind)
+{
+    return (float)(layer * 1000 + h * 100 + kind * 50) + (float)pos * 0.25f + (float)d * 0.001f;
+}
+
+/* Prefill n tokens of known values through the staging protocol. */
+static void bare_prefill(struct bare *b, int n)
+{
+    int hd = b->kv.head_dim;
+    float k[64], v[64];
+    for (int l = 0; l < 2; l++) {
+        kvp_store_prefill_begin(b->s, l, 0, n);
+        for (int pos = 0; pos < n; pos++)
+            for (int h = 0; h < 2; h++) {
+                for (int d = 0; d < hd; d++) {
+                    k[d] = val(l, h, pos, d, 0);
+                    v[d] = val(l, h, pos, d, 1);
+                }
+                kvp_kvcache_store(&b->kv, l, h, pos, k, v);
+            }
+        kvp_store_prefill_end(b->s, l, 0, n);
+    }
+}
+
+/* True when block blk of (layer, every head) is readable and holds the known values. */
+static bool block_ok(struct bare *b, int layer, int blk, int n_tokens)
+{
+    int hd = b->kv.head_dim, bs = 16;
+    for (int h = 0; h < 2; h++) {
+        const float *kt = kvp_kvcache_kblock(&b->kv, layer, h, blk);
+        const float *vb = kvp_kvcache_vblock(&b->kv, layer, h, blk);
+        if (!kt || !vb)
+            return false;
+        for (int t = 0; t < bs && blk * bs + t < n_tokens; t++)
+            for (int d = 0; d < hd; d++)
+                if (kt[d * bs + t] != val(layer, h, blk * bs + t, d, 0) ||
+                    vb[t * hd + d] != val(layer, h, blk * bs + t, d, 1))
+                    return false;
+    }
+    return true;
+}
+
+/* sels for both heads: head 0 reads a[0..na), head 1 reads c[0..nc). */
+struct two_sels {
+    int32_t blocks[2][16];
+    uint64_t mask[2][16];
+    struct kvp_sel sel[2];
+};
+
+static struct kvp_sel *sels_of(struct two_sels *t, const int *a, int na, const int *c, int nc)
+{
+    for (int h = 0; h < 2; h++) {
+        t->sel[h].blocks = t->blocks[h];
+        t->sel[h].mask = t->mask[h];
+        t->sel[h].n = h == 0 ? na : nc;
+        for (int i = 0; i < t->sel[h].n; i++) {
+            t->blocks[h][i] = h == 0 ? a[i] : c[i];
+            t->mask[h][i] = ~0ULL;
+        }
+    }
+    return t->sel;
+}
+
+static void check_bookkeeping(int tier, const char *dir)
+{
+    struct bare b;
+    bare_init(&b, tier, dir, 16, 4); /* 4 slots per layer, unit = 2 heads x 2 KiB */
+    assert_int_equal(b.s->unit_bytes, 4096);
+    assert_int_equal(b.s->ppu, 2);
+    bare_prefill(&b, 100); /* blocks 0..6, block 6 partial */
+    struct kvp_store_stats *st = &b.s->st;
+    memset(st, 0, sizeof(*st));
+    /* after prefill only the newest block is hot */
+    assert_non_null(kvp_kvcache_kblock(&b.kv, 0, 0, 6));
+    assert_null(kvp_kvcache_kblock(&b.kv, 0, 0, 0));
+
+    kvp_store_step_begin(b.s, 100);
+    struct two_sels t;
+    int a[] = {0, 1}, c[] = {1, 2};
+    kvp_store_acquire(b.s, 0, sels_of(&t, a, 2, c, 2), 101);
+    assert_int_equal(st->misses, 3); /* 0, 1, 2; the newest 6 is a hit */
+    assert_int_equal(st->hits, 1);
+    for (int blk = 0; blk < 3; blk++)
+        assert_true(block_ok(&b, 0, blk, 100));
+    kvp_store_acquire(b.s, 0, sels_of(&t, a, 2, c, 2), 101);
+    assert_int_equal(st->misses, 3);
+    assert_int_equal(st->hits, 5);
+    /* touch 0 and 2 so that 1 is the least recently used, then need 3: 1 goes */
+    int a2[] = {0}, c2[] = {2};
+    kvp_store_acquire(b.s, 0, sels_of(&t, a2, 1, c2, 1), 101);
+    int a3[] = {3};
+    kvp_store_acquire(b.s, 0, sels_of(&t, a3, 1, a3, 1), 101);
+    assert_int_equal(st->misses, 4);
+    assert_null(kvp_kvcache_kblock(&b.kv, 0, 1, 1));
+    assert_true(block_ok(&b, 0, 0, 100) && block_ok(&b, 0, 2, 100) && block_ok(&b, 0, 3, 100));
+    assert_true(block_ok(&b, 0, 6, 100));
+    /* the other layer is untouched */
+    assert_null(kvp_kvcache_kblock(&b.kv, 1, 0, 0));
+
+    /* prefetch, then the acquire of the same blocks hits */
+    int p[] = {4, 5};
+    kvp_store_prefetch(b.s, 1, sels_of(&t, p, 2, p, 2), 101);
+    assert_int_equal(st->prefetched, 2);
+    uint64_t miss0 = st->misses, hit0 = st->hits;
+    kvp_store_acquire(b.s, 1, sels_of(&t, p, 2, p, 2), 101);
+    assert_int_equal(st->misses, miss0);
+    assert_int_equal(st->hits, hit0 + 3); /* 4, 5 and the newest */
+    assert_true(block_ok(&b, 1, 4, 100) && block_ok(&b, 1, 5, 100));
+
+    /* more than the hot tier holds: the excess goes through the staging area, still correct */
+    int big[] = {0, 1, 2, 3, 4, 5};
+    kvp_store_acquire(b.s, 0, sels_of(&t, big, 6, big, 6), 101);
+    assert_true(st->overflow > 0);
+    for (int blk = 0; blk < 7; blk++)
+        assert_true(block_ok(&b, 0, blk, 100));
+    kvp_store_step_end(b.s);
+    assert_int_equal(st->steps, 1);
+    if (tier == KVP_TIER_DISK) {
+        assert_int_equal(st->misaligned, 0);
+        assert_true(st->reads > 0 && st->writes > 0);
+    }
+    assert_int_equal(kvp_store_take_error(b.s, NULL), 0);
+    bare_free(&b);
+}
+
+static void test_bookkeeping_ram(void **state)
+{
+    (void)state;
+    check_bookkeeping(KVP_TIER_RAM, NULL);
+}
+
+static void test_bookkeeping_disk(void **state)
+{
+    (void)state;
+    char *d = scratch_dir();
+    check_bookkeeping(KVP_TIER_DISK, d);
+    assert_int_equal(dir_entries(d), 0);
+    rmdir(d);
+    free(d);
+}
+
+/* Units are padded to 4 KiB: head_dim 8 gives 1 KiB per head, 2 heads + 2 empty head slots. */
+static void test_padding_and_alignment(void **state)
+{
+    (void)state;
+    char *d = scratch_dir();
+    struct bare b;
+    bare_init(&b, KVP_TIER_DISK, d, 8, 3);
+    assert_int_equal(b.s->ppu, 4);
+    assert_int_equal(b.s->unit_bytes, 4096);
+    assert_int_equal((uintptr_t)b.s->hot % 4096, 0);
+    /* file holding no name */
+    assert_int_equal(dir_entries(d), 0);
+    bare_prefill(&b, 70);
+    kvp_store_step_begin(b.s, 70);
+    struct two_sels t;
+    int a[] = {0, 2}, c[] = {1};
+    kvp_store_acquire(b.s, 0, sels_of(&t, a, 2, c, 1), 71);
+    assert_true(block_ok(&b, 0, 0, 70) && block_ok(&b, 0, 1, 70) && block_ok(&b, 0, 2, 70));
+    kvp_store_step_end(b.s);
+    assert_int_equal(b.s->st.misaligned, 0);
+    assert_true(b.s->st.reads > 0);
+    bare_free(&b);
+    rmdir(d);
+    free(d);
+}
+
+/* A RAM tier behind a 1 GB/s, 300 µs link: an on-demand read takes at least the latency. */
+static void test_link_model(void **state)
+{
+    (void)state;
+    struct kvp_err err = {0};
+    struct bare b;
+    assert_int_equal(kvp_kvcache_init_external(&b.kv, 2, 2, 16, 16, 256, &err), 0);
+    struct kvp_ctx_params p = {.kv_tier = KVP_TIER_RAM, .prefetch = KVP_PREFETCH_NONE,
+                               .link_gbps = 1.0, .link_latency_us = 300};
+    assert_int_equal(kvp_store_init(&p, &b.kv, 2, 2, 16, 16, b.kv.max_blocks, &b.s, &err), 0);
+    assert_int_equal(kvp_store_configure(b.s, 0, 8, &err), 0);
+    bare_prefill(&b, 100);
+    kvp_store_step_begin(b.s, 100);
+    struct two_sels t;
+    int a[] = {0, 1, 2};
+    double t0 = kvp_time_now();
+    kvp_store_acquire(b.s, 0, sels_of(&t, a, 3, a, 3), 101);
+    double dt = kvp_time_now() - t0;
+    print_message("3 units over the modelled link: %.0f us\n", dt * 1e6);
+    assert_true(dt >= 300e-6 + 3 * 4096 / 1e9);
+    assert_true(block_ok(&b, 0, 1, 100));
+    kvp_store_step_end(b.s);
+    bare_free(&b);
+    /* the link model is for the RAM tier only */
+    p.kv_tier = KVP_TIER_DISK;
+    assert_int_equal(kvp_kvcache_init_external(&b.kv, 2, 2, 16, 16, 256, &err), 0);
+    assert_int_equal(kvp_store_init(&p, &b.kv, 2, 2, 16, 16, b.kv.max_blocks, &b.s, &err),
+                     KVP_EINVAL);
+    kvp_kvcache_free(&b.kv);
+}
+
+/* ================================= logits: tiered == untiered ============================== */
+
+static void test_logits_equal(void **state)
+{
+    (void)state;
+    char *d = scratch_dir();
+    predict_salt = 0;
+    struct run_cfg base = {.sparse = true};
+    float *ref = run_sequence(&base, NULL);
+    static const int modes[] = {KVP_PREFETCH_NONE, KVP_PREFETCH_DENSE, KVP_PREFETCH_LAYER,
+                                KVP_PREFETCH_TOKEN};
+    static const char *const names[] = {"none", "dense", "layer", "token"};
+    for (int tier = KVP_TIER_RAM; tier <= KVP_TIER_DISK; tier++)
+        for (int m = 0; m < 4; m++) {
+            /* 6 slots per layer: forces eviction and, for some steps, overflow */
+            struct run_cfg rc = {.tier = tier, .prefetch = modes[m], .hot_budget = 96,
+                                 .sparse = true, .dir = d};
+            struct kvp_store_stats st;
+            null_reads = 0;
+            float *lg = run_sequence(&rc, &st);
+            /* the RAM tier shows select the cold copies; the disk tier only the hot blocks */
+            if (tier == KVP_TIER_RAM)
+                assert_int_equal(null_reads, 0);
+            double diff = max_diff(ref, lg, (size_t)N_ROWS * VOCAB);
+            print_message("%s %-5s: diff %g, hits %llu (late %llu), misses %llu, prefetched %llu,"
+                          " overflow %llu, read %llu B\n",
+                          tier == KVP_TIER_RAM ? "ram " : "disk", names[m], diff,
+                          (unsigned long long)st.hits, (unsigned long long)st.late,
+                          (unsigned long long)st.misses, (unsigned long long)st.prefetched,
+                          (unsigned long long)st.overflow, (unsigned long long)st.bytes_read);
+            assert_true(diff == 0.0);
+            assert_int_equal(st.misaligned, 0);
+            assert_true(st.bytes_read > 0);
+            if (modes[m] == KVP_PREFETCH_TOKEN || modes[m] == KVP_PREFETCH_LAYER)
+                assert_true(st.prefetched > 0);
+            if (modes[m] == KVP_PREFETCH_NONE)
+                assert_true(st.misses > 0 && st.prefetched == 0);
+            free(lg);
+        }
+    /* a roomy hot tier and the whole model dense: still equal */
+    struct run_cfg roomy = {.tier = KVP_TIER_DISK, .prefetch = KVP_PREFETCH_TOKEN,
+                            .sparse = true, .dir = d};
+    float *lg = run_sequence(&roomy, NULL);
+    assert_true(max_diff(ref, lg, (size_t)N_ROWS * VOCAB) == 0.0);
+    free(lg);
+    struct run_cfg dense0 = {0}, dense1 = {.tier = KVP_TIER_DISK, .prefetch = KVP_PREFETCH_DENSE,
+                                          .dir = d};
+    float *a = run_sequence(&dense0, NULL), *b = run_sequence(&dense1, NULL);
+    assert_true(max_diff(a, b, (size_t)N_ROWS * VOCAB) == 0.0);
+    free(a);
+    free(b);
+    free(ref);
+    assert_int_equal(dir_entries(d), 0);
+    rmdir(d);
+    free(d);
+}
+
+/* predict_next is wrong every time: every selected block that is not hot already is fetched on
+ * demand and counted as a miss, and the result does not change. */
+static void test_mispredicted_on_demand(void **state)
+{
+    (void)state;
+    struct run_cfg base = {.sparse = true};
+    predict_salt = 0;
+    float *ref = run_sequence(&base, NULL);
+    struct run_cfg good = {.tier = KVP_TIER_RAM, .prefetch = KVP_PREFETCH_TOKEN,
+                           .hot_budget = 96, .sparse = true};
+    struct kvp_store_stats sg, sb;
+    float *lg = run_sequence(&good, &sg);
+    predict_salt = 77;
+    float *lb = run_sequence(&good, &sb);
+    predict_salt = 0;
+    print_message("exact prediction: %llu misses of %llu; wrong prediction: %llu misses of %llu\n",
+                  (unsigned long long)sg.misses, (unsigned long long)(sg.misses + sg.hits),
+                  (unsigned long long)sb.misses, (unsigned long long)(sb.misses + sb.hits));
+    assert_true(max_diff(ref, lg, (size_t)N_ROWS * VOCAB) == 0.0);
+    assert_true(max_diff(ref, lb, (size_t)N_ROWS * VOCAB) == 0.0);
+    assert_true(sb.misses > 2 * sg.misses);
+    assert_true(sb.prefetched > 0);
+    free(ref);
+    free(lg);
+    free(lb);
+}
+
+/* ========================================== faults ========================================= */
+
+static void test_unwritable_dir(void **state)
+{
+    (void)state;
+    struct kvp_ctx_params cp = {.n_ctx = 256, .kv_tier = KVP_TIER_DISK,
+                                .kv_dir = "/nonexistent/kvpred"};
+    kvp_ctx *c = NULL;
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_ctx_init(model, &cp, &c, &err), KVP_EIO);
+    assert_null(c);
+    print_message("%s\n", err.msg);
+    assert_non_null(strstr(err.msg, "/nonexistent/kvpred"));
+    /* a regular file is not a directory */
+    char *f = kvp_test_tmpfile(".txt");
+    cp.kv_dir = f;
+    assert_int_equal(kvp_ctx_init(model, &cp, &c, &err), KVP_EIO);
+    remove(f);
+    free(f);
+    if (geteuid() != 0) { /* root writes anywhere */
+        char *d = scratch_dir();
+        chmod(d, 0500);
+        cp.kv_dir = d;
+        assert_int_equal(kvp_ctx_init(model, &cp, &c, &err), KVP_EIO);
+        rmdir(d);
+        free(d);
+    }
+}
+
+/* A file size limit of 64 KiB (the cold tier needs 512 KiB): one clear error, in a child so the
+ * limit does not outlive the test. */
+static void test_disk_full(void **state)
+{
+    (void)state;
+    char *d = scratch_dir();
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        signal(SIGXFSZ, SIG_IGN);
+        struct rlimit rl = {.rlim_cur = 64 << 10, .rlim_max = 64 << 10};
+        setrlimit(RLIMIT_FSIZE, &rl);
+        struct kvp_ctx_params cp = {.n_ctx = 512, .kv_tier = KVP_TIER_DISK, .kv_dir = d};
+        kvp_ctx *c = NULL;
+        struct kvp_err err = {0};
+        int rc = kvp_ctx_init(model, &cp, &c, &err);
+        fprintf(stderr, "disk full: %s\n", err.msg);
+        _exit(rc == KVP_EIO && !c && strstr(err.msg, "reserve") ? 0 : 1);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    assert_int_equal(dir_entries(d), 0);
+    rmdir(d);
+    free(d);
+}
+
+/* Injected failed and short requests come back as one KVP_EIO from kvp_eval. */
+static void check_fault(int kind, const char *word)
+{
+    struct kvp_ctx_params cp = {.n_ctx = 256, .n_threads = 2, .kv_tier = KVP_TIER_DISK,
+                                .hot_budget = 64, .prefetch = KVP_PREFETCH_NONE};
+    kvp_ctx *c = NULL;
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_ctx_init(model, &cp, &c, &err), 0);
+    struct kvp_policy_params pp = {.name = "full", .budget = 64, .dense_layers = 1};
+    assert_int_equal(kvp_ctx_set_policy(c, &pp, &err), 0);
+    c->policy->ops = &test_ops;
+    int32_t ids[200];
+    for (int i = 0; i < 200; i++)
+        ids[i] = (i * 5 + 1) % VOCAB;
+    float lg[VOCAB];
+    assert_int_equal(kvp_eval(c, ids, 150, NULL, false, &err), 0);
+    kvp_store_inject_fault(c->store, kind, 1);
+    int rc = 0;
+    for (int i = 0; i < 10 && rc == 0; i++)
+        rc = kvp_eval(c, ids + 150 + i, 1, lg, false, &err);
+    print_message("%s\n", err.msg);
+    assert_int_equal(rc, KVP_EIO);
+    assert_non_null(strstr(err.msg, word));
+    /* the error was reported once; the context is still usable */
+    assert_int_equal(kvp_eval(c, ids + 170, 1, lg, false, &err), 0);
+    kvp_ctx_free(c);
+}
+
+static void test_injected_faults(void **state)
+{
+    (void)state;
+    check_fault(KVP_FAULT_SHORT, "short");
+    check_fault(KVP_FAULT_EIO, "Input/output error");
+}
+
+static void test_refusals_and_timeline(void **state)
+{
+    (void)state;
+    struct kvp_ctx_params cp = {.n_ctx = 256, .kv_tier = KVP_TIER_RAM};
+    kvp_ctx *c = NULL;
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_ctx_init(model, &cp, &c, &err), 0);
+    struct kvp_policy_params st = {.name = "streaming", .budget = 64};
+    assert_int_equal(kvp_ctx_set_policy(c, &st, &err), KVP_EUNSUPPORTED);
+    struct kvp_policy_params pp = {.name = "full", .budget = 64, .dense_layers = 1};
+    assert_int_equal(kvp_ctx_set_policy(c, &pp, &err), 0);
+    c->policy->ops = &test_ops;
+    int32_t ids[160];
+    for (int i = 0; i < 160; i++)
+        ids[i] = (i * 3 + 2) % VOCAB;
+    assert_int_equal(kvp_eval(c, ids, 120, NULL, false, &err), 0);
+    assert_int_equal(kvp_ctx_store_timeline_png(c, "/nonexistent.png", &err), KVP_EINVAL);
+    kvp_ctx_store_timeline(c, true);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(kvp_eval(c, ids + 120 + i, 1, NULL, false, &err), 0);
+    kvp_ctx_store_timeline(c, false);
+    char *png = kvp_test_tmpfile(".png");
+    assert_int_equal(kvp_ctx_store_timeline_png(c, png, &err), 0);
+    size_t n = 0;
+    char *bytes = kvp_test_read_file(png, &n);
+    assert_true(n > 100 && !memcmp(bytes, "\x89PNG", 4));
+    free(bytes);
+    remove(png);
+    free(png);
+    struct kvp_store_stats s;
+    assert_int_equal(kvp_ctx_store_stats(c, &s), 0);
+    assert_int_equal(s.steps, 4);
+    assert_true(s.step_s > 0 && s.compute_s > 0 && s.compute_s <= s.step_s);
+    kvp_ctx_free(c);
+    /* untiered contexts have no store */
+    struct kvp_ctx_params plain = {.n_ctx = 64};
+    assert_int_equal(kvp_ctx_init(model, &plain, &c, &err), 0);
+    assert_int_equal(kvp_ctx_store_stats(c, &s), KVP_EINVAL);
+    kvp_ctx_free(c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bookkeeping_ram),
+        cmocka_unit_test(test_bookkeeping_disk),
+        cmocka_unit_test(test_padding_and_alignment),
+        cmocka_unit_test(test_link_model),
+        cmocka_unit_test(test_logits_equal),
+        cmocka_unit_test(test_mispredicted_on_demand),
+        cmocka_unit_test(test_unwritable_dir),
+        cmocka_unit_test(test_disk_full),
+        cmocka_unit_test(test_injected_faults),
+        cmocka_unit_test(test_refusals_and_timeline),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
