@@ -213,7 +213,6 @@ struct kvp_policy_params {
     float alpha;         /* α, binarization interpolation in [0, 1] [1.0]; < 0 means 0 */
     const char *head_profile; /* static classification file (kvpred profile-heads); NULL:
                                  classify every prompt (dynamic) */
-    const char *opts;    /* policy-specific "key=value,..." options (predictor: see its --help) */
 };
 
 /* How CateKV's adaptive heads decode (methods.md §2.6). */
