@@ -20,7 +20,10 @@
  *   budget_ratio           number  the ratio when the budget was given as one, else 0
  *   sink, local, window, pool, pool_max, dense_layers, seed, block_size
  *                          int     resolved policy parameters
- *   gqa_agg                string  "max", "mean" or "sum"
+ *   gqa_agg                string  "mean", "max" or "sum"
+ *   aux, policy_opts       string  --aux file and --policy-opts, when given
+ *   adaptive, adaptive_ratio, eta, chunk, tail_tokens, percentile, head_profile
+ *                                  catekv rows only: its parameters as given (0 = default)
  *   retention_k            int     K of token retention
  *   recovery               number  mean attention recovery over steps, compressed layers and
  *                                  query heads
@@ -289,6 +292,24 @@ static void json_row(const struct eval_opts *o, const char *model_name, const ch
     cJSON_AddNumberToObject(j, "dense_layers", p->dense_layers);
     cJSON_AddStringToObject(j, "gqa_agg", cli_gqa_agg_name(p->gqa_agg));
     cJSON_AddNumberToObject(j, "seed", (double)p->seed);
+    if (p->aux_path)
+        cJSON_AddStringToObject(j, "aux", p->aux_path);
+    if (p->opts)
+        cJSON_AddStringToObject(j, "policy_opts", p->opts);
+    if (!strcmp(p->name, "catekv")) {
+        /* catekv's own parameters as given (0: the library default) */
+        static const char *const modes[] = {"full", "fraction", "quest", "predictor"};
+        cJSON_AddStringToObject(j, "adaptive",
+                                p->adaptive_mode >= 0 && p->adaptive_mode < 4
+                                    ? modes[p->adaptive_mode] : "?");
+        cJSON_AddNumberToObject(j, "adaptive_ratio", p->adaptive_ratio);
+        cJSON_AddNumberToObject(j, "eta", p->eta);
+        cJSON_AddNumberToObject(j, "chunk", p->chunk);
+        cJSON_AddNumberToObject(j, "tail_tokens", p->tail_tokens);
+        cJSON_AddNumberToObject(j, "percentile", p->percentile);
+        if (p->head_profile)
+            cJSON_AddStringToObject(j, "head_profile", p->head_profile);
+    }
     cJSON_AddNumberToObject(j, "block_size", r->block_size);
     cJSON_AddNumberToObject(j, "retention_k", (double)o->retention_k);
     cJSON_AddNumberToObject(j, "recovery", r->recovery);

@@ -21,7 +21,8 @@ const char *cli_policy_flags_help =
     "  --policy-opts S      policy-specific key=value,... options (predictor: every, calib,\n"
     "                       gqa=pooled|union, hist=head|kv, inc, refresh)\n";
 
-static const char *const agg_names[] = {"max", "mean", "sum"};
+/* indexed by enum kvp_gqa_agg */
+static const char *const agg_names[] = {"mean", "max", "sum"};
 
 const char *cli_gqa_agg_name(int agg)
 {
