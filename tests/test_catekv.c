@@ -13,9 +13,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "forward/context.h"
 #include "kvpred.h"
 #include "policy/catekv_classify.h"
 #include "policy/catekv_profile.h"
+#include "predictor/cnn.h"
 #include "testutil.h"
 
 #define NEAR(a, b, tol) assert_true(fabs((double)(a) - (double)(b)) <= (tol))
@@ -460,7 +462,7 @@ static void test_policy_memory_formula(void **state)
     free(path);
 }
 
-static void test_policy_quest_and_predictor(void **state)
+static void test_policy_quest(void **state)
 {
     (void)state;
     char *path;
@@ -479,10 +481,7 @@ static void test_policy_quest_and_predictor(void **state)
     assert_true(max_diff(full.logits, q.logits, 16 * NV) > 1e-6);
     for (size_t i = 0; i < 16 * NV; i++)
         assert_true(isfinite(q.logits[i]));
-    /* predictor: not available yet */
-    pp.adaptive_mode = KVP_ADAPTIVE_PREDICTOR;
     struct run_out unused;
-    assert_int_equal(run(m, &pp, 16, false, 256, 4, &unused), KVP_EUNSUPPORTED);
     /* bad parameters are reported at set_policy */
     pp = small_params(0.5f, KVP_ADAPTIVE_FULL);
     pp.budget = 65;
@@ -493,6 +492,201 @@ static void test_policy_quest_and_predictor(void **state)
     free(full.logits);
     free(q.logits);
     free(qm.logits);
+    kvp_model_close(m);
+    remove(path);
+    free(path);
+}
+
+/* A random-weight predictor file (H 16, conv 16/32 channels, kernel 3) for blocks of bs tokens. */
+static char *write_predictor(int bs)
+{
+    struct kvp_cnn n;
+    assert_int_equal(kvp_cnn_init(&n, 16, 32, 3, 16, bs, NULL), 0);
+    unsigned x = 99;
+    size_t np = kvp_cnn_n_params(&n);
+    for (size_t i = 0; i < np; i++) {
+        x = x * 1103515245u + 12345u;
+        n.params[i] = 0.3f * ((float)((x >> 8) & 0xffff) / 32768.0f - 1.0f);
+    }
+    kvp_cnn_prepare(&n);
+    n.meta.loss = KVP_LOSS_CE;
+    char *path = kvp_test_tmpfile(".kvpp");
+    assert_int_equal(kvp_cnn_save(&n, path, NULL), 0);
+    kvp_cnn_free(&n);
+    return path;
+}
+
+/* Per decode step and (layer, KV head): which prompt tokens the selection reads (bitmap of
+ * n_prompt bits) and how many tokens it reads in all. */
+struct sel_log {
+    uint8_t *prompt; /* [n_dec][NL * NKV][n_prompt] */
+    int *count;      /* [n_dec][NL * NKV] */
+};
+
+static void run_logged(kvp_model *m, const struct kvp_policy_params *pp, int bs, int n_prompt,
+                       int n_dec, struct run_out *o, struct sel_log *lg)
+{
+    struct kvp_ctx_params cp = {.n_ctx = n_prompt + n_dec, .n_threads = 2, .block_size = bs};
+    kvp_ctx *c = NULL;
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_ctx_init(m, &cp, &c, &err), 0);
+    if (kvp_ctx_set_policy(c, pp, &err) < 0) {
+        print_message("set_policy: %s\n", err.msg);
+        fail();
+    }
+    int32_t *ids = malloc((size_t)(n_prompt + n_dec) * sizeof(int32_t));
+    unsigned r = 7;
+    for (int i = 0; i < n_prompt + n_dec; i++) {
+        r = r * 1103515245u + 12345u;
+        ids[i] = (int32_t)((r >> 16) % NV);
+    }
+    o->logits = malloc((size_t)n_dec * NV * sizeof(float));
+    lg->prompt = calloc((size_t)n_dec * NL * NKV * n_prompt, 1);
+    lg->count = calloc((size_t)n_dec * NL * NKV, sizeof(int));
+    assert_int_equal(kvp_eval(c, ids, n_prompt, NULL, false, &err), 0);
+    o->n_adaptive = kvp_catekv_ctx_classes(c, o->adaptive);
+    for (int i = 0; i < n_dec; i++) {
+        assert_int_equal(
+            kvp_eval(c, ids + n_prompt + i, 1, o->logits + (size_t)i * NV, false, &err), 0);
+        int Lk = n_prompt + i + 1;
+        for (int lh = 0; lh < NL * NKV; lh++) {
+            const struct kvp_sel *sel = &c->sel[lh];
+            uint8_t *bits = lg->prompt + ((size_t)i * NL * NKV + lh) * n_prompt;
+            int *count = &lg->count[i * NL * NKV + lh];
+            for (int b = 0; b < sel->n; b++)
+                for (int t = 0; t < bs; t++) {
+                    int tok = sel->blocks[b] * bs + t;
+                    if (!((sel->mask[b] >> t) & 1) || tok >= Lk ||
+                        ((kvp_kvcache_evicted(&c->kv, lh / NKV, lh % NKV, sel->blocks[b]) >> t) &
+                         1))
+                        continue;
+                    ++*count;
+                    if (tok < n_prompt)
+                        bits[tok] = 1;
+                }
+        }
+    }
+    kvp_ctx_kv_bytes(c, &o->resident, &o->kept);
+    kvp_ctx_free(c);
+    free(ids);
+}
+
+static void test_policy_adaptive_predictor(void **state)
+{
+    (void)state;
+    char *path, *p16 = write_predictor(16), *p8 = write_predictor(8);
+    kvp_model *m = fixture_model(&path);
+    const int n = 256, gen = 24, B = 64, tail = 8;
+    struct run_out dense, big, cat, pred, mix;
+    struct sel_log lc, lp, lm;
+    assert_int_equal(run(m, NULL, 16, false, n, gen, &dense), 0);
+
+    /* r = 1, budget >= context: every head dense, the full logits */
+    struct kvp_policy_params pp = small_params(1.0f, KVP_ADAPTIVE_PREDICTOR);
+    pp.aux_path = p16;
+    pp.budget = 8 + 8 + 34 * 8; /* 288 >= 280 */
+    assert_int_equal(run(m, &pp, 16, false, n, gen, &big), 0);
+    print_message("predictor mode, r = 1, B >= n: max |logit diff| %.3g\n",
+                  max_diff(dense.logits, big.logits, (size_t)gen * NV));
+    assert_true(max_diff(dense.logits, big.logits, (size_t)gen * NV) < 1e-5);
+    assert_int_equal(big.resident, dense.resident);
+
+    /* r = 1, B = 64: every head adaptive, and each reads what the `predictor` policy with the
+     * same budget, sink, local and no dense layers reads: identical logits */
+    pp = small_params(1.0f, KVP_ADAPTIVE_PREDICTOR);
+    pp.aux_path = p16;
+    run_logged(m, &pp, 16, n, gen, &cat, &lc);
+    assert_int_equal(cat.n_adaptive, NL * NKV);
+    struct kvp_policy_params pr = {.name = "predictor",
+                                   .aux_path = p16,
+                                   .budget = B,
+                                   .sink = 8,
+                                   .local = 8,
+                                   .dense_layers = -1};
+    run_logged(m, &pr, 16, n, gen, &pred, &lp);
+    print_message("predictor mode, r = 1, B = 64: max |logit diff| to `predictor` %.3g, "
+                  "to full %.3g\n",
+                  max_diff(pred.logits, cat.logits, (size_t)gen * NV),
+                  max_diff(dense.logits, cat.logits, (size_t)gen * NV));
+    assert_true(max_diff(pred.logits, cat.logits, (size_t)gen * NV) == 0.0);
+    assert_true(max_diff(dense.logits, cat.logits, (size_t)gen * NV) > 1e-6);
+    assert_memory_equal(lc.count, lp.count, (size_t)gen * NL * NKV * sizeof(int));
+    for (int i = 0; i < gen * NL * NKV; i++)
+        assert_true(lc.count[i] <= B);
+    assert_int_equal(cat.resident, dense.resident); /* nothing evicted */
+
+    /* r = 0.4, block 8: consistent heads read one fixed set of prompt tokens (plus the new
+     * ones), adaptive heads B tokens chosen anew each step; adaptive heads stay resident */
+    pp = small_params(0.4f, KVP_ADAPTIVE_PREDICTOR);
+    pp.aux_path = p8;
+    run_logged(m, &pp, 8, n, gen, &mix, &lm);
+    assert_true(mix.n_adaptive > 0 && mix.n_adaptive < NL * NKV);
+    int varying = 0;
+    for (int lh = 0; lh < NL * NKV; lh++) {
+        bool changed = false;
+        for (int i = 1; i < gen; i++) {
+            const uint8_t *a = lm.prompt + (size_t)lh * n, *b = lm.prompt + ((size_t)i * NL * NKV + lh) * n;
+            changed |= memcmp(a, b, (size_t)n) != 0;
+            int cnt = lm.count[i * NL * NKV + lh];
+            if (mix.adaptive[lh])
+                assert_true(cnt <= B);
+            else
+                assert_int_equal(cnt, B + tail + i + 1); /* fixed cache + every new token */
+        }
+        if (!mix.adaptive[lh])
+            assert_false(changed);
+        varying += changed;
+    }
+    print_message("r = 0.4: %d adaptive heads, %d of them change their selection\n",
+                  mix.n_adaptive, varying);
+    assert_true(varying >= 1);
+    assert_int_equal(mix.resident, expected_bytes(&mix, n + gen, B + tail + gen));
+
+    free(dense.logits);
+    free(big.logits);
+    free(cat.logits);
+    free(pred.logits);
+    free(mix.logits);
+    free(lc.prompt);
+    free(lc.count);
+    free(lp.prompt);
+    free(lp.count);
+    free(lm.prompt);
+    free(lm.count);
+    kvp_model_close(m);
+    remove(path);
+    free(path);
+    remove(p16);
+    free(p16);
+    remove(p8);
+    free(p8);
+}
+
+static void test_policy_adaptive_predictor_errors(void **state)
+{
+    (void)state;
+    char *path;
+    kvp_model *m = fixture_model(&path);
+    struct kvp_ctx_params cp = {.n_ctx = 300, .n_threads = 1, .block_size = 16};
+    kvp_ctx *c = NULL;
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_ctx_init(m, &cp, &c, &err), 0);
+    struct kvp_policy_params pp = small_params(0.4f, KVP_ADAPTIVE_PREDICTOR);
+    assert_int_equal(kvp_ctx_set_policy(c, &pp, &err), KVP_EINVAL);
+    print_message("no --aux: %s\n", err.msg);
+    assert_non_null(strstr(err.msg, "catekv"));
+    assert_non_null(strstr(err.msg, "predictor file"));
+    assert_non_null(strstr(err.msg, "--aux"));
+    pp.aux_path = "/nonexistent/p.kvpp";
+    assert_true(kvp_ctx_set_policy(c, &pp, &err) < 0);
+    assert_non_null(strstr(err.msg, "/nonexistent/p.kvpp"));
+    char *p8 = write_predictor(8); /* trained for another block size */
+    pp.aux_path = p8;
+    assert_int_equal(kvp_ctx_set_policy(c, &pp, &err), KVP_EINVAL);
+    assert_non_null(strstr(err.msg, "blocks of 8"));
+    kvp_ctx_free(c);
+    remove(p8);
+    free(p8);
     kvp_model_close(m);
     remove(path);
     free(path);
@@ -747,7 +941,9 @@ int main(void)
         cmocka_unit_test(test_geometry),
         cmocka_unit_test(test_policy_all_adaptive_is_full),
         cmocka_unit_test(test_policy_memory_formula),
-        cmocka_unit_test(test_policy_quest_and_predictor),
+        cmocka_unit_test(test_policy_quest),
+        cmocka_unit_test(test_policy_adaptive_predictor),
+        cmocka_unit_test(test_policy_adaptive_predictor_errors),
         cmocka_unit_test(test_policy_static_profile),
         cmocka_unit_test(test_profile_round_trip),
         cmocka_unit_test(test_profile_hostile),

@@ -14,7 +14,17 @@
  *              key landmarks per c-token chunk of [0, chunk_end) computed once after prefill,
  *              score Σ_d max(q_d·kmin_d, q_d·kmax_d), **max** over the GQA group (methods §5),
  *              top B/c chunks plus the unlandmarked tail [chunk_end, n_tokens) (§2.6);
- *   predictor  AttentionPredictor on the adaptive heads: not available yet (KVP_EUNSUPPORTED).
+ *   predictor  AttentionPredictor on the adaptive heads (methods.md §1): the whole cache stays
+ *              resident (η is ignored, nothing is evicted) and each decode step reads the sink,
+ *              the block-aligned local window and the best blocks the CNN predicts from the
+ *              head's own attention history, within the same budget B as the consistent heads
+ *              (B counts sink and local, as for the `predictor` policy; a budget that covers the
+ *              context reads everything). The machinery is the predictor policy's
+ *              (src/predictor/predict_sel.h), with the predictor file from aux_path and its
+ *              options from opts (every, calib, gqa, hist, inc, refresh). Histories start from
+ *              the prefill observation window (its last H rows; a window shorter than the
+ *              network's H starts them shorter) and follow each step's attention only on
+ *              adaptive heads, so consistent heads cost nothing per step.
  *
  * Classes come either from a head-profile file (static identification, kvpred profile-heads) or,
  * without one, from the prompt itself (dynamic): each layer's CVs are computed in its on_prefill,
@@ -37,6 +47,7 @@
 #include "policy/catekv_classify.h"
 #include "policy/catekv_profile.h"
 #include "policy/policy.h"
+#include "predictor/predict_sel.h"
 
 struct catekv_state {
     int n_lh;                         /* n_layer × n_head_kv */
@@ -57,6 +68,9 @@ struct catekv_state {
     uint8_t *stored;            /* [n_lh][max_chunks] chunk still in the cache after prefill */
     float *qscore;              /* [n_lh][max_chunks] */
     int *qcand, *qidx, *qtmp;   /* [n_lh][max_chunks] candidates, chosen, top-k scratch */
+    /* predictor mode only */
+    struct kvp_predsel *pred;   /* histories and CNN of the adaptive heads */
+    struct kvp_policy plan;     /* copy of the policy with budget = geo.budget, for block plans */
     struct kvp_catekv_geom geo; /* of the last prompt */
     bool prefilled;
 };
@@ -80,6 +94,7 @@ static void catekv_free(struct kvp_policy *p)
     if (!s)
         return;
     kvp_head_profile_free(s->profile);
+    kvp_predsel_free(s->pred);
     void *bufs[] = {s->adaptive, s->cv,           s->cv_scratch, s->score, s->A,    s->A_scratch,
                     s->topk,     s->topk_scratch, s->masks,      s->kmin,  s->kmax, s->stored,
                     s->qscore,   s->qcand,        s->qidx,       s->qtmp};
@@ -115,12 +130,10 @@ static int resolve_params(struct kvp_policy *p, struct kvp_err *err)
         return kvp_err_set(err, KVP_EINVAL, "catekv: alpha %g outside [0, 1]", (double)q->alpha);
     if (q->adaptive_mode < KVP_ADAPTIVE_FULL || q->adaptive_mode > KVP_ADAPTIVE_PREDICTOR)
         return kvp_err_set(err, KVP_EINVAL, "catekv: unknown adaptive mode %d", q->adaptive_mode);
-    if (q->adaptive_mode == KVP_ADAPTIVE_PREDICTOR)
-        /* TODO(catekv): run the AttentionPredictor CNN on adaptive heads once branch `predictor`
-         * provides the CNN and per-head history API. */
-        return kvp_err_set(err, KVP_EUNSUPPORTED,
-                           "catekv: adaptive mode 'predictor' needs the AttentionPredictor, which "
-                           "is not built yet");
+    if (q->adaptive_mode == KVP_ADAPTIVE_PREDICTOR && (!q->aux_path || !*q->aux_path))
+        return kvp_err_set(err, KVP_EINVAL,
+                           "catekv: adaptive mode 'predictor' needs a predictor file (set "
+                           "aux_path, e.g. --aux models/stories260K.kvpp)");
     if (q->budget > 0) {
         struct kvp_catekv_geom g;
         int rc = kvp_catekv_geometry(q->budget + 1, q->chunk, q->sink, q->local, q->tail_tokens,
@@ -189,6 +202,11 @@ static int catekv_init(struct kvp_policy *p, struct kvp_err *err)
         if (!s->kmin || !s->kmax || !s->stored || !s->qscore || !s->qcand || !s->qidx || !s->qtmp)
             goto fail_nomem;
     }
+    if (p->p.adaptive_mode == KVP_ADAPTIVE_PREDICTOR) {
+        rc = kvp_predsel_init(&s->pred, p, p->p.opts, "catekv", err);
+        if (rc < 0)
+            goto fail;
+    }
     return 0;
 
 fail_nomem:
@@ -202,6 +220,8 @@ static void catekv_reset(struct kvp_policy *p)
 {
     struct catekv_state *s = p->state;
     s->prefilled = false;
+    if (s->pred)
+        kvp_predsel_reset(s->pred);
 }
 
 /* B for an n-token prompt: the budget, or the ratio rounded down to S + R + a multiple of c;
@@ -284,7 +304,7 @@ static void finish_prefill(struct kvp_policy *p)
         for (int h = 0; h < p->env.n_head_kv; h++) {
             if (!s->adaptive[l * p->env.n_head_kv + h])
                 keep_top_chunks(p, l, h, g->select_sets);
-            else if (mode != KVP_ADAPTIVE_FULL)
+            else if (mode == KVP_ADAPTIVE_FRACTION || mode == KVP_ADAPTIVE_QUEST)
                 keep_top_chunks(p, l, h, eta_chunks);
             if (s->adaptive[l * p->env.n_head_kv + h] && mode == KVP_ADAPTIVE_QUEST)
                 build_landmarks(p, l, h);
@@ -300,7 +320,17 @@ static void catekv_prefill(struct kvp_policy *p, int layer, const struct kvp_pre
         /* parameters were checked at init, so this cannot fail */
         kvp_catekv_geometry(obs->n_prompt, p->p.chunk, p->p.sink, p->p.local, p->p.tail_tokens,
                             prompt_budget(p, obs->n_prompt), &s->geo, NULL);
+        if (s->pred) { /* adaptive heads read B tokens per step, whatever the context grows to */
+            s->plan = *p;
+            s->plan.p.budget = s->geo.budget;
+            s->plan.p.budget_ratio = 0.0f;
+        }
     }
+    if (s->pred && !s->geo.keep_all)
+        /* classes are known at the last layer (dynamic mode): start every head's history */
+        for (int h = 0; h < p->env.n_head_kv; h++)
+            if (!s->profile || s->profile->adaptive[layer * p->env.n_head_kv + h])
+                kvp_predsel_prefill(s->pred, p, layer, h, obs);
     const struct kvp_catekv_geom *geo = &s->geo;
     if (!geo->keep_all) {
         for (int h = 0; h < p->env.n_head_kv; h++) {
@@ -357,6 +387,12 @@ static bool quest_select(struct kvp_policy *p, int layer, int kvh, const float *
     return true;
 }
 
+/* (layer, KV head) lh is an adaptive head that the CNN drives this sequence. */
+static bool predicting(const struct catekv_state *s, int lh)
+{
+    return s->pred && s->prefilled && !s->geo.keep_all && s->adaptive[lh];
+}
+
 static void catekv_select(struct kvp_policy *p, int layer, int kvh, const float *q, int n_tokens,
                           struct kvp_sel *sel)
 {
@@ -370,11 +406,24 @@ static void catekv_select(struct kvp_policy *p, int layer, int kvh, const float 
         kvp_sel_from_masks(sel, m, nb);
         return;
     }
+    if (predicting(s, lh)) {
+        kvp_predsel_select(s->pred, &s->plan, layer, kvh, q, n_tokens, sel);
+        return;
+    }
     /* everything this head still stores: its fixed cache plus all generated tokens */
     const uint64_t full = bs == 64 ? ~0ULL : (1ULL << bs) - 1;
     for (int b = 0; b < nb; b++)
         m[b] = full & ~kvp_kvcache_evicted(p->env.kv, layer, kvh, b);
     kvp_sel_from_masks(sel, m, nb);
+}
+
+/* Adaptive heads in predictor mode: the step's attention extends their history. */
+static void catekv_step(struct kvp_policy *p, int layer, int kvh, const struct kvp_sel *sel,
+                        const float *probs, int probs_stride, int n_tokens)
+{
+    struct catekv_state *s = p->state;
+    if (predicting(s, layer * p->env.n_head_kv + kvh))
+        kvp_predsel_step(s->pred, &s->plan, layer, kvh, sel, probs, probs_stride, n_tokens);
 }
 
 int kvp_catekv_policy_cvs(const struct kvp_policy *p, double *cv, struct kvp_err *err)
@@ -409,7 +458,8 @@ int kvp_catekv_policy_classes(const struct kvp_policy *p, uint8_t *adaptive)
 
 const struct kvp_policy_ops kvp_policy_catekv = {
     .name = "catekv",
-    .help = "CateKV: consistent heads keep sink + top chunks + tail, adaptive heads full/η/Quest",
+    .help = "CateKV: consistent heads keep sink + top chunks + tail, adaptive heads "
+            "full/η/Quest/AttentionPredictor (predictor needs aux_path)",
     .evicting = true,
     .wants_obs = true,
     .init = catekv_init,
@@ -417,4 +467,5 @@ const struct kvp_policy_ops kvp_policy_catekv = {
     .reset = catekv_reset,
     .on_prefill = catekv_prefill,
     .select = catekv_select,
+    .on_step = catekv_step,
 };
