@@ -25,6 +25,13 @@ for mode in full fraction quest; do
             2>/dev/null >> bench/eval_catekv.jsonl
     done
 done
+# catekv + AttentionPredictor: adaptive heads read sink + local + the CNN's best blocks within B
+for r in 0.2 0.4; do
+    "$kvp" eval "${common[@]}" --policy catekv --adaptive predictor --adaptive-ratio "$r" \
+        --aux models/stories260K.kvpp \
+        --sink 8 --local 8 --chunk 8 --tail 8 --window 32 --percentile 0.98 --json \
+        2>/dev/null >> bench/eval_catekv.jsonl
+done
 "$kvp" eval "${common[@]}" --policy catekv --head-profile models/stories260K.catekv-r0.4.profile \
     --sink 8 --local 8 --chunk 8 --tail 8 --window 32 --percentile 0.98 --json \
     2>/dev/null >> bench/eval_catekv.jsonl
