@@ -117,6 +117,18 @@ int kvp_gguf_writer_set_arr_f32(struct kvp_gguf_writer *w, const char *key, cons
                                 size_t n);
 int kvp_gguf_writer_set_arr_i32(struct kvp_gguf_writer *w, const char *key, const int32_t *v,
                                 size_t n);
+/* Additions to the typed setters above. Any scalar type but STRING/ARRAY; v points to a native
+ * value of that type (bool for BOOL). */
+int kvp_gguf_writer_set_scalar(struct kvp_gguf_writer *w, const char *key, uint32_t vtype,
+                               const void *v);
+/* Array of n packed native elements of any scalar element type (bool[] for BOOL). */
+int kvp_gguf_writer_set_arr(struct kvp_gguf_writer *w, const char *key, uint32_t elem,
+                            const void *v, size_t n);
+/* String of len bytes, not necessarily NUL-terminated. */
+int kvp_gguf_writer_set_strn(struct kvp_gguf_writer *w, const char *key, const char *s,
+                             size_t len);
+/* Write general.alignment (u32, a power of two up to 2^30) and lay tensors out with it. */
+int kvp_gguf_writer_set_alignment(struct kvp_gguf_writer *w, uint32_t alignment);
 int kvp_gguf_writer_add_tensor(struct kvp_gguf_writer *w, const char *name, int type,
                                int n_dims, const int64_t *ne, const void *data);
 /* Serialize to a heap buffer (owned by the caller, free()) or to a file. */

@@ -1,0 +1,220 @@
+/*
+ * Vocabulary ↔ GGUF metadata (formats.md §2.3, §5.4): reading tokenizer.ggml.* into a
+ * struct kvp_vocab, and writing one back for `kvpred convert`. Kept apart from vocab.c so that
+ * programs that only read llama2.c files do not pull in the GGUF reader.
+ *
+ * Only SentencePiece vocabularies ("llama") are implemented; "gpt2" (byte-level BPE) is
+ * recognised and refused with KVP_EUNSUPPORTED until its encoder exists. Missing ids and flags
+ * take llama.cpp's SPM defaults, and an id outside the vocabulary is ignored, as llama.cpp does.
+ */
+#include "tokenizer/vocab_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/gguf.h"
+
+/* ============================== GGUF metadata ================================================= */
+
+/* Read an optional id key; absent or out of range keeps *id. */
+static int read_id(const struct kvp_gguf *g, const char *key, int n, int *id, struct kvp_err *err)
+{
+    int64_t x;
+    int rc = kvp_gguf_get_int(g, key, &x, err);
+    if (rc == KVP_ENOTFOUND)
+        return 0;
+    if (rc < 0)
+        return rc;
+    if (x >= 0 && x < n)
+        *id = (int)x; /* formats.md §2.3: an id >= n_vocab is ignored */
+    return 0;
+}
+
+static int read_flag(const struct kvp_gguf *g, const char *key, bool *flag, struct kvp_err *err)
+{
+    bool b;
+    int rc = kvp_gguf_get_bool(g, key, &b, err);
+    if (rc == KVP_ENOTFOUND)
+        return 0;
+    if (rc < 0)
+        return rc;
+    *flag = b;
+    return 0;
+}
+
+/* Fetch the array record for key, checking its element kind and count. Returns the record,
+ * NULL with *rc = 0 when absent and optional, or NULL with *rc < 0 on error. */
+static const struct kvp_gguf_kv *get_array(const struct kvp_gguf *g, const char *key, bool want_str,
+                                           uint64_t want_n, int *rc, struct kvp_err *err)
+{
+    *rc = 0;
+    int64_t idx = kvp_gguf_find_key(g, key);
+    if (idx < 0)
+        return NULL;
+    const struct kvp_gguf_kv *kv = &g->kv[idx];
+    if (kv->type != KVP_GGUF_ARRAY || (want_str != (kv->arr_type == KVP_GGUF_STRING))) {
+        *rc = kvp_err_set(err, KVP_EFORMAT, "%s: wrong type (expected an array of %s)", key,
+                          want_str ? "strings" : "numbers");
+        return NULL;
+    }
+    if (want_n && kv->count != want_n) {
+        *rc = kvp_err_set(err, KVP_EFORMAT, "%s: %llu entries but %llu tokens", key,
+                          (unsigned long long)kv->count, (unsigned long long)want_n);
+        return NULL;
+    }
+    return kv;
+}
+
+/* The eot id: from the key, else by text as llama.cpp does (formats.md §2.3). */
+static int find_eot(const struct kvp_gguf *g, struct kvp_vocab *v, struct kvp_err *err)
+{
+    int rc = read_id(g, "tokenizer.ggml.eot_token_id", v->n, &v->eot, err);
+    if (rc < 0 || v->eot >= 0)
+        return rc;
+    static const char *const names[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>",
+                                        "<|endoftext|>"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]) && v->eot < 0; i++) {
+        int id = kvp_vocab_find(v, names[i], strlen(names[i]));
+        if (id >= 0 && id != v->eos)
+            v->eot = id;
+    }
+    return 0;
+}
+
+/* Load the token arrays of an SPM vocabulary into a new kvp_vocab. */
+static int load_gguf_arrays(const struct kvp_gguf *g, struct kvp_vocab **out, struct kvp_err *err)
+{
+    int rc;
+    const struct kvp_gguf_kv *tok = get_array(g, "tokenizer.ggml.tokens", true, 0, &rc, err);
+    if (!tok)
+        return rc < 0 ? rc : kvp_err_set(err, KVP_EFORMAT, "tokenizer.ggml.tokens missing");
+    if (tok->count == 0 || tok->count > KVP_VOCAB_MAX_TOKENS)
+        return kvp_err_set(err, KVP_EFORMAT, "tokenizer.ggml.tokens: %llu tokens (must be 1 .. %d)",
+                           (unsigned long long)tok->count, KVP_VOCAB_MAX_TOKENS);
+    int n = (int)tok->count;
+    const struct kvp_gguf_kv *sc = get_array(g, "tokenizer.ggml.scores", false, tok->count, &rc,
+                                             err);
+    if (rc < 0)
+        return rc;
+    const struct kvp_gguf_kv *ty = get_array(g, "tokenizer.ggml.token_type", false, tok->count,
+                                             &rc, err);
+    if (rc < 0)
+        return rc;
+
+    const char **texts = malloc((size_t)n * sizeof(*texts));
+    size_t *lens = malloc((size_t)n * sizeof(*lens));
+    float *scores = malloc((size_t)n * sizeof(*scores));
+    int32_t *types = malloc((size_t)n * sizeof(*types));
+    if (!texts || !lens || !scores || !types) {
+        rc = kvp_err_set(err, KVP_ENOMEM, "vocabulary: out of memory for %d tokens", n);
+        goto out_free;
+    }
+    for (int i = 0; i < n; i++) {
+        double s = 0;
+        int64_t t = KVP_TOKEN_NORMAL;
+        if (kvp_gguf_arr_str(tok, (uint64_t)i, &texts[i], &lens[i]) < 0 ||
+            (sc && kvp_gguf_arr_float(sc, (uint64_t)i, &s) < 0) ||
+            (ty && kvp_gguf_arr_int(ty, (uint64_t)i, &t) < 0)) {
+            rc = kvp_err_set(err, KVP_EFORMAT, "tokenizer.ggml.*: cannot read token %d", i);
+            goto out_free;
+        }
+        if (t < 0 || t > KVP_TOKEN_BYTE) {
+            rc = kvp_err_set(err, KVP_EFORMAT, "tokenizer.ggml.token_type: token %d has type %lld",
+                             i, (long long)t);
+            goto out_free;
+        }
+        scores[i] = (float)s;
+        types[i] = (int32_t)t;
+    }
+    rc = kvp_vocab_build(n, texts, lens, scores, types, out, err);
+
+out_free:
+    free(types);
+    free(scores);
+    free(lens);
+    free(texts);
+    return rc;
+}
+
+/* Read tokenizer.ggml.* (formats.md §2.3, defaults of §5.4). Returns 0, KVP_ENOTFOUND when the
+ * file has no tokenizer, KVP_EUNSUPPORTED for models other than "llama", or KVP_EFORMAT. */
+int kvp_vocab_load_gguf(const struct kvp_gguf *g, struct kvp_vocab **out, struct kvp_err *err)
+{
+    struct kvp_err scratch;
+    if (!err)
+        err = &scratch;
+    if (!g || !out)
+        return kvp_err_set(err, KVP_EINVAL, "kvp_vocab_load_gguf: NULL argument");
+    const char *model;
+    size_t mlen;
+    int rc = kvp_gguf_get_str(g, "tokenizer.ggml.model", &model, &mlen, err);
+    if (rc == KVP_ENOTFOUND)
+        return kvp_err_set(err, KVP_ENOTFOUND, "no tokenizer in this file (tokenizer.ggml.model "
+                                               "missing)");
+    if (rc < 0)
+        return rc;
+    if (mlen == 4 && memcmp(model, "gpt2", 4) == 0)
+        return kvp_err_set(err, KVP_EUNSUPPORTED, "BPE tokenizer not supported yet");
+    if (!(mlen == 5 && memcmp(model, "llama", 5) == 0))
+        return kvp_err_set(err, KVP_EUNSUPPORTED, "tokenizer model '%.*s' not supported",
+                           (int)(mlen > 64 ? 64 : mlen), model);
+
+    struct kvp_vocab *v = NULL;
+    if ((rc = load_gguf_arrays(g, &v, err)) < 0)
+        return rc;
+    if ((rc = read_id(g, "tokenizer.ggml.bos_token_id", v->n, &v->bos, err)) < 0 ||
+        (rc = read_id(g, "tokenizer.ggml.eos_token_id", v->n, &v->eos, err)) < 0 ||
+        (rc = read_id(g, "tokenizer.ggml.unknown_token_id", v->n, &v->unk, err)) < 0 ||
+        (rc = read_id(g, "tokenizer.ggml.eom_token_id", v->n, &v->eom, err)) < 0 ||
+        (rc = find_eot(g, v, err)) < 0 ||
+        (rc = read_flag(g, "tokenizer.ggml.add_bos_token", &v->add_bos, err)) < 0 ||
+        (rc = read_flag(g, "tokenizer.ggml.add_eos_token", &v->add_eos, err)) < 0 ||
+        (rc = read_flag(g, "tokenizer.ggml.add_space_prefix", &v->add_space_prefix, err)) < 0 ||
+        (rc = kvp_vocab_finish(v, err)) < 0)
+        goto fail_free_vocab;
+    *out = v;
+    return 0;
+
+fail_free_vocab:
+    kvp_vocab_free(v);
+    return rc;
+}
+
+/* Add the tokenizer.ggml.* keys (formats.md §2.3) describing v. Token strings are borrowed from
+ * v until the writer is serialized. Returns 0 or a negative KVP_E* code. */
+int kvp_vocab_write_gguf(const struct kvp_vocab *v, struct kvp_gguf_writer *w,
+                         struct kvp_err *err)
+{
+    if (!v || !w)
+        return kvp_err_set(err, KVP_EINVAL, "kvp_vocab_write_gguf: NULL argument");
+    if (v->kind != KVP_VOCAB_SPM)
+        return kvp_err_set(err, KVP_EUNSUPPORTED, "only SentencePiece vocabularies can be written");
+    int rc = 0;
+    if ((rc = kvp_gguf_writer_set_str(w, "tokenizer.ggml.model", "llama")) < 0 ||
+        (rc = kvp_gguf_writer_set_str(w, "tokenizer.ggml.pre", "default")) < 0 ||
+        (rc = kvp_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", v->text, v->len,
+                                          (size_t)v->n)) < 0 ||
+        (rc = kvp_gguf_writer_set_arr_f32(w, "tokenizer.ggml.scores", v->score, (size_t)v->n)) <
+            0 ||
+        (rc = kvp_gguf_writer_set_arr_i32(w, "tokenizer.ggml.token_type", v->type,
+                                          (size_t)v->n)) < 0)
+        goto fail;
+    if (v->bos >= 0 &&
+        (rc = kvp_gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)v->bos)) < 0)
+        goto fail;
+    if (v->eos >= 0 &&
+        (rc = kvp_gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)v->eos)) < 0)
+        goto fail;
+    if (v->unk >= 0 &&
+        (rc = kvp_gguf_writer_set_u32(w, "tokenizer.ggml.unknown_token_id", (uint32_t)v->unk)) < 0)
+        goto fail;
+    if ((rc = kvp_gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", v->add_bos)) < 0 ||
+        (rc = kvp_gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", v->add_eos)) < 0 ||
+        (rc = kvp_gguf_writer_set_bool(w, "tokenizer.ggml.add_space_prefix",
+                                       v->add_space_prefix)) < 0)
+        goto fail;
+    return 0;
+
+fail:
+    return kvp_err_set(err, rc, "writing tokenizer metadata: %s", kvp_strerror(rc));
+}
