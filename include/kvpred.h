@@ -125,6 +125,8 @@ void kvp_ctx_free(kvp_ctx *ctx);
 
 /* Forget every cached token. */
 void kvp_ctx_reset(kvp_ctx *ctx);
+/* Drop every cached token at position >= n (n <= the current count). */
+void kvp_ctx_truncate(kvp_ctx *ctx, int n);
 /* Tokens currently in the cache (the position of the next token). */
 int kvp_ctx_n_tokens(const kvp_ctx *ctx);
 int kvp_ctx_n_ctx(const kvp_ctx *ctx);

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <math.h>
 
 const char *kvp_test_shared(const char *relpath)
 {
@@ -115,4 +116,140 @@ int kvp_test_run(const char *cmd, char **output, int merge_stderr)
     else
         free(buf);
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* ---- random-weight model fixtures ---- */
+#include "kernels/types.h"
+#include "model/gguf.h"
+
+static float fixture_rand(unsigned *s)
+{
+    *s = *s * 1664525u + 1013904223u;
+    return ((float)((*s >> 8) & 0xffff) / 65535.0f - 0.5f);
+}
+
+struct fixture_tensor {
+    void *q;     /* data in the requested type */
+    float *deq;  /* dequantized copy */
+};
+
+static int fixture_make(int type, int64_t cols, int64_t rows, float scale, unsigned *seed,
+                        struct fixture_tensor *t)
+{
+    size_t n = (size_t)(cols * rows);
+    float *w = malloc(n * sizeof(float));
+    size_t row_bytes;
+    if (!w || !kvp_type_row_bytes(type, cols, &row_bytes))
+        return -1;
+    for (size_t i = 0; i < n; i++)
+        w[i] = fixture_rand(seed) * scale;
+    const struct kvp_type_traits *tt = kvp_type_traits(type);
+    t->q = malloc(row_bytes * (size_t)rows);
+    t->deq = malloc(n * sizeof(float));
+    if (!t->q || !t->deq)
+        return -1;
+    for (int64_t r = 0; r < rows; r++) {
+        tt->from_f32(w + r * cols, (uint8_t *)t->q + r * row_bytes, cols);
+        tt->to_f32((uint8_t *)t->q + r * row_bytes, t->deq + r * cols, cols);
+    }
+    free(w);
+    return 0;
+}
+
+int kvp_test_write_model(const struct kvp_test_model_spec *sp, const char *path,
+                         const char *deq_path)
+{
+    const char *arch = sp->arch ? sp->arch : "llama";
+    int hd = sp->n_embd / sp->n_head;
+    int64_t qd = (int64_t)sp->n_head * hd, kvd = (int64_t)sp->n_head_kv * hd;
+    unsigned seed = sp->seed ? sp->seed : 1;
+    struct kvp_gguf_writer *w[2] = {NULL, NULL};
+    enum { MAXT = 1024 };
+    struct fixture_tensor ts[MAXT];
+    float *norms[MAXT];
+    int nt = 0, nn = 0, rc = -1;
+    memset(ts, 0, sizeof(ts));
+    if (kvp_gguf_writer_init(&w[0], NULL) < 0 || kvp_gguf_writer_init(&w[1], NULL) < 0)
+        goto out;
+    for (int f = 0; f < 2; f++) {
+        char key[128];
+        kvp_gguf_writer_set_str(w[f], "general.architecture", arch);
+        kvp_gguf_writer_set_str(w[f], "general.name", "random test model");
+#define KEY(s) (snprintf(key, sizeof(key), "%s.%s", arch, s), key)
+        kvp_gguf_writer_set_u32(w[f], KEY("context_length"), (uint32_t)sp->n_ctx);
+        kvp_gguf_writer_set_u32(w[f], KEY("embedding_length"), (uint32_t)sp->n_embd);
+        kvp_gguf_writer_set_u32(w[f], KEY("block_count"), (uint32_t)sp->n_layer);
+        kvp_gguf_writer_set_u32(w[f], KEY("feed_forward_length"), (uint32_t)sp->n_ff);
+        kvp_gguf_writer_set_u32(w[f], KEY("attention.head_count"), (uint32_t)sp->n_head);
+        kvp_gguf_writer_set_u32(w[f], KEY("attention.head_count_kv"), (uint32_t)sp->n_head_kv);
+        kvp_gguf_writer_set_f32(w[f], KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
+        kvp_gguf_writer_set_f32(w[f], KEY("rope.freq_base"),
+                                sp->rope_base > 0 ? sp->rope_base : 10000.0f);
+#undef KEY
+    }
+    /* add one matrix to both files */
+#define MAT(name, type, cols, rows, scale)                                                        \
+    do {                                                                                           \
+        if (nt >= MAXT || fixture_make(type, cols, rows, scale, &seed, &ts[nt]) < 0)               \
+            goto out;                                                                              \
+        int64_t ne_[2] = {cols, rows};                                                             \
+        kvp_gguf_writer_add_tensor(w[0], name, type, 2, ne_, ts[nt].q);                            \
+        kvp_gguf_writer_add_tensor(w[1], name, KVP_TYPE_F32, 2, ne_, ts[nt].deq);                  \
+        nt++;                                                                                      \
+    } while (0)
+#define VEC(name, n)                                                                               \
+    do {                                                                                           \
+        float *v_ = malloc((size_t)(n) * sizeof(float));                                           \
+        if (!v_ || nn >= MAXT)                                                                     \
+            goto out;                                                                              \
+        for (int i_ = 0; i_ < (n); i_++)                                                           \
+            v_[i_] = 1.0f + 0.5f * fixture_rand(&seed);                                            \
+        norms[nn++] = v_;                                                                          \
+        int64_t ne_[1] = {n};                                                                      \
+        kvp_gguf_writer_add_tensor(w[0], name, KVP_TYPE_F32, 1, ne_, v_);                          \
+        kvp_gguf_writer_add_tensor(w[1], name, KVP_TYPE_F32, 1, ne_, v_);                          \
+    } while (0)
+    float ws = 1.0f / sqrtf((float)sp->n_embd) * 2.0f;
+    MAT("token_embd.weight", sp->embd_type, sp->n_embd, sp->n_vocab, 2.0f);
+    for (int l = 0; l < sp->n_layer; l++) {
+        char nm[64];
+        snprintf(nm, sizeof(nm), "blk.%d.attn_norm.weight", l);
+        VEC(nm, sp->n_embd);
+        snprintf(nm, sizeof(nm), "blk.%d.attn_q.weight", l);
+        MAT(nm, sp->type, sp->n_embd, qd, ws * 2);
+        snprintf(nm, sizeof(nm), "blk.%d.attn_k.weight", l);
+        MAT(nm, sp->type, sp->n_embd, kvd, ws * 2);
+        snprintf(nm, sizeof(nm), "blk.%d.attn_v.weight", l);
+        MAT(nm, sp->type, sp->n_embd, kvd, ws);
+        snprintf(nm, sizeof(nm), "blk.%d.attn_output.weight", l);
+        MAT(nm, sp->type, qd, sp->n_embd, ws);
+        snprintf(nm, sizeof(nm), "blk.%d.ffn_norm.weight", l);
+        VEC(nm, sp->n_embd);
+        snprintf(nm, sizeof(nm), "blk.%d.ffn_gate.weight", l);
+        MAT(nm, sp->type, sp->n_embd, sp->n_ff, ws);
+        snprintf(nm, sizeof(nm), "blk.%d.ffn_up.weight", l);
+        MAT(nm, sp->type, sp->n_embd, sp->n_ff, ws);
+        snprintf(nm, sizeof(nm), "blk.%d.ffn_down.weight", l);
+        MAT(nm, sp->type, sp->n_ff, sp->n_embd, 1.0f / sqrtf((float)sp->n_ff) * 2.0f);
+    }
+    VEC("output_norm.weight", sp->n_embd);
+    if (!sp->tied)
+        MAT("output.weight", sp->type, sp->n_embd, sp->n_vocab, ws * 2);
+#undef MAT
+#undef VEC
+    if (kvp_gguf_writer_write_file(w[0], path, NULL) < 0)
+        goto out;
+    if (deq_path && kvp_gguf_writer_write_file(w[1], deq_path, NULL) < 0)
+        goto out;
+    rc = 0;
+out:
+    for (int i = 0; i < nt; i++) {
+        free(ts[i].q);
+        free(ts[i].deq);
+    }
+    for (int i = 0; i < nn; i++)
+        free(norms[i]);
+    kvp_gguf_writer_free(w[0]);
+    kvp_gguf_writer_free(w[1]);
+    return rc;
 }

@@ -42,3 +42,20 @@ int kvp_test_write_file(const char *path, const void *data, size_t size);
 int kvp_test_run(const char *cmd, char **output, int merge_stderr);
 
 #endif
+
+/* ---- random-weight model fixtures ---- */
+struct kvp_test_model_spec {
+    int n_vocab, n_embd, n_layer, n_head, n_head_kv, n_ff, n_ctx;
+    int type;       /* matrix type (enum kvp_type); norms stay F32 */
+    int embd_type;  /* token_embd type */
+    int tied;       /* 1: no output.weight */
+    float rope_base;
+    unsigned seed;
+    const char *arch; /* NULL: "llama" */
+};
+
+/* Write a GGUF model with random weights (deterministic in seed). When deq_path is not NULL,
+ * also write the F32 model whose weights are exactly the dequantized weights of the first file,
+ * so both must give the same logits up to summation order. Returns 0 on success. */
+int kvp_test_write_model(const struct kvp_test_model_spec *spec, const char *path,
+                         const char *deq_path);

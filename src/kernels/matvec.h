@@ -31,6 +31,12 @@ void kvp_matvec_prepare(int type, const float *x, int64_t cols, void *xq);
 void kvp_matvec_rows(const struct kvp_mat *W, const float *x, const void *xq, float *y, int64_t r0,
                      int64_t r1);
 
+/* kvp_matvec_rows with an explicit kernel table (tests compare every table; callers normally
+ * use kvp_matvec_rows, which takes kvp_simd()). */
+struct kvp_simd_ops;
+void kvp_matvec_rows_ops(const struct kvp_simd_ops *ops, const struct kvp_mat *W, const float *x,
+                         const void *xq, float *y, int64_t r0, int64_t r1);
+
 /* Dequantize rows [r0, r1) of W into dst ([r1-r0][cols] floats). */
 void kvp_mat_dequant_rows(const struct kvp_mat *W, float *dst, int64_t r0, int64_t r1);
 

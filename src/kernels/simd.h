@@ -24,7 +24,9 @@ struct kvp_simd_ops {
     /* y[i] += a * x[i] */
     void (*axpy)(float a, const float *x, float *y, int64_t n);
 
-    /* x[i] = exp(x[i] - max); returns the sum of the new x. Accurate to ~1e-6 relative. */
+    /* x[i] = exp(x[i] - max); returns the sum of the new x. Accurate to ~1e-6 relative. max
+     * must be finite and >= every x[i] (up to rounding); x[i] = -inf gives 0, and results below
+     * FLT_MIN may flush to 0. */
     float (*exp_sum)(float *x, int64_t n, float max);
 
     /* Attention over one KV block. kt is the block's keys transposed, [hd][bs] (bs contiguous
@@ -33,6 +35,29 @@ struct kvp_simd_ops {
                          float *scores);
     /* out[d] += Σ_t p[t]·v[t][d] for t < n, v laid out [bs][hd] (n <= bs tokens used). */
     void (*block_accum)(const float *p, const float *v, int hd, int n, float *out);
+
+    /* ---- Added by the kernel layer (fields appended; the ones above are unchanged). ---- */
+
+    /* Row-batched dots for kvp_matvec_rows: y[r] = dot(row r, x) for r < nrows, where row r
+     * starts at (const char *)w + r * row_bytes (any alignment). Doing several rows per call
+     * shares the x loads and the horizontal sums, which dominate for small matrices. x is f32
+     * for the float types and Q8_0 blocks for rows_q8_0. Same rounding contract as the dots. */
+    void (*rows_f32)(const void *w, size_t row_bytes, const float *x, int64_t n, int64_t nrows,
+                     float *y);
+    void (*rows_f16)(const void *w, size_t row_bytes, const float *x, int64_t n, int64_t nrows,
+                     float *y);
+    void (*rows_bf16)(const void *w, size_t row_bytes, const float *x, int64_t n, int64_t nrows,
+                      float *y);
+    void (*rows_q8_0)(const void *w, size_t row_bytes, const void *xq, int64_t n, int64_t nrows,
+                      float *y);
+
+    /* Q8_0 quantization of n floats (n a multiple of 32), bit-identical to
+     * kvp_quantize_row_q8_0_ref for finite inputs. dst may be unaligned. */
+    void (*quantize_q8_0)(const float *x, void *dst, int64_t n);
+
+    /* Dequantize n elements (src may be unaligned; Q8_0: n a multiple of 32). */
+    void (*dequant_f16)(const void *src, float *dst, int64_t n);
+    void (*dequant_q8_0)(const void *src, float *dst, int64_t n);
 };
 
 /* The table for this CPU (or the one KVP_SIMD forces). Thread-safe after the first call. */
@@ -42,6 +67,11 @@ const struct kvp_simd_ops *kvp_simd(void);
 const struct kvp_simd_ops *kvp_simd_scalar(void);
 const struct kvp_simd_ops *kvp_simd_avx2(void);
 const struct kvp_simd_ops *kvp_simd_avx512(void);
+
+/* Pure selection rule behind kvp_simd(), exposed for tests: want is the KVP_SIMD value (NULL,
+ * empty or unknown = best available), features a kvp_cpu_features() mask. A request the CPU
+ * cannot honour falls back to the best table it can (avx512 -> avx2 -> scalar). Never NULL. */
+const struct kvp_simd_ops *kvp_simd_pick(const char *want, int features);
 
 /* Quantize n floats (n a multiple of 32) into Q8_0 blocks (round to nearest, as ggml does). */
 void kvp_quantize_row_q8_0(const float *x, void *dst, int64_t n);

@@ -318,7 +318,9 @@ int kvp_vocab_load_llama2c_memory(const void *buf, size_t size, int n_vocab,
                            "model's vocabulary size does not match)", size, n_vocab);
 
     int rc;
-    size_t blob_cap = 3 * (size - 4); /* spaces expand to 3 bytes; size - 4 >= 8 n_vocab */
+    size_t blob_cap; /* spaces expand to 3 bytes; size - 4 >= 8 n_vocab > 0 */
+    if (!kvp_mul_ok(size - 4, 3, &blob_cap))
+        return kvp_err_set(err, KVP_ENOMEM, "tokenizer.bin: file too large");
     char *blob = malloc(blob_cap);
     const char **texts = malloc((size_t)n_vocab * sizeof(*texts));
     size_t *lens = malloc((size_t)n_vocab * sizeof(*lens));

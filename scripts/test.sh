@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Build and run every test: the release build, the ASan+UBSan build, and a bounded fuzz run.
+#   scripts/test.sh            (FUZZ_SECONDS=N to change the fuzz time per target, 0 to skip)
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+jobs="${JOBS:-2}"
+
+echo "== release build and tests"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$jobs"
+ctest --test-dir build --output-on-failure -j"$jobs"
+
+echo "== sanitizer build (ASan + UBSan) and tests"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVP_SANITIZE=ON >/dev/null
+cmake --build build-asan -j"$jobs"
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    ctest --test-dir build-asan --output-on-failure -j"$jobs"
+
+fuzz="${FUZZ_SECONDS:-30}"
+if [ "$fuzz" -gt 0 ]; then
+    echo "== fuzzing the file readers, ${fuzz}s per target"
+    scripts/fuzz.sh "$fuzz"
+fi

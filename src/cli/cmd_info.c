@@ -1,0 +1,120 @@
+/* `kvpred info`: architecture, shapes, tensor types, tokenizer and memory needs of a model. */
+#include <stdio.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "cli/cli.h"
+#include "cli/common.h"
+#include "kernels/types.h"
+#include "model/model.h"
+#include "tokenizer/vocab.h"
+
+static void help(void)
+{
+    printf("usage: kvpred info -m MODEL [--tokenizer TOK.bin] [-c CTX] [--json]\n\n"
+           "Show architecture, shapes, tensor types, tokenizer and memory needs.\n"
+           "KV memory is for F32 keys and values at context CTX (default: the model's).\n");
+}
+
+int cmd_info(int argc, char **argv)
+{
+    struct cli_model_opts mo = {0};
+    bool json = false;
+    for (int i = 1; i < argc; i++) {
+        int r = cli_model_flag(&mo, argc, argv, &i);
+        if (r < 0)
+            return 1;
+        if (r > 0)
+            continue;
+        if (!strcmp(argv[i], "--json"))
+            json = true;
+        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            help();
+            return 0;
+        } else
+            return cli_fail("info: unknown flag '%s' (see kvpred info --help)", argv[i]);
+    }
+    kvp_model *m = cli_open_model(&mo);
+    if (!m)
+        return 1;
+    struct kvp_model_info in;
+    kvp_model_get_info(m, &in);
+    long n_ctx = mo.n_ctx > 0 ? mo.n_ctx : in.n_ctx_train;
+    double kv_per_token = 2.0 * in.n_layer * in.n_head_kv * in.head_dim * sizeof(float);
+    const char *tok_model = "none";
+    int n_tokens = 0;
+    if (m->vocab) {
+        tok_model = kvp_vocab_kind(m->vocab) == KVP_VOCAB_SPM ? "llama (SentencePiece)" : "gpt2";
+        n_tokens = kvp_vocab_n_tokens(m->vocab);
+    }
+    /* count tensor types over the weight matrices */
+    long type_count[KVP_TYPE_COUNT] = {0};
+    for (int l = 0; l < in.n_layer; l++) {
+        const struct kvp_layer_weights *L = &m->layers[l];
+        const struct kvp_mat *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up,
+                                        &L->w_down};
+        for (size_t k = 0; k < 7; k++)
+            type_count[mats[k]->type]++;
+    }
+    type_count[m->tok_embd.type]++;
+    if (!m->tied_output)
+        type_count[m->output.type]++;
+
+    if (json) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "arch", in.arch);
+        cJSON_AddStringToObject(o, "name", in.name);
+        cJSON_AddNumberToObject(o, "n_vocab", in.n_vocab);
+        cJSON_AddNumberToObject(o, "n_embd", in.n_embd);
+        cJSON_AddNumberToObject(o, "n_layer", in.n_layer);
+        cJSON_AddNumberToObject(o, "n_head", in.n_head);
+        cJSON_AddNumberToObject(o, "n_head_kv", in.n_head_kv);
+        cJSON_AddNumberToObject(o, "head_dim", in.head_dim);
+        cJSON_AddNumberToObject(o, "n_ff", in.n_ff);
+        cJSON_AddNumberToObject(o, "n_ctx_train", in.n_ctx_train);
+        cJSON_AddNumberToObject(o, "norm_eps", in.norm_eps);
+        cJSON_AddNumberToObject(o, "rope_base", in.rope_base);
+        cJSON_AddBoolToObject(o, "tied_output", in.tied_output);
+        cJSON_AddNumberToObject(o, "n_params", (double)in.n_params);
+        cJSON_AddNumberToObject(o, "weight_bytes", (double)in.weight_bytes);
+        cJSON *types = cJSON_AddObjectToObject(o, "matrix_types");
+        for (int t = 0; t < KVP_TYPE_COUNT; t++)
+            if (type_count[t])
+                cJSON_AddNumberToObject(types, kvp_type_name(t), (double)type_count[t]);
+        cJSON_AddStringToObject(o, "tokenizer", tok_model);
+        cJSON_AddNumberToObject(o, "tokenizer_tokens", n_tokens);
+        cJSON_AddNumberToObject(o, "kv_bytes_per_token", kv_per_token);
+        cJSON_AddNumberToObject(o, "n_ctx", (double)n_ctx);
+        cJSON_AddNumberToObject(o, "kv_bytes_at_ctx", kv_per_token * (double)n_ctx);
+        char *s = cJSON_Print(o);
+        printf("%s\n", s);
+        cJSON_free(s);
+        cJSON_Delete(o);
+    } else {
+        printf("model          %s\n", in.name);
+        printf("architecture   %s\n", in.arch);
+        printf("parameters     %llu (%.2f MiB of weights)\n", (unsigned long long)in.n_params,
+               in.weight_bytes / 1048576.0);
+        printf("vocabulary     %d\n", in.n_vocab);
+        printf("embedding      %d\n", in.n_embd);
+        printf("layers         %d\n", in.n_layer);
+        printf("heads          %d query, %d KV (GQA group %d), head_dim %d\n", in.n_head,
+               in.n_head_kv, in.n_head / in.n_head_kv, in.head_dim);
+        printf("feed-forward   %d\n", in.n_ff);
+        printf("context        %d (training)\n", in.n_ctx_train);
+        printf("rms_norm_eps   %g\n", in.norm_eps);
+        printf("rope           adjacent pairs, base %g\n", in.rope_base);
+        printf("output         %s\n", in.tied_output ? "tied to token_embd" : "separate");
+        printf("matrix types  ");
+        for (int t = 0; t < KVP_TYPE_COUNT; t++)
+            if (type_count[t])
+                printf(" %s×%ld", kvp_type_name(t), type_count[t]);
+        printf("\n");
+        printf("tokenizer      %s, %d tokens\n", tok_model, n_tokens);
+        printf("KV cache       %.0f bytes/token (F32), %.2f MiB at context %ld\n", kv_per_token,
+               kv_per_token * (double)n_ctx / 1048576.0, n_ctx);
+    }
+    kvp_model_close(m);
+    return 0;
+}

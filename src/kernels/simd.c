@@ -1,0 +1,88 @@
+/*
+ * Run-time choice of the SIMD kernel table.
+ *
+ * Three tables exist on every build (simd_scalar.c, simd_avx2.c, simd_avx512.c); the AVX ones
+ * may only run when kvp_cpu_features() reports the instructions. The choice is made once, on the
+ * first call from any thread: pthread_once runs the CPU probe and reads KVP_SIMD, and the result
+ * is published through an atomic pointer, so every later call is one acquire load (a plain load
+ * on x86). kvp_simd() sits on the per-mat-vec path, which at short context runs ~30 times per
+ * token on tiny matrices, so that cost matters.
+ *
+ * KVP_SIMD=scalar|avx2|avx512 forces a table; a request the CPU cannot honour falls back to the
+ * best table it can run rather than crashing on an illegal instruction.
+ */
+#include "kernels/simd.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/platform.h"
+#include "kernels/simd_internal.h"
+
+static pthread_once_t simd_once = PTHREAD_ONCE_INIT;
+static int simd_features;                              /* kvp_cpu_features(), set once */
+static _Atomic(const struct kvp_simd_ops *) simd_best; /* NULL until simd_init has run */
+
+const struct kvp_simd_ops *kvp_simd_pick(const char *want, int features)
+{
+    bool has_avx2 = (features & KVP_CPU_AVX2) != 0;
+    bool has_avx512 = has_avx2 && (features & KVP_CPU_AVX512) != 0;
+    if (want && strcmp(want, "scalar") == 0)
+        return &kvp_simd_ops_scalar;
+    if (want && strcmp(want, "avx2") == 0)
+        return has_avx2 ? &kvp_simd_ops_avx2 : &kvp_simd_ops_scalar;
+    /* "avx512", empty, unknown or absent: the best this CPU runs */
+    if (has_avx512)
+        return &kvp_simd_ops_avx512;
+    if (has_avx2)
+        return &kvp_simd_ops_avx2;
+    return &kvp_simd_ops_scalar;
+}
+
+static void simd_init(void)
+{
+    simd_features = kvp_cpu_features();
+    atomic_store_explicit(&simd_best, kvp_simd_pick(getenv("KVP_SIMD"), simd_features),
+                          memory_order_release);
+}
+
+static int simd_cpu(void)
+{
+    pthread_once(&simd_once, simd_init);
+    return simd_features;
+}
+
+const struct kvp_simd_ops *kvp_simd(void)
+{
+    const struct kvp_simd_ops *ops = atomic_load_explicit(&simd_best, memory_order_acquire);
+    if (__builtin_expect(ops != NULL, 1))
+        return ops;
+    pthread_once(&simd_once, simd_init);
+    return atomic_load_explicit(&simd_best, memory_order_acquire);
+}
+
+const struct kvp_simd_ops *kvp_simd_scalar(void)
+{
+    return &kvp_simd_ops_scalar;
+}
+
+const struct kvp_simd_ops *kvp_simd_avx2(void)
+{
+    return (simd_cpu() & KVP_CPU_AVX2) ? &kvp_simd_ops_avx2 : NULL;
+}
+
+const struct kvp_simd_ops *kvp_simd_avx512(void)
+{
+    int f = simd_cpu();
+    return ((f & KVP_CPU_AVX2) && (f & KVP_CPU_AVX512)) ? &kvp_simd_ops_avx512 : NULL;
+}
+
+/* The fast path lives in the AVX tables (this file is built without -m flags); each table's
+ * quantizer is bit-identical to kvp_quantize_row_q8_0_ref, see simd_avx2.c. */
+void kvp_quantize_row_q8_0(const float *x, void *dst, int64_t n)
+{
+    kvp_simd()->quantize_q8_0(x, dst, n);
+}

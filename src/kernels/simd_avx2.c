@@ -1,0 +1,474 @@
+/*
+ * AVX2 + FMA + F16C kernels (this file is compiled with -mavx2 -mfma -mf16c; simd.c only hands
+ * the table out when the CPU has them).
+ *
+ * Conventions shared by every kernel here:
+ *   - 8-float ymm vectors, unaligned loads everywhere (quantized rows are 34-byte blocks, and
+ *     callers pass pointers into an mmap), fused multiply-add, horizontal sums once at the end.
+ *   - Dots keep four independent accumulators so the 4-cycle FMA latency is hidden; the row
+ *     batches (rows_*) do four rows at a time with two accumulators per row, sharing each x
+ *     load between the rows and folding the four final sums with one hadd tree.
+ *   - Tails shorter than a vector go through a zero-padded stack copy (16-bit types) or
+ *     vmaskmov (f32), never reading past the caller's arrays.
+ *   - Q8_0 dots use the sign trick that works on plain AVX2: |w| as unsigned bytes times x with
+ *     w's sign moved onto it (vpsignb), vpmaddubsw to int16 pairs, vpmaddwd to int32, then one
+ *     float FMA per block with the product of the two f16 scales. This needs x != -128, which
+ *     our quantizer guarantees (it produces -127..127); weights may hold -128.
+ *   - exp uses the classic Cephes split: 2^n · e^r with n = round(x·log2 e), |r| <= ln2/2 and a
+ *     degree-7 polynomial (rel. error ~2e-7); inputs below ln(FLT_MIN) = -87.3365 give exactly
+ *     0 (the true value is below FLT_MIN), -inf included, without producing NaN.
+ */
+#include <immintrin.h>
+#include <string.h>
+
+#include "kernels/simd_internal.h"
+#include "kernels/types.h"
+
+#define KVP_INLINE static inline __attribute__((always_inline))
+
+enum { W_F32, W_F16, W_BF16 }; /* element kind for the generic float loaders */
+
+/* ============================== helpers ============================== */
+
+KVP_INLINE float hsum(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* [Σa, Σb, Σc, Σd] in one hadd tree. */
+KVP_INLINE __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d)
+{
+    __m256 ab = _mm256_hadd_ps(a, b);
+    __m256 cd = _mm256_hadd_ps(c, d);
+    __m256 abcd = _mm256_hadd_ps(ab, cd);
+    return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
+/* Lane mask with the first k lanes set, 0 <= k <= 8. */
+KVP_INLINE __m256i tail_mask(int64_t k)
+{
+    static const int32_t bits[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+    return _mm256_loadu_si256((const __m256i *)(bits + 8 - k));
+}
+
+KVP_INLINE size_t elem_size(int kind)
+{
+    return kind == W_F32 ? 4 : 2;
+}
+
+/* Eight elements of the given kind at p as floats. */
+KVP_INLINE __m256 load8(const void *p, int kind)
+{
+    if (kind == W_F32)
+        return _mm256_loadu_ps(p);
+    __m128i h = _mm_loadu_si128(p);
+    if (kind == W_F16)
+        return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* The first k (< 8) elements at p, zero-padded to eight. */
+KVP_INLINE __m256 load8_tail(const void *p, int64_t k, int kind)
+{
+    uint8_t buf[32] = {0};
+    memcpy(buf, p, (size_t)k * elem_size(kind));
+    return load8(buf, kind);
+}
+
+KVP_INLINE const void *elem_at(const void *p, int64_t i, int kind)
+{
+    return (const char *)p + (size_t)i * elem_size(kind);
+}
+
+KVP_INLINE float f16_at(const void *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* ============================== float dots ============================== */
+
+KVP_INLINE float dot_generic(const void *w, const float *x, int64_t n, int kind)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm256_fmadd_ps(load8(elem_at(w, i, kind), kind), _mm256_loadu_ps(x + i), a0);
+        a1 = _mm256_fmadd_ps(load8(elem_at(w, i + 8, kind), kind), _mm256_loadu_ps(x + i + 8), a1);
+        a2 =
+            _mm256_fmadd_ps(load8(elem_at(w, i + 16, kind), kind), _mm256_loadu_ps(x + i + 16), a2);
+        a3 =
+            _mm256_fmadd_ps(load8(elem_at(w, i + 24, kind), kind), _mm256_loadu_ps(x + i + 24), a3);
+    }
+    for (; i + 8 <= n; i += 8)
+        a0 = _mm256_fmadd_ps(load8(elem_at(w, i, kind), kind), _mm256_loadu_ps(x + i), a0);
+    if (i < n) {
+        __m256 xv = _mm256_maskload_ps(x + i, tail_mask(n - i));
+        a1 = _mm256_fmadd_ps(load8_tail(elem_at(w, i, kind), n - i, kind), xv, a1);
+    }
+    return hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+}
+
+static float dot_f32(const float *w, const float *x, int64_t n)
+{
+    return dot_generic(w, x, n, W_F32);
+}
+
+static float dot_f16(const uint16_t *w, const float *x, int64_t n)
+{
+    return dot_generic(w, x, n, W_F16);
+}
+
+static float dot_bf16(const uint16_t *w, const float *x, int64_t n)
+{
+    return dot_generic(w, x, n, W_BF16);
+}
+
+/* Four rows at once; see the file comment. */
+KVP_INLINE void rows_generic(const void *w, size_t row_bytes, const float *x, int64_t n,
+                             int64_t nrows, float *y, int kind)
+{
+    int64_t r = 0;
+    for (; r + 4 <= nrows; r += 4) {
+        const char *w0 = (const char *)w + (size_t)r * row_bytes;
+        const char *w1 = w0 + row_bytes, *w2 = w1 + row_bytes, *w3 = w2 + row_bytes;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+        int64_t i = 0;
+        for (; i + 16 <= n; i += 16) {
+            __m256 xa = _mm256_loadu_ps(x + i), xb = _mm256_loadu_ps(x + i + 8);
+            a0 = _mm256_fmadd_ps(load8(elem_at(w0, i, kind), kind), xa, a0);
+            a1 = _mm256_fmadd_ps(load8(elem_at(w1, i, kind), kind), xa, a1);
+            a2 = _mm256_fmadd_ps(load8(elem_at(w2, i, kind), kind), xa, a2);
+            a3 = _mm256_fmadd_ps(load8(elem_at(w3, i, kind), kind), xa, a3);
+            b0 = _mm256_fmadd_ps(load8(elem_at(w0, i + 8, kind), kind), xb, b0);
+            b1 = _mm256_fmadd_ps(load8(elem_at(w1, i + 8, kind), kind), xb, b1);
+            b2 = _mm256_fmadd_ps(load8(elem_at(w2, i + 8, kind), kind), xb, b2);
+            b3 = _mm256_fmadd_ps(load8(elem_at(w3, i + 8, kind), kind), xb, b3);
+        }
+        if (i + 8 <= n) {
+            __m256 xa = _mm256_loadu_ps(x + i);
+            a0 = _mm256_fmadd_ps(load8(elem_at(w0, i, kind), kind), xa, a0);
+            a1 = _mm256_fmadd_ps(load8(elem_at(w1, i, kind), kind), xa, a1);
+            a2 = _mm256_fmadd_ps(load8(elem_at(w2, i, kind), kind), xa, a2);
+            a3 = _mm256_fmadd_ps(load8(elem_at(w3, i, kind), kind), xa, a3);
+            i += 8;
+        }
+        if (i < n) {
+            int64_t k = n - i;
+            __m256 xb = _mm256_maskload_ps(x + i, tail_mask(k));
+            b0 = _mm256_fmadd_ps(load8_tail(elem_at(w0, i, kind), k, kind), xb, b0);
+            b1 = _mm256_fmadd_ps(load8_tail(elem_at(w1, i, kind), k, kind), xb, b1);
+            b2 = _mm256_fmadd_ps(load8_tail(elem_at(w2, i, kind), k, kind), xb, b2);
+            b3 = _mm256_fmadd_ps(load8_tail(elem_at(w3, i, kind), k, kind), xb, b3);
+        }
+        _mm_storeu_ps(y + r, hsum4(_mm256_add_ps(a0, b0), _mm256_add_ps(a1, b1),
+                                   _mm256_add_ps(a2, b2), _mm256_add_ps(a3, b3)));
+    }
+    for (; r < nrows; r++)
+        y[r] = dot_generic((const char *)w + (size_t)r * row_bytes, x, n, kind);
+}
+
+static void rows_f32(const void *w, size_t row_bytes, const float *x, int64_t n, int64_t nrows,
+                     float *y)
+{
+    rows_generic(w, row_bytes, x, n, nrows, y, W_F32);
+}
+
+static void rows_f16(const void *w, size_t row_bytes, const float *x, int64_t n, int64_t nrows,
+                     float *y)
+{
+    rows_generic(w, row_bytes, x, n, nrows, y, W_F16);
+}
+
+static void rows_bf16(const void *w, size_t row_bytes, const float *x, int64_t n, int64_t nrows,
+                      float *y)
+{
+    rows_generic(w, row_bytes, x, n, nrows, y, W_BF16);
+}
+
+/* ============================== Q8_0 ============================== */
+
+/* Eight int32 partial sums of one block pair's 32 products, as floats (exact: |Σ| < 2^24). */
+KVP_INLINE __m256 q8_block_dot(const uint8_t *wb, const uint8_t *xb)
+{
+    __m256i qw = _mm256_loadu_si256((const __m256i *)(wb + 2));
+    __m256i qx = _mm256_loadu_si256((const __m256i *)(xb + 2));
+    __m256i aw = _mm256_sign_epi8(qw, qw);      /* |w|, read as unsigned (so -128 -> 128) */
+    __m256i sx = _mm256_sign_epi8(qx, qw);      /* x with w's sign; 0 where w == 0 */
+    __m256i p16 = _mm256_maddubs_epi16(aw, sx); /* |pair| <= 2*128*127, no saturation */
+    __m256i p32 = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+    return _mm256_cvtepi32_ps(p32);
+}
+
+static float dot_q8_0(const void *w, const void *xq, int64_t n)
+{
+    const uint8_t *pw = w, *px = xq;
+    int64_t nb = n / KVP_QK8_0, b = 0;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+    for (; b + 2 <= nb; b += 2) {
+        const uint8_t *w0 = pw + b * 34, *x0 = px + b * 34;
+        a0 = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(w0) * f16_at(x0)), q8_block_dot(w0, x0), a0);
+        a1 = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(w0 + 34) * f16_at(x0 + 34)),
+                             q8_block_dot(w0 + 34, x0 + 34), a1);
+    }
+    if (b < nb) {
+        const uint8_t *w0 = pw + b * 34, *x0 = px + b * 34;
+        a0 = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(w0) * f16_at(x0)), q8_block_dot(w0, x0), a0);
+    }
+    return hsum(_mm256_add_ps(a0, a1));
+}
+
+static void rows_q8_0(const void *w, size_t row_bytes, const void *xq, int64_t n, int64_t nrows,
+                      float *y)
+{
+    const uint8_t *px = xq;
+    int64_t nb = n / KVP_QK8_0, r = 0;
+    for (; r + 4 <= nrows; r += 4) {
+        const uint8_t *w0 = (const uint8_t *)w + (size_t)r * row_bytes;
+        const uint8_t *w1 = w0 + row_bytes, *w2 = w1 + row_bytes, *w3 = w2 + row_bytes;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int64_t b = 0; b < nb; b++) {
+            size_t o = (size_t)b * 34;
+            const uint8_t *xb = px + o;
+            float dx = f16_at(xb);
+            a0 = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(w0 + o) * dx), q8_block_dot(w0 + o, xb), a0);
+            a1 = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(w1 + o) * dx), q8_block_dot(w1 + o, xb), a1);
+            a2 = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(w2 + o) * dx), q8_block_dot(w2 + o, xb), a2);
+            a3 = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(w3 + o) * dx), q8_block_dot(w3 + o, xb), a3);
+        }
+        _mm_storeu_ps(y + r, hsum4(a0, a1, a2, a3));
+    }
+    for (; r < nrows; r++)
+        y[r] = dot_q8_0((const uint8_t *)w + (size_t)r * row_bytes, xq, n);
+}
+
+/* Bit-identical to kvp_quantize_row_q8_0_ref: the same max (max is exact in any order), the same
+ * f32 division and reciprocal, the same f32 product x*id, and vcvtps2dq rounds with the current
+ * MXCSR mode exactly as lrintf does with the current mode (nearest-even by default). Values are
+ * within [-127, 127], so the saturating packs never clip. */
+static void quantize_q8_0(const float *x, void *dst, int64_t n)
+{
+    uint8_t *out = dst;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int64_t b = 0; b < n / KVP_QK8_0; b++) {
+        const float *xb = x + b * KVP_QK8_0;
+        __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
+        __m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
+        __m256 m =
+            _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                          _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        float amax = _mm_cvtss_f32(m4);
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint16_t dh = kvp_f32_to_f16(d);
+        __m256 vid = _mm256_set1_ps(id);
+        __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, vid));
+        __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, vid));
+        __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, vid));
+        __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, vid));
+        __m256i q = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+        q = _mm256_permutevar8x32_epi32(q, order); /* undo the per-lane interleave of the packs */
+        uint8_t *ob = out + b * 34;
+        memcpy(ob, &dh, 2);
+        _mm256_storeu_si256((__m256i *)(ob + 2), q);
+    }
+}
+
+static void dequant_f16(const void *src, float *dst, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, load8(elem_at(src, i, W_F16), W_F16));
+    for (; i < n; i++)
+        dst[i] = f16_at(elem_at(src, i, W_F16));
+}
+
+static void dequant_q8_0(const void *src, float *dst, int64_t n)
+{
+    const uint8_t *s = src;
+    for (int64_t b = 0; b < n / KVP_QK8_0; b++) {
+        const uint8_t *blk = s + b * 34;
+        __m256 d = _mm256_set1_ps(f16_at(blk));
+        for (int j = 0; j < KVP_QK8_0; j += 8) {
+            __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + j)));
+            _mm256_storeu_ps(dst + b * KVP_QK8_0 + j, _mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
+        }
+    }
+}
+
+/* ============================== vector ops ============================== */
+
+static void axpy(float a, const float *x, float *y, int64_t n)
+{
+    __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        _mm256_storeu_ps(y + i,
+                         _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+        _mm256_storeu_ps(
+            y + i + 8, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8)));
+        _mm256_storeu_ps(y + i + 16, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i + 16),
+                                                     _mm256_loadu_ps(y + i + 16)));
+        _mm256_storeu_ps(y + i + 24, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i + 24),
+                                                     _mm256_loadu_ps(y + i + 24)));
+    }
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i,
+                         _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    if (i < n) {
+        __m256i m = tail_mask(n - i);
+        __m256 r = _mm256_fmadd_ps(va, _mm256_maskload_ps(x + i, m), _mm256_maskload_ps(y + i, m));
+        _mm256_maskstore_ps(y + i, m, r);
+    }
+}
+
+/* e^x for x <= ~88; see the file comment for the method and the range handling. */
+KVP_INLINE __m256 exp8(__m256 x)
+{
+    const __m256 lo = _mm256_set1_ps(-87.33654f);   /* ln(FLT_MIN) */
+    __m256 keep = _mm256_cmp_ps(x, lo, _CMP_GE_OQ); /* false below ln(FLT_MIN), -inf and NaN */
+    x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    __m256 e = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    __m256i k =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(e, _mm256_castsi256_ps(k)), keep);
+}
+
+static float exp_sum(float *x, int64_t n, float max)
+{
+    __m256 vmax = _mm256_set1_ps(max);
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 e0 = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), vmax));
+        __m256 e1 = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i + 8), vmax));
+        _mm256_storeu_ps(x + i, e0);
+        _mm256_storeu_ps(x + i + 8, e1);
+        s0 = _mm256_add_ps(s0, e0);
+        s1 = _mm256_add_ps(s1, e1);
+    }
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), vmax));
+        _mm256_storeu_ps(x + i, e);
+        s0 = _mm256_add_ps(s0, e);
+    }
+    if (i < n) {
+        __m256i m = tail_mask(n - i);
+        __m256 e = exp8(_mm256_sub_ps(_mm256_maskload_ps(x + i, m), vmax));
+        e = _mm256_and_ps(e, _mm256_castsi256_ps(m));
+        _mm256_maskstore_ps(x + i, m, e);
+        s1 = _mm256_add_ps(s1, e);
+    }
+    return hsum(_mm256_add_ps(s0, s1));
+}
+
+/* ============================== attention blocks ============================== */
+
+/* Scores for tokens [t, t+8) (only the lanes in m when !full): four accumulators over d. */
+KVP_INLINE void scores8(const float *q, const float *kt, int hd, int bs, float scale, float *out,
+                        __m256i m, int full)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int d = 0;
+#define KT(dd)                                                                                     \
+    (full ? _mm256_loadu_ps(kt + (size_t)(dd) * (size_t)bs)                                        \
+          : _mm256_maskload_ps(kt + (size_t)(dd) * (size_t)bs, m))
+    for (; d + 4 <= hd; d += 4) {
+        a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + d), KT(d), a0);
+        a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + d + 1), KT(d + 1), a1);
+        a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + d + 2), KT(d + 2), a2);
+        a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + d + 3), KT(d + 3), a3);
+    }
+    for (; d < hd; d++)
+        a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(q + d), KT(d), a0);
+#undef KT
+    __m256 s = _mm256_mul_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+                             _mm256_set1_ps(scale));
+    if (full)
+        _mm256_storeu_ps(out, s);
+    else
+        _mm256_maskstore_ps(out, m, s);
+}
+
+static void block_scores(const float *q, const float *kt, int hd, int bs, float scale,
+                         float *scores)
+{
+    int t = 0;
+    for (; t + 8 <= bs; t += 8)
+        scores8(q, kt + t, hd, bs, scale, scores + t, _mm256_setzero_si256(), 1);
+    if (t < bs)
+        scores8(q, kt + t, hd, bs, scale, scores + t, tail_mask(bs - t), 0);
+}
+
+/* out[d0..d0+8) += Σ_t p[t]·v[t][d0..] (lanes in m only when !full): four accumulators over t. */
+KVP_INLINE void accum8(const float *p, const float *v, int hd, int n, float *out, __m256i m,
+                       int full)
+{
+#define VT(tt)                                                                                     \
+    (full ? _mm256_loadu_ps(v + (size_t)(tt) * (size_t)hd)                                         \
+          : _mm256_maskload_ps(v + (size_t)(tt) * (size_t)hd, m))
+    __m256 a0 = full ? _mm256_loadu_ps(out) : _mm256_maskload_ps(out, m);
+    __m256 a1 = _mm256_setzero_ps(), a2 = a1, a3 = a1;
+    int t = 0;
+    for (; t + 4 <= n; t += 4) {
+        a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(p + t), VT(t), a0);
+        a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(p + t + 1), VT(t + 1), a1);
+        a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(p + t + 2), VT(t + 2), a2);
+        a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(p + t + 3), VT(t + 3), a3);
+    }
+    for (; t < n; t++)
+        a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(p + t), VT(t), a0);
+#undef VT
+    __m256 s = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+    if (full)
+        _mm256_storeu_ps(out, s);
+    else
+        _mm256_maskstore_ps(out, m, s);
+}
+
+static void block_accum(const float *p, const float *v, int hd, int n, float *out)
+{
+    int d = 0;
+    for (; d + 8 <= hd; d += 8)
+        accum8(p, v + d, hd, n, out + d, _mm256_setzero_si256(), 1);
+    if (d < hd)
+        accum8(p, v + d, hd, n, out + d, tail_mask(hd - d), 0);
+}
+
+const struct kvp_simd_ops kvp_simd_ops_avx2 = {
+    .name = "avx2",
+    .dot_f32 = dot_f32,
+    .dot_f16 = dot_f16,
+    .dot_bf16 = dot_bf16,
+    .dot_q8_0 = dot_q8_0,
+    .axpy = axpy,
+    .exp_sum = exp_sum,
+    .block_scores = block_scores,
+    .block_accum = block_accum,
+    .rows_f32 = rows_f32,
+    .rows_f16 = rows_f16,
+    .rows_bf16 = rows_bf16,
+    .rows_q8_0 = rows_q8_0,
+    .quantize_q8_0 = quantize_q8_0,
+    .dequant_f16 = dequant_f16,
+    .dequant_q8_0 = dequant_q8_0,
+};

@@ -1,0 +1,500 @@
+/*
+ * AVX-512 (F, BW, VL, DQ) kernels; compiled with those flags plus AVX2/FMA/F16C, and handed out
+ * by simd.c only when the CPU and OS support them.
+ *
+ * Same structure and accuracy contract as simd_avx2.c (read its file comment first), with three
+ * differences that AVX-512 makes natural:
+ *   - Every tail is a masked load/store (k registers), so there are no stack copies and no
+ *     scalar remainders; a 16-bit tail is vmovdqu16 under a mask, then converted.
+ *   - block_scores with the usual bs = 16 is exactly one zmm per dimension; block_accum over a
+ *     head of 8 (or any hd % 16) is one masked zmm.
+ *   - Q8_0 works on two 34-byte blocks per zmm (two 32-byte loads joined). AVX-512 has no
+ *     vpsignb, so x takes w's sign with a masked subtract (mask = w's sign bits); the rest is
+ *     the AVX2 recipe: vpmaddubsw(|w|, ±x) then vpmaddwd with ones, no VNNI needed. An odd last
+ *     block uses the ymm recipe.
+ */
+#include <immintrin.h>
+#include <string.h>
+
+#include "kernels/simd_internal.h"
+#include "kernels/types.h"
+
+#define KVP_INLINE static inline __attribute__((always_inline))
+
+enum { W_F32, W_F16, W_BF16 }; /* element kind for the generic float loaders */
+
+/* ============================== helpers ============================== */
+
+KVP_INLINE __mmask16 tail_mask(int64_t k) /* first k lanes, 0 <= k <= 16 */
+{
+    return (__mmask16)((1u << k) - 1u);
+}
+
+KVP_INLINE __m256 fold(__m512 v) /* 16 lanes -> 8 lanes */
+{
+    return _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+}
+
+KVP_INLINE float hsum256(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+KVP_INLINE float hsum(__m512 v)
+{
+    return hsum256(fold(v));
+}
+
+/* [Σa, Σb, Σc, Σd] in one fold + hadd tree. */
+KVP_INLINE __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d)
+{
+    __m256 ab = _mm256_hadd_ps(fold(a), fold(b));
+    __m256 cd = _mm256_hadd_ps(fold(c), fold(d));
+    __m256 abcd = _mm256_hadd_ps(ab, cd);
+    return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
+KVP_INLINE const void *elem_at(const void *p, int64_t i, int kind)
+{
+    return (const char *)p + (size_t)i * (kind == W_F32 ? 4u : 2u);
+}
+
+/* Sixteen elements at p as floats (lanes outside m read as 0 and are not touched in memory). */
+KVP_INLINE __m512 load16(const void *p, int kind, __mmask16 m, int full)
+{
+    if (kind == W_F32)
+        return full ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(m, p);
+    __m256i h = full ? _mm256_loadu_si256(p) : _mm256_maskz_loadu_epi16(m, p);
+    if (kind == W_F16)
+        return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+KVP_INLINE float f16_at(const void *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* ============================== float dots ============================== */
+
+KVP_INLINE float dot_generic(const void *w, const float *x, int64_t n, int kind)
+{
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        a0 = _mm512_fmadd_ps(load16(elem_at(w, i, kind), kind, 0, 1), _mm512_loadu_ps(x + i), a0);
+        a1 = _mm512_fmadd_ps(load16(elem_at(w, i + 16, kind), kind, 0, 1),
+                             _mm512_loadu_ps(x + i + 16), a1);
+        a2 = _mm512_fmadd_ps(load16(elem_at(w, i + 32, kind), kind, 0, 1),
+                             _mm512_loadu_ps(x + i + 32), a2);
+        a3 = _mm512_fmadd_ps(load16(elem_at(w, i + 48, kind), kind, 0, 1),
+                             _mm512_loadu_ps(x + i + 48), a3);
+    }
+    for (; i + 16 <= n; i += 16)
+        a0 = _mm512_fmadd_ps(load16(elem_at(w, i, kind), kind, 0, 1), _mm512_loadu_ps(x + i), a0);
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        a1 = _mm512_fmadd_ps(load16(elem_at(w, i, kind), kind, m, 0),
+                             _mm512_maskz_loadu_ps(m, x + i), a1);
+    }
+    return hsum(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+}
+
+static float dot_f32(const float *w, const float *x, int64_t n)
+{
+    return dot_generic(w, x, n, W_F32);
+}
+
+static float dot_f16(const uint16_t *w, const float *x, int64_t n)
+{
+    return dot_generic(w, x, n, W_F16);
+}
+
+static float dot_bf16(const uint16_t *w, const float *x, int64_t n)
+{
+    return dot_generic(w, x, n, W_BF16);
+}
+
+/* Four rows at once, two accumulators per row, one shared x load. */
+KVP_INLINE void rows_generic(const void *w, size_t row_bytes, const float *x, int64_t n,
+                             int64_t nrows, float *y, int kind)
+{
+    int64_t r = 0;
+    for (; r + 4 <= nrows; r += 4) {
+        const char *w0 = (const char *)w + (size_t)r * row_bytes;
+        const char *w1 = w0 + row_bytes, *w2 = w1 + row_bytes, *w3 = w2 + row_bytes;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        __m512 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+        int64_t i = 0;
+        for (; i + 32 <= n; i += 32) {
+            __m512 xa = _mm512_loadu_ps(x + i), xb = _mm512_loadu_ps(x + i + 16);
+            a0 = _mm512_fmadd_ps(load16(elem_at(w0, i, kind), kind, 0, 1), xa, a0);
+            a1 = _mm512_fmadd_ps(load16(elem_at(w1, i, kind), kind, 0, 1), xa, a1);
+            a2 = _mm512_fmadd_ps(load16(elem_at(w2, i, kind), kind, 0, 1), xa, a2);
+            a3 = _mm512_fmadd_ps(load16(elem_at(w3, i, kind), kind, 0, 1), xa, a3);
+            b0 = _mm512_fmadd_ps(load16(elem_at(w0, i + 16, kind), kind, 0, 1), xb, b0);
+            b1 = _mm512_fmadd_ps(load16(elem_at(w1, i + 16, kind), kind, 0, 1), xb, b1);
+            b2 = _mm512_fmadd_ps(load16(elem_at(w2, i + 16, kind), kind, 0, 1), xb, b2);
+            b3 = _mm512_fmadd_ps(load16(elem_at(w3, i + 16, kind), kind, 0, 1), xb, b3);
+        }
+        if (i + 16 <= n) {
+            __m512 xa = _mm512_loadu_ps(x + i);
+            a0 = _mm512_fmadd_ps(load16(elem_at(w0, i, kind), kind, 0, 1), xa, a0);
+            a1 = _mm512_fmadd_ps(load16(elem_at(w1, i, kind), kind, 0, 1), xa, a1);
+            a2 = _mm512_fmadd_ps(load16(elem_at(w2, i, kind), kind, 0, 1), xa, a2);
+            a3 = _mm512_fmadd_ps(load16(elem_at(w3, i, kind), kind, 0, 1), xa, a3);
+            i += 16;
+        }
+        if (i < n) {
+            __mmask16 m = tail_mask(n - i);
+            __m512 xb = _mm512_maskz_loadu_ps(m, x + i);
+            b0 = _mm512_fmadd_ps(load16(elem_at(w0, i, kind), kind, m, 0), xb, b0);
+            b1 = _mm512_fmadd_ps(load16(elem_at(w1, i, kind), kind, m, 0), xb, b1);
+            b2 = _mm512_fmadd_ps(load16(elem_at(w2, i, kind), kind, m, 0), xb, b2);
+            b3 = _mm512_fmadd_ps(load16(elem_at(w3, i, kind), kind, m, 0), xb, b3);
+        }
+        _mm_storeu_ps(y + r, hsum4(_mm512_add_ps(a0, b0), _mm512_add_ps(a1, b1),
+                                   _mm512_add_ps(a2, b2), _mm512_add_ps(a3, b3)));
+    }
+    for (; r < nrows; r++)
+        y[r] = dot_generic((const char *)w + (size_t)r * row_bytes, x, n, kind);
+}
+
+static void rows_f32(const void *w, size_t row_bytes, const float *x, int64_t n, int64_t nrows,
+                     float *y)
+{
+    rows_generic(w, row_bytes, x, n, nrows, y, W_F32);
+}
+
+static void rows_f16(const void *w, size_t row_bytes, const float *x, int64_t n, int64_t nrows,
+                     float *y)
+{
+    rows_generic(w, row_bytes, x, n, nrows, y, W_F16);
+}
+
+static void rows_bf16(const void *w, size_t row_bytes, const float *x, int64_t n, int64_t nrows,
+                      float *y)
+{
+    rows_generic(w, row_bytes, x, n, nrows, y, W_BF16);
+}
+
+/* ============================== Q8_0 ============================== */
+
+/* The 32 quants of block b and b+1 (34 bytes apart) in one zmm. */
+KVP_INLINE __m512i q8_pair(const uint8_t *blk)
+{
+    __m256i lo = _mm256_loadu_si256((const __m256i *)(blk + 2));
+    __m256i hi = _mm256_loadu_si256((const __m256i *)(blk + 34 + 2));
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+/* Int32 partial sums (8 per block) of two block pairs' products, as floats. */
+KVP_INLINE __m512 q8_pair_dot(__m512i qw, __m512i qx)
+{
+    __m512i sx = _mm512_mask_sub_epi8(qx, _mm512_movepi8_mask(qw), _mm512_setzero_si512(), qx);
+    __m512i p16 = _mm512_maddubs_epi16(_mm512_abs_epi8(qw), sx);
+    return _mm512_cvtepi32_ps(_mm512_madd_epi16(p16, _mm512_set1_epi16(1)));
+}
+
+/* Lanes 0..7 = s0, lanes 8..15 = s1. */
+KVP_INLINE __m512 scale_pair(float s0, float s1)
+{
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(s0)), _mm256_set1_ps(s1), 1);
+}
+
+/* One block pair with the ymm recipe of simd_avx2.c. */
+KVP_INLINE __m256 q8_block_dot(const uint8_t *wb, const uint8_t *xb)
+{
+    __m256i qw = _mm256_loadu_si256((const __m256i *)(wb + 2));
+    __m256i qx = _mm256_loadu_si256((const __m256i *)(xb + 2));
+    __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qx, qw));
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+}
+
+/* One block pair times d_w * dx, in the low half of a zmm (high half zero). */
+KVP_INLINE __m512 q8_block_dot_scaled(const uint8_t *wb, const uint8_t *xb, float dx)
+{
+    __m256 v = _mm256_mul_ps(_mm256_set1_ps(f16_at(wb) * dx), q8_block_dot(wb, xb));
+    return _mm512_zextps256_ps512(v);
+}
+
+static float dot_q8_0(const void *w, const void *xq, int64_t n)
+{
+    const uint8_t *pw = w, *px = xq;
+    int64_t nb = n / KVP_QK8_0, b = 0;
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+    for (; b + 4 <= nb; b += 4) {
+        const uint8_t *w0 = pw + b * 34, *x0 = px + b * 34;
+        __m512 s0 = scale_pair(f16_at(w0) * f16_at(x0), f16_at(w0 + 34) * f16_at(x0 + 34));
+        __m512 s1 =
+            scale_pair(f16_at(w0 + 68) * f16_at(x0 + 68), f16_at(w0 + 102) * f16_at(x0 + 102));
+        a0 = _mm512_fmadd_ps(s0, q8_pair_dot(q8_pair(w0), q8_pair(x0)), a0);
+        a1 = _mm512_fmadd_ps(s1, q8_pair_dot(q8_pair(w0 + 68), q8_pair(x0 + 68)), a1);
+    }
+    if (b + 2 <= nb) {
+        const uint8_t *w0 = pw + b * 34, *x0 = px + b * 34;
+        __m512 s0 = scale_pair(f16_at(w0) * f16_at(x0), f16_at(w0 + 34) * f16_at(x0 + 34));
+        a0 = _mm512_fmadd_ps(s0, q8_pair_dot(q8_pair(w0), q8_pair(x0)), a0);
+        b += 2;
+    }
+    __m256 t = fold(_mm512_add_ps(a0, a1));
+    if (b < nb) {
+        const uint8_t *w0 = pw + b * 34, *x0 = px + b * 34;
+        t = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(w0) * f16_at(x0)), q8_block_dot(w0, x0), t);
+    }
+    return hsum256(t);
+}
+
+static void rows_q8_0(const void *w, size_t row_bytes, const void *xq, int64_t n, int64_t nrows,
+                      float *y)
+{
+    const uint8_t *px = xq;
+    int64_t nb = n / KVP_QK8_0, r = 0;
+    for (; r + 4 <= nrows; r += 4) {
+        const uint8_t *w0 = (const uint8_t *)w + (size_t)r * row_bytes;
+        const uint8_t *w1 = w0 + row_bytes, *w2 = w1 + row_bytes, *w3 = w2 + row_bytes;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        int64_t b = 0;
+        for (; b + 2 <= nb; b += 2) {
+            size_t o = (size_t)b * 34;
+            __m512i qx = q8_pair(px + o);
+            float dx0 = f16_at(px + o), dx1 = f16_at(px + o + 34);
+            a0 = _mm512_fmadd_ps(scale_pair(f16_at(w0 + o) * dx0, f16_at(w0 + o + 34) * dx1),
+                                 q8_pair_dot(q8_pair(w0 + o), qx), a0);
+            a1 = _mm512_fmadd_ps(scale_pair(f16_at(w1 + o) * dx0, f16_at(w1 + o + 34) * dx1),
+                                 q8_pair_dot(q8_pair(w1 + o), qx), a1);
+            a2 = _mm512_fmadd_ps(scale_pair(f16_at(w2 + o) * dx0, f16_at(w2 + o + 34) * dx1),
+                                 q8_pair_dot(q8_pair(w2 + o), qx), a2);
+            a3 = _mm512_fmadd_ps(scale_pair(f16_at(w3 + o) * dx0, f16_at(w3 + o + 34) * dx1),
+                                 q8_pair_dot(q8_pair(w3 + o), qx), a3);
+        }
+        if (b < nb) { /* odd last block: ymm recipe in the low half */
+            size_t o = (size_t)b * 34;
+            const uint8_t *xb = px + o;
+            float dx = f16_at(xb);
+            a0 = _mm512_add_ps(a0, q8_block_dot_scaled(w0 + o, xb, dx));
+            a1 = _mm512_add_ps(a1, q8_block_dot_scaled(w1 + o, xb, dx));
+            a2 = _mm512_add_ps(a2, q8_block_dot_scaled(w2 + o, xb, dx));
+            a3 = _mm512_add_ps(a3, q8_block_dot_scaled(w3 + o, xb, dx));
+        }
+        _mm_storeu_ps(y + r, hsum4(a0, a1, a2, a3));
+    }
+    for (; r < nrows; r++)
+        y[r] = dot_q8_0((const uint8_t *)w + (size_t)r * row_bytes, xq, n);
+}
+
+/* Bit-identical to kvp_quantize_row_q8_0_ref, for the reasons given in simd_avx2.c: exact max,
+ * the same scalar d and 1/d, the same f32 products, rounding by the current MXCSR mode like
+ * lrintf. vpmovsdb truncates int32 to int8; values are already within [-127, 127]. */
+static void quantize_q8_0(const float *x, void *dst, int64_t n)
+{
+    uint8_t *out = dst;
+    for (int64_t b = 0; b < n / KVP_QK8_0; b++) {
+        const float *xb = x + b * KVP_QK8_0;
+        __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint16_t dh = kvp_f32_to_f16(d);
+        __m512 vid = _mm512_set1_ps(id);
+        __m128i q0 = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v0, vid)));
+        __m128i q1 = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, vid)));
+        uint8_t *ob = out + b * 34;
+        memcpy(ob, &dh, 2);
+        _mm_storeu_si128((__m128i *)(ob + 2), q0);
+        _mm_storeu_si128((__m128i *)(ob + 18), q1);
+    }
+}
+
+static void dequant_f16(const void *src, float *dst, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(dst + i, load16(elem_at(src, i, W_F16), W_F16, 0, 1));
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        _mm512_mask_storeu_ps(dst + i, m, load16(elem_at(src, i, W_F16), W_F16, m, 0));
+    }
+}
+
+static void dequant_q8_0(const void *src, float *dst, int64_t n)
+{
+    const uint8_t *s = src;
+    for (int64_t b = 0; b < n / KVP_QK8_0; b++) {
+        const uint8_t *blk = s + b * 34;
+        __m512 d = _mm512_set1_ps(f16_at(blk));
+        for (int j = 0; j < KVP_QK8_0; j += 16) {
+            __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2 + j)));
+            _mm512_storeu_ps(dst + b * KVP_QK8_0 + j, _mm512_mul_ps(_mm512_cvtepi32_ps(q), d));
+        }
+    }
+}
+
+/* ============================== vector ops ============================== */
+
+static void axpy(float a, const float *x, float *y, int64_t n)
+{
+    __m512 va = _mm512_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        for (int k = 0; k < 64; k += 16)
+            _mm512_storeu_ps(y + i + k, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i + k),
+                                                        _mm512_loadu_ps(y + i + k)));
+    }
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i,
+                         _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        __m512 r =
+            _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i));
+        _mm512_mask_storeu_ps(y + i, m, r);
+    }
+}
+
+/* e^x, same method and constants as exp8 in simd_avx2.c. */
+KVP_INLINE __m512 exp16(__m512 x)
+{
+    const __m512 lo = _mm512_set1_ps(-87.33654f);           /* ln(FLT_MIN) */
+    __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ); /* false below ln(FLT_MIN), -inf, NaN */
+    x = _mm512_min_ps(_mm512_max_ps(x, lo), _mm512_set1_ps(88.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 e = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    __m512i k =
+        _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_maskz_mul_ps(keep, e, _mm512_castsi512_ps(k));
+}
+
+static float exp_sum(float *x, int64_t n, float max)
+{
+    __m512 vmax = _mm512_set1_ps(max);
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0;
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512 e0 = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), vmax));
+        __m512 e1 = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i + 16), vmax));
+        _mm512_storeu_ps(x + i, e0);
+        _mm512_storeu_ps(x + i + 16, e1);
+        s0 = _mm512_add_ps(s0, e0);
+        s1 = _mm512_add_ps(s1, e1);
+    }
+    for (; i + 16 <= n; i += 16) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), vmax));
+        _mm512_storeu_ps(x + i, e);
+        s0 = _mm512_add_ps(s0, e);
+    }
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        __m512 e =
+            _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vmax)));
+        _mm512_mask_storeu_ps(x + i, m, e);
+        s1 = _mm512_add_ps(s1, e);
+    }
+    return hsum(_mm512_add_ps(s0, s1));
+}
+
+/* ============================== attention blocks ============================== */
+
+/* Scores for tokens [t, t+16) (lanes in m only when !full): four accumulators over d. */
+KVP_INLINE void scores16(const float *q, const float *kt, int hd, int bs, float scale, float *out,
+                         __mmask16 m, int full)
+{
+#define KT(dd)                                                                                     \
+    (full ? _mm512_loadu_ps(kt + (size_t)(dd) * (size_t)bs)                                        \
+          : _mm512_maskz_loadu_ps(m, kt + (size_t)(dd) * (size_t)bs))
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int d = 0;
+    for (; d + 4 <= hd; d += 4) {
+        a0 = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), KT(d), a0);
+        a1 = _mm512_fmadd_ps(_mm512_set1_ps(q[d + 1]), KT(d + 1), a1);
+        a2 = _mm512_fmadd_ps(_mm512_set1_ps(q[d + 2]), KT(d + 2), a2);
+        a3 = _mm512_fmadd_ps(_mm512_set1_ps(q[d + 3]), KT(d + 3), a3);
+    }
+    for (; d < hd; d++)
+        a0 = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), KT(d), a0);
+#undef KT
+    __m512 s = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                             _mm512_set1_ps(scale));
+    if (full)
+        _mm512_storeu_ps(out, s);
+    else
+        _mm512_mask_storeu_ps(out, m, s);
+}
+
+static void block_scores(const float *q, const float *kt, int hd, int bs, float scale,
+                         float *scores)
+{
+    int t = 0;
+    for (; t + 16 <= bs; t += 16)
+        scores16(q, kt + t, hd, bs, scale, scores + t, 0, 1);
+    if (t < bs)
+        scores16(q, kt + t, hd, bs, scale, scores + t, tail_mask(bs - t), 0);
+}
+
+/* out[d0..d0+16) += Σ_t p[t]·v[t][d0..] (lanes in m only when !full): four accumulators over t. */
+KVP_INLINE void accum16(const float *p, const float *v, int hd, int n, float *out, __mmask16 m,
+                        int full)
+{
+#define VT(tt)                                                                                     \
+    (full ? _mm512_loadu_ps(v + (size_t)(tt) * (size_t)hd)                                         \
+          : _mm512_maskz_loadu_ps(m, v + (size_t)(tt) * (size_t)hd))
+    __m512 a0 = full ? _mm512_loadu_ps(out) : _mm512_maskz_loadu_ps(m, out);
+    __m512 a1 = _mm512_setzero_ps(), a2 = a1, a3 = a1;
+    int t = 0;
+    for (; t + 4 <= n; t += 4) {
+        a0 = _mm512_fmadd_ps(_mm512_set1_ps(p[t]), VT(t), a0);
+        a1 = _mm512_fmadd_ps(_mm512_set1_ps(p[t + 1]), VT(t + 1), a1);
+        a2 = _mm512_fmadd_ps(_mm512_set1_ps(p[t + 2]), VT(t + 2), a2);
+        a3 = _mm512_fmadd_ps(_mm512_set1_ps(p[t + 3]), VT(t + 3), a3);
+    }
+    for (; t < n; t++)
+        a0 = _mm512_fmadd_ps(_mm512_set1_ps(p[t]), VT(t), a0);
+#undef VT
+    __m512 s = _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3));
+    if (full)
+        _mm512_storeu_ps(out, s);
+    else
+        _mm512_mask_storeu_ps(out, m, s);
+}
+
+static void block_accum(const float *p, const float *v, int hd, int n, float *out)
+{
+    int d = 0;
+    for (; d + 16 <= hd; d += 16)
+        accum16(p, v + d, hd, n, out + d, 0, 1);
+    if (d < hd)
+        accum16(p, v + d, hd, n, out + d, tail_mask(hd - d), 0);
+}
+
+const struct kvp_simd_ops kvp_simd_ops_avx512 = {
+    .name = "avx512",
+    .dot_f32 = dot_f32,
+    .dot_f16 = dot_f16,
+    .dot_bf16 = dot_bf16,
+    .dot_q8_0 = dot_q8_0,
+    .axpy = axpy,
+    .exp_sum = exp_sum,
+    .block_scores = block_scores,
+    .block_accum = block_accum,
+    .rows_f32 = rows_f32,
+    .rows_f16 = rows_f16,
+    .rows_bf16 = rows_bf16,
+    .rows_q8_0 = rows_q8_0,
+    .quantize_q8_0 = quantize_q8_0,
+    .dequant_f16 = dequant_f16,
+    .dequant_q8_0 = dequant_q8_0,
+};
