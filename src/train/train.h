@@ -427,7 +427,8 @@ struct kvp_train_opts {
     int eval_samples;                /* per task */
     int n_threads;
     long stop_after;                 /* stop (with a checkpoint) after this many steps of this
-                                        invocation; 0: run to the end */
+                                        invocation; 0: run to the end; < 0: no step at all
+                                        (export a checkpoint) */
 };
 
 /* Defaults: a small GQA model for ctx 2048 and the schedule for it. */
