@@ -16,6 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvpred.h"
+#include "tokenizer/vocab.h"
 #include "train/train.h"
 
 /* ===================================== helpers ================================================ */
@@ -586,6 +588,402 @@ static void test_spm_merge_order(void **state)
     kvp_tvocab_free(v);
 }
 
+
+/* ===================================== corpus fixture ========================================= */
+
+/* A deterministic synthetic story text of about n bytes (no ../shared needed). */
+static char *make_text(size_t n, uint64_t seed, size_t *len)
+{
+    static const char *const names[] = {"Tom", "Lily", "Ben", "Sue", "Max", "Anna"};
+    static const char *const verbs[] = {"saw", "liked", "found", "wanted", "made", "took"};
+    static const char *const adjs[] = {"big", "red", "small", "happy", "shiny", "old"};
+    static const char *const nouns[] = {"dog", "ball", "tree", "cake", "boat", "house", "bird"};
+    struct kvp_rng r;
+    kvp_rng_seed(&r, seed);
+    char *t = malloc(n + 256);
+    size_t k = 0;
+    while (k < n) {
+        k += (size_t)sprintf(t + k, "%s %s a %s %s. ", names[kvp_rng_below(&r, 6)],
+                             verbs[kvp_rng_below(&r, 6)], adjs[kvp_rng_below(&r, 6)],
+                             nouns[kvp_rng_below(&r, 7)]);
+        if (kvp_rng_below(&r, 8) == 0)
+            k += (size_t)sprintf(t + k, "\n\n");
+    }
+    t[k] = 0;
+    *len = k;
+    return t;
+}
+
+struct fixture {
+    char *text;
+    size_t len;
+    struct kvp_tvocab *v;
+    struct kvp_corpus *c;
+};
+
+static void fixture_init(struct fixture *f, int n_vocab)
+{
+    struct kvp_err err;
+    f->text = make_text(60000, 11, &f->len);
+    /* as the trainer does: learn from the text plus the task templates */
+    struct kvp_corpus *c0;
+    char *tmpl;
+    size_t tlen;
+    assert_int_equal(kvp_corpus_init(&c0, f->text, f->len, NULL, 0.1, &err), 0);
+    assert_int_equal(kvp_task_template_text(c0, 10, 1, &tmpl, &tlen, &err), 0);
+    assert_non_null(strstr(tmpl, "One of the special magic numbers for "));
+    kvp_corpus_free(c0);
+    char *all = malloc(f->len + tlen);
+    memcpy(all, f->text, f->len);
+    memcpy(all + f->len, tmpl, tlen);
+    assert_int_equal(kvp_tvocab_learn(all, f->len + tlen, n_vocab, &f->v, &err), 0);
+    free(all);
+    free(tmpl);
+    assert_int_equal(kvp_corpus_init(&f->c, f->text, f->len, f->v, 0.1, &err), 0);
+}
+
+static void fixture_free(struct fixture *f)
+{
+    kvp_corpus_free(f->c);
+    kvp_tvocab_free(f->v);
+    free(f->text);
+}
+
+/* ======================================= data ================================================= */
+
+static void test_corpus_and_samples(void **state)
+{
+    (void)state;
+    struct fixture f;
+    fixture_init(&f, 320);
+    assert_true(f.c->n_sent > 1000);
+    assert_true(f.c->n_train < f.c->n_sent);
+    assert_true(f.c->n_words >= 16);
+    /* sentences are split after the period and carry no surrounding space */
+    const char *s0 = f.c->text + f.c->sent_off[0];
+    size_t l0 = f.c->sent_off[1] - 1 - f.c->sent_off[0];
+    assert_true(s0[0] != ' ' && s0[l0 - 1] == '.');
+    struct kvp_task_mix mix;
+    kvp_task_mix_default(&mix);
+    struct kvp_sample a, b;
+    struct kvp_err err;
+    assert_int_equal(kvp_sample_alloc(&a, 1024, &err), 0);
+    assert_int_equal(kvp_sample_alloc(&b, 1024, &err), 0);
+    for (int task = 1; task < KVP_TASK_COUNT; task++) {
+        assert_int_equal(kvp_sample_make(&a, f.c, f.v, &mix, task, 1000 + task, false, 4.0f, &err), 0);
+        assert_int_equal(a.task, task);
+        assert_int_equal(a.tok[0], 1); /* BOS */
+        assert_true(a.ans_end > a.ans_begin);
+        /* the answer tokens are the separately encoded answer, followed by EOS */
+        char buf[512];
+        kvp_tvocab_decode(f.v, a.tok + a.ans_begin + 1, (size_t)(a.ans_end - a.ans_begin), buf,
+                          sizeof(buf));
+        char *prompt, *answer;
+        assert_int_equal(kvp_task_render(f.c, f.v, task, 1000 + task, false, 1000, &prompt, &answer,
+                                         &err), 0);
+        assert_string_equal(buf, answer); /* same seed, same task instance */
+        assert_int_equal(a.tok[a.ans_end + 1], 2); /* EOS */
+        assert_float_equal(a.weight[a.ans_begin], 4.0, 0.0);
+        assert_float_equal(a.weight[a.ans_end], 4.0, 0.0);
+        assert_float_equal(a.weight[a.ans_begin - 1], 1.0, 0.0);
+        for (int i = 0; i <= 1024; i++)
+            assert_true(a.tok[i] >= 0 && a.tok[i] < f.v->n);
+        /* deterministic */
+        assert_int_equal(kvp_sample_make(&b, f.c, f.v, &mix, task, 1000 + task, false, 4.0f, &err), 0);
+        assert_memory_equal(a.tok, b.tok, sizeof(int32_t) * 1025);
+        free(prompt);
+        free(answer);
+    }
+    /* a passkey sample holds its key in the prompt and answers it */
+    assert_int_equal(kvp_sample_make(&a, f.c, f.v, &mix, KVP_TASK_PASSKEY, 5, false, 2.0f, &err), 0);
+    char *text = malloc(8192);
+    kvp_tvocab_decode(f.v, a.tok, (size_t)a.ans_end + 1, text, 8192);
+    char ans[64];
+    kvp_tvocab_decode(f.v, a.tok + a.ans_begin + 1, (size_t)(a.ans_end - a.ans_begin), ans, 64);
+    char needle[96];
+    snprintf(needle, sizeof(needle), "The pass key is%.*s. Remember it.", (int)strlen(ans) - 1, ans);
+    assert_non_null(strstr(text, needle));
+    assert_non_null(strstr(text, "What is the pass key? The pass key is"));
+    free(text);
+    kvp_sample_free(&a);
+    kvp_sample_free(&b);
+    fixture_free(&f);
+}
+
+/* The trainer's tokenization of a whole prompt equals the engine's (src/tokenizer) on the same
+ * vocabulary: the model learns from exactly the ids it will see at evaluation. */
+static void test_tokenizer_matches_engine(void **state)
+{
+    (void)state;
+    struct fixture f;
+    fixture_init(&f, 400);
+    struct kvp_vocab *ev;
+    struct kvp_err err;
+    assert_int_equal(kvp_vocab_create_spm(f.v->n, (const char *const *)f.v->text, f.v->len,
+                                          f.v->score, f.v->type, 1, 2, 0, &ev, &err), 0);
+    int32_t *a = malloc(8192 * sizeof(int32_t)), *b = malloc(8192 * sizeof(int32_t));
+    for (int task = 1; task < KVP_TASK_COUNT; task++) {
+        char *prompt, *answer;
+        assert_int_equal(kvp_task_render(f.c, f.v, task, 77, true, 700, &prompt, &answer, &err), 0);
+        size_t na, nb;
+        assert_int_equal(kvp_tvocab_encode(f.v, prompt, strlen(prompt), true, a, 8192, &na, &err), 0);
+        assert_int_equal(kvp_vocab_encode(ev, prompt, strlen(prompt), true, false, b, 8192, &nb, &err), 0);
+        assert_int_equal(nb, na + 1); /* the engine adds BOS */
+        assert_int_equal(b[0], 1);
+        assert_memory_equal(a, b + 1, na * sizeof(int32_t));
+        assert_true(na <= 700 && na > 500);
+        free(prompt);
+        free(answer);
+    }
+    /* the raw corpus too */
+    size_t na, nb;
+    assert_int_equal(kvp_tvocab_encode(f.v, f.text, 4000, true, a, 8192, &na, &err), 0);
+    assert_int_equal(kvp_vocab_encode(ev, f.text, 4000, true, false, b, 8192, &nb, &err), 0);
+    assert_memory_equal(a, b + 1, na * sizeof(int32_t));
+    free(a);
+    free(b);
+    kvp_vocab_free(ev);
+    fixture_free(&f);
+}
+
+/* With the real filler text: every task renders to a prompt close to the asked length. */
+static void test_tasks_on_tinystories(void **state)
+{
+    (void)state;
+    KVP_REQUIRE_SHARED(path, "data/tinystories/tinystories_val.txt");
+    const char *paths[] = {path};
+    char *text;
+    size_t len;
+    struct kvp_err err;
+    assert_int_equal(kvp_corpus_read(paths, 1, &text, &len, &err), 0);
+    struct kvp_tvocab *v;
+    assert_int_equal(kvp_tvocab_learn(text, len, 512, &v, &err), 0);
+    struct kvp_corpus *c;
+    assert_int_equal(kvp_corpus_init(&c, text, len, v, 0.05, &err), 0);
+    for (int task = 1; task < KVP_TASK_COUNT; task++) {
+        char *prompt, *answer;
+        assert_int_equal(kvp_task_render(c, v, task, 9, true, 2000, &prompt, &answer, &err), 0);
+        size_t n;
+        kvp_tvocab_encode(v, prompt, strlen(prompt), true, NULL, 0, &n, NULL);
+        assert_true(n <= 2000 && n >= 1900);
+        free(prompt);
+        free(answer);
+    }
+    const char *bad[] = {"../shared/data/pg_essays"};
+    assert_int_equal(kvp_corpus_read(bad, 1, &text, &len, &err), KVP_EINVAL);
+    kvp_corpus_free(c);
+    kvp_tvocab_free(v);
+    free(text);
+}
+
+/* ===================================== training runs ========================================== */
+
+struct losses {
+    double loss[256];
+    double ans[256];
+    long n;
+    double acc[KVP_TASK_COUNT];
+    bool have_eval;
+};
+
+static void record(void *user, const struct kvp_train_progress *p)
+{
+    struct losses *l = user;
+    if (p->event == KVP_TRAIN_EV_STEP && p->step >= 1 && p->step <= 256) {
+        l->loss[p->step - 1] = p->loss;
+        l->ans[p->step - 1] = p->answer_loss;
+        if (p->step > l->n)
+            l->n = p->step;
+    }
+    if (p->event == KVP_TRAIN_EV_EVAL) {
+        memcpy(l->acc, p->acc, sizeof(l->acc));
+        l->have_eval = true;
+    }
+}
+
+static void tiny_opts(struct kvp_train_opts *o, const char **paths)
+{
+    kvp_train_opts_default(o);
+    o->model = (struct kvp_train_config){.n_vocab = 300, .n_embd = 32, .n_layer = 2, .n_head = 4,
+                                         .n_head_kv = 2, .n_ff = 64, .n_ctx = 128,
+                                         .rope_base = 10000.0f, .norm_eps = 1e-5f, .tied = 1};
+    o->hp.steps = 8;
+    o->hp.tokens_per_step = 512;
+    o->hp.micro_tokens = 256;
+    o->hp.lr = 3e-3f;
+    o->hp.lr_min = 3e-4f;
+    o->hp.n_phases = 2;
+    o->hp.phase_ctx[0] = 64;
+    o->hp.phase_frac[0] = 0.5f;
+    o->hp.phase_ctx[1] = 128;
+    o->hp.phase_frac[1] = 0.5f;
+    o->data_paths = paths;
+    o->n_data_paths = 1;
+    o->eval_samples = 0;
+    o->n_threads = 2;
+}
+
+static char *write_text_file(void)
+{
+    size_t len;
+    char *text = make_text(60000, 3, &len);
+    char *path = kvp_test_tmpfile(".txt");
+    assert_non_null(path);
+    assert_int_equal(kvp_test_write_file(path, text, len), 0);
+    free(text);
+    return path;
+}
+
+/* Stopping after 3 steps and resuming from the checkpoint gives the same losses and the same
+ * final weights as the uninterrupted run. */
+static void test_checkpoint_resume_bit_exact(void **state)
+{
+    (void)state;
+    char *data = write_text_file();
+    const char *paths[] = {data};
+    char *ck_a = kvp_test_tmpfile(".ckpt"), *ck_b = kvp_test_tmpfile(".ckpt");
+    char *g_a = kvp_test_tmpfile(".gguf"), *g_b = kvp_test_tmpfile(".gguf");
+    struct kvp_train_opts o;
+    struct kvp_err err;
+    struct losses la = {0}, lb = {0};
+    tiny_opts(&o, paths);
+    o.ckpt_path = ck_a;
+    o.out_gguf = g_a;
+    assert_int_equal(kvp_train_run(&o, record, &la, &err), 0);
+    assert_int_equal(la.n, 8);
+    tiny_opts(&o, paths);
+    o.ckpt_path = ck_b;
+    o.stop_after = 3;
+    assert_int_equal(kvp_train_run(&o, record, &lb, &err), 0);
+    assert_int_equal(lb.n, 3);
+    tiny_opts(&o, paths);
+    o.ckpt_path = ck_b;
+    o.resume_path = ck_b;
+    o.out_gguf = g_b;
+    assert_int_equal(kvp_train_run(&o, record, &lb, &err), 0);
+    assert_int_equal(lb.n, 8);
+    for (int i = 0; i < 8; i++)
+        assert_true(la.loss[i] == lb.loss[i]); /* bit for bit */
+    size_t na, nb;
+    char *a = kvp_test_read_file(ck_a, &na), *b = kvp_test_read_file(ck_b, &nb);
+    assert_int_equal(na, nb);
+    assert_memory_equal(a, b, na);
+    free(a);
+    free(b);
+    a = kvp_test_read_file(g_a, &na);
+    b = kvp_test_read_file(g_b, &nb);
+    assert_int_equal(na, nb);
+    assert_memory_equal(a, b, na);
+    free(a);
+    free(b);
+    /* a corrupted checkpoint is refused */
+    a = kvp_test_read_file(ck_a, &na);
+    a[na / 2] ^= 1;
+    assert_int_equal(kvp_test_write_file(ck_a, a, na), 0);
+    free(a);
+    tiny_opts(&o, paths);
+    o.resume_path = ck_a;
+    o.ckpt_path = ck_a;
+    assert_int_equal(kvp_train_run(&o, NULL, NULL, &err), KVP_EFORMAT);
+    remove(data);
+    remove(ck_a);
+    remove(ck_b);
+    remove(g_a);
+    remove(g_b);
+    free(data);
+    free(ck_a);
+    free(ck_b);
+    free(g_a);
+    free(g_b);
+}
+
+/* The exported GGUF runs in the engine with the trainer's logits and tokenization. */
+static void test_gguf_matches_engine(void **state)
+{
+    (void)state;
+    struct fixture f;
+    fixture_init(&f, 300);
+    struct kvp_train_config cfg = {.n_vocab = f.v->n, .n_embd = 64, .n_layer = 2, .n_head = 4,
+                                   .n_head_kv = 2, .n_ff = 96, .n_ctx = 160,
+                                   .rope_base = 10000.0f, .norm_eps = 1e-5f, .tied = 0};
+    struct kvp_train_model *m;
+    struct kvp_err err;
+    assert_int_equal(kvp_train_model_init(&m, &cfg, 160, 2, 5, &err), 0);
+    /* weights well away from the init so every path matters */
+    struct kvp_rng rng;
+    kvp_rng_seed(&rng, 3);
+    for (size_t i = 0; i < m->n_params; i++)
+        m->params[i] += 0.05f * kvp_rng_normal(&rng);
+    char *path = kvp_test_tmpfile(".gguf");
+    assert_int_equal(kvp_train_export_gguf(path, m, f.v, "test", &err), 0);
+    kvp_model *em;
+    assert_int_equal(kvp_model_open(path, NULL, &em, &err), 0);
+    struct kvp_model_info info;
+    kvp_model_get_info(em, &info);
+    assert_int_equal(info.n_vocab, f.v->n);
+    assert_int_equal(info.n_head_kv, 2);
+    assert_int_equal(info.n_ctx_train, 160);
+    assert_false(info.tied_output);
+    const char *text = "Tom saw a big red dog. The dog ran to the old house and found a cake.";
+    int32_t ids[200], mine[200];
+    size_t n, nm;
+    assert_int_equal(kvp_tokenize(em, text, strlen(text), true, ids, 200, &n, &err), 0);
+    mine[0] = 1;
+    assert_int_equal(kvp_tvocab_encode(f.v, text, strlen(text), true, mine + 1, 199, &nm, &err), 0);
+    assert_int_equal(n, nm + 1);
+    assert_memory_equal(ids, mine, n * sizeof(int32_t));
+    /* a full context of tokens */
+    int T = 160;
+    int32_t tok[160];
+    for (int i = 0; i < T; i++)
+        tok[i] = i < (int)n ? ids[i] : (int32_t)kvp_rng_below(&rng, (uint64_t)f.v->n);
+    assert_int_equal(kvp_train_model_forward(m, tok, 1, T, &err), 0);
+    kvp_ctx *ctx;
+    struct kvp_ctx_params cp = {.n_ctx = T, .n_threads = 1};
+    assert_int_equal(kvp_ctx_init(em, &cp, &ctx, &err), 0);
+    float *logits = malloc(sizeof(float) * (size_t)T * f.v->n);
+    assert_int_equal(kvp_eval(ctx, tok, T, logits, true, &err), 0);
+    double maxd = 0.0, maxv = 0.0;
+    for (size_t i = 0; i < (size_t)T * f.v->n; i++) {
+        maxd = fmax(maxd, fabs((double)logits[i] - m->logits[i]));
+        maxv = fmax(maxv, fabs((double)m->logits[i]));
+    }
+    print_message("  engine vs trainer logits: max |diff| %.3g (max |logit| %.3g)\n", maxd, maxv);
+    assert_true(maxd < 1e-3 * fmax(1.0, maxv));
+    free(logits);
+    kvp_ctx_free(ctx);
+    kvp_model_close(em);
+    remove(path);
+    free(path);
+    kvp_train_model_free(m);
+    fixture_free(&f);
+}
+
+/* A short run on repetitive text: the loss must fall well below its start. */
+static void test_training_loss_falls(void **state)
+{
+    (void)state;
+    char *data = write_text_file();
+    const char *paths[] = {data};
+    struct kvp_train_opts o;
+    struct kvp_err err;
+    struct losses l = {0};
+    tiny_opts(&o, paths);
+    o.hp.steps = 60;
+    o.hp.warmup_frac = 0.05f;
+    o.hp.n_phases = 1;
+    o.hp.phase_ctx[0] = 128;
+    o.hp.phase_frac[0] = 1.0f;
+    o.hp.mix.w[KVP_TASK_LM] = 1.0f; /* mostly plain text: the loss is comparable step to step */
+    assert_int_equal(kvp_train_run(&o, record, &l, &err), 0);
+    assert_int_equal(l.n, 60);
+    double first = (l.loss[0] + l.loss[1]) / 2, last = (l.loss[58] + l.loss[59]) / 2;
+    print_message("  loss %.3f -> %.3f\n", first, last);
+    assert_true(last < 0.6 * first);
+    remove(data);
+    free(data);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -604,6 +1002,12 @@ int main(void)
         cmocka_unit_test(test_schedule_and_clip),
         cmocka_unit_test(test_bpe_learn_and_encode),
         cmocka_unit_test(test_spm_merge_order),
+        cmocka_unit_test(test_corpus_and_samples),
+        cmocka_unit_test(test_tokenizer_matches_engine),
+        cmocka_unit_test(test_tasks_on_tinystories),
+        cmocka_unit_test(test_checkpoint_resume_bit_exact),
+        cmocka_unit_test(test_gguf_matches_engine),
+        cmocka_unit_test(test_training_loss_falls),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

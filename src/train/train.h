@@ -338,6 +338,12 @@ int kvp_sample_make(struct kvp_sample *s, const struct kvp_corpus *c, const stru
                     const struct kvp_task_mix *mix, int task, uint64_t seed, bool eval,
                     float answer_weight, struct kvp_err *err);
 
+/* Text for vocabulary learning that holds the task templates the way training will show them:
+ * per_task instances of every retrieval task with a two-unit haystack, prompt and answer, in a
+ * malloc'd string. c may have been prepared without a vocabulary. */
+int kvp_task_template_text(const struct kvp_corpus *c, int per_task, uint64_t seed, char **text,
+                           size_t *len, struct kvp_err *err);
+
 /* Render one task's prompt text and answer text (both malloc'd, NUL-terminated) for a seed, for
  * inspection and for the engine's evaluation harness to cross-check. target_tokens sizes the
  * haystack. */

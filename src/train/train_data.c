@@ -778,23 +778,55 @@ static long fit_haystack(const struct kvp_corpus *c, const struct kvp_tvocab *v,
     if (per < 1.0)
         per = 1.0;
     long n = (long)((double)(budget - t0) / per);
-    for (int iter = 0; iter < 12 && n > 0; iter++) {
+    long best = 0; /* largest n known to fit */
+    for (int iter = 0; iter < 8 && n > best; iter++) {
         long t = prompt_tokens(c, v, ti, n, eval, b);
         if (t < 0)
             return -1;
+        per = t > t0 ? (double)(t - t0) / (double)n : per; /* measured tokens per unit */
         if (t <= budget) {
-            /* close enough when under by less than two units */
-            if ((double)(budget - t) < 2.0 * per || iter >= 8)
+            best = n;
+            if ((double)(budget - t) < per)
                 return n;
-            n += (long)((double)(budget - t) / per * 0.9) + 1;
-            continue;
+            n += (long)((double)(budget - t) / per);
+        } else {
+            n -= (long)((double)(t - budget) / per) + 1;
         }
-        long over = (long)((double)(t - budget) / per) + 1;
-        n -= over;
     }
+    n = best;
     while (n > 0 && prompt_tokens(c, v, ti, n, eval, b) > budget)
         n--;
     return n < 0 ? 0 : n;
+}
+
+int kvp_task_template_text(const struct kvp_corpus *c, int per_task, uint64_t seed, char **text,
+                           size_t *len, struct kvp_err *err)
+{
+    struct task_inst *ti = calloc(1, sizeof(*ti));
+    struct sbuf all = {0}, b = {0};
+    if (!ti)
+        return kvp_err_set(err, KVP_ENOMEM, "task");
+    for (int task = 1; task < KVP_TASK_COUNT; task++)
+        for (int i = 0; i < per_task; i++) {
+            struct kvp_rng r;
+            kvp_rng_seed(&r, kvp_rng_mix(seed, (uint64_t)task * 100003u + (uint64_t)i));
+            memset(ti, 0, sizeof(*ti));
+            ti->task = task;
+            setup_task(c, &r, false, ti);
+            build_prompt(c, ti, 2, false, &b);
+            sb_add(&all, b.p ? b.p : "", b.n);
+            sb_str(&all, ti->answer);
+            sb_str(&all, "\n\n");
+        }
+    free(ti);
+    free(b.p);
+    if (all.oom || b.oom) {
+        free(all.p);
+        return kvp_err_set(err, KVP_ENOMEM, "task templates");
+    }
+    *text = all.p;
+    *len = all.n;
+    return 0;
 }
 
 int kvp_task_render(const struct kvp_corpus *c, const struct kvp_tvocab *v, int task,
@@ -961,6 +993,8 @@ int kvp_sample_make(struct kvp_sample *s, const struct kvp_corpus *c, const stru
         kvp_tvocab_encode(v, ti->answer, strlen(ti->answer), false, NULL, 0, &n_ans, NULL);
         long budget = len - 2 - (long)n_ans; /* BOS and EOS */
         long n = fit_haystack(c, v, ti, budget, eval, &b);
+        if (n < 0) /* too long for the drawn length: try the whole context */
+            n = fit_haystack(c, v, ti, T - 2 - (long)n_ans, eval, &b);
         if (n < 0) {
             s->task = task = KVP_TASK_LM; /* does not fit this context: plain text instead */
         } else {

@@ -26,6 +26,7 @@
 
 #define EVAL_SEED_BIT (1ULL << 62)
 #define HOLDOUT 0.05
+#define TEMPLATE_INSTANCES 40 /* per task, for vocabulary learning */
 
 void kvp_train_opts_default(struct kvp_train_opts *o)
 {
@@ -191,7 +192,28 @@ static void info(struct run *r, const char *msg)
 static int setup_fresh(struct run *r, const char *text, size_t len, struct kvp_err *err)
 {
     const struct kvp_train_opts *o = r->o;
-    int rc = kvp_tvocab_learn(text, len, o->model.n_vocab, &r->v, err);
+    /* the vocabulary learns from the text plus the task templates, which make up a few percent
+     * of the training tokens (one template per sample) and so deserve their own merges */
+    struct kvp_corpus *c0;
+    char *tmpl, *all;
+    size_t tlen;
+    int rc = kvp_corpus_init(&c0, text, len, NULL, HOLDOUT, err);
+    if (rc < 0)
+        return rc;
+    rc = kvp_task_template_text(c0, TEMPLATE_INSTANCES, o->hp.seed, &tmpl, &tlen, err);
+    kvp_corpus_free(c0);
+    if (rc < 0)
+        return rc;
+    all = malloc(len + tlen + 1);
+    if (!all) {
+        free(tmpl);
+        return kvp_err_set(err, KVP_ENOMEM, "vocabulary text");
+    }
+    memcpy(all, text, len);
+    memcpy(all + len, tmpl, tlen);
+    free(tmpl);
+    rc = kvp_tvocab_learn(all, len + tlen, o->model.n_vocab, &r->v, err);
+    free(all);
     if (rc < 0)
         return rc;
     struct kvp_train_config cfg = o->model;

@@ -11,12 +11,14 @@
  * of KVP_ATTN_BQ queries: a block reads only keys [0, block end), so the causal half is never
  * computed, and the scratch is [BQ][T] scores plus as much for the backward's dP. The forward
  * saves each row's log-sum-exp so the backward can rebuild the probabilities exactly without
- * storing them (the FlashAttention recomputation).
+ * storing them (the FlashAttention recomputation). The exponentials go through the engine's SIMD
+ * table (kernels/simd.h, exp_sum), the same for the forward pass and its recomputation.
  */
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
 
+#include "kernels/simd.h"
 #include "train/train.h"
 
 #define KVP_ATTN_BQ 128 /* query rows per block: [128][2048] scores = 1 MB per thread */
@@ -136,6 +138,7 @@ static void attn_scores(float *s, const float *qh, const float *k, int i0, int b
 void kvp_op_attn_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
                      int T, int hd, int n_rep, int ldq, int ldkv, float *scratch)
 {
+    const struct kvp_simd_ops *simd = kvp_simd();
     float scale = 1.0f / sqrtf((float)hd);
     for (int r = 0; r < n_rep; r++) {
         const float *qh = q + r * hd;
@@ -151,11 +154,7 @@ void kvp_op_attn_fwd(float *out, float *lse, const float *q, const float *k, con
                 float mx = row[0];
                 for (int j = 1; j < lim; j++)
                     mx = row[j] > mx ? row[j] : mx;
-                float sum = 0.0f;
-                for (int j = 0; j < lim; j++) {
-                    row[j] = expf(row[j] - mx);
-                    sum += row[j];
-                }
+                float sum = simd->exp_sum(row, lim, mx);
                 float inv = 1.0f / sum;
                 for (int j = 0; j < lim; j++)
                     row[j] *= inv;
@@ -173,6 +172,7 @@ void kvp_op_attn_bwd(float *dq, float *dk, float *dv, const float *dout, const f
                      const float *lse, const float *q, const float *k, const float *v, int T,
                      int hd, int n_rep, int ldq, int ldkv, float *scratch)
 {
+    const struct kvp_simd_ops *simd = kvp_simd();
     float scale = 1.0f / sqrtf((float)hd);
     float *p = scratch;
     float *dp = scratch + (size_t)KVP_ATTN_BQ * T;
@@ -191,8 +191,7 @@ void kvp_op_attn_bwd(float *dq, float *dk, float *dv, const float *dout, const f
                 float *row = p + (size_t)i * nk;
                 int lim = i0 + i + 1;
                 float l = lh[i0 + i];
-                for (int j = 0; j < lim; j++)
-                    row[j] = expf(row[j] - l);
+                simd->exp_sum(row, lim, l); /* l ≥ every score: the saved log-sum-exp */
                 for (int j = lim; j < nk; j++)
                     row[j] = 0.0f;
                 /* D_i = dO_i · O_i = Σ_j P_ij dP_ij, the softmax backward's row term */
