@@ -537,7 +537,7 @@ static void test_bpe_learn_and_encode(void **state)
         bool digit = false, inner_space = false;
         for (size_t j = 0; j < v->len[i]; j++) {
             digit |= v->type[i] == 1 && v->text[i][j] >= '0' && v->text[i][j] <= '9';
-            inner_space |= j > 0 && !memcmp(v->text[i] + j, "\xE2\x96\x81", 3);
+            inner_space |= j > 0 && j + 3 <= v->len[i] && !memcmp(v->text[i] + j, "\xE2\x96\x81", 3);
         }
         assert_false(digit);
         assert_false(inner_space);

@@ -5,6 +5,12 @@
  * The library reports progress through a callback; this file turns it into a one-line progress
  * bar on a terminal (redrawn in place) or into plain log lines when stderr is a file, so a
  * `nohup ... 2>train.log` run leaves a readable log. Every bad flag is one error line and exit 1.
+ *
+ * OpenBLAS picks its kernels when the process starts, from OPENBLAS_CORETYPE or its own CPU
+ * detection, and the detection of Debian's OpenBLAS files AMD Zen 5 under Haswell (AVX2). On an
+ * AVX-512 CPU with the variable unset, the command therefore re-executes itself once with
+ * OPENBLAS_CORETYPE=SKYLAKEX, which made training about 30 % faster on the project machine. Set
+ * the variable (to anything) to keep OpenBLAS's own choice.
  */
 #include <math.h>
 #include <stdio.h>
@@ -14,6 +20,7 @@
 
 #include "cli/cli.h"
 #include "cli/common.h"
+#include "core/platform.h"
 #include "train/train.h"
 
 #define MAX_DATA 64
@@ -168,8 +175,27 @@ struct flag_float {
     double *dst;
 };
 
+/* Re-execute with OPENBLAS_CORETYPE=SKYLAKEX on AVX-512 CPUs (see the top of the file). Returns
+ * only when that is not wanted or not possible. */
+static void maybe_reexec(int argc, char **argv)
+{
+    if (getenv("OPENBLAS_CORETYPE") || !(kvp_cpu_features() & KVP_CPU_AVX512))
+        return;
+    if (setenv("OPENBLAS_CORETYPE", "SKYLAKEX", 1) != 0)
+        return;
+    char **args = calloc((size_t)argc + 2, sizeof(char *));
+    if (!args)
+        return;
+    args[0] = "kvpred";
+    for (int i = 0; i < argc; i++)
+        args[i + 1] = argv[i];
+    execv("/proc/self/exe", args);
+    free(args); /* exec failed: carry on with the kernels already loaded */
+}
+
 int cmd_train_lm(int argc, char **argv)
 {
+    maybe_reexec(argc, argv);
     struct kvp_train_opts o;
     kvp_train_opts_default(&o);
     const char *data[MAX_DATA];
