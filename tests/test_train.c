@@ -984,6 +984,59 @@ static void test_training_loss_falls(void **state)
     free(data);
 }
 
+
+/* The train-lm command: flag errors are one line and exit 1; a tiny run writes a checkpoint and a
+ * GGUF, and --export-only rewrites the GGUF from the checkpoint. */
+static void test_cli_train_lm(void **state)
+{
+    (void)state;
+    const char *cli = kvp_test_cli();
+    if (!cli) {
+        print_message("[  SKIP    ] KVP_CLI not set, test skipped\n");
+        skip();
+    }
+    char cmd[2048], *out = NULL;
+    snprintf(cmd, sizeof(cmd), "%s train-lm --data x --steps abc", cli);
+    assert_int_equal(kvp_test_run(cmd, &out, 1), 1);
+    assert_non_null(strstr(out, "kvpred: error: --steps"));
+    assert_null(strchr(strchr(out, '\n') + 1, '\n')); /* one line */
+    free(out);
+    snprintf(cmd, sizeof(cmd), "%s train-lm --data x -o y.gguf --frobnicate", cli);
+    assert_int_equal(kvp_test_run(cmd, &out, 1), 1);
+    free(out);
+    char *data = write_text_file();
+    char *ck = kvp_test_tmpfile(".ckpt"), *g1 = kvp_test_tmpfile(".gguf"),
+         *g2 = kvp_test_tmpfile(".gguf");
+    snprintf(cmd, sizeof(cmd),
+             "%s train-lm --data %s -o %s --ckpt %s --dim 32 --layers 1 --heads 2 --kv-heads 1 "
+             "--ff 48 --vocab 300 --ctx 128 --batch 2 --steps 3 --eval-samples 1 --threads 1",
+             cli, data, g1, ck);
+    int rc = kvp_test_run(cmd, &out, 1);
+    if (rc != 0)
+        print_message("%s\n", out);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "step 3/3"));
+    free(out);
+    snprintf(cmd, sizeof(cmd), "%s train-lm --data %s --resume %s --export-only -o %s", cli, data,
+             ck, g2);
+    assert_int_equal(kvp_test_run(cmd, &out, 1), 0);
+    free(out);
+    size_t n1, n2;
+    char *a = kvp_test_read_file(g1, &n1), *b = kvp_test_read_file(g2, &n2);
+    assert_int_equal(n1, n2);
+    assert_memory_equal(a, b, n1);
+    free(a);
+    free(b);
+    remove(data);
+    remove(ck);
+    remove(g1);
+    remove(g2);
+    free(data);
+    free(ck);
+    free(g1);
+    free(g2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1008,6 +1061,7 @@ int main(void)
         cmocka_unit_test(test_checkpoint_resume_bit_exact),
         cmocka_unit_test(test_gguf_matches_engine),
         cmocka_unit_test(test_training_loss_falls),
+        cmocka_unit_test(test_cli_train_lm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -46,8 +46,8 @@ uint64_t kvp_rng_next(struct kvp_rng *r);
 uint64_t kvp_rng_below(struct kvp_rng *r, uint64_t n);
 /* Uniform float in [0, 1). */
 float kvp_rng_uniform(struct kvp_rng *r);
-/* Standard normal (Box–Muller, both values used on alternate calls is NOT done: one per call,
- * so the stream position is easy to reason about). */
+/* Standard normal by Box–Muller; each call consumes exactly two draws and returns one value, so
+ * the stream position is easy to reason about. */
 float kvp_rng_normal(struct kvp_rng *r);
 /* Mix two 64-bit values into one seed (splitmix64 of a combination); used to derive per-sample
  * seeds from (run seed, step, index). */
@@ -444,10 +444,11 @@ void kvp_train_opts_default(struct kvp_train_opts *o);
 int kvp_train_run(const struct kvp_train_opts *o, kvp_train_progress_fn cb, void *user,
                   struct kvp_err *err);
 
-/* Evaluate retrieval: for each task with mix weight or all tasks when all_tasks, n samples at
- * context T from held-out text (evaluation seeds), teacher-forced: a sample counts as correct
- * when every answer token is the argmax (what greedy decoding would produce). acc[task] is NaN
- * for tasks not evaluated. val_loss: mean NLL on held-out plain text. */
+/* Evaluate retrieval: for every task, n samples at context T built from held-out sentences with
+ * evaluation seeds (bit 62 set, derived from seed), teacher-forced: a sample counts as correct
+ * when every answer token is the argmax, i.e. exactly what greedy decoding would produce after
+ * the prompt. acc[task] is NaN for a task that never fits in T (and for KVP_TASK_LM). val_loss:
+ * mean NLL per token of n held-out plain-text sequences. */
 int kvp_train_evaluate(struct kvp_train_model *m, const struct kvp_corpus *c,
                        const struct kvp_tvocab *v, int T, int n, uint64_t seed, double *acc,
                        double *val_loss, struct kvp_err *err);

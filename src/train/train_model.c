@@ -193,7 +193,6 @@ static int alloc_run_state(struct kvp_train_model *m, struct kvp_err *err)
     size_t N = (size_t)m->cap_tokens, D = (size_t)c->n_embd, F = (size_t)c->n_ff;
     size_t qd = (size_t)c->n_head * m->head_dim, kvd = (size_t)c->n_head_kv * m->head_dim;
     size_t V = (size_t)c->n_vocab;
-    size_t n_seq_max = N / 2 + 1; /* shortest sequences are 2 tokens */
     bool ok = true;
     m->acts = calloc((size_t)c->n_layer, sizeof(*m->acts));
     if (!m->acts)
@@ -214,7 +213,6 @@ static int alloc_run_state(struct kvp_train_model *m, struct kvp_err *err)
         A->gate = falloc(N * F, &ok);
         A->up = falloc(N * F, &ok);
     }
-    (void)n_seq_max;
     m->xf = falloc(N * D, &ok);
     m->xnf = falloc(N * D, &ok);
     m->rstdf = falloc(N, &ok);
@@ -255,9 +253,10 @@ int kvp_train_model_init(struct kvp_train_model **out, const struct kvp_train_co
                                                                          : n_threads;
     if ((rc = layout(m, err)) < 0)
         goto fail_free_model;
-    m->params = falloc(m->n_params, &(bool){true});
-    m->grads = kvp_alloc_aligned(m->n_params * sizeof(float));
-    if (!m->params || !m->grads) {
+    bool ok = true;
+    m->params = falloc(m->n_params, &ok);
+    m->grads = falloc(m->n_params, &ok);
+    if (!ok) {
         rc = kvp_err_set(err, KVP_ENOMEM, "%zu parameters", m->n_params);
         goto fail_free_model;
     }
