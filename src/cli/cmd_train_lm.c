@@ -46,6 +46,9 @@ static void train_usage(FILE *f)
             "  --warmup F              warm-up fraction of the steps (default 0.03)\n"
             "  --wd X                  AdamW weight decay (default 0.1); --clip X (1.0)\n"
             "  --answer-weight X       loss weight of answer tokens (default 4)\n"
+            "  --mix TASK:W,...        task mixture (default lm 0.10, passkey 0.14, niah_single_1\n"
+            "                          0.10, _2 0.12, _3 0.06, multikey_1 0.12, _2 0.08, _3 0.05,\n"
+            "                          multivalue 0.08, multiquery 0.08, vt 0.07)\n"
             "  --dim D --layers L --heads H --kv-heads K --ff F --vocab V\n"
             "                          model shape (default 256, 6, 8, 4, 704, 1024)\n"
             "  --rope-base X           RoPE base (default 10000); --untied: separate output "
@@ -146,6 +149,37 @@ static bool parse_curriculum(const char *s, struct kvp_train_hparams *hp)
     return n > 0;
 }
 
+/* "passkey:2,niah_single_1:1,lm:0.5": weights by task name; tasks not named get 0. */
+static bool parse_mix(const char *s, struct kvp_task_mix *mix)
+{
+    memset(mix, 0, sizeof(*mix));
+    const char *p = s;
+    bool any = false;
+    while (*p) {
+        const char *colon = strchr(p, ':');
+        if (!colon)
+            return false;
+        int task = -1;
+        for (int t = 0; t < KVP_TASK_COUNT; t++) {
+            const char *nm = kvp_task_name(t);
+            if (strlen(nm) == (size_t)(colon - p) && !strncmp(nm, p, (size_t)(colon - p)))
+                task = t;
+        }
+        char *end;
+        double w = strtod(colon + 1, &end);
+        if (task < 0 || end == colon + 1 || !(w >= 0.0) || w > 1e6)
+            return false;
+        mix->w[task] = (float)w;
+        any |= w > 0.0;
+        p = end;
+        if (*p == ',')
+            p++;
+        else if (*p)
+            return false;
+    }
+    return any;
+}
+
 static void default_curriculum(struct kvp_train_hparams *hp, int T)
 {
     if (T / 4 >= 128) {
@@ -200,7 +234,7 @@ int cmd_train_lm(int argc, char **argv)
     kvp_train_opts_default(&o);
     const char *data[MAX_DATA];
     int n_data = 0;
-    const char *curriculum = NULL;
+    const char *curriculum = NULL, *mix = NULL;
     bool export_only = false, untied = false;
     long steps = o.hp.steps, ctx = o.model.n_ctx, batch = 8, micro = 0, dim = o.model.n_embd,
          layers = o.model.n_layer, heads = o.model.n_head, kv_heads = o.model.n_head_kv,
@@ -276,6 +310,9 @@ int cmd_train_lm(int argc, char **argv)
         } else if (!strcmp(a, "--curriculum")) {
             if (!(curriculum = cli_flag_value(argc, argv, &i)))
                 return 1;
+        } else if (!strcmp(a, "--mix")) {
+            if (!(mix = cli_flag_value(argc, argv, &i)))
+                return 1;
         } else if (!strcmp(a, "--export-only")) {
             export_only = true;
         } else if (!strcmp(a, "--untied")) {
@@ -317,6 +354,9 @@ int cmd_train_lm(int argc, char **argv)
     } else {
         default_curriculum(&o.hp, (int)ctx);
     }
+    if (mix && !parse_mix(mix, &o.hp.mix))
+        return cli_fail("--mix: '%s' is not task:weight,... over lm, passkey, niah_single_1..3, "
+                        "niah_multikey_1..3, niah_multivalue, niah_multiquery, vt", mix);
     o.n_threads = (int)threads;
     o.eval_every = eval_every;
     o.eval_samples = (int)eval_samples;
