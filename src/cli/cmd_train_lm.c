@@ -33,7 +33,9 @@ static void train_usage(FILE *f)
             "  -o, --output OUT.gguf   GGUF written at the end\n"
             "  --ckpt PATH             checkpoint file (written every --ckpt-every steps and at "
             "the end)\n"
-            "  --resume PATH           continue a run from its checkpoint (same --data)\n"
+            "  --resume PATH           continue a run from its checkpoint (same --data; the\n"
+            "                          model and schedule come from the checkpoint, --steps N\n"
+            "                          extends it)\n"
             "  --export-only           with --resume: write the GGUF and exit\n"
             "  --steps N               optimiser steps (default 1000)\n"
             "  --ctx T                 model context length (default 2048)\n"
@@ -339,6 +341,11 @@ int cmd_train_lm(int argc, char **argv)
         return cli_fail_err(&err);
     o.hp.seed = (uint64_t)seed;
     o.hp.steps = steps;
+    bool steps_given = false;
+    for (int i = 1; i < argc; i++)
+        steps_given |= !strcmp(argv[i], "--steps");
+    if (o.resume_path && !steps_given)
+        o.hp.steps = 0; /* keep the checkpoint's length; --steps N extends a run */
     o.hp.tokens_per_step = batch * ctx;
     o.hp.micro_tokens = micro > 0 ? micro : (ctx > 4096 ? ctx : 4096);
     o.hp.lr = (float)lr;
