@@ -669,7 +669,7 @@ static void test_corpus_and_samples(void **state)
     struct kvp_err err;
     assert_int_equal(kvp_sample_alloc(&a, 1024, &err), 0);
     assert_int_equal(kvp_sample_alloc(&b, 1024, &err), 0);
-    for (int task = 1; task < KVP_TASK_COUNT; task++) {
+    for (int task = 1; task < KVP_TASK_COPY; task++) {
         assert_int_equal(kvp_sample_make(&a, f.c, f.v, &mix, task, 1000 + task, false, 4.0f, &err), 0);
         assert_int_equal(a.task, task);
         assert_int_equal(a.tok[0], 1); /* BOS */
@@ -693,6 +693,18 @@ static void test_corpus_and_samples(void **state)
         assert_memory_equal(a.tok, b.tok, sizeof(int32_t) * 1025);
         free(prompt);
         free(answer);
+    }
+    /* the copy task: the answer is the list again, right after the newline */
+    assert_int_equal(kvp_sample_make(&a, f.c, f.v, &mix, KVP_TASK_COPY, 3, false, 4.0f, &err), 0);
+    assert_true(a.ans_end - a.ans_begin >= 1024 / 8 - 8);
+    assert_int_equal(a.tok[a.ans_begin], KVP_TVOCAB_BYTE0 + '\n');
+    assert_int_equal(a.tok[a.ans_end + 1], 2);
+    {
+        char l1[4096], l2[4096];
+        kvp_tvocab_decode(f.v, a.tok + 1, (size_t)(a.ans_begin - 1), l1, sizeof(l1));
+        kvp_tvocab_decode(f.v, a.tok + a.ans_begin + 1, (size_t)(a.ans_end - a.ans_begin), l2,
+                          sizeof(l2));
+        assert_string_equal(l1 + 1, l2); /* l1 has the space prefix */
     }
     /* a passkey sample holds its key in the prompt and answers it */
     assert_int_equal(kvp_sample_make(&a, f.c, f.v, &mix, KVP_TASK_PASSKEY, 5, false, 2.0f, &err), 0);
@@ -722,7 +734,7 @@ static void test_tokenizer_matches_engine(void **state)
     assert_int_equal(kvp_vocab_create_spm(f.v->n, (const char *const *)f.v->text, f.v->len,
                                           f.v->score, f.v->type, 1, 2, 0, &ev, &err), 0);
     int32_t *a = malloc(8192 * sizeof(int32_t)), *b = malloc(8192 * sizeof(int32_t));
-    for (int task = 1; task < KVP_TASK_COUNT; task++) {
+    for (int task = 1; task < KVP_TASK_COPY; task++) {
         char *prompt, *answer;
         assert_int_equal(kvp_task_render(f.c, f.v, task, 77, true, 700, &prompt, &answer, &err), 0);
         size_t na, nb;
@@ -760,7 +772,7 @@ static void test_tasks_on_tinystories(void **state)
     assert_int_equal(kvp_tvocab_learn(text, len, 512, &v, &err), 0);
     struct kvp_corpus *c;
     assert_int_equal(kvp_corpus_init(&c, text, len, v, 0.05, &err), 0);
-    for (int task = 1; task < KVP_TASK_COUNT; task++) {
+    for (int task = 1; task < KVP_TASK_COPY; task++) {
         char *prompt, *answer;
         assert_int_equal(kvp_task_render(c, v, task, 9, true, 2000, &prompt, &answer, &err), 0);
         size_t n;

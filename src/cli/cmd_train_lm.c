@@ -50,7 +50,7 @@ static void train_usage(FILE *f)
             "  --answer-weight X       loss weight of answer tokens (default 4)\n"
             "  --mix TASK:W,...        task mixture (default lm 0.10, passkey 0.14, niah_single_1\n"
             "                          0.10, _2 0.12, _3 0.06, multikey_1 0.12, _2 0.08, _3 0.05,\n"
-            "                          multivalue 0.08, multiquery 0.08, vt 0.07)\n"
+            "                          multivalue 0.08, multiquery 0.08, vt 0.07, copy 0.08)\n"
             "  --dim D --layers L --heads H --kv-heads K --ff F --vocab V\n"
             "                          model shape (default 256, 6, 8, 4, 704, 1024)\n"
             "  --rope-base X           RoPE base (default 10000); --untied: separate output "
@@ -363,7 +363,7 @@ int cmd_train_lm(int argc, char **argv)
     }
     if (mix && !parse_mix(mix, &o.hp.mix))
         return cli_fail("--mix: '%s' is not task:weight,... over lm, passkey, niah_single_1..3, "
-                        "niah_multikey_1..3, niah_multivalue, niah_multiquery, vt", mix);
+                        "niah_multikey_1..3, niah_multivalue, niah_multiquery, vt, copy", mix);
     o.n_threads = (int)threads;
     o.eval_every = eval_every;
     o.eval_samples = (int)eval_samples;

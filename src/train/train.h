@@ -278,6 +278,8 @@ enum kvp_task {
     KVP_TASK_NIAH_MULTIVALUE, /* 4 values for one key */
     KVP_TASK_NIAH_MULTIQUERY, /* 4 keys asked */
     KVP_TASK_VT,              /* variable tracking, 1 chain 4 hops */
+    KVP_TASK_COPY,            /* a random list of words and numbers, then the same list again:
+                                 dense in-context copying, which grows induction heads early */
     KVP_TASK_COUNT
 };
 
@@ -405,7 +407,8 @@ struct kvp_train_progress {
     long step, steps;
     int ctx;                /* current curriculum context */
     double loss;            /* mean loss of this step (all tokens, weighted) */
-    double answer_loss;     /* mean −log p over answer tokens in this step (NaN if none) */
+    double answer_loss;     /* mean −log p over the answer tokens of this step's retrieval
+                               samples (not the copy task's repeats); NaN if none */
     double grad_norm;
     float lr;
     double tokens_per_s;    /* since start (or resume) */

@@ -18,6 +18,11 @@
  * follows the Quest/Landmark form. Needle keys are two words of the corpus joined by "-" (the
  * RULER adjective-noun form, drawn from thousands of words so keys are copied, not memorised).
  *
+ * The copy task (not a RULER task) is a random list of corpus words and numbers followed by a
+ * newline and the same list again. Every token of the repeat can be predicted only by looking
+ * back, which is the skill every retrieval task needs; in short test runs a model saw far too few
+ * needle answers to discover it, so the list gives it a dense signal from the first steps.
+ *
  * Determinism and seeds: a sample is a pure function of its 64-bit seed. The training loop
  * derives seeds from (run seed, sample index) with bit 62 clear; evaluation sets bit 62
  * (KVP_EVAL_SEED_BIT) and reads only held-out sentences, so no evaluation sample can coincide
@@ -51,6 +56,7 @@ static const char *const task_names[KVP_TASK_COUNT] = {
     "niah_multivalue",
     "niah_multiquery",
     "vt",
+    "copy",
 };
 
 const char *kvp_task_name(int task)
@@ -73,6 +79,7 @@ void kvp_task_mix_default(struct kvp_task_mix *mix)
         [KVP_TASK_NIAH_MULTIVALUE] = 0.08f,
         [KVP_TASK_NIAH_MULTIQUERY] = 0.08f,
         [KVP_TASK_VT] = 0.07f,
+        [KVP_TASK_COPY] = 0.08f,
     };
     memcpy(mix->w, w, sizeof(w));
 }
@@ -799,6 +806,27 @@ static long fit_haystack(const struct kvp_corpus *c, const struct kvp_tvocab *v,
     return n < 0 ? 0 : n;
 }
 
+/* The copy task's list: items (corpus words, 2..7-digit numbers) until about n_tok tokens. */
+static void copy_list(const struct kvp_corpus *c, struct kvp_rng *r, long n_tok, struct sbuf *b)
+{
+    long est = 0;
+    while (est < n_tok) {
+        if (b->n)
+            sb_add(b, " ", 1);
+        if (kvp_rng_below(r, 4) == 0) {
+            int nd = 2 + (int)kvp_rng_below(r, 6);
+            for (int i = 0; i < nd; i++) {
+                char d = (char)('0' + kvp_rng_below(r, 10));
+                sb_add(b, &d, 1);
+            }
+            est += nd + 1;
+        } else {
+            sb_str(b, c->words[kvp_rng_below(r, (uint64_t)c->n_words)]);
+            est += 2;
+        }
+    }
+}
+
 int kvp_task_template_text(const struct kvp_corpus *c, int per_task, uint64_t seed, char **text,
                            size_t *len, struct kvp_err *err)
 {
@@ -807,7 +835,7 @@ int kvp_task_template_text(const struct kvp_corpus *c, int per_task, uint64_t se
     if (!ti)
         return kvp_err_set(err, KVP_ENOMEM, "task");
     for (int task = 1; task < KVP_TASK_COUNT; task++)
-        for (int i = 0; i < per_task; i++) {
+        for (int i = 0; i < per_task && task != KVP_TASK_COPY; i++) {
             struct kvp_rng r;
             kvp_rng_seed(&r, kvp_rng_mix(seed, (uint64_t)task * 100003u + (uint64_t)i));
             memset(ti, 0, sizeof(*ti));
@@ -843,6 +871,19 @@ int kvp_task_render(const struct kvp_corpus *c, const struct kvp_tvocab *v, int 
     kvp_rng_seed(&r, seed);
     ti->task = task;
     setup_task(c, &r, eval, ti);
+    if (task == KVP_TASK_COPY) {
+        copy_list(c, &r, target_tokens / 2 - 2, &b);
+        *answer = b.oom ? NULL : strdup(b.p);
+        sb_add(&b, "\n", 1);
+        free(ti);
+        if (b.oom || !*answer) {
+            free(b.p);
+            free(*answer);
+            return kvp_err_set(err, KVP_ENOMEM, "task text");
+        }
+        *prompt = b.p;
+        return 0;
+    }
     long n = fit_haystack(c, v, ti, target_tokens, eval, &b);
     if (n < 0) {
         free(ti);
@@ -954,6 +995,36 @@ static int put_plain(struct kvp_sample *s, int *pos, const struct kvp_corpus *c,
     return 0;
 }
 
+/* [BOS] list "\n" list [EOS], the list taking T/8..T/2 tokens; the repeat is the answer. */
+static int put_copy(struct kvp_sample *s, int *pos, const struct kvp_corpus *c,
+                    const struct kvp_tvocab *v, struct kvp_rng *r, struct sbuf *b,
+                    struct kvp_err *err)
+{
+    int T = s->T;
+    long want = T / 8 + (long)kvp_rng_below(r, (uint64_t)(T / 2 - T / 8) + 1);
+    size_t n1 = 0;
+    for (;;) {
+        b->n = 0;
+        copy_list(c, r, want, b);
+        if (b->oom)
+            return kvp_err_set(err, KVP_ENOMEM, "copy list");
+        kvp_tvocab_encode(v, b->p, b->n, true, NULL, 0, &n1, NULL);
+        if ((long)n1 * 2 + 4 <= T || want < 4)
+            break;
+        want = want * 3 / 4;
+    }
+    put_tok(s, pos, 1, 1.0f);
+    int rc = put_text(s, pos, v, b->p, b->n, true, 1.0f, err);
+    if (rc == 0)
+        rc = put_text(s, pos, v, "\n", 1, false, 1.0f, err);
+    s->ans_begin = *pos - 1;
+    if (rc == 0)
+        rc = put_text(s, pos, v, b->p, b->n, false, 1.0f, err);
+    s->ans_end = *pos - 1 > T ? T : *pos - 1;
+    put_tok(s, pos, 2, 1.0f);
+    return rc;
+}
+
 int kvp_sample_make(struct kvp_sample *s, const struct kvp_corpus *c, const struct kvp_tvocab *v,
                     const struct kvp_task_mix *mix, int task, uint64_t seed, bool eval,
                     float answer_weight, struct kvp_err *err)
@@ -986,7 +1057,11 @@ int kvp_sample_make(struct kvp_sample *s, const struct kvp_corpus *c, const stru
         return kvp_err_set(err, KVP_ENOMEM, "task");
     ti->task = task;
     setup_task(c, &r, eval, ti);
-    if (task != KVP_TASK_LM) {
+    if (task == KVP_TASK_COPY) {
+        rc = put_copy(s, &pos, c, v, &r, &b, err);
+        if (rc < 0)
+            goto out;
+    } else if (task != KVP_TASK_LM) {
         /* the sample takes [T/2, T] tokens; the rest is packed plain text */
         long len = T / 2 + (long)kvp_rng_below(&r, (uint64_t)(T - T / 2) + 1);
         size_t n_ans;

@@ -313,6 +313,8 @@ static int train_step(struct run *r, struct kvp_train_progress *p, struct kvp_er
         kvp_train_model_backward(r->m);
         for (int j = 0; j < k; j++) {
             const struct kvp_sample *s = &r->samples[i0 + j];
+            if (s->task == KVP_TASK_COPY)
+                continue; /* the answer statistic is about needle answers */
             for (int t = s->ans_begin; t < s->ans_end; t++) {
                 ans_nll += r->nll[(size_t)j * T + t];
                 ans_n++;
