@@ -19,8 +19,8 @@
  * RULER adjective-noun form, drawn from thousands of words so keys are copied, not memorised).
  *
  * The copy task (not a RULER task) is a random list of corpus words and numbers followed by a
- * newline and the same list again. Every token of the repeat can be predicted only by looking
- * back, which is the skill every retrieval task needs; in short test runs a model saw far too few
+ * newline and the same list again, as many times as it fits. Every token of a repeat can be
+ * predicted only by looking back, which is the skill every retrieval task needs; in short test runs a model saw far too few
  * needle answers to discover it, so the list gives it a dense signal from the first steps.
  *
  * Determinism and seeds: a sample is a pure function of its 64-bit seed. The training loop
@@ -995,13 +995,15 @@ static int put_plain(struct kvp_sample *s, int *pos, const struct kvp_corpus *c,
     return 0;
 }
 
-/* [BOS] list "\n" list [EOS], the list taking T/8..T/2 tokens; the repeat is the answer. */
+/* [BOS] list "\n" list ["\n" list ...] [EOS]: a list of T/16..T/4 tokens repeated as often as
+ * it fits in about T tokens (at least twice). Every repeat weighs `w` in the loss; the first
+ * repeat is the answer (ans_begin..ans_end) that evaluation checks. */
 static int put_copy(struct kvp_sample *s, int *pos, const struct kvp_corpus *c,
-                    const struct kvp_tvocab *v, struct kvp_rng *r, struct sbuf *b,
+                    const struct kvp_tvocab *v, struct kvp_rng *r, struct sbuf *b, float w,
                     struct kvp_err *err)
 {
     int T = s->T;
-    long want = T / 8 + (long)kvp_rng_below(r, (uint64_t)(T / 2 - T / 8) + 1);
+    long want = T / 16 + (long)kvp_rng_below(r, (uint64_t)(T / 4 - T / 16) + 1);
     size_t n1 = 0;
     for (;;) {
         b->n = 0;
@@ -1013,14 +1015,20 @@ static int put_copy(struct kvp_sample *s, int *pos, const struct kvp_corpus *c,
             break;
         want = want * 3 / 4;
     }
+    int reps = (int)((T - 2) / ((long)n1 + 1));
+    if (reps < 2)
+        reps = 2;
     put_tok(s, pos, 1, 1.0f);
     int rc = put_text(s, pos, v, b->p, b->n, true, 1.0f, err);
-    if (rc == 0)
+    for (int k = 1; k < reps && rc == 0; k++) {
         rc = put_text(s, pos, v, "\n", 1, false, 1.0f, err);
-    s->ans_begin = *pos - 1;
-    if (rc == 0)
-        rc = put_text(s, pos, v, b->p, b->n, false, 1.0f, err);
-    s->ans_end = *pos - 1 > T ? T : *pos - 1;
+        if (k == 1)
+            s->ans_begin = *pos - 1;
+        if (rc == 0)
+            rc = put_text(s, pos, v, b->p, b->n, false, w, err);
+        if (k == 1)
+            s->ans_end = *pos - 1 > T ? T : *pos - 1;
+    }
     put_tok(s, pos, 2, 1.0f);
     return rc;
 }
@@ -1058,7 +1066,7 @@ int kvp_sample_make(struct kvp_sample *s, const struct kvp_corpus *c, const stru
     ti->task = task;
     setup_task(c, &r, eval, ti);
     if (task == KVP_TASK_COPY) {
-        rc = put_copy(s, &pos, c, v, &r, &b, err);
+        rc = put_copy(s, &pos, c, v, &r, &b, answer_weight, err);
         if (rc < 0)
             goto out;
     } else if (task != KVP_TASK_LM) {
