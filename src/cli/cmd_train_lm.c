@@ -1,0 +1,383 @@
+/*
+ * `kvpred train-lm`: train kvpred's own small long-context Llama model from scratch on the CPU
+ * (src/train), write checkpoints along the way and a GGUF at the end.
+ *
+ * The library reports progress through a callback; this file turns it into a one-line progress
+ * bar on a terminal (redrawn in place) or into plain log lines when stderr is a file, so a
+ * `nohup ... 2>train.log` run leaves a readable log. Every bad flag is one error line and exit 1.
+ *
+ * OpenBLAS picks its kernels when the process starts, from OPENBLAS_CORETYPE or its own CPU
+ * detection, and the detection of Debian's OpenBLAS files AMD Zen 5 under Haswell (AVX2). On an
+ * AVX-512 CPU with the variable unset, the command therefore re-executes itself once with
+ * OPENBLAS_CORETYPE=SKYLAKEX, which made training about 30 % faster on the project machine. Set
+ * the variable (to anything) to keep OpenBLAS's own choice.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "cli/common.h"
+#include "core/platform.h"
+#include "train/train.h"
+
+#define MAX_DATA 64
+
+static void train_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvpred train-lm --data DIR_OR_FILE... -o OUT.gguf [options]\n\n"
+            "  --data PATH...          training text files or directories (never pg_essays)\n"
+            "  -o, --output OUT.gguf   GGUF written at the end\n"
+            "  --ckpt PATH             checkpoint file (written every --ckpt-every steps and at "
+            "the end)\n"
+            "  --resume PATH           continue a run from its checkpoint (same --data; the\n"
+            "                          model and schedule come from the checkpoint, --steps N\n"
+            "                          extends it)\n"
+            "  --export-only           with --resume: write the GGUF and exit\n"
+            "  --steps N               optimiser steps (default 1000)\n"
+            "  --ctx T                 model context length (default 2048)\n"
+            "  --batch B               sequences of --ctx tokens per step (default 8)\n"
+            "  --micro N               tokens per forward/backward; gradients accumulate "
+            "(default max(4096, ctx))\n"
+            "  --curriculum SPEC       ctx:fraction,... of the steps (default T/4:0.3,T/2:0.3,"
+            "T:0.4)\n"
+            "  --lr X                  peak learning rate (default 2e-3); --lr-min X (lr/10)\n"
+            "  --warmup F              warm-up fraction of the steps (default 0.03)\n"
+            "  --wd X                  AdamW weight decay (default 0.1); --clip X (1.0)\n"
+            "  --answer-weight X       loss weight of answer tokens (default 4)\n"
+            "  --mix TASK:W,...        task mixture (default lm 0.10, passkey 0.14, niah_single_1\n"
+            "                          0.10, _2 0.12, _3 0.06, multikey_1 0.12, _2 0.08, _3 0.05,\n"
+            "                          multivalue 0.08, multiquery 0.08, vt 0.07, copy 0.08)\n"
+            "  --dim D --layers L --heads H --kv-heads K --ff F --vocab V\n"
+            "                          model shape (default 256, 6, 8, 4, 704, 1024)\n"
+            "  --rope-base X           RoPE base (default 10000); --untied: separate output "
+            "head\n"
+            "  --seed S                run seed (default 1)\n"
+            "  --threads N             threads (default 2)\n"
+            "  --eval-every N          retrieval evaluation every N steps (default 0: at the "
+            "end)\n"
+            "  --eval-samples N        samples per task (default 8)\n"
+            "  --ckpt-every N          checkpoint every N steps (default 100)\n"
+            "  --stop-after N          stop this invocation after N steps (checkpoint kept)\n"
+            "  -h, --help              show this help\n");
+}
+
+struct ui {
+    bool tty;
+    long log_every;
+    long last_step;
+};
+
+static void fmt_time(double s, char *buf, size_t cap)
+{
+    long t = s > 0 && isfinite(s) ? (long)s : 0;
+    snprintf(buf, cap, "%ldh%02ldm%02lds", t / 3600, t / 60 % 60, t % 60);
+}
+
+static void on_progress(void *user, const struct kvp_train_progress *p)
+{
+    struct ui *u = user;
+    char eta[32], el[32];
+    switch (p->event) {
+    case KVP_TRAIN_EV_INFO:
+        fprintf(stderr, "%s%s\n", u->tty ? "\r\033[K" : "", p->msg);
+        break;
+    case KVP_TRAIN_EV_CKPT:
+        if (!u->tty)
+            fprintf(stderr, "step %ld: checkpoint %s\n", p->step, p->msg);
+        break;
+    case KVP_TRAIN_EV_STEP:
+        fmt_time(p->eta_s, eta, sizeof(eta));
+        fmt_time(p->elapsed_s, el, sizeof(el));
+        if (u->tty) {
+            int width = 24, done = (int)((double)width * (double)p->step / (double)p->steps);
+            char bar[32];
+            for (int i = 0; i < width; i++)
+                bar[i] = i < done ? '=' : i == done ? '>' : ' ';
+            bar[width] = 0;
+            fprintf(stderr,
+                    "\r\033[K[%s] %ld/%ld loss %.4f ans %.3f ctx %d %.0f tok/s lr %.2e ETA %s",
+                    bar, p->step, p->steps, p->loss, p->answer_loss, p->ctx, p->tokens_per_s,
+                    (double)p->lr, eta);
+            if (p->step == p->steps)
+                fputc('\n', stderr);
+        } else if (p->step % u->log_every == 0 || p->step == p->steps) {
+            fprintf(stderr,
+                    "step %ld/%ld loss %.4f ans %.4f gnorm %.3f lr %.3e ctx %d tok/s %.0f "
+                    "tokens %.0f elapsed %s eta %s\n",
+                    p->step, p->steps, p->loss, p->answer_loss, p->grad_norm, (double)p->lr,
+                    p->ctx, p->tokens_per_s, p->tokens_seen, el, eta);
+        }
+        break;
+    case KVP_TRAIN_EV_EVAL:
+        fprintf(stderr, "%seval step %ld ctx %d: val_loss %.4f", u->tty ? "\r\033[K" : "",
+                p->step, p->eval_ctx, p->val_loss);
+        for (int t = 1; t < KVP_TASK_COUNT; t++)
+            if (!isnan(p->acc[t]))
+                fprintf(stderr, " %s %.0f%%", kvp_task_name(t), 100.0 * p->acc[t]);
+        fputc('\n', stderr);
+        break;
+    }
+    fflush(stderr);
+}
+
+/* "512:0.3,1024:0.3,2048:0.4" */
+static bool parse_curriculum(const char *s, struct kvp_train_hparams *hp)
+{
+    int n = 0;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        long ctx = strtol(p, &end, 10);
+        if (end == p || *end != ':' || ctx < 16 || ctx > 65536 || n >= KVP_TRAIN_MAX_PHASES)
+            return false;
+        p = end + 1;
+        double f = strtod(p, &end);
+        if (end == p || !(f >= 0.0) || f > 1e6)
+            return false;
+        hp->phase_ctx[n] = (int)ctx;
+        hp->phase_frac[n] = (float)f;
+        n++;
+        p = end;
+        if (*p == ',')
+            p++;
+        else if (*p)
+            return false;
+    }
+    hp->n_phases = n;
+    return n > 0;
+}
+
+/* "passkey:2,niah_single_1:1,lm:0.5": weights by task name; tasks not named get 0. */
+static bool parse_mix(const char *s, struct kvp_task_mix *mix)
+{
+    memset(mix, 0, sizeof(*mix));
+    const char *p = s;
+    bool any = false;
+    while (*p) {
+        const char *colon = strchr(p, ':');
+        if (!colon)
+            return false;
+        int task = -1;
+        for (int t = 0; t < KVP_TASK_COUNT; t++) {
+            const char *nm = kvp_task_name(t);
+            if (strlen(nm) == (size_t)(colon - p) && !strncmp(nm, p, (size_t)(colon - p)))
+                task = t;
+        }
+        char *end;
+        double w = strtod(colon + 1, &end);
+        if (task < 0 || end == colon + 1 || !(w >= 0.0) || w > 1e6)
+            return false;
+        mix->w[task] = (float)w;
+        any |= w > 0.0;
+        p = end;
+        if (*p == ',')
+            p++;
+        else if (*p)
+            return false;
+    }
+    return any;
+}
+
+static void default_curriculum(struct kvp_train_hparams *hp, int T)
+{
+    if (T / 4 >= 128) {
+        hp->n_phases = 3;
+        hp->phase_ctx[0] = T / 4;
+        hp->phase_ctx[1] = T / 2;
+        hp->phase_ctx[2] = T;
+        hp->phase_frac[0] = 0.3f;
+        hp->phase_frac[1] = 0.3f;
+        hp->phase_frac[2] = 0.4f;
+    } else {
+        hp->n_phases = 1;
+        hp->phase_ctx[0] = T;
+        hp->phase_frac[0] = 1.0f;
+    }
+}
+
+struct flag_int {
+    const char *name;
+    long min, max;
+    long *dst;
+};
+
+struct flag_float {
+    const char *name;
+    double min, max;
+    double *dst;
+};
+
+/* Re-execute with OPENBLAS_CORETYPE=SKYLAKEX on AVX-512 CPUs (see the top of the file). Returns
+ * only when that is not wanted or not possible. */
+static void maybe_reexec(int argc, char **argv)
+{
+    if (getenv("OPENBLAS_CORETYPE") || !(kvp_cpu_features() & KVP_CPU_AVX512))
+        return;
+    if (setenv("OPENBLAS_CORETYPE", "SKYLAKEX", 1) != 0)
+        return;
+    char **args = calloc((size_t)argc + 2, sizeof(char *));
+    if (!args)
+        return;
+    args[0] = "kvpred";
+    for (int i = 0; i < argc; i++)
+        args[i + 1] = argv[i];
+    execv("/proc/self/exe", args);
+    free(args); /* exec failed: carry on with the kernels already loaded */
+}
+
+int cmd_train_lm(int argc, char **argv)
+{
+    maybe_reexec(argc, argv);
+    struct kvp_train_opts o;
+    kvp_train_opts_default(&o);
+    const char *data[MAX_DATA];
+    int n_data = 0;
+    const char *curriculum = NULL, *mix = NULL;
+    bool export_only = false, untied = false;
+    long steps = o.hp.steps, ctx = o.model.n_ctx, batch = 8, micro = 0, dim = o.model.n_embd,
+         layers = o.model.n_layer, heads = o.model.n_head, kv_heads = o.model.n_head_kv,
+         ff = o.model.n_ff, vocab = o.model.n_vocab, seed = 1, threads = o.n_threads,
+         eval_every = 0, eval_samples = o.eval_samples, ckpt_every = 100, stop_after = 0;
+    double lr = o.hp.lr, lr_min = -1.0, warmup = o.hp.warmup_frac, wd = o.hp.weight_decay,
+           clip = o.hp.clip, answer_weight = o.hp.answer_weight, rope_base = o.model.rope_base;
+    const struct flag_int ints[] = {
+        {"--steps", 1, 100000000, &steps},        {"--ctx", 16, 65536, &ctx},
+        {"--batch", 1, 1 << 20, &batch},          {"--micro", 16, 1 << 24, &micro},
+        {"--dim", 2, 65536, &dim},                {"--layers", 1, 1024, &layers},
+        {"--heads", 1, 1024, &heads},             {"--kv-heads", 1, 1024, &kv_heads},
+        {"--ff", 1, 1 << 20, &ff},                {"--vocab", 259, 65536, &vocab},
+        {"--seed", 0, 0x7fffffffffffffffL, &seed}, {"--threads", 1, 64, &threads},
+        {"--eval-every", 0, 100000000, &eval_every},
+        {"--eval-samples", 0, 100000, &eval_samples},
+        {"--ckpt-every", 0, 100000000, &ckpt_every},
+        {"--stop-after", 0, 100000000, &stop_after},
+    };
+    const struct flag_float floats[] = {
+        {"--lr", 1e-8, 10.0, &lr},         {"--lr-min", 0.0, 10.0, &lr_min},
+        {"--warmup", 0.0, 1.0, &warmup},   {"--wd", 0.0, 10.0, &wd},
+        {"--clip", 0.0, 1e6, &clip},       {"--answer-weight", 0.0, 1000.0, &answer_weight},
+        {"--rope-base", 1.0001, 1e9, &rope_base},
+    };
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        bool done = false;
+        for (size_t k = 0; k < sizeof(ints) / sizeof(ints[0]) && !done; k++) {
+            if (strcmp(a, ints[k].name))
+                continue;
+            const char *v = cli_flag_value(argc, argv, &i);
+            if (!v)
+                return 1;
+            if (!cli_parse_int(v, ints[k].min, ints[k].max, ints[k].dst))
+                return cli_fail("%s: '%s' is not an integer in %ld..%ld", a, v, ints[k].min,
+                                ints[k].max);
+            done = true;
+        }
+        for (size_t k = 0; k < sizeof(floats) / sizeof(floats[0]) && !done; k++) {
+            if (strcmp(a, floats[k].name))
+                continue;
+            const char *v = cli_flag_value(argc, argv, &i);
+            if (!v)
+                return 1;
+            if (!cli_parse_float(v, floats[k].min, floats[k].max, floats[k].dst))
+                return cli_fail("%s: '%s' is not a number in %g..%g", a, v, floats[k].min,
+                                floats[k].max);
+            done = true;
+        }
+        if (done)
+            continue;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            train_usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--data")) {
+            while (i + 1 < argc && argv[i + 1][0] != '-') {
+                if (n_data == MAX_DATA)
+                    return cli_fail("--data: at most %d paths", MAX_DATA);
+                data[n_data++] = argv[++i];
+            }
+            if (n_data == 0)
+                return cli_fail("--data needs at least one path");
+        } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
+            if (!(o.out_gguf = cli_flag_value(argc, argv, &i)))
+                return 1;
+        } else if (!strcmp(a, "--ckpt")) {
+            if (!(o.ckpt_path = cli_flag_value(argc, argv, &i)))
+                return 1;
+        } else if (!strcmp(a, "--resume")) {
+            if (!(o.resume_path = cli_flag_value(argc, argv, &i)))
+                return 1;
+        } else if (!strcmp(a, "--curriculum")) {
+            if (!(curriculum = cli_flag_value(argc, argv, &i)))
+                return 1;
+        } else if (!strcmp(a, "--mix")) {
+            if (!(mix = cli_flag_value(argc, argv, &i)))
+                return 1;
+        } else if (!strcmp(a, "--export-only")) {
+            export_only = true;
+        } else if (!strcmp(a, "--untied")) {
+            untied = true;
+        } else {
+            return cli_fail("train-lm: unknown flag '%s' (try kvpred train-lm --help)", a);
+        }
+    }
+    if (n_data == 0)
+        return cli_fail("train-lm: --data is required");
+    if (!o.out_gguf && !o.ckpt_path)
+        return cli_fail("train-lm: give -o OUT.gguf and/or --ckpt PATH");
+    if (export_only && (!o.resume_path || !o.out_gguf))
+        return cli_fail("--export-only needs --resume CKPT and -o OUT.gguf");
+    o.data_paths = data;
+    o.n_data_paths = n_data;
+    o.model = (struct kvp_train_config){.n_vocab = (int)vocab, .n_embd = (int)dim,
+                                        .n_layer = (int)layers, .n_head = (int)heads,
+                                        .n_head_kv = (int)kv_heads, .n_ff = (int)ff,
+                                        .n_ctx = (int)ctx, .rope_base = (float)rope_base,
+                                        .norm_eps = 1e-5f, .tied = untied ? 0 : 1};
+    struct kvp_err err = {0};
+    if (kvp_train_config_check(&o.model, &err) < 0)
+        return cli_fail_err(&err);
+    o.hp.seed = (uint64_t)seed;
+    o.hp.steps = steps;
+    bool steps_given = false;
+    for (int i = 1; i < argc; i++)
+        steps_given |= !strcmp(argv[i], "--steps");
+    if (o.resume_path && !steps_given)
+        o.hp.steps = 0; /* keep the checkpoint's length; --steps N extends a run */
+    o.hp.tokens_per_step = batch * ctx;
+    o.hp.micro_tokens = micro > 0 ? micro : (ctx > 4096 ? ctx : 4096);
+    o.hp.lr = (float)lr;
+    o.hp.lr_min = (float)(lr_min >= 0.0 ? lr_min : lr / 10.0);
+    o.hp.warmup_frac = (float)warmup;
+    o.hp.weight_decay = (float)wd;
+    o.hp.clip = (float)clip;
+    o.hp.answer_weight = (float)answer_weight;
+    if (curriculum) {
+        if (!parse_curriculum(curriculum, &o.hp))
+            return cli_fail("--curriculum: '%s' is not ctx:fraction,... (ctx 16..65536)",
+                            curriculum);
+    } else {
+        default_curriculum(&o.hp, (int)ctx);
+    }
+    if (mix && !parse_mix(mix, &o.hp.mix))
+        return cli_fail("--mix: '%s' is not task:weight,... over lm, passkey, niah_single_1..3, "
+                        "niah_multikey_1..3, niah_multivalue, niah_multiquery, vt, copy", mix);
+    o.n_threads = (int)threads;
+    o.eval_every = eval_every;
+    o.eval_samples = (int)eval_samples;
+    o.ckpt_every = o.ckpt_path ? ckpt_every : 0;
+    o.stop_after = stop_after;
+    if (export_only) {
+        o.eval_samples = 0;
+        o.stop_after = -1;
+        o.ckpt_path = NULL;
+    }
+    struct ui u = {.tty = isatty(STDERR_FILENO) == 1, .log_every = 1};
+    fprintf(stderr, "train-lm: seed %ld, %ld steps of %ld tokens, threads %ld\n", seed, steps,
+            o.hp.tokens_per_step, threads);
+    if (kvp_train_run(&o, on_progress, &u, &err) < 0)
+        return cli_fail_err(&err);
+    return 0;
+}

@@ -1,0 +1,462 @@
+/*
+ * kvpred's trainer: internal API shared by the src/train files, the train-lm subcommand and the tests.
+ *
+ * The trainer builds a small Llama-architecture model from scratch on a CPU, exactly in the form
+ * the engine runs (formats.md §3.3): token embedding, per layer RMSNorm → Q/K/V (GQA) → RoPE on
+ * adjacent pairs → causal softmax attention → output projection, RMSNorm → SwiGLU FFN, final
+ * RMSNorm and an output head that is either tied to the embedding or separate. Every op has a
+ * hand-written backward pass (train_ops.c), checked against finite differences in
+ * tests/test_train.c. Matrix products go through OpenBLAS; attention runs head by head in query
+ * blocks so nothing larger than [block][T] is materialised, and the backward pass recomputes the
+ * probabilities from a saved log-sum-exp per row (the FlashAttention trick, without tiling keys).
+ *
+ * Modules, one concern per file:
+ *   train_ops.c    op forward/backward kernels on plain arrays
+ *   train_model.c  parameter layout, init, whole-model forward/backward, threads
+ *   train_optim.c  PRNG, AdamW, learning-rate schedule, gradient clipping
+ *   train_bpe.c    BPE training of the vocabulary and the SPM encoder the engine also runs
+ *   train_data.c   corpora, RULER-style synthetic tasks, batches
+ *   train_ckpt.c   checkpoint save/load (bit-exact resume)
+ *   train_gguf.c   GGUF export
+ *   train_loop.c   the training driver (progress through a callback; never prints)
+ *
+ * Shapes: tensors are row-major. A weight W of a linear map in→out is [out][in] (GGUF ne =
+ * [in, out]); activations are [N][dim] with N = n_seq·T tokens, token t of sequence b at row
+ * b·T + t.
+ */
+#ifndef KVP_TRAIN_TRAIN_H
+#define KVP_TRAIN_TRAIN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/err.h"
+
+/* ==================================== PRNG (train_optim.c) ==================================== */
+
+/* xoshiro256** seeded through splitmix64; the whole state is 4 words so checkpoints store it. */
+struct kvp_rng {
+    uint64_t s[4];
+};
+
+void kvp_rng_seed(struct kvp_rng *r, uint64_t seed);
+uint64_t kvp_rng_next(struct kvp_rng *r);
+/* Uniform in [0, n); n > 0. */
+uint64_t kvp_rng_below(struct kvp_rng *r, uint64_t n);
+/* Uniform float in [0, 1). */
+float kvp_rng_uniform(struct kvp_rng *r);
+/* Standard normal by Box–Muller; each call consumes exactly two draws and returns one value, so
+ * the stream position is easy to reason about. */
+float kvp_rng_normal(struct kvp_rng *r);
+/* Mix two 64-bit values into one seed (splitmix64 of a combination); used to derive per-sample
+ * seeds from (run seed, step, index). */
+uint64_t kvp_rng_mix(uint64_t a, uint64_t b);
+
+/* ==================================== ops (train_ops.c) ======================================= */
+
+/* y[n][dim] = x·rstd·w with rstd[n] = 1/sqrt(mean(x²)+eps) saved for the backward pass. */
+void kvp_op_rmsnorm_fwd(float *y, float *rstd, const float *x, const float *w, long n, int dim,
+                        float eps);
+/* dx (accumulated: +=), dw (+=) from dy. x is the forward input, rstd the saved value. */
+void kvp_op_rmsnorm_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w,
+                        const float *rstd, long n, int dim);
+
+/* y[n][out] = x[n][in]·Wᵀ (W is [out][in]); beta 0 overwrites y, 1 accumulates. */
+void kvp_op_linear_fwd(float *y, const float *x, const float *w, long n, int in, int out,
+                       float beta);
+/* dx[n][in] = dy·W (overwritten when beta_dx == 0, accumulated when 1; skipped if dx NULL);
+ * dW[out][in] += dyᵀ·x, computed first so dx may alias x. */
+void kvp_op_linear_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w,
+                       long n, int in, int out, float beta_dx);
+
+/* RoPE tables: cos/sin [T][hd/2] for θ_i = pos·base^(−2i/hd). */
+void kvp_op_rope_table(float *cosv, float *sinv, int T, int hd, float base);
+/* Rotate adjacent pairs (x[2i], x[2i+1]) of every head in place. x is [n_seq·T][n_head·hd];
+ * token row r has position r mod T. inverse = true rotates by −θ (the backward pass). */
+void kvp_op_rope(float *x, const float *cosv, const float *sinv, int n_seq, int T, int n_head,
+                 int hd, bool inverse);
+
+/* Causal GQA attention for one sequence and one KV head, all the query heads of its group.
+ * q [T][ldq] (this group's first query head at column 0, n_rep heads of hd each), k and v
+ * [T][ldkv] (this KV head at column 0), out [T][ldq]; lse [n_rep][T] saved log-sum-exp of the
+ * scaled scores. scratch holds at least kvp_op_attn_scratch(T) floats. */
+size_t kvp_op_attn_scratch(int T);
+void kvp_op_attn_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+                     int T, int hd, int n_rep, int ldq, int ldkv, float *scratch);
+/* Backward: dq [T][ldq] overwritten; dk, dv [T][ldkv] accumulated (+=). out and lse from the
+ * forward pass, dout the upstream gradient. */
+void kvp_op_attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                     const float *lse, const float *q, const float *k, const float *v, int T,
+                     int hd, int n_rep, int ldq, int ldkv, float *scratch);
+
+/* a[n][f] = silu(g)·u. */
+void kvp_op_swiglu_fwd(float *a, const float *g, const float *u, long n);
+/* dg, du overwritten from da. */
+void kvp_op_swiglu_bwd(float *dg, float *du, const float *da, const float *g, const float *u,
+                       long n);
+
+/* Cross-entropy over logits [n][V] against targets, token weights w (NULL: all 1). Returns the
+ * weighted sum of −log p(target) and, in place, turns logits into d(loss·scale)/dlogits where
+ * scale multiplies every row's gradient. Rows with weight 0 get zero gradient. nll (optional)
+ * receives each row's −log p. */
+double kvp_op_xent(float *logits, const int32_t *targets, const float *w, long n, int V,
+                   float scale, float *nll);
+
+/* y[n][dim] = E[tok[i]]. */
+void kvp_op_embed_fwd(float *y, const float *emb, const int32_t *tok, long n, int dim);
+/* dE[tok[i]] += dy[i]. */
+void kvp_op_embed_bwd(float *demb, const float *dy, const int32_t *tok, long n, int dim);
+
+/* ================================== model (train_model.c) ===================================== */
+
+struct kvp_train_config {
+    int n_vocab;    /* tokens, including 3 specials and 256 bytes */
+    int n_embd;     /* model width D */
+    int n_layer;
+    int n_head;     /* query heads */
+    int n_head_kv;  /* KV heads; divides n_head */
+    int n_ff;       /* SwiGLU hidden width */
+    int n_ctx;      /* the longest training context (llama.context_length) */
+    float rope_base;
+    float norm_eps; /* 1e-5 */
+    int tied;       /* 1: output head is token_embd */
+};
+
+/* Offsets (in floats) of one layer's tensors inside the flat parameter array. */
+struct kvp_train_layer {
+    size_t attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
+};
+
+/* One parameter tensor, for export, weight decay and reporting. */
+struct kvp_train_tensor {
+    char name[48];     /* GGUF name */
+    size_t off;        /* in floats */
+    int64_t ne[2];     /* GGUF ne: [in, out] or [n] */
+    int n_dims;
+    bool decay;        /* AdamW weight decay applies (matrices other than the embedding) */
+};
+
+/* Saved activations of one layer for a micro-batch of up to cap_tokens tokens. */
+struct kvp_train_acts {
+    float *x;     /* [N][D] residual stream entering the layer */
+    float *xn1;   /* [N][D] attn_norm output */
+    float *rstd1; /* [N] */
+    float *q;     /* [N][H·hd] after RoPE */
+    float *k;     /* [N][Hkv·hd] after RoPE */
+    float *v;     /* [N][Hkv·hd] */
+    float *lse;   /* [n_seq][H][T] */
+    float *att;   /* [N][H·hd] attention output before Wo */
+    float *xmid;  /* [N][D] residual after attention */
+    float *xn2;   /* [N][D] ffn_norm output */
+    float *rstd2; /* [N] */
+    float *gate;  /* [N][F] */
+    float *up;    /* [N][F] */
+};
+
+struct kvp_train_model {
+    struct kvp_train_config cfg;
+    int head_dim;
+    size_t n_params;
+    float *params;      /* owned [n_params] */
+    float *grads;       /* owned [n_params], accumulated by kvp_train_model_backward */
+    size_t tok_embd;    /* [V][D] */
+    size_t output_norm; /* [D] */
+    size_t output;      /* [V][D]; == tok_embd when tied */
+    struct kvp_train_layer *layers; /* owned [n_layer] */
+    int n_tensors;
+    struct kvp_train_tensor *tensors; /* owned [n_tensors] */
+
+    /* Run state, sized for cap_tokens tokens at most (n_seq·T ≤ cap_tokens, T ≤ n_ctx). */
+    long cap_tokens;
+    int n_threads;
+    struct kvp_train_acts *acts; /* owned [n_layer] */
+    float *xf, *xnf, *rstdf;     /* final residual, final norm output, its rstd */
+    float *logits;               /* [N][V], turned into dlogits by the loss */
+    float *dx, *dtmp, *dq, *dk, *dv, *datt, *dg, *du, *dff; /* backward scratch */
+    float *rope_cos, *rope_sin;  /* [n_ctx][hd/2] */
+    float *attn_scratch;         /* per thread kvp_op_attn_scratch(n_ctx) floats */
+    int32_t *tok;                /* [N] current inputs */
+    int cur_T, cur_seq;          /* shape of the last forward pass */
+};
+
+/* Check a configuration. Returns 0 or KVP_EINVAL with the reason. */
+int kvp_train_config_check(const struct kvp_train_config *c, struct kvp_err *err);
+
+/* Allocate a model for cfg with run state for cap_tokens tokens, n_threads threads (≥ 1), and
+ * initialise the weights from seed (normal(0, 0.02); output projections scaled by 1/√(2L);
+ * norms 1). */
+int kvp_train_model_init(struct kvp_train_model **out, const struct kvp_train_config *cfg,
+                         long cap_tokens, int n_threads, uint64_t seed, struct kvp_err *err);
+void kvp_train_model_free(struct kvp_train_model *m);
+
+/* Forward n_seq sequences of T tokens (tok [n_seq·T]) to logits (m->logits [N][V]). */
+int kvp_train_model_forward(struct kvp_train_model *m, const int32_t *tok, int n_seq, int T,
+                            struct kvp_err *err);
+/* Loss for the last forward: weighted mean of −log p(target) over tokens, with weights w (NULL:
+ * all 1) normalised by wsum (the batch's total weight, which may span several micro-batches).
+ * Returns the weighted NLL sum; m->logits becomes dLoss/dlogits. */
+double kvp_train_model_loss(struct kvp_train_model *m, const int32_t *targets, const float *w,
+                            double wsum, float *nll);
+/* Backward pass of the last forward + loss; adds into m->grads. */
+void kvp_train_model_backward(struct kvp_train_model *m);
+void kvp_train_model_zero_grad(struct kvp_train_model *m);
+
+/* ================================ optimiser (train_optim.c) =================================== */
+
+struct kvp_adamw {
+    float beta1, beta2, eps, weight_decay;
+    uint64_t t;   /* steps taken */
+    size_t n;
+    float *m, *v; /* owned [n] moments */
+};
+
+int kvp_adamw_init(struct kvp_adamw *a, size_t n, float beta1, float beta2, float eps,
+                   float weight_decay, struct kvp_err *err);
+void kvp_adamw_free(struct kvp_adamw *a);
+/* One step on every tensor of the model: p -= lr·(m̂/(√v̂+eps) + wd·p), wd only where
+ * tensor.decay. */
+void kvp_adamw_step(struct kvp_adamw *a, struct kvp_train_model *m, float lr);
+/* Same on a raw array (decay applies to all): for tests. */
+void kvp_adamw_step_raw(struct kvp_adamw *a, float *p, const float *g, size_t n, float lr,
+                        bool decay);
+
+/* Linear warm-up over `warmup` steps to lr_max, then cosine to lr_min at `total`. */
+float kvp_lr_schedule(long step, long warmup, long total, float lr_max, float lr_min);
+/* Scale g so its global L2 norm is at most max_norm (≤ 0: no clipping); returns the norm before. */
+double kvp_clip_grad(float *g, size_t n, double max_norm);
+
+/* ================================= tokenizer (train_bpe.c) ==================================== */
+
+#define KVP_TVOCAB_N_SPECIAL 3
+#define KVP_TVOCAB_BYTE0 3 /* <0x00> */
+
+/* The trainer's vocabulary in SentencePiece form (formats.md §5.2). */
+struct kvp_tvocab {
+    int n;
+    char **text;     /* owned [n]; NUL-terminated, U+2581 for space */
+    size_t *len;     /* [n] */
+    float *score;    /* [n]: merged tokens −rank, others 0 */
+    int32_t *type;   /* [n]: 2 unk, 3 control, 6 byte, 1 normal */
+    int32_t *hash;   /* open-addressing table of ids, size hcap */
+    size_t hcap;
+};
+
+/* Learn a vocabulary of n_vocab tokens from text: 3 specials, 256 byte tokens, the multi-byte
+ * characters seen at least 64 times (U+2581 first), then BPE merges in rank order. Merges never
+ * involve a digit or a newline, and pieces carry U+2581 only at their start. */
+int kvp_tvocab_learn(const char *text, size_t len, int n_vocab, struct kvp_tvocab **out,
+                     struct kvp_err *err);
+/* Build from explicit arrays (all copied); used by checkpoint loading. */
+int kvp_tvocab_create(int n, const char *const *text, const size_t *len, const float *score,
+                      const int32_t *type, struct kvp_tvocab **out, struct kvp_err *err);
+void kvp_tvocab_free(struct kvp_tvocab *v);
+int kvp_tvocab_find(const struct kvp_tvocab *v, const char *s, size_t len);
+/* SentencePiece encode exactly as the engine does (formats.md §5.2 steps 1–6, no BOS): optional
+ * space prefix, spaces → U+2581, per-character symbols, best-score pair merges (ties to the
+ * left), byte fallback. Writes at most cap ids; *n_out gets the full count; KVP_ERANGE when cap
+ * is too small. */
+int kvp_tvocab_encode(const struct kvp_tvocab *v, const char *text, size_t len,
+                      bool space_prefix, int32_t *ids, size_t cap, size_t *n_out,
+                      struct kvp_err *err);
+/* Decode ids to text (U+2581 → space, bytes raw, specials dropped) into buf; returns bytes
+ * written (truncated to cap-1 and NUL-terminated when cap > 0). */
+size_t kvp_tvocab_decode(const struct kvp_tvocab *v, const int32_t *ids, size_t n, char *buf,
+                         size_t cap);
+
+/* =================================== data (train_data.c) ====================================== */
+
+enum kvp_task {
+    KVP_TASK_LM = 0,          /* plain text */
+    KVP_TASK_PASSKEY,         /* Quest passkey, noise filler */
+    KVP_TASK_NIAH_SINGLE_1,   /* noise, word key, number */
+    KVP_TASK_NIAH_SINGLE_2,   /* text filler, word key, number */
+    KVP_TASK_NIAH_SINGLE_3,   /* text filler, word key, uuid */
+    KVP_TASK_NIAH_MULTIKEY_1, /* text filler, 4 keys */
+    KVP_TASK_NIAH_MULTIKEY_2, /* needle haystack, word keys, numbers */
+    KVP_TASK_NIAH_MULTIKEY_3, /* needle haystack, uuid keys, uuids */
+    KVP_TASK_NIAH_MULTIVALUE, /* 4 values for one key */
+    KVP_TASK_NIAH_MULTIQUERY, /* 4 keys asked */
+    KVP_TASK_VT,              /* variable tracking, 1 chain 4 hops */
+    KVP_TASK_COPY,            /* a random list of words and numbers, then the same list again:
+                                 dense in-context copying, which grows induction heads early */
+    KVP_TASK_COUNT
+};
+
+const char *kvp_task_name(int task);
+
+/* Corpus text prepared for sampling: whitespace collapsed, split into sentences, each with its
+ * token count when encoded as " " + sentence. Sentences [0, n_train) are for training, the rest
+ * held out for evaluation. */
+struct kvp_corpus {
+    char *text;          /* owned, whitespace-collapsed */
+    size_t len;
+    long n_sent;
+    uint32_t *sent_off;  /* [n_sent + 1] byte offsets */
+    uint16_t *sent_tok;  /* [n_sent] tokens of " " + sentence */
+    long n_train;        /* sentences usable for training */
+    char **words;        /* owned distinct lowercase words (3..10 letters) for needle keys */
+    int n_words;
+    int noise_tok;       /* tokens of one noise line */
+};
+
+/* Read files (plain text) and concatenate them; fails with KVP_EINVAL for a path under
+ * pg_essays (evaluation-only text). */
+int kvp_corpus_read(const char *const *paths, int n_paths, char **text, size_t *len,
+                    struct kvp_err *err);
+/* Prepare a corpus from raw text (copied) with vocabulary v (borrowed; may be NULL, then token
+ * counts are estimated at 4 bytes per token). holdout: fraction of sentences kept out of
+ * training. */
+int kvp_corpus_init(struct kvp_corpus **out, const char *raw, size_t len,
+                    const struct kvp_tvocab *v, double holdout, struct kvp_err *err);
+void kvp_corpus_free(struct kvp_corpus *c);
+
+/* Mixture of tasks for training: probability weights per task (need not sum to 1). */
+struct kvp_task_mix {
+    float w[KVP_TASK_COUNT];
+};
+void kvp_task_mix_default(struct kvp_task_mix *mix);
+
+/* One generated sequence of exactly T+1 tokens: BOS, the sample, EOS, then packed plain text.
+ * Inputs are tok[0..T), targets tok[1..T]. weight[i] is the loss weight of target i (answer
+ * tokens and the EOS after them get answer_weight). ans_begin/ans_end delimit the answer targets
+ * (in target indices; equal when the sample has none). */
+struct kvp_sample {
+    int task;
+    int T;
+    int32_t *tok;    /* [T+1] */
+    float *weight;   /* [T] */
+    int ans_begin, ans_end;
+};
+
+int kvp_sample_alloc(struct kvp_sample *s, int T, struct kvp_err *err);
+void kvp_sample_free(struct kvp_sample *s);
+
+/* Generate the sample for (seed) deterministically: task drawn from mix (or forced when task ≥
+ * 0), filler from the training sentences (eval = false) or the held-out ones (eval = true).
+ * Training seeds are derived from the run seed and (step, index) and stay below 2^62;
+ * evaluation uses seeds with bit 62 set, so the two never meet. */
+int kvp_sample_make(struct kvp_sample *s, const struct kvp_corpus *c, const struct kvp_tvocab *v,
+                    const struct kvp_task_mix *mix, int task, uint64_t seed, bool eval,
+                    float answer_weight, struct kvp_err *err);
+
+/* Text for vocabulary learning that holds the task templates the way training will show them:
+ * per_task instances of every retrieval task with a two-unit haystack, prompt and answer, in a
+ * malloc'd string. c may have been prepared without a vocabulary. */
+int kvp_task_template_text(const struct kvp_corpus *c, int per_task, uint64_t seed, char **text,
+                           size_t *len, struct kvp_err *err);
+
+/* Render one task's prompt text and answer text (both malloc'd, NUL-terminated) for a seed, for
+ * inspection and for the engine's evaluation harness to cross-check. target_tokens sizes the
+ * haystack. */
+int kvp_task_render(const struct kvp_corpus *c, const struct kvp_tvocab *v, int task,
+                    uint64_t seed, bool eval, int target_tokens, char **prompt, char **answer,
+                    struct kvp_err *err);
+
+/* ============================== checkpoints (train_ckpt.c) ==================================== */
+
+/* Hyper-parameters of a run; stored in checkpoints so a resume continues the same run. */
+#define KVP_TRAIN_MAX_PHASES 8
+struct kvp_train_hparams {
+    uint64_t seed;
+    long steps;           /* total optimiser steps */
+    long tokens_per_step; /* sequences per step = tokens_per_step / phase ctx */
+    long micro_tokens;    /* tokens per forward/backward (gradient accumulation below it) */
+    float lr, lr_min, warmup_frac, weight_decay, beta1, beta2, adam_eps, clip, answer_weight;
+    int n_phases;
+    int phase_ctx[KVP_TRAIN_MAX_PHASES];    /* context length of each curriculum phase */
+    float phase_frac[KVP_TRAIN_MAX_PHASES]; /* fraction of the steps spent in it */
+    struct kvp_task_mix mix;
+};
+
+struct kvp_train_state {
+    long step;               /* optimiser steps done */
+    struct kvp_rng rng;      /* spare generator state (reserved; carried across resumes) */
+    uint64_t data_cursor;    /* samples consumed so far */
+    double tokens_seen;
+};
+
+/* Write a checkpoint atomically (path.tmp then rename). */
+int kvp_ckpt_save(const char *path, const struct kvp_train_model *m, const struct kvp_adamw *opt,
+                  const struct kvp_tvocab *v, const struct kvp_train_hparams *hp,
+                  const struct kvp_train_state *st, struct kvp_err *err);
+/* Read a checkpoint: allocates the model (run state for cap_tokens tokens and n_threads; when
+ * cap_tokens ≤ 0 the stored micro_tokens is used), optimiser moments and vocabulary. Verifies
+ * magic, version and checksum. */
+int kvp_ckpt_load(const char *path, long cap_tokens, int n_threads, struct kvp_train_model **m,
+                  struct kvp_adamw *opt, struct kvp_tvocab **v, struct kvp_train_hparams *hp,
+                  struct kvp_train_state *st, struct kvp_err *err);
+
+/* ================================= GGUF export (train_gguf.c) ================================= */
+
+/* Write the model and its vocabulary as a llama-architecture F32 GGUF. */
+int kvp_train_export_gguf(const char *path, const struct kvp_train_model *m,
+                          const struct kvp_tvocab *v, const char *name, struct kvp_err *err);
+
+/* ================================= driver (train_loop.c) ====================================== */
+
+enum kvp_train_event {
+    KVP_TRAIN_EV_INFO = 0, /* msg only */
+    KVP_TRAIN_EV_STEP,     /* an optimiser step finished */
+    KVP_TRAIN_EV_EVAL,     /* evaluation results */
+    KVP_TRAIN_EV_CKPT,     /* a checkpoint was written (msg = path) */
+};
+
+struct kvp_train_progress {
+    int event;
+    long step, steps;
+    int ctx;                /* current curriculum context */
+    double loss;            /* mean loss of this step (all tokens, weighted) */
+    double answer_loss;     /* mean −log p over the answer tokens of this step's retrieval
+                               samples (not the copy task's repeats); NaN if none */
+    double grad_norm;
+    float lr;
+    double tokens_per_s;    /* since start (or resume) */
+    double elapsed_s, eta_s;
+    double tokens_seen;
+    /* EV_EVAL */
+    double val_loss;
+    double acc[KVP_TASK_COUNT]; /* answer exact-match rate per task (NaN: not evaluated) */
+    int eval_ctx;
+    const char *msg;
+};
+
+typedef void (*kvp_train_progress_fn)(void *user, const struct kvp_train_progress *p);
+
+struct kvp_train_opts {
+    struct kvp_train_config model;   /* n_vocab used for the BPE vocabulary */
+    struct kvp_train_hparams hp;
+    const char *const *data_paths;
+    int n_data_paths;
+    const char *out_gguf;            /* NULL: none */
+    const char *ckpt_path;           /* NULL: no checkpoints */
+    const char *resume_path;         /* NULL: fresh run */
+    long ckpt_every;                 /* steps; 0: only at the end */
+    long eval_every;                 /* steps; 0: only at the end */
+    int eval_samples;                /* per task */
+    int n_threads;
+    long stop_after;                 /* stop (with a checkpoint) after this many steps of this
+                                        invocation; 0: run to the end; < 0: no step at all
+                                        (export a checkpoint) */
+};
+
+/* Defaults: a small GQA model for ctx 2048 and the schedule for it. */
+void kvp_train_opts_default(struct kvp_train_opts *o);
+
+/* Run (or resume) training; progress goes to cb (may be NULL). */
+int kvp_train_run(const struct kvp_train_opts *o, kvp_train_progress_fn cb, void *user,
+                  struct kvp_err *err);
+
+/* Evaluate retrieval: for every task, n samples at context T built from held-out sentences with
+ * evaluation seeds (bit 62 set, derived from seed), teacher-forced: a sample counts as correct
+ * when every answer token is the argmax, i.e. exactly what greedy decoding would produce after
+ * the prompt. acc[task] is NaN for a task that never fits in T (and for KVP_TASK_LM). val_loss:
+ * mean NLL per token of n held-out plain-text sequences. */
+int kvp_train_evaluate(struct kvp_train_model *m, const struct kvp_corpus *c,
+                       const struct kvp_tvocab *v, int T, int n, uint64_t seed, double *acc,
+                       double *val_loss, struct kvp_err *err);
+
+/* Curriculum phase (index) in effect at a step. */
+int kvp_train_phase_at(const struct kvp_train_hparams *hp, long step);
+
+#endif

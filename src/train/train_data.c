@@ -1,0 +1,1108 @@
+/*
+ * Training data: plain text and RULER-style retrieval tasks (tasks.md §1–2), one fixed-length
+ * token sequence per sample.
+ *
+ * Corpus. The filler text (TinyStories, Tiny Shakespeare; never the Paul Graham essays, which
+ * are evaluation filler) is read once, its whitespace collapsed as RULER does for the essay
+ * haystack, and split into sentences with a rule splitter (break after . ! ? and an optional
+ * closing quote when a space and an uppercase letter or a quote follow). Each sentence's token
+ * count as " " + sentence is stored so haystacks can be sized without encoding everything
+ * twice. The last `holdout` fraction of sentences is kept for evaluation.
+ *
+ * Samples. A sample is [BOS] prompt answer [EOS], then [BOS] plain text [EOS]... packed to
+ * exactly T+1 tokens. The prompt is the task's text with the haystack sized so the sample takes
+ * a random length in [T/2, T]; it is encoded as one text with the space prefix, exactly as the
+ * engine will encode an evaluation prompt, and the answer is encoded separately without a prefix,
+ * as the tokens greedy decoding must produce after the prompt. Templates, needle sentences,
+ * answer prefixes and the singular forms follow tasks.md word for word; the passkey task
+ * follows the Quest/Landmark form. Needle keys are two words of the corpus joined by "-" (the
+ * RULER adjective-noun form, drawn from thousands of words so keys are copied, not memorised).
+ *
+ * The copy task (not a RULER task) is a random list of corpus words and numbers followed by a
+ * newline and the same list again, as many times as it fits. Every token of a repeat can be
+ * predicted only by looking back, which is the skill every retrieval task needs; in short test runs a model saw far too few
+ * needle answers to discover it, so the list gives it a dense signal from the first steps.
+ *
+ * Determinism and seeds: a sample is a pure function of its 64-bit seed. The training loop
+ * derives seeds from (run seed, sample index) with bit 62 clear; evaluation sets bit 62
+ * (KVP_EVAL_SEED_BIT) and reads only held-out sentences, so no evaluation sample can coincide
+ * with a training sample.
+ */
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "train/train.h"
+
+#define NOISE_LINE                                                                                 \
+    "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+#define MAX_SENT_BYTES 600
+#define MAX_WORDS 20000
+
+static const char *const task_names[KVP_TASK_COUNT] = {
+    "lm",
+    "passkey",
+    "niah_single_1",
+    "niah_single_2",
+    "niah_single_3",
+    "niah_multikey_1",
+    "niah_multikey_2",
+    "niah_multikey_3",
+    "niah_multivalue",
+    "niah_multiquery",
+    "vt",
+    "copy",
+};
+
+const char *kvp_task_name(int task)
+{
+    return task >= 0 && task < KVP_TASK_COUNT ? task_names[task] : "?";
+}
+
+void kvp_task_mix_default(struct kvp_task_mix *mix)
+{
+    /* Plain text keeps the language model honest; the needle tasks carry the retrieval signal. */
+    static const float w[KVP_TASK_COUNT] = {
+        [KVP_TASK_LM] = 0.10f,
+        [KVP_TASK_PASSKEY] = 0.14f,
+        [KVP_TASK_NIAH_SINGLE_1] = 0.10f,
+        [KVP_TASK_NIAH_SINGLE_2] = 0.12f,
+        [KVP_TASK_NIAH_SINGLE_3] = 0.06f,
+        [KVP_TASK_NIAH_MULTIKEY_1] = 0.12f,
+        [KVP_TASK_NIAH_MULTIKEY_2] = 0.08f,
+        [KVP_TASK_NIAH_MULTIKEY_3] = 0.05f,
+        [KVP_TASK_NIAH_MULTIVALUE] = 0.08f,
+        [KVP_TASK_NIAH_MULTIQUERY] = 0.08f,
+        [KVP_TASK_VT] = 0.07f,
+        [KVP_TASK_COPY] = 0.08f,
+    };
+    memcpy(mix->w, w, sizeof(w));
+}
+
+/* ===================================== strings ================================================ */
+
+struct sbuf {
+    char *p;
+    size_t n, cap;
+    bool oom;
+};
+
+static void sb_add(struct sbuf *b, const char *s, size_t n)
+{
+    if (b->oom)
+        return;
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->n + n + 1)
+            cap *= 2;
+        char *np = realloc(b->p, cap);
+        if (!np) {
+            b->oom = true;
+            return;
+        }
+        b->p = np;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+}
+
+static void sb_str(struct sbuf *b, const char *s)
+{
+    sb_add(b, s, strlen(s));
+}
+
+static void sb_fmt(struct sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_fmt(struct sbuf *b, const char *fmt, ...)
+{
+    char tmp[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof(tmp), fmt, ap);
+    va_end(ap);
+    if (n > 0)
+        sb_add(b, tmp, (size_t)n < sizeof(tmp) ? (size_t)n : sizeof(tmp) - 1);
+}
+
+/* ====================================== corpus ================================================ */
+
+static int read_file_append(const char *path, struct sbuf *b, struct kvp_err *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return kvp_err_set(err, KVP_EIO, "%s: %s", path, strerror(errno));
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), f)) > 0)
+        sb_add(b, buf, n);
+    int bad = ferror(f);
+    fclose(f);
+    if (bad)
+        return kvp_err_set(err, KVP_EIO, "%s: read error", path);
+    sb_add(b, "\n\n", 2);
+    return b->oom ? kvp_err_set(err, KVP_ENOMEM, "%s: out of memory", path) : 0;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* All regular files of a directory, in name order (so runs do not depend on readdir order). */
+static int read_dir_append(const char *dir, struct sbuf *b, struct kvp_err *err)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return kvp_err_set(err, KVP_EIO, "%s: %s", dir, strerror(errno));
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    int rc = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.')
+            continue;
+        size_t len = strlen(dir) + strlen(e->d_name) + 2;
+        char *p = malloc(len);
+        if (!p || (n == cap && !(names = realloc(names, (cap = cap ? cap * 2 : 16) * sizeof(*names))))) {
+            free(p);
+            rc = kvp_err_set(err, KVP_ENOMEM, "%s: listing", dir);
+            goto out;
+        }
+        snprintf(p, len, "%s/%s", dir, e->d_name);
+        names[n++] = p;
+    }
+    qsort(names, n, sizeof(*names), cmp_str);
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        struct stat st;
+        if (stat(names[i], &st) == 0 && S_ISREG(st.st_mode))
+            rc = read_file_append(names[i], b, err);
+    }
+out:
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+    closedir(d);
+    return rc;
+}
+
+int kvp_corpus_read(const char *const *paths, int n_paths, char **text, size_t *len,
+                    struct kvp_err *err)
+{
+    struct sbuf b = {0};
+    for (int i = 0; i < n_paths; i++) {
+        if (strstr(paths[i], "pg_essays")) {
+            free(b.p);
+            return kvp_err_set(err, KVP_EINVAL,
+                               "%s: the Paul Graham essays are evaluation filler, never training "
+                               "data", paths[i]);
+        }
+        struct stat st;
+        if (stat(paths[i], &st) != 0) {
+            free(b.p);
+            return kvp_err_set(err, KVP_EIO, "%s: %s", paths[i], strerror(errno));
+        }
+        int rc = S_ISDIR(st.st_mode) ? read_dir_append(paths[i], &b, err)
+                                     : read_file_append(paths[i], &b, err);
+        if (rc < 0) {
+            free(b.p);
+            return rc;
+        }
+    }
+    if (b.n == 0) {
+        free(b.p);
+        return kvp_err_set(err, KVP_EINVAL, "no training text");
+    }
+    *text = b.p;
+    *len = b.n;
+    return 0;
+}
+
+void kvp_corpus_free(struct kvp_corpus *c)
+{
+    if (!c)
+        return;
+    free(c->text);
+    free(c->sent_off);
+    free(c->sent_tok);
+    if (c->words)
+        for (int i = 0; i < c->n_words; i++)
+            free(c->words[i]);
+    free(c->words);
+    free(c);
+}
+
+/* Collapse every whitespace run to one space; drop leading and trailing space. */
+static size_t collapse_ws(char *dst, const char *src, size_t len)
+{
+    size_t k = 0;
+    bool sp = false;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)src[i];
+        if (isspace(ch)) {
+            sp = k > 0;
+            continue;
+        }
+        if (sp)
+            dst[k++] = ' ';
+        sp = false;
+        dst[k++] = (char)ch;
+    }
+    return k;
+}
+
+/* Is text[i] (a '.', '!' or '?') the end of a sentence? Returns the index after it (and after a
+ * closing quote) or 0. */
+static size_t sentence_end(const char *t, size_t len, size_t i)
+{
+    size_t j = i + 1;
+    if (j < len && (t[j] == '"' || t[j] == '\''))
+        j++;
+    if (j + 1 >= len || t[j] != ' ')
+        return 0;
+    unsigned char nx = (unsigned char)t[j + 1];
+    if (!isupper(nx) && nx != '"' && nx != '\'')
+        return 0;
+    /* a short list of abbreviations */
+    static const char *const abbr[] = {"Mr", "Mrs", "Dr", "Ms", "St", "etc", "e.g", "i.e"};
+    for (size_t a = 0; a < sizeof(abbr) / sizeof(abbr[0]); a++) {
+        size_t al = strlen(abbr[a]);
+        if (t[i] == '.' && i >= al && !strncmp(t + i - al, abbr[a], al) &&
+            (i == al || t[i - al - 1] == ' '))
+            return 0;
+    }
+    return j;
+}
+
+static int add_word(struct kvp_corpus *c, const char *w, size_t n, int32_t *hash, size_t hcap)
+{
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)w[i]) * 1099511628211ULL;
+    size_t i = h & (hcap - 1);
+    for (; hash[i] >= 0; i = (i + 1) & (hcap - 1))
+        if (strlen(c->words[hash[i]]) == n && !memcmp(c->words[hash[i]], w, n))
+            return 0;
+    char *p = malloc(n + 1);
+    if (!p)
+        return -1;
+    memcpy(p, w, n);
+    p[n] = 0;
+    hash[i] = c->n_words;
+    c->words[c->n_words++] = p;
+    return 0;
+}
+
+/* Distinct lowercase words of 3..10 letters from the training sentences, in text order. */
+static int collect_words(struct kvp_corpus *c)
+{
+    size_t hcap = 1 << 16;
+    int32_t *hash = malloc(hcap * sizeof(int32_t));
+    c->words = calloc(MAX_WORDS, sizeof(char *));
+    if (!hash || !c->words) {
+        free(hash);
+        return -1;
+    }
+    memset(hash, 0xff, hcap * sizeof(int32_t));
+    size_t end = c->sent_off[c->n_train];
+    const char *t = c->text;
+    for (size_t i = 0; i < end && c->n_words < MAX_WORDS;) {
+        if (!islower((unsigned char)t[i]) || (i > 0 && isalpha((unsigned char)t[i - 1]))) {
+            i++;
+            continue;
+        }
+        size_t j = i;
+        while (j < end && islower((unsigned char)t[j]))
+            j++;
+        bool clean = j >= end || !isalpha((unsigned char)t[j]);
+        if (clean && j - i >= 3 && j - i <= 10 && add_word(c, t + i, j - i, hash, hcap) < 0) {
+            free(hash);
+            return -1;
+        }
+        i = j;
+    }
+    free(hash);
+    return 0;
+}
+
+int kvp_corpus_init(struct kvp_corpus **out, const char *raw, size_t len,
+                    const struct kvp_tvocab *v, double holdout, struct kvp_err *err)
+{
+    struct kvp_corpus *c = calloc(1, sizeof(*c));
+    if (!c)
+        return kvp_err_set(err, KVP_ENOMEM, "corpus");
+    c->text = malloc(len + 2);
+    if (!c->text)
+        goto oom;
+    c->len = collapse_ws(c->text, raw, len);
+    c->text[c->len] = 0;
+    /* sentences */
+    size_t cap = c->len / 16 + 16;
+    c->sent_off = malloc((cap + 1) * sizeof(uint32_t));
+    if (!c->sent_off)
+        goto oom;
+    if (c->len >= UINT32_MAX) {
+        kvp_corpus_free(c);
+        return kvp_err_set(err, KVP_ERANGE, "corpus over 4 GB");
+    }
+    size_t start = 0;
+    for (size_t i = 0; i < c->len; i++) {
+        size_t e = 0;
+        if (c->text[i] == '.' || c->text[i] == '!' || c->text[i] == '?')
+            e = sentence_end(c->text, c->len, i);
+        if (!e && i - start >= MAX_SENT_BYTES && c->text[i] == ' ')
+            e = i; /* overlong sentence: cut at a space */
+        if (!e && i + 1 == c->len)
+            e = c->len;
+        if (!e)
+            continue;
+        if ((size_t)c->n_sent + 1 >= cap) {
+            uint32_t *np = realloc(c->sent_off, (cap * 2 + 1) * sizeof(uint32_t));
+            if (!np)
+                goto oom;
+            c->sent_off = np;
+            cap *= 2;
+        }
+        c->sent_off[c->n_sent++] = (uint32_t)start;
+        if (e == c->len)
+            break;
+        start = c->text[e] == ' ' ? e + 1 : e;
+        i = start - 1; /* the loop's i++ resumes at start */
+    }
+    if (c->n_sent < 4) {
+        kvp_corpus_free(c);
+        return kvp_err_set(err, KVP_EINVAL, "training text has %ld sentences; need more",
+                           c->n_sent);
+    }
+    c->sent_off[c->n_sent] = (uint32_t)c->len + 1; /* as if a space followed the last one */
+    c->sent_tok = malloc((size_t)c->n_sent * sizeof(uint16_t));
+    if (!c->sent_tok)
+        goto oom;
+    for (long s = 0; s < c->n_sent; s++) {
+        size_t b = c->sent_off[s], e = c->sent_off[s + 1] - 1;
+        size_t n = (e - b) / 4 + 1; /* estimate without a vocabulary */
+        if (v)
+            kvp_tvocab_encode(v, c->text + b, e - b, true, NULL, 0, &n, NULL);
+        c->sent_tok[s] = (uint16_t)(n > 65535 ? 65535 : n);
+    }
+    c->n_train = c->n_sent - (long)(holdout * (double)c->n_sent);
+    if (c->n_train < 2)
+        c->n_train = 2;
+    if (c->n_train > c->n_sent)
+        c->n_train = c->n_sent;
+    if (collect_words(c) < 0)
+        goto oom;
+    if (c->n_words < 16) {
+        kvp_corpus_free(c);
+        return kvp_err_set(err, KVP_EINVAL, "training text has only %d distinct words", 16);
+    }
+    size_t nt = 0;
+    if (v)
+        kvp_tvocab_encode(v, NOISE_LINE, strlen(NOISE_LINE), false, NULL, 0, &nt, NULL);
+    else
+        nt = strlen(NOISE_LINE) / 4;
+    c->noise_tok = (int)nt + 1;
+    *out = c;
+    return 0;
+
+oom:
+    kvp_corpus_free(c);
+    return kvp_err_set(err, KVP_ENOMEM, "corpus");
+}
+
+/* ======================================= tasks ================================================ */
+
+/* TEXT: sentences joined by spaces; NOISE: noise lines, one per line; NEEDLE: distractor needles,
+ * one per line; PASSKEY: noise lines joined by spaces with the needle on a line of its own (the
+ * Landmark/Quest layout). */
+enum hay_kind { HAY_TEXT, HAY_NOISE, HAY_NEEDLE, HAY_PASSKEY };
+
+#define MAX_NEEDLES 8
+
+/* Everything random about a task instance except the haystack length. */
+struct task_inst {
+    int task;
+    int hay;                   /* enum hay_kind */
+    long sent0;                /* first haystack sentence (text haystack) */
+    uint64_t hay_seed;         /* distractor needles (needle haystack) */
+    bool key_uuid, val_uuid;
+    int n_needles;
+    char needle[MAX_NEEDLES][256]; /* inserted sentences or lines, in insertion order */
+    float depth[MAX_NEEDLES];      /* sorted fractions of the haystack */
+    char head[1024];           /* text before the context */
+    char tail[1024];           /* question and answer prefix after the context */
+    char answer[320];
+    bool vt;
+};
+
+static void rand_uuid(struct kvp_rng *r, char *out)
+{
+    static const char hx[] = "0123456789abcdef";
+    int k = 0;
+    for (int i = 0; i < 32; i++) {
+        if (i == 8 || i == 12 || i == 16 || i == 20)
+            out[k++] = '-';
+        int d = (int)kvp_rng_below(r, 16);
+        if (i == 12)
+            d = 4;
+        if (i == 16)
+            d = 8 + (d & 3);
+        out[k++] = hx[d];
+    }
+    out[k] = 0;
+}
+
+static void rand_key(const struct kvp_corpus *c, struct kvp_rng *r, bool uuid, char *out)
+{
+    if (uuid) {
+        rand_uuid(r, out);
+        return;
+    }
+    const char *a = c->words[kvp_rng_below(r, (uint64_t)c->n_words)];
+    const char *b = c->words[kvp_rng_below(r, (uint64_t)c->n_words)];
+    snprintf(out, 48, "%s-%s", a, b);
+}
+
+static void rand_value(struct kvp_rng *r, bool uuid, char *out)
+{
+    if (uuid)
+        rand_uuid(r, out);
+    else
+        snprintf(out, 48, "%d", 1000000 + (int)kvp_rng_below(r, 9000000));
+}
+
+/* "a", "a and b", "a, b, and c" (RULER's join). */
+static void join_list(char *out, size_t cap, char list[][48], int n)
+{
+    size_t k = 0;
+    out[0] = 0;
+    for (int i = 0; i < n; i++) {
+        const char *sep = i == 0 ? "" : n == 2 ? " and " : i == n - 1 ? ", and " : ", ";
+        k += (size_t)snprintf(out + k, k < cap ? cap - k : 0, "%s%s", sep, list[i]);
+    }
+}
+
+static void sorted_depths(struct kvp_rng *r, float *d, int n)
+{
+    for (int i = 0; i < n; i++)
+        d[i] = kvp_rng_uniform(r);
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && d[j] < d[j - 1]; j--) {
+            float t = d[j];
+            d[j] = d[j - 1];
+            d[j - 1] = t;
+        }
+}
+
+static void shuffle_needles(struct kvp_rng *r, struct task_inst *ti)
+{
+    for (int i = ti->n_needles - 1; i > 0; i--) {
+        int j = (int)kvp_rng_below(r, (uint64_t)i + 1);
+        char tmp[256];
+        memcpy(tmp, ti->needle[i], sizeof(tmp));
+        memcpy(ti->needle[i], ti->needle[j], sizeof(tmp));
+        memcpy(ti->needle[j], tmp, sizeof(tmp));
+    }
+}
+
+static void setup_niah(const struct kvp_corpus *c, struct kvp_rng *r, struct task_inst *ti)
+{
+    int nk = 1, nv = 1, nq = 1;
+    ti->hay = HAY_TEXT;
+    switch (ti->task) {
+    case KVP_TASK_NIAH_SINGLE_1: ti->hay = HAY_NOISE; break;
+    case KVP_TASK_NIAH_SINGLE_3: ti->val_uuid = true; break;
+    case KVP_TASK_NIAH_MULTIKEY_1: nk = 4; break;
+    case KVP_TASK_NIAH_MULTIKEY_2: ti->hay = HAY_NEEDLE; break;
+    case KVP_TASK_NIAH_MULTIKEY_3: ti->hay = HAY_NEEDLE; ti->key_uuid = ti->val_uuid = true; break;
+    case KVP_TASK_NIAH_MULTIVALUE: nv = 4; break;
+    case KVP_TASK_NIAH_MULTIQUERY: nk = nq = 4; break;
+    default: break;
+    }
+    const char *tv = ti->val_uuid ? "uuids" : "numbers";
+    char keys[4][48], vals[4][4][48];
+    for (int k = 0; k < nk; k++) {
+        bool dup;
+        do {
+            rand_key(c, r, ti->key_uuid, keys[k]);
+            dup = false;
+            for (int j = 0; j < k; j++)
+                dup |= !strcmp(keys[j], keys[k]);
+        } while (dup);
+        for (int v = 0; v < nv; v++)
+            rand_value(r, ti->val_uuid, vals[k][v]);
+    }
+    ti->n_needles = 0;
+    for (int k = 0; k < nk; k++)
+        for (int v = 0; v < nv; v++)
+            snprintf(ti->needle[ti->n_needles++], sizeof(ti->needle[0]), "One of the special magic %s for %s is: %s.",
+                     tv, keys[k], vals[k][v]);
+    shuffle_needles(r, ti);
+    sorted_depths(r, ti->depth, ti->n_needles);
+    /* the queried keys: the first nq (keys are random, so any nq of them are a random choice) */
+    char query[256], ans_list[16][48];
+    join_list(query, sizeof(query), keys, nq);
+    int na = 0;
+    for (int q = 0; q < nq; q++)
+        for (int v = 0; v < nv; v++)
+            memcpy(ans_list[na++], vals[q][v], 48);
+    bool single = nq * nv == 1;
+    char tvs[16];
+    snprintf(tvs, sizeof(tvs), "%s", tv);
+    if (single)
+        tvs[strlen(tvs) - 1] = 0; /* drop the final s */
+    if (single)
+        snprintf(ti->head, sizeof(ti->head),
+                 "A special magic %s is hidden within the following text. Make sure to memorize "
+                 "it. I will quiz you about the %s afterwards.\n", tvs, tvs);
+    else
+        snprintf(ti->head, sizeof(ti->head),
+                 "Some special magic %s are hidden within the following text. Make sure to "
+                 "memorize it. I will quiz you about the %s afterwards.\n", tvs, tvs);
+    snprintf(ti->tail, sizeof(ti->tail),
+             "\nWhat %s the special magic %s for %s mentioned in the provided text? The special "
+             "magic %s for %s mentioned in the provided text %s",
+             single ? "is" : "are all", tvs, query, tvs, query, single ? "is" : "are");
+    char joined[256];
+    join_list(joined, sizeof(joined), ans_list, na);
+    snprintf(ti->answer, sizeof(ti->answer), " %s.", joined);
+}
+
+static void setup_passkey(struct kvp_rng *r, struct task_inst *ti)
+{
+    /* mostly 5 digits (the Landmark/Quest range), sometimes 4 to 7 */
+    int nd = kvp_rng_below(r, 4) ? 5 : 4 + (int)kvp_rng_below(r, 4);
+    long lo = 1;
+    for (int i = 1; i < nd; i++)
+        lo *= 10;
+    long key = lo + (long)kvp_rng_below(r, (uint64_t)(lo * 9));
+    ti->hay = HAY_PASSKEY;
+    ti->n_needles = 1;
+    snprintf(ti->needle[0], sizeof(ti->needle[0]), "The pass key is %ld. Remember it. %ld is the pass key.", key, key);
+    ti->depth[0] = kvp_rng_uniform(r);
+    snprintf(ti->head, sizeof(ti->head),
+             "There is an important info hidden inside a lot of irrelevant text. Find it and "
+             "memorize them. I will quiz you about the important information there.\n");
+    snprintf(ti->tail, sizeof(ti->tail), "\nWhat is the pass key? The pass key is");
+    snprintf(ti->answer, sizeof(ti->answer), " %ld.", key);
+}
+
+static void rand_name(struct kvp_rng *r, char *out)
+{
+    for (int i = 0; i < 5; i++)
+        out[i] = (char)('A' + kvp_rng_below(r, 26));
+    out[5] = 0;
+}
+
+/* One chain of 4 hops: names[0..4], value; lines into ti->needle. */
+static void vt_chain(struct kvp_rng *r, struct task_inst *ti, char names[5][8], int *value)
+{
+    for (int i = 0; i < 5; i++) {
+        bool dup;
+        do {
+            rand_name(r, names[i]);
+            dup = false;
+            for (int j = 0; j < i; j++)
+                dup |= !strcmp(names[i], names[j]);
+        } while (dup);
+    }
+    *value = 10000 + (int)kvp_rng_below(r, 90000);
+    snprintf(ti->needle[0], sizeof(ti->needle[0]), "VAR %s = %d", names[0], *value);
+    for (int i = 1; i < 5; i++)
+        snprintf(ti->needle[i], sizeof(ti->needle[0]), "VAR %s = VAR %s ", names[i], names[i - 1]);
+    ti->n_needles = 5;
+}
+
+static const char vt_head[] =
+    "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n";
+
+static void vt_question(char *out, size_t cap, int value)
+{
+    snprintf(out, cap,
+             "\nQuestion: Find all variables that are assigned the value %d in the text above. "
+             "Answer: According to the chain(s) of variable assignment in the text above, 5 "
+             "variables are assigned the value %d, they are: ",
+             value, value);
+}
+
+static void setup_vt(struct kvp_rng *r, struct task_inst *ti)
+{
+    /* the solved example, with a few noise lines */
+    char names[5][8];
+    int value;
+    vt_chain(r, ti, names, &value);
+    int n_noise = 1 + (int)kvp_rng_below(r, 4);
+    struct sbuf ex = {0};
+    sb_str(&ex, vt_head);
+    int pos[5];
+    for (int i = 0; i < 5; i++)
+        pos[i] = (int)kvp_rng_below(r, (uint64_t)n_noise + 1);
+    for (int i = 1; i < 5; i++)
+        for (int j = i; j > 0 && pos[j] < pos[j - 1]; j--) {
+            int t = pos[j];
+            pos[j] = pos[j - 1];
+            pos[j - 1] = t;
+        }
+    int ni = 0;
+    bool first = true;
+    for (int l = 0; l <= n_noise; l++) {
+        while (ni < 5 && pos[ni] == l) {
+            sb_str(&ex, first ? "" : "\n");
+            sb_str(&ex, ti->needle[ni++]);
+            first = false;
+        }
+        if (l < n_noise) {
+            sb_str(&ex, first ? "" : "\n");
+            sb_str(&ex, NOISE_LINE);
+            first = false;
+        }
+    }
+    char q[512];
+    vt_question(q, sizeof(q), value);
+    sb_str(&ex, q);
+    sb_fmt(&ex, " %s %s %s %s %s\n", names[0], names[1], names[2], names[3], names[4]);
+    /* the real chain */
+    vt_chain(r, ti, names, &value);
+    snprintf(ti->head, sizeof(ti->head), "%s%s", ex.oom ? "" : ex.p, vt_head);
+    free(ex.p);
+    vt_question(ti->tail, sizeof(ti->tail), value);
+    snprintf(ti->answer, sizeof(ti->answer), "%s %s %s %s %s", names[0], names[1], names[2],
+             names[3], names[4]);
+    sorted_depths(r, ti->depth, 5);
+    ti->hay = HAY_NOISE;
+    ti->vt = true;
+}
+
+static void setup_task(const struct kvp_corpus *c, struct kvp_rng *r, bool eval,
+                       struct task_inst *ti)
+{
+    long lo = eval ? c->n_train : 0, hi = eval ? c->n_sent : c->n_train;
+    if (hi - lo < 1)
+        lo = 0, hi = c->n_sent;
+    ti->sent0 = lo + (long)kvp_rng_below(r, (uint64_t)(hi - lo));
+    ti->hay_seed = kvp_rng_next(r);
+    switch (ti->task) {
+    case KVP_TASK_PASSKEY: setup_passkey(r, ti); break;
+    case KVP_TASK_VT: setup_vt(r, ti); break;
+    case KVP_TASK_LM: ti->hay = HAY_TEXT; break;
+    default: setup_niah(c, r, ti); break;
+    }
+}
+
+/* The context of n haystack units with the needles inserted at their depths. */
+static void build_context(const struct kvp_corpus *c, const struct task_inst *ti, long n,
+                          bool eval, struct sbuf *b)
+{
+    long lo = eval ? c->n_train : 0, hi = eval ? c->n_sent : c->n_train;
+    if (hi - lo < 1)
+        lo = 0, hi = c->n_sent;
+    struct kvp_rng hr;
+    kvp_rng_seed(&hr, ti->hay_seed);
+    const char *sep = ti->hay == HAY_TEXT || ti->hay == HAY_PASSKEY ? " " : "\n";
+    int ni = 0;
+    bool first = true;
+    for (long u = 0; u <= n; u++) {
+        while (ni < ti->n_needles && (long)(ti->depth[ni] * (float)n) <= u) {
+            if (ti->hay == HAY_PASSKEY) {
+                sb_str(b, "\n");
+                sb_str(b, ti->needle[ni++]);
+                sb_str(b, "\n");
+                first = true;
+                continue;
+            }
+            sb_str(b, first ? "" : sep);
+            sb_str(b, ti->needle[ni++]);
+            first = false;
+        }
+        if (u == n)
+            break;
+        sb_str(b, first ? "" : sep);
+        first = false;
+        if (ti->hay == HAY_NOISE || ti->hay == HAY_PASSKEY) {
+            sb_str(b, NOISE_LINE);
+        } else if (ti->hay == HAY_NEEDLE) {
+            char k[48], v[48];
+            rand_key(c, &hr, ti->key_uuid, k);
+            rand_value(&hr, ti->val_uuid, v);
+            sb_fmt(b, "One of the special magic %s for %s is: %s.", ti->val_uuid ? "uuids" : "numbers", k, v);
+        } else {
+            long s = lo + (ti->sent0 - lo + u) % (hi - lo);
+            size_t off = c->sent_off[s], end = c->sent_off[s + 1] - 1;
+            sb_add(b, c->text + off, end - off);
+        }
+    }
+}
+
+static void build_prompt(const struct kvp_corpus *c, const struct task_inst *ti, long n,
+                         bool eval, struct sbuf *b)
+{
+    b->n = 0;
+    if (b->p)
+        b->p[0] = 0;
+    sb_str(b, ti->head);
+    build_context(c, ti, n, eval, b);
+    sb_str(b, ti->tail);
+}
+
+static long prompt_tokens(const struct kvp_corpus *c, const struct kvp_tvocab *v,
+                          const struct task_inst *ti, long n, bool eval, struct sbuf *b)
+{
+    build_prompt(c, ti, n, eval, b);
+    if (b->oom)
+        return -1;
+    size_t cnt;
+    kvp_tvocab_encode(v, b->p, b->n, true, NULL, 0, &cnt, NULL);
+    return (long)cnt;
+}
+
+/* Largest haystack (in units) whose prompt fits in budget tokens; -1 if not even an empty one. */
+static long fit_haystack(const struct kvp_corpus *c, const struct kvp_tvocab *v,
+                         const struct task_inst *ti, long budget, bool eval, struct sbuf *b)
+{
+    long t0 = prompt_tokens(c, v, ti, 0, eval, b);
+    if (t0 < 0 || t0 > budget)
+        return -1;
+    double per;
+    if (ti->hay == HAY_TEXT) {
+        long lo = eval ? c->n_train : 0;
+        long hi = eval ? c->n_sent : c->n_train;
+        double sum = 0;
+        int k = 0;
+        for (long s = ti->sent0; s < hi && k < 64; s++, k++)
+            sum += c->sent_tok[s];
+        per = k ? sum / k : 20.0;
+        (void)lo;
+    } else if (ti->hay == HAY_NOISE || ti->hay == HAY_PASSKEY) {
+        per = c->noise_tok;
+    } else {
+        per = ti->key_uuid ? 60.0 : 22.0;
+    }
+    if (per < 1.0)
+        per = 1.0;
+    long n = (long)((double)(budget - t0) / per);
+    long best = 0; /* largest n known to fit */
+    for (int iter = 0; iter < 8 && n > best; iter++) {
+        long t = prompt_tokens(c, v, ti, n, eval, b);
+        if (t < 0)
+            return -1;
+        per = t > t0 ? (double)(t - t0) / (double)n : per; /* measured tokens per unit */
+        if (t <= budget) {
+            best = n;
+            if ((double)(budget - t) < per)
+                return n;
+            n += (long)((double)(budget - t) / per);
+        } else {
+            n -= (long)((double)(t - budget) / per) + 1;
+        }
+    }
+    n = best;
+    while (n > 0 && prompt_tokens(c, v, ti, n, eval, b) > budget)
+        n--;
+    return n < 0 ? 0 : n;
+}
+
+/* The copy task's list: items (corpus words, 2..7-digit numbers) until about n_tok tokens. */
+static void copy_list(const struct kvp_corpus *c, struct kvp_rng *r, long n_tok, struct sbuf *b)
+{
+    long est = 0;
+    while (est < n_tok) {
+        if (b->n)
+            sb_add(b, " ", 1);
+        if (kvp_rng_below(r, 4) == 0) {
+            int nd = 2 + (int)kvp_rng_below(r, 6);
+            for (int i = 0; i < nd; i++) {
+                char d = (char)('0' + kvp_rng_below(r, 10));
+                sb_add(b, &d, 1);
+            }
+            est += nd + 1;
+        } else {
+            sb_str(b, c->words[kvp_rng_below(r, (uint64_t)c->n_words)]);
+            est += 2;
+        }
+    }
+}
+
+int kvp_task_template_text(const struct kvp_corpus *c, int per_task, uint64_t seed, char **text,
+                           size_t *len, struct kvp_err *err)
+{
+    struct task_inst *ti = calloc(1, sizeof(*ti));
+    struct sbuf all = {0}, b = {0};
+    if (!ti)
+        return kvp_err_set(err, KVP_ENOMEM, "task");
+    for (int task = 1; task < KVP_TASK_COUNT; task++)
+        for (int i = 0; i < per_task && task != KVP_TASK_COPY; i++) {
+            struct kvp_rng r;
+            kvp_rng_seed(&r, kvp_rng_mix(seed, (uint64_t)task * 100003u + (uint64_t)i));
+            memset(ti, 0, sizeof(*ti));
+            ti->task = task;
+            setup_task(c, &r, false, ti);
+            build_prompt(c, ti, 2, false, &b);
+            sb_add(&all, b.p ? b.p : "", b.n);
+            sb_str(&all, ti->answer);
+            sb_str(&all, "\n\n");
+        }
+    free(ti);
+    free(b.p);
+    if (all.oom || b.oom) {
+        free(all.p);
+        return kvp_err_set(err, KVP_ENOMEM, "task templates");
+    }
+    *text = all.p;
+    *len = all.n;
+    return 0;
+}
+
+int kvp_task_render(const struct kvp_corpus *c, const struct kvp_tvocab *v, int task,
+                    uint64_t seed, bool eval, int target_tokens, char **prompt, char **answer,
+                    struct kvp_err *err)
+{
+    if (task <= KVP_TASK_LM || task >= KVP_TASK_COUNT)
+        return kvp_err_set(err, KVP_EINVAL, "task %d has no prompt", task);
+    struct task_inst *ti = calloc(1, sizeof(*ti));
+    struct sbuf b = {0};
+    if (!ti)
+        return kvp_err_set(err, KVP_ENOMEM, "task");
+    struct kvp_rng r;
+    kvp_rng_seed(&r, seed);
+    ti->task = task;
+    setup_task(c, &r, eval, ti);
+    if (task == KVP_TASK_COPY) {
+        copy_list(c, &r, target_tokens / 2 - 2, &b);
+        *answer = b.oom ? NULL : strdup(b.p);
+        sb_add(&b, "\n", 1);
+        free(ti);
+        if (b.oom || !*answer) {
+            free(b.p);
+            free(*answer);
+            return kvp_err_set(err, KVP_ENOMEM, "task text");
+        }
+        *prompt = b.p;
+        return 0;
+    }
+    long n = fit_haystack(c, v, ti, target_tokens, eval, &b);
+    if (n < 0) {
+        free(ti);
+        free(b.p);
+        return kvp_err_set(err, KVP_ERANGE, "%s does not fit in %d tokens", kvp_task_name(task),
+                           target_tokens);
+    }
+    build_prompt(c, ti, n, eval, &b);
+    *answer = strdup(ti->answer);
+    free(ti);
+    if (b.oom || !*answer) {
+        free(b.p);
+        free(*answer);
+        return kvp_err_set(err, KVP_ENOMEM, "task text");
+    }
+    *prompt = b.p;
+    return 0;
+}
+
+/* ====================================== samples =============================================== */
+
+int kvp_sample_alloc(struct kvp_sample *s, int T, struct kvp_err *err)
+{
+    memset(s, 0, sizeof(*s));
+    s->tok = malloc(((size_t)T + 1) * sizeof(int32_t));
+    s->weight = malloc((size_t)T * sizeof(float));
+    if (!s->tok || !s->weight) {
+        kvp_sample_free(s);
+        return kvp_err_set(err, KVP_ENOMEM, "sample of %d tokens", T);
+    }
+    s->T = T;
+    return 0;
+}
+
+void kvp_sample_free(struct kvp_sample *s)
+{
+    if (!s)
+        return;
+    free(s->tok);
+    free(s->weight);
+    s->tok = NULL;
+    s->weight = NULL;
+}
+
+/* Append the encoding of text to s->tok at *pos (truncating at T+1); weight w on the targets
+ * that predict these tokens. */
+static int put_text(struct kvp_sample *s, int *pos, const struct kvp_tvocab *v, const char *text,
+                    size_t len, bool prefix, float w, struct kvp_err *err)
+{
+    size_t cap = len + 8, n;
+    int32_t *ids = malloc(cap * sizeof(int32_t));
+    if (!ids)
+        return kvp_err_set(err, KVP_ENOMEM, "encode");
+    int rc = kvp_tvocab_encode(v, text, len, prefix, ids, cap, &n, err);
+    for (size_t i = 0; rc == 0 && i < n && *pos <= s->T; i++) {
+        s->tok[*pos] = ids[i];
+        if (*pos > 0)
+            s->weight[*pos - 1] = w;
+        (*pos)++;
+    }
+    free(ids);
+    return rc;
+}
+
+static void put_tok(struct kvp_sample *s, int *pos, int32_t t, float w)
+{
+    if (*pos > s->T)
+        return;
+    s->tok[*pos] = t;
+    if (*pos > 0)
+        s->weight[*pos - 1] = w;
+    (*pos)++;
+}
+
+/* Plain text from sentence `start` on until the sample is full: [BOS] text [EOS] ... */
+static int put_plain(struct kvp_sample *s, int *pos, const struct kvp_corpus *c,
+                     const struct kvp_tvocab *v, uint64_t where, bool eval, struct kvp_err *err)
+{
+    long lo = eval ? c->n_train : 0, hi = eval ? c->n_sent : c->n_train;
+    if (hi - lo < 1)
+        lo = 0, hi = c->n_sent;
+    long start = lo + (long)(where % (uint64_t)(hi - lo));
+    struct sbuf b = {0};
+    while (*pos <= s->T) {
+        put_tok(s, pos, 1, 1.0f);
+        long need = s->T + 1 - *pos, got = 0;
+        b.n = 0;
+        for (long u = 0; got < need + 8 && u < hi - lo; u++) {
+            long si = lo + (start - lo + u) % (hi - lo);
+            size_t off = c->sent_off[si], end = c->sent_off[si + 1] - 1;
+            if (b.n)
+                sb_add(&b, " ", 1);
+            sb_add(&b, c->text + off, end - off);
+            got += c->sent_tok[si];
+            start = si + 1 < hi ? si + 1 : lo;
+        }
+        if (b.oom) {
+            free(b.p);
+            return kvp_err_set(err, KVP_ENOMEM, "plain text");
+        }
+        int rc = put_text(s, pos, v, b.p ? b.p : "", b.n, true, 1.0f, err);
+        if (rc < 0) {
+            free(b.p);
+            return rc;
+        }
+        put_tok(s, pos, 2, 1.0f);
+    }
+    free(b.p);
+    return 0;
+}
+
+/* [BOS] list "\n" list ["\n" list ...] [EOS]: a list of T/16..T/4 tokens repeated as often as
+ * it fits in about T tokens (at least twice). Every repeat weighs `w` in the loss; the first
+ * repeat is the answer (ans_begin..ans_end) that evaluation checks. */
+static int put_copy(struct kvp_sample *s, int *pos, const struct kvp_corpus *c,
+                    const struct kvp_tvocab *v, struct kvp_rng *r, struct sbuf *b, float w,
+                    struct kvp_err *err)
+{
+    int T = s->T;
+    long want = T / 16 + (long)kvp_rng_below(r, (uint64_t)(T / 4 - T / 16) + 1);
+    size_t n1 = 0;
+    for (;;) {
+        b->n = 0;
+        copy_list(c, r, want, b);
+        if (b->oom)
+            return kvp_err_set(err, KVP_ENOMEM, "copy list");
+        kvp_tvocab_encode(v, b->p, b->n, true, NULL, 0, &n1, NULL);
+        if ((long)n1 * 2 + 4 <= T || want < 4)
+            break;
+        want = want * 3 / 4;
+    }
+    int reps = (int)((T - 2) / ((long)n1 + 1));
+    if (reps < 2)
+        reps = 2;
+    put_tok(s, pos, 1, 1.0f);
+    int rc = put_text(s, pos, v, b->p, b->n, true, 1.0f, err);
+    for (int k = 1; k < reps && rc == 0; k++) {
+        rc = put_text(s, pos, v, "\n", 1, false, 1.0f, err);
+        if (k == 1)
+            s->ans_begin = *pos - 1;
+        if (rc == 0)
+            rc = put_text(s, pos, v, b->p, b->n, false, w, err);
+        if (k == 1)
+            s->ans_end = *pos - 1 > T ? T : *pos - 1;
+    }
+    put_tok(s, pos, 2, 1.0f);
+    return rc;
+}
+
+int kvp_sample_make(struct kvp_sample *s, const struct kvp_corpus *c, const struct kvp_tvocab *v,
+                    const struct kvp_task_mix *mix, int task, uint64_t seed, bool eval,
+                    float answer_weight, struct kvp_err *err)
+{
+    struct kvp_rng r;
+    kvp_rng_seed(&r, seed);
+    if (task < 0) {
+        float tot = 0.0f;
+        for (int t = 0; t < KVP_TASK_COUNT; t++)
+            tot += mix->w[t] > 0.0f ? mix->w[t] : 0.0f;
+        float x = kvp_rng_uniform(&r) * tot;
+        task = KVP_TASK_LM;
+        for (int t = 0; t < KVP_TASK_COUNT; t++) {
+            float wt = mix->w[t] > 0.0f ? mix->w[t] : 0.0f;
+            if (x < wt && wt > 0.0f) {
+                task = t;
+                break;
+            }
+            x -= wt;
+        }
+    }
+    int T = s->T, pos = 0, rc = 0;
+    s->task = task;
+    s->ans_begin = s->ans_end = 0;
+    for (int i = 0; i < T; i++)
+        s->weight[i] = 1.0f;
+    struct task_inst *ti = calloc(1, sizeof(*ti));
+    struct sbuf b = {0};
+    if (!ti)
+        return kvp_err_set(err, KVP_ENOMEM, "task");
+    ti->task = task;
+    setup_task(c, &r, eval, ti);
+    if (task == KVP_TASK_COPY) {
+        rc = put_copy(s, &pos, c, v, &r, &b, answer_weight, err);
+        if (rc < 0)
+            goto out;
+    } else if (task != KVP_TASK_LM) {
+        /* the sample takes [T/2, T] tokens; the rest is packed plain text */
+        long len = T / 2 + (long)kvp_rng_below(&r, (uint64_t)(T - T / 2) + 1);
+        size_t n_ans;
+        kvp_tvocab_encode(v, ti->answer, strlen(ti->answer), false, NULL, 0, &n_ans, NULL);
+        long budget = len - 2 - (long)n_ans; /* BOS and EOS */
+        long n = fit_haystack(c, v, ti, budget, eval, &b);
+        if (n < 0) /* too long for the drawn length: try the whole context */
+            n = fit_haystack(c, v, ti, T - 2 - (long)n_ans, eval, &b);
+        if (n < 0) {
+            s->task = task = KVP_TASK_LM; /* does not fit this context: plain text instead */
+        } else {
+            build_prompt(c, ti, n, eval, &b);
+            if (b.oom) {
+                rc = kvp_err_set(err, KVP_ENOMEM, "prompt");
+                goto out;
+            }
+            put_tok(s, &pos, 1, 1.0f);
+            if ((rc = put_text(s, &pos, v, b.p, b.n, true, 1.0f, err)) < 0)
+                goto out;
+            s->ans_begin = pos - 1;
+            if ((rc = put_text(s, &pos, v, ti->answer, strlen(ti->answer), false, answer_weight,
+                               err)) < 0)
+                goto out;
+            s->ans_end = pos - 1;
+            if (s->ans_end > T)
+                s->ans_end = T;
+            put_tok(s, &pos, 2, answer_weight);
+        }
+    }
+    rc = put_plain(s, &pos, c, v, task == KVP_TASK_LM ? (uint64_t)ti->sent0 : ti->hay_seed, eval,
+                   err);
+out:
+    free(b.p);
+    free(ti);
+    return rc;
+}

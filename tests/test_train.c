@@ -1,0 +1,1080 @@
+/*
+ * Tests of the trainer (src/train): finite-difference gradient checks of every op's backward
+ * pass and of the whole model, AdamW against hand-computed updates, the schedule and clipping,
+ * BPE learning and the SPM encoder, task generation, checkpoint resume bit for bit, GGUF export,
+ * and a short training run whose loss must fall.
+ *
+ * Gradient checks perturb float inputs by ±h, ±2h and compare the five-point derivative with the
+ * analytic gradient, where L = Σ y·r for a fixed random r (so dL/dy = r), accumulated in double.
+ * Tolerances are |num − ana| ≤ atol + rtol·max(|num|, |ana|); gradcheck_detects_errors shows
+ * the check fails on a gradient that is 5 % off.
+ */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvpred.h"
+#include "tokenizer/vocab.h"
+#include "train/train.h"
+
+/* ===================================== helpers ================================================ */
+
+typedef double (*loss_fn)(void *ctx);
+
+/* Number of mismatches between numeric and analytic gradients over (a stride of) x. */
+static int gradcheck(const char *what, loss_fn f, void *ctx, float *x, const float *g, size_t n,
+                     size_t max_checks, float h, double rtol, double atol)
+{
+    size_t stride = n > max_checks ? n / max_checks : 1;
+    int bad = 0;
+    for (size_t i = 0; i < n; i += stride) {
+        /* five-point stencil: truncation error O(h⁴), so h can stay well above float noise */
+        float old = x[i];
+        double l[4];
+        const int k[4] = {-2, -1, 1, 2};
+        for (int j = 0; j < 4; j++) {
+            x[i] = old + (float)k[j] * h;
+            l[j] = f(ctx);
+        }
+        x[i] = old;
+        double num = (l[0] - 8.0 * l[1] + 8.0 * l[2] - l[3]) / (12.0 * (double)h);
+        double ana = g[i];
+        if (fabs(num - ana) > atol + rtol * fmax(fabs(num), fabs(ana))) {
+            if (bad < 5)
+                print_message("  %s[%zu]: numeric %.6g analytic %.6g\n", what, i, num, ana);
+            bad++;
+        }
+    }
+    return bad;
+}
+
+static void fill_uniform(float *x, size_t n, struct kvp_rng *r, float lo, float hi)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = lo + (hi - lo) * kvp_rng_uniform(r);
+}
+
+static double dotd(const float *a, const float *b, size_t n)
+{
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++)
+        s += (double)a[i] * b[i];
+    return s;
+}
+
+/* ====================================== RMSNorm =============================================== */
+
+struct norm_t {
+    float x[3 * 8], w[8], y[3 * 8], rstd[3], r[3 * 8];
+};
+
+static double norm_loss(void *p)
+{
+    struct norm_t *t = p;
+    kvp_op_rmsnorm_fwd(t->y, t->rstd, t->x, t->w, 3, 8, 1e-5f);
+    return dotd(t->y, t->r, 24);
+}
+
+static void test_grad_rmsnorm(void **state)
+{
+    (void)state;
+    struct norm_t t;
+    struct kvp_rng rng;
+    kvp_rng_seed(&rng, 1);
+    fill_uniform(t.x, 24, &rng, -1, 1);
+    fill_uniform(t.w, 8, &rng, 0.5f, 1.5f);
+    fill_uniform(t.r, 24, &rng, -1, 1);
+    float dx[24] = {0}, dw[8] = {0};
+    norm_loss(&t);
+    kvp_op_rmsnorm_bwd(dx, dw, t.r, t.x, t.w, t.rstd, 3, 8);
+    assert_int_equal(gradcheck("rmsnorm.dx", norm_loss, &t, t.x, dx, 24, 24, 1e-2f, 1e-2, 1e-4), 0);
+    assert_int_equal(gradcheck("rmsnorm.dw", norm_loss, &t, t.w, dw, 8, 8, 1e-2f, 1e-2, 1e-4), 0);
+}
+
+static void test_gradcheck_detects_errors(void **state)
+{
+    (void)state;
+    struct norm_t t;
+    struct kvp_rng rng;
+    kvp_rng_seed(&rng, 2);
+    fill_uniform(t.x, 24, &rng, -1, 1);
+    fill_uniform(t.w, 8, &rng, 0.5f, 1.5f);
+    fill_uniform(t.r, 24, &rng, -1, 1);
+    float dx[24] = {0}, dw[8] = {0};
+    norm_loss(&t);
+    kvp_op_rmsnorm_bwd(dx, dw, t.r, t.x, t.w, t.rstd, 3, 8);
+    for (int i = 0; i < 8; i++)
+        dw[i] *= 1.05f; /* a 5 % error must be caught */
+    assert_true(gradcheck("rmsnorm.dw(wrong)", norm_loss, &t, t.w, dw, 8, 8, 1e-2f, 1e-2, 1e-4) > 0);
+}
+
+/* ======================================= linear =============================================== */
+
+struct lin_t {
+    float x[4 * 5], w[3 * 5], y[4 * 3], r[4 * 3];
+};
+
+static double lin_loss(void *p)
+{
+    struct lin_t *t = p;
+    kvp_op_linear_fwd(t->y, t->x, t->w, 4, 5, 3, 0.0f);
+    return dotd(t->y, t->r, 12);
+}
+
+static void test_grad_linear(void **state)
+{
+    (void)state;
+    struct lin_t t;
+    struct kvp_rng rng;
+    kvp_rng_seed(&rng, 3);
+    fill_uniform(t.x, 20, &rng, -1, 1);
+    fill_uniform(t.w, 15, &rng, -1, 1);
+    fill_uniform(t.r, 12, &rng, -1, 1);
+    float dx[20], dw[15] = {0};
+    fill_uniform(dx, 20, &rng, -1, 1); /* beta 0 must overwrite */
+    kvp_op_linear_bwd(dx, dw, t.r, t.x, t.w, 4, 5, 3, 0.0f);
+    assert_int_equal(gradcheck("linear.dx", lin_loss, &t, t.x, dx, 20, 20, 1e-2f, 1e-2, 1e-4), 0);
+    assert_int_equal(gradcheck("linear.dw", lin_loss, &t, t.w, dw, 15, 15, 1e-2f, 1e-2, 1e-4), 0);
+}
+
+/* ======================================== RoPE ================================================ */
+
+#define RP_SEQ 2
+#define RP_T 5
+#define RP_H 2
+#define RP_HD 6
+#define RP_N (RP_SEQ * RP_T * RP_H * RP_HD)
+
+struct rope_t {
+    float x[RP_N], y[RP_N], r[RP_N], cosv[RP_T * RP_HD / 2], sinv[RP_T * RP_HD / 2];
+};
+
+static double rope_loss(void *p)
+{
+    struct rope_t *t = p;
+    memcpy(t->y, t->x, sizeof(t->y));
+    kvp_op_rope(t->y, t->cosv, t->sinv, RP_SEQ, RP_T, RP_H, RP_HD, false);
+    return dotd(t->y, t->r, RP_N);
+}
+
+static void test_grad_rope(void **state)
+{
+    (void)state;
+    struct rope_t t;
+    struct kvp_rng rng;
+    kvp_rng_seed(&rng, 4);
+    fill_uniform(t.x, RP_N, &rng, -1, 1);
+    fill_uniform(t.r, RP_N, &rng, -1, 1);
+    kvp_op_rope_table(t.cosv, t.sinv, RP_T, RP_HD, 10000.0f);
+    /* adjacent pairs: position 3, pair 1 of head 1 in sequence 0, against the formula */
+    float v[RP_N];
+    memcpy(v, t.x, sizeof(v));
+    kvp_op_rope(v, t.cosv, t.sinv, RP_SEQ, RP_T, RP_H, RP_HD, false);
+    size_t o = (size_t)(3 * RP_H + 1) * RP_HD + 2;
+    double th = 3.0 * pow(10000.0, -2.0 * 1 / RP_HD);
+    assert_float_equal(v[o], t.x[o] * cos(th) - t.x[o + 1] * sin(th), 1e-5);
+    assert_float_equal(v[o + 1], t.x[o] * sin(th) + t.x[o + 1] * cos(th), 1e-5);
+    float dx[RP_N];
+    memcpy(dx, t.r, sizeof(dx));
+    kvp_op_rope(dx, t.cosv, t.sinv, RP_SEQ, RP_T, RP_H, RP_HD, true);
+    assert_int_equal(gradcheck("rope.dx", rope_loss, &t, t.x, dx, RP_N, RP_N, 1e-2f, 1e-2, 1e-4), 0);
+}
+
+/* ===================================== attention ============================================== */
+
+/* T spans two query blocks (128 rows each) so block boundaries are covered. */
+#define AT_T 133
+#define AT_HD 4
+#define AT_REP 2
+#define AT_LDQ (AT_REP * AT_HD + 3) /* strided rows, as inside the model */
+#define AT_LDKV (AT_HD + 2)
+
+struct attn_t {
+    float q[AT_T * AT_LDQ], k[AT_T * AT_LDKV], v[AT_T * AT_LDKV];
+    float out[AT_T * AT_LDQ], r[AT_T * AT_LDQ], lse[AT_REP * AT_T];
+    float *scratch;
+};
+
+static double attn_loss(void *p)
+{
+    struct attn_t *t = p;
+    memset(t->out, 0, sizeof(t->out));
+    kvp_op_attn_fwd(t->out, t->lse, t->q, t->k, t->v, AT_T, AT_HD, AT_REP, AT_LDQ, AT_LDKV,
+                    t->scratch);
+    return dotd(t->out, t->r, AT_T * AT_LDQ);
+}
+
+/* Naive reference: out[i] = Σ_{j≤i} softmax_j(q_i·k_j/√hd) v_j, in double. */
+static void attn_naive(const struct attn_t *t, double *out)
+{
+    for (int r = 0; r < AT_REP; r++)
+        for (int i = 0; i < AT_T; i++) {
+            double s[AT_T], mx = -1e300, z = 0.0;
+            for (int j = 0; j <= i; j++) {
+                double d = 0.0;
+                for (int e = 0; e < AT_HD; e++)
+                    d += (double)t->q[i * AT_LDQ + r * AT_HD + e] * t->k[j * AT_LDKV + e];
+                s[j] = d / sqrt((double)AT_HD);
+                mx = s[j] > mx ? s[j] : mx;
+            }
+            for (int j = 0; j <= i; j++)
+                z += exp(s[j] - mx);
+            for (int e = 0; e < AT_HD; e++) {
+                double acc = 0.0;
+                for (int j = 0; j <= i; j++)
+                    acc += exp(s[j] - mx) / z * t->v[j * AT_LDKV + e];
+                out[(i * AT_REP + r) * AT_HD + e] = acc;
+            }
+        }
+}
+
+static void test_grad_attention(void **state)
+{
+    (void)state;
+    struct attn_t *t = calloc(1, sizeof(*t));
+    assert_non_null(t);
+    t->scratch = malloc(kvp_op_attn_scratch(AT_T) * sizeof(float));
+    assert_non_null(t->scratch);
+    struct kvp_rng rng;
+    kvp_rng_seed(&rng, 5);
+    fill_uniform(t->q, AT_T * AT_LDQ, &rng, -1.5f, 1.5f);
+    fill_uniform(t->k, AT_T * AT_LDKV, &rng, -1.5f, 1.5f);
+    fill_uniform(t->v, AT_T * AT_LDKV, &rng, -1, 1);
+    fill_uniform(t->r, AT_T * AT_LDQ, &rng, -1, 1);
+    attn_loss(t);
+    double *ref = malloc(sizeof(double) * AT_T * AT_REP * AT_HD);
+    assert_non_null(ref);
+    attn_naive(t, ref);
+    for (int i = 0; i < AT_T; i++)
+        for (int r = 0; r < AT_REP; r++)
+            for (int e = 0; e < AT_HD; e++)
+                assert_float_equal(t->out[i * AT_LDQ + r * AT_HD + e],
+                                   ref[(i * AT_REP + r) * AT_HD + e], 1e-5);
+    free(ref);
+    float *dq = calloc(AT_T * AT_LDQ, sizeof(float));
+    float *dk = calloc(AT_T * AT_LDKV, sizeof(float));
+    float *dv = calloc(AT_T * AT_LDKV, sizeof(float));
+    kvp_op_attn_bwd(dq, dk, dv, t->r, t->out, t->lse, t->q, t->k, t->v, AT_T, AT_HD, AT_REP,
+                    AT_LDQ, AT_LDKV, t->scratch);
+    /* only the used columns of the strided rows carry gradient; check those */
+    int bad = 0;
+    for (int i = 0; i < AT_T; i += 3) {
+        bad += gradcheck("attn.dq", attn_loss, t, t->q + i * AT_LDQ, dq + i * AT_LDQ,
+                         AT_REP * AT_HD, 8, 1e-2f, 2e-2, 2e-4);
+        bad += gradcheck("attn.dk", attn_loss, t, t->k + i * AT_LDKV, dk + i * AT_LDKV, AT_HD, 4,
+                         1e-2f, 2e-2, 2e-4);
+        bad += gradcheck("attn.dv", attn_loss, t, t->v + i * AT_LDKV, dv + i * AT_LDKV, AT_HD, 4,
+                         1e-2f, 2e-2, 2e-4);
+    }
+    assert_int_equal(bad, 0);
+    free(dq);
+    free(dk);
+    free(dv);
+    free(t->scratch);
+    free(t);
+}
+
+/* ======================================= SwiGLU =============================================== */
+
+struct glu_t {
+    float g[20], u[20], a[20], r[20];
+};
+
+static double glu_loss(void *p)
+{
+    struct glu_t *t = p;
+    kvp_op_swiglu_fwd(t->a, t->g, t->u, 20);
+    return dotd(t->a, t->r, 20);
+}
+
+static void test_grad_swiglu(void **state)
+{
+    (void)state;
+    struct glu_t t;
+    struct kvp_rng rng;
+    kvp_rng_seed(&rng, 6);
+    fill_uniform(t.g, 20, &rng, -4, 4);
+    fill_uniform(t.u, 20, &rng, -2, 2);
+    fill_uniform(t.r, 20, &rng, -1, 1);
+    float dg[20], du[20];
+    kvp_op_swiglu_bwd(dg, du, t.r, t.g, t.u, 20);
+    assert_int_equal(gradcheck("swiglu.dg", glu_loss, &t, t.g, dg, 20, 20, 1e-2f, 1e-2, 1e-4), 0);
+    assert_int_equal(gradcheck("swiglu.du", glu_loss, &t, t.u, du, 20, 20, 1e-2f, 1e-2, 1e-4), 0);
+}
+
+/* =================================== cross-entropy ============================================ */
+
+struct xent_t {
+    float logits[4 * 7], work[4 * 7], w[4];
+    int32_t tgt[4];
+};
+
+static double xent_loss(void *p)
+{
+    struct xent_t *t = p;
+    memcpy(t->work, t->logits, sizeof(t->work));
+    return kvp_op_xent(t->work, t->tgt, t->w, 4, 7, 0.5f, NULL) * 0.5;
+}
+
+static void test_grad_xent(void **state)
+{
+    (void)state;
+    struct xent_t t = {.w = {1.0f, 0.0f, 3.0f, 0.5f}, .tgt = {2, 0, 6, 3}};
+    struct kvp_rng rng;
+    kvp_rng_seed(&rng, 7);
+    fill_uniform(t.logits, 28, &rng, -3, 3);
+    float nll[4];
+    memcpy(t.work, t.logits, sizeof(t.work));
+    double total = kvp_op_xent(t.work, t.tgt, t.w, 4, 7, 0.5f, nll);
+    /* row 0 by hand */
+    double z = 0.0;
+    for (int j = 0; j < 7; j++)
+        z += exp(t.logits[j]);
+    assert_float_equal(nll[0], log(z) - t.logits[2], 1e-5);
+    assert_float_equal(total, nll[0] + 3.0 * nll[2] + 0.5 * nll[3], 1e-4);
+    float g[28];
+    memcpy(g, t.work, sizeof(g));
+    assert_int_equal(gradcheck("xent.dlogits", xent_loss, &t, t.logits, g, 28, 28, 1e-2f, 1e-2, 1e-4), 0);
+}
+
+/* ===================================== embedding ============================================== */
+
+struct emb_t {
+    float e[6 * 3], y[5 * 3], r[5 * 3];
+    int32_t tok[5];
+};
+
+static double emb_loss(void *p)
+{
+    struct emb_t *t = p;
+    kvp_op_embed_fwd(t->y, t->e, t->tok, 5, 3);
+    return dotd(t->y, t->r, 15);
+}
+
+static void test_grad_embedding(void **state)
+{
+    (void)state;
+    struct emb_t t = {.tok = {4, 1, 4, 0, 5}};
+    struct kvp_rng rng;
+    kvp_rng_seed(&rng, 8);
+    fill_uniform(t.e, 18, &rng, -1, 1);
+    fill_uniform(t.r, 15, &rng, -1, 1);
+    float de[18] = {0};
+    kvp_op_embed_bwd(de, t.r, t.tok, 5, 3);
+    assert_int_equal(gradcheck("embed.dE", emb_loss, &t, t.e, de, 18, 18, 1e-2f, 1e-2, 1e-4), 0);
+    for (int j = 0; j < 3; j++)
+        assert_float_equal(de[2 * 3 + j], 0.0f, 0.0); /* token 2 unused */
+}
+
+/* ==================================== whole model ============================================= */
+
+struct model_t {
+    struct kvp_train_model *m;
+    int32_t tok[2 * 6], tgt[2 * 6];
+    float w[2 * 6];
+    double wsum;
+};
+
+static double model_loss(void *p)
+{
+    struct model_t *t = p;
+    assert_int_equal(kvp_train_model_forward(t->m, t->tok, 2, 6, NULL), 0);
+    return kvp_train_model_loss(t->m, t->tgt, t->w, t->wsum, NULL) / t->wsum;
+}
+
+static void check_model_grad(int tied, int n_threads)
+{
+    struct kvp_train_config cfg = {.n_vocab = 261, .n_embd = 8, .n_layer = 2, .n_head = 2,
+                                   .n_head_kv = 1, .n_ff = 12, .n_ctx = 6, .rope_base = 100.0f,
+                                   .norm_eps = 1e-5f, .tied = tied};
+    struct model_t t;
+    struct kvp_err err;
+    assert_int_equal(kvp_train_model_init(&t.m, &cfg, 12, n_threads, 42, &err), 0);
+    struct kvp_rng rng;
+    kvp_rng_seed(&rng, 9);
+    /* matrices 8× the 0.02 init so every gradient is well above float noise; norms near 1 */
+    for (int i = 0; i < t.m->n_tensors; i++) {
+        const struct kvp_train_tensor *ts = &t.m->tensors[i];
+        float *p = t.m->params + ts->off;
+        for (int64_t j = 0; j < ts->ne[0] * ts->ne[1]; j++)
+            p[j] = ts->n_dims == 1 ? 1.0f + 0.2f * kvp_rng_normal(&rng) : p[j] * 8.0f;
+    }
+    for (int i = 0; i < 12; i++) {
+        t.tok[i] = (int32_t)kvp_rng_below(&rng, 6) * 50 + 3;
+        t.tgt[i] = (int32_t)kvp_rng_below(&rng, 6) * 50 + 5;
+        t.w[i] = i % 5 == 4 ? 0.0f : 1.0f + (float)(i % 3);
+    }
+    t.wsum = 0.0;
+    for (int i = 0; i < 12; i++)
+        t.wsum += t.w[i];
+    kvp_train_model_zero_grad(t.m);
+    model_loss(&t);
+    kvp_train_model_backward(t.m);
+    float *g = malloc(t.m->n_params * sizeof(float));
+    memcpy(g, t.m->grads, t.m->n_params * sizeof(float));
+    int bad = 0;
+    for (int i = 0; i < t.m->n_tensors; i++) {
+        const struct kvp_train_tensor *ts = &t.m->tensors[i];
+        size_t n = (size_t)ts->ne[0] * (size_t)ts->ne[1];
+        size_t off = ts->off;
+        if (!strcmp(ts->name, "token_embd.weight") || !strcmp(ts->name, "output.weight")) {
+            /* rows of the used tokens (inputs 3+50k, targets 5+50k) and a few others */
+            for (int row = 3; row < 261; row += 1)
+                if ((row - 3) % 50 == 0 || (row - 5) % 50 == 0 || row == 100)
+                    bad += gradcheck(ts->name, model_loss, &t, t.m->params + off + (size_t)row * 8,
+                                     g + off + (size_t)row * 8, 8, 8, 4e-3f, 2e-2, 3e-4);
+            continue;
+        }
+        bad += gradcheck(ts->name, model_loss, &t, t.m->params + off, g + off, n, 24, 4e-3f, 2e-2,
+                         3e-4);
+    }
+    assert_int_equal(bad, 0);
+    free(g);
+    kvp_train_model_free(t.m);
+}
+
+static void test_grad_model_tied(void **state)
+{
+    (void)state;
+    check_model_grad(1, 1);
+}
+
+static void test_grad_model_untied_threads(void **state)
+{
+    (void)state;
+    check_model_grad(0, 2);
+}
+
+/* ===================================== optimiser ============================================== */
+
+static void test_adamw(void **state)
+{
+    (void)state;
+    struct kvp_adamw a;
+    assert_int_equal(kvp_adamw_init(&a, 2, 0.9f, 0.999f, 1e-8f, 0.1f, NULL), 0);
+    float p[2] = {1.0f, -2.0f};
+    float g1[2] = {0.5f, 0.0f}, g2[2] = {-0.25f, 1.0f};
+    kvp_adamw_step_raw(&a, p, g1, 2, 0.1f, true);
+    /* t=1: m = 0.05, v = 0.00025, m̂ = 0.5, v̂ = 0.25 → step 1 (+ decay 0.1·1) */
+    assert_float_equal(p[0], 1.0 - 0.1 * (0.5 / (0.5 + 1e-8) + 0.1 * 1.0), 1e-6);
+    assert_float_equal(p[1], -2.0 - 0.1 * (0.0 + 0.1 * -2.0), 1e-6); /* decay only */
+    double p0 = p[0], p1 = p[1];
+    kvp_adamw_step_raw(&a, p, g2, 2, 0.1f, true);
+    /* t=2 by hand */
+    double m0 = 0.9 * 0.05 + 0.1 * -0.25, v0 = 0.999 * 0.00025 + 0.001 * 0.0625;
+    double m1 = 0.1 * 1.0, v1 = 0.001 * 1.0;
+    double c1 = 1 - 0.81, c2 = 1 - 0.999 * 0.999;
+    double e0 = p0 - 0.1 * ((m0 / c1) / (sqrt(v0 / c2) + 1e-8) + 0.1 * p0);
+    double e1 = p1 - 0.1 * ((m1 / c1) / (sqrt(v1 / c2) + 1e-8) + 0.1 * p1);
+    assert_float_equal(p[0], e0, 1e-5);
+    assert_float_equal(p[1], e1, 1e-5);
+    kvp_adamw_free(&a);
+}
+
+static void test_schedule_and_clip(void **state)
+{
+    (void)state;
+    assert_float_equal(kvp_lr_schedule(0, 10, 100, 1.0f, 0.1f), 0.1, 1e-6);
+    assert_float_equal(kvp_lr_schedule(9, 10, 100, 1.0f, 0.1f), 1.0, 1e-6);
+    assert_float_equal(kvp_lr_schedule(10, 10, 100, 1.0f, 0.1f), 1.0, 1e-6);
+    assert_float_equal(kvp_lr_schedule(55, 10, 100, 1.0f, 0.1f), 0.55, 1e-5);
+    assert_float_equal(kvp_lr_schedule(100, 10, 100, 1.0f, 0.1f), 0.1, 1e-6);
+    float g[2] = {3.0f, 4.0f};
+    assert_float_equal(kvp_clip_grad(g, 2, 1.0), 5.0, 1e-9);
+    assert_float_equal(g[0], 0.6, 1e-6);
+    assert_float_equal(g[1], 0.8, 1e-6);
+    assert_float_equal(kvp_clip_grad(g, 2, 10.0), 1.0, 1e-6);
+    assert_float_equal(g[0], 0.6, 1e-6);
+}
+
+static void test_rng(void **state)
+{
+    (void)state;
+    struct kvp_rng a, b;
+    kvp_rng_seed(&a, 123);
+    kvp_rng_seed(&b, 123);
+    for (int i = 0; i < 100; i++)
+        assert_true(kvp_rng_next(&a) == kvp_rng_next(&b));
+    double s = 0.0, ss = 0.0;
+    for (int i = 0; i < 20000; i++) {
+        float x = kvp_rng_normal(&a);
+        s += x;
+        ss += (double)x * x;
+        assert_true(kvp_rng_below(&a, 7) < 7);
+    }
+    assert_true(fabs(s / 20000) < 0.05 && fabs(ss / 20000 - 1.0) < 0.05);
+}
+
+/* ===================================== tokenizer ============================================== */
+
+static void test_bpe_learn_and_encode(void **state)
+{
+    (void)state;
+    const char *unit = "the lower the lowest the newer the newest low low 123 123 4567\n";
+    size_t ul = strlen(unit);
+    char *text = malloc(ul * 50 + 1);
+    for (int i = 0; i < 50; i++)
+        memcpy(text + i * ul, unit, ul);
+    text[ul * 50] = 0;
+    struct kvp_tvocab *v;
+    struct kvp_err err;
+    assert_int_equal(kvp_tvocab_learn(text, ul * 50, 280, &v, &err), 0);
+    assert_true(v->n > 262 && v->n <= 280);
+    assert_string_equal(v->text[0], "<unk>");
+    assert_string_equal(v->text[1], "<s>");
+    assert_string_equal(v->text[2], "</s>");
+    assert_string_equal(v->text[3], "<0x00>");
+    assert_string_equal(v->text[258], "<0xFF>");
+    assert_int_equal(v->type[3 + 0x41], 6);
+    assert_string_equal(v->text[259], "\xE2\x96\x81");
+    int the = kvp_tvocab_find(v, "\xE2\x96\x81the", 6);
+    int low = kvp_tvocab_find(v, "\xE2\x96\x81low", 6);
+    assert_true(the > 259 && low > 259);
+    for (int i = 0; i < v->n; i++) {
+        bool digit = false, inner_space = false;
+        for (size_t j = 0; j < v->len[i]; j++) {
+            digit |= v->type[i] == 1 && v->text[i][j] >= '0' && v->text[i][j] <= '9';
+            inner_space |= j > 0 && j + 3 <= v->len[i] && !memcmp(v->text[i] + j, "\xE2\x96\x81", 3);
+        }
+        assert_false(digit);
+        assert_false(inner_space);
+        if (i > 259)
+            assert_true(v->score[i] < v->score[i - 1] || i == 260); /* −rank */
+    }
+    int32_t ids[64];
+    size_t n;
+    assert_int_equal(kvp_tvocab_encode(v, "the lowest 42", 13, true, ids, 64, &n, &err), 0);
+    /* ▁the ▁lowest (merged) ▁ 4 2 */
+    assert_int_equal(ids[0], the);
+    assert_int_equal(ids[n - 1], 3 + '2');
+    assert_int_equal(ids[n - 2], 3 + '4');
+    assert_int_equal(ids[n - 3], 259);
+    assert_true(n <= 5);
+    char buf[64];
+    kvp_tvocab_decode(v, ids, n, buf, sizeof(buf));
+    assert_string_equal(buf, " the lowest 42");
+    /* newline and unknown characters fall back to bytes */
+    assert_int_equal(kvp_tvocab_encode(v, "\n\xC3\xA9", 3, false, ids, 64, &n, &err), 0);
+    assert_int_equal(n, 3);
+    assert_int_equal(ids[0], 3 + 0x0A);
+    assert_int_equal(ids[1], 3 + 0xC3);
+    /* KVP_ERANGE with the full count */
+    assert_int_equal(kvp_tvocab_encode(v, "the lowest 42", 13, true, ids, 2, &n, &err), KVP_ERANGE);
+    assert_true(n > 2);
+    kvp_tvocab_free(v);
+    free(text);
+}
+
+/* The SPM rule "highest score first, ties to the left" on a hand-made vocabulary. */
+static void test_spm_merge_order(void **state)
+{
+    (void)state;
+    const char *texts[] = {"<unk>", "<s>", "</s>", "ab", "bc", "abc", "cd"};
+    size_t lens[] = {5, 3, 4, 2, 2, 3, 2};
+    float scores[] = {0, 0, 0, -2, -1, -3, -1};
+    int32_t types[] = {2, 3, 3, 1, 1, 1, 1};
+    struct kvp_tvocab *v;
+    assert_int_equal(kvp_tvocab_create(7, texts, lens, scores, types, &v, NULL), 0);
+    int32_t ids[16];
+    size_t n;
+    /* "abcd": bc (−1) and cd (−1) tie → bc (left) wins; then a+bc = abc (−3) merges; d alone */
+    assert_int_equal(kvp_tvocab_encode(v, "abcd", 4, false, ids, 16, &n, NULL), 0);
+    assert_int_equal(n, 2);
+    assert_int_equal(ids[0], 5);
+    assert_int_equal(ids[1], KVP_TVOCAB_BYTE0 + 'd');
+    kvp_tvocab_free(v);
+}
+
+
+/* ===================================== corpus fixture ========================================= */
+
+/* A deterministic synthetic story text of about n bytes (no ../shared needed). */
+static char *make_text(size_t n, uint64_t seed, size_t *len)
+{
+    static const char *const names[] = {"Tom", "Lily", "Ben", "Sue", "Max", "Anna"};
+    static const char *const verbs[] = {"saw", "liked", "found", "wanted", "made", "took"};
+    static const char *const adjs[] = {"big", "red", "small", "happy", "shiny", "old"};
+    static const char *const nouns[] = {"dog", "ball", "tree", "cake", "boat", "house", "bird"};
+    struct kvp_rng r;
+    kvp_rng_seed(&r, seed);
+    char *t = malloc(n + 256);
+    size_t k = 0;
+    while (k < n) {
+        k += (size_t)sprintf(t + k, "%s %s a %s %s. ", names[kvp_rng_below(&r, 6)],
+                             verbs[kvp_rng_below(&r, 6)], adjs[kvp_rng_below(&r, 6)],
+                             nouns[kvp_rng_below(&r, 7)]);
+        if (kvp_rng_below(&r, 8) == 0)
+            k += (size_t)sprintf(t + k, "\n\n");
+    }
+    t[k] = 0;
+    *len = k;
+    return t;
+}
+
+struct fixture {
+    char *text;
+    size_t len;
+    struct kvp_tvocab *v;
+    struct kvp_corpus *c;
+};
+
+static void fixture_init(struct fixture *f, int n_vocab)
+{
+    struct kvp_err err;
+    f->text = make_text(60000, 11, &f->len);
+    /* as the trainer does: learn from the text plus the task templates */
+    struct kvp_corpus *c0;
+    char *tmpl;
+    size_t tlen;
+    assert_int_equal(kvp_corpus_init(&c0, f->text, f->len, NULL, 0.1, &err), 0);
+    assert_int_equal(kvp_task_template_text(c0, 10, 1, &tmpl, &tlen, &err), 0);
+    assert_non_null(strstr(tmpl, "One of the special magic numbers for "));
+    kvp_corpus_free(c0);
+    char *all = malloc(f->len + tlen);
+    memcpy(all, f->text, f->len);
+    memcpy(all + f->len, tmpl, tlen);
+    assert_int_equal(kvp_tvocab_learn(all, f->len + tlen, n_vocab, &f->v, &err), 0);
+    free(all);
+    free(tmpl);
+    assert_int_equal(kvp_corpus_init(&f->c, f->text, f->len, f->v, 0.1, &err), 0);
+}
+
+static void fixture_free(struct fixture *f)
+{
+    kvp_corpus_free(f->c);
+    kvp_tvocab_free(f->v);
+    free(f->text);
+}
+
+/* ======================================= data ================================================= */
+
+static void test_corpus_and_samples(void **state)
+{
+    (void)state;
+    struct fixture f;
+    fixture_init(&f, 320);
+    assert_true(f.c->n_sent > 1000);
+    assert_true(f.c->n_train < f.c->n_sent);
+    assert_true(f.c->n_words >= 16);
+    /* sentences are split after the period and carry no surrounding space */
+    const char *s0 = f.c->text + f.c->sent_off[0];
+    size_t l0 = f.c->sent_off[1] - 1 - f.c->sent_off[0];
+    assert_true(s0[0] != ' ' && s0[l0 - 1] == '.');
+    struct kvp_task_mix mix;
+    kvp_task_mix_default(&mix);
+    struct kvp_sample a, b;
+    struct kvp_err err;
+    assert_int_equal(kvp_sample_alloc(&a, 1024, &err), 0);
+    assert_int_equal(kvp_sample_alloc(&b, 1024, &err), 0);
+    for (int task = 1; task < KVP_TASK_COPY; task++) {
+        assert_int_equal(kvp_sample_make(&a, f.c, f.v, &mix, task, 1000 + task, false, 4.0f, &err), 0);
+        assert_int_equal(a.task, task);
+        assert_int_equal(a.tok[0], 1); /* BOS */
+        assert_true(a.ans_end > a.ans_begin);
+        /* the answer tokens are the separately encoded answer, followed by EOS */
+        char buf[512];
+        kvp_tvocab_decode(f.v, a.tok + a.ans_begin + 1, (size_t)(a.ans_end - a.ans_begin), buf,
+                          sizeof(buf));
+        char *prompt, *answer;
+        assert_int_equal(kvp_task_render(f.c, f.v, task, 1000 + task, false, 1000, &prompt, &answer,
+                                         &err), 0);
+        assert_string_equal(buf, answer); /* same seed, same task instance */
+        assert_int_equal(a.tok[a.ans_end + 1], 2); /* EOS */
+        assert_float_equal(a.weight[a.ans_begin], 4.0, 0.0);
+        assert_float_equal(a.weight[a.ans_end], 4.0, 0.0);
+        assert_float_equal(a.weight[a.ans_begin - 1], 1.0, 0.0);
+        for (int i = 0; i <= 1024; i++)
+            assert_true(a.tok[i] >= 0 && a.tok[i] < f.v->n);
+        /* deterministic */
+        assert_int_equal(kvp_sample_make(&b, f.c, f.v, &mix, task, 1000 + task, false, 4.0f, &err), 0);
+        assert_memory_equal(a.tok, b.tok, sizeof(int32_t) * 1025);
+        free(prompt);
+        free(answer);
+    }
+    /* the copy task: the answer is the list again, right after the newline */
+    assert_int_equal(kvp_sample_make(&a, f.c, f.v, &mix, KVP_TASK_COPY, 3, false, 4.0f, &err), 0);
+    assert_true(a.ans_end - a.ans_begin >= 1024 / 16 - 8);
+    assert_float_equal(a.weight[a.ans_begin + 1], 4.0, 0.0); /* repeats weigh like answers */
+    assert_int_equal(a.tok[a.ans_begin], KVP_TVOCAB_BYTE0 + '\n');
+    assert_true(a.tok[a.ans_end + 1] == 2 || a.tok[a.ans_end + 1] == KVP_TVOCAB_BYTE0 + '\n');
+    {
+        char l1[4096], l2[4096];
+        kvp_tvocab_decode(f.v, a.tok + 1, (size_t)(a.ans_begin - 1), l1, sizeof(l1));
+        kvp_tvocab_decode(f.v, a.tok + a.ans_begin + 1, (size_t)(a.ans_end - a.ans_begin), l2,
+                          sizeof(l2));
+        assert_string_equal(l1 + 1, l2); /* l1 has the space prefix */
+    }
+    /* a passkey sample holds its key in the prompt and answers it */
+    assert_int_equal(kvp_sample_make(&a, f.c, f.v, &mix, KVP_TASK_PASSKEY, 5, false, 2.0f, &err), 0);
+    char *text = malloc(8192);
+    kvp_tvocab_decode(f.v, a.tok, (size_t)a.ans_end + 1, text, 8192);
+    char ans[64];
+    kvp_tvocab_decode(f.v, a.tok + a.ans_begin + 1, (size_t)(a.ans_end - a.ans_begin), ans, 64);
+    char needle[96];
+    snprintf(needle, sizeof(needle), "The pass key is%.*s. Remember it.", (int)strlen(ans) - 1, ans);
+    assert_non_null(strstr(text, needle));
+    assert_non_null(strstr(text, "What is the pass key? The pass key is"));
+    free(text);
+    kvp_sample_free(&a);
+    kvp_sample_free(&b);
+    fixture_free(&f);
+}
+
+/* The trainer's tokenization of a whole prompt equals the engine's (src/tokenizer) on the same
+ * vocabulary: the model learns from exactly the ids it will see at evaluation. */
+static void test_tokenizer_matches_engine(void **state)
+{
+    (void)state;
+    struct fixture f;
+    fixture_init(&f, 400);
+    struct kvp_vocab *ev;
+    struct kvp_err err;
+    assert_int_equal(kvp_vocab_create_spm(f.v->n, (const char *const *)f.v->text, f.v->len,
+                                          f.v->score, f.v->type, 1, 2, 0, &ev, &err), 0);
+    int32_t *a = malloc(8192 * sizeof(int32_t)), *b = malloc(8192 * sizeof(int32_t));
+    for (int task = 1; task < KVP_TASK_COPY; task++) {
+        char *prompt, *answer;
+        assert_int_equal(kvp_task_render(f.c, f.v, task, 77, true, 700, &prompt, &answer, &err), 0);
+        size_t na, nb;
+        assert_int_equal(kvp_tvocab_encode(f.v, prompt, strlen(prompt), true, a, 8192, &na, &err), 0);
+        assert_int_equal(kvp_vocab_encode(ev, prompt, strlen(prompt), true, false, b, 8192, &nb, &err), 0);
+        assert_int_equal(nb, na + 1); /* the engine adds BOS */
+        assert_int_equal(b[0], 1);
+        assert_memory_equal(a, b + 1, na * sizeof(int32_t));
+        assert_true(na <= 700 && na > 500);
+        free(prompt);
+        free(answer);
+    }
+    /* the raw corpus too */
+    size_t na, nb;
+    assert_int_equal(kvp_tvocab_encode(f.v, f.text, 4000, true, a, 8192, &na, &err), 0);
+    assert_int_equal(kvp_vocab_encode(ev, f.text, 4000, true, false, b, 8192, &nb, &err), 0);
+    assert_memory_equal(a, b + 1, na * sizeof(int32_t));
+    free(a);
+    free(b);
+    kvp_vocab_free(ev);
+    fixture_free(&f);
+}
+
+/* With the real filler text: every task renders to a prompt close to the asked length. */
+static void test_tasks_on_tinystories(void **state)
+{
+    (void)state;
+    KVP_REQUIRE_SHARED(path, "data/tinystories/tinystories_val.txt");
+    const char *paths[] = {path};
+    char *text;
+    size_t len;
+    struct kvp_err err;
+    assert_int_equal(kvp_corpus_read(paths, 1, &text, &len, &err), 0);
+    struct kvp_tvocab *v;
+    assert_int_equal(kvp_tvocab_learn(text, len, 512, &v, &err), 0);
+    struct kvp_corpus *c;
+    assert_int_equal(kvp_corpus_init(&c, text, len, v, 0.05, &err), 0);
+    for (int task = 1; task < KVP_TASK_COPY; task++) {
+        char *prompt, *answer;
+        assert_int_equal(kvp_task_render(c, v, task, 9, true, 2000, &prompt, &answer, &err), 0);
+        size_t n;
+        kvp_tvocab_encode(v, prompt, strlen(prompt), true, NULL, 0, &n, NULL);
+        assert_true(n <= 2000 && n >= 1900);
+        free(prompt);
+        free(answer);
+    }
+    const char *bad[] = {"../shared/data/pg_essays"};
+    assert_int_equal(kvp_corpus_read(bad, 1, &text, &len, &err), KVP_EINVAL);
+    kvp_corpus_free(c);
+    kvp_tvocab_free(v);
+    free(text);
+}
+
+/* ===================================== training runs ========================================== */
+
+struct losses {
+    double loss[256];
+    double ans[256];
+    long n;
+    double acc[KVP_TASK_COUNT];
+    bool have_eval;
+};
+
+static void record(void *user, const struct kvp_train_progress *p)
+{
+    struct losses *l = user;
+    if (p->event == KVP_TRAIN_EV_STEP && p->step >= 1 && p->step <= 256) {
+        l->loss[p->step - 1] = p->loss;
+        l->ans[p->step - 1] = p->answer_loss;
+        if (p->step > l->n)
+            l->n = p->step;
+    }
+    if (p->event == KVP_TRAIN_EV_EVAL) {
+        memcpy(l->acc, p->acc, sizeof(l->acc));
+        l->have_eval = true;
+    }
+}
+
+static void tiny_opts(struct kvp_train_opts *o, const char **paths)
+{
+    kvp_train_opts_default(o);
+    o->model = (struct kvp_train_config){.n_vocab = 300, .n_embd = 32, .n_layer = 2, .n_head = 4,
+                                         .n_head_kv = 2, .n_ff = 64, .n_ctx = 128,
+                                         .rope_base = 10000.0f, .norm_eps = 1e-5f, .tied = 1};
+    o->hp.steps = 8;
+    o->hp.tokens_per_step = 512;
+    o->hp.micro_tokens = 256;
+    o->hp.lr = 3e-3f;
+    o->hp.lr_min = 3e-4f;
+    o->hp.n_phases = 2;
+    o->hp.phase_ctx[0] = 64;
+    o->hp.phase_frac[0] = 0.5f;
+    o->hp.phase_ctx[1] = 128;
+    o->hp.phase_frac[1] = 0.5f;
+    o->data_paths = paths;
+    o->n_data_paths = 1;
+    o->eval_samples = 0;
+    o->n_threads = 2;
+}
+
+static char *write_text_file(void)
+{
+    size_t len;
+    char *text = make_text(60000, 3, &len);
+    char *path = kvp_test_tmpfile(".txt");
+    assert_non_null(path);
+    assert_int_equal(kvp_test_write_file(path, text, len), 0);
+    free(text);
+    return path;
+}
+
+/* Stopping after 3 steps and resuming from the checkpoint gives the same losses and the same
+ * final weights as the uninterrupted run. */
+static void test_checkpoint_resume_bit_exact(void **state)
+{
+    (void)state;
+    char *data = write_text_file();
+    const char *paths[] = {data};
+    char *ck_a = kvp_test_tmpfile(".ckpt"), *ck_b = kvp_test_tmpfile(".ckpt");
+    char *g_a = kvp_test_tmpfile(".gguf"), *g_b = kvp_test_tmpfile(".gguf");
+    struct kvp_train_opts o;
+    struct kvp_err err;
+    struct losses la = {0}, lb = {0};
+    tiny_opts(&o, paths);
+    o.ckpt_path = ck_a;
+    o.out_gguf = g_a;
+    assert_int_equal(kvp_train_run(&o, record, &la, &err), 0);
+    assert_int_equal(la.n, 8);
+    tiny_opts(&o, paths);
+    o.ckpt_path = ck_b;
+    o.stop_after = 3;
+    assert_int_equal(kvp_train_run(&o, record, &lb, &err), 0);
+    assert_int_equal(lb.n, 3);
+    tiny_opts(&o, paths);
+    o.ckpt_path = ck_b;
+    o.resume_path = ck_b;
+    o.out_gguf = g_b;
+    assert_int_equal(kvp_train_run(&o, record, &lb, &err), 0);
+    assert_int_equal(lb.n, 8);
+    for (int i = 0; i < 8; i++)
+        assert_true(la.loss[i] == lb.loss[i]); /* bit for bit */
+    size_t na, nb;
+    char *a = kvp_test_read_file(ck_a, &na), *b = kvp_test_read_file(ck_b, &nb);
+    assert_int_equal(na, nb);
+    assert_memory_equal(a, b, na);
+    free(a);
+    free(b);
+    a = kvp_test_read_file(g_a, &na);
+    b = kvp_test_read_file(g_b, &nb);
+    assert_int_equal(na, nb);
+    assert_memory_equal(a, b, na);
+    free(a);
+    free(b);
+    /* a corrupted checkpoint is refused */
+    a = kvp_test_read_file(ck_a, &na);
+    a[na / 2] ^= 1;
+    assert_int_equal(kvp_test_write_file(ck_a, a, na), 0);
+    free(a);
+    tiny_opts(&o, paths);
+    o.resume_path = ck_a;
+    o.ckpt_path = ck_a;
+    assert_int_equal(kvp_train_run(&o, NULL, NULL, &err), KVP_EFORMAT);
+    remove(data);
+    remove(ck_a);
+    remove(ck_b);
+    remove(g_a);
+    remove(g_b);
+    free(data);
+    free(ck_a);
+    free(ck_b);
+    free(g_a);
+    free(g_b);
+}
+
+/* The exported GGUF runs in the engine with the trainer's logits and tokenization. */
+static void test_gguf_matches_engine(void **state)
+{
+    (void)state;
+    struct fixture f;
+    fixture_init(&f, 300);
+    struct kvp_train_config cfg = {.n_vocab = f.v->n, .n_embd = 64, .n_layer = 2, .n_head = 4,
+                                   .n_head_kv = 2, .n_ff = 96, .n_ctx = 160,
+                                   .rope_base = 10000.0f, .norm_eps = 1e-5f, .tied = 0};
+    struct kvp_train_model *m;
+    struct kvp_err err;
+    assert_int_equal(kvp_train_model_init(&m, &cfg, 160, 2, 5, &err), 0);
+    /* weights well away from the init so every path matters */
+    struct kvp_rng rng;
+    kvp_rng_seed(&rng, 3);
+    for (size_t i = 0; i < m->n_params; i++)
+        m->params[i] += 0.05f * kvp_rng_normal(&rng);
+    char *path = kvp_test_tmpfile(".gguf");
+    assert_int_equal(kvp_train_export_gguf(path, m, f.v, "test", &err), 0);
+    kvp_model *em;
+    assert_int_equal(kvp_model_open(path, NULL, &em, &err), 0);
+    struct kvp_model_info info;
+    kvp_model_get_info(em, &info);
+    assert_int_equal(info.n_vocab, f.v->n);
+    assert_int_equal(info.n_head_kv, 2);
+    assert_int_equal(info.n_ctx_train, 160);
+    assert_false(info.tied_output);
+    const char *text = "Tom saw a big red dog. The dog ran to the old house and found a cake.";
+    int32_t ids[200], mine[200];
+    size_t n, nm;
+    assert_int_equal(kvp_tokenize(em, text, strlen(text), true, ids, 200, &n, &err), 0);
+    mine[0] = 1;
+    assert_int_equal(kvp_tvocab_encode(f.v, text, strlen(text), true, mine + 1, 199, &nm, &err), 0);
+    assert_int_equal(n, nm + 1);
+    assert_memory_equal(ids, mine, n * sizeof(int32_t));
+    /* a full context of tokens */
+    int T = 160;
+    int32_t tok[160];
+    for (int i = 0; i < T; i++)
+        tok[i] = i < (int)n ? ids[i] : (int32_t)kvp_rng_below(&rng, (uint64_t)f.v->n);
+    assert_int_equal(kvp_train_model_forward(m, tok, 1, T, &err), 0);
+    kvp_ctx *ctx;
+    struct kvp_ctx_params cp = {.n_ctx = T, .n_threads = 1};
+    assert_int_equal(kvp_ctx_init(em, &cp, &ctx, &err), 0);
+    float *logits = malloc(sizeof(float) * (size_t)T * f.v->n);
+    assert_int_equal(kvp_eval(ctx, tok, T, logits, true, &err), 0);
+    double maxd = 0.0, maxv = 0.0;
+    for (size_t i = 0; i < (size_t)T * f.v->n; i++) {
+        maxd = fmax(maxd, fabs((double)logits[i] - m->logits[i]));
+        maxv = fmax(maxv, fabs((double)m->logits[i]));
+    }
+    print_message("  engine vs trainer logits: max |diff| %.3g (max |logit| %.3g)\n", maxd, maxv);
+    assert_true(maxd < 1e-3 * fmax(1.0, maxv));
+    free(logits);
+    kvp_ctx_free(ctx);
+    kvp_model_close(em);
+    remove(path);
+    free(path);
+    kvp_train_model_free(m);
+    fixture_free(&f);
+}
+
+/* A short run on repetitive text: the loss must fall well below its start. */
+static void test_training_loss_falls(void **state)
+{
+    (void)state;
+    char *data = write_text_file();
+    const char *paths[] = {data};
+    struct kvp_train_opts o;
+    struct kvp_err err;
+    struct losses l = {0};
+    tiny_opts(&o, paths);
+    o.hp.steps = 60;
+    o.hp.warmup_frac = 0.05f;
+    o.hp.n_phases = 1;
+    o.hp.phase_ctx[0] = 128;
+    o.hp.phase_frac[0] = 1.0f;
+    o.hp.mix.w[KVP_TASK_LM] = 1.0f; /* mostly plain text: the loss is comparable step to step */
+    assert_int_equal(kvp_train_run(&o, record, &l, &err), 0);
+    assert_int_equal(l.n, 60);
+    double first = (l.loss[0] + l.loss[1]) / 2, last = (l.loss[58] + l.loss[59]) / 2;
+    print_message("  loss %.3f -> %.3f\n", first, last);
+    assert_true(last < 0.6 * first);
+    remove(data);
+    free(data);
+}
+
+
+/* The train-lm command: flag errors are one line and exit 1; a tiny run writes a checkpoint and a
+ * GGUF, and --export-only rewrites the GGUF from the checkpoint. */
+static void test_cli_train_lm(void **state)
+{
+    (void)state;
+    const char *cli = kvp_test_cli();
+    if (!cli) {
+        print_message("[  SKIP    ] KVP_CLI not set, test skipped\n");
+        skip();
+    }
+    char cmd[2048], *out = NULL;
+    snprintf(cmd, sizeof(cmd), "%s train-lm --data x --steps abc", cli);
+    assert_int_equal(kvp_test_run(cmd, &out, 1), 1);
+    assert_non_null(strstr(out, "kvpred: error: --steps"));
+    assert_null(strchr(strchr(out, '\n') + 1, '\n')); /* one line */
+    free(out);
+    snprintf(cmd, sizeof(cmd), "%s train-lm --data x -o y.gguf --frobnicate", cli);
+    assert_int_equal(kvp_test_run(cmd, &out, 1), 1);
+    free(out);
+    char *data = write_text_file();
+    char *ck = kvp_test_tmpfile(".ckpt"), *g1 = kvp_test_tmpfile(".gguf"),
+         *g2 = kvp_test_tmpfile(".gguf");
+    snprintf(cmd, sizeof(cmd),
+             "%s train-lm --data %s -o %s --ckpt %s --dim 32 --layers 1 --heads 2 --kv-heads 1 "
+             "--ff 48 --vocab 300 --ctx 128 --batch 2 --steps 3 --eval-samples 1 --threads 1",
+             cli, data, g1, ck);
+    int rc = kvp_test_run(cmd, &out, 1);
+    if (rc != 0)
+        print_message("%s\n", out);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "step 3/3"));
+    free(out);
+    snprintf(cmd, sizeof(cmd), "%s train-lm --data %s --resume %s --export-only -o %s", cli, data,
+             ck, g2);
+    assert_int_equal(kvp_test_run(cmd, &out, 1), 0);
+    free(out);
+    size_t n1, n2;
+    char *a = kvp_test_read_file(g1, &n1), *b = kvp_test_read_file(g2, &n2);
+    assert_int_equal(n1, n2);
+    assert_memory_equal(a, b, n1);
+    free(a);
+    free(b);
+    remove(data);
+    remove(ck);
+    remove(g1);
+    remove(g2);
+    free(data);
+    free(ck);
+    free(g1);
+    free(g2);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_rng),
+        cmocka_unit_test(test_grad_rmsnorm),
+        cmocka_unit_test(test_gradcheck_detects_errors),
+        cmocka_unit_test(test_grad_linear),
+        cmocka_unit_test(test_grad_rope),
+        cmocka_unit_test(test_grad_attention),
+        cmocka_unit_test(test_grad_swiglu),
+        cmocka_unit_test(test_grad_xent),
+        cmocka_unit_test(test_grad_embedding),
+        cmocka_unit_test(test_grad_model_tied),
+        cmocka_unit_test(test_grad_model_untied_threads),
+        cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_schedule_and_clip),
+        cmocka_unit_test(test_bpe_learn_and_encode),
+        cmocka_unit_test(test_spm_merge_order),
+        cmocka_unit_test(test_corpus_and_samples),
+        cmocka_unit_test(test_tokenizer_matches_engine),
+        cmocka_unit_test(test_tasks_on_tinystories),
+        cmocka_unit_test(test_checkpoint_resume_bit_exact),
+        cmocka_unit_test(test_gguf_matches_engine),
+        cmocka_unit_test(test_training_loss_falls),
+        cmocka_unit_test(test_cli_train_lm),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
