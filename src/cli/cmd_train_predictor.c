@@ -72,7 +72,7 @@ static int parse_list(const char *v, int *out, int cap, long min, long max)
 
 int cmd_train_predictor(int argc, char **argv)
 {
-    struct kvp_train_opts o = {.loss = KVP_LOSS_MSE};
+    struct kvp_predtrain_opts o = {.loss = KVP_LOSS_MSE};
     const char *data = NULL, *out_path = NULL, *val_path = NULL;
     static const char *const value_flags[] = {
         "-o",      "--output",  "--validate", "--loss",     "--epochs",      "--samples",
@@ -160,14 +160,14 @@ int cmd_train_predictor(int argc, char **argv)
     }
     if (!data || (!out_path && !val_path))
         return cli_fail("train-predictor: give the dataset and -o PREDICTOR (or --validate)");
-    kvp_train_opts_default(&o);
+    kvp_predtrain_opts_default(&o);
     if (o.sink < 0)
         o.sink = 0;
 
     struct kvp_err err = {0};
     struct kvp_trace tr;
     struct kvp_cnn net = {0};
-    struct kvp_train_report rep = {0};
+    struct kvp_predtrain_report rep = {0};
     if (kvp_trace_load(data, &tr, &err) < 0)
         return cli_fail_err(&err);
     int status = 1;

@@ -271,7 +271,7 @@ static float uniform(uint64_t *s)
     return (float)((splitmix(s) >> 40) * (1.0 / 16777216.0));
 }
 
-void kvp_train_opts_default(struct kvp_train_opts *o)
+void kvp_predtrain_opts_default(struct kvp_predtrain_opts *o)
 {
     if (!o->c1)
         o->c1 = 16;
@@ -315,7 +315,7 @@ struct sample {
     int local_n;  /* tokens in the local window */
 };
 
-static int build_sample(const struct kvp_trace *tr, const struct kvp_train_opts *o, int s, int t,
+static int build_sample(const struct kvp_trace *tr, const struct kvp_predtrain_opts *o, int s, int t,
                         int li, int h, float *x, float *m, float *sm, struct sample *out)
 {
     const int bs = tr->block_size, Lk = t + 1, H = o->H;
@@ -353,7 +353,7 @@ struct split {
     long n;
 };
 
-static int make_split(const struct kvp_trace *tr, const struct kvp_train_opts *o, int s0, int s1,
+static int make_split(const struct kvp_trace *tr, const struct kvp_predtrain_opts *o, int s0, int s1,
                       struct split *sp)
 {
     long cnt = 0;
@@ -408,8 +408,8 @@ static int max_blocks(const struct kvp_trace *tr)
 }
 
 static int validate(const struct kvp_trace *tr, const struct kvp_cnn *n,
-                    const struct kvp_train_opts *o, const struct split *val, struct kvp_tr_ws *ws,
-                    float *x, float *m, float *sm, struct kvp_train_report *rep)
+                    const struct kvp_predtrain_opts *o, const struct split *val, struct kvp_tr_ws *ws,
+                    float *x, float *m, float *sm, struct kvp_predtrain_report *rep)
 {
     const int n_ser = tr->n_layers * tr->n_head, bs = tr->block_size;
     uint64_t rng = o->seed ^ 0x5eed5eed5eedULL;
@@ -473,7 +473,7 @@ static int validate(const struct kvp_trace *tr, const struct kvp_cnn *n,
     return 0;
 }
 
-static int check_opts(const struct kvp_trace *tr, const struct kvp_train_opts *o,
+static int check_opts(const struct kvp_trace *tr, const struct kvp_predtrain_opts *o,
                       struct kvp_err *err)
 {
     if (tr->n_seq < 2)
@@ -491,7 +491,7 @@ static int check_opts(const struct kvp_trace *tr, const struct kvp_train_opts *o
 }
 
 int kvp_predictor_validate(const struct kvp_trace *tr, const struct kvp_cnn *n,
-                           const struct kvp_train_opts *o, struct kvp_train_report *rep,
+                           const struct kvp_predtrain_opts *o, struct kvp_predtrain_report *rep,
                            struct kvp_err *err)
 {
     int rc = check_opts(tr, o, err);
@@ -500,7 +500,7 @@ int kvp_predictor_validate(const struct kvp_trace *tr, const struct kvp_cnn *n,
     if (n->block_size != tr->block_size)
         return kvp_err_set(err, KVP_EINVAL, "predictor block size %d, trace block size %d",
                            n->block_size, tr->block_size);
-    struct kvp_train_opts oo = *o;
+    struct kvp_predtrain_opts oo = *o;
     oo.H = n->H;
     int n_val_seq = (int)ceilf(oo.val_frac * tr->n_seq);
     n_val_seq = n_val_seq < 1 ? 1 : n_val_seq >= tr->n_seq ? tr->n_seq - 1 : n_val_seq;
@@ -523,8 +523,8 @@ int kvp_predictor_validate(const struct kvp_trace *tr, const struct kvp_cnn *n,
     return rc < 0 ? kvp_err_set(err, rc, "validate: out of memory") : 0;
 }
 
-int kvp_predictor_train(const struct kvp_trace *tr, const struct kvp_train_opts *o,
-                        struct kvp_cnn *out, struct kvp_train_report *rep, struct kvp_err *err)
+int kvp_predictor_train(const struct kvp_trace *tr, const struct kvp_predtrain_opts *o,
+                        struct kvp_cnn *out, struct kvp_predtrain_report *rep, struct kvp_err *err)
 {
     int rc = check_opts(tr, o, err);
     if (rc < 0)

@@ -65,7 +65,7 @@ float kvp_tr_sample(const struct kvp_cnn *n, struct kvp_tr_ws *ws, const float *
 
 /* ---- the training loop ---------------------------------------------------------------------- */
 
-struct kvp_train_opts {
+struct kvp_predtrain_opts {
     int c1, c2, k, H; /* architecture [16, 32, 3, 64] */
     int loss;         /* enum kvp_cnn_loss */
     int epochs;       /* [4] */
@@ -83,7 +83,7 @@ struct kvp_train_opts {
     void *user;
 };
 
-struct kvp_train_report {
+struct kvp_predtrain_report {
     long n_train_samples, n_val_samples; /* available samples in the two splits */
     double train_loss, val_loss;         /* last epoch's mean, validation mean */
     int n_budgets;
@@ -96,16 +96,16 @@ struct kvp_train_report {
 };
 
 /* Fill unset fields of o with the defaults above. */
-void kvp_train_opts_default(struct kvp_train_opts *o);
+void kvp_predtrain_opts_default(struct kvp_predtrain_opts *o);
 
-/* Train a new network on tr (o as filled by kvp_train_opts_default, then adjusted). out receives
+/* Train a new network on tr (o as filled by kvp_predtrain_opts_default, then adjusted). out receives
  * the network with its metadata; rep the final numbers. */
-int kvp_predictor_train(const struct kvp_trace *tr, const struct kvp_train_opts *o,
-                        struct kvp_cnn *out, struct kvp_train_report *rep, struct kvp_err *err);
+int kvp_predictor_train(const struct kvp_trace *tr, const struct kvp_predtrain_opts *o,
+                        struct kvp_cnn *out, struct kvp_predtrain_report *rep, struct kvp_err *err);
 
 /* Validation only: recovery of n on the held-out split of tr. */
 int kvp_predictor_validate(const struct kvp_trace *tr, const struct kvp_cnn *n,
-                           const struct kvp_train_opts *o, struct kvp_train_report *rep,
+                           const struct kvp_predtrain_opts *o, struct kvp_predtrain_report *rep,
                            struct kvp_err *err);
 
 #endif
