@@ -21,6 +21,8 @@ int cmd_quantize(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_train_lm(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
+/* `kvpred eval --task T`: RULER-style retrieval accuracy (cmd_eval_tasks.c). */
+int cmd_eval_tasks(int argc, char **argv);
 int cmd_viz(int argc, char **argv);
 int cmd_profile_heads(int argc, char **argv);
 int cmd_viz_heads(int argc, char **argv);

@@ -91,7 +91,9 @@ static void help(void)
            "  --retention-k K      K of token retention (default 32)\n"
            "  --json               one JSON object per line per (policy, budget) on stdout; the\n"
            "                       table goes to stderr\n"
-           "  --seed S             seed of random policies (default 0)\n%s",
+           "  --seed S             seed of random policies (default 0)\n"
+           "  --task T             retrieval accuracy on RULER-style prompts instead (see\n"
+           "                       kvpred eval --task passkey --help)\n%s",
            cli_model_flags_help, cli_policy_names(), cli_policy_flags_help);
     printf("%s", cli_catekv_flags_help);
 }
@@ -392,6 +394,9 @@ static int run_all(const struct eval_opts *o, struct kvp_measure *ms, const char
 
 int cmd_eval(int argc, char **argv)
 {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--task"))
+            return cmd_eval_tasks(argc, argv); /* retrieval accuracy: cmd_eval_tasks.c */
     struct eval_opts o = {.src = {.seed = -1},
                           .pp = {.gqa_agg = KVP_AGG_MEAN},
                           .n_prefill = 256,

@@ -353,6 +353,42 @@ int kvp_task_render(const struct kvp_corpus *c, const struct kvp_tvocab *v, int 
                     uint64_t seed, bool eval, int target_tokens, char **prompt, char **answer,
                     struct kvp_err *err);
 
+/* Evaluation prompts for the model under test (`kvpred eval --task`). The filler is any corpus,
+ * normally the Paul Graham essays read with kvp_corpus_read_filler and prepared with
+ * kvp_corpus_init(..., NULL, 0.0, ...) so every sentence is available; lengths are counted by
+ * the caller's tokenizer through count (tokens of the prompt text as the engine will feed it,
+ * BOS included). Seeds: evaluation seeds set bit 62 (KVP_EVAL_SEED_BIT) and training seeds keep
+ * bits 62 and 63 clear, so an evaluation prompt never repeats a training sample. */
+#define KVP_EVAL_SEED_BIT (1ULL << 62)
+typedef int (*kvp_task_count_fn)(void *ud, const char *text, size_t len, size_t *n_tok);
+
+struct kvp_task_req {
+    int task;              /* KVP_TASK_PASSKEY .. KVP_TASK_VT */
+    uint64_t seed;
+    int target_tokens;     /* the largest prompt that fits this many tokens */
+    float depth;           /* fraction of the haystack for the answer needle(s) in [0, 1];
+                              < 0: random as in training */
+    kvp_task_count_fn count;
+    void *ud;
+};
+
+struct kvp_task_text {
+    char *prompt;  /* owned: instruction, context, question and answer prefix */
+    char *answer;  /* owned: the answer text training uses (" 1234567.") */
+    char *refs;    /* owned: the reference strings, each followed by '\n' */
+    int n_refs;
+    long n_units;  /* haystack units (sentences or lines) */
+};
+
+/* Read text files or directories like kvp_corpus_read, evaluation filler allowed. */
+int kvp_corpus_read_filler(const char *const *paths, int n_paths, char **text, size_t *len,
+                           struct kvp_err *err);
+/* Render one evaluation prompt; *out is zeroed first and must be freed with kvp_task_text_free.
+ * KVP_ERANGE when not even an empty haystack fits. */
+int kvp_task_render_eval(const struct kvp_corpus *c, const struct kvp_task_req *req,
+                         struct kvp_task_text *out, struct kvp_err *err);
+void kvp_task_text_free(struct kvp_task_text *t);
+
 /* ============================== checkpoints (train_ckpt.c) ==================================== */
 
 /* Hyper-parameters of a run; stored in checkpoints so a resume continues the same run. */

@@ -191,12 +191,12 @@ out:
     return rc;
 }
 
-int kvp_corpus_read(const char *const *paths, int n_paths, char **text, size_t *len,
-                    struct kvp_err *err)
+static int read_paths(const char *const *paths, int n_paths, bool allow_eval, char **text,
+                      size_t *len, struct kvp_err *err)
 {
     struct sbuf b = {0};
     for (int i = 0; i < n_paths; i++) {
-        if (strstr(paths[i], "pg_essays")) {
+        if (!allow_eval && strstr(paths[i], "pg_essays")) {
             free(b.p);
             return kvp_err_set(err, KVP_EINVAL,
                                "%s: the Paul Graham essays are evaluation filler, never training "
@@ -216,11 +216,23 @@ int kvp_corpus_read(const char *const *paths, int n_paths, char **text, size_t *
     }
     if (b.n == 0) {
         free(b.p);
-        return kvp_err_set(err, KVP_EINVAL, "no training text");
+        return kvp_err_set(err, KVP_EINVAL, "no text in the given files");
     }
     *text = b.p;
     *len = b.n;
     return 0;
+}
+
+int kvp_corpus_read(const char *const *paths, int n_paths, char **text, size_t *len,
+                    struct kvp_err *err)
+{
+    return read_paths(paths, n_paths, false, text, len, err);
+}
+
+int kvp_corpus_read_filler(const char *const *paths, int n_paths, char **text, size_t *len,
+                           struct kvp_err *err)
+{
+    return read_paths(paths, n_paths, true, text, len, err);
 }
 
 void kvp_corpus_free(struct kvp_corpus *c)
@@ -438,6 +450,9 @@ struct task_inst {
     char tail[1024];           /* question and answer prefix after the context */
     char answer[320];
     bool vt;
+    bool asked[MAX_NEEDLES];   /* needle i holds (part of) the answer */
+    char refs[16][48];         /* the reference strings string_match_all looks for */
+    int n_refs;
 };
 
 static void rand_uuid(struct kvp_rng *r, char *out)
@@ -507,6 +522,9 @@ static void shuffle_needles(struct kvp_rng *r, struct task_inst *ti)
         memcpy(tmp, ti->needle[i], sizeof(tmp));
         memcpy(ti->needle[i], ti->needle[j], sizeof(tmp));
         memcpy(ti->needle[j], tmp, sizeof(tmp));
+        bool a = ti->asked[i];
+        ti->asked[i] = ti->asked[j];
+        ti->asked[j] = a;
     }
 }
 
@@ -539,9 +557,11 @@ static void setup_niah(const struct kvp_corpus *c, struct kvp_rng *r, struct tas
     }
     ti->n_needles = 0;
     for (int k = 0; k < nk; k++)
-        for (int v = 0; v < nv; v++)
+        for (int v = 0; v < nv; v++) {
+            ti->asked[ti->n_needles] = k < nq;
             snprintf(ti->needle[ti->n_needles++], sizeof(ti->needle[0]), "One of the special magic %s for %s is: %s.",
                      tv, keys[k], vals[k][v]);
+        }
     shuffle_needles(r, ti);
     sorted_depths(r, ti->depth, ti->n_needles);
     /* the queried keys: the first nq (keys are random, so any nq of them are a random choice) */
@@ -551,6 +571,9 @@ static void setup_niah(const struct kvp_corpus *c, struct kvp_rng *r, struct tas
     for (int q = 0; q < nq; q++)
         for (int v = 0; v < nv; v++)
             memcpy(ans_list[na++], vals[q][v], 48);
+    for (int i = 0; i < na; i++)
+        memcpy(ti->refs[i], ans_list[i], 48);
+    ti->n_refs = na;
     bool single = nq * nv == 1;
     char tvs[16];
     snprintf(tvs, sizeof(tvs), "%s", tv);
@@ -590,6 +613,9 @@ static void setup_passkey(struct kvp_rng *r, struct task_inst *ti)
              "memorize them. I will quiz you about the important information there.\n");
     snprintf(ti->tail, sizeof(ti->tail), "\nWhat is the pass key? The pass key is");
     snprintf(ti->answer, sizeof(ti->answer), " %ld.", key);
+    snprintf(ti->refs[0], sizeof(ti->refs[0]), "%ld", key);
+    ti->n_refs = 1;
+    ti->asked[0] = true;
 }
 
 static void rand_name(struct kvp_rng *r, char *out)
@@ -674,6 +700,11 @@ static void setup_vt(struct kvp_rng *r, struct task_inst *ti)
     snprintf(ti->answer, sizeof(ti->answer), "%s %s %s %s %s", names[0], names[1], names[2],
              names[3], names[4]);
     sorted_depths(r, ti->depth, 5);
+    for (int i = 0; i < 5; i++) {
+        snprintf(ti->refs[i], sizeof(ti->refs[i]), "%s", names[i]);
+        ti->asked[i] = true;
+    }
+    ti->n_refs = 5;
     ti->hay = HAY_NOISE;
     ti->vt = true;
 }
@@ -749,19 +780,32 @@ static void build_prompt(const struct kvp_corpus *c, const struct task_inst *ti,
     sb_str(b, ti->tail);
 }
 
-static long prompt_tokens(const struct kvp_corpus *c, const struct kvp_tvocab *v,
+/* Counts the tokens of a prompt: the trainer's vocabulary, or the caller's tokenizer (the model
+ * under test, for evaluation). */
+struct tok_counter {
+    const struct kvp_tvocab *v; /* borrowed; used when count is NULL */
+    kvp_task_count_fn count;
+    void *ud;
+};
+
+static long prompt_tokens(const struct kvp_corpus *c, const struct tok_counter *tc,
                           const struct task_inst *ti, long n, bool eval, struct sbuf *b)
 {
     build_prompt(c, ti, n, eval, b);
     if (b->oom)
         return -1;
-    size_t cnt;
-    kvp_tvocab_encode(v, b->p, b->n, true, NULL, 0, &cnt, NULL);
+    size_t cnt = 0;
+    if (tc->count) {
+        if (tc->count(tc->ud, b->p, b->n, &cnt) < 0)
+            return -1;
+    } else {
+        kvp_tvocab_encode(tc->v, b->p, b->n, true, NULL, 0, &cnt, NULL);
+    }
     return (long)cnt;
 }
 
 /* Largest haystack (in units) whose prompt fits in budget tokens; -1 if not even an empty one. */
-static long fit_haystack(const struct kvp_corpus *c, const struct kvp_tvocab *v,
+static long fit_haystack(const struct kvp_corpus *c, const struct tok_counter *v,
                          const struct task_inst *ti, long budget, bool eval, struct sbuf *b)
 {
     long t0 = prompt_tokens(c, v, ti, 0, eval, b);
@@ -884,7 +928,8 @@ int kvp_task_render(const struct kvp_corpus *c, const struct kvp_tvocab *v, int 
         *prompt = b.p;
         return 0;
     }
-    long n = fit_haystack(c, v, ti, target_tokens, eval, &b);
+    struct tok_counter tc = {.v = v};
+    long n = fit_haystack(c, &tc, ti, target_tokens, eval, &b);
     if (n < 0) {
         free(ti);
         free(b.p);
@@ -901,6 +946,80 @@ int kvp_task_render(const struct kvp_corpus *c, const struct kvp_tvocab *v, int 
     }
     *prompt = b.p;
     return 0;
+}
+
+/* Put the needles that hold the answer at fraction d of the haystack (adjacent, in their order)
+ * and keep the distractors at their random depths; needles stay sorted by depth. */
+static void force_depth(struct task_inst *ti, float d)
+{
+    for (int i = 0; i < ti->n_needles; i++)
+        if (ti->asked[i])
+            ti->depth[i] = d;
+    for (int i = 1; i < ti->n_needles; i++)
+        for (int j = i; j > 0 && ti->depth[j] < ti->depth[j - 1]; j--) {
+            char tmp[256];
+            float t = ti->depth[j];
+            bool a = ti->asked[j];
+            memcpy(tmp, ti->needle[j], sizeof(tmp));
+            memcpy(ti->needle[j], ti->needle[j - 1], sizeof(tmp));
+            memcpy(ti->needle[j - 1], tmp, sizeof(tmp));
+            ti->depth[j] = ti->depth[j - 1];
+            ti->depth[j - 1] = t;
+            ti->asked[j] = ti->asked[j - 1];
+            ti->asked[j - 1] = a;
+        }
+}
+
+int kvp_task_render_eval(const struct kvp_corpus *c, const struct kvp_task_req *req,
+                         struct kvp_task_text *out, struct kvp_err *err)
+{
+    memset(out, 0, sizeof(*out));
+    if (req->task <= KVP_TASK_LM || req->task >= KVP_TASK_COPY || !req->count)
+        return kvp_err_set(err, KVP_EINVAL, "task %d has no evaluation prompt", req->task);
+    struct task_inst *ti = calloc(1, sizeof(*ti));
+    struct sbuf b = {0}, refs = {0};
+    if (!ti)
+        return kvp_err_set(err, KVP_ENOMEM, "task");
+    struct kvp_rng r;
+    kvp_rng_seed(&r, req->seed);
+    ti->task = req->task;
+    setup_task(c, &r, true, ti);
+    if (req->depth >= 0.0f)
+        force_depth(ti, req->depth > 1.0f ? 1.0f : req->depth);
+    struct tok_counter tc = {.count = req->count, .ud = req->ud};
+    long n = fit_haystack(c, &tc, ti, req->target_tokens, true, &b);
+    if (n < 0) {
+        free(ti);
+        free(b.p);
+        return kvp_err_set(err, KVP_ERANGE, "%s does not fit in %d tokens",
+                           kvp_task_name(req->task), req->target_tokens);
+    }
+    build_prompt(c, ti, n, true, &b);
+    for (int i = 0; i < ti->n_refs; i++) {
+        sb_str(&refs, ti->refs[i]);
+        sb_str(&refs, "\n");
+    }
+    out->prompt = b.p;
+    out->answer = strdup(ti->answer);
+    out->refs = refs.p;
+    out->n_refs = ti->n_refs;
+    out->n_units = n;
+    free(ti);
+    if (b.oom || refs.oom || !out->answer || !out->refs) {
+        kvp_task_text_free(out);
+        return kvp_err_set(err, KVP_ENOMEM, "task text");
+    }
+    return 0;
+}
+
+void kvp_task_text_free(struct kvp_task_text *t)
+{
+    if (!t)
+        return;
+    free(t->prompt);
+    free(t->answer);
+    free(t->refs);
+    memset(t, 0, sizeof(*t));
 }
 
 /* ====================================== samples =============================================== */
@@ -1075,9 +1194,10 @@ int kvp_sample_make(struct kvp_sample *s, const struct kvp_corpus *c, const stru
         size_t n_ans;
         kvp_tvocab_encode(v, ti->answer, strlen(ti->answer), false, NULL, 0, &n_ans, NULL);
         long budget = len - 2 - (long)n_ans; /* BOS and EOS */
-        long n = fit_haystack(c, v, ti, budget, eval, &b);
+        struct tok_counter tc = {.v = v};
+        long n = fit_haystack(c, &tc, ti, budget, eval, &b);
         if (n < 0) /* too long for the drawn length: try the whole context */
-            n = fit_haystack(c, v, ti, T - 2 - (long)n_ans, eval, &b);
+            n = fit_haystack(c, &tc, ti, T - 2 - (long)n_ans, eval, &b);
         if (n < 0) {
             s->task = task = KVP_TASK_LM; /* does not fit this context: plain text instead */
         } else {

@@ -1,0 +1,584 @@
+/*
+ * `kvpred eval --task T`: RULER-style retrieval accuracy (tasks.md §1, the needle grid of §2.3)
+ * for every policy × budget. The prompts come from the trainer's generators (train_data.c) with
+ * the Paul Graham essays as filler, sized in tokens of the model under test; every policy sees
+ * the very same prompts.
+ *
+ * Protocol per cell (length L, depth d) and sample i: the prompt (instruction, haystack with the
+ * answer needle(s) at fraction d of it, question, answer prefix) is the largest one whose
+ * tokens, BOS included, fit in L; it is prefilled with the policy attached, then decoded
+ * greedily for at most the task's answer length (passkey 16, niah 128, vt 30 tokens, RULER's
+ * tokens_to_generate), stopping at EOS or at the first newline. The prediction is scored by
+ * string_match_all (tasks.md §1.1; for passkey that is the exact-number match of §2.3). The
+ * context holds L + answer length tokens. A budget ratio such as 1/16 resolves against the
+ * prompt length.
+ *
+ * Seeds: sample i of a task uses seed mix(mix(S, task), i) with bits 62 and 63 cleared and bit
+ * 62 then set (KVP_EVAL_SEED_BIT): training seeds keep bits 62 and 63 clear, so the two ranges
+ * never overlap. The same seed serves every length and depth, so within a sample index only the
+ * haystack size and the needle position change.
+ *
+ * JSON (--json: one object per line per (task, policy, budget, length, depth) on stdout; the
+ * table goes to stderr):
+ *   task            string  passkey, niah_single, niah_multikey, niah_multivalue,
+ *                           niah_multiquery or vt
+ *   generator       string  the trainer's task it uses (niah_single_2, niah_multikey_1, ...)
+ *   model           string  model name
+ *   filler          string  the filler path
+ *   policy, budget  string  as given ("all" for full)
+ *   budget_ratio    number  the ratio when the budget was given as one, else 0
+ *   budget_tokens   number  the budget in tokens per (layer, KV head): the count as given, or
+ *                           the ratio times the mean prompt length; 0 for full
+ *   length          int     the target length L in tokens
+ *   depth           int     needle depth in percent
+ *   samples         int     prompts in the cell
+ *   seed            int     S
+ *   max_new_tokens  int     the task's answer length
+ *   prompt_tokens   number  mean prompt tokens (BOS included)
+ *   accuracy        number  mean string_match_all in [0, 1]
+ *   exact           number  fraction of samples with every reference found
+ *   seconds         number  wall time of the cell
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "cli/cli.h"
+#include "cli/common.h"
+#include "cli/measure_opts.h"
+#include "eval/png.h"
+#include "eval/ruler.h"
+#include "train/train.h"
+
+#define MAX_ITEMS 64
+
+/* The evaluation task names and the generator each one uses. */
+static const struct {
+    const char *name;
+    int task;
+    int max_new; /* tokens_to_generate */
+} eval_tasks[] = {
+    {"passkey", KVP_TASK_PASSKEY, 16},
+    {"niah_single", KVP_TASK_NIAH_SINGLE_2, 128},
+    {"niah_multikey", KVP_TASK_NIAH_MULTIKEY_1, 128},
+    {"niah_multivalue", KVP_TASK_NIAH_MULTIVALUE, 128},
+    {"niah_multiquery", KVP_TASK_NIAH_MULTIQUERY, 128},
+    {"vt", KVP_TASK_VT, 30},
+};
+#define N_EVAL_TASKS ((int)(sizeof(eval_tasks) / sizeof(eval_tasks[0])))
+
+static void help(void)
+{
+    printf("usage: kvpred eval -m MODEL --task T [--lengths L,...] [--depths D,...]\n"
+           "                   [--samples N] [--seed S] [--policy P,...] [--budget B,...]\n"
+           "                   [--json] [--heatmap DIR] [--filler PATH] [options]\n\n"
+           "Retrieval accuracy of every policy x budget on RULER-style prompts (Paul Graham\n"
+           "essays as filler), sized in the model's tokens, with the needle at each depth.\n\n%s"
+           "  --task T           passkey, niah_single, niah_multikey, niah_multivalue,\n"
+           "                     niah_multiquery or vt\n"
+           "  --lengths LIST     prompt lengths in tokens (default 512,1024,2048)\n"
+           "  --depths LIST      needle depths in percent (default 0,25,50,75,100)\n"
+           "  --samples N        prompts per (length, depth) (default 4)\n"
+           "  --seed S           generation seed (default 42); policies use --policy-seed\n"
+           "  --policy LIST      comma-separated policies (default full); known: %s\n"
+           "  --budget LIST      tokens per layer and KV head or ratios of the prompt (1/16)\n"
+           "                     (default 1/8)\n"
+           "  --json             one JSON object per (policy, budget, length, depth) on stdout\n"
+           "  --heatmap DIR      one PNG per policy x budget: depth rows x length columns\n"
+           "  --filler PATH      filler text file or directory (default\n"
+           "                     $KVP_SHARED_DIR/data/pg_essays)\n%s",
+           cli_model_flags_help, cli_policy_names(), cli_policy_flags_help);
+}
+
+struct task_opts {
+    struct cli_model_opts mo;
+    struct kvp_policy_params pp;
+    int ti;                      /* index into eval_tasks */
+    long lengths[MAX_ITEMS], depths[MAX_ITEMS];
+    int n_len, n_depth;
+    long samples, seed;
+    char *policies[MAX_ITEMS], *budgets[MAX_ITEMS];
+    int n_policies, n_budgets;
+    bool json;
+    const char *heatmap, *filler;
+    char *lists;                 /* owned copy the policy and budget items point into */
+};
+
+/* Split s in place at commas into at most MAX_ITEMS non-empty items; -1 on a bad list. */
+static int split_items(char *s, char **items)
+{
+    int n = 0;
+    for (char *tok = s;; n++) {
+        char *comma = strchr(tok, ',');
+        if (comma)
+            *comma = 0;
+        if (!*tok || n == MAX_ITEMS)
+            return -1;
+        items[n] = tok;
+        if (!comma)
+            return n + 1;
+        tok = comma + 1;
+    }
+}
+
+/* Parse a comma-separated list of integers in [lo, hi]; -1 on a bad list. */
+static int parse_longs(const char *s, long lo, long hi, long *out)
+{
+    char buf[1024], *items[MAX_ITEMS];
+    if (strlen(s) >= sizeof(buf))
+        return -1;
+    strcpy(buf, s);
+    int n = split_items(buf, items);
+    for (int i = 0; i < n; i++)
+        if (!cli_parse_int(items[i], lo, hi, &out[i]))
+            return -1;
+    return n;
+}
+
+static int parse_args(struct task_opts *o, int argc, char **argv)
+{
+    static const char *const value_flags[] = {"--task",   "--lengths", "--depths", "--samples",
+                                              "--seed",   "--policy",  "--budget", "--heatmap",
+                                              "--filler", "--policy-seed", NULL};
+    const char *policy_list = "full", *budget_list = "1/8", *task = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int r = cli_model_flag(&o->mo, argc, argv, &i);
+        if (r == 0)
+            r = cli_policy_flag(&o->pp, false, argc, argv, &i);
+        if (r < 0)
+            return 1;
+        if (r > 0)
+            continue;
+        const char *v;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            help();
+            return 2;
+        } else if (!strcmp(a, "--json")) {
+            o->json = true;
+        } else if (!cli_flag_in(a, value_flags)) {
+            return cli_fail("eval: unknown flag '%s' (see kvpred eval --task T --help)", a);
+        } else if (!(v = cli_flag_value(argc, argv, &i))) {
+            return 1;
+        } else if (!strcmp(a, "--task")) {
+            task = v;
+        } else if (!strcmp(a, "--lengths")) {
+            if ((o->n_len = parse_longs(v, 16, 1 << 24, o->lengths)) < 0)
+                return cli_fail("--lengths: '%s' is not a list of token counts (>= 16)", v);
+        } else if (!strcmp(a, "--depths")) {
+            if ((o->n_depth = parse_longs(v, 0, 100, o->depths)) < 0)
+                return cli_fail("--depths: '%s' is not a list of percentages in 0..100", v);
+        } else if (!strcmp(a, "--samples")) {
+            if (!cli_parse_int(v, 1, 1 << 20, &o->samples))
+                return cli_fail("--samples: '%s' is not a positive count", v);
+        } else if (!strcmp(a, "--seed")) {
+            if (!cli_parse_int(v, 0, 0x7fffffffffffffffL, &o->seed))
+                return cli_fail("--seed: '%s' is not a non-negative integer", v);
+        } else if (!strcmp(a, "--policy-seed")) {
+            long s;
+            if (!cli_parse_int(v, 0, 0x7fffffffffffffffL, &s))
+                return cli_fail("--policy-seed: '%s' is not a non-negative integer", v);
+            o->pp.seed = (uint64_t)s;
+        } else if (!strcmp(a, "--policy")) {
+            policy_list = v;
+        } else if (!strcmp(a, "--budget")) {
+            budget_list = v;
+        } else if (!strcmp(a, "--heatmap")) {
+            o->heatmap = v;
+        } else {
+            o->filler = v;
+        }
+    }
+    o->ti = -1;
+    for (int t = 0; task && t < N_EVAL_TASKS; t++)
+        if (!strcmp(task, eval_tasks[t].name))
+            o->ti = t;
+    if (o->ti < 0)
+        return cli_fail("eval: --task '%s' is not one of passkey, niah_single, niah_multikey, "
+                        "niah_multivalue, niah_multiquery, vt", task ? task : "");
+    size_t pl = strlen(policy_list), bl = strlen(budget_list);
+    if (!(o->lists = malloc(pl + bl + 2)))
+        return cli_fail("out of memory");
+    memcpy(o->lists, policy_list, pl + 1);
+    memcpy(o->lists + pl + 1, budget_list, bl + 1);
+    if ((o->n_policies = split_items(o->lists, o->policies)) < 0)
+        return cli_fail("--policy: '%s' is not a comma-separated list of policies", policy_list);
+    for (int i = 0; i < o->n_policies; i++)
+        if (!cli_policy_known(o->policies[i]))
+            return cli_fail("--policy: unknown policy '%s' (known: %s)", o->policies[i],
+                            cli_policy_names());
+    if ((o->n_budgets = split_items(o->lists + pl + 1, o->budgets)) < 0)
+        return cli_fail("--budget: '%s' is not a comma-separated list of budgets", budget_list);
+    for (int i = 0; i < o->n_budgets; i++) {
+        int b;
+        float r;
+        if (!cli_parse_budget(o->budgets[i], &b, &r))
+            return cli_fail("--budget: '%s' is not a token count or a ratio in (0, 1] such as "
+                            "1/16",
+                            o->budgets[i]);
+    }
+    return 0;
+}
+
+/* ---- one run ------------------------------------------------------------------------------- */
+
+/* A (policy, budget) pair; full runs once with budget "all". */
+struct run {
+    struct kvp_policy_params pp;
+    const char *label;
+    double *score, *exact, *ptok, *secs; /* [n_len][n_depth] sums */
+};
+
+static int count_tokens(void *ud, const char *text, size_t len, size_t *n_tok)
+{
+    int rc = kvp_tokenize(ud, text, len, true, NULL, 0, n_tok, NULL);
+    return rc == KVP_ERANGE ? 0 : rc;
+}
+
+static int argmax(const float *x, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) /* ties go to the lower id */
+            best = i;
+    return best;
+}
+
+/* Prefill ids with the context's policy, then decode greedily up to max_new tokens into pred
+ * (cap bytes), stopping at an end-of-generation token or a newline. */
+static int decode_greedy(const kvp_model *m, kvp_ctx *ctx, const int32_t *ids, int n, int max_new,
+                         float *logits, int n_vocab, char *pred, size_t cap, struct kvp_err *err)
+{
+    size_t k = 0;
+    pred[0] = 0;
+    if (kvp_eval(ctx, ids, n, logits, false, err) < 0)
+        return err->code;
+    int prev = ids[n - 1];
+    for (int step = 0; step < max_new; step++) {
+        int32_t tok = argmax(logits, n_vocab);
+        if (kvp_token_is_eog(m, tok))
+            break;
+        char piece[256];
+        size_t pn = kvp_token_to_piece(m, prev, tok, piece, sizeof(piece));
+        if (pn >= sizeof(piece))
+            pn = sizeof(piece) - 1;
+        piece[pn] = 0;
+        char *nl = strchr(piece, '\n');
+        if (nl && step > 0)
+            *nl = 0;
+        for (const char *p = piece; *p && k + 1 < cap; p++)
+            pred[k++] = *p;
+        pred[k] = 0;
+        if (nl && step > 0)
+            break;
+        if (step + 1 < max_new && kvp_eval(ctx, &tok, 1, logits, false, err) < 0)
+            return err->code;
+        prev = tok;
+    }
+    return 0;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- output -------------------------------------------------------------------------------- */
+
+static double run_budget_tokens(const struct run *r, double ptok)
+{
+    if (!strcmp(r->pp.name, "full"))
+        return 0.0;
+    return r->pp.budget > 0 ? (double)r->pp.budget : (double)r->pp.budget_ratio * ptok;
+}
+
+static void json_cell(const struct task_opts *o, const char *model_name, const struct run *r,
+                      int li, int di)
+{
+    int c = li * o->n_depth + di;
+    double ns = (double)o->samples;
+    cJSON *j = cJSON_CreateObject();
+    if (!j)
+        return;
+    cJSON_AddStringToObject(j, "task", eval_tasks[o->ti].name);
+    cJSON_AddStringToObject(j, "generator", kvp_task_name(eval_tasks[o->ti].task));
+    cJSON_AddStringToObject(j, "model", model_name);
+    cJSON_AddStringToObject(j, "filler", o->filler);
+    cJSON_AddStringToObject(j, "policy", r->pp.name);
+    cJSON_AddStringToObject(j, "budget", r->label);
+    cJSON_AddNumberToObject(j, "budget_ratio", r->pp.budget > 0 ? 0.0 : r->pp.budget_ratio);
+    cJSON_AddNumberToObject(j, "budget_tokens", run_budget_tokens(r, r->ptok[c] / ns));
+    cJSON_AddNumberToObject(j, "length", (double)o->lengths[li]);
+    cJSON_AddNumberToObject(j, "depth", (double)o->depths[di]);
+    cJSON_AddNumberToObject(j, "samples", ns);
+    cJSON_AddNumberToObject(j, "seed", (double)o->seed);
+    cJSON_AddNumberToObject(j, "max_new_tokens", eval_tasks[o->ti].max_new);
+    cJSON_AddNumberToObject(j, "prompt_tokens", r->ptok[c] / ns);
+    cJSON_AddNumberToObject(j, "accuracy", r->score[c] / ns);
+    cJSON_AddNumberToObject(j, "exact", r->exact[c] / ns);
+    cJSON_AddNumberToObject(j, "seconds", r->secs[c]);
+    char *s = cJSON_PrintUnformatted(j);
+    if (s)
+        printf("%s\n", s);
+    cJSON_free(s);
+    cJSON_Delete(j);
+}
+
+/* Accuracy 0 → red, 0.5 → yellow, 1 → green. */
+static void heat_color(double a, uint8_t *rgb)
+{
+    if (a < 0.5) {
+        rgb[0] = 215;
+        rgb[1] = (uint8_t)(48 + 2.0 * a * (200 - 48));
+    } else {
+        rgb[0] = (uint8_t)(215 - 2.0 * (a - 0.5) * (215 - 40));
+        rgb[1] = (uint8_t)(200 - 2.0 * (a - 0.5) * (200 - 170));
+    }
+    rgb[2] = 50;
+}
+
+/* DIR/TASK_POLICY_BUDGET.png: depth rows (0 % at the top) × length columns, one 32-pixel
+ * square per cell with a one-pixel grey grid. */
+static int write_heatmap(const struct task_opts *o, const struct run *r)
+{
+    const int cell = 32;
+    int w = o->n_len * cell + 1, h = o->n_depth * cell + 1;
+    uint8_t *rgb = malloc((size_t)w * (size_t)h * 3);
+    if (!rgb)
+        return cli_fail("heatmap: out of memory");
+    for (int y = 0; y < h; y++)
+        for (int x = 0; x < w; x++) {
+            uint8_t *px = rgb + ((size_t)y * (size_t)w + (size_t)x) * 3;
+            if (x % cell == 0 || y % cell == 0) {
+                px[0] = px[1] = px[2] = 128;
+                continue;
+            }
+            int c = (x / cell) * o->n_depth + y / cell;
+            heat_color(r->score[c] / (double)o->samples, px);
+        }
+    char label[64], path[4096];
+    snprintf(label, sizeof(label), "%s", r->label);
+    for (char *p = label; *p; p++)
+        if (*p == '/' || *p == '.')
+            *p = '_';
+    snprintf(path, sizeof(path), "%s/%s_%s_%s.png", o->heatmap, eval_tasks[o->ti].name,
+             r->pp.name, label);
+    struct kvp_err err = {0};
+    int rc = kvp_png_write_rgb(path, rgb, w, h, &err);
+    free(rgb);
+    return rc < 0 ? cli_fail_err(&err) : 0;
+}
+
+static void print_table(const struct task_opts *o, const struct run *runs, int n_runs,
+                        const char *model_name)
+{
+    FILE *f = o->json ? stderr : stdout;
+    fprintf(f, "# %s: %s, %ld samples per (length, depth) x %d depths, seed %ld\n", model_name,
+            eval_tasks[o->ti].name, o->samples, o->n_depth, o->seed);
+    fprintf(f, "%-16s %-12s %7s %7s %9s\n", "task", "policy", "budget", "length", "accuracy");
+    for (int k = 0; k < n_runs; k++)
+        for (int li = 0; li < o->n_len; li++) {
+            double s = 0.0;
+            for (int di = 0; di < o->n_depth; di++)
+                s += runs[k].score[li * o->n_depth + di];
+            fprintf(f, "%-16s %-12s %7s %7ld %8.1f%%\n", eval_tasks[o->ti].name,
+                    runs[k].pp.name, runs[k].label, o->lengths[li],
+                    100.0 * s / (double)(o->samples * o->n_depth));
+        }
+    fflush(f);
+}
+
+/* ---- the command --------------------------------------------------------------------------- */
+
+static struct kvp_corpus *open_filler(const char *path)
+{
+    char *raw = NULL;
+    size_t len = 0;
+    struct kvp_corpus *c = NULL;
+    struct kvp_err err = {0};
+    if (kvp_corpus_read_filler(&path, 1, &raw, &len, &err) < 0 ||
+        kvp_corpus_init(&c, raw, len, NULL, 0.0, &err) < 0) {
+        cli_fail("eval: filler: %s", err.msg);
+        c = NULL;
+    }
+    free(raw);
+    return c;
+}
+
+/* Evaluate every run on every (length, depth, sample). Returns 0 or 1 after an error. */
+static int eval_grid(const struct task_opts *o, const kvp_model *m, kvp_ctx *ctx,
+                     const struct kvp_corpus *c, struct run *runs, int n_runs)
+{
+    struct kvp_model_info info;
+    kvp_model_get_info(m, &info);
+    int max_new = eval_tasks[o->ti].max_new;
+    float *logits = malloc((size_t)info.n_vocab * sizeof(float));
+    int32_t *ids = NULL;
+    char pred[2048];
+    int status = 1;
+    bool tty = isatty(STDERR_FILENO) != 0;
+    long done = 0, total = (long)o->n_len * o->n_depth * o->samples;
+    if (!logits) {
+        cli_fail("out of memory");
+        return 1;
+    }
+    uint64_t base = kvp_rng_mix((uint64_t)o->seed, (uint64_t)eval_tasks[o->ti].task);
+    for (int li = 0; li < o->n_len; li++)
+        for (int di = 0; di < o->n_depth; di++)
+            for (long i = 0; i < o->samples; i++) {
+                struct kvp_task_req req = {
+                    .task = eval_tasks[o->ti].task,
+                    .seed = (kvp_rng_mix(base, (uint64_t)i) & ~(3ULL << 62)) | KVP_EVAL_SEED_BIT,
+                    .target_tokens = (int)o->lengths[li],
+                    .depth = (float)o->depths[di] / 100.0f,
+                    .count = count_tokens,
+                    .ud = (void *)m,
+                };
+                struct kvp_task_text tt;
+                struct kvp_err err = {0};
+                if (kvp_task_render_eval(c, &req, &tt, &err) < 0) {
+                    cli_fail("eval: length %ld: %s", o->lengths[li], err.msg);
+                    goto out;
+                }
+                size_t n = 0;
+                free(ids);
+                ids = cli_tokenize(m, tt.prompt, strlen(tt.prompt), true, &n);
+                if (!ids) {
+                    kvp_task_text_free(&tt);
+                    goto out;
+                }
+                int cidx = li * o->n_depth + di;
+                for (int k = 0; k < n_runs; k++) {
+                    double t0 = now_s();
+                    if (kvp_ctx_set_policy(ctx, &runs[k].pp, &err) < 0 ||
+                        decode_greedy(m, ctx, ids, (int)n, max_new, logits, info.n_vocab, pred,
+                                      sizeof(pred), &err) < 0) {
+                        kvp_task_text_free(&tt);
+                        cli_fail("eval: %s @ %s: %s", runs[k].pp.name, runs[k].label, err.msg);
+                        goto out;
+                    }
+                    double s = kvp_ruler_match_all(pred, tt.refs, tt.n_refs);
+                    runs[k].score[cidx] += s;
+                    runs[k].exact[cidx] += s >= 1.0;
+                    runs[k].ptok[cidx] += (double)n;
+                    runs[k].secs[cidx] += now_s() - t0;
+                }
+                kvp_task_text_free(&tt);
+                done++;
+                if (tty)
+                    fprintf(stderr, "\r\033[Keval %s [%ld/%ld] length %ld depth %ld%%",
+                            eval_tasks[o->ti].name, done, total, o->lengths[li], o->depths[di]);
+            }
+    if (tty)
+        fprintf(stderr, "\r\033[K");
+    status = 0;
+out:
+    free(ids);
+    free(logits);
+    return status;
+}
+
+/* Expand policies × budgets into runs (full once). Returns the count, or -1 out of memory. */
+static int make_runs(const struct task_opts *o, struct run **out)
+{
+    int n = 0, cells = o->n_len * o->n_depth;
+    struct run *runs = calloc((size_t)o->n_policies * (size_t)o->n_budgets, sizeof(*runs));
+    if (!runs)
+        return -1;
+    for (int i = 0; i < o->n_policies; i++) {
+        bool full = !strcmp(o->policies[i], "full");
+        for (int k = 0; k < (full ? 1 : o->n_budgets); k++) {
+            struct run *r = &runs[n++];
+            r->pp = o->pp;
+            r->pp.name = o->policies[i];
+            r->label = full ? "all" : o->budgets[k];
+            if (!full)
+                cli_parse_budget(o->budgets[k], &r->pp.budget, &r->pp.budget_ratio);
+            r->score = calloc((size_t)cells * 4, sizeof(double));
+            if (!r->score) {
+                *out = runs;
+                return -(n + 1);
+            }
+            r->exact = r->score + cells;
+            r->ptok = r->exact + cells;
+            r->secs = r->ptok + cells;
+        }
+    }
+    *out = runs;
+    return n;
+}
+
+int cmd_eval_tasks(int argc, char **argv)
+{
+    struct task_opts o = {.pp = {.gqa_agg = KVP_AGG_MEAN}, .samples = 4, .seed = 42};
+    static const long def_len[] = {512, 1024, 2048}, def_depth[] = {0, 25, 50, 75, 100};
+    o.n_len = 3;
+    memcpy(o.lengths, def_len, sizeof(def_len));
+    o.n_depth = 5;
+    memcpy(o.depths, def_depth, sizeof(def_depth));
+    int rc = parse_args(&o, argc, argv);
+    if (rc) {
+        free(o.lists);
+        return rc == 2 ? 0 : 1;
+    }
+    char filler[4096];
+    if (!o.filler) {
+        const char *sd = getenv("KVP_SHARED_DIR");
+        snprintf(filler, sizeof(filler), "%s/data/pg_essays", sd ? sd : "../shared");
+        o.filler = filler;
+    }
+    int status = 1, n_runs = 0;
+    struct run *runs = NULL;
+    kvp_ctx *ctx = NULL;
+    struct kvp_corpus *c = NULL;
+    kvp_model *m = NULL;
+    if (o.heatmap) {
+        struct stat st;
+        if (stat(o.heatmap, &st) != 0 && mkdir(o.heatmap, 0777) != 0) {
+            cli_fail("--heatmap: cannot create directory '%s'", o.heatmap);
+            goto out;
+        }
+    }
+    if (!(c = open_filler(o.filler)) || !(m = cli_open_model(&o.mo)))
+        goto out;
+    if ((n_runs = make_runs(&o, &runs)) < 0) {
+        n_runs = -n_runs - 1;
+        cli_fail("out of memory");
+        goto out;
+    }
+    long max_len = 0;
+    for (int i = 0; i < o.n_len; i++)
+        max_len = o.lengths[i] > max_len ? o.lengths[i] : max_len;
+    if (!(ctx = cli_open_ctx(m, &o.mo, max_len + eval_tasks[o.ti].max_new + 1)))
+        goto out;
+    struct kvp_model_info info;
+    kvp_model_get_info(m, &info);
+    if (eval_grid(&o, m, ctx, c, runs, n_runs))
+        goto out;
+    print_table(&o, runs, n_runs, info.name);
+    for (int k = 0; k < n_runs; k++) {
+        for (int li = 0; o.json && li < o.n_len; li++)
+            for (int di = 0; di < o.n_depth; di++)
+                json_cell(&o, info.name, &runs[k], li, di);
+        if (o.heatmap && write_heatmap(&o, &runs[k]))
+            goto out;
+    }
+    fflush(stdout);
+    status = 0;
+out:
+    for (int k = 0; runs && k < n_runs; k++)
+        free(runs[k].score);
+    free(runs);
+    kvp_ctx_free(ctx);
+    kvp_model_close(m);
+    kvp_corpus_free(c);
+    free(o.lists);
+    return status;
+}
