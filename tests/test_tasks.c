@@ -1,0 +1,264 @@
+/*
+ * Tests of the evaluation tasks (`kvpred eval --task`): the generator is a pure function of its
+ * seed, the answer needle sits at the requested depth, prompts fill the target length up to one
+ * haystack unit, string_match_all on hand-made predictions, and the CLI end to end on
+ * stories260K (which scores about 0: the test checks the machinery, not the accuracy).
+ *
+ * The generator tests run on a self-made corpus with a whitespace word counter as the
+ * "tokenizer", so they need nothing from ../shared.
+ */
+#include "testutil.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "eval/ruler.h"
+#include "train/train.h"
+
+/* ---- fixtures ------------------------------------------------------------------------------ */
+
+/* Words separated by whitespace, plus one for BOS. */
+static int count_words(void *ud, const char *text, size_t len, size_t *n_tok)
+{
+    (void)ud;
+    size_t n = 1;
+    bool in = false;
+    for (size_t i = 0; i < len; i++) {
+        bool sp = isspace((unsigned char)text[i]) != 0;
+        n += !sp && !in;
+        in = !sp;
+    }
+    *n_tok = n;
+    return 0;
+}
+
+/* 600 sentences of 6 to 17 words drawn from a fixed list with a small LCG. */
+static struct kvp_corpus *make_corpus(void)
+{
+    static const char *const words[] = {
+        "river", "stone", "garden", "window", "silver", "market", "winter", "lantern",
+        "forest", "harbor", "pencil", "candle", "meadow", "thunder", "violet", "copper",
+        "bridge", "orchard", "valley", "feather", "marble", "planet", "shadow", "basket"};
+    size_t cap = 1 << 17, k = 0;
+    char *raw = malloc(cap);
+    assert_non_null(raw);
+    uint32_t x = 12345;
+    for (int s = 0; s < 600; s++) {
+        x = x * 1103515245u + 12345u;
+        int n = 6 + (int)((x >> 16) % 12);
+        for (int w = 0; w < n; w++) {
+            x = x * 1103515245u + 12345u;
+            const char *word = words[(x >> 16) % 24];
+            k += (size_t)snprintf(raw + k, cap - k, "%s%c%s", w ? " " : "",
+                                  w ? word[0] : (char)toupper((unsigned char)word[0]), word + 1);
+        }
+        k += (size_t)snprintf(raw + k, cap - k, ". ");
+    }
+    struct kvp_corpus *c = NULL;
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_corpus_init(&c, raw, k, NULL, 0.0, &err), 0);
+    free(raw);
+    return c;
+}
+
+static void render(const struct kvp_corpus *c, int task, uint64_t seed, int len, float depth,
+                   struct kvp_task_text *t)
+{
+    struct kvp_task_req req = {.task = task, .seed = seed | KVP_EVAL_SEED_BIT,
+                               .target_tokens = len, .depth = depth, .count = count_words};
+    struct kvp_err err = {0};
+    int rc = kvp_task_render_eval(c, &req, t, &err);
+    if (rc)
+        print_message("render: %s\n", err.msg);
+    assert_int_equal(rc, 0);
+}
+
+/* ---- generator ----------------------------------------------------------------------------- */
+
+static void test_deterministic(void **state)
+{
+    (void)state;
+    struct kvp_corpus *c = make_corpus();
+    static const int tasks[] = {KVP_TASK_PASSKEY, KVP_TASK_NIAH_SINGLE_2,
+                                KVP_TASK_NIAH_MULTIKEY_1, KVP_TASK_NIAH_MULTIVALUE,
+                                KVP_TASK_NIAH_MULTIQUERY, KVP_TASK_VT};
+    for (size_t i = 0; i < sizeof(tasks) / sizeof(tasks[0]); i++) {
+        struct kvp_task_text a, b, d;
+        render(c, tasks[i], 7, 1500, 0.5f, &a);
+        render(c, tasks[i], 7, 1500, 0.5f, &b);
+        render(c, tasks[i], 8, 1500, 0.5f, &d);
+        assert_string_equal(a.prompt, b.prompt);
+        assert_string_equal(a.refs, b.refs);
+        assert_string_not_equal(a.refs, d.refs);
+        /* every reference occurs in the prompt */
+        char *r = a.refs;
+        for (int k = 0; k < a.n_refs; k++) {
+            char *nl = strchr(r, '\n');
+            *nl = 0;
+            assert_non_null(strstr(a.prompt, r));
+            r = nl + 1;
+        }
+        kvp_task_text_free(&a);
+        kvp_task_text_free(&b);
+        kvp_task_text_free(&d);
+    }
+    kvp_corpus_free(c);
+}
+
+static void test_depth(void **state)
+{
+    (void)state;
+    struct kvp_corpus *c = make_corpus();
+    static const float depths[] = {0.0f, 0.25f, 0.5f, 0.75f, 1.0f};
+    for (int i = 0; i < 5; i++) {
+        struct kvp_task_text t;
+        render(c, KVP_TASK_NIAH_SINGLE_2, 3, 2000, depths[i], &t);
+        const char *b = strstr(t.prompt, "afterwards.\n") + strlen("afterwards.\n");
+        const char *e = strstr(t.prompt, "\nWhat is");
+        const char *n = strstr(t.prompt, "One of the special magic numbers for");
+        assert_non_null(n);
+        const char *ne = strchr(n, ':');
+        ne = strchr(ne, '.') + 1;
+        double frac = (double)(n - b) / (double)((e - b) - (ne - n));
+        print_message("depth %.2f: needle at %.3f of the context\n", depths[i], frac);
+        assert_true(frac >= depths[i] - 0.05 && frac <= depths[i] + 0.05);
+        kvp_task_text_free(&t);
+    }
+    kvp_corpus_free(c);
+}
+
+static void test_length(void **state)
+{
+    (void)state;
+    struct kvp_corpus *c = make_corpus();
+    static const int lens[] = {256, 512, 1024, 2048};
+    static const int tasks[] = {KVP_TASK_NIAH_SINGLE_2, KVP_TASK_PASSKEY, KVP_TASK_VT};
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < 4; i++) {
+            struct kvp_task_text t;
+            render(c, tasks[k], (uint64_t)i, lens[i], 0.5f, &t);
+            size_t n;
+            count_words(NULL, t.prompt, strlen(t.prompt), &n);
+            /* the largest prompt that fits: within one haystack unit (a sentence of at most 17
+               words, a noise line of 19) below the target */
+            assert_true((int)n <= lens[i]);
+            assert_true((int)n > lens[i] - 20);
+            kvp_task_text_free(&t);
+        }
+    kvp_corpus_free(c);
+}
+
+/* ---- scorer -------------------------------------------------------------------------------- */
+
+static void test_score(void **state)
+{
+    (void)state;
+    char buf[64];
+    kvp_ruler_postprocess("\t  x\x01y\r\nz  \n", buf, sizeof(buf));
+    assert_string_equal(buf, "x\ny\n\nz");
+    assert_true(kvp_ruler_match_all(" 1234567.", "1234567\n", 1) == 1.0);
+    assert_true(kvp_ruler_match_all(" 1234568.", "1234567\n", 1) == 0.0);
+    assert_true(kvp_ruler_match_all("", "1234567\n", 1) == 0.0);
+    assert_true(kvp_ruler_match_all(" 11, 33.", "11\n22\n33\n44\n", 4) == 0.5);
+    assert_true(kvp_ruler_match_all("QWERT ASDFG zxcvb", "qwert\nasdfg\nZXCVB\n", 3) == 1.0);
+    assert_true(kvp_ruler_match_all("anything", "", 0) == 0.0);
+}
+
+/* ---- CLI ----------------------------------------------------------------------------------- */
+
+static void test_cli(void **state)
+{
+    (void)state;
+    KVP_REQUIRE_SHARED(model_tmp, "models/stories260K.gguf");
+    char model[1024];
+    snprintf(model, sizeof(model), "%s", model_tmp);
+    KVP_REQUIRE_SHARED(filler, "data/pg_essays");
+    const char *cli = kvp_test_cli();
+    assert_non_null(cli);
+    char *dir = kvp_test_tmpfile("");
+    remove(dir);
+    char cmd[4096], *out = NULL;
+    snprintf(cmd, sizeof(cmd),
+             "%s eval -m %s --task niah_single --lengths 256,384 --depths 0,50,100 --samples 1 "
+             "--seed 5 --policy full,streaming --budget 64,1/4 --filler %s --json --heatmap %s "
+             "2>/dev/null",
+             cli, model, filler, dir);
+    assert_int_equal(kvp_test_run(cmd, &out, 0), 0);
+    int rows = 0;
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n"), rows++) {
+        cJSON *j = cJSON_Parse(line);
+        assert_non_null(j);
+        assert_string_equal(cJSON_GetObjectItem(j, "task")->valuestring, "niah_single");
+        double acc = cJSON_GetObjectItem(j, "accuracy")->valuedouble;
+        assert_true(acc >= 0.0 && acc <= 1.0);
+        int len = cJSON_GetObjectItem(j, "length")->valueint;
+        double pt = cJSON_GetObjectItem(j, "prompt_tokens")->valuedouble;
+        assert_true(pt <= len && pt > len / 2);
+        assert_non_null(cJSON_GetObjectItem(j, "depth"));
+        assert_non_null(cJSON_GetObjectItem(j, "budget_tokens"));
+        cJSON_Delete(j);
+    }
+    assert_int_equal(rows, 3 * 2 * 3); /* (full + 2 budgets) x 2 lengths x 3 depths */
+    free(out);
+    static const char *const pngs[] = {"niah_single_full_all.png", "niah_single_streaming_64.png",
+                                       "niah_single_streaming_1_4.png"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(cmd, sizeof(cmd), "%s/%s", dir, pngs[i]);
+        size_t n = 0;
+        char *png = kvp_test_read_file(cmd, &n);
+        assert_non_null(png);
+        assert_true(n > 8 && !memcmp(png, "\x89PNG", 4));
+        free(png);
+        remove(cmd);
+    }
+    rmdir(dir);
+    free(dir);
+}
+
+static void expect_error(const char *args, const char *needle)
+{
+    char cmd[4096], *out = NULL;
+    const char *model = kvp_test_shared("models/stories260K.gguf");
+    snprintf(cmd, sizeof(cmd), "%s eval -m %s %s", kvp_test_cli(), model ? model : "x.gguf",
+             args);
+    int st = kvp_test_run(cmd, &out, 1);
+    assert_non_null(out);
+    if (st != 1 || !strstr(out, needle))
+        print_message("command: %s\nstatus %d, output: %s\n", cmd, st, out);
+    assert_int_equal(st, 1);
+    assert_memory_equal(out, "kvpred: error: ", 15);
+    assert_non_null(strstr(out, needle));
+    assert_ptr_equal(strchr(out, '\n'), out + strlen(out) - 1);
+    free(out);
+}
+
+static void test_bad_flags(void **state)
+{
+    (void)state;
+    assert_non_null(kvp_test_cli());
+    expect_error("--task bogus", "--task 'bogus'");
+    expect_error("--task passkey --depths 0,150", "--depths");
+    expect_error("--task passkey --lengths 1k", "--lengths");
+    expect_error("--task passkey --lengths 512,", "--lengths");
+    expect_error("--task passkey --samples 0", "--samples");
+    expect_error("--task passkey --budget 2/1", "--budget");
+    expect_error("--task passkey --policy nope", "unknown policy 'nope'");
+    expect_error("--task passkey --frobnicate", "unknown flag '--frobnicate'");
+    expect_error("--task passkey --filler /nonexistent/dir", "filler");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_deterministic), cmocka_unit_test(test_depth),
+        cmocka_unit_test(test_length),        cmocka_unit_test(test_score),
+        cmocka_unit_test(test_cli),           cmocka_unit_test(test_bad_flags),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
