@@ -988,6 +988,15 @@ int kvp_task_render_eval(const struct kvp_corpus *c, const struct kvp_task_req *
         force_depth(ti, req->depth > 1.0f ? 1.0f : req->depth);
     struct tok_counter tc = {.count = req->count, .ud = req->ud};
     long n = fit_haystack(c, &tc, ti, req->target_tokens, true, &b);
+    /* fit_haystack stops within one average unit of the budget; evaluation wants the largest
+     * prompt that fits, so try the next few units one by one (training keeps the plain fit so
+     * its samples stay what checkpoints were trained on) */
+    for (int k = 0; n >= 0 && k < 16; k++) {
+        long t = prompt_tokens(c, &tc, ti, n + 1, true, &b);
+        if (t < 0 || t > req->target_tokens)
+            break;
+        n++;
+    }
     if (n < 0) {
         free(ti);
         free(b.p);
