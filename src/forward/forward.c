@@ -549,7 +549,8 @@ const char *kvp_policy_name(int i)
 
 /* Hot slots per tiered layer: hot_budget tokens, or enough for the policy's budget (per KV head
  * its blocks plus two partial ones at the window edges, times the KV heads whose union a unit
- * carries, plus the newest block). */
+ * carries, plus the newest block); a policy whose predictions read ahead of its budget
+ * (prefetch_margin) gets room for that too, so a prefetch does not run out of slots. */
 static int hot_blocks_for(const struct kvp_ctx *c)
 {
     const int bs = c->kv.block_size;
@@ -561,7 +562,7 @@ static int hot_blocks_for(const struct kvp_ctx *c)
     long b = pp->budget > 0         ? pp->budget
              : pp->budget_ratio > 0 ? (long)(pp->budget_ratio * c->n_ctx + 0.999)
                                     : c->n_ctx;
-    long per_head = (b + bs - 1) / bs + 2;
+    long per_head = (b + bs - 1) / bs + 2 + c->policy->prefetch_margin;
     long n = (long)c->hp.n_head_kv * per_head + 1;
     return n > c->kv.max_blocks ? c->kv.max_blocks : (int)n;
 }
