@@ -51,6 +51,9 @@ struct quest_state {
     int *done;   /* [n_layer*n_head_kv] tokens folded into the metadata */
     float *lastq;/* [n_layer*n_head_kv][g][head_dim] query of the last select */
     bool *has_q; /* [n_layer*n_head_kv] lastq holds a query of this sequence */
+    float *score;/* [n_layer*n_head_kv][max_blocks] combined bounds of lastq, valid for the
+                    blocks [first, scored_end) of the last select's plan */
+    int *scored_end; /* [n_layer*n_head_kv] */
     int margin;  /* extra candidate blocks per KV head a prediction takes */
     struct kvp_scratch scr;
 };
@@ -99,13 +102,18 @@ static int quest_init(struct kvp_policy *p, struct kvp_err *err)
     size_t g = (size_t)(p->env.n_head / p->env.n_head_kv);
     s->lastq = malloc(n_lh * g * p->env.head_dim * sizeof(float));
     s->has_q = calloc(n_lh, sizeof(bool));
-    if (!s->kmax || !s->kmin || !s->done || !s->lastq || !s->has_q ||
+    s->score = malloc(n_lh * mb * sizeof(float));
+    s->scored_end = calloc(n_lh, sizeof(int));
+    if (!s->kmax || !s->kmin || !s->done || !s->lastq || !s->has_q || !s->score ||
+        !s->scored_end ||
         kvp_scratch_init(&s->scr, &p->env, g * mb * p->env.block_size) < 0) {
         free(s->kmax);
         free(s->kmin);
         free(s->done);
         free(s->lastq);
         free(s->has_q);
+        free(s->score);
+        free(s->scored_end);
         free(s);
         return kvp_err_set(err, KVP_ENOMEM, "quest: out of memory for block metadata");
     }
@@ -123,6 +131,8 @@ static void quest_free(struct kvp_policy *p)
     free(s->done);
     free(s->lastq);
     free(s->has_q);
+    free(s->score);
+    free(s->scored_end);
     kvp_scratch_free(&s->scr);
     free(s);
 }
@@ -132,6 +142,7 @@ static void quest_reset(struct kvp_policy *p)
     struct quest_state *s = p->state;
     memset(s->done, 0, (size_t)p->env.n_layer * p->env.n_head_kv * sizeof(int));
     memset(s->has_q, 0, (size_t)p->env.n_layer * p->env.n_head_kv * sizeof(bool));
+    memset(s->scored_end, 0, (size_t)p->env.n_layer * p->env.n_head_kv * sizeof(int));
 }
 
 /* Fold the keys of tokens [done, n_tokens) of (layer, kvh) into their blocks' min/max. A token
@@ -142,8 +153,13 @@ static void fold_keys(struct kvp_policy *p, int layer, int kvh, int n_tokens)
     const struct kvp_kvcache *kv = p->env.kv;
     const int bs = kv->block_size, hd = kv->head_dim;
     const int lh = layer * p->env.n_head_kv + kvh;
-    if (s->done[lh] > n_tokens) /* the context was truncated */
-        s->done[lh] = 0;
+    /* The context was truncated (kvp_ctx_truncate tells no policy). Only a decode step calls
+     * this after a truncation, with one new token, so the cut is at n_tokens - 1: blocks below
+     * the newest one are unchanged, and the newest is refolded from its start. That block is
+     * the only one a tiered store is sure to hold (a refold from 0 would read blocks that are
+     * not resident). */
+    if (s->done[lh] > n_tokens)
+        s->done[lh] = (n_tokens - 1) / bs * bs;
     for (int t = s->done[lh]; t < n_tokens; t++) {
         int b = t / bs, o = t % bs;
         const float *kt = kvp_kvcache_kblock(kv, layer, kvh, b); /* [hd][bs] */
@@ -181,29 +197,28 @@ static void quest_prefill(struct kvp_policy *p, int layer, const struct kvp_pref
     }
 }
 
-/* Rank the candidates of plan bp for (layer, kvh) by the bound with the g queries q and apply
- * the plan into sel. */
-static void rank_blocks(struct kvp_policy *p, int layer, int kvh, const float *q, int n_tokens,
-                        const struct kvp_block_plan *bp, struct kvp_sel *sel)
+/* Combined bounds of the g queries q for blocks [b0, b1) of (layer, kvh) into s->score. */
+static void score_blocks(struct kvp_policy *p, int layer, int kvh, const float *q, int b0, int b1)
 {
     struct quest_state *s = p->state;
-    const int bs = p->env.block_size, hd = p->env.head_dim;
-    const int g = p->env.n_head / p->env.n_head_kv;
-    const int lh = layer * p->env.n_head_kv + kvh;
-    float *score = kvp_scratch_f(&s->scr, kvh); /* [max_blocks] combined bounds */
-    float *ub = score + s->scr.cap;             /* [g][n_cand] per-head bounds */
-    int n_cand = bp->end - bp->first;
-    if (!bp->all && bp->k > 0 && bp->k < n_cand) {
-        for (int j = 0; j < g; j++)
-            for (int c = 0; c < n_cand; c++) {
-                size_t m = ((size_t)lh * s->scr.max_blocks + bp->first + c) * hd;
-                ub[(size_t)j * n_cand + c] =
-                    kvp_quest_bound(q + (size_t)j * hd, s->kmax + m, s->kmin + m, hd);
-            }
-        kvp_gqa_combine(ub, g, n_cand, n_cand, p->p.gqa_agg, score + bp->first);
-    }
-    kvp_sel_blocks(bp, score, n_tokens, bs, sel, kvp_scratch_m(&s->scr, kvh),
-                   kvp_scratch_i(&s->scr, kvh));
+    const int hd = p->env.head_dim, g = p->env.n_head / p->env.n_head_kv;
+    const int lh = layer * p->env.n_head_kv + kvh, n = b1 - b0;
+    float *ub = kvp_scratch_f(&s->scr, kvh) + s->scr.cap; /* [g][n] per-head bounds */
+    if (n <= 0)
+        return;
+    for (int j = 0; j < g; j++)
+        for (int c = 0; c < n; c++) {
+            size_t m = ((size_t)lh * s->scr.max_blocks + b0 + c) * hd;
+            ub[(size_t)j * n + c] =
+                kvp_quest_bound(q + (size_t)j * hd, s->kmax + m, s->kmin + m, hd);
+        }
+    kvp_gqa_combine(ub, g, n, n, p->p.gqa_agg, s->score + (size_t)lh * s->scr.max_blocks + b0);
+}
+
+/* Whether a plan ranks anything (otherwise kvp_sel_blocks reads no score). */
+static bool plan_ranks(const struct kvp_block_plan *bp)
+{
+    return !bp->all && bp->k > 0 && bp->k < bp->end - bp->first;
 }
 
 static void quest_select(struct kvp_policy *p, int layer, int kvh, const float *q, int n_tokens,
@@ -215,15 +230,21 @@ static void quest_select(struct kvp_policy *p, int layer, int kvh, const float *
     fold_keys(p, layer, kvh, n_tokens);
     struct kvp_block_plan bp;
     kvp_block_plan(p, n_tokens, &bp);
-    rank_blocks(p, layer, kvh, q, n_tokens, &bp, sel);
+    bool ranks = plan_ranks(&bp);
+    if (ranks)
+        score_blocks(p, layer, kvh, q, bp.first, bp.end);
+    kvp_sel_blocks(&bp, s->score + (size_t)lh * s->scr.max_blocks, n_tokens, p->env.block_size,
+                   sel, kvp_scratch_m(&s->scr, kvh), kvp_scratch_i(&s->scr, kvh));
     memcpy(s->lastq + (size_t)lh * g * hd, q, (size_t)g * hd * sizeof(float));
     s->has_q[lh] = true;
+    s->scored_end[lh] = ranks ? bp.end : bp.first;
 }
 
 /* The next step's selection as Quest will make it, with this step's query in place of the next
- * one and `margin` more candidates (see the top of the file). The metadata is not folded here:
- * the next token's key does not exist yet, and it only changes the newest block, which the
- * plan forces. */
+ * one and `margin` more candidates (see the top of the file). The bounds select computed with
+ * that query are reused; only candidates that were in the local window then are scored (a
+ * block or none). The metadata is not folded here: the next token's key does not exist yet,
+ * and it only changes the newest block, which the plan forces. */
 static void quest_predict_next(struct kvp_policy *p, int layer, int kvh, int n_tokens_next,
                                struct kvp_sel *sel)
 {
@@ -237,7 +258,15 @@ static void quest_predict_next(struct kvp_policy *p, int layer, int kvh, int n_t
         bp.k = 0;
     else
         bp.k = bp.k + s->margin < n_cand ? bp.k + s->margin : n_cand;
-    rank_blocks(p, layer, kvh, s->lastq + (size_t)lh * g * hd, n_tokens_next, &bp, sel);
+    if (plan_ranks(&bp)) {
+        int from = s->scored_end[lh] > bp.first ? s->scored_end[lh] : bp.first;
+        score_blocks(p, layer, kvh, s->lastq + (size_t)lh * g * hd, from, bp.end);
+        if (bp.end > s->scored_end[lh])
+            s->scored_end[lh] = bp.end;
+    }
+    kvp_sel_blocks(&bp, s->score + (size_t)lh * s->scr.max_blocks, n_tokens_next,
+                   p->env.block_size, sel, kvp_scratch_m(&s->scr, kvh),
+                   kvp_scratch_i(&s->scr, kvh));
 }
 
 const struct kvp_policy_ops kvp_policy_quest = {
