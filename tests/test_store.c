@@ -8,7 +8,9 @@
  *
  * The sparse policy here is a test double installed behind the `full` policy's back: it reads
  * block 0, the newest block and a pseudo-random quarter of the rest, different for every step,
- * layer and KV head; its predict_next is exact, or deliberately wrong.
+ * layer and KV head; its predict_next is exact, or deliberately wrong. Quest's own predict_next
+ * (the last query, a prefetch margin) is tested for the same equality of logits in every tier and
+ * mode, and for predicting a superset of its selection with the same query.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -132,6 +134,7 @@ static int dir_entries(const char *path)
 struct run_cfg {
     int tier, prefetch, hot_budget;
     bool sparse;
+    const char *quest_opts; /* run quest with these options instead of the test double */
     const char *dir;
     double link_gbps, link_us;
 };
@@ -152,7 +155,11 @@ static float *run_sequence(const struct run_cfg *rc, struct kvp_store_stats *sta
     if (rc0 < 0)
         print_message("ctx: %s\n", err.msg);
     assert_int_equal(rc0, 0);
-    if (rc->sparse) {
+    if (rc->quest_opts) {
+        struct kvp_policy_params pp = {.name = "quest", .budget = 64, .dense_layers = 1,
+                                       .opts = rc->quest_opts};
+        assert_int_equal(kvp_ctx_set_policy(c, &pp, &err), 0);
+    } else if (rc->sparse) {
         struct kvp_policy_params pp = {.name = "full", .budget = 64, .dense_layers = 1};
         assert_int_equal(kvp_ctx_set_policy(c, &pp, &err), 0);
         c->policy->ops = &test_ops;
@@ -498,6 +505,100 @@ static void test_mispredicted_on_demand(void **state)
     free(lb);
 }
 
+/* ================================= quest's predict_next =================================== */
+
+/* Quest predicts with the last query: tiered runs in every mode, with a tight hot tier (6 slots)
+ * and a sized one, with margins 0, 2 and the default, give the untiered logits (predict_next
+ * changes nothing select returns), and in token mode with the tight tier the margin
+ * prefetches. */
+static void test_quest_prefetch(void **state)
+{
+    (void)state;
+    char *d = scratch_dir();
+    struct run_cfg base = {.quest_opts = ""};
+    float *ref = run_sequence(&base, NULL);
+    static const int modes[] = {KVP_PREFETCH_NONE, KVP_PREFETCH_LAYER, KVP_PREFETCH_TOKEN};
+    static const char *const opts[] = {"margin=0", "margin=2", ""};
+    for (int tier = KVP_TIER_RAM; tier <= KVP_TIER_DISK; tier++)
+        for (int m = 0; m < 3; m++)
+            for (int o = 0; o < 3; o++)
+                for (int hot = 0; hot <= 96; hot += 96) {
+                    struct run_cfg rc = {.tier = tier, .prefetch = modes[m], .hot_budget = hot,
+                                         .quest_opts = opts[o], .dir = d};
+                    struct kvp_store_stats st;
+                    float *lg = run_sequence(&rc, &st);
+                    double diff = max_diff(ref, lg, (size_t)N_ROWS * VOCAB);
+                    if (diff != 0.0)
+                        print_message("tier %d mode %d opts '%s' hot %d: diff %g\n", tier,
+                                      modes[m], opts[o], hot, diff);
+                    assert_true(diff == 0.0);
+                    assert_int_equal(st.misaligned, 0);
+                    if (modes[m] == KVP_PREFETCH_TOKEN && tier == KVP_TIER_DISK && hot == 96)
+                        print_message("quest disk token %-8s: hits %llu, misses %llu, "
+                                      "prefetched %llu\n",
+                                      o == 2 ? "default" : opts[o], (unsigned long long)st.hits,
+                                      (unsigned long long)st.misses,
+                                      (unsigned long long)st.prefetched);
+                    /* the sized hot tier holds this short context whole */
+                    if (modes[m] == KVP_PREFETCH_TOKEN && o > 0 && hot == 96)
+                        assert_true(st.prefetched > 0);
+                    free(lg);
+                }
+    free(ref);
+    assert_int_equal(dir_entries(d), 0);
+    rmdir(d);
+    free(d);
+}
+
+/* With the query select just used, predict_next for the same context is select's set plus up to
+ * margin more candidates: a superset, margin blocks larger unless the candidates run out. */
+static void test_quest_predict_superset(void **state)
+{
+    (void)state;
+    struct kvp_ctx_params cp = {.n_ctx = 256, .n_threads = 1};
+    kvp_ctx *c = NULL;
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_ctx_init(model, &cp, &c, &err), 0);
+    struct kvp_policy_params bad = {.name = "quest", .budget = 64, .opts = "margin=x"};
+    assert_int_equal(kvp_ctx_set_policy(c, &bad, &err), KVP_EINVAL);
+    bad.opts = "depth=3";
+    assert_int_equal(kvp_ctx_set_policy(c, &bad, &err), KVP_EINVAL);
+    struct kvp_policy_params pp = {.name = "quest", .budget = 64, .dense_layers = 1,
+                                   .opts = "margin=3"};
+    assert_int_equal(kvp_ctx_set_policy(c, &pp, &err), 0);
+    assert_int_equal(c->policy->prefetch_margin, 3);
+    int mb = c->kv.max_blocks, n_kv = c->hp.n_head_kv;
+    int32_t *blocks = calloc((size_t)mb, sizeof(int32_t));
+    uint64_t *mask = calloc((size_t)mb, sizeof(uint64_t));
+    struct kvp_sel pred = {.blocks = blocks, .mask = mask};
+    int32_t ids[200];
+    for (int i = 0; i < 200; i++)
+        ids[i] = (i * 11 + 5) % VOCAB;
+    assert_int_equal(kvp_eval(c, ids, 120, NULL, false, &err), 0);
+    int grew = 0;
+    for (int i = 120; i < 200; i++) {
+        assert_int_equal(kvp_eval(c, ids + i, 1, NULL, false, &err), 0);
+        int n = kvp_ctx_n_tokens(c);
+        for (int l = 1; l < c->hp.n_layer; l++)
+            for (int h = 0; h < n_kv; h++) {
+                const struct kvp_sel *sel = &c->sel[(size_t)l * n_kv + h];
+                c->policy->ops->predict_next(c->policy, l, h, n, &pred);
+                int j = 0;
+                for (int k = 0; k < sel->n; k++) {
+                    while (j < pred.n && pred.blocks[j] < sel->blocks[k])
+                        j++;
+                    assert_true(j < pred.n && pred.blocks[j] == sel->blocks[k]);
+                }
+                assert_true(pred.n <= sel->n + 3);
+                grew += pred.n > sel->n;
+            }
+    }
+    assert_true(grew > 0);
+    free(blocks);
+    free(mask);
+    kvp_ctx_free(c);
+}
+
 /* ========================================== faults ========================================= */
 
 static void test_unwritable_dir(void **state)
@@ -640,6 +741,8 @@ int main(void)
         cmocka_unit_test(test_link_model),
         cmocka_unit_test(test_logits_equal),
         cmocka_unit_test(test_mispredicted_on_demand),
+        cmocka_unit_test(test_quest_prefetch),
+        cmocka_unit_test(test_quest_predict_superset),
         cmocka_unit_test(test_unwritable_dir),
         cmocka_unit_test(test_disk_full),
         cmocka_unit_test(test_injected_faults),

@@ -549,7 +549,9 @@ const char *kvp_policy_name(int i)
 
 /* Hot slots per tiered layer: hot_budget tokens, or enough for the policy's budget (per KV head
  * its blocks plus two partial ones at the window edges, times the KV heads whose union a unit
- * carries, plus the newest block). */
+ * carries, plus the newest block); a policy whose predictions read ahead of its budget
+ * (prefetch_margin) gets room for that too in the modes that predict, so a prefetch does not
+ * run out of slots. */
 static int hot_blocks_for(const struct kvp_ctx *c)
 {
     const int bs = c->kv.block_size;
@@ -561,7 +563,9 @@ static int hot_blocks_for(const struct kvp_ctx *c)
     long b = pp->budget > 0         ? pp->budget
              : pp->budget_ratio > 0 ? (long)(pp->budget_ratio * c->n_ctx + 0.999)
                                     : c->n_ctx;
-    long per_head = (b + bs - 1) / bs + 2;
+    bool predicts = c->store && (c->store->mode == KVP_PREFETCH_TOKEN ||
+                                 c->store->mode == KVP_PREFETCH_LAYER);
+    long per_head = (b + bs - 1) / bs + 2 + (predicts ? c->policy->prefetch_margin : 0);
     long n = (long)c->hp.n_head_kv * per_head + 1;
     return n > c->kv.max_blocks ? c->kv.max_blocks : (int)n;
 }

@@ -70,6 +70,9 @@ struct kvp_policy {
     struct kvp_policy_params p;  /* resolved parameters (defaults filled in) */
     struct kvp_policy_env env;
     void *state;                 /* owned by the policy */
+    int prefetch_margin;         /* blocks per (layer, KV head) that predict_next may return
+                                    beyond the budget; set by init (0 by default), the tiered
+                                    store sizes its hot tier with it */
 };
 
 struct kvp_policy_ops {

@@ -23,7 +23,21 @@
  *    Upstream starts a new page from ∓FP16_MAX; here a block starts from its first key, which is
  *    the same thing without the sentinel.
  *
- * Memory: 2 × head_dim floats per block and (layer, KV head), 1/8 of the keys at bs = 16.
+ * Prefetching (predict_next, for the tiered store; methods.md §1.9). Quest needs the query, and
+ * the next step has not computed it yet. The query of consecutive steps is strongly correlated
+ * (methods.md cites a cosine autocorrelation of about 0.87), so select keeps the last query of
+ * every (layer, KV head) and predict_next ranks the blocks with the same bound over the
+ * metadata, for the plan of the next step's context (its forced newest block included). The
+ * metadata of every candidate block of that plan is complete already: candidates end below the
+ * local window, which holds the only block the next token changes. A predicted set that misses
+ * a block costs an on-demand read, one that has a block too many costs only a transfer, so the
+ * prediction takes `margin` more candidates per KV head than the budget (option margin=N,
+ * default 64 blocks): only what is fetched grows, what attention reads is still exactly the
+ * selection of select. Before the first select of a (layer, KV head) there is no query: the
+ * prediction is the forced set alone.
+ *
+ * Memory: 2 × head_dim floats per block and (layer, KV head), 1/8 of the keys at bs = 16, and
+ * one query group per (layer, KV head).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -35,25 +49,71 @@ struct quest_state {
     float *kmax; /* [n_layer*n_head_kv][max_blocks][head_dim] element-wise max of keys */
     float *kmin; /* [n_layer*n_head_kv][max_blocks][head_dim] element-wise min of keys */
     int *done;   /* [n_layer*n_head_kv] tokens folded into the metadata */
+    float *lastq;/* [n_layer*n_head_kv][g][head_dim] query of the last select */
+    bool *has_q; /* [n_layer*n_head_kv] lastq holds a query of this sequence */
+    float *score;/* [n_layer*n_head_kv][max_blocks] combined bounds of lastq, valid for the
+                    blocks [first, scored_end) of the last select's plan */
+    int *scored_end; /* [n_layer*n_head_kv] */
+    int margin;  /* extra candidate blocks per KV head a prediction takes */
     struct kvp_scratch scr;
 };
 
+#define QUEST_DEFAULT_MARGIN 64
+
+/* Options (p.opts, "key=value,..."): margin=N blocks, 0 <= N <= 1 << 20. */
+static int parse_opts(const char *s, int *margin, struct kvp_err *err)
+{
+    *margin = QUEST_DEFAULT_MARGIN;
+    while (s && *s) {
+        const char *end = strchr(s, ',');
+        size_t len = end ? (size_t)(end - s) : strlen(s);
+        char kv[32] = "";
+        if (len < sizeof(kv))
+            memcpy(kv, s, len);
+        char *num_end = NULL;
+        long n = strncmp(kv, "margin=", 7) ? -1 : strtol(kv + 7, &num_end, 10);
+        if (len >= sizeof(kv) || n < 0 || n > (1L << 20) || !num_end || num_end == kv + 7 ||
+            *num_end)
+            return kvp_err_set(err, KVP_EINVAL,
+                               "quest: bad option '%.*s' (known: margin=N, N in 0..1048576)",
+                               (int)(len < 64 ? len : 64), s);
+        *margin = (int)n;
+        s = end ? end + 1 : NULL;
+    }
+    return 0;
+}
+
 static int quest_init(struct kvp_policy *p, struct kvp_err *err)
 {
+    int margin;
+    int rc = parse_opts(p->p.opts, &margin, err);
+    if (rc < 0)
+        return rc;
     struct quest_state *s = calloc(1, sizeof(*s));
     if (!s)
         return kvp_err_set(err, KVP_ENOMEM, "quest: out of memory");
+    s->margin = margin;
+    p->prefetch_margin = margin;
     size_t n_lh = (size_t)p->env.n_layer * p->env.n_head_kv;
     size_t mb = (size_t)(p->env.n_ctx + p->env.block_size - 1) / p->env.block_size;
     s->kmax = malloc(n_lh * mb * p->env.head_dim * sizeof(float));
     s->kmin = malloc(n_lh * mb * p->env.head_dim * sizeof(float));
     s->done = calloc(n_lh, sizeof(int));
     size_t g = (size_t)(p->env.n_head / p->env.n_head_kv);
-    if (!s->kmax || !s->kmin || !s->done ||
+    s->lastq = malloc(n_lh * g * p->env.head_dim * sizeof(float));
+    s->has_q = calloc(n_lh, sizeof(bool));
+    s->score = malloc(n_lh * mb * sizeof(float));
+    s->scored_end = calloc(n_lh, sizeof(int));
+    if (!s->kmax || !s->kmin || !s->done || !s->lastq || !s->has_q || !s->score ||
+        !s->scored_end ||
         kvp_scratch_init(&s->scr, &p->env, g * mb * p->env.block_size) < 0) {
         free(s->kmax);
         free(s->kmin);
         free(s->done);
+        free(s->lastq);
+        free(s->has_q);
+        free(s->score);
+        free(s->scored_end);
         free(s);
         return kvp_err_set(err, KVP_ENOMEM, "quest: out of memory for block metadata");
     }
@@ -69,6 +129,10 @@ static void quest_free(struct kvp_policy *p)
     free(s->kmax);
     free(s->kmin);
     free(s->done);
+    free(s->lastq);
+    free(s->has_q);
+    free(s->score);
+    free(s->scored_end);
     kvp_scratch_free(&s->scr);
     free(s);
 }
@@ -77,6 +141,8 @@ static void quest_reset(struct kvp_policy *p)
 {
     struct quest_state *s = p->state;
     memset(s->done, 0, (size_t)p->env.n_layer * p->env.n_head_kv * sizeof(int));
+    memset(s->has_q, 0, (size_t)p->env.n_layer * p->env.n_head_kv * sizeof(bool));
+    memset(s->scored_end, 0, (size_t)p->env.n_layer * p->env.n_head_kv * sizeof(int));
 }
 
 /* Fold the keys of tokens [done, n_tokens) of (layer, kvh) into their blocks' min/max. A token
@@ -87,8 +153,13 @@ static void fold_keys(struct kvp_policy *p, int layer, int kvh, int n_tokens)
     const struct kvp_kvcache *kv = p->env.kv;
     const int bs = kv->block_size, hd = kv->head_dim;
     const int lh = layer * p->env.n_head_kv + kvh;
-    if (s->done[lh] > n_tokens) /* the context was truncated */
-        s->done[lh] = 0;
+    /* The context was truncated (kvp_ctx_truncate tells no policy). Only a decode step calls
+     * this after a truncation, with one new token, so the cut is at n_tokens - 1: blocks below
+     * the newest one are unchanged, and the newest is refolded from its start. That block is
+     * the only one a tiered store is sure to hold (a refold from 0 would read blocks that are
+     * not resident). */
+    if (s->done[lh] > n_tokens)
+        s->done[lh] = (n_tokens - 1) / bs * bs;
     for (int t = s->done[lh]; t < n_tokens; t++) {
         int b = t / bs, o = t % bs;
         const float *kt = kvp_kvcache_kblock(kv, layer, kvh, b); /* [hd][bs] */
@@ -126,29 +197,75 @@ static void quest_prefill(struct kvp_policy *p, int layer, const struct kvp_pref
     }
 }
 
+/* Combined bounds of the g queries q for blocks [b0, b1) of (layer, kvh) into s->score. */
+static void score_blocks(struct kvp_policy *p, int layer, int kvh, const float *q, int b0, int b1)
+{
+    struct quest_state *s = p->state;
+    const int hd = p->env.head_dim, g = p->env.n_head / p->env.n_head_kv;
+    const int lh = layer * p->env.n_head_kv + kvh, n = b1 - b0;
+    float *ub = kvp_scratch_f(&s->scr, kvh) + s->scr.cap; /* [g][n] per-head bounds */
+    if (n <= 0)
+        return;
+    for (int j = 0; j < g; j++)
+        for (int c = 0; c < n; c++) {
+            size_t m = ((size_t)lh * s->scr.max_blocks + b0 + c) * hd;
+            ub[(size_t)j * n + c] =
+                kvp_quest_bound(q + (size_t)j * hd, s->kmax + m, s->kmin + m, hd);
+        }
+    kvp_gqa_combine(ub, g, n, n, p->p.gqa_agg, s->score + (size_t)lh * s->scr.max_blocks + b0);
+}
+
+/* Whether a plan ranks anything (otherwise kvp_sel_blocks reads no score). */
+static bool plan_ranks(const struct kvp_block_plan *bp)
+{
+    return !bp->all && bp->k > 0 && bp->k < bp->end - bp->first;
+}
+
 static void quest_select(struct kvp_policy *p, int layer, int kvh, const float *q, int n_tokens,
                          struct kvp_sel *sel)
 {
     struct quest_state *s = p->state;
-    const int bs = p->env.block_size, hd = p->env.head_dim;
-    const int g = p->env.n_head / p->env.n_head_kv;
+    const int g = p->env.n_head / p->env.n_head_kv, hd = p->env.head_dim;
     const int lh = layer * p->env.n_head_kv + kvh;
     fold_keys(p, layer, kvh, n_tokens);
     struct kvp_block_plan bp;
     kvp_block_plan(p, n_tokens, &bp);
-    float *score = kvp_scratch_f(&s->scr, kvh); /* [max_blocks] combined bounds */
-    float *ub = score + s->scr.cap;             /* [g][n_cand] per-head bounds */
+    bool ranks = plan_ranks(&bp);
+    if (ranks)
+        score_blocks(p, layer, kvh, q, bp.first, bp.end);
+    kvp_sel_blocks(&bp, s->score + (size_t)lh * s->scr.max_blocks, n_tokens, p->env.block_size,
+                   sel, kvp_scratch_m(&s->scr, kvh), kvp_scratch_i(&s->scr, kvh));
+    memcpy(s->lastq + (size_t)lh * g * hd, q, (size_t)g * hd * sizeof(float));
+    s->has_q[lh] = true;
+    s->scored_end[lh] = ranks ? bp.end : bp.first;
+}
+
+/* The next step's selection as Quest will make it, with this step's query in place of the next
+ * one and `margin` more candidates (see the top of the file). The bounds select computed with
+ * that query are reused; only candidates that were in the local window then are scored (a
+ * block or none). The metadata is not folded here: the next token's key does not exist yet,
+ * and it only changes the newest block, which the plan forces. */
+static void quest_predict_next(struct kvp_policy *p, int layer, int kvh, int n_tokens_next,
+                               struct kvp_sel *sel)
+{
+    struct quest_state *s = p->state;
+    const int g = p->env.n_head / p->env.n_head_kv, hd = p->env.head_dim;
+    const int lh = layer * p->env.n_head_kv + kvh;
+    struct kvp_block_plan bp;
+    kvp_block_plan(p, n_tokens_next, &bp);
     int n_cand = bp.end - bp.first;
-    if (!bp.all && bp.k < n_cand) {
-        for (int j = 0; j < g; j++)
-            for (int c = 0; c < n_cand; c++) {
-                size_t m = ((size_t)lh * s->scr.max_blocks + bp.first + c) * hd;
-                ub[(size_t)j * n_cand + c] =
-                    kvp_quest_bound(q + (size_t)j * hd, s->kmax + m, s->kmin + m, hd);
-            }
-        kvp_gqa_combine(ub, g, n_cand, n_cand, p->p.gqa_agg, score + bp.first);
+    if (!s->has_q[lh])
+        bp.k = 0;
+    else
+        bp.k = bp.k + s->margin < n_cand ? bp.k + s->margin : n_cand;
+    if (plan_ranks(&bp)) {
+        int from = s->scored_end[lh] > bp.first ? s->scored_end[lh] : bp.first;
+        score_blocks(p, layer, kvh, s->lastq + (size_t)lh * g * hd, from, bp.end);
+        if (bp.end > s->scored_end[lh])
+            s->scored_end[lh] = bp.end;
     }
-    kvp_sel_blocks(&bp, score, n_tokens, bs, sel, kvp_scratch_m(&s->scr, kvh),
+    kvp_sel_blocks(&bp, s->score + (size_t)lh * s->scr.max_blocks, n_tokens_next,
+                   p->env.block_size, sel, kvp_scratch_m(&s->scr, kvh),
                    kvp_scratch_i(&s->scr, kvh));
 }
 
@@ -160,4 +277,5 @@ const struct kvp_policy_ops kvp_policy_quest = {
     .reset = quest_reset,
     .on_prefill = quest_prefill,
     .select = quest_select,
+    .predict_next = quest_predict_next,
 };

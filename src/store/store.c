@@ -934,6 +934,11 @@ void kvp_store_map_cold(struct kvp_store *s, int layer, int n_keys, bool on)
         return;
     int nb = (n_keys + s->bs - 1) / s->bs;
     int base = s->n_slot + layer * s->max_blocks;
+    /* a prefetch of this layer may still be copying into a hot slot that the table already
+     * points at (layer mode starts it one layer early): select must not read half a block */
+    if (on)
+        for (int sl = s->slot0[layer]; sl < s->slot0[layer] + s->n_slots[layer]; sl++)
+            wait_slot(s, sl);
     for (int b = 0; b < nb; b++)
         if (*res_of(s, layer, b) < 0)
             set_table(s, layer, b, on ? base + b : -1);

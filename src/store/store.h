@@ -206,7 +206,8 @@ void kvp_store_prefetch(struct kvp_store *s, int layer, const struct kvp_sel *se
 /* RAM tier, around a layer's select: point the table entries of blocks that are not hot at
  * their cold copies (on), or at nothing again (off), so a policy that reads keys in select
  * (AttentionPredictor's dense calibration rows, a Quest metadata rebuild) reads the whole
- * cache where it lives, as the host would (methods.md §1.9). No-op for the disk tier, where
+ * cache where it lives, as the host would (methods.md §1.9); on first waits for the layer's
+ * reads in flight, so no key is read from a half-copied slot. No-op for the disk tier, where
  * such reads see the hot blocks only (kvp_attn_dense_group skips unmapped blocks). */
 void kvp_store_map_cold(struct kvp_store *s, int layer, int n_keys, bool on);
 
