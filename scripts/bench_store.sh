@@ -41,7 +41,7 @@ for c in $CTXS; do
     run "disk none" -c "$c" "${pol[@]}" --kv-tier disk --kv-dir "$KV_DIR" --prefetch none
     run "disk layer" -c "$c" "${pol[@]}" --kv-tier disk --kv-dir "$KV_DIR" --prefetch layer
     run "disk token" -c "$c" "${pol[@]}" --kv-tier disk --kv-dir "$KV_DIR" --prefetch token \
-        --timeline "timeline_disk_token_$c.png"
+        --timeline "${TIMELINE_DIR:-bench}/timeline_disk_token_$c.png"
 done
 
 echo
