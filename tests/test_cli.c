@@ -11,36 +11,12 @@
 
 #include "testutil.h"
 
-#define REQUIRE_CLI(var)                                                                           \
-    const char *var = kvp_test_cli();                                                              \
-    do {                                                                                           \
-        if (!var) {                                                                                \
-            print_message("[  SKIP    ] KVP_CLI not set\n");                                      \
-            skip();                                                                                \
-        }                                                                                          \
-    } while (0)
-
 /* Run a command that must fail: exit status 1, output exactly one line starting with
  * "kvpred: error: " that contains `needle`. */
-static void expect_error(const char *cmd, const char *needle)
-{
-    char *out = NULL;
-    int st = kvp_test_run(cmd, &out, 1);
-    assert_non_null(out);
-    if (st != 1 || strncmp(out, "kvpred: error: ", 15) != 0 || !strstr(out, needle) ||
-        strchr(out, '\n') != out + strlen(out) - 1)
-        print_message("command: %s\nstatus %d, output: %s\n", cmd, st, out);
-    assert_int_equal(st, 1);
-    assert_memory_equal(out, "kvpred: error: ", 15);
-    assert_non_null(strstr(out, needle));
-    assert_ptr_equal(strchr(out, '\n'), out + strlen(out) - 1);
-    free(out);
-}
-
 static void test_perplexity(void **state)
 {
     (void)state;
-    REQUIRE_CLI(cli);
+    KVP_REQUIRE_CLI(cli);
     KVP_REQUIRE_SHARED(m_s, "models/stories260K.gguf");
     char m[4096];
     snprintf(m, sizeof(m), "%s", m_s);
@@ -64,7 +40,7 @@ static void test_perplexity(void **state)
 static void test_cli_logits(void **state)
 {
     (void)state;
-    REQUIRE_CLI(cli);
+    KVP_REQUIRE_CLI(cli);
     KVP_REQUIRE_SHARED(m_s, "models/stories260K.gguf");
     char m[4096];
     snprintf(m, sizeof(m), "%s", m_s);
@@ -122,7 +98,7 @@ static void test_cli_logits(void **state)
 static void test_generation(void **state)
 {
     (void)state;
-    REQUIRE_CLI(cli);
+    KVP_REQUIRE_CLI(cli);
     KVP_REQUIRE_SHARED(m_s, "models/stories260K.gguf");
     char cmd[8192];
     snprintf(cmd, sizeof(cmd), "%s run -m %s -p 'Once upon a time' -n 32", cli, m_s);
@@ -142,7 +118,7 @@ static void test_generation(void **state)
     assert_non_null(strstr(out, "<|im_start|>user"));
     free(out);
     snprintf(cmd, sizeof(cmd), "%s run -m %s --chat --chat-format klingon -p 'Hi' -n 4", cli, m_s);
-    expect_error(cmd, "unknown chat format");
+    kvp_test_expect_error(cmd, "unknown chat format");
     /* sampling with a seed is reproducible; different seeds differ */
     char *a = NULL, *b = NULL, *c = NULL;
     snprintf(cmd, sizeof(cmd), "%s run -m %s -n 48 --temp 1.0 --top-k 40 --top-p 0.9 --seed 7",
@@ -162,26 +138,26 @@ static void test_generation(void **state)
 static void test_bad_input(void **state)
 {
     (void)state;
-    REQUIRE_CLI(cli);
+    KVP_REQUIRE_CLI(cli);
     char cmd[8192];
     snprintf(cmd, sizeof(cmd), "%s frobnicate", cli);
-    expect_error(cmd, "unknown command");
+    kvp_test_expect_error(cmd, "unknown command");
     snprintf(cmd, sizeof(cmd), "%s run -m /nonexistent/model.gguf", cli);
-    expect_error(cmd, "cannot open");
+    kvp_test_expect_error(cmd, "cannot open");
     snprintf(cmd, sizeof(cmd), "%s run --bogus", cli);
-    expect_error(cmd, "unknown flag");
+    kvp_test_expect_error(cmd, "unknown flag");
     snprintf(cmd, sizeof(cmd), "%s run -n", cli);
-    expect_error(cmd, "needs a value");
+    kvp_test_expect_error(cmd, "needs a value");
     snprintf(cmd, sizeof(cmd), "%s run -t zero", cli);
-    expect_error(cmd, "-t");
+    kvp_test_expect_error(cmd, "-t");
     snprintf(cmd, sizeof(cmd), "%s run --temp -1", cli);
-    expect_error(cmd, "--temp");
+    kvp_test_expect_error(cmd, "--temp");
 
     /* a garbage file, a truncated model, a non-llama architecture, an unknown tensor type */
     char *junk = kvp_test_tmpfile(".bin");
     assert_int_equal(kvp_test_write_file(junk, "this is not a model", 19), 0);
     snprintf(cmd, sizeof(cmd), "%s info -m %s", cli, junk);
-    expect_error(cmd, junk);
+    kvp_test_expect_error(cmd, junk);
 
     struct kvp_test_model_spec sp = {.n_vocab = 64, .n_embd = 32, .n_layer = 1, .n_head = 2,
                                      .n_head_kv = 1, .n_ff = 32, .n_ctx = 16, .type = 0,
@@ -194,13 +170,13 @@ static void test_bad_input(void **state)
     char *trunc = kvp_test_tmpfile(".gguf");
     assert_int_equal(kvp_test_write_file(trunc, bytes, size - 100), 0);
     snprintf(cmd, sizeof(cmd), "%s info -m %s", cli, trunc);
-    expect_error(cmd, "beyond");
+    kvp_test_expect_error(cmd, "beyond");
 
     sp.arch = "gemma";
     char *gemma = kvp_test_tmpfile(".gguf");
     assert_int_equal(kvp_test_write_model(&sp, gemma, NULL), 0);
     snprintf(cmd, sizeof(cmd), "%s info -m %s", cli, gemma);
-    expect_error(cmd, "architecture 'gemma' is not supported");
+    kvp_test_expect_error(cmd, "architecture 'gemma' is not supported");
 
     /* a valid GGUF type kvpred has no kernels for (IQ2_XXS, id 16) */
     sp.arch = NULL;
@@ -218,13 +194,13 @@ static void test_bad_input(void **state)
     memcpy(name + 19 + 4 + 8 * ndims, &bad_type, 4);
     assert_int_equal(kvp_test_write_file(iq, iq_bytes, iq_size), 0);
     snprintf(cmd, sizeof(cmd), "%s info -m %s", cli, iq);
-    expect_error(cmd, "IQ2_XXS");
+    kvp_test_expect_error(cmd, "IQ2_XXS");
     free(iq_bytes);
 
     /* a prompt longer than the context */
     snprintf(cmd, sizeof(cmd), "%s run -m %s -c 4 --no-bos -p 'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa'",
              cli, good);
-    expect_error(cmd, "tokenizer"); /* the fixture has no tokenizer: a clear refusal */
+    kvp_test_expect_error(cmd, "tokenizer"); /* the fixture has no tokenizer: a clear refusal */
 
     remove(junk);
     remove(good);
@@ -242,13 +218,13 @@ static void test_bad_input(void **state)
 static void test_prompt_too_long(void **state)
 {
     (void)state;
-    REQUIRE_CLI(cli);
+    KVP_REQUIRE_CLI(cli);
     KVP_REQUIRE_SHARED(m_s, "models/stories260K.gguf");
     char cmd[8192];
     snprintf(cmd, sizeof(cmd),
              "%s run -m %s -c 8 -p 'Once upon a time there was a girl who liked to play'", cli,
              m_s);
-    expect_error(cmd, "longer than the context");
+    kvp_test_expect_error(cmd, "longer than the context");
 }
 
 int main(void)

@@ -238,30 +238,6 @@ static void test_harness(void **state)
 
 /* ---- the CLI ---- */
 
-#define REQUIRE_CLI(var)                                                                           \
-    const char *var = kvp_test_cli();                                                              \
-    do {                                                                                           \
-        if (!var) {                                                                                \
-            print_message("[  SKIP    ] KVP_CLI not set\n");                                       \
-            skip();                                                                                \
-        }                                                                                          \
-    } while (0)
-
-static void expect_error(const char *cmd, const char *needle)
-{
-    char *out = NULL;
-    int st = kvp_test_run(cmd, &out, 1);
-    assert_non_null(out);
-    if (st != 1 || strncmp(out, "kvpred: error: ", 15) != 0 || !strstr(out, needle) ||
-        strchr(out, '\n') != out + strlen(out) - 1)
-        print_message("command: %s\nstatus %d, output: %s\n", cmd, st, out);
-    assert_int_equal(st, 1);
-    assert_memory_equal(out, "kvpred: error: ", 15);
-    assert_non_null(strstr(out, needle));
-    assert_ptr_equal(strchr(out, '\n'), out + strlen(out) - 1);
-    free(out);
-}
-
 static const char *const json_fields[] = {"model",
                                           "text",
                                           "offset",
@@ -308,7 +284,7 @@ static const char *const json_fields[] = {"model",
 static void test_cli_eval_json(void **state)
 {
     (void)state;
-    REQUIRE_CLI(cli);
+    KVP_REQUIRE_CLI(cli);
     char *path = kvp_test_tmpfile(".gguf");
     assert_int_equal(kvp_test_write_model(&fixture, path, NULL), 0);
     char cmd[4096];
@@ -368,7 +344,7 @@ static uint32_t be32(const unsigned char *p)
 static void test_cli_viz(void **state)
 {
     (void)state;
-    REQUIRE_CLI(cli);
+    KVP_REQUIRE_CLI(cli);
     char *path = kvp_test_tmpfile(".gguf");
     char *png = kvp_test_tmpfile(".png");
     assert_int_equal(kvp_test_write_model(&fixture, path, NULL), 0);
@@ -397,15 +373,15 @@ static void test_cli_viz(void **state)
     snprintf(base, sizeof(base), "%s viz -m %s --tokens-from-seed 9 --prefill 64 --decode 8 -o %s",
              cli, path, png);
     snprintf(cmd, sizeof(cmd), "%s --layer 0 --head 0", base);
-    expect_error(cmd, "runs dense");
+    kvp_test_expect_error(cmd, "runs dense");
     snprintf(cmd, sizeof(cmd), "%s --layer 9 --head 0", base);
-    expect_error(cmd, "4 layers");
+    kvp_test_expect_error(cmd, "4 layers");
     snprintf(cmd, sizeof(cmd), "%s --layer 3 --head 4", base);
-    expect_error(cmd, "query heads");
+    kvp_test_expect_error(cmd, "query heads");
     snprintf(cmd, sizeof(cmd), "%s --head 0", base);
-    expect_error(cmd, "--layer");
+    kvp_test_expect_error(cmd, "--layer");
     snprintf(cmd, sizeof(cmd), "%s --layer 3 --head 0 --policy nope", base);
-    expect_error(cmd, "unknown policy 'nope'");
+    kvp_test_expect_error(cmd, "unknown policy 'nope'");
     remove(path);
     remove(png);
     free(path);
@@ -415,42 +391,42 @@ static void test_cli_viz(void **state)
 static void test_cli_eval_errors(void **state)
 {
     (void)state;
-    REQUIRE_CLI(cli);
+    KVP_REQUIRE_CLI(cli);
     char *path = kvp_test_tmpfile(".gguf");
     assert_int_equal(kvp_test_write_model(&fixture, path, NULL), 0);
     char base[4096], cmd[8192];
     snprintf(base, sizeof(base), "%s eval -m %s --tokens-from-seed 1 --prefill 32 --decode 4", cli,
              path);
     snprintf(cmd, sizeof(cmd), "%s --budget 0", base);
-    expect_error(cmd, "--budget: '0'");
+    kvp_test_expect_error(cmd, "--budget: '0'");
     snprintf(cmd, sizeof(cmd), "%s --budget 3/2", base);
-    expect_error(cmd, "--budget: '3/2'");
+    kvp_test_expect_error(cmd, "--budget: '3/2'");
     snprintf(cmd, sizeof(cmd), "%s --budget 32,,64", base);
-    expect_error(cmd, "--budget");
+    kvp_test_expect_error(cmd, "--budget");
     snprintf(cmd, sizeof(cmd), "%s --budget 1.5", base);
-    expect_error(cmd, "--budget: '1.5'");
+    kvp_test_expect_error(cmd, "--budget: '1.5'");
     snprintf(cmd, sizeof(cmd), "%s --policy streaming,bogus", base);
-    expect_error(cmd, "unknown policy 'bogus'");
+    kvp_test_expect_error(cmd, "unknown policy 'bogus'");
     snprintf(cmd, sizeof(cmd), "%s --gqa-agg median", base);
-    expect_error(cmd, "--gqa-agg");
+    kvp_test_expect_error(cmd, "--gqa-agg");
     snprintf(cmd, sizeof(cmd), "%s --pool 4", base);
-    expect_error(cmd, "--pool");
+    kvp_test_expect_error(cmd, "--pool");
     snprintf(cmd, sizeof(cmd), "%s --frobnicate", base);
-    expect_error(cmd, "unknown flag '--frobnicate'");
+    kvp_test_expect_error(cmd, "unknown flag '--frobnicate'");
     snprintf(cmd, sizeof(cmd), "%s --prefill", base);
-    expect_error(cmd, "needs a value");
+    kvp_test_expect_error(cmd, "needs a value");
     snprintf(cmd, sizeof(cmd), "%s eval -m %s", cli, path);
-    expect_error(cmd, "-f FILE");
+    kvp_test_expect_error(cmd, "-f FILE");
     snprintf(cmd, sizeof(cmd), "%s eval -m %s -f /nonexistent/text.txt --decode 4", cli, path);
-    expect_error(cmd, "/nonexistent/text.txt");
+    kvp_test_expect_error(cmd, "/nonexistent/text.txt");
     snprintf(cmd, sizeof(cmd), "%s -c 16", base);
-    expect_error(cmd, "exceed the context");
+    kvp_test_expect_error(cmd, "exceed the context");
     snprintf(cmd, sizeof(cmd), "%s -f /tmp/none.txt", base);
-    expect_error(cmd, "either -f or --tokens-from-seed");
+    kvp_test_expect_error(cmd, "either -f or --tokens-from-seed");
     snprintf(cmd, sizeof(cmd), "%s run -m %s --policy bogus", cli, path);
-    expect_error(cmd, "unknown policy 'bogus'");
+    kvp_test_expect_error(cmd, "unknown policy 'bogus'");
     snprintf(cmd, sizeof(cmd), "%s run -m %s --budget x", cli, path);
-    expect_error(cmd, "--budget: 'x'");
+    kvp_test_expect_error(cmd, "--budget: 'x'");
     remove(path);
     free(path);
 }
@@ -459,7 +435,7 @@ static void test_cli_eval_errors(void **state)
 static void test_cli_eval_stories(void **state)
 {
     (void)state;
-    REQUIRE_CLI(cli);
+    KVP_REQUIRE_CLI(cli);
     KVP_REQUIRE_SHARED(m_s, "models/stories260K.gguf");
     char m[4096];
     snprintf(m, sizeof(m), "%s", m_s);

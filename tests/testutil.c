@@ -28,6 +28,21 @@ const char *kvp_test_cli(void)
     return (p && *p) ? p : NULL;
 }
 
+void kvp_test_expect_error(const char *cmd, const char *needle)
+{
+    char *out = NULL;
+    int st = kvp_test_run(cmd, &out, 1);
+    assert_non_null(out);
+    if (st != 1 || strncmp(out, "kvpred: error: ", 15) != 0 || !strstr(out, needle) ||
+        strchr(out, '\n') != out + strlen(out) - 1)
+        print_message("command: %s\nstatus %d, output: %s\n", cmd, st, out);
+    assert_int_equal(st, 1);
+    assert_memory_equal(out, "kvpred: error: ", 15);
+    assert_non_null(strstr(out, needle));
+    assert_ptr_equal(strchr(out, '\n'), out + strlen(out) - 1);
+    free(out);
+}
+
 char *kvp_test_tmpfile(const char *suffix)
 {
     const char *tmp = getenv("TMPDIR");

@@ -28,6 +28,20 @@ const char *kvp_test_shared(const char *relpath);
 /* Path of the kvpred CLI built next to the tests (KVP_CLI), or NULL. */
 const char *kvp_test_cli(void);
 
+/* The CLI path in var, or skip the current test with a message when KVP_CLI is not set. */
+#define KVP_REQUIRE_CLI(var)                                                                       \
+    const char *var = kvp_test_cli();                                                              \
+    do {                                                                                           \
+        if (!var) {                                                                                \
+            print_message("[  SKIP    ] KVP_CLI not set, test skipped\n");                         \
+            skip();                                                                                \
+        }                                                                                          \
+    } while (0)
+
+/* Run a shell command that must fail the kvpred way: exit status 1 and exactly one output line,
+ * starting with "kvpred: error: " and containing needle. */
+void kvp_test_expect_error(const char *cmd, const char *needle);
+
 /* A fresh temporary file path (the file is created empty); caller frees with free(). */
 char *kvp_test_tmpfile(const char *suffix);
 
