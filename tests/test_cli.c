@@ -11,8 +11,6 @@
 
 #include "testutil.h"
 
-/* Run a command that must fail: exit status 1, output exactly one line starting with
- * "kvpred: error: " that contains `needle`. */
 static void test_perplexity(void **state)
 {
     (void)state;
