@@ -405,6 +405,33 @@ static void test_dot_q8_0(void **state)
 
 /* ============================== vector ops ============================== */
 
+/* max equals the plain maximum exactly, at every length and with -inf entries (scores of
+ * masked tokens), wherever the largest element sits. */
+static void test_max(void **state)
+{
+    (void)state;
+    const struct kvp_simd_ops *tab[3];
+    int nt = tables(tab);
+    rng_seed(17);
+    for (int64_t n = 1; n <= 200; n++) {
+        float *x = xmalloc((size_t)n * sizeof(float));
+        for (int pos = 0; pos < 3; pos++) {
+            fill(x, n, 4.0f);
+            for (int64_t i = 0; i < n; i += 3)
+                x[i] = -INFINITY;
+            int64_t at = pos == 0 ? 0 : pos == 1 ? n - 1 : n / 2;
+            x[at] = 100.0f + (float)n;
+            for (int t = 0; t < nt; t++)
+                assert_true(kvp_simd_max(tab[t], x, n) == x[at]);
+        }
+        for (int64_t i = 0; i < n; i++)
+            x[i] = -INFINITY;
+        for (int t = 0; t < nt; t++)
+            assert_true(kvp_simd_max(tab[t], x, n) == -INFINITY);
+        free(x);
+    }
+}
+
 static void test_axpy(void **state)
 {
     (void)state;
@@ -801,6 +828,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_bf16),         cmocka_unit_test(test_q8_0_quantize),
         cmocka_unit_test(test_dot_float),    cmocka_unit_test(test_dot_q8_0),
         cmocka_unit_test(test_axpy),         cmocka_unit_test(test_exp_sum),
+        cmocka_unit_test(test_max),
         cmocka_unit_test(test_block_scores), cmocka_unit_test(test_block_accum),
         cmocka_unit_test(test_matvec_f32),   cmocka_unit_test(test_matvec_f16),
         cmocka_unit_test(test_matvec_bf16),  cmocka_unit_test(test_matvec_q8_0),

@@ -30,14 +30,16 @@ void kvp_attn_dense_group(const struct kvp_kvcache *kv, int l, int kvh, const fl
                 ops->block_scores(q + (size_t)j * hd, kt, hd, bs, scale, s);
         }
     }
+    /* softmax; when an output is wanted the probabilities stay unnormalised and the output is
+     * scaled once instead (one pass over n_keys fewer: this loop is the long-context hot spot) */
+    float inv[64];
     for (int j = 0; j < g; j++) {
         float *p = probs + (size_t)j * probs_stride;
-        float mx = -INFINITY;
-        for (int t = 0; t < n_keys; t++)
-            mx = p[t] > mx ? p[t] : mx;
-        float inv = 1.0f / ops->exp_sum(p, n_keys, mx);
-        for (int t = 0; t < n_keys; t++)
-            p[t] *= inv;
+        float mx = kvp_simd_max(ops, p, n_keys);
+        inv[j] = 1.0f / ops->exp_sum(p, n_keys, mx);
+        if (!out)
+            for (int t = 0; t < n_keys; t++)
+                p[t] *= inv[j];
     }
     if (!out)
         return;
@@ -51,6 +53,9 @@ void kvp_attn_dense_group(const struct kvp_kvcache *kv, int l, int kvh, const fl
             ops->block_accum(probs + (size_t)j * probs_stride + (size_t)b * bs, vb, hd, nt,
                              out + (size_t)j * hd);
     }
+    for (int j = 0; j < g; j++)
+        for (int d = 0; d < hd; d++)
+            out[(size_t)j * hd + d] *= inv[j];
 }
 
 void kvp_attn_sparse_group(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,

@@ -42,7 +42,8 @@ void kvp_attn_predict_layer(struct kvp_ctx *c, int l, int n_tokens_next, int ith
 void kvp_attn_prefill_layer(struct kvp_ctx *c, int l, int ith, int nth);
 
 /* Dense attention of one KV head group over its first n_keys tokens (no token may have been
- * freed): q is [g][hd], probs [g][probs_stride] receives the probabilities, out [g][hd] (NULL:
+ * freed): q is [g][hd], probs [g][probs_stride] receives the probabilities (left unnormalised when
+ * out is given: they are scratch for the output then), out [g][hd] (NULL:
  * probabilities only). */
 void kvp_attn_dense_group(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
                           int n_keys, float *probs, int probs_stride, float *out);

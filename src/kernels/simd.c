@@ -91,3 +91,13 @@ void kvp_quantize_row_q8_k(const float *x, void *dst, int64_t n)
 {
     kvp_simd()->quantize_q8_k(x, dst, n);
 }
+
+float kvp_simd_max(const struct kvp_simd_ops *ops, const float *x, int64_t n)
+{
+    if (ops->max)
+        return ops->max(x, n);
+    float m = x[0];
+    for (int64_t i = 1; i < n; i++)
+        m = x[i] > m ? x[i] : m;
+    return m;
+}

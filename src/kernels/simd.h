@@ -75,7 +75,14 @@ struct kvp_simd_ops {
     /* Q8_K quantization of n floats (n a multiple of 256), bit-identical to
      * kvp_quantize_row_q8_k_ref for finite inputs. dst may be unaligned. */
     void (*quantize_q8_k)(const float *x, void *dst, int64_t n);
+
+    /* Largest of x[0..n) (n >= 1; -inf entries allowed). NULL in a table means "use the
+     * scalar loop" (kvp_simd_max does the dispatch). */
+    float (*max)(const float *x, int64_t n);
 };
+
+/* Largest of x[0..n) through the table's max, or a scalar loop when it has none. */
+float kvp_simd_max(const struct kvp_simd_ops *ops, const float *x, int64_t n);
 
 /* The table for this CPU (or the one KVP_SIMD forces). Thread-safe after the first call. */
 const struct kvp_simd_ops *kvp_simd(void);

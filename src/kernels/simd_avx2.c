@@ -19,6 +19,7 @@
  *     0 (the true value is below FLT_MIN), -inf included, without producing NaN.
  */
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "kernels/simd_internal.h"
@@ -460,6 +461,29 @@ static void block_accum(const float *p, const float *v, int hd, int n, float *ou
 #define DOT_Q4_K qx_dot_q4_k
 #define DOT_Q6_K qx_dot_q6_k
 
+/* Largest element: four independent max chains, one reduction at the end. */
+static float vmax(const float *x, int64_t n)
+{
+    __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        m0 = _mm256_max_ps(m0, _mm256_loadu_ps(x + i));
+        m1 = _mm256_max_ps(m1, _mm256_loadu_ps(x + i + 8));
+        m2 = _mm256_max_ps(m2, _mm256_loadu_ps(x + i + 16));
+        m3 = _mm256_max_ps(m3, _mm256_loadu_ps(x + i + 24));
+    }
+    for (; i + 8 <= n; i += 8)
+        m0 = _mm256_max_ps(m0, _mm256_loadu_ps(x + i));
+    __m256 m = _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+    float r = _mm_cvtss_f32(h);
+    for (; i < n; i++)
+        r = x[i] > r ? x[i] : r;
+    return r;
+}
+
 const struct kvp_simd_ops kvp_simd_ops_avx2 = {
     .name = "avx2",
     .dot_f32 = dot_f32,
@@ -468,6 +492,7 @@ const struct kvp_simd_ops kvp_simd_ops_avx2 = {
     .dot_q8_0 = dot_q8_0,
     .axpy = axpy,
     .exp_sum = exp_sum,
+    .max = vmax,
     .block_scores = block_scores,
     .block_accum = block_accum,
     .rows_f32 = rows_f32,

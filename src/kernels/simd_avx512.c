@@ -14,6 +14,7 @@
  *     block uses the ymm recipe.
  */
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "kernels/simd_internal.h"
@@ -408,6 +409,24 @@ static float exp_sum(float *x, int64_t n, float max)
     return hsum(_mm512_add_ps(s0, s1));
 }
 
+/* Largest element: four independent max chains, one reduction at the end. */
+static float vmax(const float *x, int64_t n)
+{
+    __m512 m0 = _mm512_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        m0 = _mm512_max_ps(m0, _mm512_loadu_ps(x + i));
+        m1 = _mm512_max_ps(m1, _mm512_loadu_ps(x + i + 16));
+        m2 = _mm512_max_ps(m2, _mm512_loadu_ps(x + i + 32));
+        m3 = _mm512_max_ps(m3, _mm512_loadu_ps(x + i + 48));
+    }
+    for (; i + 16 <= n; i += 16)
+        m0 = _mm512_max_ps(m0, _mm512_loadu_ps(x + i));
+    if (i < n)
+        m1 = _mm512_mask_max_ps(m1, tail_mask(n - i), m1, _mm512_maskz_loadu_ps(tail_mask(n - i), x + i));
+    return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m0, m1), _mm512_max_ps(m2, m3)));
+}
+
 /* ============================== attention blocks ============================== */
 
 /* Scores for tokens [t, t+16) (lanes in m only when !full): four accumulators over d. */
@@ -622,6 +641,7 @@ const struct kvp_simd_ops kvp_simd_ops_avx512 = {
     .dot_q8_0 = dot_q8_0,
     .axpy = axpy,
     .exp_sum = exp_sum,
+    .max = vmax,
     .block_scores = block_scores,
     .block_accum = block_accum,
     .rows_f32 = rows_f32,
