@@ -38,7 +38,7 @@ static void usage(FILE *f)
                "usage: kvpred COMMAND [options]   (kvpred COMMAND --help for its options)\n\n",
             KVP_VERSION);
     for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
-        fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].help);
+        fprintf(f, "  %-16s %s\n", commands[i].name, commands[i].help);
 }
 
 int cli_fail(const char *fmt, ...)
