@@ -700,6 +700,19 @@ static struct kvp_vocab *load_gguf_vocab(const char *path)
     return v;
 }
 
+/* The ids of a test-vector case decode back to its text. */
+static int check_round_trip(const struct kvp_vocab *v, int index, const char *text,
+                            const int32_t *ids, size_t n)
+{
+    size_t dn;
+    char *back = decode(v, ids, n, &dn);
+    int bad = dn != strlen(text) || memcmp(back, text, dn) != 0;
+    if (bad)
+        print_message("case %d does not round-trip\n", index);
+    free(back);
+    return bad;
+}
+
 /* The cases of llama.cpp's GPT-2 vocab test (add_special = false, parse_special = false). */
 static void test_gpt2_vectors(void **state)
 {
@@ -718,48 +731,8 @@ static void test_gpt2_vectors(void **state)
     char *out = kvp_test_read_file(op, NULL);
     assert_true(inp && out);
 
-    /* Both files split like Python's str.split: the text after the last separator (empty) is
-     * the last case, and its expected line is the empty one after the last newline of .out. */
-    const char *sep = "\n__ggml_vocab_test__\n";
-    char *ic = inp, *oc = out;
-    int cases = 0, failed = 0;
-    for (bool last = false; !last; cases++) {
-        char *end = strstr(ic, sep);
-        if (!end) {
-            end = ic + strlen(ic);
-            last = true;
-        }
-        *end = 0;
-        assert_non_null(oc);
-        char *oline_end = strchr(oc, '\n');
-        if (oline_end)
-            *oline_end = 0;
-        size_t n;
-        int32_t *ids = encode(v, ic, strlen(ic), false, false, &n);
-        char got[8192] = {0};
-        size_t o = 0;
-        for (size_t i = 0; i < n && o < sizeof(got) - 16; i++)
-            o += (size_t)snprintf(got + o, sizeof(got) - o, i ? " %d" : "%d", ids[i]);
-        const char *want = oc; /* .out lines start with a space before each id */
-        while (*want == ' ')
-            want++;
-        if (strcmp(got, want) != 0) {
-            print_message("case %d '%s':\n  got  %s\n  want %s\n", cases, ic, got, want);
-            failed++;
-        }
-        /* and the ids decode back to the text */
-        size_t dn;
-        char *back = decode(v, ids, n, &dn);
-        if (dn != strlen(ic) || memcmp(back, ic, dn) != 0) {
-            print_message("case %d does not round-trip\n", cases);
-            failed++;
-        }
-        free(back);
-        free(ids);
-        ic = last ? end : end + strlen(sep);
-        oc = oline_end ? oline_end + 1 : NULL;
-    }
-    assert_null(oc); /* as many expected lines as cases */
+    int failed;
+    int cases = kvp_test_vocab_vectors(v, inp, out, check_round_trip, &failed);
     print_message("gpt-2 vocab: %d cases, %d failed\n", cases, failed);
     assert_int_equal(cases, 47);
     assert_int_equal(failed, 0);

@@ -1,6 +1,8 @@
 /* Test helpers (see testutil.h). */
 #include "testutil.h"
 
+#include <stdbool.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -131,6 +133,54 @@ int kvp_test_run(const char *cmd, char **output, int merge_stderr)
     else
         free(buf);
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* ---- llama.cpp tokenizer test vectors ---- */
+#include "tokenizer/vocab.h"
+
+int kvp_test_vocab_vectors(const struct kvp_vocab *v, char *inp, char *out,
+                           kvp_test_vector_check extra, int *failed)
+{
+    const char *sep = "\n__ggml_vocab_test__\n";
+    char *ic = inp, *oc = out;
+    int cases = 0;
+    *failed = 0;
+    for (bool last = false; !last; cases++) {
+        char *end = strstr(ic, sep);
+        if (!end) {
+            end = ic + strlen(ic);
+            last = true;
+        }
+        *end = 0;
+        assert_non_null(oc);
+        char *oline_end = strchr(oc, '\n');
+        if (oline_end)
+            *oline_end = 0;
+        size_t len = strlen(ic), n = 0, cap = 3 * len + 16;
+        int32_t *ids = malloc(cap * sizeof(*ids));
+        assert_non_null(ids);
+        struct kvp_err err = {0};
+        if (kvp_vocab_encode(v, ic, len, false, false, ids, cap, &n, &err) != 0)
+            fail_msg("case %d: encode: %s", cases, err.msg);
+        char got[8192] = {0};
+        size_t o = 0;
+        for (size_t i = 0; i < n && o < sizeof(got) - 16; i++)
+            o += (size_t)snprintf(got + o, sizeof(got) - o, i ? " %d" : "%d", ids[i]);
+        const char *want = oc; /* .out lines start with a space before each id */
+        while (*want == ' ')
+            want++;
+        if (strcmp(got, want) != 0) {
+            print_message("case %d '%s':\n  got  %s\n  want %s\n", cases, ic, got, want);
+            (*failed)++;
+        }
+        if (extra)
+            *failed += extra(v, cases, ic, ids, n);
+        free(ids);
+        ic = last ? end : end + strlen(sep);
+        oc = oline_end ? oline_end + 1 : NULL;
+    }
+    assert_null(oc); /* as many expected lines as cases */
+    return cases;
 }
 
 /* ---- random-weight model fixtures ---- */

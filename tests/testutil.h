@@ -57,6 +57,22 @@ int kvp_test_run(const char *cmd, char **output, int merge_stderr);
 
 #endif
 
+/* ---- llama.cpp tokenizer test vectors ---- */
+struct kvp_vocab;
+
+/* Per-case extra check: the ids text encoded to; returns the failures it found. */
+typedef int (*kvp_test_vector_check)(const struct kvp_vocab *v, int index, const char *text,
+                                     const int32_t *ids, size_t n);
+
+/* Run every case of a llama.cpp vocab test pair through kvp_vocab_encode (add_special = false,
+ * parse_special = false): inp holds the texts separated by "\n__ggml_vocab_test__\n", out one
+ * line of expected ids per case (both split as Python's str.split, so the empty text after the
+ * last separator is a case too). Both buffers are modified. Prints each mismatch, calls extra
+ * (may be NULL) on every case, asserts there are as many lines as cases, and returns the case
+ * count; *failed receives the failures. */
+int kvp_test_vocab_vectors(const struct kvp_vocab *v, char *inp, char *out,
+                           kvp_test_vector_check extra, int *failed);
+
 /* ---- random-weight model fixtures ---- */
 struct kvp_test_model_spec {
     int n_vocab, n_embd, n_layer, n_head, n_head_kv, n_ff, n_ctx;
