@@ -23,6 +23,7 @@ static int kvcache_init(struct kvp_kvcache *c, int n_layer, int n_head_kv, int h
     c->pool_stride = c->block_floats;
     c->external = external;
     c->release = true;
+    c->compact = true;
     pthread_mutex_init(&c->pool_lock, NULL);
     size_t n_lh = (size_t)n_layer * n_head_kv, n_tab, bytes;
     if (!kvp_mul_ok(n_lh, (size_t)c->max_blocks, &n_tab) || n_tab > INT32_MAX ||
@@ -38,8 +39,11 @@ static int kvcache_init(struct kvp_kvcache *c, int n_layer, int n_head_kv, int h
     c->n_evicted = calloc(n_lh, sizeof(int32_t));
     c->released = calloc(n_lh, sizeof(int32_t));
     c->free_stack = malloc(n_tab * sizeof(int32_t));
-    if ((!external && (!c->k_pool || !c->v_pool)) || !c->table || !c->evicted || !c->n_evicted || !c->released ||
-        !c->free_stack) {
+    c->compact_limit = calloc(n_lh, sizeof(int32_t));
+    if (!external)
+        c->pos = malloc(n_tab * block_size * sizeof(int32_t));
+    if ((!external && (!c->k_pool || !c->v_pool || !c->pos)) || !c->table || !c->evicted ||
+        !c->n_evicted || !c->released || !c->free_stack || !c->compact_limit) {
         kvp_kvcache_free(c);
         return kvp_err_set(err, KVP_ENOMEM, "cannot allocate the KV cache (%zu MiB)",
                            2 * bytes >> 20);
@@ -85,6 +89,8 @@ void kvp_kvcache_free(struct kvp_kvcache *c)
     free(c->n_evicted);
     free(c->released);
     free(c->free_stack);
+    free(c->compact_limit);
+    free(c->pos);
     pthread_mutex_destroy(&c->pool_lock);
     memset(c, 0, sizeof(*c));
 }
@@ -98,6 +104,7 @@ void kvp_kvcache_clear(struct kvp_kvcache *c)
     memset(c->evicted, 0, n_tab * sizeof(uint64_t));
     memset(c->n_evicted, 0, n_lh * sizeof(int32_t));
     memset(c->released, 0, n_lh * sizeof(int32_t));
+    memset(c->compact_limit, 0, n_lh * sizeof(int32_t)); /* every slot is its position again */
     /* pop order 0, 1, 2, ...: physical blocks fill the pool front to back */
     c->n_free = c->n_pool;
     for (int i = 0; i < c->n_pool; i++)
@@ -115,6 +122,34 @@ static uint64_t full_mask(const struct kvp_kvcache *c)
     return c->block_size == 64 ? ~0ULL : (1ULL << c->block_size) - 1;
 }
 
+/* Give the physical block in a table slot back to the pool (the caller checked one is there). */
+static void free_block(struct kvp_kvcache *c, int32_t *slot)
+{
+    pthread_mutex_lock(&c->pool_lock);
+    c->free_stack[c->n_free++] = *slot;
+    pthread_mutex_unlock(&c->pool_lock);
+    *slot = -1;
+}
+
+/* Drop the tokens of positions >= n_tokens that compaction moved below n_tokens; the slots from
+ * n_tokens on will hold their own positions again. */
+static void truncate_compacted(struct kvp_kvcache *c, int lh, int n_tokens)
+{
+    int bs = c->block_size, lim = c->compact_limit[lh];
+    if (lim == 0)
+        return;
+    const int32_t *pos = c->pos + (size_t)lh * c->max_blocks * bs;
+    uint64_t *ev = c->evicted + (size_t)lh * c->max_blocks;
+    for (int s = 0; s < lim && s < n_tokens; s++) {
+        uint64_t bit = 1ULL << (s % bs);
+        if (pos[s] >= n_tokens && !(ev[s / bs] & bit)) {
+            ev[s / bs] |= bit;
+            c->n_evicted[lh]++;
+        }
+    }
+    c->compact_limit[lh] = lim < n_tokens ? lim : n_tokens;
+}
+
 void kvp_kvcache_truncate(struct kvp_kvcache *c, int n_tokens)
 {
     int bs = c->block_size;
@@ -122,20 +157,25 @@ void kvp_kvcache_truncate(struct kvp_kvcache *c, int n_tokens)
     for (int lh = 0; lh < c->n_layer * c->n_head_kv; lh++) {
         int32_t *tab = c->table + (size_t)lh * c->max_blocks;
         uint64_t *ev = c->evicted + (size_t)lh * c->max_blocks;
+        truncate_compacted(c, lh, n_tokens);
         for (int b = 0; b < c->max_blocks; b++) {
             uint64_t keep = b < n_tokens / bs ? ~0ULL
                             : b == n_tokens / bs ? ((1ULL << (n_tokens % bs)) - 1) : 0;
             c->n_evicted[lh] -= count_bits(ev[b] & ~keep);
             ev[b] &= keep;
-            if (b >= first_gone && tab[b] >= 0) {
-                c->free_stack[c->n_free++] = tab[b];
-                tab[b] = -1;
-            }
+            if (b >= first_gone && tab[b] >= 0)
+                free_block(c, &tab[b]);
         }
-        /* fully evicted blocks stay freed only below the cut */
+        /* fully evicted blocks stay freed only below the cut; those truncate_compacted emptied
+         * are freed now (a full block lies wholly below the cut: nothing is written there) */
         int rel = 0;
-        for (int b = 0; b < first_gone; b++)
-            rel += (ev[b] & full_mask(c)) == full_mask(c);
+        for (int b = 0; b < first_gone; b++) {
+            if ((ev[b] & full_mask(c)) != full_mask(c))
+                continue;
+            rel++;
+            if (c->release && tab[b] >= 0)
+                free_block(c, &tab[b]);
+        }
         c->released[lh] = rel;
     }
 }
@@ -177,21 +217,113 @@ void kvp_kvcache_evict(struct kvp_kvcache *c, int layer, int kvh, int pos, int n
         return;
     c->released[lh]++;
     int32_t *slot = &c->table[(size_t)lh * c->max_blocks + b];
-    if (c->release && *slot >= 0) {
-        pthread_mutex_lock(&c->pool_lock);
-        c->free_stack[c->n_free++] = *slot;
-        pthread_mutex_unlock(&c->pool_lock);
-        *slot = -1;
+    if (c->release && *slot >= 0)
+        free_block(c, slot);
+}
+
+/* Slot to of lh takes the token of slot from (K column, V row, position, masks). */
+static void move_token(struct kvp_kvcache *c, int lh, int from, int to)
+{
+    const int bs = c->block_size, hd = c->head_dim;
+    const int32_t *tab = c->table + (size_t)lh * c->max_blocks;
+    uint64_t *ev = c->evicted + (size_t)lh * c->max_blocks;
+    int32_t *pos = c->pos + (size_t)lh * c->max_blocks * bs;
+    const float *ks = c->k_pool + (size_t)tab[from / bs] * c->pool_stride;
+    const float *vs = c->v_pool + (size_t)tab[from / bs] * c->pool_stride;
+    float *kd = c->k_pool + (size_t)tab[to / bs] * c->pool_stride;
+    float *vd = c->v_pool + (size_t)tab[to / bs] * c->pool_stride;
+    int tf = from % bs, tt = to % bs;
+    for (int d = 0; d < hd; d++)
+        kd[(size_t)d * bs + tt] = ks[(size_t)d * bs + tf];
+    memcpy(vd + (size_t)tt * hd, vs + (size_t)tf * hd, (size_t)hd * sizeof(float));
+    pos[to] = pos[from];
+    ev[to / bs] &= ~(1ULL << tt);
+    ev[from / bs] |= 1ULL << tf;
+}
+
+/* Is slot s of lh a held (not released) slot whose token is evicted (want_hole) or live? */
+static bool slot_is(const struct kvp_kvcache *c, int lh, int s, bool want_hole)
+{
+    int bs = c->block_size;
+    size_t i = (size_t)lh * c->max_blocks + s / bs;
+    if (c->table[i] < 0)
+        return false;
+    return ((c->evicted[i] >> (s % bs)) & 1) == want_hole;
+}
+
+int kvp_kvcache_compact(struct kvp_kvcache *c, int layer, int kvh, int limit, int n_tokens,
+                        kvp_kvcache_move_fn move, void *user)
+{
+    const int bs = c->block_size, lh = kvp_kvcache_lh(c, layer, kvh);
+    int newest_start = (n_tokens - 1) / bs * bs;
+    limit = (limit < newest_start ? limit : newest_start) / bs * bs;
+    if (c->external || !c->compact || limit <= 0)
+        return 0;
+    if (limit > c->compact_limit[lh]) {
+        /* the new part of the region starts out with every slot holding its own position */
+        int32_t *pos = c->pos + (size_t)lh * c->max_blocks * bs;
+        for (int s = c->compact_limit[lh]; s < limit; s++)
+            pos[s] = s;
+        c->compact_limit[lh] = limit;
     }
+    if (!c->release)
+        return 0; /* measuring: data stays, kvp_kvcache_resident_bytes accounts the rest */
+    /* two fingers: the lowest hole and the highest live token, skipping released blocks */
+    int lo = 0, hi = limit - 1;
+    for (;;) {
+        while (lo < hi && !slot_is(c, lh, lo, true))
+            lo++;
+        while (hi > lo && !slot_is(c, lh, hi, false))
+            hi--;
+        if (lo >= hi)
+            break;
+        move_token(c, lh, hi, lo);
+        if (move)
+            move(user, hi, lo);
+    }
+    int freed = 0;
+    int32_t *tab = c->table + (size_t)lh * c->max_blocks;
+    const uint64_t *ev = c->evicted + (size_t)lh * c->max_blocks;
+    for (int b = 0; b < limit / bs; b++)
+        if (tab[b] >= 0 && (ev[b] & full_mask(c)) == full_mask(c)) {
+            free_block(c, &tab[b]);
+            c->released[lh]++;
+            freed++;
+        }
+    return freed;
+}
+
+size_t kvp_kvcache_pool_bytes(const struct kvp_kvcache *c)
+{
+    return (size_t)(c->n_pool - c->n_free) * c->block_floats * 2 * sizeof(float);
+}
+
+/* Blocks a measurement run's compacted region [0, compact_limit) of lh would hold once
+ * compacted, ceil(live / bs), minus the blocks of the region with live tokens (those the
+ * released counter leaves counted): <= 0. */
+static long compaction_saving(const struct kvp_kvcache *c, int lh)
+{
+    const int bs = c->block_size, nb = c->compact_limit[lh] / bs;
+    const uint64_t *ev = c->evicted + (size_t)lh * c->max_blocks;
+    long live = 0, held = 0;
+    for (int b = 0; b < nb; b++) {
+        int n = bs - count_bits(ev[b] & full_mask(c));
+        live += n;
+        held += n > 0;
+    }
+    return (live + bs - 1) / bs - held;
 }
 
 size_t kvp_kvcache_resident_bytes(const struct kvp_kvcache *c, int n_tokens)
 {
-    size_t blocks = (size_t)(n_tokens + c->block_size - 1) / c->block_size;
-    size_t live = 0;
-    for (int lh = 0; lh < c->n_layer * c->n_head_kv; lh++)
-        live += blocks - (size_t)c->released[lh];
-    return live * c->block_floats * 2 * sizeof(float);
+    long blocks = (n_tokens + c->block_size - 1) / c->block_size;
+    long live = 0;
+    for (int lh = 0; lh < c->n_layer * c->n_head_kv; lh++) {
+        live += blocks - c->released[lh];
+        if (!c->release)
+            live += compaction_saving(c, lh);
+    }
+    return (size_t)live * c->block_floats * 2 * sizeof(float);
 }
 
 size_t kvp_kvcache_kept_bytes(const struct kvp_kvcache *c, int n_tokens)

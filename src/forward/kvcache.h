@@ -8,12 +8,20 @@
  * transposed ([head_dim][bs]) so the score kernel vectorises over the block's tokens whatever the
  * head size (bs = 16 floats is one AVX-512 register), and values are stored [bs][head_dim] so the
  * weighted sum vectorises over the head dimension. Keys are cached after RoPE, at their true
- * positions; a token's slot is its position, so evicting never moves data.
+ * positions; a token's slot is its position, so evicting never moves data (only compaction
+ * does, below).
  *
  * Eviction is per token: a 64-bit mask per logical block marks evicted tokens, which attention
  * never reads. With `release` set, a block whose tokens are all evicted returns its physical block
  * to the pool (real memory); without it (measurement runs) the data stays so dense attention can
  * still be computed for measuring, while the accounting reports what would have been freed.
+ *
+ * Compaction (kvp_kvcache_compact): token-scattered evictors (h2o, snapkv, pyramidkv, catekv)
+ * leave a few live tokens in almost every block, so no block would ever come back. Compacting
+ * slots [0, limit) of one (layer, KV head) moves its live tokens from the highest slots into the
+ * holes of the lowest blocks and frees the blocks that empty. Attention never needs positions
+ * (keys are stored after RoPE), so this is exact up to float summation order; below the limit a
+ * slot is then no longer its token's position, which kvp_kvcache_pos still tells.
  */
 #ifndef KVP_FORWARD_KVCACHE_H
 #define KVP_FORWARD_KVCACHE_H
@@ -47,6 +55,11 @@ struct kvp_kvcache {
     int32_t *free_stack;   /* owned [n_pool] */
     int n_free;
     bool release;          /* give fully evicted blocks back to the pool */
+    bool compact;          /* kvp_kvcache_compact is on (the default; off to compare runs) */
+    int32_t *compact_limit;/* owned [n_layer*n_head_kv]: largest limit compacted so far (cut
+                              to n_tokens by truncate) */
+    int32_t *pos;          /* owned [n_layer*n_head_kv][max_blocks*block_size]: position of the
+                              token in each slot, valid below compact_limit (NULL when external) */
     pthread_mutex_t pool_lock; /* evictions of different heads run on different threads */
 };
 
@@ -67,7 +80,8 @@ void kvp_kvcache_attach(struct kvp_kvcache *c, float *k, float *v, size_t stride
 /* Forget everything: all blocks back to the pool, no evictions. */
 void kvp_kvcache_clear(struct kvp_kvcache *c);
 
-/* Forget positions >= n_tokens (after a truncate); blocks past the end go back to the pool. */
+/* Forget positions >= n_tokens (after a truncate); blocks past the end go back to the pool, and
+ * tokens of such positions that compaction moved below n_tokens are evicted. */
 void kvp_kvcache_truncate(struct kvp_kvcache *c, int n_tokens);
 
 /* Make sure physical blocks exist for positions [0, n_tokens) of every (layer, KV head) that has
@@ -125,6 +139,36 @@ static inline int kvp_kvcache_kept(const struct kvp_kvcache *c, int layer, int k
     return n_tokens - c->n_evicted[kvp_kvcache_lh(c, layer, kvh)];
 }
 
+/* Position of the token in slot `slot` of (layer, KV head): the slot itself unless compaction
+ * moved a token there. */
+static inline int kvp_kvcache_pos(const struct kvp_kvcache *c, int layer, int kvh, int slot)
+{
+    int lh = kvp_kvcache_lh(c, layer, kvh);
+    if (slot >= c->compact_limit[lh])
+        return slot;
+    return c->pos[(size_t)lh * c->max_blocks * c->block_size + slot];
+}
+
+/* Called for every token compaction moves, so a policy can move its per-slot state with it. */
+typedef void (*kvp_kvcache_move_fn)(void *user, int from_slot, int to_slot);
+
+/* Compact slots [0, limit) of (layer, KV head) in a cache of n_tokens tokens: live tokens move
+ * from the highest slots into the evicted holes of the lowest blocks still held (K column, V row,
+ * position; move, which may be NULL, is told each move), then the blocks left empty go back to
+ * the pool. limit is rounded down to a block boundary and capped below the block of the newest
+ * token, which is never released. A caller that keeps per-slot rules ("the last `local` slots
+ * are recent") passes a limit at or below where they start, so those slots never move.
+ * Thread-safe across different (layer, KV head) pairs. Only a releasing cache moves data; in
+ * measurement runs (release off) the limit is recorded and kvp_kvcache_resident_bytes accounts
+ * what compaction would hold. External caches and `compact` off: nothing. Returns the blocks
+ * freed. */
+int kvp_kvcache_compact(struct kvp_kvcache *c, int layer, int kvh, int limit, int n_tokens,
+                        kvp_kvcache_move_fn move, void *user);
+
+/* Bytes of the physical blocks taken from the pool (K and V): the memory really held. 0 for
+ * external caches. */
+size_t kvp_kvcache_pool_bytes(const struct kvp_kvcache *c);
+
 /* Bytes of K and V per token of one (layer, KV head). */
 static inline size_t kvp_kvcache_token_bytes(const struct kvp_kvcache *c)
 {
@@ -132,7 +176,9 @@ static inline size_t kvp_kvcache_token_bytes(const struct kvp_kvcache *c)
 }
 
 /* Resident bytes for n_tokens: physical blocks holding live tokens (blocks that are fully
- * evicted count as freed whether or not release is on), K and V, all layers and heads. */
+ * evicted count as freed whether or not release is on; without release, a compacted region
+ * counts ceil(its live tokens / block_size) blocks, as compaction would hold), K and V, all
+ * layers and heads. */
 size_t kvp_kvcache_resident_bytes(const struct kvp_kvcache *c, int n_tokens);
 
 /* Bytes of the tokens kept (not evicted), as a token-compacting store would hold them. */
