@@ -111,6 +111,16 @@ static bool is_evicted(const struct kvp_kvcache *kv, int l, int h, int t)
     return (kvp_kvcache_evicted(kv, l, h, t / bs) >> (t % bs)) & 1;
 }
 
+/* Is the token of position pos still in the cache of n tokens (in whichever slot compaction put
+ * it)? */
+static bool pos_alive(const struct kvp_kvcache *kv, int l, int h, int n, int pos)
+{
+    for (int s = 0; s < n; s++)
+        if (!is_evicted(kv, l, h, s) && kvp_kvcache_pos(kv, l, h, s) == pos)
+            return true;
+    return false;
+}
+
 /* Brute-force top-k: indices of the k largest of x[0..n) (ties to the lower index), by repeated
  * scans. chosen[] gets 1 for the chosen. */
 static void brute_topk(const double *x, int n, int k, const bool *eligible, bool *chosen)
@@ -353,8 +363,10 @@ static void test_snapkv_scores_and_keep_set(void **state)
                 b.p.ops->on_prefill(&b.p, 0, &ob);
                 for (int t = 0; t < n; t++) {
                     bool keep = t < 4 || t >= n - w || chosen[t];
-                    assert_true(keep == !is_evicted(&b.kv, 0, kvh, t));
+                    assert_true(keep == pos_alive(&b.kv, 0, kvh, n, t));
                 }
+                /* compacted: the 40 kept tokens fill three blocks, the others went back */
+                assert_int_equal(b.kv.released[kvh], 3);
                 assert_int_equal(kvp_kvcache_kept(&b.kv, 0, kvh, n), 40);
             }
             /* decode tokens are appended, never evicted */
@@ -374,16 +386,19 @@ static void test_snapkv_scores_and_keep_set(void **state)
 /* ---- H2O ---- */
 
 /* Prompt of 12 tokens with made-up column sums, then 10 decode steps with made-up probability
- * rows over whatever the policy selected. A double-precision replay of the rule (sort-based)
- * must agree on every eviction, with and without normalisation. */
+ * rows over whatever the policy selected. A double-precision replay of the rule (sort-based, by
+ * position) must agree on every eviction, with and without normalisation, and with and without
+ * compaction (which moves tokens and their scores to other slots and frees blocks). */
 static void test_h2o_accumulation_and_eviction(void **state)
 {
     (void)state;
     const int n0 = 12, steps = 10, bs = 4, n_ctx = 32, g = 2, budget = 8, sink = 1, local = 2;
-    for (int norm = 0; norm < 2; norm++) {
+    for (int variant = 0; variant < 4; variant++) {
+        int norm = variant & 1;
         struct bench b;
         bench_init(&b, "h2o", 1, 2, 1, 4, bs, n_ctx, budget, sink, local);
         b.p.p.normalize = norm;
+        b.kv.compact = variant >> 1;
         fill_keys(&b, n0);
         float *colsum = calloc((size_t)2 * n_ctx, sizeof(float));
         double score[32] = {0};
@@ -424,8 +439,14 @@ static void test_h2o_accumulation_and_eviction(void **state)
                         alive[t] = false;
             }
             for (int t = 0; t < n; t++)
-                assert_true(alive[t] == !is_evicted(&b.kv, 0, 0, t));
+                assert_true(alive[t] == pos_alive(&b.kv, 0, 0, n, t));
             assert_int_equal(kvp_kvcache_kept(&b.kv, 0, 0, n), n < budget ? n : budget);
+            /* compacted, the 8 tokens sit in at most budget / bs blocks below the recent
+             * window plus the two it may straddle; otherwise nothing moves */
+            if (b.kv.compact)
+                assert_true(b.kv.n_pool - b.kv.n_free <= budget / bs + 2);
+            for (int t = 0; t < n && !b.kv.compact; t++)
+                assert_int_equal(kvp_kvcache_pos(&b.kv, 0, 0, t), t);
             if (n == n0)
                 continue;
             assert_int_equal(sel_count(&b.sel, &b.kv, 0, 0, n), budget);
@@ -434,8 +455,10 @@ static void test_h2o_accumulation_and_eviction(void **state)
             for (int j = 0; j < g; j++)
                 for (int i = 0; i < b.sel.n; i++)
                     for (int t = 0; t < bs; t++) {
-                        int pos = b.sel.blocks[i] * bs + t;
-                        if (pos < n && alive[pos]) {
+                        int slot = b.sel.blocks[i] * bs + t;
+                        if (slot < n && !is_evicted(&b.kv, 0, 0, slot)) {
+                            int pos = kvp_kvcache_pos(&b.kv, 0, 0, slot);
+                            assert_true(alive[pos]);
                             probs[j][i * bs + t] = (float)(int)(urand() * 4) / 8.0f;
                             score[pos] += probs[j][i * bs + t] / 2.0;
                         }

@@ -173,10 +173,10 @@ void kvp_sel_blocks(const struct kvp_block_plan *bp, const float *score, int n_t
                     struct kvp_sel *sel, uint64_t *masks, int *iscratch);
 
 /* Token keep set (h2o, snapkv, pyramidkv, oracle_token): keep[b] (n_blocks masks, overwritten)
- * gets [0, sink) ∪ [max(n_tokens - recent, sink), n_tokens) plus the best
- * budget - |forced| tokens by score[t] among the live tokens in between (ties to the lower
- * position). Tokens evicted from kv (layer, kvh) are not candidates; kv may be NULL. fscratch:
- * n_tokens floats; iscratch: 3 * n_tokens ints. */
+ * gets slots [0, sink) ∪ [max(n_tokens - recent, sink), n_tokens) plus the best
+ * budget - |forced| tokens by score[t] among the live slots in between (ties to the lower
+ * position, kvp_kvcache_pos once compaction moved tokens). Tokens evicted from kv (layer, kvh)
+ * are not candidates; kv may be NULL. fscratch: n_tokens floats; iscratch: 3 * n_tokens ints. */
 void kvp_keep_tokens(const float *score, int n_tokens, int sink, int recent, int budget,
                      const struct kvp_kvcache *kv, int layer, int kvh, int bs, uint64_t *keep,
                      float *fscratch, int *iscratch);
@@ -199,9 +199,10 @@ void kvp_snap_scores(const struct kvp_prefill_obs *obs, int first_head, int g, i
                      bool pool_max, float *out, float *tmp);
 
 /* SnapKV's compression of one layer with a given budget (policy_snapkv.c), shared with
- * pyramidkv: scores every KV head with kvp_snap_scores and evicts all prompt tokens outside
- * sink ∪ window ∪ the best budget - |sink ∪ window| (window = max(n_obs, local)); nothing when
- * budget >= n_prompt. scr must come from kvp_snap_init_scratch (0, or -1 out of memory). */
+ * pyramidkv: scores every KV head with kvp_snap_scores, evicts all prompt tokens outside
+ * sink ∪ window ∪ the best budget - |sink ∪ window| (window = max(n_obs, local)) and compacts
+ * the prompt; nothing when budget >= n_prompt. scr must come from kvp_snap_init_scratch (0, or
+ * -1 out of memory). */
 int kvp_snap_init_scratch(struct kvp_policy *p, struct kvp_scratch *scr);
 void kvp_snap_compress(struct kvp_policy *p, struct kvp_scratch *scr, int layer,
                        const struct kvp_prefill_obs *obs, int budget);

@@ -4,9 +4,11 @@
  *
  * Consistent heads keep the sink [0, S), the select_sets middle chunks with the highest summed
  * chunk-max attention over the window, and the tail [chunk_end − R, n); everything else of the
- * prompt is evicted for good at the end of prefill (kvp_kvcache_evict), so resident memory really
- * falls. The selection is fixed after prefill; every generated token is appended and never
- * evicted. Adaptive heads run one of four modes (params.adaptive_mode):
+ * prompt is evicted for good at the end of prefill (kvp_kvcache_evict) and the prompt compacted
+ * (kvp_kvcache_compact; not on quest-mode adaptive heads, whose landmarks address chunks by
+ * slot), so resident memory really falls. The selection is fixed after prefill; every generated
+ * token is appended and never evicted. Adaptive heads run one of four modes
+ * (params.adaptive_mode):
  *   full       the whole cache (η = 1, the paper's default);
  *   fraction   sink + the top ⌊η·middle_chunks⌋ middle chunks by the same score + tail, fixed
  *              and evicted like the consistent heads (η default 0.5);
@@ -302,12 +304,18 @@ static void finish_prefill(struct kvp_policy *p)
     int eta_chunks = (int)floor(eff_eta(p) * g->middle_chunks + 1e-9);
     for (int l = 0; l < p->env.n_layer; l++)
         for (int h = 0; h < p->env.n_head_kv; h++) {
-            if (!s->adaptive[l * p->env.n_head_kv + h])
+            bool adaptive = s->adaptive[l * p->env.n_head_kv + h];
+            if (!adaptive)
                 keep_top_chunks(p, l, h, g->select_sets);
             else if (mode == KVP_ADAPTIVE_FRACTION || mode == KVP_ADAPTIVE_QUEST)
                 keep_top_chunks(p, l, h, eta_chunks);
-            if (s->adaptive[l * p->env.n_head_kv + h] && mode == KVP_ADAPTIVE_QUEST)
-                build_landmarks(p, l, h);
+            if (adaptive && mode == KVP_ADAPTIVE_QUEST)
+                build_landmarks(p, l, h); /* chunks by slot: this head must not compact */
+            else if (!adaptive || mode == KVP_ADAPTIVE_FRACTION)
+                /* chunks smaller than a block, or not aligned to one, leave the blocks of
+                 * evicted chunks partly alive: pack the prompt (these heads read every
+                 * resident token, nothing of theirs depends on slots) */
+                kvp_kvcache_compact(p->env.kv, l, h, g->n, g->n, NULL, NULL);
         }
 }
 

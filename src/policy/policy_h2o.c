@@ -9,11 +9,15 @@
  *     the first `sink` tokens  ∪  the last max(local, 1) tokens  ∪  the best
  *     budget - sink - local of the tokens in between, by score (ties to the lower position)
  *
- * and evicts the rest from the cache, so resident memory follows the budget. Eviction happens
- * at the end of the prompt (on_prefill) and in select, before the step's attention, so a step
- * reads exactly `budget` tokens including the current one; once the cache is full that is one
- * eviction per step, as upstream. Decode probabilities are those of the sparse attention that
- * actually ran (softmax over the kept tokens), as in upstream's real-drop code.
+ * and evicts the rest from the cache. Eviction happens at the end of the prompt (on_prefill) and
+ * in select, before the step's attention, so a step reads exactly `budget` tokens including the
+ * current one; once the cache is full that is one eviction per step, as upstream. Decode
+ * probabilities are those of the sparse attention that actually ran (softmax over the kept
+ * tokens), as in upstream's real-drop code. The heavy hitters are scattered, so after every
+ * eviction the cache is compacted below the recent window (kvp_kvcache_compact, scores move
+ * with their tokens): resident memory follows the budget, about ceil(budget / bs) + 2 blocks
+ * per (layer, KV head). Sink and recent slots never move, so the slot rules stay position
+ * rules, and ranking uses the tokens' positions (kvp_kvcache_pos).
  *
  * Choices, and why:
  *  - the budget counts sink and local (§4: "H2O: hh + recent, recent included"); the sink is
@@ -73,26 +77,38 @@ static float *scores_of(const struct kvp_policy *p, int layer, int kvh)
     return s->score + (size_t)(layer * p->env.n_head_kv + kvh) * s->scr.cap;
 }
 
+/* Compaction moves a token's score with it (user: the KV head's score array). */
+static void h2o_move(void *user, int from, int to)
+{
+    float *score = user;
+    score[to] = score[from];
+    score[from] = 0.0f;
+}
+
 /* Evict (layer, kvh) down to the budget for n_tokens, with n_queries queries accumulated so far
- * (query at position i saw keys 0..i). The keep set is left in the KV head's mask scratch. */
+ * (query at position i saw keys 0..i), then compact below the recent window (whose slots are
+ * kept by slot number, so they must stay put). */
 static void h2o_evict(struct kvp_policy *p, int layer, int kvh, int n_tokens, int n_queries)
 {
     struct h2o_state *s = p->state;
     const int bs = p->env.block_size;
-    const float *score = scores_of(p, layer, kvh);
+    float *score = scores_of(p, layer, kvh);
+    const float *by = score;
     float *rank = kvp_scratch_f(&s->scr, kvh);
     uint64_t *keep = kvp_scratch_m(&s->scr, kvh);
     if (p->p.normalize) {
         for (int t = 0; t < n_tokens; t++) {
-            int seen = n_queries - t;
+            int seen = n_queries - kvp_kvcache_pos(p->env.kv, layer, kvh, t);
             rank[t] = score[t] / (float)(seen > 1 ? seen : 1);
         }
-        score = rank;
+        by = rank;
     }
-    kvp_keep_tokens(score, n_tokens, p->p.sink, kvp_policy_recent(p),
+    kvp_keep_tokens(by, n_tokens, p->p.sink, kvp_policy_recent(p),
                     kvp_policy_budget(p, n_tokens), p->env.kv, layer, kvh, bs, keep,
                     rank + s->scr.cap, kvp_scratch_i(&s->scr, kvh));
     kvp_evict_unkept(p->env.kv, layer, kvh, keep, n_tokens);
+    kvp_kvcache_compact(p->env.kv, layer, kvh, n_tokens - kvp_policy_recent(p), n_tokens,
+                        h2o_move, score);
 }
 
 static void h2o_prefill(struct kvp_policy *p, int layer, const struct kvp_prefill_obs *obs)

@@ -15,7 +15,8 @@
  *     the first `sink` tokens  ∪  the last max(w, local) prompt tokens (the window)  ∪
  *     the best budget - sink - max(w, local) positions by pooled score (ties to the lower one)
  *
- * and evicts the other prompt tokens for good. Only when n > budget; otherwise nothing is
+ * and evicts the other prompt tokens for good, then compacts the prompt (kvp_kvcache_compact) so
+ * the blocks of evicted tokens really come back. Only when n > budget; otherwise nothing is
  * compressed. Decode tokens are appended and never evicted (uncounted, as upstream, §4), so a
  * step reads budget + generated tokens.
  *
@@ -53,6 +54,9 @@ void kvp_snap_compress(struct kvp_policy *p, struct kvp_scratch *scr, int layer,
         kvp_keep_tokens(score, n, p->p.sink, recent, budget, p->env.kv, layer, h, p->env.block_size,
                         keep, fscr, kvp_scratch_i(scr, h));
         kvp_evict_unkept(p->env.kv, layer, h, keep, n);
+        /* the kept prompt tokens are scattered: pack them so their blocks come back (nothing
+         * here depends on slots after the prompt, select reads whatever is resident) */
+        kvp_kvcache_compact(p->env.kv, layer, h, n, n, NULL, NULL);
     }
 }
 

@@ -198,13 +198,20 @@ void kvp_keep_tokens(const float *score, int n_tokens, int sink, int recent, int
     int k = budget - sink - (n_tokens - rs);
     if (k <= 0)
         return;
-    /* compact the live candidates [sink, rs) */
+    /* gather the live candidates [sink, rs) in position order, so ties go to the lower position
+     * also where compaction (kvp_kvcache_compact) moved tokens below their positions */
     int *map = iscratch, *out = iscratch + n_tokens, *heap = iscratch + 2 * n_tokens;
-    int n = 0;
+    int *slot_of = out; /* [n_tokens] by position, until the top-k needs out */
+    for (int q = 0; q < n_tokens; q++)
+        slot_of[q] = -1;
     for (int t = sink; t < rs; t++)
-        if (alive(kv, layer, kvh, t)) {
-            fscratch[n] = score[t];
-            map[n++] = t;
+        if (alive(kv, layer, kvh, t))
+            slot_of[kv ? kvp_kvcache_pos(kv, layer, kvh, t) : t] = t;
+    int n = 0;
+    for (int q = 0; q < n_tokens; q++)
+        if (slot_of[q] >= 0) {
+            fscratch[n] = score[slot_of[q]];
+            map[n++] = slot_of[q];
         }
     if (k >= n) {
         for (int i = 0; i < n; i++)
