@@ -382,6 +382,8 @@ int cmd_bench(int argc, char **argv)
         tg_sum += rate;
         tg_best = rate > tg_best ? rate : tg_best;
     }
+    /* the KV memory really held after the last step: physical blocks taken from the pool */
+    size_t kv_pool = kvp_kvcache_pool_bytes(&ctx->kv);
     double tg_mean = tg_sum / reps;
     double pol_ms = pp.name ? 1e3 * hook_seconds() / ((double)reps * n_decode) : 0;
     (void)decode_s;
@@ -430,6 +432,13 @@ int cmd_bench(int argc, char **argv)
             cJSON_AddNumberToObject(o, "policy_ms_per_token", pol_ms);
             cJSON_AddNumberToObject(o, "policy_share", pol_ms * tg_mean / 1e3);
         }
+        /* kv_resident_bytes: KV bytes (K and V, all layers) in the physical blocks the cache
+         * holds after the last decode step, taken from its block pool; null when tiered (the
+         * store's hot_bytes and cold_bytes say what it holds) */
+        if (tiered)
+            cJSON_AddNullToObject(o, "kv_resident_bytes");
+        else
+            cJSON_AddNumberToObject(o, "kv_resident_bytes", (double)kv_pool);
         cJSON_AddStringToObject(o, "kv_tier", tier_names[tier]);
         if (tiered)
             cJSON_AddStringToObject(o, "prefetch", prefetch_names[prefetch ? prefetch : 4]);
@@ -472,6 +481,8 @@ int cmd_bench(int argc, char **argv)
         if (pp.name)
             printf("policy   %s, budget %s: %.3f ms/token in select/on_step, %.1f%% of decode\n",
                    pp.name, budget_arg ? budget_arg : "all", pol_ms, 100 * pol_ms * tg_mean / 1e3);
+        if (!tiered)
+            printf("KV       %zu bytes resident after the last step\n", kv_pool);
         if (tiered) {
             double n = ss.steps ? (double)ss.steps : 1;
             printf("store    %s tier, prefetch %s: per token %.3f ms compute, %.3f predict, "
