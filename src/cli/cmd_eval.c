@@ -51,7 +51,9 @@
  *   compression            number  achieved compression 1 - kept/Lk (kept: tokens not evicted),
  *                                  mean over steps, compressed layers and KV heads (methods §4)
  *   kv_resident_bytes      int     KV bytes in physical blocks holding live tokens, after the
- *                                  last step (all layers)
+ *                                  last step (all layers); the run keeps evicted data in place,
+ *                                  so token-evicting policies are counted as compacted, exactly
+ *                                  what a real run holds (kvp_kvcache_compact)
  *   kv_kept_bytes          int     bytes of the live tokens themselves
  *   kv_resident_bytes_full int     kv_resident_bytes of full attention
  *   kv_kept_bytes_full     int     kv_kept_bytes of full attention
