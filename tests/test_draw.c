@@ -1,8 +1,8 @@
 /*
- * Tests of the figure drawing (eval/draw.h): every printable character has ink and keeps it
- * inside its cell, glyphs are distinct, text sizes, the turned text is the upright text turned,
- * clipping at the borders never writes outside the image (guard bytes here, ASan in the
- * sanitizer build), and the colour ramp.
+ * Tests of the figure drawing (eval/draw.h) and the accuracy heatmaps (eval/heatmap.h): every
+ * printable character has ink and keeps it inside its cell, glyphs are distinct, text sizes,
+ * the turned text is the upright text turned, clipping at the borders never writes outside the
+ * image (guard bytes here, ASan in the sanitizer build), the colour ramp, and heatmap figures.
  */
 #include "testutil.h"
 
@@ -13,7 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <png.h>
+
 #include "eval/draw.h"
+#include "eval/heatmap.h"
 
 static const uint8_t black[3] = {0, 0, 0};
 
@@ -244,13 +247,132 @@ static void test_ramp(void **state)
     assert_memory_equal(c, stops[0], 3);
 }
 
+/* ---- heatmaps ------------------------------------------------------------------------------ */
+
+static int count_colour(const uint8_t *rgb, int w, int h, const uint8_t c[3])
+{
+    int n = 0;
+    for (size_t i = 0; i < (size_t)w * (size_t)h; i++)
+        n += !memcmp(rgb + 3 * i, c, 3);
+    return n;
+}
+
+static void test_heatmap(void **state)
+{
+    (void)state;
+    static const long lengths[] = {512, 1024, 131072}, depths[] = {0, 50, 100};
+    static const uint8_t red[3] = {215, 25, 28}, green[3] = {26, 150, 65};
+    double good[9], bad[9];
+    for (int i = 0; i < 9; i++) {
+        good[i] = 1.0;
+        bad[i] = 0.0;
+    }
+    struct kvp_heatmap_panel one = {NULL, good};
+    struct kvp_heatmap hm = {.title = "passkey: full, all tokens",
+                             .subtitle = "model m",
+                             .lengths = lengths,
+                             .depths = depths,
+                             .n_len = 3,
+                             .n_depth = 3,
+                             .panels = &one,
+                             .n_panels = 1,
+                             .cols = 1};
+    uint8_t *rgb;
+    int w, h, w2, h2;
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_heatmap_render(&hm, &rgb, &w, &h, &err), 0);
+    int greens = count_colour(rgb, w, h, green), reds = count_colour(rgb, w, h, red);
+    assert_true(greens > 9 * 40 * 20); /* nine cells of green, at least 40 × 20 each */
+    assert_true(reds < greens / 9);    /* red only in the legend */
+    free(rgb);
+
+    /* two panels side by side, an empty slot, then one more row: wider and taller */
+    struct kvp_heatmap_panel grid[4] = {
+        {"a", good}, {"b, budget 1/8", bad}, {"c", bad}, {NULL, NULL}};
+    hm.panels = grid;
+    hm.n_panels = 4;
+    hm.cols = 2;
+    assert_int_equal(kvp_heatmap_render(&hm, &rgb, &w2, &h2, &err), 0);
+    assert_true(w2 > 2 * (w - 100) && h2 > 2 * (h - 100));
+    assert_true(count_colour(rgb, w2, h2, red) > 2 * 9 * 40 * 20);
+    assert_true(count_colour(rgb, w2, h2, green) > 9 * 40 * 20);
+    free(rgb);
+
+    /* malformed or oversized figures are refused with a message */
+    hm.cols = 0;
+    assert_int_equal(kvp_heatmap_render(&hm, &rgb, &w, &h, &err), KVP_EINVAL);
+    assert_null(rgb);
+    hm.cols = 2;
+    hm.n_len = 0;
+    assert_int_equal(kvp_heatmap_render(&hm, &rgb, &w, &h, &err), KVP_EINVAL);
+    hm.n_len = 3;
+    hm.title = NULL;
+    assert_int_equal(kvp_heatmap_render(&hm, &rgb, &w, &h, &err), KVP_EINVAL);
+    hm.title = "t";
+    static double many[4096];
+    static long lens[4096];
+    for (int i = 0; i < 4096; i++)
+        lens[i] = 1000000 + i;
+    struct kvp_heatmap_panel wide = {NULL, many};
+    struct kvp_heatmap big = {.title = "t",
+                              .lengths = lens,
+                              .depths = depths,
+                              .n_len = 4096,
+                              .n_depth = 1,
+                              .panels = &wide,
+                              .n_panels = 1,
+                              .cols = 1};
+    assert_int_equal(kvp_heatmap_render(&big, &rgb, &w, &h, &err), KVP_EINVAL);
+    assert_non_null(strstr(err.msg, "too large"));
+    assert_int_equal(kvp_heatmap_write_png(&hm, "/nonexistent/dir/x.png", &err), KVP_EIO);
+}
+
+/* A figure written to disk decodes to the image rendered. */
+static void test_heatmap_png(void **state)
+{
+    (void)state;
+    static const long lengths[] = {256, 320}, depths[] = {0, 100};
+    static const double acc[4] = {1.0, 0.25, 0.5, 0.0};
+    struct kvp_heatmap_panel p = {"streaming, budget 32", acc};
+    struct kvp_heatmap hm = {.title = "passkey",
+                             .lengths = lengths,
+                             .depths = depths,
+                             .n_len = 2,
+                             .n_depth = 2,
+                             .panels = &p,
+                             .n_panels = 1,
+                             .cols = 1};
+    char *path = kvp_test_tmpfile(".png");
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_heatmap_write_png(&hm, path, &err), 0);
+    uint8_t *rgb;
+    int w, h;
+    assert_int_equal(kvp_heatmap_render(&hm, &rgb, &w, &h, &err), 0);
+    png_image img;
+    memset(&img, 0, sizeof(img));
+    img.version = PNG_IMAGE_VERSION;
+    assert_true(png_image_begin_read_from_file(&img, path));
+    img.format = PNG_FORMAT_RGB;
+    assert_int_equal(img.width, w);
+    assert_int_equal(img.height, h);
+    uint8_t *back = malloc(PNG_IMAGE_SIZE(img));
+    assert_non_null(back);
+    assert_true(png_image_finish_read(&img, NULL, back, 0, NULL));
+    assert_memory_equal(back, rgb, (size_t)w * (size_t)h * 3);
+    free(back);
+    free(rgb);
+    remove(path);
+    free(path);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_glyph_cells), cmocka_unit_test(test_glyphs_distinct),
         cmocka_unit_test(test_text_size),   cmocka_unit_test(test_text_box),
         cmocka_unit_test(test_text_up),     cmocka_unit_test(test_clipping),
-        cmocka_unit_test(test_ramp),
+        cmocka_unit_test(test_ramp),        cmocka_unit_test(test_heatmap),
+        cmocka_unit_test(test_heatmap_png),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

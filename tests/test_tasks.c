@@ -2,7 +2,8 @@
  * Tests of the evaluation tasks (`kvpred eval --task`): the generator is a pure function of its
  * seed, the answer needle sits at the requested depth, prompts fill the target length up to one
  * haystack unit, string_match_all on hand-made predictions, and the CLI end to end on
- * stories260K (which scores about 0: the test checks the machinery, not the accuracy).
+ * stories260K (which scores about 0: the test checks the machinery, not the accuracy), the
+ * --heatmap figures included.
  *
  * The generator tests run on a self-made corpus with a whitespace word counter as the
  * "tokenizer", so they need nothing from ../shared.
@@ -17,6 +18,7 @@
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
+#include <png.h>
 
 #include "eval/ruler.h"
 #include "train/train.h"
@@ -207,8 +209,8 @@ static void test_cli(void **state)
     assert_int_equal(rows, 3 * 2 * 3); /* (full + 2 budgets) x 2 lengths x 3 depths */
     free(out);
     static const char *const pngs[] = {"niah_single_full_all.png", "niah_single_streaming_64.png",
-                                       "niah_single_streaming_1_4.png"};
-    for (int i = 0; i < 3; i++) {
+                                       "niah_single_streaming_1_4.png", "niah_single_all.png"};
+    for (int i = 0; i < 4; i++) {
         snprintf(cmd, sizeof(cmd), "%s/%s", dir, pngs[i]);
         size_t n = 0;
         char *png = kvp_test_read_file(cmd, &n);
@@ -218,6 +220,59 @@ static void test_cli(void **state)
         remove(cmd);
     }
     rmdir(dir);
+    free(dir);
+}
+
+/* Width and height of a PNG file, read back with libpng; false if it does not decode. */
+static bool png_size(const char *path, int *w, int *h)
+{
+    png_image img;
+    memset(&img, 0, sizeof(img));
+    img.version = PNG_IMAGE_VERSION;
+    if (!png_image_begin_read_from_file(&img, path))
+        return false;
+    *w = (int)img.width;
+    *h = (int)img.height;
+    png_image_free(&img);
+    return true;
+}
+
+/* --heatmap on a tiny passkey grid: a labelled figure per policy x budget (file names as before)
+ * and the overview TASK_all.png with every panel, larger than any one of them. */
+static void test_cli_heatmap(void **state)
+{
+    (void)state;
+    KVP_REQUIRE_CLI(cli);
+    KVP_REQUIRE_SHARED(model_tmp, "models/stories260K.gguf");
+    char model[1024];
+    snprintf(model, sizeof(model), "%s", model_tmp);
+    KVP_REQUIRE_SHARED(filler, "data/pg_essays");
+    char *dir = kvp_test_tmpfile("");
+    remove(dir);
+    char cmd[4096], *out = NULL;
+    snprintf(cmd, sizeof(cmd),
+             "%s eval -m %s --task passkey --lengths 256,320 --depths 0,100 --samples 1 "
+             "--policy full,streaming --budget 32,1/4 --filler %s --heatmap %s 2>&1",
+             cli, model, filler, dir);
+    int st = kvp_test_run(cmd, &out, 1);
+    if (st != 0)
+        print_message("%s\n", out ? out : "");
+    assert_int_equal(st, 0);
+    free(out);
+    static const char *const pngs[] = {"passkey_full_all.png", "passkey_streaming_32.png",
+                                       "passkey_streaming_1_4.png", "passkey_all.png"};
+    int w[4], h[4];
+    for (int i = 0; i < 4; i++) {
+        snprintf(cmd, sizeof(cmd), "%s/%s", dir, pngs[i]);
+        if (!png_size(cmd, &w[i], &h[i]))
+            fail_msg("%s is missing or not a PNG", cmd);
+        /* room for the title, the labels and the legend around a 2 x 2 grid */
+        assert_true(w[i] >= 300 && h[i] >= 200);
+        remove(cmd);
+    }
+    /* the overview: full alone in the first row, streaming's two budgets in the second */
+    assert_true(w[3] > w[1] + 200 && h[3] > h[1] + 100);
+    assert_int_equal(rmdir(dir), 0); /* nothing else was written */
     free(dir);
 }
 
@@ -258,7 +313,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_deterministic), cmocka_unit_test(test_depth),
         cmocka_unit_test(test_length),        cmocka_unit_test(test_score),
-        cmocka_unit_test(test_cli),           cmocka_unit_test(test_bad_flags),
+        cmocka_unit_test(test_cli),           cmocka_unit_test(test_cli_heatmap),
+        cmocka_unit_test(test_bad_flags),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -18,6 +18,9 @@
  * never overlap. The same seed serves every length and depth, so within a sample index only the
  * haystack size and the needle position change.
  *
+ * Figures (--heatmap DIR, drawn by eval/heatmap.h): DIR/TASK_POLICY_BUDGET.png per policy ×
+ * budget and DIR/TASK_all.png with all of them side by side, a row per policy.
+ *
  * JSON (--json: one object per line per (task, policy, budget, length, depth) on stdout; the
  * table goes to stderr):
  *   task            string  passkey, niah_single, niah_multikey, niah_multivalue,
@@ -51,7 +54,7 @@
 #include "cli/cli.h"
 #include "cli/common.h"
 #include "cli/measure_opts.h"
-#include "eval/png.h"
+#include "eval/heatmap.h"
 #include "eval/ruler.h"
 #include "train/train.h"
 
@@ -89,7 +92,11 @@ static void help(void)
            "  --budget LIST      tokens per layer and KV head or ratios of the prompt (1/16)\n"
            "                     (default 1/8)\n"
            "  --json             one JSON object per (policy, budget, length, depth) on stdout\n"
-           "  --heatmap DIR      one PNG per policy x budget: depth rows x length columns\n"
+           "  --heatmap DIR      figures in DIR (created if missing): TASK_POLICY_BUDGET.png\n"
+           "                     per policy x budget ('/' and '.' of the budget as '_'), the\n"
+           "                     accuracy in %% of each depth row x length column, titled,\n"
+           "                     labelled and with a colour legend; TASK_all.png with every\n"
+           "                     policy x budget side by side (a row per policy)\n"
            "  --filler PATH      filler text file or directory (default\n"
            "                     $KVP_SHARED_DIR/data/pg_essays)\n%s",
            cli_model_flags_help, cli_policy_names(), cli_policy_flags_help);
@@ -331,49 +338,81 @@ static void json_cell(const struct task_opts *o, const char *model_name, const s
     cJSON_Delete(j);
 }
 
-/* Accuracy 0 → red, 0.5 → yellow, 1 → green. */
-static void heat_color(double a, uint8_t *rgb)
+/* The panel title of a run: "streaming, budget 1/4", "full, all tokens". */
+static void run_title(const struct run *r, char *buf, size_t cap)
 {
-    if (a < 0.5) {
-        rgb[0] = 215;
-        rgb[1] = (uint8_t)(48 + 2.0 * a * (200 - 48));
-    } else {
-        rgb[0] = (uint8_t)(215 - 2.0 * (a - 0.5) * (215 - 40));
-        rgb[1] = (uint8_t)(200 - 2.0 * (a - 0.5) * (200 - 170));
-    }
-    rgb[2] = 50;
+    if (!strcmp(r->pp.name, "full"))
+        snprintf(buf, cap, "full, all tokens");
+    else
+        snprintf(buf, cap, "%s, budget %s", r->pp.name, r->label);
 }
 
-/* DIR/TASK_POLICY_BUDGET.png: depth rows (0 % at the top) × length columns, one 32-pixel
- * square per cell with a one-pixel grey grid. */
-static int write_heatmap(const struct task_opts *o, const struct run *r)
+/* Write DIR/NAME.png with the given panels, cols to a row. */
+static int write_figure(const struct task_opts *o, const char *name, const char *title,
+                        const char *subtitle, const struct kvp_heatmap_panel *panels,
+                        int n_panels, int cols)
 {
-    const int cell = 32;
-    int w = o->n_len * cell + 1, h = o->n_depth * cell + 1;
-    uint8_t *rgb = malloc((size_t)w * (size_t)h * 3);
-    if (!rgb)
-        return cli_fail("heatmap: out of memory");
-    for (int y = 0; y < h; y++)
-        for (int x = 0; x < w; x++) {
-            uint8_t *px = rgb + ((size_t)y * (size_t)w + (size_t)x) * 3;
-            if (x % cell == 0 || y % cell == 0) {
-                px[0] = px[1] = px[2] = 128;
-                continue;
-            }
-            int c = (x / cell) * o->n_depth + y / cell;
-            heat_color(r->score[c] / (double)o->samples, px);
-        }
-    char label[64], path[4096];
-    snprintf(label, sizeof(label), "%s", r->label);
-    for (char *p = label; *p; p++)
-        if (*p == '/' || *p == '.')
-            *p = '_';
-    snprintf(path, sizeof(path), "%s/%s_%s_%s.png", o->heatmap, eval_tasks[o->ti].name,
-             r->pp.name, label);
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/%s.png", o->heatmap, name);
+    struct kvp_heatmap hm = {.title = title, .subtitle = subtitle, .lengths = o->lengths,
+                             .depths = o->depths, .n_len = o->n_len, .n_depth = o->n_depth,
+                             .panels = panels, .n_panels = n_panels, .cols = cols};
     struct kvp_err err = {0};
-    int rc = kvp_png_write_rgb(path, rgb, w, h, &err);
-    free(rgb);
-    return rc < 0 ? cli_fail_err(&err) : 0;
+    return kvp_heatmap_write_png(&hm, path, &err) < 0 ? cli_fail_err(&err) : 0;
+}
+
+#define TITLE_CAP 160
+
+/* DIR/TASK_POLICY_BUDGET.png for every run (budget '/' and '.' written as '_'), then
+ * DIR/TASK_all.png with every run side by side: a row per policy, a column per budget. */
+static int write_heatmaps(const struct task_opts *o, const struct run *runs, int n_runs,
+                          const char *model_name)
+{
+    const char *task = eval_tasks[o->ti].name, *file = o->mo.model_path;
+    int cells = o->n_len * o->n_depth, cols = 1, status = 1;
+    for (int i = 0; i < o->n_policies; i++)
+        if (strcmp(o->policies[i], "full"))
+            cols = o->n_budgets;
+    double *acc = malloc((size_t)n_runs * (size_t)cells * sizeof(double));
+    char *titles = malloc((size_t)n_runs * TITLE_CAP);
+    struct kvp_heatmap_panel *grid = calloc((size_t)o->n_policies * (size_t)cols, sizeof(*grid));
+    if (!acc || !titles || !grid) {
+        cli_fail("heatmap: out of memory");
+        goto out;
+    }
+    char subtitle[1024], title[TITLE_CAP + 64], name[256];
+    const char *base = file && strrchr(file, '/') ? strrchr(file, '/') + 1 : file;
+    snprintf(subtitle, sizeof(subtitle), "model %s%s%s%s, %ld samples per cell, seed %ld",
+             model_name, base ? " (" : "", base ? base : "", base ? ")" : "", o->samples,
+             o->seed);
+    for (int k = 0, i = 0; i < o->n_policies; i++) {
+        int n = strcmp(o->policies[i], "full") ? o->n_budgets : 1;
+        for (int j = 0; j < n; j++, k++) {
+            double *a = acc + (size_t)k * (size_t)cells;
+            for (int c = 0; c < cells; c++)
+                a[c] = runs[k].score[c] / (double)o->samples;
+            run_title(&runs[k], titles + (size_t)k * TITLE_CAP, TITLE_CAP);
+            grid[i * cols + j] = (struct kvp_heatmap_panel){titles + (size_t)k * TITLE_CAP, a};
+            struct kvp_heatmap_panel one = {NULL, a};
+            char label[64];
+            snprintf(label, sizeof(label), "%s", runs[k].label);
+            for (char *p = label; *p; p++)
+                if (*p == '/' || *p == '.')
+                    *p = '_';
+            snprintf(name, sizeof(name), "%s_%s_%s", task, runs[k].pp.name, label);
+            snprintf(title, sizeof(title), "%s: %s", task, titles + (size_t)k * TITLE_CAP);
+            if (write_figure(o, name, title, subtitle, &one, 1, 1))
+                goto out;
+        }
+    }
+    snprintf(name, sizeof(name), "%s_all", task);
+    snprintf(title, sizeof(title), "%s: every policy and budget", task);
+    status = write_figure(o, name, title, subtitle, grid, o->n_policies * cols, cols);
+out:
+    free(grid);
+    free(titles);
+    free(acc);
+    return status;
 }
 
 static void print_table(const struct task_opts *o, const struct run *runs, int n_runs,
@@ -563,13 +602,12 @@ int cmd_eval_tasks(int argc, char **argv)
     if (eval_grid(&o, m, ctx, c, runs, n_runs))
         goto out;
     print_table(&o, runs, n_runs, info.name);
-    for (int k = 0; k < n_runs; k++) {
-        for (int li = 0; o.json && li < o.n_len; li++)
+    for (int k = 0; o.json && k < n_runs; k++)
+        for (int li = 0; li < o.n_len; li++)
             for (int di = 0; di < o.n_depth; di++)
                 json_cell(&o, info.name, &runs[k], li, di);
-        if (o.heatmap && write_heatmap(&o, &runs[k]))
-            goto out;
-    }
+    if (o.heatmap && write_heatmaps(&o, runs, n_runs, info.name))
+        goto out;
     fflush(stdout);
     status = 0;
 out:
