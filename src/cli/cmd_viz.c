@@ -18,6 +18,7 @@
 #include "cli/cli.h"
 #include "cli/common.h"
 #include "cli/measure_opts.h"
+#include "eval/draw.h"
 #include "eval/measure.h"
 #include "eval/png.h"
 
@@ -101,14 +102,9 @@ static void collect_step(void *ud, const struct kvp_measure *ms, int step)
 /* Inferno-like colour ramp, v in [0, 1]. */
 static void ramp(double v, uint8_t *rgb)
 {
-    static const double stops[5][3] = {
+    static const uint8_t stops[5][3] = {
         {0, 0, 4}, {87, 16, 110}, {188, 55, 84}, {249, 142, 9}, {252, 255, 164}};
-    v = v < 0 ? 0 : v > 1 ? 1 : v;
-    double x = v * 4;
-    int i = x >= 4 ? 3 : (int)x;
-    double f = x - i;
-    for (int c = 0; c < 3; c++)
-        rgb[c] = (uint8_t)lround(stops[i][c] + f * (stops[i + 1][c] - stops[i][c]));
+    kvp_draw_ramp(stops, 5, v, rgb);
 }
 
 /* Position of a block mass on the log colour scale, in [0, 1]. */

@@ -1,6 +1,7 @@
 /*
- * A minimal PNG writer for the figures kvpred draws (`kvpred viz`): 8-bit RGB, no interlace,
- * through libpng. The library never prints; libpng's own messages are captured into kvp_err.
+ * A minimal PNG writer for the figures kvpred draws (viz, eval heatmaps, store timelines, head
+ * profiles): 8-bit RGB, no interlace, through libpng. The library never prints; libpng's own
+ * messages are captured into kvp_err.
  */
 #ifndef KVP_EVAL_PNG_H
 #define KVP_EVAL_PNG_H

@@ -6,15 +6,15 @@
  * prediction), STALL (waiting for transfers), READS (cold-tier reads from submit to completion,
  * stacked into sub-lanes where they overlap, colour by layer), WRITES (write-through). A black
  * vertical line marks the start of every token; the axis is in milliseconds from the first one.
- * Labels use a built-in 5x7 pixel font so the picture needs nothing but libpng. kvp_store_png is
- * the minimal writer (RGB, 8 bits); src/eval/png.c on the eval branch may replace it once merged.
+ * Labels use the figure font of eval/draw.h and eval/png.h writes the file, so the picture needs
+ * nothing but libpng.
  */
-#include <png.h>
-#include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "eval/draw.h"
+#include "eval/png.h"
 #include "store/store.h"
 
 #define W 1600
@@ -35,85 +35,13 @@ static const uint8_t layer_rgb[8][3] = {
 
 static void fill(struct canvas *c, int x0, int y0, int x1, int y1, const uint8_t rgb[3])
 {
-    x0 = x0 < 0 ? 0 : x0;
-    y0 = y0 < 0 ? 0 : y0;
-    x1 = x1 > c->w ? c->w : x1;
-    y1 = y1 > c->h ? c->h : y1;
-    for (int y = y0; y < y1; y++)
-        for (int x = x0; x < x1; x++)
-            memcpy(c->px + ((size_t)y * c->w + x) * 3, rgb, 3);
+    kvp_draw_rect(c->px, c->w, c->h, x0, y0, x1 - x0, y1 - y0, rgb);
 }
 
-/* ---- a 5x7 font for the few characters the labels use ---- */
-
-struct glyph {
-    char ch;
-    uint8_t rows[7]; /* 5 bits per row, bit 4 = leftmost column */
-};
-
-static const struct glyph font[] = {
-    {'A', {14, 17, 17, 31, 17, 17, 17}}, {'B', {30, 17, 17, 30, 17, 17, 30}},
-    {'C', {14, 17, 16, 16, 16, 17, 14}}, {'D', {30, 17, 17, 17, 17, 17, 30}},
-    {'E', {31, 16, 16, 30, 16, 16, 31}}, {'F', {31, 16, 16, 30, 16, 16, 16}},
-    {'G', {14, 17, 16, 23, 17, 17, 15}}, {'H', {17, 17, 17, 31, 17, 17, 17}},
-    {'I', {14, 4, 4, 4, 4, 4, 14}},      {'K', {17, 18, 20, 24, 20, 18, 17}},
-    {'L', {16, 16, 16, 16, 16, 16, 31}}, {'M', {17, 27, 21, 21, 17, 17, 17}},
-    {'N', {17, 25, 21, 19, 17, 17, 17}}, {'O', {14, 17, 17, 17, 17, 17, 14}},
-    {'P', {30, 17, 17, 30, 16, 16, 16}}, {'R', {30, 17, 17, 30, 20, 18, 17}},
-    {'S', {15, 16, 16, 14, 1, 1, 30}},   {'T', {31, 4, 4, 4, 4, 4, 4}},
-    {'U', {17, 17, 17, 17, 17, 17, 14}}, {'V', {17, 17, 17, 17, 17, 10, 4}},
-    {'W', {17, 17, 17, 21, 21, 21, 10}}, {'Y', {17, 17, 10, 4, 4, 4, 4}},
-    {'0', {14, 17, 19, 21, 25, 17, 14}}, {'1', {4, 12, 4, 4, 4, 4, 14}},
-    {'2', {14, 17, 1, 2, 4, 8, 31}},     {'3', {31, 2, 4, 2, 1, 17, 14}},
-    {'4', {2, 6, 10, 18, 31, 2, 2}},     {'5', {31, 16, 30, 1, 1, 17, 14}},
-    {'6', {6, 8, 16, 30, 17, 17, 14}},   {'7', {31, 1, 2, 4, 8, 8, 8}},
-    {'8', {14, 17, 17, 14, 17, 17, 14}}, {'9', {14, 17, 17, 15, 1, 2, 12}},
-    {'.', {0, 0, 0, 0, 0, 12, 12}},      {'-', {0, 0, 0, 31, 0, 0, 0}},
-    {':', {0, 12, 12, 0, 12, 12, 0}},    {'/', {1, 1, 2, 4, 8, 16, 16}},
-};
-
-/* Draw text (upper case; unknown characters are blank) at scale 2 with its top-left at x, y. */
+/* Labels at scale 2 with their top-left corner at x, y. */
 static void text(struct canvas *c, int x, int y, const char *s, const uint8_t rgb[3])
 {
-    for (; *s; s++, x += 12) {
-        const struct glyph *g = NULL;
-        for (size_t i = 0; i < sizeof(font) / sizeof(font[0]); i++)
-            if (font[i].ch == *s)
-                g = &font[i];
-        if (!g)
-            continue;
-        for (int r = 0; r < 7; r++)
-            for (int col = 0; col < 5; col++)
-                if ((g->rows[r] >> (4 - col)) & 1)
-                    fill(c, x + 2 * col, y + 2 * r, x + 2 * col + 2, y + 2 * r + 2, rgb);
-    }
-}
-
-/* ---- PNG ---- */
-
-static int write_png(const struct canvas *c, const char *path, struct kvp_err *err)
-{
-    FILE *f = fopen(path, "wb");
-    if (!f)
-        return kvp_err_set(err, KVP_EIO, "%s: cannot create the timeline PNG", path);
-    png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
-    png_infop info = png ? png_create_info_struct(png) : NULL;
-    if (!png || !info || setjmp(png_jmpbuf(png))) {
-        png_destroy_write_struct(&png, &info);
-        fclose(f);
-        return kvp_err_set(err, KVP_EIO, "%s: cannot write the timeline PNG", path);
-    }
-    png_init_io(png, f);
-    png_set_IHDR(png, info, (png_uint_32)c->w, (png_uint_32)c->h, 8, PNG_COLOR_TYPE_RGB,
-                 PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
-    png_write_info(png, info);
-    for (int y = 0; y < c->h; y++)
-        png_write_row(png, c->px + (size_t)y * c->w * 3);
-    png_write_end(png, NULL);
-    png_destroy_write_struct(&png, &info);
-    if (fclose(f) != 0)
-        return kvp_err_set(err, KVP_EIO, "%s: cannot write the timeline PNG", path);
-    return 0;
+    kvp_draw_text(c->px, c->w, c->h, x, y, s, rgb, 2);
 }
 
 /* ---- the drawing ---- */
@@ -223,7 +151,7 @@ int kvp_store_timeline_png(const struct kvp_store *s, const char *path, struct k
     }
     text(&c, W - 60, y_axis + 10, "MS", black);
 #undef X
-    int rc = write_png(&c, path, err);
+    int rc = kvp_png_write_rgb(path, c.px, c.w, c.h, err);
     free(c.px);
     return rc;
 }
