@@ -77,13 +77,9 @@ static int cmp_int(const void *a, const void *b)
     return *(const int *)a - *(const int *)b;
 }
 
-void kvp_topk_indices(const float *x, int n, int k, int *out, int *scratch)
+/* The heap version: O(n log k), exact whatever the values (NaN included). */
+static void topk_heap(const float *x, int n, int k, int *out, int *h)
 {
-    if (k > n)
-        k = n;
-    if (k <= 0)
-        return;
-    int *h = scratch;
     for (int i = 0; i < k; i++)
         h[i] = i;
     for (int i = k / 2 - 1; i >= 0; i--)
@@ -95,6 +91,74 @@ void kvp_topk_indices(const float *x, int n, int k, int *out, int *scratch)
         }
     memcpy(out, h, (size_t)k * sizeof(int));
     qsort(out, (size_t)k, sizeof(int), cmp_int);
+}
+
+static void swap_int(int *a, int *b)
+{
+    int t = *a;
+    *a = *b;
+    *b = t;
+}
+
+/* Index of the k-th (0-based) strongest of x[0..n) in the order "larger value, then lower
+ * index" (a strict total order without NaN), by quickselect over idx (n ints, scrambled); -1
+ * after suspiciously many rounds (a pathological input; the caller falls back to the heap). */
+static int kth_strongest(const float *x, int n, int k, int *idx)
+{
+    for (int i = 0; i < n; i++)
+        idx[i] = i;
+    int lo = 0, hi = n - 1, rounds = 16; /* expected ~2.4 log2(n) */
+    for (int m = n; m; m >>= 1)
+        rounds += 4;
+    while (lo < hi) {
+        if (rounds-- == 0)
+            return -1;
+        /* median of three as the pivot, kept by index so the comparisons never move */
+        int mid = lo + (hi - lo) / 2;
+        if (weaker(x, idx[lo], idx[mid]))
+            swap_int(&idx[lo], &idx[mid]);
+        if (weaker(x, idx[mid], idx[hi]))
+            swap_int(&idx[mid], &idx[hi]);
+        if (weaker(x, idx[lo], idx[mid]))
+            swap_int(&idx[lo], &idx[mid]);
+        int pv = idx[mid], i = lo, j = hi;
+        /* Hoare partition: each scan stops at the pivot or at an element a previous scan
+         * stopped at and swapped, so it stays in [lo, hi] for any comparison results */
+        do {
+            while (weaker(x, pv, idx[i]))
+                i++;
+            while (weaker(x, idx[j], pv))
+                j--;
+            if (i <= j)
+                swap_int(&idx[i++], &idx[j--]);
+        } while (i <= j);
+        if (j < k)
+            lo = i;
+        if (k < i)
+            hi = j;
+    }
+    return idx[k];
+}
+
+void kvp_topk_indices(const float *x, int n, int k, int *out, int *scratch)
+{
+    if (k > n)
+        k = n;
+    if (k <= 0)
+        return;
+    /* Quickselect finds the k-th strongest t in O(n); the top k are then exactly the indices
+     * not weaker than t, and one pass in index order writes them already sorted. With NaN
+     * the order is not total and the count can come out wrong: the heap decides then. */
+    int t = kth_strongest(x, n, k - 1, scratch), m = 0;
+    if (t >= 0)
+        for (int i = 0; i < n; i++)
+            if (!weaker(x, i, t)) {
+                if (m < k)
+                    out[m] = i;
+                m++;
+            }
+    if (m != k)
+        topk_heap(x, n, k, out, scratch);
 }
 
 void kvp_gqa_combine(const float *rows, int g, int stride, int n, int agg, float *out)
