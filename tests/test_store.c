@@ -390,6 +390,34 @@ static void test_padding_and_alignment(void **state)
     free(d);
 }
 
+/* A layer that is never transferred keeps the untiered layout: each head's keys, and its
+ * values, are contiguous along the context (dense attention streams them), while a tiered layer
+ * keeps K and V of every head of a block in one unit. */
+static void test_dense_layer_layout(void **state)
+{
+    (void)state;
+    struct kvp_err err = {0};
+    struct bare b;
+    bare_init(&b, KVP_TIER_RAM, NULL, 16, 4);
+    assert_int_equal(kvp_store_configure(b.s, 1, 4, &err), 0); /* layer 0 dense, 1 tiered */
+    bare_prefill(&b, 100);
+    const size_t bf = 16 * 16;
+    for (int h = 0; h < 2; h++)
+        for (int blk = 0; blk + 1 < 7; blk++) {
+            assert_ptr_equal(kvp_kvcache_kblock(&b.kv, 0, h, blk + 1),
+                             kvp_kvcache_kblock(&b.kv, 0, h, blk) + bf);
+            assert_ptr_equal(kvp_kvcache_vblock(&b.kv, 0, h, blk + 1),
+                             kvp_kvcache_vblock(&b.kv, 0, h, blk) + bf);
+        }
+    const float *k1 = kvp_kvcache_kblock(&b.kv, 1, 0, 6); /* the newest block is hot */
+    assert_ptr_equal(kvp_kvcache_vblock(&b.kv, 1, 0, 6), k1 + bf);
+    assert_ptr_equal(kvp_kvcache_kblock(&b.kv, 1, 1, 6), k1 + 2 * bf);
+    for (int blk = 0; blk < 7; blk++)
+        assert_true(block_ok(&b, 0, blk, 100));
+    assert_true(block_ok(&b, 1, 6, 100));
+    bare_free(&b);
+}
+
 /* A RAM tier behind a 1 GB/s, 300 µs link: an on-demand read takes at least the latency. */
 static void test_link_model(void **state)
 {
@@ -738,6 +766,7 @@ int main(void)
         cmocka_unit_test(test_bookkeeping_ram),
         cmocka_unit_test(test_bookkeeping_disk),
         cmocka_unit_test(test_padding_and_alignment),
+        cmocka_unit_test(test_dense_layer_layout),
         cmocka_unit_test(test_link_model),
         cmocka_unit_test(test_logits_equal),
         cmocka_unit_test(test_mispredicted_on_demand),

@@ -20,7 +20,6 @@ static int kvcache_init(struct kvp_kvcache *c, int n_layer, int n_head_kv, int h
     c->block_size = block_size;
     c->max_blocks = (n_ctx + block_size - 1) / block_size;
     c->block_floats = (size_t)head_dim * block_size;
-    c->pool_stride = c->block_floats;
     c->external = external;
     c->release = true;
     pthread_mutex_init(&c->pool_lock, NULL);
@@ -38,8 +37,9 @@ static int kvcache_init(struct kvp_kvcache *c, int n_layer, int n_head_kv, int h
     c->n_evicted = calloc(n_lh, sizeof(int32_t));
     c->released = calloc(n_lh, sizeof(int32_t));
     c->free_stack = malloc(n_tab * sizeof(int32_t));
-    if ((!external && (!c->k_pool || !c->v_pool)) || !c->table || !c->evicted || !c->n_evicted || !c->released ||
-        !c->free_stack) {
+    c->pools = calloc((size_t)n_layer, sizeof(*c->pools));
+    if ((!external && (!c->k_pool || !c->v_pool)) || !c->table || !c->evicted || !c->n_evicted ||
+        !c->released || !c->free_stack || !c->pools) {
         kvp_kvcache_free(c);
         return kvp_err_set(err, KVP_ENOMEM, "cannot allocate the KV cache (%zu MiB)",
                            2 * bytes >> 20);
@@ -48,6 +48,8 @@ static int kvcache_init(struct kvp_kvcache *c, int n_layer, int n_head_kv, int h
     if (!external) {
         memset(c->k_pool, 0, bytes);
         memset(c->v_pool, 0, bytes);
+        for (int l = 0; l < n_layer; l++)
+            c->pools[l] = (struct kvp_kvpool){c->k_pool, c->v_pool, c->block_floats};
     }
     kvp_kvcache_clear(c);
     return 0;
@@ -65,11 +67,9 @@ int kvp_kvcache_init_external(struct kvp_kvcache *c, int n_layer, int n_head_kv,
     return kvcache_init(c, n_layer, n_head_kv, head_dim, block_size, n_ctx, true, err);
 }
 
-void kvp_kvcache_attach(struct kvp_kvcache *c, float *k, float *v, size_t stride)
+void kvp_kvcache_attach(struct kvp_kvcache *c, int layer, float *k, float *v, size_t stride)
 {
-    c->k_pool = k;
-    c->v_pool = v;
-    c->pool_stride = stride;
+    c->pools[layer] = (struct kvp_kvpool){k, v, stride};
 }
 
 void kvp_kvcache_free(struct kvp_kvcache *c)
@@ -85,6 +85,7 @@ void kvp_kvcache_free(struct kvp_kvcache *c)
     free(c->n_evicted);
     free(c->released);
     free(c->free_stack);
+    free(c->pools);
     pthread_mutex_destroy(&c->pool_lock);
     memset(c, 0, sizeof(*c));
 }

@@ -36,13 +36,18 @@ static size_t cold_off(const struct kvp_store *s, int layer, int b)
     return ((size_t)layer * s->max_blocks + (size_t)b) * s->unit_bytes;
 }
 
-/* Point the cache's table entries of (layer, b), every KV head, at slot (or nowhere: -1). */
+/* Point the cache's table entries of (layer, b), every KV head, at slot (or nowhere: -1).
+ * Tiered layers: head h of a slot is physical block slot*ppu + h of the unit layout. Layers
+ * that never move keep the untiered layout, head-major (see configure). */
 static void set_table(struct kvp_store *s, int layer, int b, int slot)
 {
     struct kvp_kvcache *kv = s->kv;
+    bool units = s->tiered[layer];
     for (int h = 0; h < s->n_kv; h++)
         kv->table[(size_t)kvp_kvcache_lh(kv, layer, h) * kv->max_blocks + b] =
-            slot < 0 ? -1 : slot * s->ppu + h;
+            slot < 0 ? -1
+            : units  ? slot * s->ppu + h
+                     : h * s->max_blocks + (slot - s->slot0[layer]);
 }
 
 static int32_t *res_of(struct kvp_store *s, int layer, int b)
@@ -649,7 +654,21 @@ int kvp_store_configure(struct kvp_store *s, int dense_layers, int hot_blocks,
     memset(s->hot, 0, bytes); /* touches every page now, not while timing */
     s->cold = s->tier == KVP_TIER_RAM ? s->hot + hot_bytes : NULL;
     s->st.hot_bytes = hot_bytes;
-    kvp_kvcache_attach(s->kv, (float *)s->hot, (float *)s->hot + s->bf, 2 * s->bf);
+    /* Tiered layers (and the staging area and RAM cold units after the slots) use the unit
+     * layout, K and V of a head interleaved. A layer that is never transferred has the
+     * untiered layout inside its max_blocks slots, [K: head][block] then [V: head][block]:
+     * dense attention then streams each head's keys instead of taking 1 KiB from every 4 KiB
+     * page (2 dense layers of stories260K at 32K: 2.4 ms more per token). */
+    for (int l = 0; l < s->n_layer; l++) {
+        float *k = (float *)s->hot, *v = k + s->bf;
+        size_t stride = 2 * s->bf;
+        if (!s->tiered[l]) {
+            k = (float *)slot_ptr(s, s->slot0[l]);
+            v = k + (size_t)s->n_kv * s->max_blocks * s->bf;
+            stride = s->bf;
+        }
+        kvp_kvcache_attach(s->kv, l, k, v, stride);
+    }
     remap_all(s);
     s->n_tokens = 0;
     return 0;

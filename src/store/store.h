@@ -22,11 +22,13 @@
  * later), so the attention kernels read hot copies through kvp_kvcache_kblock unchanged and see
  * NULL for a block that is not resident. Layers that are not tiered (dense layers of a sparse
  * policy; everything without a policy) get one slot per block, mapped once, and are never
- * transferred. Tiered layers get `hot_budget` slots with a slot map (slot -> block, block ->
- * slot), a state per slot (empty, loading, ready, plus a write-in-flight flag) and LRU
- * replacement by a use stamp; the block being written (the newest) is pinned. Prefill needs the
- * whole layer: it runs in a staging area of one layer (max_blocks slots), loaded from the cold
- * tier before the layer and written back after it.
+ * transferred; their slots hold the untiered layout instead (all K of head 0, head 1, ...,
+ * then all V), so dense attention streams them as fast as without a store. Tiered layers get
+ * `hot_budget` slots with a slot map (slot -> block, block -> slot), a state per slot (empty,
+ * loading, ready, plus a write-in-flight flag) and LRU replacement by a use stamp; the block
+ * being written (the newest) is pinned. Prefill needs the whole layer: it runs in a staging
+ * area of one layer (max_blocks slots), loaded from the cold tier before the layer and written
+ * back after it.
  *
  * Transfers. Reads and writes are records (hot slots [s0, s0+n) <-> cold units of one layer
  * [b0, b0+n)); adjacent units that land in adjacent slots share one record. The disk tier
