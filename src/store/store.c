@@ -830,8 +830,13 @@ void kvp_store_step_end(struct kvp_store *s)
 {
     clear_overflow(s);
     int nb = newest_block(s);
+    /* Write-through once the block is full. Until then it is the newest block, pinned hot, so
+     * its cold copy is never read: a truncation either keeps it (and it stays newest and hot)
+     * or drops it, and an earlier block that becomes the newest again was written when it
+     * filled up (or by prefill_end). */
+    bool full = (s->n_tokens + 1) % s->bs == 0;
     for (int l = 0; l < s->n_layer; l++) {
-        if (!s->tiered[l])
+        if (!s->tiered[l] || !full)
             continue;
         int sl = *res_of(s, l, nb);
         if (s->tier == KVP_TIER_RAM) {

@@ -42,9 +42,10 @@
  * what attention selected, on demand; layer prefetches layer l+1's predicted blocks when layer
  * l starts; token prefetches layer l's predicted blocks for the next token right after layer l
  * of this token. A needed unit that is not hot nor in flight is a miss, fetched synchronously.
- * Write-through: after every step the newest block of each tiered layer goes to the cold tier
- * (async; a second write of the same slot waits for the first, and a torn in-flight write is
- * always superseded by the next one).
+ * Write-through: the newest block of each tiered layer goes to the cold tier at the end of the
+ * step that fills it (async; a slot with a write in flight is never evicted nor rewritten
+ * before the write completes). A partial newest block is pinned hot, so its cold copy is not
+ * needed before then; prefill writes every unit it touched, partial ones included.
  */
 #ifndef KVP_STORE_STORE_H
 #define KVP_STORE_STORE_H
@@ -192,8 +193,8 @@ void kvp_store_prefill_end(struct kvp_store *s, int layer, int pos0, int end);
 
 /* Decode step with n_tokens cached before it: begin makes every layer's newest block hot
  * (and, in dense mode, starts refetching everything); end writes the newest blocks through
- * and closes the step's accounting (predict_s and wait_s of the step come from the calls in
- * between). */
+ * when the step filled them and closes the step's accounting (predict_s and wait_s of the
+ * step come from the calls in between). */
 void kvp_store_step_begin(struct kvp_store *s, int n_tokens);
 void kvp_store_step_end(struct kvp_store *s);
 
