@@ -243,7 +243,7 @@ static void bare_prefill(struct bare *b, int n)
                 }
                 kvp_kvcache_store(&b->kv, l, h, pos, k, v);
             }
-        kvp_store_prefill_end(b->s, l, 0, n);
+        kvp_store_prefill_end(b->s, l, 0, n, NULL, 0);
     }
 }
 
@@ -598,6 +598,47 @@ static void test_mispredicted_on_demand(void **state)
     free(lb);
 }
 
+/* The prompt's end copies the first decode step's predicted blocks into the hot tier from the
+ * staging area: with an exact prediction that step misses nothing, where prefetch none (no
+ * prediction) fetches every selected block on demand. The logits stay those of the RAM run. */
+static void test_first_step_warm(void **state)
+{
+    (void)state;
+    char *d = scratch_dir();
+    int32_t ids[120];
+    for (int i = 0; i < 120; i++)
+        ids[i] = (i * 13 + 7) % VOCAB;
+    float lg[2][VOCAB];
+    struct kvp_store_stats st[2];
+    static const int modes[] = {KVP_PREFETCH_TOKEN, KVP_PREFETCH_NONE};
+    predict_salt = 0;
+    for (int m = 0; m < 2; m++) {
+        struct kvp_ctx_params cp = {.n_ctx = 256, .n_threads = 2, .kv_tier = KVP_TIER_DISK,
+                                    .kv_dir = d, .prefetch = modes[m]};
+        kvp_ctx *c = NULL;
+        struct kvp_err err = {0};
+        assert_int_equal(kvp_ctx_init(model, &cp, &c, &err), 0);
+        struct kvp_policy_params pp = {.name = "full", .budget = 64, .dense_layers = 1};
+        assert_int_equal(kvp_ctx_set_policy(c, &pp, &err), 0);
+        c->policy->ops = &test_ops;
+        assert_int_equal(kvp_eval(c, ids, 100, NULL, false, &err), 0);
+        kvp_ctx_store_reset_stats(c);
+        assert_int_equal(kvp_eval(c, ids + 100, 1, lg[m], false, &err), 0);
+        assert_int_equal(kvp_ctx_store_stats(c, &st[m]), 0);
+        kvp_ctx_free(c);
+    }
+    print_message("first step: token %llu misses of %llu, none %llu of %llu\n",
+                  (unsigned long long)st[0].misses,
+                  (unsigned long long)(st[0].misses + st[0].hits),
+                  (unsigned long long)st[1].misses,
+                  (unsigned long long)(st[1].misses + st[1].hits));
+    assert_int_equal(st[0].misses, 0);
+    assert_true(st[1].misses > 3);
+    assert_true(max_diff(lg[0], lg[1], VOCAB) == 0.0);
+    rmdir(d);
+    free(d);
+}
+
 /* ================================= quest's predict_next =================================== */
 
 /* Quest predicts with the last query: tiered runs in every mode, with a tight hot tier (6 slots)
@@ -836,6 +877,7 @@ int main(void)
         cmocka_unit_test(test_link_model),
         cmocka_unit_test(test_logits_equal),
         cmocka_unit_test(test_mispredicted_on_demand),
+        cmocka_unit_test(test_first_step_warm),
         cmocka_unit_test(test_quest_prefetch),
         cmocka_unit_test(test_quest_predict_superset),
         cmocka_unit_test(test_unwritable_dir),

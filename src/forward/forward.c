@@ -357,6 +357,19 @@ static void decode_tiered(struct kvp_ctx *c, int l, int ith, int nth)
     }
 }
 
+/* At the end of a prompt (its last micro-batch, after on_prefill of layer l): the first decode
+ * step's predicted selection of layer l, which the store copies into its hot tier while the
+ * layer is staged; NULL when the store does not predict or no decode step can follow. */
+static const struct kvp_sel *first_step_prediction(struct kvp_ctx *c, int l)
+{
+    const int mode = c->store->mode;
+    if (!c->job_last || !c->policy || !c->policy->ops->predict_next || l < c->dense_layers ||
+        c->job_end >= c->n_ctx || (mode != KVP_PREFETCH_TOKEN && mode != KVP_PREFETCH_LAYER))
+        return NULL;
+    kvp_attn_predict_layer(c, l, c->job_end + 1, 0, 1);
+    return c->sel_next + (size_t)l * c->hp.n_head_kv;
+}
+
 static void forward_worker(void *arg, int ith, int nth)
 {
     struct kvp_ctx *c = arg;
@@ -431,11 +444,13 @@ static void forward_worker(void *arg, int ith, int nth)
                 .n_obs = c->obs_n,
                 .obs = c->obs,
                 .colsum = c->colsum ? c->colsum + (size_t)l * hp->n_head * c->n_ctx : NULL,
+                .q_last = c->q + (size_t)(n - 1) * q_dim,
             };
             c->policy->ops->on_prefill(c->policy, l, &ob);
         }
         if (c->store && n > 1 && ith == 0)
-            kvp_store_prefill_end(c->store, l, pos0, pos0 + n);
+            kvp_store_prefill_end(c->store, l, pos0, pos0 + n, first_step_prediction(c, l),
+                                  c->job_end + 1);
 
         kvp_split_range(D, ith, nth, &r0, &r1);
         matmul_rows(&L->wo, c->att, n, q_dim, c->x, D, true, r0, r1, ts);

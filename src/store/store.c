@@ -357,6 +357,45 @@ static int alloc_slot(struct kvp_store *s, int layer, int b, bool may_wait)
     return sl;
 }
 
+/* Mark the units a set of selections reads, up to block last; NULL sels: all of [0, last]. */
+static void mark_selection(struct kvp_store *s, const struct kvp_sel *sels, int last)
+{
+    s->mark_id++;
+    s->tick++;
+    if (!sels) {
+        for (int b = 0; b <= last; b++)
+            s->mark[b] = s->mark_id;
+        return;
+    }
+    for (int h = 0; h < s->n_kv; h++)
+        for (int i = 0; i < sels[h].n; i++)
+            if (sels[h].blocks[i] <= last)
+                s->mark[sels[h].blocks[i]] = s->mark_id;
+}
+
+/* Mark the predicted selections sels of layer for a step with n_keys keys (up to the newest
+ * block, which is hot anyway), renew the LRU stamp of those already resident and list the
+ * others in s->list; returns how many are listed. */
+static int predicted_missing(struct kvp_store *s, int layer, const struct kvp_sel *sels,
+                             int n_keys)
+{
+    int last = (n_keys - 1) / s->bs, have = newest_block(s);
+    if (last > have)
+        last = have;
+    mark_selection(s, sels, last);
+    int n = 0;
+    for (int b = 0; b <= last; b++) {
+        if (s->mark[b] != s->mark_id)
+            continue;
+        int sl = *res_of(s, layer, b);
+        if (sl >= 0)
+            s->slot_use[sl] = s->tick; /* keep it: it is predicted again */
+        else
+            s->list[n++] = b;
+    }
+    return n;
+}
+
 /* Read list[0..n) (ascending blocks) of layer into slots, merging runs that are adjacent both in
  * the cold tier and in the hot tier. Blocks that get no slot are returned through *n_left
  * (compacted to the front of list) when prefetching; acquire passes may_wait. */
@@ -739,7 +778,8 @@ void kvp_store_prefill_begin(struct kvp_store *s, int layer, int pos0, int end)
     kvp_store_drain(s);
 }
 
-void kvp_store_prefill_end(struct kvp_store *s, int layer, int pos0, int end)
+void kvp_store_prefill_end(struct kvp_store *s, int layer, int pos0, int end,
+                           const struct kvp_sel *next, int n_keys_next)
 {
     s->n_tokens = end;
     if (identity_layer(s, layer)) {
@@ -773,6 +813,19 @@ void kvp_store_prefill_end(struct kvp_store *s, int layer, int pos0, int end)
             memcpy(slot_ptr(s, sl), slot_ptr(s, s->stage0 + nb), s->unit_bytes);
             s->slot_state[sl] = KVP_SLOT_READY;
         }
+    }
+    if (!next)
+        return;
+    /* the first decode step's predicted blocks: copies from the staging area, which holds the
+     * whole layer now, instead of reads on demand (every selected unit missed otherwise) */
+    int n = predicted_missing(s, layer, next, n_keys_next);
+    for (int i = 0; i < n; i++) {
+        int b = s->list[i], sl = alloc_slot(s, layer, b, false);
+        if (sl < 0)
+            break;
+        memcpy(slot_ptr(s, sl), slot_ptr(s, s->stage0 + b), s->unit_bytes);
+        s->slot_state[sl] = KVP_SLOT_READY;
+        s->st.prefetched++;
     }
 }
 
@@ -858,28 +911,13 @@ void kvp_store_step_end(struct kvp_store *s)
     kvp_store_note(s, KVP_EV_TOKEN, -1, s->step_t0, t1);
 }
 
-/* Mark the units a set of selections reads, up to block last; NULL sels: all of [0, last]. */
-static void mark_selection(struct kvp_store *s, const struct kvp_sel *sels, int last)
-{
-    s->mark_id++;
-    s->tick++;
-    if (!sels) {
-        for (int b = 0; b <= last; b++)
-            s->mark[b] = s->mark_id;
-        return;
-    }
-    for (int h = 0; h < s->n_kv; h++)
-        for (int i = 0; i < sels[h].n; i++)
-            if (sels[h].blocks[i] <= last)
-                s->mark[sels[h].blocks[i]] = s->mark_id;
-}
-
 void kvp_store_acquire(struct kvp_store *s, int layer, const struct kvp_sel *sels, int n_keys)
 {
     if (!s->tiered[layer])
         return;
     double t0 = kvp_time_now();
     clear_overflow(s);
+    reap(s, false); /* reads that finished since: hits, not late ones */
     int last = (n_keys - 1) / s->bs;
     mark_selection(s, s->mode == KVP_PREFETCH_DENSE ? NULL : sels, last);
     s->mark[last] = s->mark_id;
@@ -933,21 +971,7 @@ void kvp_store_prefetch(struct kvp_store *s, int layer, const struct kvp_sel *se
 {
     if (!s->tiered[layer] || s->mode == KVP_PREFETCH_DENSE || identity_layer(s, layer))
         return;
-    /* blocks that hold tokens already; the newest is hot anyway */
-    int last = (n_keys - 1) / s->bs, have = newest_block(s);
-    if (last > have)
-        last = have;
-    mark_selection(s, sels, last);
-    int n = 0;
-    for (int b = 0; b <= last; b++) {
-        if (s->mark[b] != s->mark_id)
-            continue;
-        int sl = *res_of(s, layer, b);
-        if (sl >= 0)
-            s->slot_use[sl] = s->tick; /* keep it: it is predicted again */
-        else
-            s->list[n++] = b;
-    }
+    int n = predicted_missing(s, layer, sels, n_keys);
     int left = read_blocks(s, layer, s->list, n, false);
     s->st.prefetched += (uint64_t)(n - left);
 }

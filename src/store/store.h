@@ -42,7 +42,8 @@
  * what attention selected, on demand; layer prefetches layer l+1's predicted blocks when layer
  * l starts; token prefetches layer l's predicted blocks for the next token right after layer l
  * of this token. A needed unit that is not hot nor in flight is a miss, fetched synchronously.
- * Write-through: the newest block of each tiered layer goes to the cold tier at the end of the
+ * In layer and token mode the end of a prompt copies the first decode step's predicted blocks
+ * into the hot tier from the staging area, so decoding does not start cold. Write-through: the newest block of each tiered layer goes to the cold tier at the end of the
  * step that fills it (async; a slot with a write in flight is never evicted nor rewritten
  * before the write completes). A partial newest block is pinned hot, so its cold copy is not
  * needed before then; prefill writes every unit it touched, partial ones included.
@@ -187,9 +188,12 @@ void kvp_store_truncate(struct kvp_store *s, int n);
 
 /* Prefill of tokens [pos0, end) for one layer: begin maps the layer to the staging area and
  * loads what the layer already holds; end writes the new tokens' units to the cold tier and
- * maps the layer back to its hot slots. */
+ * maps the layer back to its hot slots. With next (NULL: none), the predicted selections
+ * next[0..n_kv) of the first decode step (n_keys_next keys), end also copies those blocks
+ * into free hot slots from the staging area, so that step does not start cold. */
 void kvp_store_prefill_begin(struct kvp_store *s, int layer, int pos0, int end);
-void kvp_store_prefill_end(struct kvp_store *s, int layer, int pos0, int end);
+void kvp_store_prefill_end(struct kvp_store *s, int layer, int pos0, int end,
+                           const struct kvp_sel *next, int n_keys_next);
 
 /* Decode step with n_tokens cached before it: begin makes every layer's newest block hot
  * (and, in dense mode, starts refetching everything); end writes the newest blocks through
