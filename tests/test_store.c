@@ -733,6 +733,36 @@ static void test_quest_predict_superset(void **state)
     kvp_ctx_free(c);
 }
 
+/* Token mode up to the context's last position, where no next step exists to predict (its
+ * plan would need one block more than the buffers hold): same logits as untiered. */
+static void test_decode_to_the_end(void **state)
+{
+    (void)state;
+    char *d = scratch_dir();
+    int32_t ids[256];
+    for (int i = 0; i < 256; i++)
+        ids[i] = (i * 17 + 1) % VOCAB;
+    float lg[2][VOCAB];
+    for (int tier = 0; tier < 2; tier++) {
+        struct kvp_ctx_params cp = {.n_ctx = 256, .n_threads = 1,
+                                    .kv_tier = tier ? KVP_TIER_DISK : KVP_TIER_NONE,
+                                    .kv_dir = tier ? d : NULL,
+                                    .prefetch = tier ? KVP_PREFETCH_TOKEN : 0};
+        kvp_ctx *c = NULL;
+        struct kvp_err err = {0};
+        assert_int_equal(kvp_ctx_init(model, &cp, &c, &err), 0);
+        struct kvp_policy_params pp = {.name = "quest", .budget = 64, .dense_layers = 1};
+        assert_int_equal(kvp_ctx_set_policy(c, &pp, &err), 0);
+        assert_int_equal(kvp_eval(c, ids, 230, NULL, false, &err), 0);
+        for (int i = 230; i < 256; i++)
+            assert_int_equal(kvp_eval(c, ids + i, 1, lg[tier], false, &err), 0);
+        kvp_ctx_free(c);
+    }
+    assert_true(max_diff(lg[0], lg[1], VOCAB) == 0.0);
+    rmdir(d);
+    free(d);
+}
+
 /* ========================================== faults ========================================= */
 
 static void test_unwritable_dir(void **state)
@@ -880,6 +910,7 @@ int main(void)
         cmocka_unit_test(test_first_step_warm),
         cmocka_unit_test(test_quest_prefetch),
         cmocka_unit_test(test_quest_predict_superset),
+        cmocka_unit_test(test_decode_to_the_end),
         cmocka_unit_test(test_unwritable_dir),
         cmocka_unit_test(test_disk_full),
         cmocka_unit_test(test_injected_faults),

@@ -345,7 +345,8 @@ static void decode_tiered(struct kvp_ctx *c, int l, int ith, int nth)
     }
     kvp_pool_barrier(c->pool);
     kvp_attn_decode_layer(c, l, c->q, c->att, ith, nth);
-    if (st->mode != KVP_PREFETCH_TOKEN || !sparse)
+    /* no step follows the context's last position (and its plan would not fit the buffers) */
+    if (st->mode != KVP_PREFETCH_TOKEN || !sparse || n_keys >= c->n_ctx)
         return;
     kvp_pool_barrier(c->pool);
     double tp = ith == 0 ? kvp_time_now() : 0;
