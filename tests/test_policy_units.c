@@ -157,28 +157,33 @@ static void test_topk_ties_to_lower_index(void **state)
         assert_true(ch[o[i]]);
 }
 
-/* The quickselect top-k against the brute force on shapes that trouble a quickselect (sorted
- * either way, all equal, few distinct values, organ pipe, k = 1 and k = n), output ascending;
- * with NaN in the scores it still returns k distinct indices in ascending order. */
+/* The quickselect top-k (with its sampled prefilter from n = 1024, k <= n/8) against the brute
+ * force on shapes that trouble a quickselect or a sample: sorted either way, all equal, few
+ * distinct values, organ pipe, random, and large values exactly where the sample looks (its
+ * threshold keeps fewer than k), k from 1 to n; output ascending. With NaN in the scores it
+ * still returns k distinct indices in ascending order. */
 static void test_topk_shapes(void **state)
 {
     (void)state;
-    enum { N = 500 };
+    enum { N = 2048 };
+    static const int ks[] = {1, 2, 3, 5, 8, 37, 100, 191, 200, 255, 256, 300, 1000, N};
     float x[N];
     double xd[N];
     int o[N], s[N];
     bool ch[N];
-    for (int shape = 0; shape < 6; shape++)
-        for (int k = 1; k <= N; k += k < 8 ? 1 : 61) {
+    for (int shape = 0; shape < 7; shape++)
+        for (size_t r = 0; r < sizeof(ks) / sizeof(ks[0]); r++) {
+            int k = ks[r];
             for (int i = 0; i < N; i++) {
-                float v[] = {(float)i, (float)(N - i), 1.0f, (float)(int)(urand() * 4),
-                             (float)(i < N / 2 ? i : N - i), (float)urand()};
+                float v[] = {(float)i,           (float)(N - i),
+                             1.0f,               (float)(int)(urand() * 4),
+                             (float)(i < N / 2 ? i : N - i), (float)urand(),
+                             i % 16 ? (float)(i % 7) : 100.0f};
                 xd[i] = x[i] = v[shape];
             }
-            int kk = shape == 5 && k > 1 ? N : k;
-            kvp_topk_indices(x, N, kk, o, s);
-            brute_topk(xd, N, kk, NULL, ch);
-            for (int i = 0; i < kk; i++) {
+            kvp_topk_indices(x, N, k, o, s);
+            brute_topk(xd, N, k, NULL, ch);
+            for (int i = 0; i < k; i++) {
                 assert_true(ch[o[i]]);
                 if (i > 0)
                     assert_true(o[i - 1] < o[i]);

@@ -1,4 +1,5 @@
 /* Helpers shared by the policy files: budgets, masks, top-k and GQA aggregation (policy.h). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -100,13 +101,12 @@ static void swap_int(int *a, int *b)
     *b = t;
 }
 
-/* Index of the k-th (0-based) strongest of x[0..n) in the order "larger value, then lower
- * index" (a strict total order without NaN), by quickselect over idx (n ints, scrambled); -1
- * after suspiciously many rounds (a pathological input; the caller falls back to the heap). */
-static int kth_strongest(const float *x, int n, int k, int *idx)
+/* idx[k] after reordering idx[0..n) by quickselect so that it is the k-th (0-based) strongest
+ * of the x[idx[i]] in the order "larger value, then lower index" (a strict total order
+ * without NaN); -1 after suspiciously many rounds (a pathological input: the caller falls
+ * back to the heap). */
+static int kth_strongest(const float *x, int *idx, int n, int k)
 {
-    for (int i = 0; i < n; i++)
-        idx[i] = i;
     int lo = 0, hi = n - 1, rounds = 16; /* expected ~2.4 log2(n) */
     for (int m = n; m; m >>= 1)
         rounds += 4;
@@ -140,24 +140,71 @@ static int kth_strongest(const float *x, int n, int k, int *idx)
     return idx[k];
 }
 
+/* Candidates for the top k of x[0..n): the indices (ascending, into c) of the values at or
+ * above a threshold a few standard deviations below the k-th largest of a strided sample.
+ * Returns their count, or -1 when that does not pay or cannot be trusted: a small n or large
+ * k, fewer than k candidates (the threshold was too high), more than n/2, or NaN in x. Any
+ * threshold keeps the top k whole once at least k values reach it. */
+static int prefilter(const float *x, int n, int k, int *c)
+{
+    enum { S = 128 };
+    if (n < 8 * S || k > n / 8)
+        return -1;
+    float smp[S];
+    int idx[S], stride = n / S;
+    for (int i = 0; i < S; i++) {
+        smp[i] = x[(size_t)i * stride];
+        idx[i] = i;
+    }
+    double e = (double)k * S / n; /* expected sample rank of the k-th largest */
+    int r = (int)(e + 3 * sqrt(e) + 2);
+    int t = kth_strongest(smp, idx, S, r < S ? r : S - 1);
+    if (t < 0)
+        return -1;
+    const float tau = smp[t];
+    int m = 0;
+    bool nan = false;
+    for (int i = 0; i < n; i++) {
+        if (x[i] >= tau)
+            c[m++] = i;
+        else
+            nan |= x[i] != x[i];
+    }
+    return nan || m < k || m > n / 2 ? -1 : m;
+}
+
 void kvp_topk_indices(const float *x, int n, int k, int *out, int *scratch)
 {
     if (k > n)
         k = n;
     if (k <= 0)
         return;
-    /* Quickselect finds the k-th strongest t in O(n); the top k are then exactly the indices
-     * not weaker than t, and one pass in index order writes them already sorted. With NaN
-     * the order is not total and the count can come out wrong: the heap decides then. */
-    int t = kth_strongest(x, n, k - 1, scratch), m = 0;
-    if (t >= 0)
+    /* Quickselect finds the k-th strongest t, over the prefiltered candidates when a sample
+     * allows; the top k are then exactly the candidates not weaker than t, and one pass in
+     * index order writes them already sorted. With NaN the order is not total and the count
+     * can come out wrong: the heap decides then. */
+    int m = prefilter(x, n, k, scratch), t;
+    const bool filtered = m > 0;
+    if (filtered) { /* candidates stay in scratch[0, m), quickselect scrambles a copy */
+        memcpy(scratch + m, scratch, (size_t)m * sizeof(int));
+        t = kth_strongest(x, scratch + m, m, k - 1);
+    } else {
+        m = n;
         for (int i = 0; i < n; i++)
+            scratch[i] = i;
+        t = kth_strongest(x, scratch, n, k - 1);
+    }
+    int got = 0;
+    if (t >= 0)
+        for (int j = 0; j < m; j++) {
+            int i = filtered ? scratch[j] : j;
             if (!weaker(x, i, t)) {
-                if (m < k)
-                    out[m] = i;
-                m++;
+                if (got < k)
+                    out[got] = i;
+                got++;
             }
-    if (m != k)
+        }
+    if (got != k)
         topk_heap(x, n, k, out, scratch);
 }
 
