@@ -141,7 +141,7 @@ static void test_chunk_scores_and_selection(void **state)
     NEAR(score[1], 0.5, 1e-6);
     NEAR(score[2], 0.7, 1e-6);
     NEAR(score[3], 0.55, 1e-6);
-    int idx[4], tmp[4];
+    int idx[5], tmp[5]; /* scratch: n ints */
     kvp_topk_indices(score, 4, 2, idx, tmp);
     assert_int_equal(idx[0], 0);
     assert_int_equal(idx[1], 2);

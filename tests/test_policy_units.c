@@ -143,7 +143,7 @@ static void test_topk_ties_to_lower_index(void **state)
 {
     (void)state;
     const float x[] = {1, 3, 3, 2, 3, 0, 3};
-    int out[7], scratch[7];
+    int out[8], scratch[8]; /* scratch: n ints */
     kvp_topk_indices(x, 7, 2, out, scratch);
     assert_int_equal(out[0], 1);
     assert_int_equal(out[1], 2);
@@ -165,6 +165,45 @@ static void test_topk_ties_to_lower_index(void **state)
     brute_topk(rd, 200, 37, NULL, ch);
     for (int i = 0; i < 37; i++)
         assert_true(ch[o[i]]);
+}
+
+/* The quickselect top-k (with its sampled prefilter from n = 1024, k <= n/8) against the brute
+ * force on shapes that trouble a quickselect or a sample: sorted either way, all equal, few
+ * distinct values, organ pipe, random, and large values exactly where the sample looks (its
+ * threshold keeps fewer than k), k from 1 to n; output ascending. With NaN in the scores it
+ * still returns k distinct indices in ascending order. */
+static void test_topk_shapes(void **state)
+{
+    (void)state;
+    enum { N = 2048 };
+    static const int ks[] = {1, 2, 3, 5, 8, 37, 100, 191, 200, 255, 256, 300, 1000, N};
+    float x[N];
+    double xd[N];
+    int o[N], s[N];
+    bool ch[N];
+    for (int shape = 0; shape < 7; shape++)
+        for (size_t r = 0; r < sizeof(ks) / sizeof(ks[0]); r++) {
+            int k = ks[r];
+            for (int i = 0; i < N; i++) {
+                float v[] = {(float)i,           (float)(N - i),
+                             1.0f,               (float)(int)(urand() * 4),
+                             (float)(i < N / 2 ? i : N - i), (float)urand(),
+                             i % 16 ? (float)(i % 7) : 100.0f};
+                xd[i] = x[i] = v[shape];
+            }
+            kvp_topk_indices(x, N, k, o, s);
+            brute_topk(xd, N, k, NULL, ch);
+            for (int i = 0; i < k; i++) {
+                assert_true(ch[o[i]]);
+                if (i > 0)
+                    assert_true(o[i - 1] < o[i]);
+            }
+        }
+    for (int i = 0; i < N; i++)
+        x[i] = i % 7 == 3 ? NAN : (float)urand();
+    kvp_topk_indices(x, N, 100, o, s);
+    for (int i = 1; i < 100; i++)
+        assert_true(o[i - 1] < o[i] && o[i] >= 0 && o[i] < N);
 }
 
 /* Block policies: the selection always holds sink and local, never exceeds the budget when the
@@ -558,6 +597,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_topk_ties_to_lower_index),
+        cmocka_unit_test(test_topk_shapes),
         cmocka_unit_test(test_block_budget_semantics),
         cmocka_unit_test(test_token_budget_semantics),
         cmocka_unit_test(test_quest_bound_and_selection),

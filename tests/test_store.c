@@ -243,7 +243,7 @@ static void bare_prefill(struct bare *b, int n)
                 }
                 kvp_kvcache_store(&b->kv, l, h, pos, k, v);
             }
-        kvp_store_prefill_end(b->s, l, 0, n);
+        kvp_store_prefill_end(b->s, l, 0, n, NULL, 0);
     }
 }
 
@@ -340,13 +340,78 @@ static void check_bookkeeping(int tier, const char *dir)
         assert_true(block_ok(&b, 0, blk, 100));
     kvp_store_step_end(b.s);
     assert_int_equal(st->steps, 1);
+    assert_int_equal(st->writes, 0); /* the newest block is not full: nothing written */
     if (tier == KVP_TIER_DISK) {
         assert_int_equal(st->misaligned, 0);
-        assert_true(st->reads > 0 && st->writes > 0);
+        assert_true(st->reads > 0);
     }
     assert_int_equal(kvp_store_take_error(b.s, NULL), 0);
     bare_free(&b);
 }
+
+/* Decode one token at pos with known values, selecting sel (NULL: the newest block only). */
+static void bare_decode(struct bare *b, int pos, const int *sel, int n_sel)
+{
+    int hd = b->kv.head_dim;
+    float k[64], v[64];
+    struct two_sels t;
+    int newest[] = {pos / 16};
+    kvp_store_step_begin(b->s, pos);
+    for (int l = 0; l < 2; l++) {
+        for (int h = 0; h < 2; h++) {
+            for (int d = 0; d < hd; d++) {
+                k[d] = val(l, h, pos, d, 0);
+                v[d] = val(l, h, pos, d, 1);
+            }
+            kvp_kvcache_store(&b->kv, l, h, pos, k, v);
+        }
+        struct kvp_sel *sels = sel ? sels_of(&t, sel, n_sel, sel, n_sel)
+                                   : sels_of(&t, newest, 1, newest, 1);
+        kvp_store_acquire(b->s, l, sels, pos + 1);
+    }
+    kvp_store_step_end(b->s);
+}
+
+/* Write-through happens once per block, at the step that fills it, and the cold copy it leaves
+ * is what a later miss reads back: decode block 6 full (tokens 100..111), then make it the
+ * least recently used block of a 4-slot layer, evict it and read it again. */
+static void check_write_on_full(int tier, const char *dir)
+{
+    struct bare b;
+    bare_init(&b, tier, dir, 16, 4);
+    bare_prefill(&b, 100);
+    struct kvp_store_stats *st = &b.s->st;
+    memset(st, 0, sizeof(*st));
+    for (int pos = 100; pos < 111; pos++)
+        bare_decode(&b, pos, NULL, 0);
+    assert_int_equal(st->writes, 0);
+    bare_decode(&b, 111, NULL, 0); /* fills block 6 */
+    assert_int_equal(st->writes, 2);  /* one unit per layer */
+    int evict[] = {0, 1, 2, 7};
+    bare_decode(&b, 112, evict, 4);
+    assert_null(kvp_kvcache_kblock(&b.kv, 0, 0, 6));
+    uint64_t miss0 = st->misses;
+    int again[] = {6, 7};
+    bare_decode(&b, 113, again, 2);
+    assert_int_equal(st->misses, miss0 + 2); /* block 6 of both layers, from the cold tier */
+    for (int l = 0; l < 2; l++)
+        assert_true(block_ok(&b, l, 6, 112));
+    assert_int_equal(st->writes, 2);
+    assert_int_equal(kvp_store_take_error(b.s, NULL), 0);
+    bare_free(&b);
+}
+
+static void test_write_on_full(void **state)
+{
+    (void)state;
+    check_write_on_full(KVP_TIER_RAM, NULL);
+    char *d = scratch_dir();
+    check_write_on_full(KVP_TIER_DISK, d);
+    assert_int_equal(dir_entries(d), 0);
+    rmdir(d);
+    free(d);
+}
+
 
 static void test_bookkeeping_ram(void **state)
 {
@@ -388,6 +453,34 @@ static void test_padding_and_alignment(void **state)
     bare_free(&b);
     rmdir(d);
     free(d);
+}
+
+/* A layer that is never transferred keeps the untiered layout: each head's keys, and its
+ * values, are contiguous along the context (dense attention streams them), while a tiered layer
+ * keeps K and V of every head of a block in one unit. */
+static void test_dense_layer_layout(void **state)
+{
+    (void)state;
+    struct kvp_err err = {0};
+    struct bare b;
+    bare_init(&b, KVP_TIER_RAM, NULL, 16, 4);
+    assert_int_equal(kvp_store_configure(b.s, 1, 4, &err), 0); /* layer 0 dense, 1 tiered */
+    bare_prefill(&b, 100);
+    const size_t bf = 16 * 16;
+    for (int h = 0; h < 2; h++)
+        for (int blk = 0; blk + 1 < 7; blk++) {
+            assert_ptr_equal(kvp_kvcache_kblock(&b.kv, 0, h, blk + 1),
+                             kvp_kvcache_kblock(&b.kv, 0, h, blk) + bf);
+            assert_ptr_equal(kvp_kvcache_vblock(&b.kv, 0, h, blk + 1),
+                             kvp_kvcache_vblock(&b.kv, 0, h, blk) + bf);
+        }
+    const float *k1 = kvp_kvcache_kblock(&b.kv, 1, 0, 6); /* the newest block is hot */
+    assert_ptr_equal(kvp_kvcache_vblock(&b.kv, 1, 0, 6), k1 + bf);
+    assert_ptr_equal(kvp_kvcache_kblock(&b.kv, 1, 1, 6), k1 + 2 * bf);
+    for (int blk = 0; blk < 7; blk++)
+        assert_true(block_ok(&b, 0, blk, 100));
+    assert_true(block_ok(&b, 1, 6, 100));
+    bare_free(&b);
 }
 
 /* A RAM tier behind a 1 GB/s, 300 µs link: an on-demand read takes at least the latency. */
@@ -505,6 +598,47 @@ static void test_mispredicted_on_demand(void **state)
     free(lb);
 }
 
+/* The prompt's end copies the first decode step's predicted blocks into the hot tier from the
+ * staging area: with an exact prediction that step misses nothing, where prefetch none (no
+ * prediction) fetches every selected block on demand. The logits stay those of the RAM run. */
+static void test_first_step_warm(void **state)
+{
+    (void)state;
+    char *d = scratch_dir();
+    int32_t ids[120];
+    for (int i = 0; i < 120; i++)
+        ids[i] = (i * 13 + 7) % VOCAB;
+    float lg[2][VOCAB];
+    struct kvp_store_stats st[2];
+    static const int modes[] = {KVP_PREFETCH_TOKEN, KVP_PREFETCH_NONE};
+    predict_salt = 0;
+    for (int m = 0; m < 2; m++) {
+        struct kvp_ctx_params cp = {.n_ctx = 256, .n_threads = 2, .kv_tier = KVP_TIER_DISK,
+                                    .kv_dir = d, .prefetch = modes[m]};
+        kvp_ctx *c = NULL;
+        struct kvp_err err = {0};
+        assert_int_equal(kvp_ctx_init(model, &cp, &c, &err), 0);
+        struct kvp_policy_params pp = {.name = "full", .budget = 64, .dense_layers = 1};
+        assert_int_equal(kvp_ctx_set_policy(c, &pp, &err), 0);
+        c->policy->ops = &test_ops;
+        assert_int_equal(kvp_eval(c, ids, 100, NULL, false, &err), 0);
+        kvp_ctx_store_reset_stats(c);
+        assert_int_equal(kvp_eval(c, ids + 100, 1, lg[m], false, &err), 0);
+        assert_int_equal(kvp_ctx_store_stats(c, &st[m]), 0);
+        kvp_ctx_free(c);
+    }
+    print_message("first step: token %llu misses of %llu, none %llu of %llu\n",
+                  (unsigned long long)st[0].misses,
+                  (unsigned long long)(st[0].misses + st[0].hits),
+                  (unsigned long long)st[1].misses,
+                  (unsigned long long)(st[1].misses + st[1].hits));
+    assert_int_equal(st[0].misses, 0);
+    assert_true(st[1].misses > 3);
+    assert_true(max_diff(lg[0], lg[1], VOCAB) == 0.0);
+    rmdir(d);
+    free(d);
+}
+
 /* ================================= quest's predict_next =================================== */
 
 /* Quest predicts with the last query: tiered runs in every mode, with a tight hot tier (6 slots)
@@ -597,6 +731,36 @@ static void test_quest_predict_superset(void **state)
     free(blocks);
     free(mask);
     kvp_ctx_free(c);
+}
+
+/* Token mode up to the context's last position, where no next step exists to predict (its
+ * plan would need one block more than the buffers hold): same logits as untiered. */
+static void test_decode_to_the_end(void **state)
+{
+    (void)state;
+    char *d = scratch_dir();
+    int32_t ids[256];
+    for (int i = 0; i < 256; i++)
+        ids[i] = (i * 17 + 1) % VOCAB;
+    float lg[2][VOCAB];
+    for (int tier = 0; tier < 2; tier++) {
+        struct kvp_ctx_params cp = {.n_ctx = 256, .n_threads = 1,
+                                    .kv_tier = tier ? KVP_TIER_DISK : KVP_TIER_NONE,
+                                    .kv_dir = tier ? d : NULL,
+                                    .prefetch = tier ? KVP_PREFETCH_TOKEN : 0};
+        kvp_ctx *c = NULL;
+        struct kvp_err err = {0};
+        assert_int_equal(kvp_ctx_init(model, &cp, &c, &err), 0);
+        struct kvp_policy_params pp = {.name = "quest", .budget = 64, .dense_layers = 1};
+        assert_int_equal(kvp_ctx_set_policy(c, &pp, &err), 0);
+        assert_int_equal(kvp_eval(c, ids, 230, NULL, false, &err), 0);
+        for (int i = 230; i < 256; i++)
+            assert_int_equal(kvp_eval(c, ids + i, 1, lg[tier], false, &err), 0);
+        kvp_ctx_free(c);
+    }
+    assert_true(max_diff(lg[0], lg[1], VOCAB) == 0.0);
+    rmdir(d);
+    free(d);
 }
 
 /* ========================================== faults ========================================= */
@@ -737,12 +901,16 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bookkeeping_ram),
         cmocka_unit_test(test_bookkeeping_disk),
+        cmocka_unit_test(test_write_on_full),
         cmocka_unit_test(test_padding_and_alignment),
+        cmocka_unit_test(test_dense_layer_layout),
         cmocka_unit_test(test_link_model),
         cmocka_unit_test(test_logits_equal),
         cmocka_unit_test(test_mispredicted_on_demand),
+        cmocka_unit_test(test_first_step_warm),
         cmocka_unit_test(test_quest_prefetch),
         cmocka_unit_test(test_quest_predict_superset),
+        cmocka_unit_test(test_decode_to_the_end),
         cmocka_unit_test(test_unwritable_dir),
         cmocka_unit_test(test_disk_full),
         cmocka_unit_test(test_injected_faults),

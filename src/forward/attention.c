@@ -58,6 +58,18 @@ void kvp_attn_dense_group(const struct kvp_kvcache *kv, int l, int kvh, const fl
             out[(size_t)j * hd + d] *= inv[j];
 }
 
+/* Ask for the first KiB of the next selected block while this one computes: selected blocks
+ * are scattered (in a tiered store's hot tier, one 4 KiB unit each), so the hardware
+ * prefetchers, which stay within a page, cannot run ahead across them. */
+static inline void prefetch_block(const float *p, size_t n)
+{
+    if (!p)
+        return;
+    size_t bytes = n * sizeof(float) < 1024 ? n * sizeof(float) : 1024;
+    for (size_t o = 0; o < bytes; o += 64)
+        __builtin_prefetch((const char *)p + o);
+}
+
 void kvp_attn_sparse_group(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
                            int n_keys, const struct kvp_sel *sel, float *probs, int probs_stride,
                            float *out)
@@ -74,6 +86,8 @@ void kvp_attn_sparse_group(const struct kvp_kvcache *kv, int l, int kvh, const f
     for (int i = 0; i < sel->n; i++) {
         int b = sel->blocks[i];
         const float *kt = kvp_kvcache_kblock(kv, l, kvh, b);
+        if (i + 1 < sel->n)
+            prefetch_block(kvp_kvcache_kblock(kv, l, kvh, sel->blocks[i + 1]), kv->block_floats);
         uint64_t m = sel->mask[i] & ~kvp_kvcache_evicted(kv, l, kvh, b);
         if (b > last)
             m = 0;
@@ -109,6 +123,8 @@ void kvp_attn_sparse_group(const struct kvp_kvcache *kv, int l, int kvh, const f
     }
     for (int i = 0; i < sel->n; i++) {
         const float *vb = kvp_kvcache_vblock(kv, l, kvh, sel->blocks[i]);
+        if (i + 1 < sel->n)
+            prefetch_block(kvp_kvcache_vblock(kv, l, kvh, sel->blocks[i + 1]), kv->block_floats);
         if (!vb)
             continue;
         int nt = sel->blocks[i] == last ? n_keys - last * bs : bs;

@@ -345,7 +345,8 @@ static void decode_tiered(struct kvp_ctx *c, int l, int ith, int nth)
     }
     kvp_pool_barrier(c->pool);
     kvp_attn_decode_layer(c, l, c->q, c->att, ith, nth);
-    if (st->mode != KVP_PREFETCH_TOKEN || !sparse)
+    /* no step follows the context's last position (and its plan would not fit the buffers) */
+    if (st->mode != KVP_PREFETCH_TOKEN || !sparse || n_keys >= c->n_ctx)
         return;
     kvp_pool_barrier(c->pool);
     double tp = ith == 0 ? kvp_time_now() : 0;
@@ -355,6 +356,19 @@ static void decode_tiered(struct kvp_ctx *c, int l, int ith, int nth)
         kvp_store_note(st, KVP_EV_PREDICT, l, tp, kvp_time_now());
         kvp_store_prefetch(st, l, c->sel_next + (size_t)l * n_kv, n_keys + 1);
     }
+}
+
+/* At the end of a prompt (its last micro-batch, after on_prefill of layer l): the first decode
+ * step's predicted selection of layer l, which the store copies into its hot tier while the
+ * layer is staged; NULL when the store does not predict or no decode step can follow. */
+static const struct kvp_sel *first_step_prediction(struct kvp_ctx *c, int l)
+{
+    const int mode = c->store->mode;
+    if (!c->job_last || !c->policy || !c->policy->ops->predict_next || l < c->dense_layers ||
+        c->job_end >= c->n_ctx || (mode != KVP_PREFETCH_TOKEN && mode != KVP_PREFETCH_LAYER))
+        return NULL;
+    kvp_attn_predict_layer(c, l, c->job_end + 1, 0, 1);
+    return c->sel_next + (size_t)l * c->hp.n_head_kv;
 }
 
 static void forward_worker(void *arg, int ith, int nth)
@@ -431,11 +445,13 @@ static void forward_worker(void *arg, int ith, int nth)
                 .n_obs = c->obs_n,
                 .obs = c->obs,
                 .colsum = c->colsum ? c->colsum + (size_t)l * hp->n_head * c->n_ctx : NULL,
+                .q_last = c->q + (size_t)(n - 1) * q_dim,
             };
             c->policy->ops->on_prefill(c->policy, l, &ob);
         }
         if (c->store && n > 1 && ith == 0)
-            kvp_store_prefill_end(c->store, l, pos0, pos0 + n);
+            kvp_store_prefill_end(c->store, l, pos0, pos0 + n, first_step_prediction(c, l),
+                                  c->job_end + 1);
 
         kvp_split_range(D, ith, nth, &r0, &r1);
         matmul_rows(&L->wo, c->att, n, q_dim, c->x, D, true, r0, r1, ts);

@@ -20,7 +20,6 @@ static int kvcache_init(struct kvp_kvcache *c, int n_layer, int n_head_kv, int h
     c->block_size = block_size;
     c->max_blocks = (n_ctx + block_size - 1) / block_size;
     c->block_floats = (size_t)head_dim * block_size;
-    c->pool_stride = c->block_floats;
     c->external = external;
     c->release = true;
     c->compact = true;
@@ -40,10 +39,11 @@ static int kvcache_init(struct kvp_kvcache *c, int n_layer, int n_head_kv, int h
     c->released = calloc(n_lh, sizeof(int32_t));
     c->free_stack = malloc(n_tab * sizeof(int32_t));
     c->compact_limit = calloc(n_lh, sizeof(int32_t));
+    c->pools = calloc((size_t)n_layer, sizeof(*c->pools));
     if (!external)
         c->pos = malloc(n_tab * block_size * sizeof(int32_t));
     if ((!external && (!c->k_pool || !c->v_pool || !c->pos)) || !c->table || !c->evicted ||
-        !c->n_evicted || !c->released || !c->free_stack || !c->compact_limit) {
+        !c->n_evicted || !c->released || !c->free_stack || !c->compact_limit || !c->pools) {
         kvp_kvcache_free(c);
         return kvp_err_set(err, KVP_ENOMEM, "cannot allocate the KV cache (%zu MiB)",
                            2 * bytes >> 20);
@@ -52,6 +52,8 @@ static int kvcache_init(struct kvp_kvcache *c, int n_layer, int n_head_kv, int h
     if (!external) {
         memset(c->k_pool, 0, bytes);
         memset(c->v_pool, 0, bytes);
+        for (int l = 0; l < n_layer; l++)
+            c->pools[l] = (struct kvp_kvpool){c->k_pool, c->v_pool, c->block_floats};
     }
     kvp_kvcache_clear(c);
     return 0;
@@ -69,11 +71,9 @@ int kvp_kvcache_init_external(struct kvp_kvcache *c, int n_layer, int n_head_kv,
     return kvcache_init(c, n_layer, n_head_kv, head_dim, block_size, n_ctx, true, err);
 }
 
-void kvp_kvcache_attach(struct kvp_kvcache *c, float *k, float *v, size_t stride)
+void kvp_kvcache_attach(struct kvp_kvcache *c, int layer, float *k, float *v, size_t stride)
 {
-    c->k_pool = k;
-    c->v_pool = v;
-    c->pool_stride = stride;
+    c->pools[layer] = (struct kvp_kvpool){k, v, stride};
 }
 
 void kvp_kvcache_free(struct kvp_kvcache *c)
@@ -91,6 +91,7 @@ void kvp_kvcache_free(struct kvp_kvcache *c)
     free(c->free_stack);
     free(c->compact_limit);
     free(c->pos);
+    free(c->pools);
     pthread_mutex_destroy(&c->pool_lock);
     memset(c, 0, sizeof(*c));
 }
@@ -228,10 +229,11 @@ static void move_token(struct kvp_kvcache *c, int lh, int from, int to)
     const int32_t *tab = c->table + (size_t)lh * c->max_blocks;
     uint64_t *ev = c->evicted + (size_t)lh * c->max_blocks;
     int32_t *pos = c->pos + (size_t)lh * c->max_blocks * bs;
-    const float *ks = c->k_pool + (size_t)tab[from / bs] * c->pool_stride;
-    const float *vs = c->v_pool + (size_t)tab[from / bs] * c->pool_stride;
-    float *kd = c->k_pool + (size_t)tab[to / bs] * c->pool_stride;
-    float *vd = c->v_pool + (size_t)tab[to / bs] * c->pool_stride;
+    const struct kvp_kvpool *pl = &c->pools[lh / c->n_head_kv];
+    const float *ks = pl->k + (size_t)tab[from / bs] * pl->stride;
+    const float *vs = pl->v + (size_t)tab[from / bs] * pl->stride;
+    float *kd = pl->k + (size_t)tab[to / bs] * pl->stride;
+    float *vd = pl->v + (size_t)tab[to / bs] * pl->stride;
     int tf = from % bs, tt = to % bs;
     for (int d = 0; d < hd; d++)
         kd[(size_t)d * bs + tt] = ks[(size_t)d * bs + tf];

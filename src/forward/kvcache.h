@@ -35,6 +35,14 @@
 
 #define KVP_MAX_BLOCK_SIZE 64 /* token masks are one uint64_t per block */
 
+/* Physical block p of a layer: keys at k + p*stride, values at v + p*stride. Per layer because
+ * a tiered store interleaves K and V of the blocks it transfers (stride 2*block_floats) but keeps
+ * the layers it never transfers in the untiered layout (stride block_floats), which streams. */
+struct kvp_kvpool {
+    float *k, *v;
+    size_t stride;
+};
+
 struct kvp_kvcache {
     int n_layer;
     int n_head_kv;
@@ -42,11 +50,10 @@ struct kvp_kvcache {
     int block_size;
     int max_blocks;        /* logical blocks per (layer, KV head): ceil(n_ctx / block_size) */
     size_t block_floats;   /* head_dim * block_size */
-    size_t pool_stride;    /* floats between physical blocks: block_floats, or 2*block_floats
-                              when a tiered store interleaves K and V (kvp_kvcache_attach) */
     int n_pool;            /* physical blocks in the pool */
-    float *k_pool;         /* owned [n_pool][head_dim][block_size] (borrowed when external) */
-    float *v_pool;         /* owned [n_pool][block_size][head_dim] (borrowed when external) */
+    float *k_pool;         /* owned [n_pool][head_dim][block_size] (NULL when external) */
+    float *v_pool;         /* owned [n_pool][block_size][head_dim] (NULL when external) */
+    struct kvp_kvpool *pools; /* owned [n_layer]: where each layer's physical blocks are */
     bool external;         /* pools and table are managed by a tiered store (store.h) */
     int32_t *table;        /* owned [n_layer*n_head_kv][max_blocks]: physical block or -1 */
     uint64_t *evicted;     /* owned [n_layer*n_head_kv][max_blocks]: bit t = token evicted */
@@ -73,9 +80,9 @@ void kvp_kvcache_free(struct kvp_kvcache *c);
 int kvp_kvcache_init_external(struct kvp_kvcache *c, int n_layer, int n_head_kv, int head_dim,
                               int block_size, int n_ctx, struct kvp_err *err);
 
-/* External caches: physical block p's keys are at k + p*stride, its values at v + p*stride
- * (borrowed; valid until the next attach or kvp_kvcache_free). */
-void kvp_kvcache_attach(struct kvp_kvcache *c, float *k, float *v, size_t stride);
+/* External caches: physical block p of layer has its keys at k + p*stride, its values at
+ * v + p*stride (borrowed; valid until the next attach or kvp_kvcache_free). */
+void kvp_kvcache_attach(struct kvp_kvcache *c, int layer, float *k, float *v, size_t stride);
 
 /* Forget everything: all blocks back to the pool, no evictions. */
 void kvp_kvcache_clear(struct kvp_kvcache *c);
@@ -98,13 +105,13 @@ static inline int kvp_kvcache_lh(const struct kvp_kvcache *c, int layer, int kvh
 static inline float *kvp_kvcache_kblock(const struct kvp_kvcache *c, int layer, int kvh, int blk)
 {
     int32_t p = c->table[(size_t)kvp_kvcache_lh(c, layer, kvh) * c->max_blocks + blk];
-    return p < 0 ? (float *)0 : c->k_pool + (size_t)p * c->pool_stride;
+    return p < 0 ? (float *)0 : c->pools[layer].k + (size_t)p * c->pools[layer].stride;
 }
 
 static inline float *kvp_kvcache_vblock(const struct kvp_kvcache *c, int layer, int kvh, int blk)
 {
     int32_t p = c->table[(size_t)kvp_kvcache_lh(c, layer, kvh) * c->max_blocks + blk];
-    return p < 0 ? (float *)0 : c->v_pool + (size_t)p * c->pool_stride;
+    return p < 0 ? (float *)0 : c->pools[layer].v + (size_t)p * c->pools[layer].stride;
 }
 
 /* Evicted-token mask of a logical block. */

@@ -56,12 +56,15 @@ struct kvp_policy_env {
  *                 causal, rows sum to 1; n_obs = min(window, n_prompt);
  *   colsum[h][j]: sum over all prompt queries of their attention to key j (NULL unless the
  *                 policy asked for it); rows are env.n_ctx floats apart, the first n_prompt
- *                 are used. */
+ *                 are used;
+ *   q_last[h]:    the query of the prompt's last token after RoPE (head_dim floats per head;
+ *                 may be NULL), a stand-in for the first decode query in predict_next. */
 struct kvp_prefill_obs {
     int n_prompt;
     int n_obs;
     const float *obs;      /* [n_head][n_obs][n_prompt] */
     const float *colsum;   /* [n_head][env.n_ctx] or NULL */
+    const float *q_last;   /* [n_head][head_dim] or NULL */
 };
 
 /* A policy instance. */
@@ -101,7 +104,8 @@ struct kvp_policy_ops {
     /* Optional, for the tiered store's prefetching (src/store/store.h, methods.md §1.9): the
      * blocks the next select of (layer, kvh) is expected to read, for a step with n_tokens_next
      * tokens, without that step's query. Called after on_step of the current step (cross-token
-     * prefetching) or, for cross-layer prefetching, before the step's select of the layer; same
+     * prefetching), for cross-layer prefetching before the step's select of the layer, and
+     * after on_prefill of the prompt's last micro-batch (for the first decode step); same
      * threading rules as select; must not change what select will return. NULL: the store
      * prefetches the last selection of the same (layer, KV head) (re-access). */
     void (*predict_next)(struct kvp_policy *p, int layer, int kvh, int n_tokens_next,

@@ -33,8 +33,9 @@
  * a block costs an on-demand read, one that has a block too many costs only a transfer, so the
  * prediction takes `margin` more candidates per KV head than the budget (option margin=N,
  * default 64 blocks): only what is fetched grows, what attention reads is still exactly the
- * selection of select. Before the first select of a (layer, KV head) there is no query: the
- * prediction is the forced set alone.
+ * selection of select. After a prompt the last query is the prompt's last token's
+ * (on_prefill), which predicts the first decode step; before any query the prediction is the
+ * forced set alone.
  *
  * Memory: 2 × head_dim floats per block and (layer, KV head), 1/8 of the keys at bs = 16, and
  * one query group per (layer, KV head).
@@ -49,7 +50,7 @@ struct quest_state {
     float *kmax; /* [n_layer*n_head_kv][max_blocks][head_dim] element-wise max of keys */
     float *kmin; /* [n_layer*n_head_kv][max_blocks][head_dim] element-wise min of keys */
     int *done;   /* [n_layer*n_head_kv] tokens folded into the metadata */
-    float *lastq;/* [n_layer*n_head_kv][g][head_dim] query of the last select */
+    float *lastq;/* [n_layer*n_head_kv][g][head_dim] query of the last select (or prompt) */
     bool *has_q; /* [n_layer*n_head_kv] lastq holds a query of this sequence */
     float *score;/* [n_layer*n_head_kv][max_blocks] combined bounds of lastq, valid for the
                     blocks [first, scored_end) of the last select's plan */
@@ -186,14 +187,23 @@ float kvp_quest_bound(const float *q, const float *kmax, const float *kmin, int 
     return ub;
 }
 
+/* Rebuild the layer's metadata from the prompt, and take the prompt's last query as the last
+ * query, so that predict_next can rank blocks for the first decode step too. */
 static void quest_prefill(struct kvp_policy *p, int layer, const struct kvp_prefill_obs *obs)
 {
     struct quest_state *s = p->state;
     if (layer < p->p.dense_layers)
         return;
+    const size_t gq = (size_t)(p->env.n_head / p->env.n_head_kv) * p->env.head_dim;
     for (int h = 0; h < p->env.n_head_kv; h++) {
-        s->done[layer * p->env.n_head_kv + h] = 0;
+        int lh = layer * p->env.n_head_kv + h;
+        s->done[lh] = 0;
         fold_keys(p, layer, h, obs->n_prompt);
+        if (!obs->q_last)
+            continue;
+        memcpy(s->lastq + lh * gq, obs->q_last + h * gq, gq * sizeof(float));
+        s->has_q[lh] = true;
+        s->scored_end[lh] = 0; /* no bound computed with this query yet */
     }
 }
 

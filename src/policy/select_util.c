@@ -1,4 +1,5 @@
 /* Helpers shared by the policy files: budgets, masks, top-k and GQA aggregation (policy.h). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -77,13 +78,9 @@ static int cmp_int(const void *a, const void *b)
     return *(const int *)a - *(const int *)b;
 }
 
-void kvp_topk_indices(const float *x, int n, int k, int *out, int *scratch)
+/* The heap version: O(n log k), exact whatever the values (NaN included). */
+static void topk_heap(const float *x, int n, int k, int *out, int *h)
 {
-    if (k > n)
-        k = n;
-    if (k <= 0)
-        return;
-    int *h = scratch;
     for (int i = 0; i < k; i++)
         h[i] = i;
     for (int i = k / 2 - 1; i >= 0; i--)
@@ -95,6 +92,120 @@ void kvp_topk_indices(const float *x, int n, int k, int *out, int *scratch)
         }
     memcpy(out, h, (size_t)k * sizeof(int));
     qsort(out, (size_t)k, sizeof(int), cmp_int);
+}
+
+static void swap_int(int *a, int *b)
+{
+    int t = *a;
+    *a = *b;
+    *b = t;
+}
+
+/* idx[k] after reordering idx[0..n) by quickselect so that it is the k-th (0-based) strongest
+ * of the x[idx[i]] in the order "larger value, then lower index" (a strict total order
+ * without NaN); -1 after suspiciously many rounds (a pathological input: the caller falls
+ * back to the heap). */
+static int kth_strongest(const float *x, int *idx, int n, int k)
+{
+    int lo = 0, hi = n - 1, rounds = 16; /* expected ~2.4 log2(n) */
+    for (int m = n; m; m >>= 1)
+        rounds += 4;
+    while (lo < hi) {
+        if (rounds-- == 0)
+            return -1;
+        /* median of three as the pivot, kept by index so the comparisons never move */
+        int mid = lo + (hi - lo) / 2;
+        if (weaker(x, idx[lo], idx[mid]))
+            swap_int(&idx[lo], &idx[mid]);
+        if (weaker(x, idx[mid], idx[hi]))
+            swap_int(&idx[mid], &idx[hi]);
+        if (weaker(x, idx[lo], idx[mid]))
+            swap_int(&idx[lo], &idx[mid]);
+        int pv = idx[mid], i = lo, j = hi;
+        /* Hoare partition: each scan stops at the pivot or at an element a previous scan
+         * stopped at and swapped, so it stays in [lo, hi] for any comparison results */
+        do {
+            while (weaker(x, pv, idx[i]))
+                i++;
+            while (weaker(x, idx[j], pv))
+                j--;
+            if (i <= j)
+                swap_int(&idx[i++], &idx[j--]);
+        } while (i <= j);
+        if (j < k)
+            lo = i;
+        if (k < i)
+            hi = j;
+    }
+    return idx[k];
+}
+
+/* Candidates for the top k of x[0..n): the indices (ascending, into c) of the values at or
+ * above a threshold a few standard deviations below the k-th largest of a strided sample.
+ * Returns their count, or -1 when that does not pay or cannot be trusted: a small n or large
+ * k, fewer than k candidates (the threshold was too high), more than n/2, or NaN in x. Any
+ * threshold keeps the top k whole once at least k values reach it. */
+static int prefilter(const float *x, int n, int k, int *c)
+{
+    enum { S = 128 };
+    if (n < 8 * S || k > n / 8)
+        return -1;
+    float smp[S];
+    int idx[S], stride = n / S;
+    for (int i = 0; i < S; i++) {
+        smp[i] = x[(size_t)i * stride];
+        idx[i] = i;
+    }
+    double e = (double)k * S / n; /* expected sample rank of the k-th largest */
+    int r = (int)(e + 3 * sqrt(e) + 2);
+    int t = kth_strongest(smp, idx, S, r < S ? r : S - 1);
+    if (t < 0)
+        return -1;
+    const float tau = smp[t];
+    int m = 0;
+    bool nan = false;
+    for (int i = 0; i < n; i++) {
+        if (x[i] >= tau)
+            c[m++] = i;
+        else
+            nan |= x[i] != x[i];
+    }
+    return nan || m < k || m > n / 2 ? -1 : m;
+}
+
+void kvp_topk_indices(const float *x, int n, int k, int *out, int *scratch)
+{
+    if (k > n)
+        k = n;
+    if (k <= 0)
+        return;
+    /* Quickselect finds the k-th strongest t, over the prefiltered candidates when a sample
+     * allows; the top k are then exactly the candidates not weaker than t, and one pass in
+     * index order writes them already sorted. With NaN the order is not total and the count
+     * can come out wrong: the heap decides then. */
+    int m = prefilter(x, n, k, scratch), t;
+    const bool filtered = m > 0;
+    if (filtered) { /* candidates stay in scratch[0, m), quickselect scrambles a copy */
+        memcpy(scratch + m, scratch, (size_t)m * sizeof(int));
+        t = kth_strongest(x, scratch + m, m, k - 1);
+    } else {
+        m = n;
+        for (int i = 0; i < n; i++)
+            scratch[i] = i;
+        t = kth_strongest(x, scratch, n, k - 1);
+    }
+    int got = 0;
+    if (t >= 0)
+        for (int j = 0; j < m; j++) {
+            int i = filtered ? scratch[j] : j;
+            if (!weaker(x, i, t)) {
+                if (got < k)
+                    out[got] = i;
+                got++;
+            }
+        }
+    if (got != k)
+        topk_heap(x, n, k, out, scratch);
 }
 
 void kvp_gqa_combine(const float *rows, int g, int stride, int n, int agg, float *out)

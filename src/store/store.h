@@ -22,11 +22,13 @@
  * later), so the attention kernels read hot copies through kvp_kvcache_kblock unchanged and see
  * NULL for a block that is not resident. Layers that are not tiered (dense layers of a sparse
  * policy; everything without a policy) get one slot per block, mapped once, and are never
- * transferred. Tiered layers get `hot_budget` slots with a slot map (slot -> block, block ->
- * slot), a state per slot (empty, loading, ready, plus a write-in-flight flag) and LRU
- * replacement by a use stamp; the block being written (the newest) is pinned. Prefill needs the
- * whole layer: it runs in a staging area of one layer (max_blocks slots), loaded from the cold
- * tier before the layer and written back after it.
+ * transferred; their slots hold the untiered layout instead (all K of head 0, head 1, ...,
+ * then all V), so dense attention streams them as fast as without a store. Tiered layers get
+ * `hot_budget` slots with a slot map (slot -> block, block -> slot), a state per slot (empty,
+ * loading, ready, plus a write-in-flight flag) and LRU replacement by a use stamp; the block
+ * being written (the newest) is pinned. Prefill needs the whole layer: it runs in a staging
+ * area of one layer (max_blocks slots), loaded from the cold tier before the layer and written
+ * back after it.
  *
  * Transfers. Reads and writes are records (hot slots [s0, s0+n) <-> cold units of one layer
  * [b0, b0+n)); adjacent units that land in adjacent slots share one record. The disk tier
@@ -40,9 +42,11 @@
  * what attention selected, on demand; layer prefetches layer l+1's predicted blocks when layer
  * l starts; token prefetches layer l's predicted blocks for the next token right after layer l
  * of this token. A needed unit that is not hot nor in flight is a miss, fetched synchronously.
- * Write-through: after every step the newest block of each tiered layer goes to the cold tier
- * (async; a second write of the same slot waits for the first, and a torn in-flight write is
- * always superseded by the next one).
+ * In layer and token mode the end of a prompt copies the first decode step's predicted blocks
+ * into the hot tier from the staging area, so decoding does not start cold. Write-through: the newest block of each tiered layer goes to the cold tier at the end of the
+ * step that fills it (async; a slot with a write in flight is never evicted nor rewritten
+ * before the write completes). A partial newest block is pinned hot, so its cold copy is not
+ * needed before then; prefill writes every unit it touched, partial ones included.
  */
 #ifndef KVP_STORE_STORE_H
 #define KVP_STORE_STORE_H
@@ -184,14 +188,17 @@ void kvp_store_truncate(struct kvp_store *s, int n);
 
 /* Prefill of tokens [pos0, end) for one layer: begin maps the layer to the staging area and
  * loads what the layer already holds; end writes the new tokens' units to the cold tier and
- * maps the layer back to its hot slots. */
+ * maps the layer back to its hot slots. With next (NULL: none), the predicted selections
+ * next[0..n_kv) of the first decode step (n_keys_next keys), end also copies those blocks
+ * into free hot slots from the staging area, so that step does not start cold. */
 void kvp_store_prefill_begin(struct kvp_store *s, int layer, int pos0, int end);
-void kvp_store_prefill_end(struct kvp_store *s, int layer, int pos0, int end);
+void kvp_store_prefill_end(struct kvp_store *s, int layer, int pos0, int end,
+                           const struct kvp_sel *next, int n_keys_next);
 
 /* Decode step with n_tokens cached before it: begin makes every layer's newest block hot
  * (and, in dense mode, starts refetching everything); end writes the newest blocks through
- * and closes the step's accounting (predict_s and wait_s of the step come from the calls in
- * between). */
+ * when the step filled them and closes the step's accounting (predict_s and wait_s of the
+ * step come from the calls in between). */
 void kvp_store_step_begin(struct kvp_store *s, int n_tokens);
 void kvp_store_step_end(struct kvp_store *s);
 
