@@ -502,10 +502,21 @@ static void join_list(char *out, size_t cap, char list[][48], int n)
     }
 }
 
+/* A needle depth: uniform, except that 1 in 8 lands exactly at an edge of the haystack (first or
+ * last unit). The evaluation grid puts 2 of its 5 depths there, and a uniform draw almost never
+ * does: a model trained on uniform depths missed most needles at depth 0 of a 2048-token prompt. */
+static float sample_depth(struct kvp_rng *r)
+{
+    float u = kvp_rng_uniform(r);
+    if (kvp_rng_below(r, 8))
+        return u;
+    return u < 0.5f ? 0.0f : 1.0f;
+}
+
 static void sorted_depths(struct kvp_rng *r, float *d, int n)
 {
     for (int i = 0; i < n; i++)
-        d[i] = kvp_rng_uniform(r);
+        d[i] = sample_depth(r);
     for (int i = 1; i < n; i++)
         for (int j = i; j > 0 && d[j] < d[j - 1]; j--) {
             float t = d[j];
@@ -607,7 +618,7 @@ static void setup_passkey(struct kvp_rng *r, struct task_inst *ti)
     ti->hay = HAY_PASSKEY;
     ti->n_needles = 1;
     snprintf(ti->needle[0], sizeof(ti->needle[0]), "The pass key is %ld. Remember it. %ld is the pass key.", key, key);
-    ti->depth[0] = kvp_rng_uniform(r);
+    ti->depth[0] = sample_depth(r);
     snprintf(ti->head, sizeof(ti->head),
              "There is an important info hidden inside a lot of irrelevant text. Find it and "
              "memorize them. I will quiz you about the important information there.\n");
