@@ -19,9 +19,9 @@ noise="The grass is green. The sky is blue. The sun is yellow. Here we go. There
 key=68214
 {
     printf 'There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. I will quiz you about the important information there.\n'
-    for i in $(seq 1 36); do printf '%s ' "$noise"; done
+    for i in $(seq 1 46); do printf '%s ' "$noise"; done
     printf '\nThe pass key is %s. Remember it. %s is the pass key.\n' "$key" "$key"
-    for i in $(seq 1 36); do printf '%s ' "$noise"; done
+    for i in $(seq 1 46); do printf '%s ' "$noise"; done
     printf '\nWhat is the pass key? The pass key is'
 } > "$prompt"
 n_tokens="$($kvp tokenize -m "$model" -f "$prompt" | wc -w)"
