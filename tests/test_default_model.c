@@ -13,36 +13,25 @@
 
 #define NOISE "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 
-struct shipped {
-    kvp_model *model;
-    struct kvp_model_info info;
-};
-
 static int open_shipped(void **state)
 {
     static char path[4096];
     const char *src = getenv("KVP_SOURCE_DIR");
     snprintf(path, sizeof(path), "%s/models/kvpred-default.gguf", src ? src : ".");
-    struct shipped *s = calloc(1, sizeof(*s));
+    kvp_model *model = NULL;
     struct kvp_err err = {0};
-    if (!s)
-        return -1;
     /* the model is part of the repository: missing or unreadable is a failure, not a skip */
-    if (kvp_model_open(path, NULL, &s->model, &err) < 0) {
+    if (kvp_model_open(path, NULL, &model, &err) < 0) {
         print_message("%s: %s\n", path, err.msg);
-        free(s);
         return -1;
     }
-    kvp_model_get_info(s->model, &s->info);
-    *state = s;
+    *state = model;
     return 0;
 }
 
 static int close_shipped(void **state)
 {
-    struct shipped *s = *state;
-    kvp_model_close(s->model);
-    free(s);
+    kvp_model_close(*state);
     return 0;
 }
 
@@ -52,6 +41,7 @@ static char *passkey_prompt(long key, int n_noise, int before)
 {
     size_t cap = 512 + (size_t)n_noise * sizeof(NOISE);
     char *p = malloc(cap), *w = p;
+    assert_non_null(p);
     w += sprintf(w, "There is an important info hidden inside a lot of irrelevant text. Find it "
                     "and memorize them. I will quiz you about the important information there.\n");
     for (int i = 0; i <= n_noise; i++) {
@@ -107,17 +97,17 @@ static void answer(kvp_ctx *ctx, const kvp_model *m, const char *prompt, char *o
 
 static void test_passkey_at_full_context(void **state)
 {
-    struct shipped *s = *state;
+    const kvp_model *model = *state;
     struct kvp_ctx_params cp = {.n_threads = 2};
     kvp_ctx *ctx = NULL;
     struct kvp_err err = {0};
-    assert_int_equal(kvp_ctx_init(s->model, &cp, &ctx, &err), 0);
+    assert_int_equal(kvp_ctx_init(model, &cp, &ctx, &err), 0);
     /* as many noise lines as fit the context with room for the answer */
     int n_noise = 8;
     for (;; n_noise += 4) {
         char *p = passkey_prompt(12345, n_noise + 4, 0);
         size_t n = 0;
-        int rc = kvp_tokenize(s->model, p, strlen(p), true, NULL, 0, &n, &err);
+        int rc = kvp_tokenize(model, p, strlen(p), true, NULL, 0, &n, &err);
         free(p);
         assert_true(rc == 0 || rc == KVP_ERANGE);
         if (n + 16 > (size_t)kvp_ctx_n_ctx(ctx))
@@ -130,7 +120,7 @@ static void test_passkey_at_full_context(void **state)
         int before = n_noise * i / (n_keys - 1); /* depth 0, 25, 50, 75, 100 % */
         char *p = passkey_prompt(keys[i], n_noise, before);
         char out[128], want[32];
-        answer(ctx, s->model, p, out, sizeof(out));
+        answer(ctx, model, p, out, sizeof(out));
         snprintf(want, sizeof(want), "%ld", keys[i]);
         print_message("depth %3d%%, key %s: '%s'\n", 100 * i / (n_keys - 1), want, out);
         found += strstr(out, want) != NULL;
