@@ -707,6 +707,23 @@ static void test_corpus_and_samples(void **state)
                           sizeof(l2));
         assert_string_equal(l1 + 1, l2); /* l1 has the space prefix */
     }
+    /* fill_min: a retrieval sample takes at least that share of the context; the default (0.5)
+     * leaves some answers far from the end */
+    {
+        struct kvp_task_mix full = mix;
+        full.fill_min = 0.95f;
+        int short_default = 0;
+        for (int i = 0; i < 24; i++) {
+            int task = KVP_TASK_PASSKEY + i % 3;
+            assert_int_equal(kvp_sample_make(&a, f.c, f.v, &full, task, 700 + i, false, 4.0f,
+                                             &err), 0);
+            assert_true(a.ans_end >= 870); /* 0.95 T less a haystack unit or two */
+            assert_int_equal(kvp_sample_make(&b, f.c, f.v, &mix, task, 700 + i, false, 4.0f,
+                                             &err), 0);
+            short_default += b.ans_end < 870;
+        }
+        assert_true(short_default >= 6);
+    }
     /* a passkey sample holds its key in the prompt and answers it */
     assert_int_equal(kvp_sample_make(&a, f.c, f.v, &mix, KVP_TASK_PASSKEY, 5, false, 2.0f, &err), 0);
     char *text = malloc(8192);
@@ -910,6 +927,61 @@ static void test_checkpoint_resume_bit_exact(void **state)
     free(g_b);
 }
 
+/* A resumed run keeps the checkpoint's hyperparameters unless they are given again: then they
+ * replace them (a fine-tuning stage), and the new values are what the next checkpoint holds. */
+static void test_resume_overrides(void **state)
+{
+    (void)state;
+    char *data = write_text_file();
+    const char *paths[] = {data};
+    char *ck = kvp_test_tmpfile(".ckpt");
+    struct kvp_train_opts o;
+    struct kvp_err err;
+    tiny_opts(&o, paths);
+    o.ckpt_path = ck;
+    o.stop_after = 2;
+    assert_int_equal(kvp_train_run(&o, NULL, NULL, &err), 0);
+    struct kvp_train_model *m = NULL;
+    struct kvp_adamw opt;
+    struct kvp_tvocab *v = NULL;
+    struct kvp_train_hparams hp;
+    struct kvp_train_state st;
+    /* resumed without overrides: values given now (lr 1e-3) do not replace the checkpoint's */
+    tiny_opts(&o, paths);
+    o.ckpt_path = o.resume_path = ck;
+    o.stop_after = 1;
+    o.hp.lr = 1e-3f;
+    o.hp.mix.edge_frac = 0.5f;
+    assert_int_equal(kvp_train_run(&o, NULL, NULL, &err), 0);
+    assert_int_equal(kvp_ckpt_load(ck, 0, 1, &m, &opt, &v, &hp, &st, &err), 0);
+    assert_int_equal(st.step, 3);
+    assert_float_equal(hp.lr, 3e-3, 1e-9);
+    assert_float_equal(hp.mix.edge_frac, KVP_EDGE_FRAC_DEFAULT, 0.0);
+    assert_float_equal(hp.mix.fill_min, KVP_FILL_MIN_DEFAULT, 0.0);
+    kvp_train_model_free(m);
+    kvp_adamw_free(&opt);
+    kvp_tvocab_free(v);
+    /* with overrides they do */
+    o.resume_override = KVP_TRAIN_OVERRIDE_LR | KVP_TRAIN_OVERRIDE_EDGE_FRAC |
+                        KVP_TRAIN_OVERRIDE_FILL_MIN;
+    o.hp.mix.fill_min = 0.9f;
+    o.hp.lr_min = 1e-4f;
+    assert_int_equal(kvp_train_run(&o, NULL, NULL, &err), 0);
+    assert_int_equal(kvp_ckpt_load(ck, 0, 1, &m, &opt, &v, &hp, &st, &err), 0);
+    assert_int_equal(st.step, 4);
+    assert_float_equal(hp.lr, 1e-3, 1e-9);
+    assert_float_equal(hp.lr_min, 1e-4, 1e-9);
+    assert_float_equal(hp.mix.edge_frac, 0.5, 0.0);
+    assert_float_equal(hp.mix.fill_min, 0.9, 1e-7);
+    kvp_train_model_free(m);
+    kvp_adamw_free(&opt);
+    kvp_tvocab_free(v);
+    remove(data);
+    remove(ck);
+    free(data);
+    free(ck);
+}
+
 /* The exported GGUF runs in the engine with the trainer's logits and tokenization. */
 static void test_gguf_matches_engine(void **state)
 {
@@ -1072,6 +1144,7 @@ int main(void)
         cmocka_unit_test(test_tokenizer_matches_engine),
         cmocka_unit_test(test_tasks_on_tinystories),
         cmocka_unit_test(test_checkpoint_resume_bit_exact),
+        cmocka_unit_test(test_resume_overrides),
         cmocka_unit_test(test_gguf_matches_engine),
         cmocka_unit_test(test_training_loss_falls),
         cmocka_unit_test(test_cli_train_lm),

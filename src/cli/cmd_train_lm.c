@@ -35,7 +35,9 @@ static void train_usage(FILE *f)
             "the end)\n"
             "  --resume PATH           continue a run from its checkpoint (same --data; the\n"
             "                          model and schedule come from the checkpoint, --steps N\n"
-            "                          extends it)\n"
+            "                          extends it; --lr, --lr-min, --answer-weight, --mix,\n"
+            "                          --edge-frac and --fill-min given with it replace the\n"
+            "                          checkpoint's: a fine-tuning stage)\n"
             "  --export-only           with --resume: write the GGUF and exit\n"
             "  --steps N               optimiser steps (default 1000)\n"
             "  --ctx T                 model context length (default 2048)\n"
@@ -51,6 +53,10 @@ static void train_usage(FILE *f)
             "  --mix TASK:W,...        task mixture (default lm 0.10, passkey 0.14, niah_single_1\n"
             "                          0.10, _2 0.12, _3 0.06, multikey_1 0.12, _2 0.08, _3 0.05,\n"
             "                          multivalue 0.08, multiquery 0.08, vt 0.07, copy 0.08)\n"
+            "  --edge-frac F           share of needles placed exactly at a haystack edge\n"
+            "                          (default 0.125; the rest at uniform depths)\n"
+            "  --fill-min F            a retrieval sample takes [F*ctx, ctx] tokens (default\n"
+            "                          0.5; near 1 trains the longest distances)\n"
             "  --dim D --layers L --heads H --kv-heads K --ff F --vocab V\n"
             "                          model shape (default 256, 6, 8, 4, 704, 1024)\n"
             "  --rope-base X           RoPE base (default 10000); --untied: separate output "
@@ -243,7 +249,8 @@ int cmd_train_lm(int argc, char **argv)
          ff = o.model.n_ff, vocab = o.model.n_vocab, seed = 1, threads = o.n_threads,
          eval_every = 0, eval_samples = o.eval_samples, ckpt_every = 100, stop_after = 0;
     double lr = o.hp.lr, lr_min = -1.0, warmup = o.hp.warmup_frac, wd = o.hp.weight_decay,
-           clip = o.hp.clip, answer_weight = o.hp.answer_weight, rope_base = o.model.rope_base;
+           clip = o.hp.clip, answer_weight = o.hp.answer_weight, rope_base = o.model.rope_base,
+           edge_frac = KVP_EDGE_FRAC_DEFAULT, fill_min = KVP_FILL_MIN_DEFAULT;
     const struct flag_int ints[] = {
         {"--steps", 1, 100000000, &steps},        {"--ctx", 16, 65536, &ctx},
         {"--batch", 1, 1 << 20, &batch},          {"--micro", 16, 1 << 24, &micro},
@@ -261,6 +268,7 @@ int cmd_train_lm(int argc, char **argv)
         {"--warmup", 0.0, 1.0, &warmup},   {"--wd", 0.0, 10.0, &wd},
         {"--clip", 0.0, 1e6, &clip},       {"--answer-weight", 0.0, 1000.0, &answer_weight},
         {"--rope-base", 1.0001, 1e9, &rope_base},
+        {"--edge-frac", 0.0, 1.0, &edge_frac}, {"--fill-min", 0.01, 1.0, &fill_min},
     };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -342,8 +350,20 @@ int cmd_train_lm(int argc, char **argv)
     o.hp.seed = (uint64_t)seed;
     o.hp.steps = steps;
     bool steps_given = false;
-    for (int i = 1; i < argc; i++)
-        steps_given |= !strcmp(argv[i], "--steps");
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        steps_given |= !strcmp(a, "--steps");
+        if (!strcmp(a, "--lr") || !strcmp(a, "--lr-min"))
+            o.resume_override |= KVP_TRAIN_OVERRIDE_LR;
+        if (!strcmp(a, "--answer-weight"))
+            o.resume_override |= KVP_TRAIN_OVERRIDE_ANSWER_WEIGHT;
+        if (!strcmp(a, "--mix"))
+            o.resume_override |= KVP_TRAIN_OVERRIDE_MIX;
+        if (!strcmp(a, "--edge-frac"))
+            o.resume_override |= KVP_TRAIN_OVERRIDE_EDGE_FRAC;
+        if (!strcmp(a, "--fill-min"))
+            o.resume_override |= KVP_TRAIN_OVERRIDE_FILL_MIN;
+    }
     if (o.resume_path && !steps_given)
         o.hp.steps = 0; /* keep the checkpoint's length; --steps N extends a run */
     o.hp.tokens_per_step = batch * ctx;
@@ -364,6 +384,8 @@ int cmd_train_lm(int argc, char **argv)
     if (mix && !parse_mix(mix, &o.hp.mix))
         return cli_fail("--mix: '%s' is not task:weight,... over lm, passkey, niah_single_1..3, "
                         "niah_multikey_1..3, niah_multivalue, niah_multiquery, vt, copy", mix);
+    o.hp.mix.edge_frac = (float)edge_frac;
+    o.hp.mix.fill_min = (float)fill_min;
     o.n_threads = (int)threads;
     o.eval_every = eval_every;
     o.eval_samples = (int)eval_samples;

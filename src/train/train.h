@@ -311,10 +311,17 @@ int kvp_corpus_init(struct kvp_corpus **out, const char *raw, size_t len,
                     const struct kvp_tvocab *v, double holdout, struct kvp_err *err);
 void kvp_corpus_free(struct kvp_corpus *c);
 
-/* Mixture of tasks for training: probability weights per task (need not sum to 1). */
+/* How training samples are drawn: probability weights per task (need not sum to 1), the share
+ * of needles placed exactly at an edge of the haystack (first or last unit; the rest uniform),
+ * and the shortest retrieval sample as a fraction of the context (a sample takes [fill_min·T, T]
+ * tokens, so fill_min near 1 trains the longest distances the evaluation asks for). */
 struct kvp_task_mix {
     float w[KVP_TASK_COUNT];
+    float edge_frac; /* default KVP_EDGE_FRAC_DEFAULT */
+    float fill_min;  /* default KVP_FILL_MIN_DEFAULT */
 };
+#define KVP_EDGE_FRAC_DEFAULT 0.125f
+#define KVP_FILL_MIN_DEFAULT 0.5f
 void kvp_task_mix_default(struct kvp_task_mix *mix);
 
 /* One generated sequence of exactly T+1 tokens: BOS, the sample, EOS, then packed plain text.
@@ -474,6 +481,16 @@ struct kvp_train_opts {
     long stop_after;                 /* stop (with a checkpoint) after this many steps of this
                                         invocation; 0: run to the end; < 0: no step at all
                                         (export a checkpoint) */
+    unsigned resume_override;        /* KVP_TRAIN_OVERRIDE_* bits: hp fields that replace the
+                                        checkpoint's on resume (a fine-tuning stage) */
+};
+
+enum {
+    KVP_TRAIN_OVERRIDE_LR = 1u << 0,            /* lr and lr_min */
+    KVP_TRAIN_OVERRIDE_ANSWER_WEIGHT = 1u << 1,
+    KVP_TRAIN_OVERRIDE_MIX = 1u << 2,           /* the task weights */
+    KVP_TRAIN_OVERRIDE_EDGE_FRAC = 1u << 3,
+    KVP_TRAIN_OVERRIDE_FILL_MIN = 1u << 4,
 };
 
 /* Defaults: a small GQA model for ctx 2048 and the schedule for it. */

@@ -1,11 +1,12 @@
 /*
  * Trainer checkpoints: everything a run needs to continue bit for bit, in one little-endian file.
  *
- *   "KVPTCKPT"  u32 version (1)  u32 0
+ *   "KVPTCKPT"  u32 version (2; 1 is read too)  u32 0
  *   config      i32 n_vocab n_embd n_layer n_head n_head_kv n_ff n_ctx tied, f32 rope_base norm_eps
  *   hparams     u64 seed, i64 steps tokens_per_step micro_tokens, f32 lr lr_min warmup_frac
  *               weight_decay beta1 beta2 adam_eps clip answer_weight, i32 n_phases,
- *               i32 phase_ctx[8], f32 phase_frac[8], u32 n_tasks, f32 mix[n_tasks]
+ *               i32 phase_ctx[8], f32 phase_frac[8], u32 n_tasks, f32 mix[n_tasks],
+ *               f32 edge_frac fill_min (version 2; version 1 files get the defaults)
  *   state       i64 step, u64 rng[4], u64 data_cursor, f64 tokens_seen, u64 adam_t
  *   vocab       u32 n, then n × (u32 len, bytes, f32 score, i32 type)
  *   weights     u64 n_params, f32 params[n], f32 adam_m[n], f32 adam_v[n]
@@ -25,7 +26,7 @@
 #include "train/train.h"
 
 #define CKPT_MAGIC "KVPTCKPT"
-#define CKPT_VERSION 1u
+#define CKPT_VERSION 2u
 
 struct wr {
     FILE *f;
@@ -100,6 +101,8 @@ int kvp_ckpt_save(const char *path, const struct kvp_train_model *m, const struc
     WR(&w, (uint32_t)KVP_TASK_COUNT);
     for (int i = 0; i < KVP_TASK_COUNT; i++)
         WR(&w, hp->mix.w[i]);
+    WR(&w, hp->mix.edge_frac);
+    WR(&w, hp->mix.fill_min);
     WR(&w, (int64_t)st->step);
     for (int i = 0; i < 4; i++)
         WR(&w, st->rng.s[i]);
@@ -132,7 +135,7 @@ int kvp_ckpt_save(const char *path, const struct kvp_train_model *m, const struc
     return rc;
 }
 
-static int rd_hparams(struct kvp_cursor *cur, struct kvp_train_hparams *hp)
+static int rd_hparams(struct kvp_cursor *cur, uint32_t version, struct kvp_train_hparams *hp)
 {
     int64_t steps, tps, micro;
     float hf[9];
@@ -161,6 +164,13 @@ static int rd_hparams(struct kvp_cursor *cur, struct kvp_train_hparams *hp)
     for (int i = 0; i < KVP_TASK_COUNT; i++)
         if (kvp_rd_f32(cur, &hp->mix.w[i]))
             return -1;
+    hp->mix.edge_frac = KVP_EDGE_FRAC_DEFAULT;
+    hp->mix.fill_min = KVP_FILL_MIN_DEFAULT;
+    if (version >= 2 &&
+        (kvp_rd_f32(cur, &hp->mix.edge_frac) || kvp_rd_f32(cur, &hp->mix.fill_min) ||
+         !(hp->mix.edge_frac >= 0.0f && hp->mix.edge_frac <= 1.0f) ||
+         !(hp->mix.fill_min > 0.0f && hp->mix.fill_min <= 1.0f)))
+        return -1;
     hp->steps = (long)steps;
     hp->tokens_per_step = (long)tps;
     hp->micro_tokens = (long)micro;
@@ -256,7 +266,8 @@ int kvp_ckpt_load(const char *path, long cap_tokens, int n_threads, struct kvp_t
     uint32_t version, pad;
     int32_t ci[8];
     struct kvp_train_config cfg;
-    if (kvp_rd_u32(&cur, &version) || kvp_rd_u32(&cur, &pad) || version != CKPT_VERSION) {
+    if (kvp_rd_u32(&cur, &version) || kvp_rd_u32(&cur, &pad) || version < 1 ||
+        version > CKPT_VERSION) {
         rc = kvp_err_set(err, KVP_EUNSUPPORTED, "%s: checkpoint version %u", path, version);
         goto fail_unmap;
     }
@@ -267,7 +278,7 @@ int kvp_ckpt_load(const char *path, long cap_tokens, int n_threads, struct kvp_t
                                     .n_head = ci[3], .n_head_kv = ci[4], .n_ff = ci[5],
                                     .n_ctx = ci[6], .tied = ci[7]};
     if (kvp_rd_f32(&cur, &cfg.rope_base) || kvp_rd_f32(&cur, &cfg.norm_eps) ||
-        rd_hparams(&cur, hp))
+        rd_hparams(&cur, version, hp))
         goto fail_format;
     int64_t step;
     uint64_t adam_t;

@@ -82,6 +82,8 @@ void kvp_task_mix_default(struct kvp_task_mix *mix)
         [KVP_TASK_COPY] = 0.08f,
     };
     memcpy(mix->w, w, sizeof(w));
+    mix->edge_frac = KVP_EDGE_FRAC_DEFAULT;
+    mix->fill_min = KVP_FILL_MIN_DEFAULT;
 }
 
 /* ===================================== strings ================================================ */
@@ -451,6 +453,7 @@ struct task_inst {
     char answer[320];
     bool vt;
     bool asked[MAX_NEEDLES];   /* needle i holds (part of) the answer */
+    float edge_frac;           /* share of needles exactly at a haystack edge */
     char refs[16][48];         /* the reference strings string_match_all looks for */
     int n_refs;
 };
@@ -502,21 +505,22 @@ static void join_list(char *out, size_t cap, char list[][48], int n)
     }
 }
 
-/* A needle depth: uniform, except that 1 in 8 lands exactly at an edge of the haystack (first or
- * last unit). The evaluation grid puts 2 of its 5 depths there, and a uniform draw almost never
- * does: a model trained on uniform depths missed most needles at depth 0 of a 2048-token prompt. */
-static float sample_depth(struct kvp_rng *r)
+/* A needle depth: uniform, except that a share edge_frac lands exactly at an edge of the haystack
+ * (first or last unit). The evaluation grid puts 2 of its 5 depths there, and a uniform draw
+ * almost never does: a model trained on uniform depths missed most needles at depth 0 of a
+ * 2048-token prompt. */
+static float sample_depth(struct kvp_rng *r, float edge_frac)
 {
     float u = kvp_rng_uniform(r);
-    if (kvp_rng_below(r, 8))
+    if (kvp_rng_uniform(r) >= edge_frac)
         return u;
     return u < 0.5f ? 0.0f : 1.0f;
 }
 
-static void sorted_depths(struct kvp_rng *r, float *d, int n)
+static void sorted_depths(struct kvp_rng *r, float *d, int n, float edge_frac)
 {
     for (int i = 0; i < n; i++)
-        d[i] = sample_depth(r);
+        d[i] = sample_depth(r, edge_frac);
     for (int i = 1; i < n; i++)
         for (int j = i; j > 0 && d[j] < d[j - 1]; j--) {
             float t = d[j];
@@ -574,7 +578,7 @@ static void setup_niah(const struct kvp_corpus *c, struct kvp_rng *r, struct tas
                      tv, keys[k], vals[k][v]);
         }
     shuffle_needles(r, ti);
-    sorted_depths(r, ti->depth, ti->n_needles);
+    sorted_depths(r, ti->depth, ti->n_needles, ti->edge_frac);
     /* the queried keys: the first nq (keys are random, so any nq of them are a random choice) */
     char query[256], ans_list[16][48];
     join_list(query, sizeof(query), keys, nq);
@@ -618,7 +622,7 @@ static void setup_passkey(struct kvp_rng *r, struct task_inst *ti)
     ti->hay = HAY_PASSKEY;
     ti->n_needles = 1;
     snprintf(ti->needle[0], sizeof(ti->needle[0]), "The pass key is %ld. Remember it. %ld is the pass key.", key, key);
-    ti->depth[0] = sample_depth(r);
+    ti->depth[0] = sample_depth(r, ti->edge_frac);
     snprintf(ti->head, sizeof(ti->head),
              "There is an important info hidden inside a lot of irrelevant text. Find it and "
              "memorize them. I will quiz you about the important information there.\n");
@@ -710,7 +714,7 @@ static void setup_vt(struct kvp_rng *r, struct task_inst *ti)
     vt_question(ti->tail, sizeof(ti->tail), value);
     snprintf(ti->answer, sizeof(ti->answer), "%s %s %s %s %s", names[0], names[1], names[2],
              names[3], names[4]);
-    sorted_depths(r, ti->depth, 5);
+    sorted_depths(r, ti->depth, 5, ti->edge_frac);
     for (int i = 0; i < 5; i++) {
         snprintf(ti->refs[i], sizeof(ti->refs[i]), "%s", names[i]);
         ti->asked[i] = true;
@@ -721,8 +725,9 @@ static void setup_vt(struct kvp_rng *r, struct task_inst *ti)
 }
 
 static void setup_task(const struct kvp_corpus *c, struct kvp_rng *r, bool eval,
-                       struct task_inst *ti)
+                       float edge_frac, struct task_inst *ti)
 {
+    ti->edge_frac = edge_frac;
     long lo = eval ? c->n_train : 0, hi = eval ? c->n_sent : c->n_train;
     if (hi - lo < 1)
         lo = 0, hi = c->n_sent;
@@ -895,7 +900,7 @@ int kvp_task_template_text(const struct kvp_corpus *c, int per_task, uint64_t se
             kvp_rng_seed(&r, kvp_rng_mix(seed, (uint64_t)task * 100003u + (uint64_t)i));
             memset(ti, 0, sizeof(*ti));
             ti->task = task;
-            setup_task(c, &r, false, ti);
+            setup_task(c, &r, false, KVP_EDGE_FRAC_DEFAULT, ti);
             build_prompt(c, ti, 2, false, &b);
             sb_add(&all, b.p ? b.p : "", b.n);
             sb_str(&all, ti->answer);
@@ -925,7 +930,7 @@ int kvp_task_render(const struct kvp_corpus *c, const struct kvp_tvocab *v, int 
     struct kvp_rng r;
     kvp_rng_seed(&r, seed);
     ti->task = task;
-    setup_task(c, &r, eval, ti);
+    setup_task(c, &r, eval, KVP_EDGE_FRAC_DEFAULT, ti);
     if (task == KVP_TASK_COPY) {
         copy_list(c, &r, target_tokens / 2 - 2, &b);
         *answer = b.oom ? NULL : strdup(b.p);
@@ -994,7 +999,7 @@ int kvp_task_render_eval(const struct kvp_corpus *c, const struct kvp_task_req *
     struct kvp_rng r;
     kvp_rng_seed(&r, req->seed);
     ti->task = req->task;
-    setup_task(c, &r, true, ti);
+    setup_task(c, &r, true, KVP_EDGE_FRAC_DEFAULT, ti);
     if (req->depth >= 0.0f)
         force_depth(ti, req->depth > 1.0f ? 1.0f : req->depth);
     struct tok_counter tc = {.count = req->count, .ud = req->ud};
@@ -1203,14 +1208,16 @@ int kvp_sample_make(struct kvp_sample *s, const struct kvp_corpus *c, const stru
     if (!ti)
         return kvp_err_set(err, KVP_ENOMEM, "task");
     ti->task = task;
-    setup_task(c, &r, eval, ti);
+    setup_task(c, &r, eval, mix->edge_frac, ti);
     if (task == KVP_TASK_COPY) {
         rc = put_copy(s, &pos, c, v, &r, &b, answer_weight, err);
         if (rc < 0)
             goto out;
     } else if (task != KVP_TASK_LM) {
-        /* the sample takes [T/2, T] tokens; the rest is packed plain text */
-        long len = T / 2 + (long)kvp_rng_below(&r, (uint64_t)(T - T / 2) + 1);
+        /* the sample takes [fill_min·T, T] tokens; the rest is packed plain text */
+        float fm = mix->fill_min > 0.0f && mix->fill_min <= 1.0f ? mix->fill_min : 0.5f;
+        long lo = (long)(fm * (float)T);
+        long len = lo + (long)kvp_rng_below(&r, (uint64_t)(T - lo) + 1);
         size_t n_ans;
         kvp_tvocab_encode(v, ti->answer, strlen(ti->answer), false, NULL, 0, &n_ans, NULL);
         long budget = len - 2 - (long)n_ans; /* BOS and EOS */

@@ -110,7 +110,8 @@ int kvp_train_evaluate(struct kvp_train_model *m, const struct kvp_corpus *c,
     }
     for (int i = 0; i < per && rc == 0; i++)
         rc = kvp_sample_alloc(&s[i], T, err);
-    struct kvp_task_mix none = {{0}};
+    struct kvp_task_mix none = {.edge_frac = KVP_EDGE_FRAC_DEFAULT,
+                                .fill_min = KVP_FILL_MIN_DEFAULT};
     for (int task = 0; task < KVP_TASK_COUNT && rc == 0; task++) {
         int good = 0, total = 0;
         double nll = 0.0;
@@ -408,6 +409,24 @@ static int train_loop(struct run *r, struct kvp_err *err)
     return 0;
 }
 
+/* A resumed run keeps the checkpoint's hyperparameters except those given again (fine-tuning). */
+static void apply_overrides(struct kvp_train_hparams *hp, const struct kvp_train_hparams *given,
+                            unsigned which)
+{
+    if (which & KVP_TRAIN_OVERRIDE_LR) {
+        hp->lr = given->lr;
+        hp->lr_min = given->lr_min;
+    }
+    if (which & KVP_TRAIN_OVERRIDE_ANSWER_WEIGHT)
+        hp->answer_weight = given->answer_weight;
+    if (which & KVP_TRAIN_OVERRIDE_MIX)
+        memcpy(hp->mix.w, given->mix.w, sizeof(hp->mix.w));
+    if (which & KVP_TRAIN_OVERRIDE_EDGE_FRAC)
+        hp->mix.edge_frac = given->mix.edge_frac;
+    if (which & KVP_TRAIN_OVERRIDE_FILL_MIN)
+        hp->mix.fill_min = given->mix.fill_min;
+}
+
 int kvp_train_run(const struct kvp_train_opts *o, kvp_train_progress_fn cb, void *user,
                   struct kvp_err *err)
 {
@@ -428,6 +447,7 @@ int kvp_train_run(const struct kvp_train_opts *o, kvp_train_progress_fn cb, void
             return rc;
         if (o->hp.steps > r.hp.steps)
             r.hp.steps = o->hp.steps; /* allow extending a finished run (the schedule changes) */
+        apply_overrides(&r.hp, &o->hp, o->resume_override);
         snprintf(msg, sizeof(msg), "resumed %s at step %ld of %ld", o->resume_path, r.st.step,
                  r.hp.steps);
         info(&r, msg);
