@@ -40,39 +40,102 @@ const char *cli_flag_value(int argc, char **argv, int *i)
     return argv[++*i];
 }
 
-static int int_flag(int argc, char **argv, int *i, long min, long max, long *out)
+/* True if a is one of the '|'-separated names. */
+static bool names_match(const char *names, const char *a)
 {
-    const char *flag = argv[*i];
+    size_t n = strlen(a);
+    for (const char *p = names; *p;) {
+        size_t len = strcspn(p, "|");
+        if (len == n && !strncmp(p, a, n))
+            return true;
+        p += len + (p[len] == '|');
+    }
+    return false;
+}
+
+/* Parse v as the row's value and store it; false when it is not one. */
+static bool store_value(const struct cli_flag *f, const char *v)
+{
+    long n;
+    double d;
+    switch (f->kind) {
+    case CLI_FLAG_INT:
+    case CLI_FLAG_LONG:
+    case CLI_FLAG_U64:
+        if (!cli_parse_int(v, f->min, f->max, &n))
+            return false;
+        n = n == 0 && f->zero_unset ? -1 : n;
+        if (f->kind == CLI_FLAG_INT)
+            *(int *)f->dst = (int)n;
+        else if (f->kind == CLI_FLAG_LONG)
+            *(long *)f->dst = n;
+        else
+            *(uint64_t *)f->dst = (uint64_t)n;
+        return true;
+    case CLI_FLAG_FLOAT:
+    case CLI_FLAG_DOUBLE:
+        if (!cli_parse_float(v, f->fmin, f->fmax, &d))
+            return false;
+        d = d == 0.0 && f->zero_unset ? -1.0 : d;
+        if (f->kind == CLI_FLAG_FLOAT)
+            *(float *)f->dst = (float)d;
+        else
+            *(double *)f->dst = d;
+        return true;
+    case CLI_FLAG_CHOICE:
+        for (long k = f->min; f->choices[k]; k++)
+            if (!strcmp(v, f->choices[k])) {
+                *(int *)f->dst = (int)k;
+                return true;
+            }
+        return false;
+    default:
+        *(const char **)f->dst = v;
+        return true;
+    }
+}
+
+int cli_parse_flags(const struct cli_flag *table, int argc, char **argv, int *i)
+{
+    const char *a = argv[*i];
+    const struct cli_flag *f = table;
+    while (f->names && !names_match(f->names, a))
+        f++;
+    if (!f->names)
+        return 0;
+    if (f->kind == CLI_FLAG_BOOL || f->kind == CLI_FLAG_SET) {
+        if (f->kind == CLI_FLAG_BOOL)
+            *(bool *)f->dst = true;
+        else
+            *(int *)f->dst = 1;
+        return 1;
+    }
     const char *v = cli_flag_value(argc, argv, i);
     if (!v)
         return -1;
-    if (!cli_parse_int(v, min, max, out)) {
-        cli_fail("%s: '%s' is not an integer in %ld..%ld", flag, v, min, max);
-        return -1;
-    }
-    return 1;
+    if (store_value(f, v))
+        return 1;
+    if (f->what)
+        cli_fail("%s: '%s' is not %s", a, v, f->what);
+    else if (f->kind <= CLI_FLAG_U64)
+        cli_fail("%s: '%s' is not an integer in %ld..%ld", a, v, f->min, f->max);
+    else
+        cli_fail("%s: '%s' is not a number in %g..%g", a, v, f->fmin, f->fmax);
+    return -1;
 }
 
 int cli_model_flag(struct cli_model_opts *o, int argc, char **argv, int *i)
 {
-    const char *a = argv[*i];
-    if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-        o->model_path = cli_flag_value(argc, argv, i);
-        return o->model_path ? 1 : -1;
-    }
-    if (!strcmp(a, "--tokenizer")) {
-        o->tokenizer_path = cli_flag_value(argc, argv, i);
-        return o->tokenizer_path ? 1 : -1;
-    }
-    if (!strcmp(a, "-c") || !strcmp(a, "--ctx") || !strcmp(a, "--ctx-size"))
-        return int_flag(argc, argv, i, 1, 1 << 24, &o->n_ctx);
-    if (!strcmp(a, "-t") || !strcmp(a, "--threads"))
-        return int_flag(argc, argv, i, 1, 256, &o->n_threads);
-    if (!strcmp(a, "--block"))
-        return int_flag(argc, argv, i, 1, 4096, &o->block_size);
-    if (!strcmp(a, "-b") || !strcmp(a, "--batch"))
-        return int_flag(argc, argv, i, 1, 1 << 20, &o->n_batch);
-    return 0;
+    const struct cli_flag flags[] = {
+        CLI_STR("-m|--model", &o->model_path),
+        CLI_STR("--tokenizer", &o->tokenizer_path),
+        CLI_INT("-c|--ctx|--ctx-size", 1, 1 << 24, &o->n_ctx, NULL),
+        CLI_INT("-t|--threads", 1, 256, &o->n_threads, NULL),
+        CLI_INT("--block", 1, 4096, &o->block_size, NULL),
+        CLI_INT("-b|--batch", 1, 1 << 20, &o->n_batch, NULL),
+        {0},
+    };
+    return cli_parse_flags(flags, argc, argv, i);
 }
 
 kvp_model *cli_open_model(const struct cli_model_opts *o)

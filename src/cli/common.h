@@ -44,4 +44,55 @@ bool cli_flag_in(const char *a, const char *const *names);
 /* Value of the flag at argv[*i]: advances *i; prints an error and returns NULL if missing. */
 const char *cli_flag_value(int argc, char **argv, int *i);
 
+/* A command's flags as a table ending in {0}, one row per flag, written with the CLI_* macros
+ * below. names lists the spellings, '|'-separated: "-f|--file". The kind is the type of *dst,
+ * picked by _Generic in the macros, so a row whose dst has another type does not compile. */
+struct cli_flag {
+    const char *names;
+    enum {
+        CLI_FLAG_INT, /* int, long, uint64_t: integers in min..max */
+        CLI_FLAG_LONG,
+        CLI_FLAG_U64,
+        CLI_FLAG_FLOAT, /* float, double: numbers in fmin..fmax */
+        CLI_FLAG_DOUBLE,
+        CLI_FLAG_STR,    /* const char *: the argument itself */
+        CLI_FLAG_BOOL,   /* bool, no value: set to true */
+        CLI_FLAG_SET,    /* int, no value: set to 1 */
+        CLI_FLAG_CHOICE, /* int: the index of the value in choices */
+    } kind;
+    void *dst;
+    long min, max;              /* integers: the range; CHOICE: min is the first index accepted */
+    double fmin, fmax;          /* FLOAT, DOUBLE: the range */
+    const char *const *choices; /* CHOICE: NULL-terminated */
+    bool zero_unset;            /* store a given 0 as -1 (see CLI_INT0) */
+    const char *what;           /* ends the error "--flag: 'v' is not <what>"; NULL: the range */
+};
+
+#define CLI_INT(n, lo, hi, d, w)                                                                   \
+    {.names = (n), .dst = (d), .min = (lo), .max = (hi), .what = (w),                              \
+     .kind = _Generic((d), int *: CLI_FLAG_INT, long *: CLI_FLAG_LONG, uint64_t *: CLI_FLAG_U64)}
+#define CLI_FLOAT(n, lo, hi, d, w)                                                                 \
+    {.names = (n), .dst = (d), .fmin = (lo), .fmax = (hi), .what = (w),                            \
+     .kind = _Generic((d), float *: CLI_FLAG_FLOAT, double *: CLI_FLAG_DOUBLE)}
+#define CLI_STR(n, d) {.names = (n), .dst = (d), .kind = _Generic((d), const char **: CLI_FLAG_STR)}
+/* a flag without a value */
+#define CLI_BOOL(n, d)                                                                             \
+    {.names = (n), .dst = (d), .kind = _Generic((d), bool *: CLI_FLAG_BOOL, int *: CLI_FLAG_SET)}
+/* one of the names list[first..] (w lists them for the error), stored as its index in list */
+#define CLI_CHOICE(n, list, first, d, w)                                                           \
+    {.names = (n), .dst = (d), .choices = (list), .min = (first), .what = (w),                     \
+     .kind = _Generic((d), int *: CLI_FLAG_CHOICE)}
+/* CLI_INT and CLI_FLOAT for kvp_policy_params-like fields that read 0 as "the default": a 0 given
+ * on the command line is stored as -1, which they read as zero */
+#define CLI_INT0(n, lo, hi, d, w)                                                                  \
+    {.names = (n), .dst = (d), .min = (lo), .max = (hi), .what = (w), .zero_unset = true,          \
+     .kind = _Generic((d), int *: CLI_FLAG_INT)}
+#define CLI_FLOAT0(n, lo, hi, d, w)                                                                \
+    {.names = (n), .dst = (d), .fmin = (lo), .fmax = (hi), .what = (w), .zero_unset = true,        \
+     .kind = _Generic((d), float *: CLI_FLAG_FLOAT)}
+
+/* If argv[*i] is one of the table's flags, store its value, consume it and return 1; return 0 if
+ * it is not; return -1 after printing an error for a missing or bad value. */
+int cli_parse_flags(const struct cli_flag *table, int argc, char **argv, int *i);
+
 #endif

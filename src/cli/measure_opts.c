@@ -22,7 +22,7 @@ const char *cli_policy_flags_help =
     "                       gqa=pooled|union, hist=head|kv, inc, refresh)\n";
 
 /* indexed by enum kvp_gqa_agg */
-static const char *const agg_names[] = {"mean", "max", "sum"};
+static const char *const agg_names[] = {"mean", "max", "sum", NULL};
 
 const char *cli_gqa_agg_name(int agg)
 {
@@ -48,83 +48,31 @@ bool cli_policy_known(const char *name)
     return false;
 }
 
-/* A count flag where 0 is meaningful: the library takes 0 as "default", -1 as zero. */
-static int count_flag(int argc, char **argv, int *i, long max, int *out)
-{
-    const char *flag = argv[*i];
-    const char *v = cli_flag_value(argc, argv, i);
-    long n;
-    if (!v)
-        return -1;
-    if (!cli_parse_int(v, 0, max, &n)) {
-        cli_fail("%s: '%s' is not an integer in 0..%ld", flag, v, max);
-        return -1;
-    }
-    *out = n == 0 ? -1 : (int)n;
-    return 1;
-}
-
 int cli_policy_flag(struct kvp_policy_params *p, bool with_seed, int argc, char **argv, int *i)
 {
-    const char *a = argv[*i];
-    int ck = cli_catekv_flag(p, argc, argv, i); /* catekv's own options */
-    if (ck != 0)
-        return ck;
-    if (!strcmp(a, "--sink"))
-        return count_flag(argc, argv, i, 1 << 24, &p->sink);
-    if (!strcmp(a, "--local"))
-        return count_flag(argc, argv, i, 1 << 24, &p->local);
-    if (!strcmp(a, "--dense-layers"))
-        return count_flag(argc, argv, i, 4096, &p->dense_layers);
-    if (!strcmp(a, "--pool-max")) {
-        p->pool_max = 1;
-        return 1;
-    }
-    if (!strcmp(a, "--normalize")) {
-        p->normalize = 1;
-        return 1;
-    }
-    if (strcmp(a, "--window") && strcmp(a, "--pool") && strcmp(a, "--gqa-agg") &&
-        strcmp(a, "--aux") && strcmp(a, "--policy-opts") && (!with_seed || strcmp(a, "--seed")))
-        return 0;
-    const char *v = cli_flag_value(argc, argv, i);
-    long n;
-    if (!v)
-        return -1;
-    if (!strcmp(a, "--window")) {
-        if (!cli_parse_int(v, 1, 1 << 24, &n)) {
-            cli_fail("--window: '%s' is not a positive token count", v);
-            return -1;
-        }
-        p->window = (int)n;
-    } else if (!strcmp(a, "--pool")) {
-        if (!cli_parse_int(v, 1, 1023, &n) || n % 2 == 0) {
-            cli_fail("--pool: '%s' is not an odd kernel size in 1..1023", v);
-            return -1;
-        }
-        p->pool = (int)n;
-    } else if (!strcmp(a, "--gqa-agg")) {
-        int k = -1;
-        for (int j = 0; j < 3; j++)
-            if (!strcmp(v, agg_names[j]))
-                k = j;
-        if (k < 0) {
-            cli_fail("--gqa-agg: '%s' is not one of max, mean, sum", v);
-            return -1;
-        }
-        p->gqa_agg = k;
-    } else if (!strcmp(a, "--aux")) {
-        p->aux_path = v;
-    } else if (!strcmp(a, "--policy-opts")) {
-        p->opts = v;
-    } else {
-        if (!cli_parse_int(v, 0, 0x7fffffffffffffffL, &n)) {
-            cli_fail("--seed: '%s' is not a non-negative integer", v);
-            return -1;
-        }
-        p->seed = (uint64_t)n;
-    }
-    return 1;
+    const struct cli_flag flags[] = {
+        CLI_INT0("--sink", 0, 1 << 24, &p->sink, NULL),
+        CLI_INT0("--local", 0, 1 << 24, &p->local, NULL),
+        CLI_INT0("--dense-layers", 0, 4096, &p->dense_layers, NULL),
+        CLI_BOOL("--pool-max", &p->pool_max),
+        CLI_BOOL("--normalize", &p->normalize),
+        CLI_INT("--window", 1, 1 << 24, &p->window, "a positive token count"),
+        CLI_INT("--pool", 1, 1023, &p->pool, "an odd kernel size in 1..1023"),
+        CLI_CHOICE("--gqa-agg", agg_names, 0, &p->gqa_agg, "one of max, mean, sum"),
+        CLI_STR("--aux", &p->aux_path),
+        CLI_STR("--policy-opts", &p->opts),
+        CLI_INT("--seed", 0, 0x7fffffffffffffffL, &p->seed, "a non-negative integer"),
+        {0},
+    };
+    if (!with_seed && !strcmp(argv[*i], "--seed"))
+        return 0; /* the command's own --seed */
+    int r = cli_catekv_flag(p, argc, argv, i);
+    if (r == 0)
+        r = cli_parse_flags(flags, argc, argv, i);
+    /* the table checks the range; the kernel must also be odd */
+    if (r > 0 && p->pool % 2 == 0 && p->pool != 0)
+        return cli_fail("--pool: '%s' is not an odd kernel size in 1..1023", argv[*i]), -1;
+    return r;
 }
 
 bool cli_parse_budget(const char *s, int *budget, float *ratio)
