@@ -153,15 +153,6 @@ static double measure_bandwidth(int n_threads)
     return best;
 }
 
-/* Index of name in a NULL-terminated table, or -1. */
-static int name_index(const char *name, const char *const *table)
-{
-    for (int i = 0; table[i]; i++)
-        if (!strcmp(name, table[i]))
-            return i;
-    return -1;
-}
-
 /* The context for the run, with the tiered-store fields of cp. Prints the error, returns NULL. */
 static kvp_ctx *open_ctx(const kvp_model *m, const struct cli_model_opts *o, long n_ctx,
                          struct kvp_ctx_params cp)
@@ -224,73 +215,45 @@ int cmd_bench(int argc, char **argv)
     const char *budget_arg = NULL, *timeline = NULL;
     int tier = KVP_TIER_NONE, prefetch = KVP_PREFETCH_DEFAULT;
     const char *kv_dir = NULL;
-    static const char *const value_flags[] = {
-        "-n", "--prefill", "-r", "--reps", "--bandwidth", "--policy", "--budget", "--kv-tier",
-        "--kv-dir", "--hot-budget", "--prefetch", "--link-gbps", "--link-latency-us",
-        "--timeline", NULL};
+    const struct cli_flag flags[] = {
+        CLI_INT("-n", 1, 1 << 20, &n_decode, "a positive token count"),
+        CLI_INT("--prefill", 1, 1 << 24, &n_prefill, "a positive token count"),
+        CLI_INT("-r|--reps", 1, 1000, &reps, NULL),
+        CLI_FLOAT("--bandwidth", 0.001, 1e6, &bandwidth, "a positive GB/s value"),
+        CLI_STR("--policy", &pp.name),
+        CLI_STR("--budget", &budget_arg),
+        CLI_CHOICE("--kv-tier", tier_names, KVP_TIER_RAM, &tier, "ram or disk"),
+        CLI_STR("--kv-dir", &kv_dir),
+        CLI_INT("--hot-budget", 1, 1 << 24, &hot_budget, "a positive token count"),
+        CLI_CHOICE("--prefetch", prefetch_names, KVP_PREFETCH_NONE, &prefetch,
+                   "dense, none, layer or token"),
+        CLI_FLOAT("--link-gbps", 0.001, 1e6, &link_gbps, "a positive GB/s value"),
+        CLI_FLOAT("--link-latency-us", 0, 1e7, &link_us, "a latency in microseconds"),
+        CLI_STR("--timeline", &timeline),
+        CLI_BOOL("--json", &json),
+        {0},
+    };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int r = cli_model_flag(&mo, argc, argv, &i);
         if (r == 0)
             r = cli_policy_flag(&pp, false, argc, argv, &i);
+        if (r == 0)
+            r = cli_parse_flags(flags, argc, argv, &i);
         if (r < 0)
             return 1;
         if (r > 0)
             continue;
-        const char *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             help();
             return 0;
-        } else if (!strcmp(a, "--json")) {
-            json = true;
-        } else if (!cli_flag_in(a, value_flags)) {
-            return cli_fail("bench: unknown flag '%s' (see kvpred bench --help)", a);
-        } else if (!(v = cli_flag_value(argc, argv, &i))) {
-            return 1;
-        } else if (!strcmp(a, "-n")) {
-            if (!cli_parse_int(v, 1, 1 << 20, &n_decode))
-                return cli_fail("-n: '%s' is not a positive token count", v);
-        } else if (!strcmp(a, "--prefill")) {
-            if (!cli_parse_int(v, 1, 1 << 24, &n_prefill))
-                return cli_fail("--prefill: '%s' is not a positive token count", v);
-        } else if (!strcmp(a, "-r") || !strcmp(a, "--reps")) {
-            if (!cli_parse_int(v, 1, 1000, &reps))
-                return cli_fail("--reps: '%s' is not in 1..1000", v);
-        } else if (!strcmp(a, "--policy")) {
-            if (!cli_policy_known(v))
-                return cli_fail("--policy: unknown policy '%s' (known: %s)", v,
-                                cli_policy_names());
-            pp.name = v;
-        } else if (!strcmp(a, "--budget")) {
-            budget_arg = v;
-            if (!cli_parse_budget(v, &pp.budget, &pp.budget_ratio))
-                return cli_fail("--budget: '%s' is not a token count or a ratio in (0, 1]", v);
-        } else if (!strcmp(a, "--bandwidth")) {
-            if (!cli_parse_float(v, 0.001, 1e6, &bandwidth))
-                return cli_fail("--bandwidth: '%s' is not a positive GB/s value", v);
-        } else if (!strcmp(a, "--kv-tier")) {
-            if ((tier = name_index(v, tier_names)) <= 0)
-                return cli_fail("--kv-tier: '%s' is not ram or disk", v);
-        } else if (!strcmp(a, "--kv-dir")) {
-            kv_dir = v;
-        } else if (!strcmp(a, "--hot-budget")) {
-            if (!cli_parse_int(v, 1, 1 << 24, &hot_budget))
-                return cli_fail("--hot-budget: '%s' is not a positive token count", v);
-        } else if (!strcmp(a, "--prefetch")) {
-            if ((prefetch = name_index(v, prefetch_names)) <= 0)
-                return cli_fail("--prefetch: '%s' is not dense, none, layer or token", v);
-        } else if (!strcmp(a, "--link-gbps")) {
-            if (!cli_parse_float(v, 0.001, 1e6, &link_gbps))
-                return cli_fail("--link-gbps: '%s' is not a positive GB/s value", v);
-        } else if (!strcmp(a, "--link-latency-us")) {
-            if (!cli_parse_float(v, 0, 1e7, &link_us))
-                return cli_fail("--link-latency-us: '%s' is not a latency in microseconds", v);
-        } else if (!strcmp(a, "--timeline")) {
-            timeline = v;
-        } else {
-            return cli_fail("bench: unknown flag '%s' (see kvpred bench --help)", a);
         }
+        return cli_fail("bench: unknown flag '%s' (see kvpred bench --help)", a);
     }
+    if (pp.name && !cli_policy_known(pp.name))
+        return cli_fail("--policy: unknown policy '%s' (known: %s)", pp.name, cli_policy_names());
+    if (budget_arg && !cli_parse_budget(budget_arg, &pp.budget, &pp.budget_ratio))
+        return cli_fail("--budget: '%s' is not a token count or a ratio in (0, 1]", budget_arg);
     if (mo.n_threads <= 0)
         mo.n_threads = 1;
     if (budget_arg && !pp.name)

@@ -134,51 +134,36 @@ struct eval_opts {
 /* Parse argv into o. Returns 0, 1 after printing an error, or 2 after printing the help. */
 static int parse_args(struct eval_opts *o, int argc, char **argv)
 {
-    static const char *const value_flags[] = {
-        "-f",       "--file",    "--offset", "--tokens-from-seed", "--policy",
-        "--budget", "--prefill", "--decode", "--retention-k",      NULL};
     const char *policy_list = "all", *budget_list = "32,64,128";
+    const struct cli_flag flags[] = {
+        CLI_STR("-f|--file", &o->src.text_path),
+        CLI_INT("--offset", 0, 0x7fffffffffffL, &o->src.offset, "a byte offset"),
+        CLI_INT("--tokens-from-seed", 0, 0x7fffffffffffffffL, &o->src.seed,
+                "a non-negative integer"),
+        CLI_STR("--policy", &policy_list),
+        CLI_STR("--budget", &budget_list),
+        CLI_INT("--prefill", 1, 1 << 24, &o->n_prefill, "a positive token count"),
+        CLI_INT("--decode", 1, 1 << 24, &o->n_decode, "a positive token count"),
+        CLI_INT("--retention-k", 1, 1 << 20, &o->retention_k, "a positive count"),
+        CLI_BOOL("--json", &o->json),
+        {0},
+    };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int r = cli_model_flag(&o->mo, argc, argv, &i);
         if (r == 0)
             r = cli_policy_flag(&o->pp, true, argc, argv, &i);
+        if (r == 0)
+            r = cli_parse_flags(flags, argc, argv, &i);
         if (r < 0)
             return 1;
         if (r > 0)
             continue;
-        const char *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             help();
             return 2;
-        } else if (!strcmp(a, "--json")) {
-            o->json = true;
-        } else if (!cli_flag_in(a, value_flags)) {
-            return cli_fail("eval: unknown flag '%s' (see kvpred eval --help)", a);
-        } else if (!(v = cli_flag_value(argc, argv, &i))) {
-            return 1;
-        } else if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
-            o->src.text_path = v;
-        } else if (!strcmp(a, "--offset")) {
-            if (!cli_parse_int(v, 0, 0x7fffffffffffL, &o->src.offset))
-                return cli_fail("--offset: '%s' is not a byte offset", v);
-        } else if (!strcmp(a, "--tokens-from-seed")) {
-            if (!cli_parse_int(v, 0, 0x7fffffffffffffffL, &o->src.seed))
-                return cli_fail("--tokens-from-seed: '%s' is not a non-negative integer", v);
-        } else if (!strcmp(a, "--policy")) {
-            policy_list = v;
-        } else if (!strcmp(a, "--budget")) {
-            budget_list = v;
-        } else if (!strcmp(a, "--prefill")) {
-            if (!cli_parse_int(v, 1, 1 << 24, &o->n_prefill))
-                return cli_fail("--prefill: '%s' is not a positive token count", v);
-        } else if (!strcmp(a, "--decode")) {
-            if (!cli_parse_int(v, 1, 1 << 24, &o->n_decode))
-                return cli_fail("--decode: '%s' is not a positive token count", v);
-        } else {
-            if (!cli_parse_int(v, 1, 1 << 20, &o->retention_k))
-                return cli_fail("--retention-k: '%s' is not a positive count", v);
         }
+        return cli_fail("eval: unknown flag '%s' (see kvpred eval --help)", a);
     }
     if (!o->src.text_path && o->src.seed < 0)
         return cli_fail("eval: give a text with -f FILE (or --tokens-from-seed S)");

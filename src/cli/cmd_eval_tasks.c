@@ -149,58 +149,43 @@ static int parse_longs(const char *s, long lo, long hi, long *out)
 
 static int parse_args(struct task_opts *o, int argc, char **argv)
 {
-    static const char *const value_flags[] = {"--task",   "--lengths", "--depths", "--samples",
-                                              "--seed",   "--policy",  "--budget", "--heatmap",
-                                              "--filler", "--policy-seed", NULL};
     const char *policy_list = "full", *budget_list = "1/8", *task = NULL;
+    const char *lengths = NULL, *depths = NULL;
+    const struct cli_flag flags[] = {
+        CLI_STR("--task", &task),
+        CLI_STR("--lengths", &lengths),
+        CLI_STR("--depths", &depths),
+        CLI_INT("--samples", 1, 1 << 20, &o->samples, "a positive count"),
+        CLI_INT("--seed", 0, 0x7fffffffffffffffL, &o->seed, "a non-negative integer"),
+        CLI_INT("--policy-seed", 0, 0x7fffffffffffffffL, &o->pp.seed, "a non-negative integer"),
+        CLI_STR("--policy", &policy_list),
+        CLI_STR("--budget", &budget_list),
+        CLI_STR("--heatmap", &o->heatmap),
+        CLI_STR("--filler", &o->filler),
+        CLI_BOOL("--json", &o->json),
+        {0},
+    };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int r = cli_model_flag(&o->mo, argc, argv, &i);
         if (r == 0)
             r = cli_policy_flag(&o->pp, false, argc, argv, &i);
+        if (r == 0)
+            r = cli_parse_flags(flags, argc, argv, &i);
         if (r < 0)
             return 1;
         if (r > 0)
             continue;
-        const char *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             help();
             return 2;
-        } else if (!strcmp(a, "--json")) {
-            o->json = true;
-        } else if (!cli_flag_in(a, value_flags)) {
-            return cli_fail("eval: unknown flag '%s' (see kvpred eval --task T --help)", a);
-        } else if (!(v = cli_flag_value(argc, argv, &i))) {
-            return 1;
-        } else if (!strcmp(a, "--task")) {
-            task = v;
-        } else if (!strcmp(a, "--lengths")) {
-            if ((o->n_len = parse_longs(v, 16, 1 << 24, o->lengths)) < 0)
-                return cli_fail("--lengths: '%s' is not a list of token counts (>= 16)", v);
-        } else if (!strcmp(a, "--depths")) {
-            if ((o->n_depth = parse_longs(v, 0, 100, o->depths)) < 0)
-                return cli_fail("--depths: '%s' is not a list of percentages in 0..100", v);
-        } else if (!strcmp(a, "--samples")) {
-            if (!cli_parse_int(v, 1, 1 << 20, &o->samples))
-                return cli_fail("--samples: '%s' is not a positive count", v);
-        } else if (!strcmp(a, "--seed")) {
-            if (!cli_parse_int(v, 0, 0x7fffffffffffffffL, &o->seed))
-                return cli_fail("--seed: '%s' is not a non-negative integer", v);
-        } else if (!strcmp(a, "--policy-seed")) {
-            long s;
-            if (!cli_parse_int(v, 0, 0x7fffffffffffffffL, &s))
-                return cli_fail("--policy-seed: '%s' is not a non-negative integer", v);
-            o->pp.seed = (uint64_t)s;
-        } else if (!strcmp(a, "--policy")) {
-            policy_list = v;
-        } else if (!strcmp(a, "--budget")) {
-            budget_list = v;
-        } else if (!strcmp(a, "--heatmap")) {
-            o->heatmap = v;
-        } else {
-            o->filler = v;
         }
+        return cli_fail("eval: unknown flag '%s' (see kvpred eval --task T --help)", a);
     }
+    if (lengths && (o->n_len = parse_longs(lengths, 16, 1 << 24, o->lengths)) < 0)
+        return cli_fail("--lengths: '%s' is not a list of token counts (>= 16)", lengths);
+    if (depths && (o->n_depth = parse_longs(depths, 0, 100, o->depths)) < 0)
+        return cli_fail("--depths: '%s' is not a list of percentages in 0..100", depths);
     o->ti = -1;
     for (int t = 0; task && t < N_EVAL_TASKS; t++)
         if (!strcmp(task, eval_tasks[t].name))

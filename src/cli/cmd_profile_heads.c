@@ -51,17 +51,27 @@ struct profile_opts {
 /* Returns 0, 1 after --help, or -1 after printing an error. */
 static int parse_profile_args(int argc, char **argv, struct profile_opts *o)
 {
-    static const char *const int_flags[] = {"--prefill", "--samples", "--chunk",  "--tail",
-                                            "--sink",    "--recent",  "--window", NULL};
-    static const char *const value_flags[] = {"-f",      "--file",   "-r",          "--ratio",
-                                              "-o",      "--output", "--skip-frac", "--percentile",
-                                              "--alpha", NULL};
-    long *int_dst[] = {&o->prefill, &o->samples, &o->chunk, &o->tail,
-                       &o->sink,    &o->recent,  &o->window};
+    const struct cli_flag flags[] = {
+        CLI_FLOAT("-r|--ratio", 0, 1, &o->ratio, NULL),
+        CLI_STR("-o|--output", &o->out),
+        CLI_INT("--prefill", 0, 1 << 24, &o->prefill, NULL),
+        CLI_INT("--samples", 0, 1 << 24, &o->samples, NULL),
+        CLI_FLOAT("--skip-frac", 0, 0.999, &o->skip_frac, NULL),
+        CLI_INT("--chunk", 0, 1 << 24, &o->chunk, NULL),
+        CLI_INT("--tail", 0, 1 << 24, &o->tail, NULL),
+        CLI_INT("--sink", 0, 1 << 24, &o->sink, NULL),
+        CLI_INT("--recent", 0, 1 << 24, &o->recent, NULL),
+        CLI_INT("--window", 0, 1 << 24, &o->window, NULL),
+        CLI_FLOAT("--percentile", 0, 1, &o->percentile, NULL),
+        CLI_FLOAT("--alpha", 0, 1, &o->alpha, NULL),
+        {0},
+    };
     o->ratio = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int r = cli_model_flag(&o->mo, argc, argv, &i);
+        if (r == 0)
+            r = cli_parse_flags(flags, argc, argv, &i);
         if (r < 0)
             return -1;
         if (r > 0)
@@ -71,36 +81,14 @@ static int parse_profile_args(int argc, char **argv, struct profile_opts *o)
             fputs(cli_model_flags_help, stdout);
             return 1;
         }
-        if (!cli_flag_in(a, value_flags) && !cli_flag_in(a, int_flags))
+        if (strcmp(a, "-f") && strcmp(a, "--file"))
             return cli_fail("profile-heads: unknown flag '%s' (see kvpred profile-heads --help)",
                             a),
                    -1;
-        const char *v = cli_flag_value(argc, argv, &i);
-        if (!v)
+        if (o->n_refs == MAX_REFS)
+            return cli_fail("at most %d reference files", MAX_REFS), -1;
+        if (!(o->refs[o->n_refs++] = cli_flag_value(argc, argv, &i)))
             return -1;
-        if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
-            if (o->n_refs == MAX_REFS)
-                return cli_fail("at most %d reference files", MAX_REFS), -1;
-            o->refs[o->n_refs++] = v;
-        } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
-            o->out = v;
-        } else if (!strcmp(a, "-r") || !strcmp(a, "--ratio")) {
-            if (!cli_parse_float(v, 0, 1, &o->ratio))
-                return cli_fail("%s: '%s' is not a number in 0..1", a, v), -1;
-        } else if (!strcmp(a, "--skip-frac")) {
-            if (!cli_parse_float(v, 0, 0.999, &o->skip_frac))
-                return cli_fail("%s: '%s' is not a number in 0..0.999", a, v), -1;
-        } else if (!strcmp(a, "--percentile") || !strcmp(a, "--alpha")) {
-            double *d = !strcmp(a, "--alpha") ? &o->alpha : &o->percentile;
-            if (!cli_parse_float(v, 0, 1, d))
-                return cli_fail("%s: '%s' is not a number in 0..1", a, v), -1;
-        } else {
-            int k = 0;
-            while (strcmp(int_flags[k], a))
-                k++;
-            if (!cli_parse_int(v, 0, 1 << 24, int_dst[k]))
-                return cli_fail("%s: '%s' is not an integer in 0..%d", a, v, 1 << 24), -1;
-        }
     }
     if (!o->n_refs || o->ratio < 0 || !o->out)
         return cli_fail("profile-heads needs -f REFERENCE, -r R and -o PROFILE (see --help)"), -1;
@@ -290,47 +278,18 @@ const char *cli_catekv_flags_help =
 
 int cli_catekv_flag(struct kvp_policy_params *p, int argc, char **argv, int *i)
 {
-    static const char *const flags[] = {"--adaptive", "--adaptive-ratio", "--eta",
-                                        "--chunk",    "--tail",           "--percentile",
-                                        "--alpha",    "--head-profile",   NULL};
     static const char *const modes[] = {"full", "fraction", "quest", "predictor", NULL};
-    const char *a = argv[*i];
-    if (!cli_flag_in(a, flags))
-        return 0;
-    const char *v = cli_flag_value(argc, argv, i);
-    if (!v)
-        return -1;
-    double d;
-    long n;
-    if (!strcmp(a, "--adaptive")) {
-        int k = 0;
-        while (modes[k] && strcmp(modes[k], v))
-            k++;
-        if (!modes[k])
-            return cli_fail("--adaptive: '%s' is not one of full, fraction, quest, predictor", v),
-                   -1;
-        p->adaptive_mode = k;
-    } else if (!strcmp(a, "--head-profile")) {
-        p->head_profile = v;
-    } else if (!strcmp(a, "--chunk") || !strcmp(a, "--tail")) {
-        if (!cli_parse_int(v, 0, 1 << 24, &n) || (n == 0 && !strcmp(a, "--chunk")))
-            return cli_fail("%s: '%s' is not a token count", a, v), -1;
-        if (!strcmp(a, "--chunk"))
-            p->chunk = (int)n;
-        else
-            p->tail_tokens = n == 0 ? -1 : (int)n; /* the library reads 0 as the default */
-    } else {
-        if (!cli_parse_float(v, 0, 1, &d))
-            return cli_fail("%s: '%s' is not a number in 0..1", a, v), -1;
-        float f = (float)d;
-        if (!strcmp(a, "--adaptive-ratio"))
-            p->adaptive_ratio = f == 0.0f ? -1.0f : f; /* 0 means none, not the default */
-        else if (!strcmp(a, "--eta"))
-            p->eta = f;
-        else if (!strcmp(a, "--percentile"))
-            p->percentile = f;
-        else
-            p->alpha = f == 0.0f ? -1.0f : f;
-    }
-    return 1;
+    const struct cli_flag flags[] = {
+        CLI_CHOICE("--adaptive", modes, 0, &p->adaptive_mode,
+                   "one of full, fraction, quest, predictor"),
+        CLI_FLOAT0("--adaptive-ratio", 0, 1, &p->adaptive_ratio, NULL), /* 0: none */
+        CLI_FLOAT("--eta", 0, 1, &p->eta, NULL),
+        CLI_INT("--chunk", 1, 1 << 24, &p->chunk, "a token count"),
+        CLI_INT0("--tail", 0, 1 << 24, &p->tail_tokens, "a token count"),
+        CLI_FLOAT("--percentile", 0, 1, &p->percentile, NULL),
+        CLI_FLOAT0("--alpha", 0, 1, &p->alpha, NULL),
+        CLI_STR("--head-profile", &p->head_profile),
+        {0},
+    };
+    return cli_parse_flags(flags, argc, argv, i);
 }

@@ -37,76 +37,52 @@ static void help(void)
 int cmd_run(int argc, char **argv)
 {
     struct cli_model_opts mo = {0};
-    const char *prompt = NULL, *prompt_file = NULL;
+    const char *prompt = NULL, *prompt_file = NULL, *budget = NULL;
     long n_predict = 128, top_k = 40, repeat_last_n = 64, seed = 42;
     double temp = 0.0, top_p = 0.95, repeat_penalty = 1.0;
     const char *system = NULL, *chat_format = NULL;
-    bool add_bos = true, ignore_eos = false, chat = false;
+    bool no_bos = false, ignore_eos = false, chat = false;
     struct kvp_policy_params pp = {.gqa_agg = KVP_AGG_MEAN};
-    static const char *const value_flags[] = {"-p", "--prompt", "-f", "--file", "-n", "--n-predict", "--temp", "--top-k", "--top-p", "--repeat-penalty", "--repeat-last-n", "--seed", "--system", "--chat-format", "--policy", "--budget", NULL};
+    const struct cli_flag flags[] = {
+        CLI_STR("-p|--prompt", &prompt),
+        CLI_STR("-f|--file", &prompt_file),
+        CLI_INT("-n|--n-predict", 0, 1 << 24, &n_predict, "a token count"),
+        CLI_FLOAT("--temp", 0.0, 100.0, &temp, "a temperature in 0..100"),
+        CLI_INT("--top-k", 0, 1 << 24, &top_k, "a count"),
+        CLI_FLOAT("--top-p", 0.0, 1.0, &top_p, NULL),
+        CLI_FLOAT("--repeat-penalty", 0.01, 100.0, &repeat_penalty, NULL),
+        CLI_INT("--repeat-last-n", 0, 1 << 20, &repeat_last_n, "a count"),
+        CLI_INT("--seed", 0, 0x7fffffffffffffffL, &seed, "a non-negative integer"),
+        CLI_BOOL("--chat", &chat),
+        CLI_STR("--system", &system),
+        CLI_STR("--chat-format", &chat_format),
+        CLI_BOOL("--no-bos", &no_bos),
+        CLI_BOOL("--ignore-eos", &ignore_eos),
+        CLI_STR("--policy", &pp.name),
+        CLI_STR("--budget", &budget),
+        {0},
+    };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int r = cli_model_flag(&mo, argc, argv, &i);
         if (r == 0)
             r = cli_policy_flag(&pp, false, argc, argv, &i);
+        if (r == 0)
+            r = cli_parse_flags(flags, argc, argv, &i);
         if (r < 0)
             return 1;
         if (r > 0)
             continue;
-        const char *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             help();
             return 0;
-        } else if (!strcmp(a, "--no-bos")) {
-            add_bos = false;
-        } else if (!strcmp(a, "--ignore-eos")) {
-            ignore_eos = true;
-        } else if (!strcmp(a, "--chat")) {
-            chat = true;
-        } else if (!cli_flag_in(a, value_flags)) {
-            return cli_fail("run: unknown flag '%s' (see kvpred run --help)", a);
-        } else if (!(v = cli_flag_value(argc, argv, &i))) {
-            return 1;
-        } else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
-            prompt = v;
-        } else if (!strcmp(a, "--system")) {
-            system = v;
-        } else if (!strcmp(a, "--chat-format")) {
-            chat_format = v;
-        } else if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
-            prompt_file = v;
-        } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
-            if (!cli_parse_int(v, 0, 1 << 24, &n_predict))
-                return cli_fail("%s: '%s' is not a token count", a, v);
-        } else if (!strcmp(a, "--temp")) {
-            if (!cli_parse_float(v, 0.0, 100.0, &temp))
-                return cli_fail("--temp: '%s' is not a temperature in 0..100", v);
-        } else if (!strcmp(a, "--top-k")) {
-            if (!cli_parse_int(v, 0, 1 << 24, &top_k))
-                return cli_fail("--top-k: '%s' is not a count", v);
-        } else if (!strcmp(a, "--top-p")) {
-            if (!cli_parse_float(v, 0.0, 1.0, &top_p))
-                return cli_fail("--top-p: '%s' is not in 0..1", v);
-        } else if (!strcmp(a, "--repeat-penalty")) {
-            if (!cli_parse_float(v, 0.01, 100.0, &repeat_penalty))
-                return cli_fail("--repeat-penalty: '%s' is not in 0.01..100", v);
-        } else if (!strcmp(a, "--repeat-last-n")) {
-            if (!cli_parse_int(v, 0, 1 << 20, &repeat_last_n))
-                return cli_fail("--repeat-last-n: '%s' is not a count", v);
-        } else if (!strcmp(a, "--seed")) {
-            if (!cli_parse_int(v, 0, 0x7fffffffffffffffL, &seed))
-                return cli_fail("--seed: '%s' is not a non-negative integer", v);
-        } else if (!strcmp(a, "--policy")) {
-            if (!cli_policy_known(v))
-                return cli_fail("--policy: unknown policy '%s' (known: %s)", v, cli_policy_names());
-            pp.name = v;
-        } else if (!strcmp(a, "--budget")) {
-            if (!cli_parse_budget(v, &pp.budget, &pp.budget_ratio))
-                return cli_fail("--budget: '%s' is not a token count or a ratio in (0, 1]", v);
-        } else {
-            return cli_fail("run: unknown flag '%s' (see kvpred run --help)", a);
         }
+        return cli_fail("run: unknown flag '%s' (see kvpred run --help)", a);
     }
+    if (pp.name && !cli_policy_known(pp.name))
+        return cli_fail("--policy: unknown policy '%s' (known: %s)", pp.name, cli_policy_names());
+    if (budget && !cli_parse_budget(budget, &pp.budget, &pp.budget_ratio))
+        return cli_fail("--budget: '%s' is not a token count or a ratio in (0, 1]", budget);
     if (prompt && prompt_file)
         return cli_fail("run: give either -p or -f, not both");
 
@@ -151,13 +127,13 @@ int cmd_run(int argc, char **argv)
         text = templ;
         len = tlen;
         ids = malloc((len + 8) * sizeof(int32_t));
-        if (!ids || kvp_tokenize_special(model, text, len, add_bos, true, ids, len + 8, &n_prompt,
+        if (!ids || kvp_tokenize_special(model, text, len, !no_bos, true, ids, len + 8, &n_prompt,
                                          &cerr) < 0) {
             cli_fail("%s", ids ? cerr.msg : "out of memory");
             goto out;
         }
     } else {
-        ids = cli_tokenize(model, text, len, add_bos, &n_prompt);
+        ids = cli_tokenize(model, text, len, !no_bos, &n_prompt);
     }
     if (!ids)
         goto out;

@@ -205,18 +205,6 @@ static void default_curriculum(struct kvp_train_hparams *hp, int T)
     }
 }
 
-struct flag_int {
-    const char *name;
-    long min, max;
-    long *dst;
-};
-
-struct flag_float {
-    const char *name;
-    double min, max;
-    double *dst;
-};
-
 /* Re-execute with OPENBLAS_CORETYPE=SKYLAKEX on AVX-512 CPUs (see the top of the file). Returns
  * only when that is not wanted or not possible. */
 static void maybe_reexec(int argc, char **argv)
@@ -251,85 +239,61 @@ int cmd_train_lm(int argc, char **argv)
     double lr = o.hp.lr, lr_min = -1.0, warmup = o.hp.warmup_frac, wd = o.hp.weight_decay,
            clip = o.hp.clip, answer_weight = o.hp.answer_weight, rope_base = o.model.rope_base,
            edge_frac = KVP_EDGE_FRAC_DEFAULT, fill_min = KVP_FILL_MIN_DEFAULT;
-    const struct flag_int ints[] = {
-        {"--steps", 1, 100000000, &steps},        {"--ctx", 16, 65536, &ctx},
-        {"--batch", 1, 1 << 20, &batch},          {"--micro", 16, 1 << 24, &micro},
-        {"--dim", 2, 65536, &dim},                {"--layers", 1, 1024, &layers},
-        {"--heads", 1, 1024, &heads},             {"--kv-heads", 1, 1024, &kv_heads},
-        {"--ff", 1, 1 << 20, &ff},                {"--vocab", 259, 65536, &vocab},
-        {"--seed", 0, 0x7fffffffffffffffL, &seed}, {"--threads", 1, 64, &threads},
-        {"--eval-every", 0, 100000000, &eval_every},
-        {"--eval-samples", 0, 100000, &eval_samples},
-        {"--ckpt-every", 0, 100000000, &ckpt_every},
-        {"--stop-after", 0, 100000000, &stop_after},
-    };
-    const struct flag_float floats[] = {
-        {"--lr", 1e-8, 10.0, &lr},         {"--lr-min", 0.0, 10.0, &lr_min},
-        {"--warmup", 0.0, 1.0, &warmup},   {"--wd", 0.0, 10.0, &wd},
-        {"--clip", 0.0, 1e6, &clip},       {"--answer-weight", 0.0, 1000.0, &answer_weight},
-        {"--rope-base", 1.0001, 1e9, &rope_base},
-        {"--edge-frac", 0.0, 1.0, &edge_frac}, {"--fill-min", 0.01, 1.0, &fill_min},
+    const struct cli_flag flags[] = {
+        CLI_INT("--steps", 1, 100000000, &steps, NULL),
+        CLI_INT("--ctx", 16, 65536, &ctx, NULL),
+        CLI_INT("--batch", 1, 1 << 20, &batch, NULL),
+        CLI_INT("--micro", 16, 1 << 24, &micro, NULL),
+        CLI_INT("--dim", 2, 65536, &dim, NULL),
+        CLI_INT("--layers", 1, 1024, &layers, NULL),
+        CLI_INT("--heads", 1, 1024, &heads, NULL),
+        CLI_INT("--kv-heads", 1, 1024, &kv_heads, NULL),
+        CLI_INT("--ff", 1, 1 << 20, &ff, NULL),
+        CLI_INT("--vocab", 259, 65536, &vocab, NULL),
+        CLI_INT("--seed", 0, 0x7fffffffffffffffL, &seed, NULL),
+        CLI_INT("--threads", 1, 64, &threads, NULL),
+        CLI_INT("--eval-every", 0, 100000000, &eval_every, NULL),
+        CLI_INT("--eval-samples", 0, 100000, &eval_samples, NULL),
+        CLI_INT("--ckpt-every", 0, 100000000, &ckpt_every, NULL),
+        CLI_INT("--stop-after", 0, 100000000, &stop_after, NULL),
+        CLI_FLOAT("--lr", 1e-8, 10.0, &lr, NULL),
+        CLI_FLOAT("--lr-min", 0.0, 10.0, &lr_min, NULL),
+        CLI_FLOAT("--warmup", 0.0, 1.0, &warmup, NULL),
+        CLI_FLOAT("--wd", 0.0, 10.0, &wd, NULL),
+        CLI_FLOAT("--clip", 0.0, 1e6, &clip, NULL),
+        CLI_FLOAT("--answer-weight", 0.0, 1000.0, &answer_weight, NULL),
+        CLI_FLOAT("--rope-base", 1.0001, 1e9, &rope_base, NULL),
+        CLI_FLOAT("--edge-frac", 0.0, 1.0, &edge_frac, NULL),
+        CLI_FLOAT("--fill-min", 0.01, 1.0, &fill_min, NULL),
+        CLI_STR("-o|--output", &o.out_gguf),
+        CLI_STR("--ckpt", &o.ckpt_path),
+        CLI_STR("--resume", &o.resume_path),
+        CLI_STR("--curriculum", &curriculum),
+        CLI_STR("--mix", &mix),
+        CLI_BOOL("--export-only", &export_only),
+        CLI_BOOL("--untied", &untied),
+        {0},
     };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        bool done = false;
-        for (size_t k = 0; k < sizeof(ints) / sizeof(ints[0]) && !done; k++) {
-            if (strcmp(a, ints[k].name))
-                continue;
-            const char *v = cli_flag_value(argc, argv, &i);
-            if (!v)
-                return 1;
-            if (!cli_parse_int(v, ints[k].min, ints[k].max, ints[k].dst))
-                return cli_fail("%s: '%s' is not an integer in %ld..%ld", a, v, ints[k].min,
-                                ints[k].max);
-            done = true;
-        }
-        for (size_t k = 0; k < sizeof(floats) / sizeof(floats[0]) && !done; k++) {
-            if (strcmp(a, floats[k].name))
-                continue;
-            const char *v = cli_flag_value(argc, argv, &i);
-            if (!v)
-                return 1;
-            if (!cli_parse_float(v, floats[k].min, floats[k].max, floats[k].dst))
-                return cli_fail("%s: '%s' is not a number in %g..%g", a, v, floats[k].min,
-                                floats[k].max);
-            done = true;
-        }
-        if (done)
+        int r = cli_parse_flags(flags, argc, argv, &i);
+        if (r < 0)
+            return 1;
+        if (r > 0)
             continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             train_usage(stdout);
             return 0;
-        } else if (!strcmp(a, "--data")) {
-            while (i + 1 < argc && argv[i + 1][0] != '-') {
-                if (n_data == MAX_DATA)
-                    return cli_fail("--data: at most %d paths", MAX_DATA);
-                data[n_data++] = argv[++i];
-            }
-            if (n_data == 0)
-                return cli_fail("--data needs at least one path");
-        } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
-            if (!(o.out_gguf = cli_flag_value(argc, argv, &i)))
-                return 1;
-        } else if (!strcmp(a, "--ckpt")) {
-            if (!(o.ckpt_path = cli_flag_value(argc, argv, &i)))
-                return 1;
-        } else if (!strcmp(a, "--resume")) {
-            if (!(o.resume_path = cli_flag_value(argc, argv, &i)))
-                return 1;
-        } else if (!strcmp(a, "--curriculum")) {
-            if (!(curriculum = cli_flag_value(argc, argv, &i)))
-                return 1;
-        } else if (!strcmp(a, "--mix")) {
-            if (!(mix = cli_flag_value(argc, argv, &i)))
-                return 1;
-        } else if (!strcmp(a, "--export-only")) {
-            export_only = true;
-        } else if (!strcmp(a, "--untied")) {
-            untied = true;
-        } else {
-            return cli_fail("train-lm: unknown flag '%s' (try kvpred train-lm --help)", a);
         }
+        if (strcmp(a, "--data"))
+            return cli_fail("train-lm: unknown flag '%s' (try kvpred train-lm --help)", a);
+        while (i + 1 < argc && argv[i + 1][0] != '-') {
+            if (n_data == MAX_DATA)
+                return cli_fail("--data: at most %d paths", MAX_DATA);
+            data[n_data++] = argv[++i];
+        }
+        if (n_data == 0)
+            return cli_fail("--data needs at least one path");
     }
     if (n_data == 0)
         return cli_fail("train-lm: --data is required");

@@ -73,91 +73,56 @@ static int parse_list(const char *v, int *out, int cap, long min, long max)
 int cmd_train_predictor(int argc, char **argv)
 {
     struct kvp_predtrain_opts o = {.loss = KVP_LOSS_MSE};
-    const char *data = NULL, *out_path = NULL, *val_path = NULL;
-    static const char *const value_flags[] = {
-        "-o",      "--output",  "--validate", "--loss",     "--epochs",      "--samples",
-        "--batch", "--lr",      "--seed",     "--val-frac", "--val-samples", "--sink",
-        "--local", "--history", "--channels", "--kernel",   "--budgets",     NULL};
+    const char *data = NULL, *out_path = NULL, *val_path = NULL, *channels = NULL, *budgets = NULL;
+    static const char *const losses[] = {"mse", "ce", NULL}; /* enum kvp_cnn_loss */
+    const struct cli_flag flags[] = {
+        CLI_STR("-o|--output", &out_path),
+        CLI_STR("--validate", &val_path),
+        CLI_CHOICE("--loss", losses, 0, &o.loss, "mse or ce"),
+        CLI_INT("--epochs", 1, 1 << 24, &o.epochs, NULL),
+        CLI_INT("--samples", 1, 1 << 24, &o.samples, NULL),
+        CLI_INT("--batch", 1, 1 << 24, &o.batch, NULL),
+        CLI_FLOAT("--lr", 1e-7, 1.0, &o.lr, NULL),
+        CLI_INT("--seed", 1, 0x7fffffffffffffffL, &o.seed, "a positive integer"),
+        CLI_FLOAT("--val-frac", 0.01, 0.9, &o.val_frac, NULL),
+        CLI_INT("--val-samples", 1, 1 << 24, &o.val_samples, NULL),
+        CLI_INT0("--sink", 0, 1 << 24, &o.sink, NULL),
+        CLI_INT("--local", 1, 1 << 24, &o.local, NULL),
+        CLI_INT("--history", 1, KVP_CNN_MAX_H, &o.H, NULL),
+        CLI_STR("--channels", &channels),
+        CLI_INT("--kernel", 1, KVP_CNN_MAX_K, &o.k, NULL),
+        CLI_STR("--budgets", &budgets),
+        {0},
+    };
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-        long n;
-        double d;
-        int ch[2];
+        const char *a = argv[i];
+        int r = cli_parse_flags(flags, argc, argv, &i);
+        if (r < 0)
+            return 1;
+        if (r > 0)
+            continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             help();
             return 0;
-        } else if (a[0] != '-') {
-            if (data)
-                return cli_fail("train-predictor: one dataset only ('%s' and '%s')", data, a);
-            data = a;
-            continue;
-        } else if (!cli_flag_in(a, value_flags)) {
-            return cli_fail("train-predictor: unknown flag '%s' (see --help)", a);
-        } else if (!(v = cli_flag_value(argc, argv, &i))) {
-            return 1;
-        } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
-            out_path = v;
-        } else if (!strcmp(a, "--validate")) {
-            val_path = v;
-        } else if (!strcmp(a, "--loss")) {
-            if (!strcmp(v, "mse"))
-                o.loss = KVP_LOSS_MSE;
-            else if (!strcmp(v, "ce"))
-                o.loss = KVP_LOSS_CE;
-            else
-                return cli_fail("--loss: '%s' is not mse or ce", v);
-        } else if (!strcmp(a, "--seed")) {
-            if (!cli_parse_int(v, 1, 0x7fffffffffffffffL, &n))
-                return cli_fail("--seed: '%s' is not a positive integer", v);
-            o.seed = (uint64_t)n;
-        } else if (!strcmp(a, "--lr")) {
-            if (!cli_parse_float(v, 1e-7, 1.0, &d))
-                return cli_fail("--lr: '%s' is not in 1e-7..1", v);
-            o.lr = (float)d;
-        } else if (!strcmp(a, "--val-frac")) {
-            if (!cli_parse_float(v, 0.01, 0.9, &d))
-                return cli_fail("--val-frac: '%s' is not in 0.01..0.9", v);
-            o.val_frac = (float)d;
-        } else if (!strcmp(a, "--channels")) {
-            if (parse_list(v, ch, 2, 1, KVP_CNN_MAX_CH) != 2)
-                return cli_fail("--channels: '%s' is not C1,C2 in 1..%d", v, KVP_CNN_MAX_CH);
-            o.c1 = ch[0];
-            o.c2 = ch[1];
-        } else if (!strcmp(a, "--budgets")) {
-            if ((o.n_budgets = parse_list(v, o.budgets, KVP_CNN_MAX_REC, 1, 1 << 24)) < 1)
-                return cli_fail("--budgets: '%s' is not a list of up to %d token counts", v,
-                                KVP_CNN_MAX_REC);
-        } else {
-            long lo = 1, hi = 1 << 24;
-            if (!strcmp(a, "--sink"))
-                lo = 0;
-            if (!strcmp(a, "--history"))
-                hi = KVP_CNN_MAX_H;
-            if (!strcmp(a, "--kernel"))
-                hi = KVP_CNN_MAX_K;
-            if (!cli_parse_int(v, lo, hi, &n))
-                return cli_fail("%s: '%s' is not an integer in %ld..%ld", a, v, lo, hi);
-            if (!strcmp(a, "--epochs"))
-                o.epochs = (int)n;
-            else if (!strcmp(a, "--samples"))
-                o.samples = (int)n;
-            else if (!strcmp(a, "--batch"))
-                o.batch = (int)n;
-            else if (!strcmp(a, "--val-samples"))
-                o.val_samples = (int)n;
-            else if (!strcmp(a, "--sink"))
-                o.sink = n ? (int)n : -1;
-            else if (!strcmp(a, "--local"))
-                o.local = (int)n;
-            else if (!strcmp(a, "--history"))
-                o.H = (int)n;
-            else if (!strcmp(a, "--kernel")) {
-                if (n % 2 == 0)
-                    return cli_fail("--kernel: %ld is even; the padding needs an odd kernel", n);
-                o.k = (int)n;
-            }
         }
+        if (a[0] == '-')
+            return cli_fail("train-predictor: unknown flag '%s' (see --help)", a);
+        if (data)
+            return cli_fail("train-predictor: one dataset only ('%s' and '%s')", data, a);
+        data = a;
     }
+    int ch[2];
+    if (channels) {
+        if (parse_list(channels, ch, 2, 1, KVP_CNN_MAX_CH) != 2)
+            return cli_fail("--channels: '%s' is not C1,C2 in 1..%d", channels, KVP_CNN_MAX_CH);
+        o.c1 = ch[0];
+        o.c2 = ch[1];
+    }
+    if (budgets && (o.n_budgets = parse_list(budgets, o.budgets, KVP_CNN_MAX_REC, 1, 1 << 24)) < 1)
+        return cli_fail("--budgets: '%s' is not a list of up to %d token counts", budgets,
+                        KVP_CNN_MAX_REC);
+    if (o.k % 2 == 0 && o.k != 0)
+        return cli_fail("--kernel: %d is even; the padding needs an odd kernel", o.k);
     if (!data || (!out_path && !val_path))
         return cli_fail("train-predictor: give the dataset and -o PREDICTOR (or --validate)");
     kvp_predtrain_opts_default(&o);

@@ -171,56 +171,36 @@ static int draw(const struct viz_grid *g, const char *path)
 /* Parse argv into o. Returns 0, 1 after printing an error, or 2 after printing the help. */
 static int parse_args(struct viz_opts *o, int argc, char **argv)
 {
-    static const char *const value_flags[] = {
-        "-f",     "--file",   "--offset", "--tokens-from-seed", "--layer",
-        "--head", "--policy", "--budget", "--prefill",          "--decode",
-        "-o",     "--output", NULL};
-    const char *budget = "64";
-    o->budget = budget;
+    const struct cli_flag flags[] = {
+        CLI_STR("-f|--file", &o->src.text_path),
+        CLI_INT("--offset", 0, 0x7fffffffffffL, &o->src.offset, "a byte offset"),
+        CLI_INT("--tokens-from-seed", 0, 0x7fffffffffffffffL, &o->src.seed,
+                "a non-negative integer"),
+        CLI_INT("--layer", 0, 1 << 20, &o->layer, "a layer index"),
+        CLI_INT("--head", 0, 1 << 20, &o->head, "a head index"),
+        CLI_STR("--policy", &o->pp.name),
+        CLI_STR("--budget", &o->budget),
+        CLI_INT("--prefill", 1, 1 << 24, &o->n_prefill, "a positive token count"),
+        CLI_INT("--decode", 1, 1 << 24, &o->n_decode, "a positive token count"),
+        CLI_STR("-o|--output", &o->out),
+        {0},
+    };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int r = cli_model_flag(&o->mo, argc, argv, &i);
         if (r == 0)
             r = cli_policy_flag(&o->pp, true, argc, argv, &i);
+        if (r == 0)
+            r = cli_parse_flags(flags, argc, argv, &i);
         if (r < 0)
             return 1;
         if (r > 0)
             continue;
-        const char *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             help();
             return 2;
-        } else if (!cli_flag_in(a, value_flags)) {
-            return cli_fail("viz: unknown flag '%s' (see kvpred viz --help)", a);
-        } else if (!(v = cli_flag_value(argc, argv, &i))) {
-            return 1;
-        } else if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
-            o->src.text_path = v;
-        } else if (!strcmp(a, "--offset")) {
-            if (!cli_parse_int(v, 0, 0x7fffffffffffL, &o->src.offset))
-                return cli_fail("--offset: '%s' is not a byte offset", v);
-        } else if (!strcmp(a, "--tokens-from-seed")) {
-            if (!cli_parse_int(v, 0, 0x7fffffffffffffffL, &o->src.seed))
-                return cli_fail("--tokens-from-seed: '%s' is not a non-negative integer", v);
-        } else if (!strcmp(a, "--layer")) {
-            if (!cli_parse_int(v, 0, 1 << 20, &o->layer))
-                return cli_fail("--layer: '%s' is not a layer index", v);
-        } else if (!strcmp(a, "--head")) {
-            if (!cli_parse_int(v, 0, 1 << 20, &o->head))
-                return cli_fail("--head: '%s' is not a head index", v);
-        } else if (!strcmp(a, "--policy")) {
-            o->pp.name = v;
-        } else if (!strcmp(a, "--budget")) {
-            budget = o->budget = v;
-        } else if (!strcmp(a, "--prefill")) {
-            if (!cli_parse_int(v, 1, 1 << 24, &o->n_prefill))
-                return cli_fail("--prefill: '%s' is not a positive token count", v);
-        } else if (!strcmp(a, "--decode")) {
-            if (!cli_parse_int(v, 1, 1 << 24, &o->n_decode))
-                return cli_fail("--decode: '%s' is not a positive token count", v);
-        } else {
-            o->out = v;
         }
+        return cli_fail("viz: unknown flag '%s' (see kvpred viz --help)", a);
     }
     if (!o->src.text_path && o->src.seed < 0)
         return cli_fail("viz: give a text with -f FILE (or --tokens-from-seed S)");
@@ -233,9 +213,9 @@ static int parse_args(struct viz_opts *o, int argc, char **argv)
     if (!cli_policy_known(o->pp.name))
         return cli_fail("--policy: unknown policy '%s' (known: %s)", o->pp.name,
                         cli_policy_names());
-    if (!cli_parse_budget(budget, &o->pp.budget, &o->pp.budget_ratio))
+    if (!cli_parse_budget(o->budget, &o->pp.budget, &o->pp.budget_ratio))
         return cli_fail("--budget: '%s' is not a token count or a ratio in (0, 1] such as 1/16",
-                        budget);
+                        o->budget);
     return 0;
 }
 
@@ -282,7 +262,8 @@ int cmd_viz(int argc, char **argv)
                          .layer = -1,
                          .head = -1,
                          .n_prefill = 256,
-                         .n_decode = 256};
+                         .n_decode = 256,
+                         .budget = "64"};
     int rc = parse_args(&o, argc, argv);
     if (rc)
         return rc == 2 ? 0 : 1;
