@@ -22,9 +22,18 @@ int cmd_logits(int argc, char **argv)
     struct cli_model_opts mo = {0};
     const char *file = NULL;
     long npos = 0;
+    bool json = false; /* the output is always JSON; the flag is accepted for symmetry */
+    const struct cli_flag flags[] = {
+        CLI_STR("-f|--file", &file),
+        CLI_INT("-n", 1, 1 << 24, &npos, "a positive position count"),
+        CLI_BOOL("--json", &json),
+        {0},
+    };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int r = cli_model_flag(&mo, argc, argv, &i);
+        if (r == 0)
+            r = cli_parse_flags(flags, argc, argv, &i);
         if (r < 0)
             return 1;
         if (r > 0)
@@ -32,18 +41,8 @@ int cmd_logits(int argc, char **argv)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             help();
             return 0;
-        } else if (!strcmp(a, "--json")) {
-            continue;
-        } else if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
-            if (!(file = cli_flag_value(argc, argv, &i)))
-                return 1;
-        } else if (!strcmp(a, "-n")) {
-            const char *v = cli_flag_value(argc, argv, &i);
-            if (!v || !cli_parse_int(v, 1, 1 << 24, &npos))
-                return cli_fail("-n: expected a positive position count");
-        } else {
-            return cli_fail("logits: unknown flag '%s' (see kvpred logits --help)", a);
         }
+        return cli_fail("logits: unknown flag '%s' (see kvpred logits --help)", a);
     }
     if (!file)
         return cli_fail("logits: -f FILE is required");

@@ -43,35 +43,27 @@ int cmd_perplexity(int argc, char **argv)
     const char *file = NULL;
     long max_bytes = 0, max_chunks = 0;
     bool json = false;
-    static const char *const value_flags[] = {"-f", "--file", "--bytes", "--chunks", NULL};
+    const struct cli_flag flags[] = {
+        CLI_STR("-f|--file", &file),
+        CLI_INT("--bytes", 1, 0x7fffffffffffL, &max_bytes, "a positive byte count"),
+        CLI_INT("--chunks", 1, 1 << 30, &max_chunks, "a positive count"),
+        CLI_BOOL("--json", &json),
+        {0},
+    };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int r = cli_model_flag(&mo, argc, argv, &i);
+        if (r == 0)
+            r = cli_parse_flags(flags, argc, argv, &i);
         if (r < 0)
             return 1;
         if (r > 0)
             continue;
-        const char *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             help();
             return 0;
-        } else if (!strcmp(a, "--json")) {
-            json = true;
-        } else if (!cli_flag_in(a, value_flags)) {
-            return cli_fail("perplexity: unknown flag '%s' (see kvpred perplexity --help)", a);
-        } else if (!(v = cli_flag_value(argc, argv, &i))) {
-            return 1;
-        } else if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
-            file = v;
-        } else if (!strcmp(a, "--bytes")) {
-            if (!cli_parse_int(v, 1, 0x7fffffffffffL, &max_bytes))
-                return cli_fail("--bytes: '%s' is not a positive byte count", v);
-        } else if (!strcmp(a, "--chunks")) {
-            if (!cli_parse_int(v, 1, 1 << 30, &max_chunks))
-                return cli_fail("--chunks: '%s' is not a positive count", v);
-        } else {
-            return cli_fail("perplexity: unknown flag '%s' (see kvpred perplexity --help)", a);
         }
+        return cli_fail("perplexity: unknown flag '%s' (see kvpred perplexity --help)", a);
     }
     if (!file)
         return cli_fail("perplexity: -f FILE is required");

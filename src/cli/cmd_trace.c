@@ -3,6 +3,13 @@
  * src/predictor/trace.h). Each corpus (or the byte range --start..--end of it, cut at line
  * boundaries so a split never shares a line) is tokenized, cut into sequences of --seq-len tokens
  * each starting with BOS, and decoded densely token by token.
+ *
+ * With --tasks, the corpora are filler instead: each sequence is one retrieval prompt (the
+ * training generator's needles at random depths, sized to --seq-len less room for the answer)
+ * followed by its answer, so the trace holds the rows a retrieval step produces (the answer
+ * attending to a needle far back), which plain text never shows the predictor. The evaluation
+ * filler (pg_essays) is refused, and seeds come from the training range, so a predictor trained
+ * on such a trace never saw an evaluation prompt.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +19,7 @@
 #include "cli/cli.h"
 #include "cli/common.h"
 #include "predictor/trace.h"
+#include "train/train.h"
 
 static void help(void)
 {
@@ -25,6 +33,11 @@ static void help(void)
            "  --start F, --end F   use bytes [F, E) of each corpus as fractions of its size,\n"
            "                       moved to line starts (default 0 and 1)\n"
            "  --dense-layers N     leading layers that run dense and are not recorded (default 2)\n"
+           "  --tasks T1,T2,...    record retrieval prompts with their answers instead, with the\n"
+           "                       corpora as filler, cycling over the tasks (passkey,\n"
+           "                       niah_single_1..3, niah_multikey_1..3, niah_multivalue,\n"
+           "                       niah_multiquery, vt); --max-seq prompts of up to --seq-len\n"
+           "  --seed S             prompt seed for --tasks (default 1)\n"
            "%s",
            cli_model_flags_help);
 }
@@ -40,55 +53,172 @@ static size_t line_start(const char *text, size_t len, double frac)
     return at;
 }
 
+/* Token count of a prompt as the engine feeds it (BOS included), for sizing the haystack. */
+static int count_tokens(void *ud, const char *text, size_t len, size_t *n_tok)
+{
+    int rc = kvp_tokenize(ud, text, len, true, NULL, 0, n_tok, NULL);
+    return rc == KVP_ERANGE ? 0 : rc;
+}
+
+/* "passkey,niah_single_2": task ids into out (at most cap); 0 on an unknown name. */
+static int parse_tasks(const char *list, int *out, int cap)
+{
+    int n = 0;
+    for (const char *p = list; *p && n < cap;) {
+        size_t len = strcspn(p, ",");
+        int task = -1;
+        for (int t = KVP_TASK_PASSKEY; t <= KVP_TASK_VT; t++)
+            if (strlen(kvp_task_name(t)) == len && !strncmp(kvp_task_name(t), p, len))
+                task = t;
+        if (task < 0)
+            return 0;
+        out[n++] = task;
+        p += len + (p[len] == ',');
+    }
+    return n;
+}
+
+/* --tasks: one retrieval prompt and its answer per sequence, the corpora as filler. */
+static int record_tasks(kvp_model *m, const struct cli_model_opts *mo, const char *const *files,
+                        int n_files, double start, double end, const int *tasks, int n_tasks,
+                        long seed, long seq_len, long max_seq, long dense_layers,
+                        const char *out_path)
+{
+    int status = 1;
+    char *raw = NULL;
+    size_t len = 0;
+    struct kvp_corpus *c = NULL;
+    kvp_ctx *ctx = NULL;
+    int32_t *seq = NULL;
+    struct kvp_trace_writer w = {0};
+    struct kvp_err err = {0};
+    if (kvp_corpus_read(files, n_files, &raw, &len, &err) < 0) {
+        cli_fail("trace: %s", err.msg);
+        return 1;
+    }
+    size_t a = line_start(raw, len, start), b = line_start(raw, len, end);
+    if (kvp_corpus_init(&c, raw + a, b - a, NULL, 0.0, &err) < 0) {
+        cli_fail("trace: filler: %s", err.msg);
+        goto out;
+    }
+    seq = malloc((size_t)seq_len * sizeof(int32_t));
+    if (!seq) {
+        cli_fail("out of memory");
+        goto out;
+    }
+    if (!(ctx = cli_open_ctx(m, mo, seq_len)))
+        goto out;
+    if (kvp_trace_open(&w, out_path, m, (int)dense_layers, 16, (int)seq_len, (int)max_seq, &err) <
+        0) {
+        cli_fail_err(&err);
+        goto out;
+    }
+    bool tty = isatty(2);
+    long n_tok = 0;
+    for (long i = 0; i < max_seq; i++) {
+        /* answers are a few tokens; 64 leaves room for the longest (multi-value lists) */
+        struct kvp_task_req req = {
+            .task = tasks[i % n_tasks],
+            .seed = kvp_rng_mix((uint64_t)seed, (uint64_t)i) & ~(3ULL << 62),
+            .target_tokens = (int)seq_len - 64,
+            .depth = -1.0f,
+            .count = count_tokens,
+            .ud = m,
+        };
+        struct kvp_task_text tt;
+        if (kvp_task_render_eval(c, &req, &tt, &err) < 0) {
+            cli_fail("trace: %s: %s", kvp_task_name(req.task), err.msg);
+            goto out;
+        }
+        size_t np = 0, na = 0;
+        int32_t *p = cli_tokenize(m, tt.prompt, strlen(tt.prompt), true, &np);
+        int32_t *an = p ? cli_tokenize(m, tt.answer, strlen(tt.answer), false, &na) : NULL;
+        kvp_task_text_free(&tt);
+        if (!p || !an) {
+            free(p);
+            goto out;
+        }
+        if (np + na > (size_t)seq_len)
+            na = (size_t)seq_len - np; /* np fits by construction (target_tokens) */
+        memcpy(seq, p, np * sizeof(int32_t));
+        memcpy(seq + np, an, na * sizeof(int32_t));
+        free(p);
+        free(an);
+        if (kvp_trace_record(&w, ctx, seq, (int)(np + na), &err) < 0) {
+            cli_fail_err(&err);
+            goto out;
+        }
+        n_tok += (long)(np + na);
+        if (tty)
+            fprintf(stderr, "\rtrace: %ld/%ld prompts", i + 1, max_seq);
+    }
+    if (tty)
+        fputc('\n', stderr);
+    if (kvp_trace_close(&w, &err) < 0) {
+        cli_fail_err(&err);
+        goto out;
+    }
+    printf("wrote %s: %ld retrieval prompts with answers (%ld tokens), layers %ld..%d\n",
+           out_path, max_seq, n_tok, dense_layers, w.first_layer + w.n_layers - 1);
+    status = 0;
+out:
+    if (w.f) {
+        kvp_trace_close(&w, NULL);
+        remove(out_path);
+    }
+    free(seq);
+    kvp_ctx_free(ctx);
+    kvp_corpus_free(c);
+    free(raw);
+    return status;
+}
+
 int cmd_trace(int argc, char **argv)
 {
     struct cli_model_opts mo = {0};
     const char *files[64];
     int n_files = 0;
     const char *out_path = NULL;
-    long seq_len = 512, max_seq = 32, dense_layers = 2;
+    long seq_len = 512, max_seq = 32, dense_layers = 2, seed = 1;
     double start = 0.0, end = 1.0;
-    static const char *const value_flags[] = {
-        "-f",        "--file",  "-o",    "--output",       "--seq-len",
-        "--max-seq", "--start", "--end", "--dense-layers", NULL};
+    int tasks[64], n_tasks = 0;
+    const char *file = NULL, *task_list = NULL;
+    const struct cli_flag flags[] = {
+        CLI_STR("-f|--file", &file),
+        CLI_STR("-o|--output", &out_path),
+        CLI_INT("--seq-len", 2, 1 << 20, &seq_len, NULL),
+        CLI_INT("--max-seq", 1, 1 << 20, &max_seq, "a positive count"),
+        CLI_INT("--dense-layers", 0, 1024, &dense_layers, "a layer count"),
+        CLI_FLOAT("--start", 0.0, 1.0, &start, "a fraction in 0..1"),
+        CLI_FLOAT("--end", 0.0, 1.0, &end, "a fraction in 0..1"),
+        CLI_STR("--tasks", &task_list),
+        CLI_INT("--seed", 0, 0x7fffffffffffffffL, &seed, "a non-negative integer"),
+        {0},
+    };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        file = NULL;
         int r = cli_model_flag(&mo, argc, argv, &i);
+        if (r == 0)
+            r = cli_parse_flags(flags, argc, argv, &i);
         if (r < 0)
             return 1;
+        if (file) { /* -f repeats: every corpus is kept */
+            if (n_files == 64)
+                return cli_fail("trace: at most 64 corpora");
+            files[n_files++] = file;
+        }
         if (r > 0)
             continue;
-        const char *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             help();
             return 0;
-        } else if (!cli_flag_in(a, value_flags)) {
-            return cli_fail("trace: unknown flag '%s' (see kvpred trace --help)", a);
-        } else if (!(v = cli_flag_value(argc, argv, &i))) {
-            return 1;
-        } else if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
-            if (n_files == 64)
-                return cli_fail("trace: at most 64 corpora");
-            files[n_files++] = v;
-        } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
-            out_path = v;
-        } else if (!strcmp(a, "--seq-len")) {
-            if (!cli_parse_int(v, 2, 1 << 20, &seq_len))
-                return cli_fail("--seq-len: '%s' is not in 2..1048576", v);
-        } else if (!strcmp(a, "--max-seq")) {
-            if (!cli_parse_int(v, 1, 1 << 20, &max_seq))
-                return cli_fail("--max-seq: '%s' is not a positive count", v);
-        } else if (!strcmp(a, "--dense-layers")) {
-            if (!cli_parse_int(v, 0, 1024, &dense_layers))
-                return cli_fail("--dense-layers: '%s' is not a layer count", v);
-        } else if (!strcmp(a, "--start")) {
-            if (!cli_parse_float(v, 0.0, 1.0, &start))
-                return cli_fail("--start: '%s' is not a fraction in 0..1", v);
-        } else if (!strcmp(a, "--end")) {
-            if (!cli_parse_float(v, 0.0, 1.0, &end))
-                return cli_fail("--end: '%s' is not a fraction in 0..1", v);
         }
+        return cli_fail("trace: unknown flag '%s' (see kvpred trace --help)", a);
     }
+    if (task_list && !(n_tasks = parse_tasks(task_list, tasks, 64)))
+        return cli_fail("--tasks: '%s' is not a list of passkey, niah_single_1..3, "
+                        "niah_multikey_1..3, niah_multivalue, niah_multiquery, vt", task_list);
     if (!n_files || !out_path)
         return cli_fail("trace: give at least one corpus (-f) and the output (-o)");
     if (end <= start)
@@ -103,6 +233,16 @@ int cmd_trace(int argc, char **argv)
     kvp_model *m = cli_open_model(&mo);
     if (!m)
         return 1;
+    if (n_tasks > 0) {
+        if (seq_len < 256) {
+            kvp_model_close(m);
+            return cli_fail("trace: --tasks needs --seq-len of at least 256");
+        }
+        status = record_tasks(m, &mo, files, n_files, start, end, tasks, n_tasks, seed, seq_len,
+                              max_seq, dense_layers, out_path);
+        kvp_model_close(m);
+        return status;
+    }
     int bos = kvp_token_bos(m);
     /* tokens of every corpus, one after the other, each cut into sequences below */
     size_t *corpus_end = calloc((size_t)n_files, sizeof(size_t));

@@ -23,13 +23,6 @@ static const char *default_models[] = {
     "../shared/models/stories260K.gguf",
 };
 
-bool cli_flag_in(const char *a, const char *const *names)
-{
-    for (; *names; names++)
-        if (!strcmp(a, *names))
-            return true;
-    return false;
-}
 
 const char *cli_flag_value(int argc, char **argv, int *i)
 {

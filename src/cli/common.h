@@ -38,8 +38,6 @@ char *cli_read_file(const char *path, size_t *len);
 /* Tokenize text into a malloc'd array. Prints the error and returns NULL. */
 int32_t *cli_tokenize(const kvp_model *m, const char *text, size_t len, bool add_bos, size_t *n);
 
-/* True if a is one of the NULL-terminated names. */
-bool cli_flag_in(const char *a, const char *const *names);
 
 /* Value of the flag at argv[*i]: advances *i; prints an error and returns NULL if missing. */
 const char *cli_flag_value(int argc, char **argv, int *i);
