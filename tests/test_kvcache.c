@@ -195,6 +195,65 @@ static void test_compact_moves_and_frees(void **state)
     kvp_kvcache_free(&c);
 }
 
+/* An H2O-like run: the cache grows a token per step, a pseudo-random older token is evicted and
+ * the region compacted every step. After each step the live tokens of the region sit packed at
+ * in its lowest held blocks (no hole below a live token), no token is lost or doubled, every
+ * moved slot holds its token's data, and only the blocks the live tokens need stay held. */
+static void test_compact_every_step(void **state)
+{
+    (void)state;
+    struct kvp_kvcache c;
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_kvcache_init(&c, 1, 2, HD, BS, CTX, &err), 0);
+    c.release = true;
+    bool gone[CTX] = {false};
+    uint32_t x = 12345;
+    store_range(&c, 0, 2 * BS);
+    for (int n = 2 * BS + 1; n <= CTX; n++) {
+        store_range(&c, n - 1, n);
+        int limit = (n - 1) / BS * BS;
+        for (int k = 0; k < 2; k++) { /* two evictions of positions below the newest block */
+            x = x * 1103515245u + 12345u;
+            int p = (int)((x >> 8) % (uint32_t)limit);
+            if (gone[p])
+                continue;
+            /* the slot now holding position p */
+            for (int sl = 0; sl < n; sl++)
+                if (!evicted(&c, 0, sl) && kvp_kvcache_pos(&c, 0, 0, sl) == p) {
+                    kvp_kvcache_evict(&c, 0, 0, sl, n);
+                    gone[p] = true;
+                    break;
+                }
+            assert_true(gone[p]);
+        }
+        kvp_kvcache_compact(&c, 0, 0, limit, n, NULL, NULL);
+        bool live[CTX];
+        live_positions(&c, 0, n, live);
+        int n_live = 0;
+        for (int p = 0; p < n; p++) {
+            assert_true(live[p] == !gone[p]);
+            n_live += p < limit && live[p];
+        }
+        /* over the held blocks of the region (a block released whole stays released), the
+         * live tokens come first, then the holes; one partly used block at most */
+        bool hole_seen = false;
+        int held = 0;
+        for (int sl = 0; sl < limit; sl++) {
+            if (!kvp_kvcache_kblock(&c, 0, 0, sl / BS))
+                continue;
+            held += sl % BS == 0;
+            if (evicted(&c, 0, sl))
+                hole_seen = true;
+            else
+                assert_false(hole_seen);
+        }
+        assert_int_equal(held, (n_live + BS - 1) / BS);
+        check_data(&c, 0, n);
+        assert_int_equal(kvp_kvcache_resident_bytes(&c, n), kvp_kvcache_pool_bytes(&c));
+    }
+    kvp_kvcache_free(&c);
+}
+
 /* A measurement run (release off) keeps every token in place and accounts exactly what the
  * releasing run holds. */
 static void test_measure_accounting_matches(void **state)
@@ -272,6 +331,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_compact_moves_and_frees),
+        cmocka_unit_test(test_compact_every_step),
         cmocka_unit_test(test_measure_accounting_matches),
         cmocka_unit_test(test_truncate_after_compaction),
         cmocka_unit_test(test_external_never_compacts),

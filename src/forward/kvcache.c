@@ -270,13 +270,21 @@ int kvp_kvcache_compact(struct kvp_kvcache *c, int layer, int kvh, int limit, in
     }
     if (!c->release)
         return 0; /* measuring: data stays, kvp_kvcache_resident_bytes accounts the rest */
-    /* two fingers: the lowest hole and the highest live token, skipping released blocks */
+    /* two fingers: the lowest hole and the highest live token; whole blocks without a hole
+     * (going up) or released (going down) are skipped at once, so a step costs O(blocks) */
+    const int32_t *held = c->table + (size_t)lh * c->max_blocks;
+    const uint64_t *evm = c->evicted + (size_t)lh * c->max_blocks;
+    const uint64_t full = full_mask(c);
     int lo = 0, hi = limit - 1;
     for (;;) {
-        while (lo < hi && !slot_is(c, lh, lo, true))
-            lo++;
-        while (hi > lo && !slot_is(c, lh, hi, false))
-            hi--;
+        while (lo < hi && !slot_is(c, lh, lo, true)) {
+            bool no_hole = held[lo / bs] < 0 || (evm[lo / bs] & full) == 0;
+            lo = lo % bs == 0 && no_hole ? lo + bs : lo + 1;
+        }
+        while (hi > lo && !slot_is(c, lh, hi, false)) {
+            bool no_live = held[hi / bs] < 0 || (evm[hi / bs] & full) == full;
+            hi = hi % bs == bs - 1 && no_live ? hi - bs : hi - 1;
+        }
         if (lo >= hi)
             break;
         move_token(c, lh, hi, lo);
