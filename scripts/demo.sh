@@ -15,15 +15,10 @@ model=models/kvpred-default.gguf
 [ -f "$model" ] || exit 0
 prompt="$(mktemp)"
 trap 'rm -f "$prompt"' EXIT
-noise="The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
-key=68214
-{
-    printf 'There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. I will quiz you about the important information there.\n'
-    for i in $(seq 1 46); do printf '%s ' "$noise"; done
-    printf '\nThe pass key is %s. Remember it. %s is the pass key.\n' "$key" "$key"
-    for i in $(seq 1 46); do printf '%s ' "$noise"; done
-    printf '\nWhat is the pass key? The pass key is'
-} > "$prompt"
+# the evaluation's own passkey prompt (`kvpred eval --task passkey` sample 0 at this length,
+# depth and seed): noise lines, the key in the middle, the question
+$kvp prompt -m "$model" --task passkey --length 1900 --depth 50 --seed 3 > "$prompt"
+key="$($kvp prompt -m "$model" --task passkey --length 1900 --depth 50 --seed 3 --answer)"
 n_tokens="$($kvp tokenize -m "$model" -f "$prompt" | wc -w)"
 echo "== pass key $key hidden in the middle of a $n_tokens-token prompt"
 for p in "full" "streaming --budget 1/16" "quest --budget 1/16" "snapkv --budget 1/16"; do

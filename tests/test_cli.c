@@ -225,12 +225,52 @@ static void test_prompt_too_long(void **state)
     kvp_test_expect_error(cmd, "longer than the context");
 }
 
+/* `kvpred prompt` prints the evaluation's prompt at the length asked (in the model's tokens),
+ * with the answer that --answer prints inside it; the passkey needs no ../shared. */
+static void test_prompt_command(void **state)
+{
+    (void)state;
+    KVP_REQUIRE_CLI(cli);
+    const char *src = getenv("KVP_SOURCE_DIR");
+    char model[4096], cmd[10000], *out = NULL, *key = NULL, *ntok = NULL;
+    snprintf(model, sizeof(model), "%s/models/kvpred-default.gguf", src ? src : ".");
+    const char *args = "--task passkey --length 400 --depth 0 --seed 5";
+    snprintf(cmd, sizeof(cmd), "KVP_SHARED_DIR=/nonexistent %s prompt -m %s %s --answer", cli,
+             model, args);
+    assert_int_equal(kvp_test_run(cmd, &key, 0), 0);
+    key[strcspn(key, "\n")] = 0;
+    assert_true(strlen(key) >= 4 && strspn(key, "0123456789") == strlen(key));
+    snprintf(cmd, sizeof(cmd), "KVP_SHARED_DIR=/nonexistent %s prompt -m %s %s", cli, model, args);
+    assert_int_equal(kvp_test_run(cmd, &out, 0), 0);
+    char needle[96];
+    snprintf(needle, sizeof(needle), "The pass key is %s. Remember it.", key);
+    char *at = strstr(out, needle);
+    assert_non_null(at);
+    assert_true(at - out < 200); /* depth 0: right after the instruction */
+    assert_non_null(strstr(out, "What is the pass key? The pass key is"));
+    snprintf(cmd, sizeof(cmd), "%s prompt -m %s %s | %s tokenize -m %s -f /dev/stdin", cli, model,
+             args, cli, model);
+    assert_int_equal(kvp_test_run(cmd, &ntok, 0), 0);
+    long n = 0;
+    for (char *p = ntok; *p; p++)
+        n += (p == ntok || p[-1] == ' ' || p[-1] == '\n') && *p >= '0' && *p <= '9';
+    print_message("passkey prompt of %ld tokens (asked 400), key %s\n", n, key);
+    assert_true(n <= 400 && n >= 360);
+    free(out);
+    free(key);
+    free(ntok);
+    snprintf(cmd, sizeof(cmd), "%s prompt -m %s --task nope", cli, model);
+    kvp_test_expect_error(cmd, "--task 'nope'");
+    snprintf(cmd, sizeof(cmd), "%s prompt -m %s --task passkey --length 20", cli, model);
+    kvp_test_expect_error(cmd, "does not fit");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_perplexity),     cmocka_unit_test(test_cli_logits),
         cmocka_unit_test(test_generation),     cmocka_unit_test(test_bad_input),
-        cmocka_unit_test(test_prompt_too_long),
+        cmocka_unit_test(test_prompt_too_long),  cmocka_unit_test(test_prompt_command),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,8 +1,9 @@
 /*
  * The shipped long-context model (models/kvpred-default.gguf) retrieves: a pass key hidden at
  * several depths of a prompt that fills its training context is found by greedy decoding with
- * the full cache. Runs without ../shared (the filler is the passkey task's own noise line), so a
- * fresh clone checks its default model. The full 100-prompt tables are scripts/eval_tasks.sh.
+ * the full cache. The prompts are the evaluation's own (kvp_task_render_eval), and need no
+ * ../shared (the passkey haystack is its own noise line), so a fresh clone checks its default
+ * model. The full 100-prompt tables are scripts/eval_tasks.sh.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,8 +11,8 @@
 
 #include "kvpred.h"
 #include "testutil.h"
+#include "train/train.h"
 
-#define NOISE "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 
 static int open_shipped(void **state)
 {
@@ -35,23 +36,11 @@ static int close_shipped(void **state)
     return 0;
 }
 
-/* The passkey prompt of the trainer's generator: header, n_noise noise lines with the needle on
- * its own line after `before` of them, the question. Caller frees. */
-static char *passkey_prompt(long key, int n_noise, int before)
+/* Token count for the prompt generator, as the engine will feed the prompt. */
+static int count_tokens(void *ud, const char *text, size_t len, size_t *n_tok)
 {
-    size_t cap = 512 + (size_t)n_noise * sizeof(NOISE);
-    char *p = malloc(cap), *w = p;
-    assert_non_null(p);
-    w += sprintf(w, "There is an important info hidden inside a lot of irrelevant text. Find it "
-                    "and memorize them. I will quiz you about the important information there.\n");
-    for (int i = 0; i <= n_noise; i++) {
-        if (i == before)
-            w += sprintf(w, "\nThe pass key is %ld. Remember it. %ld is the pass key.\n", key, key);
-        if (i < n_noise)
-            w += sprintf(w, "%s", NOISE);
-    }
-    sprintf(w, "\nWhat is the pass key? The pass key is");
-    return p;
+    int rc = kvp_tokenize(ud, text, len, true, NULL, 0, n_tok, NULL);
+    return rc == KVP_ERANGE ? 0 : rc;
 }
 
 /* Greedy answer (at most 8 tokens, up to the first newline) to the prompt. */
@@ -102,30 +91,30 @@ static void test_passkey_at_full_context(void **state)
     kvp_ctx *ctx = NULL;
     struct kvp_err err = {0};
     assert_int_equal(kvp_ctx_init(model, &cp, &ctx, &err), 0);
-    /* as many noise lines as fit the context with room for the answer */
-    int n_noise = 8;
-    for (;; n_noise += 4) {
-        char *p = passkey_prompt(12345, n_noise + 4, 0);
-        size_t n = 0;
-        int rc = kvp_tokenize(model, p, strlen(p), true, NULL, 0, &n, &err);
-        free(p);
-        assert_true(rc == 0 || rc == KVP_ERANGE);
-        if (n + 16 > (size_t)kvp_ctx_n_ctx(ctx))
-            break;
-    }
-    const long keys[] = {70425, 31862, 958204, 4417, 52093};
-    const int n_keys = (int)(sizeof(keys) / sizeof(keys[0]));
+    /* the evaluation's passkey prompts (`kvpred eval --task passkey`), as long as the context
+     * allows with room for the answer, at depths 0, 25, 50, 75 and 100 % */
+    struct kvp_corpus *c = NULL;
+    assert_int_equal(kvp_corpus_passkey_only(&c, &err), 0);
+    const int n_keys = 5;
     int found = 0;
     for (int i = 0; i < n_keys; i++) {
-        int before = n_noise * i / (n_keys - 1); /* depth 0, 25, 50, 75, 100 % */
-        char *p = passkey_prompt(keys[i], n_noise, before);
-        char out[128], want[32];
-        answer(ctx, model, p, out, sizeof(out));
-        snprintf(want, sizeof(want), "%ld", keys[i]);
+        struct kvp_task_req req = {.task = KVP_TASK_PASSKEY,
+                                   .seed = KVP_EVAL_SEED_BIT | (uint64_t)(1000 + i),
+                                   .target_tokens = kvp_ctx_n_ctx(ctx) - 16,
+                                   .depth = (float)i / (float)(n_keys - 1),
+                                   .count = count_tokens,
+                                   .ud = (void *)model};
+        struct kvp_task_text tt;
+        assert_int_equal(kvp_task_render_eval(c, &req, &tt, &err), 0);
+        char out[128], want[48];
+        answer(ctx, model, tt.prompt, out, sizeof(out));
+        snprintf(want, sizeof(want), "%.*s", (int)strcspn(tt.refs, "\n"), tt.refs);
         print_message("depth %3d%%, key %s: '%s'\n", 100 * i / (n_keys - 1), want, out);
+        assert_true(strlen(want) >= 4);
         found += strstr(out, want) != NULL;
-        free(p);
+        kvp_task_text_free(&tt);
     }
+    kvp_corpus_free(c);
     kvp_ctx_free(ctx);
     assert_int_equal(found, n_keys);
 }

@@ -23,6 +23,18 @@ int cmd_train_lm(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 /* `kvpred eval --task T`: RULER-style retrieval accuracy (cmd_eval_tasks.c). */
 int cmd_eval_tasks(int argc, char **argv);
+/* The evaluation tasks (cmd_eval_tasks.c), shared with `kvpred prompt`: the index of a task name
+ * (passkey, niah_single, ...), or -1; the filler corpus for task ti (*path NULL: the essays under
+ * ../shared, or for passkey without them its own noise line; *path then names what was used;
+ * prints the error and returns NULL); and sample i of the grid cell (length, depth %) for a seed,
+ * the very prompt `kvpred eval --task` decodes. */
+struct kvp_corpus;
+struct kvp_task_text;
+int cli_eval_task_index(const char *name);
+struct kvp_corpus *cli_open_filler(const char **path, int ti);
+int cli_eval_prompt(const struct kvp_corpus *c, const kvp_model *m, int ti, long seed, long i,
+                    long length, long depth, struct kvp_task_text *tt, struct kvp_err *err);
+int cmd_prompt(int argc, char **argv);
 int cmd_viz(int argc, char **argv);
 int cmd_profile_heads(int argc, char **argv);
 int cmd_viz_heads(int argc, char **argv);

@@ -186,11 +186,7 @@ static int parse_args(struct task_opts *o, int argc, char **argv)
         return cli_fail("--lengths: '%s' is not a list of token counts (>= 16)", lengths);
     if (depths && (o->n_depth = parse_longs(depths, 0, 100, o->depths)) < 0)
         return cli_fail("--depths: '%s' is not a list of percentages in 0..100", depths);
-    o->ti = -1;
-    for (int t = 0; task && t < N_EVAL_TASKS; t++)
-        if (!strcmp(task, eval_tasks[t].name))
-            o->ti = t;
-    if (o->ti < 0)
+    if ((o->ti = cli_eval_task_index(task)) < 0)
         return cli_fail("eval: --task '%s' is not one of passkey, niah_single, niah_multikey, "
                         "niah_multivalue, niah_multiquery, vt", task ? task : "");
     size_t pl = strlen(policy_list), bl = strlen(budget_list);
@@ -225,12 +221,6 @@ struct run {
     const char *label;
     double *score, *exact, *ptok, *secs; /* [n_len][n_depth] sums */
 };
-
-static int count_tokens(void *ud, const char *text, size_t len, size_t *n_tok)
-{
-    int rc = kvp_tokenize(ud, text, len, true, NULL, 0, n_tok, NULL);
-    return rc == KVP_ERANGE ? 0 : rc;
-}
 
 static int argmax(const float *x, int n)
 {
@@ -421,21 +411,6 @@ static void print_table(const struct task_opts *o, const struct run *runs, int n
 
 /* ---- the command --------------------------------------------------------------------------- */
 
-static struct kvp_corpus *open_filler(const char *path)
-{
-    char *raw = NULL;
-    size_t len = 0;
-    struct kvp_corpus *c = NULL;
-    struct kvp_err err = {0};
-    if (kvp_corpus_read_filler(&path, 1, &raw, &len, &err) < 0 ||
-        kvp_corpus_init(&c, raw, len, NULL, 0.0, &err) < 0) {
-        cli_fail("eval: filler: %s", err.msg);
-        c = NULL;
-    }
-    free(raw);
-    return c;
-}
-
 /* Evaluate every run on every (length, depth, sample). Returns 0 or 1 after an error. */
 static int eval_grid(const struct task_opts *o, const kvp_model *m, kvp_ctx *ctx,
                      const struct kvp_corpus *c, struct run *runs, int n_runs)
@@ -453,21 +428,13 @@ static int eval_grid(const struct task_opts *o, const kvp_model *m, kvp_ctx *ctx
         cli_fail("out of memory");
         return 1;
     }
-    uint64_t base = kvp_rng_mix((uint64_t)o->seed, (uint64_t)eval_tasks[o->ti].task);
     for (int li = 0; li < o->n_len; li++)
         for (int di = 0; di < o->n_depth; di++)
             for (long i = 0; i < o->samples; i++) {
-                struct kvp_task_req req = {
-                    .task = eval_tasks[o->ti].task,
-                    .seed = (kvp_rng_mix(base, (uint64_t)i) & ~(3ULL << 62)) | KVP_EVAL_SEED_BIT,
-                    .target_tokens = (int)o->lengths[li],
-                    .depth = (float)o->depths[di] / 100.0f,
-                    .count = count_tokens,
-                    .ud = (void *)m,
-                };
                 struct kvp_task_text tt;
                 struct kvp_err err = {0};
-                if (kvp_task_render_eval(c, &req, &tt, &err) < 0) {
+                if (cli_eval_prompt(c, m, o->ti, o->seed, i, o->lengths[li], o->depths[di], &tt,
+                                    &err) < 0) {
                     cli_fail("eval: length %ld: %s", o->lengths[li], err.msg);
                     goto out;
                 }
@@ -539,6 +506,61 @@ static int make_runs(const struct task_opts *o, struct run **out)
     return n;
 }
 
+int cli_eval_task_index(const char *name)
+{
+    for (int t = 0; name && t < N_EVAL_TASKS; t++)
+        if (!strcmp(name, eval_tasks[t].name))
+            return t;
+    return -1;
+}
+
+int cli_eval_prompt(const struct kvp_corpus *c, const kvp_model *m, int ti, long seed, long i,
+                    long length, long depth, struct kvp_task_text *tt, struct kvp_err *err)
+{
+    /* sample i of a task: a seed of the evaluation range, never one training draws */
+    uint64_t base = kvp_rng_mix((uint64_t)seed, (uint64_t)eval_tasks[ti].task);
+    struct kvp_task_req req = {
+        .task = eval_tasks[ti].task,
+        .seed = (kvp_rng_mix(base, (uint64_t)i) & ~(3ULL << 62)) | KVP_EVAL_SEED_BIT,
+        .target_tokens = (int)length,
+        .depth = (float)depth / 100.0f,
+        .count = cli_count_tokens,
+        .ud = (void *)m,
+    };
+    return kvp_task_render_eval(c, &req, tt, err);
+}
+
+struct kvp_corpus *cli_open_filler(const char **pathp, int ti)
+{
+    char *raw = NULL;
+    size_t len = 0;
+    struct kvp_corpus *c = NULL;
+    struct kvp_err err = {0};
+    static char def[4096];
+    if (!*pathp) {
+        const char *sd = getenv("KVP_SHARED_DIR");
+        snprintf(def, sizeof(def), "%s/data/pg_essays", sd ? sd : "../shared");
+        *pathp = def;
+        /* the pass key's haystack is its own noise line: no filler needed, so it runs on a
+         * fresh clone (the corpus only seeds a draw the passkey prompt never reads) */
+        struct stat st;
+        if (eval_tasks[ti].task == KVP_TASK_PASSKEY && stat(def, &st) != 0) {
+            *pathp = "none (the pass key's noise line)";
+            if (kvp_corpus_passkey_only(&c, &err) < 0)
+                cli_fail("filler: %s", err.msg);
+            return c;
+        }
+    }
+    const char *path = *pathp;
+    if (kvp_corpus_read_filler(&path, 1, &raw, &len, &err) < 0 ||
+        kvp_corpus_init(&c, raw, len, NULL, 0.0, &err) < 0) {
+        cli_fail("filler: %s", err.msg);
+        c = NULL;
+    }
+    free(raw);
+    return c;
+}
+
 int cmd_eval_tasks(int argc, char **argv)
 {
     struct task_opts o = {.pp = {.gqa_agg = KVP_AGG_MEAN}, .samples = 4, .seed = 42};
@@ -552,12 +574,6 @@ int cmd_eval_tasks(int argc, char **argv)
         free(o.lists);
         return rc == 2 ? 0 : 1;
     }
-    char filler[4096];
-    if (!o.filler) {
-        const char *sd = getenv("KVP_SHARED_DIR");
-        snprintf(filler, sizeof(filler), "%s/data/pg_essays", sd ? sd : "../shared");
-        o.filler = filler;
-    }
     int status = 1, n_runs = 0;
     struct run *runs = NULL;
     kvp_ctx *ctx = NULL;
@@ -570,7 +586,7 @@ int cmd_eval_tasks(int argc, char **argv)
             goto out;
         }
     }
-    if (!(c = open_filler(o.filler)) || !(m = cli_open_model(&o.mo)))
+    if (!(c = cli_open_filler(&o.filler, o.ti)) || !(m = cli_open_model(&o.mo)))
         goto out;
     if ((n_runs = make_runs(&o, &runs)) < 0) {
         n_runs = -n_runs - 1;

@@ -53,13 +53,6 @@ static size_t line_start(const char *text, size_t len, double frac)
     return at;
 }
 
-/* Token count of a prompt as the engine feeds it (BOS included), for sizing the haystack. */
-static int count_tokens(void *ud, const char *text, size_t len, size_t *n_tok)
-{
-    int rc = kvp_tokenize(ud, text, len, true, NULL, 0, n_tok, NULL);
-    return rc == KVP_ERANGE ? 0 : rc;
-}
-
 /* "passkey,niah_single_2": task ids into out (at most cap); 0 on an unknown name. */
 static int parse_tasks(const char *list, int *out, int cap)
 {
@@ -122,7 +115,7 @@ static int record_tasks(kvp_model *m, const struct cli_model_opts *mo, const cha
             .seed = kvp_rng_mix((uint64_t)seed, (uint64_t)i) & ~(3ULL << 62),
             .target_tokens = (int)seq_len - 64,
             .depth = -1.0f,
-            .count = count_tokens,
+            .count = cli_count_tokens,
             .ud = m,
         };
         struct kvp_task_text tt;

@@ -232,3 +232,9 @@ int32_t *cli_tokenize(const kvp_model *m, const char *text, size_t len, bool add
     }
     return ids;
 }
+
+int cli_count_tokens(void *ud, const char *text, size_t len, size_t *n_tok)
+{
+    int rc = kvp_tokenize(ud, text, len, true, NULL, 0, n_tok, NULL);
+    return rc == KVP_ERANGE ? 0 : rc;
+}

@@ -39,6 +39,9 @@ char *cli_read_file(const char *path, size_t *len);
 int32_t *cli_tokenize(const kvp_model *m, const char *text, size_t len, bool add_bos, size_t *n);
 
 
+/* Tokens of text as the engine feeds a prompt (BOS included): a kvp_task_count_fn, ud the model. */
+int cli_count_tokens(void *ud, const char *text, size_t len, size_t *n_tok);
+
 /* Value of the flag at argv[*i]: advances *i; prints an error and returns NULL if missing. */
 const char *cli_flag_value(int argc, char **argv, int *i);
 

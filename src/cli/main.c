@@ -28,6 +28,7 @@ static const struct command commands[] = {
     {"viz", cmd_viz, "draw one head's attention and a policy's selection as a PNG"},
     {"profile-heads", cmd_profile_heads, "CateKV: classify KV heads over a reference set"},
     {"viz-heads", cmd_viz_heads, "CateKV: draw a head profile as a PNG"},
+    {"prompt", cmd_prompt, "print an evaluation prompt (the one `eval --task` decodes)"},
     {"trace", cmd_trace, "record attention traces for training the predictor"},
     {"train-predictor", cmd_train_predictor, "train the AttentionPredictor CNN on a trace"},
 };

@@ -390,6 +390,9 @@ struct kvp_task_text {
 /* Read text files or directories like kvp_corpus_read, evaluation filler allowed. */
 int kvp_corpus_read_filler(const char *const *paths, int n_paths, char **text, size_t *len,
                            struct kvp_err *err);
+/* A corpus for the passkey task alone, whose haystack is its own noise line: passkey prompts
+ * rendered with it equal those rendered with any other filler, and need no file. */
+int kvp_corpus_passkey_only(struct kvp_corpus **out, struct kvp_err *err);
 /* Render one evaluation prompt; *out is zeroed first and must be freed with kvp_task_text_free.
  * KVP_ERANGE when not even an empty haystack fits. */
 int kvp_task_render_eval(const struct kvp_corpus *c, const struct kvp_task_req *req,

@@ -237,6 +237,15 @@ int kvp_corpus_read_filler(const char *const *paths, int n_paths, char **text, s
     return read_paths(paths, n_paths, true, text, len, err);
 }
 
+int kvp_corpus_passkey_only(struct kvp_corpus **out, struct kvp_err *err)
+{
+    /* enough sentences and words for kvp_corpus_init's checks; the prompt never shows them */
+    static const char text[] = "The grass is green. The sky is blue. The sun is yellow. Here we "
+                               "go. There and back again. The river runs past the old mill and "
+                               "the quiet village sleeps.\n";
+    return kvp_corpus_init(out, text, sizeof(text) - 1, NULL, 0.0, err);
+}
+
 void kvp_corpus_free(struct kvp_corpus *c)
 {
     if (!c)

@@ -1,0 +1,94 @@
+/*
+ * `kvpred prompt`: print one evaluation prompt, exactly the one `kvpred eval --task` decodes for
+ * the same task, seed, length, depth and sample index, so a failure in a table can be looked at
+ * (or fed to another engine), and scripts need no prompt generator of their own (the demo's pass
+ * key comes from here). --answer prints the reference strings instead, one per line.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "cli/common.h"
+#include "train/train.h"
+
+static void help(void)
+{
+    printf("usage: kvpred prompt --task T [-m MODEL] [--length N] [--depth D] [--seed S]\n"
+           "                     [--sample I] [--filler PATH] [--answer]\n\n"
+           "Print the prompt `kvpred eval --task T --lengths N --depths D --seed S` decodes as\n"
+           "sample I (the same text, sized in the model's tokens), or its answers.\n\n"
+           "  --task T        passkey, niah_single, niah_multikey, niah_multivalue,\n"
+           "                  niah_multiquery or vt\n"
+           "  --length N      prompt length in tokens, BOS included (default: the model's\n"
+           "                  context less room for the answer)\n"
+           "  --depth D       needle depth in percent of the haystack (default 50)\n"
+           "  --seed S        evaluation seed (default 42, as eval)\n"
+           "  --sample I      sample index within the (length, depth) cell (default 0)\n"
+           "  --filler PATH   filler text file or directory (default ../shared/data/pg_essays;\n"
+           "                  passkey needs none)\n"
+           "  --answer        print the reference answers, one per line, instead\n"
+           "%s",
+           cli_model_flags_help);
+}
+
+int cmd_prompt(int argc, char **argv)
+{
+    struct cli_model_opts mo = {0};
+    const char *task = NULL, *filler = NULL;
+    long length = 0, depth = 50, seed = 42, sample = 0;
+    bool answer = false;
+    const struct cli_flag flags[] = {
+        CLI_STR("--task", &task),
+        CLI_INT("--length", 16, 1 << 24, &length, "a token count (>= 16)"),
+        CLI_INT("--depth", 0, 100, &depth, "a percentage in 0..100"),
+        CLI_INT("--seed", 0, 0x7fffffffffffffffL, &seed, "a non-negative integer"),
+        CLI_INT("--sample", 0, 1L << 40, &sample, "a sample index"),
+        CLI_STR("--filler", &filler),
+        CLI_BOOL("--answer", &answer),
+        {0},
+    };
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int r = cli_model_flag(&mo, argc, argv, &i);
+        if (r == 0)
+            r = cli_parse_flags(flags, argc, argv, &i);
+        if (r < 0)
+            return 1;
+        if (r > 0)
+            continue;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            help();
+            return 0;
+        }
+        return cli_fail("prompt: unknown flag '%s' (see kvpred prompt --help)", a);
+    }
+    int ti = cli_eval_task_index(task);
+    if (ti < 0)
+        return cli_fail("prompt: --task '%s' is not one of passkey, niah_single, niah_multikey, "
+                        "niah_multivalue, niah_multiquery, vt", task ? task : "");
+    struct kvp_corpus *c = cli_open_filler(&filler, ti);
+    if (!c)
+        return 1;
+    kvp_model *m = cli_open_model(&mo);
+    if (!m) {
+        kvp_corpus_free(c);
+        return 1;
+    }
+    if (length == 0) {
+        struct kvp_model_info info;
+        kvp_model_get_info(m, &info);
+        length = info.n_ctx_train > 160 ? info.n_ctx_train - 128 : info.n_ctx_train;
+    }
+    struct kvp_task_text tt;
+    struct kvp_err err = {0};
+    int status = 0;
+    if (cli_eval_prompt(c, m, ti, seed, sample, length, depth, &tt, &err) < 0) {
+        status = cli_fail("prompt: length %ld: %s", length, err.msg);
+    } else {
+        fputs(answer ? tt.refs : tt.prompt, stdout);
+        kvp_task_text_free(&tt);
+    }
+    kvp_model_close(m);
+    kvp_corpus_free(c);
+    return status;
+}
