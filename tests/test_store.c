@@ -613,8 +613,10 @@ static void test_first_step_warm(void **state)
     static const int modes[] = {KVP_PREFETCH_TOKEN, KVP_PREFETCH_NONE};
     predict_salt = 0;
     for (int m = 0; m < 2; m++) {
+        /* 10 hot slots of the 16 blocks: the layer stays tiered (a hot tier as large as the
+         * cache would hold it whole and never miss) */
         struct kvp_ctx_params cp = {.n_ctx = 256, .n_threads = 2, .kv_tier = KVP_TIER_DISK,
-                                    .kv_dir = d, .prefetch = modes[m]};
+                                    .kv_dir = d, .prefetch = modes[m], .hot_budget = 160};
         kvp_ctx *c = NULL;
         struct kvp_err err = {0};
         assert_int_equal(kvp_ctx_init(model, &cp, &c, &err), 0);

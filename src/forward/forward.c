@@ -563,11 +563,14 @@ const char *kvp_policy_name(int i)
     return NULL;
 }
 
-/* Hot slots per tiered layer: hot_budget tokens, or enough for the policy's budget (per KV head
- * its blocks plus two partial ones at the window edges, times the KV heads whose union a unit
- * carries, plus the newest block); a policy whose predictions read ahead of its budget
- * (prefetch_margin) gets room for that too in the modes that predict, so a prefetch does not
- * run out of slots. */
+/* Hot slots per tiered layer: hot_budget tokens, or by default twice what one step's selection
+ * needs. One step needs, per KV head, the budget's blocks plus two partial ones at the window
+ * edges, times the KV heads whose union a unit carries, plus the newest block; a policy whose
+ * predictions read ahead of its budget (prefetch_margin) gets room for that too in the modes
+ * that predict, so a prefetch does not run out of slots. The factor 2 is reuse room: blocks
+ * that drop out of a selection come back a few steps later (scores oscillate around the top-k
+ * threshold), and with only one step's room LRU has already replaced them (README, tiered store:
+ * at 32K the shipped model's hit rate goes from 87 % to 98 % and reads per token fall 6x). */
 static int hot_blocks_for(const struct kvp_ctx *c)
 {
     const int bs = c->kv.block_size;
@@ -582,7 +585,7 @@ static int hot_blocks_for(const struct kvp_ctx *c)
     bool predicts = c->store && (c->store->mode == KVP_PREFETCH_TOKEN ||
                                  c->store->mode == KVP_PREFETCH_LAYER);
     long per_head = (b + bs - 1) / bs + 2 + (predicts ? c->policy->prefetch_margin : 0);
-    long n = (long)c->hp.n_head_kv * per_head + 1;
+    long n = 2 * ((long)c->hp.n_head_kv * per_head + 1);
     return n > c->kv.max_blocks ? c->kv.max_blocks : (int)n;
 }
 
