@@ -233,27 +233,17 @@ int cmd_bench(int argc, char **argv)
         CLI_BOOL("--json", &json),
         {0},
     };
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        int r = cli_model_flag(&mo, argc, argv, &i);
-        if (r == 0)
-            r = cli_policy_flag(&pp, false, argc, argv, &i);
-        if (r == 0)
-            r = cli_parse_flags(flags, argc, argv, &i);
-        if (r < 0)
-            return 1;
-        if (r > 0)
-            continue;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            help();
-            return 0;
-        }
-        return cli_fail("bench: unknown flag '%s' (see kvpred bench --help)", a);
-    }
-    if (pp.name && !cli_policy_known(pp.name))
-        return cli_fail("--policy: unknown policy '%s' (known: %s)", pp.name, cli_policy_names());
-    if (budget_arg && !cli_parse_budget(budget_arg, &pp.budget, &pp.budget_ratio))
-        return cli_fail("--budget: '%s' is not a token count or a ratio in (0, 1]", budget_arg);
+    const struct cli_command cmd = {
+        .name = "bench",
+        .mo = &mo,
+        .pp = &pp,
+        .flags = flags,
+        .help = help,
+        .budget = &budget_arg,
+    };
+    int rc = cli_parse_command(&cmd, argc, argv);
+    if (rc)
+        return rc == 2 ? 0 : 1;
     if (mo.n_threads <= 0)
         mo.n_threads = 1;
     if (budget_arg && !pp.name)

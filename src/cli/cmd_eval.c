@@ -148,23 +148,17 @@ static int parse_args(struct eval_opts *o, int argc, char **argv)
         CLI_BOOL("--json", &o->json),
         {0},
     };
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        int r = cli_model_flag(&o->mo, argc, argv, &i);
-        if (r == 0)
-            r = cli_policy_flag(&o->pp, true, argc, argv, &i);
-        if (r == 0)
-            r = cli_parse_flags(flags, argc, argv, &i);
-        if (r < 0)
-            return 1;
-        if (r > 0)
-            continue;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            help();
-            return 2;
-        }
-        return cli_fail("eval: unknown flag '%s' (see kvpred eval --help)", a);
-    }
+    const struct cli_command cmd = {
+        .name = "eval",
+        .mo = &o->mo,
+        .pp = &o->pp,
+        .policy_seed = true,
+        .flags = flags,
+        .help = help,
+    };
+    int rc = cli_parse_command(&cmd, argc, argv);
+    if (rc)
+        return rc;
     if (!o->src.text_path && o->src.seed < 0)
         return cli_fail("eval: give a text with -f FILE (or --tokens-from-seed S)");
     if (o->src.text_path && o->src.seed >= 0)

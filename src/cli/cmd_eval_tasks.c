@@ -165,23 +165,16 @@ static int parse_args(struct task_opts *o, int argc, char **argv)
         CLI_BOOL("--json", &o->json),
         {0},
     };
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        int r = cli_model_flag(&o->mo, argc, argv, &i);
-        if (r == 0)
-            r = cli_policy_flag(&o->pp, false, argc, argv, &i);
-        if (r == 0)
-            r = cli_parse_flags(flags, argc, argv, &i);
-        if (r < 0)
-            return 1;
-        if (r > 0)
-            continue;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            help();
-            return 2;
-        }
-        return cli_fail("eval: unknown flag '%s' (see kvpred eval --task T --help)", a);
-    }
+    const struct cli_command cmd = {
+        .name = "eval",
+        .mo = &o->mo,
+        .pp = &o->pp,
+        .flags = flags,
+        .help = help,
+    };
+    int rc = cli_parse_command(&cmd, argc, argv);
+    if (rc)
+        return rc;
     if (lengths && (o->n_len = parse_longs(lengths, 16, 1 << 24, o->lengths)) < 0)
         return cli_fail("--lengths: '%s' is not a list of token counts (>= 16)", lengths);
     if (depths && (o->n_depth = parse_longs(depths, 0, 100, o->depths)) < 0)

@@ -50,21 +50,10 @@ int cmd_perplexity(int argc, char **argv)
         CLI_BOOL("--json", &json),
         {0},
     };
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        int r = cli_model_flag(&mo, argc, argv, &i);
-        if (r == 0)
-            r = cli_parse_flags(flags, argc, argv, &i);
-        if (r < 0)
-            return 1;
-        if (r > 0)
-            continue;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            help();
-            return 0;
-        }
-        return cli_fail("perplexity: unknown flag '%s' (see kvpred perplexity --help)", a);
-    }
+    const struct cli_command cmd = {.name = "perplexity", .mo = &mo, .flags = flags, .help = help};
+    int rc = cli_parse_command(&cmd, argc, argv);
+    if (rc)
+        return rc == 2 ? 0 : 1;
     if (!file)
         return cli_fail("perplexity: -f FILE is required");
     int status = 1;

@@ -17,7 +17,7 @@
 
 #define MAX_REFS 64
 
-static const char *profile_help =
+static const char *profile_usage =
     "usage: kvpred profile-heads -m MODEL -f REFERENCE [-f REFERENCE ...] -r R -o PROFILE "
     "[options]\n\n"
     "Classify KV heads as CateKV adaptive (1) or consistent (0) by voting over reference\n"
@@ -36,6 +36,12 @@ static const char *profile_help =
     "  --percentile K       binarization quantile k (default 0.995)\n"
     "  --alpha A            binarization interpolation (default 1.0)\n";
 
+static void profile_help(void)
+{
+    fputs(profile_usage, stdout);
+    fputs(cli_model_flags_help, stdout);
+}
+
 struct profile_opts {
     struct cli_model_opts mo;
     const char *refs[MAX_REFS];
@@ -52,6 +58,7 @@ struct profile_opts {
 static int parse_profile_args(int argc, char **argv, struct profile_opts *o)
 {
     const struct cli_flag flags[] = {
+        CLI_LIST("-f|--file", o->refs, &o->n_refs, MAX_REFS),
         CLI_FLOAT("-r|--ratio", 0, 1, &o->ratio, NULL),
         CLI_STR("-o|--output", &o->out),
         CLI_INT("--prefill", 0, 1 << 24, &o->prefill, NULL),
@@ -67,29 +74,11 @@ static int parse_profile_args(int argc, char **argv, struct profile_opts *o)
         {0},
     };
     o->ratio = -1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        int r = cli_model_flag(&o->mo, argc, argv, &i);
-        if (r == 0)
-            r = cli_parse_flags(flags, argc, argv, &i);
-        if (r < 0)
-            return -1;
-        if (r > 0)
-            continue;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            fputs(profile_help, stdout);
-            fputs(cli_model_flags_help, stdout);
-            return 1;
-        }
-        if (strcmp(a, "-f") && strcmp(a, "--file"))
-            return cli_fail("profile-heads: unknown flag '%s' (see kvpred profile-heads --help)",
-                            a),
-                   -1;
-        if (o->n_refs == MAX_REFS)
-            return cli_fail("at most %d reference files", MAX_REFS), -1;
-        if (!(o->refs[o->n_refs++] = cli_flag_value(argc, argv, &i)))
-            return -1;
-    }
+    const struct cli_command cmd = {
+        .name = "profile-heads", .mo = &o->mo, .flags = flags, .help = profile_help};
+    int rc = cli_parse_command(&cmd, argc, argv);
+    if (rc)
+        return rc == 2 ? 1 : -1;
     if (!o->n_refs || o->ratio < 0 || !o->out)
         return cli_fail("profile-heads needs -f REFERENCE, -r R and -o PROFILE (see --help)"), -1;
     if (o->prefill == 0)

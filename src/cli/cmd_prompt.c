@@ -47,21 +47,10 @@ int cmd_prompt(int argc, char **argv)
         CLI_BOOL("--answer", &answer),
         {0},
     };
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        int r = cli_model_flag(&mo, argc, argv, &i);
-        if (r == 0)
-            r = cli_parse_flags(flags, argc, argv, &i);
-        if (r < 0)
-            return 1;
-        if (r > 0)
-            continue;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            help();
-            return 0;
-        }
-        return cli_fail("prompt: unknown flag '%s' (see kvpred prompt --help)", a);
-    }
+    const struct cli_command cmd = {.name = "prompt", .mo = &mo, .flags = flags, .help = help};
+    int rc = cli_parse_command(&cmd, argc, argv);
+    if (rc)
+        return rc == 2 ? 0 : 1;
     int ti = cli_eval_task_index(task);
     if (ti < 0)
         return cli_fail("prompt: --task '%s' is not one of passkey, niah_single, niah_multikey, "

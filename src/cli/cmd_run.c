@@ -62,27 +62,17 @@ int cmd_run(int argc, char **argv)
         CLI_STR("--budget", &budget),
         {0},
     };
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        int r = cli_model_flag(&mo, argc, argv, &i);
-        if (r == 0)
-            r = cli_policy_flag(&pp, false, argc, argv, &i);
-        if (r == 0)
-            r = cli_parse_flags(flags, argc, argv, &i);
-        if (r < 0)
-            return 1;
-        if (r > 0)
-            continue;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            help();
-            return 0;
-        }
-        return cli_fail("run: unknown flag '%s' (see kvpred run --help)", a);
-    }
-    if (pp.name && !cli_policy_known(pp.name))
-        return cli_fail("--policy: unknown policy '%s' (known: %s)", pp.name, cli_policy_names());
-    if (budget && !cli_parse_budget(budget, &pp.budget, &pp.budget_ratio))
-        return cli_fail("--budget: '%s' is not a token count or a ratio in (0, 1]", budget);
+    const struct cli_command cmd = {
+        .name = "run",
+        .mo = &mo,
+        .pp = &pp,
+        .flags = flags,
+        .help = help,
+        .budget = &budget,
+    };
+    int rc = cli_parse_command(&cmd, argc, argv);
+    if (rc)
+        return rc == 2 ? 0 : 1;
     if (prompt && prompt_file)
         return cli_fail("run: give either -p or -f, not both");
 

@@ -175,9 +175,9 @@ int cmd_trace(int argc, char **argv)
     long seq_len = 512, max_seq = 32, dense_layers = 2, seed = 1;
     double start = 0.0, end = 1.0;
     int tasks[64], n_tasks = 0;
-    const char *file = NULL, *task_list = NULL;
+    const char *task_list = NULL;
     const struct cli_flag flags[] = {
-        CLI_STR("-f|--file", &file),
+        CLI_LIST("-f|--file", files, &n_files, 64),
         CLI_STR("-o|--output", &out_path),
         CLI_INT("--seq-len", 2, 1 << 20, &seq_len, NULL),
         CLI_INT("--max-seq", 1, 1 << 20, &max_seq, "a positive count"),
@@ -188,27 +188,10 @@ int cmd_trace(int argc, char **argv)
         CLI_INT("--seed", 0, 0x7fffffffffffffffL, &seed, "a non-negative integer"),
         {0},
     };
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        file = NULL;
-        int r = cli_model_flag(&mo, argc, argv, &i);
-        if (r == 0)
-            r = cli_parse_flags(flags, argc, argv, &i);
-        if (r < 0)
-            return 1;
-        if (file) { /* -f repeats: every corpus is kept */
-            if (n_files == 64)
-                return cli_fail("trace: at most 64 corpora");
-            files[n_files++] = file;
-        }
-        if (r > 0)
-            continue;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            help();
-            return 0;
-        }
-        return cli_fail("trace: unknown flag '%s' (see kvpred trace --help)", a);
-    }
+    const struct cli_command cmd = {.name = "trace", .mo = &mo, .flags = flags, .help = help};
+    int rc = cli_parse_command(&cmd, argc, argv);
+    if (rc)
+        return rc == 2 ? 0 : 1;
     if (task_list && !(n_tasks = parse_tasks(task_list, tasks, 64)))
         return cli_fail("--tasks: '%s' is not a list of passkey, niah_single_1..3, "
                         "niah_multikey_1..3, niah_multivalue, niah_multiquery, vt", task_list);

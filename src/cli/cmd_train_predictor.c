@@ -94,23 +94,15 @@ int cmd_train_predictor(int argc, char **argv)
         CLI_STR("--budgets", &budgets),
         {0},
     };
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        int r = cli_parse_flags(flags, argc, argv, &i);
-        if (r < 0)
-            return 1;
-        if (r > 0)
-            continue;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            help();
-            return 0;
-        }
-        if (a[0] == '-')
-            return cli_fail("train-predictor: unknown flag '%s' (see --help)", a);
-        if (data)
-            return cli_fail("train-predictor: one dataset only ('%s' and '%s')", data, a);
-        data = a;
-    }
+    const struct cli_command cmd = {
+        .name = "train-predictor",
+        .flags = flags,
+        .help = help,
+        .positional = &data,
+    };
+    int rc = cli_parse_command(&cmd, argc, argv);
+    if (rc)
+        return rc == 2 ? 0 : 1;
     int ch[2];
     if (channels) {
         if (parse_list(channels, ch, 2, 1, KVP_CNN_MAX_CH) != 2)

@@ -185,23 +185,17 @@ static int parse_args(struct viz_opts *o, int argc, char **argv)
         CLI_STR("-o|--output", &o->out),
         {0},
     };
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        int r = cli_model_flag(&o->mo, argc, argv, &i);
-        if (r == 0)
-            r = cli_policy_flag(&o->pp, true, argc, argv, &i);
-        if (r == 0)
-            r = cli_parse_flags(flags, argc, argv, &i);
-        if (r < 0)
-            return 1;
-        if (r > 0)
-            continue;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            help();
-            return 2;
-        }
-        return cli_fail("viz: unknown flag '%s' (see kvpred viz --help)", a);
-    }
+    const struct cli_command cmd = {
+        .name = "viz",
+        .mo = &o->mo,
+        .pp = &o->pp,
+        .policy_seed = true,
+        .flags = flags,
+        .help = help,
+    };
+    int rc = cli_parse_command(&cmd, argc, argv);
+    if (rc)
+        return rc;
     if (!o->src.text_path && o->src.seed < 0)
         return cli_fail("viz: give a text with -f FILE (or --tokens-from-seed S)");
     if (o->src.text_path && o->src.seed >= 0)

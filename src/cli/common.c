@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include "cli/cli.h"
+#include "cli/measure_opts.h"
 
 const char *cli_model_flags_help =
     "  -m, --model PATH     model file: GGUF, or a llama2.c checkpoint (default: the shipped\n"
@@ -75,6 +76,11 @@ static bool store_value(const struct cli_flag *f, const char *v)
         else
             *(double *)f->dst = d;
         return true;
+    case CLI_FLAG_LIST:
+        if (*f->count >= f->max)
+            return false;
+        ((const char **)f->dst)[(*f->count)++] = v;
+        return true;
     case CLI_FLAG_CHOICE:
         for (long k = f->min; f->choices[k]; k++)
             if (!strcmp(v, f->choices[k])) {
@@ -108,7 +114,9 @@ int cli_parse_flags(const struct cli_flag *table, int argc, char **argv, int *i)
         return -1;
     if (store_value(f, v))
         return 1;
-    if (f->what)
+    if (f->kind == CLI_FLAG_LIST)
+        cli_fail("%s: at most %ld of them", a, f->max);
+    else if (f->what)
         cli_fail("%s: '%s' is not %s", a, v, f->what);
     else if (f->kind <= CLI_FLAG_U64)
         cli_fail("%s: '%s' is not an integer in %ld..%ld", a, v, f->min, f->max);
@@ -237,4 +245,41 @@ int cli_count_tokens(void *ud, const char *text, size_t len, size_t *n_tok)
 {
     int rc = kvp_tokenize(ud, text, len, true, NULL, 0, n_tok, NULL);
     return rc == KVP_ERANGE ? 0 : rc;
+}
+
+int cli_parse_command(const struct cli_command *cmd, int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int r = cmd->mo ? cli_model_flag(cmd->mo, argc, argv, &i) : 0;
+        if (r == 0 && cmd->pp)
+            r = cli_policy_flag(cmd->pp, cmd->policy_seed, argc, argv, &i);
+        if (r == 0 && cmd->flags)
+            r = cli_parse_flags(cmd->flags, argc, argv, &i);
+        if (r < 0)
+            return 1;
+        if (r > 0)
+            continue;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            cmd->help();
+            return 2;
+        }
+        if (a[0] == '-' && a[1])
+            return cli_fail("%s: unknown flag '%s' (see kvpred %s --help)", cmd->name, a,
+                            cmd->name);
+        if (!cmd->positional)
+            return cli_fail("%s: unexpected argument '%s' (see kvpred %s --help)", cmd->name, a,
+                            cmd->name);
+        if (*cmd->positional)
+            return cli_fail("%s: one argument only ('%s' and '%s')", cmd->name,
+                            *cmd->positional, a);
+        *cmd->positional = a;
+    }
+    struct kvp_policy_params *pp = cmd->pp;
+    if (pp && cmd->budget && pp->name && !cli_policy_known(pp->name))
+        return cli_fail("--policy: unknown policy '%s' (known: %s)", pp->name, cli_policy_names());
+    if (pp && cmd->budget && *cmd->budget &&
+        !cli_parse_budget(*cmd->budget, &pp->budget, &pp->budget_ratio))
+        return cli_fail("--budget: '%s' is not a token count or a ratio in (0, 1]", *cmd->budget);
+    return 0;
 }

@@ -60,12 +60,14 @@ struct cli_flag {
         CLI_FLAG_BOOL,   /* bool, no value: set to true */
         CLI_FLAG_SET,    /* int, no value: set to 1 */
         CLI_FLAG_CHOICE, /* int: the index of the value in choices */
+        CLI_FLAG_LIST,   /* const char *[max]: each occurrence appends its value (*count) */
     } kind;
     void *dst;
     long min, max;              /* integers: the range; CHOICE: min is the first index accepted */
     double fmin, fmax;          /* FLOAT, DOUBLE: the range */
     const char *const *choices; /* CHOICE: NULL-terminated */
     bool zero_unset;            /* store a given 0 as -1 (see CLI_INT0) */
+    int *count;                 /* LIST: values stored so far */
     const char *what;           /* ends the error "--flag: 'v' is not <what>"; NULL: the range */
 };
 
@@ -83,6 +85,10 @@ struct cli_flag {
 #define CLI_CHOICE(n, list, first, d, w)                                                           \
     {.names = (n), .dst = (d), .choices = (list), .min = (first), .what = (w),                     \
      .kind = _Generic((d), int *: CLI_FLAG_CHOICE)}
+/* a repeatable flag: every value is appended to list (at most cap; *count of them) */
+#define CLI_LIST(n, list, cnt, cap)                                                                \
+    {.names = (n), .dst = (list), .count = (cnt), .max = (cap),                                  \
+     .kind = _Generic((list), const char **: CLI_FLAG_LIST)}
 /* CLI_INT and CLI_FLOAT for kvp_policy_params-like fields that read 0 as "the default": a 0 given
  * on the command line is stored as -1, which they read as zero */
 #define CLI_INT0(n, lo, hi, d, w)                                                                  \
@@ -95,5 +101,23 @@ struct cli_flag {
 /* If argv[*i] is one of the table's flags, store its value, consume it and return 1; return 0 if
  * it is not; return -1 after printing an error for a missing or bad value. */
 int cli_parse_flags(const struct cli_flag *table, int argc, char **argv, int *i);
+
+/* A subcommand's whole command line: the shared model flags (mo; NULL: none), the policy flags
+ * (pp; NULL: none; policy_seed: --seed is the policy's), its own table, -h/--help (prints help)
+ * and at most one bare argument (*positional; NULL: none allowed). Returns 0, 1 after printing
+ * the error (an unknown flag names `name`), or 2 after printing the help. */
+struct kvp_policy_params;
+struct cli_command {
+    const char *name;
+    struct cli_model_opts *mo;
+    struct kvp_policy_params *pp;
+    bool policy_seed;
+    const struct cli_flag *flags;
+    void (*help)(void);
+    const char **positional;
+    const char *const *budget; /* with pp: a --budget value to parse into pp (NULL: none), and
+                                  pp->name, if given, must name a policy */
+};
+int cli_parse_command(const struct cli_command *cmd, int argc, char **argv);
 
 #endif
