@@ -9,7 +9,10 @@
 #
 #   scripts/bench_store.sh [BUILD_DIR]      env: MODEL, POLICY (quest), CTXS, N (decode tokens),
 #                                                KV_DIR (/tmp), THREADS (1), OUT, AUX (predictor
-#                                                file, for POLICY=predictor)
+#                                                file, for POLICY=predictor), DISK_FLAGS (more
+#                                                flags for the tiered runs, e.g. --hot-budget N);
+#                                                KVP_NO_SQPOLL=1 submits disk reads by syscall
+#                                                instead of a polling kernel thread
 # The disk tier's file is unnamed (O_TMPFILE) and read with O_DIRECT, so every read is a cold
 # read from the device, never the page cache.
 set -euo pipefail
@@ -37,10 +40,13 @@ for c in $CTXS; do
     pol=(--policy "$POLICY" --budget 1/16 "${AUXF[@]}")
     run "RAM dense" -c "$c"
     run "RAM sparse" -c "$c" "${pol[@]}"
-    run "disk dense" -c "$c" --kv-tier disk --kv-dir "$KV_DIR" --prefetch dense
-    run "disk none" -c "$c" "${pol[@]}" --kv-tier disk --kv-dir "$KV_DIR" --prefetch none
-    run "disk layer" -c "$c" "${pol[@]}" --kv-tier disk --kv-dir "$KV_DIR" --prefetch layer
-    run "disk token" -c "$c" "${pol[@]}" --kv-tier disk --kv-dir "$KV_DIR" --prefetch token \
+    disk=(--kv-tier disk --kv-dir "$KV_DIR")
+    # shellcheck disable=SC2206
+    [ -n "${DISK_FLAGS:-}" ] && disk+=($DISK_FLAGS)
+    run "disk dense" -c "$c" "${disk[@]}" --prefetch dense
+    run "disk none" -c "$c" "${pol[@]}" "${disk[@]}" --prefetch none
+    run "disk layer" -c "$c" "${pol[@]}" "${disk[@]}" --prefetch layer
+    run "disk token" -c "$c" "${pol[@]}" "${disk[@]}" --prefetch token \
         --timeline "${TIMELINE_DIR:-bench}/timeline_disk_token_$c.png"
 done
 
