@@ -136,10 +136,7 @@ static int parse_args(struct eval_opts *o, int argc, char **argv)
 {
     const char *policy_list = "all", *budget_list = "32,64,128";
     const struct cli_flag flags[] = {
-        CLI_STR("-f|--file", &o->src.text_path),
-        CLI_INT("--offset", 0, 0x7fffffffffffL, &o->src.offset, "a byte offset"),
-        CLI_INT("--tokens-from-seed", 0, 0x7fffffffffffffffL, &o->src.seed,
-                "a non-negative integer"),
+        CLI_TOKEN_SOURCE_FLAGS(&o->src),
         CLI_STR("--policy", &policy_list),
         CLI_STR("--budget", &budget_list),
         CLI_INT("--prefill", 1, 1 << 24, &o->n_prefill, "a positive token count"),
@@ -159,10 +156,8 @@ static int parse_args(struct eval_opts *o, int argc, char **argv)
     int rc = cli_parse_command(&cmd, argc, argv);
     if (rc)
         return rc;
-    if (!o->src.text_path && o->src.seed < 0)
-        return cli_fail("eval: give a text with -f FILE (or --tokens-from-seed S)");
-    if (o->src.text_path && o->src.seed >= 0)
-        return cli_fail("eval: give either -f or --tokens-from-seed, not both");
+    if (cli_token_source_check(&o->src, "eval"))
+        return 1;
     o->policy_arg = strdup(policy_list);
     o->budget_arg = strdup(budget_list);
     if (!o->policy_arg || !o->budget_arg)

@@ -172,10 +172,7 @@ static int draw(const struct viz_grid *g, const char *path)
 static int parse_args(struct viz_opts *o, int argc, char **argv)
 {
     const struct cli_flag flags[] = {
-        CLI_STR("-f|--file", &o->src.text_path),
-        CLI_INT("--offset", 0, 0x7fffffffffffL, &o->src.offset, "a byte offset"),
-        CLI_INT("--tokens-from-seed", 0, 0x7fffffffffffffffL, &o->src.seed,
-                "a non-negative integer"),
+        CLI_TOKEN_SOURCE_FLAGS(&o->src),
         CLI_INT("--layer", 0, 1 << 20, &o->layer, "a layer index"),
         CLI_INT("--head", 0, 1 << 20, &o->head, "a head index"),
         CLI_STR("--policy", &o->pp.name),
@@ -196,10 +193,8 @@ static int parse_args(struct viz_opts *o, int argc, char **argv)
     int rc = cli_parse_command(&cmd, argc, argv);
     if (rc)
         return rc;
-    if (!o->src.text_path && o->src.seed < 0)
-        return cli_fail("viz: give a text with -f FILE (or --tokens-from-seed S)");
-    if (o->src.text_path && o->src.seed >= 0)
-        return cli_fail("viz: give either -f or --tokens-from-seed, not both");
+    if (cli_token_source_check(&o->src, "viz"))
+        return 1;
     if (!o->out)
         return cli_fail("viz: give the output file with -o OUT.png");
     if (o->layer < 0 || o->head < 0)

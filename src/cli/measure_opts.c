@@ -166,3 +166,12 @@ int32_t *cli_measure_tokens(const kvp_model *m, const struct cli_token_source *s
     free(text);
     return ids;
 }
+
+int cli_token_source_check(const struct cli_token_source *src, const char *cmd)
+{
+    if (!src->text_path && src->seed < 0)
+        return cli_fail("%s: give a text with -f FILE (or --tokens-from-seed S)", cmd);
+    if (src->text_path && src->seed >= 0)
+        return cli_fail("%s: give either -f or --tokens-from-seed, not both", cmd);
+    return 0;
+}

@@ -43,4 +43,14 @@ struct cli_token_source {
 /* n tokens for a measurement, malloc'd. Prints the error and returns NULL. */
 int32_t *cli_measure_tokens(const kvp_model *m, const struct cli_token_source *src, int n);
 
+/* The flag-table rows of a token source (-f, --offset, --tokens-from-seed) ... */
+#define CLI_TOKEN_SOURCE_FLAGS(src)                                                                \
+    CLI_STR("-f|--file", &(src)->text_path),                                                       \
+        CLI_INT("--offset", 0, 0x7fffffffffffL, &(src)->offset, "a byte offset"),                  \
+        CLI_INT("--tokens-from-seed", 0, 0x7fffffffffffffffL, &(src)->seed,                        \
+                "a non-negative integer")
+/* ... and the check that exactly one of a text and a seed was given (prints the error for cmd;
+ * returns 1 then, else 0). */
+int cli_token_source_check(const struct cli_token_source *src, const char *cmd);
+
 #endif
