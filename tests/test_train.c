@@ -982,6 +982,75 @@ static void test_resume_overrides(void **state)
     free(ck);
 }
 
+static uint64_t fnv1a64(const uint8_t *p, size_t n)
+{
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 1099511628211ULL;
+    return h;
+}
+
+/* A version-1 checkpoint (no edge_frac / fill_min after the task weights) still loads, with the
+ * defaults for the two fields and everything else as written. The file is made from a version-2
+ * one by cutting those 8 bytes, setting the version and recomputing the checksum. */
+static void test_checkpoint_version1_loads(void **state)
+{
+    (void)state;
+    char *data = write_text_file();
+    const char *paths[] = {data};
+    char *ck = kvp_test_tmpfile(".ckpt");
+    struct kvp_train_opts o;
+    struct kvp_err err;
+    tiny_opts(&o, paths);
+    o.ckpt_path = ck;
+    o.stop_after = 1;
+    o.hp.mix.edge_frac = 0.75f; /* not the default, so a wrong read shows */
+    assert_int_equal(kvp_train_run(&o, NULL, NULL, &err), 0);
+    size_t n;
+    uint8_t *v2 = (uint8_t *)kvp_test_read_file(ck, &n);
+    assert_non_null(v2);
+    /* magic 8, version 4, pad 4, config 8 i32 + 2 f32, seed 8, 3 i64, 9 f32, n_phases 4,
+     * 8 i32, 8 f32, n_tasks 4, task weights */
+    size_t at = 16 + 40 + 8 + 24 + 36 + 4 + 32 + 32 + 4 + 4 * (size_t)KVP_TASK_COUNT;
+    float ef;
+    memcpy(&ef, v2 + at, 4);
+    assert_float_equal(ef, 0.75, 0.0); /* the layout this test assumes */
+    uint8_t *v1 = malloc(n - 8);
+    assert_non_null(v1);
+    memcpy(v1, v2, at);
+    memcpy(v1 + at, v2 + at + 8, n - at - 8);
+    uint32_t one = 1;
+    memcpy(v1 + 8, &one, 4);
+    uint64_t sum = fnv1a64(v1, n - 16);
+    memcpy(v1 + n - 16, &sum, 8);
+    assert_int_equal(kvp_test_write_file(ck, v1, n - 8), 0);
+    struct kvp_train_model *m = NULL;
+    struct kvp_adamw opt;
+    struct kvp_tvocab *v = NULL;
+    struct kvp_train_hparams hp;
+    struct kvp_train_state st;
+    assert_int_equal(kvp_ckpt_load(ck, 0, 1, &m, &opt, &v, &hp, &st, &err), 0);
+    assert_int_equal(st.step, 1);
+    assert_float_equal(hp.lr, 3e-3, 1e-9);
+    assert_float_equal(hp.mix.edge_frac, KVP_EDGE_FRAC_DEFAULT, 0.0);
+    assert_float_equal(hp.mix.fill_min, KVP_FILL_MIN_DEFAULT, 0.0);
+    kvp_train_model_free(m);
+    kvp_adamw_free(&opt);
+    kvp_tvocab_free(v);
+    /* a version-1 header on a version-2 body does not load */
+    memcpy(v2 + 8, &one, 4);
+    sum = fnv1a64(v2, n - 8);
+    memcpy(v2 + n - 8, &sum, 8);
+    assert_int_equal(kvp_test_write_file(ck, v2, n), 0);
+    assert_true(kvp_ckpt_load(ck, 0, 1, &m, &opt, &v, &hp, &st, &err) < 0);
+    free(v1);
+    free(v2);
+    remove(data);
+    remove(ck);
+    free(data);
+    free(ck);
+}
+
 /* The exported GGUF runs in the engine with the trainer's logits and tokenization. */
 static void test_gguf_matches_engine(void **state)
 {
@@ -1145,6 +1214,7 @@ int main(void)
         cmocka_unit_test(test_tasks_on_tinystories),
         cmocka_unit_test(test_checkpoint_resume_bit_exact),
         cmocka_unit_test(test_resume_overrides),
+        cmocka_unit_test(test_checkpoint_version1_loads),
         cmocka_unit_test(test_gguf_matches_engine),
         cmocka_unit_test(test_training_loss_falls),
         cmocka_unit_test(test_cli_train_lm),
