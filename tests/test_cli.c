@@ -150,6 +150,13 @@ static void test_bad_input(void **state)
     kvp_test_expect_error(cmd, "-t");
     snprintf(cmd, sizeof(cmd), "%s run --temp -1", cli);
     kvp_test_expect_error(cmd, "--temp");
+    /* trace --tasks: generator names only (not lm or copy, which have no prompt), and room */
+    snprintf(cmd, sizeof(cmd), "%s trace -f x -o y --tasks passkey,nope", cli);
+    kvp_test_expect_error(cmd, "--tasks: 'passkey,nope' is not a list");
+    snprintf(cmd, sizeof(cmd), "%s trace -f x -o y --tasks copy", cli);
+    kvp_test_expect_error(cmd, "--tasks: 'copy' is not a list");
+    snprintf(cmd, sizeof(cmd), "%s trace -f x -o y --tasks passkey --seq-len 100", cli);
+    kvp_test_expect_error(cmd, "at least 256");
 
     /* a garbage file, a truncated model, a non-llama architecture, an unknown tensor type */
     char *junk = kvp_test_tmpfile(".bin");

@@ -927,6 +927,19 @@ static void test_checkpoint_resume_bit_exact(void **state)
     free(g_b);
 }
 
+/* The hyperparameters and state a checkpoint holds (model, moments and vocabulary freed). */
+static void load_hp(const char *ck, struct kvp_train_hparams *hp, struct kvp_train_state *st)
+{
+    struct kvp_train_model *m = NULL;
+    struct kvp_adamw opt;
+    struct kvp_tvocab *v = NULL;
+    struct kvp_err err;
+    assert_int_equal(kvp_ckpt_load(ck, 0, 1, &m, &opt, &v, hp, st, &err), 0);
+    kvp_train_model_free(m);
+    kvp_adamw_free(&opt);
+    kvp_tvocab_free(v);
+}
+
 /* A resumed run keeps the checkpoint's hyperparameters unless they are given again: then they
  * replace them (a fine-tuning stage), and the new values are what the next checkpoint holds. */
 static void test_resume_overrides(void **state)
@@ -941,9 +954,6 @@ static void test_resume_overrides(void **state)
     o.ckpt_path = ck;
     o.stop_after = 2;
     assert_int_equal(kvp_train_run(&o, NULL, NULL, &err), 0);
-    struct kvp_train_model *m = NULL;
-    struct kvp_adamw opt;
-    struct kvp_tvocab *v = NULL;
     struct kvp_train_hparams hp;
     struct kvp_train_state st;
     /* resumed without overrides: values given now (lr 1e-3) do not replace the checkpoint's */
@@ -953,29 +963,23 @@ static void test_resume_overrides(void **state)
     o.hp.lr = 1e-3f;
     o.hp.mix.edge_frac = 0.5f;
     assert_int_equal(kvp_train_run(&o, NULL, NULL, &err), 0);
-    assert_int_equal(kvp_ckpt_load(ck, 0, 1, &m, &opt, &v, &hp, &st, &err), 0);
+    load_hp(ck, &hp, &st);
     assert_int_equal(st.step, 3);
     assert_float_equal(hp.lr, 3e-3, 1e-9);
     assert_float_equal(hp.mix.edge_frac, KVP_EDGE_FRAC_DEFAULT, 0.0);
     assert_float_equal(hp.mix.fill_min, KVP_FILL_MIN_DEFAULT, 0.0);
-    kvp_train_model_free(m);
-    kvp_adamw_free(&opt);
-    kvp_tvocab_free(v);
     /* with overrides they do */
     o.resume_override = KVP_TRAIN_OVERRIDE_LR | KVP_TRAIN_OVERRIDE_EDGE_FRAC |
                         KVP_TRAIN_OVERRIDE_FILL_MIN;
     o.hp.mix.fill_min = 0.9f;
     o.hp.lr_min = 1e-4f;
     assert_int_equal(kvp_train_run(&o, NULL, NULL, &err), 0);
-    assert_int_equal(kvp_ckpt_load(ck, 0, 1, &m, &opt, &v, &hp, &st, &err), 0);
+    load_hp(ck, &hp, &st);
     assert_int_equal(st.step, 4);
     assert_float_equal(hp.lr, 1e-3, 1e-9);
     assert_float_equal(hp.lr_min, 1e-4, 1e-9);
     assert_float_equal(hp.mix.edge_frac, 0.5, 0.0);
     assert_float_equal(hp.mix.fill_min, 0.9, 1e-7);
-    kvp_train_model_free(m);
-    kvp_adamw_free(&opt);
-    kvp_tvocab_free(v);
     remove(data);
     remove(ck);
     free(data);
@@ -1029,14 +1033,11 @@ static void test_checkpoint_version1_loads(void **state)
     struct kvp_tvocab *v = NULL;
     struct kvp_train_hparams hp;
     struct kvp_train_state st;
-    assert_int_equal(kvp_ckpt_load(ck, 0, 1, &m, &opt, &v, &hp, &st, &err), 0);
+    load_hp(ck, &hp, &st);
     assert_int_equal(st.step, 1);
     assert_float_equal(hp.lr, 3e-3, 1e-9);
     assert_float_equal(hp.mix.edge_frac, KVP_EDGE_FRAC_DEFAULT, 0.0);
     assert_float_equal(hp.mix.fill_min, KVP_FILL_MIN_DEFAULT, 0.0);
-    kvp_train_model_free(m);
-    kvp_adamw_free(&opt);
-    kvp_tvocab_free(v);
     /* a version-1 header on a version-2 body does not load */
     memcpy(v2 + 8, &one, 4);
     sum = fnv1a64(v2, n - 8);
@@ -1158,6 +1159,16 @@ static void test_cli_train_lm(void **state)
     snprintf(cmd, sizeof(cmd), "%s train-lm --data x -o y.gguf --frobnicate", cli);
     assert_int_equal(kvp_test_run(cmd, &out, 1), 1);
     free(out);
+    /* the sampling flags: a share and a fraction of the context, nothing else */
+    static const char *const bad[] = {"--edge-frac 1.5", "--edge-frac x", "--fill-min 0",
+                                      "--fill-min 2", "--mix passkey:1,nope:1"};
+    for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+        snprintf(cmd, sizeof(cmd), "%s train-lm --data x -o y.gguf %s", cli, bad[k]);
+        assert_int_equal(kvp_test_run(cmd, &out, 1), 1);
+        assert_non_null(strstr(out, "kvpred: error: --"));
+        assert_null(strchr(strchr(out, '\n') + 1, '\n')); /* one line */
+        free(out);
+    }
     char *data = write_text_file();
     char *ck = kvp_test_tmpfile(".ckpt"), *g1 = kvp_test_tmpfile(".gguf"),
          *g2 = kvp_test_tmpfile(".gguf");

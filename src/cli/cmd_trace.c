@@ -59,11 +59,8 @@ static int parse_tasks(const char *list, int *out, int cap)
     int n = 0;
     for (const char *p = list; *p && n < cap;) {
         size_t len = strcspn(p, ",");
-        int task = -1;
-        for (int t = KVP_TASK_PASSKEY; t <= KVP_TASK_VT; t++)
-            if (strlen(kvp_task_name(t)) == len && !strncmp(kvp_task_name(t), p, len))
-                task = t;
-        if (task < 0)
+        int task = kvp_task_by_name(p, len);
+        if (task < KVP_TASK_PASSKEY || task > KVP_TASK_VT) /* lm and copy have no prompt */
             return 0;
         out[n++] = task;
         p += len + (p[len] == ',');
@@ -199,6 +196,8 @@ int cmd_trace(int argc, char **argv)
         return cli_fail("trace: give at least one corpus (-f) and the output (-o)");
     if (end <= start)
         return cli_fail("trace: --end must be larger than --start");
+    if (n_tasks > 0 && seq_len < 256)
+        return cli_fail("trace: --tasks needs --seq-len of at least 256");
 
     int status = 1;
     kvp_ctx *ctx = NULL;
@@ -210,10 +209,6 @@ int cmd_trace(int argc, char **argv)
     if (!m)
         return 1;
     if (n_tasks > 0) {
-        if (seq_len < 256) {
-            kvp_model_close(m);
-            return cli_fail("trace: --tasks needs --seq-len of at least 256");
-        }
         status = record_tasks(m, &mo, files, n_files, start, end, tasks, n_tasks, seed, seq_len,
                               max_seq, dense_layers, out_path);
         kvp_model_close(m);

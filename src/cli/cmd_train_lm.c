@@ -167,12 +167,7 @@ static bool parse_mix(const char *s, struct kvp_task_mix *mix)
         const char *colon = strchr(p, ':');
         if (!colon)
             return false;
-        int task = -1;
-        for (int t = 0; t < KVP_TASK_COUNT; t++) {
-            const char *nm = kvp_task_name(t);
-            if (strlen(nm) == (size_t)(colon - p) && !strncmp(nm, p, (size_t)(colon - p)))
-                task = t;
-        }
+        int task = kvp_task_by_name(p, (size_t)(colon - p));
         char *end;
         double w = strtod(colon + 1, &end);
         if (task < 0 || end == colon + 1 || !(w >= 0.0) || w > 1e6)

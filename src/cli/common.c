@@ -24,7 +24,6 @@ static const char *default_models[] = {
     "../shared/models/stories260K.gguf",
 };
 
-
 const char *cli_flag_value(int argc, char **argv, int *i)
 {
     if (*i + 1 >= argc) {

@@ -38,7 +38,6 @@ char *cli_read_file(const char *path, size_t *len);
 /* Tokenize text into a malloc'd array. Prints the error and returns NULL. */
 int32_t *cli_tokenize(const kvp_model *m, const char *text, size_t len, bool add_bos, size_t *n);
 
-
 /* Tokens of text as the engine feeds a prompt (BOS included): a kvp_task_count_fn, ud the model. */
 int cli_count_tokens(void *ud, const char *text, size_t len, size_t *n_tok);
 

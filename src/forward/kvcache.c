@@ -272,17 +272,17 @@ int kvp_kvcache_compact(struct kvp_kvcache *c, int layer, int kvh, int limit, in
         return 0; /* measuring: data stays, kvp_kvcache_resident_bytes accounts the rest */
     /* two fingers: the lowest hole and the highest live token; whole blocks without a hole
      * (going up) or released (going down) are skipped at once, so a step costs O(blocks) */
-    const int32_t *held = c->table + (size_t)lh * c->max_blocks;
-    const uint64_t *evm = c->evicted + (size_t)lh * c->max_blocks;
+    int32_t *tab = c->table + (size_t)lh * c->max_blocks;
+    const uint64_t *ev = c->evicted + (size_t)lh * c->max_blocks;
     const uint64_t full = full_mask(c);
     int lo = 0, hi = limit - 1;
     for (;;) {
         while (lo < hi && !slot_is(c, lh, lo, true)) {
-            bool no_hole = held[lo / bs] < 0 || (evm[lo / bs] & full) == 0;
+            bool no_hole = tab[lo / bs] < 0 || (ev[lo / bs] & full) == 0;
             lo = lo % bs == 0 && no_hole ? lo + bs : lo + 1;
         }
         while (hi > lo && !slot_is(c, lh, hi, false)) {
-            bool no_live = held[hi / bs] < 0 || (evm[hi / bs] & full) == full;
+            bool no_live = tab[hi / bs] < 0 || (ev[hi / bs] & full) == full;
             hi = hi % bs == bs - 1 && no_live ? hi - bs : hi - 1;
         }
         if (lo >= hi)
@@ -292,10 +292,8 @@ int kvp_kvcache_compact(struct kvp_kvcache *c, int layer, int kvh, int limit, in
             move(user, hi, lo);
     }
     int freed = 0;
-    int32_t *tab = c->table + (size_t)lh * c->max_blocks;
-    const uint64_t *ev = c->evicted + (size_t)lh * c->max_blocks;
     for (int b = 0; b < limit / bs; b++)
-        if (tab[b] >= 0 && (ev[b] & full_mask(c)) == full_mask(c)) {
+        if (tab[b] >= 0 && (ev[b] & full) == full) {
             free_block(c, &tab[b]);
             c->released[lh]++;
             freed++;

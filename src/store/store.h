@@ -43,10 +43,11 @@
  * l starts; token prefetches layer l's predicted blocks for the next token right after layer l
  * of this token. A needed unit that is not hot nor in flight is a miss, fetched synchronously.
  * In layer and token mode the end of a prompt copies the first decode step's predicted blocks
- * into the hot tier from the staging area, so decoding does not start cold. Write-through: the newest block of each tiered layer goes to the cold tier at the end of the
- * step that fills it (async; a slot with a write in flight is never evicted nor rewritten
- * before the write completes). A partial newest block is pinned hot, so its cold copy is not
- * needed before then; prefill writes every unit it touched, partial ones included.
+ * into the hot tier from the staging area, so decoding does not start cold. Write-through: the
+ * newest block of each tiered layer goes to the cold tier at the end of the step that fills it
+ * (async; a slot with a write in flight is never evicted nor rewritten before the write
+ * completes). A partial newest block is pinned hot, so its cold copy is not needed before then;
+ * prefill writes every unit it touched, partial ones included.
  */
 #ifndef KVP_STORE_STORE_H
 #define KVP_STORE_STORE_H

@@ -284,6 +284,8 @@ enum kvp_task {
 };
 
 const char *kvp_task_name(int task);
+/* The task named by the len bytes at s (kvp_task_name's spelling), or -1. */
+int kvp_task_by_name(const char *s, size_t len);
 
 /* Corpus text prepared for sampling: whitespace collapsed, split into sentences, each with its
  * token count when encoded as " " + sentence. Sentences [0, n_train) are for training, the rest

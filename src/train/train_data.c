@@ -64,6 +64,14 @@ const char *kvp_task_name(int task)
     return task >= 0 && task < KVP_TASK_COUNT ? task_names[task] : "?";
 }
 
+int kvp_task_by_name(const char *s, size_t len)
+{
+    for (int t = 0; t < KVP_TASK_COUNT; t++)
+        if (strlen(task_names[t]) == len && !strncmp(task_names[t], s, len))
+            return t;
+    return -1;
+}
+
 void kvp_task_mix_default(struct kvp_task_mix *mix)
 {
     /* Plain text keeps the language model honest; the needle tasks carry the retrieval signal. */
@@ -1224,7 +1232,8 @@ int kvp_sample_make(struct kvp_sample *s, const struct kvp_corpus *c, const stru
             goto out;
     } else if (task != KVP_TASK_LM) {
         /* the sample takes [fill_min·T, T] tokens; the rest is packed plain text */
-        float fm = mix->fill_min > 0.0f && mix->fill_min <= 1.0f ? mix->fill_min : 0.5f;
+        float fm = mix->fill_min > 0.0f && mix->fill_min <= 1.0f ? mix->fill_min
+                                                                 : KVP_FILL_MIN_DEFAULT;
         long lo = (long)(fm * (float)T);
         long len = lo + (long)kvp_rng_below(&r, (uint64_t)(T - lo) + 1);
         size_t n_ans;
