@@ -100,7 +100,23 @@ static void addb(double *y, const float *b, int n)
         y[i] += b[i];
 }
 
-static double *oracle_logits(const kvp_model *m, const int32_t *ids, int n)
+/* How the oracle treats the attention inputs: exactly (float64), or the way an engine with an
+ * f16 KV cache and f16 attention products does (llama.cpp's default: Q, K, V and the softmax
+ * output rounded to f16 before the two products). F16_NUDGED first moves every value to be
+ * rounded by one float32 ulp, the size of a change in summation order. */
+enum oracle_mode { ORACLE_F64, ORACLE_F16, ORACLE_F16_NUDGED };
+
+static double to_f16(double x, enum oracle_mode mode)
+{
+    if (mode == ORACLE_F64)
+        return x;
+    float f = (float)x;
+    if (mode == ORACLE_F16_NUDGED)
+        f = nextafterf(f, INFINITY);
+    return kvp_f16_to_f32(kvp_f32_to_f16(f));
+}
+
+static double *oracle_logits_as(const kvp_model *m, const int32_t *ids, int n, enum oracle_mode mode)
 {
     const struct kvp_hparams *hp = &m->hp;
     int D = hp->n_embd, hd = hp->head_dim, H = hp->n_head, KV = hp->n_head_kv, F = hp->n_ff;
@@ -127,6 +143,12 @@ static double *oracle_logits(const kvp_model *m, const int32_t *ids, int n)
             addb(v + (size_t)i * kvd, L->bv, kvd);
             rope64(q + (size_t)i * qd, H, hd, i, m);
             rope64(k + (size_t)i * kvd, KV, hd, i, m);
+            for (int e = 0; e < qd; e++)
+                q[(size_t)i * qd + e] = to_f16(q[(size_t)i * qd + e], mode);
+            for (int e = 0; e < kvd; e++) {
+                k[(size_t)i * kvd + e] = to_f16(k[(size_t)i * kvd + e], mode);
+                v[(size_t)i * kvd + e] = to_f16(v[(size_t)i * kvd + e], mode);
+            }
         }
         for (int i = 0; i < n; i++) {
             for (int hh = 0; hh < H; hh++) {
@@ -142,11 +164,13 @@ static double *oracle_logits(const kvp_model *m, const int32_t *ids, int n)
                 }
                 for (int t = 0; t <= i; t++)
                     sum += (sc[t] = exp(sc[t] - mx));
+                for (int t = 0; t <= i; t++)
+                    sc[t] = to_f16(sc[t] / sum, mode);
                 for (int d = 0; d < hd; d++) {
                     double a = 0;
                     for (int t = 0; t <= i; t++)
                         a += sc[t] * v[(size_t)t * kvd + kh * hd + d];
-                    att[hh * hd + d] = a / sum;
+                    att[hh * hd + d] = a;
                 }
             }
             mv64(wo, att, o, D, qd);
@@ -173,7 +197,53 @@ static double *oracle_logits(const kvp_model *m, const int32_t *ids, int n)
     return lg;
 }
 
+static double *oracle_logits(const kvp_model *m, const int32_t *ids, int n)
+{
+    return oracle_logits_as(m, ids, n, ORACLE_F64);
+}
+
 /* ---- reference logits ---- */
+
+/* max |reference row - x| over one position's logits */
+static double row_diff(const cJSON *row, const double *x)
+{
+    double d = 0;
+    int j = 0;
+    for (const cJSON *e = row->child; e; e = e->next, j++)
+        d = fmax(d, fabs(e->valuedouble - x[j]));
+    return d;
+}
+
+/* Evidence for the note on issue 2: the reference was computed with an f16 KV cache, and at
+ * that precision agreement within 1e-3 is not a property an f32-order-dependent engine can
+ * have. Checked against the float64 oracle run three ways (see enum oracle_mode). */
+static void check_reference_is_f16_kv(const kvp_model *m, const int32_t *ids, int n,
+                                      const cJSON *rlog, int n_vocab)
+{
+    double *f64 = oracle_logits_as(m, ids, n, ORACLE_F64);
+    double *f16 = oracle_logits_as(m, ids, n, ORACLE_F16);
+    double *f16n = oracle_logits_as(m, ids, n, ORACLE_F16_NUDGED);
+    /* position 0 attends to itself only: its output is V[0], exact in f32, rounded in f16 */
+    const cJSON *row0 = cJSON_GetArrayItem(rlog, 0);
+    double pos0_f64 = row_diff(row0, f64), pos0_f16 = row_diff(row0, f16);
+    double ref_f64 = 0, ref_f16 = 0, nudge = 0;
+    for (int i = 0; i < n; i++) {
+        const cJSON *row = cJSON_GetArrayItem(rlog, i);
+        ref_f64 = fmax(ref_f64, row_diff(row, f64 + (size_t)i * n_vocab));
+        ref_f16 = fmax(ref_f16, row_diff(row, f16 + (size_t)i * n_vocab));
+    }
+    for (size_t i = 0; i < (size_t)n * n_vocab; i++)
+        nudge = fmax(nudge, fabs(f16[i] - f16n[i]));
+    print_message("position 0: |reference - float64| = %.3g, |reference - f16 KV| = %.3g\n",
+                  pos0_f64, pos0_f16);
+    print_message("all positions: |reference - float64| = %.3g, |reference - f16 KV| = %.3g, "
+                  "|f16 KV - f16 KV nudged by 1 f32 ulp| = %.3g\n",
+                  ref_f64, ref_f16, nudge);
+    assert_true(pos0_f16 < 1e-4 && pos0_f64 > 1e-3); /* the reference rounds V to f16 */
+    assert_true(ref_f16 < ref_f64);                 /* and is closer to an f16 KV evaluation */
+    assert_true(nudge > 1e-3); /* one f32 ulp before rounding moves logits more than 1e-3 */
+    free(f64), free(f16), free(f16n);
+}
 
 static void test_reference_logits(void **state)
 {
@@ -242,6 +312,7 @@ static void test_reference_logits(void **state)
     assert_true(ours_vs_truth < ref_vs_truth);
     assert_true(worst < ref_vs_truth + 1e-4);
     free(truth);
+    check_reference_is_f16_kv(m, ids, n, rlog, in.n_vocab);
 
     /* the decode path (one token at a time) computes the same function */
     float *lg2 = eval_all(m, ids, n, 1, 16, true);
