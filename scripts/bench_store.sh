@@ -5,7 +5,8 @@
 # tokens/s of: RAM dense (untiered, dense attention), RAM sparse (untiered, the policy), disk
 # dense (the whole cache refetched from an O_DIRECT file every step), and disk sparse with
 # --prefetch none, layer and token. One JSON line per run goes to $OUT, then a markdown table
-# is printed. A timeline PNG of the disk/token run is written per context.
+# is printed. A timeline PNG of the disk/token run is written per context. The disk/token run is
+# paired with an untiered twin (bench --paired), and its ratio to it is the table's last row.
 #
 #   scripts/bench_store.sh [BUILD_DIR]      env: MODEL, POLICY (quest), CTXS, N (decode tokens),
 #                                                KV_DIR (/tmp), THREADS (1), OUT, AUX (predictor
@@ -46,7 +47,9 @@ for c in $CTXS; do
     run "disk dense" -c "$c" "${disk[@]}" --prefetch dense
     run "disk none" -c "$c" "${pol[@]}" "${disk[@]}" --prefetch none
     run "disk layer" -c "$c" "${pol[@]}" "${disk[@]}" --prefetch layer
-    run "disk token" -c "$c" "${pol[@]}" "${disk[@]}" --prefetch token \
+    # --paired: an untiered twin decodes the same tokens in alternating chunks, so the ratio
+    # to RAM sparse comes from the same seconds of a shared host (the rows above do not)
+    run "disk token" -c "$c" "${pol[@]}" "${disk[@]}" --prefetch token --paired \
         --timeline "${TIMELINE_DIR:-bench}/timeline_disk_token_$c.png"
 done
 
@@ -62,5 +65,9 @@ jq -rs '
      | "| \($r) | " + ($ctxs | map(. as $c | ($all[] | select(.label == $r and .ctx == $c)
          | "\(.decode_tokens_per_s * 10 | floor / 10)"
            + (if .store then " (wait \(.store.wait_ms * 100 | floor / 100) ms, hit \(.store.hit_rate * 100 | floor)%)" else "" end)))
+         | join(" | ")) + " |"),
+    ("| disk token ÷ RAM sparse, paired | " + ($ctxs | map(. as $c | ($all[]
+         | select(.label == "disk token" and .ctx == $c)
+         | "\(.paired.ratio * 100 | floor / 100)× (RAM sparse \(.paired.ram_tokens_per_s | floor))"))
          | join(" | ")) + " |")
 ' "$OUT"

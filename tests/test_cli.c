@@ -272,12 +272,48 @@ static void test_prompt_command(void **state)
     kvp_test_expect_error(cmd, "does not fit");
 }
 
+/* `bench --paired` decodes an untiered twin in alternating chunks and reports both rates; the
+ * ratio is the tiered time over the untiered one. */
+static void test_bench_paired(void **state)
+{
+    (void)state;
+    KVP_REQUIRE_CLI(cli);
+    const char *src = getenv("KVP_SOURCE_DIR");
+    char model[4096], cmd[10000], *out = NULL;
+    snprintf(model, sizeof(model), "%s/models/kvpred-default.gguf", src ? src : ".");
+    snprintf(cmd, sizeof(cmd), "%s bench -m %s -c 256 -n 8 --paired", cli, model);
+    kvp_test_expect_error(cmd, "need --kv-tier");
+    snprintf(cmd, sizeof(cmd),
+             "%s bench -m %s -c 512 -n 40 -r 2 --prefill 16 --policy quest --budget 1/8 "
+             "--kv-tier disk --hot-budget 96 --prefetch token --paired --json",
+             cli, model);
+    assert_int_equal(kvp_test_run(cmd, &out, 0), 0);
+    cJSON *j = cJSON_Parse(out);
+    assert_non_null(j);
+    cJSON *pj = cJSON_GetObjectItem(j, "paired");
+    assert_true(cJSON_IsObject(pj));
+    double ram = cJSON_GetObjectItem(pj, "ram_tokens_per_s")->valuedouble;
+    double ratio = cJSON_GetObjectItem(pj, "ratio")->valuedouble;
+    double med = cJSON_GetObjectItem(pj, "ratio_median")->valuedouble;
+    double tiered = cJSON_GetObjectItem(j, "decode_tokens_per_s")->valuedouble;
+    print_message("paired: tiered %.0f tokens/s, untiered %.0f, ratio %.3f (median %.3f)\n",
+                  tiered, ram, ratio, med);
+    /* tokens/s of each side come from the same seconds the ratio does (mean of the reps for
+     * the tiered side, hence the tolerance) */
+    assert_true(ram > 0 && ratio > 0 && med > 0);
+    assert_true(fabs(ratio - ram / tiered) < 0.1 * ratio);
+    assert_true(cJSON_GetObjectItem(j, "store")->child != NULL);
+    cJSON_Delete(j);
+    free(out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_perplexity),     cmocka_unit_test(test_cli_logits),
         cmocka_unit_test(test_generation),     cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_prompt_too_long),  cmocka_unit_test(test_prompt_command),
+        cmocka_unit_test(test_bench_paired),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -116,7 +116,8 @@ static double to_f16(double x, enum oracle_mode mode)
     return kvp_f16_to_f32(kvp_f32_to_f16(f));
 }
 
-static double *oracle_logits_as(const kvp_model *m, const int32_t *ids, int n, enum oracle_mode mode)
+static double *oracle_logits_as(const kvp_model *m, const int32_t *ids, int n,
+                                enum oracle_mode mode)
 {
     const struct kvp_hparams *hp = &m->hp;
     int D = hp->n_embd, hd = hp->head_dim, H = hp->n_head, KV = hp->n_head_kv, F = hp->n_ff;
@@ -240,7 +241,7 @@ static void check_reference_is_f16_kv(const kvp_model *m, const int32_t *ids, in
                   "|f16 KV - f16 KV nudged by 1 f32 ulp| = %.3g\n",
                   ref_f64, ref_f16, nudge);
     assert_true(pos0_f16 < 1e-4 && pos0_f64 > 1e-3); /* the reference rounds V to f16 */
-    assert_true(ref_f16 < ref_f64);                 /* and is closer to an f16 KV evaluation */
+    assert_true(ref_f16 < ref_f64);                  /* and is closer to an f16 KV evaluation */
     assert_true(nudge > 1e-3); /* one f32 ulp before rounding moves logits more than 1e-3 */
     free(f64), free(f16), free(f16n);
 }

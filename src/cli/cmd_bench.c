@@ -35,6 +35,16 @@
 static const char *const tier_names[] = {"none", "ram", "disk", NULL};
 static const char *const prefetch_names[] = {"default", "none", "dense", "layer", "token", NULL};
 
+/* --paired: decode tokens per turn of each context. Short enough that both see the same moments
+ * of a shared host, long enough that switching caches costs little. */
+#define PAIR_CHUNK 16
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
 static void help(void)
 {
     printf("usage: kvpred bench [-m MODEL] -c CTX -n N [-t T] [--json]\n\n"
@@ -56,8 +66,11 @@ static void help(void)
            "  --link-gbps X        RAM tier: model a link of X GB/s\n"
            "  --link-latency-us Y  RAM tier: and Y microseconds of latency per transfer\n"
            "  --timeline OUT.png   draw a timeline of four decode steps (tiered runs)\n"
+           "  --paired             tiered runs: also fill an untiered cache with the same policy\n"
+           "                       and decode the two in alternating chunks of %d tokens, so\n"
+           "                       both see the same host (JSON: paired)\n"
            "  --json               print one JSON object\n%s\n%s",
-           cli_policy_flags_help, cli_model_flags_help);
+           PAIR_CHUNK, cli_policy_flags_help, cli_model_flags_help);
 }
 
 /* Time spent inside a policy's per-step hooks: the policy's ops table is swapped for one whose
@@ -210,7 +223,7 @@ int cmd_bench(int argc, char **argv)
     struct cli_model_opts mo = {0};
     long n_decode = 128, n_prefill = 512, reps = 3, hot_budget = 0;
     double bandwidth = 0, link_gbps = 0, link_us = 0;
-    bool json = false;
+    bool json = false, paired = false;
     struct kvp_policy_params pp = {0};
     const char *budget_arg = NULL, *timeline = NULL;
     int tier = KVP_TIER_NONE, prefetch = KVP_PREFETCH_DEFAULT;
@@ -230,6 +243,7 @@ int cmd_bench(int argc, char **argv)
         CLI_FLOAT("--link-gbps", 0.001, 1e6, &link_gbps, "a positive GB/s value"),
         CLI_FLOAT("--link-latency-us", 0, 1e7, &link_us, "a latency in microseconds"),
         CLI_STR("--timeline", &timeline),
+        CLI_BOOL("--paired", &paired),
         CLI_BOOL("--json", &json),
         {0},
     };
@@ -249,9 +263,9 @@ int cmd_bench(int argc, char **argv)
     if (budget_arg && !pp.name)
         return cli_fail("--budget needs --policy");
     if (tier == KVP_TIER_NONE && (kv_dir || hot_budget || prefetch || link_gbps || link_us ||
-                                  timeline))
-        return cli_fail("--kv-dir, --hot-budget, --prefetch, --link-* and --timeline need "
-                        "--kv-tier");
+                                  timeline || paired))
+        return cli_fail("--kv-dir, --hot-budget, --prefetch, --link-*, --timeline and --paired "
+                        "need --kv-tier");
     if (!pp.name && tier != KVP_TIER_NONE && prefetch != KVP_PREFETCH_DENSE)
         cli_warn("without --policy every layer is dense and stays hot: nothing is tiered "
                  "unless --prefetch dense");
@@ -261,7 +275,8 @@ int cmd_bench(int argc, char **argv)
     int status = 1;
     int32_t *toks = NULL;
     float *logits = NULL;
-    kvp_ctx *ctx = NULL;
+    double *chunk_ratio = NULL;
+    kvp_ctx *ctx = NULL, *ram = NULL; /* ram: the untiered twin of --paired */
     kvp_model *m = cli_open_model(&mo);
     if (!m)
         return 1;
@@ -276,9 +291,18 @@ int cmd_bench(int argc, char **argv)
     struct kvp_err err = {0};
     if (pp.name && kvp_ctx_set_policy(ctx, &pp, &err) < 0)
         goto fail_err;
+    if (paired) {
+        struct kvp_ctx_params untiered = {0};
+        if (!(ram = open_ctx(m, &mo, cap, untiered)))
+            goto out;
+        if (pp.name && kvp_ctx_set_policy(ram, &pp, &err) < 0)
+            goto fail_err;
+    }
+    long n_chunks = (n_decode + PAIR_CHUNK - 1) / PAIR_CHUNK;
+    chunk_ratio = malloc((size_t)(reps * n_chunks) * sizeof(double));
     toks = malloc((size_t)cap * sizeof(int32_t));
     logits = malloc((size_t)in.n_vocab * sizeof(float));
-    if (!toks || !logits) {
+    if (!toks || !logits || !chunk_ratio) {
         cli_fail("out of memory");
         goto out;
     }
@@ -309,7 +333,10 @@ int cmd_bench(int argc, char **argv)
     if (kvp_eval(ctx, toks, (int)depth, logits, false, &err) < 0)
         goto fail_err;
     double fill_s = kvp_time_now() - t0;
-    double tg_sum = 0, tg_best = 0, decode_s = 0, decode_cpu = 0;
+    if (ram && kvp_eval(ram, toks, (int)depth, logits, false, &err) < 0)
+        goto fail_err;
+    double tg_sum = 0, tg_best = 0, decode_s = 0, decode_cpu = 0, ram_s = 0;
+    long n_ratio = 0;
     long tl0 = n_decode >= 12 ? 8 : 0, tl1 = tl0 + 4 < n_decode ? tl0 + 4 : n_decode;
     kvp_ctx_store_reset_stats(ctx);
     memset(hook_timer.sec, 0, sizeof(hook_timer.sec));
@@ -321,18 +348,34 @@ int cmd_bench(int argc, char **argv)
         } else {
             kvp_ctx_truncate(ctx, (int)depth);
         }
-        t0 = kvp_time_now();
-        double c0 = kvp_cpu_time();
-        for (long i = 0; i < n_decode; i++) {
-            if (timeline && r == 0 && i == tl0)
-                kvp_ctx_store_timeline(ctx, true);
-            if (kvp_eval(ctx, toks + depth + i, 1, logits, false, &err) < 0)
-                goto fail_err;
-            if (timeline && r == 0 && i + 1 == tl1)
-                kvp_ctx_store_timeline(ctx, false);
+        if (ram)
+            kvp_ctx_truncate(ram, (int)depth);
+        double dt = 0;
+        for (long i0 = 0; i0 < n_decode; i0 += PAIR_CHUNK) {
+            long i1 = i0 + PAIR_CHUNK < n_decode ? i0 + PAIR_CHUNK : n_decode;
+            t0 = kvp_time_now();
+            double c0 = kvp_cpu_time();
+            for (long i = i0; i < i1; i++) {
+                if (timeline && r == 0 && i == tl0)
+                    kvp_ctx_store_timeline(ctx, true);
+                if (kvp_eval(ctx, toks + depth + i, 1, logits, false, &err) < 0)
+                    goto fail_err;
+                if (timeline && r == 0 && i + 1 == tl1)
+                    kvp_ctx_store_timeline(ctx, false);
+            }
+            double t1 = kvp_time_now();
+            dt += t1 - t0;
+            decode_cpu += kvp_cpu_time() - c0;
+            if (!ram)
+                continue;
+            for (long i = i0; i < i1; i++)
+                if (kvp_eval(ram, toks + depth + i, 1, logits, false, &err) < 0)
+                    goto fail_err;
+            double t2 = kvp_time_now();
+            ram_s += t2 - t1;
+            chunk_ratio[n_ratio++] = (t1 - t0) / (t2 - t1);
         }
-        double dt = kvp_time_now() - t0, rate = n_decode / dt;
-        decode_cpu += kvp_cpu_time() - c0;
+        double rate = n_decode / dt;
         decode_s += dt;
         tg_sum += rate;
         tg_best = rate > tg_best ? rate : tg_best;
@@ -342,7 +385,6 @@ int cmd_bench(int argc, char **argv)
     double tg_mean = tg_sum / reps;
     double pol_ms = pp.name ? 1e3 * hook_seconds() / ((double)reps * n_decode) : 0;
     double cpu_ms = 1e3 * decode_cpu / ((double)reps * n_decode);
-    (void)decode_s;
     struct kvp_store_stats ss = {0};
     bool tiered = kvp_ctx_store_stats(ctx, &ss) == 0;
     if (timeline && kvp_ctx_store_timeline_png(ctx, timeline, &err) < 0)
@@ -425,6 +467,19 @@ int cmd_bench(int argc, char **argv)
             cJSON_AddItemToObject(o, "store", store_json(&ss));
         else
             cJSON_AddNullToObject(o, "store");
+        /* paired (--paired, else null): the same decode on an untiered cache, alternating:
+         *   ram_tokens_per_s   untiered decode tokens/s over the same tokens
+         *   ratio              tiered time / untiered time (1.2 = tiered 1.2x slower)
+         *   ratio_median       median of that ratio over the chunks of PAIR_CHUNK tokens */
+        if (ram) {
+            qsort(chunk_ratio, (size_t)n_ratio, sizeof(double), cmp_double);
+            cJSON *pj = cJSON_AddObjectToObject(o, "paired");
+            cJSON_AddNumberToObject(pj, "ram_tokens_per_s", (double)(reps * n_decode) / ram_s);
+            cJSON_AddNumberToObject(pj, "ratio", ram_s > 0 ? decode_s / ram_s : 0);
+            cJSON_AddNumberToObject(pj, "ratio_median", chunk_ratio[n_ratio / 2]);
+        } else {
+            cJSON_AddNullToObject(o, "paired");
+        }
         char *s = cJSON_PrintUnformatted(o);
         printf("%s\n", s);
         cJSON_free(s);
@@ -450,12 +505,21 @@ int cmd_bench(int argc, char **argv)
                    ss.compute_s / n * 1e3, ss.predict_s / n * 1e3, ss.wait_s / n * 1e3,
                    ss.transfer_s / n * 1e3, ss.hits / n, ss.misses / n, ss.bytes_read / n / 1e3);
         }
+        if (ram) {
+            qsort(chunk_ratio, (size_t)n_ratio, sizeof(double), cmp_double);
+            printf("paired   untiered %.1f tokens/s in alternating chunks of %d: tiered/untiered "
+                   "time %.3f (median chunk %.3f)\n",
+                   (double)(reps * n_decode) / ram_s, PAIR_CHUNK, decode_s / ram_s,
+                   chunk_ratio[n_ratio / 2]);
+        }
     }
     status = 0;
     goto out;
 fail_err:
     cli_fail_err(&err);
 out:
+    free(chunk_ratio);
+    kvp_ctx_free(ram);
     free(logits);
     free(toks);
     kvp_ctx_free(ctx);
