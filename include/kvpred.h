@@ -138,6 +138,8 @@ struct kvp_ctx_params {
     int prefetch;         /* enum kvp_prefetch [KVP_PREFETCH_TOKEN] */
     double link_gbps;     /* RAM tier: model a link of this bandwidth in GB/s [0: off] */
     double link_latency_us; /* RAM tier: and this latency per transfer in µs [0] */
+    bool kv_syscall_submit; /* disk tier: submit reads by syscall, not through a kernel thread
+                               that polls the ring [false: polling where the kernel allows] */
 };
 
 /* Where the whole KV cache lives when it is tiered (kvp_ctx_params.kv_tier). */
@@ -272,6 +274,7 @@ struct kvp_store_stats {
     size_t hot_bytes;       /* hot tier (including the prefill staging area) */
     size_t cold_bytes;      /* cold tier: the whole cache */
     size_t unit_bytes;      /* bytes of one unit */
+    bool sq_poll;           /* disk reads are picked up by a polling kernel thread */
 };
 
 /* 0 and stats filled, or KVP_EINVAL when the context is not tiered. */

@@ -11,9 +11,9 @@
 #   scripts/bench_store.sh [BUILD_DIR]      env: MODEL, POLICY (quest), CTXS, N (decode tokens),
 #                                                KV_DIR (/tmp), THREADS (1), OUT, AUX (predictor
 #                                                file, for POLICY=predictor), DISK_FLAGS (more
-#                                                flags for the tiered runs, e.g. --hot-budget N);
-#                                                KVP_NO_SQPOLL=1 submits disk reads by syscall
-#                                                instead of a polling kernel thread
+#                                                flags for the tiered runs, e.g. --hot-budget N,
+#                                                or --kv-syscall-submit: disk reads submitted by
+#                                                syscall instead of a polling kernel thread)
 # The disk tier's file is unnamed (O_TMPFILE) and read with O_DIRECT, so every read is a cold
 # read from the device, never the page cache.
 set -euo pipefail

@@ -137,6 +137,7 @@ struct run_cfg {
     const char *quest_opts; /* run quest with these options instead of the test double */
     const char *dir;
     double link_gbps, link_us;
+    bool syscall_submit;
 };
 
 #define N_ROWS 71 /* logits rows of run_sequence */
@@ -148,7 +149,8 @@ static float *run_sequence(const struct run_cfg *rc, struct kvp_store_stats *sta
     struct kvp_ctx_params cp = {.n_ctx = 256, .n_threads = 2, .n_batch = 64,
                                 .kv_tier = rc->tier, .kv_dir = rc->dir,
                                 .hot_budget = rc->hot_budget, .prefetch = rc->prefetch,
-                                .link_gbps = rc->link_gbps, .link_latency_us = rc->link_us};
+                                .link_gbps = rc->link_gbps, .link_latency_us = rc->link_us,
+                                .kv_syscall_submit = rc->syscall_submit};
     kvp_ctx *c = NULL;
     struct kvp_err err = {0};
     int rc0 = kvp_ctx_init(model, &cp, &c, &err);
@@ -553,11 +555,18 @@ static void test_logits_equal(void **state)
                 assert_true(st.misses > 0 && st.prefetched == 0);
             free(lg);
         }
-    /* a roomy hot tier and the whole model dense: still equal */
+    /* a roomy hot tier and the whole model dense: still equal; and with syscall submissions,
+     * which the stats then report */
     struct run_cfg roomy = {.tier = KVP_TIER_DISK, .prefetch = KVP_PREFETCH_TOKEN,
                             .sparse = true, .dir = d};
     float *lg = run_sequence(&roomy, NULL);
     assert_true(max_diff(ref, lg, (size_t)N_ROWS * VOCAB) == 0.0);
+    free(lg);
+    roomy.syscall_submit = true;
+    struct kvp_store_stats st;
+    lg = run_sequence(&roomy, &st);
+    assert_true(max_diff(ref, lg, (size_t)N_ROWS * VOCAB) == 0.0);
+    assert_false(st.sq_poll);
     free(lg);
     struct run_cfg dense0 = {0}, dense1 = {.tier = KVP_TIER_DISK, .prefetch = KVP_PREFETCH_DENSE,
                                           .dir = d};

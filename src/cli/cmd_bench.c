@@ -66,6 +66,8 @@ static void help(void)
            "  --link-gbps X        RAM tier: model a link of X GB/s\n"
            "  --link-latency-us Y  RAM tier: and Y microseconds of latency per transfer\n"
            "  --timeline OUT.png   draw a timeline of four decode steps (tiered runs)\n"
+           "  --kv-syscall-submit  disk tier: submit reads by syscall instead of through a\n"
+           "                       kernel thread polling the ring (store.sq_poll says which ran)\n"
            "  --paired             tiered runs: also fill an untiered cache with the same policy\n"
            "                       and decode the two in alternating chunks of %d tokens, so\n"
            "                       both see the same host (JSON: paired)\n"
@@ -198,6 +200,7 @@ static cJSON *store_json(const struct kvp_store_stats *s)
     cJSON_AddNumberToObject(o, "hot_bytes", (double)s->hot_bytes);     /* hot tier + staging */
     cJSON_AddNumberToObject(o, "cold_bytes", (double)s->cold_bytes);   /* the whole cache */
     cJSON_AddNumberToObject(o, "unit_bytes", (double)s->unit_bytes);   /* one (layer, block) */
+    cJSON_AddBoolToObject(o, "sq_poll", s->sq_poll); /* disk reads go through a polling thread */
     cJSON_AddNumberToObject(o, "step_ms", s->step_s / n * 1e3);        /* mean wall per token */
     cJSON_AddNumberToObject(o, "compute_ms", s->compute_s / n * 1e3);  /* step - predict - wait */
     cJSON_AddNumberToObject(o, "predict_ms", s->predict_s / n * 1e3);  /* next-step prediction */
@@ -223,7 +226,7 @@ int cmd_bench(int argc, char **argv)
     struct cli_model_opts mo = {0};
     long n_decode = 128, n_prefill = 512, reps = 3, hot_budget = 0;
     double bandwidth = 0, link_gbps = 0, link_us = 0;
-    bool json = false, paired = false;
+    bool json = false, paired = false, syscall_submit = false;
     struct kvp_policy_params pp = {0};
     const char *budget_arg = NULL, *timeline = NULL;
     int tier = KVP_TIER_NONE, prefetch = KVP_PREFETCH_DEFAULT;
@@ -244,6 +247,7 @@ int cmd_bench(int argc, char **argv)
         CLI_FLOAT("--link-latency-us", 0, 1e7, &link_us, "a latency in microseconds"),
         CLI_STR("--timeline", &timeline),
         CLI_BOOL("--paired", &paired),
+        CLI_BOOL("--kv-syscall-submit", &syscall_submit),
         CLI_BOOL("--json", &json),
         {0},
     };
@@ -263,15 +267,16 @@ int cmd_bench(int argc, char **argv)
     if (budget_arg && !pp.name)
         return cli_fail("--budget needs --policy");
     if (tier == KVP_TIER_NONE && (kv_dir || hot_budget || prefetch || link_gbps || link_us ||
-                                  timeline || paired))
-        return cli_fail("--kv-dir, --hot-budget, --prefetch, --link-*, --timeline and --paired "
-                        "need --kv-tier");
+                                  timeline || paired || syscall_submit))
+        return cli_fail("--kv-dir, --hot-budget, --prefetch, --link-*, --timeline, --paired and "
+                        "--kv-syscall-submit need --kv-tier");
     if (!pp.name && tier != KVP_TIER_NONE && prefetch != KVP_PREFETCH_DENSE)
         cli_warn("without --policy every layer is dense and stays hot: nothing is tiered "
                  "unless --prefetch dense");
     struct kvp_ctx_params cp = {.kv_tier = tier, .kv_dir = kv_dir, .hot_budget = (int)hot_budget,
                                 .prefetch = prefetch, .link_gbps = link_gbps,
-                                .link_latency_us = link_us};
+                                .link_latency_us = link_us,
+                                .kv_syscall_submit = syscall_submit};
     int status = 1;
     int32_t *toks = NULL;
     float *logits = NULL;
@@ -462,7 +467,9 @@ int cmd_bench(int argc, char **argv)
          *   prefetched      units read ahead of need
          *   overflow        units read past a full hot tier (raise --hot-budget if not 0)
          *   bytes_read, bytes_written, reads   cold-tier traffic and I/O requests
-         *   misaligned      disk requests not 4 KiB aligned (total; always 0) */
+         *   misaligned      disk requests not 4 KiB aligned (total; always 0)
+         *   sq_poll         disk tier: a kernel thread polls the ring for reads (false: the
+         *                   kernel refused it, or --kv-syscall-submit) */
         if (tiered)
             cJSON_AddItemToObject(o, "store", store_json(&ss));
         else

@@ -562,9 +562,10 @@ int kvp_store_init(const struct kvp_ctx_params *p, struct kvp_kvcache *kv, int n
          * (page pinning, bio set-up, the doorbell) on another core instead of the decode
          * thread; where it is refused (old kernel, no privilege), submissions are syscalls */
         struct io_uring_params up = {.flags = IORING_SETUP_SQPOLL, .sq_thread_idle = 20};
-        int e = getenv("KVP_NO_SQPOLL") ? -1
-                                        : io_uring_queue_init_params(KVP_STORE_MAX_XFER, s->ring,
-                                                                     &up);
+        int e = p->kv_syscall_submit
+                    ? -1
+                    : io_uring_queue_init_params(KVP_STORE_MAX_XFER, s->ring, &up);
+        s->st.sq_poll = e >= 0;
         if (e < 0)
             e = io_uring_queue_init(KVP_STORE_MAX_XFER, s->ring, 0);
         if (e < 0) {

@@ -25,6 +25,7 @@ void kvp_ctx_store_reset_stats(kvp_ctx *c)
     s->st.hot_bytes = keep.hot_bytes;
     s->st.cold_bytes = keep.cold_bytes;
     s->st.unit_bytes = keep.unit_bytes;
+    s->st.sq_poll = keep.sq_poll;
 }
 
 void kvp_ctx_store_timeline(kvp_ctx *c, bool on)
