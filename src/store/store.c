@@ -17,6 +17,10 @@
 #include "policy/policy.h"
 
 #define MAX_RUN 256 /* units per transfer record (1 MiB for 4 KiB units) */
+/* A wait polls the completion queue this long before it sleeps in the kernel: a few reads take
+ * tens to hundreds of microseconds, and the decode thread has nothing else to do meanwhile, so
+ * the sleep would only add a wake-up to each wait. */
+#define SPIN_SECONDS 1e-3
 
 /* ==================================== small helpers ======================================= */
 
@@ -204,8 +208,12 @@ static int reap(struct kvp_store *s, bool wait)
         struct io_uring_cqe *cqe;
         if (wait) {
             int rc;
-            while ((rc = io_uring_wait_cqe(s->ring, &cqe)) == -EINTR)
+            double give_up = kvp_time_now() + SPIN_SECONDS;
+            while ((rc = io_uring_peek_cqe(s->ring, &cqe)) == -EAGAIN && kvp_time_now() < give_up)
                 ;
+            if (rc != 0)
+                while ((rc = io_uring_wait_cqe(s->ring, &cqe)) == -EINTR)
+                    ;
             if (rc < 0) /* the ring itself failed: fail every request still in flight */
                 for (int i = 0; i < KVP_STORE_MAX_XFER; i++)
                     if (s->xfer[i].busy) {
@@ -237,15 +245,26 @@ static int reap(struct kvp_store *s, bool wait)
     return n;
 }
 
+static void submit_deferred(struct kvp_store *s);
+
 void kvp_store_drain(struct kvp_store *s)
 {
+    submit_deferred(s);
     while (s->n_inflight > 0)
         reap(s, true);
 }
 
-/* Start one transfer between slots [s0, s0+n) and cold units (layer, [b0, b0+n)). */
+/* Start one transfer between slots [s0, s0+n) and cold units (layer, [b0, b0+n)); a prefetch
+ * read is only queued (struct kvp_store, deferred). */
 static void submit(struct kvp_store *s, int layer, int b0, int s0, int n, bool write)
 {
+    if (s->deferring && !write) {
+        for (int i = 0; i < n; i++)
+            s->slot_state[s0 + i] = KVP_SLOT_LOADING;
+        s->deferred[s->n_deferred++] =
+            (struct kvp_store_run){.layer = layer, .b0 = b0, .s0 = s0, .n = n};
+        return;
+    }
     int id = -1;
     for (;;) {
         for (int i = 0; i < KVP_STORE_MAX_XFER && id < 0; i++)
@@ -304,8 +323,21 @@ static void submit(struct kvp_store *s, int layer, int b0, int s0, int n, bool w
     s->n_unsubmitted++;
 }
 
+/* Start the queued prefetch reads, in the order they were planned. */
+static void submit_deferred(struct kvp_store *s)
+{
+    int n = s->n_deferred;
+    s->n_deferred = 0;
+    for (int i = 0; i < n; i++)
+        submit(s, s->deferred[i].layer, s->deferred[i].b0, s->deferred[i].s0, s->deferred[i].n,
+               false);
+    flush(s);
+}
+
 static void wait_slot(struct kvp_store *s, int slot)
 {
+    if (s->slot_state[slot] == KVP_SLOT_LOADING && s->n_deferred > 0)
+        submit_deferred(s); /* it may be one of them */
     while (s->slot_state[slot] == KVP_SLOT_LOADING)
         reap(s, true);
 }
@@ -595,6 +627,9 @@ static void free_hot(struct kvp_store *s)
     free(s->slot_state);
     free(s->slot_writing);
     free(s->slot_use);
+    free(s->deferred);
+    s->deferred = NULL;
+    s->n_deferred = 0;
     s->hot = NULL;
     s->slot_blk = NULL;
     s->slot_state = s->slot_writing = NULL;
@@ -694,7 +729,9 @@ int kvp_store_configure(struct kvp_store *s, int dense_layers, int hot_blocks,
     s->slot_state = malloc((size_t)n);
     s->slot_writing = calloc((size_t)n, 1);
     s->slot_use = calloc((size_t)n, sizeof(uint64_t));
-    if (!s->hot || !s->slot_blk || !s->slot_state || !s->slot_writing || !s->slot_use) {
+    s->deferred = malloc((size_t)n * sizeof(*s->deferred)); /* a slot is in one run at most */
+    if (!s->hot || !s->slot_blk || !s->slot_state || !s->slot_writing || !s->slot_use ||
+        !s->deferred) {
         free_hot(s);
         return kvp_err_set(err, KVP_ENOMEM, "cannot allocate the hot KV tier (%zu MiB)",
                            (size_t)n * s->unit_bytes >> 20);
@@ -891,6 +928,7 @@ void kvp_store_step_begin(struct kvp_store *s, int n_tokens)
 void kvp_store_step_end(struct kvp_store *s)
 {
     clear_overflow(s);
+    submit_deferred(s);
     int nb = newest_block(s);
     /* Write-through once the block is full. Until then it is the newest block, pinned hot, so
      * its cold copy is never read: a truncation either keeps it (and it stays newest and hot)
@@ -962,6 +1000,7 @@ void kvp_store_acquire(struct kvp_store *s, int layer, const struct kvp_sel *sel
         s->st.overflow += (uint64_t)left;
         flush(s);
     }
+    submit_deferred(s); /* the prefetches planned since the last acquire queue behind the misses */
     if (!stalled)
         return;
     for (int b = 0; b <= last; b++) {
@@ -981,7 +1020,9 @@ void kvp_store_prefetch(struct kvp_store *s, int layer, const struct kvp_sel *se
     if (!s->tiered[layer] || s->mode == KVP_PREFETCH_DENSE || identity_layer(s, layer))
         return;
     int n = predicted_missing(s, layer, sels, n_keys);
+    s->deferring = true;
     int left = read_blocks(s, layer, s->list, n, false);
+    s->deferring = false;
     s->st.prefetched += (uint64_t)(n - left);
 }
 

@@ -42,6 +42,10 @@
  * what attention selected, on demand; layer prefetches layer l+1's predicted blocks when layer
  * l starts; token prefetches layer l's predicted blocks for the next token right after layer l
  * of this token. A needed unit that is not hot nor in flight is a miss, fetched synchronously.
+ * Prefetch reads are planned (slots taken, marked loading) when predicted but started only at
+ * the next acquire, right after its misses, or at the end of the step: the device serves
+ * requests about in order, and a miss stalls the decode thread while a prefetch does not. A
+ * wait for a unit still queued starts the queue first.
  * In layer and token mode the end of a prompt copies the first decode step's predicted blocks
  * into the hot tier from the staging area, so decoding does not start cold. Write-through: the
  * newest block of each tiered layer goes to the cold tier at the end of the step that fills it
@@ -93,6 +97,11 @@ struct kvp_store_xfer {
     double t_submit, t_done;
 };
 
+/* A prefetch read planned but not started: hot slots [s0, s0+n) <- units (layer, [b0, b0+n)). */
+struct kvp_store_run {
+    int layer, b0, s0, n;
+};
+
 enum kvp_slot_state { KVP_SLOT_EMPTY = 0, KVP_SLOT_LOADING = 1, KVP_SLOT_READY = 2 };
 
 struct kvp_store {
@@ -129,6 +138,11 @@ struct kvp_store {
     uint32_t mark_id;
     uint64_t tick;
     int32_t *list;         /* [max_blocks] scratch: blocks to fetch */
+    struct kvp_store_run *deferred; /* [n_slot] prefetch reads queued until the next layer's
+                              misses are submitted (or the step ends), so that a miss, which
+                              the decode thread waits for, is never queued behind them */
+    int n_deferred;
+    bool deferring;        /* submit() queues reads instead of starting them */
     int32_t *ovf;          /* [max_blocks] blocks of ovf_layer read into the staging area
                               because the layer's hot slots were all needed */
     int n_ovf;
