@@ -41,6 +41,9 @@
  *   accuracy        number  mean string_match_all in [0, 1]
  *   exact           number  fraction of samples with every reference found
  *   seconds         number  wall time of the cell
+ *   kv_resident_bytes number mean KV bytes (K and V, all layers) in the physical blocks the
+ *                           cache held after the answer (kvp_ctx_kv_bytes)
+ *   kv_kept_bytes   number  mean bytes of the live tokens themselves
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -213,6 +216,7 @@ struct run {
     struct kvp_policy_params pp;
     const char *label;
     double *score, *exact, *ptok, *secs; /* [n_len][n_depth] sums */
+    double *resident, *kept;             /* the same: KV bytes held after the answer */
 };
 
 static int argmax(const float *x, int n)
@@ -299,6 +303,11 @@ static void json_cell(const struct task_opts *o, const char *model_name, const s
     cJSON_AddNumberToObject(j, "accuracy", r->score[c] / ns);
     cJSON_AddNumberToObject(j, "exact", r->exact[c] / ns);
     cJSON_AddNumberToObject(j, "seconds", r->secs[c]);
+    /* KV memory the policy really held once the answer was decoded (means over the samples):
+     * bytes of the physical blocks with live tokens, and of the live tokens themselves. A policy
+     * that only reads a subset (quest, or CateKV's adaptive heads) holds the whole cache. */
+    cJSON_AddNumberToObject(j, "kv_resident_bytes", r->resident[c] / ns);
+    cJSON_AddNumberToObject(j, "kv_kept_bytes", r->kept[c] / ns);
     char *s = cJSON_PrintUnformatted(j);
     if (s)
         printf("%s\n", s);
@@ -389,15 +398,19 @@ static void print_table(const struct task_opts *o, const struct run *runs, int n
     FILE *f = o->json ? stderr : stdout;
     fprintf(f, "# %s: %s, %ld samples per (length, depth) x %d depths, seed %ld\n", model_name,
             eval_tasks[o->ti].name, o->samples, o->n_depth, o->seed);
-    fprintf(f, "%-16s %-12s %7s %7s %9s\n", "task", "policy", "budget", "length", "accuracy");
+    fprintf(f, "%-16s %-12s %7s %7s %9s %12s\n", "task", "policy", "budget", "length",
+            "accuracy", "KV resident");
     for (int k = 0; k < n_runs; k++)
         for (int li = 0; li < o->n_len; li++) {
-            double s = 0.0;
-            for (int di = 0; di < o->n_depth; di++)
+            double s = 0.0, res = 0.0;
+            for (int di = 0; di < o->n_depth; di++) {
                 s += runs[k].score[li * o->n_depth + di];
-            fprintf(f, "%-16s %-12s %7s %7ld %8.1f%%\n", eval_tasks[o->ti].name,
-                    runs[k].pp.name, runs[k].label, o->lengths[li],
-                    100.0 * s / (double)(o->samples * o->n_depth));
+                res += runs[k].resident[li * o->n_depth + di];
+            }
+            double n = (double)(o->samples * o->n_depth);
+            fprintf(f, "%-16s %-12s %7s %7ld %8.1f%% %9.0f KiB\n", eval_tasks[o->ti].name,
+                    runs[k].pp.name, runs[k].label, o->lengths[li], 100.0 * s / n,
+                    res / n / 1024.0);
         }
     fflush(f);
 }
@@ -453,6 +466,10 @@ static int eval_grid(const struct task_opts *o, const kvp_model *m, kvp_ctx *ctx
                     runs[k].exact[cidx] += s >= 1.0;
                     runs[k].ptok[cidx] += (double)n;
                     runs[k].secs[cidx] += now_s() - t0;
+                    size_t resident, kept;
+                    kvp_ctx_kv_bytes(ctx, &resident, &kept);
+                    runs[k].resident[cidx] += (double)resident;
+                    runs[k].kept[cidx] += (double)kept;
                 }
                 kvp_task_text_free(&tt);
                 done++;
@@ -485,7 +502,7 @@ static int make_runs(const struct task_opts *o, struct run **out)
             r->label = full ? "all" : o->budgets[k];
             if (!full)
                 cli_parse_budget(o->budgets[k], &r->pp.budget, &r->pp.budget_ratio);
-            r->score = calloc((size_t)cells * 4, sizeof(double));
+            r->score = calloc((size_t)cells * 6, sizeof(double));
             if (!r->score) {
                 *out = runs;
                 return -(n + 1);
@@ -493,6 +510,8 @@ static int make_runs(const struct task_opts *o, struct run **out)
             r->exact = r->score + cells;
             r->ptok = r->exact + cells;
             r->secs = r->ptok + cells;
+            r->resident = r->secs + cells;
+            r->kept = r->resident + cells;
         }
     }
     *out = runs;
