@@ -193,6 +193,7 @@ static void test_cli(void **state)
              cli, model, filler, dir);
     assert_int_equal(kvp_test_run(cmd, &out, 0), 0);
     int rows = 0;
+    double full_kv[2][3] = {{0}}, stream_kv[2][3] = {{0}}; /* [length][depth]: 64-token budget */
     for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n"), rows++) {
         cJSON *j = cJSON_Parse(line);
         assert_non_null(j);
@@ -204,9 +205,23 @@ static void test_cli(void **state)
         assert_true(pt <= len && pt > len / 2);
         assert_non_null(cJSON_GetObjectItem(j, "depth"));
         assert_non_null(cJSON_GetObjectItem(j, "budget_tokens"));
+        double kv = cJSON_GetObjectItem(j, "kv_resident_bytes")->valuedouble;
+        assert_true(kv > 0 && cJSON_GetObjectItem(j, "kv_kept_bytes")->valuedouble <= kv);
+        int li = len == 256 ? 0 : 1, di = cJSON_GetObjectItem(j, "depth")->valueint / 50;
+        const char *pol = cJSON_GetObjectItem(j, "policy")->valuestring;
+        if (!strcmp(pol, "full"))
+            full_kv[li][di] = kv;
+        else if (!strcmp(cJSON_GetObjectItem(j, "budget")->valuestring, "64"))
+            stream_kv[li][di] = kv;
         cJSON_Delete(j);
     }
     assert_int_equal(rows, 3 * 2 * 3); /* (full + 2 budgets) x 2 lengths x 3 depths */
+    /* streaming evicts: it holds less than the full cache, and its 64-token window does not grow
+     * with the prompt (the dense layers do, which the full cache shows) */
+    for (int li = 0; li < 2; li++)
+        for (int di = 0; di < 3; di++)
+            assert_true(stream_kv[li][di] > 0 && stream_kv[li][di] < full_kv[li][di]);
+    assert_true(full_kv[1][1] > full_kv[0][1]);
     free(out);
     static const char *const pngs[] = {"niah_single_full_all.png", "niah_single_streaming_64.png",
                                        "niah_single_streaming_1_4.png", "niah_single_all.png"};
