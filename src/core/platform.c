@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -79,6 +80,24 @@ void *kvp_alloc_aligned(size_t size)
 void kvp_free_aligned(void *p)
 {
     free(p);
+}
+
+void *kvp_alloc_huge(size_t size, size_t align)
+{
+    if (size == 0 || size > SIZE_MAX - align)
+        return NULL;
+    size_t rounded = (size + align - 1) & ~(align - 1);
+    void *p = aligned_alloc(align, rounded);
+    /* advice on the page-aligned span; where THP is off or refused, plain pages (measured:
+     * the disk tier at 32K went from 1.27-1.34x to 1.17-1.25x the untiered time, README) */
+    const uintptr_t page = 4096, huge = 2u << 20;
+    if (p && rounded >= huge) {
+        uintptr_t a = ((uintptr_t)p + page - 1) & ~(page - 1);
+        uintptr_t e = ((uintptr_t)p + rounded) & ~(page - 1);
+        if (e > a)
+            madvise((void *)a, e - a, MADV_HUGEPAGE);
+    }
+    return p;
 }
 
 int kvp_cpu_features(void)

@@ -30,6 +30,12 @@ double kvp_cpu_time(void);
 void *kvp_alloc_aligned(size_t size);
 void kvp_free_aligned(void *p);
 
+/* align-byte aligned allocation (align a power of two >= 64, size rounded up to a multiple of
+ * it) for large buffers read in scattered blocks, the KV cache and the tiered store's tiers:
+ * the kernel is asked to back them with transparent huge pages, so that the hundreds of
+ * blocks a decode step reads do not each miss the TLB. Freed with kvp_free_aligned. */
+void *kvp_alloc_huge(size_t size, size_t align);
+
 enum kvp_cpu_feature {
     KVP_CPU_AVX2 = 1 << 0,    /* AVX2 + FMA + F16C */
     KVP_CPU_AVX512 = 1 << 1,  /* AVX-512 F, BW, VL, DQ */

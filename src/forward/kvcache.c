@@ -30,8 +30,8 @@ static int kvcache_init(struct kvp_kvcache *c, int n_layer, int n_head_kv, int h
         return kvp_err_set(err, KVP_ENOMEM, "KV cache size overflows");
     c->n_pool = external ? 0 : (int)n_tab;
     if (!external) {
-        c->k_pool = kvp_alloc_aligned(bytes);
-        c->v_pool = kvp_alloc_aligned(bytes);
+        c->k_pool = kvp_alloc_huge(bytes, 64);
+        c->v_pool = kvp_alloc_huge(bytes, 64);
     }
     c->table = malloc(n_tab * sizeof(int32_t));
     c->evicted = calloc(n_tab, sizeof(uint64_t));

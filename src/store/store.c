@@ -24,12 +24,6 @@
 
 /* ==================================== small helpers ======================================= */
 
-static void *alloc_4k(size_t bytes)
-{
-    size_t n = (bytes + KVP_STORE_ALIGN - 1) / KVP_STORE_ALIGN * KVP_STORE_ALIGN;
-    return n ? aligned_alloc(KVP_STORE_ALIGN, n) : NULL;
-}
-
 static uint8_t *slot_ptr(const struct kvp_store *s, int slot)
 {
     return s->hot + (size_t)slot * s->unit_bytes;
@@ -621,7 +615,7 @@ fail:
 
 static void free_hot(struct kvp_store *s)
 {
-    free(s->hot);
+    kvp_free_aligned(s->hot);
     s->cold = NULL;
     free(s->slot_blk);
     free(s->slot_state);
@@ -724,7 +718,7 @@ int kvp_store_configure(struct kvp_store *s, int dense_layers, int hot_blocks,
      * (kvp_store_map_cold) */
     size_t hot_bytes = (size_t)n * s->unit_bytes;
     size_t bytes = hot_bytes + (s->tier == KVP_TIER_RAM ? s->cold_bytes : 0);
-    s->hot = alloc_4k(bytes);
+    s->hot = kvp_alloc_huge(bytes, KVP_STORE_ALIGN);
     s->slot_blk = malloc((size_t)n * sizeof(int32_t));
     s->slot_state = malloc((size_t)n);
     s->slot_writing = calloc((size_t)n, 1);
