@@ -11,9 +11,9 @@
  * per-head unit of a tiny model would be under the 4 KiB minimum; the price is that a step moves
  * the union of its KV heads' selections.
  *
- * Cold tier. [layer][block][unit], the whole context, in RAM (4 KiB aligned, huge-page advised) or in
- * a file opened with O_TMPFILE | O_DIRECT under kv_dir (falling back to mkstemp + unlink), so
- * the file has no name while it is used and disappears with the process, Ctrl-C included. The
+ * Cold tier. [layer][block][unit], the whole context, in RAM (4 KiB aligned, huge-page advised)
+ * or in a file opened with O_TMPFILE | O_DIRECT under kv_dir (falling back to mkstemp + unlink),
+ * so the file has no name while it is used and disappears with the process, Ctrl-C included. The
  * file is reserved with fallocate up front: a full disk is one clear error at context creation,
  * not a failed write in the middle of decoding.
  *
