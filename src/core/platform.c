@@ -88,8 +88,8 @@ void *kvp_alloc_huge(size_t size, size_t align)
         return NULL;
     size_t rounded = (size + align - 1) & ~(align - 1);
     void *p = aligned_alloc(align, rounded);
-    /* advice on the page-aligned span; where THP is off or refused, plain pages (measured:
-     * the disk tier at 32K went from 1.27-1.34x to 1.17-1.25x the untiered time, README) */
+    /* advice on the page-aligned span; where THP is off or refused, plain pages (why it
+     * matters, measured on the tiered store: README, "Tiered KV store") */
     const uintptr_t page = 4096, huge = 2u << 20;
     if (p && rounded >= huge) {
         uintptr_t a = ((uintptr_t)p + page - 1) & ~(page - 1);
