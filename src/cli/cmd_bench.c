@@ -392,6 +392,14 @@ int cmd_bench(int argc, char **argv)
     double cpu_ms = 1e3 * decode_cpu / ((double)reps * n_decode);
     struct kvp_store_stats ss = {0};
     bool tiered = kvp_ctx_store_stats(ctx, &ss) == 0;
+    /* --paired: the twin's rate, the time ratio over every chunk, and its median chunk */
+    double pair_rate = 0, pair_ratio = 0, pair_median = 0;
+    if (ram) {
+        qsort(chunk_ratio, (size_t)n_ratio, sizeof(double), cmp_double);
+        pair_rate = (double)(reps * n_decode) / ram_s;
+        pair_ratio = ram_s > 0 ? decode_s / ram_s : 0;
+        pair_median = chunk_ratio[n_ratio / 2];
+    }
     if (timeline && kvp_ctx_store_timeline_png(ctx, timeline, &err) < 0)
         goto fail_err;
     if (bandwidth <= 0)
@@ -479,11 +487,10 @@ int cmd_bench(int argc, char **argv)
          *   ratio              tiered time / untiered time (1.2 = tiered 1.2x slower)
          *   ratio_median       median of that ratio over the chunks of PAIR_CHUNK tokens */
         if (ram) {
-            qsort(chunk_ratio, (size_t)n_ratio, sizeof(double), cmp_double);
             cJSON *pj = cJSON_AddObjectToObject(o, "paired");
-            cJSON_AddNumberToObject(pj, "ram_tokens_per_s", (double)(reps * n_decode) / ram_s);
-            cJSON_AddNumberToObject(pj, "ratio", ram_s > 0 ? decode_s / ram_s : 0);
-            cJSON_AddNumberToObject(pj, "ratio_median", chunk_ratio[n_ratio / 2]);
+            cJSON_AddNumberToObject(pj, "ram_tokens_per_s", pair_rate);
+            cJSON_AddNumberToObject(pj, "ratio", pair_ratio);
+            cJSON_AddNumberToObject(pj, "ratio_median", pair_median);
         } else {
             cJSON_AddNullToObject(o, "paired");
         }
@@ -512,13 +519,10 @@ int cmd_bench(int argc, char **argv)
                    ss.compute_s / n * 1e3, ss.predict_s / n * 1e3, ss.wait_s / n * 1e3,
                    ss.transfer_s / n * 1e3, ss.hits / n, ss.misses / n, ss.bytes_read / n / 1e3);
         }
-        if (ram) {
-            qsort(chunk_ratio, (size_t)n_ratio, sizeof(double), cmp_double);
+        if (ram)
             printf("paired   untiered %.1f tokens/s in alternating chunks of %d: tiered/untiered "
                    "time %.3f (median chunk %.3f)\n",
-                   (double)(reps * n_decode) / ram_s, PAIR_CHUNK, decode_s / ram_s,
-                   chunk_ratio[n_ratio / 2]);
-        }
+                   pair_rate, PAIR_CHUNK, pair_ratio, pair_median);
     }
     status = 0;
     goto out;
