@@ -70,69 +70,155 @@ static inline void prefetch_block(const float *p, size_t n)
         __builtin_prefetch((const char *)p + o);
 }
 
+/* Whether selected block i of sel may be read for keys [0, n_keys), and which of its tokens
+ * (bit t), after eviction and the end of the cache; 0 when nothing in it is readable. */
+static uint64_t readable_tokens(const struct kvp_kvcache *kv, int l, int kvh, int n_keys,
+                                const struct kvp_sel *sel, int i)
+{
+    const int bs = kv->block_size, last = (n_keys - 1) / bs, b = sel->blocks[i];
+    if (b > last)
+        return 0;
+    uint64_t m = sel->mask[i] & ~kvp_kvcache_evicted(kv, l, kvh, b);
+    if (b == last && n_keys % bs)
+        m &= (1ULL << (n_keys % bs)) - 1;
+    return m;
+}
+
+/* Reduce selected block i on its own, for the g query heads: the scores go to probs[j][i*bs..]
+ * and are replaced by e_t = exp(s_t - bmax_j), bmax[j * ab->bmax_stride + i] = bmax_j (-inf when
+ * nothing is readable, and then e = 0), o[j][hd] = Σ_t e_t·v_t, and l[j] = Σ_t e_t. */
+static void reduce_block(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
+                         int n_keys, const struct kvp_sel *sel, int i, float *probs,
+                         int probs_stride, struct kvp_attn_blocks *ab, float *o, int o_stride,
+                         float *lsum)
+{
+    const struct kvp_simd_ops *ops = kvp_simd();
+    const int hd = kv->head_dim, bs = kv->block_size, b = sel->blocks[i];
+    const float scale = 1.0f / sqrtf((float)hd);
+    const float *kt = kvp_kvcache_kblock(kv, l, kvh, b);
+    const float *vb = kvp_kvcache_vblock(kv, l, kvh, b);
+    uint64_t m = kt && vb ? readable_tokens(kv, l, kvh, n_keys, sel, i) : 0;
+    int nt = b == (n_keys - 1) / bs ? n_keys - b * bs : bs;
+    for (int j = 0; j < g; j++) {
+        float *s = probs + (size_t)j * probs_stride + (size_t)i * bs;
+        float *oj = o + (size_t)j * o_stride;
+        float *bm = &ab->bmax[(size_t)j * ab->bmax_stride + i];
+        memset(oj, 0, (size_t)hd * sizeof(float));
+        if (!m) {
+            memset(s, 0, (size_t)bs * sizeof(float));
+            *bm = -INFINITY;
+            lsum[j] = 0.0f;
+            continue;
+        }
+        ops->block_scores(q + (size_t)j * hd, kt, hd, bs, scale, s);
+        float mx = -INFINITY;
+        for (int t = 0; t < bs; t++) {
+            if (!((m >> t) & 1))
+                s[t] = -INFINITY;
+            else if (s[t] > mx)
+                mx = s[t];
+        }
+        *bm = mx;
+        lsum[j] = ops->exp_sum(s, bs, mx);
+        ops->block_accum(s, vb, hd, nt, oj);
+    }
+}
+
+void kvp_attn_sparse_early(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
+                           int n_keys, const struct kvp_sel *sel, const uint8_t *pending,
+                           float *probs, int probs_stride, struct kvp_attn_blocks *ab)
+{
+    const int hd = kv->head_dim;
+    ab->n = 0;
+    for (int i = 0; i < sel->n && ab->n < ab->cap; i++) {
+        if (pending[sel->blocks[i]])
+            continue;
+        for (int nx = i + 1; nx < sel->n; nx++)
+            if (!pending[sel->blocks[nx]]) {
+                prefetch_block(kvp_kvcache_kblock(kv, l, kvh, sel->blocks[nx]), kv->block_floats);
+                prefetch_block(kvp_kvcache_vblock(kv, l, kvh, sel->blocks[nx]), kv->block_floats);
+                break;
+            }
+        int k = ab->n++;
+        ab->idx[k] = i;
+        reduce_block(kv, l, kvh, q, g, n_keys, sel, i, probs, probs_stride, ab,
+                     ab->o + (size_t)k * hd, ab->cap * hd, ab->lsum + (size_t)k * g);
+    }
+}
+
+/* Fold one block's state (max m, exp-sum ls, value sum o) into the running one (M, L, O). */
+static void merge_block(float *M, float *L, float *O, float m, float ls, const float *o, int hd)
+{
+    if (ls == 0.0f)
+        return;
+    if (m > *M) {
+        float c = expf(*M - m); /* 0 for the first block (M = -inf) */
+        for (int d = 0; d < hd; d++)
+            O[d] = O[d] * c + o[d];
+        *L = *L * c + ls;
+        *M = m;
+        return;
+    }
+    float c = expf(m - *M);
+    for (int d = 0; d < hd; d++)
+        O[d] += c * o[d];
+    *L += c * ls;
+}
+
 void kvp_attn_sparse_group(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
                            int n_keys, const struct kvp_sel *sel, float *probs, int probs_stride,
-                           float *out)
+                           struct kvp_attn_blocks *ab, float *out)
 {
     const struct kvp_simd_ops *ops = kvp_simd();
     const int hd = kv->head_dim, bs = kv->block_size;
-    const float scale = 1.0f / sqrtf((float)hd);
-    const int last = (n_keys - 1) / bs;
-    const uint64_t last_valid = (n_keys % bs) ? (1ULL << (n_keys % bs)) - 1 : ~0ULL;
-    float mx[64];
-    for (int j = 0; j < g; j++)
-        mx[j] = -INFINITY;
-    /* scores of the selected tokens; everything else in a selected block is -inf */
-    for (int i = 0; i < sel->n; i++) {
-        int b = sel->blocks[i];
-        const float *kt = kvp_kvcache_kblock(kv, l, kvh, b);
-        if (i + 1 < sel->n)
-            prefetch_block(kvp_kvcache_kblock(kv, l, kvh, sel->blocks[i + 1]), kv->block_floats);
-        uint64_t m = sel->mask[i] & ~kvp_kvcache_evicted(kv, l, kvh, b);
-        if (b > last)
-            m = 0;
-        else if (b == last)
-            m &= last_valid;
-        for (int j = 0; j < g; j++) {
-            float *s = probs + (size_t)j * probs_stride + (size_t)i * bs;
-            if (!kt || !m) {
-                for (int t = 0; t < bs; t++)
-                    s[t] = -INFINITY;
-                continue;
-            }
-            ops->block_scores(q + (size_t)j * hd, kt, hd, bs, scale, s);
-            for (int t = 0; t < bs; t++) {
-                if (!((m >> t) & 1))
-                    s[t] = -INFINITY;
-                else if (s[t] > mx[j])
-                    mx[j] = s[t];
-            }
-        }
+    float M[64], L[64];
+    for (int j = 0; j < g; j++) {
+        M[j] = -INFINITY;
+        L[j] = 0.0f;
     }
     memset(out, 0, (size_t)g * hd * sizeof(float));
+    /* blocks in selection order: reduced now, or taken from the early pass */
+    for (int i = 0, k = 0; i < sel->n; i++) {
+        const float *o = ab->tmp, *ls = ab->tmp_l;
+        int o_stride = hd;
+        if (k < ab->n && ab->idx[k] == i) {
+            o = ab->o + (size_t)k * hd;
+            o_stride = ab->cap * hd;
+            ls = ab->lsum + (size_t)k * g;
+            k++;
+        } else {
+            if (i + 1 < sel->n) {
+                prefetch_block(kvp_kvcache_kblock(kv, l, kvh, sel->blocks[i + 1]),
+                               kv->block_floats);
+                prefetch_block(kvp_kvcache_vblock(kv, l, kvh, sel->blocks[i + 1]),
+                               kv->block_floats);
+            }
+            reduce_block(kv, l, kvh, q, g, n_keys, sel, i, probs, probs_stride, ab, ab->tmp, hd,
+                         ab->tmp_l);
+        }
+        for (int j = 0; j < g; j++)
+            merge_block(&M[j], &L[j], out + (size_t)j * hd,
+                        ab->bmax[(size_t)j * ab->bmax_stride + i], ls[j],
+                        o + (size_t)j * o_stride, hd);
+    }
+    ab->n = 0;
+    /* normalise: out /= L, and e_t of block i becomes e_t * exp(bmax_i - M) / L */
     for (int j = 0; j < g; j++) {
         float *p = probs + (size_t)j * probs_stride;
-        int n = sel->n * bs;
-        if (mx[j] == -INFINITY) { /* nothing readable: attention output stays 0 */
-            memset(p, 0, (size_t)n * sizeof(float));
+        if (L[j] == 0.0f) { /* nothing readable: attention output stays 0 */
+            memset(p, 0, (size_t)sel->n * bs * sizeof(float));
             continue;
         }
-        float inv = 1.0f / ops->exp_sum(p, n, mx[j]);
-        for (int t = 0; t < n; t++)
-            p[t] *= inv;
-    }
-    for (int i = 0; i < sel->n; i++) {
-        const float *vb = kvp_kvcache_vblock(kv, l, kvh, sel->blocks[i]);
-        if (i + 1 < sel->n)
-            prefetch_block(kvp_kvcache_vblock(kv, l, kvh, sel->blocks[i + 1]), kv->block_floats);
-        if (!vb)
-            continue;
-        int nt = sel->blocks[i] == last ? n_keys - last * bs : bs;
-        if (sel->blocks[i] > last)
-            continue;
-        for (int j = 0; j < g; j++)
-            ops->block_accum(probs + (size_t)j * probs_stride + (size_t)i * bs, vb, hd, nt,
-                             out + (size_t)j * hd);
+        float inv = 1.0f / L[j];
+        for (int d = 0; d < hd; d++)
+            out[(size_t)j * hd + d] *= inv;
+        float *c = ab->bmax + (size_t)j * ab->bmax_stride;
+        ops->exp_sum(c, sel->n, M[j]);
+        for (int i = 0; i < sel->n; i++) {
+            float f = c[i] * inv;
+            for (int t = 0; t < bs; t++)
+                p[(size_t)i * bs + t] *= f;
+        }
     }
 }
 
@@ -171,7 +257,7 @@ void kvp_attn_decode_layer(struct kvp_ctx *c, int l, const float *q, float *out,
             p->ops->select(p, l, (int)kvh, qg, n_keys, sel);
         float *sp = c->sparse_probs + first * c->probs_stride;
         kvp_attn_sparse_group(&c->kv, l, (int)kvh, qg, g, n_keys, sel, sp, c->probs_stride,
-                              out + first * hd);
+                              &c->ab[kvh], out + first * hd);
         if (c->measure && !c->store) {
             float *dp = c->dense_probs + ((size_t)l * c->hp.n_head + first) * c->probs_stride;
             kvp_attn_dense_group(&c->kv, l, (int)kvh, qg, g, n_keys, dp, c->probs_stride, NULL);
@@ -183,6 +269,19 @@ void kvp_attn_decode_layer(struct kvp_ctx *c, int l, const float *q, float *out,
         if (p->ops->on_step)
             p->ops->on_step(p, l, (int)kvh, sel, sp, c->probs_stride, n_keys);
     }
+}
+
+void kvp_attn_decode_early(struct kvp_ctx *c, int l, const float *q, const uint8_t *pending,
+                           int ith, int nth)
+{
+    const int hd = c->hp.head_dim, g = c->hp.n_head / c->hp.n_head_kv;
+    long h0, h1;
+    kvp_split_range(c->hp.n_head_kv, ith, nth, &h0, &h1);
+    for (long kvh = h0; kvh < h1; kvh++)
+        kvp_attn_sparse_early(&c->kv, l, (int)kvh, q + (size_t)kvh * g * hd, g, c->job_pos0 + 1,
+                              &c->sel[(size_t)l * c->hp.n_head_kv + kvh], pending,
+                              c->sparse_probs + (size_t)kvh * g * c->probs_stride,
+                              c->probs_stride, &c->ab[kvh]);
 }
 
 void kvp_attn_select_layer(struct kvp_ctx *c, int l, const float *q, int ith, int nth)

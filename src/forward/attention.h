@@ -18,6 +18,8 @@
 #ifndef KVP_FORWARD_ATTENTION_H
 #define KVP_FORWARD_ATTENTION_H
 
+#include <stdint.h>
+
 #include "policy/policy.h"
 
 struct kvp_ctx;
@@ -48,10 +50,41 @@ void kvp_attn_prefill_layer(struct kvp_ctx *c, int l, int ith, int nth);
 void kvp_attn_dense_group(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
                           int n_keys, float *probs, int probs_stride, float *out);
 
+/* Per-block softmax state of sparse attention for one KV head group. Each selected block is
+ * reduced on its own (its max score, the exp-sum and the exp-weighted value sum against that
+ * max) and the blocks are then folded in selection order, so the output does not depend on
+ * which blocks were reduced first: a tiered store has the blocks that are already hot reduced
+ * while its misses are read (kvp_attn_sparse_early), and the result has the same bits as with
+ * the whole cache in memory. */
+struct kvp_attn_blocks {
+    float *bmax;      /* [g][bmax_stride] max score of each selected block (scratch) */
+    int bmax_stride;  /* >= the largest selection (max_blocks) */
+    float *tmp;       /* [g][hd] one block's value sums */
+    float *tmp_l;     /* [g] its exp-sums */
+    /* blocks reduced by the early pass (cap 0: none is ever kept) */
+    float *o;         /* [g][cap][hd] value sums */
+    float *lsum;      /* [cap][g] exp-sums */
+    int32_t *idx;     /* [cap] their selection indices, ascending */
+    int n, cap;
+};
+
 /* Sparse attention over a selection: probs[j][i*bs + t] for selected block i (0 for tokens not
- * read), out [g][hd]. Evicted tokens and tokens >= n_keys are never read. */
+ * read), out [g][hd]. Evicted tokens and tokens >= n_keys are never read. Blocks that
+ * kvp_attn_sparse_early reduced into ab are taken from there (and ab is emptied). */
 void kvp_attn_sparse_group(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
                            int n_keys, const struct kvp_sel *sel, float *probs, int probs_stride,
-                           float *out);
+                           struct kvp_attn_blocks *ab, float *out);
+
+/* The early part of kvp_attn_sparse_group: reduce every selected block b with !pending[b] (up
+ * to ab->cap of them) into ab, scores into probs. */
+void kvp_attn_sparse_early(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
+                           int n_keys, const struct kvp_sel *sel, const uint8_t *pending,
+                           float *probs, int probs_stride, struct kvp_attn_blocks *ab);
+
+/* Tiered store, while the misses of layer l are read: the early part of this thread's KV heads'
+ * sparse attention, over the selected blocks not marked in pending ([max_blocks], nonzero: still
+ * in flight). kvp_attn_decode_layer then finishes it. */
+void kvp_attn_decode_early(struct kvp_ctx *c, int l, const float *q, const uint8_t *pending,
+                           int ith, int nth);
 
 #endif

@@ -59,6 +59,9 @@ struct kvp_ctx {
     int32_t *sel_blocks;           /* backing store [n_layer*n_head_kv][max_blocks] */
     uint64_t *sel_masks;           /* backing store [n_layer*n_head_kv][max_blocks] */
     float *sparse_probs;           /* [n_head][probs_stride] probabilities over the selection */
+    struct kvp_attn_blocks *ab;    /* [n_head_kv] sparse attention's per-block state */
+    float *ab_floats;              /* backing store of ab's float arrays */
+    int32_t *ab_idx;               /* backing store of ab's idx arrays */
     float *obs;                    /* [n_head][window][n_ctx] prefill observation rows */
     int obs_window;                /* rows the policy asked for */
     int obs_n;                     /* rows captured in this eval: min(obs_window, job_end) */
@@ -66,6 +69,7 @@ struct kvp_ctx {
 
     /* tiered KV store (src/store/store.h), NULL when the whole cache is fast memory */
     struct kvp_store *store;       /* owned */
+    bool store_waits;              /* this layer's acquire has blocks in flight */
     int hot_budget;                /* kvp_ctx_params.hot_budget (tokens per layer, 0: auto) */
     struct kvp_sel *sel_next;      /* [n_layer*n_head_kv] predicted next selections (tiered) */
     int32_t *sel_next_blocks;      /* backing store [n_layer*n_head_kv][max_blocks] */

@@ -150,6 +150,12 @@ static void free_policy(struct kvp_ctx *c)
     c->sel_next_blocks = NULL;
     c->sel_next_masks = NULL;
     kvp_free_aligned(c->sparse_probs);
+    free(c->ab);
+    kvp_free_aligned(c->ab_floats);
+    free(c->ab_idx);
+    c->ab = NULL;
+    c->ab_floats = NULL;
+    c->ab_idx = NULL;
     kvp_free_aligned(c->obs);
     kvp_free_aligned(c->colsum);
     c->sel = NULL;
@@ -341,21 +347,44 @@ static void decode_tiered(struct kvp_ctx *c, int l, int ith, int nth)
     if (ith == 0) {
         if (sparse)
             kvp_store_map_cold(st, l, n_keys, false);
-        kvp_store_acquire(st, l, sparse ? c->sel + (size_t)l * n_kv : NULL, n_keys);
+        c->store_waits = kvp_store_acquire_begin(st, l, sparse ? c->sel + (size_t)l * n_kv : NULL,
+                                                 n_keys);
     }
     kvp_pool_barrier(c->pool);
-    kvp_attn_decode_layer(c, l, c->q, c->att, ith, nth);
     /* no step follows the context's last position (and its plan would not fit the buffers) */
-    if (st->mode != KVP_PREFETCH_TOKEN || !sparse || n_keys >= c->n_ctx)
+    const bool predicts = st->mode == KVP_PREFETCH_TOKEN && sparse && n_keys < c->n_ctx;
+    bool predicted = false;
+    double tp = 0;
+    if (c->store_waits) {
+        /* attend to the hot blocks while the rest is read (same bits: attention.h); a policy
+         * without on_step predicts from what its select left, so that runs here too */
+        if (sparse)
+            kvp_attn_decode_early(c, l, c->q, st->pending, ith, nth);
+        if (predicts && !c->policy->ops->on_step) {
+            tp = ith == 0 ? kvp_time_now() : 0;
+            kvp_attn_predict_layer(c, l, n_keys + 1, ith, nth);
+            if (ith == 0)
+                kvp_store_note(st, KVP_EV_PREDICT, l, tp, kvp_time_now());
+            predicted = true;
+        }
+        kvp_pool_barrier(c->pool);
+        if (ith == 0)
+            kvp_store_acquire_wait(st);
+        kvp_pool_barrier(c->pool);
+    }
+    kvp_attn_decode_layer(c, l, c->q, c->att, ith, nth);
+    if (!predicts)
         return;
     kvp_pool_barrier(c->pool);
-    double tp = ith == 0 ? kvp_time_now() : 0;
-    kvp_attn_predict_layer(c, l, n_keys + 1, ith, nth);
-    kvp_pool_barrier(c->pool);
-    if (ith == 0) {
-        kvp_store_note(st, KVP_EV_PREDICT, l, tp, kvp_time_now());
-        kvp_store_prefetch(st, l, c->sel_next + (size_t)l * n_kv, n_keys + 1);
+    if (!predicted) {
+        tp = ith == 0 ? kvp_time_now() : 0;
+        kvp_attn_predict_layer(c, l, n_keys + 1, ith, nth);
+        kvp_pool_barrier(c->pool);
+        if (ith == 0)
+            kvp_store_note(st, KVP_EV_PREDICT, l, tp, kvp_time_now());
     }
+    if (ith == 0)
+        kvp_store_prefetch(st, l, c->sel_next + (size_t)l * n_kv, n_keys + 1);
 }
 
 /* At the end of a prompt (its last micro-batch, after on_prefill of layer l): the first decode
@@ -598,6 +627,37 @@ static int store_reconfigure(struct kvp_ctx *c, struct kvp_err *err)
     return kvp_store_configure(c->store, dense, hot_blocks_for(c), err);
 }
 
+/* Sparse attention's per-block state (attention.h) for each KV head. With a tiered store the
+ * early pass keeps up to one tiered layer's hot slots of reduced blocks per KV head (no more
+ * blocks of a selection can be hot at once); without one it keeps none. */
+static int alloc_attn_blocks(struct kvp_ctx *c)
+{
+    const int n_kv = c->hp.n_head_kv, g = c->hp.n_head / n_kv, hd = c->hp.head_dim;
+    const int mb = c->kv.max_blocks;
+    int cap = c->store ? hot_blocks_for(c) + 1 : 0;
+    if (cap > mb)
+        cap = mb;
+    size_t per = (size_t)g * mb + (size_t)g * hd + g + (size_t)g * cap * hd + (size_t)cap * g;
+    c->ab = calloc((size_t)n_kv, sizeof(*c->ab));
+    c->ab_floats = falloc((size_t)n_kv * per);
+    c->ab_idx = calloc((size_t)n_kv * (cap ? cap : 1), sizeof(int32_t));
+    if (!c->ab || !c->ab_floats || !c->ab_idx)
+        return -1;
+    for (int h = 0; h < n_kv; h++) {
+        float *f = c->ab_floats + (size_t)h * per;
+        struct kvp_attn_blocks *ab = &c->ab[h];
+        ab->bmax = f;
+        ab->bmax_stride = mb;
+        ab->tmp = f += (size_t)g * mb;
+        ab->tmp_l = f += (size_t)g * hd;
+        ab->o = f += g;
+        ab->lsum = f + (size_t)g * cap * hd;
+        ab->idx = c->ab_idx + (size_t)h * cap;
+        ab->cap = cap;
+    }
+    return 0;
+}
+
 int kvp_ctx_set_policy(kvp_ctx *c, const struct kvp_policy_params *params, struct kvp_err *err)
 {
     free_policy(c);
@@ -668,12 +728,13 @@ int kvp_ctx_set_policy(kvp_ctx *c, const struct kvp_policy_params *params, struc
     c->sel_blocks = calloc(n_lh * mb, sizeof(int32_t));
     c->sel_masks = calloc(n_lh * mb, sizeof(uint64_t));
     c->sparse_probs = falloc((size_t)hp->n_head * c->probs_stride);
+    int rc_ab = alloc_attn_blocks(c);
     c->obs_window = ops->wants_obs ? p->p.window : 0;
     if (c->obs_window)
         c->obs = falloc((size_t)hp->n_head * c->obs_window * c->n_ctx);
     if (ops->wants_colsum)
         c->colsum = falloc((size_t)hp->n_layer * hp->n_head * c->n_ctx);
-    if (!c->sel || !c->sel_blocks || !c->sel_masks || !c->sparse_probs ||
+    if (!c->sel || !c->sel_blocks || !c->sel_masks || !c->sparse_probs || rc_ab < 0 ||
         (c->obs_window && !c->obs) || (ops->wants_colsum && !c->colsum)) {
         free_policy(c);
         return kvp_err_set(err, KVP_ENOMEM, "out of memory for policy buffers");

@@ -556,11 +556,13 @@ int kvp_store_init(const struct kvp_ctx_params *p, struct kvp_kvcache *kv, int n
     s->list = malloc((size_t)max_blocks * sizeof(int32_t));
     s->ovf = malloc((size_t)max_blocks * sizeof(int32_t));
     s->mark = calloc((size_t)max_blocks, sizeof(uint32_t));
+    s->pending = calloc((size_t)max_blocks, 1);
+    s->acq_layer = -1;
     s->res = malloc(n_units * sizeof(int32_t));
     s->slot0 = calloc((size_t)n_layer, sizeof(int));
     s->n_slots = calloc((size_t)n_layer, sizeof(int));
     s->tiered = calloc((size_t)n_layer, sizeof(bool));
-    if (!s->list || !s->ovf || !s->mark || !s->res || !s->slot0 || !s->n_slots || !s->tiered) {
+    if (!s->list || !s->ovf || !s->mark || !s->pending || !s->res || !s->slot0 || !s->n_slots || !s->tiered) {
         rc = kvp_err_set(err, KVP_ENOMEM, "out of memory for the KV store");
         goto fail;
     }
@@ -653,6 +655,7 @@ void kvp_store_free(struct kvp_store *s)
     free(s->list);
     free(s->ovf);
     free(s->mark);
+    free(s->pending);
     free(s->res);
     free(s->slot0);
     free(s->n_slots);
@@ -952,10 +955,11 @@ void kvp_store_step_end(struct kvp_store *s)
     kvp_store_note(s, KVP_EV_TOKEN, -1, s->step_t0, t1);
 }
 
-void kvp_store_acquire(struct kvp_store *s, int layer, const struct kvp_sel *sels, int n_keys)
+bool kvp_store_acquire_begin(struct kvp_store *s, int layer, const struct kvp_sel *sels,
+                             int n_keys)
 {
     if (!s->tiered[layer])
-        return;
+        return false;
     double t0 = kvp_time_now();
     clear_overflow(s);
     reap(s, false); /* reads that finished since: hits, not late ones */
@@ -970,12 +974,14 @@ void kvp_store_acquire(struct kvp_store *s, int layer, const struct kvp_sel *sel
         int sl = *res_of(s, layer, b);
         if (sl < 0) {
             s->list[n_miss++] = b;
+            s->pending[b] = 1;
             continue;
         }
         s->slot_use[sl] = s->tick;
         s->st.hits++;
         if (s->slot_state[sl] == KVP_SLOT_LOADING) {
             s->st.late++;
+            s->pending[b] = 1;
             stalled = true;
         }
     }
@@ -995,18 +1001,43 @@ void kvp_store_acquire(struct kvp_store *s, int layer, const struct kvp_sel *sel
         flush(s);
     }
     submit_deferred(s); /* the prefetches planned since the last acquire queue behind the misses */
-    if (!stalled)
+    s->acq_layer = stalled ? layer : -1;
+    s->acq_last = last;
+    s->acq_overflow = left > 0;
+    s->acq_t0 = t0;
+    s->acq_begin_s = kvp_time_now() - t0;
+    return stalled;
+}
+
+void kvp_store_acquire_wait(struct kvp_store *s)
+{
+    int layer = s->acq_layer;
+    if (layer < 0)
         return;
-    for (int b = 0; b <= last; b++) {
+    double t0 = kvp_time_now();
+    for (int b = 0; b <= s->acq_last; b++) {
+        if (s->mark[b] != s->mark_id)
+            continue;
         int sl = *res_of(s, layer, b);
-        if (s->mark[b] == s->mark_id && sl >= 0)
+        if (sl >= 0)
             wait_slot(s, sl);
+        s->pending[b] = 0;
     }
-    if (left > 0)
+    if (s->acq_overflow)
         kvp_store_drain(s);
     double t1 = kvp_time_now();
-    s->st.wait_s += t1 - t0;
+    /* the wait is the time the decode thread could do nothing else: acquire_begin's own work
+     * and this call, not what ran in between */
+    s->st.wait_s += s->acq_begin_s + (t1 - t0);
+    kvp_store_note(s, KVP_EV_WAIT, layer, s->acq_t0, s->acq_t0 + s->acq_begin_s);
     kvp_store_note(s, KVP_EV_WAIT, layer, t0, t1);
+    s->acq_layer = -1;
+}
+
+void kvp_store_acquire(struct kvp_store *s, int layer, const struct kvp_sel *sels, int n_keys)
+{
+    if (kvp_store_acquire_begin(s, layer, sels, n_keys))
+        kvp_store_acquire_wait(s);
 }
 
 void kvp_store_prefetch(struct kvp_store *s, int layer, const struct kvp_sel *sels, int n_keys)

@@ -135,6 +135,11 @@ struct kvp_store {
     uint8_t *slot_writing; /* [n_slot] a write-through of the slot is in flight */
     uint64_t *slot_use;    /* [n_slot] LRU stamp: tick of the last need or prediction */
     uint32_t *mark;        /* [max_blocks] per-call set membership (== mark_id) */
+    uint8_t *pending;      /* [max_blocks] needed by the acquire in progress and not yet hot */
+    int acq_layer;         /* layer of the acquire in progress that must wait, or -1 */
+    int acq_last;          /* its last block */
+    bool acq_overflow;     /* it read blocks into the staging area */
+    double acq_t0, acq_begin_s; /* when it began, and how long acquire_begin took */
     uint32_t mark_id;
     uint64_t tick;
     int32_t *list;         /* [max_blocks] scratch: blocks to fetch */
@@ -220,6 +225,14 @@ void kvp_store_step_end(struct kvp_store *s);
 /* Before layer's attention with n_keys keys: make every block of sels[0..n_kv) hot (sels NULL:
  * every block), waiting for prefetches and fetching misses on demand. */
 void kvp_store_acquire(struct kvp_store *s, int layer, const struct kvp_sel *sels, int n_keys);
+
+/* kvp_store_acquire in two halves, so attention can work on the hot blocks while the misses
+ * are read: begin starts the reads of the missing blocks and returns true when some needed
+ * block is not hot yet; those are marked in s->pending (by block) until wait, which waits for
+ * them. Nothing else may call the store in between. */
+bool kvp_store_acquire_begin(struct kvp_store *s, int layer, const struct kvp_sel *sels,
+                             int n_keys);
+void kvp_store_acquire_wait(struct kvp_store *s);
 
 /* Start reading the units of the predicted selections sels[0..n_kv) of layer for a step with
  * n_keys keys, into slots that hold nothing predicted (LRU); stops when no slot is free. */

@@ -1,0 +1,197 @@
+/*
+ * Sparse decode attention on hand-made data: the output and probabilities against a float64
+ * evaluation (masks, evicted tokens, a partial last block, an empty selection), and that
+ * reducing some blocks early (what the tiered store does with the blocks that are hot while its
+ * misses are read) gives the same bits as reducing them all in order, for any set of early
+ * blocks and any room for them.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "forward/attention.h"
+#include "forward/kvcache.h"
+#include "testutil.h"
+
+enum { HD = 12, BS = 16, CTX = 256, NKV = 2, G = 3, NKEYS = 200 };
+
+static uint32_t rng = 12345;
+
+static float urand(void) /* in [-1, 1) */
+{
+    rng = rng * 1664525u + 1013904223u;
+    return (float)(rng >> 8) / (float)(1u << 23) - 1.0f;
+}
+
+/* One layer, NKV heads, NKEYS random tokens; head 1 loses a few tokens to eviction. */
+static void make_cache(struct kvp_kvcache *c)
+{
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_kvcache_init(c, 1, NKV, HD, BS, CTX, &err), 0);
+    assert_int_equal(kvp_kvcache_reserve(c, NKEYS, &err), 0);
+    for (int h = 0; h < NKV; h++)
+        for (int p = 0; p < NKEYS; p++) {
+            float k[HD], v[HD];
+            for (int d = 0; d < HD; d++) {
+                k[d] = 3.0f * urand();
+                v[d] = urand();
+            }
+            kvp_kvcache_store(c, 0, h, p, k, v);
+        }
+    const int gone[] = {33, 34, 50, 51, 52, 198};
+    for (size_t i = 0; i < sizeof(gone) / sizeof(gone[0]); i++)
+        kvp_kvcache_evict(c, 0, 1, gone[i], NKEYS);
+}
+
+/* A selection of blocks 0, 2, 3, 7 and 12 (12 is the partial last block), some tokens masked. */
+static struct kvp_sel make_sel(int32_t *blocks, uint64_t *mask)
+{
+    const int32_t b[] = {0, 2, 3, 7, 12};
+    const uint64_t m[] = {0xFFFF, 0x0FF0, 0xFFFF, 0x8001, 0xFFFF};
+    memcpy(blocks, b, sizeof(b));
+    memcpy(mask, m, sizeof(m));
+    return (struct kvp_sel){.n = 5, .blocks = blocks, .mask = mask};
+}
+
+struct blocks_buf {
+    struct kvp_attn_blocks ab;
+    float *f;
+    int32_t *idx;
+};
+
+static void blocks_init(struct blocks_buf *b, int cap)
+{
+    const int mb = CTX / BS;
+    b->f = calloc((size_t)G * mb + G * HD + G + (size_t)G * cap * HD + (size_t)cap * G + 1,
+                  sizeof(float));
+    b->idx = calloc((size_t)cap + 1, sizeof(int32_t));
+    assert_non_null(b->f);
+    assert_non_null(b->idx);
+    b->ab = (struct kvp_attn_blocks){.bmax = b->f, .bmax_stride = mb, .cap = cap, .idx = b->idx};
+    b->ab.tmp = b->f + (size_t)G * mb;
+    b->ab.tmp_l = b->ab.tmp + G * HD;
+    b->ab.o = b->ab.tmp_l + G;
+    b->ab.lsum = b->ab.o + (size_t)G * cap * HD;
+}
+
+static void blocks_free(struct blocks_buf *b)
+{
+    free(b->f);
+    free(b->idx);
+}
+
+/* Whether token t of selected block i is read by KV head h. */
+static bool reads(const struct kvp_kvcache *c, int h, const struct kvp_sel *sel, int i, int t)
+{
+    int pos = sel->blocks[i] * BS + t;
+    return pos < NKEYS && ((sel->mask[i] >> t) & 1) &&
+           !((kvp_kvcache_evicted(c, 0, h, sel->blocks[i]) >> t) & 1);
+}
+
+static void test_matches_float64(void **state)
+{
+    (void)state;
+    struct kvp_kvcache c;
+    make_cache(&c);
+    int32_t blocks[8];
+    uint64_t mask[8];
+    struct kvp_sel sel = make_sel(blocks, mask);
+    struct blocks_buf b;
+    blocks_init(&b, 0);
+    float q[G * HD], out[G * HD], probs[G * CTX];
+    for (int h = 0; h < NKV; h++) {
+        for (int i = 0; i < G * HD; i++)
+            q[i] = urand();
+        kvp_attn_sparse_group(&c, 0, h, q, G, NKEYS, &sel, probs, CTX, &b.ab, out);
+        for (int j = 0; j < G; j++) {
+            double s[5 * BS], mx = -INFINITY, sum = 0, o[HD] = {0};
+            for (int i = 0; i < sel.n; i++)
+                for (int t = 0; t < BS; t++) {
+                    double dot = -INFINITY;
+                    if (reads(&c, h, &sel, i, t)) {
+                        const float *kt = kvp_kvcache_kblock(&c, 0, h, sel.blocks[i]);
+                        dot = 0;
+                        for (int d = 0; d < HD; d++)
+                            dot += (double)q[j * HD + d] * kt[d * BS + t];
+                        dot /= sqrt((double)HD);
+                    }
+                    s[i * BS + t] = dot;
+                    mx = dot > mx ? dot : mx;
+                }
+            for (int i = 0; i < sel.n * BS; i++)
+                sum += s[i] == -INFINITY ? 0 : exp(s[i] - mx);
+            for (int i = 0; i < sel.n; i++)
+                for (int t = 0; t < BS; t++) {
+                    double p = s[i * BS + t] == -INFINITY ? 0 : exp(s[i * BS + t] - mx) / sum;
+                    assert_true(fabs(p - probs[j * CTX + i * BS + t]) < 1e-6);
+                    const float *vb = kvp_kvcache_vblock(&c, 0, h, sel.blocks[i]);
+                    for (int d = 0; d < HD && p > 0; d++)
+                        o[d] += p * vb[t * HD + d];
+                }
+            for (int d = 0; d < HD; d++)
+                assert_true(fabs(o[d] - out[j * HD + d]) < 1e-5);
+        }
+    }
+    /* nothing readable: output and probabilities 0 */
+    sel.mask[0] = sel.mask[1] = sel.mask[2] = sel.mask[3] = sel.mask[4] = 0;
+    kvp_attn_sparse_group(&c, 0, 0, q, G, NKEYS, &sel, probs, CTX, &b.ab, out);
+    for (int i = 0; i < G * HD; i++)
+        assert_true(out[i] == 0.0f);
+    for (int j = 0; j < G; j++)
+        for (int i = 0; i < sel.n * BS; i++)
+            assert_true(probs[j * CTX + i] == 0.0f);
+    blocks_free(&b);
+    kvp_kvcache_free(&c);
+}
+
+static void test_early_blocks_same_bits(void **state)
+{
+    (void)state;
+    struct kvp_kvcache c;
+    make_cache(&c);
+    int32_t blocks[8];
+    uint64_t mask[8];
+    struct kvp_sel sel = make_sel(blocks, mask);
+    struct blocks_buf plain, early;
+    blocks_init(&plain, 0);
+    float q[G * HD], out0[G * HD], out1[G * HD], p0[G * CTX], p1[G * CTX];
+    for (int i = 0; i < G * HD; i++)
+        q[i] = 2.0f * urand();
+    int tried = 0;
+    for (int cap = 1; cap <= 5; cap += 2) {
+        blocks_init(&early, cap);
+        for (int h = 0; h < NKV; h++) {
+            kvp_attn_sparse_group(&c, 0, h, q, G, NKEYS, &sel, p0, CTX, &plain.ab, out0);
+            /* every subset of the five blocks still in flight */
+            for (int set = 0; set < 32; set++) {
+                uint8_t pending[CTX / BS] = {0};
+                for (int i = 0; i < sel.n; i++)
+                    pending[sel.blocks[i]] = (uint8_t)((set >> i) & 1);
+                memset(p1, 0xff, sizeof(p1)); /* NaN: every probability must be written */
+                kvp_attn_sparse_early(&c, 0, h, q, G, NKEYS, &sel, pending, p1, CTX, &early.ab);
+                int ready = sel.n - __builtin_popcount((unsigned)set);
+                assert_int_equal(early.ab.n, ready < cap ? ready : cap);
+                kvp_attn_sparse_group(&c, 0, h, q, G, NKEYS, &sel, p1, CTX, &early.ab, out1);
+                assert_int_equal(early.ab.n, 0);
+                assert_memory_equal(out0, out1, sizeof(out0));
+                for (int j = 0; j < G; j++)
+                    assert_memory_equal(p0 + j * CTX, p1 + j * CTX, sel.n * BS * sizeof(float));
+                tried++;
+            }
+        }
+        blocks_free(&early);
+    }
+    assert_int_equal(tried, 3 * NKV * 32);
+    blocks_free(&plain);
+    kvp_kvcache_free(&c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_matches_float64),
+        cmocka_unit_test(test_early_blocks_same_bits),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
