@@ -744,6 +744,69 @@ static void test_quest_predict_superset(void **state)
     kvp_ctx_free(c);
 }
 
+/* select keeps its wider ranking for predict_next (share=1, the default): the predictions are
+ * the ones share=0 computes from all candidates, at every step, whether predict_next follows
+ * the step's select (token mode) or comes before the next one (layer mode). */
+static void test_quest_shared_ranking(void **state)
+{
+    (void)state;
+    struct kvp_ctx_params cp = {.n_ctx = 256, .n_threads = 1};
+    kvp_ctx *c[2] = {NULL, NULL};
+    struct kvp_err err = {0};
+    const char *opts[2] = {"margin=3,share=0", "margin=3"};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(kvp_ctx_init(model, &cp, &c[i], &err), 0);
+        struct kvp_policy_params pp = {.name = "quest", .budget_ratio = 0.25,
+                                       .dense_layers = 1, .opts = opts[i]};
+        assert_int_equal(kvp_ctx_set_policy(c[i], &pp, &err), 0);
+    }
+    struct kvp_policy_params bad = {.name = "quest", .budget = 64, .opts = "share=2"};
+    assert_int_equal(kvp_ctx_set_policy(c[0], &bad, &err), KVP_EINVAL);
+    struct kvp_policy_params pp0 = {.name = "quest", .budget_ratio = 0.25, .dense_layers = 1,
+                                    .opts = opts[0]};
+    assert_int_equal(kvp_ctx_set_policy(c[0], &pp0, &err), 0);
+    int mb = c[0]->kv.max_blocks, n_kv = c[0]->hp.n_head_kv;
+    int32_t *blocks = calloc((size_t)4 * mb, sizeof(int32_t));
+    uint64_t *mask = calloc((size_t)4 * mb, sizeof(uint64_t));
+    struct kvp_sel pred[2][2];
+    for (int i = 0; i < 2; i++)
+        for (int w = 0; w < 2; w++)
+            pred[i][w] = (struct kvp_sel){.blocks = blocks + (size_t)(2 * i + w) * mb,
+                                          .mask = mask + (size_t)(2 * i + w) * mb};
+    int32_t ids[250];
+    for (int i = 0; i < 250; i++)
+        ids[i] = (i * 13 + 7) % VOCAB;
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(kvp_eval(c[i], ids, 64, NULL, false, &err), 0);
+    int compared = 0;
+    for (int t = 64; t < 250; t++) {
+        for (int i = 0; i < 2; i++)
+            assert_int_equal(kvp_eval(c[i], ids + t, 1, NULL, false, &err), 0);
+        int n = kvp_ctx_n_tokens(c[0]);
+        for (int l = 1; l < c[0]->hp.n_layer; l++)
+            for (int h = 0; h < n_kv; h++) {
+                /* token mode: the next step; layer mode: the step after it (no select between) */
+                for (int w = 0; w < 2; w++)
+                    for (int i = 0; i < 2; i++)
+                        c[i]->policy->ops->predict_next(c[i]->policy, l, h, n + 1 + w,
+                                                        &pred[i][w]);
+                for (int w = 0; w < 2; w++) {
+                    assert_int_equal(pred[0][w].n, pred[1][w].n);
+                    assert_memory_equal(pred[0][w].blocks, pred[1][w].blocks,
+                                        (size_t)pred[0][w].n * sizeof(int32_t));
+                    assert_memory_equal(pred[0][w].mask, pred[1][w].mask,
+                                        (size_t)pred[0][w].n * sizeof(uint64_t));
+                    compared++;
+                }
+            }
+    }
+    assert_int_equal(compared, (250 - 64) * (c[0]->hp.n_layer - 1) * n_kv * 2);
+    free(blocks);
+    free(mask);
+    for (int i = 0; i < 2; i++)
+        kvp_ctx_free(c[i]);
+}
+
 /* Token mode up to the context's last position, where no next step exists to predict (its
  * plan would need one block more than the buffers hold): same logits as untiered. */
 static void test_decode_to_the_end(void **state)
@@ -921,6 +984,7 @@ int main(void)
         cmocka_unit_test(test_first_step_warm),
         cmocka_unit_test(test_quest_prefetch),
         cmocka_unit_test(test_quest_predict_superset),
+        cmocka_unit_test(test_quest_shared_ranking),
         cmocka_unit_test(test_decode_to_the_end),
         cmocka_unit_test(test_unwritable_dir),
         cmocka_unit_test(test_disk_full),

@@ -175,6 +175,15 @@ void kvp_block_plan(const struct kvp_policy *p, int n_tokens, struct kvp_block_p
  * 2 * (end - first) ints. */
 void kvp_sel_blocks(const struct kvp_block_plan *bp, const float *score, int n_tokens, int bs,
                     struct kvp_sel *sel, uint64_t *masks, int *iscratch);
+/* The same selection, and the k + extra best candidates in keep[] (ascending block ids;
+ * fscratch: k + extra floats); returns how many were kept, or -1 (nothing kept: extra <= 0,
+ * keep NULL, or the plan ranks nothing or too few candidates). */
+int kvp_sel_blocks_keep(const struct kvp_block_plan *bp, const float *score, int n_tokens, int bs,
+                        struct kvp_sel *sel, uint64_t *masks, int *iscratch, int extra,
+                        int32_t *keep, float *fscratch);
+/* The forced ranges of a plan plus the candidate blocks chosen[0..n_chosen) (any order). */
+void kvp_sel_chosen(const struct kvp_block_plan *bp, const int32_t *chosen, int n_chosen,
+                    int n_tokens, int bs, struct kvp_sel *sel, uint64_t *masks);
 
 /* Token keep set (h2o, snapkv, pyramidkv, oracle_token): keep[b] (n_blocks masks, overwritten)
  * gets slots [0, sink) ∪ [max(n_tokens - recent, sink), n_tokens) plus the best

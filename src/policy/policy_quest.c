@@ -35,7 +35,10 @@
  * default 64 blocks): only what is fetched grows, what attention reads is still exactly the
  * selection of select. After a prompt the last query is the prompt's last token's
  * (on_prefill), which predicts the first decode step; before any query the prediction is the
- * forced set alone.
+ * forced set alone. Once predict_next has been called for a (layer, KV head), select ranks its
+ * candidates once for both (option share=1, the default): it keeps the top k + margin + 2
+ * blocks and takes its own top k among them, and predict_next ranks only those plus the
+ * candidates its plan adds; share=0 ranks every candidate again (the same blocks: tested).
  *
  * Memory: 2 × head_dim floats per block and (layer, KV head), 1/8 of the keys at bs = 16, and
  * one query group per (layer, KV head).
@@ -56,29 +59,46 @@ struct quest_state {
                     blocks [first, scored_end) of the last select's plan */
     int *scored_end; /* [n_layer*n_head_kv] */
     int margin;  /* extra candidate blocks per KV head a prediction takes */
+    bool share;  /* option share: select keeps its wider ranking for predict_next */
+    bool *predicting; /* [n_layer*n_head_kv] predict_next was called: select keeps its ranking */
+    int32_t *kept;   /* [n_layer*n_head_kv][max_blocks] the best candidates of the last select,
+                        ascending: its top k + margin + KEEP_SLACK */
+    int *n_kept;     /* [n_layer*n_head_kv] how many, or -1 (nothing kept) */
+    int *kept_first, *kept_end; /* [n_layer*n_head_kv] that select's candidate range */
     struct kvp_scratch scr;
 };
 
+/* Candidates kept beyond the prediction's k + margin: the next step's plan may rank one more
+ * block (a budget ratio grows with the context), and the kept set must hold its whole top. */
+#define KEEP_SLACK 2
+
 #define QUEST_DEFAULT_MARGIN 64
 
-/* Options (p.opts, "key=value,..."): margin=N blocks, 0 <= N <= 1 << 20. */
-static int parse_opts(const char *s, int *margin, struct kvp_err *err)
+/* Options (p.opts, "key=value,..."): margin=N blocks, 0 <= N <= 1 << 20; share=0|1. */
+static int parse_opts(const char *s, int *margin, bool *share, struct kvp_err *err)
 {
     *margin = QUEST_DEFAULT_MARGIN;
+    *share = true;
     while (s && *s) {
         const char *end = strchr(s, ',');
         size_t len = end ? (size_t)(end - s) : strlen(s);
         char kv[32] = "";
         if (len < sizeof(kv))
             memcpy(kv, s, len);
+        const char *eq = strchr(kv, '=');
+        size_t key_len = eq ? (size_t)(eq - kv) : 0;
+        long lim = !strncmp(kv, "margin=", 7) ? (1L << 20) : !strncmp(kv, "share=", 6) ? 1 : -1;
         char *num_end = NULL;
-        long n = strncmp(kv, "margin=", 7) ? -1 : strtol(kv + 7, &num_end, 10);
-        if (len >= sizeof(kv) || n < 0 || n > (1L << 20) || !num_end || num_end == kv + 7 ||
-            *num_end)
+        long n = lim < 0 ? -1 : strtol(eq + 1, &num_end, 10);
+        if (len >= sizeof(kv) || n < 0 || n > lim || !num_end || num_end == eq + 1 || *num_end)
             return kvp_err_set(err, KVP_EINVAL,
-                               "quest: bad option '%.*s' (known: margin=N, N in 0..1048576)",
+                               "quest: bad option '%.*s' (known: margin=N, N in 0..1048576; "
+                               "share=0|1)",
                                (int)(len < 64 ? len : 64), s);
-        *margin = (int)n;
+        if (key_len == 6)
+            *margin = (int)n;
+        else
+            *share = n != 0;
         s = end ? end + 1 : NULL;
     }
     return 0;
@@ -87,13 +107,15 @@ static int parse_opts(const char *s, int *margin, struct kvp_err *err)
 static int quest_init(struct kvp_policy *p, struct kvp_err *err)
 {
     int margin;
-    int rc = parse_opts(p->p.opts, &margin, err);
+    bool share;
+    int rc = parse_opts(p->p.opts, &margin, &share, err);
     if (rc < 0)
         return rc;
     struct quest_state *s = calloc(1, sizeof(*s));
     if (!s)
         return kvp_err_set(err, KVP_ENOMEM, "quest: out of memory");
     s->margin = margin;
+    s->share = share;
     p->prefetch_margin = margin;
     size_t n_lh = (size_t)p->env.n_layer * p->env.n_head_kv;
     size_t mb = (size_t)(p->env.n_ctx + p->env.block_size - 1) / p->env.block_size;
@@ -105,8 +127,14 @@ static int quest_init(struct kvp_policy *p, struct kvp_err *err)
     s->has_q = calloc(n_lh, sizeof(bool));
     s->score = malloc(n_lh * mb * sizeof(float));
     s->scored_end = calloc(n_lh, sizeof(int));
+    s->kept = malloc(n_lh * mb * sizeof(int32_t));
+    s->n_kept = malloc(n_lh * sizeof(int));
+    s->kept_first = calloc(n_lh, sizeof(int));
+    s->kept_end = calloc(n_lh, sizeof(int));
+    s->predicting = calloc(n_lh, sizeof(bool));
     if (!s->kmax || !s->kmin || !s->done || !s->lastq || !s->has_q || !s->score ||
-        !s->scored_end ||
+        !s->scored_end || !s->kept || !s->n_kept || !s->kept_first || !s->kept_end ||
+        !s->predicting ||
         kvp_scratch_init(&s->scr, &p->env, g * mb * p->env.block_size) < 0) {
         free(s->kmax);
         free(s->kmin);
@@ -115,9 +143,16 @@ static int quest_init(struct kvp_policy *p, struct kvp_err *err)
         free(s->has_q);
         free(s->score);
         free(s->scored_end);
+        free(s->kept);
+        free(s->n_kept);
+        free(s->kept_first);
+        free(s->kept_end);
+        free(s->predicting);
         free(s);
         return kvp_err_set(err, KVP_ENOMEM, "quest: out of memory for block metadata");
     }
+    for (size_t i = 0; i < n_lh; i++)
+        s->n_kept[i] = -1;
     p->state = s;
     return 0;
 }
@@ -134,6 +169,11 @@ static void quest_free(struct kvp_policy *p)
     free(s->has_q);
     free(s->score);
     free(s->scored_end);
+    free(s->kept);
+    free(s->n_kept);
+    free(s->kept_first);
+    free(s->kept_end);
+    free(s->predicting);
     kvp_scratch_free(&s->scr);
     free(s);
 }
@@ -144,6 +184,8 @@ static void quest_reset(struct kvp_policy *p)
     memset(s->done, 0, (size_t)p->env.n_layer * p->env.n_head_kv * sizeof(int));
     memset(s->has_q, 0, (size_t)p->env.n_layer * p->env.n_head_kv * sizeof(bool));
     memset(s->scored_end, 0, (size_t)p->env.n_layer * p->env.n_head_kv * sizeof(int));
+    for (int i = 0; i < p->env.n_layer * p->env.n_head_kv; i++)
+        s->n_kept[i] = -1;
 }
 
 /* Fold the keys of tokens [done, n_tokens) of (layer, kvh) into their blocks' min/max. A token
@@ -198,6 +240,7 @@ static void quest_prefill(struct kvp_policy *p, int layer, const struct kvp_pref
     for (int h = 0; h < p->env.n_head_kv; h++) {
         int lh = layer * p->env.n_head_kv + h;
         s->done[lh] = 0;
+        s->n_kept[lh] = -1; /* the prompt's query ranks afresh */
         fold_keys(p, layer, h, obs->n_prompt);
         if (!obs->q_last)
             continue;
@@ -243,8 +286,14 @@ static void quest_select(struct kvp_policy *p, int layer, int kvh, const float *
     bool ranks = plan_ranks(&bp);
     if (ranks)
         score_blocks(p, layer, kvh, q, bp.first, bp.end);
-    kvp_sel_blocks(&bp, s->score + (size_t)lh * s->scr.max_blocks, n_tokens, p->env.block_size,
-                   sel, kvp_scratch_m(&s->scr, kvh), kvp_scratch_i(&s->scr, kvh));
+    const size_t mb = (size_t)s->scr.max_blocks;
+    const bool keep = s->share && s->predicting[lh];
+    s->n_kept[lh] = kvp_sel_blocks_keep(
+        &bp, s->score + lh * mb, n_tokens, p->env.block_size, sel, kvp_scratch_m(&s->scr, kvh),
+        kvp_scratch_i(&s->scr, kvh), keep ? s->margin + KEEP_SLACK : 0,
+        keep ? s->kept + lh * mb : NULL, kvp_scratch_f(&s->scr, kvh));
+    s->kept_first[lh] = bp.first;
+    s->kept_end[lh] = bp.end;
     memcpy(s->lastq + (size_t)lh * g * hd, q, (size_t)g * hd * sizeof(float));
     s->has_q[lh] = true;
     s->scored_end[lh] = ranks ? bp.end : bp.first;
@@ -268,15 +317,39 @@ static void quest_predict_next(struct kvp_policy *p, int layer, int kvh, int n_t
         bp.k = 0;
     else
         bp.k = bp.k + s->margin < n_cand ? bp.k + s->margin : n_cand;
+    s->predicting[lh] = true;
+    const size_t mb = (size_t)s->scr.max_blocks;
+    const float *score = s->score + lh * mb;
     if (plan_ranks(&bp)) {
         int from = s->scored_end[lh] > bp.first ? s->scored_end[lh] : bp.first;
         score_blocks(p, layer, kvh, s->lastq + (size_t)lh * g * hd, from, bp.end);
         if (bp.end > s->scored_end[lh])
             s->scored_end[lh] = bp.end;
+        /* With the ranking select kept (same query, candidates [first, kept_end)), the top k
+         * of this plan is among the kept blocks and the candidates after kept_end: a block
+         * select did not keep has k + margin + KEEP_SLACK >= k stronger ones. */
+        const int n_kept = s->n_kept[lh], kend = s->kept_end[lh];
+        if (n_kept >= bp.k && s->kept_first[lh] == bp.first && kend <= bp.end) {
+            int32_t *cand = (int32_t *)kvp_scratch_i(&s->scr, kvh) + 2 * (bp.end - bp.first);
+            float *val = kvp_scratch_f(&s->scr, kvh);
+            int *out = kvp_scratch_i(&s->scr, kvh), *heap = out + (bp.end - bp.first);
+            int n = 0;
+            for (int i = 0; i < n_kept; i++)
+                cand[n++] = s->kept[lh * mb + i];
+            for (int b = kend; b < bp.end; b++)
+                cand[n++] = b;
+            for (int i = 0; i < n; i++)
+                val[i] = score[cand[i]];
+            kvp_topk_indices(val, n, bp.k, out, heap);
+            for (int i = 0; i < bp.k; i++)
+                out[i] = cand[out[i]];
+            kvp_sel_chosen(&bp, out, bp.k, n_tokens_next, p->env.block_size, sel,
+                           kvp_scratch_m(&s->scr, kvh));
+            return;
+        }
     }
-    kvp_sel_blocks(&bp, s->score + (size_t)lh * s->scr.max_blocks, n_tokens_next,
-                   p->env.block_size, sel, kvp_scratch_m(&s->scr, kvh),
-                   kvp_scratch_i(&s->scr, kvh));
+    kvp_sel_blocks(&bp, score, n_tokens_next, p->env.block_size, sel,
+                   kvp_scratch_m(&s->scr, kvh), kvp_scratch_i(&s->scr, kvh));
 }
 
 const struct kvp_policy_ops kvp_policy_quest = {

@@ -263,27 +263,60 @@ void kvp_block_plan(const struct kvp_policy *p, int n_tokens, struct kvp_block_p
     bp->all = budget >= n_tokens;
 }
 
-void kvp_sel_blocks(const struct kvp_block_plan *bp, const float *score, int n_tokens, int bs,
-                    struct kvp_sel *sel, uint64_t *masks, int *iscratch)
+void kvp_sel_chosen(const struct kvp_block_plan *bp, const int32_t *chosen, int n_chosen,
+                    int n_tokens, int bs, struct kvp_sel *sel, uint64_t *masks)
 {
-    if (bp->all) {
-        kvp_sel_all(sel, n_tokens, bs);
-        return;
-    }
     memset(masks, 0, (size_t)bp->n_blocks * sizeof(uint64_t));
     kvp_mask_add_range(masks, 0, bp->sink, bs);
     kvp_mask_add_range(masks, bp->local_start, n_tokens, bs);
-    int n_cand = bp->end - bp->first;
+    for (int i = 0; i < n_chosen; i++)
+        masks[chosen[i]] = block_full_mask(bs);
+    kvp_sel_from_masks(sel, masks, bp->n_blocks);
+}
+
+int kvp_sel_blocks_keep(const struct kvp_block_plan *bp, const float *score, int n_tokens, int bs,
+                        struct kvp_sel *sel, uint64_t *masks, int *iscratch, int extra,
+                        int32_t *keep, float *fscratch)
+{
+    if (bp->all) {
+        kvp_sel_all(sel, n_tokens, bs);
+        return -1;
+    }
+    const int n_cand = bp->end - bp->first;
     int *out = iscratch, *heap = iscratch + n_cand;
-    if (bp->k < n_cand) {
+    int32_t *chosen = (int32_t *)heap; /* after the last top-k: block ids */
+    if (bp->k >= n_cand) {
+        for (int i = 0; i < n_cand; i++)
+            chosen[i] = bp->first + i;
+        kvp_sel_chosen(bp, chosen, n_cand, n_tokens, bs, sel, masks);
+        return -1;
+    }
+    const int wide = bp->k + (extra > 0 ? extra : 0);
+    if (!keep || extra <= 0 || wide >= n_cand || bp->k == 0) {
         kvp_topk_indices(score + bp->first, n_cand, bp->k, out, heap);
         for (int i = 0; i < bp->k; i++)
-            masks[bp->first + out[i]] = block_full_mask(bs);
-    } else {
-        for (int b = bp->first; b < bp->end; b++)
-            masks[b] = block_full_mask(bs);
+            chosen[i] = bp->first + out[i];
+        kvp_sel_chosen(bp, chosen, bp->k, n_tokens, bs, sel, masks);
+        return -1;
     }
-    kvp_sel_from_masks(sel, masks, bp->n_blocks);
+    /* the wide top first, then the top k among it: the same k blocks (the order is strict and
+     * keep is in block order, so ties still go to the lower block) */
+    kvp_topk_indices(score + bp->first, n_cand, wide, out, heap);
+    for (int i = 0; i < wide; i++) {
+        keep[i] = bp->first + out[i];
+        fscratch[i] = score[keep[i]];
+    }
+    kvp_topk_indices(fscratch, wide, bp->k, out, heap);
+    for (int i = 0; i < bp->k; i++)
+        chosen[i] = keep[out[i]];
+    kvp_sel_chosen(bp, chosen, bp->k, n_tokens, bs, sel, masks);
+    return wide;
+}
+
+void kvp_sel_blocks(const struct kvp_block_plan *bp, const float *score, int n_tokens, int bs,
+                    struct kvp_sel *sel, uint64_t *masks, int *iscratch)
+{
+    kvp_sel_blocks_keep(bp, score, n_tokens, bs, sel, masks, iscratch, 0, NULL, NULL);
 }
 
 /* Is token t of (layer, kvh) still in the cache? */
