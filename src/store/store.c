@@ -61,6 +61,45 @@ static void map_block(struct kvp_store *s, int layer, int b, int slot)
     set_table(s, layer, b, slot);
 }
 
+/* Replacement order of a layer's slots: a doubly linked list, the most recently needed or
+ * predicted at the head; empty slots go to the tail, so the victim search, which walks from
+ * the tail, takes them first and otherwise stops at the first slot it may take (O(1) for
+ * each allocation instead of a scan of the layer's slots). */
+static void lru_unlink(struct kvp_store *s, int layer, int sl)
+{
+    int p = s->lru_prev[sl], n = s->lru_next[sl];
+    if (p >= 0)
+        s->lru_next[p] = n;
+    else
+        s->lru_head[layer] = n;
+    if (n >= 0)
+        s->lru_prev[n] = p;
+    else
+        s->lru_tail[layer] = p;
+}
+
+static void lru_touch(struct kvp_store *s, int layer, int sl)
+{
+    if (s->lru_head[layer] == sl)
+        return;
+    lru_unlink(s, layer, sl);
+    s->lru_prev[sl] = -1;
+    s->lru_next[sl] = s->lru_head[layer];
+    s->lru_prev[s->lru_head[layer]] = sl;
+    s->lru_head[layer] = sl;
+}
+
+static void lru_demote(struct kvp_store *s, int layer, int sl)
+{
+    if (s->lru_tail[layer] == sl)
+        return;
+    lru_unlink(s, layer, sl);
+    s->lru_next[sl] = -1;
+    s->lru_prev[sl] = s->lru_tail[layer];
+    s->lru_next[s->lru_tail[layer]] = sl;
+    s->lru_tail[layer] = sl;
+}
+
 static void unmap_slot(struct kvp_store *s, int layer, int slot)
 {
     int b = s->slot_blk[slot];
@@ -70,6 +109,7 @@ static void unmap_slot(struct kvp_store *s, int layer, int slot)
     }
     s->slot_blk[slot] = -1;
     s->slot_state[slot] = KVP_SLOT_EMPTY;
+    lru_demote(s, layer, slot);
 }
 
 static bool identity_layer(const struct kvp_store *s, int layer)
@@ -350,22 +390,22 @@ static int newest_block(const struct kvp_store *s)
     return s->n_tokens / s->bs;
 }
 
-/* Least recently used slot of a tiered layer that holds nothing marked (needed or predicted by
- * the current call), is not the newest block and has no transfer in flight; -1 if none. */
+/* An empty slot of a tiered layer, or else the least recently used one that holds nothing
+ * marked (needed or predicted by the current call), is not the newest block and has no
+ * transfer in flight; -1 if none. */
 static int find_victim(const struct kvp_store *s, int layer)
 {
-    int best = -1, newest = newest_block(s);
-    for (int sl = s->slot0[layer]; sl < s->slot0[layer] + s->n_slots[layer]; sl++) {
+    int newest = newest_block(s);
+    for (int sl = s->lru_tail[layer]; sl >= 0; sl = s->lru_prev[sl]) {
         int b = s->slot_blk[sl];
         if (b < 0)
             return sl;
         if (s->slot_state[sl] == KVP_SLOT_LOADING || s->slot_writing[sl] || b == newest ||
             s->mark[b] == s->mark_id)
             continue;
-        if (best < 0 || s->slot_use[sl] < s->slot_use[best])
-            best = sl;
+        return sl;
     }
-    return best;
+    return -1;
 }
 
 /* A slot for (layer, b), evicting the LRU block; with may_wait, waits for transfers in flight
@@ -379,7 +419,7 @@ static int alloc_slot(struct kvp_store *s, int layer, int b, bool may_wait)
         return -1;
     unmap_slot(s, layer, sl);
     map_block(s, layer, b, sl);
-    s->slot_use[sl] = s->tick;
+    lru_touch(s, layer, sl);
     return sl;
 }
 
@@ -387,7 +427,6 @@ static int alloc_slot(struct kvp_store *s, int layer, int b, bool may_wait)
 static void mark_selection(struct kvp_store *s, const struct kvp_sel *sels, int last)
 {
     s->mark_id++;
-    s->tick++;
     if (!sels) {
         for (int b = 0; b <= last; b++)
             s->mark[b] = s->mark_id;
@@ -415,7 +454,7 @@ static int predicted_missing(struct kvp_store *s, int layer, const struct kvp_se
             continue;
         int sl = *res_of(s, layer, b);
         if (sl >= 0)
-            s->slot_use[sl] = s->tick; /* keep it: it is predicted again */
+            lru_touch(s, layer, sl); /* keep it: it is predicted again */
         else
             s->list[n++] = b;
     }
@@ -562,7 +601,10 @@ int kvp_store_init(const struct kvp_ctx_params *p, struct kvp_kvcache *kv, int n
     s->slot0 = calloc((size_t)n_layer, sizeof(int));
     s->n_slots = calloc((size_t)n_layer, sizeof(int));
     s->tiered = calloc((size_t)n_layer, sizeof(bool));
-    if (!s->list || !s->ovf || !s->mark || !s->pending || !s->res || !s->slot0 || !s->n_slots || !s->tiered) {
+    s->lru_head = calloc((size_t)n_layer, sizeof(int32_t));
+    s->lru_tail = calloc((size_t)n_layer, sizeof(int32_t));
+    if (!s->list || !s->ovf || !s->mark || !s->pending || !s->res || !s->slot0 || !s->n_slots ||
+        !s->tiered || !s->lru_head || !s->lru_tail) {
         rc = kvp_err_set(err, KVP_ENOMEM, "out of memory for the KV store");
         goto fail;
     }
@@ -622,14 +664,15 @@ static void free_hot(struct kvp_store *s)
     free(s->slot_blk);
     free(s->slot_state);
     free(s->slot_writing);
-    free(s->slot_use);
+    free(s->lru_prev);
+    free(s->lru_next);
     free(s->deferred);
     s->deferred = NULL;
     s->n_deferred = 0;
     s->hot = NULL;
     s->slot_blk = NULL;
     s->slot_state = s->slot_writing = NULL;
-    s->slot_use = NULL;
+    s->lru_prev = s->lru_next = NULL;
 }
 
 void kvp_store_free(struct kvp_store *s)
@@ -659,6 +702,8 @@ void kvp_store_free(struct kvp_store *s)
     free(s->res);
     free(s->slot0);
     free(s->n_slots);
+    free(s->lru_head);
+    free(s->lru_tail);
     free(s->tiered);
     free(s->ev);
     pthread_cond_destroy(&s->cv_work);
@@ -679,7 +724,16 @@ static void remap_all(struct kvp_store *s)
     for (int sl = 0; sl < s->n_slot; sl++) {
         s->slot_blk[sl] = -1;
         s->slot_state[sl] = KVP_SLOT_EMPTY;
-        s->slot_use[sl] = 0;
+    }
+    /* each layer's slots in one list, the lowest index at the tail (taken first) */
+    for (int l = 0; l < s->n_layer; l++) {
+        int a = s->slot0[l], e = a + s->n_slots[l];
+        for (int sl = a; sl < e; sl++) {
+            s->lru_prev[sl] = sl + 1 < e ? sl + 1 : -1;
+            s->lru_next[sl] = sl > a ? sl - 1 : -1;
+        }
+        s->lru_head[l] = e - 1;
+        s->lru_tail[l] = a;
     }
     for (int l = 0; l < s->n_layer; l++) {
         if (!identity_layer(s, l))
@@ -725,9 +779,10 @@ int kvp_store_configure(struct kvp_store *s, int dense_layers, int hot_blocks,
     s->slot_blk = malloc((size_t)n * sizeof(int32_t));
     s->slot_state = malloc((size_t)n);
     s->slot_writing = calloc((size_t)n, 1);
-    s->slot_use = calloc((size_t)n, sizeof(uint64_t));
+    s->lru_prev = malloc((size_t)n * sizeof(int32_t));
+    s->lru_next = malloc((size_t)n * sizeof(int32_t));
     s->deferred = malloc((size_t)n * sizeof(*s->deferred)); /* a slot is in one run at most */
-    if (!s->hot || !s->slot_blk || !s->slot_state || !s->slot_writing || !s->slot_use ||
+    if (!s->hot || !s->slot_blk || !s->slot_state || !s->slot_writing || !s->lru_prev || !s->lru_next ||
         !s->deferred) {
         free_hot(s);
         return kvp_err_set(err, KVP_ENOMEM, "cannot allocate the hot KV tier (%zu MiB)",
@@ -850,7 +905,6 @@ void kvp_store_prefill_end(struct kvp_store *s, int layer, int pos0, int end,
     int nb = end / s->bs;
     if (end % s->bs && *res_of(s, layer, nb) < 0) {
         s->mark_id++;
-        s->tick++;
         int sl = alloc_slot(s, layer, nb, true);
         if (sl >= 0) { /* always: a layer has at least 2 slots and nothing is in flight */
             memcpy(slot_ptr(s, sl), slot_ptr(s, s->stage0 + nb), s->unit_bytes);
@@ -890,7 +944,6 @@ void kvp_store_step_begin(struct kvp_store *s, int n_tokens)
         int sl = *res_of(s, l, nb);
         if (sl < 0) {
             s->mark_id++;
-            s->tick++;
             sl = alloc_slot(s, l, nb, true);
             if (sl < 0) /* cannot happen: nothing is marked and transfers were waited for */
                 continue;
@@ -977,7 +1030,7 @@ bool kvp_store_acquire_begin(struct kvp_store *s, int layer, const struct kvp_se
             s->pending[b] = 1;
             continue;
         }
-        s->slot_use[sl] = s->tick;
+        lru_touch(s, layer, sl);
         s->st.hits++;
         if (s->slot_state[sl] == KVP_SLOT_LOADING) {
             s->st.late++;

@@ -25,7 +25,7 @@
  * transferred; their slots hold the untiered layout instead (all K of head 0, head 1, ...,
  * then all V), so dense attention streams them as fast as without a store. Tiered layers get
  * `hot_budget` slots with a slot map (slot -> block, block -> slot), a state per slot (empty,
- * loading, ready, plus a write-in-flight flag) and LRU replacement by a use stamp; the block
+ * loading, ready, plus a write-in-flight flag) and LRU replacement (a linked list per layer); the block
  * being written (the newest) is pinned. Prefill needs the whole layer: it runs in a staging
  * area of one layer (max_blocks slots), loaded from the cold tier before the layer and written
  * back after it.
@@ -133,7 +133,8 @@ struct kvp_store {
     int32_t *slot_blk;     /* [n_slot] block held (-1: none) */
     uint8_t *slot_state;   /* [n_slot] enum kvp_slot_state */
     uint8_t *slot_writing; /* [n_slot] a write-through of the slot is in flight */
-    uint64_t *slot_use;    /* [n_slot] LRU stamp: tick of the last need or prediction */
+    int32_t *lru_prev, *lru_next; /* [n_slot] replacement order within a layer (store.c) */
+    int32_t *lru_head, *lru_tail; /* [n_layer] most and least recently used slot */
     uint32_t *mark;        /* [max_blocks] per-call set membership (== mark_id) */
     uint8_t *pending;      /* [max_blocks] needed by the acquire in progress and not yet hot */
     int acq_layer;         /* layer of the acquire in progress that must wait, or -1 */
@@ -141,7 +142,6 @@ struct kvp_store {
     bool acq_overflow;     /* it read blocks into the staging area */
     double acq_t0, acq_begin_s; /* when it began, and how long acquire_begin took */
     uint32_t mark_id;
-    uint64_t tick;
     int32_t *list;         /* [max_blocks] scratch: blocks to fetch */
     struct kvp_store_run *deferred; /* [n_slot] prefetch reads queued until the next layer's
                               misses are submitted (or the step ends), so that a miss, which
