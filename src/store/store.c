@@ -782,8 +782,8 @@ int kvp_store_configure(struct kvp_store *s, int dense_layers, int hot_blocks,
     s->lru_prev = malloc((size_t)n * sizeof(int32_t));
     s->lru_next = malloc((size_t)n * sizeof(int32_t));
     s->deferred = malloc((size_t)n * sizeof(*s->deferred)); /* a slot is in one run at most */
-    if (!s->hot || !s->slot_blk || !s->slot_state || !s->slot_writing || !s->lru_prev || !s->lru_next ||
-        !s->deferred) {
+    if (!s->hot || !s->slot_blk || !s->slot_state || !s->slot_writing || !s->lru_prev ||
+        !s->lru_next || !s->deferred) {
         free_hot(s);
         return kvp_err_set(err, KVP_ENOMEM, "cannot allocate the hot KV tier (%zu MiB)",
                            (size_t)n * s->unit_bytes >> 20);

@@ -25,8 +25,8 @@
  * transferred; their slots hold the untiered layout instead (all K of head 0, head 1, ...,
  * then all V), so dense attention streams them as fast as without a store. Tiered layers get
  * `hot_budget` slots with a slot map (slot -> block, block -> slot), a state per slot (empty,
- * loading, ready, plus a write-in-flight flag) and LRU replacement (a linked list per layer); the block
- * being written (the newest) is pinned. Prefill needs the whole layer: it runs in a staging
+ * loading, ready, plus a write-in-flight flag) and LRU replacement (a linked list per layer);
+ * the block being written (the newest) is pinned. Prefill needs the whole layer: it runs in a staging
  * area of one layer (max_blocks slots), loaded from the cold tier before the layer and written
  * back after it.
  *
