@@ -284,14 +284,11 @@ void kvp_attn_decode_early(struct kvp_ctx *c, int l, const float *q, const uint8
                               c->probs_stride, &c->ab[kvh]);
 }
 
-void kvp_attn_select_layer(struct kvp_ctx *c, int l, const float *q, int ith, int nth)
+void kvp_attn_select_head(struct kvp_ctx *c, int l, const float *q, int kvh)
 {
     const int hd = c->hp.head_dim, g = c->hp.n_head / c->hp.n_head_kv;
-    long h0, h1;
-    kvp_split_range(c->hp.n_head_kv, ith, nth, &h0, &h1);
-    for (long kvh = h0; kvh < h1; kvh++)
-        c->policy->ops->select(c->policy, l, (int)kvh, q + (size_t)kvh * g * hd,
-                               c->job_pos0 + 1, &c->sel[(size_t)l * c->hp.n_head_kv + kvh]);
+    c->policy->ops->select(c->policy, l, kvh, q + (size_t)kvh * g * hd, c->job_pos0 + 1,
+                           &c->sel[(size_t)l * c->hp.n_head_kv + kvh]);
 }
 
 void kvp_attn_predict_layer(struct kvp_ctx *c, int l, int n_tokens_next, int ith, int nth)

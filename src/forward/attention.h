@@ -8,7 +8,11 @@
  * V once and touches nothing else.
  *
  * Decode, sparse: the same over the blocks a policy selected, with a token mask per block; the
- * softmax is renormalised over the selection. Selecting every block gives the dense result.
+ * softmax is renormalised over the selection. Each selected block is reduced on its own (its
+ * max score, exp-sum and value sum) and the blocks are folded in selection order, so a tiered
+ * store can have the hot blocks reduced while its misses are read and still get the bits of the
+ * untiered cache (struct kvp_attn_blocks). Selecting every block gives the dense result up to
+ * rounding.
  *
  * Prefill: per KV head and chunk of 64 queries, the head's keys and values are gathered into
  * contiguous rows and two sgemm calls per query head compute scores and outputs with the causal
@@ -32,8 +36,8 @@ struct kvp_kvcache;
 void kvp_attn_decode_layer(struct kvp_ctx *c, int l, const float *q, float *out, int ith, int nth);
 
 /* Tiered store (the select of kvp_attn_decode_layer then does not run): the policy's select for
- * this thread's KV heads of layer l into ctx->sel. */
-void kvp_attn_select_layer(struct kvp_ctx *c, int l, const float *q, int ith, int nth);
+ * KV head kvh of layer l into ctx->sel. */
+void kvp_attn_select_head(struct kvp_ctx *c, int l, const float *q, int kvh);
 
 /* Tiered store: the predicted selections of layer l for a step with n_tokens_next tokens, for
  * this thread's KV heads, into ctx->sel_next: the policy's predict_next, or else the last

@@ -53,12 +53,15 @@ static int32_t *res_of(struct kvp_store *s, int layer, int b)
     return &s->res[(size_t)layer * s->max_blocks + b];
 }
 
-/* Make slot hold (layer, b) (state left to the caller). */
+/* Make slot hold (layer, b) (state left to the caller). While a layer's selection is still
+ * being made (kvp_store_acquire_head), the cache's table is left as it was, so the policy keeps
+ * seeing the block as absent instead of reading a slot that is being filled. */
 static void map_block(struct kvp_store *s, int layer, int b, int slot)
 {
     *res_of(s, layer, b) = slot;
     s->slot_blk[slot] = b;
-    set_table(s, layer, b, slot);
+    if (!s->hiding)
+        set_table(s, layer, b, slot);
 }
 
 /* Replacement order of a layer's slots: a doubly linked list, the most recently needed or
@@ -1008,6 +1011,29 @@ void kvp_store_step_end(struct kvp_store *s)
     kvp_store_note(s, KVP_EV_TOKEN, -1, s->step_t0, t1);
 }
 
+void kvp_store_acquire_head(struct kvp_store *s, int layer, const struct kvp_sel *sel, int n_keys)
+{
+    if (!s->tiered[layer] || s->mode == KVP_PREFETCH_DENSE || s->tier != KVP_TIER_DISK ||
+        identity_layer(s, layer))
+        return;
+    reap(s, false);
+    int last = (n_keys - 1) / s->bs, n = 0;
+    mark_selection(s, sel, last); /* this head's blocks are not evicted for each other */
+    for (int i = 0; i < sel->n && sel->blocks[i] <= last; i++) {
+        int b = sel->blocks[i];
+        if (*res_of(s, layer, b) < 0 && b != newest_block(s))
+            s->list[n++] = b;
+    }
+    for (int i = 0; i < n; i++)
+        s->pending[s->list[i]] = 2; /* acquire_begin counts it as a miss and maps it */
+    s->hiding = true;
+    int left = read_blocks(s, layer, s->list, n, false);
+    s->hiding = false;
+    for (int i = 0; i < left; i++) /* no slot for them now: acquire_begin reads them */
+        s->pending[s->list[i]] = 0;
+    s->st.misses += (uint64_t)(n - left);
+}
+
 bool kvp_store_acquire_begin(struct kvp_store *s, int layer, const struct kvp_sel *sels,
                              int n_keys)
 {
@@ -1031,6 +1057,12 @@ bool kvp_store_acquire_begin(struct kvp_store *s, int layer, const struct kvp_se
             continue;
         }
         lru_touch(s, layer, sl);
+        if (s->pending[b] == 2) { /* a miss that acquire_head started */
+            set_table(s, layer, b, sl);
+            s->pending[b] = s->slot_state[sl] == KVP_SLOT_LOADING;
+            stalled |= s->pending[b];
+            continue;
+        }
         s->st.hits++;
         if (s->slot_state[sl] == KVP_SLOT_LOADING) {
             s->st.late++;

@@ -148,6 +148,7 @@ struct kvp_store {
                               the decode thread waits for, is never queued behind them */
     int n_deferred;
     bool deferring;        /* submit() queues reads instead of starting them */
+    bool hiding;           /* map_block leaves the cache's table alone (acquire_head) */
     int32_t *ovf;          /* [max_blocks] blocks of ovf_layer read into the staging area
                               because the layer's hot slots were all needed */
     int n_ovf;
@@ -232,6 +233,11 @@ void kvp_store_acquire(struct kvp_store *s, int layer, const struct kvp_sel *sel
  * them. Nothing else may call the store in between. */
 bool kvp_store_acquire_begin(struct kvp_store *s, int layer, const struct kvp_sel *sels,
                              int n_keys);
+/* Optional, before acquire_begin, while the policy still selects for the layer's other KV
+ * heads (disk tier): start reading the missing blocks of one KV head's selection now. They
+ * stay invisible to the cache until acquire_begin, which counts them as misses. */
+void kvp_store_acquire_head(struct kvp_store *s, int layer, const struct kvp_sel *sel,
+                            int n_keys);
 void kvp_store_acquire_wait(struct kvp_store *s);
 
 /* Start reading the units of the predicted selections sels[0..n_kv) of layer for a step with
