@@ -431,6 +431,46 @@ static void test_bookkeeping_disk(void **state)
     free(d);
 }
 
+/* A KV head's misses read early (acquire_head, disk tier) are misses once, invisible to the
+ * cache until acquire_begin, and then hold the right data; on the RAM tier it does nothing. */
+static void check_acquire_head(int tier, const char *dir)
+{
+    struct bare b;
+    bare_init(&b, tier, dir, 16, 4);
+    bare_prefill(&b, 100);
+    struct kvp_store_stats *st = &b.s->st;
+    memset(st, 0, sizeof(*st));
+    kvp_store_step_begin(b.s, 100);
+    struct two_sels t;
+    int a[] = {0, 1}, c[] = {1, 2};
+    struct kvp_sel *sels = sels_of(&t, a, 2, c, 2);
+    kvp_store_acquire_head(b.s, 0, &sels[0], 101);
+    assert_int_equal(st->misses, tier == KVP_TIER_DISK ? 2 : 0);
+    assert_null(kvp_kvcache_kblock(&b.kv, 0, 0, 0)); /* hidden until acquire_begin */
+    assert_null(kvp_kvcache_kblock(&b.kv, 0, 0, 1));
+    kvp_store_acquire(b.s, 0, sels, 101);
+    assert_int_equal(st->misses, 3); /* 0, 1, 2, each once */
+    assert_int_equal(st->hits, 1);   /* the newest block */
+    assert_int_equal(st->late, 0);
+    for (int blk = 0; blk < 3; blk++)
+        assert_true(block_ok(&b, 0, blk, 100));
+    for (int blk = 0; blk < b.s->max_blocks; blk++)
+        assert_int_equal(b.s->pending[blk], 0);
+    kvp_store_step_end(b.s);
+    bare_free(&b);
+}
+
+static void test_acquire_head(void **state)
+{
+    (void)state;
+    check_acquire_head(KVP_TIER_RAM, NULL);
+    char *d = scratch_dir();
+    check_acquire_head(KVP_TIER_DISK, d);
+    assert_int_equal(dir_entries(d), 0);
+    rmdir(d);
+    free(d);
+}
+
 /* Units are padded to 4 KiB: head_dim 8 gives 1 KiB per head, 2 heads + 2 empty head slots. */
 static void test_padding_and_alignment(void **state)
 {
@@ -975,6 +1015,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bookkeeping_ram),
         cmocka_unit_test(test_bookkeeping_disk),
+        cmocka_unit_test(test_acquire_head),
         cmocka_unit_test(test_write_on_full),
         cmocka_unit_test(test_padding_and_alignment),
         cmocka_unit_test(test_dense_layer_layout),
