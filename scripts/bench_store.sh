@@ -9,6 +9,9 @@
 # paired with an untiered twin (bench --paired), and its ratio to it is the table's last row.
 #
 #   scripts/bench_store.sh [BUILD_DIR]      env: MODEL, POLICY (quest), CTXS, N (decode tokens),
+#                                                PAIRED_N (decode tokens of the paired disk token
+#                                                run, default 4 N: 4 times as many alternating
+#                                                chunks, so its ratio moves less with the host),
 #                                                KV_DIR (/tmp), THREADS (1), OUT, AUX (predictor
 #                                                file, for POLICY=predictor), DISK_FLAGS (more
 #                                                flags for the tiered runs, e.g. --hot-budget N,
@@ -23,6 +26,7 @@ MODEL=${MODEL:-../shared/models/stories260K.gguf}
 POLICY=${POLICY:-quest}
 CTXS=${CTXS:-"4096 16384 32768"}
 N=${N:-64}
+PAIRED_N=${PAIRED_N:-$((4 * N))}
 KV_DIR=${KV_DIR:-/tmp}
 THREADS=${THREADS:-1}
 OUT=${OUT:-bench_store.jsonl}
@@ -30,9 +34,9 @@ AUXF=()
 [ -n "${AUX:-}" ] && AUXF=(--aux "$AUX")
 : > "$OUT"
 
-run() { # label, flags...
+run() { # label, flags... (NTOK: decode tokens, default N)
     local label=$1; shift
-    "$KVP" bench -m "$MODEL" -t "$THREADS" -n "$N" -r 1 --prefill 16 --json "$@" 2>/dev/null |
+    "$KVP" bench -m "$MODEL" -t "$THREADS" -n "${NTOK:-$N}" -r 1 --prefill 16 --json "$@" 2>/dev/null |
         jq -c --arg l "$label" '. + {"label": $l}' >> "$OUT"
     tail -n 1 "$OUT" | jq -r '"\(.label) ctx \(.ctx): \(.decode_tokens_per_s | floor) tokens/s"' >&2
 }
@@ -49,12 +53,13 @@ for c in $CTXS; do
     run "disk layer" -c "$c" "${pol[@]}" "${disk[@]}" --prefetch layer
     # --paired: an untiered twin decodes the same tokens in alternating chunks, so the ratio
     # to RAM sparse comes from the same seconds of a shared host (the rows above do not)
-    run "disk token" -c "$c" "${pol[@]}" "${disk[@]}" --prefetch token --paired \
+    NTOK=$PAIRED_N run "disk token" -c "$c" "${pol[@]}" "${disk[@]}" --prefetch token --paired \
         --timeline "${TIMELINE_DIR:-bench}/timeline_disk_token_$c.png"
 done
 
 echo
-echo "decode tokens/s, $POLICY at budget 1/16, $N decode tokens, $THREADS thread(s)"
+echo "decode tokens/s, $POLICY at budget 1/16, $N decode tokens ($PAIRED_N for disk token and its"
+echo "paired ratio), $THREADS thread(s)"
 jq -rs '
   (map(.ctx) | unique) as $ctxs
   | ["RAM dense","RAM sparse","disk dense","disk none","disk layer","disk token"] as $rows

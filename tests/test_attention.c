@@ -44,14 +44,23 @@ static void make_cache(struct kvp_kvcache *c)
         kvp_kvcache_evict(c, 0, 1, gone[i], NKEYS);
 }
 
-/* A selection of blocks 0, 2, 3, 7 and 12 (12 is the partial last block), some tokens masked. */
-static struct kvp_sel make_sel(int32_t *blocks, uint64_t *mask)
+/* The cache of make_cache and a selection of blocks 0, 2, 3, 7 and 12 (12 is the partial last
+ * block), some tokens masked. */
+struct fixture {
+    struct kvp_kvcache c;
+    int32_t blocks[8];
+    uint64_t mask[8];
+    struct kvp_sel sel;
+};
+
+static void fixture_init(struct fixture *f)
 {
     const int32_t b[] = {0, 2, 3, 7, 12};
     const uint64_t m[] = {0xFFFF, 0x0FF0, 0xFFFF, 0x8001, 0xFFFF};
-    memcpy(blocks, b, sizeof(b));
-    memcpy(mask, m, sizeof(m));
-    return (struct kvp_sel){.n = 5, .blocks = blocks, .mask = mask};
+    make_cache(&f->c);
+    memcpy(f->blocks, b, sizeof(b));
+    memcpy(f->mask, m, sizeof(m));
+    f->sel = (struct kvp_sel){.n = 5, .blocks = f->blocks, .mask = f->mask};
 }
 
 struct blocks_buf {
@@ -92,25 +101,24 @@ static bool reads(const struct kvp_kvcache *c, int h, const struct kvp_sel *sel,
 static void test_matches_float64(void **state)
 {
     (void)state;
-    struct kvp_kvcache c;
-    make_cache(&c);
-    int32_t blocks[8];
-    uint64_t mask[8];
-    struct kvp_sel sel = make_sel(blocks, mask);
+    struct fixture f;
+    fixture_init(&f);
+    struct kvp_kvcache *c = &f.c;
+    struct kvp_sel sel = f.sel;
     struct blocks_buf b;
     blocks_init(&b, 0);
     float q[G * HD], out[G * HD], probs[G * CTX];
     for (int h = 0; h < NKV; h++) {
         for (int i = 0; i < G * HD; i++)
             q[i] = urand();
-        kvp_attn_sparse_group(&c, 0, h, q, G, NKEYS, &sel, probs, CTX, &b.ab, out);
+        kvp_attn_sparse_group(c, 0, h, q, G, NKEYS, &sel, probs, CTX, &b.ab, out);
         for (int j = 0; j < G; j++) {
             double s[5 * BS], mx = -INFINITY, sum = 0, o[HD] = {0};
             for (int i = 0; i < sel.n; i++)
                 for (int t = 0; t < BS; t++) {
                     double dot = -INFINITY;
-                    if (reads(&c, h, &sel, i, t)) {
-                        const float *kt = kvp_kvcache_kblock(&c, 0, h, sel.blocks[i]);
+                    if (reads(c, h, &sel, i, t)) {
+                        const float *kt = kvp_kvcache_kblock(c, 0, h, sel.blocks[i]);
                         dot = 0;
                         for (int d = 0; d < HD; d++)
                             dot += (double)q[j * HD + d] * kt[d * BS + t];
@@ -125,7 +133,7 @@ static void test_matches_float64(void **state)
                 for (int t = 0; t < BS; t++) {
                     double p = s[i * BS + t] == -INFINITY ? 0 : exp(s[i * BS + t] - mx) / sum;
                     assert_true(fabs(p - probs[j * CTX + i * BS + t]) < 1e-6);
-                    const float *vb = kvp_kvcache_vblock(&c, 0, h, sel.blocks[i]);
+                    const float *vb = kvp_kvcache_vblock(c, 0, h, sel.blocks[i]);
                     for (int d = 0; d < HD && p > 0; d++)
                         o[d] += p * vb[t * HD + d];
                 }
@@ -135,24 +143,23 @@ static void test_matches_float64(void **state)
     }
     /* nothing readable: output and probabilities 0 */
     sel.mask[0] = sel.mask[1] = sel.mask[2] = sel.mask[3] = sel.mask[4] = 0;
-    kvp_attn_sparse_group(&c, 0, 0, q, G, NKEYS, &sel, probs, CTX, &b.ab, out);
+    kvp_attn_sparse_group(c, 0, 0, q, G, NKEYS, &sel, probs, CTX, &b.ab, out);
     for (int i = 0; i < G * HD; i++)
         assert_true(out[i] == 0.0f);
     for (int j = 0; j < G; j++)
         for (int i = 0; i < sel.n * BS; i++)
             assert_true(probs[j * CTX + i] == 0.0f);
     blocks_free(&b);
-    kvp_kvcache_free(&c);
+    kvp_kvcache_free(c);
 }
 
 static void test_early_blocks_same_bits(void **state)
 {
     (void)state;
-    struct kvp_kvcache c;
-    make_cache(&c);
-    int32_t blocks[8];
-    uint64_t mask[8];
-    struct kvp_sel sel = make_sel(blocks, mask);
+    struct fixture f;
+    fixture_init(&f);
+    struct kvp_kvcache *c = &f.c;
+    const struct kvp_sel sel = f.sel;
     struct blocks_buf plain, early;
     blocks_init(&plain, 0);
     float q[G * HD], out0[G * HD], out1[G * HD], p0[G * CTX], p1[G * CTX];
@@ -162,17 +169,17 @@ static void test_early_blocks_same_bits(void **state)
     for (int cap = 1; cap <= 5; cap += 2) {
         blocks_init(&early, cap);
         for (int h = 0; h < NKV; h++) {
-            kvp_attn_sparse_group(&c, 0, h, q, G, NKEYS, &sel, p0, CTX, &plain.ab, out0);
+            kvp_attn_sparse_group(c, 0, h, q, G, NKEYS, &sel, p0, CTX, &plain.ab, out0);
             /* every subset of the five blocks still in flight */
             for (int set = 0; set < 32; set++) {
                 uint8_t pending[CTX / BS] = {0};
                 for (int i = 0; i < sel.n; i++)
                     pending[sel.blocks[i]] = (uint8_t)((set >> i) & 1);
                 memset(p1, 0xff, sizeof(p1)); /* NaN: every probability must be written */
-                kvp_attn_sparse_early(&c, 0, h, q, G, NKEYS, &sel, pending, p1, CTX, &early.ab);
+                kvp_attn_sparse_early(c, 0, h, q, G, NKEYS, &sel, pending, p1, CTX, &early.ab);
                 int ready = sel.n - __builtin_popcount((unsigned)set);
                 assert_int_equal(early.ab.n, ready < cap ? ready : cap);
-                kvp_attn_sparse_group(&c, 0, h, q, G, NKEYS, &sel, p1, CTX, &early.ab, out1);
+                kvp_attn_sparse_group(c, 0, h, q, G, NKEYS, &sel, p1, CTX, &early.ab, out1);
                 assert_int_equal(early.ab.n, 0);
                 assert_memory_equal(out0, out1, sizeof(out0));
                 for (int j = 0; j < G; j++)
@@ -184,7 +191,7 @@ static void test_early_blocks_same_bits(void **state)
     }
     assert_int_equal(tried, 3 * NKV * 32);
     blocks_free(&plain);
-    kvp_kvcache_free(&c);
+    kvp_kvcache_free(c);
 }
 
 int main(void)
