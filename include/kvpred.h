@@ -140,6 +140,10 @@ struct kvp_ctx_params {
     double link_latency_us; /* RAM tier: and this latency per transfer in µs [0] */
     bool kv_syscall_submit; /* disk tier: submit reads by syscall, not through a kernel thread
                                that polls the ring [false: polling where the kernel allows] */
+    bool kv_sq_pin;         /* disk tier, polling: run the polling thread on CPU kv_sq_cpu
+                               (keep it off the decode thread's CPU) [false: the kernel's choice;
+                               a CPU the kernel refuses is an error] */
+    int kv_sq_cpu;
 };
 
 /* Where the whole KV cache lives when it is tiered (kvp_ctx_params.kv_tier). */

@@ -283,6 +283,9 @@ static void test_bench_paired(void **state)
     snprintf(model, sizeof(model), "%s/models/kvpred-default.gguf", src ? src : ".");
     snprintf(cmd, sizeof(cmd), "%s bench -m %s -c 256 -n 8 --paired", cli, model);
     kvp_test_expect_error(cmd, "need --kv-tier");
+    snprintf(cmd, sizeof(cmd), "%s bench -m %s -c 256 -n 8 --kv-tier ram --kv-sq-cpu 0", cli,
+             model);
+    kvp_test_expect_error(cmd, "--kv-sq-cpu needs --kv-tier disk");
     snprintf(cmd, sizeof(cmd),
              "%s bench -m %s -c 512 -n 40 -r 1 --prefill 16 --policy quest --budget 1/8 "
              "--kv-tier disk --hot-budget 96 --prefetch token --paired --json",

@@ -471,6 +471,43 @@ static void test_acquire_head(void **state)
     free(d);
 }
 
+/* kv_sq_pin: the polling thread on a CPU the kernel refuses is one clear error, nothing left
+ * behind; on CPU 0 it runs (where this kernel gives polling threads at all). */
+static void test_sq_cpu(void **state)
+{
+    (void)state;
+    char *d = scratch_dir();
+    struct kvp_kvcache kv;
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_kvcache_init_external(&kv, 2, 2, 16, 16, 256, &err), 0);
+    struct kvp_store *s = NULL;
+    struct kvp_ctx_params p = {.kv_tier = KVP_TIER_DISK, .kv_dir = d, .kv_sq_pin = true,
+                               .kv_sq_cpu = 4095};
+    assert_int_equal(kvp_store_init(&p, &kv, 2, 2, 16, 16, kv.max_blocks, &s, &err),
+                     KVP_EINVAL);
+    assert_null(s);
+    assert_non_null(strstr(err.msg, "CPU 4095"));
+    assert_int_equal(dir_entries(d), 0);
+    p.kv_sq_pin = false;
+    assert_int_equal(kvp_store_init(&p, &kv, 2, 2, 16, 16, kv.max_blocks, &s, &err), 0);
+    bool polls = s->st.sq_poll;
+    kvp_store_free(s);
+    s = NULL;
+    if (polls) {
+        p.kv_sq_pin = true;
+        p.kv_sq_cpu = 0;
+        assert_int_equal(kvp_store_init(&p, &kv, 2, 2, 16, 16, kv.max_blocks, &s, &err), 0);
+        assert_true(s->st.sq_poll);
+        kvp_store_free(s);
+    } else {
+        print_message("no polling threads on this kernel: CPU 0 not tried\n");
+    }
+    kvp_kvcache_free(&kv);
+    assert_int_equal(dir_entries(d), 0);
+    rmdir(d);
+    free(d);
+}
+
 /* Units are padded to 4 KiB: head_dim 8 gives 1 KiB per head, 2 heads + 2 empty head slots. */
 static void test_padding_and_alignment(void **state)
 {
@@ -1016,6 +1053,7 @@ int main(void)
         cmocka_unit_test(test_bookkeeping_ram),
         cmocka_unit_test(test_bookkeeping_disk),
         cmocka_unit_test(test_acquire_head),
+        cmocka_unit_test(test_sq_cpu),
         cmocka_unit_test(test_write_on_full),
         cmocka_unit_test(test_padding_and_alignment),
         cmocka_unit_test(test_dense_layer_layout),

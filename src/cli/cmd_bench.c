@@ -68,6 +68,8 @@ static void help(void)
            "  --timeline OUT.png   draw a timeline of four decode steps (tiered runs)\n"
            "  --kv-syscall-submit  disk tier: submit reads by syscall instead of through a\n"
            "                       kernel thread polling the ring (store.sq_poll says which ran)\n"
+           "  --kv-sq-cpu N        disk tier: run that polling thread on CPU N (for example\n"
+           "                       with the decode thread kept elsewhere by taskset)\n"
            "  --paired             tiered runs: also fill an untiered cache with the same policy\n"
            "                       and decode the two in alternating chunks of %d tokens, so\n"
            "                       both see the same host (JSON: paired)\n"
@@ -224,7 +226,7 @@ static cJSON *store_json(const struct kvp_store_stats *s)
 int cmd_bench(int argc, char **argv)
 {
     struct cli_model_opts mo = {0};
-    long n_decode = 128, n_prefill = 512, reps = 3, hot_budget = 0;
+    long n_decode = 128, n_prefill = 512, reps = 3, hot_budget = 0, sq_cpu = -1;
     double bandwidth = 0, link_gbps = 0, link_us = 0;
     bool json = false, paired = false, syscall_submit = false;
     struct kvp_policy_params pp = {0};
@@ -248,6 +250,7 @@ int cmd_bench(int argc, char **argv)
         CLI_STR("--timeline", &timeline),
         CLI_BOOL("--paired", &paired),
         CLI_BOOL("--kv-syscall-submit", &syscall_submit),
+        CLI_INT("--kv-sq-cpu", 0, 4095, &sq_cpu, "a CPU number"),
         CLI_BOOL("--json", &json),
         {0},
     };
@@ -267,16 +270,19 @@ int cmd_bench(int argc, char **argv)
     if (budget_arg && !pp.name)
         return cli_fail("--budget needs --policy");
     if (tier == KVP_TIER_NONE && (kv_dir || hot_budget || prefetch || link_gbps || link_us ||
-                                  timeline || paired || syscall_submit))
-        return cli_fail("--kv-dir, --hot-budget, --prefetch, --link-*, --timeline, --paired and "
-                        "--kv-syscall-submit need --kv-tier");
+                                  timeline || paired || syscall_submit || sq_cpu >= 0))
+        return cli_fail("--kv-dir, --hot-budget, --prefetch, --link-*, --timeline, --paired, "
+                        "--kv-syscall-submit and --kv-sq-cpu need --kv-tier");
+    if (sq_cpu >= 0 && (tier != KVP_TIER_DISK || syscall_submit))
+        return cli_fail("--kv-sq-cpu needs --kv-tier disk without --kv-syscall-submit");
     if (!pp.name && tier != KVP_TIER_NONE && prefetch != KVP_PREFETCH_DENSE)
         cli_warn("without --policy every layer is dense and stays hot: nothing is tiered "
                  "unless --prefetch dense");
     struct kvp_ctx_params cp = {.kv_tier = tier, .kv_dir = kv_dir, .hot_budget = (int)hot_budget,
                                 .prefetch = prefetch, .link_gbps = link_gbps,
                                 .link_latency_us = link_us,
-                                .kv_syscall_submit = syscall_submit};
+                                .kv_syscall_submit = syscall_submit,
+                                .kv_sq_pin = sq_cpu >= 0, .kv_sq_cpu = (int)sq_cpu};
     int status = 1;
     int32_t *toks = NULL;
     float *logits = NULL;

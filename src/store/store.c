@@ -635,9 +635,20 @@ int kvp_store_init(const struct kvp_ctx_params *p, struct kvp_kvcache *kv, int n
          * (page pinning, bio set-up, the doorbell) on another core instead of the decode
          * thread; where it is refused (old kernel, no privilege), submissions are syscalls */
         struct io_uring_params up = {.flags = IORING_SETUP_SQPOLL, .sq_thread_idle = 20};
+        if (p->kv_sq_pin) {
+            up.flags |= IORING_SETUP_SQ_AFF;
+            up.sq_thread_cpu = (unsigned)p->kv_sq_cpu;
+        }
         int e = p->kv_syscall_submit
                     ? -1
                     : io_uring_queue_init_params(KVP_STORE_MAX_XFER, s->ring, &up);
+        if (e < 0 && p->kv_sq_pin && !p->kv_syscall_submit) {
+            free(s->ring);
+            s->ring = NULL;
+            rc = kvp_err_set(err, KVP_EINVAL, "io_uring: no polling thread on CPU %d: %s",
+                             p->kv_sq_cpu, strerror(-e));
+            goto fail;
+        }
         s->st.sq_poll = e >= 0;
         if (e < 0)
             e = io_uring_queue_init(KVP_STORE_MAX_XFER, s->ring, 0);
