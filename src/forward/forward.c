@@ -341,13 +341,23 @@ static void decode_tiered(struct kvp_ctx *c, int l, int ith, int nth)
             kvp_store_map_cold(st, l, n_keys, true);
         kvp_pool_barrier(c->pool);
     }
+    /* a select that reads every key sees them all, read from disk first (and no early miss
+     * read may evict a block under it) */
+    const bool all_keys = sparse && st->tier == KVP_TIER_DISK &&
+                          c->policy->ops->reads_all_keys &&
+                          c->policy->ops->reads_all_keys(c->policy, l);
+    if (all_keys) {
+        if (ith == 0)
+            kvp_store_load_cold(st, l, n_keys);
+        kvp_pool_barrier(c->pool);
+    }
     if (sparse) {
         /* the first KV heads' misses start while the policy selects for the others */
         long h0, h1;
         kvp_split_range(n_kv, ith, nth, &h0, &h1);
         for (long h = h0; h < h1; h++) {
             kvp_attn_select_head(c, l, c->q, (int)h);
-            if (ith == 0 && h + 1 < n_kv)
+            if (ith == 0 && h + 1 < n_kv && !all_keys)
                 kvp_store_acquire_head(st, l, c->sel + (size_t)l * n_kv + h, n_keys);
         }
     }

@@ -110,6 +110,11 @@ struct kvp_policy_ops {
      * prefetches the last selection of the same (layer, KV head) (re-access). */
     void (*predict_next)(struct kvp_policy *p, int layer, int kvh, int n_tokens_next,
                          struct kvp_sel *sel);
+    /* Optional: whether the next select of layer reads the keys of every block (the
+     * AttentionPredictor's calibration rows). A tiered store whose cold tier is on disk then
+     * reads the layer's cold blocks in before that select, so it sees what the untiered cache
+     * would; without this hook select must read nothing but the newest block. */
+    bool (*reads_all_keys)(const struct kvp_policy *p, int layer);
 };
 
 /* Registry (registry.c): NULL-terminated table of every policy. */

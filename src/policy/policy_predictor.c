@@ -84,6 +84,11 @@ static void pred_predict_next(struct kvp_policy *p, int layer, int kvh, int n_to
     kvp_predsel_predict_next(p->state, p, layer, kvh, n_tokens_next, sel);
 }
 
+static bool pred_reads_all_keys(const struct kvp_policy *p, int layer)
+{
+    return kvp_predsel_calibrates_next(p->state, layer);
+}
+
 static void pred_step(struct kvp_policy *p, int layer, int kvh, const struct kvp_sel *sel,
                       const float *probs, int probs_stride, int n_tokens)
 {
@@ -103,4 +108,5 @@ const struct kvp_policy_ops kvp_policy_predictor = {
     .select = pred_select,
     .predict_next = pred_predict_next,
     .on_step = pred_step,
+    .reads_all_keys = pred_reads_all_keys,
 };

@@ -402,6 +402,14 @@ void kvp_predsel_select(struct kvp_predsel *s, const struct kvp_policy *p, int l
     choose(s, p, layer, kvh, n_tokens, step, sel);
 }
 
+bool kvp_predsel_calibrates_next(const struct kvp_predsel *s, int layer)
+{
+    for (int h = 0; h < s->n_head_kv; h++) /* the KV heads of a layer step together */
+        if (kvp_hist_is_calibration(s->step[layer * s->n_head_kv + h] + 1, s->o.calib))
+            return true;
+    return false;
+}
+
 void kvp_predsel_predict_next(struct kvp_predsel *s, const struct kvp_policy *p, int layer,
                               int kvh, int n_tokens_next, struct kvp_sel *sel)
 {

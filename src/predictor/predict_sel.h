@@ -47,6 +47,9 @@ void kvp_predsel_prefill(struct kvp_predsel *ps, const struct kvp_policy *p, int
 void kvp_predsel_select(struct kvp_predsel *ps, const struct kvp_policy *p, int layer, int kvh,
                         const float *q, int n_tokens, struct kvp_sel *sel);
 
+/* Whether the next select of layer is a calibration step (it reads every key). */
+bool kvp_predsel_calibrates_next(const struct kvp_predsel *ps, int layer);
+
 /* What the next select of (layer, kvh) will read (the store's prefetch), without its query. */
 void kvp_predsel_predict_next(struct kvp_predsel *ps, const struct kvp_policy *p, int layer,
                               int kvh, int n_tokens_next, struct kvp_sel *sel);

@@ -1147,6 +1147,37 @@ void kvp_store_prefetch(struct kvp_store *s, int layer, const struct kvp_sel *se
     s->st.prefetched += (uint64_t)(n - left);
 }
 
+void kvp_store_load_cold(struct kvp_store *s, int layer, int n_keys)
+{
+    if (s->tier != KVP_TIER_DISK || !s->tiered[layer] || identity_layer(s, layer) ||
+        s->stage0 < 0)
+        return;
+    double t0 = kvp_time_now();
+    clear_overflow(s);
+    s->ovf_layer = layer;
+    int nb = (n_keys + s->bs - 1) / s->bs, run0 = -1;
+    /* every block that is not hot, from the cold tier into its staging slot (consecutive like
+     * the cold units, so runs travel as one request), then the table points there; the next
+     * acquire_begin points it back (clear_overflow) */
+    for (int b = 0; b <= nb; b++) {
+        bool cold = b < nb && *res_of(s, layer, b) < 0;
+        if (cold) {
+            s->ovf[s->n_ovf++] = b;
+            set_table(s, layer, b, s->stage0 + b);
+        }
+        if (cold && run0 < 0)
+            run0 = b;
+        if (run0 >= 0 && (!cold || b - run0 == MAX_RUN)) {
+            submit(s, layer, run0, s->stage0 + run0, b - run0, false);
+            run0 = cold ? b : -1;
+        }
+    }
+    kvp_store_drain(s);
+    double t1 = kvp_time_now();
+    s->st.wait_s += t1 - t0;
+    kvp_store_note(s, KVP_EV_WAIT, layer, t0, t1);
+}
+
 void kvp_store_map_cold(struct kvp_store *s, int layer, int n_keys, bool on)
 {
     if (s->tier != KVP_TIER_RAM || !s->tiered[layer] || identity_layer(s, layer))

@@ -252,6 +252,11 @@ void kvp_store_prefetch(struct kvp_store *s, int layer, const struct kvp_sel *se
  * such reads see the hot blocks only (kvp_attn_dense_group skips unmapped blocks). */
 void kvp_store_map_cold(struct kvp_store *s, int layer, int n_keys, bool on);
 
+/* Disk tier, before a select that reads every key (policy reads_all_keys): read every block of
+ * layer that is not hot into the staging area and point the table there, synchronously (the
+ * wait is counted), until the next acquire_begin. No-op for the RAM tier (map_cold). */
+void kvp_store_load_cold(struct kvp_store *s, int layer, int n_keys);
+
 /* Record a span of worker 0 (timeline and prediction accounting). */
 void kvp_store_note(struct kvp_store *s, int kind, int layer, double t0, double t1);
 
