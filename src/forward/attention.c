@@ -70,6 +70,13 @@ static inline void prefetch_block(const float *p, size_t n)
         __builtin_prefetch((const char *)p + o);
 }
 
+/* The first KiB of both the keys and the values of block b (prefetch_block). */
+static inline void prefetch_kv(const struct kvp_kvcache *kv, int l, int kvh, int b)
+{
+    prefetch_block(kvp_kvcache_kblock(kv, l, kvh, b), kv->block_floats);
+    prefetch_block(kvp_kvcache_vblock(kv, l, kvh, b), kv->block_floats);
+}
+
 /* Whether selected block i of sel may be read for keys [0, n_keys), and which of its tokens
  * (bit t), after eviction and the end of the cache; 0 when nothing in it is readable. */
 static uint64_t readable_tokens(const struct kvp_kvcache *kv, int l, int kvh, int n_keys,
@@ -135,8 +142,7 @@ void kvp_attn_sparse_early(const struct kvp_kvcache *kv, int l, int kvh, const f
             continue;
         for (int nx = i + 1; nx < sel->n; nx++)
             if (!pending[sel->blocks[nx]]) {
-                prefetch_block(kvp_kvcache_kblock(kv, l, kvh, sel->blocks[nx]), kv->block_floats);
-                prefetch_block(kvp_kvcache_vblock(kv, l, kvh, sel->blocks[nx]), kv->block_floats);
+                prefetch_kv(kv, l, kvh, sel->blocks[nx]);
                 break;
             }
         int k = ab->n++;
@@ -187,12 +193,8 @@ void kvp_attn_sparse_group(const struct kvp_kvcache *kv, int l, int kvh, const f
             ls = ab->lsum + (size_t)k * g;
             k++;
         } else {
-            if (i + 1 < sel->n) {
-                prefetch_block(kvp_kvcache_kblock(kv, l, kvh, sel->blocks[i + 1]),
-                               kv->block_floats);
-                prefetch_block(kvp_kvcache_vblock(kv, l, kvh, sel->blocks[i + 1]),
-                               kv->block_floats);
-            }
+            if (i + 1 < sel->n)
+                prefetch_kv(kv, l, kvh, sel->blocks[i + 1]);
             reduce_block(kv, l, kvh, q, g, n_keys, sel, i, probs, probs_stride, ab, ab->tmp, hd,
                          ab->tmp_l);
         }

@@ -320,6 +320,18 @@ static void add_bias(float *y, int n, int ld, const float *bias, long r0, long r
  * selected blocks into the hot tier (and start the cross-layer prefetch of layer l+1), attend,
  * then for cross-token prefetching predict layer l's next selection and start reading it while
  * the rest of this token and the first layers of the next one compute. */
+/* The predicted selections of layer l for a step with n_next tokens (every thread's KV heads),
+ * timed on worker 0 as prediction; join: wait for every thread's heads before the note. */
+static void predict_timed(struct kvp_ctx *c, int l, int n_next, int ith, int nth, bool join)
+{
+    double tp = ith == 0 ? kvp_time_now() : 0;
+    kvp_attn_predict_layer(c, l, n_next, ith, nth);
+    if (join)
+        kvp_pool_barrier(c->pool);
+    if (ith == 0)
+        kvp_store_note(c->store, KVP_EV_PREDICT, l, tp, kvp_time_now());
+}
+
 static void decode_tiered(struct kvp_ctx *c, int l, int ith, int nth)
 {
     struct kvp_store *st = c->store;
@@ -328,13 +340,9 @@ static void decode_tiered(struct kvp_ctx *c, int l, int ith, int nth)
     const bool ahead = st->mode == KVP_PREFETCH_LAYER && c->policy && l + 1 < c->hp.n_layer &&
                        l + 1 >= c->dense_layers;
     if (ahead) {
-        double tp = ith == 0 ? kvp_time_now() : 0;
-        kvp_attn_predict_layer(c, l + 1, n_keys, ith, nth);
-        kvp_pool_barrier(c->pool);
-        if (ith == 0) {
-            kvp_store_note(st, KVP_EV_PREDICT, l + 1, tp, kvp_time_now());
+        predict_timed(c, l + 1, n_keys, ith, nth, true);
+        if (ith == 0)
             kvp_store_prefetch(st, l + 1, c->sel_next + (size_t)(l + 1) * n_kv, n_keys);
-        }
     }
     if (sparse && st->tier == KVP_TIER_RAM) {
         if (ith == 0)
@@ -372,17 +380,13 @@ static void decode_tiered(struct kvp_ctx *c, int l, int ith, int nth)
     /* no step follows the context's last position (and its plan would not fit the buffers) */
     const bool predicts = st->mode == KVP_PREFETCH_TOKEN && sparse && n_keys < c->n_ctx;
     bool predicted = false;
-    double tp = 0;
     if (c->store_waits) {
         /* attend to the hot blocks while the rest is read (same bits: attention.h); a policy
          * without on_step predicts from what its select left, so that runs here too */
         if (sparse)
             kvp_attn_decode_early(c, l, c->q, st->pending, ith, nth);
         if (predicts && !c->policy->ops->on_step) {
-            tp = ith == 0 ? kvp_time_now() : 0;
-            kvp_attn_predict_layer(c, l, n_keys + 1, ith, nth);
-            if (ith == 0)
-                kvp_store_note(st, KVP_EV_PREDICT, l, tp, kvp_time_now());
+            predict_timed(c, l, n_keys + 1, ith, nth, false);
             predicted = true;
         }
         kvp_pool_barrier(c->pool);
@@ -394,13 +398,8 @@ static void decode_tiered(struct kvp_ctx *c, int l, int ith, int nth)
     if (!predicts)
         return;
     kvp_pool_barrier(c->pool);
-    if (!predicted) {
-        tp = ith == 0 ? kvp_time_now() : 0;
-        kvp_attn_predict_layer(c, l, n_keys + 1, ith, nth);
-        kvp_pool_barrier(c->pool);
-        if (ith == 0)
-            kvp_store_note(st, KVP_EV_PREDICT, l, tp, kvp_time_now());
-    }
+    if (!predicted)
+        predict_timed(c, l, n_keys + 1, ith, nth, true);
     if (ith == 0)
         kvp_store_prefetch(st, l, c->sel_next + (size_t)l * n_kv, n_keys + 1);
 }

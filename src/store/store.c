@@ -863,6 +863,23 @@ int kvp_store_take_error(struct kvp_store *s, struct kvp_err *err)
 
 /* ======================================== prefill ========================================= */
 
+/* Start reading every block of layer below nb that is not hot from the cold tier into its
+ * staging slot, in runs (staging slots are consecutive like the cold units, so a run of cold
+ * blocks travels as one request of at most MAX_RUN units). */
+static void read_cold_to_staging(struct kvp_store *s, int layer, int nb)
+{
+    int run0 = -1;
+    for (int b = 0; b <= nb; b++) {
+        bool cold = b < nb && *res_of(s, layer, b) < 0;
+        if (cold && run0 < 0)
+            run0 = b;
+        if (run0 >= 0 && (!cold || b - run0 == MAX_RUN)) {
+            submit(s, layer, run0, s->stage0 + run0, b - run0, false);
+            run0 = cold ? b : -1;
+        }
+    }
+}
+
 void kvp_store_prefill_begin(struct kvp_store *s, int layer, int pos0, int end)
 {
     if (identity_layer(s, layer))
@@ -872,18 +889,10 @@ void kvp_store_prefill_begin(struct kvp_store *s, int layer, int pos0, int end)
     int nb_old = (pos0 + s->bs - 1) / s->bs, nb_end = (end + s->bs - 1) / s->bs;
     for (int b = 0; b < nb_end; b++)
         set_table(s, layer, b, s->stage0 + b);
-    /* what the layer holds already: hot copies as they are, the rest from the cold tier in
-     * runs (staging slots are consecutive like the cold units) */
-    int run0 = -1;
-    for (int b = 0; b <= nb_old; b++) {
-        int sl = b < nb_old ? *res_of(s, layer, b) : -1;
-        bool cold = b < nb_old && sl < 0;
-        if (cold && run0 < 0)
-            run0 = b;
-        if (run0 >= 0 && (!cold || b - run0 == MAX_RUN)) {
-            submit(s, layer, run0, s->stage0 + run0, b - run0, false);
-            run0 = cold ? b : -1;
-        }
+    /* what the layer holds already: hot copies as they are, the rest from the cold tier */
+    read_cold_to_staging(s, layer, nb_old);
+    for (int b = 0; b < nb_old; b++) {
+        int sl = *res_of(s, layer, b);
         if (sl >= 0)
             memcpy(slot_ptr(s, s->stage0 + b), slot_ptr(s, sl), s->unit_bytes);
     }
@@ -1032,7 +1041,7 @@ void kvp_store_acquire_head(struct kvp_store *s, int layer, const struct kvp_sel
     mark_selection(s, sel, last); /* this head's blocks are not evicted for each other */
     for (int i = 0; i < sel->n && sel->blocks[i] <= last; i++) {
         int b = sel->blocks[i];
-        if (*res_of(s, layer, b) < 0 && b != newest_block(s))
+        if (*res_of(s, layer, b) < 0) /* the newest block is always hot (step_begin) */
             s->list[n++] = b;
     }
     for (int i = 0; i < n; i++)
@@ -1155,23 +1164,15 @@ void kvp_store_load_cold(struct kvp_store *s, int layer, int n_keys)
     double t0 = kvp_time_now();
     clear_overflow(s);
     s->ovf_layer = layer;
-    int nb = (n_keys + s->bs - 1) / s->bs, run0 = -1;
-    /* every block that is not hot, from the cold tier into its staging slot (consecutive like
-     * the cold units, so runs travel as one request), then the table points there; the next
-     * acquire_begin points it back (clear_overflow) */
-    for (int b = 0; b <= nb; b++) {
-        bool cold = b < nb && *res_of(s, layer, b) < 0;
-        if (cold) {
+    int nb = (n_keys + s->bs - 1) / s->bs;
+    /* every block that is not hot, from the cold tier into its staging slot, and the table
+     * points there; the next acquire_begin points it back (clear_overflow) */
+    read_cold_to_staging(s, layer, nb);
+    for (int b = 0; b < nb; b++)
+        if (*res_of(s, layer, b) < 0) {
             s->ovf[s->n_ovf++] = b;
             set_table(s, layer, b, s->stage0 + b);
         }
-        if (cold && run0 < 0)
-            run0 = b;
-        if (run0 >= 0 && (!cold || b - run0 == MAX_RUN)) {
-            submit(s, layer, run0, s->stage0 + run0, b - run0, false);
-            run0 = cold ? b : -1;
-        }
-    }
     kvp_store_drain(s);
     double t1 = kvp_time_now();
     s->st.wait_s += t1 - t0;
