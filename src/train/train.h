@@ -125,15 +125,21 @@ int kvp_train_precision_by_name(const char *s);
  * has it, else portable C); KVP_TRAIN_KERNELS=scalar forces the portable one. */
 struct kvp_tk_ops {
     const char *name; /* "scalar", "avx512bf16" */
-    /* C[M][N] = (acc ? C : 0) + A·B over kp pairs of the inner dimension: A bf16 [M][2·kp]
-     * (row stride lda elements, even), B bf16 in pair-interleaved form [kp][N][2] (stride ldb
-     * elements between pair rows), C f32 with stride ldc. Any M, N ≥ 1. */
-    void (*gemm)(int M, int N, int kp, const uint16_t *A, size_t lda, const uint16_t *B,
-                 size_t ldb, float *C, size_t ldc, bool acc);
+    /* C[M][N] = (acc ? C : 0) + A·B over kp pairs of the inner dimension. A's pair p of row i
+     * (two adjacent bf16) is at A + i·lda + p·ldp: ldp = 2 for row-major A [M][2·kp], lda = 2
+     * and ldp = 2·M for A pair-interleaved like B. B bf16 pair-interleaved [kp][N][2] (stride
+     * ldb elements between pair rows), C f32 with stride ldc. Any M, N ≥ 1. */
+    void (*gemm)(int M, int N, int kp, const uint16_t *A, size_t lda, size_t ldp,
+                 const uint16_t *B, size_t ldb, float *C, size_t ldc, bool acc);
     /* dst[i] = bf16(src[i]·scale), round to nearest even, for n elements. */
     void (*cvt)(uint16_t *dst, const float *src, size_t n, float scale);
-    /* Pair-interleave two f32 rows: dst[2i] = bf16(a[i]), dst[2i+1] = bf16(b[i]) (b NULL: 0). */
-    void (*cvt_pair)(uint16_t *dst, const float *a, const float *b, size_t n);
+    /* Pair-interleave two f32 rows: dst[2i] = bf16(a[i]·scale), dst[2i+1] = bf16(b[i]·scale)
+     * (b NULL: 0). */
+    void (*cvt_pair)(uint16_t *dst, const float *a, const float *b, size_t n, float scale);
+    /* kvp_op_swiglu_fwd / kvp_op_swiglu_bwd (the portable table uses those). */
+    void (*swiglu_fwd)(float *a, const float *g, const float *u, long n);
+    void (*swiglu_bwd)(float *dg, float *du, const float *da, const float *g, const float *u,
+                       long n);
 };
 const struct kvp_tk_ops *kvp_tk(void);
 const struct kvp_tk_ops *kvp_tk_scalar(void);

@@ -12,8 +12,9 @@
  * and keys go in tiles of KVP_FA_TILE. The forward pass keeps one [tile][tile] score block, a
  * running max and sum per row and the output tile in f32, rescaling as later key tiles raise the
  * max; the backward pass walks key tiles in the outer loop, recomputes each probability block
- * from the saved log-sum-exp, and accumulates dK and dV of the key tile (transposed, so the
- * products need no transposed copy of P or dS) while dQ collects in an f32 buffer. Memory per
+ * from the saved log-sum-exp, and accumulates dK and dV of the key tile (transposed: dKᵀ =
+ * Qᵀ·dS, so P and dS are only pair-interleaved by rows, never transposed) while dQ collects in
+ * an f32 buffer. Memory per
  * thread is O(T·hd), none of it O(T²).
  */
 #include <math.h>
@@ -42,8 +43,8 @@ int kvp_train_precision_by_name(const char *s)
 
 /* ================================= portable kernels =========================================== */
 
-static void gemm_scalar(int M, int N, int kp, const uint16_t *A, size_t lda, const uint16_t *B,
-                        size_t ldb, float *C, size_t ldc, bool acc)
+static void gemm_scalar(int M, int N, int kp, const uint16_t *A, size_t lda, size_t ldp,
+                        const uint16_t *B, size_t ldb, float *C, size_t ldc, bool acc)
 {
     for (int i = 0; i < M; i++) {
         float *c = C + (size_t)i * ldc;
@@ -51,7 +52,8 @@ static void gemm_scalar(int M, int N, int kp, const uint16_t *A, size_t lda, con
             memset(c, 0, sizeof(float) * (size_t)N);
         const uint16_t *a = A + (size_t)i * lda;
         for (int p = 0; p < kp; p++) {
-            float a0 = kvp_bf16_to_f32(a[2 * p]), a1 = kvp_bf16_to_f32(a[2 * p + 1]);
+            const uint16_t *ap = a + (size_t)p * ldp;
+            float a0 = kvp_bf16_to_f32(ap[0]), a1 = kvp_bf16_to_f32(ap[1]);
             const uint16_t *b = B + (size_t)p * ldb;
             for (int j = 0; j < N; j++)
                 c[j] += a0 * kvp_bf16_to_f32(b[2 * j]) + a1 * kvp_bf16_to_f32(b[2 * j + 1]);
@@ -65,16 +67,20 @@ static void cvt_scalar(uint16_t *dst, const float *src, size_t n, float scale)
         dst[i] = kvp_f32_to_bf16(src[i] * scale);
 }
 
-static void cvt_pair_scalar(uint16_t *dst, const float *a, const float *b, size_t n)
+static void cvt_pair_scalar(uint16_t *dst, const float *a, const float *b, size_t n, float scale)
 {
     for (size_t i = 0; i < n; i++) {
-        dst[2 * i] = kvp_f32_to_bf16(a[i]);
-        dst[2 * i + 1] = b ? kvp_f32_to_bf16(b[i]) : 0;
+        dst[2 * i] = kvp_f32_to_bf16(a[i] * scale);
+        dst[2 * i + 1] = b ? kvp_f32_to_bf16(b[i] * scale) : 0;
     }
 }
 
-static const struct kvp_tk_ops tk_scalar = {
-    .name = "scalar", .gemm = gemm_scalar, .cvt = cvt_scalar, .cvt_pair = cvt_pair_scalar};
+static const struct kvp_tk_ops tk_scalar = {.name = "scalar",
+                                            .gemm = gemm_scalar,
+                                            .cvt = cvt_scalar,
+                                            .cvt_pair = cvt_pair_scalar,
+                                            .swiglu_fwd = kvp_op_swiglu_fwd,
+                                            .swiglu_bwd = kvp_op_swiglu_bwd};
 
 const struct kvp_tk_ops *kvp_tk_scalar(void)
 {
@@ -137,11 +143,11 @@ static void pack_rows(const struct kvp_tk_ops *tk, uint16_t *dst, const float *s
 /* Pair-interleave along tokens: dst[p][d][2] = (src[2p][d], src[2p+1][d]), zero past T. The
  * B operand whose inner dimension is the token. */
 static void pack_tok_pairs(const struct kvp_tk_ops *tk, uint16_t *dst, const float *src, int T,
-                           int tp, int hd, int ld)
+                           int tp, int hd, int ld, float scale)
 {
     for (int p = 0; 2 * p < T; p++)
         tk->cvt_pair(dst + (size_t)p * 2 * hd, src + (size_t)2 * p * ld,
-                     2 * p + 1 < T ? src + (size_t)(2 * p + 1) * ld : NULL, (size_t)hd);
+                     2 * p + 1 < T ? src + (size_t)(2 * p + 1) * ld : NULL, (size_t)hd, scale);
     int done = (T + 1) / 2;
     memset(dst + (size_t)done * 2 * hd, 0, sizeof(uint16_t) * (size_t)(tp / 2 - done) * 2 * hd);
 }
@@ -158,16 +164,6 @@ static void pack_dim_pairs(uint32_t *dst, const uint16_t *rows, int tp, int hd)
                 memcpy(&w, rows + (size_t)t * hd + 2 * p, sizeof(w));
                 dst[(size_t)p * tp + t] = w;
             }
-}
-
-/* dst[d][t] = rows[t][d]: bf16 [tp][hd] → [hd][tp], the A operand whose inner dimension is the
- * token. */
-static void transpose16(uint16_t *dst, const uint16_t *rows, int tp, int hd)
-{
-    for (int t0 = 0; t0 < tp; t0 += 16)
-        for (int d = 0; d < hd; d++)
-            for (int t = t0; t < t0 + 16; t++)
-                dst[(size_t)d * tp + t] = rows[(size_t)t * hd + d];
 }
 
 /* Causal mask of a diagonal tile: key b is after query a. */
@@ -198,7 +194,7 @@ void kvp_fa_fwd(const struct kvp_tk_ops *tk, float *out, float *lse, const float
 
     pack_rows(tk, krow, k, T, tp, hd, ldkv, 1.0f);
     pack_dim_pairs(kdp, krow, tp, hd);
-    pack_tok_pairs(tk, vkp, v, T, tp, hd, ldkv);
+    pack_tok_pairs(tk, vkp, v, T, tp, hd, ldkv, 1.0f);
     for (int r = 0; r < n_rep; r++) {
         pack_rows(tk, qrow, q + r * hd, T, tp, hd, ldq, scale);
         for (int i = 0; i < nt; i++) {
@@ -207,7 +203,7 @@ void kvp_fa_fwd(const struct kvp_tk_ops *tk, float *out, float *lse, const float
                 lrow[a] = 0.0f;
             }
             for (int j = 0; j <= i; j++) {
-                tk->gemm(TL, TL, hp, qrow + (size_t)i * TL * hd, (size_t)hd,
+                tk->gemm(TL, TL, hp, qrow + (size_t)i * TL * hd, (size_t)hd, 2,
                          (const uint16_t *)(kdp + (size_t)j * TL), (size_t)2 * tp, s, TL, false);
                 if (j == i)
                     mask_diag(s);
@@ -227,7 +223,7 @@ void kvp_fa_fwd(const struct kvp_tk_ops *tk, float *out, float *lse, const float
                             orow[d] *= alpha;
                     tk->cvt(pb + a * TL, row, TL, 1.0f);
                 }
-                tk->gemm(TL, hd, TL / 2, pb, TL, vkp + (size_t)j * (TL / 2) * 2 * hd,
+                tk->gemm(TL, hd, TL / 2, pb, TL, 2, vkp + (size_t)j * (TL / 2) * 2 * hd,
                          (size_t)2 * hd, o, (size_t)hd, true);
             }
             for (int a = 0; a < TL && i * TL + a < T; a++) {
@@ -255,9 +251,9 @@ void kvp_fa_bwd(const struct kvp_tk_ops *tk, float *dq, float *dk, float *dv, co
     uint16_t *kkp = take(&b, sizeof(uint16_t) * (size_t)tp * hd);
     uint32_t *vdp = take(&b, sizeof(uint32_t) * (size_t)tp * hp);
     uint16_t *qrow = take(&b, sizeof(uint16_t) * (size_t)tp * hd);
-    uint16_t *qt = take(&b, sizeof(uint16_t) * (size_t)tp * hd);
+    uint16_t *qkp = take(&b, sizeof(uint16_t) * (size_t)tp * hd);
     uint16_t *dorow = take(&b, sizeof(uint16_t) * (size_t)tp * hd);
-    uint16_t *dot_ = take(&b, sizeof(uint16_t) * (size_t)tp * hd);
+    uint16_t *dokp = take(&b, sizeof(uint16_t) * (size_t)tp * hd);
     uint16_t *pq = take(&b, sizeof(uint16_t) * TL * TL);
     uint16_t *dsq = take(&b, sizeof(uint16_t) * TL * TL);
     uint16_t *dsr = take(&b, sizeof(uint16_t) * TL * TL);
@@ -271,14 +267,14 @@ void kvp_fa_bwd(const struct kvp_tk_ops *tk, float *dq, float *dk, float *dv, co
 
     pack_rows(tk, rows, k, T, tp, hd, ldkv, 1.0f);
     pack_dim_pairs(kdp, rows, tp, hd);
-    pack_tok_pairs(tk, kkp, k, T, tp, hd, ldkv);
+    pack_tok_pairs(tk, kkp, k, T, tp, hd, ldkv, 1.0f);
     pack_rows(tk, rows, v, T, tp, hd, ldkv, 1.0f);
     pack_dim_pairs(vdp, rows, tp, hd);
     for (int r = 0; r < n_rep; r++) {
         pack_rows(tk, qrow, q + r * hd, T, tp, hd, ldq, scale);
-        transpose16(qt, qrow, tp, hd);
+        pack_tok_pairs(tk, qkp, q + r * hd, T, tp, hd, ldq, scale);
         pack_rows(tk, dorow, dout + r * hd, T, tp, hd, ldq, 1.0f);
-        transpose16(dot_, dorow, tp, hd);
+        pack_tok_pairs(tk, dokp, dout + r * hd, T, tp, hd, ldq, 1.0f);
         for (int t = 0; t < tp; t++) {
             float d = 0.0f;
             if (t < T) {
@@ -294,11 +290,11 @@ void kvp_fa_bwd(const struct kvp_tk_ops *tk, float *dq, float *dk, float *dv, co
         for (int j = 0; j < nt; j++) {
             bool first = true;
             for (int i = j; i < nt; i++) {
-                tk->gemm(TL, TL, hp, qrow + (size_t)i * TL * hd, (size_t)hd,
+                tk->gemm(TL, TL, hp, qrow + (size_t)i * TL * hd, (size_t)hd, 2,
                          (const uint16_t *)(kdp + (size_t)j * TL), (size_t)2 * tp, s, TL, false);
                 if (j == i)
                     mask_diag(s);
-                tk->gemm(TL, TL, hp, dorow + (size_t)i * TL * hd, (size_t)hd,
+                tk->gemm(TL, TL, hp, dorow + (size_t)i * TL * hd, (size_t)hd, 2,
                          (const uint16_t *)(vdp + (size_t)j * TL), (size_t)2 * tp, dp, TL, false);
                 for (int a = 0; a < TL; a++) {
                     float *pr = s + a * TL, *dpr = dp + a * TL;
@@ -309,15 +305,15 @@ void kvp_fa_bwd(const struct kvp_tk_ops *tk, float *dq, float *dk, float *dv, co
                     tk->cvt(dsr + a * TL, dpr, TL, 1.0f);
                 }
                 for (int a = 0; a < TL; a += 2) {
-                    tk->cvt_pair(pq + a * TL, s + a * TL, s + (a + 1) * TL, TL);
-                    tk->cvt_pair(dsq + a * TL, dp + a * TL, dp + (a + 1) * TL, TL);
+                    tk->cvt_pair(pq + a * TL, s + a * TL, s + (a + 1) * TL, TL, 1.0f);
+                    tk->cvt_pair(dsq + a * TL, dp + a * TL, dp + (a + 1) * TL, TL, 1.0f);
                 }
                 /* dVᵀ += dOᵀ·P, dKᵀ += (scale·Q)ᵀ·dS, dQ += dS·K (scale applied at the end) */
-                tk->gemm(hd, TL, TL / 2, dot_ + (size_t)i * TL, (size_t)tp, pq, 2 * TL, dvt, TL,
-                         !first);
-                tk->gemm(hd, TL, TL / 2, qt + (size_t)i * TL, (size_t)tp, dsq, 2 * TL, dkt, TL,
-                         !first);
-                tk->gemm(TL, hd, TL / 2, dsr, TL, kkp + (size_t)j * (TL / 2) * 2 * hd,
+                tk->gemm(hd, TL, TL / 2, dokp + (size_t)i * TL * hd, 2, (size_t)2 * hd, pq, 2 * TL,
+                         dvt, TL, !first);
+                tk->gemm(hd, TL, TL / 2, qkp + (size_t)i * TL * hd, 2, (size_t)2 * hd, dsq, 2 * TL,
+                         dkt, TL, !first);
+                tk->gemm(TL, hd, TL / 2, dsr, TL, 2, kkp + (size_t)j * (TL / 2) * 2 * hd,
                          (size_t)2 * hd, dqacc + (size_t)i * TL * hd, (size_t)hd, true);
                 first = false;
             }

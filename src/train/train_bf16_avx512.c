@@ -5,7 +5,8 @@
  *
  * The GEMM's register tile is 8 rows × 32 columns of C (16 accumulators): per pair of the
  * inner dimension it loads two vectors of B (32 columns × 2 bf16) and broadcasts one 32-bit
- * pair of A per row, so each vdpbf16ps does 32 multiply-adds for one load per 8. Rows go in
+ * pair of A per row, so each vdpbf16ps does 32 multiply-adds for one load per 8. Since A is only
+ * ever broadcast, its layout is free (row-major or pair-interleaved) at no cost. Rows go in
  * blocks of 64 so an A block stays in L1 while every 32-column panel of B passes over it.
  */
 #include <immintrin.h>
@@ -28,8 +29,8 @@ static inline __m512bh load_b(const uint16_t *b)
     return (__m512bh)_mm512_loadu_si512(b);
 }
 
-static void k8x32(int kp, const uint16_t *A, size_t lda, const uint16_t *B, size_t ldb, float *C,
-                  size_t ldc, bool acc)
+static void k8x32(int kp, const uint16_t *A, size_t lda, size_t ldp, const uint16_t *B,
+                  size_t ldb, float *C, size_t ldc, bool acc)
 {
 #define DECL(r) __m512 c##r##0, c##r##1
     DECL(0); DECL(1); DECL(2); DECL(3); DECL(4); DECL(5); DECL(6); DECL(7);
@@ -41,7 +42,7 @@ static void k8x32(int kp, const uint16_t *A, size_t lda, const uint16_t *B, size
 #undef INIT
     for (int p = 0; p < kp; p++) {
         __m512bh b0 = load_b(B + (size_t)p * ldb), b1 = load_b(B + (size_t)p * ldb + 32);
-        const uint16_t *a = A + 2 * (size_t)p;
+        const uint16_t *a = A + (size_t)p * ldp;
 #define ROW(r)                                                                                     \
     do {                                                                                           \
         __m512bh x = bcast_pair(a + (r) * lda);                                                    \
@@ -59,8 +60,8 @@ static void k8x32(int kp, const uint16_t *A, size_t lda, const uint16_t *B, size
 }
 
 /* Any tile up to 8 × 32: rows mr, columns nw (masked). */
-static void kgen(int mr, int nw, int kp, const uint16_t *A, size_t lda, const uint16_t *B,
-                 size_t ldb, float *C, size_t ldc, bool acc)
+static void kgen(int mr, int nw, int kp, const uint16_t *A, size_t lda, size_t ldp,
+                 const uint16_t *B, size_t ldb, float *C, size_t ldc, bool acc)
 {
     __mmask16 m0 = nw >= 16 ? 0xffff : (__mmask16)((1u << nw) - 1);
     __mmask16 m1 = nw >= 32 ? 0xffff : nw > 16 ? (__mmask16)((1u << (nw - 16)) - 1) : 0;
@@ -74,7 +75,7 @@ static void kgen(int mr, int nw, int kp, const uint16_t *A, size_t lda, const ui
         __m512bh b0 = (__m512bh)_mm512_maskz_loadu_epi32(m0, b);
         __m512bh b1 = (__m512bh)_mm512_maskz_loadu_epi32(m1, b + 32);
         for (int r = 0; r < mr; r++) {
-            __m512bh x = bcast_pair(A + r * lda + 2 * (size_t)p);
+            __m512bh x = bcast_pair(A + r * lda + (size_t)p * ldp);
             c[r][0] = _mm512_dpbf16_ps(c[r][0], x, b0);
             c[r][1] = _mm512_dpbf16_ps(c[r][1], x, b1);
         }
@@ -85,8 +86,8 @@ static void kgen(int mr, int nw, int kp, const uint16_t *A, size_t lda, const ui
     }
 }
 
-static void gemm(int M, int N, int kp, const uint16_t *A, size_t lda, const uint16_t *B,
-                 size_t ldb, float *C, size_t ldc, bool acc)
+static void gemm(int M, int N, int kp, const uint16_t *A, size_t lda, size_t ldp,
+                 const uint16_t *B, size_t ldb, float *C, size_t ldc, bool acc)
 {
     for (int m0 = 0; m0 < M; m0 += MB) {
         int m1 = M - m0 < MB ? M : m0 + MB;
@@ -98,9 +99,9 @@ static void gemm(int M, int N, int kp, const uint16_t *A, size_t lda, const uint
                 const uint16_t *b = B + 2 * (size_t)n0;
                 float *c = C + (size_t)m * ldc + n0;
                 if (mr == MR && nw == 32)
-                    k8x32(kp, a, lda, b, ldb, c, ldc, acc);
+                    k8x32(kp, a, lda, ldp, b, ldb, c, ldc, acc);
                 else
-                    kgen(mr, nw, kp, a, lda, b, ldb, c, ldc, acc);
+                    kgen(mr, nw, kp, a, lda, ldp, b, ldb, c, ldc, acc);
             }
         }
     }
@@ -123,16 +124,17 @@ static void cvt(uint16_t *dst, const float *src, size_t n, float scale)
     }
 }
 
-static void cvt_pair(uint16_t *dst, const float *a, const float *b, size_t n)
+static void cvt_pair(uint16_t *dst, const float *a, const float *b, size_t n, float scale)
 {
+    __m512 s = _mm512_set1_ps(scale);
     const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
                                          24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
                                          16, 0);
     for (size_t i = 0; i < n; i += 16) {
         size_t r = n - i < 16 ? n - i : 16;
         __mmask16 m = (__mmask16)((1u << r) - 1);
-        __m512 va = _mm512_maskz_loadu_ps(m, a + i);
-        __m512 vb = b ? _mm512_maskz_loadu_ps(m, b + i) : _mm512_setzero_ps();
+        __m512 va = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, a + i), s);
+        __m512 vb = b ? _mm512_mul_ps(_mm512_maskz_loadu_ps(m, b + i), s) : _mm512_setzero_ps();
         __m512i ab = (__m512i)_mm512_cvtne2ps_pbh(vb, va); /* a in words 0-15, b in 16-31 */
         __m512i il = _mm512_permutexvar_epi16(idx, ab);
         __mmask32 m2 = r == 16 ? 0xffffffffu : (__mmask32)((1u << (2 * r)) - 1);
@@ -140,8 +142,61 @@ static void cvt_pair(uint16_t *dst, const float *a, const float *b, size_t n)
     }
 }
 
-static const struct kvp_tk_ops tk_avx512bf16 = {
-    .name = "avx512bf16", .gemm = gemm, .cvt = cvt, .cvt_pair = cvt_pair};
+/* e^x to ~2 ulp for x in [−87, 88] (clamped outside): e^x = 2^n·e^r with n = round(x/ln 2),
+ * r = x − n·ln 2 in two parts, e^r by its degree-6 Taylor polynomial. */
+static inline __m512 exp16(__m512 x)
+{
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.7f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 720);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+static inline __m512 sigmoid16(__m512 g)
+{
+    __m512 one = _mm512_set1_ps(1.0f);
+    return _mm512_div_ps(one, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+}
+
+static void swiglu_fwd(float *a, const float *g, const float *u, long n)
+{
+    for (long i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __m512 vg = _mm512_maskz_loadu_ps(m, g + i), vu = _mm512_maskz_loadu_ps(m, u + i);
+        _mm512_mask_storeu_ps(a + i, m, _mm512_mul_ps(_mm512_mul_ps(vg, sigmoid16(vg)), vu));
+    }
+}
+
+static void swiglu_bwd(float *dg, float *du, const float *da, const float *g, const float *u,
+                       long n)
+{
+    __m512 one = _mm512_set1_ps(1.0f);
+    for (long i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __m512 vg = _mm512_maskz_loadu_ps(m, g + i), vu = _mm512_maskz_loadu_ps(m, u + i);
+        __m512 vd = _mm512_maskz_loadu_ps(m, da + i), sig = sigmoid16(vg);
+        _mm512_mask_storeu_ps(du + i, m, _mm512_mul_ps(vd, _mm512_mul_ps(vg, sig)));
+        /* da·u·σ·(1 + g·(1 − σ)) */
+        __m512 t = _mm512_fmadd_ps(vg, _mm512_sub_ps(one, sig), one);
+        _mm512_mask_storeu_ps(dg + i, m, _mm512_mul_ps(_mm512_mul_ps(vd, vu), _mm512_mul_ps(sig, t)));
+    }
+}
+
+static const struct kvp_tk_ops tk_avx512bf16 = {.name = "avx512bf16",
+                                                .gemm = gemm,
+                                                .cvt = cvt,
+                                                .cvt_pair = cvt_pair,
+                                                .swiglu_fwd = swiglu_fwd,
+                                                .swiglu_bwd = swiglu_bwd};
 
 const struct kvp_tk_ops *kvp_tk_avx512bf16(void)
 {

@@ -418,6 +418,7 @@ struct glu_ctx {
     const float *g, *u, *da;
     long n;
     bool bwd;
+    const struct kvp_tk_ops *tk; /* SIMD versions (bf16 path); NULL: the f32 reference ops */
 };
 
 static void glu_worker(void *p, int ith, int nth)
@@ -426,9 +427,10 @@ static void glu_worker(void *p, int ith, int nth)
     long b, e;
     split(c->n, ith, nth, &b, &e);
     if (c->bwd)
-        kvp_op_swiglu_bwd(c->dg + b, c->du + b, c->da + b, c->g + b, c->u + b, e - b);
+        (c->tk ? c->tk->swiglu_bwd : kvp_op_swiglu_bwd)(c->dg + b, c->du + b, c->da + b, c->g + b,
+                                                        c->u + b, e - b);
     else
-        kvp_op_swiglu_fwd(c->a + b, c->g + b, c->u + b, e - b);
+        (c->tk ? c->tk->swiglu_fwd : kvp_op_swiglu_fwd)(c->a + b, c->g + b, c->u + b, e - b);
 }
 
 struct xent_ctx {
@@ -465,6 +467,7 @@ struct lin_ctx {
     long n;
     int in, out, ina, outa; /* ina/outa: in/out rounded up to even */
     bool acc;
+    bool reuse_x; /* x is the previous call's x: its bf16 copy is still in the scratch */
 };
 
 static void lin_fwd_worker(void *p, int ith, int nth)
@@ -472,14 +475,14 @@ static void lin_fwd_worker(void *p, int ith, int nth)
     struct lin_ctx *c = p;
     long b, e;
     split(c->n, ith, nth, &b, &e);
-    for (long i = b; i < e; i++) {
+    for (long i = b; i < e && !c->reuse_x; i++) {
         uint16_t *row = c->a + (size_t)i * c->ina;
         c->tk->cvt(row, c->x + (size_t)i * c->in, (size_t)c->in, 1.0f);
         if (c->ina > c->in)
             row[c->in] = 0;
     }
     if (e > b)
-        c->tk->gemm((int)(e - b), c->out, c->ina / 2, c->a + (size_t)b * c->ina, (size_t)c->ina,
+        c->tk->gemm((int)(e - b), c->out, c->ina / 2, c->a + (size_t)b * c->ina, (size_t)c->ina, 2,
                     c->w, (size_t)2 * c->out, c->y + (size_t)b * c->out, (size_t)c->out, c->acc);
 }
 
@@ -489,31 +492,28 @@ static void pair_rows(const struct kvp_tk_ops *tk, uint16_t *dst, const float *s
 {
     for (long p = pb; p < pe; p++)
         tk->cvt_pair(dst + (size_t)p * 2 * cols, src + (size_t)2 * p * cols,
-                     2 * p + 1 < n ? src + (size_t)(2 * p + 1) * cols : NULL, (size_t)cols);
+                     2 * p + 1 < n ? src + (size_t)(2 * p + 1) * cols : NULL, (size_t)cols, 1.0f);
 }
 
 static void lin_dw_pack_worker(void *p, int ith, int nth)
 {
     struct lin_ctx *c = p;
-    long np = (c->n + 1) / 2, b, e;
-    split(np, ith, nth, &b, &e);
-    pair_rows(c->tk, c->b, c->x, c->n, c->in, b, e); /* B[t/2][in][2] */
-    /* A = dyᵀ [out][2·np]: this thread's token columns */
-    long na = 2 * np;
-    for (long t = 2 * b; t < 2 * e; t++)
-        for (int o = 0; o < c->out; o++)
-            c->a[(size_t)o * na + t] = t < c->n ? kvp_f32_to_bf16(c->dy[(size_t)t * c->out + o])
-                                                : 0;
+    long b, e;
+    split((c->n + 1) / 2, ith, nth, &b, &e);
+    if (!c->reuse_x)
+        pair_rows(c->tk, c->b, c->x, c->n, c->in, b, e); /* B = x paired by tokens [n/2][in][2] */
+    pair_rows(c->tk, c->a, c->dy, c->n, c->out, b, e); /* A = dyᵀ, pair-interleaved the same */
 }
 
 static void lin_dw_worker(void *p, int ith, int nth)
 {
     struct lin_ctx *c = p;
-    long np = (c->n + 1) / 2, b, e;
+    long b, e;
     split(c->out, ith, nth, &b, &e);
     if (e > b)
-        c->tk->gemm((int)(e - b), c->in, (int)np, c->a + (size_t)b * 2 * np, (size_t)(2 * np),
-                    c->b, (size_t)2 * c->in, c->dw + (size_t)b * c->in, (size_t)c->in, true);
+        c->tk->gemm((int)(e - b), c->in, (int)((c->n + 1) / 2), c->a + 2 * (size_t)b, 2,
+                    (size_t)2 * c->out, c->b, (size_t)2 * c->in, c->dw + (size_t)b * c->in,
+                    (size_t)c->in, true);
 }
 
 static void lin_dx_worker(void *p, int ith, int nth)
@@ -528,13 +528,15 @@ static void lin_dx_worker(void *p, int ith, int nth)
             row[c->out] = 0;
     }
     if (e > b)
-        c->tk->gemm((int)(e - b), c->in, c->outa / 2, c->a + (size_t)b * c->outa, (size_t)c->outa,
+        c->tk->gemm((int)(e - b), c->in, c->outa / 2, c->a + (size_t)b * c->outa, (size_t)c->outa, 2,
                     c->w, (size_t)2 * c->in, c->y + (size_t)b * c->in, (size_t)c->in, c->acc);
 }
 
-/* kvp_op_linear_fwd in the model's precision. */
+/* kvp_op_linear_fwd in the model's precision. reuse_x: x is the same (same contents) as in the
+ * previous linear_fwd call, whose bf16 copy of it is reused (Q, K, V read one input, as do gate
+ * and up). */
 static void linear_fwd(struct kvp_train_model *m, float *y, const float *x, const float *w, long n,
-                       int in, int out, float beta)
+                       int in, int out, float beta, bool reuse_x)
 {
     if (m->precision == KVP_PREC_F32) {
         kvp_op_linear_fwd(y, x, w, n, in, out, beta);
@@ -550,13 +552,15 @@ static void linear_fwd(struct kvp_train_model *m, float *y, const float *x, cons
             d[1] = 2 * pi + 1 < in ? kvp_f32_to_bf16(w[(size_t)o * in + 2 * pi + 1]) : 0;
         }
     struct lin_ctx c = {.tk = tk, .y = y, .x = x, .a = m->bf_a, .w = m->bf_w, .n = n, .in = in,
-                        .out = out, .ina = ina, .acc = beta != 0.0f};
+                        .out = out, .ina = ina, .acc = beta != 0.0f, .reuse_x = reuse_x};
     par_run(m->n_threads, lin_fwd_worker, &c);
 }
 
-/* kvp_op_linear_bwd in the model's precision (dW first, so dx may alias x). */
+/* kvp_op_linear_bwd in the model's precision (dW first, so dx may alias x); reuse_x as for
+ * linear_fwd, with the previous linear_bwd call. */
 static void linear_bwd(struct kvp_train_model *m, float *dx, float *dw, const float *dy,
-                       const float *x, const float *w, long n, int in, int out, float beta_dx)
+                       const float *x, const float *w, long n, int in, int out, float beta_dx,
+                       bool reuse_x)
 {
     if (m->precision == KVP_PREC_F32) {
         kvp_op_linear_bwd(dx, dw, dy, x, w, n, in, out, beta_dx);
@@ -564,7 +568,8 @@ static void linear_bwd(struct kvp_train_model *m, float *dx, float *dw, const fl
     }
     const struct kvp_tk_ops *tk = m->tk;
     struct lin_ctx c = {.tk = tk, .dw = dw, .x = x, .dy = dy, .a = m->bf_a, .b = m->bf_b, .n = n,
-                        .in = in, .out = out, .outa = (out + 1) & ~1, .acc = beta_dx != 0.0f};
+                        .in = in, .out = out, .outa = (out + 1) & ~1, .acc = beta_dx != 0.0f,
+                        .reuse_x = reuse_x};
     par_run(m->n_threads, lin_dw_pack_worker, &c);
     par_run(m->n_threads, lin_dw_worker, &c);
     if (!dx)
@@ -652,6 +657,7 @@ int kvp_train_model_forward(struct kvp_train_model *m, const int32_t *tok, int n
     int D = c->n_embd, F = c->n_ff, hd = m->head_dim;
     int qd = c->n_head * hd, kvd = c->n_head_kv * hd;
     const float *P = m->params;
+    const struct kvp_tk_ops *fast = m->precision == KVP_PREC_BF16 ? m->tk : NULL;
 
     kvp_op_embed_fwd(m->acts[0].x, P + m->tok_embd, tok, N, D);
     for (int l = 0; l < c->n_layer; l++) {
@@ -659,24 +665,25 @@ int kvp_train_model_forward(struct kvp_train_model *m, const int32_t *tok, int n
         const struct kvp_train_layer *L = &m->layers[l];
         float *xnext = l + 1 < c->n_layer ? m->acts[l + 1].x : m->xf;
         rmsnorm_fwd(m, A->xn1, A->rstd1, A->x, P + L->attn_norm, N);
-        linear_fwd(m, A->q, A->xn1, P + L->wq, N, D, qd, 0.0f);
-        linear_fwd(m, A->k, A->xn1, P + L->wk, N, D, kvd, 0.0f);
-        linear_fwd(m, A->v, A->xn1, P + L->wv, N, D, kvd, 0.0f);
+        linear_fwd(m, A->q, A->xn1, P + L->wq, N, D, qd, 0.0f, false);
+        linear_fwd(m, A->k, A->xn1, P + L->wk, N, D, kvd, 0.0f, true);
+        linear_fwd(m, A->v, A->xn1, P + L->wv, N, D, kvd, 0.0f, true);
         kvp_op_rope(A->q, m->rope_cos, m->rope_sin, n_seq, T, c->n_head, hd, false);
         kvp_op_rope(A->k, m->rope_cos, m->rope_sin, n_seq, T, c->n_head_kv, hd, false);
         attention(m, A, n_seq, T, false);
         memcpy(A->xmid, A->x, sizeof(float) * (size_t)N * D);
-        linear_fwd(m, A->xmid, A->att, P + L->wo, N, qd, D, 1.0f);
+        linear_fwd(m, A->xmid, A->att, P + L->wo, N, qd, D, 1.0f, false);
         rmsnorm_fwd(m, A->xn2, A->rstd2, A->xmid, P + L->ffn_norm, N);
-        linear_fwd(m, A->gate, A->xn2, P + L->w_gate, N, D, F, 0.0f);
-        linear_fwd(m, A->up, A->xn2, P + L->w_up, N, D, F, 0.0f);
-        struct glu_ctx g = {.a = m->dff, .g = A->gate, .u = A->up, .n = N * F, .bwd = false};
+        linear_fwd(m, A->gate, A->xn2, P + L->w_gate, N, D, F, 0.0f, false);
+        linear_fwd(m, A->up, A->xn2, P + L->w_up, N, D, F, 0.0f, true);
+        struct glu_ctx g = {.a = m->dff, .g = A->gate, .u = A->up, .n = N * F, .bwd = false,
+                            .tk = fast};
         par_run(m->n_threads, glu_worker, &g);
         memcpy(xnext, A->xmid, sizeof(float) * (size_t)N * D);
-        linear_fwd(m, xnext, m->dff, P + L->w_down, N, F, D, 1.0f);
+        linear_fwd(m, xnext, m->dff, P + L->w_down, N, F, D, 1.0f, false);
     }
     rmsnorm_fwd(m, m->xnf, m->rstdf, m->xf, P + m->output_norm, N);
-    linear_fwd(m, m->logits, m->xnf, P + m->output, N, D, c->n_vocab, 0.0f);
+    linear_fwd(m, m->logits, m->xnf, P + m->output, N, D, c->n_vocab, 0.0f, false);
     return 0;
 }
 
@@ -704,11 +711,12 @@ void kvp_train_model_backward(struct kvp_train_model *m)
     int qd = c->n_head * hd, kvd = c->n_head_kv * hd;
     const float *P = m->params;
     float *G = m->grads;
+    const struct kvp_tk_ops *fast = m->precision == KVP_PREC_BF16 ? m->tk : NULL;
     if (m->precision == KVP_PREC_F32)
         openblas_set_num_threads(m->n_threads);
 
     /* head and final norm: dx = rmsnorm_bwd(dlogits·Wout) */
-    linear_bwd(m, m->dtmp, G + m->output, m->logits, m->xnf, P + m->output, N, D, V, 0.0f);
+    linear_bwd(m, m->dtmp, G + m->output, m->logits, m->xnf, P + m->output, N, D, V, 0.0f, false);
     memset(m->dx, 0, sizeof(float) * (size_t)N * D);
     rmsnorm_bwd(m, m->dx, G + m->output_norm, m->dtmp, m->xf, P + m->output_norm, m->rstdf, N);
 
@@ -716,26 +724,27 @@ void kvp_train_model_backward(struct kvp_train_model *m)
         struct kvp_train_acts *A = &m->acts[l];
         const struct kvp_train_layer *L = &m->layers[l];
         /* FFN: x_next = xmid + Wdown·swiglu(gate, up); dx holds d x_next */
-        struct glu_ctx g = {.a = m->dff, .g = A->gate, .u = A->up, .n = N * F, .bwd = false};
+        struct glu_ctx g = {.a = m->dff, .g = A->gate, .u = A->up, .n = N * F, .bwd = false,
+                            .tk = fast};
         par_run(m->n_threads, glu_worker, &g);
-        linear_bwd(m, m->dff, G + L->w_down, m->dx, m->dff, P + L->w_down, N, F, D, 0.0f);
+        linear_bwd(m, m->dff, G + L->w_down, m->dx, m->dff, P + L->w_down, N, F, D, 0.0f, false);
         g = (struct glu_ctx){.dg = m->dg, .du = m->du, .da = m->dff, .g = A->gate, .u = A->up,
-                             .n = N * F, .bwd = true};
+                             .n = N * F, .bwd = true, .tk = fast};
         par_run(m->n_threads, glu_worker, &g);
-        linear_bwd(m, m->dtmp, G + L->w_gate, m->dg, A->xn2, P + L->w_gate, N, D, F, 0.0f);
-        linear_bwd(m, m->dtmp, G + L->w_up, m->du, A->xn2, P + L->w_up, N, D, F, 1.0f);
+        linear_bwd(m, m->dtmp, G + L->w_gate, m->dg, A->xn2, P + L->w_gate, N, D, F, 0.0f, false);
+        linear_bwd(m, m->dtmp, G + L->w_up, m->du, A->xn2, P + L->w_up, N, D, F, 1.0f, true);
         rmsnorm_bwd(m, m->dx, G + L->ffn_norm, m->dtmp, A->xmid, P + L->ffn_norm, A->rstd2, N);
 
         /* attention: xmid = x + Wo·att; dx now holds d xmid */
-        linear_bwd(m, m->datt, G + L->wo, m->dx, A->att, P + L->wo, N, qd, D, 0.0f);
+        linear_bwd(m, m->datt, G + L->wo, m->dx, A->att, P + L->wo, N, qd, D, 0.0f, false);
         memset(m->dk, 0, sizeof(float) * (size_t)N * kvd);
         memset(m->dv, 0, sizeof(float) * (size_t)N * kvd);
         attention(m, A, n_seq, T, true);
         kvp_op_rope(m->dq, m->rope_cos, m->rope_sin, n_seq, T, c->n_head, hd, true);
         kvp_op_rope(m->dk, m->rope_cos, m->rope_sin, n_seq, T, c->n_head_kv, hd, true);
-        linear_bwd(m, m->dtmp, G + L->wq, m->dq, A->xn1, P + L->wq, N, D, qd, 0.0f);
-        linear_bwd(m, m->dtmp, G + L->wk, m->dk, A->xn1, P + L->wk, N, D, kvd, 1.0f);
-        linear_bwd(m, m->dtmp, G + L->wv, m->dv, A->xn1, P + L->wv, N, D, kvd, 1.0f);
+        linear_bwd(m, m->dtmp, G + L->wq, m->dq, A->xn1, P + L->wq, N, D, qd, 0.0f, false);
+        linear_bwd(m, m->dtmp, G + L->wk, m->dk, A->xn1, P + L->wk, N, D, kvd, 1.0f, true);
+        linear_bwd(m, m->dtmp, G + L->wv, m->dv, A->xn1, P + L->wv, N, D, kvd, 1.0f, true);
         rmsnorm_bwd(m, m->dx, G + L->attn_norm, m->dtmp, A->x, P + L->attn_norm, A->rstd1, N);
     }
     kvp_op_embed_bwd(G + m->tok_embd, m->dx, m->tok, N, D);
