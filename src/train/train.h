@@ -136,6 +136,17 @@ struct kvp_tk_ops {
     /* Pair-interleave two f32 rows: dst[2i] = bf16(a[i]·scale), dst[2i+1] = bf16(b[i]·scale)
      * (b NULL: 0). */
     void (*cvt_pair)(uint16_t *dst, const float *a, const float *b, size_t n, float scale);
+    /* Fused attention, the elementwise work of one [rows][cols] tile of scaled scores s (rows
+     * even, cols a multiple of 32); diag: a diagonal tile, where column c > row r is masked.
+     * Forward (online softmax): per row, m' = max(m, max s), alpha = e^(m − m'), P = e^(s − m')
+     * into pb (bf16 rows), l = l·alpha + Σ P, m = m'. Backward: P = e^(s − lse), dS = P·(dp −
+     * D) (D = dO·O of the row); P and dS pair-interleaved by rows into pq, dsq ([rows/2][cols]
+     * [2]) and dS as bf16 rows into dsr. */
+    void (*fa_fwd_tile)(const float *s, int rows, int cols, bool diag, float *m, float *l,
+                        float *alpha, uint16_t *pb);
+    void (*fa_bwd_tile)(const float *s, const float *dp, int rows, int cols, bool diag,
+                        const float *lse, const float *drow, uint16_t *pq, uint16_t *dsq,
+                        uint16_t *dsr);
     /* kvp_op_swiglu_fwd / kvp_op_swiglu_bwd (the portable table uses those). */
     void (*swiglu_fwd)(float *a, const float *g, const float *u, long n);
     void (*swiglu_bwd)(float *dg, float *du, const float *da, const float *g, const float *u,

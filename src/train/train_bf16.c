@@ -75,10 +75,52 @@ static void cvt_pair_scalar(uint16_t *dst, const float *a, const float *b, size_
     }
 }
 
+static void fa_fwd_tile_scalar(const float *s, int rows, int cols, bool diag, float *m, float *l,
+                               float *alpha, uint16_t *pb)
+{
+    for (int r = 0; r < rows; r++) {
+        const float *x = s + (size_t)r * cols;
+        int lim = diag ? r + 1 : cols;
+        float mx = m[r];
+        for (int c = 0; c < lim; c++)
+            mx = x[c] > mx ? x[c] : mx;
+        float sum = 0.0f;
+        for (int c = 0; c < cols; c++) {
+            float e = c < lim ? expf(x[c] - mx) : 0.0f;
+            sum += e;
+            pb[(size_t)r * cols + c] = kvp_f32_to_bf16(e);
+        }
+        alpha[r] = expf(m[r] - mx);
+        l[r] = l[r] * alpha[r] + sum;
+        m[r] = mx;
+    }
+}
+
+static void fa_bwd_tile_scalar(const float *s, const float *dp, int rows, int cols, bool diag,
+                               const float *lse, const float *drow, uint16_t *pq, uint16_t *dsq,
+                               uint16_t *dsr)
+{
+    for (int r = 0; r < rows; r++) {
+        int lim = diag ? r + 1 : cols;
+        uint16_t *q2 = pq + (size_t)(r / 2) * 2 * cols + r % 2;
+        uint16_t *d2 = dsq + (size_t)(r / 2) * 2 * cols + r % 2;
+        for (int c = 0; c < cols; c++) {
+            size_t i = (size_t)r * cols + c;
+            float p = c < lim ? expf(s[i] - lse[r]) : 0.0f;
+            float ds = p * (dp[i] - drow[r]);
+            q2[2 * c] = kvp_f32_to_bf16(p);
+            d2[2 * c] = kvp_f32_to_bf16(ds);
+            dsr[i] = kvp_f32_to_bf16(ds);
+        }
+    }
+}
+
 static const struct kvp_tk_ops tk_scalar = {.name = "scalar",
                                             .gemm = gemm_scalar,
                                             .cvt = cvt_scalar,
                                             .cvt_pair = cvt_pair_scalar,
+                                            .fa_fwd_tile = fa_fwd_tile_scalar,
+                                            .fa_bwd_tile = fa_bwd_tile_scalar,
                                             .swiglu_fwd = kvp_op_swiglu_fwd,
                                             .swiglu_bwd = kvp_op_swiglu_bwd};
 
@@ -127,7 +169,7 @@ size_t kvp_fa_scratch(int T, int hd)
     /* the backward pass's pieces (the forward needs fewer): bf16 operands and tiles, then f32 */
     size_t tp = (size_t)pad_tile(T), h = (size_t)hd;
     size_t n16 = 8 * tp * h + 3 * TL * TL;
-    size_t n32 = tp * h + 2 * tp + 2 * TL * TL + 2 * h * TL;
+    size_t n32 = tp * h + 2 * tp + 2 * TL * TL + 2 * h * TL + 3 * TL;
     return (n16 + 1) / 2 + n32 + 16 * 24; /* + 64-byte alignment of up to 24 pieces */
 }
 
@@ -166,19 +208,10 @@ static void pack_dim_pairs(uint32_t *dst, const uint16_t *rows, int tp, int hd)
             }
 }
 
-/* Causal mask of a diagonal tile: key b is after query a. */
-static void mask_diag(float *s)
-{
-    for (int a = 0; a < TL; a++)
-        for (int b = a + 1; b < TL; b++)
-            s[a * TL + b] = -INFINITY;
-}
-
 void kvp_fa_fwd(const struct kvp_tk_ops *tk, float *out, float *lse, const float *q,
                 const float *k, const float *v, int T, int hd, int n_rep, int ldq, int ldkv,
                 float *scratch)
 {
-    const struct kvp_simd_ops *simd = kvp_simd();
     int tp = pad_tile(T), nt = tp / TL, hp = hd / 2;
     float scale = 1.0f / sqrtf((float)hd);
     struct bump b = {scratch};
@@ -191,6 +224,7 @@ void kvp_fa_fwd(const struct kvp_tk_ops *tk, float *out, float *lse, const float
     float *o = take(&b, sizeof(float) * TL * (size_t)hd);
     float *mrow = take(&b, sizeof(float) * TL);
     float *lrow = take(&b, sizeof(float) * TL);
+    float *alpha = take(&b, sizeof(float) * TL);
 
     pack_rows(tk, krow, k, T, tp, hd, ldkv, 1.0f);
     pack_dim_pairs(kdp, krow, tp, hd);
@@ -205,23 +239,14 @@ void kvp_fa_fwd(const struct kvp_tk_ops *tk, float *out, float *lse, const float
             for (int j = 0; j <= i; j++) {
                 tk->gemm(TL, TL, hp, qrow + (size_t)i * TL * hd, (size_t)hd, 2,
                          (const uint16_t *)(kdp + (size_t)j * TL), (size_t)2 * tp, s, TL, false);
-                if (j == i)
-                    mask_diag(s);
+                tk->fa_fwd_tile(s, TL, TL, j == i, mrow, lrow, alpha, pb);
                 for (int a = 0; a < TL; a++) {
-                    float *row = s + a * TL;
-                    float mx = kvp_simd_max(simd, row, TL);
-                    mx = mx > mrow[a] ? mx : mrow[a];
-                    float alpha = expf(mrow[a] - mx); /* 0 on the first tile (−inf) */
-                    float sum = simd->exp_sum(row, TL, mx);
-                    lrow[a] = lrow[a] * alpha + sum;
-                    mrow[a] = mx;
                     float *orow = o + (size_t)a * hd;
                     if (j == 0)
                         memset(orow, 0, sizeof(float) * (size_t)hd);
-                    else if (alpha != 1.0f)
+                    else if (alpha[a] != 1.0f)
                         for (int d = 0; d < hd; d++)
-                            orow[d] *= alpha;
-                    tk->cvt(pb + a * TL, row, TL, 1.0f);
+                            orow[d] *= alpha[a];
                 }
                 tk->gemm(TL, hd, TL / 2, pb, TL, 2, vkp + (size_t)j * (TL / 2) * 2 * hd,
                          (size_t)2 * hd, o, (size_t)hd, true);
@@ -242,7 +267,6 @@ void kvp_fa_bwd(const struct kvp_tk_ops *tk, float *dq, float *dk, float *dv, co
                 const float *out, const float *lse, const float *q, const float *k,
                 const float *v, int T, int hd, int n_rep, int ldq, int ldkv, float *scratch)
 {
-    const struct kvp_simd_ops *simd = kvp_simd();
     int tp = pad_tile(T), nt = tp / TL, hp = hd / 2;
     float scale = 1.0f / sqrtf((float)hd);
     struct bump b = {scratch};
@@ -292,22 +316,9 @@ void kvp_fa_bwd(const struct kvp_tk_ops *tk, float *dq, float *dk, float *dv, co
             for (int i = j; i < nt; i++) {
                 tk->gemm(TL, TL, hp, qrow + (size_t)i * TL * hd, (size_t)hd, 2,
                          (const uint16_t *)(kdp + (size_t)j * TL), (size_t)2 * tp, s, TL, false);
-                if (j == i)
-                    mask_diag(s);
                 tk->gemm(TL, TL, hp, dorow + (size_t)i * TL * hd, (size_t)hd, 2,
                          (const uint16_t *)(vdp + (size_t)j * TL), (size_t)2 * tp, dp, TL, false);
-                for (int a = 0; a < TL; a++) {
-                    float *pr = s + a * TL, *dpr = dp + a * TL;
-                    simd->exp_sum(pr, TL, lrow[i * TL + a]); /* P = exp(S − lse) */
-                    float dd = drow[i * TL + a];
-                    for (int c = 0; c < TL; c++)
-                        dpr[c] = pr[c] * (dpr[c] - dd); /* dS, of the scaled scores */
-                    tk->cvt(dsr + a * TL, dpr, TL, 1.0f);
-                }
-                for (int a = 0; a < TL; a += 2) {
-                    tk->cvt_pair(pq + a * TL, s + a * TL, s + (a + 1) * TL, TL, 1.0f);
-                    tk->cvt_pair(dsq + a * TL, dp + a * TL, dp + (a + 1) * TL, TL, 1.0f);
-                }
+                tk->fa_bwd_tile(s, dp, TL, TL, j == i, lrow + i * TL, drow + i * TL, pq, dsq, dsr);
                 /* dVᵀ += dOᵀ·P, dKᵀ += (scale·Q)ᵀ·dS, dQ += dS·K (scale applied at the end) */
                 tk->gemm(hd, TL, TL / 2, dokp + (size_t)i * TL * hd, 2, (size_t)2 * hd, pq, 2 * TL,
                          dvt, TL, !first);

@@ -10,6 +10,7 @@
  * blocks of 64 so an A block stays in L1 while every 32-column panel of B passes over it.
  */
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "train/train.h"
@@ -191,10 +192,81 @@ static void swiglu_bwd(float *dg, float *du, const float *da, const float *g, co
     }
 }
 
+/* Lanes [c, c+16) of a row whose columns below lim are visible. */
+static inline __mmask16 visible(int c, int lim)
+{
+    int k = lim - c;
+    return k >= 16 ? 0xffff : k <= 0 ? 0 : (__mmask16)((1u << k) - 1);
+}
+
+static inline __m512i interleave(__m512 a, __m512 b)
+{
+    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
+                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
+                                         16, 0);
+    return _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+}
+
+static void fa_fwd_tile(const float *s, int rows, int cols, bool diag, float *m, float *l,
+                        float *alpha, uint16_t *pb)
+{
+    for (int r = 0; r < rows; r++) {
+        const float *x = s + (size_t)r * cols;
+        uint16_t *dst = pb + (size_t)r * cols;
+        int lim = diag ? r + 1 : cols;
+        __m512 vm = _mm512_set1_ps(m[r]);
+        for (int c = 0; c < cols; c += 16)
+            vm = _mm512_mask_max_ps(vm, visible(c, lim), vm, _mm512_loadu_ps(x + c));
+        float mx = _mm512_reduce_max_ps(vm);
+        __m512 vmx = _mm512_set1_ps(mx), vs = _mm512_setzero_ps();
+        for (int c = 0; c < cols; c += 32) {
+            __m512 e0 = _mm512_maskz_mov_ps(visible(c, lim),
+                                            exp16(_mm512_sub_ps(_mm512_loadu_ps(x + c), vmx)));
+            __m512 e1 = _mm512_maskz_mov_ps(visible(c + 16, lim),
+                                            exp16(_mm512_sub_ps(_mm512_loadu_ps(x + c + 16), vmx)));
+            vs = _mm512_add_ps(vs, _mm512_add_ps(e0, e1));
+            _mm512_storeu_si512(dst + c, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
+        }
+        alpha[r] = expf(m[r] - mx);
+        l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(vs);
+        m[r] = mx;
+    }
+}
+
+static void fa_bwd_tile(const float *s, const float *dp, int rows, int cols, bool diag,
+                        const float *lse, const float *drow, uint16_t *pq, uint16_t *dsq,
+                        uint16_t *dsr)
+{
+    for (int r = 0; r < rows; r += 2) {
+        __m512 l0 = _mm512_set1_ps(lse[r]), l1 = _mm512_set1_ps(lse[r + 1]);
+        __m512 d0 = _mm512_set1_ps(drow[r]), d1 = _mm512_set1_ps(drow[r + 1]);
+        int lim0 = diag ? r + 1 : cols, lim1 = diag ? r + 2 : cols;
+        const float *s0 = s + (size_t)r * cols, *s1 = s0 + cols;
+        const float *g0 = dp + (size_t)r * cols, *g1 = g0 + cols;
+        for (int c = 0; c < cols; c += 16) {
+            __m512 p0 = _mm512_maskz_mov_ps(visible(c, lim0),
+                                            exp16(_mm512_sub_ps(_mm512_loadu_ps(s0 + c), l0)));
+            __m512 p1 = _mm512_maskz_mov_ps(visible(c, lim1),
+                                            exp16(_mm512_sub_ps(_mm512_loadu_ps(s1 + c), l1)));
+            __m512 ds0 = _mm512_mul_ps(p0, _mm512_sub_ps(_mm512_loadu_ps(g0 + c), d0));
+            __m512 ds1 = _mm512_mul_ps(p1, _mm512_sub_ps(_mm512_loadu_ps(g1 + c), d1));
+            size_t q = (size_t)(r / 2) * 2 * cols + 2 * (size_t)c;
+            _mm512_storeu_si512(pq + q, interleave(p0, p1));
+            _mm512_storeu_si512(dsq + q, interleave(ds0, ds1));
+            _mm256_storeu_si256((__m256i *)(dsr + (size_t)r * cols + c),
+                                (__m256i)_mm512_cvtneps_pbh(ds0));
+            _mm256_storeu_si256((__m256i *)(dsr + (size_t)(r + 1) * cols + c),
+                                (__m256i)_mm512_cvtneps_pbh(ds1));
+        }
+    }
+}
+
 static const struct kvp_tk_ops tk_avx512bf16 = {.name = "avx512bf16",
                                                 .gemm = gemm,
                                                 .cvt = cvt,
                                                 .cvt_pair = cvt_pair,
+                                                .fa_fwd_tile = fa_fwd_tile,
+                                                .fa_bwd_tile = fa_bwd_tile,
                                                 .swiglu_fwd = swiglu_fwd,
                                                 .swiglu_bwd = swiglu_bwd};
 
