@@ -137,7 +137,8 @@ struct kvp_tk_ops {
      * (b NULL: 0). */
     void (*cvt_pair)(uint16_t *dst, const float *a, const float *b, size_t n, float scale);
     /* Fused attention, the elementwise work of one [rows][cols] tile of scaled scores s (rows
-     * even, cols a multiple of 32); diag: a diagonal tile, where column c > row r is masked.
+     * even and at most KVP_FA_TILE, cols a multiple of 32); diag: a diagonal tile, where
+     * column c > row r is masked.
      * Forward (online softmax): per row, m' = max(m, max s), alpha = e^(m − m'), P = e^(s − m')
      * into pb (bf16 rows), l = l·alpha + Σ P, m = m'. Backward: P = e^(s − lse), dS = P·(dp −
      * D) (D = dO·O of the row); P and dS pair-interleaved by rows into pq, dsq ([rows/2][cols]

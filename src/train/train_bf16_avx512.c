@@ -210,6 +210,7 @@ static inline __m512i interleave(__m512 a, __m512 b)
 static void fa_fwd_tile(const float *s, int rows, int cols, bool diag, float *m, float *l,
                         float *alpha, uint16_t *pb)
 {
+    float mnew[KVP_FA_TILE], sum[KVP_FA_TILE];
     for (int r = 0; r < rows; r++) {
         const float *x = s + (size_t)r * cols;
         uint16_t *dst = pb + (size_t)r * cols;
@@ -227,9 +228,20 @@ static void fa_fwd_tile(const float *s, int rows, int cols, bool diag, float *m,
             vs = _mm512_add_ps(vs, _mm512_add_ps(e0, e1));
             _mm512_storeu_si512(dst + c, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
         }
-        alpha[r] = expf(m[r] - mx);
-        l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(vs);
-        m[r] = mx;
+        mnew[r] = mx;
+        sum[r] = _mm512_reduce_add_ps(vs);
+    }
+    /* 16 rows at a time: alpha = e^(m − m'), exactly 0 while m is still −inf */
+    for (int r = 0; r < rows; r += 16) {
+        __mmask16 k = visible(r, rows);
+        __m512 mo = _mm512_maskz_loadu_ps(k, m + r), mn = _mm512_maskz_loadu_ps(k, mnew + r);
+        __mmask16 live = _mm512_cmp_ps_mask(mo, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+        __m512 a = _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(mo, mn)));
+        __m512 ln = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, l + r), a,
+                                    _mm512_maskz_loadu_ps(k, sum + r));
+        _mm512_mask_storeu_ps(alpha + r, k, a);
+        _mm512_mask_storeu_ps(l + r, k, ln);
+        _mm512_mask_storeu_ps(m + r, k, mn);
     }
 }
 
