@@ -324,14 +324,14 @@ static void decode_tiered(struct kvp_ctx *c, int l, int ith, int nth)
         if (ith == 0)
             kvp_store_prefetch(st, l + 1, kvp_policy_next(&c->pol, l + 1, 0), n_keys);
     }
-    if (sparse && st->tier == KVP_TIER_RAM) {
+    if (sparse && kvp_store_in_memory(st)) {
         if (ith == 0)
             kvp_store_map_cold(st, l, n_keys, true);
         kvp_pool_barrier(c->pool);
     }
     /* a select that reads every key sees them all, read from disk first (and no early miss
      * read may evict a block under it) */
-    const bool all_keys = sparse && st->tier == KVP_TIER_DISK &&
+    const bool all_keys = sparse && !kvp_store_in_memory(st) &&
                           kvp_policy_reads_all_keys(&c->pol, l);
     if (all_keys) {
         if (ith == 0)
@@ -741,4 +741,33 @@ void kvp_ctx_kv_bytes(const kvp_ctx *c, size_t *resident, size_t *kept)
         *resident = kvp_kvcache_resident_bytes(&c->kv, c->n_tokens);
     if (kept)
         *kept = kvp_kvcache_kept_bytes(&c->kv, c->n_tokens);
+}
+
+/* ---- the tiered store's statistics and timeline (kvpred.h) -------------------------------- */
+
+int kvp_ctx_store_stats(const kvp_ctx *c, struct kvp_store_stats *stats)
+{
+    if (!c->store)
+        return KVP_EINVAL;
+    kvp_store_get_stats(c->store, stats);
+    return 0;
+}
+
+void kvp_ctx_store_reset_stats(kvp_ctx *c)
+{
+    if (c->store)
+        kvp_store_reset_stats(c->store);
+}
+
+void kvp_ctx_store_timeline(kvp_ctx *c, bool on)
+{
+    if (c->store)
+        kvp_store_record_timeline(c->store, on);
+}
+
+int kvp_ctx_store_timeline_png(const kvp_ctx *c, const char *path, struct kvp_err *err)
+{
+    if (!c->store)
+        return kvp_err_set(err, KVP_EINVAL, "the context has no tiered KV store");
+    return kvp_store_timeline_png(c->store, path, err);
 }
