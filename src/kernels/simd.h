@@ -79,6 +79,11 @@ struct kvp_simd_ops {
     /* Largest of x[0..n) (n >= 1; -inf entries allowed). NULL in a table means "use the
      * scalar loop" (kvp_simd_max does the dispatch). */
     float (*max)(const float *x, int64_t n);
+
+    /* Row-batched integer dots for the types in dot_q (same contract as rows_q8_0: several rows
+     * per pass share the activation loads). NULL: kvp_matvec_rows calls dot_q once per row. */
+    void (*rows_q[KVP_SIMD_NTYPES])(const void *w, size_t row_bytes, const void *xq, int64_t n,
+                                    int64_t nrows, float *y);
 };
 
 /* Largest of x[0..n) through the table's max, or a scalar loop when it has none. */
