@@ -24,6 +24,7 @@ struct kvp_thread_scratch {
     float *s;     /* [KVP_QCHUNK][n_ctx] prefill scores */
     float *tile;  /* [KVP_TILE_ROWS][max_cols] dequantized weight rows */
     void *xq;     /* activation quantized for integer dot products [max_cols] */
+    int xq_type;  /* the kvp_type_vec_dot_type xq holds for the current input (-1: none) */
 };
 
 struct kvp_ctx {
