@@ -18,7 +18,7 @@
 # Environment: KVP (kvpred binary, default build/kvpred), LLAMA_BIN (default
 # ../shared/peers/llama.cpp/bin), OUT (default /tmp/kvp-bench-peers; synth files are kept there
 # and reused), REPS (3), L1B_LAYERS (4), LONG ("4096 16384"), THREADS ("1 2"), TYPES
-# ("Q8_0 Q4_K"), SHAPES ("smol l1b").
+# ("Q8_0 Q4_K"), SHAPES ("smol l1b"), KEEP_BLAS_CORETYPE (0).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -32,6 +32,10 @@ THREADS=${THREADS:-1 2}
 TYPES=${TYPES:-Q8_0 Q4_K}
 SHAPES=${SHAPES:-smol l1b}
 export LD_LIBRARY_PATH="$LLAMA_BIN${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# kvpred's prefill runs OpenBLAS sgemm, whose kernels follow OPENBLAS_CORETYPE; an environment
+# that pins it (this project's sets Haswell, AVX2) makes prefill ~1.5x slower on an AVX-512 CPU
+# than OpenBLAS's own choice. KEEP_BLAS_CORETYPE=1 keeps the variable.
+[ "${KEEP_BLAS_CORETYPE:-0}" = 1 ] || unset OPENBLAS_CORETYPE
 
 for tool in jq /usr/bin/time "$KVP" "$LLAMA_BIN/llama-bench" "$LLAMA_BIN/llama-batched-bench" \
     "$LLAMA_BIN/llama-quantize"; do
