@@ -9,7 +9,7 @@
 #include <stdint.h>
 
 #include "core/threadpool.h"
-#include "forward/kvcache.h"
+#include "kv/kvcache.h"
 #include "model/model.h"
 #include "policy/host.h"
 

@@ -20,8 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "forward/attention.h"
-#include "forward/kvcache.h"
+#include "kv/attention.h"
+#include "kv/kvcache.h"
 #include "policy/policy.h"
 
 /* scratch floats per KV head: [cap] combined attention, [cap] block scores / top-k values,
