@@ -8,8 +8,8 @@
  * output. That keeps the per-token overhead of a tiny model to a few barriers instead of dozens
  * of thread wake-ups. Matrix products of a batch go through OpenBLAS sgemm (single-threaded per
  * call; each pool thread owns a slice of the output rows); a single token uses the SIMD mat-vec.
- * Decode attention is the blocked kernel of attention.c; prefill attention gathers each KV head
- * into contiguous rows and uses sgemm per chunk of 64 queries.
+ * Everything a layer does with the KV cache (writing K and V, selection, the tiered store,
+ * decode and prefill attention, the policy's hooks) is one call, kvp_kv_layer (kv_step.h).
  */
 #include <math.h>
 #include <stdlib.h>
