@@ -102,7 +102,7 @@ static void help(void)
            "                     policy x budget side by side (a row per policy)\n"
            "  --filler PATH      filler text file or directory (default\n"
            "                     $KVP_SHARED_DIR/data/pg_essays)\n%s",
-           cli_model_flags_help, cli_policy_names(), cli_policy_flags_help);
+           cli_model_flags_help, cli_policy_names(), cli_policy_flags_help());
 }
 
 struct task_opts {
