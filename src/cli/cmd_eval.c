@@ -96,8 +96,7 @@ static void help(void)
            "  --seed S             seed of random policies (default 0)\n"
            "  --task T             retrieval accuracy on RULER-style prompts instead (see\n"
            "                       kvpred eval --task passkey --help)\n%s",
-           cli_model_flags_help, cli_policy_names(), cli_policy_flags_help);
-    printf("%s", cli_catekv_flags_help);
+           cli_model_flags_help, cli_policy_names(), cli_policy_flags_help());
 }
 
 /* Split a comma-separated list in place into at most MAX_LIST items. Returns the count, or -1

@@ -105,7 +105,7 @@ static void help(void)
            "  --filler PATH      filler text file or directory (default\n"
            "                     $KVP_SHARED_DIR/data/pg_essays; passkey: its noise line,\n"
            "                     or this text, the needle on a line of its own, when given)\n%s",
-           cli_model_flags_help, cli_policy_names(), cli_policy_flags_help);
+           cli_model_flags_help, cli_policy_names(), cli_policy_flags_help());
 }
 
 struct task_opts {

@@ -241,7 +241,7 @@ void kvp_attn_decode_layer(struct kvp_ctx *c, int l, const float *q, float *out,
     const int hd = c->hp.head_dim;
     const int g = c->hp.n_head / c->hp.n_head_kv;
     const int n_keys = c->job_pos0 + 1;
-    const bool sparse = c->policy && l >= c->dense_layers;
+    const bool sparse = kvp_policy_sparse(&c->pol, l);
     long h0, h1;
     kvp_split_range(c->hp.n_head_kv, ith, nth, &h0, &h1);
     for (long kvh = h0; kvh < h1; kvh++) {
@@ -253,10 +253,8 @@ void kvp_attn_decode_layer(struct kvp_ctx *c, int l, const float *q, float *out,
                                  out + first * hd);
             continue;
         }
-        struct kvp_policy *p = c->policy;
-        struct kvp_sel *sel = &c->sel[(size_t)l * c->hp.n_head_kv + kvh];
-        if (!c->store)
-            p->ops->select(p, l, (int)kvh, qg, n_keys, sel);
+        struct kvp_sel *sel = c->store ? kvp_policy_sel(&c->pol, l, (int)kvh)
+                                       : kvp_policy_select(&c->pol, l, (int)kvh, qg, n_keys);
         float *sp = c->sparse_probs + first * c->probs_stride;
         kvp_attn_sparse_group(&c->kv, l, (int)kvh, qg, g, n_keys, sel, sp, c->probs_stride,
                               &c->ab[kvh], out + first * hd);
@@ -268,8 +266,7 @@ void kvp_attn_decode_layer(struct kvp_ctx *c, int l, const float *q, float *out,
                     recovery_of(dp + (size_t)j * c->probs_stride, sel,
                                 sp + (size_t)j * c->probs_stride, c->kv.block_size);
         }
-        if (p->ops->on_step)
-            p->ops->on_step(p, l, (int)kvh, sel, sp, c->probs_stride, n_keys);
+        kvp_policy_on_step(&c->pol, l, (int)kvh, sp, c->probs_stride, n_keys);
     }
 }
 
@@ -281,7 +278,7 @@ void kvp_attn_decode_early(struct kvp_ctx *c, int l, const float *q, const uint8
     kvp_split_range(c->hp.n_head_kv, ith, nth, &h0, &h1);
     for (long kvh = h0; kvh < h1; kvh++)
         kvp_attn_sparse_early(&c->kv, l, (int)kvh, q + (size_t)kvh * g * hd, g, c->job_pos0 + 1,
-                              &c->sel[(size_t)l * c->hp.n_head_kv + kvh], pending,
+                              kvp_policy_sel(&c->pol, l, (int)kvh), pending,
                               c->sparse_probs + (size_t)kvh * g * c->probs_stride,
                               c->probs_stride, &c->ab[kvh]);
 }
@@ -289,26 +286,15 @@ void kvp_attn_decode_early(struct kvp_ctx *c, int l, const float *q, const uint8
 void kvp_attn_select_head(struct kvp_ctx *c, int l, const float *q, int kvh)
 {
     const int hd = c->hp.head_dim, g = c->hp.n_head / c->hp.n_head_kv;
-    c->policy->ops->select(c->policy, l, kvh, q + (size_t)kvh * g * hd, c->job_pos0 + 1,
-                           &c->sel[(size_t)l * c->hp.n_head_kv + kvh]);
+    kvp_policy_select(&c->pol, l, kvh, q + (size_t)kvh * g * hd, c->job_pos0 + 1);
 }
 
 void kvp_attn_predict_layer(struct kvp_ctx *c, int l, int n_tokens_next, int ith, int nth)
 {
     long h0, h1;
     kvp_split_range(c->hp.n_head_kv, ith, nth, &h0, &h1);
-    for (long kvh = h0; kvh < h1; kvh++) {
-        size_t lh = (size_t)l * c->hp.n_head_kv + kvh;
-        struct kvp_sel *next = &c->sel_next[lh];
-        const struct kvp_sel *last = &c->sel[lh];
-        if (c->policy->ops->predict_next) {
-            c->policy->ops->predict_next(c->policy, l, (int)kvh, n_tokens_next, next);
-            continue;
-        }
-        next->n = last->n;
-        memcpy(next->blocks, last->blocks, (size_t)last->n * sizeof(int32_t));
-        memcpy(next->mask, last->mask, (size_t)last->n * sizeof(uint64_t));
-    }
+    for (long kvh = h0; kvh < h1; kvh++)
+        kvp_policy_predict(&c->pol, l, (int)kvh, n_tokens_next);
 }
 
 /* Copy keys and values [0, n) of one KV head into contiguous [n][hd] rows. */
@@ -348,13 +334,13 @@ static void prefill_head(struct kvp_ctx *c, int l, int h, int qs, int nq, int n_
         for (int t = 0; t < visible; t++)
             row[t] *= inv;
         memset(row + visible, 0, (size_t)(n_keys - visible) * sizeof(float));
-        if (c->colsum) {
-            float *cs = c->colsum + ((size_t)l * c->hp.n_head + h) * c->n_ctx;
+        if (c->pol.colsum) {
+            float *cs = c->pol.colsum + ((size_t)l * c->hp.n_head + h) * c->n_ctx;
             for (int t = 0; t < visible; t++)
                 cs[t] += row[t];
         }
-        if (c->obs && pos >= obs_first) {
-            float *o = c->obs + ((size_t)h * c->obs_n + (pos - obs_first)) * c->job_end;
+        if (c->pol.obs && pos >= obs_first) {
+            float *o = c->pol.obs + ((size_t)h * c->obs_n + (pos - obs_first)) * c->job_end;
             memcpy(o, row, (size_t)visible * sizeof(float));
             memset(o + visible, 0, (size_t)(c->job_end - visible) * sizeof(float));
         }
@@ -372,7 +358,7 @@ void kvp_attn_prefill_layer(struct kvp_ctx *c, int l, int ith, int nth)
     /* work items: (KV head, chunk), each covering the g query heads of the group so one gather
      * serves g heads. With column sums, one item is a whole KV head so that no two threads add
      * into the same sums. */
-    const int per_item = c->colsum ? n_chunks : 1;
+    const int per_item = c->pol.colsum ? n_chunks : 1;
     long w0, w1;
     kvp_split_range((long)c->hp.n_head_kv * n_chunks / per_item, ith, nth, &w0, &w1);
     for (long w = w0; w < w1; w++) {

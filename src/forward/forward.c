@@ -112,7 +112,11 @@ int kvp_ctx_init(const kvp_model *model, const struct kvp_ctx_params *params, kv
         if (!s->kc || !s->vc || !s->s || !s->tile || !s->xq)
             goto fail_nomem;
     }
-    c->dense_layers = hp->n_layer;
+    c->pol.env = (struct kvp_policy_env){.n_layer = hp->n_layer, .n_head = hp->n_head,
+                                         .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
+                                         .block_size = c->kv.block_size, .n_ctx = c->n_ctx,
+                                         .kv = &c->kv};
+    c->pol.dense_layers = hp->n_layer;
     for (int i = 0; i < hp->head_dim / 2; i++) {
         /* θ_i = pos · base^(−2i/d) · freq_scale / ff_i (formats.md §3.4, §3.5) */
         c->inv_freq[i] = pow((double)hp->rope_base, -2.0 * i / hp->head_dim) * hp->rope_freq_scale;
@@ -134,36 +138,15 @@ fail:
 /* Drop the policy and every buffer that exists only for it. */
 static void free_policy(struct kvp_ctx *c)
 {
-    if (c->policy) {
-        if (c->policy->ops->free)
-            c->policy->ops->free(c->policy);
-        free(c->policy);
-        c->policy = NULL;
-    }
-    free(c->sel);
-    free(c->sel_blocks);
-    free(c->sel_masks);
-    free(c->sel_next);
-    free(c->sel_next_blocks);
-    free(c->sel_next_masks);
-    c->sel_next = NULL;
-    c->sel_next_blocks = NULL;
-    c->sel_next_masks = NULL;
+    kvp_policy_host_clear(&c->pol);
     kvp_free_aligned(c->sparse_probs);
     free(c->ab);
     kvp_free_aligned(c->ab_floats);
     free(c->ab_idx);
+    c->sparse_probs = NULL;
     c->ab = NULL;
     c->ab_floats = NULL;
     c->ab_idx = NULL;
-    kvp_free_aligned(c->obs);
-    kvp_free_aligned(c->colsum);
-    c->sel = NULL;
-    c->sel_blocks = NULL;
-    c->sel_masks = NULL;
-    c->sparse_probs = c->obs = c->colsum = NULL;
-    c->obs_window = 0;
-    c->dense_layers = c->hp.n_layer;
 }
 
 void kvp_ctx_free(kvp_ctx *c)
@@ -200,10 +183,7 @@ void kvp_ctx_reset(kvp_ctx *c)
         kvp_store_truncate(c->store, 0);
     else
         kvp_kvcache_clear(&c->kv);
-    if (c->colsum)
-        memset(c->colsum, 0, (size_t)c->hp.n_layer * c->hp.n_head * c->n_ctx * sizeof(float));
-    if (c->policy && c->policy->ops->reset)
-        c->policy->ops->reset(c->policy);
+    kvp_policy_reset(&c->pol);
 }
 
 void kvp_ctx_truncate(kvp_ctx *c, int n)
@@ -336,24 +316,23 @@ static void decode_tiered(struct kvp_ctx *c, int l, int ith, int nth)
 {
     struct kvp_store *st = c->store;
     const int n_keys = c->job_pos0 + 1, n_kv = c->hp.n_head_kv;
-    const bool sparse = c->policy && l >= c->dense_layers;
-    const bool ahead = st->mode == KVP_PREFETCH_LAYER && c->policy && l + 1 < c->hp.n_layer &&
-                       l + 1 >= c->dense_layers;
+    const bool sparse = kvp_policy_sparse(&c->pol, l);
+    const bool ahead = st->mode == KVP_PREFETCH_LAYER && l + 1 < c->hp.n_layer &&
+                       kvp_policy_sparse(&c->pol, l + 1);
     if (ahead) {
         predict_timed(c, l + 1, n_keys, ith, nth, true);
         if (ith == 0)
-            kvp_store_prefetch(st, l + 1, c->sel_next + (size_t)(l + 1) * n_kv, n_keys);
+            kvp_store_prefetch(st, l + 1, kvp_policy_next(&c->pol, l + 1, 0), n_keys);
     }
-    if (sparse && st->tier == KVP_TIER_RAM) {
+    if (sparse && kvp_store_in_memory(st)) {
         if (ith == 0)
             kvp_store_map_cold(st, l, n_keys, true);
         kvp_pool_barrier(c->pool);
     }
     /* a select that reads every key sees them all, read from disk first (and no early miss
      * read may evict a block under it) */
-    const bool all_keys = sparse && st->tier == KVP_TIER_DISK &&
-                          c->policy->ops->reads_all_keys &&
-                          c->policy->ops->reads_all_keys(c->policy, l);
+    const bool all_keys = sparse && !kvp_store_in_memory(st) &&
+                          kvp_policy_reads_all_keys(&c->pol, l);
     if (all_keys) {
         if (ith == 0)
             kvp_store_load_cold(st, l, n_keys);
@@ -366,14 +345,15 @@ static void decode_tiered(struct kvp_ctx *c, int l, int ith, int nth)
         for (long h = h0; h < h1; h++) {
             kvp_attn_select_head(c, l, c->q, (int)h);
             if (ith == 0 && h + 1 < n_kv && !all_keys)
-                kvp_store_acquire_head(st, l, c->sel + (size_t)l * n_kv + h, n_keys);
+                kvp_store_acquire_head(st, l, kvp_policy_sel(&c->pol, l, (int)h), n_keys);
         }
     }
     kvp_pool_barrier(c->pool);
     if (ith == 0) {
         if (sparse)
             kvp_store_map_cold(st, l, n_keys, false);
-        c->store_waits = kvp_store_acquire_begin(st, l, sparse ? c->sel + (size_t)l * n_kv : NULL,
+        c->store_waits = kvp_store_acquire_begin(st, l, sparse ? kvp_policy_sel(&c->pol, l, 0)
+                                                               : NULL,
                                                  n_keys);
     }
     kvp_pool_barrier(c->pool);
@@ -385,7 +365,7 @@ static void decode_tiered(struct kvp_ctx *c, int l, int ith, int nth)
          * without on_step predicts from what its select left, so that runs here too */
         if (sparse)
             kvp_attn_decode_early(c, l, c->q, st->pending, ith, nth);
-        if (predicts && !c->policy->ops->on_step) {
+        if (predicts && !kvp_policy_has_on_step(&c->pol)) {
             predict_timed(c, l, n_keys + 1, ith, nth, false);
             predicted = true;
         }
@@ -401,7 +381,7 @@ static void decode_tiered(struct kvp_ctx *c, int l, int ith, int nth)
     if (!predicted)
         predict_timed(c, l, n_keys + 1, ith, nth, true);
     if (ith == 0)
-        kvp_store_prefetch(st, l, c->sel_next + (size_t)l * n_kv, n_keys + 1);
+        kvp_store_prefetch(st, l, kvp_policy_next(&c->pol, l, 0), n_keys + 1);
 }
 
 /* At the end of a prompt (its last micro-batch, after on_prefill of layer l): the first decode
@@ -410,11 +390,11 @@ static void decode_tiered(struct kvp_ctx *c, int l, int ith, int nth)
 static const struct kvp_sel *first_step_prediction(struct kvp_ctx *c, int l)
 {
     const int mode = c->store->mode;
-    if (!c->job_last || !c->policy || !c->policy->ops->predict_next || l < c->dense_layers ||
+    if (!c->job_last || !kvp_policy_has_predict(&c->pol) || !kvp_policy_sparse(&c->pol, l) ||
         c->job_end >= c->n_ctx || (mode != KVP_PREFETCH_TOKEN && mode != KVP_PREFETCH_LAYER))
         return NULL;
     kvp_attn_predict_layer(c, l, c->job_end + 1, 0, 1);
-    return c->sel_next + (size_t)l * c->hp.n_head_kv;
+    return kvp_policy_next(&c->pol, l, 0);
 }
 
 static void forward_worker(void *arg, int ith, int nth)
@@ -489,11 +469,11 @@ static void forward_worker(void *arg, int ith, int nth)
             struct kvp_prefill_obs ob = {
                 .n_prompt = c->job_end,
                 .n_obs = c->obs_n,
-                .obs = c->obs,
-                .colsum = c->colsum ? c->colsum + (size_t)l * hp->n_head * c->n_ctx : NULL,
+                .obs = c->pol.obs,
+                .colsum = c->pol.colsum ? c->pol.colsum + (size_t)l * hp->n_head * c->n_ctx : NULL,
                 .q_last = c->q + (size_t)(n - 1) * q_dim,
             };
-            c->policy->ops->on_prefill(c->policy, l, &ob);
+            kvp_policy_on_prefill(&c->pol, l, &ob);
         }
         if (c->store && n > 1 && ith == 0)
             kvp_store_prefill_end(c->store, l, pos0, pos0 + n, first_step_prediction(c, l),
@@ -555,7 +535,7 @@ int kvp_eval(kvp_ctx *c, const int32_t *tokens, int n, float *logits, bool all_l
                                c->hp.n_vocab - 1);
     /* After an evicting policy has dropped tokens, prefill attention (which reads every cached
      * token) no longer applies: feed further tokens one at a time through the decode path. */
-    if (n > 1 && c->policy && c->policy->ops->evicting && c->n_tokens > 0) {
+    if (n > 1 && kvp_policy_evicting(&c->pol) && c->n_tokens > 0) {
         for (int i = 0; i < n; i++) {
             float *out = !logits ? NULL : all_logits ? logits + (size_t)i * c->hp.n_vocab
                                         : (i == n - 1 ? logits : NULL);
@@ -569,10 +549,11 @@ int kvp_eval(kvp_ctx *c, const int32_t *tokens, int n, float *logits, bool all_l
     if (rc < 0)
         return rc;
     c->job_end = c->n_tokens + n;
-    c->job_prefill = n > 1 && c->policy && c->policy->ops->on_prefill;
-    c->obs_n = c->obs_window < c->job_end ? c->obs_window : c->job_end;
-    if (c->job_prefill && c->colsum && c->n_tokens == 0)
-        memset(c->colsum, 0, (size_t)c->hp.n_layer * c->hp.n_head * c->n_ctx * sizeof(float));
+    c->job_prefill = n > 1 && kvp_policy_wants_prefill(&c->pol);
+    c->obs_n = c->pol.obs_window < c->job_end ? c->pol.obs_window : c->job_end;
+    if (c->job_prefill && c->pol.colsum && c->n_tokens == 0)
+        memset(c->pol.colsum, 0,
+               (size_t)c->hp.n_layer * c->hp.n_head * c->n_ctx * sizeof(float));
     /* micro-batches of at most n_batch tokens */
     for (int done = 0; done < n;) {
         int nb = n - done < c->n_batch ? n - done : c->n_batch;
@@ -601,14 +582,6 @@ int kvp_eval(kvp_ctx *c, const int32_t *tokens, int n, float *logits, bool all_l
 
 /* ---- policies and measuring --------------------------------------------------------------- */
 
-const char *kvp_policy_name(int i)
-{
-    for (int k = 0; kvp_policy_registry[k]; k++)
-        if (k == i)
-            return kvp_policy_registry[k]->name;
-    return NULL;
-}
-
 /* Hot slots per tiered layer: hot_budget tokens, or by default twice what one step's selection
  * needs. One step needs, per KV head, the budget's blocks plus two partial ones at the window
  * edges, times the KV heads whose union a unit carries, plus the newest block; a policy whose
@@ -622,15 +595,15 @@ static int hot_blocks_for(const struct kvp_ctx *c)
     const int bs = c->kv.block_size;
     if (c->hot_budget > 0)
         return (c->hot_budget + bs - 1) / bs;
-    if (!c->policy)
+    if (!c->pol.p)
         return 0;
-    const struct kvp_policy_params *pp = &c->policy->p;
+    const struct kvp_policy_params *pp = &c->pol.p->p;
     long b = pp->budget > 0         ? pp->budget
              : pp->budget_ratio > 0 ? (long)(pp->budget_ratio * c->n_ctx + 0.999)
                                     : c->n_ctx;
     bool predicts = c->store && (c->store->mode == KVP_PREFETCH_TOKEN ||
                                  c->store->mode == KVP_PREFETCH_LAYER);
-    long per_head = (b + bs - 1) / bs + 2 + (predicts ? c->policy->prefetch_margin : 0);
+    long per_head = (b + bs - 1) / bs + 2 + (predicts ? c->pol.p->prefetch_margin : 0);
     long n = 2 * ((long)c->hp.n_head_kv * per_head + 1);
     return n > c->kv.max_blocks ? c->kv.max_blocks : (int)n;
 }
@@ -640,7 +613,7 @@ static int store_reconfigure(struct kvp_ctx *c, struct kvp_err *err)
 {
     if (!c->store)
         return 0;
-    int dense = c->policy ? c->dense_layers : c->hp.n_layer;
+    int dense = c->pol.dense_layers;
     return kvp_store_configure(c->store, dense, hot_blocks_for(c), err);
 }
 
@@ -675,114 +648,51 @@ static int alloc_attn_blocks(struct kvp_ctx *c)
     return 0;
 }
 
-int kvp_ctx_set_policy(kvp_ctx *c, const struct kvp_policy_params *params, struct kvp_err *err)
+int kvp_ctx_set_policy_ops(kvp_ctx *c, const struct kvp_policy_ops *ops,
+                           const struct kvp_policy_params *params, struct kvp_err *err)
 {
     free_policy(c);
     kvp_ctx_reset(c);
-    int rc0 = store_reconfigure(c, err);
-    if (rc0 < 0 || !params || !params->name)
-        return rc0;
-    const struct kvp_policy_ops *ops = kvp_policy_find(params->name);
-    if (!ops) {
-        char names[512] = "";
-        for (int k = 0; kvp_policy_registry[k]; k++) {
-            strncat(names, k ? ", " : "", sizeof(names) - strlen(names) - 1);
-            strncat(names, kvp_policy_registry[k]->name, sizeof(names) - strlen(names) - 1);
-        }
-        return kvp_err_set(err, KVP_EINVAL, "unknown policy '%s' (known: %s)", params->name,
-                           names);
-    }
-    const struct kvp_hparams *hp = &c->hp;
+    int rc = store_reconfigure(c, err);
+    if (rc < 0 || !params || (!ops && !params->name))
+        return rc;
+    if (!ops && !(ops = kvp_policy_lookup(params->name, err)))
+        return KVP_EINVAL;
     if (c->store && ops->evicting)
         return kvp_err_set(err, KVP_EUNSUPPORTED,
                            "policy '%s' evicts tokens; the tiered KV store needs a policy that "
                            "keeps the whole cache (it selects per step)",
                            ops->name);
-    if (hp->n_head / hp->n_head_kv > 64)
-        return kvp_err_set(err, KVP_EUNSUPPORTED, "GQA groups larger than 64 heads");
-    struct kvp_policy *p = calloc(1, sizeof(*p));
-    if (!p)
-        return kvp_err_set(err, KVP_ENOMEM, "out of memory");
-    p->ops = ops;
-    p->p = *params;
-    /* defaults */
-    if (p->p.sink <= 0)
-        p->p.sink = p->p.sink < 0 ? 0 : 16;
-    if (p->p.local <= 0)
-        p->p.local = p->p.local < 0 ? 0 : 16;
-    if (p->p.window <= 0)
-        p->p.window = 32;
-    if (p->p.pool <= 0)
-        p->p.pool = 5;
-    if (p->p.dense_layers == 0)
-        p->p.dense_layers = 2;
-    else if (p->p.dense_layers < 0)
-        p->p.dense_layers = 0;
-    if (p->p.dense_layers > hp->n_layer)
-        p->p.dense_layers = hp->n_layer;
-    if (p->p.gqa_agg < 0 || p->p.gqa_agg > KVP_AGG_SUM) {
-        int agg = p->p.gqa_agg;
-        free(p);
-        return kvp_err_set(err, KVP_EINVAL, "unknown GQA aggregation %d", agg);
-    }
-    if (p->p.budget < 0 || p->p.budget_ratio < 0 || p->p.budget_ratio > 1) {
-        free(p);
-        return kvp_err_set(err, KVP_EINVAL, "budget must be >= 0 and ratio in (0, 1]");
-    }
-    p->env = (struct kvp_policy_env){.n_layer = hp->n_layer, .n_head = hp->n_head,
-                                     .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
-                                     .block_size = c->kv.block_size, .n_ctx = c->n_ctx,
-                                     .kv = &c->kv};
-    int rc = ops->init ? ops->init(p, err) : 0;
-    if (rc < 0) {
-        free(p);
+    if ((rc = kvp_policy_host_set(&c->pol, ops, params, &c->pol.env, c->store != NULL, err)) < 0)
         return rc;
-    }
-    c->policy = p;
-    c->dense_layers = p->p.dense_layers;
-    size_t n_lh = (size_t)hp->n_layer * hp->n_head_kv, mb = (size_t)c->kv.max_blocks;
-    c->sel = calloc(n_lh, sizeof(*c->sel));
-    c->sel_blocks = calloc(n_lh * mb, sizeof(int32_t));
-    c->sel_masks = calloc(n_lh * mb, sizeof(uint64_t));
-    c->sparse_probs = falloc((size_t)hp->n_head * c->probs_stride);
-    int rc_ab = alloc_attn_blocks(c);
-    c->obs_window = ops->wants_obs ? p->p.window : 0;
-    if (c->obs_window)
-        c->obs = falloc((size_t)hp->n_head * c->obs_window * c->n_ctx);
-    if (ops->wants_colsum)
-        c->colsum = falloc((size_t)hp->n_layer * hp->n_head * c->n_ctx);
-    if (!c->sel || !c->sel_blocks || !c->sel_masks || !c->sparse_probs || rc_ab < 0 ||
-        (c->obs_window && !c->obs) || (ops->wants_colsum && !c->colsum)) {
+    c->sparse_probs = falloc((size_t)c->hp.n_head * c->probs_stride);
+    if (!c->sparse_probs || alloc_attn_blocks(c) < 0) {
         free_policy(c);
+        store_reconfigure(c, NULL);
         return kvp_err_set(err, KVP_ENOMEM, "out of memory for policy buffers");
     }
-    for (size_t i = 0; i < n_lh; i++) {
-        c->sel[i].blocks = c->sel_blocks + i * mb;
-        c->sel[i].mask = c->sel_masks + i * mb;
+    if ((rc = store_reconfigure(c, err)) < 0) {
+        free_policy(c);
+        store_reconfigure(c, NULL);
+        return rc;
     }
-    if (c->store) {
-        c->sel_next = calloc(n_lh, sizeof(*c->sel_next));
-        c->sel_next_blocks = calloc(n_lh * mb, sizeof(int32_t));
-        c->sel_next_masks = calloc(n_lh * mb, sizeof(uint64_t));
-        if (!c->sel_next || !c->sel_next_blocks || !c->sel_next_masks) {
-            free_policy(c);
-            store_reconfigure(c, NULL);
-            return kvp_err_set(err, KVP_ENOMEM, "out of memory for policy buffers");
-        }
-        for (size_t i = 0; i < n_lh; i++) {
-            c->sel_next[i].blocks = c->sel_next_blocks + i * mb;
-            c->sel_next[i].mask = c->sel_next_masks + i * mb;
-        }
-        if ((rc = store_reconfigure(c, err)) < 0) {
-            free_policy(c);
-            store_reconfigure(c, NULL);
-            return rc;
-        }
-    }
-    if (c->colsum)
-        memset(c->colsum, 0, (size_t)hp->n_layer * hp->n_head * c->n_ctx * sizeof(float));
     c->kv.release = !c->measure;
     return 0;
+}
+
+int kvp_ctx_set_policy(kvp_ctx *c, const struct kvp_policy_params *params, struct kvp_err *err)
+{
+    return kvp_ctx_set_policy_ops(c, NULL, params, err);
+}
+
+double kvp_ctx_policy_seconds(const kvp_ctx *c)
+{
+    return kvp_policy_hook_time(&c->pol);
+}
+
+void kvp_ctx_policy_reset_seconds(kvp_ctx *c)
+{
+    kvp_policy_reset_hook_time(&c->pol);
 }
 
 void kvp_ctx_set_measure(kvp_ctx *c, bool on)
@@ -809,7 +719,7 @@ void kvp_ctx_set_measure(kvp_ctx *c, bool on)
 
 const float *kvp_ctx_dense_probs(const kvp_ctx *c, int layer, int head, int *n_keys)
 {
-    if (!c->measure || !c->policy || layer < c->dense_layers || layer >= c->hp.n_layer ||
+    if (!c->measure || !kvp_policy_sparse(&c->pol, layer) || layer >= c->hp.n_layer ||
         head < 0 || head >= c->hp.n_head)
         return NULL;
     if (n_keys)
@@ -831,4 +741,33 @@ void kvp_ctx_kv_bytes(const kvp_ctx *c, size_t *resident, size_t *kept)
         *resident = kvp_kvcache_resident_bytes(&c->kv, c->n_tokens);
     if (kept)
         *kept = kvp_kvcache_kept_bytes(&c->kv, c->n_tokens);
+}
+
+/* ---- the tiered store's statistics and timeline (kvpred.h) -------------------------------- */
+
+int kvp_ctx_store_stats(const kvp_ctx *c, struct kvp_store_stats *stats)
+{
+    if (!c->store)
+        return KVP_EINVAL;
+    kvp_store_get_stats(c->store, stats);
+    return 0;
+}
+
+void kvp_ctx_store_reset_stats(kvp_ctx *c)
+{
+    if (c->store)
+        kvp_store_reset_stats(c->store);
+}
+
+void kvp_ctx_store_timeline(kvp_ctx *c, bool on)
+{
+    if (c->store)
+        kvp_store_record_timeline(c->store, on);
+}
+
+int kvp_ctx_store_timeline_png(const kvp_ctx *c, const char *path, struct kvp_err *err)
+{
+    if (!c->store)
+        return kvp_err_set(err, KVP_EINVAL, "the context has no tiered KV store");
+    return kvp_store_timeline_png(c->store, path, err);
 }
