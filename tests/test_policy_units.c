@@ -10,9 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "forward/kvcache.h"
+#include "kv/kvcache.h"
 #include "kvpred.h"
-#include "policy/policy.h"
+#include "policy/host.h"
 #include "testutil.h"
 
 /* ---- fixtures ---- */
@@ -49,16 +49,14 @@ static void bench_init(struct bench *b, const char *name, int n_layer, int n_hea
     b->p.env = (struct kvp_policy_env){.n_layer = n_layer, .n_head = n_head, .n_head_kv = n_kv,
                                        .head_dim = hd, .block_size = bs, .n_ctx = n_ctx,
                                        .kv = &b->kv};
-    if (b->p.ops->init)
-        assert_int_equal(b->p.ops->init(&b->p, &err), 0);
+    assert_int_equal(kvp_policy_start(&b->p, &err), 0);
     b->sel.blocks = b->blocks;
     b->sel.mask = b->mask;
 }
 
 static void bench_free(struct bench *b)
 {
-    if (b->p.ops->free)
-        b->p.ops->free(&b->p);
+    kvp_policy_stop(&b->p);
     kvp_kvcache_free(&b->kv);
 }
 

@@ -74,53 +74,7 @@ static void help(void)
            "                       and decode the two in alternating chunks of %d tokens, so\n"
            "                       both see the same host (JSON: paired)\n"
            "  --json               print one JSON object\n%s\n%s",
-           PAIR_CHUNK, cli_policy_flags_help, cli_model_flags_help);
-}
-
-/* Time spent inside a policy's per-step hooks: the policy's ops table is swapped for one whose
- * select and on_step call the originals between two clock reads. Hooks of different KV heads run
- * on different threads, so each KV head has its own accumulator; their sum is thread time (wall
- * time with -t 1). */
-static struct {
-    const struct kvp_policy_ops *orig;
-    struct kvp_policy_ops ops;
-    double sec[256];
-} hook_timer;
-
-static void timed_select(struct kvp_policy *p, int layer, int kvh, const float *q, int n_tokens,
-                         struct kvp_sel *sel)
-{
-    double t0 = kvp_time_now();
-    hook_timer.orig->select(p, layer, kvh, q, n_tokens, sel);
-    hook_timer.sec[kvh & 255] += kvp_time_now() - t0;
-}
-
-static void timed_step(struct kvp_policy *p, int layer, int kvh, const struct kvp_sel *sel,
-                       const float *probs, int probs_stride, int n_tokens)
-{
-    double t0 = kvp_time_now();
-    hook_timer.orig->on_step(p, layer, kvh, sel, probs, probs_stride, n_tokens);
-    hook_timer.sec[kvh & 255] += kvp_time_now() - t0;
-}
-
-static void time_policy_hooks(kvp_ctx *ctx)
-{
-    struct kvp_policy *p = ctx->policy;
-    if (!p)
-        return;
-    hook_timer.orig = p->ops;
-    hook_timer.ops = *p->ops;
-    hook_timer.ops.select = timed_select;
-    hook_timer.ops.on_step = p->ops->on_step ? timed_step : NULL;
-    p->ops = &hook_timer.ops;
-}
-
-static double hook_seconds(void)
-{
-    double s = 0;
-    for (int i = 0; i < 256; i++)
-        s += hook_timer.sec[i];
-    return s;
+           PAIR_CHUNK, cli_policy_flags_help(), cli_model_flags_help);
 }
 
 struct bw_job {
@@ -325,8 +279,6 @@ int cmd_bench(int argc, char **argv)
         toks[i] = (int32_t)(x % (uint64_t)in.n_vocab);
     }
     toks[0] = kvp_token_bos(m);
-    if (pp.name)
-        time_policy_hooks(ctx);
 
     /* prefill */
     double pp_best = 0;
@@ -350,7 +302,7 @@ int cmd_bench(int argc, char **argv)
     long n_ratio = 0;
     long tl0 = n_decode >= 12 ? 8 : 0, tl1 = tl0 + 4 < n_decode ? tl0 + 4 : n_decode;
     kvp_ctx_store_reset_stats(ctx);
-    memset(hook_timer.sec, 0, sizeof(hook_timer.sec));
+    kvp_ctx_policy_reset_seconds(ctx);
     for (long r = 0; r < reps; r++) {
         if (tier != KVP_TIER_NONE && r > 0) {
             kvp_ctx_reset(ctx);
@@ -394,7 +346,7 @@ int cmd_bench(int argc, char **argv)
     /* the KV memory really held after the last step: physical blocks taken from the pool */
     size_t kv_pool = kvp_kvcache_pool_bytes(&ctx->kv);
     double tg_mean = tg_sum / reps;
-    double pol_ms = pp.name ? 1e3 * hook_seconds() / ((double)reps * n_decode) : 0;
+    double pol_ms = pp.name ? 1e3 * kvp_ctx_policy_seconds(ctx) / ((double)reps * n_decode) : 0;
     double cpu_ms = 1e3 * decode_cpu / ((double)reps * n_decode);
     struct kvp_store_stats ss = {0};
     bool tiered = kvp_ctx_store_stats(ctx, &ss) == 0;
