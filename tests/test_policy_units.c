@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "forward/kvcache.h"
+#include "kv/kvcache.h"
 #include "kvpred.h"
 #include "policy/host.h"
 #include "testutil.h"

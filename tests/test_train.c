@@ -958,10 +958,9 @@ static char *write_text_file(void)
 }
 
 /* Stopping after 3 steps and resuming from the checkpoint gives the same losses and the same
- * final weights as the uninterrupted run. */
-static void test_checkpoint_resume_bit_exact(void **state)
+ * final weights as the uninterrupted run, in either precision. */
+static void check_resume_bit_exact(int precision)
 {
-    (void)state;
     char *data = write_text_file();
     const char *paths[] = {data};
     char *ck_a = kvp_test_tmpfile(".ckpt"), *ck_b = kvp_test_tmpfile(".ckpt");
@@ -970,16 +969,19 @@ static void test_checkpoint_resume_bit_exact(void **state)
     struct kvp_err err;
     struct losses la = {0}, lb = {0};
     tiny_opts(&o, paths);
+    o.precision = precision;
     o.ckpt_path = ck_a;
     o.out_gguf = g_a;
     assert_int_equal(kvp_train_run(&o, record, &la, &err), 0);
     assert_int_equal(la.n, 8);
     tiny_opts(&o, paths);
+    o.precision = precision;
     o.ckpt_path = ck_b;
     o.stop_after = 3;
     assert_int_equal(kvp_train_run(&o, record, &lb, &err), 0);
     assert_int_equal(lb.n, 3);
     tiny_opts(&o, paths);
+    o.precision = precision;
     o.ckpt_path = ck_b;
     o.resume_path = ck_b;
     o.out_gguf = g_b;
@@ -1005,6 +1007,7 @@ static void test_checkpoint_resume_bit_exact(void **state)
     assert_int_equal(kvp_test_write_file(ck_a, a, na), 0);
     free(a);
     tiny_opts(&o, paths);
+    o.precision = precision;
     o.resume_path = ck_a;
     o.ckpt_path = ck_a;
     assert_int_equal(kvp_train_run(&o, NULL, NULL, &err), KVP_EFORMAT);
@@ -1018,6 +1021,18 @@ static void test_checkpoint_resume_bit_exact(void **state)
     free(ck_b);
     free(g_a);
     free(g_b);
+}
+
+static void test_checkpoint_resume_bit_exact_f32(void **state)
+{
+    (void)state;
+    check_resume_bit_exact(KVP_PREC_F32);
+}
+
+static void test_checkpoint_resume_bit_exact_bf16(void **state)
+{
+    (void)state;
+    check_resume_bit_exact(KVP_PREC_BF16);
 }
 
 /* The hyperparameters and state a checkpoint holds (model, moments and vocabulary freed). */
@@ -1540,7 +1555,8 @@ int main(void)
         cmocka_unit_test(test_haystack_kinds),
         cmocka_unit_test(test_tokenizer_matches_engine),
         cmocka_unit_test(test_tasks_on_tinystories),
-        cmocka_unit_test(test_checkpoint_resume_bit_exact),
+        cmocka_unit_test(test_checkpoint_resume_bit_exact_f32),
+        cmocka_unit_test(test_checkpoint_resume_bit_exact_bf16),
         cmocka_unit_test(test_resume_overrides),
         cmocka_unit_test(test_checkpoint_version1_loads),
         cmocka_unit_test(test_new_stage_on_resume),

@@ -18,6 +18,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "cli/cli.h"
 #include "cli/common.h"
 #include "core/platform.h"
@@ -74,11 +76,21 @@ static void train_usage(FILE *f)
             "head\n"
             "  --seed S                run seed (default 1)\n"
             "  --threads N             threads (default 2)\n"
+            "  --precision P           bf16 (default: bf16 products with f32 accumulation,\n"
+            "                          f32 weights and optimiser) or f32 (the OpenBLAS\n"
+            "                          reference); not stored in the checkpoint\n"
             "  --eval-every N          retrieval evaluation every N steps (default 0: at the "
             "end)\n"
             "  --eval-samples N        samples per task (default 8)\n"
             "  --ckpt-every N          checkpoint every N steps (default 100)\n"
             "  --stop-after N          stop this invocation after N steps (checkpoint kept)\n"
+            "  --bench                 measure tokens/s instead of training (no --data): whole\n"
+            "                          steps on random tokens at each --bench-ctx, f32 and bf16\n"
+            "                          alternating (or only --precision), one JSON object\n"
+            "  --bench-ctx LIST        contexts (default 2048,8192,16384); a step is\n"
+            "                          max(8192, ctx) tokens in micro-batches of max(4096, ctx)\n"
+            "  --bench-steps N         timed steps per measurement (default 2)\n"
+            "  --bench-reps N          measurements per (ctx, precision) (default 3; medians)\n"
             "  -h, --help              show this help\n");
 }
 
@@ -229,6 +241,110 @@ static void maybe_reexec(int argc, char **argv)
     free(args); /* exec failed: carry on with the kernels already loaded */
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+#define BENCH_MAX_CTX 8
+#define BENCH_MAX_REPS 32
+
+/* --bench: every (ctx, precision) measured reps times, the precisions alternating inside each
+ * round so both see the same load on a busy host; medians in the JSON. */
+static int run_bench(const struct kvp_train_config *cfg, const char *ctx_list, int precision,
+                     long steps, long reps, int threads)
+{
+    int ctx[BENCH_MAX_CTX], n_ctx = 0;
+    const char *p = ctx_list;
+    while (*p) {
+        char *end;
+        long c = strtol(p, &end, 10);
+        if (end == p || c < 16 || c > 65536 || n_ctx == BENCH_MAX_CTX || (*end && *end != ','))
+            return cli_fail("--bench-ctx: '%s' is not a list of up to %d contexts 16..65536",
+                            ctx_list, BENCH_MAX_CTX);
+        ctx[n_ctx++] = (int)c;
+        p = *end ? end + 1 : end;
+    }
+    int precs[2] = {KVP_PREC_F32, KVP_PREC_BF16}, n_prec = 2;
+    if (precision >= 0) {
+        precs[0] = precision;
+        n_prec = 1;
+    }
+    static double tps[BENCH_MAX_CTX][2][BENCH_MAX_REPS], cpu[BENCH_MAX_CTX][2][BENCH_MAX_REPS];
+    const char *kernels[2] = {"", ""};
+    struct kvp_err err = {0};
+    for (int r = 0; r < reps; r++)
+        for (int c = 0; c < n_ctx; c++)
+            for (int k = 0; k < n_prec; k++) {
+                int pi = (k + r) % n_prec; /* alternate which precision goes first */
+                struct kvp_train_bench_req req = {
+                    .cfg = *cfg, .T = ctx[c], .tokens_per_step = ctx[c] > 8192 ? ctx[c] : 8192,
+                    .micro_tokens = ctx[c] > 4096 ? ctx[c] : 4096, .precision = precs[pi],
+                    .n_threads = threads, .steps = (int)steps, .seed = 1};
+                struct kvp_train_bench_result res;
+                if (kvp_train_bench(&req, &res, &err) < 0)
+                    return cli_fail_err(&err);
+                tps[c][pi][r] = res.tokens_per_s;
+                cpu[c][pi][r] = res.cpu_s_per_mtok;
+                kernels[pi] = res.kernels;
+                fprintf(stderr, "bench: ctx %d %s %.0f tok/s (%.1f CPU s per Mtok), loss %.3f\n",
+                        ctx[c], kvp_train_precision_name(precs[pi]), res.tokens_per_s,
+                        res.cpu_s_per_mtok, res.loss);
+            }
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "bench", "train-lm");
+    cJSON *mj = cJSON_AddObjectToObject(o, "model");
+    cJSON_AddNumberToObject(mj, "dim", cfg->n_embd);
+    cJSON_AddNumberToObject(mj, "layers", cfg->n_layer);
+    cJSON_AddNumberToObject(mj, "heads", cfg->n_head);
+    cJSON_AddNumberToObject(mj, "kv_heads", cfg->n_head_kv);
+    cJSON_AddNumberToObject(mj, "ff", cfg->n_ff);
+    cJSON_AddNumberToObject(mj, "vocab", cfg->n_vocab);
+    cJSON_AddNumberToObject(o, "threads", threads);
+    cJSON_AddNumberToObject(o, "steps", (double)steps);
+    cJSON_AddNumberToObject(o, "reps", (double)reps);
+    cJSON *rj = cJSON_AddArrayToObject(o, "results");
+    cJSON *sj = n_prec == 2 ? cJSON_AddArrayToObject(o, "speedup") : NULL;
+    for (int c = 0; c < n_ctx; c++) {
+        double med[2] = {0, 0}, cmed[2] = {0, 0};
+        for (int k = 0; k < n_prec; k++) {
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddNumberToObject(e, "ctx", ctx[c]);
+            cJSON_AddStringToObject(e, "precision", kvp_train_precision_name(precs[k]));
+            cJSON_AddStringToObject(e, "kernels", kernels[k]);
+            cJSON_AddNumberToObject(e, "tokens_per_step", ctx[c] > 8192 ? ctx[c] : 8192);
+            cJSON *all = cJSON_AddArrayToObject(e, "tokens_per_s");
+            for (int r = 0; r < reps; r++)
+                cJSON_AddItemToArray(all, cJSON_CreateNumber((double)(long)tps[c][k][r]));
+            med[k] = median(tps[c][k], (int)reps);
+            cmed[k] = median(cpu[c][k], (int)reps);
+            cJSON_AddNumberToObject(e, "tokens_per_s_median", (double)(long)med[k]);
+            cJSON_AddNumberToObject(e, "cpu_s_per_mtok_median", (double)(long)(10 * cmed[k]) / 10);
+            cJSON_AddItemToArray(rj, e);
+        }
+        if (sj && med[0] > 0 && cmed[1] > 0) { /* bf16 over f32, by wall clock and by CPU time */
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddNumberToObject(e, "ctx", ctx[c]);
+            cJSON_AddNumberToObject(e, "tokens_per_s", (double)(long)(100 * med[1] / med[0]) / 100);
+            cJSON_AddNumberToObject(e, "cpu_time", (double)(long)(100 * cmed[0] / cmed[1]) / 100);
+            cJSON_AddItemToArray(sj, e);
+        }
+    }
+    char *txt = cJSON_Print(o);
+    if (txt)
+        puts(txt);
+    free(txt);
+    cJSON_Delete(o);
+    return 0;
+}
+
 int cmd_train_lm(int argc, char **argv)
 {
     maybe_reexec(argc, argv);
@@ -236,8 +352,10 @@ int cmd_train_lm(int argc, char **argv)
     kvp_train_opts_default(&o);
     const char *data[MAX_DATA], *hay[MAX_DATA];
     int n_data = 0, n_hay = 0;
-    const char *curriculum = NULL, *mix = NULL;
-    bool export_only = false, untied = false;
+    const char *curriculum = NULL, *mix = NULL, *precision = NULL;
+    const char *bench_ctx = "2048,8192,16384";
+    bool export_only = false, untied = false, bench = false;
+    long bench_steps = 2, bench_reps = 3;
     long steps = o.hp.steps, ctx = o.model.n_ctx, batch = 8, micro = 0, dim = o.model.n_embd,
          layers = o.model.n_layer, heads = o.model.n_head, kv_heads = o.model.n_head_kv,
          ff = o.model.n_ff, vocab = o.model.n_vocab, seed = 1, threads = o.n_threads,
@@ -280,6 +398,11 @@ int cmd_train_lm(int argc, char **argv)
         CLI_STR("--mix", &mix),
         CLI_BOOL("--export-only", &export_only),
         CLI_BOOL("--untied", &untied),
+        CLI_STR("--precision", &precision),
+        CLI_BOOL("--bench", &bench),
+        CLI_STR("--bench-ctx", &bench_ctx),
+        CLI_INT("--bench-steps", 1, 1000, &bench_steps, NULL),
+        CLI_INT("--bench-reps", 1, BENCH_MAX_REPS, &bench_reps, NULL),
         {0},
     };
     for (int i = 1; i < argc; i++) {
@@ -305,6 +428,20 @@ int cmd_train_lm(int argc, char **argv)
         }
         if (*n == n0)
             return cli_fail("%s needs at least one path", a);
+    }
+    int prec = -1;
+    if (precision && (prec = kvp_train_precision_by_name(precision)) < 0)
+        return cli_fail("--precision: '%s' is not f32 or bf16", precision);
+    if (bench) {
+        struct kvp_train_config bc = {.n_vocab = (int)vocab, .n_embd = (int)dim,
+                                      .n_layer = (int)layers, .n_head = (int)heads,
+                                      .n_head_kv = (int)kv_heads, .n_ff = (int)ff,
+                                      .n_ctx = (int)ctx, .rope_base = (float)rope_base,
+                                      .norm_eps = 1e-5f, .tied = untied ? 0 : 1};
+        struct kvp_err berr = {0};
+        if (kvp_train_config_check(&bc, &berr) < 0)
+            return cli_fail_err(&berr);
+        return run_bench(&bc, bench_ctx, prec, bench_steps, bench_reps, (int)threads) ? 1 : 0;
     }
     if (n_data == 0)
         return cli_fail("train-lm: --data is required");
@@ -380,6 +517,8 @@ int cmd_train_lm(int argc, char **argv)
     if (o.init_gguf && !rope_given)
         o.model.rope_base = 0.0f; /* keep the file's */
     o.n_threads = (int)threads;
+    if (prec >= 0)
+        o.precision = prec;
     o.eval_every = eval_every;
     o.eval_samples = (int)eval_samples;
     o.ckpt_every = o.ckpt_path ? ckpt_every : 0;
@@ -390,8 +529,8 @@ int cmd_train_lm(int argc, char **argv)
         o.ckpt_path = NULL;
     }
     struct ui u = {.tty = isatty(STDERR_FILENO) == 1, .log_every = 1};
-    fprintf(stderr, "train-lm: seed %ld, %ld steps of %ld tokens, threads %ld\n", seed, steps,
-            o.hp.tokens_per_step, threads);
+    fprintf(stderr, "train-lm: seed %ld, %ld steps of %ld tokens, threads %ld, %s\n", seed, steps,
+            o.hp.tokens_per_step, threads, kvp_train_precision_name(o.precision));
     if (kvp_train_run(&o, on_progress, &u, &err) < 0)
         return cli_fail_err(&err);
     return 0;

@@ -59,6 +59,7 @@ void kvp_train_opts_default(struct kvp_train_opts *o)
     kvp_task_mix_default(&hp->mix);
     o->eval_samples = 8;
     o->n_threads = 2;
+    o->precision = KVP_PREC_BF16;
 }
 
 int kvp_train_phase_at(const struct kvp_train_hparams *hp, long step)
@@ -581,6 +582,11 @@ int kvp_train_run(const struct kvp_train_opts *o, kvp_train_progress_fn cb, void
         goto out;
     }
     r.st.hay_hash = hay_hash;
+    if ((rc = kvp_train_model_set_precision(r.m, o->precision, err)) < 0)
+        goto out;
+    snprintf(msg, sizeof(msg), "precision %s (%s)", kvp_train_precision_name(o->precision),
+             o->precision == KVP_PREC_BF16 ? r.m->tk->name : "openblas");
+    info(&r, msg);
     size_t mt = (size_t)r.hp.micro_tokens;
     r.tok = malloc(mt * sizeof(int32_t));
     r.tgt = malloc(mt * sizeof(int32_t));
