@@ -32,15 +32,26 @@ static void train_usage(FILE *f)
     fprintf(f,
             "usage: kvpred train-lm --data DIR_OR_FILE... -o OUT.gguf [options]\n\n"
             "  --data PATH...          training text files or directories (never pg_essays)\n"
+            "  --hay PATH...           extra haystack texts for retrieval samples, each path its\n"
+            "                          own kind (files or directories; never pg_essays)\n"
+            "  --hay-frac F            share of retrieval samples whose haystack is drawn\n"
+            "                          uniformly among noise lines, --data and each --hay path\n"
+            "                          (default 0: every task keeps its own)\n"
+            "  --init-from GGUF        start from the weights and vocabulary of a GGUF this\n"
+            "                          trainer exported (fresh optimiser; --ctx and --rope-base\n"
+            "                          replace the file's; the shape flags are ignored)\n"
             "  -o, --output OUT.gguf   GGUF written at the end\n"
             "  --ckpt PATH             checkpoint file (written every --ckpt-every steps and at "
             "the end)\n"
             "  --resume PATH           continue a run from its checkpoint (same --data; the\n"
             "                          model and schedule come from the checkpoint, --steps N\n"
             "                          extends it; --lr, --lr-min, --answer-weight, --mix,\n"
-            "                          --edge-frac and --fill-min given with it replace the\n"
-            "                          checkpoint's: a fine-tuning stage)\n"
-            "  --export-only           with --resume: write the GGUF and exit\n"
+            "                          --edge-frac, --fill-min and --hay-frac given with it\n"
+            "                          replace the checkpoint's; --ctx, --rope-base,\n"
+            "                          --curriculum, --batch or --micro start a new stage at\n"
+            "                          its step, with its own warm-up, cosine and curriculum\n"
+            "                          up to --steps N, which must go beyond it)\n"
+            "  --export-only           with --resume or --init-from: write the GGUF and exit\n"
             "  --steps N               optimiser steps (default 1000)\n"
             "  --ctx T                 model context length (default 2048)\n"
             "  --batch B               sequences of --ctx tokens per step (default 8)\n"
@@ -345,8 +356,8 @@ int cmd_train_lm(int argc, char **argv)
     maybe_reexec(argc, argv);
     struct kvp_train_opts o;
     kvp_train_opts_default(&o);
-    const char *data[MAX_DATA];
-    int n_data = 0;
+    const char *data[MAX_DATA], *hay[MAX_DATA];
+    int n_data = 0, n_hay = 0;
     const char *curriculum = NULL, *mix = NULL, *precision = NULL;
     const char *bench_ctx = "2048,8192,16384";
     bool export_only = false, untied = false, bench = false;
@@ -357,7 +368,7 @@ int cmd_train_lm(int argc, char **argv)
          eval_every = 0, eval_samples = o.eval_samples, ckpt_every = 100, stop_after = 0;
     double lr = o.hp.lr, lr_min = -1.0, warmup = o.hp.warmup_frac, wd = o.hp.weight_decay,
            clip = o.hp.clip, answer_weight = o.hp.answer_weight, rope_base = o.model.rope_base,
-           edge_frac = KVP_EDGE_FRAC_DEFAULT, fill_min = KVP_FILL_MIN_DEFAULT;
+           edge_frac = KVP_EDGE_FRAC_DEFAULT, fill_min = KVP_FILL_MIN_DEFAULT, hay_frac = 0.0;
     const struct cli_flag flags[] = {
         CLI_INT("--steps", 1, 100000000, &steps, NULL),
         CLI_INT("--ctx", 16, 65536, &ctx, NULL),
@@ -384,6 +395,8 @@ int cmd_train_lm(int argc, char **argv)
         CLI_FLOAT("--rope-base", 1.0001, 1e9, &rope_base, NULL),
         CLI_FLOAT("--edge-frac", 0.0, 1.0, &edge_frac, NULL),
         CLI_FLOAT("--fill-min", 0.01, 1.0, &fill_min, NULL),
+        CLI_FLOAT("--hay-frac", 0.0, 1.0, &hay_frac, NULL),
+        CLI_STR("--init-from", &o.init_gguf),
         CLI_STR("-o|--output", &o.out_gguf),
         CLI_STR("--ckpt", &o.ckpt_path),
         CLI_STR("--resume", &o.resume_path),
@@ -409,15 +422,18 @@ int cmd_train_lm(int argc, char **argv)
             train_usage(stdout);
             return 0;
         }
-        if (strcmp(a, "--data"))
+        bool is_hay = !strcmp(a, "--hay");
+        if (strcmp(a, "--data") && !is_hay)
             return cli_fail("train-lm: unknown flag '%s' (try kvpred train-lm --help)", a);
+        const char **list = is_hay ? hay : data;
+        int *n = is_hay ? &n_hay : &n_data, n0 = *n;
         while (i + 1 < argc && argv[i + 1][0] != '-') {
-            if (n_data == MAX_DATA)
-                return cli_fail("--data: at most %d paths", MAX_DATA);
-            data[n_data++] = argv[++i];
+            if (*n == MAX_DATA)
+                return cli_fail("%s: at most %d paths", a, MAX_DATA);
+            list[(*n)++] = argv[++i];
         }
-        if (n_data == 0)
-            return cli_fail("--data needs at least one path");
+        if (*n == n0)
+            return cli_fail("%s needs at least one path", a);
     }
     int prec = -1;
     if (precision && (prec = kvp_train_precision_by_name(precision)) < 0)
@@ -437,10 +453,14 @@ int cmd_train_lm(int argc, char **argv)
         return cli_fail("train-lm: --data is required");
     if (!o.out_gguf && !o.ckpt_path)
         return cli_fail("train-lm: give -o OUT.gguf and/or --ckpt PATH");
-    if (export_only && (!o.resume_path || !o.out_gguf))
-        return cli_fail("--export-only needs --resume CKPT and -o OUT.gguf");
+    if (export_only && (!(o.resume_path || o.init_gguf) || !o.out_gguf))
+        return cli_fail("--export-only needs --resume CKPT or --init-from GGUF, and -o OUT.gguf");
+    if (o.init_gguf && o.resume_path)
+        return cli_fail("train-lm: --init-from starts a run, --resume continues one: not both");
     o.data_paths = data;
     o.n_data_paths = n_data;
+    o.hay_paths = hay;
+    o.n_hay_paths = n_hay;
     o.model = (struct kvp_train_config){.n_vocab = (int)vocab, .n_embd = (int)dim,
                                         .n_layer = (int)layers, .n_head = (int)heads,
                                         .n_head_kv = (int)kv_heads, .n_ff = (int)ff,
@@ -451,10 +471,21 @@ int cmd_train_lm(int argc, char **argv)
         return cli_fail_err(&err);
     o.hp.seed = (uint64_t)seed;
     o.hp.steps = steps;
-    bool steps_given = false;
+    bool steps_given = false, rope_given = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         steps_given |= !strcmp(a, "--steps");
+        rope_given |= !strcmp(a, "--rope-base");
+        if (!strcmp(a, "--hay-frac"))
+            o.resume_override |= KVP_TRAIN_OVERRIDE_HAY_FRAC;
+        if (!strcmp(a, "--ctx"))
+            o.resume_override |= KVP_TRAIN_OVERRIDE_CTX | KVP_TRAIN_OVERRIDE_BATCH;
+        if (!strcmp(a, "--rope-base"))
+            o.resume_override |= KVP_TRAIN_OVERRIDE_ROPE;
+        if (!strcmp(a, "--curriculum"))
+            o.resume_override |= KVP_TRAIN_OVERRIDE_CURRICULUM;
+        if (!strcmp(a, "--batch") || !strcmp(a, "--micro"))
+            o.resume_override |= KVP_TRAIN_OVERRIDE_BATCH;
         if (!strcmp(a, "--lr") || !strcmp(a, "--lr-min"))
             o.resume_override |= KVP_TRAIN_OVERRIDE_LR;
         if (!strcmp(a, "--answer-weight"))
@@ -488,6 +519,9 @@ int cmd_train_lm(int argc, char **argv)
                         "niah_multikey_1..3, niah_multivalue, niah_multiquery, vt, copy", mix);
     o.hp.mix.edge_frac = (float)edge_frac;
     o.hp.mix.fill_min = (float)fill_min;
+    o.hp.mix.hay_frac = (float)hay_frac;
+    if (o.init_gguf && !rope_given)
+        o.model.rope_base = 0.0f; /* keep the file's */
     o.n_threads = (int)threads;
     if (prec >= 0)
         o.precision = prec;

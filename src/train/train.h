@@ -383,6 +383,10 @@ struct kvp_corpus {
     char **words;        /* owned distinct lowercase words (3..10 letters) for needle keys */
     int n_words;
     int noise_tok;       /* tokens of one noise line */
+    bool noise_only;     /* kvp_corpus_passkey_only's stand-in: the pass key keeps its noise line */
+    struct kvp_corpus **hay; /* owned extra haystack corpora (kvp_corpus_add_hay), each its own
+                                kind of prose: drawn from when kvp_task_mix.hay_frac > 0 */
+    int n_hay;
 };
 
 /* Read files (plain text) and concatenate them; fails with KVP_EINVAL for a path under
@@ -395,15 +399,25 @@ int kvp_corpus_read(const char *const *paths, int n_paths, char **text, size_t *
 int kvp_corpus_init(struct kvp_corpus **out, const char *raw, size_t len,
                     const struct kvp_tvocab *v, double holdout, struct kvp_err *err);
 void kvp_corpus_free(struct kvp_corpus *c);
+/* Give c an extra haystack corpus h (ownership passes to c, also on failure). Its sentences fill
+ * the haystacks of retrieval samples whose kind is drawn (kvp_task_mix.hay_frac); its held-out
+ * share serves evaluation samples as c's does. */
+#define KVP_HAY_MAX 16
+int kvp_corpus_add_hay(struct kvp_corpus *c, struct kvp_corpus *h, struct kvp_err *err);
 
 /* How training samples are drawn: probability weights per task (need not sum to 1), the share
  * of needles placed exactly at an edge of the haystack (first or last unit; the rest uniform),
- * and the shortest retrieval sample as a fraction of the context (a sample takes [fill_min·T, T]
- * tokens, so fill_min near 1 trains the longest distances the evaluation asks for). */
+ * the shortest retrieval sample as a fraction of the context (a sample takes [fill_min·T, T]
+ * tokens, so fill_min near 1 trains the longest distances the evaluation asks for), and the
+ * share of retrieval samples whose haystack kind is drawn uniformly among noise lines, the
+ * corpus's own sentences and each of its extra haystack corpora instead of being the task's
+ * own (passkey and the niah tasks with a text or noise haystack; 0 keeps every sample as it
+ * was, bit for bit). */
 struct kvp_task_mix {
     float w[KVP_TASK_COUNT];
     float edge_frac; /* default KVP_EDGE_FRAC_DEFAULT */
     float fill_min;  /* default KVP_FILL_MIN_DEFAULT */
+    float hay_frac;  /* default 0 */
 };
 #define KVP_EDGE_FRAC_DEFAULT 0.125f
 #define KVP_FILL_MIN_DEFAULT 0.5f
@@ -460,6 +474,8 @@ struct kvp_task_req {
     int target_tokens;     /* the largest prompt that fits this many tokens */
     float depth;           /* fraction of the haystack for the answer needle(s) in [0, 1];
                               < 0: random as in training */
+    bool prose;            /* passkey: the corpus's sentences as haystack (the needle on a line
+                              of its own) instead of the noise line */
     kvp_task_count_fn count;
     void *ud;
 };
@@ -496,8 +512,11 @@ struct kvp_train_hparams {
     float lr, lr_min, warmup_frac, weight_decay, beta1, beta2, adam_eps, clip, answer_weight;
     int n_phases;
     int phase_ctx[KVP_TRAIN_MAX_PHASES];    /* context length of each curriculum phase */
-    float phase_frac[KVP_TRAIN_MAX_PHASES]; /* fraction of the steps spent in it */
+    float phase_frac[KVP_TRAIN_MAX_PHASES]; /* fraction of the stage's steps spent in it */
     struct kvp_task_mix mix;
+    long stage_step;      /* first step of the current stage: the warm-up, the cosine and the
+                             curriculum fractions count over [stage_step, steps) (0: the whole
+                             run, as every run before stages had) */
 };
 
 struct kvp_train_state {
@@ -505,6 +524,8 @@ struct kvp_train_state {
     struct kvp_rng rng;      /* spare generator state (reserved; carried across resumes) */
     uint64_t data_cursor;    /* samples consumed so far */
     double tokens_seen;
+    uint64_t hay_hash;       /* FNV-1a of the extra haystack texts (0: none), so that a resume
+                                without the same --hay is refused unless it starts a stage */
 };
 
 /* Write a checkpoint atomically (path.tmp then rename). */
@@ -523,6 +544,12 @@ int kvp_ckpt_load(const char *path, long cap_tokens, int n_threads, struct kvp_t
 /* Write the model and its vocabulary as a llama-architecture F32 GGUF. */
 int kvp_train_export_gguf(const char *path, const struct kvp_train_model *m,
                           const struct kvp_tvocab *v, const char *name, struct kvp_err *err);
+/* Read back a GGUF the exporter wrote: configuration, vocabulary and weights, into a model with
+ * run state for cap_tokens tokens and n_threads threads. n_ctx > 0 and rope_base > 0 replace
+ * the file's context length and RoPE base (a context extension). */
+int kvp_train_import_gguf(const char *path, int n_ctx, float rope_base, long cap_tokens,
+                          int n_threads, struct kvp_train_model **m, struct kvp_tvocab **v,
+                          struct kvp_err *err);
 
 /* ================================= driver (train_loop.c) ====================================== */
 
@@ -559,6 +586,10 @@ struct kvp_train_opts {
     struct kvp_train_hparams hp;
     const char *const *data_paths;
     int n_data_paths;
+    const char *const *hay_paths;    /* extra haystack texts, one corpus (kind) per path */
+    int n_hay_paths;
+    const char *init_gguf;           /* fresh run whose weights and vocabulary come from this
+                                        GGUF (fresh optimiser state); NULL: random init */
     const char *out_gguf;            /* NULL: none */
     const char *ckpt_path;           /* NULL: no checkpoints */
     const char *resume_path;         /* NULL: fresh run */
@@ -580,6 +611,13 @@ enum {
     KVP_TRAIN_OVERRIDE_MIX = 1u << 2,           /* the task weights */
     KVP_TRAIN_OVERRIDE_EDGE_FRAC = 1u << 3,
     KVP_TRAIN_OVERRIDE_FILL_MIN = 1u << 4,
+    KVP_TRAIN_OVERRIDE_HAY_FRAC = 1u << 5,
+    /* these start a new stage when they differ from the checkpoint's (stage_step = its step;
+     * --steps must go beyond it) */
+    KVP_TRAIN_OVERRIDE_CTX = 1u << 6,        /* model.n_ctx */
+    KVP_TRAIN_OVERRIDE_ROPE = 1u << 7,       /* model.rope_base */
+    KVP_TRAIN_OVERRIDE_CURRICULUM = 1u << 8, /* phases */
+    KVP_TRAIN_OVERRIDE_BATCH = 1u << 9,      /* tokens_per_step and micro_tokens */
 };
 
 /* Defaults: a small GQA model for ctx 2048 and the schedule for it. */
