@@ -25,13 +25,13 @@
 #include <cjson/cJSON.h>
 
 #include "cli/cli.h"
-#include "kernels/types.h"
 #include "cli/common.h"
 #include "cli/measure_opts.h"
 #include "core/platform.h"
 #include "core/threadpool.h"
 #include "forward/context.h"
 #include "kernels/simd.h"
+#include "kernels/types.h"
 
 static const char *const tier_names[] = {"none", "ram", "disk", NULL};
 static const char *const prefetch_names[] = {"default", "none", "dense", "layer", "token", NULL};
