@@ -16,6 +16,7 @@
 #include "forward/context.h"
 #include "kvpred.h"
 #include "policy/catekv_classify.h"
+#include "forward/catekv_ctx.h"
 #include "policy/catekv_profile.h"
 #include "predictor/cnn.h"
 #include "testutil.h"

@@ -26,7 +26,7 @@
 
 #include "core/platform.h"
 #include "forward/context.h"
-#include "forward/kvcache.h"
+#include "kv/kvcache.h"
 #include "kvpred.h"
 #include "store/store.h"
 #include "testutil.h"

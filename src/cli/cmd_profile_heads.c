@@ -13,6 +13,7 @@
 
 #include "cli/cli.h"
 #include "cli/common.h"
+#include "forward/catekv_ctx.h"
 #include "policy/catekv_profile.h"
 
 #define MAX_REFS 64

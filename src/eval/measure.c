@@ -7,7 +7,7 @@
  * attention next to the sparse one and keeps evicted data in place (kvcache.h, `release` off)
  * without changing what is read or what the memory accounting reports.
  *
- * What a step read is reconstructed from the context's selection (ctx->sel) minus the tokens
+ * What a step read is reconstructed from the context's selection (ctx->pol.sel) minus the tokens
  * evicted *before* the step: a snapshot of the eviction masks is taken before every decode step,
  * because policies such as H2O evict in on_step, after attention has read the token. Everything
  * here is single-threaded and allocation-free per step; it costs O(layers × heads × Lk) per step,

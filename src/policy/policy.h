@@ -32,20 +32,12 @@
 #include <stdint.h>
 
 #include "core/err.h"
+#include "kv/sel.h"
 #include "kvpred.h"
 #include "policy/options.h"
 
 struct kvp_kvcache;
 struct kvp_scratch;
-
-/* One (layer, KV head) selection: logical blocks in ascending order, each with the mask of its
- * tokens to read (bit t = token blk*bs + t). Evicted tokens and tokens past the end are removed
- * by the attention kernel whatever the mask says. */
-struct kvp_sel {
-    int n;             /* selected blocks */
-    int32_t *blocks;   /* [max_blocks] ascending logical block ids (owned by the context) */
-    uint64_t *mask;    /* [max_blocks] token masks, parallel to blocks */
-};
 
 /* What a policy is told about the model and the context when it is created. */
 struct kvp_policy_env {

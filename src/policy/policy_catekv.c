@@ -46,7 +46,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "forward/kvcache.h"
+#include "kv/kvcache.h"
 #include "policy/catekv_classify.h"
 #include "policy/catekv_profile.h"
 #include "policy/policy.h"

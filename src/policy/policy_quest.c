@@ -47,7 +47,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "forward/kvcache.h"
+#include "kv/kvcache.h"
 #include "policy/policy.h"
 
 struct quest_state {

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "forward/attention.h"
+#include "kv/attention.h"
 #include "predictor/cnn.h"
 #include "predictor/history.h"
 #include "predictor/predict_sel.h"

@@ -2,8 +2,8 @@
  * points at them, and the replacement order (see store.h). */
 #include <string.h>
 
-#include "forward/kvcache.h"
-#include "policy/policy.h"
+#include "kv/kvcache.h"
+#include "kv/sel.h"
 #include "store/store_internal.h"
 
 /* Point the cache's table entries of (layer, b), every KV head, at slot (or nowhere: -1).

@@ -9,8 +9,8 @@
 
 #include "core/cursor.h"
 #include "core/platform.h"
-#include "forward/kvcache.h"
-#include "policy/policy.h"
+#include "kv/kvcache.h"
+#include "kv/sel.h"
 #include "store/store_internal.h"
 
 /* The cold-tier backends, by enum kvp_kv_tier (cold.h): one row per backend. */
@@ -47,11 +47,6 @@ void kvp_store_complete(struct kvp_store *s, int id, int res, double t_done)
         s->st.transfer_s += t_done - s->busy_since;
     kvp_store_note(s, x->write ? KVP_EV_WRITE : KVP_EV_READ, x->layer, x->t_submit, t_done);
     x->busy = false;
-}
-
-bool kvp_store_in_memory(const struct kvp_store *s)
-{
-    return s->io->in_memory;
 }
 
 static void flush(struct kvp_store *s)
@@ -378,7 +373,7 @@ int kvp_store_configure(struct kvp_store *s, int dense_layers, int hot_blocks,
         n += s->max_blocks;
     s->n_slot = n;
     /* an in-memory cold tier follows the slots, so a table entry can point at a cold copy
-     * (kvp_store_map_cold) */
+     * (kvp_store_expose_cold) */
     size_t hot_bytes = (size_t)n * s->unit_bytes;
     size_t bytes = hot_bytes + (s->io->in_memory ? s->cold_bytes : 0);
     s->hot = kvp_alloc_huge(bytes, KVP_STORE_ALIGN);
@@ -736,7 +731,7 @@ void kvp_store_prefetch(struct kvp_store *s, int layer, const struct kvp_sel *se
     s->st.prefetched += (uint64_t)(n - left);
 }
 
-void kvp_store_load_cold(struct kvp_store *s, int layer, int n_keys)
+static void load_cold(struct kvp_store *s, int layer, int n_keys)
 {
     if (s->io->in_memory || !s->tiered[layer] || identity_layer(s, layer) ||
         s->stage0 < 0)
@@ -759,7 +754,7 @@ void kvp_store_load_cold(struct kvp_store *s, int layer, int n_keys)
     kvp_store_note(s, KVP_EV_WAIT, layer, t0, t1);
 }
 
-void kvp_store_map_cold(struct kvp_store *s, int layer, int n_keys, bool on)
+static void map_cold(struct kvp_store *s, int layer, int n_keys, bool on)
 {
     if (!s->io->in_memory || !s->tiered[layer] || identity_layer(s, layer))
         return;
@@ -773,4 +768,35 @@ void kvp_store_map_cold(struct kvp_store *s, int layer, int n_keys, bool on)
     for (int b = 0; b < nb; b++)
         if (*res_of(s, layer, b) < 0)
             kvp_res_set_table(s, layer, b, on ? base + b : -1);
+}
+
+bool kvp_store_shows_cold(const struct kvp_store *s, bool reads_all_keys)
+{
+    return s->io->in_memory || reads_all_keys;
+}
+
+void kvp_store_expose_cold(struct kvp_store *s, int layer, int n_keys)
+{
+    if (s->io->in_memory)
+        map_cold(s, layer, n_keys, true);
+    else
+        load_cold(s, layer, n_keys);
+}
+
+void kvp_store_hide_cold(struct kvp_store *s, int layer, int n_keys)
+{
+    if (s->io->in_memory)
+        map_cold(s, layer, n_keys, false);
+    else
+        clear_overflow(s);
+}
+
+int kvp_store_mode(const struct kvp_store *s)
+{
+    return s->mode;
+}
+
+const uint8_t *kvp_store_pending(const struct kvp_store *s)
+{
+    return s->pending;
 }

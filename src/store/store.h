@@ -240,21 +240,24 @@ void kvp_store_acquire_wait(struct kvp_store *s);
  * n_keys keys, into slots that hold nothing predicted (LRU); stops when no slot is free. */
 void kvp_store_prefetch(struct kvp_store *s, int layer, const struct kvp_sel *sels, int n_keys);
 
-/* RAM tier, around a layer's select: point the table entries of blocks that are not hot at
- * their cold copies (on), or at nothing again (off), so a policy that reads keys in select
- * (AttentionPredictor's dense calibration rows, a Quest metadata rebuild) reads the whole
- * cache where it lives, as the host would (methods.md §1.9); on first waits for the layer's
- * reads in flight, so no key is read from a half-copied slot. No-op for the disk tier, where
- * such reads see the hot blocks only (kvp_attn_dense_group skips unmapped blocks). */
-void kvp_store_map_cold(struct kvp_store *s, int layer, int n_keys, bool on);
+/* Making the cold tier visible to a reader of every key (a select that reads keys, the dense
+ * pass of a measurement), as the host would read the whole cache where it lives (methods.md
+ * §1.9). An in-memory cold tier points the table entries of the blocks that are not hot at
+ * their cold copies, cheap enough for every select of a sparse layer (it first waits for the
+ * layer's reads in flight, so no key is read from a half-copied slot); a device reads every
+ * block of the layer that is not hot into the staging area, synchronously (the wait is
+ * counted), so only for a select that reads every key (policy reads_all_keys) or a
+ * measurement; otherwise such a select sees the hot blocks only (kvp_attn_dense_group skips
+ * unmapped blocks). shows_cold says whether expose applies to a select; hide puts the table
+ * back (acquire_begin does so too). */
+bool kvp_store_shows_cold(const struct kvp_store *s, bool reads_all_keys);
+void kvp_store_expose_cold(struct kvp_store *s, int layer, int n_keys);
+void kvp_store_hide_cold(struct kvp_store *s, int layer, int n_keys);
 
-/* Disk tier, before a select that reads every key (policy reads_all_keys): read every block of
- * layer that is not hot into the staging area and point the table there, synchronously (the
- * wait is counted), until the next acquire_begin. No-op for the RAM tier (map_cold). */
-void kvp_store_load_cold(struct kvp_store *s, int layer, int n_keys);
-
-/* Whether the cold tier is plain memory (map_cold applies) rather than a device (load_cold). */
-bool kvp_store_in_memory(const struct kvp_store *s);
+/* The prefetch mode (enum kvp_prefetch) and, between acquire_begin and acquire_wait, the wait
+ * state of every block ([max_blocks] enum kvp_block_wait). */
+int kvp_store_mode(const struct kvp_store *s);
+const uint8_t *kvp_store_pending(const struct kvp_store *s);
 
 /* Record a span of worker 0 (timeline and prediction accounting). */
 void kvp_store_note(struct kvp_store *s, int kind, int layer, double t0, double t1);
