@@ -488,7 +488,7 @@ static void test_predictor_file(void **state)
     buf[0] = 'X';
     expect_format_error(buf, n1, "bad magic");
     memcpy(buf, f1, n1);
-    buf[8] = 2;
+    buf[8] = 3;
     expect_format_error(buf, n1, "version");
     memcpy(buf, f1, n1);
     buf[12] = 0; /* c1 = 0 */

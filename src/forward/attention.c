@@ -263,6 +263,8 @@ void kvp_attn_decode_layer(struct kvp_ctx *c, int l, const float *q, float *out,
         if (c->measure && !c->store) {
             float *dp = c->dense_probs + ((size_t)l * c->hp.n_head + first) * c->probs_stride;
             kvp_attn_dense_group(&c->kv, l, (int)kvh, qg, g, n_keys, dp, c->probs_stride, NULL);
+            memcpy(c->dense_q + ((size_t)l * c->hp.n_head + first) * hd, qg,
+                   (size_t)g * hd * sizeof(float));
             for (int j = 0; j < g; j++)
                 c->recovery[(size_t)l * c->hp.n_head + first + j] =
                     recovery_of(dp + (size_t)j * c->probs_stride, sel,

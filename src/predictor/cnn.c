@@ -22,43 +22,64 @@
 
 /* ---- weights ------------------------------------------------------------------------------- */
 
-static size_t n_params_of(int c1, int c2, int k)
+static size_t n_params_of(int cin, int c1, int c2, int k)
 {
-    return (size_t)c1 * k * k + c1 + (size_t)c2 * c1 * k * k + c2 + c2 + 1;
+    return (size_t)c1 * cin * k * k + c1 + (size_t)c2 * c1 * k * k + c2 + c2 + 1;
 }
 
 size_t kvp_cnn_n_params(const struct kvp_cnn *n)
 {
-    return n_params_of(n->c1, n->c2, n->k);
+    return n_params_of(n->cin, n->c1, n->c2, n->k);
+}
+
+static int round16(int x)
+{
+    return (x + 15) & ~15;
 }
 
 int kvp_cnn_init(struct kvp_cnn *n, int c1, int c2, int k, int H, int block_size,
                  struct kvp_err *err)
 {
+    return kvp_cnn_init_ch(n, 1, c1, c2, k, H, block_size, err);
+}
+
+int kvp_cnn_init_ch(struct kvp_cnn *n, int cin, int c1, int c2, int k, int H, int block_size,
+                    struct kvp_err *err)
+{
     memset(n, 0, sizeof(*n));
-    if (c1 < 1 || c1 > KVP_CNN_MAX_CH || c2 < 1 || c2 > KVP_CNN_MAX_CH || k < 1 ||
-        k > KVP_CNN_MAX_K || k % 2 == 0 || H < 1 || H > KVP_CNN_MAX_H || block_size < 1 ||
-        block_size > 64)
+    if (cin < 1 || cin > KVP_CNN_MAX_CIN || c1 < 1 || c1 > KVP_CNN_MAX_CH || c2 < 1 ||
+        c2 > KVP_CNN_MAX_CH || k < 1 || k > KVP_CNN_MAX_K || k % 2 == 0 || H < 1 ||
+        H > KVP_CNN_MAX_H || block_size < 1 || block_size > 64)
         return kvp_err_set(err, KVP_EINVAL,
-                           "predictor: implausible shape c1 %d, c2 %d, kernel %d, H %d, block %d",
-                           c1, c2, k, H, block_size);
-    size_t np = n_params_of(c1, c2, k);
+                           "predictor: implausible shape: %d channels, c1 %d, c2 %d, kernel %d, "
+                           "H %d, block %d",
+                           cin, c1, c2, k, H, block_size);
+    size_t np = n_params_of(cin, c1, c2, k);
     size_t nw2 = (size_t)c2 * c1 * k * k;
-    n->params = calloc(np + nw2, sizeof(float));
+    const int cp1 = round16(c1), cp2 = round16(c2);
+    size_t nder = nw2 + (size_t)cin * k * k * cp1 + cp1 + (size_t)c1 * k * k * cp2 + cp2;
+    n->params = calloc(np + nder, sizeof(float));
     if (!n->params)
         return kvp_err_set(err, KVP_ENOMEM, "predictor: out of memory");
+    n->cin = cin;
+    n->cp1 = cp1;
+    n->cp2 = cp2;
     n->c1 = c1;
     n->c2 = c2;
     n->k = k;
     n->H = H;
     n->block_size = block_size;
     n->w1 = n->params;
-    n->b1 = n->w1 + (size_t)c1 * k * k;
+    n->b1 = n->w1 + (size_t)c1 * cin * k * k;
     n->w2 = n->b1 + c1;
     n->b2 = n->w2 + nw2;
     n->w3 = n->b2 + c2;
     n->b3 = n->w3 + c2;
     n->w2t = n->b3 + 1;
+    n->w1p = n->w2t + nw2;
+    n->b1p = n->w1p + (size_t)cin * k * k * cp1;
+    n->w2p = n->b1p + cp1;
+    n->b2p = n->w2p + (size_t)c1 * k * k * cp2;
     return 0;
 }
 
@@ -78,12 +99,27 @@ void kvp_cnn_prepare(struct kvp_cnn *n)
             for (int t = 0; t < k * k; t++)
                 n->w2t[((size_t)ci * k * k + t) * c2 + co] =
                     n->w2[((size_t)co * c1 + ci) * k * k + t];
+    /* the per-column kernels: [in][k][k][out], outputs padded with zero weights and biases */
+    const int kk = k * k, cin = n->cin, cp1 = n->cp1, cp2 = n->cp2;
+    memset(n->w1p, 0, ((size_t)cin * kk * cp1 + cp1 + (size_t)c1 * kk * cp2 + cp2) * 4);
+    for (int co = 0; co < c1; co++) {
+        n->b1p[co] = n->b1[co];
+        for (int ci = 0; ci < cin; ci++)
+            for (int t = 0; t < kk; t++)
+                n->w1p[((size_t)ci * kk + t) * cp1 + co] = n->w1[((size_t)co * cin + ci) * kk + t];
+    }
+    for (int co = 0; co < c2; co++) {
+        n->b2p[co] = n->b2[co];
+        for (int ci = 0; ci < c1; ci++)
+            for (int t = 0; t < kk; t++)
+                n->w2p[((size_t)ci * kk + t) * cp2 + co] = n->w2[((size_t)co * c1 + ci) * kk + t];
+    }
 }
 
 /* ---- the predictor file -------------------------------------------------------------------- */
 
 static const char file_magic[8] = {'K', 'V', 'P', 'C', 'N', 'N', '0', '1'};
-#define FILE_VERSION 1u
+#define FILE_VERSION 2u /* the newest this build reads and writes; 1 = one input channel */
 
 static uint64_t fnv1a(const uint8_t *p, size_t n)
 {
@@ -133,7 +169,9 @@ int kvp_cnn_save(const struct kvp_cnn *n, const char *path, struct kvp_err *err)
     struct wbuf b = {0};
     const struct kvp_cnn_meta *m = &n->meta;
     put(&b, file_magic, 8);
-    put_u32(&b, FILE_VERSION);
+    put_u32(&b, n->cin == 1 ? 1u : FILE_VERSION);
+    if (n->cin != 1)
+        put_u32(&b, (uint32_t)n->cin);
     put_u32(&b, (uint32_t)n->c1);
     put_u32(&b, (uint32_t)n->c2);
     put_u32(&b, (uint32_t)n->k);
@@ -190,13 +228,22 @@ int kvp_cnn_parse(const void *data, size_t size, struct kvp_cnn *n, struct kvp_e
         return TRUNC("magic");
     if (memcmp(magic, file_magic, 8) != 0)
         return kvp_err_set(err, KVP_EFORMAT, "not a kvpred predictor file (bad magic)");
-    uint32_t h[11];
-    for (int i = 0; i < 11; i++)
+    uint32_t h[11], cin = 1;
+    if (kvp_rd_u32(&c, &h[0]) < 0)
+        return TRUNC("header");
+    if (h[0] < 1 || h[0] > FILE_VERSION)
+        return kvp_err_set(err, KVP_EFORMAT,
+                           "predictor file version %u (this build reads 1 to %u)", h[0],
+                           FILE_VERSION);
+    if (h[0] >= 2 && kvp_rd_u32(&c, &cin) < 0)
+        return TRUNC("header");
+    if (cin < 1 || cin > KVP_CNN_MAX_CIN)
+        return kvp_err_set(err, KVP_EFORMAT,
+                           "predictor file: %u input channels (this build reads 1 to %d)", cin,
+                           KVP_CNN_MAX_CIN);
+    for (int i = 1; i < 11; i++)
         if (kvp_rd_u32(&c, &h[i]) < 0)
             return TRUNC("header");
-    if (h[0] != FILE_VERSION)
-        return kvp_err_set(err, KVP_EFORMAT, "predictor file version %u (this build reads %u)",
-                           h[0], FILE_VERSION);
     if (h[1] < 1 || h[1] > KVP_CNN_MAX_CH || h[2] < 1 || h[2] > KVP_CNN_MAX_CH || h[3] < 1 ||
         h[3] > KVP_CNN_MAX_K || h[3] % 2 == 0 || h[4] < 1 || h[4] > KVP_CNN_MAX_H || h[5] < 1 ||
         h[5] > 64 || h[6] > KVP_LOSS_CE)
@@ -222,7 +269,7 @@ int kvp_cnn_parse(const void *data, size_t size, struct kvp_cnn *n, struct kvp_e
     uint32_t np;
     if (kvp_rd_u32(&c, &np) < 0)
         return TRUNC("weights");
-    size_t want = n_params_of((int)h[1], (int)h[2], (int)h[3]);
+    size_t want = n_params_of((int)cin, (int)h[1], (int)h[2], (int)h[3]);
     if (np != want)
         return kvp_err_set(err, KVP_EFORMAT,
                            "predictor file: %u weights, the architecture needs %zu", np, want);
@@ -238,7 +285,8 @@ int kvp_cnn_parse(const void *data, size_t size, struct kvp_cnn *n, struct kvp_e
                            kvp_cursor_left(&c));
     if (sum != fnv1a(c.base, body))
         return kvp_err_set(err, KVP_EFORMAT, "predictor file corrupted (checksum mismatch)");
-    int rc = kvp_cnn_init(n, (int)h[1], (int)h[2], (int)h[3], (int)h[4], (int)h[5], err);
+    int rc = kvp_cnn_init_ch(n, (int)cin, (int)h[1], (int)h[2], (int)h[3], (int)h[4], (int)h[5],
+                             err);
     if (rc < 0)
         return rc;
     memcpy(n->params, w, (size_t)np * 4);
@@ -295,11 +343,6 @@ const struct kvp_cnn_kernels *kvp_cnn_kernels(void)
 }
 
 /* ---- scratch and state --------------------------------------------------------------------- */
-
-static int round16(int x)
-{
-    return (x + 15) & ~15;
-}
 
 int kvp_cnn_scratch_init(struct kvp_cnn_scratch *s, const struct kvp_cnn *n, int max_w,
                          struct kvp_err *err)
@@ -574,4 +617,155 @@ bool kvp_cnn_forward_inc(const struct kvp_cnn *n, const struct kvp_cnn_input *in
     st->W = W;
     scores_from_sums(n, st->sums, mw, W, H, scores);
     return true;
+}
+
+/* ---- per-column inference ------------------------------------------------------------------ */
+
+int kvp_cnn_cols_scratch_init(struct kvp_cnn_cols_scratch *s, const struct kvp_cnn *n, int H,
+                              struct kvp_err *err)
+{
+    memset(s, 0, sizeof(*s));
+    const int k = n->k, kin = (n->cin > n->c1 ? n->cin : n->c1) * k * k;
+    s->H = H < 1 ? 1 : H;
+    s->a1 = kvp_alloc_aligned((size_t)s->H * k * n->cp1 * sizeof(float));
+    s->x = kvp_alloc_aligned((size_t)kin * sizeof(float));
+    s->z = kvp_alloc_aligned((size_t)n->cp2 * sizeof(float));
+    s->sum = kvp_alloc_aligned((size_t)n->cp2 * sizeof(float));
+    if (!s->a1 || !s->x || !s->z || !s->sum) {
+        kvp_cnn_cols_scratch_free(s);
+        return kvp_err_set(err, KVP_ENOMEM, "predictor: out of memory for CNN scratch");
+    }
+    return 0;
+}
+
+void kvp_cnn_cols_scratch_free(struct kvp_cnn_cols_scratch *s)
+{
+    if (!s)
+        return;
+    kvp_free_aligned(s->a1);
+    kvp_free_aligned(s->x);
+    kvp_free_aligned(s->z);
+    kvp_free_aligned(s->sum);
+    memset(s, 0, sizeof(*s));
+}
+
+/* Input value of channel ch at row r, slice column c (zero padding outside). */
+static inline float input_at(const struct kvp_cnn_input *in, int ch, int r, int c)
+{
+    if (r < 0 || r >= in->n_rows || c < 0 || c >= in->W)
+        return 0.0f;
+    if (ch == 0)
+        return in->rows[r][in->col0 + c];
+    return r == in->n_rows - 1 && in->qrow ? in->qrow[c] : 0.0f;
+}
+
+/* ReLU over the first c values. */
+static inline void relu_n(float *v, int c)
+{
+    for (int i = 0; i < c; i++)
+        v[i] = v[i] > 0.0f ? v[i] : 0.0f;
+}
+
+long kvp_cnn_forward_cols(const struct kvp_cnn *n, const struct kvp_cnn_input *in,
+                          const int *cols, int n_cols, struct kvp_cnn_cols_scratch *s,
+                          float *scores)
+{
+    const struct kvp_cnn_kernels *kern = kvp_cnn_kernels();
+    const int k = n->k, p = k / 2, kk = k * k, R = in->n_rows, W = in->W;
+    const int c1 = n->c1, c2 = n->c2, cp1 = n->cp1, cp2 = n->cp2;
+    long computed = 0;
+    for (int i = 0; i < n_cols; i++) {
+        const int x = cols[i];
+        if (R <= 0) {
+            scores[i] = n->b3[0];
+            continue;
+        }
+        /* z: the first row whose conv2 neighbourhood can see a non-zero input; conv2 rows
+         * r < z - 2p read only zeros through ReLU(b1) and the padding, so they are constants */
+        int z = R;
+        for (int r = 0; r < R && z == R; r++)
+            for (int c = x - 2 * p; c <= x + 2 * p; c++)
+                if (c >= 0 && c < W && in->rows[r][in->col0 + c] != 0.0f) {
+                    z = r;
+                    break;
+                }
+        if (n->cin > 1 && in->qrow && z > R - 1)
+            z = R - 1;
+        const int lo2 = z - 2 * p > 0 ? z - 2 * p : 0;
+        memset(s->sum, 0, (size_t)cp2 * sizeof(float));
+        /* the constant rows: conv1 is ReLU(b1) wherever its column exists, zero padding
+         * elsewhere; rows r < p miss p - r conv1 rows above */
+        if (lo2 > 0) {
+            for (int t = 0; t <= p; t++) {
+                int count = t == 0 ? lo2 - p : 1; /* interior rows [p, lo2), top rows r = p - t */
+                if (t > 0 && p - t >= lo2)
+                    continue;
+                if (count <= 0)
+                    continue;
+                for (int ci = 0; ci < c1; ci++) {
+                    float a = n->b1[ci] > 0.0f ? n->b1[ci] : 0.0f;
+                    for (int dy = 0; dy < k; dy++)
+                        for (int dx = 0; dx < k; dx++) {
+                            int c = x - p + dx;
+                            s->x[(ci * k + dy) * k + dx] =
+                                (dy < t || c < 0 || c >= W) ? 0.0f : a;
+                        }
+                }
+                kern->conv_point(n->w2p, n->b2p, s->x, c1 * kk, cp2, s->z);
+                relu_n(s->z, c2);
+                for (int co = 0; co < c2; co++)
+                    s->sum[co] += (float)count * s->z[co];
+            }
+        }
+        /* conv1 rows [lo2 - p, R) at the columns x - p .. x + p */
+        const int j0 = lo2 - p > 0 ? lo2 - p : 0;
+        for (int j = j0; j < R; j++)
+            for (int dc = 0; dc < k; dc++) {
+                float *a = s->a1 + ((size_t)j * k + dc) * cp1;
+                int c = x - p + dc;
+                if (c < 0 || c >= W) {
+                    memset(a, 0, (size_t)cp1 * sizeof(float));
+                    continue;
+                }
+                for (int ci = 0; ci < n->cin; ci++)
+                    for (int dy = 0; dy < k; dy++)
+                        for (int dx = 0; dx < k; dx++)
+                            s->x[(ci * k + dy) * k + dx] =
+                                input_at(in, ci, j - p + dy, c - p + dx);
+                kern->conv_point(n->w1p, n->b1p, s->x, n->cin * kk, cp1, a);
+                relu_n(a, c1);
+            }
+        /* conv2 rows [lo2, R) at column x */
+        for (int r = lo2; r < R; r++) {
+            for (int dy = 0; dy < k; dy++) {
+                int j = r - p + dy;
+                for (int dx = 0; dx < k; dx++) {
+                    const float *a = s->a1 + ((size_t)j * k + dx) * cp1;
+                    for (int ci = 0; ci < c1; ci++)
+                        s->x[(ci * k + dy) * k + dx] = (j < 0 || j >= R) ? 0.0f : a[ci];
+                }
+            }
+            kern->conv_point(n->w2p, n->b2p, s->x, c1 * kk, cp2, s->z);
+            relu_n(s->z, c2);
+            for (int co = 0; co < c2; co++)
+                s->sum[co] += s->z[co];
+            computed++;
+        }
+        float y = n->b3[0], inv = 1.0f / (float)R;
+        for (int co = 0; co < c2; co++)
+            y += n->w3[co] * (s->sum[co] * inv);
+        scores[i] = y;
+    }
+    return computed;
+}
+
+void kvp_qfeat_row(const float *ub, int W, float *out)
+{
+    if (W <= 0)
+        return;
+    float mx = ub[0];
+    for (int x = 1; x < W; x++)
+        mx = ub[x] > mx ? ub[x] : mx;
+    for (int x = 0; x < W; x++)
+        out[x] = expf(ub[x] - mx);
 }
