@@ -70,7 +70,6 @@ struct qp_state {
     float *lastq;         /* [n_layer * n_head_kv][g][hd] the last query (select or prompt) */
     bool *has_q;          /* [n_layer * n_head_kv] */
     struct qp_kvh *kv;    /* [n_head_kv] */
-    long rows_computed;   /* conv2 rows computed (statistics for the README's levers) */
 };
 
 static int parse_opts(const char *s, struct qp_state *st, struct kvp_err *err)
@@ -164,6 +163,11 @@ static int qp_init(struct kvp_policy *p, struct kvp_err *err)
                          p->p.aux_path, s->cnn.cin);
         goto fail;
     }
+    if (s->cnn.c2 > KVP_CNN_COLS_C2) {
+        rc = kvp_err_set(err, KVP_EINVAL, "qpredictor: %s has %d conv2 channels (at most %d)",
+                         p->p.aux_path, s->cnn.c2, KVP_CNN_COLS_C2);
+        goto fail;
+    }
     if (s->cnn.block_size != e->block_size) {
         rc = kvp_err_set(err, KVP_EINVAL,
                          "qpredictor: %s was trained for blocks of %d tokens, the cache uses %d",
@@ -187,7 +191,7 @@ static int qp_init(struct kvp_policy *p, struct kvp_err *err)
         goto nomem;
     for (int h = 0; h < e->n_head_kv; h++) {
         struct qp_kvh *k = &s->kv[h];
-        if ((rc = kvp_cnn_cols_scratch_init(&k->cols, &s->cnn, s->cnn.H, err)) < 0)
+        if ((rc = kvp_cnn_cols_scratch_init(&k->cols, &s->cnn, s->cnn.H, mb, err)) < 0)
             goto fail;
         k->ub = malloc((size_t)mb * sizeof(float));
         k->comb = malloc((size_t)mb * sizeof(float));
@@ -339,8 +343,7 @@ static void choose(struct qp_state *s, const struct kvp_policy *p, int layer, in
             }
     struct kvp_cnn_input in = {
         .rows = k->rows, .n_rows = n_rows, .col0 = bp->first, .W = W, .qrow = k->feat};
-    long rows = kvp_cnn_forward_cols(&s->cnn, &in, k->cand, nc, &k->cols, k->cscore);
-    __atomic_fetch_add(&s->rows_computed, rows, __ATOMIC_RELAXED);
+    kvp_cnn_forward_cols(&s->cnn, &in, k->cand, nc, &k->cols, k->cscore);
     for (int i = 0; i < nc; i++)
         for (int c = k->cand[i] - 2 * P; c <= k->cand[i] + 2 * P; c++)
             if (c >= 0 && c < W)

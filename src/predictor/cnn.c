@@ -111,8 +111,10 @@ void kvp_cnn_prepare(struct kvp_cnn *n)
     for (int co = 0; co < c2; co++) {
         n->b2p[co] = n->b2[co];
         for (int ci = 0; ci < c1; ci++)
-            for (int t = 0; t < kk; t++)
-                n->w2p[((size_t)ci * kk + t) * cp2 + co] = n->w2[((size_t)co * c1 + ci) * kk + t];
+            for (int dy = 0; dy < k; dy++)
+                for (int dx = 0; dx < k; dx++)
+                    n->w2p[(((size_t)dx * k + dy) * c1 + ci) * cp2 + co] =
+                        n->w2[((size_t)co * c1 + ci) * kk + dy * k + dx];
     }
 }
 
@@ -622,19 +624,27 @@ bool kvp_cnn_forward_inc(const struct kvp_cnn *n, const struct kvp_cnn_input *in
 /* ---- per-column inference ------------------------------------------------------------------ */
 
 int kvp_cnn_cols_scratch_init(struct kvp_cnn_cols_scratch *s, const struct kvp_cnn *n, int H,
-                              struct kvp_err *err)
+                              int max_w, struct kvp_err *err)
 {
     memset(s, 0, sizeof(*s));
-    const int k = n->k, kin = (n->cin > n->c1 ? n->cin : n->c1) * k * k;
+    const int k = n->k, p = k / 2;
     s->H = H < 1 ? 1 : H;
-    s->a1 = kvp_alloc_aligned((size_t)s->H * k * n->cp1 * sizeof(float));
-    s->x = kvp_alloc_aligned((size_t)kin * sizeof(float));
+    s->max_w = max_w < 1 ? 1 : max_w;
+    size_t per = (size_t)(s->H + 2 * p) * n->c1;
+    s->a1 = kvp_alloc_aligned(((size_t)s->max_w + 1) * per * sizeof(float));
+    s->slot = malloc((size_t)s->max_w * sizeof(int));
+    s->used = malloc((size_t)s->max_w * sizeof(int));
+    const int widest = n->cin > n->c1 ? n->cin : n->c1;
+    s->x = kvp_alloc_aligned(((size_t)n->cp1 + (size_t)widest * k * k) * sizeof(float));
     s->z = kvp_alloc_aligned((size_t)n->cp2 * sizeof(float));
     s->sum = kvp_alloc_aligned((size_t)n->cp2 * sizeof(float));
-    if (!s->a1 || !s->x || !s->z || !s->sum) {
+    if (!s->a1 || !s->slot || !s->used || !s->x || !s->z || !s->sum) {
         kvp_cnn_cols_scratch_free(s);
         return kvp_err_set(err, KVP_ENOMEM, "predictor: out of memory for CNN scratch");
     }
+    for (int i = 0; i < s->max_w; i++)
+        s->slot[i] = -1;
+    memset(s->a1 + (size_t)s->max_w * per, 0, per * sizeof(float)); /* the padding column */
     return 0;
 }
 
@@ -643,112 +653,144 @@ void kvp_cnn_cols_scratch_free(struct kvp_cnn_cols_scratch *s)
     if (!s)
         return;
     kvp_free_aligned(s->a1);
+    free(s->slot);
+    free(s->used);
     kvp_free_aligned(s->x);
     kvp_free_aligned(s->z);
     kvp_free_aligned(s->sum);
     memset(s, 0, sizeof(*s));
 }
 
-/* Input value of channel ch at row r, slice column c (zero padding outside). */
-static inline float input_at(const struct kvp_cnn_input *in, int ch, int r, int c)
+/* First row with a non-zero history value in slice columns [c0, c1] (clipped), or n_rows. */
+static int first_busy_row(const struct kvp_cnn_input *in, int c0, int c1)
 {
-    if (r < 0 || r >= in->n_rows || c < 0 || c >= in->W)
-        return 0.0f;
-    if (ch == 0)
-        return in->rows[r][in->col0 + c];
-    return r == in->n_rows - 1 && in->qrow ? in->qrow[c] : 0.0f;
+    c0 = c0 < 0 ? 0 : c0;
+    c1 = c1 >= in->W ? in->W - 1 : c1;
+    for (int r = 0; r < in->n_rows; r++) {
+        const float *row = in->rows[r] + in->col0;
+        for (int c = c0; c <= c1; c++)
+            if (row[c] != 0.0f)
+                return r;
+    }
+    return in->n_rows;
 }
 
-/* ReLU over the first c values. */
-static inline void relu_n(float *v, int c)
+/* ReLU(conv1) of slice column c, every row, into a1 ([H + 2p][c1], rows from -p): rows whose
+ * input neighbourhood is all zero are ReLU(b1) without computing. */
+static void conv1_column(const struct kvp_cnn *n, const struct kvp_cnn_kernels *kern,
+                         const struct kvp_cnn_input *in, int c, struct kvp_cnn_cols_scratch *s,
+                         float *a1)
 {
-    for (int i = 0; i < c; i++)
-        v[i] = v[i] > 0.0f ? v[i] : 0.0f;
+    const int k = n->k, p = k / 2, R = in->n_rows, c1 = n->c1;
+    int z = first_busy_row(in, c - p, c + p);
+    if (n->cin > 1 && in->qrow && z > R - 1)
+        z = R - 1;
+    memset(a1, 0, (size_t)p * c1 * sizeof(float));
+    memset(a1 + (size_t)(R + p) * c1, 0, (size_t)p * c1 * sizeof(float));
+    const int jc = z - p; /* rows < jc see zeros only */
+    float *o = s->x, *x = s->x + n->cp1;
+    const float *xs = x;
+    for (int j = 0; j < R; j++) {
+        float *dst = a1 + (size_t)(j + p) * c1;
+        if (j < jc) {
+            for (int ci = 0; ci < c1; ci++)
+                dst[ci] = n->b1[ci] > 0.0f ? n->b1[ci] : 0.0f;
+            continue;
+        }
+        for (int dy = 0; dy < k; dy++) {
+            int r = j - p + dy;
+            for (int dx = 0; dx < k; dx++) {
+                int cc = c - p + dx;
+                bool in_range = r >= 0 && r < R && cc >= 0 && cc < in->W;
+                x[dy * k + dx] = in_range ? in->rows[r][in->col0 + cc] : 0.0f;
+                if (n->cin > 1)
+                    x[(k + dy) * k + dx] =
+                        in_range && r == R - 1 && in->qrow ? in->qrow[cc] : 0.0f;
+            }
+        }
+        kern->conv_point(n->w1p, n->b1p, &xs, 1, n->cin * k * k, n->cp1, o);
+        for (int ci = 0; ci < c1; ci++)
+            dst[ci] = o[ci] > 0.0f ? o[ci] : 0.0f;
+    }
 }
 
 long kvp_cnn_forward_cols(const struct kvp_cnn *n, const struct kvp_cnn_input *in,
                           const int *cols, int n_cols, struct kvp_cnn_cols_scratch *s,
                           float *scores)
 {
+    if (n->c2 > KVP_CNN_COLS_C2)
+        return -1;
     const struct kvp_cnn_kernels *kern = kvp_cnn_kernels();
-    const int k = n->k, p = k / 2, kk = k * k, R = in->n_rows, W = in->W;
-    const int c1 = n->c1, c2 = n->c2, cp1 = n->cp1, cp2 = n->cp2;
+    const int k = n->k, p = k / 2, R = in->n_rows, W = in->W;
+    const int c1 = n->c1, c2 = n->c2, cp2 = n->cp2;
+    const size_t per = (size_t)(s->H + 2 * p) * c1;
+    const float *zero_col = s->a1 + (size_t)s->max_w * per;
     long computed = 0;
+    int n_used = 0;
+    if (R <= 0 || W <= 0) {
+        for (int i = 0; i < n_cols; i++)
+            scores[i] = n->b3[0];
+        return 0;
+    }
+    /* conv1 once per column any candidate needs */
+    for (int i = 0; i < n_cols; i++)
+        for (int c = cols[i] - p; c <= cols[i] + p; c++) {
+            if (c < 0 || c >= W || s->slot[c] >= 0)
+                continue;
+            s->slot[c] = n_used;
+            s->used[n_used] = c;
+            conv1_column(n, kern, in, c, s, s->a1 + (size_t)n_used * per);
+            n_used++;
+        }
+    /* constant conv2 rows (all-zero neighbourhood), by the edges they touch: top rows r < p
+     * miss p - r conv1 rows above, border columns miss their outside neighbours (cached by the
+     * count missing on each side) */
+    float cst[KVP_CNN_MAX_K / 2 + 1][KVP_CNN_MAX_K / 2 + 1][KVP_CNN_MAX_K / 2 + 1][KVP_CNN_COLS_C2];
+    bool have[KVP_CNN_MAX_K / 2 + 1][KVP_CNN_MAX_K / 2 + 1][KVP_CNN_MAX_K / 2 + 1] = {{{false}}};
     for (int i = 0; i < n_cols; i++) {
         const int x = cols[i];
-        if (R <= 0) {
-            scores[i] = n->b3[0];
-            continue;
-        }
-        /* z: the first row whose conv2 neighbourhood can see a non-zero input; conv2 rows
-         * r < z - 2p read only zeros through ReLU(b1) and the padding, so they are constants */
-        int z = R;
-        for (int r = 0; r < R && z == R; r++)
-            for (int c = x - 2 * p; c <= x + 2 * p; c++)
-                if (c >= 0 && c < W && in->rows[r][in->col0 + c] != 0.0f) {
-                    z = r;
-                    break;
-                }
+        int z = first_busy_row(in, x - 2 * p, x + 2 * p);
         if (n->cin > 1 && in->qrow && z > R - 1)
             z = R - 1;
-        const int lo2 = z - 2 * p > 0 ? z - 2 * p : 0;
+        const int lo2 = z - 2 * p > 0 ? z - 2 * p : 0; /* conv2 rows < lo2 are constants */
+        const int le = x - p < 0 ? p - x : 0, re = x + p >= W ? x + p - W + 1 : 0;
         memset(s->sum, 0, (size_t)cp2 * sizeof(float));
-        /* the constant rows: conv1 is ReLU(b1) wherever its column exists, zero padding
-         * elsewhere; rows r < p miss p - r conv1 rows above */
-        if (lo2 > 0) {
-            for (int t = 0; t <= p; t++) {
-                int count = t == 0 ? lo2 - p : 1; /* interior rows [p, lo2), top rows r = p - t */
-                if (t > 0 && p - t >= lo2)
-                    continue;
-                if (count <= 0)
-                    continue;
-                for (int ci = 0; ci < c1; ci++) {
-                    float a = n->b1[ci] > 0.0f ? n->b1[ci] : 0.0f;
+        for (int t = 0; t <= p && lo2 > 0; t++) {
+            int count = t == 0 ? lo2 - p : (p - t < lo2); /* interior rows [p, lo2); row p - t */
+            if (count <= 0)
+                continue;
+            float *cv = cst[le][re][t];
+            if (!have[le][re][t]) {
+                float *x3 = s->x + n->cp1;
+                for (int dx = 0; dx < k; dx++)
                     for (int dy = 0; dy < k; dy++)
-                        for (int dx = 0; dx < k; dx++) {
-                            int c = x - p + dx;
-                            s->x[(ci * k + dy) * k + dx] =
-                                (dy < t || c < 0 || c >= W) ? 0.0f : a;
+                        for (int ci = 0; ci < c1; ci++) {
+                            int cc = x - p + dx;
+                            float a = n->b1[ci] > 0.0f ? n->b1[ci] : 0.0f;
+                            x3[(dx * k + dy) * c1 + ci] = (dy < t || cc < 0 || cc >= W) ? 0 : a;
                         }
-                }
-                kern->conv_point(n->w2p, n->b2p, s->x, c1 * kk, cp2, s->z);
-                relu_n(s->z, c2);
+                const float *xs = x3;
+                kern->conv_point(n->w2p, n->b2p, &xs, 1, k * k * c1, cp2, s->z);
                 for (int co = 0; co < c2; co++)
-                    s->sum[co] += (float)count * s->z[co];
+                    cv[co] = s->z[co] > 0.0f ? s->z[co] : 0.0f;
+                have[le][re][t] = true;
             }
-        }
-        /* conv1 rows [lo2 - p, R) at the columns x - p .. x + p */
-        const int j0 = lo2 - p > 0 ? lo2 - p : 0;
-        for (int j = j0; j < R; j++)
-            for (int dc = 0; dc < k; dc++) {
-                float *a = s->a1 + ((size_t)j * k + dc) * cp1;
-                int c = x - p + dc;
-                if (c < 0 || c >= W) {
-                    memset(a, 0, (size_t)cp1 * sizeof(float));
-                    continue;
-                }
-                for (int ci = 0; ci < n->cin; ci++)
-                    for (int dy = 0; dy < k; dy++)
-                        for (int dx = 0; dx < k; dx++)
-                            s->x[(ci * k + dy) * k + dx] =
-                                input_at(in, ci, j - p + dy, c - p + dx);
-                kern->conv_point(n->w1p, n->b1p, s->x, n->cin * kk, cp1, a);
-                relu_n(a, c1);
-            }
-        /* conv2 rows [lo2, R) at column x */
-        for (int r = lo2; r < R; r++) {
-            for (int dy = 0; dy < k; dy++) {
-                int j = r - p + dy;
-                for (int dx = 0; dx < k; dx++) {
-                    const float *a = s->a1 + ((size_t)j * k + dx) * cp1;
-                    for (int ci = 0; ci < c1; ci++)
-                        s->x[(ci * k + dy) * k + dx] = (j < 0 || j >= R) ? 0.0f : a[ci];
-                }
-            }
-            kern->conv_point(n->w2p, n->b2p, s->x, c1 * kk, cp2, s->z);
-            relu_n(s->z, c2);
             for (int co = 0; co < c2; co++)
-                s->sum[co] += s->z[co];
+                s->sum[co] += (float)count * cv[co];
+        }
+        /* conv2 rows [lo2, R): the k conv1 columns, rows r - p .. r + p contiguous in each */
+        const float *base[KVP_CNN_MAX_K];
+        for (int dx = 0; dx < k; dx++) {
+            int c = x - p + dx;
+            base[dx] = c < 0 || c >= W ? zero_col : s->a1 + (size_t)s->slot[c] * per;
+        }
+        for (int r = lo2; r < R; r++) {
+            const float *xs[KVP_CNN_MAX_K];
+            for (int dx = 0; dx < k; dx++)
+                xs[dx] = base[dx] + (size_t)r * c1; /* row r - p at index r */
+            kern->conv_point(n->w2p, n->b2p, xs, k, k * c1, cp2, s->z);
+            for (int co = 0; co < c2; co++)
+                s->sum[co] += s->z[co] > 0.0f ? s->z[co] : 0.0f;
             computed++;
         }
         float y = n->b3[0], inv = 1.0f / (float)R;
@@ -756,6 +798,8 @@ long kvp_cnn_forward_cols(const struct kvp_cnn *n, const struct kvp_cnn_input *i
             y += n->w3[co] * (s->sum[co] * inv);
         scores[i] = y;
     }
+    for (int i = 0; i < n_used; i++)
+        s->slot[s->used[i]] = -1;
     return computed;
 }
 

@@ -83,7 +83,7 @@ struct kvp_cnn {
      * channels padded to cp1 / cp2 (multiples of 16), biases padded alike */
     int cp1, cp2;
     float *w1p, *b1p; /* [cin][k][k][cp1], [cp1] */
-    float *w2p, *b2p; /* [c1][k][k][cp2], [cp2] */
+    float *w2p, *b2p; /* [k (dx)][k (dy)][c1][cp2], [cp2] */
     float *params;  /* owned: w1 .. b3 in that order (the file order), then the derived ones */
     struct kvp_cnn_meta meta;
 };
@@ -190,17 +190,22 @@ void kvp_qfeat_row(const float *ub, int W, float *out);
  * history"). Any cin, any k. Equal to kvp_tr_sample's full network on the columns it scores up
  * to float summation order (tested). */
 struct kvp_cnn_cols_scratch {
-    float *a1;  /* [H + 2][2p+1][cp1] conv1 rows around a column */
-    float *x;   /* [max(cin, c1) · k · k] one gathered neighbourhood */
-    float *z;   /* [cp2] one conv2 output */
-    float *sum; /* [cp2] */
-    int H;
+    float *a1;    /* [max_w + 1][H + 2p][c1] conv1 columns in use (rows -p .. H+p-1, the outer
+                     ones zero), the last slot all zero (padding columns) */
+    int *slot;    /* [max_w] the a1 slot of a slice column, -1: not computed in this call */
+    int *used;    /* [max_w] slice columns with a slot */
+    float *x;     /* [cp1 + max(cin, c1) · k · k] one conv1 output, one gathered input */
+    float *z;     /* [cp2] one conv2 output */
+    float *sum;   /* [cp2] */
+    int H, max_w;
 };
 int kvp_cnn_cols_scratch_init(struct kvp_cnn_cols_scratch *s, const struct kvp_cnn *n, int H,
-                              struct kvp_err *err);
+                              int max_w, struct kvp_err *err);
 void kvp_cnn_cols_scratch_free(struct kvp_cnn_cols_scratch *s);
+#define KVP_CNN_COLS_C2 64 /* the most conv2 channels kvp_cnn_forward_cols takes */
 /* scores[i] = the network's score of column cols[i] (0 <= cols[i] < in->W), i < n_cols;
- * in->n_rows <= s->H. Returns how many conv2 rows were computed (the rest were constant). */
+ * in->n_rows <= s->H, W <= s->max_w. Returns how many conv2 rows were computed (the rest were
+ * constant), or -1 when n->c2 > KVP_CNN_COLS_C2 (nothing written). */
 long kvp_cnn_forward_cols(const struct kvp_cnn *n, const struct kvp_cnn_input *in,
                           const int *cols, int n_cols, struct kvp_cnn_cols_scratch *s,
                           float *scores);
@@ -217,9 +222,12 @@ struct kvp_cnn_kernels {
      * NULL for a padding row. */
     void (*conv2_row)(const float *w2t, const float *b2, int c1, int c2, int k,
                       const float *const *in, int si, int wt, float *out, int so);
-    /* One output position of a convolution, channels along the vectors:
-     *   out[co] = b[co] + Σ_{i<K} x[i]·wt[i·cp + co]   for co < cp (a multiple of 16) */
-    void (*conv_point)(const float *wt, const float *b, const float *x, int K, int cp, float *out);
+    /* One output position of a convolution, channels along the vectors, its inputs in nx runs
+     * of K contiguous values:
+     *   out[co] = b[co] + Σ_{j<nx} Σ_{i<K} x[j][i]·wt[(j·K + i)·cp + co]   for co < cp (a multiple
+     * of 16) */
+    void (*conv_point)(const float *wt, const float *b, const float *const *x, int nx, int K,
+                       int cp, float *out);
 };
 extern const struct kvp_cnn_kernels kvp_cnn_kernels_scalar;
 extern const struct kvp_cnn_kernels kvp_cnn_kernels_avx2;
