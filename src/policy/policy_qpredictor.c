@@ -46,12 +46,11 @@
 
 struct qp_kvh { /* scratch of one KV head */
     struct kvp_cnn_cols_scratch cols;
-    float *ub;         /* [max_blocks] one head's bounds over the candidates */
+    float *ub;         /* [g][max_blocks] the heads' bounds over the candidates */
     float *comb;       /* [max_blocks] group max of bound − head max (log feature) */
     float *feat;       /* [max_blocks] feature, valid where fmark is set */
     uint8_t *fmark;    /* [max_blocks] */
     uint8_t *cmark;    /* [max_blocks] */
-    float *qpm;        /* [2 head_dim + max_blocks] */
     float *row, *grow; /* [max_blocks] pooled rows */
     float *cscore;     /* [max_blocks] candidate scores */
     int *cand;         /* [max_blocks] candidate columns */
@@ -117,7 +116,6 @@ static void qp_free(struct kvp_policy *p)
             free(k->feat);
             free(k->fmark);
             free(k->cmark);
-            free(k->qpm);
             free(k->row);
             free(k->grow);
             free(k->cscore);
@@ -193,12 +191,11 @@ static int qp_init(struct kvp_policy *p, struct kvp_err *err)
         struct qp_kvh *k = &s->kv[h];
         if ((rc = kvp_cnn_cols_scratch_init(&k->cols, &s->cnn, s->cnn.H, mb, err)) < 0)
             goto fail;
-        k->ub = malloc((size_t)mb * sizeof(float));
+        k->ub = malloc((size_t)s->g * mb * sizeof(float));
         k->comb = malloc((size_t)mb * sizeof(float));
         k->feat = malloc((size_t)mb * sizeof(float));
         k->fmark = calloc((size_t)mb, 1);
         k->cmark = calloc((size_t)mb, 1);
-        k->qpm = malloc(((size_t)2 * s->hd + mb) * sizeof(float));
         k->row = malloc((size_t)mb * sizeof(float));
         k->grow = malloc((size_t)mb * sizeof(float));
         k->cscore = malloc((size_t)mb * sizeof(float));
@@ -208,7 +205,7 @@ static int qp_init(struct kvp_policy *p, struct kvp_err *err)
         k->chosen = malloc((size_t)mb * sizeof(int32_t));
         k->masks = malloc((size_t)mb * sizeof(uint64_t));
         k->rows = malloc((size_t)s->cnn.H * sizeof(*k->rows));
-        if (!k->ub || !k->comb || !k->feat || !k->fmark || !k->cmark || !k->qpm || !k->row ||
+        if (!k->ub || !k->comb || !k->feat || !k->fmark || !k->cmark || !k->row ||
             !k->grow || !k->cscore || !k->cand || !k->top || !k->heap || !k->chosen ||
             !k->masks || !k->rows)
             goto nomem;
@@ -300,14 +297,14 @@ static void choose(struct qp_state *s, const struct kvp_policy *p, int layer, in
     const int lh = layer * s->n_head_kv + kvh, W = bp->end - bp->first, P = s->cnn.k / 2;
     const float scale = 1.0f / sqrtf((float)s->hd);
     /* the group's log feature: max over heads of bound − the head's largest bound */
+    kvp_qmeta_bounds(&s->meta, lh, q, s->g, scale, bp->first, bp->end, k->ub, s->max_blocks);
     for (int j = 0; j < s->g; j++) {
-        kvp_qmeta_bounds(&s->meta, lh, q + (size_t)j * s->hd, scale, bp->first, bp->end, k->qpm,
-                         k->ub);
-        float mx = k->ub[0];
+        const float *ub = k->ub + (size_t)j * s->max_blocks;
+        float mx = ub[0];
         for (int x = 1; x < W; x++)
-            mx = k->ub[x] > mx ? k->ub[x] : mx;
+            mx = ub[x] > mx ? ub[x] : mx;
         for (int x = 0; x < W; x++) {
-            float v = k->ub[x] - mx;
+            float v = ub[x] - mx;
             k->comb[x] = j == 0 || v > k->comb[x] ? v : k->comb[x];
         }
     }

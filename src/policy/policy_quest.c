@@ -222,12 +222,8 @@ static void score_blocks(struct kvp_policy *p, int layer, int kvh, const float *
     float *ub = kvp_scratch_f(&s->scr, kvh) + s->scr.cap; /* [g][n] per-head bounds */
     if (n <= 0)
         return;
-    for (int j = 0; j < g; j++)
-        for (int c = 0; c < n; c++) {
-            ub[(size_t)j * n + c] =
-                kvp_quest_bound(q + (size_t)j * hd, kvp_qmeta_kmax(&s->meta, lh, b0 + c),
-                                kvp_qmeta_kmin(&s->meta, lh, b0 + c), hd);
-        }
+    (void)hd; /* the bounds of every head, kvp_quest_bound's values (quest_meta.h) */
+    kvp_qmeta_bounds(&s->meta, lh, q, g, 1.0f, b0, b1, ub, n);
     kvp_gqa_combine(ub, g, n, n, p->p.gqa_agg, s->score + (size_t)lh * s->scr.max_blocks + b0);
 }
 

@@ -1,11 +1,11 @@
 /* Quest's per-block key metadata (see quest_meta.h). */
 #include "policy/quest_meta.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "forward/kvcache.h"
-#include "kernels/simd.h"
 
 int kvp_qmeta_init(struct kvp_qmeta *m, int n_layer, int n_head_kv, int max_blocks, int head_dim,
                    int block_size)
@@ -51,6 +51,7 @@ void kvp_qmeta_fold(struct kvp_qmeta *m, const struct kvp_kvcache *kv, int layer
 {
     const int bs = m->block_size, hd = m->head_dim;
     const int lh = layer * kv->n_head_kv + kvh;
+    const size_t mb = (size_t)m->max_blocks;
     /* The context was truncated (kvp_ctx_truncate tells no policy). Only a decode step calls
      * this after a truncation, with one new token, so the cut is at n_tokens - 1: blocks below
      * the newest one are unchanged, and the newest is refolded from its start. That block is
@@ -58,37 +59,65 @@ void kvp_qmeta_fold(struct kvp_qmeta *m, const struct kvp_kvcache *kv, int layer
      * not resident). */
     if (m->done[lh] > n_tokens)
         m->done[lh] = (n_tokens - 1) / bs * bs;
+    float *mx = m->kmax + (size_t)lh * hd * mb, *mn = m->kmin + (size_t)lh * hd * mb;
     for (int t = m->done[lh]; t < n_tokens; t++) {
         int b = t / bs, o = t % bs;
         const float *kt = kvp_kvcache_kblock(kv, layer, kvh, b); /* [hd][bs] */
-        float *mx = m->kmax + ((size_t)lh * m->max_blocks + b) * hd;
-        float *mn = m->kmin + ((size_t)lh * m->max_blocks + b) * hd;
         for (int d = 0; d < hd; d++) {
             float k = kt[(size_t)d * bs + o];
-            if (o == 0 || k > mx[d])
-                mx[d] = k;
-            if (o == 0 || k < mn[d])
-                mn[d] = k;
+            float *x = mx + d * mb + b, *n = mn + d * mb + b;
+            if (o == 0 || k > *x)
+                *x = k;
+            if (o == 0 || k < *n)
+                *n = k;
         }
     }
     m->done[lh] = n_tokens;
 }
 
-void kvp_qmeta_bounds(const struct kvp_qmeta *m, int lh, const float *q, float scale, int b0,
-                      int b1, float *qpm, float *out)
+/* 16 blocks at a time; one lane per block, so each block's terms add in the order d = 0, 1, ...
+ * exactly as the scalar loop does (no contraction: the max sits between product and sum). */
+typedef float qm_vec __attribute__((vector_size(64)));
+typedef int32_t qm_mask __attribute__((vector_size(64)));
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+bounds_run(const float *mx, const float *mn, size_t mb, int hd, const float *q, int g,
+           float scale, int b0, int n, float *out, int stride)
 {
-    const int hd = m->head_dim, n = b1 - b0;
-    if (n <= 0)
-        return;
-    for (int d = 0; d < hd; d++) {
-        qpm[d] = q[d] > 0.0f ? q[d] * scale : 0.0f;
-        qpm[hd + d] = q[d] < 0.0f ? q[d] * scale : 0.0f;
-    }
-    const struct kvp_simd_ops *ops = kvp_simd();
-    const size_t rb = (size_t)hd * sizeof(float);
-    float *lo = qpm + 2 * hd;
-    ops->rows_f32(kvp_qmeta_kmax(m, lh, b0), rb, qpm, hd, n, out);
-    ops->rows_f32(kvp_qmeta_kmin(m, lh, b0), rb, qpm + hd, hd, n, lo);
-    for (int i = 0; i < n; i++)
-        out[i] += lo[i];
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < g; j++) {
+            const float *qj = q + (size_t)j * hd;
+            qm_vec acc = {0};
+            for (int d = 0; d < hd; d++) {
+                qm_vec M, N;
+                memcpy(&M, mx + d * mb + b0 + i, sizeof(M));
+                memcpy(&N, mn + d * mb + b0 + i, sizeof(N));
+                qm_vec a = qj[d] * M, b = qj[d] * N;
+                qm_mask gt = a > b;
+                qm_vec hi = (qm_vec)((gt & (qm_mask)a) | (~gt & (qm_mask)b));
+                acc += hi;
+            }
+            acc *= scale;
+            memcpy(out + (size_t)j * stride + i, &acc, sizeof(acc));
+        }
+    for (; i < n; i++)
+        for (int j = 0; j < g; j++) {
+            const float *qj = q + (size_t)j * hd;
+            float ub = 0.0f;
+            for (int d = 0; d < hd; d++) {
+                float a = qj[d] * mx[d * mb + b0 + i], b = qj[d] * mn[d * mb + b0 + i];
+                ub += a > b ? a : b;
+            }
+            out[(size_t)j * stride + i] = ub * scale;
+        }
+}
+
+void kvp_qmeta_bounds(const struct kvp_qmeta *m, int lh, const float *q, int g, float scale,
+                      int b0, int b1, float *out, int stride)
+{
+    const size_t mb = (size_t)m->max_blocks, off = (size_t)lh * m->head_dim * mb;
+    if (b1 > b0)
+        bounds_run(m->kmax + off, m->kmin + off, mb, m->head_dim, q, g, scale, b0, b1 - b0, out,
+                   stride);
 }

@@ -5,9 +5,10 @@
  * time. 2 × head_dim floats per block and (layer, KV head): 1/8 of the keys at bs = 16.
  *
  * The bound of a query q over a block, Σ_d max(q_d·M_d, q_d·m_d), is >= q·k for every key k of
- * the block. kvp_quest_bound (policy.h) computes it term by term (quest's ranking);
- * kvp_qmeta_bounds computes the same sum as q⁺·M + q⁻·m (q⁺ = max(q, 0), q⁻ = min(q, 0)), two
- * row-batched SIMD dot products over a whole range of blocks, equal up to the summation order.
+ * the block. The metadata is stored dimension-major ([d][block] per (layer, KV head)), so
+ * kvp_qmeta_bounds runs along the blocks with SIMD vectors while each block's sum still adds its
+ * terms in the order d = 0, 1, ...: the bounds are bit-identical to kvp_quest_bound's term-by-term
+ * loop (policy.h) on the same keys, whatever the vector width.
  */
 #ifndef KVP_POLICY_QUEST_META_H
 #define KVP_POLICY_QUEST_META_H
@@ -18,8 +19,8 @@ struct kvp_kvcache;
 
 struct kvp_qmeta {
     int n_lh, max_blocks, head_dim, block_size;
-    float *kmax; /* [n_lh][max_blocks][head_dim] (owned) */
-    float *kmin; /* [n_lh][max_blocks][head_dim] (owned) */
+    float *kmax; /* [n_lh][head_dim][max_blocks] (owned) */
+    float *kmin; /* [n_lh][head_dim][max_blocks] (owned) */
     int *done;   /* [n_lh] tokens folded in */
 };
 
@@ -37,18 +38,19 @@ void kvp_qmeta_fold(struct kvp_qmeta *m, const struct kvp_kvcache *kv, int layer
 /* Forget what (layer, kvh) folded (the prompt is refolded from token 0). */
 void kvp_qmeta_restart(struct kvp_qmeta *m, int lh);
 
-static inline const float *kvp_qmeta_kmax(const struct kvp_qmeta *m, int lh, int blk)
+/* Dimension d of block blk's max and min. */
+static inline float kvp_qmeta_max(const struct kvp_qmeta *m, int lh, int blk, int d)
 {
-    return m->kmax + ((size_t)lh * m->max_blocks + blk) * m->head_dim;
+    return m->kmax[((size_t)lh * m->head_dim + d) * m->max_blocks + blk];
 }
-static inline const float *kvp_qmeta_kmin(const struct kvp_qmeta *m, int lh, int blk)
+static inline float kvp_qmeta_min(const struct kvp_qmeta *m, int lh, int blk, int d)
 {
-    return m->kmin + ((size_t)lh * m->max_blocks + blk) * m->head_dim;
+    return m->kmin[((size_t)lh * m->head_dim + d) * m->max_blocks + blk];
 }
 
-/* out[b - b0] = scale · bound(q, block b) for b in [b0, b1), with the SIMD row dots; qpm:
- * 2 × head_dim + (b1 - b0) floats of scratch. */
-void kvp_qmeta_bounds(const struct kvp_qmeta *m, int lh, const float *q, float scale, int b0,
-                      int b1, float *qpm, float *out);
+/* For each of the g queries q[j] (head_dim floats apart): out[j·stride + b - b0] =
+ * bound(q[j], block b) · scale for b in [b0, b1) (scale 1 gives quest's value exactly). */
+void kvp_qmeta_bounds(const struct kvp_qmeta *m, int lh, const float *q, int g, float scale,
+                      int b0, int b1, float *out, int stride);
 
 #endif

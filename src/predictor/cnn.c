@@ -699,16 +699,23 @@ static void conv1_column(const struct kvp_cnn *n, const struct kvp_cnn_kernels *
         }
         for (int dy = 0; dy < k; dy++) {
             int r = j - p + dy;
+            const float *row = r >= 0 && r < R ? in->rows[r] + in->col0 : NULL;
             for (int dx = 0; dx < k; dx++) {
                 int cc = c - p + dx;
-                bool in_range = r >= 0 && r < R && cc >= 0 && cc < in->W;
-                x[dy * k + dx] = in_range ? in->rows[r][in->col0 + cc] : 0.0f;
-                if (n->cin > 1)
-                    x[(k + dy) * k + dx] =
-                        in_range && r == R - 1 && in->qrow ? in->qrow[cc] : 0.0f;
+                x[dy * k + dx] = row && cc >= 0 && cc < in->W ? row[cc] : 0.0f;
             }
         }
-        kern->conv_point(n->w1p, n->b1p, &xs, 1, n->cin * k * k, n->cp1, o);
+        /* the query channel is zero but in its newest row: rows that do not reach it read only
+         * the history's weights (channel 0 comes first in w1p) */
+        int chans = n->cin > 1 && in->qrow && j + p >= R - 1 ? n->cin : 1;
+        if (chans > 1)
+            for (int dy = 0; dy < k; dy++)
+                for (int dx = 0; dx < k; dx++) {
+                    int cc = c - p + dx;
+                    x[(k + dy) * k + dx] =
+                        j - p + dy == R - 1 && cc >= 0 && cc < in->W ? in->qrow[cc] : 0.0f;
+                }
+        kern->conv_point(n->w1p, n->b1p, &xs, 1, chans * k * k, n->cp1, o);
         for (int ci = 0; ci < c1; ci++)
             dst[ci] = o[ci] > 0.0f ? o[ci] : 0.0f;
     }

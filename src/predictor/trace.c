@@ -60,7 +60,7 @@ int kvp_trace_open(struct kvp_trace_writer *w, const char *path, const kvp_model
     w->head_dim = in.head_dim;
     w->n_seq = n_seq;
     w->max_blocks = (max_tokens + block_size - 1) / block_size;
-    w->row = malloc(((size_t)w->max_blocks * 4 + 2 * (size_t)in.head_dim) * sizeof(float));
+    w->row = malloc((size_t)w->max_blocks * 3 * sizeof(float));
     w->meta = calloc(1, sizeof(*w->meta));
     if (!w->row || !w->meta ||
         kvp_qmeta_init(w->meta, in.n_layer, in.n_head_kv, w->max_blocks, in.head_dim,
@@ -128,8 +128,8 @@ int kvp_trace_record(struct kvp_trace_writer *w, kvp_ctx *ctx, const int32_t *to
                 float *mx = w->row, *sm = w->row + nb, *ub = w->row + 2 * nb;
                 if (h % g == 0)
                     kvp_qmeta_fold(w->meta, &ctx->kv, layer, h / g, n_keys);
-                kvp_qmeta_bounds(w->meta, layer * w->n_head_kv + h / g, q, scale, 0, nb,
-                                 w->row + 3 * nb, ub);
+                kvp_qmeta_bounds(w->meta, layer * w->n_head_kv + h / g, q, 1, scale, 0, nb, ub,
+                                 nb);
                 for (int j = 0; j < nb; j++) {
                     int e = (j + 1) * bs < n_keys ? (j + 1) * bs : n_keys;
                     float m = 0, s = 0;

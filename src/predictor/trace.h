@@ -80,7 +80,7 @@ struct kvp_trace_writer {
     int n_seq;  /* sequences announced at open */
     int n_done; /* sequences recorded */
     int block_size, first_layer, n_layers, n_head, n_head_kv, head_dim;
-    float *row; /* [max_blocks * 4 + 2 * head_dim] scratch */
+    float *row; /* [max_blocks * 3] scratch */
     struct kvp_qmeta *meta; /* the recorded layers' key bounds (quest_meta.h) */
     int max_blocks;
     int failed;
