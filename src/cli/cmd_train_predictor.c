@@ -44,7 +44,9 @@ static void help(void)
         "  --group              one sample per (layer, KV head), the group's rows pooled as\n"
         "                       qpredictor pools them\n"
         "  --sparse-history     history rows as a policy without calibration reads them: each\n"
-        "                       keeps its best 1/20 to 1/5 of the blocks, renormalised\n");
+        "                       keeps its best 1/20 to 1/5 of the blocks, renormalised\n"
+        "  --tail N             half the samples from each sequence's last N positions (the\n"
+        "                       answers of a --tasks trace), their histories dense\n");
 }
 
 static void progress(void *user, int epoch, long step, long steps, double loss)
@@ -103,6 +105,7 @@ int cmd_train_predictor(int argc, char **argv)
         CLI_BOOL("--query", &query),
         CLI_BOOL("--group", &o.group),
         CLI_BOOL("--sparse-history", &o.sparse),
+        CLI_INT("--tail", 1, 1 << 20, &o.tail, NULL),
         {0},
     };
     const struct cli_command cmd = {

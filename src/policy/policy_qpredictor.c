@@ -18,9 +18,11 @@
  *             starts it from the observation window's rows;
  *   bounds    for every candidate block of the plan, each query head's bound (two SIMD row
  *             dots per head over the metadata); the group's feature is the max of its heads';
- *   candidates the k + extra blocks with the best feature plus every block the newest history
- *             row holds (the blocks just read: re-access), option prune=1 (default); prune=0
- *             scores every block;
+ *   candidates the k + extra blocks with the best feature (option prune=1, the default;
+ *             prune=0 scores every block); recent=1 adds every block the newest history row
+ *             holds (the blocks just read), which lets the history pull distractor needles
+ *             back in: off by default (seed 1234, niah_multikey at 1/8: 40 % with it, 75 %
+ *             without);
  *   CNN       only at the candidates (kvp_cnn_forward_cols: the receptive field is 5 blocks), and
  *             of each candidate only the rows whose 5-block neighbourhood holds history or the
  *             query row (rows that see zeros only are constants);
@@ -29,8 +31,8 @@
  * Files made for it are trained with `kvpred train-predictor --query --group --sparse-history`
  * on version 2 traces (they record the bounds); a one-channel file is refused.
  *
- * Options (p.opts): extra=N candidates beyond k [32]; prune=0|1 [1]; margin=N blocks the
- * prediction for the tiered store takes beyond the budget [64, as quest].
+ * Options (p.opts): extra=N candidates beyond k [16]; prune=0|1 [1]; recent=0|1 [0];
+ * margin=N blocks the prediction for the tiered store takes beyond the budget [64, as quest].
  *
  * Threading: state per (layer, KV head), scratch per KV head (layers run one after another).
  */
@@ -65,7 +67,7 @@ struct qp_state {
     struct kvp_qmeta meta;
     struct kvp_hist hist; /* series (layer - first_layer) * n_head_kv + kvh */
     int first_layer, n_head_kv, g, hd, max_blocks;
-    int extra, prune, margin;
+    int extra, prune, margin, recent;
     float *lastq;         /* [n_layer * n_head_kv][g][hd] the last query (select or prompt) */
     bool *has_q;          /* [n_layer * n_head_kv] */
     struct qp_kvh *kv;    /* [n_head_kv] */
@@ -73,9 +75,10 @@ struct qp_state {
 
 static int parse_opts(const char *s, struct qp_state *st, struct kvp_err *err)
 {
-    st->extra = 32;
+    st->extra = 16;
     st->prune = 1;
     st->margin = 64;
+    st->recent = 0;
     while (s && *s) {
         const char *end = strchr(s, ',');
         size_t len = end ? (size_t)(end - s) : strlen(s);
@@ -92,10 +95,12 @@ static int parse_opts(const char *s, struct qp_state *st, struct kvp_err *err)
             st->prune = (int)n;
         else if (ok && !strncmp(kv, "margin=", 7) && n <= (1 << 20))
             st->margin = (int)n;
+        else if (ok && !strncmp(kv, "recent=", 7) && n <= 1)
+            st->recent = (int)n;
         else
             return kvp_err_set(err, KVP_EINVAL,
                                "qpredictor: bad option '%.*s' (known: extra=N, prune=0|1, "
-                               "margin=N)",
+                               "recent=0|1, margin=N)",
                                (int)(len < 64 ? len : 64), s);
         s = end ? end + 1 : NULL;
     }
@@ -324,7 +329,7 @@ static void choose(struct qp_state *s, const struct kvp_policy *p, int layer, in
             k->cmark[k->top[i]] = 1;
             k->cand[nc++] = k->top[i];
         }
-        if (rows0)
+        if (rows0 && s->recent)
             for (int x = 0; x < W; x++)
                 if (rows0[x] != 0.0f && !k->cmark[x])
                     k->cand[nc++] = x;

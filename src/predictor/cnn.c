@@ -635,16 +635,20 @@ int kvp_cnn_cols_scratch_init(struct kvp_cnn_cols_scratch *s, const struct kvp_c
     s->slot = malloc((size_t)s->max_w * sizeof(int));
     s->used = malloc((size_t)s->max_w * sizeof(int));
     const int widest = n->cin > n->c1 ? n->cin : n->c1;
-    s->x = kvp_alloc_aligned(((size_t)n->cp1 + (size_t)widest * k * k) * sizeof(float));
+    s->x = kvp_alloc_aligned(((size_t)n->cp1 * s->H + (size_t)widest * k * k) * sizeof(float));
     s->z = kvp_alloc_aligned((size_t)n->cp2 * sizeof(float));
     s->sum = kvp_alloc_aligned((size_t)n->cp2 * sizeof(float));
-    if (!s->a1 || !s->slot || !s->used || !s->x || !s->z || !s->sum) {
+    s->rb1 = malloc((size_t)n->c1 * sizeof(float));
+    s->patch = malloc((size_t)n->cin * (s->H + 2 * p) * k * sizeof(float));
+    if (!s->a1 || !s->slot || !s->used || !s->x || !s->z || !s->sum || !s->rb1 || !s->patch) {
         kvp_cnn_cols_scratch_free(s);
         return kvp_err_set(err, KVP_ENOMEM, "predictor: out of memory for CNN scratch");
     }
     for (int i = 0; i < s->max_w; i++)
         s->slot[i] = -1;
     memset(s->a1 + (size_t)s->max_w * per, 0, per * sizeof(float)); /* the padding column */
+    for (int ci = 0; ci < n->c1; ci++)
+        s->rb1[ci] = n->b1[ci] > 0.0f ? n->b1[ci] : 0.0f;
     return 0;
 }
 
@@ -658,6 +662,8 @@ void kvp_cnn_cols_scratch_free(struct kvp_cnn_cols_scratch *s)
     kvp_free_aligned(s->x);
     kvp_free_aligned(s->z);
     kvp_free_aligned(s->sum);
+    free(s->rb1);
+    free(s->patch);
     memset(s, 0, sizeof(*s));
 }
 
@@ -676,48 +682,53 @@ static int first_busy_row(const struct kvp_cnn_input *in, int c0, int c1)
 }
 
 /* ReLU(conv1) of slice column c, every row, into a1 ([H + 2p][c1], rows from -p): rows whose
- * input neighbourhood is all zero are ReLU(b1) without computing. */
+ * input neighbourhood is all zero are ReLU(b1) without computing. The k input columns around c
+ * are first copied into a zero-padded patch per channel, [R + 2p][k], so the k×k neighbourhood of
+ * row j is the k·k contiguous values from patch row j, in the weights' [dy][dx] order. */
 static void conv1_column(const struct kvp_cnn *n, const struct kvp_cnn_kernels *kern,
                          const struct kvp_cnn_input *in, int c, struct kvp_cnn_cols_scratch *s,
                          float *a1)
 {
-    const int k = n->k, p = k / 2, R = in->n_rows, c1 = n->c1;
-    int z = first_busy_row(in, c - p, c + p);
-    if (n->cin > 1 && in->qrow && z > R - 1)
-        z = R - 1;
+    const int k = n->k, p = k / 2, R = in->n_rows, c1 = n->c1, W = in->W;
+    const bool query = n->cin > 1 && in->qrow;
+    float *ph = s->patch, *pq = s->patch + (size_t)(s->H + 2 * p) * k;
+    memset(ph, 0, (size_t)(R + 2 * p) * k * sizeof(float));
+    int z = R; /* first row with history in the k columns */
+    for (int r = 0; r < R; r++) {
+        const float *row = in->rows[r] + in->col0;
+        for (int dx = 0; dx < k; dx++) {
+            int cc = c - p + dx;
+            float v = cc >= 0 && cc < W ? row[cc] : 0.0f;
+            ph[(size_t)(r + p) * k + dx] = v;
+            if (v != 0.0f && z == R)
+                z = r;
+        }
+    }
+    if (query) {
+        memset(pq, 0, (size_t)(R + 2 * p) * k * sizeof(float));
+        for (int dx = 0; dx < k; dx++) {
+            int cc = c - p + dx;
+            pq[(size_t)(R - 1 + p) * k + dx] = cc >= 0 && cc < W ? in->qrow[cc] : 0.0f;
+        }
+        z = z > R - 1 ? R - 1 : z;
+    }
     memset(a1, 0, (size_t)p * c1 * sizeof(float));
     memset(a1 + (size_t)(R + p) * c1, 0, (size_t)p * c1 * sizeof(float));
-    const int jc = z - p; /* rows < jc see zeros only */
-    float *o = s->x, *x = s->x + n->cp1;
-    const float *xs = x;
-    for (int j = 0; j < R; j++) {
-        float *dst = a1 + (size_t)(j + p) * c1;
-        if (j < jc) {
-            for (int ci = 0; ci < c1; ci++)
-                dst[ci] = n->b1[ci] > 0.0f ? n->b1[ci] : 0.0f;
+    const int jc = z - p > 0 ? z - p : 0; /* rows < jc see zeros only */
+    for (int j = 0; j < jc; j++)
+        memcpy(a1 + (size_t)(j + p) * c1, s->rb1, (size_t)c1 * sizeof(float));
+    /* rows [jc, jq) read the history only (channel 0 comes first in w1p), rows [jq, R) reach
+     * the query row too */
+    const int jq = query ? (R - 1 - p > jc ? R - 1 - p : jc) : R;
+    for (int part = 0; part < 2; part++) {
+        int j0 = part ? jq : jc, j1 = part ? R : jq;
+        if (j1 <= j0)
             continue;
-        }
-        for (int dy = 0; dy < k; dy++) {
-            int r = j - p + dy;
-            const float *row = r >= 0 && r < R ? in->rows[r] + in->col0 : NULL;
-            for (int dx = 0; dx < k; dx++) {
-                int cc = c - p + dx;
-                x[dy * k + dx] = row && cc >= 0 && cc < in->W ? row[cc] : 0.0f;
-            }
-        }
-        /* the query channel is zero but in its newest row: rows that do not reach it read only
-         * the history's weights (channel 0 comes first in w1p) */
-        int chans = n->cin > 1 && in->qrow && j + p >= R - 1 ? n->cin : 1;
-        if (chans > 1)
-            for (int dy = 0; dy < k; dy++)
-                for (int dx = 0; dx < k; dx++) {
-                    int cc = c - p + dx;
-                    x[(k + dy) * k + dx] =
-                        j - p + dy == R - 1 && cc >= 0 && cc < in->W ? in->qrow[cc] : 0.0f;
-                }
-        kern->conv_point(n->w1p, n->b1p, &xs, 1, chans * k * k, n->cp1, o);
-        for (int ci = 0; ci < c1; ci++)
-            dst[ci] = o[ci] > 0.0f ? o[ci] : 0.0f;
+        const float *xs[2] = {ph + (size_t)j0 * k, pq + (size_t)j0 * k};
+        kern->conv_rows(n->w1p, n->b1p, xs, part + 1, k * k, k, j1 - j0, n->cp1, s->x, false);
+        for (int j = j0; j < j1; j++)
+            memcpy(a1 + (size_t)(j + p) * c1, s->x + (size_t)(j - j0) * n->cp1,
+                   (size_t)c1 * sizeof(float));
     }
 }
 
@@ -768,7 +779,7 @@ long kvp_cnn_forward_cols(const struct kvp_cnn *n, const struct kvp_cnn_input *i
                 continue;
             float *cv = cst[le][re][t];
             if (!have[le][re][t]) {
-                float *x3 = s->x + n->cp1;
+                float *x3 = s->x + (size_t)n->cp1 * s->H;
                 for (int dx = 0; dx < k; dx++)
                     for (int dy = 0; dy < k; dy++)
                         for (int ci = 0; ci < c1; ci++) {
@@ -777,9 +788,8 @@ long kvp_cnn_forward_cols(const struct kvp_cnn *n, const struct kvp_cnn_input *i
                             x3[(dx * k + dy) * c1 + ci] = (dy < t || cc < 0 || cc >= W) ? 0 : a;
                         }
                 const float *xs = x3;
-                kern->conv_point(n->w2p, n->b2p, &xs, 1, k * k * c1, cp2, s->z);
-                for (int co = 0; co < c2; co++)
-                    cv[co] = s->z[co] > 0.0f ? s->z[co] : 0.0f;
+                kern->conv_rows(n->w2p, n->b2p, &xs, 1, k * k * c1, 0, 1, cp2, s->z, false);
+                memcpy(cv, s->z, (size_t)c2 * sizeof(float));
                 have[le][re][t] = true;
             }
             for (int co = 0; co < c2; co++)
@@ -791,14 +801,12 @@ long kvp_cnn_forward_cols(const struct kvp_cnn *n, const struct kvp_cnn_input *i
             int c = x - p + dx;
             base[dx] = c < 0 || c >= W ? zero_col : s->a1 + (size_t)s->slot[c] * per;
         }
-        for (int r = lo2; r < R; r++) {
+        if (lo2 < R) {
             const float *xs[KVP_CNN_MAX_K];
             for (int dx = 0; dx < k; dx++)
-                xs[dx] = base[dx] + (size_t)r * c1; /* row r - p at index r */
-            kern->conv_point(n->w2p, n->b2p, xs, k, k * c1, cp2, s->z);
-            for (int co = 0; co < c2; co++)
-                s->sum[co] += s->z[co] > 0.0f ? s->z[co] : 0.0f;
-            computed++;
+                xs[dx] = base[dx] + (size_t)lo2 * c1; /* row lo2 - p sits at index lo2 */
+            kern->conv_rows(n->w2p, n->b2p, xs, k, k * c1, c1, R - lo2, cp2, s->sum, true);
+            computed += R - lo2;
         }
         float y = n->b3[0], inv = 1.0f / (float)R;
         for (int co = 0; co < c2; co++)

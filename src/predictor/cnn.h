@@ -194,9 +194,11 @@ struct kvp_cnn_cols_scratch {
                      ones zero), the last slot all zero (padding columns) */
     int *slot;    /* [max_w] the a1 slot of a slice column, -1: not computed in this call */
     int *used;    /* [max_w] slice columns with a slot */
-    float *x;     /* [cp1 + max(cin, c1) · k · k] one conv1 output, one gathered input */
+    float *x;     /* [cp1 · H + max(cin, c1) · k · k] conv1 outputs of a column, one input */
     float *z;     /* [cp2] one conv2 output */
     float *sum;   /* [cp2] */
+    float *rb1;   /* [c1] ReLU(b1), conv1 of an all-zero neighbourhood (set at init) */
+    float *patch; /* [cin][H + 2p][k] the input columns around one column */
     int H, max_w;
 };
 int kvp_cnn_cols_scratch_init(struct kvp_cnn_cols_scratch *s, const struct kvp_cnn *n, int H,
@@ -222,12 +224,14 @@ struct kvp_cnn_kernels {
      * NULL for a padding row. */
     void (*conv2_row)(const float *w2t, const float *b2, int c1, int c2, int k,
                       const float *const *in, int si, int wt, float *out, int so);
-    /* One output position of a convolution, channels along the vectors, its inputs in nx runs
-     * of K contiguous values:
-     *   out[co] = b[co] + Σ_{j<nx} Σ_{i<K} x[j][i]·wt[(j·K + i)·cp + co]   for co < cp (a multiple
-     * of 16) */
-    void (*conv_point)(const float *wt, const float *b, const float *const *x, int nx, int K,
-                       int cp, float *out);
+    /* nrow output positions of a convolution (rows of one column), channels along the vectors,
+     * each position's inputs in nx runs of K contiguous values, the runs of position i at
+     * x[j] + i·xstride:
+     *   v_i[co] = b[co] + Σ_{j<nx} Σ_{t<K} x[j][i·xstride + t]·wt[(j·K + t)·cp + co]
+     * for co < cp (a multiple of 16); then out[i·cp + co] = ReLU(v_i[co]), or with accumulate
+     * out[co] += Σ_i ReLU(v_i[co]). The positions share every weight load. */
+    void (*conv_rows)(const float *wt, const float *b, const float *const *x, int nx, int K,
+                      int xstride, int nrow, int cp, float *out, bool accumulate);
 };
 extern const struct kvp_cnn_kernels kvp_cnn_kernels_scalar;
 extern const struct kvp_cnn_kernels kvp_cnn_kernels_avx2;

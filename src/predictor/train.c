@@ -696,8 +696,21 @@ int kvp_predictor_train(const struct kvp_trace *tr, const struct kvp_predtrain_o
                 long pair = pick / n_ser;
                 int ser = (int)(pick % n_ser);
                 struct sample smp;
-                if (!build_sample(tr, o, trn.seq[pair], trn.t[pair], ser, x, m, sm, &smp, &rng,
-                                  &tmp))
+                int ok;
+                if (o->tail > 0 && (splitmix(&rng) & 1)) {
+                    /* a step of a sequence's last `tail` positions (a retrieval trace's answer),
+                     * its history dense as a decode step's first rows are (the prompt's) */
+                    struct kvp_predtrain_opts od = *o;
+                    od.sparse = 0;
+                    int sq = trn.seq[pair], T = tr->seq[sq].T;
+                    int span = T - o->H < o->tail ? T - o->H : o->tail;
+                    int t = span > 0 ? T - 1 - (int)(splitmix(&rng) % (uint64_t)span) : -1;
+                    ok = t >= 0 && build_sample(tr, &od, sq, t, ser, x, m, sm, &smp, &rng, &tmp);
+                } else {
+                    ok = build_sample(tr, o, trn.seq[pair], trn.t[pair], ser, x, m, sm, &smp, &rng,
+                                      &tmp);
+                }
+                if (!ok)
                     continue;
                 bl += kvp_tr_sample(out, &ws, x, o->H, smp.W, m, sm, o->loss, grad);
                 got++;

@@ -76,6 +76,8 @@ struct kvp_predtrain_opts {
     int sparse;       /* 1: history rows as a policy reads them: each keeps only its best
                          K blocks by mass (K a random 1/20 .. 1/5 of the slice), renormalised
                          over what is kept with the sink and local window [0] */
+    int tail;         /* > 0: half the training samples are steps of a sequence's last `tail`
+                         positions (a retrieval trace's answers), with dense histories [0] */
     int loss;         /* enum kvp_cnn_loss */
     int epochs;       /* [4] */
     int batch;        /* samples per Adam step [32] */
