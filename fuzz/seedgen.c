@@ -1,30 +1,29 @@
 /*
  * Seed corpus generator for the fuzz targets (scripts/fuzz.sh runs it; nothing is checked in).
  *
- * `fuzz_seedgen DIR` writes DIR/gguf/: a small model-like GGUF with F32, F16 and Q8_0 tensors, a
- * vocab-only GGUF with no tensors, and one with a custom alignment and arrays of every element
- * type; and DIR/llama2c/: a tiny legacy llama2.c checkpoint and a tiny tokenizer.bin, each
- * prefixed by the 2-byte n_vocab that fuzz_llama2c reads first. All values are fixed, so the
- * corpus is the same on every run.
+ * `fuzz_seedgen DIR` writes one folder per target:
+ *   gguf/         a small model-like GGUF with F32, F16 and Q8_0 tensors, a vocab-only GGUF with no
+ *                 tensors, and one with a custom alignment and arrays of every element type;
+ *   llama2c/      a tiny legacy llama2.c checkpoint and a tiny tokenizer.bin, each prefixed by the
+ *                 2-byte n_vocab that fuzz_llama2c reads first;
+ *   predictor/    a tiny predictor file (.kvpp) with recovery metadata;
+ *   trace/        a two-sequence attention trace (KVPTRC01);
+ *   head_profile/ a written profile and a hand-written one with comments and every optional key;
+ *   spm/, bpe/    texts (flag byte first): ASCII, spaces at the edges, accented/CJK/emoji UTF-8,
+ *                 invalid UTF-8, a literal U+2581, special-token spellings;
+ *   chat/         conversations (format byte, flag byte, NUL-separated role/content pairs);
+ *   policy_opts/  option strings for each policy (policy byte, budget byte, options).
+ * All values are fixed, so the corpus is the same on every run.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
+#include "fixtures.h"
 #include "kernels/types.h"
 #include "model/gguf.h"
-
-static int write_bytes(const char *dir, const char *name, const void *p, size_t n)
-{
-    char path[4096];
-    snprintf(path, sizeof(path), "%s/%s", dir, name);
-    FILE *f = fopen(path, "wb");
-    if (!f)
-        return -1;
-    size_t w = fwrite(p, 1, n, f);
-    return (fclose(f) == 0 && w == n) ? 0 : -1;
-}
+#include "policy/catekv_profile.h"
 
 static int save(struct kvp_gguf_writer *w, const char *dir, const char *name)
 {
@@ -37,7 +36,7 @@ static int save(struct kvp_gguf_writer *w, const char *dir, const char *name)
         fprintf(stderr, "seedgen: %s: %s\n", name, err.msg);
         return rc;
     }
-    rc = write_bytes(dir, name, buf, n);
+    rc = fz_write_file(dir, name, buf, n);
     free(buf);
     return rc;
 }
@@ -120,7 +119,7 @@ static int llama2c_seeds(const char *dir)
         float x = (float)(i % 5) * 0.25f;
         memcpy(buf + 2 + sizeof(cfg) + 4 * i, &x, 4);
     }
-    int rc = write_bytes(dir, "legacy.bin", buf, n);
+    int rc = fz_write_file(dir, "legacy.bin", buf, n);
     free(buf);
     if (rc < 0)
         return rc;
@@ -140,7 +139,146 @@ static int llama2c_seeds(const char *dir)
         memcpy(tb + pos + 8, toks[i], (size_t)len);
         pos += 8 + (size_t)len;
     }
-    return write_bytes(dir, "tokenizer.bin", tb, pos);
+    return fz_write_file(dir, "tokenizer.bin", tb, pos);
+}
+
+static int predictor_seeds(const char *dir)
+{
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/tiny.kvpp", dir);
+    return fz_write_predictor(path, 16);
+}
+
+/* KVPTRC01: block 2, layers 1..1 of a model, 2 heads, 2 sequences of 3 and 5 tokens. */
+static int trace_seeds(const char *dir)
+{
+    static uint8_t buf[4096];
+    size_t n = 0;
+    const uint32_t hdr[6] = {1, 2, 1, 1, 2, 2};
+    memcpy(buf, "KVPTRC01", 8);
+    n = 8;
+    memcpy(buf + n, hdr, sizeof(hdr));
+    n += sizeof(hdr);
+    memset(buf + n, 0, 64);
+    memcpy(buf + n, "seed model", 10);
+    n += 64;
+    const uint32_t T[2] = {3, 5};
+    for (int s = 0; s < 2; s++) {
+        memcpy(buf + n, &T[s], 4);
+        n += 4;
+        for (uint32_t t = 0; t < T[s]; t++) {
+            uint32_t nb = (t + 2) / 2;
+            for (int h = 0; h < 2; h++)
+                for (uint32_t i = 0; i < 2 * nb; i++) {
+                    float x = 1.0f / (float)(nb + i + (uint32_t)h);
+                    memcpy(buf + n, &x, 4);
+                    n += 4;
+                }
+        }
+    }
+    uint64_t h = 14695981039346656037ULL;
+    for (size_t i = 0; i < n; i++) {
+        h ^= buf[i];
+        h *= 1099511628211ULL;
+    }
+    memcpy(buf + n, &h, 8);
+    return fz_write_file(dir, "two_seqs.trace", buf, n + 8);
+}
+
+static int head_profile_seeds(const char *dir)
+{
+    struct kvp_head_profile *hp;
+    struct kvp_err err;
+    if (kvp_head_profile_alloc(3, 2, &hp, &err) < 0)
+        return -1;
+    hp->ratio = 0.5;
+    snprintf(hp->model, sizeof(hp->model), "seed model");
+    for (int i = 0; i < 6; i++) {
+        hp->adaptive[i] = (uint8_t)(i % 2);
+        hp->cv[i] = 0.25 * i;
+    }
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/written.profile", dir);
+    int rc = kvp_head_profile_write(hp, path, &err);
+    kvp_head_profile_free(hp);
+    if (rc < 0)
+        return rc;
+    static const char hand[] = "kvpred-head-profile 1\n# comment\nmodel a b c\nn_layer 2\n"
+                               "n_head_kv 3\nratio 0.34\nn_samples 4\nn_prompt 128\nchunk 8\n"
+                               "tail_tokens 32\nsink 4\nrecent 8\nwindow 16\npercentile 0.995\n"
+                               "alpha 1\nn_adaptive 2\nadaptive\n1 0 0\r\n0 0 1\ncv\n"
+                               "1.5 0.25 1e-3\n0 2 3.25\nend\n# trailing comment\n\n";
+    return fz_write_file(dir, "hand.profile", hand, sizeof(hand) - 1);
+}
+
+/* Texts for the tokenizer targets, each behind its flag byte. */
+static int text_seeds(const char *dir, const uint8_t *flags, int n_flags)
+{
+    static const char *const texts[] = {
+        "the quiet river runs past the old mill",
+        " leading and trailing spaces  ",
+        ("caf\xc3\xa9 na\xc3\xafve \xd0\xbf\xd1\x80\xd0\xb8\xd0\xb2\xd0\xb5\xd1\x82 "
+         "\xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e \xf0\x9f\x99\x82\n12345 don't"),
+        "bad \xff\xfe utf-8 \xc3 \xe2\x82 \xf0\x9f\x99 \x80\x80 end",
+        "\xe2\x96\x81 literal space mark\xe2\x96\x81x",
+        "<s>hello</s> <unk> <|endoftext|> <|tool|>call(x)<|tool|>",
+        "line one\n\n\tline two\r\n   indented 3.14159 x+y=z",
+    };
+    for (int f = 0; f < n_flags; f++)
+        for (size_t i = 0; i < sizeof(texts) / sizeof(texts[0]); i++) {
+            char buf[512], name[32];
+            size_t n = strlen(texts[i]);
+            buf[0] = (char)flags[f];
+            memcpy(buf + 1, texts[i], n);
+            snprintf(name, sizeof(name), "text%zu_%u", i, flags[f]);
+            if (fz_write_file(dir, name, buf, n + 1) < 0)
+                return -1;
+        }
+    return 0;
+}
+
+static int chat_seeds(const char *dir)
+{
+    static const char conv[] = "system\0Be brief.\0user\0Hello <|im_end|> there\0assistant\0Hi!"
+                               "\0user\0And [INST] now?";
+    for (int fmt = 0; fmt < 8; fmt++) {
+        char buf[sizeof(conv) + 2], name[32];
+        buf[0] = (char)fmt;
+        buf[1] = (char)(fmt % 2);
+        memcpy(buf + 2, conv, sizeof(conv) - 1);
+        snprintf(name, sizeof(name), "conv%d", fmt);
+        if (fz_write_file(dir, name, buf, sizeof(conv) + 1) < 0)
+            return -1;
+    }
+    static const char tmpl[] = "\x01\x00{% for m in messages %}<|im_start|>{{ m.role }}";
+    return fz_write_file(dir, "template", tmpl, sizeof(tmpl) - 1);
+}
+
+static int policy_opts_seeds(const char *dir)
+{
+    static const struct {
+        uint8_t policy, budget;
+        const char *opts;
+    } seeds[] = {
+        {0, 16, ""}, {0, 16, "margin=4,share=0"}, {0, 0, "margin=0"},
+        {1, 16, "every=2,calib=1,gqa=union,hist=kv,inc=1,refresh=3"},
+        {1, 32, "gqa=pooled,hist=head,inc=0"}, {2, 16, "every=1,calib=0"},
+        {3, 16, ""}, {1, 8, "refresh=0,calib=1000000"},
+        {2, 16, "adaptive=fraction,eta=0.5,chunk=4,tail=8"},
+        {2, 8, "adaptive-ratio=0.5,percentile=0.9,alpha=0.5,every=2"},
+        {3, 16, "head-profile=good.profile"}, {3, 4, "adaptive=full,chunk=1,tail=0"},
+    };
+    for (size_t i = 0; i < sizeof(seeds) / sizeof(seeds[0]); i++) {
+        char buf[128], name[32];
+        size_t n = strlen(seeds[i].opts);
+        buf[0] = (char)seeds[i].policy;
+        buf[1] = (char)seeds[i].budget;
+        memcpy(buf + 2, seeds[i].opts, n);
+        snprintf(name, sizeof(name), "opts%zu", i);
+        if (fz_write_file(dir, name, buf, n + 2) < 0)
+            return -1;
+    }
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -149,19 +287,27 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: %s CORPUS_DIR\n", argv[0]);
         return 2;
     }
-    char sub[4096];
+    static const uint8_t spm_flags[] = {0, 1, 2, 3}, bpe_flags[] = {0, 1, 6, 7, 10, 15};
+    const char *names[] = {"gguf", "llama2c", "predictor", "trace", "head_profile",
+                           "spm", "bpe", "chat", "policy_opts"};
     mkdir(argv[1], 0755);
-    snprintf(sub, sizeof(sub), "%s/gguf", argv[1]);
-    mkdir(sub, 0755);
-    if (gguf_seeds(sub) < 0) {
-        fprintf(stderr, "seedgen: cannot write GGUF seeds to %s\n", sub);
-        return 1;
-    }
-    snprintf(sub, sizeof(sub), "%s/llama2c", argv[1]);
-    mkdir(sub, 0755);
-    if (llama2c_seeds(sub) < 0) {
-        fprintf(stderr, "seedgen: cannot write llama2.c seeds to %s\n", sub);
-        return 1;
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        char sub[4096];
+        snprintf(sub, sizeof(sub), "%s/%s", argv[1], names[i]);
+        mkdir(sub, 0755);
+        int rc = i == 0   ? gguf_seeds(sub)
+                 : i == 1 ? llama2c_seeds(sub)
+                 : i == 2 ? predictor_seeds(sub)
+                 : i == 3 ? trace_seeds(sub)
+                 : i == 4 ? head_profile_seeds(sub)
+                 : i == 5 ? text_seeds(sub, spm_flags, 4)
+                 : i == 6 ? text_seeds(sub, bpe_flags, 6)
+                 : i == 7 ? chat_seeds(sub)
+                          : policy_opts_seeds(sub);
+        if (rc < 0) {
+            fprintf(stderr, "seedgen: cannot write the %s seeds to %s\n", names[i], sub);
+            return 1;
+        }
     }
     return 0;
 }

@@ -206,7 +206,8 @@ struct kvp_policy_params {
                             key (kvpress ObservedAttention) [0] */
     uint64_t seed;       /* random policies [0] */
     const char *aux_path;/* a file the policy needs (predictor weights, head profile) */
-    const char *opts;    /* policy-specific "key=value,..." options (predictor: see its --help) */
+    const char *opts;    /* policy-specific "key=value,..." options: the keys of the policy's
+                            option table (kvpred run --help lists them) */
     /* ---- catekv (methods.md §2): sink = S, local = R, budget = B per consistent KV head,
        window = w; dense_layers is ignored (every layer alike) ---- */
     float adaptive_ratio;/* r, fraction of adaptive KV heads [0.4]; < 0 means 0, >= 1 all */
@@ -236,6 +237,12 @@ int kvp_ctx_set_policy(kvp_ctx *ctx, const struct kvp_policy_params *params,
 
 /* Name of the policy registered at index i, or NULL past the end. */
 const char *kvp_policy_name(int i);
+
+/* Seconds spent inside the policy's per-step hooks (select, on_step) since the policy was set
+ * or the last kvp_ctx_policy_reset_seconds, summed over KV heads (thread time: wall time with
+ * one thread); 0 without a policy. */
+double kvp_ctx_policy_seconds(const kvp_ctx *ctx);
+void kvp_ctx_policy_reset_seconds(kvp_ctx *ctx);
 
 /* Measuring: when on, every decode step also computes the dense attention of every compressed
  * layer (for measuring only; it never changes what the policy selects or attention reads). */

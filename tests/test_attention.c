@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "forward/attention.h"
-#include "forward/kvcache.h"
+#include "kv/attention.h"
+#include "kv/kvcache.h"
 #include "testutil.h"
 
 enum { HD = 12, BS = 16, CTX = 256, NKV = 2, G = 3, NKEYS = 200 };

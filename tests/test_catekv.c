@@ -16,6 +16,7 @@
 #include "forward/context.h"
 #include "kvpred.h"
 #include "policy/catekv_classify.h"
+#include "forward/catekv_ctx.h"
 #include "policy/catekv_profile.h"
 #include "predictor/cnn.h"
 #include "testutil.h"
@@ -550,7 +551,7 @@ static void run_logged(kvp_model *m, const struct kvp_policy_params *pp, int bs,
             kvp_eval(c, ids + n_prompt + i, 1, o->logits + (size_t)i * NV, false, &err), 0);
         int Lk = n_prompt + i + 1;
         for (int lh = 0; lh < NL * NKV; lh++) {
-            const struct kvp_sel *sel = &c->sel[lh];
+            const struct kvp_sel *sel = &c->pol.sel[lh];
             uint8_t *bits = lg->prompt + ((size_t)i * NL * NKV + lh) * n_prompt;
             int *count = &lg->count[i * NL * NKV + lh];
             for (int b = 0; b < sel->n; b++)

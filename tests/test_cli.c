@@ -263,9 +263,37 @@ static void test_prompt_command(void **state)
         n += (p == ntok || p[-1] == ' ' || p[-1] == '\n') && *p >= '0' && *p <= '9';
     print_message("passkey prompt of %ld tokens (asked 400), key %s\n", n, key);
     assert_true(n <= 400 && n >= 360);
+    assert_non_null(strstr(out, "The grass is green.")); /* no --filler: the noise line */
     free(out);
-    free(key);
     free(ntok);
+    /* --filler: the pass key hides in that text instead (same key, same layout), in prompt
+     * and in eval alike */
+    static const char prose[] = "The lighthouse keeper counted the waves every night. Ships "
+                                "passed far out beyond the rocks. Gulls slept on the rail "
+                                "while a cold wind carried salt over his small garden. ";
+    char *filler = kvp_test_tmpfile(".txt");
+    assert_non_null(filler);
+    FILE *ff = fopen(filler, "w");
+    assert_non_null(ff);
+    for (int i = 0; i < 40; i++)
+        fputs(prose, ff);
+    fclose(ff);
+    snprintf(cmd, sizeof(cmd), "%s prompt -m %s %s --filler %s", cli, model, args, filler);
+    assert_int_equal(kvp_test_run(cmd, &out, 0), 0);
+    assert_non_null(strstr(out, needle));
+    assert_non_null(strstr(out, "lighthouse keeper"));
+    assert_null(strstr(out, "The grass is green."));
+    free(out);
+    snprintf(cmd, sizeof(cmd), "%s eval -m %s --task passkey --filler %s --lengths 300 "
+             "--depths 50 --samples 1 --json 2>/dev/null", cli, model, filler);
+    assert_int_equal(kvp_test_run(cmd, &out, 0), 0);
+    char want[4200];
+    snprintf(want, sizeof(want), "\"filler\":\"%s\"", filler);
+    assert_non_null(strstr(out, want));
+    free(out);
+    remove(filler);
+    free(filler);
+    free(key);
     snprintf(cmd, sizeof(cmd), "%s prompt -m %s --task nope", cli, model);
     kvp_test_expect_error(cmd, "--task 'nope'");
     snprintf(cmd, sizeof(cmd), "%s prompt -m %s --task passkey --length 20", cli, model);

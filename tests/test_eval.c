@@ -281,6 +281,61 @@ static const char *const json_fields[] = {"model",
                                           "seconds",
                                           NULL};
 
+/* Measuring on a tiered context (kvpred eval --kv-tier): the dense pass reads the cold tier too,
+ * so every number equals the untiered run's, with a hot tier too small to hold the layer. */
+static void test_tiered_measure_equals_untiered(void **state)
+{
+    (void)state;
+    char *path = kvp_test_tmpfile(".gguf");
+    assert_int_equal(kvp_test_write_model(&fixture, path, NULL), 0);
+    kvp_model *m = NULL;
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_model_open(path, NULL, &m, &err), 0);
+    enum { N = 160, M = 16 };
+    int32_t tok[N + M + 1];
+    for (int i = 0; i < N + M + 1; i++)
+        tok[i] = (i * 29 + 7) % 80;
+    static const char *const names[] = {"quest", "oracle", "random"};
+    struct kvp_measure_result ref[3];
+    static const int tiers[] = {KVP_TIER_NONE, KVP_TIER_RAM, KVP_TIER_DISK};
+    static const int modes[] = {KVP_PREFETCH_TOKEN, KVP_PREFETCH_LAYER, KVP_PREFETCH_NONE};
+    for (int t = 0; t < 3; t++)
+        for (int md = 0; md < (t ? 3 : 1); md++) {
+            struct kvp_ctx_params cp = {.n_threads = 2, .kv_tier = tiers[t], .hot_budget = 64,
+                                        .prefetch = modes[md]};
+            struct kvp_measure_params mp = {.n_prefill = N, .n_decode = M};
+            struct kvp_measure *ms = NULL;
+            assert_int_equal(kvp_measure_init(m, tok, &cp, &mp, &ms, &err), 0);
+            for (int i = 0; i < 3; i++) {
+                struct kvp_policy_params pp = {.name = names[i], .budget = 48, .seed = 3};
+                struct kvp_measure_result r;
+                if (kvp_measure_run(ms, &pp, NULL, NULL, &r, &err) != 0)
+                    fail_msg("%s: %s", names[i], err.msg);
+                if (t == 0) {
+                    ref[i] = r;
+                    continue;
+                }
+                print_message("%s tier %d mode %d: recovery %.6f (untiered %.6f) kl %.4g (%.4g)\n",
+                              names[i], tiers[t], modes[md], r.recovery, ref[i].recovery, r.kl,
+                              ref[i].kl);
+                assert_true(r.recovery == ref[i].recovery);
+                assert_true(r.oracle_block == ref[i].oracle_block);
+                assert_true(r.oracle_token == ref[i].oracle_token);
+                assert_true(r.retention == ref[i].retention);
+                assert_true(r.kl == ref[i].kl && r.kl_max == ref[i].kl_max);
+                assert_true(r.top1 == ref[i].top1 && r.ppl == ref[i].ppl);
+                assert_true(r.recovery > 0 && r.recovery < 1);
+                kvp_measure_result_free(&r);
+            }
+            kvp_measure_free(ms);
+        }
+    for (int i = 0; i < 3; i++)
+        kvp_measure_result_free(&ref[i]);
+    kvp_model_close(m);
+    remove(path);
+    free(path);
+}
+
 static void test_cli_eval_json(void **state)
 {
     (void)state;
@@ -478,6 +533,7 @@ int main(void)
         cmocka_unit_test(test_kl_top1_nll),      cmocka_unit_test(test_recovery_and_retention),
         cmocka_unit_test(test_block_oracle),     cmocka_unit_test(test_token_oracle),
         cmocka_unit_test(test_harness),          cmocka_unit_test(test_cli_eval_json),
+        cmocka_unit_test(test_tiered_measure_equals_untiered),
         cmocka_unit_test(test_cli_viz),          cmocka_unit_test(test_cli_eval_errors),
         cmocka_unit_test(test_cli_eval_stories),
     };

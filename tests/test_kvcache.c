@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "forward/kvcache.h"
+#include "kv/kvcache.h"
 #include "testutil.h"
 
 enum { HD = 5, BS = 8, CTX = 64 };

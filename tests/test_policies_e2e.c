@@ -13,12 +13,30 @@
 
 #include "forward/context.h"
 #include "kvpred.h"
+#include "policy/policy.h"
 #include "testutil.h"
 
+/* The baselines whose recovery and memory bounds check_recovery_and_memory knows (the block
+ * oracle and the token oracle at indices 6 and 7). */
 static const char *const ALL[] = {"full",      "streaming", "h2o",          "snapkv",
                                   "pyramidkv", "quest",     "oracle",       "oracle_token",
                                   "random"};
 #define N_ALL 9
+
+/* Every registered policy that runs without a file of its own: the checks that hold for any
+ * policy (budget >= context is the full cache, thread count changes nothing) run on each, so a
+ * new policy is picked up by adding it to the registry. */
+static const char *registered[64];
+static int n_registered;
+
+static void list_registered(void)
+{
+    n_registered = 0;
+    for (int k = 0; kvp_policy_registry[k] && n_registered < 64; k++)
+        if (!kvp_policy_registry[k]->needs_aux)
+            registered[n_registered++] = kvp_policy_registry[k]->name;
+    assert_true(n_registered >= N_ALL);
+}
 
 static bool is_block_policy(const char *name)
 {
@@ -69,7 +87,7 @@ static void fixture_close(kvp_model *m, char *path)
 /* Tokens a selection of the context reads: selected, before n, not evicted. */
 static int sel_tokens(const struct kvp_ctx *c, int l, int h, int n)
 {
-    const struct kvp_sel *sel = &c->sel[(size_t)l * c->hp.n_head_kv + h];
+    const struct kvp_sel *sel = &c->pol.sel[(size_t)l * c->hp.n_head_kv + h];
     int bs = c->kv.block_size, cnt = 0;
     for (int i = 0; i < sel->n; i++) {
         int b = sel->blocks[i];
@@ -119,7 +137,7 @@ static struct result run(kvp_model *m, const struct kvp_policy_params *pp, bool 
         if (!pp)
             continue;
         int n = n_prompt + i + 1, extra = is_prompt_policy(pp->name) ? i + 1 : 0;
-        for (int l = c->dense_layers; l < mi.n_layer; l++)
+        for (int l = c->pol.dense_layers; l < mi.n_layer; l++)
             for (int h = 0; h < mi.n_head_kv; h++) {
                 int cnt = sel_tokens(c, l, h, n) - extra;
                 r.sel_min = cnt < r.sel_min ? cnt : r.sel_min;
@@ -146,17 +164,28 @@ static void check_large_budget_is_full(kvp_model *m, const int32_t *ids, int n_p
     struct kvp_model_info mi;
     kvp_model_get_info(m, &mi);
     struct result dense = run(m, NULL, false, ids, n_prompt, n_dec);
-    for (int i = 0; i < N_ALL; i++)
+    list_registered();
+    for (int i = 0; i < n_registered; i++)
         for (int v = 0; v < 2; v++) {
-            struct kvp_policy_params pp = {.name = ALL[i]};
+            struct kvp_policy_params pp = {.name = registered[i]};
+            /* exactly the context for the baselines; a policy with its own budget grid
+             * (catekv: sink + local + a multiple of its chunk of 8) gets the next point of it */
+            bool baseline = false;
+            for (int k = 0; k < N_ALL; k++)
+                baseline |= !strcmp(ALL[k], registered[i]);
+            int n = n_prompt + n_dec;
             if (v == 0)
-                pp.budget = n_prompt + n_dec;
+                pp.budget = baseline ? n : 32 + (n - 32 + 7) / 8 * 8;
             else
                 pp.budget_ratio = 1.0f;
             struct result r = run(m, &pp, v == 1, ids, n_prompt, n_dec);
             double d = max_diff(dense.logits, r.logits, (size_t)n_dec * mi.n_vocab);
-            if (d >= 1e-5 || (v == 1 && fabs(r.recovery - 1) > 1e-5))
-                fail_msg("%s (%s): max logit diff %.3g, recovery %.6f", ALL[i],
+            /* the baselines stay within 1e-5 of the full logits; catekv reads the same tokens
+             * with its heads split into two kinds and lands at 1.0e-5 on stories260K (rounding
+             * of another summation order), so policies outside the baselines get 1e-4 */
+            double tol = baseline ? 1e-5 : 1e-4;
+            if (d >= tol || (v == 1 && fabs(r.recovery - 1) > 1e-5))
+                fail_msg("%s (%s): max logit diff %.3g, recovery %.6f", registered[i],
                          v ? "ratio 1" : "budget = context", d, r.recovery);
             free(r.logits);
         }
@@ -306,8 +335,8 @@ static void check_compaction(kvp_model *m, const int32_t *prompt, int n_prompt, 
             size_t blk = kv->block_floats * 2 * sizeof(float), n = (size_t)n_prompt + n_gen;
             size_t per_head = (size_t)(B + kv->block_size - 1) / kv->block_size + 2;
             size_t bound = blk * mi.n_head_kv *
-                           (c[0]->dense_layers * ((n + kv->block_size - 1) / kv->block_size) +
-                            (mi.n_layer - c[0]->dense_layers) * per_head);
+                           (c[0]->pol.dense_layers * ((n + kv->block_size - 1) / kv->block_size) +
+                            (mi.n_layer - c[0]->pol.dense_layers) * per_head);
             size_t pool = kvp_kvcache_pool_bytes(kv);
             print_message("%s %-9s B=%-3d resident %7zu bytes compacted, %7zu without (%.2g)\n",
                           label, pi == 4 ? "catekv-fr" : names[pi], B, pool, off_bytes, dmax);
@@ -342,8 +371,10 @@ static void test_fixture_threads_agree(void **state)
     int32_t ids[120];
     for (int i = 0; i < 120; i++)
         ids[i] = (i * 11 + 5 + i / 7) % 80;
-    for (int i = 0; i < N_ALL; i++) {
-        struct kvp_policy_params pp = {.name = ALL[i], .budget = 48, .window = 16, .seed = 3};
+    list_registered();
+    for (int i = 0; i < n_registered; i++) {
+        struct kvp_policy_params pp = {.name = registered[i], .budget = 48, .window = 16,
+                                       .seed = 3};
         n_threads = 1;
         struct result a = run(m, &pp, true, ids, 100, 12);
         n_threads = 2;
@@ -353,7 +384,7 @@ static void test_fixture_threads_agree(void **state)
         /* the mat-vecs split their rows differently (even `full` moves by ~1e-6); a race in a
          * policy's state would change the selections, far more than that */
         if (d > 1e-4 || fabs(a.recovery - b.recovery) > 1e-4)
-            fail_msg("%s: 1 vs 2 threads differ by %.3g (recovery %.6f vs %.6f)", ALL[i], d,
+            fail_msg("%s: 1 vs 2 threads differ by %.3g (recovery %.6f vs %.6f)", registered[i], d,
                      a.recovery, b.recovery);
         free(a.logits);
         free(b.logits);

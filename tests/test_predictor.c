@@ -583,7 +583,7 @@ static struct run_out run(kvp_model *m, const struct kvp_policy_params *pp, int 
             if (!pp || l < 2)
                 continue;
             for (int kvh = 0; kvh < 2; kvh++) { /* what the step read */
-                const struct kvp_sel *sel = &c->sel[l * 2 + kvh];
+                const struct kvp_sel *sel = &c->pol.sel[l * 2 + kvh];
                 int count = 0;
                 bool seen[1024] = {false};
                 for (int b = 0; b < sel->n; b++)

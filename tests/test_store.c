@@ -26,7 +26,7 @@
 
 #include "core/platform.h"
 #include "forward/context.h"
-#include "forward/kvcache.h"
+#include "kv/kvcache.h"
 #include "kvpred.h"
 #include "store/store.h"
 #include "testutil.h"
@@ -163,8 +163,7 @@ static float *run_sequence(const struct run_cfg *rc, struct kvp_store_stats *sta
         assert_int_equal(kvp_ctx_set_policy(c, &pp, &err), 0);
     } else if (rc->sparse) {
         struct kvp_policy_params pp = {.name = "full", .budget = 64, .dense_layers = 1};
-        assert_int_equal(kvp_ctx_set_policy(c, &pp, &err), 0);
-        c->policy->ops = &test_ops;
+        assert_int_equal(kvp_ctx_set_policy_ops(c, &test_ops, &pp, &err), 0);
     }
     int32_t ids[256];
     for (int i = 0; i < 256; i++)
@@ -760,8 +759,7 @@ static void test_first_step_warm(void **state)
         struct kvp_err err = {0};
         assert_int_equal(kvp_ctx_init(model, &cp, &c, &err), 0);
         struct kvp_policy_params pp = {.name = "full", .budget = 64, .dense_layers = 1};
-        assert_int_equal(kvp_ctx_set_policy(c, &pp, &err), 0);
-        c->policy->ops = &test_ops;
+        assert_int_equal(kvp_ctx_set_policy_ops(c, &test_ops, &pp, &err), 0);
         assert_int_equal(kvp_eval(c, ids, 100, NULL, false, &err), 0);
         kvp_ctx_store_reset_stats(c);
         assert_int_equal(kvp_eval(c, ids + 100, 1, lg[m], false, &err), 0);
@@ -841,7 +839,7 @@ static void test_quest_predict_superset(void **state)
     struct kvp_policy_params pp = {.name = "quest", .budget = 64, .dense_layers = 1,
                                    .opts = "margin=3"};
     assert_int_equal(kvp_ctx_set_policy(c, &pp, &err), 0);
-    assert_int_equal(c->policy->prefetch_margin, 3);
+    assert_int_equal(c->pol.p->prefetch_margin, 3);
     int mb = c->kv.max_blocks, n_kv = c->hp.n_head_kv;
     int32_t *blocks = calloc((size_t)mb, sizeof(int32_t));
     uint64_t *mask = calloc((size_t)mb, sizeof(uint64_t));
@@ -856,8 +854,8 @@ static void test_quest_predict_superset(void **state)
         int n = kvp_ctx_n_tokens(c);
         for (int l = 1; l < c->hp.n_layer; l++)
             for (int h = 0; h < n_kv; h++) {
-                const struct kvp_sel *sel = &c->sel[(size_t)l * n_kv + h];
-                c->policy->ops->predict_next(c->policy, l, h, n, &pred);
+                const struct kvp_sel *sel = &c->pol.sel[(size_t)l * n_kv + h];
+                c->pol.p->ops->predict_next(c->pol.p, l, h, n, &pred);
                 int j = 0;
                 for (int k = 0; k < sel->n; k++) {
                     while (j < pred.n && pred.blocks[j] < sel->blocks[k])
@@ -918,7 +916,7 @@ static void test_quest_shared_ranking(void **state)
                 /* token mode: the next step; layer mode: the step after it (no select between) */
                 for (int w = 0; w < 2; w++)
                     for (int i = 0; i < 2; i++)
-                        c[i]->policy->ops->predict_next(c[i]->policy, l, h, n + 1 + w,
+                        c[i]->pol.p->ops->predict_next(c[i]->pol.p, l, h, n + 1 + w,
                                                         &pred[i][w]);
                 for (int w = 0; w < 2; w++) {
                     assert_int_equal(pred[0][w].n, pred[1][w].n);
@@ -1033,8 +1031,7 @@ static void check_fault(int kind, const char *word)
     struct kvp_err err = {0};
     assert_int_equal(kvp_ctx_init(model, &cp, &c, &err), 0);
     struct kvp_policy_params pp = {.name = "full", .budget = 64, .dense_layers = 1};
-    assert_int_equal(kvp_ctx_set_policy(c, &pp, &err), 0);
-    c->policy->ops = &test_ops;
+    assert_int_equal(kvp_ctx_set_policy_ops(c, &test_ops, &pp, &err), 0);
     int32_t ids[200];
     for (int i = 0; i < 200; i++)
         ids[i] = (i * 5 + 1) % VOCAB;
@@ -1069,8 +1066,7 @@ static void test_refusals_and_timeline(void **state)
     struct kvp_policy_params st = {.name = "streaming", .budget = 64};
     assert_int_equal(kvp_ctx_set_policy(c, &st, &err), KVP_EUNSUPPORTED);
     struct kvp_policy_params pp = {.name = "full", .budget = 64, .dense_layers = 1};
-    assert_int_equal(kvp_ctx_set_policy(c, &pp, &err), 0);
-    c->policy->ops = &test_ops;
+    assert_int_equal(kvp_ctx_set_policy_ops(c, &test_ops, &pp, &err), 0);
     int32_t ids[160];
     for (int i = 0; i < 160; i++)
         ids[i] = (i * 3 + 2) % VOCAB;

@@ -83,6 +83,38 @@ static void render(const struct kvp_corpus *c, int task, uint64_t seed, int len,
 
 /* ---- generator ----------------------------------------------------------------------------- */
 
+/* With prose set the pass key hides in the corpus's sentences (the needle still on a line of its
+ * own, at the depth asked); without it, in the noise line whatever the corpus. */
+static void test_passkey_prose(void **state)
+{
+    (void)state;
+    struct kvp_corpus *c = make_corpus();
+    struct kvp_err err = {0};
+    for (int prose = 0; prose < 2; prose++) {
+        struct kvp_task_req req = {.task = KVP_TASK_PASSKEY, .seed = 9 | KVP_EVAL_SEED_BIT,
+                                   .target_tokens = 1200, .depth = 0.5f, .prose = prose,
+                                   .count = count_words};
+        struct kvp_task_text t;
+        assert_int_equal(kvp_task_render_eval(c, &req, &t, &err), 0);
+        size_t n;
+        count_words(NULL, t.prompt, strlen(t.prompt), &n);
+        assert_true(n <= 1200 && n > 1100);
+        char needle[128];
+        char key[32];
+        snprintf(key, sizeof(key), "%.*s", (int)strcspn(t.refs, "\n"), t.refs);
+        snprintf(needle, sizeof(needle), "\nThe pass key is %s. Remember it. %s is the pass key.\n",
+                 key, key);
+        char *at = strstr(t.prompt, needle);
+        assert_non_null(at);
+        double where = (double)(at - t.prompt) / (double)strlen(t.prompt);
+        assert_true(where > 0.4 && where < 0.6);
+        assert_true((strstr(t.prompt, "The grass is green.") != NULL) == !prose);
+        assert_true((strstr(t.prompt, "river") || strstr(t.prompt, "River")) == prose);
+        kvp_task_text_free(&t);
+    }
+    kvp_corpus_free(c);
+}
+
 static void test_deterministic(void **state)
 {
     (void)state;
@@ -326,7 +358,8 @@ static void test_bad_flags(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_deterministic), cmocka_unit_test(test_depth),
+        cmocka_unit_test(test_deterministic),
+        cmocka_unit_test(test_passkey_prose), cmocka_unit_test(test_depth),
         cmocka_unit_test(test_length),        cmocka_unit_test(test_score),
         cmocka_unit_test(test_cli),           cmocka_unit_test(test_cli_heatmap),
         cmocka_unit_test(test_bad_flags),

@@ -740,6 +740,102 @@ static void test_corpus_and_samples(void **state)
     fixture_free(&f);
 }
 
+/* A corpus of n sentences "<Word> i <marker> ..." whose marker is `train` for the first 90 % and
+ * `held` for the rest, so a haystack shows which share it was read from. */
+static struct kvp_corpus *marked_corpus(const char *word, const struct kvp_tvocab *v)
+{
+    size_t cap = 1 << 16, k = 0;
+    char *t = malloc(cap);
+    static const char *const w[] = {"apple", "brook", "cliff", "dune", "ember", "fjord",
+                                    "grove", "heath", "inlet", "jetty", "knoll", "ledge",
+                                    "marsh", "nook", "oasis", "pond", "quay", "ridge"};
+    for (int i = 0; i < 400; i++)
+        k += (size_t)snprintf(t + k, cap - k, "%s %d %s went by the %s and the %s today. ", word,
+                              i, i < 360 ? "train" : "held", w[i % 18], w[(i * 7 + 3) % 18]);
+    struct kvp_corpus *c;
+    struct kvp_err err;
+    assert_int_equal(kvp_corpus_init(&c, t, k, v, 0.1, &err), 0);
+    free(t);
+    assert_int_equal(c->n_sent - c->n_train, 40);
+    return c;
+}
+
+/* Haystack kinds: with hay_frac 1 the passkey and niah samples draw their haystack among noise
+ * lines, the corpus's own sentences and each extra corpus, every kind shows up, samples stay a
+ * pure function of their seed, training samples read only training sentences and evaluation
+ * samples only held-out ones; with hay_frac 0 the extra corpora change nothing. Needles land at
+ * the edges of the haystack as often as edge_frac says. */
+static void test_haystack_kinds(void **state)
+{
+    (void)state;
+    struct fixture f;
+    fixture_init(&f, 320);
+    struct kvp_corpus *plain;
+    struct kvp_err err;
+    assert_int_equal(kvp_corpus_init(&plain, f.text, f.len, f.v, 0.1, &err), 0);
+    assert_int_equal(kvp_corpus_add_hay(f.c, marked_corpus("Legal", f.v), &err), 0);
+    assert_int_equal(kvp_corpus_add_hay(f.c, marked_corpus("Verse", f.v), &err), 0);
+    struct kvp_task_mix mix;
+    kvp_task_mix_default(&mix);
+    struct kvp_sample a, b;
+    assert_int_equal(kvp_sample_alloc(&a, 1024, &err), 0);
+    assert_int_equal(kvp_sample_alloc(&b, 1024, &err), 0);
+    char *text = malloc(16384);
+    /* hay_frac 0: bit for bit the samples of a corpus without extra haystacks */
+    for (int task = 1; task < KVP_TASK_COUNT; task++) {
+        assert_int_equal(kvp_sample_make(&a, f.c, f.v, &mix, task, 50 + task, false, 4.0f, &err), 0);
+        assert_int_equal(kvp_sample_make(&b, plain, f.v, &mix, task, 50 + task, false, 4.0f, &err), 0);
+        assert_memory_equal(a.tok, b.tok, sizeof(int32_t) * 1025);
+    }
+    mix.hay_frac = 1.0f;
+    mix.edge_frac = 1.0f;
+    int seen[4] = {0}, edge0 = 0, edge1 = 0;
+    for (int i = 0; i < 64; i++) {
+        int task = i % 2 ? KVP_TASK_PASSKEY : KVP_TASK_NIAH_SINGLE_2;
+        for (int ev = 0; ev < 2; ev++) {
+            uint64_t seed = (900 + (uint64_t)i) | (ev ? KVP_EVAL_SEED_BIT : 0);
+            assert_int_equal(kvp_sample_make(&a, f.c, f.v, &mix, task, seed, ev, 4.0f, &err), 0);
+            assert_int_equal(kvp_sample_make(&b, f.c, f.v, &mix, task, seed, ev, 4.0f, &err), 0);
+            assert_memory_equal(a.tok, b.tok, sizeof(int32_t) * 1025);
+            assert_int_equal(a.task, task);
+            kvp_tvocab_decode(f.v, a.tok, (size_t)a.ans_begin + 1, text, 16384);
+            bool noise = strstr(text, "The grass is green.") != NULL;
+            bool legal = strstr(text, "Legal ") != NULL, verse = strstr(text, "Verse ") != NULL;
+            bool story = !noise && !legal && !verse;
+            assert_int_equal(noise + legal + verse + story, 1); /* one kind per haystack */
+            seen[noise ? 0 : legal ? 1 : verse ? 2 : 3]++;
+            if (legal || verse) /* the share of the corpus this side may read */
+                assert_null(strstr(text, ev ? " train " : " held "));
+            /* an extra corpus's haystack is read, not learnt; the answer always counts */
+            assert_float_equal(a.weight[a.ans_begin / 2], legal || verse ? 0.0 : 1.0, 0.0);
+            assert_float_equal(a.weight[a.ans_begin], 4.0, 0.0);
+            /* every needle at an edge: right after the instruction or right before the
+             * question */
+            if (task == KVP_TASK_PASSKEY) {
+                const char *q = strstr(text, "\nWhat is the pass key?");
+                const char *nd = strstr(text, "\nThe pass key is");
+                assert_non_null(q);
+                assert_non_null(nd);
+                bool first = !strncmp(nd - 7, "there.\n", 7);
+                bool last = !strncmp(strstr(nd + 1, "\n"), "\n\nWhat is the pass key?", 23);
+                assert_true(first || last);
+                edge0 += first;
+                edge1 += last;
+            }
+        }
+    }
+    print_message("  haystack kinds: noise %d, legal %d, verse %d, stories %d; passkey needles "
+                  "first %d, last %d\n", seen[0], seen[1], seen[2], seen[3], edge0, edge1);
+    for (int k = 0; k < 4; k++)
+        assert_true(seen[k] >= 12);
+    assert_true(edge0 >= 8 && edge1 >= 8);
+    free(text);
+    kvp_sample_free(&a);
+    kvp_sample_free(&b);
+    kvp_corpus_free(plain);
+    fixture_free(&f);
+}
+
 /* The trainer's tokenization of a whole prompt equals the engine's (src/tokenizer) on the same
  * vocabulary: the model learns from exactly the ids it will see at evaluation. */
 static void test_tokenizer_matches_engine(void **state)
@@ -865,10 +961,9 @@ static char *write_text_file(void)
 }
 
 /* Stopping after 3 steps and resuming from the checkpoint gives the same losses and the same
- * final weights as the uninterrupted run. */
-static void test_checkpoint_resume_bit_exact(void **state)
+ * final weights as the uninterrupted run, in either precision. */
+static void check_resume_bit_exact(int precision)
 {
-    (void)state;
     char *data = write_text_file();
     const char *paths[] = {data};
     char *ck_a = kvp_test_tmpfile(".ckpt"), *ck_b = kvp_test_tmpfile(".ckpt");
@@ -877,16 +972,19 @@ static void test_checkpoint_resume_bit_exact(void **state)
     struct kvp_err err;
     struct losses la = {0}, lb = {0};
     tiny_opts(&o, paths);
+    o.precision = precision;
     o.ckpt_path = ck_a;
     o.out_gguf = g_a;
     assert_int_equal(kvp_train_run(&o, record, &la, &err), 0);
     assert_int_equal(la.n, 8);
     tiny_opts(&o, paths);
+    o.precision = precision;
     o.ckpt_path = ck_b;
     o.stop_after = 3;
     assert_int_equal(kvp_train_run(&o, record, &lb, &err), 0);
     assert_int_equal(lb.n, 3);
     tiny_opts(&o, paths);
+    o.precision = precision;
     o.ckpt_path = ck_b;
     o.resume_path = ck_b;
     o.out_gguf = g_b;
@@ -912,6 +1010,7 @@ static void test_checkpoint_resume_bit_exact(void **state)
     assert_int_equal(kvp_test_write_file(ck_a, a, na), 0);
     free(a);
     tiny_opts(&o, paths);
+    o.precision = precision;
     o.resume_path = ck_a;
     o.ckpt_path = ck_a;
     assert_int_equal(kvp_train_run(&o, NULL, NULL, &err), KVP_EFORMAT);
@@ -925,6 +1024,18 @@ static void test_checkpoint_resume_bit_exact(void **state)
     free(ck_b);
     free(g_a);
     free(g_b);
+}
+
+static void test_checkpoint_resume_bit_exact_f32(void **state)
+{
+    (void)state;
+    check_resume_bit_exact(KVP_PREC_F32);
+}
+
+static void test_checkpoint_resume_bit_exact_bf16(void **state)
+{
+    (void)state;
+    check_resume_bit_exact(KVP_PREC_BF16);
 }
 
 /* The hyperparameters and state a checkpoint holds (model, moments and vocabulary freed). */
@@ -986,6 +1097,233 @@ static void test_resume_overrides(void **state)
     free(ck);
 }
 
+struct lrs {
+    float lr[16];
+    long first, n;
+};
+
+static void record_lr(void *user, const struct kvp_train_progress *p)
+{
+    struct lrs *l = user;
+    if (p->event == KVP_TRAIN_EV_STEP && l->n < 16) {
+        if (l->n == 0)
+            l->first = p->step;
+        l->lr[l->n++] = p->lr;
+    }
+}
+
+/* A resume with a new context, RoPE base and curriculum starts a new stage at the checkpoint's
+ * step: the model keeps its weights, the schedule restarts (warm-up and cosine over the stage),
+ * the checkpoint holds the new settings, and a resume inside that stage is still bit-exact. A
+ * new stage that does not go beyond the step, or a resume with other haystack texts that starts
+ * none, is refused. */
+static void test_new_stage_on_resume(void **state)
+{
+    (void)state;
+    char *data = write_text_file();
+    const char *paths[] = {data};
+    char *ck = kvp_test_tmpfile(".ckpt"), *ck_a = kvp_test_tmpfile(".ckpt");
+    char *ck_b = kvp_test_tmpfile(".ckpt");
+    struct kvp_train_opts o;
+    struct kvp_err err;
+    struct kvp_train_hparams hp;
+    struct kvp_train_state st;
+    tiny_opts(&o, paths);
+    o.ckpt_path = ck;
+    o.stop_after = 4;
+    assert_int_equal(kvp_train_run(&o, NULL, NULL, &err), 0);
+    struct kvp_train_model *m0 = NULL;
+    struct kvp_adamw opt0;
+    struct kvp_tvocab *v0 = NULL;
+    assert_int_equal(kvp_ckpt_load(ck, 0, 1, &m0, &opt0, &v0, &hp, &st, &err), 0);
+    /* the stage: ctx 256, base 40000, all steps at 256, to step 10 */
+    tiny_opts(&o, paths);
+    o.resume_path = ck;
+    o.ckpt_path = ck_a;
+    o.model.n_ctx = 256;
+    o.model.rope_base = 40000.0f;
+    o.hp.n_phases = 1;
+    o.hp.phase_ctx[0] = 256;
+    o.hp.phase_frac[0] = 1.0f;
+    o.hp.tokens_per_step = 512;
+    o.hp.micro_tokens = 512;
+    o.hp.warmup_frac = 0.25f;
+    o.resume_override = KVP_TRAIN_OVERRIDE_CTX | KVP_TRAIN_OVERRIDE_ROPE |
+                        KVP_TRAIN_OVERRIDE_CURRICULUM | KVP_TRAIN_OVERRIDE_BATCH;
+    o.hp.steps = 4;
+    assert_int_equal(kvp_train_run(&o, NULL, NULL, &err), KVP_EINVAL); /* not beyond step 4 */
+    o.hp.steps = 10;
+    o.stop_after = 1;
+    struct lrs l = {0};
+    assert_int_equal(kvp_train_run(&o, record_lr, &l, &err), 0);
+    /* the first step of the stage is step 0 of its schedule (warm-up from the checkpoint's
+     * warmup_frac over the 6 steps of the stage) */
+    assert_int_equal(l.first, 5);
+    long warm = (long)(hp.warmup_frac * 6.0f);
+    assert_true(l.lr[0] == kvp_lr_schedule(0, warm, 6, hp.lr, hp.lr_min));
+    struct kvp_train_model *m1 = NULL;
+    struct kvp_adamw opt1;
+    struct kvp_tvocab *v1 = NULL;
+    struct kvp_train_hparams hp1;
+    assert_int_equal(kvp_ckpt_load(ck_a, 0, 1, &m1, &opt1, &v1, &hp1, &st, &err), 0);
+    assert_int_equal(st.step, 5);
+    assert_int_equal(m1->cfg.n_ctx, 256);
+    assert_float_equal(m1->cfg.rope_base, 40000.0, 0.0);
+    assert_int_equal(hp1.stage_step, 4);
+    assert_int_equal(hp1.steps, 10);
+    assert_int_equal(hp1.n_phases, 1);
+    assert_int_equal(hp1.phase_ctx[0], 256);
+    assert_int_equal(hp1.micro_tokens, 512);
+    assert_int_equal(kvp_train_phase_at(&hp1, 5), 0);
+    /* one step moved the weights, but only by about lr per parameter */
+    double moved = 0.0;
+    for (size_t i = 0; i < m0->n_params; i++)
+        moved = fmax(moved, fabs((double)m1->params[i] - m0->params[i]));
+    assert_true(moved > 0.0 && moved < 4.0 * hp.lr);
+    kvp_train_model_free(m0);
+    kvp_adamw_free(&opt0);
+    kvp_tvocab_free(v0);
+    kvp_train_model_free(m1);
+    kvp_adamw_free(&opt1);
+    kvp_tvocab_free(v1);
+    /* inside the stage a resume is bit-exact: 5 -> 10 at once, or 5 -> 7 -> 10 */
+    char *a, *b;
+    size_t na, nb;
+    a = kvp_test_read_file(ck_a, &na);
+    assert_int_equal(kvp_test_write_file(ck_b, a, na), 0);
+    free(a);
+    tiny_opts(&o, paths);
+    o.resume_path = o.ckpt_path = ck_a;
+    assert_int_equal(kvp_train_run(&o, NULL, NULL, &err), 0);
+    tiny_opts(&o, paths);
+    o.resume_path = o.ckpt_path = ck_b;
+    o.stop_after = 2;
+    assert_int_equal(kvp_train_run(&o, NULL, NULL, &err), 0);
+    /* the stage's own settings given again (the command that started it) change nothing */
+    o.model.n_ctx = 256;
+    o.model.rope_base = 40000.0f;
+    o.hp.n_phases = 1;
+    o.hp.phase_ctx[0] = 256;
+    o.hp.phase_frac[0] = 1.0f;
+    o.hp.tokens_per_step = 512;
+    o.hp.micro_tokens = 512;
+    o.hp.steps = 10;
+    o.resume_override = KVP_TRAIN_OVERRIDE_CTX | KVP_TRAIN_OVERRIDE_ROPE |
+                        KVP_TRAIN_OVERRIDE_CURRICULUM | KVP_TRAIN_OVERRIDE_BATCH;
+    o.stop_after = 0;
+    assert_int_equal(kvp_train_run(&o, NULL, NULL, &err), 0);
+    a = kvp_test_read_file(ck_a, &na);
+    b = kvp_test_read_file(ck_b, &nb);
+    assert_int_equal(na, nb);
+    assert_memory_equal(a, b, na);
+    free(a);
+    free(b);
+    load_hp(ck_a, &hp, &st);
+    assert_int_equal(st.step, 10);
+    /* other haystack texts without a new stage: refused */
+    tiny_opts(&o, paths);
+    o.resume_path = o.ckpt_path = ck_a;
+    o.hay_paths = paths;
+    o.n_hay_paths = 1;
+    o.hp.steps = 12;
+    assert_int_equal(kvp_train_run(&o, NULL, NULL, &err), KVP_EINVAL);
+    assert_non_null(strstr(err.msg, "--hay"));
+    remove(data);
+    remove(ck);
+    remove(ck_a);
+    remove(ck_b);
+    free(data);
+    free(ck);
+    free(ck_a);
+    free(ck_b);
+}
+
+/* --init-from: a GGUF the trainer exported comes back with its configuration, vocabulary and
+ * weights (re-exported byte for byte), a new context and RoPE base replace the file's and reach
+ * the engine, and a run started from it begins at step 0 with fresh optimiser state and the
+ * file's weights. A truncated file is refused. */
+static void test_init_from_gguf(void **state)
+{
+    (void)state;
+    char *data = write_text_file();
+    const char *paths[] = {data};
+    char *ck = kvp_test_tmpfile(".ckpt"), *g = kvp_test_tmpfile(".gguf");
+    char *g2 = kvp_test_tmpfile(".gguf");
+    struct kvp_train_opts o;
+    struct kvp_err err;
+    tiny_opts(&o, paths);
+    o.out_gguf = g;
+    o.stop_after = 3;
+    assert_int_equal(kvp_train_run(&o, NULL, NULL, &err), 0);
+    struct kvp_train_model *m;
+    struct kvp_tvocab *v;
+    assert_int_equal(kvp_train_import_gguf(g, 0, 0.0f, 128, 1, &m, &v, &err), 0);
+    assert_int_equal(m->cfg.n_ctx, 128);
+    assert_int_equal(m->cfg.n_embd, 32);
+    assert_int_equal(m->cfg.n_head_kv, 2);
+    assert_true(m->cfg.tied);
+    assert_int_equal(kvp_train_export_gguf(g2, m, v, NULL, &err), 0);
+    size_t na, nb;
+    char *a = kvp_test_read_file(g, &na), *b = kvp_test_read_file(g2, &nb);
+    assert_int_equal(na, nb);
+    assert_memory_equal(a, b, na);
+    free(b);
+    kvp_train_model_free(m);
+    kvp_tvocab_free(v);
+    /* a longer context and a larger RoPE base, as the engine reads them */
+    assert_int_equal(kvp_train_import_gguf(g, 512, 40000.0f, 128, 1, &m, &v, &err), 0);
+    assert_int_equal(kvp_train_export_gguf(g2, m, v, NULL, &err), 0);
+    kvp_model *em;
+    assert_int_equal(kvp_model_open(g2, NULL, &em, &err), 0);
+    struct kvp_model_info info;
+    kvp_model_get_info(em, &info);
+    assert_int_equal(info.n_ctx_train, 512);
+    assert_float_equal(info.rope_base, 40000.0, 0.0);
+    kvp_model_close(em);
+    kvp_train_model_free(m);
+    kvp_tvocab_free(v);
+    /* a run from the file: step 0, one step of a fresh Adam, weights near the file's */
+    tiny_opts(&o, paths);
+    o.init_gguf = g;
+    o.ckpt_path = ck;
+    o.model.n_vocab = 999; /* ignored: the shape comes from the file */
+    o.stop_after = 1;
+    struct lrs l = {0};
+    assert_int_equal(kvp_train_run(&o, record_lr, &l, &err), 0);
+    assert_int_equal(l.first, 1);
+    struct kvp_adamw opt;
+    struct kvp_train_hparams hp;
+    struct kvp_train_state st;
+    assert_int_equal(kvp_ckpt_load(ck, 0, 1, &m, &opt, &v, &hp, &st, &err), 0);
+    assert_int_equal(st.step, 1);
+    assert_int_equal(opt.t, 1);
+    struct kvp_train_model *mf;
+    struct kvp_tvocab *vf;
+    assert_int_equal(kvp_train_import_gguf(g, 0, 0.0f, 128, 1, &mf, &vf, &err), 0);
+    assert_int_equal(v->n, vf->n);
+    double moved = 0.0;
+    for (size_t i = 0; i < m->n_params; i++)
+        moved = fmax(moved, fabs((double)m->params[i] - mf->params[i]));
+    assert_true(moved > 0.0 && moved < 4.0 * hp.lr);
+    kvp_train_model_free(mf);
+    kvp_tvocab_free(vf);
+    kvp_train_model_free(m);
+    kvp_adamw_free(&opt);
+    kvp_tvocab_free(v);
+    /* a truncated file is one error, not a crash */
+    assert_int_equal(kvp_test_write_file(g2, a, na / 2), 0);
+    assert_true(kvp_train_import_gguf(g2, 0, 0.0f, 128, 1, &m, &v, &err) < 0);
+    free(a);
+    remove(data);
+    remove(ck);
+    remove(g);
+    remove(g2);
+    free(data);
+    free(ck);
+    free(g);
+    free(g2);
+}
+
 static uint64_t fnv1a64(const uint8_t *p, size_t n)
 {
     uint64_t h = 1469598103934665603ULL;
@@ -994,9 +1332,10 @@ static uint64_t fnv1a64(const uint8_t *p, size_t n)
     return h;
 }
 
-/* A version-1 checkpoint (no edge_frac / fill_min after the task weights) still loads, with the
- * defaults for the two fields and everything else as written. The file is made from a version-2
- * one by cutting those 8 bytes, setting the version and recomputing the checksum. */
+/* A version-1 checkpoint (no edge_frac / fill_min / hay_frac / stage_step after the task
+ * weights, no hay_hash after the Adam step) still loads, with the defaults for those fields and
+ * everything else as written. The file is made from a version-3 one by cutting those 20 and 8
+ * bytes, setting the version and recomputing the checksum. */
 static void test_checkpoint_version1_loads(void **state)
 {
     (void)state;
@@ -1019,15 +1358,19 @@ static void test_checkpoint_version1_loads(void **state)
     float ef;
     memcpy(&ef, v2 + at, 4);
     assert_float_equal(ef, 0.75, 0.0); /* the layout this test assumes */
-    uint8_t *v1 = malloc(n - 8);
+    /* the version-3 fields: f32 edge_frac fill_min hay_frac, i64 stage_step; then the state
+     * (i64 step, 4 u64 rng, u64 cursor, f64 tokens, u64 adam_t) and u64 hay_hash */
+    size_t hh = at + 20 + 8 + 32 + 8 + 8 + 8, n1 = n - 28;
+    uint8_t *v1 = malloc(n1);
     assert_non_null(v1);
     memcpy(v1, v2, at);
-    memcpy(v1 + at, v2 + at + 8, n - at - 8);
+    memcpy(v1 + at, v2 + at + 20, hh - at - 20);
+    memcpy(v1 + hh - 20, v2 + hh + 8, n - hh - 8);
     uint32_t one = 1;
     memcpy(v1 + 8, &one, 4);
-    uint64_t sum = fnv1a64(v1, n - 16);
-    memcpy(v1 + n - 16, &sum, 8);
-    assert_int_equal(kvp_test_write_file(ck, v1, n - 8), 0);
+    uint64_t sum = fnv1a64(v1, n1 - 8);
+    memcpy(v1 + n1 - 8, &sum, 8);
+    assert_int_equal(kvp_test_write_file(ck, v1, n1), 0);
     struct kvp_train_model *m = NULL;
     struct kvp_adamw opt;
     struct kvp_tvocab *v = NULL;
@@ -1038,7 +1381,9 @@ static void test_checkpoint_version1_loads(void **state)
     assert_float_equal(hp.lr, 3e-3, 1e-9);
     assert_float_equal(hp.mix.edge_frac, KVP_EDGE_FRAC_DEFAULT, 0.0);
     assert_float_equal(hp.mix.fill_min, KVP_FILL_MIN_DEFAULT, 0.0);
-    /* a version-1 header on a version-2 body does not load */
+    assert_float_equal(hp.mix.hay_frac, 0.0, 0.0);
+    assert_int_equal(hp.stage_step, 0);
+    /* a version-1 header on a version-3 body does not load */
     memcpy(v2 + 8, &one, 4);
     sum = fnv1a64(v2, n - 8);
     memcpy(v2 + n - 8, &sum, 8);
@@ -1221,11 +1566,15 @@ int main(void)
         cmocka_unit_test(test_bpe_learn_and_encode),
         cmocka_unit_test(test_spm_merge_order),
         cmocka_unit_test(test_corpus_and_samples),
+        cmocka_unit_test(test_haystack_kinds),
         cmocka_unit_test(test_tokenizer_matches_engine),
         cmocka_unit_test(test_tasks_on_tinystories),
-        cmocka_unit_test(test_checkpoint_resume_bit_exact),
+        cmocka_unit_test(test_checkpoint_resume_bit_exact_f32),
+        cmocka_unit_test(test_checkpoint_resume_bit_exact_bf16),
         cmocka_unit_test(test_resume_overrides),
         cmocka_unit_test(test_checkpoint_version1_loads),
+        cmocka_unit_test(test_new_stage_on_resume),
+        cmocka_unit_test(test_init_from_gguf),
         cmocka_unit_test(test_gguf_matches_engine),
         cmocka_unit_test(test_training_loss_falls),
         cmocka_unit_test(test_cli_train_lm),

@@ -18,6 +18,7 @@ int cmd_logits(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
+int cmd_synth(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_train_lm(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
@@ -41,10 +42,6 @@ int cmd_viz_heads(int argc, char **argv);
 /* Draw a CateKV head profile as a PNG (for `kvpred viz --head-profile`); prints errors, returns
  * the exit status. */
 int cli_viz_heads(const char *profile_path, const char *png_path);
-/* catekv policy flags (--adaptive, --adaptive-ratio, --eta, --chunk, --tail, --percentile,
- * --alpha, --head-profile): like cli_policy_flag, 1 consumed, 0 not one, -1 error printed. */
-int cli_catekv_flag(struct kvp_policy_params *p, int argc, char **argv, int *i);
-extern const char *cli_catekv_flags_help;
 int cmd_trace(int argc, char **argv);
 int cmd_train_predictor(int argc, char **argv);
 

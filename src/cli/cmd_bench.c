@@ -74,56 +74,7 @@ static void help(void)
            "                       and decode the two in alternating chunks of %d tokens, so\n"
            "                       both see the same host (JSON: paired)\n"
            "  --json               print one JSON object\n%s\n%s",
-           PAIR_CHUNK, cli_policy_flags_help, cli_model_flags_help);
-}
-
-/* Time spent inside a policy's per-step hooks: the policy's ops table is swapped for one whose
- * select and on_step call the originals between two clock reads. Hooks of different KV heads run
- * on different threads, so each KV head has its own accumulator; their sum is thread time (wall
- * time with -t 1). The calling thread's CPU time is summed too: on a busy host it leaves out the
- * time the thread waited for a core, as decode_cpu_ms_per_token does. */
-static struct {
-    const struct kvp_policy_ops *orig;
-    struct kvp_policy_ops ops;
-    double sec[256], cpu[256];
-} hook_timer;
-
-static void timed_select(struct kvp_policy *p, int layer, int kvh, const float *q, int n_tokens,
-                         struct kvp_sel *sel)
-{
-    double t0 = kvp_time_now(), c0 = kvp_thread_cpu_time();
-    hook_timer.orig->select(p, layer, kvh, q, n_tokens, sel);
-    hook_timer.cpu[kvh & 255] += kvp_thread_cpu_time() - c0;
-    hook_timer.sec[kvh & 255] += kvp_time_now() - t0;
-}
-
-static void timed_step(struct kvp_policy *p, int layer, int kvh, const struct kvp_sel *sel,
-                       const float *probs, int probs_stride, int n_tokens)
-{
-    double t0 = kvp_time_now(), c0 = kvp_thread_cpu_time();
-    hook_timer.orig->on_step(p, layer, kvh, sel, probs, probs_stride, n_tokens);
-    hook_timer.cpu[kvh & 255] += kvp_thread_cpu_time() - c0;
-    hook_timer.sec[kvh & 255] += kvp_time_now() - t0;
-}
-
-static void time_policy_hooks(kvp_ctx *ctx)
-{
-    struct kvp_policy *p = ctx->policy;
-    if (!p)
-        return;
-    hook_timer.orig = p->ops;
-    hook_timer.ops = *p->ops;
-    hook_timer.ops.select = timed_select;
-    hook_timer.ops.on_step = p->ops->on_step ? timed_step : NULL;
-    p->ops = &hook_timer.ops;
-}
-
-static double hook_seconds(bool cpu)
-{
-    double s = 0;
-    for (int i = 0; i < 256; i++)
-        s += cpu ? hook_timer.cpu[i] : hook_timer.sec[i];
-    return s;
+           PAIR_CHUNK, cli_policy_flags_help(), cli_model_flags_help);
 }
 
 struct bw_job {
@@ -328,8 +279,6 @@ int cmd_bench(int argc, char **argv)
         toks[i] = (int32_t)(x % (uint64_t)in.n_vocab);
     }
     toks[0] = kvp_token_bos(m);
-    if (pp.name)
-        time_policy_hooks(ctx);
 
     /* prefill */
     double pp_best = 0;
@@ -353,8 +302,7 @@ int cmd_bench(int argc, char **argv)
     long n_ratio = 0;
     long tl0 = n_decode >= 12 ? 8 : 0, tl1 = tl0 + 4 < n_decode ? tl0 + 4 : n_decode;
     kvp_ctx_store_reset_stats(ctx);
-    memset(hook_timer.sec, 0, sizeof(hook_timer.sec));
-    memset(hook_timer.cpu, 0, sizeof(hook_timer.cpu));
+    kvp_ctx_policy_reset_seconds(ctx);
     for (long r = 0; r < reps; r++) {
         if (tier != KVP_TIER_NONE && r > 0) {
             kvp_ctx_reset(ctx);
@@ -398,8 +346,7 @@ int cmd_bench(int argc, char **argv)
     /* the KV memory really held after the last step: physical blocks taken from the pool */
     size_t kv_pool = kvp_kvcache_pool_bytes(&ctx->kv);
     double tg_mean = tg_sum / reps;
-    double pol_ms = pp.name ? 1e3 * hook_seconds(false) / ((double)reps * n_decode) : 0;
-    double pol_cpu_ms = pp.name ? 1e3 * hook_seconds(true) / ((double)reps * n_decode) : 0;
+    double pol_ms = pp.name ? 1e3 * kvp_ctx_policy_seconds(ctx) / ((double)reps * n_decode) : 0;
     double cpu_ms = 1e3 * decode_cpu / ((double)reps * n_decode);
     struct kvp_store_stats ss = {0};
     bool tiered = kvp_ctx_store_stats(ctx, &ss) == 0;
@@ -452,14 +399,10 @@ int cmd_bench(int argc, char **argv)
          * hot_budget: --hot-budget tokens per layer (0: sized from the budget); link_gbps,
          * link_latency_us: the modelled link (0: off) */
         /* policy_ms_per_token: time inside the policy's select/on_step hooks per token (thread
-         * time summed over KV heads); policy_share: its fraction of the decode time;
-         * policy_cpu_ms_per_token, policy_cpu_share: the same in CPU time of the threads that
-         * ran the hooks, against decode_cpu_ms_per_token (steadier on a shared host) */
+         * time summed over KV heads); policy_share: its fraction of the decode time */
         if (pp.name) {
             cJSON_AddNumberToObject(o, "policy_ms_per_token", pol_ms);
             cJSON_AddNumberToObject(o, "policy_share", pol_ms * tg_mean / 1e3);
-            cJSON_AddNumberToObject(o, "policy_cpu_ms_per_token", pol_cpu_ms);
-            cJSON_AddNumberToObject(o, "policy_cpu_share", cpu_ms > 0 ? pol_cpu_ms / cpu_ms : 0);
         }
         /* kv_resident_bytes: KV bytes (K and V, all layers) in the physical blocks the cache
          * holds after the last decode step, taken from its block pool; null when tiered (the

@@ -93,11 +93,14 @@ static void help(void)
            "  --retention-k K      K of token retention (default 32)\n"
            "  --json               one JSON object per line per (policy, budget) on stdout; the\n"
            "                       table goes to stderr\n"
+           "  --kv-tier T          ram or disk: measure on tiered KV stores (the numbers equal\n"
+           "                       the untiered ones; evicting policies are refused, and left\n"
+           "                       out of 'all')\n"
+           "  --kv-dir DIR         directory of the disk tier's scratch file (default $TMPDIR)\n"
            "  --seed S             seed of random policies (default 0)\n"
            "  --task T             retrieval accuracy on RULER-style prompts instead (see\n"
            "                       kvpred eval --task passkey --help)\n%s",
-           cli_model_flags_help, cli_policy_names(), cli_policy_flags_help);
-    printf("%s", cli_catekv_flags_help);
+           cli_model_flags_help, cli_policy_names(), cli_policy_flags_help());
 }
 
 /* Split a comma-separated list in place into at most MAX_LIST items. Returns the count, or -1
@@ -128,8 +131,12 @@ struct eval_opts {
     int n_budgets;
     long n_prefill, n_decode, retention_k;
     bool json;
+    int kv_tier;        /* enum kvp_kv_tier: the measured contexts' cache */
+    const char *kv_dir; /* disk tier: its directory */
     char *policy_arg, *budget_arg; /* owned copies the lists point into */
 };
+
+static const char *const tier_names[] = {"none", "ram", "disk", NULL};
 
 /* Parse argv into o. Returns 0, 1 after printing an error, or 2 after printing the help. */
 static int parse_args(struct eval_opts *o, int argc, char **argv)
@@ -143,6 +150,8 @@ static int parse_args(struct eval_opts *o, int argc, char **argv)
         CLI_INT("--decode", 1, 1 << 24, &o->n_decode, "a positive token count"),
         CLI_INT("--retention-k", 1, 1 << 20, &o->retention_k, "a positive count"),
         CLI_BOOL("--json", &o->json),
+        CLI_CHOICE("--kv-tier", tier_names, KVP_TIER_RAM, &o->kv_tier, "ram or disk"),
+        CLI_STR("--kv-dir", &o->kv_dir),
         {0},
     };
     const struct cli_command cmd = {
@@ -162,10 +171,16 @@ static int parse_args(struct eval_opts *o, int argc, char **argv)
     o->budget_arg = strdup(budget_list);
     if (!o->policy_arg || !o->budget_arg)
         return cli_fail("out of memory");
+    if (o->kv_dir && o->kv_tier != KVP_TIER_DISK)
+        return cli_fail("--kv-dir needs --kv-tier disk");
     if (!strcmp(o->policy_arg, "all")) {
-        for (int i = 0; kvp_policy_name(i) && i < MAX_LIST; i++)
-            if (o->pp.aux_path || !kvp_policy_find(kvp_policy_name(i))->needs_aux) /* no --aux */
+        /* without --aux, the policies that need a file; tiered, the evicting ones (a tiered
+         * store keeps the whole cache) */
+        for (int i = 0; kvp_policy_name(i) && i < MAX_LIST; i++) {
+            const struct kvp_policy_ops *ops = kvp_policy_find(kvp_policy_name(i));
+            if ((o->pp.aux_path || !ops->needs_aux) && (!o->kv_tier || !ops->evicting))
                 o->policies[o->n_policies++] = (char *)kvp_policy_name(i);
+        }
     } else if ((o->n_policies = split_list(o->policy_arg, o->policies)) < 0) {
         return cli_fail("--policy: '%s' is not a comma-separated list of policies", policy_list);
     }
@@ -406,7 +421,9 @@ int cmd_eval(int argc, char **argv)
     struct kvp_ctx_params cp = {.n_ctx = (int)o.mo.n_ctx,
                                 .n_threads = (int)o.mo.n_threads,
                                 .block_size = (int)o.mo.block_size,
-                                .n_batch = (int)o.mo.n_batch};
+                                .n_batch = (int)o.mo.n_batch,
+                                .kv_tier = o.kv_tier,
+                                .kv_dir = o.kv_dir};
     struct kvp_measure_params mp = {.n_prefill = (int)o.n_prefill,
                                     .n_decode = (int)o.n_decode,
                                     .retention_k = (int)o.retention_k};

@@ -2,7 +2,9 @@
  * `kvpred eval --task T`: RULER-style retrieval accuracy (tasks.md §1, the needle grid of §2.3)
  * for every policy × budget. The prompts come from the trainer's generators (train_data.c) with
  * the Paul Graham essays as filler, sized in tokens of the model under test; every policy sees
- * the very same prompts.
+ * the very same prompts. The pass key hides in its own noise line unless --filler names a text,
+ * then in that text (prose the model never trained on tests that retrieval does not hinge on
+ * the filler).
  *
  * Protocol per cell (length L, depth d) and sample i: the prompt (instruction, haystack with the
  * answer needle(s) at fraction d of it, question, answer prefix) is the largest one whose
@@ -101,8 +103,9 @@ static void help(void)
            "                     labelled and with a colour legend; TASK_all.png with every\n"
            "                     policy x budget side by side (a row per policy)\n"
            "  --filler PATH      filler text file or directory (default\n"
-           "                     $KVP_SHARED_DIR/data/pg_essays)\n%s",
-           cli_model_flags_help, cli_policy_names(), cli_policy_flags_help);
+           "                     $KVP_SHARED_DIR/data/pg_essays; passkey: its noise line,\n"
+           "                     or this text, the needle on a line of its own, when given)\n%s",
+           cli_model_flags_help, cli_policy_names(), cli_policy_flags_help());
 }
 
 struct task_opts {
@@ -536,6 +539,7 @@ int cli_eval_prompt(const struct kvp_corpus *c, const kvp_model *m, int ti, long
         .seed = (kvp_rng_mix(base, (uint64_t)i) & ~(3ULL << 62)) | KVP_EVAL_SEED_BIT,
         .target_tokens = (int)length,
         .depth = (float)depth / 100.0f,
+        .prose = !c->noise_only, /* a pass key in the --filler text when one was given */
         .count = cli_count_tokens,
         .ud = (void *)m,
     };
@@ -550,18 +554,18 @@ struct kvp_corpus *cli_open_filler(const char **pathp, int ti)
     struct kvp_err err = {0};
     static char def[4096];
     if (!*pathp) {
-        const char *sd = getenv("KVP_SHARED_DIR");
-        snprintf(def, sizeof(def), "%s/data/pg_essays", sd ? sd : "../shared");
-        *pathp = def;
-        /* the pass key's haystack is its own noise line: no filler needed, so it runs on a
-         * fresh clone (the corpus only seeds a draw the passkey prompt never reads) */
-        struct stat st;
-        if (eval_tasks[ti].task == KVP_TASK_PASSKEY && stat(def, &st) != 0) {
+        /* without --filler the pass key's haystack is its own noise line: no filler needed, so
+         * it runs on a fresh clone (the corpus only seeds a draw the passkey prompt never
+         * reads); with --filler it is that text, the needle on a line of its own */
+        if (eval_tasks[ti].task == KVP_TASK_PASSKEY) {
             *pathp = "none (the pass key's noise line)";
             if (kvp_corpus_passkey_only(&c, &err) < 0)
                 cli_fail("filler: %s", err.msg);
             return c;
         }
+        const char *sd = getenv("KVP_SHARED_DIR");
+        snprintf(def, sizeof(def), "%s/data/pg_essays", sd ? sd : "../shared");
+        *pathp = def;
     }
     const char *path = *pathp;
     if (kvp_corpus_read_filler(&path, 1, &raw, &len, &err) < 0 ||

@@ -13,6 +13,7 @@
 
 #include "cli/cli.h"
 #include "cli/common.h"
+#include "forward/catekv_ctx.h"
 #include "policy/catekv_profile.h"
 
 #define MAX_REFS 64
@@ -248,37 +249,4 @@ int cmd_viz_heads(int argc, char **argv)
     if (!profile || !out)
         return cli_fail("viz-heads needs --head-profile PROFILE and -o OUT.png");
     return cli_viz_heads(profile, out);
-}
-
-/* ---- catekv policy flags (for the commands that run policies) ----------------------------- */
-
-const char *cli_catekv_flags_help =
-    "  --adaptive MODE      catekv adaptive heads: full, fraction, quest, predictor (default "
-    "full)\n"
-    "  --adaptive-ratio R   catekv: fraction r of adaptive KV heads, 0..1 (default 0.4)\n"
-    "  --eta E              catekv: fraction of middle chunks adaptive heads keep, (0, 1]\n"
-    "                       (default 1; 0.5 for fraction)\n"
-    "  --chunk N            catekv: chunk size c (default 8)\n"
-    "  --tail N             catekv: unchunked prompt tail (default 32)\n"
-    "  --percentile K       catekv: binarization quantile k, (0.5, 1) (default 0.995)\n"
-    "  --alpha A            catekv: binarization interpolation, 0..1 (default 1)\n"
-    "  --head-profile PATH  catekv: static classes from kvpred profile-heads (default: classify\n"
-    "                       every prompt)\n";
-
-int cli_catekv_flag(struct kvp_policy_params *p, int argc, char **argv, int *i)
-{
-    static const char *const modes[] = {"full", "fraction", "quest", "predictor", NULL};
-    const struct cli_flag flags[] = {
-        CLI_CHOICE("--adaptive", modes, 0, &p->adaptive_mode,
-                   "one of full, fraction, quest, predictor"),
-        CLI_FLOAT0("--adaptive-ratio", 0, 1, &p->adaptive_ratio, NULL), /* 0: none */
-        CLI_FLOAT("--eta", 0, 1, &p->eta, NULL),
-        CLI_INT("--chunk", 1, 1 << 24, &p->chunk, "a token count"),
-        CLI_INT0("--tail", 0, 1 << 24, &p->tail_tokens, "a token count"),
-        CLI_FLOAT("--percentile", 0, 1, &p->percentile, NULL),
-        CLI_FLOAT0("--alpha", 0, 1, &p->alpha, NULL),
-        CLI_STR("--head-profile", &p->head_profile),
-        {0},
-    };
-    return cli_parse_flags(flags, argc, argv, i);
 }

@@ -25,7 +25,7 @@ static void help(void)
            "  --seed S        evaluation seed (default 42, as eval)\n"
            "  --sample I      sample index within the (length, depth) cell (default 0)\n"
            "  --filler PATH   filler text file or directory (default ../shared/data/pg_essays;\n"
-           "                  passkey needs none)\n"
+           "                  passkey: its noise line, or this text when given)\n"
            "  --answer        print the reference answers, one per line, instead\n"
            "%s",
            cli_model_flags_help);

@@ -30,8 +30,7 @@ static void help(void)
            "  --policy P           KV selection policy (default full); known: %s\n"
            "  --budget B           tokens per layer and KV head, or a ratio such as 1/16\n"
            "                       (default: all); random policies use --seed\n%s",
-           cli_model_flags_help, cli_policy_names(), cli_policy_flags_help);
-    printf("%s", cli_catekv_flags_help);
+           cli_model_flags_help, cli_policy_names(), cli_policy_flags_help());
 }
 
 int cmd_run(int argc, char **argv)

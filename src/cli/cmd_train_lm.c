@@ -18,6 +18,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "cli/cli.h"
 #include "cli/common.h"
 #include "core/platform.h"
@@ -30,15 +32,26 @@ static void train_usage(FILE *f)
     fprintf(f,
             "usage: kvpred train-lm --data DIR_OR_FILE... -o OUT.gguf [options]\n\n"
             "  --data PATH...          training text files or directories (never pg_essays)\n"
+            "  --hay PATH...           extra haystack texts for retrieval samples, each path its\n"
+            "                          own kind (files or directories; never pg_essays)\n"
+            "  --hay-frac F            share of retrieval samples whose haystack is drawn\n"
+            "                          uniformly among noise lines, --data and each --hay path\n"
+            "                          (default 0: every task keeps its own)\n"
+            "  --init-from GGUF        start from the weights and vocabulary of a GGUF this\n"
+            "                          trainer exported (fresh optimiser; --ctx and --rope-base\n"
+            "                          replace the file's; the shape flags are ignored)\n"
             "  -o, --output OUT.gguf   GGUF written at the end\n"
             "  --ckpt PATH             checkpoint file (written every --ckpt-every steps and at "
             "the end)\n"
             "  --resume PATH           continue a run from its checkpoint (same --data; the\n"
             "                          model and schedule come from the checkpoint, --steps N\n"
             "                          extends it; --lr, --lr-min, --answer-weight, --mix,\n"
-            "                          --edge-frac and --fill-min given with it replace the\n"
-            "                          checkpoint's: a fine-tuning stage)\n"
-            "  --export-only           with --resume: write the GGUF and exit\n"
+            "                          --edge-frac, --fill-min and --hay-frac given with it\n"
+            "                          replace the checkpoint's; --ctx, --rope-base,\n"
+            "                          --curriculum, --batch or --micro start a new stage at\n"
+            "                          its step, with its own warm-up, cosine and curriculum\n"
+            "                          up to --steps N, which must go beyond it)\n"
+            "  --export-only           with --resume or --init-from: write the GGUF and exit\n"
             "  --steps N               optimiser steps (default 1000)\n"
             "  --ctx T                 model context length (default 2048)\n"
             "  --batch B               sequences of --ctx tokens per step (default 8)\n"
@@ -63,11 +76,21 @@ static void train_usage(FILE *f)
             "head\n"
             "  --seed S                run seed (default 1)\n"
             "  --threads N             threads (default 2)\n"
+            "  --precision P           bf16 (default: bf16 products with f32 accumulation,\n"
+            "                          f32 weights and optimiser) or f32 (the OpenBLAS\n"
+            "                          reference); not stored in the checkpoint\n"
             "  --eval-every N          retrieval evaluation every N steps (default 0: at the "
             "end)\n"
             "  --eval-samples N        samples per task (default 8)\n"
             "  --ckpt-every N          checkpoint every N steps (default 100)\n"
             "  --stop-after N          stop this invocation after N steps (checkpoint kept)\n"
+            "  --bench                 measure tokens/s instead of training (no --data): whole\n"
+            "                          steps on random tokens at each --bench-ctx, f32 and bf16\n"
+            "                          alternating (or only --precision), one JSON object\n"
+            "  --bench-ctx LIST        contexts (default 2048,8192,16384); a step is\n"
+            "                          max(8192, ctx) tokens in micro-batches of max(4096, ctx)\n"
+            "  --bench-steps N         timed steps per measurement (default 2)\n"
+            "  --bench-reps N          measurements per (ctx, precision) (default 3; medians)\n"
             "  -h, --help              show this help\n");
 }
 
@@ -218,22 +241,128 @@ static void maybe_reexec(int argc, char **argv)
     free(args); /* exec failed: carry on with the kernels already loaded */
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+#define BENCH_MAX_CTX 8
+#define BENCH_MAX_REPS 32
+
+/* --bench: every (ctx, precision) measured reps times, the precisions alternating inside each
+ * round so both see the same load on a busy host; medians in the JSON. */
+static int run_bench(const struct kvp_train_config *cfg, const char *ctx_list, int precision,
+                     long steps, long reps, int threads)
+{
+    int ctx[BENCH_MAX_CTX], n_ctx = 0;
+    const char *p = ctx_list;
+    while (*p) {
+        char *end;
+        long c = strtol(p, &end, 10);
+        if (end == p || c < 16 || c > 65536 || n_ctx == BENCH_MAX_CTX || (*end && *end != ','))
+            return cli_fail("--bench-ctx: '%s' is not a list of up to %d contexts 16..65536",
+                            ctx_list, BENCH_MAX_CTX);
+        ctx[n_ctx++] = (int)c;
+        p = *end ? end + 1 : end;
+    }
+    int precs[2] = {KVP_PREC_F32, KVP_PREC_BF16}, n_prec = 2;
+    if (precision >= 0) {
+        precs[0] = precision;
+        n_prec = 1;
+    }
+    static double tps[BENCH_MAX_CTX][2][BENCH_MAX_REPS], cpu[BENCH_MAX_CTX][2][BENCH_MAX_REPS];
+    const char *kernels[2] = {"", ""};
+    struct kvp_err err = {0};
+    for (int r = 0; r < reps; r++)
+        for (int c = 0; c < n_ctx; c++)
+            for (int k = 0; k < n_prec; k++) {
+                int pi = (k + r) % n_prec; /* alternate which precision goes first */
+                struct kvp_train_bench_req req = {
+                    .cfg = *cfg, .T = ctx[c], .tokens_per_step = ctx[c] > 8192 ? ctx[c] : 8192,
+                    .micro_tokens = ctx[c] > 4096 ? ctx[c] : 4096, .precision = precs[pi],
+                    .n_threads = threads, .steps = (int)steps, .seed = 1};
+                struct kvp_train_bench_result res;
+                if (kvp_train_bench(&req, &res, &err) < 0)
+                    return cli_fail_err(&err);
+                tps[c][pi][r] = res.tokens_per_s;
+                cpu[c][pi][r] = res.cpu_s_per_mtok;
+                kernels[pi] = res.kernels;
+                fprintf(stderr, "bench: ctx %d %s %.0f tok/s (%.1f CPU s per Mtok), loss %.3f\n",
+                        ctx[c], kvp_train_precision_name(precs[pi]), res.tokens_per_s,
+                        res.cpu_s_per_mtok, res.loss);
+            }
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "bench", "train-lm");
+    cJSON *mj = cJSON_AddObjectToObject(o, "model");
+    cJSON_AddNumberToObject(mj, "dim", cfg->n_embd);
+    cJSON_AddNumberToObject(mj, "layers", cfg->n_layer);
+    cJSON_AddNumberToObject(mj, "heads", cfg->n_head);
+    cJSON_AddNumberToObject(mj, "kv_heads", cfg->n_head_kv);
+    cJSON_AddNumberToObject(mj, "ff", cfg->n_ff);
+    cJSON_AddNumberToObject(mj, "vocab", cfg->n_vocab);
+    cJSON_AddNumberToObject(o, "threads", threads);
+    cJSON_AddNumberToObject(o, "steps", (double)steps);
+    cJSON_AddNumberToObject(o, "reps", (double)reps);
+    cJSON *rj = cJSON_AddArrayToObject(o, "results");
+    cJSON *sj = n_prec == 2 ? cJSON_AddArrayToObject(o, "speedup") : NULL;
+    for (int c = 0; c < n_ctx; c++) {
+        double med[2] = {0, 0}, cmed[2] = {0, 0};
+        for (int k = 0; k < n_prec; k++) {
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddNumberToObject(e, "ctx", ctx[c]);
+            cJSON_AddStringToObject(e, "precision", kvp_train_precision_name(precs[k]));
+            cJSON_AddStringToObject(e, "kernels", kernels[k]);
+            cJSON_AddNumberToObject(e, "tokens_per_step", ctx[c] > 8192 ? ctx[c] : 8192);
+            cJSON *all = cJSON_AddArrayToObject(e, "tokens_per_s");
+            for (int r = 0; r < reps; r++)
+                cJSON_AddItemToArray(all, cJSON_CreateNumber((double)(long)tps[c][k][r]));
+            med[k] = median(tps[c][k], (int)reps);
+            cmed[k] = median(cpu[c][k], (int)reps);
+            cJSON_AddNumberToObject(e, "tokens_per_s_median", (double)(long)med[k]);
+            cJSON_AddNumberToObject(e, "cpu_s_per_mtok_median", (double)(long)(10 * cmed[k]) / 10);
+            cJSON_AddItemToArray(rj, e);
+        }
+        if (sj && med[0] > 0 && cmed[1] > 0) { /* bf16 over f32, by wall clock and by CPU time */
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddNumberToObject(e, "ctx", ctx[c]);
+            cJSON_AddNumberToObject(e, "tokens_per_s", (double)(long)(100 * med[1] / med[0]) / 100);
+            cJSON_AddNumberToObject(e, "cpu_time", (double)(long)(100 * cmed[0] / cmed[1]) / 100);
+            cJSON_AddItemToArray(sj, e);
+        }
+    }
+    char *txt = cJSON_Print(o);
+    if (txt)
+        puts(txt);
+    free(txt);
+    cJSON_Delete(o);
+    return 0;
+}
+
 int cmd_train_lm(int argc, char **argv)
 {
     maybe_reexec(argc, argv);
     struct kvp_train_opts o;
     kvp_train_opts_default(&o);
-    const char *data[MAX_DATA];
-    int n_data = 0;
-    const char *curriculum = NULL, *mix = NULL;
-    bool export_only = false, untied = false;
+    const char *data[MAX_DATA], *hay[MAX_DATA];
+    int n_data = 0, n_hay = 0;
+    const char *curriculum = NULL, *mix = NULL, *precision = NULL;
+    const char *bench_ctx = "2048,8192,16384";
+    bool export_only = false, untied = false, bench = false;
+    long bench_steps = 2, bench_reps = 3;
     long steps = o.hp.steps, ctx = o.model.n_ctx, batch = 8, micro = 0, dim = o.model.n_embd,
          layers = o.model.n_layer, heads = o.model.n_head, kv_heads = o.model.n_head_kv,
          ff = o.model.n_ff, vocab = o.model.n_vocab, seed = 1, threads = o.n_threads,
          eval_every = 0, eval_samples = o.eval_samples, ckpt_every = 100, stop_after = 0;
     double lr = o.hp.lr, lr_min = -1.0, warmup = o.hp.warmup_frac, wd = o.hp.weight_decay,
            clip = o.hp.clip, answer_weight = o.hp.answer_weight, rope_base = o.model.rope_base,
-           edge_frac = KVP_EDGE_FRAC_DEFAULT, fill_min = KVP_FILL_MIN_DEFAULT;
+           edge_frac = KVP_EDGE_FRAC_DEFAULT, fill_min = KVP_FILL_MIN_DEFAULT, hay_frac = 0.0;
     const struct cli_flag flags[] = {
         CLI_INT("--steps", 1, 100000000, &steps, NULL),
         CLI_INT("--ctx", 16, 65536, &ctx, NULL),
@@ -260,6 +389,8 @@ int cmd_train_lm(int argc, char **argv)
         CLI_FLOAT("--rope-base", 1.0001, 1e9, &rope_base, NULL),
         CLI_FLOAT("--edge-frac", 0.0, 1.0, &edge_frac, NULL),
         CLI_FLOAT("--fill-min", 0.01, 1.0, &fill_min, NULL),
+        CLI_FLOAT("--hay-frac", 0.0, 1.0, &hay_frac, NULL),
+        CLI_STR("--init-from", &o.init_gguf),
         CLI_STR("-o|--output", &o.out_gguf),
         CLI_STR("--ckpt", &o.ckpt_path),
         CLI_STR("--resume", &o.resume_path),
@@ -267,6 +398,11 @@ int cmd_train_lm(int argc, char **argv)
         CLI_STR("--mix", &mix),
         CLI_BOOL("--export-only", &export_only),
         CLI_BOOL("--untied", &untied),
+        CLI_STR("--precision", &precision),
+        CLI_BOOL("--bench", &bench),
+        CLI_STR("--bench-ctx", &bench_ctx),
+        CLI_INT("--bench-steps", 1, 1000, &bench_steps, NULL),
+        CLI_INT("--bench-reps", 1, BENCH_MAX_REPS, &bench_reps, NULL),
         {0},
     };
     for (int i = 1; i < argc; i++) {
@@ -280,24 +416,45 @@ int cmd_train_lm(int argc, char **argv)
             train_usage(stdout);
             return 0;
         }
-        if (strcmp(a, "--data"))
+        bool is_hay = !strcmp(a, "--hay");
+        if (strcmp(a, "--data") && !is_hay)
             return cli_fail("train-lm: unknown flag '%s' (try kvpred train-lm --help)", a);
+        const char **list = is_hay ? hay : data;
+        int *n = is_hay ? &n_hay : &n_data, n0 = *n;
         while (i + 1 < argc && argv[i + 1][0] != '-') {
-            if (n_data == MAX_DATA)
-                return cli_fail("--data: at most %d paths", MAX_DATA);
-            data[n_data++] = argv[++i];
+            if (*n == MAX_DATA)
+                return cli_fail("%s: at most %d paths", a, MAX_DATA);
+            list[(*n)++] = argv[++i];
         }
-        if (n_data == 0)
-            return cli_fail("--data needs at least one path");
+        if (*n == n0)
+            return cli_fail("%s needs at least one path", a);
+    }
+    int prec = -1;
+    if (precision && (prec = kvp_train_precision_by_name(precision)) < 0)
+        return cli_fail("--precision: '%s' is not f32 or bf16", precision);
+    if (bench) {
+        struct kvp_train_config bc = {.n_vocab = (int)vocab, .n_embd = (int)dim,
+                                      .n_layer = (int)layers, .n_head = (int)heads,
+                                      .n_head_kv = (int)kv_heads, .n_ff = (int)ff,
+                                      .n_ctx = (int)ctx, .rope_base = (float)rope_base,
+                                      .norm_eps = 1e-5f, .tied = untied ? 0 : 1};
+        struct kvp_err berr = {0};
+        if (kvp_train_config_check(&bc, &berr) < 0)
+            return cli_fail_err(&berr);
+        return run_bench(&bc, bench_ctx, prec, bench_steps, bench_reps, (int)threads) ? 1 : 0;
     }
     if (n_data == 0)
         return cli_fail("train-lm: --data is required");
     if (!o.out_gguf && !o.ckpt_path)
         return cli_fail("train-lm: give -o OUT.gguf and/or --ckpt PATH");
-    if (export_only && (!o.resume_path || !o.out_gguf))
-        return cli_fail("--export-only needs --resume CKPT and -o OUT.gguf");
+    if (export_only && (!(o.resume_path || o.init_gguf) || !o.out_gguf))
+        return cli_fail("--export-only needs --resume CKPT or --init-from GGUF, and -o OUT.gguf");
+    if (o.init_gguf && o.resume_path)
+        return cli_fail("train-lm: --init-from starts a run, --resume continues one: not both");
     o.data_paths = data;
     o.n_data_paths = n_data;
+    o.hay_paths = hay;
+    o.n_hay_paths = n_hay;
     o.model = (struct kvp_train_config){.n_vocab = (int)vocab, .n_embd = (int)dim,
                                         .n_layer = (int)layers, .n_head = (int)heads,
                                         .n_head_kv = (int)kv_heads, .n_ff = (int)ff,
@@ -308,10 +465,21 @@ int cmd_train_lm(int argc, char **argv)
         return cli_fail_err(&err);
     o.hp.seed = (uint64_t)seed;
     o.hp.steps = steps;
-    bool steps_given = false;
+    bool steps_given = false, rope_given = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         steps_given |= !strcmp(a, "--steps");
+        rope_given |= !strcmp(a, "--rope-base");
+        if (!strcmp(a, "--hay-frac"))
+            o.resume_override |= KVP_TRAIN_OVERRIDE_HAY_FRAC;
+        if (!strcmp(a, "--ctx"))
+            o.resume_override |= KVP_TRAIN_OVERRIDE_CTX | KVP_TRAIN_OVERRIDE_BATCH;
+        if (!strcmp(a, "--rope-base"))
+            o.resume_override |= KVP_TRAIN_OVERRIDE_ROPE;
+        if (!strcmp(a, "--curriculum"))
+            o.resume_override |= KVP_TRAIN_OVERRIDE_CURRICULUM;
+        if (!strcmp(a, "--batch") || !strcmp(a, "--micro"))
+            o.resume_override |= KVP_TRAIN_OVERRIDE_BATCH;
         if (!strcmp(a, "--lr") || !strcmp(a, "--lr-min"))
             o.resume_override |= KVP_TRAIN_OVERRIDE_LR;
         if (!strcmp(a, "--answer-weight"))
@@ -345,7 +513,12 @@ int cmd_train_lm(int argc, char **argv)
                         "niah_multikey_1..3, niah_multivalue, niah_multiquery, vt, copy", mix);
     o.hp.mix.edge_frac = (float)edge_frac;
     o.hp.mix.fill_min = (float)fill_min;
+    o.hp.mix.hay_frac = (float)hay_frac;
+    if (o.init_gguf && !rope_given)
+        o.model.rope_base = 0.0f; /* keep the file's */
     o.n_threads = (int)threads;
+    if (prec >= 0)
+        o.precision = prec;
     o.eval_every = eval_every;
     o.eval_samples = (int)eval_samples;
     o.ckpt_every = o.ckpt_path ? ckpt_every : 0;
@@ -356,8 +529,8 @@ int cmd_train_lm(int argc, char **argv)
         o.ckpt_path = NULL;
     }
     struct ui u = {.tty = isatty(STDERR_FILENO) == 1, .log_every = 1};
-    fprintf(stderr, "train-lm: seed %ld, %ld steps of %ld tokens, threads %ld\n", seed, steps,
-            o.hp.tokens_per_step, threads);
+    fprintf(stderr, "train-lm: seed %ld, %ld steps of %ld tokens, threads %ld, %s\n", seed, steps,
+            o.hp.tokens_per_step, threads, kvp_train_precision_name(o.precision));
     if (kvp_train_run(&o, on_progress, &u, &err) < 0)
         return cli_fail_err(&err);
     return 0;

@@ -44,7 +44,7 @@ static void help(void)
            "  --decode N           teacher-forced decode steps (default 256)\n"
            "  -o, --output PATH    the PNG to write\n"
            "  --seed S             seed of random policies (default 0)\n%s",
-           cli_model_flags_help, cli_policy_names(), cli_policy_flags_help);
+           cli_model_flags_help, cli_policy_names(), cli_policy_flags_help());
 }
 
 struct viz_opts {

@@ -7,8 +7,9 @@
 
 #include "cli/cli.h"
 #include "cli/common.h"
+#include "policy/policy.h"
 
-const char *cli_policy_flags_help =
+static const char *const shared_flags_help =
     "  --sink N             leading tokens always kept (default 16)\n"
     "  --local N            most recent tokens always kept (default 16)\n"
     "  --window N           observation window of prompt-time policies (default 32)\n"
@@ -18,8 +19,51 @@ const char *cli_policy_flags_help =
     "  --gqa-agg A          combine a GQA group's scores by max, mean or sum (default mean)\n"
     "  --normalize          h2o: divide accumulated attention by the queries that saw the key\n"
     "  --aux PATH           a file the policy needs (predictor weights, head profile)\n"
-    "  --policy-opts S      policy-specific key=value,... options (predictor: every, calib,\n"
-    "                       gqa=pooled|union, hist=head|kv, inc, refresh)\n";
+    "  --policy-opts S      policy-specific key=value,... options, by policy:\n";
+
+/* The shared flags, then every registered policy's option table: its --policy-opts keys and
+ * the flags of the options that have one. */
+const char *cli_policy_flags_help(void)
+{
+    static char help[8192];
+    if (help[0])
+        return help;
+    size_t n = (size_t)snprintf(help, sizeof(help), "%s", shared_flags_help);
+    for (int k = 0; kvp_policy_registry[k] && n < sizeof(help); k++) {
+        const struct kvp_policy_ops *ops = kvp_policy_registry[k];
+        char keys[1024];
+        kvp_policy_opts_keys(ops->opts, keys, sizeof(keys));
+        if (keys[0])
+            n += (size_t)snprintf(help + n, sizeof(help) - n, "                         %s: %s\n",
+                                  ops->name, keys);
+    }
+    for (int k = 0; kvp_policy_registry[k] && n < sizeof(help); k++) {
+        const struct kvp_policy_opt *o = kvp_policy_registry[k]->opts;
+        for (; o && o->type != KVP_OPT_END && n < sizeof(help); o++)
+            if (o->flag)
+                n += (size_t)snprintf(help + n, sizeof(help) - n, "  %-20s %s: %s\n", o->flag,
+                                      kvp_policy_registry[k]->name, o->help);
+    }
+    return help;
+}
+
+/* A flag of some registered policy's option table (catekv's --adaptive, --eta, ...): 1 stored,
+ * 0 not one, -1 error printed. */
+static int table_flag(struct kvp_policy_params *p, int argc, char **argv, int *i)
+{
+    const struct kvp_policy_opt *o = NULL;
+    for (int k = 0; kvp_policy_registry[k] && !o; k++)
+        o = kvp_policy_opt_by_flag(kvp_policy_registry[k]->opts, argv[*i]);
+    if (!o || o->home != KVP_OPT_PARAMS)
+        return 0;
+    const char *flag = argv[*i], *v = cli_flag_value(argc, argv, i);
+    if (!v)
+        return -1;
+    struct kvp_err err = {0};
+    if (kvp_policy_opt_set(o, v, p, NULL, &err) < 0)
+        return cli_fail("%s: %s", flag, err.msg), -1;
+    return 1;
+}
 
 /* indexed by enum kvp_gqa_agg */
 static const char *const agg_names[] = {"mean", "max", "sum", NULL};
@@ -66,7 +110,7 @@ int cli_policy_flag(struct kvp_policy_params *p, bool with_seed, int argc, char 
     };
     if (!with_seed && !strcmp(argv[*i], "--seed"))
         return 0; /* the command's own --seed */
-    int r = cli_catekv_flag(p, argc, argv, i);
+    int r = table_flag(p, argc, argv, i);
     if (r == 0)
         r = cli_parse_flags(flags, argc, argv, i);
     /* the table checks the range; the kernel must also be odd */

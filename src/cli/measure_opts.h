@@ -10,14 +10,16 @@
 #include "kvpred.h"
 
 /* If argv[*i] is a policy option flag (--sink, --local, --window, --pool, --pool-max,
- * --dense-layers, --gqa-agg, --normalize, --aux, and --seed when with_seed), store it in p,
+ * --dense-layers, --gqa-agg, --normalize, --aux, --policy-opts, the flags the policies' option
+ * tables declare, and --seed when with_seed), store it in p,
  * consume it (and its value) and return 1; return 0 if it is not one; print an error and return
  * -1 for a bad value. Zero counts given on the command line mean zero (the library reads 0 as
  * "default", so they are stored as -1). */
 int cli_policy_flag(struct kvp_policy_params *p, bool with_seed, int argc, char **argv, int *i);
 
-/* Help text for the policy option flags (without --seed). */
-extern const char *cli_policy_flags_help;
+/* Help text for the policy option flags (without --seed), the policies' own options included
+ * (read from their option tables). */
+const char *cli_policy_flags_help(void);
 
 /* Parse one budget: "64" (tokens per layer and KV head), "1/16" or "0.0625" (ratio of the
  * context, in (0, 1]). Exactly one of *budget and *ratio is set non-zero. */

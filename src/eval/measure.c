@@ -7,7 +7,7 @@
  * attention next to the sparse one and keeps evicted data in place (kvcache.h, `release` off)
  * without changing what is read or what the memory accounting reports.
  *
- * What a step read is reconstructed from the context's selection (ctx->sel) minus the tokens
+ * What a step read is reconstructed from the context's selection (ctx->pol.sel) minus the tokens
  * evicted *before* the step: a snapshot of the eviction masks is taken before every decode step,
  * because policies such as H2O evict in on_step, after attention has read the token. Everything
  * here is single-threaded and allocation-free per step; it costs O(layers × heads × Lk) per step,
@@ -163,7 +163,7 @@ static void read_set(struct kvp_measure *ms, int l, int kvh, int n_keys)
     const size_t lh = (size_t)l * c->hp.n_head_kv + kvh;
     uint64_t *r = ms->read + lh * ms->max_blocks;
     const uint64_t *ev = ms->ev_before + lh * ms->max_blocks;
-    const struct kvp_sel *sel = &c->sel[lh];
+    const struct kvp_sel *sel = &c->pol.sel[lh];
     memset(r, 0, (size_t)nb * sizeof(uint64_t));
     for (int i = 0; i < sel->n; i++) {
         int b = sel->blocks[i];
@@ -180,7 +180,7 @@ static void measure_layer(struct kvp_measure *ms, struct acc *a, int l, int n_ke
 {
     const struct kvp_ctx *c = ms->pol;
     const int bs = c->kv.block_size, n_kvh = c->hp.n_head_kv, g = c->hp.n_head / n_kvh;
-    const struct kvp_policy *p = c->policy;
+    const struct kvp_policy *p = c->pol.p;
     const int budget = kvp_policy_budget(p, n_keys);
     for (int kvh = 0; kvh < n_kvh; kvh++) {
         read_set(ms, l, kvh, n_keys);
@@ -232,7 +232,7 @@ static int run_step(struct kvp_measure *ms, struct acc *a, int i, struct kvp_err
     a->top1 += kvp_metric_argmax(ref, v) == kvp_metric_argmax(ms->logits, v);
     a->nll += kvp_metric_nll(ms->logits, v, ms->tokens[n + i + 1]);
     const int n_keys = kvp_ctx_n_tokens(c);
-    for (int l = c->dense_layers; l < c->hp.n_layer; l++)
+    for (int l = c->pol.dense_layers; l < c->hp.n_layer; l++)
         measure_layer(ms, a, l, n_keys);
     return 0;
 }
@@ -243,8 +243,8 @@ static void fill_result(const struct kvp_measure *ms, const struct acc *a,
     const struct kvp_ctx *c = ms->pol;
     const double steps = ms->n_decode;
     const double nq = a->n_qh > 0 ? a->n_qh : 1, nk = a->n_kvh > 0 ? a->n_kvh : 1;
-    res->p = c->policy->p;
-    res->p.name = c->policy->ops->name;
+    res->p = c->pol.p->p;
+    res->p.name = c->pol.p->ops->name;
     res->block_size = c->kv.block_size;
     res->n_layer = c->hp.n_layer;
     res->n_steps = ms->n_decode;
@@ -330,7 +330,7 @@ const kvp_ctx *kvp_measure_ctx(const struct kvp_measure *ms)
 const uint64_t *kvp_measure_read_mask(const struct kvp_measure *ms, int layer, int kvh)
 {
     const struct kvp_ctx *c = ms->pol;
-    if (!ms->running || !c->policy || layer < c->dense_layers || layer >= c->hp.n_layer ||
+    if (!ms->running || !kvp_policy_sparse(&c->pol, layer) || layer >= c->hp.n_layer ||
         kvh < 0 || kvh >= c->hp.n_head_kv)
         return NULL;
     return ms->read + ((size_t)layer * c->hp.n_head_kv + kvh) * ms->max_blocks;
@@ -353,7 +353,7 @@ void kvp_measure_shape(const struct kvp_measure *ms, int *n_layer, int *n_head, 
     if (n_head_kv)
         *n_head_kv = c->hp.n_head_kv;
     if (dense_layers)
-        *dense_layers = c->policy ? c->dense_layers : 0;
+        *dense_layers = c->pol.p ? c->pol.dense_layers : 0;
     if (block_size)
         *block_size = c->kv.block_size;
 }

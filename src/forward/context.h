@@ -9,14 +9,15 @@
 #include <stdint.h>
 
 #include "core/threadpool.h"
-#include "forward/kvcache.h"
+#include "kv/kvcache.h"
 #include "model/model.h"
-#include "policy/policy.h"
+#include "policy/host.h"
 
 struct kvp_store;
 
 #define KVP_QCHUNK 64      /* prefill attention: query rows per work item */
-#define KVP_TILE_ROWS 64   /* prefill: weight rows dequantized per sgemm call */
+#define KVP_TILE_ROWS 256  /* prefill: weight rows dequantized per sgemm call (fewer repacks of
+                              the activations than 64: +10-20 % prefill on real shapes) */
 
 struct kvp_thread_scratch {
     float *kc;    /* [n_ctx][head_dim] keys gathered contiguous for prefill attention */
@@ -24,6 +25,7 @@ struct kvp_thread_scratch {
     float *s;     /* [KVP_QCHUNK][n_ctx] prefill scores */
     float *tile;  /* [KVP_TILE_ROWS][max_cols] dequantized weight rows */
     void *xq;     /* activation quantized for integer dot products [max_cols] */
+    int xq_type;  /* the kvp_type_vec_dot_type xq holds for the current input (-1: none) */
 };
 
 struct kvp_ctx {
@@ -52,28 +54,20 @@ struct kvp_ctx {
 
     struct kvp_thread_scratch *ts; /* owned [n_threads] */
 
-    /* selection policy (NULL: dense everywhere) */
-    struct kvp_policy *policy;     /* owned */
-    int dense_layers;              /* layers [0, dense_layers) run dense */
-    struct kvp_sel *sel;           /* [n_layer*n_head_kv] the current step's selections */
-    int32_t *sel_blocks;           /* backing store [n_layer*n_head_kv][max_blocks] */
-    uint64_t *sel_masks;           /* backing store [n_layer*n_head_kv][max_blocks] */
+    /* the selection policy and its buffers (policy/host.h); pol.p NULL: dense everywhere */
+    struct kvp_policy_host pol;
+
+    /* the KV step's state (kv_step.c is the only reader of what follows up to measuring) */
     float *sparse_probs;           /* [n_head][probs_stride] probabilities over the selection */
     struct kvp_attn_blocks *ab;    /* [n_head_kv] sparse attention's per-block state */
     float *ab_floats;              /* backing store of ab's float arrays */
     int32_t *ab_idx;               /* backing store of ab's idx arrays */
-    float *obs;                    /* [n_head][window][n_ctx] prefill observation rows */
-    int obs_window;                /* rows the policy asked for */
-    int obs_n;                     /* rows captured in this eval: min(obs_window, job_end) */
-    float *colsum;                 /* [n_layer][n_head][n_ctx] prompt attention column sums */
+    int obs_n;                     /* rows captured in this eval: min(pol.obs_window, job_end) */
 
-    /* tiered KV store (src/store/store.h), NULL when the whole cache is fast memory */
+    /* tiered KV store (src/store/store.h), NULL when every block is hot */
     struct kvp_store *store;       /* owned */
     bool store_waits;              /* this layer's acquire has blocks in flight */
     int hot_budget;                /* kvp_ctx_params.hot_budget (tokens per layer, 0: auto) */
-    struct kvp_sel *sel_next;      /* [n_layer*n_head_kv] predicted next selections (tiered) */
-    int32_t *sel_next_blocks;      /* backing store [n_layer*n_head_kv][max_blocks] */
-    uint64_t *sel_next_masks;      /* backing store [n_layer*n_head_kv][max_blocks] */
 
     /* measuring */
     bool measure;
@@ -92,5 +86,10 @@ struct kvp_ctx {
                            the last micro-batch */
     bool job_last;      /* this micro-batch is the last of the eval */
 };
+
+/* kvp_ctx_set_policy with an ops table of the caller's instead of a registry entry (the seam for
+ * test doubles; params->name may then be anything). */
+int kvp_ctx_set_policy_ops(kvp_ctx *c, const struct kvp_policy_ops *ops,
+                           const struct kvp_policy_params *params, struct kvp_err *err);
 
 #endif

@@ -16,7 +16,6 @@
 #include <string.h>
 
 #include "core/platform.h"
-#include "forward/context.h"
 #include "policy/catekv_classify.h"
 
 #define LINE_MAX_BYTES 65536
@@ -378,23 +377,4 @@ int kvp_head_profile_read(const char *path, struct kvp_head_profile **out, struc
     rc = kvp_head_profile_parse((const char *)fm.data, fm.size, path, out, err);
     kvp_file_unmap(&fm);
     return rc;
-}
-
-/* ---- a running policy --------------------------------------------------------------------- */
-
-int kvp_catekv_sample_cv(kvp_ctx *ctx, const int32_t *tokens, int n, double *cv,
-                         struct kvp_err *err)
-{
-    if (!ctx->policy)
-        return kvp_err_set(err, KVP_EINVAL, "catekv CVs: the context has no policy");
-    kvp_ctx_reset(ctx);
-    int rc = kvp_eval(ctx, tokens, n, NULL, false, err);
-    if (rc < 0)
-        return rc;
-    return kvp_catekv_policy_cvs(ctx->policy, cv, err);
-}
-
-int kvp_catekv_ctx_classes(const kvp_ctx *ctx, uint8_t *adaptive)
-{
-    return kvp_catekv_policy_classes(ctx->policy, adaptive);
 }

@@ -19,7 +19,10 @@
  * sink and local windows; budget_ratio (0 < r <= 1) makes it r × the current context instead.
  * GQA: one selection per KV head; scores of the g query heads of a group are combined with
  * gqa_agg (max, mean or sum of probabilities). Adding a policy = one policy_NAME.c file defining
- * a `const struct kvp_policy_ops kvp_policy_NAME` and one line in registry.c.
+ * a `const struct kvp_policy_ops kvp_policy_NAME` (with its option table, options.h, when it has
+ * parameters of its own) and one line in registry.c. The forward pass never calls the hooks
+ * directly: the policy host (host.h) creates the policy, owns its buffers, dispatches the hooks
+ * and times them.
  */
 #ifndef KVP_POLICY_POLICY_H
 #define KVP_POLICY_POLICY_H
@@ -29,19 +32,12 @@
 #include <stdint.h>
 
 #include "core/err.h"
+#include "kv/sel.h"
 #include "kvpred.h"
+#include "policy/options.h"
 
 struct kvp_kvcache;
 struct kvp_scratch;
-
-/* One (layer, KV head) selection: logical blocks in ascending order, each with the mask of its
- * tokens to read (bit t = token blk*bs + t). Evicted tokens and tokens past the end are removed
- * by the attention kernel whatever the mask says. */
-struct kvp_sel {
-    int n;             /* selected blocks */
-    int32_t *blocks;   /* [max_blocks] ascending logical block ids (owned by the context) */
-    uint64_t *mask;    /* [max_blocks] token masks, parallel to blocks */
-};
 
 /* What a policy is told about the model and the context when it is created. */
 struct kvp_policy_env {
@@ -73,6 +69,9 @@ struct kvp_policy {
     struct kvp_policy_params p;  /* resolved parameters (defaults filled in) */
     struct kvp_policy_env env;
     void *state;                 /* owned by the policy */
+    void *opt;                   /* the policy's option block (ops->opts_size bytes, from its
+                                    table's defaults and p.opts; NULL without one), owned by
+                                    the host */
     int prefetch_margin;         /* blocks per (layer, KV head) that predict_next may return
                                     beyond the budget; set by init (0 by default), the tiered
                                     store sizes its hot tier with it */
@@ -85,6 +84,10 @@ struct kvp_policy_ops {
     bool wants_obs;             /* on_prefill needs the observation window's attention rows */
     bool wants_colsum;          /* on_prefill needs the prompt's attention column sums */
     bool needs_aux;             /* cannot run without p.aux_path ("all" lists skip it then) */
+    /* Its options (options.h): the table every way of setting them reads, and the bytes of
+     * the block the table's KVP_OPT_BLOCK rows live in (0: none). */
+    const struct kvp_policy_opt *opts;
+    size_t opts_size;
     /* Set up p->state. Called once; p->p and p->env are filled. */
     int (*init)(struct kvp_policy *p, struct kvp_err *err);
     void (*free)(struct kvp_policy *p);

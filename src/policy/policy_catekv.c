@@ -42,10 +42,11 @@
  * percentile = k, alpha = α, adaptive_ratio = r, eta = η.
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "forward/kvcache.h"
+#include "kv/kvcache.h"
 #include "policy/catekv_classify.h"
 #include "policy/catekv_profile.h"
 #include "policy/policy.h"
@@ -205,7 +206,7 @@ static int catekv_init(struct kvp_policy *p, struct kvp_err *err)
             goto fail_nomem;
     }
     if (p->p.adaptive_mode == KVP_ADAPTIVE_PREDICTOR) {
-        rc = kvp_predsel_init(&s->pred, p, p->p.opts, "catekv", err);
+        rc = kvp_predsel_init(&s->pred, p, p->opt, "catekv", err);
         if (rc < 0)
             goto fail;
     }
@@ -464,12 +465,42 @@ int kvp_catekv_policy_classes(const struct kvp_policy *p, uint8_t *adaptive)
     return n;
 }
 
+/* Options: CateKV's own live in the public parameters (typed fields of the API, and CLI flags);
+ * the option block is the predictor's, for --adaptive predictor. */
+static const char *const adaptive_names[] = {"full", "fraction", "quest", "predictor", NULL};
+
+#define PARAM(field) .home = KVP_OPT_PARAMS, .offset = offsetof(struct kvp_policy_params, field)
+static const struct kvp_policy_opt catekv_opt_table[] = {
+    {.type = KVP_OPT_CHOICE, .key = "adaptive", .flag = "--adaptive", PARAM(adaptive_mode),
+     .choices = adaptive_names, .help = "how adaptive heads decode (default full)"},
+    {.type = KVP_OPT_FLOAT, .key = "adaptive-ratio", .flag = "--adaptive-ratio",
+     PARAM(adaptive_ratio), .min = 0, .max = 1, .zero_unset = true,
+     .help = "fraction r of adaptive KV heads (default 0.4)"},
+    {.type = KVP_OPT_FLOAT, .key = "eta", .flag = "--eta", PARAM(eta), .min = 0, .max = 1,
+     .help = "fraction of middle chunks adaptive heads keep (default 1; 0.5 for fraction)"},
+    {.type = KVP_OPT_INT, .key = "chunk", .flag = "--chunk", PARAM(chunk), .min = 1,
+     .max = 1 << 24, .help = "chunk size c in tokens (default 8)"},
+    {.type = KVP_OPT_INT, .key = "tail", .flag = "--tail", PARAM(tail_tokens), .min = 0,
+     .max = 1 << 24, .zero_unset = true, .help = "unchunked prompt tail in tokens (default 32)"},
+    {.type = KVP_OPT_FLOAT, .key = "percentile", .flag = "--percentile", PARAM(percentile),
+     .min = 0, .max = 1, .help = "binarization quantile k in (0.5, 1) (default 0.995)"},
+    {.type = KVP_OPT_FLOAT, .key = "alpha", .flag = "--alpha", PARAM(alpha), .min = 0, .max = 1,
+     .zero_unset = true, .help = "binarization interpolation in [0, 1] (default 1)"},
+    {.type = KVP_OPT_STR, .key = "head-profile", .flag = "--head-profile", PARAM(head_profile),
+     .help = "static classes from kvpred profile-heads (default: classify every prompt)"},
+    {.type = KVP_OPT_INCLUDE, .key = "predictor", .offset = 0, .sub = kvp_predsel_opt_table},
+    {0},
+};
+#undef PARAM
+
 const struct kvp_policy_ops kvp_policy_catekv = {
     .name = "catekv",
     .help = "CateKV: consistent heads keep sink + top chunks + tail, adaptive heads "
             "full/η/Quest/AttentionPredictor (predictor needs aux_path)",
     .evicting = true,
     .wants_obs = true,
+    .opts = catekv_opt_table,
+    .opts_size = sizeof(struct kvp_predsel_opts),
     .init = catekv_init,
     .free = catekv_free,
     .reset = catekv_reset,

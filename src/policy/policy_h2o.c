@@ -30,7 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "forward/kvcache.h"
+#include "kv/kvcache.h"
 #include "policy/policy.h"
 
 struct h2o_state {

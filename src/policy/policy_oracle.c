@@ -20,8 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "forward/attention.h"
-#include "forward/kvcache.h"
+#include "kv/attention.h"
+#include "kv/kvcache.h"
 #include "policy/policy.h"
 
 /* scratch floats per KV head: [cap] combined attention, [cap] block scores / top-k values,
@@ -95,12 +95,21 @@ static void oracle_token_select(struct kvp_policy *p, int layer, int kvh, const 
     kvp_sel_from_masks(sel, keep, (n_tokens + bs - 1) / bs);
 }
 
+/* Every select scores every key: a tiered store on a device reads the layer in first. */
+static bool oracle_reads_all_keys(const struct kvp_policy *p, int layer)
+{
+    (void)p;
+    (void)layer;
+    return true;
+}
+
 const struct kvp_policy_ops kvp_policy_oracle = {
     .name = "oracle",
     .help = "upper bound: the true top blocks of each step's dense attention (measuring only)",
     .init = oracle_init,
     .free = oracle_free,
     .select = oracle_select,
+    .reads_all_keys = oracle_reads_all_keys,
 };
 
 const struct kvp_policy_ops kvp_policy_oracle_token = {
@@ -109,4 +118,5 @@ const struct kvp_policy_ops kvp_policy_oracle_token = {
     .init = oracle_init,
     .free = oracle_free,
     .select = oracle_token_select,
+    .reads_all_keys = oracle_reads_all_keys,
 };

@@ -49,7 +49,7 @@ static void pred_free(struct kvp_policy *p)
 static int pred_init(struct kvp_policy *p, struct kvp_err *err)
 {
     struct kvp_predsel *ps;
-    int rc = kvp_predsel_init(&ps, p, p->p.opts, "predictor", err);
+    int rc = kvp_predsel_init(&ps, p, p->opt, "predictor", err);
     if (rc < 0)
         return rc;
     p->state = ps;
@@ -101,6 +101,8 @@ const struct kvp_policy_ops kvp_policy_predictor = {
             "(needs aux_path = predictor file)",
     .wants_obs = true,
     .needs_aux = true,
+    .opts = kvp_predsel_opt_table,
+    .opts_size = sizeof(struct kvp_predsel_opts),
     .init = pred_init,
     .free = pred_free,
     .reset = pred_reset,

@@ -37,10 +37,12 @@
  * Threading: state per (layer, KV head), scratch per KV head (layers run one after another).
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "forward/kvcache.h"
+#include "kv/kvcache.h"
+#include "policy/options.h"
 #include "policy/policy.h"
 #include "policy/quest_meta.h"
 #include "predictor/cnn.h"
@@ -73,39 +75,23 @@ struct qp_state {
     struct qp_kvh *kv;    /* [n_head_kv] */
 };
 
-static int parse_opts(const char *s, struct qp_state *st, struct kvp_err *err)
-{
-    st->extra = 16;
-    st->prune = 1;
-    st->margin = 64;
-    st->recent = 0;
-    while (s && *s) {
-        const char *end = strchr(s, ',');
-        size_t len = end ? (size_t)(end - s) : strlen(s);
-        char kv[32] = "";
-        if (len < sizeof(kv))
-            memcpy(kv, s, len);
-        char *eq = strchr(kv, '=');
-        char *num_end = NULL;
-        long n = eq ? strtol(eq + 1, &num_end, 10) : -1;
-        bool ok = len < sizeof(kv) && eq && num_end && num_end != eq + 1 && !*num_end && n >= 0;
-        if (ok && !strncmp(kv, "extra=", 6) && n <= (1 << 20))
-            st->extra = (int)n;
-        else if (ok && !strncmp(kv, "prune=", 6) && n <= 1)
-            st->prune = (int)n;
-        else if (ok && !strncmp(kv, "margin=", 7) && n <= (1 << 20))
-            st->margin = (int)n;
-        else if (ok && !strncmp(kv, "recent=", 7) && n <= 1)
-            st->recent = (int)n;
-        else
-            return kvp_err_set(err, KVP_EINVAL,
-                               "qpredictor: bad option '%.*s' (known: extra=N, prune=0|1, "
-                               "recent=0|1, margin=N)",
-                               (int)(len < 64 ? len : 64), s);
-        s = end ? end + 1 : NULL;
-    }
-    return 0;
-}
+/* Options (p.opts, "key=value,...", read through the table below). */
+struct qp_opts {
+    int extra, prune, recent, margin;
+};
+
+static const struct kvp_policy_opt qp_opt_table[] = {
+    {.type = KVP_OPT_INT, .key = "extra", .offset = offsetof(struct qp_opts, extra), .min = 0,
+     .max = 1 << 20, .def = 16, .help = "candidate blocks beyond the budget's k, by the bound"},
+    {.type = KVP_OPT_INT, .key = "prune", .offset = offsetof(struct qp_opts, prune), .min = 0,
+     .max = 1, .def = 1, .help = "run the CNN only at the candidates (0: at every block)"},
+    {.type = KVP_OPT_INT, .key = "recent", .offset = offsetof(struct qp_opts, recent), .min = 0,
+     .max = 1, .def = 0, .help = "add the blocks the newest history row holds to the candidates"},
+    {.type = KVP_OPT_INT, .key = "margin", .offset = offsetof(struct qp_opts, margin), .min = 0,
+     .max = 1 << 20, .def = 64,
+     .help = "the tiered store's prefetch margin in blocks (predictions read this many more)"},
+    {0},
+};
 
 static void qp_free(struct kvp_policy *p)
 {
@@ -148,9 +134,12 @@ static int qp_init(struct kvp_policy *p, struct kvp_err *err)
     if (!s)
         return kvp_err_set(err, KVP_ENOMEM, "qpredictor: out of memory");
     p->state = s;
-    int rc = parse_opts(p->p.opts, s, err);
-    if (rc < 0)
-        goto fail;
+    const struct qp_opts *o = p->opt;
+    s->extra = o->extra;
+    s->prune = o->prune;
+    s->recent = o->recent;
+    s->margin = o->margin;
+    int rc;
     if (!p->p.aux_path || !*p->p.aux_path) {
         rc = kvp_err_set(err, KVP_EINVAL,
                          "qpredictor: no predictor file (set aux_path, "
@@ -440,4 +429,6 @@ const struct kvp_policy_ops kvp_policy_qpredictor = {
     .select = qp_select,
     .predict_next = qp_predict_next,
     .on_step = qp_step,
+    .opts = qp_opt_table,
+    .opts_size = sizeof(struct qp_opts),
 };

@@ -43,10 +43,11 @@
  * Memory: 2 × head_dim floats per block and (layer, KV head), 1/8 of the keys at bs = 16, and
  * one query group per (layer, KV head).
  */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "forward/kvcache.h"
+#include "kv/kvcache.h"
 #include "policy/policy.h"
 #include "policy/quest_meta.h"
 
@@ -71,45 +72,27 @@ struct quest_state {
  * block (a budget ratio grows with the context), and the kept set must hold its whole top. */
 #define KEEP_SLACK 2
 
-#define QUEST_DEFAULT_MARGIN 64
+/* Options (p.opts, "key=value,...", read through the table below). */
+struct quest_opts {
+    int margin; /* extra candidate blocks per KV head a prediction takes */
+    int share;  /* select keeps its wider ranking for predict_next */
+};
 
-/* Options (p.opts, "key=value,..."): margin=N blocks, 0 <= N <= 1 << 20; share=0|1. */
-static int parse_opts(const char *s, int *margin, bool *share, struct kvp_err *err)
-{
-    *margin = QUEST_DEFAULT_MARGIN;
-    *share = true;
-    while (s && *s) {
-        const char *end = strchr(s, ',');
-        size_t len = end ? (size_t)(end - s) : strlen(s);
-        char kv[32] = "";
-        if (len < sizeof(kv))
-            memcpy(kv, s, len);
-        const char *eq = strchr(kv, '=');
-        size_t key_len = eq ? (size_t)(eq - kv) : 0;
-        long lim = !strncmp(kv, "margin=", 7) ? (1L << 20) : !strncmp(kv, "share=", 6) ? 1 : -1;
-        char *num_end = NULL;
-        long n = lim < 0 ? -1 : strtol(eq + 1, &num_end, 10);
-        if (len >= sizeof(kv) || n < 0 || n > lim || !num_end || num_end == eq + 1 || *num_end)
-            return kvp_err_set(err, KVP_EINVAL,
-                               "quest: bad option '%.*s' (known: margin=N, N in 0..1048576; "
-                               "share=0|1)",
-                               (int)(len < 64 ? len : 64), s);
-        if (key_len == 6)
-            *margin = (int)n;
-        else
-            *share = n != 0;
-        s = end ? end + 1 : NULL;
-    }
-    return 0;
-}
+static const struct kvp_policy_opt quest_opt_table[] = {
+    {.type = KVP_OPT_INT, .key = "margin", .offset = offsetof(struct quest_opts, margin),
+     .min = 0, .max = 1 << 20, .def = 64,
+     .help = "the tiered store's prefetch margin in blocks (predictions read this many more)"},
+    {.type = KVP_OPT_INT, .key = "share", .offset = offsetof(struct quest_opts, share),
+     .min = 0, .max = 1, .def = 1,
+     .help = "whether select keeps its wider ranking for the prediction"},
+    {0},
+};
 
 static int quest_init(struct kvp_policy *p, struct kvp_err *err)
 {
-    int margin;
-    bool share;
-    int rc = parse_opts(p->p.opts, &margin, &share, err);
-    if (rc < 0)
-        return rc;
+    const struct quest_opts *o = p->opt;
+    int margin = o->margin;
+    bool share = o->share != 0;
     struct quest_state *s = calloc(1, sizeof(*s));
     if (!s)
         return kvp_err_set(err, KVP_ENOMEM, "quest: out of memory");
@@ -320,4 +303,6 @@ const struct kvp_policy_ops kvp_policy_quest = {
     .on_prefill = quest_prefill,
     .select = quest_select,
     .predict_next = quest_predict_next,
+    .opts = quest_opt_table,
+    .opts_size = sizeof(struct quest_opts),
 };

@@ -27,7 +27,7 @@
  */
 #include <stdlib.h>
 
-#include "forward/kvcache.h"
+#include "kv/kvcache.h"
 #include "policy/policy.h"
 
 int kvp_snap_init_scratch(struct kvp_policy *p, struct kvp_scratch *scr)

@@ -39,3 +39,11 @@ const struct kvp_policy_ops *kvp_policy_find(const char *name)
             return kvp_policy_registry[i];
     return NULL;
 }
+
+const char *kvp_policy_name(int i)
+{
+    for (int k = 0; kvp_policy_registry[k]; k++)
+        if (k == i)
+            return kvp_policy_registry[k]->name;
+    return NULL;
+}

@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "forward/kvcache.h"
+#include "kv/kvcache.h"
 #include "policy/policy.h"
 
 int kvp_policy_budget(const struct kvp_policy *p, int n_tokens)

@@ -12,17 +12,14 @@
  * the cache; the state lives here.
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "forward/attention.h"
+#include "kv/attention.h"
 #include "predictor/cnn.h"
 #include "predictor/history.h"
 #include "predictor/predict_sel.h"
-
-struct pred_opts {
-    int every, calib, gqa_union, hist_kv, inc, refresh;
-};
 
 struct pred_kvh { /* scratch of one KV head */
     struct kvp_cnn_scratch cnn;
@@ -38,7 +35,7 @@ struct pred_kvh { /* scratch of one KV head */
 };
 
 struct kvp_predsel {
-    struct pred_opts o;
+    struct kvp_predsel_opts o;
     struct kvp_cnn cnn;
     struct kvp_hist hist;
     int n_layer, n_head_kv, g; /* of the model */
@@ -57,48 +54,26 @@ struct kvp_predsel {
 
 /* ---- options ------------------------------------------------------------------------------- */
 
-static int parse_opts(const char *s, const char *who, struct pred_opts *o, struct kvp_err *err)
-{
-    *o = (struct pred_opts){.every = 1, .calib = 5, .inc = 1, .refresh = 64};
-    while (s && *s) {
-        const char *end = strchr(s, ',');
-        size_t len = end ? (size_t)(end - s) : strlen(s);
-        char kv[64];
-        if (len >= sizeof(kv))
-            return kvp_err_set(err, KVP_EINVAL, "%s: option '%.*s' too long", who, (int)len, s);
-        memcpy(kv, s, len);
-        kv[len] = 0;
-        char *eq = strchr(kv, '=');
-        char *v = eq ? eq + 1 : NULL;
-        if (eq)
-            *eq = 0;
-        char *num_end = NULL;
-        long n = v ? strtol(v, &num_end, 10) : 0;
-        bool is_num = v && *v && num_end && !*num_end;
-        if (!v) {
-            return kvp_err_set(err, KVP_EINVAL, "%s: option '%s' needs a value", who, kv);
-        } else if (!strcmp(kv, "every") && is_num && n >= 1 && n <= 1000000) {
-            o->every = (int)n;
-        } else if (!strcmp(kv, "calib") && is_num && n >= 0 && n <= 1000000) {
-            o->calib = (int)n;
-        } else if (!strcmp(kv, "refresh") && is_num && n >= 0 && n <= 1000000) {
-            o->refresh = (int)n;
-        } else if (!strcmp(kv, "inc") && is_num && (n == 0 || n == 1)) {
-            o->inc = (int)n;
-        } else if (!strcmp(kv, "gqa") && (!strcmp(v, "union") || !strcmp(v, "pooled"))) {
-            o->gqa_union = !strcmp(v, "union");
-        } else if (!strcmp(kv, "hist") && (!strcmp(v, "head") || !strcmp(v, "kv"))) {
-            o->hist_kv = !strcmp(v, "kv");
-        } else {
-            return kvp_err_set(err, KVP_EINVAL,
-                               "%s: bad option '%s=%s' (known: every=K, calib=M, "
-                               "gqa=pooled|union, hist=head|kv, inc=0|1, refresh=N)",
-                               who, kv, v);
-        }
-        s = end ? end + 1 : NULL;
-    }
-    return 0;
-}
+static const char *const gqa_names[] = {"pooled", "union", NULL};
+static const char *const hist_names[] = {"head", "kv", NULL};
+
+#define OPT(field) .offset = offsetof(struct kvp_predsel_opts, field)
+const struct kvp_policy_opt kvp_predsel_opt_table[] = {
+    {.type = KVP_OPT_INT, .key = "every", OPT(every), .min = 1, .max = 1000000, .def = 1,
+     .help = "predict every K steps (reuse the last scores in between)"},
+    {.type = KVP_OPT_INT, .key = "calib", OPT(calib), .min = 0, .max = 1000000, .def = 5,
+     .help = "every M-th step appends the dense row (0: never)"},
+    {.type = KVP_OPT_CHOICE, .key = "gqa", OPT(gqa_union), .choices = gqa_names, .def = 0,
+     .help = "one top-k per KV head (pooled) or the union of the heads' top-k"},
+    {.type = KVP_OPT_CHOICE, .key = "hist", OPT(hist_kv), .choices = hist_names, .def = 0,
+     .help = "one history per query head, or per KV head"},
+    {.type = KVP_OPT_INT, .key = "inc", OPT(inc), .min = 0, .max = 1, .def = 1,
+     .help = "incremental CNN"},
+    {.type = KVP_OPT_INT, .key = "refresh", OPT(refresh), .min = 0, .max = 1000000, .def = 64,
+     .help = "recompute from scratch every N steps (0: never)"},
+    {0},
+};
+#undef OPT
 
 /* ---- lifetime ------------------------------------------------------------------------------ */
 
@@ -137,8 +112,8 @@ void kvp_predsel_free(struct kvp_predsel *s)
     free(s);
 }
 
-int kvp_predsel_init(struct kvp_predsel **out, const struct kvp_policy *p, const char *opts,
-                     const char *who, struct kvp_err *err)
+int kvp_predsel_init(struct kvp_predsel **out, const struct kvp_policy *p,
+                     const struct kvp_predsel_opts *opts, const char *who, struct kvp_err *err)
 {
     *out = NULL;
     struct kvp_predsel *s = calloc(1, sizeof(*s));
@@ -149,9 +124,8 @@ int kvp_predsel_init(struct kvp_predsel **out, const struct kvp_policy *p, const
     s->n_head_kv = e->n_head_kv;
     s->g = e->n_head / e->n_head_kv;
     s->first_layer = p->p.dense_layers;
-    int rc = parse_opts(opts, who, &s->o, err);
-    if (rc < 0)
-        goto fail;
+    s->o = *opts;
+    int rc;
     if (!p->p.aux_path || !*p->p.aux_path) {
         rc = kvp_err_set(err, KVP_EINVAL,
                          "%s: no predictor file (set aux_path, "

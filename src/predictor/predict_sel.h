@@ -21,13 +21,20 @@
 
 struct kvp_predsel;
 
+/* Its options (policy_predictor.c documents them), declared once in kvp_predsel_opt_table: the
+ * predictor policy's option block, and the part of catekv's that its adaptive heads read. */
+struct kvp_predsel_opts {
+    int every, calib, gqa_union, hist_kv, inc, refresh;
+};
+extern const struct kvp_policy_opt kvp_predsel_opt_table[];
+
 /* Load the predictor file p->p.aux_path and allocate histories for the layers
- * [p->p.dense_layers, n_layer) of p->env, with the options string `opts` (may be NULL). `who`
+ * [p->p.dense_layers, n_layer) of p->env, with the options opts. `who`
  * prefixes every error message ("predictor", "catekv"). Returns 0 and *out, or KVP_EINVAL
  * (no file, bad option, block size mismatch), KVP_EIO / KVP_EFORMAT (the file), KVP_ENOMEM;
  * *out is NULL on failure. */
-int kvp_predsel_init(struct kvp_predsel **out, const struct kvp_policy *p, const char *opts,
-                     const char *who, struct kvp_err *err);
+int kvp_predsel_init(struct kvp_predsel **out, const struct kvp_policy *p,
+                     const struct kvp_predsel_opts *opts, const char *who, struct kvp_err *err);
 void kvp_predsel_free(struct kvp_predsel *ps); /* NULL-safe */
 
 /* History rows H the network reads (the observation window that fills a history). */

@@ -188,12 +188,9 @@ void kvp_trace_free(struct kvp_trace *tr)
 
 #define BAD(...) (kvp_err_set(err, KVP_EFORMAT, __VA_ARGS__), kvp_trace_free(tr), KVP_EFORMAT)
 
-int kvp_trace_load(const char *path, struct kvp_trace *tr, struct kvp_err *err)
+/* Check and index the bytes in tr->map (path names them in messages). */
+static int trace_index(const char *path, struct kvp_trace *tr, struct kvp_err *err)
 {
-    memset(tr, 0, sizeof(*tr));
-    int rc = kvp_file_map(path, &tr->map, err);
-    if (rc < 0)
-        return kvp_err_prefix(err, "trace");
     struct kvp_cursor c;
     kvp_cursor_init(&c, tr->map.data, tr->map.size);
     const uint8_t *magic, *name;
@@ -224,19 +221,25 @@ int kvp_trace_load(const char *path, struct kvp_trace *tr, struct kvp_err *err)
     tr->n_head = (int)h[4];
     memcpy(tr->model, name, 63);
     tr->model[63] = 0;
+    const size_t per_blk = (size_t)h[3] * h[4] * tr->n_arr; /* floats per block column */
+    /* a sequence takes at least its count and one block column: no allocation the bytes left
+     * cannot back */
+    if (h[5] > kvp_cursor_left(&c) / (4 + 4 * per_blk))
+        return BAD("%s: trace truncated (%u sequences announced)", path, h[5]);
     tr->seq = calloc(h[5] ? h[5] : 1, sizeof(*tr->seq));
     if (!tr->seq) {
         kvp_trace_free(tr);
         return kvp_err_set(err, KVP_ENOMEM, "trace: out of memory");
     }
     tr->n_seq = (int)h[5];
-    const size_t per_blk = (size_t)tr->n_layers * tr->n_head * tr->n_arr; /* floats per block */
     for (int s = 0; s < tr->n_seq; s++) {
         uint32_t T;
         if (kvp_rd_u32(&c, &T) < 0)
             return BAD("%s: trace truncated (sequence %d)", path, s);
         if (T < 1 || T > TRACE_MAX_T)
             return BAD("%s: sequence %d has %u tokens", path, s, T);
+        if (T > kvp_cursor_left(&c) / (4 * per_blk)) /* every position has a block column */
+            return BAD("%s: trace truncated (sequence %d)", path, s);
         struct kvp_trace_seq *q = &tr->seq[s];
         q->T = (int)T;
         q->row_off = malloc((size_t)T * sizeof(size_t));
@@ -264,4 +267,29 @@ int kvp_trace_load(const char *path, struct kvp_trace *tr, struct kvp_err *err)
     if (sum != want)
         return BAD("%s: trace corrupted (checksum mismatch)", path);
     return 0;
+}
+
+int kvp_trace_load(const char *path, struct kvp_trace *tr, struct kvp_err *err)
+{
+    memset(tr, 0, sizeof(*tr));
+    int rc = kvp_file_map(path, &tr->map, err);
+    if (rc < 0)
+        return kvp_err_prefix(err, "trace");
+    return trace_index(path, tr, err);
+}
+
+int kvp_trace_parse(const void *data, size_t size, struct kvp_trace *tr, struct kvp_err *err)
+{
+    memset(tr, 0, sizeof(*tr));
+    if (!data && size)
+        return kvp_err_set(err, KVP_EINVAL, "kvp_trace_parse: NULL data");
+    if (size) { /* a heap copy, as kvp_file_map makes when it cannot map: aligned and owned */
+        tr->map.heap = malloc(size);
+        if (!tr->map.heap)
+            return kvp_err_set(err, KVP_ENOMEM, "trace: out of memory");
+        memcpy(tr->map.heap, data, size);
+        tr->map.data = tr->map.heap;
+        tr->map.size = size;
+    }
+    return trace_index("trace", tr, err);
 }

@@ -70,6 +70,8 @@ static inline const float *kvp_trace_row(const struct kvp_trace *tr, int s, int 
 
 /* Read and check a whole trace file. KVP_EFORMAT with one line for anything malformed. */
 int kvp_trace_load(const char *path, struct kvp_trace *tr, struct kvp_err *err);
+/* The same checks on a trace held in memory (copied; messages name it "trace"). */
+int kvp_trace_parse(const void *data, size_t size, struct kvp_trace *tr, struct kvp_err *err);
 void kvp_trace_free(struct kvp_trace *tr);
 
 /* Writing: open a file announcing n_seq sequences, record them, close (writes the checksum;

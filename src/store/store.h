@@ -31,11 +31,16 @@
  * back after it.
  *
  * Transfers. Reads and writes are records (hot slots [s0, s0+n) <-> cold units of one layer
- * [b0, b0+n)); adjacent units that land in adjacent slots share one record. The disk tier
- * submits them to io_uring; the RAM tier queues them to a transfer thread that copies and, with
- * a link model, holds each completion back until start + latency + bytes/bandwidth on a
+ * [b0, b0+n)); adjacent units that land in adjacent slots share one record. A backend
+ * (cold.h: an operations table, one file each) moves them: the disk tier (cold_disk.c) submits
+ * them to io_uring; the RAM tier (cold_ram.c) queues them to a transfer thread that copies and,
+ * with a link model, holds each completion back until start + latency + bytes/bandwidth on a
  * serial link. Only the thread that drives the forward pass (worker 0, or the caller between
- * passes) calls the store; the transfer thread only touches its queue and the bytes.
+ * passes) calls the store; a backend's thread only touches its queue and the bytes.
+ *
+ * Files: store.c the protocol below (prefill, step, acquire, prefetch) and the transfer
+ * records; residency.c slots, the slot map and LRU; cold_ram.c and cold_disk.c the backends;
+ * stats.c counters and timeline events; timeline.c the picture.
  *
  * Modes (enum kvp_prefetch): dense refetches every unit of every layer at the start of each
  * step (the offloading baseline; layer l's copies overlap the layers before it); none fetches
@@ -56,7 +61,6 @@
 #ifndef KVP_STORE_STORE_H
 #define KVP_STORE_STORE_H
 
-#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -104,25 +108,33 @@ struct kvp_store_run {
 
 enum kvp_slot_state { KVP_SLOT_EMPTY = 0, KVP_SLOT_LOADING = 1, KVP_SLOT_READY = 2 };
 
+/* What the acquire in progress still waits for, per block (struct kvp_store.pending). */
+enum kvp_block_wait {
+    KVP_BLOCK_HOT = 0,        /* nothing: hot, or not needed */
+    KVP_BLOCK_IN_FLIGHT = 1,  /* needed and still being read */
+    KVP_BLOCK_EARLY_MISS = 2, /* read started by acquire_head, not yet visible to the cache:
+                                 acquire_begin counts it as a miss and maps it */
+};
+
+struct kvp_cold_ops;
+
 struct kvp_store {
     /* geometry */
     int n_layer, n_kv, head_dim, bs, max_blocks;
     size_t bf;             /* floats of one K (or V) block of one head: head_dim * bs */
     int ppu;               /* head slots per unit, >= n_kv; the rest is padding */
     size_t unit_bytes;     /* ppu * 2 * bf * 4, a multiple of KVP_STORE_ALIGN */
-    int tier;              /* enum kvp_kv_tier (RAM or DISK) */
     int mode;              /* enum kvp_prefetch, never DEFAULT */
-    double link_bps;       /* bytes per second of the modelled link (0: off) */
-    double link_lat;       /* seconds of latency per transfer */
 
-    /* cold tier */
-    uint8_t *cold;         /* RAM tier: [n_layer][max_blocks][unit_bytes] inside the hot
-                              allocation, right after the slots (cold unit (l, b) is "slot"
+    /* cold tier: a backend (cold.h) and its state */
+    const struct kvp_cold_ops *io;
+    void *io_state;        /* owned by the backend */
+    uint8_t *cold;         /* in-memory backends: [n_layer][max_blocks][unit_bytes] inside the
+                              hot allocation, right after the slots (cold unit (l, b) is "slot"
                               n_slot + l*max_blocks + b) */
-    int fd;                /* disk tier: the unnamed scratch file, or -1 */
     size_t cold_bytes;
 
-    /* hot tier: layers' slots back to back, then the staging area */
+    /* hot tier: layers' slots back to back, then the staging area (residency.c) */
     uint8_t *hot;          /* owned [n_slot][unit_bytes], 4 KiB aligned, zeroed */
     int n_slot;            /* slots in total, staging included */
     int stage0;            /* first staging slot (max_blocks of them), or -1 without staging */
@@ -133,10 +145,10 @@ struct kvp_store {
     int32_t *slot_blk;     /* [n_slot] block held (-1: none) */
     uint8_t *slot_state;   /* [n_slot] enum kvp_slot_state */
     uint8_t *slot_writing; /* [n_slot] a write-through of the slot is in flight */
-    int32_t *lru_prev, *lru_next; /* [n_slot] replacement order within a layer (store.c) */
+    int32_t *lru_prev, *lru_next; /* [n_slot] replacement order within a layer */
     int32_t *lru_head, *lru_tail; /* [n_layer] most and least recently used slot */
     uint32_t *mark;        /* [max_blocks] per-call set membership (== mark_id) */
-    uint8_t *pending;      /* [max_blocks] needed by the acquire in progress and not yet hot */
+    uint8_t *pending;      /* [max_blocks] enum kvp_block_wait of the acquire in progress */
     int acq_layer;         /* layer of the acquire in progress that must wait, or -1 */
     int acq_last;          /* its last block */
     bool acq_overflow;     /* it read blocks into the staging area */
@@ -147,33 +159,17 @@ struct kvp_store {
                               misses are submitted (or the step ends), so that a miss, which
                               the decode thread waits for, is never queued behind them */
     int n_deferred;
-    bool deferring;        /* submit() queues reads instead of starting them */
-    bool hiding;           /* map_block leaves the cache's table alone (acquire_head) */
     int32_t *ovf;          /* [max_blocks] blocks of ovf_layer read into the staging area
                               because the layer's hot slots were all needed */
     int n_ovf;
     int ovf_layer;         /* -1: none */
     int n_tokens;          /* tokens in the cache as the store last saw it */
-    bool dense_layers_only;/* no policy: every layer is dense */
     struct kvp_kvcache *kv;/* borrowed: the cache whose table points into hot */
 
     /* transfers */
     struct kvp_store_xfer xfer[KVP_STORE_MAX_XFER];
     int n_inflight;
     double busy_since;     /* first submit while idle */
-    void *ring;            /* owned struct io_uring (disk tier) */
-    int n_unsubmitted;     /* prepared SQEs not yet submitted */
-    /* RAM transfer thread */
-    pthread_t thread;
-    bool thread_on;
-    pthread_mutex_t mu;
-    pthread_cond_t cv_work, cv_done;
-    int q_todo[KVP_STORE_MAX_XFER];  /* FIFO of record ids for the thread */
-    int q_head, q_len;
-    int q_done[KVP_STORE_MAX_XFER];  /* record ids completed by the thread */
-    int n_done;
-    bool stop;
-    double link_free;      /* modelled link is busy until then */
 
     /* errors and faults */
     int err_code;          /* first I/O error (sticky until reset), 0 if none */
@@ -181,7 +177,7 @@ struct kvp_store {
     int fault_kind;        /* enum kvp_store_fault */
     int fault_after;       /* requests left before the fault fires */
 
-    /* accounting */
+    /* accounting (stats.c) */
     struct kvp_store_stats st;
     double step_t0;
     double st_predict0, st_wait0; /* predict_s and wait_s when the step began */
@@ -244,18 +240,24 @@ void kvp_store_acquire_wait(struct kvp_store *s);
  * n_keys keys, into slots that hold nothing predicted (LRU); stops when no slot is free. */
 void kvp_store_prefetch(struct kvp_store *s, int layer, const struct kvp_sel *sels, int n_keys);
 
-/* RAM tier, around a layer's select: point the table entries of blocks that are not hot at
- * their cold copies (on), or at nothing again (off), so a policy that reads keys in select
- * (AttentionPredictor's dense calibration rows, a Quest metadata rebuild) reads the whole
- * cache where it lives, as the host would (methods.md §1.9); on first waits for the layer's
- * reads in flight, so no key is read from a half-copied slot. No-op for the disk tier, where
- * such reads see the hot blocks only (kvp_attn_dense_group skips unmapped blocks). */
-void kvp_store_map_cold(struct kvp_store *s, int layer, int n_keys, bool on);
+/* Making the cold tier visible to a reader of every key (a select that reads keys, the dense
+ * pass of a measurement), as the host would read the whole cache where it lives (methods.md
+ * §1.9). An in-memory cold tier points the table entries of the blocks that are not hot at
+ * their cold copies, cheap enough for every select of a sparse layer (it first waits for the
+ * layer's reads in flight, so no key is read from a half-copied slot); a device reads every
+ * block of the layer that is not hot into the staging area, synchronously (the wait is
+ * counted), so only for a select that reads every key (policy reads_all_keys) or a
+ * measurement; otherwise such a select sees the hot blocks only (kvp_attn_dense_group skips
+ * unmapped blocks). shows_cold says whether expose applies to a select; hide puts the table
+ * back (acquire_begin does so too). */
+bool kvp_store_shows_cold(const struct kvp_store *s, bool reads_all_keys);
+void kvp_store_expose_cold(struct kvp_store *s, int layer, int n_keys);
+void kvp_store_hide_cold(struct kvp_store *s, int layer, int n_keys);
 
-/* Disk tier, before a select that reads every key (policy reads_all_keys): read every block of
- * layer that is not hot into the staging area and point the table there, synchronously (the
- * wait is counted), until the next acquire_begin. No-op for the RAM tier (map_cold). */
-void kvp_store_load_cold(struct kvp_store *s, int layer, int n_keys);
+/* The prefetch mode (enum kvp_prefetch) and, between acquire_begin and acquire_wait, the wait
+ * state of every block ([max_blocks] enum kvp_block_wait). */
+int kvp_store_mode(const struct kvp_store *s);
+const uint8_t *kvp_store_pending(const struct kvp_store *s);
 
 /* Record a span of worker 0 (timeline and prediction accounting). */
 void kvp_store_note(struct kvp_store *s, int kind, int layer, double t0, double t1);
@@ -268,6 +270,13 @@ void kvp_store_drain(struct kvp_store *s);
 
 /* Test hook: the `after`-th next request fails (KVP_FAULT_EIO) or comes back short. */
 void kvp_store_inject_fault(struct kvp_store *s, int kind, int after);
+
+/* Statistics and the timeline (stats.c): a copy of the counters; reset keeps the sizes; on
+ * clears the recorded events and records up to a fixed number of them (allocated here, once),
+ * off stops recording. */
+void kvp_store_get_stats(const struct kvp_store *s, struct kvp_store_stats *out);
+void kvp_store_reset_stats(struct kvp_store *s);
+void kvp_store_record_timeline(struct kvp_store *s, bool on);
 
 /* Timeline drawing (timeline.c). */
 int kvp_store_timeline_png(const struct kvp_store *s, const char *path, struct kvp_err *err);

@@ -9,12 +9,14 @@
  * Labels use the figure font of eval/draw.h and eval/png.h writes the file, so the picture needs
  * nothing but libpng.
  */
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "eval/draw.h"
 #include "eval/png.h"
+#include "store/cold.h"
 #include "store/store.h"
 
 #define W 1600
@@ -80,9 +82,14 @@ int kvp_store_timeline_png(const struct kvp_store *s, const char *path, struct k
         if (name)
             text(&c, 6, y + 10, name, black);
     }
+    char tier[16];
+    size_t nc = 0;
+    for (; s->io->name[nc] && nc + 1 < sizeof(tier); nc++) /* the figure font is upper case */
+        tier[nc] = (char)toupper((unsigned char)s->io->name[nc]);
+    tier[nc] = 0;
     char title[128];
     snprintf(title, sizeof(title), "TIER %s  PREFETCH %s  %d TOKENS  %.2f MS",
-             s->tier == KVP_TIER_DISK ? "DISK" : "RAM",
+             tier,
              s->mode == KVP_PREFETCH_DENSE   ? "DENSE"
              : s->mode == KVP_PREFETCH_NONE  ? "NONE"
              : s->mode == KVP_PREFETCH_LAYER ? "LAYER"

@@ -108,6 +108,75 @@ void kvp_op_embed_fwd(float *y, const float *emb, const int32_t *tok, long n, in
 /* dE[tok[i]] += dy[i]. */
 void kvp_op_embed_bwd(float *demb, const float *dy, const int32_t *tok, long n, int dim);
 
+/* ============================ bf16 fast path (train_bf16*.c) ================================= */
+
+/* The fast path keeps f32 master weights, gradients and optimiser state, and runs the matrix
+ * products (the linear layers and a fused, key-tiled attention) on bf16 operands with f32
+ * accumulation. bf16 values are stored as uint16_t (the top half of an IEEE f32). */
+enum kvp_train_precision {
+    KVP_PREC_F32 = 0, /* OpenBLAS sgemm and the per-block attention above: the reference */
+    KVP_PREC_BF16 = 1,
+};
+const char *kvp_train_precision_name(int prec);
+/* "f32" or "bf16" → the enum; -1 when neither. */
+int kvp_train_precision_by_name(const char *s);
+
+/* Kernel table of the fast path; the best for this CPU is chosen once (AVX512-BF16 when the CPU
+ * has it, else portable C); KVP_TRAIN_KERNELS=scalar forces the portable one. */
+struct kvp_tk_ops {
+    const char *name; /* "scalar", "avx512bf16" */
+    /* C[M][N] = (acc ? C : 0) + A·B over kp pairs of the inner dimension. A's pair p of row i
+     * (two adjacent bf16) is at A + i·lda + p·ldp: ldp = 2 for row-major A [M][2·kp], lda = 2
+     * and ldp = 2·M for A pair-interleaved like B. B bf16 pair-interleaved [kp][N][2] (stride
+     * ldb elements between pair rows), C f32 with stride ldc. Any M, N ≥ 1. */
+    void (*gemm)(int M, int N, int kp, const uint16_t *A, size_t lda, size_t ldp,
+                 const uint16_t *B, size_t ldb, float *C, size_t ldc, bool acc);
+    /* dst[i] = bf16(src[i]·scale), round to nearest even, for n elements. */
+    void (*cvt)(uint16_t *dst, const float *src, size_t n, float scale);
+    /* Pair-interleave two f32 rows: dst[2i] = bf16(a[i]·scale), dst[2i+1] = bf16(b[i]·scale)
+     * (b NULL: 0). */
+    void (*cvt_pair)(uint16_t *dst, const float *a, const float *b, size_t n, float scale);
+    /* Fused attention, the elementwise work of one [rows][cols] tile of scaled scores s (rows
+     * even and at most KVP_FA_TILE, cols a multiple of 32); diag: a diagonal tile, where
+     * column c > row r is masked.
+     * Forward (online softmax): per row, m' = max(m, max s), alpha = e^(m − m'), P = e^(s − m')
+     * into pb (bf16 rows), l = l·alpha + Σ P, m = m'. Backward: P = e^(s − lse), dS = P·(dp −
+     * D) (D = dO·O of the row); P and dS pair-interleaved by rows into pq, dsq ([rows/2][cols]
+     * [2]) and dS as bf16 rows into dsr. */
+    void (*fa_fwd_tile)(const float *s, int rows, int cols, bool diag, float *m, float *l,
+                        float *alpha, uint16_t *pb);
+    void (*fa_bwd_tile)(const float *s, const float *dp, int rows, int cols, bool diag,
+                        const float *lse, const float *drow, uint16_t *pq, uint16_t *dsq,
+                        uint16_t *dsr);
+    /* kvp_op_swiglu_fwd / kvp_op_swiglu_bwd (the portable table uses those). */
+    void (*swiglu_fwd)(float *a, const float *g, const float *u, long n);
+    void (*swiglu_bwd)(float *dg, float *du, const float *da, const float *g, const float *u,
+                       long n);
+};
+const struct kvp_tk_ops *kvp_tk(void);
+const struct kvp_tk_ops *kvp_tk_scalar(void);
+/* NULL when the CPU lacks AVX512-BF16. */
+const struct kvp_tk_ops *kvp_tk_avx512bf16(void);
+
+/* Tile of the fused attention, in queries and in keys. */
+#define KVP_FA_TILE 64
+/* Floats of per-thread scratch kvp_fa_fwd/kvp_fa_bwd need for sequences up to T tokens. */
+size_t kvp_fa_scratch(int T, int hd);
+/* Fused causal GQA attention on bf16 operands, same contract as kvp_op_attn_fwd/bwd (dq
+ * overwritten, dk/dv accumulated): key tiles of KVP_FA_TILE with an online softmax, so neither
+ * the scores of a row nor a [block][T] matrix is ever stored; the backward pass recomputes the
+ * probabilities from lse tile by tile (FlashAttention-2 order: key tiles outer). hd even. */
+void kvp_fa_fwd(const struct kvp_tk_ops *tk, float *out, float *lse, const float *q,
+                const float *k, const float *v, int T, int hd, int n_rep, int ldq, int ldkv,
+                float *scratch);
+void kvp_fa_bwd(const struct kvp_tk_ops *tk, float *dq, float *dk, float *dv, const float *dout,
+                const float *out, const float *lse, const float *q, const float *k,
+                const float *v, int T, int hd, int n_rep, int ldq, int ldkv, float *scratch);
+
+/* Cross-entropy as kvp_op_xent, with float SIMD exponentials (the fast path's loss). */
+double kvp_op_xent_fast(float *logits, const int32_t *targets, const float *w, long n, int V,
+                        float scale, float *nll);
+
 /* ================================== model (train_model.c) ===================================== */
 
 struct kvp_train_config {
@@ -178,6 +247,12 @@ struct kvp_train_model {
     float *attn_scratch;         /* per thread kvp_op_attn_scratch(n_ctx) floats */
     int32_t *tok;                /* [N] current inputs */
     int cur_T, cur_seq;          /* shape of the last forward pass */
+
+    /* Fast path (kvp_train_model_set_precision): f32 unless set to bf16. */
+    int precision;               /* enum kvp_train_precision */
+    const struct kvp_tk_ops *tk; /* kernels of the bf16 path */
+    uint16_t *bf_a, *bf_b, *bf_w; /* bf16 operand scratch: activations ×2, one weight */
+    float *fa_scratch;           /* per thread kvp_fa_scratch(n_ctx, hd) floats */
 };
 
 /* Check a configuration. Returns 0 or KVP_EINVAL with the reason. */
@@ -189,6 +264,9 @@ int kvp_train_config_check(const struct kvp_train_config *c, struct kvp_err *err
 int kvp_train_model_init(struct kvp_train_model **out, const struct kvp_train_config *cfg,
                          long cap_tokens, int n_threads, uint64_t seed, struct kvp_err *err);
 void kvp_train_model_free(struct kvp_train_model *m);
+/* Select the arithmetic of the forward and backward passes (allocates the bf16 scratch). A
+ * model starts in f32; the weights, gradients and optimiser stay f32 either way. */
+int kvp_train_model_set_precision(struct kvp_train_model *m, int precision, struct kvp_err *err);
 
 /* Forward n_seq sequences of T tokens (tok [n_seq·T]) to logits (m->logits [N][V]). */
 int kvp_train_model_forward(struct kvp_train_model *m, const int32_t *tok, int n_seq, int T,
@@ -300,6 +378,10 @@ struct kvp_corpus {
     char **words;        /* owned distinct lowercase words (3..10 letters) for needle keys */
     int n_words;
     int noise_tok;       /* tokens of one noise line */
+    bool noise_only;     /* kvp_corpus_passkey_only's stand-in: the pass key keeps its noise line */
+    struct kvp_corpus **hay; /* owned extra haystack corpora (kvp_corpus_add_hay), each its own
+                                kind of prose: drawn from when kvp_task_mix.hay_frac > 0 */
+    int n_hay;
 };
 
 /* Read files (plain text) and concatenate them; fails with KVP_EINVAL for a path under
@@ -312,15 +394,25 @@ int kvp_corpus_read(const char *const *paths, int n_paths, char **text, size_t *
 int kvp_corpus_init(struct kvp_corpus **out, const char *raw, size_t len,
                     const struct kvp_tvocab *v, double holdout, struct kvp_err *err);
 void kvp_corpus_free(struct kvp_corpus *c);
+/* Give c an extra haystack corpus h (ownership passes to c, also on failure). Its sentences fill
+ * the haystacks of retrieval samples whose kind is drawn (kvp_task_mix.hay_frac); its held-out
+ * share serves evaluation samples as c's does. */
+#define KVP_HAY_MAX 16
+int kvp_corpus_add_hay(struct kvp_corpus *c, struct kvp_corpus *h, struct kvp_err *err);
 
 /* How training samples are drawn: probability weights per task (need not sum to 1), the share
  * of needles placed exactly at an edge of the haystack (first or last unit; the rest uniform),
- * and the shortest retrieval sample as a fraction of the context (a sample takes [fill_min·T, T]
- * tokens, so fill_min near 1 trains the longest distances the evaluation asks for). */
+ * the shortest retrieval sample as a fraction of the context (a sample takes [fill_min·T, T]
+ * tokens, so fill_min near 1 trains the longest distances the evaluation asks for), and the
+ * share of retrieval samples whose haystack kind is drawn uniformly among noise lines, the
+ * corpus's own sentences and each of its extra haystack corpora instead of being the task's
+ * own (passkey and the niah tasks with a text or noise haystack; 0 keeps every sample as it
+ * was, bit for bit). */
 struct kvp_task_mix {
     float w[KVP_TASK_COUNT];
     float edge_frac; /* default KVP_EDGE_FRAC_DEFAULT */
     float fill_min;  /* default KVP_FILL_MIN_DEFAULT */
+    float hay_frac;  /* default 0 */
 };
 #define KVP_EDGE_FRAC_DEFAULT 0.125f
 #define KVP_FILL_MIN_DEFAULT 0.5f
@@ -377,6 +469,8 @@ struct kvp_task_req {
     int target_tokens;     /* the largest prompt that fits this many tokens */
     float depth;           /* fraction of the haystack for the answer needle(s) in [0, 1];
                               < 0: random as in training */
+    bool prose;            /* passkey: the corpus's sentences as haystack (the needle on a line
+                              of its own) instead of the noise line */
     kvp_task_count_fn count;
     void *ud;
 };
@@ -413,8 +507,11 @@ struct kvp_train_hparams {
     float lr, lr_min, warmup_frac, weight_decay, beta1, beta2, adam_eps, clip, answer_weight;
     int n_phases;
     int phase_ctx[KVP_TRAIN_MAX_PHASES];    /* context length of each curriculum phase */
-    float phase_frac[KVP_TRAIN_MAX_PHASES]; /* fraction of the steps spent in it */
+    float phase_frac[KVP_TRAIN_MAX_PHASES]; /* fraction of the stage's steps spent in it */
     struct kvp_task_mix mix;
+    long stage_step;      /* first step of the current stage: the warm-up, the cosine and the
+                             curriculum fractions count over [stage_step, steps) (0: the whole
+                             run, as every run before stages had) */
 };
 
 struct kvp_train_state {
@@ -422,6 +519,8 @@ struct kvp_train_state {
     struct kvp_rng rng;      /* spare generator state (reserved; carried across resumes) */
     uint64_t data_cursor;    /* samples consumed so far */
     double tokens_seen;
+    uint64_t hay_hash;       /* FNV-1a of the extra haystack texts (0: none), so that a resume
+                                without the same --hay is refused unless it starts a stage */
 };
 
 /* Write a checkpoint atomically (path.tmp then rename). */
@@ -440,6 +539,12 @@ int kvp_ckpt_load(const char *path, long cap_tokens, int n_threads, struct kvp_t
 /* Write the model and its vocabulary as a llama-architecture F32 GGUF. */
 int kvp_train_export_gguf(const char *path, const struct kvp_train_model *m,
                           const struct kvp_tvocab *v, const char *name, struct kvp_err *err);
+/* Read back a GGUF the exporter wrote: configuration, vocabulary and weights, into a model with
+ * run state for cap_tokens tokens and n_threads threads. n_ctx > 0 and rope_base > 0 replace
+ * the file's context length and RoPE base (a context extension). */
+int kvp_train_import_gguf(const char *path, int n_ctx, float rope_base, long cap_tokens,
+                          int n_threads, struct kvp_train_model **m, struct kvp_tvocab **v,
+                          struct kvp_err *err);
 
 /* ================================= driver (train_loop.c) ====================================== */
 
@@ -476,6 +581,10 @@ struct kvp_train_opts {
     struct kvp_train_hparams hp;
     const char *const *data_paths;
     int n_data_paths;
+    const char *const *hay_paths;    /* extra haystack texts, one corpus (kind) per path */
+    int n_hay_paths;
+    const char *init_gguf;           /* fresh run whose weights and vocabulary come from this
+                                        GGUF (fresh optimiser state); NULL: random init */
     const char *out_gguf;            /* NULL: none */
     const char *ckpt_path;           /* NULL: no checkpoints */
     const char *resume_path;         /* NULL: fresh run */
@@ -483,6 +592,7 @@ struct kvp_train_opts {
     long eval_every;                 /* steps; 0: only at the end */
     int eval_samples;                /* per task */
     int n_threads;
+    int precision;                   /* enum kvp_train_precision (default bf16) */
     long stop_after;                 /* stop (with a checkpoint) after this many steps of this
                                         invocation; 0: run to the end; < 0: no step at all
                                         (export a checkpoint) */
@@ -496,6 +606,13 @@ enum {
     KVP_TRAIN_OVERRIDE_MIX = 1u << 2,           /* the task weights */
     KVP_TRAIN_OVERRIDE_EDGE_FRAC = 1u << 3,
     KVP_TRAIN_OVERRIDE_FILL_MIN = 1u << 4,
+    KVP_TRAIN_OVERRIDE_HAY_FRAC = 1u << 5,
+    /* these start a new stage when they differ from the checkpoint's (stage_step = its step;
+     * --steps must go beyond it) */
+    KVP_TRAIN_OVERRIDE_CTX = 1u << 6,        /* model.n_ctx */
+    KVP_TRAIN_OVERRIDE_ROPE = 1u << 7,       /* model.rope_base */
+    KVP_TRAIN_OVERRIDE_CURRICULUM = 1u << 8, /* phases */
+    KVP_TRAIN_OVERRIDE_BATCH = 1u << 9,      /* tokens_per_step and micro_tokens */
 };
 
 /* Defaults: a small GQA model for ctx 2048 and the schedule for it. */
@@ -516,5 +633,30 @@ int kvp_train_evaluate(struct kvp_train_model *m, const struct kvp_corpus *c,
 
 /* Curriculum phase (index) in effect at a step. */
 int kvp_train_phase_at(const struct kvp_train_hparams *hp, long step);
+
+/* ================================= benchmark (train_bench.c) ================================== */
+
+struct kvp_train_bench_req {
+    struct kvp_train_config cfg; /* n_ctx raised to T when smaller */
+    int T;                       /* sequence length */
+    long tokens_per_step;        /* sequences per step = tokens_per_step / T (at least 1) */
+    long micro_tokens;           /* per forward/backward (at least T) */
+    int precision;
+    int n_threads;
+    int steps;                   /* timed steps, after one untimed */
+    uint64_t seed;
+};
+
+struct kvp_train_bench_result {
+    double tokens_per_s;   /* wall clock, whole optimiser steps */
+    double cpu_s_per_mtok; /* process CPU seconds per million tokens (less sensitive to a busy
+                              host than the wall clock) */
+    double loss;           /* of the last step (sanity: ~log V on random tokens) */
+    const char *kernels;   /* "openblas" for f32, else the bf16 kernel table's name */
+};
+
+/* Time training steps of a fresh model on random tokens. */
+int kvp_train_bench(const struct kvp_train_bench_req *req, struct kvp_train_bench_result *res,
+                    struct kvp_err *err);
 
 #endif

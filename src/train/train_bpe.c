@@ -610,6 +610,7 @@ int kvp_tvocab_encode(const struct kvp_tvocab *v, const char *text, size_t len,
                       bool space_prefix, int32_t *ids, size_t cap, size_t *n_out,
                       struct kvp_err *err)
 {
+    space_prefix = space_prefix && len > 0; /* an empty text has no tokens, as in the engine */
     /* escape: every space becomes three bytes */
     size_t n_sp = space_prefix ? 1 : 0;
     for (size_t i = 0; i < len; i++)

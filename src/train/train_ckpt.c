@@ -1,13 +1,15 @@
 /*
  * Trainer checkpoints: everything a run needs to continue bit for bit, in one little-endian file.
  *
- *   "KVPTCKPT"  u32 version (2; 1 is read too)  u32 0
+ *   "KVPTCKPT"  u32 version (3; 1 and 2 are read too)  u32 0
  *   config      i32 n_vocab n_embd n_layer n_head n_head_kv n_ff n_ctx tied, f32 rope_base norm_eps
  *   hparams     u64 seed, i64 steps tokens_per_step micro_tokens, f32 lr lr_min warmup_frac
  *               weight_decay beta1 beta2 adam_eps clip answer_weight, i32 n_phases,
  *               i32 phase_ctx[8], f32 phase_frac[8], u32 n_tasks, f32 mix[n_tasks],
- *               f32 edge_frac fill_min (version 2; version 1 files get the defaults)
- *   state       i64 step, u64 rng[4], u64 data_cursor, f64 tokens_seen, u64 adam_t
+ *               f32 edge_frac fill_min (version 2; version 1 files get the defaults),
+ *               f32 hay_frac, i64 stage_step (version 3; older files get 0 and 0)
+ *   state       i64 step, u64 rng[4], u64 data_cursor, f64 tokens_seen, u64 adam_t,
+ *               u64 hay_hash (version 3)
  *   vocab       u32 n, then n × (u32 len, bytes, f32 score, i32 type)
  *   weights     u64 n_params, f32 params[n], f32 adam_m[n], f32 adam_v[n]
  *   u64 FNV-1a-64 of every byte before it
@@ -26,7 +28,7 @@
 #include "train/train.h"
 
 #define CKPT_MAGIC "KVPTCKPT"
-#define CKPT_VERSION 2u
+#define CKPT_VERSION 3u
 
 struct wr {
     FILE *f;
@@ -103,12 +105,15 @@ int kvp_ckpt_save(const char *path, const struct kvp_train_model *m, const struc
         WR(&w, hp->mix.w[i]);
     WR(&w, hp->mix.edge_frac);
     WR(&w, hp->mix.fill_min);
+    WR(&w, hp->mix.hay_frac);
+    WR(&w, (int64_t)hp->stage_step);
     WR(&w, (int64_t)st->step);
     for (int i = 0; i < 4; i++)
         WR(&w, st->rng.s[i]);
     WR(&w, st->data_cursor);
     WR(&w, st->tokens_seen);
     WR(&w, (uint64_t)opt->t);
+    WR(&w, st->hay_hash);
     WR(&w, (uint32_t)v->n);
     for (int i = 0; i < v->n; i++) {
         WR(&w, (uint32_t)v->len[i]);
@@ -171,6 +176,12 @@ static int rd_hparams(struct kvp_cursor *cur, uint32_t version, struct kvp_train
          !(hp->mix.edge_frac >= 0.0f && hp->mix.edge_frac <= 1.0f) ||
          !(hp->mix.fill_min > 0.0f && hp->mix.fill_min <= 1.0f)))
         return -1;
+    int64_t stage = 0;
+    if (version >= 3 &&
+        (kvp_rd_f32(cur, &hp->mix.hay_frac) || kvp_rd_i64(cur, &stage) ||
+         !(hp->mix.hay_frac >= 0.0f && hp->mix.hay_frac <= 1.0f) || stage < 0 || stage > steps))
+        return -1;
+    hp->stage_step = (long)stage;
     hp->steps = (long)steps;
     hp->tokens_per_step = (long)tps;
     hp->micro_tokens = (long)micro;
@@ -288,8 +299,9 @@ int kvp_ckpt_load(const char *path, long cap_tokens, int n_threads, struct kvp_t
     for (int i = 0; i < 4; i++)
         if (kvp_rd_u64(&cur, &st->rng.s[i]))
             goto fail_format;
+    st->hay_hash = 0;
     if (kvp_rd_u64(&cur, &st->data_cursor) || kvp_rd_f64(&cur, &st->tokens_seen) ||
-        kvp_rd_u64(&cur, &adam_t))
+        kvp_rd_u64(&cur, &adam_t) || (version >= 3 && kvp_rd_u64(&cur, &st->hay_hash)))
         goto fail_format;
     if ((rc = rd_vocab(&cur, &v, err)) < 0)
         goto fail_unmap;

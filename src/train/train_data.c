@@ -18,6 +18,15 @@
  * follows the Quest/Landmark form. Needle keys are two words of the corpus joined by "-" (the
  * RULER adjective-noun form, drawn from thousands of words so keys are copied, not memorised).
  *
+ * Haystack kinds. Each task has its own haystack (noise lines, corpus sentences or distractor
+ * needles); a model trained only on those learned the filler's surface as much as retrieval. So
+ * a share of the samples (kvp_task_mix.hay_frac, drawn from a generator of its own so the rest
+ * of a sample does not move) takes its haystack from a kind drawn uniformly among noise lines,
+ * the corpus's own sentences and every extra haystack corpus (kvp_corpus_add_hay: verse, legal
+ * text, quotations, technical prose, ...), each with its own held-out share for evaluation.
+ * The prompt tokens of a sample whose haystack comes from an extra corpus weigh 0 in the loss:
+ * the model reads such text to find the needle, but does not spend its capacity modelling it.
+ *
  * The copy task (not a RULER task) is a random list of corpus words and numbers followed by a
  * newline and the same list again, as many times as it fits. Every token of a repeat can be
  * predicted only by looking back, which is the skill every retrieval task needs; in short test runs a model saw far too few
@@ -92,6 +101,7 @@ void kvp_task_mix_default(struct kvp_task_mix *mix)
     memcpy(mix->w, w, sizeof(w));
     mix->edge_frac = KVP_EDGE_FRAC_DEFAULT;
     mix->fill_min = KVP_FILL_MIN_DEFAULT;
+    mix->hay_frac = 0.0f;
 }
 
 /* ===================================== strings ================================================ */
@@ -164,7 +174,9 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* All regular files of a directory, in name order (so runs do not depend on readdir order). */
+/* All regular files of a directory, in name order (so runs do not depend on readdir order).
+ * Symbolic links (a second name of a file already read, as in the fortune databases) and files
+ * holding a NUL byte (their binary index files) are skipped. */
 static int read_dir_append(const char *dir, struct sbuf *b, struct kvp_err *err)
 {
     DIR *d = opendir(dir);
@@ -190,8 +202,12 @@ static int read_dir_append(const char *dir, struct sbuf *b, struct kvp_err *err)
     qsort(names, n, sizeof(*names), cmp_str);
     for (size_t i = 0; i < n && rc == 0; i++) {
         struct stat st;
-        if (stat(names[i], &st) == 0 && S_ISREG(st.st_mode))
-            rc = read_file_append(names[i], b, err);
+        if (lstat(names[i], &st) != 0 || !S_ISREG(st.st_mode))
+            continue;
+        size_t n0 = b->n;
+        rc = read_file_append(names[i], b, err);
+        if (rc == 0 && memchr(b->p + n0, 0, b->n - n0))
+            b->n = n0; /* binary */
     }
 out:
     for (size_t i = 0; i < n; i++)
@@ -251,7 +267,24 @@ int kvp_corpus_passkey_only(struct kvp_corpus **out, struct kvp_err *err)
     static const char text[] = "The grass is green. The sky is blue. The sun is yellow. Here we "
                                "go. There and back again. The river runs past the old mill and "
                                "the quiet village sleeps.\n";
-    return kvp_corpus_init(out, text, sizeof(text) - 1, NULL, 0.0, err);
+    int rc = kvp_corpus_init(out, text, sizeof(text) - 1, NULL, 0.0, err);
+    if (rc == 0)
+        (*out)->noise_only = true;
+    return rc;
+}
+
+int kvp_corpus_add_hay(struct kvp_corpus *c, struct kvp_corpus *h, struct kvp_err *err)
+{
+    if (c->n_hay == KVP_HAY_MAX) {
+        kvp_corpus_free(h);
+        return kvp_err_set(err, KVP_EINVAL, "at most %d haystack corpora", KVP_HAY_MAX);
+    }
+    if (!c->hay && !(c->hay = calloc(KVP_HAY_MAX, sizeof(*c->hay)))) {
+        kvp_corpus_free(h);
+        return kvp_err_set(err, KVP_ENOMEM, "haystack corpora");
+    }
+    c->hay[c->n_hay++] = h;
+    return 0;
 }
 
 void kvp_corpus_free(struct kvp_corpus *c)
@@ -265,6 +298,9 @@ void kvp_corpus_free(struct kvp_corpus *c)
         for (int i = 0; i < c->n_words; i++)
             free(c->words[i]);
     free(c->words);
+    for (int i = 0; i < c->n_hay; i++)
+        kvp_corpus_free(c->hay[i]);
+    free(c->hay);
     free(c);
 }
 
@@ -450,8 +486,8 @@ oom:
 
 /* TEXT: sentences joined by spaces; NOISE: noise lines, one per line; NEEDLE: distractor needles,
  * one per line; PASSKEY: noise lines joined by spaces with the needle on a line of its own (the
- * Landmark/Quest layout). */
-enum hay_kind { HAY_TEXT, HAY_NOISE, HAY_NEEDLE, HAY_PASSKEY };
+ * Landmark/Quest layout); PASSKEY_TEXT: the same layout with sentences instead of noise lines. */
+enum hay_kind { HAY_TEXT, HAY_NOISE, HAY_NEEDLE, HAY_PASSKEY, HAY_PASSKEY_TEXT };
 
 #define MAX_NEEDLES 8
 
@@ -459,7 +495,8 @@ enum hay_kind { HAY_TEXT, HAY_NOISE, HAY_NEEDLE, HAY_PASSKEY };
 struct task_inst {
     int task;
     int hay;                   /* enum hay_kind */
-    long sent0;                /* first haystack sentence (text haystack) */
+    const struct kvp_corpus *hc; /* the sentences of a text haystack */
+    long sent0;                /* first haystack sentence of hc (text haystack) */
     uint64_t hay_seed;         /* distractor needles (needle haystack) */
     bool key_uuid, val_uuid;
     int n_needles;
@@ -741,13 +778,23 @@ static void setup_vt(struct kvp_rng *r, struct task_inst *ti)
     ti->vt = true;
 }
 
+/* The sentences of c a sample may read: the training ones, or the held-out ones for evaluation
+ * (all of them when that share is empty). */
+static void sent_range(const struct kvp_corpus *c, bool eval, long *lo, long *hi)
+{
+    *lo = eval ? c->n_train : 0;
+    *hi = eval ? c->n_sent : c->n_train;
+    if (*hi - *lo < 1)
+        *lo = 0, *hi = c->n_sent;
+}
+
 static void setup_task(const struct kvp_corpus *c, struct kvp_rng *r, bool eval,
                        float edge_frac, struct task_inst *ti)
 {
     ti->edge_frac = edge_frac;
-    long lo = eval ? c->n_train : 0, hi = eval ? c->n_sent : c->n_train;
-    if (hi - lo < 1)
-        lo = 0, hi = c->n_sent;
+    long lo, hi;
+    sent_range(c, eval, &lo, &hi);
+    ti->hc = c;
     ti->sent0 = lo + (long)kvp_rng_below(r, (uint64_t)(hi - lo));
     ti->hay_seed = kvp_rng_next(r);
     switch (ti->task) {
@@ -758,21 +805,48 @@ static void setup_task(const struct kvp_corpus *c, struct kvp_rng *r, bool eval,
     }
 }
 
+/* Draw the haystack kind of a retrieval sample (kvp_task_mix.hay_frac), from a generator of
+ * its own so that the rest of the sample stays what it was without the draw: uniformly among
+ * noise lines, c's sentences and each of c's extra haystack corpora. The pass key keeps its
+ * layout (the needle on a line of its own), the niah tasks theirs (the needle as a sentence or
+ * a line); the needle-haystack tasks and variable tracking are left as they are. */
+static void choose_haystack(const struct kvp_corpus *c, uint64_t seed, bool eval, float hay_frac,
+                            struct task_inst *ti)
+{
+    bool passkey = ti->hay == HAY_PASSKEY;
+    if (!(hay_frac > 0.0f) || ti->vt || !(passkey || ti->hay == HAY_TEXT || ti->hay == HAY_NOISE))
+        return;
+    struct kvp_rng r;
+    kvp_rng_seed(&r, kvp_rng_mix(seed, 0x4841595354ULL)); /* "HAYST" */
+    if (kvp_rng_uniform(&r) >= hay_frac)
+        return;
+    int kind = (int)kvp_rng_below(&r, (uint64_t)c->n_hay + 2);
+    if (kind == 0) {
+        ti->hay = passkey ? HAY_PASSKEY : HAY_NOISE;
+        return;
+    }
+    ti->hc = kind == 1 ? c : c->hay[kind - 2];
+    long lo, hi;
+    sent_range(ti->hc, eval, &lo, &hi);
+    ti->sent0 = lo + (long)kvp_rng_below(&r, (uint64_t)(hi - lo));
+    ti->hay = passkey ? HAY_PASSKEY_TEXT : HAY_TEXT;
+}
+
 /* The context of n haystack units with the needles inserted at their depths. */
 static void build_context(const struct kvp_corpus *c, const struct task_inst *ti, long n,
                           bool eval, struct sbuf *b)
 {
-    long lo = eval ? c->n_train : 0, hi = eval ? c->n_sent : c->n_train;
-    if (hi - lo < 1)
-        lo = 0, hi = c->n_sent;
+    long lo, hi;
+    sent_range(ti->hc, eval, &lo, &hi);
     struct kvp_rng hr;
     kvp_rng_seed(&hr, ti->hay_seed);
-    const char *sep = ti->hay == HAY_TEXT || ti->hay == HAY_PASSKEY ? " " : "\n";
+    bool pk = ti->hay == HAY_PASSKEY || ti->hay == HAY_PASSKEY_TEXT;
+    const char *sep = ti->hay == HAY_TEXT || pk ? " " : "\n";
     int ni = 0;
     bool first = true;
     for (long u = 0; u <= n; u++) {
         while (ni < ti->n_needles && (long)(ti->depth[ni] * (float)n) <= u) {
-            if (ti->hay == HAY_PASSKEY) {
+            if (pk) {
                 sb_str(b, "\n");
                 sb_str(b, ti->needle[ni++]);
                 sb_str(b, "\n");
@@ -795,9 +869,10 @@ static void build_context(const struct kvp_corpus *c, const struct task_inst *ti
             rand_value(&hr, ti->val_uuid, v);
             sb_fmt(b, "One of the special magic %s for %s is: %s.", ti->val_uuid ? "uuids" : "numbers", k, v);
         } else {
+            const struct kvp_corpus *h = ti->hc;
             long s = lo + (ti->sent0 - lo + u) % (hi - lo);
-            size_t off = c->sent_off[s], end = c->sent_off[s + 1] - 1;
-            sb_add(b, c->text + off, end - off);
+            size_t off = h->sent_off[s], end = h->sent_off[s + 1] - 1;
+            sb_add(b, h->text + off, end - off);
         }
     }
 }
@@ -845,15 +920,14 @@ static long fit_haystack(const struct kvp_corpus *c, const struct tok_counter *v
     if (t0 < 0 || t0 > budget)
         return -1;
     double per;
-    if (ti->hay == HAY_TEXT) {
-        long lo = eval ? c->n_train : 0;
-        long hi = eval ? c->n_sent : c->n_train;
+    if (ti->hay == HAY_TEXT || ti->hay == HAY_PASSKEY_TEXT) {
+        long lo, hi;
+        sent_range(ti->hc, eval, &lo, &hi);
         double sum = 0;
         int k = 0;
         for (long s = ti->sent0; s < hi && k < 64; s++, k++)
-            sum += c->sent_tok[s];
+            sum += ti->hc->sent_tok[s];
         per = k ? sum / k : 20.0;
-        (void)lo;
     } else if (ti->hay == HAY_NOISE || ti->hay == HAY_PASSKEY) {
         per = c->noise_tok;
     } else {
@@ -1017,6 +1091,8 @@ int kvp_task_render_eval(const struct kvp_corpus *c, const struct kvp_task_req *
     kvp_rng_seed(&r, req->seed);
     ti->task = req->task;
     setup_task(c, &r, true, KVP_EDGE_FRAC_DEFAULT, ti);
+    if (req->prose && ti->hay == HAY_PASSKEY)
+        ti->hay = HAY_PASSKEY_TEXT;
     if (req->depth >= 0.0f)
         force_depth(ti, req->depth > 1.0f ? 1.0f : req->depth);
     struct tok_counter tc = {.count = req->count, .ud = req->ud};
@@ -1123,9 +1199,8 @@ static void put_tok(struct kvp_sample *s, int *pos, int32_t t, float w)
 static int put_plain(struct kvp_sample *s, int *pos, const struct kvp_corpus *c,
                      const struct kvp_tvocab *v, uint64_t where, bool eval, struct kvp_err *err)
 {
-    long lo = eval ? c->n_train : 0, hi = eval ? c->n_sent : c->n_train;
-    if (hi - lo < 1)
-        lo = 0, hi = c->n_sent;
+    long lo, hi;
+    sent_range(c, eval, &lo, &hi);
     long start = lo + (long)(where % (uint64_t)(hi - lo));
     struct sbuf b = {0};
     while (*pos <= s->T) {
@@ -1226,6 +1301,7 @@ int kvp_sample_make(struct kvp_sample *s, const struct kvp_corpus *c, const stru
         return kvp_err_set(err, KVP_ENOMEM, "task");
     ti->task = task;
     setup_task(c, &r, eval, mix->edge_frac, ti);
+    choose_haystack(c, seed, eval, mix->hay_frac, ti);
     if (task == KVP_TASK_COPY) {
         rc = put_copy(s, &pos, c, v, &r, &b, answer_weight, err);
         if (rc < 0)
@@ -1251,8 +1327,11 @@ int kvp_sample_make(struct kvp_sample *s, const struct kvp_corpus *c, const stru
                 rc = kvp_err_set(err, KVP_ENOMEM, "prompt");
                 goto out;
             }
-            put_tok(s, &pos, 1, 1.0f);
-            if ((rc = put_text(s, &pos, v, b.p, b.n, true, 1.0f, err)) < 0)
+            /* a haystack of an extra corpus is read, not learnt: its tokens weigh 0, so the
+             * model's small capacity stays on the --data text and the loss on the answer */
+            float pw = ti->hc != c ? 0.0f : 1.0f;
+            put_tok(s, &pos, 1, pw);
+            if ((rc = put_text(s, &pos, v, b.p, b.n, true, pw, err)) < 0)
                 goto out;
             s->ans_begin = pos - 1;
             if ((rc = put_text(s, &pos, v, ti->answer, strlen(ti->answer), false, answer_weight,

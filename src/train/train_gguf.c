@@ -5,7 +5,13 @@
  * written with ne = [in, out]; output.weight is omitted when tied to token_embd. Q and K rows are
  * already in the adjacent-pair (NORM) order the engine's `llama` RoPE expects, because the
  * trainer rotates adjacent pairs itself; no permutation is needed.
+ *
+ * Import is the inverse, for files this exporter wrote (continued training of a shipped model
+ * whose checkpoint is gone): the configuration from the same keys, the vocabulary from the
+ * tokenizer arrays, every tensor F32 with exactly the trainer's name and shape. Anything else
+ * (another architecture, quantised tensors, RoPE scaling, partial RoPE) is one error.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "model/gguf.h"
@@ -67,4 +73,164 @@ int kvp_train_export_gguf(const char *path, const struct kvp_train_model *m,
     rc = kvp_gguf_writer_write_file(w, path, err);
     kvp_gguf_writer_free(w);
     return rc;
+}
+
+static int get_u(const struct kvp_gguf *g, const char *key, int lo, int hi, int *out,
+                 struct kvp_err *err)
+{
+    int64_t x;
+    int rc = kvp_gguf_get_int(g, key, &x, err);
+    if (rc == KVP_ENOTFOUND)
+        return kvp_err_set(err, KVP_EFORMAT, "key '%s' is missing", key);
+    if (rc < 0)
+        return rc;
+    if (x < lo || x > hi)
+        return kvp_err_set(err, KVP_EFORMAT, "key '%s' = %lld: outside %d..%d", key,
+                           (long long)x, lo, hi);
+    *out = (int)x;
+    return 0;
+}
+
+static int import_config(const struct kvp_gguf *g, struct kvp_train_config *c,
+                         struct kvp_err *err)
+{
+    const char *arch;
+    size_t alen;
+    if (kvp_gguf_get_str(g, "general.architecture", &arch, &alen, NULL) != 0 || alen != 5 ||
+        memcmp(arch, "llama", 5))
+        return kvp_err_set(err, KVP_EUNSUPPORTED, "not a llama-architecture GGUF");
+    memset(c, 0, sizeof(*c));
+    int rc, rot;
+    double eps = 0, base = 10000.0, scale = 1.0;
+    if ((rc = get_u(g, "llama.context_length", 2, 65536, &c->n_ctx, err)) < 0 ||
+        (rc = get_u(g, "llama.embedding_length", 2, 65536, &c->n_embd, err)) < 0 ||
+        (rc = get_u(g, "llama.block_count", 1, 1024, &c->n_layer, err)) < 0 ||
+        (rc = get_u(g, "llama.feed_forward_length", 1, 1 << 20, &c->n_ff, err)) < 0 ||
+        (rc = get_u(g, "llama.attention.head_count", 1, 1024, &c->n_head, err)) < 0 ||
+        (rc = get_u(g, "llama.attention.head_count_kv", 1, 1024, &c->n_head_kv, err)) < 0 ||
+        (rc = get_u(g, "llama.rope.dimension_count", 2, 4096, &rot, err)) < 0)
+        return rc;
+    if (kvp_gguf_get_float(g, "llama.attention.layer_norm_rms_epsilon", &eps, NULL) != 0 ||
+        !(eps > 0.0 && eps < 1.0))
+        return kvp_err_set(err, KVP_EFORMAT, "layer_norm_rms_epsilon missing or out of range");
+    if ((rc = kvp_gguf_get_float(g, "llama.rope.freq_base", &base, err)) < 0 &&
+        rc != KVP_ENOTFOUND)
+        return rc;
+    if ((rc = kvp_gguf_get_float(g, "llama.rope.scaling.factor", &scale, err)) < 0 &&
+        rc != KVP_ENOTFOUND)
+        return rc;
+    if (scale != 1.0)
+        return kvp_err_set(err, KVP_EUNSUPPORTED, "RoPE scaling factor %g: the trainer rotates "
+                           "unscaled positions", scale);
+    if (rot != c->n_embd / c->n_head)
+        return kvp_err_set(err, KVP_EUNSUPPORTED, "partial RoPE (%d of head_dim %d)", rot,
+                           c->n_embd / c->n_head);
+    c->rope_base = (float)base;
+    c->norm_eps = (float)eps;
+    c->tied = kvp_gguf_find_tensor(g, "output.weight") == NULL;
+    return 0;
+}
+
+static int import_vocab(const struct kvp_gguf *g, struct kvp_tvocab **out, struct kvp_err *err)
+{
+    static const char *const keys[3] = {"tokenizer.ggml.tokens", "tokenizer.ggml.scores",
+                                        "tokenizer.ggml.token_type"};
+    const struct kvp_gguf_kv *kv[3];
+    uint64_t n = 0;
+    for (int k = 0; k < 3; k++) {
+        int64_t i = kvp_gguf_find_key(g, keys[k]);
+        if (i < 0 || g->kv[i].type != KVP_GGUF_ARRAY || (k > 0 && g->kv[i].count != n))
+            return kvp_err_set(err, KVP_EFORMAT, "'%s' missing or of the wrong length", keys[k]);
+        kv[k] = &g->kv[i];
+        n = kv[0]->count;
+    }
+    if (n < KVP_TVOCAB_BYTE0 + 256 || n > 65536)
+        return kvp_err_set(err, KVP_EFORMAT, "vocabulary of %llu tokens", (unsigned long long)n);
+    const char **text = calloc(n, sizeof(*text));
+    char **copies = calloc(n, sizeof(*copies));
+    size_t *len = calloc(n, sizeof(*len));
+    float *score = calloc(n, sizeof(*score));
+    int32_t *type = calloc(n, sizeof(*type));
+    int rc = 0;
+    if (!text || !copies || !len || !score || !type)
+        rc = kvp_err_set(err, KVP_ENOMEM, "vocabulary");
+    for (uint64_t i = 0; i < n && rc == 0; i++) {
+        const char *s;
+        double sc;
+        int64_t ty;
+        if (kvp_gguf_arr_str(kv[0], i, &s, &len[i]) || len[i] > 256 ||
+            kvp_gguf_arr_float(kv[1], i, &sc) || kvp_gguf_arr_int(kv[2], i, &ty) || ty < 0 ||
+            ty > 6) {
+            rc = kvp_err_set(err, KVP_EFORMAT, "vocabulary token %llu", (unsigned long long)i);
+            break;
+        }
+        if (!(copies[i] = malloc(len[i] + 1))) {
+            rc = kvp_err_set(err, KVP_ENOMEM, "vocabulary");
+            break;
+        }
+        memcpy(copies[i], s, len[i]);
+        copies[i][len[i]] = 0;
+        text[i] = copies[i];
+        score[i] = (float)sc;
+        type[i] = (int32_t)ty;
+    }
+    if (rc == 0)
+        rc = kvp_tvocab_create((int)n, text, len, score, type, out, err);
+    for (uint64_t i = 0; copies && i < n; i++)
+        free(copies[i]);
+    free(copies);
+    free(text);
+    free(len);
+    free(score);
+    free(type);
+    return rc;
+}
+
+int kvp_train_import_gguf(const char *path, int n_ctx, float rope_base, long cap_tokens,
+                          int n_threads, struct kvp_train_model **mout, struct kvp_tvocab **vout,
+                          struct kvp_err *err)
+{
+    struct kvp_gguf *g;
+    int rc = kvp_gguf_open(path, &g, err);
+    if (rc < 0)
+        return rc;
+    struct kvp_train_config cfg;
+    struct kvp_train_model *m = NULL;
+    struct kvp_tvocab *v = NULL;
+    if ((rc = import_config(g, &cfg, err)) < 0 || (rc = import_vocab(g, &v, err)) < 0)
+        goto fail;
+    cfg.n_vocab = v->n;
+    if (n_ctx > 0)
+        cfg.n_ctx = n_ctx;
+    if (rope_base > 0.0f)
+        cfg.rope_base = rope_base;
+    if ((rc = kvp_train_config_check(&cfg, err)) < 0 ||
+        (rc = kvp_train_model_init(&m, &cfg, cap_tokens, n_threads, 0, err)) < 0)
+        goto fail;
+    if (g->n_tensors != (uint64_t)m->n_tensors) {
+        rc = kvp_err_set(err, KVP_EFORMAT, "%llu tensors, the configuration has %d",
+                         (unsigned long long)g->n_tensors, m->n_tensors);
+        goto fail;
+    }
+    for (int i = 0; i < m->n_tensors; i++) {
+        const struct kvp_train_tensor *t = &m->tensors[i];
+        const struct kvp_gguf_tensor *gt = kvp_gguf_find_tensor(g, t->name);
+        size_t n = (size_t)t->ne[0] * (size_t)t->ne[1];
+        if (!gt || gt->type != KVP_TYPE_F32 || gt->ne[0] != t->ne[0] ||
+            gt->ne[1] != (t->n_dims == 2 ? t->ne[1] : 1) || gt->nbytes != n * sizeof(float)) {
+            rc = kvp_err_set(err, KVP_EFORMAT, "tensor %s: missing, not F32 or not [%lld, %lld]",
+                             t->name, (long long)t->ne[0], (long long)t->ne[1]);
+            goto fail;
+        }
+        memcpy(m->params + t->off, gt->data, gt->nbytes);
+    }
+    kvp_gguf_close(g);
+    *mout = m;
+    *vout = v;
+    return 0;
+fail:
+    kvp_train_model_free(m);
+    kvp_tvocab_free(v);
+    kvp_gguf_close(g);
+    return err ? kvp_err_prefix(err, "%s", path) : rc;
 }

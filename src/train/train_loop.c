@@ -59,6 +59,7 @@ void kvp_train_opts_default(struct kvp_train_opts *o)
     kvp_task_mix_default(&hp->mix);
     o->eval_samples = 8;
     o->n_threads = 2;
+    o->precision = KVP_PREC_BF16;
 }
 
 int kvp_train_phase_at(const struct kvp_train_hparams *hp, long step)
@@ -66,10 +67,10 @@ int kvp_train_phase_at(const struct kvp_train_hparams *hp, long step)
     double tot = 0.0;
     for (int i = 0; i < hp->n_phases; i++)
         tot += hp->phase_frac[i];
-    double acc = 0.0;
+    double acc = 0.0, span = (double)(hp->steps - hp->stage_step);
     for (int i = 0; i < hp->n_phases; i++) {
         acc += hp->phase_frac[i] / (tot > 0 ? tot : 1.0);
-        if ((double)step < acc * (double)hp->steps)
+        if ((double)(step - hp->stage_step) < acc * span)
             return i;
     }
     return hp->n_phases - 1;
@@ -188,6 +189,22 @@ static void info(struct run *r, const char *msg)
     struct kvp_train_progress p = {.event = KVP_TRAIN_EV_INFO, .step = r->st.step,
                                    .steps = r->hp.steps, .msg = msg};
     emit(r, &p);
+}
+
+/* A fresh run from a GGUF the trainer exported: its weights and vocabulary, fresh optimiser
+ * state and schedule (the shipped model's checkpoint is gone; its GGUF is what exists). */
+static int setup_from_gguf(struct run *r, struct kvp_err *err)
+{
+    const struct kvp_train_opts *o = r->o;
+    int rc = kvp_train_import_gguf(o->init_gguf, o->model.n_ctx, o->model.rope_base,
+                                   o->hp.micro_tokens, o->n_threads, &r->m, &r->v, err);
+    if (rc < 0)
+        return rc;
+    r->hp = o->hp;
+    memset(&r->st, 0, sizeof(r->st));
+    kvp_rng_seed(&r->st.rng, r->hp.seed ^ 0x5DEECE66DULL);
+    return kvp_adamw_init(&r->opt, r->m->n_params, r->hp.beta1, r->hp.beta2, r->hp.adam_eps,
+                          r->hp.weight_decay, err);
 }
 
 static int setup_fresh(struct run *r, const char *text, size_t len, struct kvp_err *err)
@@ -323,8 +340,9 @@ static int train_step(struct run *r, struct kvp_train_progress *p, struct kvp_er
         }
     }
     double gnorm = kvp_clip_grad(r->m->grads, r->m->n_params, hp->clip);
-    long warm = (long)(hp->warmup_frac * (float)hp->steps);
-    float lr = kvp_lr_schedule(r->st.step, warm, hp->steps, hp->lr, hp->lr_min);
+    long span = hp->steps - hp->stage_step; /* the schedule restarts with each stage */
+    long warm = (long)(hp->warmup_frac * (float)span);
+    float lr = kvp_lr_schedule(r->st.step - hp->stage_step, warm, span, hp->lr, hp->lr_min);
     kvp_adamw_step(&r->opt, r->m, lr);
     r->st.step++;
     r->st.data_cursor += (uint64_t)n_seq;
@@ -425,6 +443,101 @@ static void apply_overrides(struct kvp_train_hparams *hp, const struct kvp_train
         hp->mix.edge_frac = given->mix.edge_frac;
     if (which & KVP_TRAIN_OVERRIDE_FILL_MIN)
         hp->mix.fill_min = given->mix.fill_min;
+    if (which & KVP_TRAIN_OVERRIDE_HAY_FRAC)
+        hp->mix.hay_frac = given->mix.hay_frac;
+    if (which & KVP_TRAIN_OVERRIDE_CURRICULUM) {
+        hp->n_phases = given->n_phases;
+        memcpy(hp->phase_ctx, given->phase_ctx, sizeof(hp->phase_ctx));
+        memcpy(hp->phase_frac, given->phase_frac, sizeof(hp->phase_frac));
+    }
+    if (which & KVP_TRAIN_OVERRIDE_BATCH) {
+        hp->tokens_per_step = given->tokens_per_step;
+        hp->micro_tokens = given->micro_tokens;
+    }
+}
+
+/* Does the resume change the context, the RoPE base, the curriculum or the batch? Settings
+ * given again with the checkpoint's own values change nothing, so the command that started a
+ * stage also continues it. */
+static bool stage_changes(const struct run *r)
+{
+    const struct kvp_train_opts *o = r->o;
+    const struct kvp_train_hparams *hp = &r->hp, *g = &o->hp;
+    unsigned w = o->resume_override;
+    bool phases = g->n_phases != hp->n_phases;
+    for (int i = 0; i < g->n_phases && !phases; i++)
+        phases = g->phase_ctx[i] != hp->phase_ctx[i] || g->phase_frac[i] != hp->phase_frac[i];
+    return ((w & KVP_TRAIN_OVERRIDE_CTX) && o->model.n_ctx != r->m->cfg.n_ctx) ||
+           ((w & KVP_TRAIN_OVERRIDE_ROPE) && o->model.rope_base != r->m->cfg.rope_base) ||
+           ((w & KVP_TRAIN_OVERRIDE_CURRICULUM) && phases) ||
+           ((w & KVP_TRAIN_OVERRIDE_BATCH) && (g->tokens_per_step != hp->tokens_per_step ||
+                                               g->micro_tokens != hp->micro_tokens));
+}
+
+/* A resume that changes the context, the RoPE base, the curriculum or the batch starts a new
+ * stage at the checkpoint's step: its own warm-up, cosine and curriculum up to --steps, and the
+ * model rebuilt for the new context (the weights do not depend on it; RoPE tables and run state
+ * do), keeping the weights and the Adam moments. */
+static int start_stage(struct run *r, struct kvp_err *err)
+{
+    const struct kvp_train_opts *o = r->o;
+    unsigned w = o->resume_override;
+    if (o->hp.steps <= r->st.step)
+        return kvp_err_set(err, KVP_EINVAL,
+                           "a new stage (--ctx, --rope-base, --curriculum, --batch or --micro) "
+                           "needs --steps beyond the checkpoint's step %ld", r->st.step);
+    r->hp.steps = o->hp.steps;
+    r->hp.stage_step = r->st.step;
+    struct kvp_train_config cfg = r->m->cfg;
+    if (w & KVP_TRAIN_OVERRIDE_CTX)
+        cfg.n_ctx = o->model.n_ctx;
+    if (w & KVP_TRAIN_OVERRIDE_ROPE)
+        cfg.rope_base = o->model.rope_base;
+    struct kvp_train_model *m;
+    int rc = kvp_train_config_check(&cfg, err);
+    if (rc == 0)
+        rc = kvp_train_model_init(&m, &cfg, r->hp.micro_tokens, o->n_threads, 0, err);
+    if (rc < 0)
+        return rc;
+    memcpy(m->params, r->m->params, m->n_params * sizeof(float));
+    kvp_train_model_free(r->m);
+    r->m = m;
+    return 0;
+}
+
+static uint64_t fnv_text(uint64_t h, const char *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        h ^= (unsigned char)p[i];
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
+
+/* The extra haystack corpora, each path its own kind (never the essays: kvp_corpus_read refuses
+ * them), and their fingerprint. */
+static int load_hay(struct run *r, uint64_t *hash, struct kvp_err *err)
+{
+    const struct kvp_train_opts *o = r->o;
+    uint64_t h = o->n_hay_paths ? 1469598103934665603ULL : 0;
+    for (int i = 0; i < o->n_hay_paths; i++) {
+        char *text, msg[512];
+        size_t len;
+        struct kvp_corpus *c;
+        int rc = kvp_corpus_read(&o->hay_paths[i], 1, &text, &len, err);
+        if (rc < 0)
+            return rc;
+        h = fnv_text(h, text, len);
+        rc = kvp_corpus_init(&c, text, len, r->v, HOLDOUT, err);
+        free(text);
+        if (rc < 0 || (rc = kvp_corpus_add_hay(r->c, c, err)) < 0)
+            return err ? kvp_err_prefix(err, "--hay %s", o->hay_paths[i]) : rc;
+        snprintf(msg, sizeof(msg), "haystack %s: %ld sentences (%ld for training)",
+                 o->hay_paths[i], c->n_sent, c->n_train);
+        info(r, msg);
+    }
+    *hash = h;
+    return 0;
 }
 
 int kvp_train_run(const struct kvp_train_opts *o, kvp_train_progress_fn cb, void *user,
@@ -441,35 +554,56 @@ int kvp_train_run(const struct kvp_train_opts *o, kvp_train_progress_fn cb, void
     int rc;
     if (o->n_threads > 0)
         openblas_set_num_threads(o->n_threads);
+    bool new_stage = false;
     if (o->resume_path) {
         rc = kvp_ckpt_load(o->resume_path, 0, o->n_threads, &r.m, &r.opt, &r.v, &r.hp, &r.st, err);
         if (rc < 0)
             return rc;
         if (o->hp.steps > r.hp.steps)
             r.hp.steps = o->hp.steps; /* allow extending a finished run (the schedule changes) */
+        new_stage = stage_changes(&r);
         apply_overrides(&r.hp, &o->hp, o->resume_override);
-        snprintf(msg, sizeof(msg), "resumed %s at step %ld of %ld", o->resume_path, r.st.step,
-                 r.hp.steps);
+        if (new_stage && (rc = start_stage(&r, err)) < 0)
+            goto out;
+        snprintf(msg, sizeof(msg), "resumed %s at step %ld of %ld%s (ctx %d, rope base %g)",
+                 o->resume_path, r.st.step, r.hp.steps,
+                 r.hp.stage_step == r.st.step && r.st.step > 0 ? ", a new stage" : "",
+                 r.m->cfg.n_ctx, (double)r.m->cfg.rope_base);
         info(&r, msg);
     }
     if ((rc = kvp_corpus_read(o->data_paths, o->n_data_paths, &text, &len, err)) < 0)
         goto out;
     if (!o->resume_path) {
-        if ((rc = check_hparams(&o->hp, o->model.n_ctx, err)) < 0 ||
-            (rc = setup_fresh(&r, text, len, err)) < 0)
+        if ((rc = check_hparams(&o->hp, o->init_gguf ? 65536 : o->model.n_ctx, err)) < 0 ||
+            (rc = o->init_gguf ? setup_from_gguf(&r, err) : setup_fresh(&r, text, len, err)) < 0)
             goto out;
-        snprintf(msg, sizeof(msg), "vocabulary: %d tokens; model: %zu parameters", r.v->n,
-                 r.m->n_params);
+        snprintf(msg, sizeof(msg), "vocabulary: %d tokens; model: %zu parameters%s%s", r.v->n,
+                 r.m->n_params, o->init_gguf ? ", from " : "", o->init_gguf ? o->init_gguf : "");
         info(&r, msg);
-    } else if ((rc = check_hparams(&r.hp, r.m->cfg.n_ctx, err)) < 0) {
-        goto out;
     }
+    if ((rc = check_hparams(&r.hp, r.m->cfg.n_ctx, err)) < 0)
+        goto out;
     if ((rc = kvp_corpus_init(&r.c, text, len, r.v, HOLDOUT, err)) < 0)
         goto out;
     free(text);
     text = NULL;
     snprintf(msg, sizeof(msg), "corpus: %ld sentences (%ld for training), %d key words",
              r.c->n_sent, r.c->n_train, r.c->n_words);
+    info(&r, msg);
+    uint64_t hay_hash = 0;
+    if ((rc = load_hay(&r, &hay_hash, err)) < 0)
+        goto out;
+    if (o->resume_path && hay_hash != r.st.hay_hash &&
+        !new_stage) {
+        rc = kvp_err_set(err, KVP_EINVAL, "--hay: not the haystack texts of the checkpoint (give "
+                         "the same --hay paths, or start a new stage)");
+        goto out;
+    }
+    r.st.hay_hash = hay_hash;
+    if ((rc = kvp_train_model_set_precision(r.m, o->precision, err)) < 0)
+        goto out;
+    snprintf(msg, sizeof(msg), "precision %s (%s)", kvp_train_precision_name(o->precision),
+             o->precision == KVP_PREC_BF16 ? r.m->tk->name : "openblas");
     info(&r, msg);
     size_t mt = (size_t)r.hp.micro_tokens;
     r.tok = malloc(mt * sizeof(int32_t));

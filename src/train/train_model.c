@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "core/platform.h"
+#include "kernels/types.h"
 #include "train/train.h"
 
 #define KVP_TRAIN_MAX_THREADS 64
@@ -288,13 +289,62 @@ void kvp_train_model_free(struct kvp_train_model *m)
     }
     float *bufs[] = {m->xf,   m->xnf, m->rstdf, m->logits, m->dx,       m->dtmp,
                      m->dq,   m->dk,  m->dv,    m->datt,   m->dg,       m->du,
-                     m->dff,  m->rope_cos, m->rope_sin, m->attn_scratch, m->params, m->grads};
+                     m->dff,  m->rope_cos, m->rope_sin, m->attn_scratch, m->params, m->grads,
+                     m->fa_scratch};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         kvp_free_aligned(bufs[i]);
+    kvp_free_aligned(m->bf_a);
+    kvp_free_aligned(m->bf_b);
+    kvp_free_aligned(m->bf_w);
     free(m->tok);
     free(m->layers);
     free(m->tensors);
     free(m);
+}
+
+/* The linear maps of the model as (in, out), for sizing the bf16 scratch. */
+static void linear_shapes(const struct kvp_train_model *m, int shapes[6][2])
+{
+    const struct kvp_train_config *c = &m->cfg;
+    int D = c->n_embd, qd = c->n_head * m->head_dim, kvd = c->n_head_kv * m->head_dim;
+    int s[6][2] = {{D, qd}, {D, kvd}, {qd, D}, {D, c->n_ff}, {c->n_ff, D}, {D, c->n_vocab}};
+    memcpy(shapes, s, sizeof(s));
+}
+
+static uint16_t *balloc(size_t n, bool *ok)
+{
+    uint16_t *p = kvp_alloc_aligned((n ? n : 1) * sizeof(uint16_t));
+    if (!p)
+        *ok = false;
+    return p;
+}
+
+int kvp_train_model_set_precision(struct kvp_train_model *m, int precision, struct kvp_err *err)
+{
+    if (precision != KVP_PREC_F32 && precision != KVP_PREC_BF16)
+        return kvp_err_set(err, KVP_EINVAL, "precision %d", precision);
+    m->precision = precision;
+    if (precision == KVP_PREC_F32 || m->bf_a)
+        return 0;
+    m->tk = kvp_tk();
+    int shapes[6][2];
+    linear_shapes(m, shapes);
+    size_t wmax = 0, dmax = 0;
+    for (int i = 0; i < 6; i++) {
+        size_t in = (size_t)shapes[i][0] + 1, out = (size_t)shapes[i][1] + 1;
+        wmax = in * out > wmax ? in * out : wmax;
+        dmax = in > dmax ? in : dmax;
+        dmax = out > dmax ? out : dmax;
+    }
+    size_t n = (size_t)m->cap_tokens + 1;
+    bool ok = true;
+    m->bf_a = balloc(n * dmax, &ok);
+    m->bf_b = balloc(n * dmax, &ok);
+    m->bf_w = balloc(wmax, &ok);
+    m->fa_scratch = falloc(kvp_fa_scratch(m->cfg.n_ctx, m->head_dim) * (size_t)m->n_threads, &ok);
+    if (!ok)
+        return kvp_err_set(err, KVP_ENOMEM, "bf16 run state for %ld tokens", m->cap_tokens);
+    return 0;
 }
 
 void kvp_train_model_zero_grad(struct kvp_train_model *m)
@@ -368,6 +418,7 @@ struct glu_ctx {
     const float *g, *u, *da;
     long n;
     bool bwd;
+    const struct kvp_tk_ops *tk; /* SIMD versions (bf16 path); NULL: the f32 reference ops */
 };
 
 static void glu_worker(void *p, int ith, int nth)
@@ -376,9 +427,10 @@ static void glu_worker(void *p, int ith, int nth)
     long b, e;
     split(c->n, ith, nth, &b, &e);
     if (c->bwd)
-        kvp_op_swiglu_bwd(c->dg + b, c->du + b, c->da + b, c->g + b, c->u + b, e - b);
+        (c->tk ? c->tk->swiglu_bwd : kvp_op_swiglu_bwd)(c->dg + b, c->du + b, c->da + b, c->g + b,
+                                                        c->u + b, e - b);
     else
-        kvp_op_swiglu_fwd(c->a + b, c->g + b, c->u + b, e - b);
+        (c->tk ? c->tk->swiglu_fwd : kvp_op_swiglu_fwd)(c->a + b, c->g + b, c->u + b, e - b);
 }
 
 struct xent_ctx {
@@ -388,6 +440,7 @@ struct xent_ctx {
     long n;
     int V;
     float scale;
+    bool fast;
     double part[KVP_TRAIN_MAX_THREADS];
 };
 
@@ -396,8 +449,136 @@ static void xent_worker(void *p, int ith, int nth)
     struct xent_ctx *c = p;
     long b, e;
     split(c->n, ith, nth, &b, &e);
-    c->part[ith] = kvp_op_xent(c->logits + b * c->V, c->targets + b, c->w ? c->w + b : NULL, e - b,
+    c->part[ith] = (c->fast ? kvp_op_xent_fast : kvp_op_xent)(c->logits + b * c->V, c->targets + b, c->w ? c->w + b : NULL, e - b,
                                c->V, c->scale, c->nll ? c->nll + b : NULL);
+}
+
+/* ================================== linear maps =============================================== */
+
+/* The bf16 linear maps split rows of their outputs over the threads: each thread converts the
+ * rows it needs and runs its own GEMMs, so nothing synchronises inside an op. B operands shared
+ * by all threads (the packed weights, the token-paired activations of dW) are packed first. */
+struct lin_ctx {
+    const struct kvp_tk_ops *tk;
+    float *y, *dw;
+    const float *x, *dy;
+    uint16_t *a, *b; /* bf16 A scratch, B scratch (token-paired activations for dW) */
+    const uint16_t *w;
+    long n;
+    int in, out, ina, outa; /* ina/outa: in/out rounded up to even */
+    bool acc;
+    bool reuse_x; /* x is the previous call's x: its bf16 copy is still in the scratch */
+};
+
+static void lin_fwd_worker(void *p, int ith, int nth)
+{
+    struct lin_ctx *c = p;
+    long b, e;
+    split(c->n, ith, nth, &b, &e);
+    for (long i = b; i < e && !c->reuse_x; i++) {
+        uint16_t *row = c->a + (size_t)i * c->ina;
+        c->tk->cvt(row, c->x + (size_t)i * c->in, (size_t)c->in, 1.0f);
+        if (c->ina > c->in)
+            row[c->in] = 0;
+    }
+    if (e > b)
+        c->tk->gemm((int)(e - b), c->out, c->ina / 2, c->a + (size_t)b * c->ina, (size_t)c->ina, 2,
+                    c->w, (size_t)2 * c->out, c->y + (size_t)b * c->out, (size_t)c->out, c->acc);
+}
+
+/* Pair-interleave the rows of an f32 matrix [n][cols] (row 2p with 2p+1) into dst [n/2][cols][2]. */
+static void pair_rows(const struct kvp_tk_ops *tk, uint16_t *dst, const float *src, long n,
+                      int cols, long pb, long pe)
+{
+    for (long p = pb; p < pe; p++)
+        tk->cvt_pair(dst + (size_t)p * 2 * cols, src + (size_t)2 * p * cols,
+                     2 * p + 1 < n ? src + (size_t)(2 * p + 1) * cols : NULL, (size_t)cols, 1.0f);
+}
+
+static void lin_dw_pack_worker(void *p, int ith, int nth)
+{
+    struct lin_ctx *c = p;
+    long b, e;
+    split((c->n + 1) / 2, ith, nth, &b, &e);
+    if (!c->reuse_x)
+        pair_rows(c->tk, c->b, c->x, c->n, c->in, b, e); /* B = x paired by tokens [n/2][in][2] */
+    pair_rows(c->tk, c->a, c->dy, c->n, c->out, b, e); /* A = dyᵀ, pair-interleaved the same */
+}
+
+static void lin_dw_worker(void *p, int ith, int nth)
+{
+    struct lin_ctx *c = p;
+    long b, e;
+    split(c->out, ith, nth, &b, &e);
+    if (e > b)
+        c->tk->gemm((int)(e - b), c->in, (int)((c->n + 1) / 2), c->a + 2 * (size_t)b, 2,
+                    (size_t)2 * c->out, c->b, (size_t)2 * c->in, c->dw + (size_t)b * c->in,
+                    (size_t)c->in, true);
+}
+
+static void lin_dx_worker(void *p, int ith, int nth)
+{
+    struct lin_ctx *c = p;
+    long b, e;
+    split(c->n, ith, nth, &b, &e);
+    for (long i = b; i < e; i++) {
+        uint16_t *row = c->a + (size_t)i * c->outa;
+        c->tk->cvt(row, c->dy + (size_t)i * c->out, (size_t)c->out, 1.0f);
+        if (c->outa > c->out)
+            row[c->out] = 0;
+    }
+    if (e > b)
+        c->tk->gemm((int)(e - b), c->in, c->outa / 2, c->a + (size_t)b * c->outa, (size_t)c->outa, 2,
+                    c->w, (size_t)2 * c->in, c->y + (size_t)b * c->in, (size_t)c->in, c->acc);
+}
+
+/* kvp_op_linear_fwd in the model's precision. reuse_x: x is the same (same contents) as in the
+ * previous linear_fwd call, whose bf16 copy of it is reused (Q, K, V read one input, as do gate
+ * and up). */
+static void linear_fwd(struct kvp_train_model *m, float *y, const float *x, const float *w, long n,
+                       int in, int out, float beta, bool reuse_x)
+{
+    if (m->precision == KVP_PREC_F32) {
+        kvp_op_linear_fwd(y, x, w, n, in, out, beta);
+        return;
+    }
+    const struct kvp_tk_ops *tk = m->tk;
+    int ina = (in + 1) & ~1;
+    /* B[k = in][n = out] pair-interleaved: (W[o][2p], W[o][2p+1]) */
+    for (int pi = 0; pi < ina / 2; pi++)
+        for (int o = 0; o < out; o++) {
+            uint16_t *d = m->bf_w + ((size_t)pi * out + o) * 2;
+            d[0] = kvp_f32_to_bf16(w[(size_t)o * in + 2 * pi]);
+            d[1] = 2 * pi + 1 < in ? kvp_f32_to_bf16(w[(size_t)o * in + 2 * pi + 1]) : 0;
+        }
+    struct lin_ctx c = {.tk = tk, .y = y, .x = x, .a = m->bf_a, .w = m->bf_w, .n = n, .in = in,
+                        .out = out, .ina = ina, .acc = beta != 0.0f, .reuse_x = reuse_x};
+    par_run(m->n_threads, lin_fwd_worker, &c);
+}
+
+/* kvp_op_linear_bwd in the model's precision (dW first, so dx may alias x); reuse_x as for
+ * linear_fwd, with the previous linear_bwd call. */
+static void linear_bwd(struct kvp_train_model *m, float *dx, float *dw, const float *dy,
+                       const float *x, const float *w, long n, int in, int out, float beta_dx,
+                       bool reuse_x)
+{
+    if (m->precision == KVP_PREC_F32) {
+        kvp_op_linear_bwd(dx, dw, dy, x, w, n, in, out, beta_dx);
+        return;
+    }
+    const struct kvp_tk_ops *tk = m->tk;
+    struct lin_ctx c = {.tk = tk, .dw = dw, .x = x, .dy = dy, .a = m->bf_a, .b = m->bf_b, .n = n,
+                        .in = in, .out = out, .outa = (out + 1) & ~1, .acc = beta_dx != 0.0f,
+                        .reuse_x = reuse_x};
+    par_run(m->n_threads, lin_dw_pack_worker, &c);
+    par_run(m->n_threads, lin_dw_worker, &c);
+    if (!dx)
+        return;
+    /* B[k = out][n = in] pair-interleaved: rows 2p and 2p+1 of W */
+    pair_rows(tk, m->bf_w, w, out, in, 0, (out + 1) / 2);
+    c.w = m->bf_w;
+    c.y = dx;
+    par_run(m->n_threads, lin_dx_worker, &c);
 }
 
 /* ===================================== attention ============================================== */
@@ -416,13 +597,21 @@ static void attn_worker(void *p, int ith, int nth)
     struct kvp_train_acts *A = c->A;
     int H = m->cfg.n_head, Hkv = m->cfg.n_head_kv, hd = m->head_dim, rep = H / Hkv;
     int ldq = H * hd, ldkv = Hkv * hd;
-    float *scratch = m->attn_scratch + kvp_op_attn_scratch(m->cfg.n_ctx) * (size_t)ith;
+    bool fused = m->precision == KVP_PREC_BF16;
+    float *scratch = fused ? m->fa_scratch + kvp_fa_scratch(m->cfg.n_ctx, hd) * (size_t)ith
+                           : m->attn_scratch + kvp_op_attn_scratch(m->cfg.n_ctx) * (size_t)ith;
     for (int task = ith; task < c->n_seq * Hkv; task += nth) {
         int b = task / Hkv, g = task % Hkv;
         size_t row = (size_t)b * c->T;
         size_t qo = row * ldq + (size_t)g * rep * hd, kvo = row * ldkv + (size_t)g * hd;
         float *lse = A->lse + ((size_t)b * H + (size_t)g * rep) * c->T;
-        if (!c->bwd) {
+        if (fused && !c->bwd) {
+            kvp_fa_fwd(m->tk, A->att + qo, lse, A->q + qo, A->k + kvo, A->v + kvo, c->T, hd, rep,
+                       ldq, ldkv, scratch);
+        } else if (fused) {
+            kvp_fa_bwd(m->tk, m->dq + qo, m->dk + kvo, m->dv + kvo, m->datt + qo, A->att + qo, lse,
+                       A->q + qo, A->k + kvo, A->v + kvo, c->T, hd, rep, ldq, ldkv, scratch);
+        } else if (!c->bwd) {
             kvp_op_attn_fwd(A->att + qo, lse, A->q + qo, A->k + kvo, A->v + kvo, c->T, hd, rep,
                             ldq, ldkv, scratch);
         } else {
@@ -439,10 +628,11 @@ static void attention(struct kvp_train_model *m, struct kvp_train_acts *A, int n
     int nth = m->n_threads;
     if (nth > n_seq * m->cfg.n_head_kv)
         nth = n_seq * m->cfg.n_head_kv;
-    if (nth > 1)
+    bool blas = m->precision == KVP_PREC_F32 && nth > 1;
+    if (blas)
         openblas_set_num_threads(1);
     par_run(nth, attn_worker, &c);
-    if (nth > 1)
+    if (blas)
         openblas_set_num_threads(m->n_threads);
 }
 
@@ -459,13 +649,15 @@ int kvp_train_model_forward(struct kvp_train_model *m, const int32_t *tok, int n
     for (long i = 0; i < N; i++)
         if (tok[i] < 0 || tok[i] >= c->n_vocab)
             return kvp_err_set(err, KVP_EINVAL, "token %d out of range", tok[i]);
-    openblas_set_num_threads(m->n_threads);
+    if (m->precision == KVP_PREC_F32)
+        openblas_set_num_threads(m->n_threads);
     memcpy(m->tok, tok, sizeof(int32_t) * (size_t)N);
     m->cur_seq = n_seq;
     m->cur_T = T;
     int D = c->n_embd, F = c->n_ff, hd = m->head_dim;
     int qd = c->n_head * hd, kvd = c->n_head_kv * hd;
     const float *P = m->params;
+    const struct kvp_tk_ops *fast = m->precision == KVP_PREC_BF16 ? m->tk : NULL;
 
     kvp_op_embed_fwd(m->acts[0].x, P + m->tok_embd, tok, N, D);
     for (int l = 0; l < c->n_layer; l++) {
@@ -473,24 +665,25 @@ int kvp_train_model_forward(struct kvp_train_model *m, const int32_t *tok, int n
         const struct kvp_train_layer *L = &m->layers[l];
         float *xnext = l + 1 < c->n_layer ? m->acts[l + 1].x : m->xf;
         rmsnorm_fwd(m, A->xn1, A->rstd1, A->x, P + L->attn_norm, N);
-        kvp_op_linear_fwd(A->q, A->xn1, P + L->wq, N, D, qd, 0.0f);
-        kvp_op_linear_fwd(A->k, A->xn1, P + L->wk, N, D, kvd, 0.0f);
-        kvp_op_linear_fwd(A->v, A->xn1, P + L->wv, N, D, kvd, 0.0f);
+        linear_fwd(m, A->q, A->xn1, P + L->wq, N, D, qd, 0.0f, false);
+        linear_fwd(m, A->k, A->xn1, P + L->wk, N, D, kvd, 0.0f, true);
+        linear_fwd(m, A->v, A->xn1, P + L->wv, N, D, kvd, 0.0f, true);
         kvp_op_rope(A->q, m->rope_cos, m->rope_sin, n_seq, T, c->n_head, hd, false);
         kvp_op_rope(A->k, m->rope_cos, m->rope_sin, n_seq, T, c->n_head_kv, hd, false);
         attention(m, A, n_seq, T, false);
         memcpy(A->xmid, A->x, sizeof(float) * (size_t)N * D);
-        kvp_op_linear_fwd(A->xmid, A->att, P + L->wo, N, qd, D, 1.0f);
+        linear_fwd(m, A->xmid, A->att, P + L->wo, N, qd, D, 1.0f, false);
         rmsnorm_fwd(m, A->xn2, A->rstd2, A->xmid, P + L->ffn_norm, N);
-        kvp_op_linear_fwd(A->gate, A->xn2, P + L->w_gate, N, D, F, 0.0f);
-        kvp_op_linear_fwd(A->up, A->xn2, P + L->w_up, N, D, F, 0.0f);
-        struct glu_ctx g = {.a = m->dff, .g = A->gate, .u = A->up, .n = N * F, .bwd = false};
+        linear_fwd(m, A->gate, A->xn2, P + L->w_gate, N, D, F, 0.0f, false);
+        linear_fwd(m, A->up, A->xn2, P + L->w_up, N, D, F, 0.0f, true);
+        struct glu_ctx g = {.a = m->dff, .g = A->gate, .u = A->up, .n = N * F, .bwd = false,
+                            .tk = fast};
         par_run(m->n_threads, glu_worker, &g);
         memcpy(xnext, A->xmid, sizeof(float) * (size_t)N * D);
-        kvp_op_linear_fwd(xnext, m->dff, P + L->w_down, N, F, D, 1.0f);
+        linear_fwd(m, xnext, m->dff, P + L->w_down, N, F, D, 1.0f, false);
     }
     rmsnorm_fwd(m, m->xnf, m->rstdf, m->xf, P + m->output_norm, N);
-    kvp_op_linear_fwd(m->logits, m->xnf, P + m->output, N, D, c->n_vocab, 0.0f);
+    linear_fwd(m, m->logits, m->xnf, P + m->output, N, D, c->n_vocab, 0.0f, false);
     return 0;
 }
 
@@ -499,7 +692,7 @@ double kvp_train_model_loss(struct kvp_train_model *m, const int32_t *targets, c
 {
     struct xent_ctx c = {.logits = m->logits, .nll = nll, .targets = targets, .w = w,
                          .n = (long)m->cur_seq * m->cur_T, .V = m->cfg.n_vocab,
-                         .scale = (float)(1.0 / wsum)};
+                         .scale = (float)(1.0 / wsum), .fast = m->precision == KVP_PREC_BF16};
     par_run(m->n_threads, xent_worker, &c);
     double total = 0.0;
     for (int t = 0; t < m->n_threads; t++)
@@ -518,10 +711,12 @@ void kvp_train_model_backward(struct kvp_train_model *m)
     int qd = c->n_head * hd, kvd = c->n_head_kv * hd;
     const float *P = m->params;
     float *G = m->grads;
-    openblas_set_num_threads(m->n_threads);
+    const struct kvp_tk_ops *fast = m->precision == KVP_PREC_BF16 ? m->tk : NULL;
+    if (m->precision == KVP_PREC_F32)
+        openblas_set_num_threads(m->n_threads);
 
     /* head and final norm: dx = rmsnorm_bwd(dlogits·Wout) */
-    kvp_op_linear_bwd(m->dtmp, G + m->output, m->logits, m->xnf, P + m->output, N, D, V, 0.0f);
+    linear_bwd(m, m->dtmp, G + m->output, m->logits, m->xnf, P + m->output, N, D, V, 0.0f, false);
     memset(m->dx, 0, sizeof(float) * (size_t)N * D);
     rmsnorm_bwd(m, m->dx, G + m->output_norm, m->dtmp, m->xf, P + m->output_norm, m->rstdf, N);
 
@@ -529,26 +724,27 @@ void kvp_train_model_backward(struct kvp_train_model *m)
         struct kvp_train_acts *A = &m->acts[l];
         const struct kvp_train_layer *L = &m->layers[l];
         /* FFN: x_next = xmid + Wdown·swiglu(gate, up); dx holds d x_next */
-        struct glu_ctx g = {.a = m->dff, .g = A->gate, .u = A->up, .n = N * F, .bwd = false};
+        struct glu_ctx g = {.a = m->dff, .g = A->gate, .u = A->up, .n = N * F, .bwd = false,
+                            .tk = fast};
         par_run(m->n_threads, glu_worker, &g);
-        kvp_op_linear_bwd(m->dff, G + L->w_down, m->dx, m->dff, P + L->w_down, N, F, D, 0.0f);
+        linear_bwd(m, m->dff, G + L->w_down, m->dx, m->dff, P + L->w_down, N, F, D, 0.0f, false);
         g = (struct glu_ctx){.dg = m->dg, .du = m->du, .da = m->dff, .g = A->gate, .u = A->up,
-                             .n = N * F, .bwd = true};
+                             .n = N * F, .bwd = true, .tk = fast};
         par_run(m->n_threads, glu_worker, &g);
-        kvp_op_linear_bwd(m->dtmp, G + L->w_gate, m->dg, A->xn2, P + L->w_gate, N, D, F, 0.0f);
-        kvp_op_linear_bwd(m->dtmp, G + L->w_up, m->du, A->xn2, P + L->w_up, N, D, F, 1.0f);
+        linear_bwd(m, m->dtmp, G + L->w_gate, m->dg, A->xn2, P + L->w_gate, N, D, F, 0.0f, false);
+        linear_bwd(m, m->dtmp, G + L->w_up, m->du, A->xn2, P + L->w_up, N, D, F, 1.0f, true);
         rmsnorm_bwd(m, m->dx, G + L->ffn_norm, m->dtmp, A->xmid, P + L->ffn_norm, A->rstd2, N);
 
         /* attention: xmid = x + Wo·att; dx now holds d xmid */
-        kvp_op_linear_bwd(m->datt, G + L->wo, m->dx, A->att, P + L->wo, N, qd, D, 0.0f);
+        linear_bwd(m, m->datt, G + L->wo, m->dx, A->att, P + L->wo, N, qd, D, 0.0f, false);
         memset(m->dk, 0, sizeof(float) * (size_t)N * kvd);
         memset(m->dv, 0, sizeof(float) * (size_t)N * kvd);
         attention(m, A, n_seq, T, true);
         kvp_op_rope(m->dq, m->rope_cos, m->rope_sin, n_seq, T, c->n_head, hd, true);
         kvp_op_rope(m->dk, m->rope_cos, m->rope_sin, n_seq, T, c->n_head_kv, hd, true);
-        kvp_op_linear_bwd(m->dtmp, G + L->wq, m->dq, A->xn1, P + L->wq, N, D, qd, 0.0f);
-        kvp_op_linear_bwd(m->dtmp, G + L->wk, m->dk, A->xn1, P + L->wk, N, D, kvd, 1.0f);
-        kvp_op_linear_bwd(m->dtmp, G + L->wv, m->dv, A->xn1, P + L->wv, N, D, kvd, 1.0f);
+        linear_bwd(m, m->dtmp, G + L->wq, m->dq, A->xn1, P + L->wq, N, D, qd, 0.0f, false);
+        linear_bwd(m, m->dtmp, G + L->wk, m->dk, A->xn1, P + L->wk, N, D, kvd, 1.0f, true);
+        linear_bwd(m, m->dtmp, G + L->wv, m->dv, A->xn1, P + L->wv, N, D, kvd, 1.0f, true);
         rmsnorm_bwd(m, m->dx, G + L->attn_norm, m->dtmp, A->x, P + L->attn_norm, A->rstd1, N);
     }
     kvp_op_embed_bwd(G + m->tok_embd, m->dx, m->tok, N, D);

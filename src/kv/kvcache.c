@@ -1,5 +1,5 @@
 /* Block-paged KV cache storage (see kvcache.h). */
-#include "forward/kvcache.h"
+#include "kv/kvcache.h"
 
 #include <stdlib.h>
 #include <string.h>

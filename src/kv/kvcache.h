@@ -23,8 +23,8 @@
  * (keys are stored after RoPE), so this is exact up to float summation order; below the limit a
  * slot is then no longer its token's position, which kvp_kvcache_pos still tells.
  */
-#ifndef KVP_FORWARD_KVCACHE_H
-#define KVP_FORWARD_KVCACHE_H
+#ifndef KVP_KV_KVCACHE_H
+#define KVP_KV_KVCACHE_H
 
 #include <pthread.h>
 #include <stdbool.h>

@@ -1,0 +1,79 @@
+/*
+ * libFuzzer target for the predictor file (.kvpp, src/predictor/cnn.c): parse the input, and
+ * again with its checksum fixed up (so mutations reach the checks behind the checksum). A file
+ * the parser accepts must be safe to run: its network scores a small history from scratch and
+ * incrementally through two steps (skipped for architectures too large to run per input).
+ */
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fuzz_common.h"
+#include "predictor/cnn.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static void run_network(const struct kvp_cnn *n)
+{
+    /* work per column: c1·c2·k² multiply-adds per row; keep an input under a millisecond */
+    if ((size_t)n->c1 * n->c2 * n->k * n->k > 8192)
+        return;
+    enum { W = 6, ROWS = 8 };
+    static float hist[ROWS + 1][W + 1];
+    const float *rows[ROWS + 1];
+    for (int r = 0; r <= ROWS; r++) {
+        for (int x = 0; x <= W; x++)
+            hist[r][x] = (float)((r * 7 + x * 3) % 5) * 0.25f;
+        rows[r] = hist[r];
+    }
+    int nr = n->H < ROWS ? n->H : ROWS;
+    struct kvp_cnn_scratch s;
+    struct kvp_cnn_inc st;
+    struct kvp_err err;
+    if (kvp_cnn_scratch_init(&s, n, W + 1, &err) < 0)
+        return;
+    if (kvp_cnn_inc_init(&st, n, W + 1, &err) < 0) {
+        kvp_cnn_scratch_free(&s);
+        return;
+    }
+    float scores[W + 1];
+    struct kvp_cnn_input in = {rows, nr, 0, W};
+    kvp_cnn_forward(n, &in, &s, scores);
+    kvp_cnn_forward_inc(n, &in, 1, false, &st, &s, scores);
+    struct kvp_cnn_input next = {rows + 1, nr, 0, W + 1}; /* moved by a row, one column more */
+    kvp_cnn_forward_inc(n, &next, 2, false, &st, &s, scores);
+    kvp_cnn_inc_free(&st);
+    kvp_cnn_scratch_free(&s);
+}
+
+static void parse_one(const uint8_t *buf, size_t size)
+{
+    struct kvp_cnn n;
+    struct kvp_err err;
+    if (kvp_cnn_parse(buf, size, &n, &err) < 0)
+        return;
+    if (n.c1 < 1 || n.c2 < 1 || n.k < 1 || n.k % 2 == 0 || n.H < 1 || n.block_size < 1 ||
+        n.meta.n_rec > KVP_CNN_MAX_REC || n.meta.model[sizeof(n.meta.model) - 1] != 0)
+        abort(); /* the parser promised a plausible network */
+    run_network(&n);
+    kvp_cnn_free(&n);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    uint8_t *buf = malloc(size ? size : 1); /* exactly sized, so ASan sees any overread */
+    if (!buf)
+        return 0;
+    memcpy(buf, data, size);
+    parse_one(buf, size);
+    if (size >= 8) {
+        uint64_t before;
+        memcpy(&before, buf + size - 8, 8);
+        fz_fix_checksum(buf, size);
+        if (memcmp(&before, buf + size - 8, 8) != 0)
+            parse_one(buf, size);
+    }
+    free(buf);
+    return 0;
+}

@@ -1,0 +1,62 @@
+/*
+ * Attention kernels over the block-paged KV cache, for one KV head group at a time: pure
+ * functions of the cache, the queries and a selection (no context, no policy, no store).
+ *
+ * Dense: the query heads of the group are scored against every cached block (keys transposed
+ * in the block, SIMD over the block's tokens), a softmax turns the scores into probabilities,
+ * and the value rows are accumulated (SIMD over the head dimension). At long context this
+ * kernel dominates decode time: it streams K and V once and touches nothing else.
+ *
+ * Sparse: the same over the blocks a policy selected, with a token mask per block; the softmax
+ * is renormalised over the selection. Each selected block is reduced on its own (its max score,
+ * exp-sum and value sum) and the blocks are folded in selection order, so a tiered store can
+ * have the hot blocks reduced while its misses are read and still get the bits of the untiered
+ * cache (struct kvp_attn_blocks). Selecting every block gives the dense result up to rounding.
+ */
+#ifndef KVP_KV_ATTENTION_H
+#define KVP_KV_ATTENTION_H
+
+#include <stdint.h>
+
+#include "kv/kvcache.h"
+#include "kv/sel.h"
+
+/* Dense attention of one KV head group over its first n_keys tokens (no token may have been
+ * freed): q is [g][hd], probs [g][probs_stride] receives the probabilities (left unnormalised when
+ * out is given: they are scratch for the output then), out [g][hd] (NULL:
+ * probabilities only). */
+void kvp_attn_dense_group(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
+                          int n_keys, float *probs, int probs_stride, float *out);
+
+/* Per-block softmax state of sparse attention for one KV head group. Each selected block is
+ * reduced on its own (its max score, the exp-sum and the exp-weighted value sum against that
+ * max) and the blocks are then folded in selection order, so the output does not depend on
+ * which blocks were reduced first: a tiered store has the blocks that are already hot reduced
+ * while its misses are read (kvp_attn_sparse_early), and the result has the same bits as with
+ * the whole cache in memory. */
+struct kvp_attn_blocks {
+    float *bmax;      /* [g][bmax_stride] max score of each selected block (scratch) */
+    int bmax_stride;  /* >= the largest selection (max_blocks) */
+    float *tmp;       /* [g][hd] one block's value sums */
+    float *tmp_l;     /* [g] its exp-sums */
+    /* blocks reduced by the early pass (cap 0: none is ever kept) */
+    float *o;         /* [g][cap][hd] value sums */
+    float *lsum;      /* [cap][g] exp-sums */
+    int32_t *idx;     /* [cap] their selection indices, ascending */
+    int n, cap;
+};
+
+/* Sparse attention over a selection: probs[j][i*bs + t] for selected block i (0 for tokens not
+ * read), out [g][hd]. Evicted tokens and tokens >= n_keys are never read. Blocks that
+ * kvp_attn_sparse_early reduced into ab are taken from there (and ab is emptied). */
+void kvp_attn_sparse_group(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
+                           int n_keys, const struct kvp_sel *sel, float *probs, int probs_stride,
+                           struct kvp_attn_blocks *ab, float *out);
+
+/* The early part of kvp_attn_sparse_group: reduce every selected block b with !pending[b] (up
+ * to ab->cap of them) into ab, scores into probs. */
+void kvp_attn_sparse_early(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
+                           int n_keys, const struct kvp_sel *sel, const uint8_t *pending,
+                           float *probs, int probs_stride, struct kvp_attn_blocks *ab);
+
+#endif
