@@ -13,6 +13,8 @@
 
 #include <cblas.h>
 
+#include "core/rng.h"
+
 /* ---- layers -------------------------------------------------------------------------------- */
 
 static void im2col(const float *in, int c, int H, int W, int k, float *col)
@@ -258,17 +260,9 @@ float kvp_tr_sample(const struct kvp_cnn *n, struct kvp_tr_ws *ws, const float *
 
 /* ---- samples from a trace ------------------------------------------------------------------ */
 
-static uint64_t splitmix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
 static float uniform(uint64_t *s)
 {
-    return (float)((splitmix(s) >> 40) * (1.0 / 16777216.0));
+    return (float)((kvp_splitmix64(s) >> 40) * (1.0 / 16777216.0));
 }
 
 void kvp_predtrain_opts_default(struct kvp_predtrain_opts *o)
@@ -425,7 +419,7 @@ static int validate(const struct kvp_trace *tr, const struct kvp_cnn *n,
     }
     long draws = val->n ? o->val_samples : 0;
     for (long i = 0; i < draws; i++) {
-        long pick = (long)(splitmix(&rng) % ((uint64_t)val->n * n_ser));
+        long pick = (long)(kvp_splitmix64(&rng) % ((uint64_t)val->n * n_ser));
         long pair = pick / n_ser;
         int ser = (int)(pick % n_ser);
         struct sample smp;
@@ -587,7 +581,7 @@ int kvp_predictor_train(const struct kvp_trace *tr, const struct kvp_predtrain_o
             double bl = 0;
             int got = 0;
             for (int b = 0; b < o->batch; b++) {
-                long pick = (long)(splitmix(&rng) % ((uint64_t)trn.n * n_ser));
+                long pick = (long)(kvp_splitmix64(&rng) % ((uint64_t)trn.n * n_ser));
                 long pair = pick / n_ser;
                 int ser = (int)(pick % n_ser);
                 struct sample smp;

@@ -13,7 +13,7 @@
  * Modules, one concern per file:
  *   train_ops.c    op forward/backward kernels on plain arrays
  *   train_model.c  parameter layout, init, whole-model forward/backward, threads
- *   train_optim.c  PRNG, AdamW, learning-rate schedule, gradient clipping
+ *   train_optim.c  AdamW, learning-rate schedule, gradient clipping
  *   train_bpe.c    BPE training of the vocabulary and the SPM encoder the engine also runs
  *   train_data.c   corpora, RULER-style synthetic tasks, batches
  *   train_ckpt.c   checkpoint save/load (bit-exact resume)
@@ -32,26 +32,7 @@
 #include <stdint.h>
 
 #include "core/err.h"
-
-/* ==================================== PRNG (train_optim.c) ==================================== */
-
-/* xoshiro256** seeded through splitmix64; the whole state is 4 words so checkpoints store it. */
-struct kvp_rng {
-    uint64_t s[4];
-};
-
-void kvp_rng_seed(struct kvp_rng *r, uint64_t seed);
-uint64_t kvp_rng_next(struct kvp_rng *r);
-/* Uniform in [0, n); n > 0. */
-uint64_t kvp_rng_below(struct kvp_rng *r, uint64_t n);
-/* Uniform float in [0, 1). */
-float kvp_rng_uniform(struct kvp_rng *r);
-/* Standard normal by Box–Muller; each call consumes exactly two draws and returns one value, so
- * the stream position is easy to reason about. */
-float kvp_rng_normal(struct kvp_rng *r);
-/* Mix two 64-bit values into one seed (splitmix64 of a combination); used to derive per-sample
- * seeds from (run seed, step, index). */
-uint64_t kvp_rng_mix(uint64_t a, uint64_t b);
+#include "core/rng.h" /* struct kvp_rng: the trainer's random stream */
 
 /* ==================================== ops (train_ops.c) ======================================= */
 
