@@ -18,9 +18,9 @@
 #include "cli/cli.h"
 #include "cli/common.h"
 #include "cli/measure_opts.h"
-#include "eval/draw.h"
+#include "image/draw.h"
 #include "eval/measure.h"
-#include "eval/png.h"
+#include "image/png.h"
 
 #define LOG_FLOOR (-4.0) /* log10 of the smallest block mass with a colour */
 #define SEP_W     3      /* separator width in pixels */
