@@ -108,3 +108,14 @@ int kvp_head_profile_draw(const struct kvp_head_profile *hp, const char *png_pat
     free(c.px);
     return rc;
 }
+
+int kvp_head_profile_draw_file(const char *profile_path, const char *png_path,
+                               struct kvp_err *err)
+{
+    struct kvp_head_profile *hp = NULL;
+    int rc = kvp_head_profile_read(profile_path, &hp, err);
+    if (rc == 0)
+        rc = kvp_head_profile_draw(hp, png_path, err);
+    kvp_head_profile_free(hp);
+    return rc;
+}

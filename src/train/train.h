@@ -381,6 +381,20 @@ void kvp_corpus_free(struct kvp_corpus *c);
 #define KVP_HAY_MAX 16
 int kvp_corpus_add_hay(struct kvp_corpus *c, struct kvp_corpus *h, struct kvp_err *err);
 
+/* The train/eval seed contract, written here only. A sample or prompt is a pure function of its
+ * 64-bit seed. Training seeds keep bits 62 and 63 clear (kvp_task_seed); evaluation seeds set
+ * bit 62 (kvp_task_eval_seed) and read held-out sentences only, so no evaluation sample (the
+ * trainer's own evaluation, `kvpred eval --task`) can coincide with a training sample or a
+ * training-range prompt (`kvpred trace --tasks`). kvp_sample_make refuses a seed of the other
+ * range. */
+#define KVP_EVAL_SEED_BIT (1ULL << 62)
+/* A seed of the training range derived from (a, b): kvp_rng_mix with bits 62 and 63 cleared. */
+uint64_t kvp_task_seed(uint64_t a, uint64_t b);
+/* seed moved into the evaluation range (bit 62 set). */
+uint64_t kvp_task_eval_seed(uint64_t seed);
+/* Whether seed belongs to the range eval names. */
+bool kvp_task_seed_ok(uint64_t seed, bool eval);
+
 /* How training samples are drawn: probability weights per task (need not sum to 1), the share
  * of needles placed exactly at an edge of the haystack (first or last unit; the rest uniform),
  * the shortest retrieval sample as a fraction of the context (a sample takes [fill_min·T, T]
@@ -415,9 +429,8 @@ int kvp_sample_alloc(struct kvp_sample *s, int T, struct kvp_err *err);
 void kvp_sample_free(struct kvp_sample *s);
 
 /* Generate the sample for (seed) deterministically: task drawn from mix (or forced when task ≥
- * 0), filler from the training sentences (eval = false) or the held-out ones (eval = true).
- * Training seeds are derived from the run seed and (step, index) and stay below 2^62;
- * evaluation uses seeds with bit 62 set, so the two never meet. */
+ * 0), filler from the training sentences (eval = false) or the held-out ones (eval = true). The
+ * seed must be of the range eval names (kvp_task_seed_ok; KVP_EINVAL otherwise). */
 int kvp_sample_make(struct kvp_sample *s, const struct kvp_corpus *c, const struct kvp_tvocab *v,
                     const struct kvp_task_mix *mix, int task, uint64_t seed, bool eval,
                     float answer_weight, struct kvp_err *err);
@@ -439,9 +452,7 @@ int kvp_task_render(const struct kvp_corpus *c, const struct kvp_tvocab *v, int 
  * normally the Paul Graham essays read with kvp_corpus_read_filler and prepared with
  * kvp_corpus_init(..., NULL, 0.0, ...) so every sentence is available; lengths are counted by
  * the caller's tokenizer through count (tokens of the prompt text as the engine will feed it,
- * BOS included). Seeds: evaluation seeds set bit 62 (KVP_EVAL_SEED_BIT) and training seeds keep
- * bits 62 and 63 clear, so an evaluation prompt never repeats a training sample. */
-#define KVP_EVAL_SEED_BIT (1ULL << 62)
+ * BOS included). Seeds: kvp_task_eval_seed (the contract above). */
 typedef int (*kvp_task_count_fn)(void *ud, const char *text, size_t len, size_t *n_tok);
 
 struct kvp_task_req {
