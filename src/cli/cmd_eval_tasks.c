@@ -186,8 +186,6 @@ static int parse_args(struct task_opts *o, int argc, char **argv)
     return 0;
 }
 
-/* ---- one run ------------------------------------------------------------------------------- */
-
 /* ---- output -------------------------------------------------------------------------------- */
 
 static double run_budget_tokens(const struct kvp_task_eval_run *r, double ptok)

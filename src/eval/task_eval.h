@@ -17,7 +17,9 @@
  * decoded greedily for at most the task's answer length, stopping at an end-of-generation token
  * or at the first newline after the first token; the prediction is scored by string_match_all
  * (ruler.h; for passkey the exact-number match of §2.3). Every run sees the very same prompts.
- * A cell's figures are means over its samples (seconds: the total).
+ * The context holds L + answer length tokens (kvp_task_eval_ctx_tokens); a budget ratio such as
+ * 1/16 resolves against the prompt length. A cell's figures are means over its samples
+ * (seconds: the total).
  */
 #ifndef KVP_EVAL_TASK_EVAL_H
 #define KVP_EVAL_TASK_EVAL_H
