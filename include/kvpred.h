@@ -206,7 +206,8 @@ struct kvp_policy_params {
                             key (kvpress ObservedAttention) [0] */
     uint64_t seed;       /* random policies [0] */
     const char *aux_path;/* a file the policy needs (predictor weights, head profile) */
-    const char *opts;    /* policy-specific "key=value,..." options (predictor: see its --help) */
+    const char *opts;    /* policy-specific "key=value,..." options: the keys of the policy's
+                            option table (kvpred run --help lists them) */
     /* ---- catekv (methods.md §2): sink = S, local = R, budget = B per consistent KV head,
        window = w; dense_layers is ignored (every layer alike) ---- */
     float adaptive_ratio;/* r, fraction of adaptive KV heads [0.4]; < 0 means 0, >= 1 all */
@@ -250,6 +251,8 @@ void kvp_ctx_set_measure(kvp_ctx *ctx, bool on);
 /* Dense attention of the last decode step for (layer, query head) over its n_keys keys, or NULL
  * when measuring was off or the layer is not compressed. */
 const float *kvp_ctx_dense_probs(const kvp_ctx *ctx, int layer, int head, int *n_keys);
+/* The query (after RoPE, head_dim floats) behind that row, or NULL as for kvp_ctx_dense_probs. */
+const float *kvp_ctx_dense_query(const kvp_ctx *ctx, int layer, int head);
 
 /* Attention recovery of the last decode step for (layer, query head): the dense attention mass
  * on the tokens the step read. -1 when not measured. */
