@@ -561,7 +561,7 @@ int kvp_train_run(const struct kvp_train_opts *o, kvp_train_progress_fn cb, void
             goto out;
         snprintf(msg, sizeof(msg), "resumed %s at step %ld of %ld%s (ctx %d, rope base %g)",
                  o->resume_path, r.st.step, r.hp.steps,
-                 r.hp.stage_step == r.st.step && r.st.step > 0 ? ", a new stage" : "",
+                 new_stage ? ", a new stage" : "",
                  r.m->cfg.n_ctx, (double)r.m->cfg.rope_base);
         info(&r, msg);
     }
@@ -587,8 +587,7 @@ int kvp_train_run(const struct kvp_train_opts *o, kvp_train_progress_fn cb, void
     uint64_t hay_hash = 0;
     if ((rc = load_hay(&r, &hay_hash, err)) < 0)
         goto out;
-    if (o->resume_path && hay_hash != r.st.hay_hash &&
-        !new_stage) {
+    if (o->resume_path && hay_hash != r.st.hay_hash && !new_stage) {
         rc = kvp_err_set(err, KVP_EINVAL, "--hay: not the haystack texts of the checkpoint (give "
                          "the same --hay paths, or start a new stage)");
         goto out;
