@@ -18,7 +18,8 @@
 # Environment: KVP (kvpred binary, default build/kvpred), LLAMA_BIN (default
 # ../shared/peers/llama.cpp/bin), OUT (default /tmp/kvp-bench-peers; synth files are kept there
 # and reused), REPS (3), L1B_LAYERS (4), LONG ("4096 16384"), THREADS ("1 2"), TYPES
-# ("Q8_0 Q4_K"), SHAPES ("smol l1b"), KEEP_BLAS_CORETYPE (0).
+# ("Q8_0 Q4_K"), SHAPES ("smol l1b"), KEEP_BLAS_CORETYPE (0); TABLE_ONLY=1 prints the table of
+# the results already in OUT without measuring.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -43,8 +44,10 @@ for tool in jq /usr/bin/time "$KVP" "$LLAMA_BIN/llama-bench" "$LLAMA_BIN/llama-b
 done
 mkdir -p "$OUT"
 RES="$OUT/results.jsonl"
-: >"$RES"
 start=$(date +%s)
+loads=()
+if [ "${TABLE_ONLY:-0}" != 1 ]; then
+: >"$RES"
 
 shape_name() { case $1 in smol) echo SmolLM2-135M ;; l1b) echo Llama-3.2-1B ;; esac; }
 shape_layers() { case $1 in smol) echo 30 ;; l1b) echo "$L1B_LAYERS" ;; esac; }
@@ -105,7 +108,6 @@ for ctx in $LONG; do
 done
 
 # ---- each engine loads the other's quantized file ----
-loads=()
 if [ -s "$(model_file smol Q8_0)" ]; then
     f16="$OUT/smol-L1-F16.gguf"
     "$KVP" synth --shape SmolLM2-135M --layers 1 --type F16 -o "$f16" >/dev/null
@@ -123,6 +125,8 @@ if [ -s "$(model_file smol Q8_0)" ]; then
         loads+=("llama-bench runs kvpred quantize's Q5_K: NO")
     fi
 fi
+
+fi # TABLE_ONLY
 
 # ---- the table ----
 {
