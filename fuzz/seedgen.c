@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 
 #include "fixtures.h"
+#include "fuzz_common.h"
 #include "kernels/types.h"
 #include "model/gguf.h"
 #include "policy/catekv_profile.h"
@@ -181,12 +182,7 @@ static int trace_seed(const char *dir, const char *name, uint32_t version)
                 }
         }
     }
-    uint64_t h = 14695981039346656037ULL;
-    for (size_t i = 0; i < n; i++) {
-        h ^= buf[i];
-        h *= 1099511628211ULL;
-    }
-    memcpy(buf + n, &h, 8);
+    fz_fix_checksum(buf, n + 8);
     return fz_write_file(dir, name, buf, n + 8);
 }
 

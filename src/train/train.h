@@ -6,12 +6,16 @@
  * adjacent pairs → causal softmax attention → output projection, RMSNorm → SwiGLU FFN, final
  * RMSNorm and an output head that is either tied to the embedding or separate. Every op has a
  * hand-written backward pass (train_ops.c), checked against finite differences in
- * tests/test_train.c. Matrix products go through OpenBLAS; attention runs head by head in query
- * blocks so nothing larger than [block][T] is materialised, and the backward pass recomputes the
- * probabilities from a saved log-sum-exp per row (the FlashAttention trick, without tiling keys).
+ * tests/test_train.c. Two precisions: f32, the reference, where matrix products go through
+ * OpenBLAS and attention runs head by head in query blocks so nothing larger than [block][T] is
+ * materialised, the backward pass recomputing the probabilities from a saved log-sum-exp per row;
+ * and bf16 (the default of train-lm), where the products take bf16 operands with f32
+ * accumulation and attention is fused and tiled over keys as well (train_bf16.c). Weights,
+ * gradients and the optimiser are f32 in both.
  *
  * Modules, one concern per file:
  *   train_ops.c    op forward/backward kernels on plain arrays
+ *   train_bf16.c   the bf16 path: kernel table, fused attention, SIMD loss (+ _avx512.c)
  *   train_model.c  parameter layout, init, whole-model forward/backward, threads
  *   train_optim.c  PRNG, AdamW, learning-rate schedule, gradient clipping
  *   train_bpe.c    BPE training of the vocabulary and the SPM encoder the engine also runs
@@ -19,6 +23,7 @@
  *   train_ckpt.c   checkpoint save/load (bit-exact resume)
  *   train_gguf.c   GGUF export
  *   train_loop.c   the training driver (progress through a callback; never prints)
+ *   train_bench.c  throughput measurement (train-lm --bench)
  *
  * Shapes: tensors are row-major. A weight W of a linear map in→out is [out][in] (GGUF ne =
  * [in, out]); activations are [N][dim] with N = n_seq·T tokens, token t of sequence b at row
