@@ -28,6 +28,7 @@
 #include "cli/common.h"
 #include "cli/measure_opts.h"
 #include "core/platform.h"
+#include "core/rng.h"
 #include "core/threadpool.h"
 #include "forward/context.h"
 #include "kernels/simd.h"
@@ -273,12 +274,8 @@ int cmd_bench(int argc, char **argv)
         goto out;
     }
     uint64_t x = 0x9e3779b97f4a7c15ULL; /* fixed pseudo-random token ids */
-    for (long i = 0; i < cap; i++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        toks[i] = (int32_t)(x % (uint64_t)in.n_vocab);
-    }
+    for (long i = 0; i < cap; i++)
+        toks[i] = (int32_t)(kvp_xorshift64(&x) % (uint64_t)in.n_vocab);
     toks[0] = kvp_token_bos(m);
 
     /* prefill */

@@ -9,7 +9,6 @@
 #include <string.h>
 
 #include "core/cursor.h"
-#include "forward/context.h"
 #include "policy/quest_meta.h"
 
 static const char trace_magic[8] = {'K', 'V', 'P', 'T', 'R', 'C', '0', '1'};
@@ -95,54 +94,24 @@ int kvp_trace_open(struct kvp_trace_writer *w, const char *path, const kvp_model
     return 0;
 }
 
-int kvp_trace_record(struct kvp_trace_writer *w, kvp_ctx *ctx, const int32_t *tokens, int n,
-                     struct kvp_err *err)
+int kvp_trace_begin_seq(struct kvp_trace_writer *w, int n, struct kvp_err *err)
 {
     if (n < 1 || (n + w->block_size - 1) / w->block_size > w->max_blocks)
         return kvp_err_set(err, KVP_EINVAL, "trace: sequence of %d tokens does not fit", n);
     if (w->n_done >= w->n_seq)
         return kvp_err_set(err, KVP_EINVAL, "trace: more sequences than announced (%d)", w->n_seq);
-    struct kvp_policy_params pp = {.name = "full",
-                                   .dense_layers = w->first_layer ? w->first_layer : -1};
-    int rc = kvp_ctx_set_policy(ctx, &pp, err);
-    if (rc < 0)
-        return rc;
-    kvp_ctx_set_measure(ctx, true);
     kvp_qmeta_reset(w->meta);
     w_u32(w, (uint32_t)n);
-    const int bs = w->block_size, g = w->n_head / w->n_head_kv;
-    const float scale = 1.0f / sqrtf((float)w->head_dim);
-    for (int t = 0; t < n; t++) {
-        rc = kvp_eval(ctx, tokens + t, 1, NULL, false, err);
-        if (rc < 0)
-            return rc;
-        int nb = (t + bs) / bs;
-        for (int li = 0; li < w->n_layers; li++)
-            for (int h = 0; h < w->n_head; h++) {
-                int n_keys = 0, layer = w->first_layer + li;
-                const float *p = kvp_ctx_dense_probs(ctx, layer, h, &n_keys);
-                const float *q = kvp_ctx_dense_query(ctx, layer, h);
-                if (!p || !q || n_keys != t + 1)
-                    return kvp_err_set(err, KVP_EINVAL, "trace: no dense row for layer %d",
-                                       w->first_layer + li);
-                float *mx = w->row, *sm = w->row + nb, *ub = w->row + 2 * nb;
-                if (h % g == 0)
-                    kvp_qmeta_fold(w->meta, &ctx->kv, layer, h / g, n_keys);
-                kvp_qmeta_bounds(w->meta, layer * w->n_head_kv + h / g, q, 1, scale, 0, nb, ub,
-                                 nb);
-                for (int j = 0; j < nb; j++) {
-                    int e = (j + 1) * bs < n_keys ? (j + 1) * bs : n_keys;
-                    float m = 0, s = 0;
-                    for (int k = j * bs; k < e; k++) {
-                        m = p[k] > m ? p[k] : m;
-                        s += p[k];
-                    }
-                    mx[j] = m;
-                    sm[j] = s;
-                }
-                w_put(w, w->row, (size_t)nb * 3 * sizeof(float));
-            }
-    }
+    return 0;
+}
+
+void kvp_trace_put_row(struct kvp_trace_writer *w, int nb)
+{
+    w_put(w, w->row, (size_t)nb * 3 * sizeof(float));
+}
+
+int kvp_trace_end_seq(struct kvp_trace_writer *w, struct kvp_err *err)
+{
     w->n_done++;
     if (w->failed)
         return kvp_err_set(err, KVP_EIO, "trace: write failed");

@@ -89,10 +89,13 @@ struct kvp_trace_writer {
 };
 int kvp_trace_open(struct kvp_trace_writer *w, const char *path, const kvp_model *model,
                    int first_layer, int block_size, int max_tokens, int n_seq, struct kvp_err *err);
-/* Decode tokens[0..n) densely from an empty cache (ctx is reset; its policy is replaced by a
- * measuring `full` policy with first_layer dense layers) and append the sequence. */
-int kvp_trace_record(struct kvp_trace_writer *w, kvp_ctx *ctx, const int32_t *tokens, int n,
-                     struct kvp_err *err);
+/* One sequence of n tokens: begin (writes its length, clears the key bounds), then for every
+ * position, recorded layer and head fill w->row ([nb] block max, [nb] block sum, [nb] query
+ * bound) and put it, then end. The recording loop that drives a context is
+ * kvp_trace_record (eval/trace_record.h), which sits above the forward pass. */
+int kvp_trace_begin_seq(struct kvp_trace_writer *w, int n, struct kvp_err *err);
+void kvp_trace_put_row(struct kvp_trace_writer *w, int nb);
+int kvp_trace_end_seq(struct kvp_trace_writer *w, struct kvp_err *err);
 int kvp_trace_close(struct kvp_trace_writer *w, struct kvp_err *err);
 
 #endif

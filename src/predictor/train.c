@@ -13,6 +13,7 @@
 
 #include <cblas.h>
 
+#include "core/rng.h"
 #include "policy/policy.h"
 
 /* ---- layers -------------------------------------------------------------------------------- */
@@ -260,17 +261,9 @@ float kvp_tr_sample(const struct kvp_cnn *n, struct kvp_tr_ws *ws, const float *
 
 /* ---- samples from a trace ------------------------------------------------------------------ */
 
-static uint64_t splitmix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
 static float uniform(uint64_t *s)
 {
-    return (float)((splitmix(s) >> 40) * (1.0 / 16777216.0));
+    return (float)((kvp_splitmix64(s) >> 40) * (1.0 / 16777216.0));
 }
 
 void kvp_predtrain_opts_default(struct kvp_predtrain_opts *o)
@@ -515,7 +508,7 @@ static int validate(const struct kvp_trace *tr, const struct kvp_cnn *n,
     }
     long draws = val->n ? o->val_samples : 0;
     for (long i = 0; i < draws; i++) {
-        long pick = (long)(splitmix(&rng) % ((uint64_t)val->n * n_ser));
+        long pick = (long)(kvp_splitmix64(&rng) % ((uint64_t)val->n * n_ser));
         long pair = pick / n_ser;
         int ser = (int)(pick % n_ser);
         struct sample smp;
@@ -692,19 +685,19 @@ int kvp_predictor_train(const struct kvp_trace *tr, const struct kvp_predtrain_o
             double bl = 0;
             int got = 0;
             for (int b = 0; b < o->batch; b++) {
-                long pick = (long)(splitmix(&rng) % ((uint64_t)trn.n * n_ser));
+                long pick = (long)(kvp_splitmix64(&rng) % ((uint64_t)trn.n * n_ser));
                 long pair = pick / n_ser;
                 int ser = (int)(pick % n_ser);
                 struct sample smp;
                 int ok;
-                if (o->tail > 0 && (splitmix(&rng) & 1)) {
+                if (o->tail > 0 && (kvp_splitmix64(&rng) & 1)) {
                     /* a step of a sequence's last `tail` positions (a retrieval trace's answer),
                      * its history dense as a decode step's first rows are (the prompt's) */
                     struct kvp_predtrain_opts od = *o;
                     od.sparse = 0;
                     int sq = trn.seq[pair], T = tr->seq[sq].T;
                     int span = T - o->H < o->tail ? T - o->H : o->tail;
-                    int t = span > 0 ? T - 1 - (int)(splitmix(&rng) % (uint64_t)span) : -1;
+                    int t = span > 0 ? T - 1 - (int)(kvp_splitmix64(&rng) % (uint64_t)span) : -1;
                     ok = t >= 0 && build_sample(tr, &od, sq, t, ser, x, m, sm, &smp, &rng, &tmp);
                 } else {
                     ok = build_sample(tr, o, trn.seq[pair], trn.t[pair], ser, x, m, sm, &smp, &rng,
