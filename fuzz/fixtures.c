@@ -343,9 +343,14 @@ kvp_model *fz_tiny_model(void)
 
 int fz_write_predictor(const char *path, int block_size)
 {
+    return fz_write_predictor_ch(path, 1, block_size);
+}
+
+int fz_write_predictor_ch(const char *path, int cin, int block_size)
+{
     struct kvp_cnn n;
     struct kvp_err err = {0};
-    if (kvp_cnn_init(&n, 2, 2, 3, 4, block_size, &err) < 0)
+    if (kvp_cnn_init_ch(&n, cin, 2, 2, 3, 4, block_size, &err) < 0)
         return -1;
     uint32_t s = 11;
     size_t np = kvp_cnn_n_params(&n);

@@ -35,6 +35,8 @@ struct kvp_vocab *fz_bpe_vocab(const struct kvp_tvocab *tv, const char *pre);
 
 kvp_model *fz_tiny_model(void);
 int fz_write_predictor(const char *path, int block_size);
+/* The same with cin input channels (2: a query-aware, version 2 file). */
+int fz_write_predictor_ch(const char *path, int cin, int block_size);
 
 /* Write n bytes to dir/name; 0 or -1. */
 int fz_write_file(const char *dir, const char *name, const void *p, size_t n);

@@ -147,19 +147,24 @@ static int predictor_seeds(const char *dir)
 {
     char path[4096];
     snprintf(path, sizeof(path), "%s/tiny.kvpp", dir);
-    return fz_write_predictor(path, 16);
+    if (fz_write_predictor(path, 16) < 0)
+        return -1;
+    snprintf(path, sizeof(path), "%s/tiny_query.kvpp", dir); /* version 2: two channels */
+    return fz_write_predictor_ch(path, 2, 16);
 }
 
-/* KVPTRC01: block 2, layers 1..1 of a model, 2 heads, 2 sequences of 3 and 5 tokens. */
-static int trace_seeds(const char *dir)
+/* KVPTRC01: block 2, layers 1..1 of a model, 2 heads, 2 sequences of 3 and 5 tokens; version 1
+ * (max and sum rows) and version 2 (one KV head, and a bound row). */
+static int trace_seed(const char *dir, const char *name, uint32_t version)
 {
     static uint8_t buf[4096];
     size_t n = 0;
-    const uint32_t hdr[6] = {1, 2, 1, 1, 2, 2};
+    const uint32_t hdr[7] = {version, 2, 1, 1, 2, 2, 1};
+    const uint32_t n_arr = version == 2 ? 3 : 2;
     memcpy(buf, "KVPTRC01", 8);
     n = 8;
-    memcpy(buf + n, hdr, sizeof(hdr));
-    n += sizeof(hdr);
+    memcpy(buf + n, hdr, version == 2 ? 28 : 24);
+    n += version == 2 ? 28 : 24;
     memset(buf + n, 0, 64);
     memcpy(buf + n, "seed model", 10);
     n += 64;
@@ -170,7 +175,7 @@ static int trace_seeds(const char *dir)
         for (uint32_t t = 0; t < T[s]; t++) {
             uint32_t nb = (t + 2) / 2;
             for (int h = 0; h < 2; h++)
-                for (uint32_t i = 0; i < 2 * nb; i++) {
+                for (uint32_t i = 0; i < n_arr * nb; i++) {
                     float x = 1.0f / (float)(nb + i + (uint32_t)h);
                     memcpy(buf + n, &x, 4);
                     n += 4;
@@ -178,7 +183,13 @@ static int trace_seeds(const char *dir)
         }
     }
     fz_fix_checksum(buf, n + 8);
-    return fz_write_file(dir, "two_seqs.trace", buf, n + 8);
+    return fz_write_file(dir, name, buf, n + 8);
+}
+
+static int trace_seeds(const char *dir)
+{
+    return trace_seed(dir, "two_seqs.trace", 1) < 0 ? -1
+                                                     : trace_seed(dir, "two_seqs_v2.trace", 2);
 }
 
 static int head_profile_seeds(const char *dir)

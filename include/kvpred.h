@@ -242,6 +242,8 @@ const char *kvp_policy_name(int i);
  * or the last kvp_ctx_policy_reset_seconds, summed over KV heads (thread time: wall time with
  * one thread); 0 without a policy. */
 double kvp_ctx_policy_seconds(const kvp_ctx *ctx);
+/* The same in CPU time of the threads that ran the hooks (steadier on a shared host). */
+double kvp_ctx_policy_cpu_seconds(const kvp_ctx *ctx);
 void kvp_ctx_policy_reset_seconds(kvp_ctx *ctx);
 
 /* Measuring: when on, every decode step also computes the dense attention of every compressed

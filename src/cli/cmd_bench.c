@@ -345,6 +345,8 @@ int cmd_bench(int argc, char **argv)
     size_t kv_pool = kvp_kvcache_pool_bytes(&ctx->kv);
     double tg_mean = tg_sum / reps;
     double pol_ms = pp.name ? 1e3 * kvp_ctx_policy_seconds(ctx) / ((double)reps * n_decode) : 0;
+    double pol_cpu_ms =
+        pp.name ? 1e3 * kvp_ctx_policy_cpu_seconds(ctx) / ((double)reps * n_decode) : 0;
     double cpu_ms = 1e3 * decode_cpu / ((double)reps * n_decode);
     struct kvp_store_stats ss = {0};
     bool tiered = kvp_ctx_store_stats(ctx, &ss) == 0;
@@ -402,6 +404,10 @@ int cmd_bench(int argc, char **argv)
         if (pp.name) {
             cJSON_AddNumberToObject(o, "policy_ms_per_token", pol_ms);
             cJSON_AddNumberToObject(o, "policy_share", pol_ms * tg_mean / 1e3);
+            /* the same in CPU time of the threads that ran the hooks, against
+             * decode_cpu_ms_per_token (steadier on a shared host) */
+            cJSON_AddNumberToObject(o, "policy_cpu_ms_per_token", pol_cpu_ms);
+            cJSON_AddNumberToObject(o, "policy_cpu_share", cpu_ms > 0 ? pol_cpu_ms / cpu_ms : 0);
         }
         /* kv_resident_bytes: KV bytes (K and V, all layers) in the physical blocks the cache
          * holds after the last decode step, taken from its block pool; null when tiered (the

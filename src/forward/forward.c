@@ -464,7 +464,12 @@ int kvp_ctx_set_policy(kvp_ctx *c, const struct kvp_policy_params *params, struc
 
 double kvp_ctx_policy_seconds(const kvp_ctx *c)
 {
-    return kvp_policy_hook_time(&c->pol);
+    return kvp_policy_hook_time(&c->pol, false);
+}
+
+double kvp_ctx_policy_cpu_seconds(const kvp_ctx *c)
+{
+    return kvp_policy_hook_time(&c->pol, true);
 }
 
 void kvp_ctx_policy_reset_seconds(kvp_ctx *c)

@@ -168,8 +168,9 @@ struct kvp_sel *kvp_policy_select(struct kvp_policy_host *h, int layer, int kvh,
                                   int n_tokens)
 {
     struct kvp_sel *sel = kvp_policy_sel(h, layer, kvh);
-    double t0 = kvp_time_now();
+    double t0 = kvp_time_now(), c0 = kvp_thread_cpu_time();
     h->p->ops->select(h->p, layer, kvh, q, n_tokens, sel);
+    h->hook_s[(size_t)kvh * HOOK_STRIDE + 1] += kvp_thread_cpu_time() - c0;
     h->hook_s[(size_t)kvh * HOOK_STRIDE] += kvp_time_now() - t0;
     return sel;
 }
@@ -184,9 +185,10 @@ void kvp_policy_on_step(struct kvp_policy_host *h, int layer, int kvh, const flo
 {
     if (!h->p->ops->on_step)
         return;
-    double t0 = kvp_time_now();
+    double t0 = kvp_time_now(), c0 = kvp_thread_cpu_time();
     h->p->ops->on_step(h->p, layer, kvh, kvp_policy_sel(h, layer, kvh), probs, probs_stride,
                        n_tokens);
+    h->hook_s[(size_t)kvh * HOOK_STRIDE + 1] += kvp_thread_cpu_time() - c0;
     h->hook_s[(size_t)kvh * HOOK_STRIDE] += kvp_time_now() - t0;
 }
 
@@ -238,16 +240,16 @@ void kvp_policy_reset(struct kvp_policy_host *h)
         h->p->ops->reset(h->p);
 }
 
-double kvp_policy_hook_time(const struct kvp_policy_host *h)
+double kvp_policy_hook_time(const struct kvp_policy_host *h, bool cpu)
 {
     double s = 0;
     for (int k = 0; h->hook_s && k < h->env.n_head_kv; k++)
-        s += h->hook_s[(size_t)k * HOOK_STRIDE];
+        s += h->hook_s[(size_t)k * HOOK_STRIDE + (cpu ? 1 : 0)];
     return s;
 }
 
 void kvp_policy_reset_hook_time(struct kvp_policy_host *h)
 {
     for (int k = 0; h->hook_s && k < h->env.n_head_kv; k++)
-        h->hook_s[(size_t)k * HOOK_STRIDE] = 0;
+        h->hook_s[(size_t)k * HOOK_STRIDE] = h->hook_s[(size_t)k * HOOK_STRIDE + 1] = 0;
 }

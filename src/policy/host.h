@@ -98,8 +98,9 @@ bool kvp_policy_evicting(const struct kvp_policy_host *h);
 void kvp_policy_reset(struct kvp_policy_host *h);
 
 /* Seconds spent inside select and on_step since the last kvp_policy_reset_hook_time, summed
- * over KV heads (thread time; wall time with one thread). */
-double kvp_policy_hook_time(const struct kvp_policy_host *h);
+ * over KV heads (thread time; wall time with one thread), or with cpu the CPU time of the threads
+ * that ran them (which leaves out the time a thread waited for a core on a busy host). */
+double kvp_policy_hook_time(const struct kvp_policy_host *h, bool cpu);
 void kvp_policy_reset_hook_time(struct kvp_policy_host *h);
 
 #endif

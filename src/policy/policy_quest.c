@@ -200,12 +200,12 @@ static void quest_prefill(struct kvp_policy *p, int layer, const struct kvp_pref
 static void score_blocks(struct kvp_policy *p, int layer, int kvh, const float *q, int b0, int b1)
 {
     struct quest_state *s = p->state;
-    const int hd = p->env.head_dim, g = p->env.n_head / p->env.n_head_kv;
+    const int g = p->env.n_head / p->env.n_head_kv;
     const int lh = layer * p->env.n_head_kv + kvh, n = b1 - b0;
     float *ub = kvp_scratch_f(&s->scr, kvh) + s->scr.cap; /* [g][n] per-head bounds */
     if (n <= 0)
         return;
-    (void)hd; /* the bounds of every head, kvp_quest_bound's values (quest_meta.h) */
+    /* every head's bounds in one pass, kvp_quest_bound's values bit for bit (quest_meta.h) */
     kvp_qmeta_bounds(&s->meta, lh, q, g, 1.0f, b0, b1, ub, n);
     kvp_gqa_combine(ub, g, n, n, p->p.gqa_agg, s->score + (size_t)lh * s->scr.max_blocks + b0);
 }
