@@ -32,6 +32,7 @@
 #include "core/threadpool.h"
 #include "forward/context.h"
 #include "kernels/simd.h"
+#include "kernels/types.h"
 
 static const char *const tier_names[] = {"none", "ram", "disk", NULL};
 static const char *const prefetch_names[] = {"default", "none", "dense", "layer", "token", NULL};
@@ -381,6 +382,7 @@ int cmd_bench(int argc, char **argv)
          * shared host, and it counts the cost of transfer threads and I/O submission */
         cJSON_AddNumberToObject(o, "decode_cpu_ms_per_token", cpu_ms);
         cJSON_AddNumberToObject(o, "weight_bytes", (double)in.weight_bytes);
+        cJSON_AddStringToObject(o, "weight_type", kvp_type_name(in.weight_type));
         cJSON_AddNumberToObject(o, "kv_bytes_per_step", kv_bytes);
         cJSON_AddNumberToObject(o, "bandwidth_gbps", bandwidth);
         cJSON_AddNumberToObject(o, "floor_decode_tokens_per_s", floor_tps);

@@ -6,12 +6,16 @@
  * adjacent pairs → causal softmax attention → output projection, RMSNorm → SwiGLU FFN, final
  * RMSNorm and an output head that is either tied to the embedding or separate. Every op has a
  * hand-written backward pass (train_ops.c), checked against finite differences in
- * tests/test_train.c. Matrix products go through OpenBLAS; attention runs head by head in query
- * blocks so nothing larger than [block][T] is materialised, and the backward pass recomputes the
- * probabilities from a saved log-sum-exp per row (the FlashAttention trick, without tiling keys).
+ * tests/test_train.c. Two precisions: f32, the reference, where matrix products go through
+ * OpenBLAS and attention runs head by head in query blocks so nothing larger than [block][T] is
+ * materialised, the backward pass recomputing the probabilities from a saved log-sum-exp per row;
+ * and bf16 (the default of train-lm), where the products take bf16 operands with f32
+ * accumulation and attention is fused and tiled over keys as well (train_bf16.c). Weights,
+ * gradients and the optimiser are f32 in both.
  *
  * Modules, one concern per file:
  *   train_ops.c    op forward/backward kernels on plain arrays
+ *   train_bf16.c   the bf16 path: kernel table, fused attention, SIMD loss (+ _avx512.c)
  *   train_model.c  parameter layout, init, whole-model forward/backward, threads
  *   train_optim.c  AdamW, learning-rate schedule, gradient clipping
  *   train_bpe.c    BPE training of the vocabulary and the SPM encoder the engine also runs
@@ -19,6 +23,7 @@
  *   train_ckpt.c   checkpoint save/load (bit-exact resume)
  *   train_gguf.c   GGUF export
  *   train_loop.c   the training driver (progress through a callback; never prints)
+ *   train_bench.c  throughput measurement (train-lm --bench)
  *
  * Shapes: tensors are row-major. A weight W of a linear map in→out is [out][in] (GGUF ne =
  * [in, out]); activations are [N][dim] with N = n_seq·T tokens, token t of sequence b at row
@@ -599,15 +604,13 @@ enum {
     KVP_TRAIN_OVERRIDE_EDGE_FRAC = 1u << 3,
     KVP_TRAIN_OVERRIDE_FILL_MIN = 1u << 4,
     KVP_TRAIN_OVERRIDE_HAY_FRAC = 1u << 5,
-    /* these start a new stage (stage_step = the checkpoint's step; --steps must go beyond it) */
+    /* these start a new stage when they differ from the checkpoint's (stage_step = its step;
+     * --steps must go beyond it) */
     KVP_TRAIN_OVERRIDE_CTX = 1u << 6,        /* model.n_ctx */
     KVP_TRAIN_OVERRIDE_ROPE = 1u << 7,       /* model.rope_base */
     KVP_TRAIN_OVERRIDE_CURRICULUM = 1u << 8, /* phases */
     KVP_TRAIN_OVERRIDE_BATCH = 1u << 9,      /* tokens_per_step and micro_tokens */
 };
-#define KVP_TRAIN_NEW_STAGE                                                                        \
-    (KVP_TRAIN_OVERRIDE_CTX | KVP_TRAIN_OVERRIDE_ROPE | KVP_TRAIN_OVERRIDE_CURRICULUM |            \
-     KVP_TRAIN_OVERRIDE_BATCH)
 
 /* Defaults: a small GQA model for ctx 2048 and the schedule for it. */
 void kvp_train_opts_default(struct kvp_train_opts *o);
