@@ -651,6 +651,40 @@ static void fixture_free(struct fixture *f)
 
 /* ======================================= data ================================================= */
 
+/* The train/eval seed contract: kvp_task_seed gives training seeds, kvp_task_eval_seed moves one
+ * into the evaluation range, and kvp_sample_make refuses a seed of the other range. */
+static void test_seed_contract(void **state)
+{
+    (void)state;
+    struct fixture f;
+    fixture_init(&f, 320);
+    struct kvp_task_mix mix;
+    kvp_task_mix_default(&mix);
+    struct kvp_sample a;
+    struct kvp_err err;
+    assert_int_equal(kvp_sample_alloc(&a, 256, &err), 0);
+    for (uint64_t i = 0; i < 64; i++) {
+        uint64_t s = kvp_task_seed(7, i), e = kvp_task_eval_seed(s);
+        assert_true((s & (3ULL << 62)) == 0 && e == (s | KVP_EVAL_SEED_BIT));
+        assert_true(kvp_task_seed_ok(s, false) && !kvp_task_seed_ok(s, true));
+        assert_true(kvp_task_seed_ok(e, true) && !kvp_task_seed_ok(e, false));
+    }
+    uint64_t s = kvp_task_seed(7, 1);
+    assert_int_equal(kvp_sample_make(&a, f.c, f.v, &mix, -1, s, false, 1.0f, &err), 0);
+    assert_int_equal(kvp_sample_make(&a, f.c, f.v, &mix, -1, kvp_task_eval_seed(s), true, 1.0f,
+                                     &err),
+                     0);
+    assert_int_equal(kvp_sample_make(&a, f.c, f.v, &mix, -1, s, true, 1.0f, &err), KVP_EINVAL);
+    assert_non_null(strstr(err.msg, "evaluation range"));
+    assert_int_equal(kvp_sample_make(&a, f.c, f.v, &mix, -1, kvp_task_eval_seed(s), false, 1.0f,
+                                     &err),
+                     KVP_EINVAL);
+    assert_int_equal(kvp_sample_make(&a, f.c, f.v, &mix, -1, s | (1ULL << 63), false, 1.0f, &err),
+                     KVP_EINVAL);
+    kvp_sample_free(&a);
+    fixture_free(&f);
+}
+
 static void test_corpus_and_samples(void **state)
 {
     (void)state;
@@ -1565,7 +1599,7 @@ int main(void)
         cmocka_unit_test(test_schedule_and_clip),
         cmocka_unit_test(test_bpe_learn_and_encode),
         cmocka_unit_test(test_spm_merge_order),
-        cmocka_unit_test(test_corpus_and_samples),
+        cmocka_unit_test(test_corpus_and_samples), cmocka_unit_test(test_seed_contract),
         cmocka_unit_test(test_haystack_kinds),
         cmocka_unit_test(test_tokenizer_matches_engine),
         cmocka_unit_test(test_tasks_on_tinystories),

@@ -19,11 +19,6 @@ static const struct kvp_task_eval_kind kinds[] = {
 };
 #define N_KINDS ((int)(sizeof(kinds) / sizeof(kinds[0])))
 
-int kvp_task_eval_count(void)
-{
-    return N_KINDS;
-}
-
 const struct kvp_task_eval_kind *kvp_task_eval_kind(int ti)
 {
     return ti >= 0 && ti < N_KINDS ? &kinds[ti] : NULL;

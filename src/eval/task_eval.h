@@ -40,9 +40,8 @@ struct kvp_task_eval_kind {
     int max_new;
 };
 
-/* The ti-th evaluation task (0 <= ti < kvp_task_eval_count()). */
+/* The ti-th evaluation task (kvp_task_eval_index's numbering), or NULL. */
 const struct kvp_task_eval_kind *kvp_task_eval_kind(int ti);
-int kvp_task_eval_count(void);
 /* Index of the evaluation task called name, or -1 (also for NULL). */
 int kvp_task_eval_index(const char *name);
 
