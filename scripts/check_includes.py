@@ -29,7 +29,6 @@ KNOWN_UPWARD = {
     ("tokenizer", "model"),  # vocab_gguf.c and chat.c read GGUF through model/gguf.h
     ("predictor", "policy"),  # predict_sel.h takes a struct kvp_policy (policy-side helper);
     # trace.c folds quest's metadata (policy/quest_meta.h)
-    ("predictor", "forward"),  # trace.c records from a running context (ctx->kv, dense probs)
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
