@@ -188,11 +188,10 @@ static void fold_keys(struct kvp_policy *p, int layer, int kvh, int n_tokens)
         s->done[lh] = (n_tokens - 1) / bs * bs;
     for (int t = s->done[lh]; t < n_tokens; t++) {
         int b = t / bs, o = t % bs;
-        const float *kt = kvp_kvcache_kblock(kv, layer, kvh, b); /* [hd][bs] */
         float *mx = s->kmax + ((size_t)lh * s->scr.max_blocks + b) * hd;
         float *mn = s->kmin + ((size_t)lh * s->scr.max_blocks + b) * hd;
         for (int d = 0; d < hd; d++) {
-            float k = kt[(size_t)d * bs + o];
+            float k = kvp_kvcache_key_at(kv, layer, kvh, t, d); /* as stored, then f32 */
             if (o == 0 || k > mx[d])
                 mx[d] = k;
             if (o == 0 || k < mn[d])
