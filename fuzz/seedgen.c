@@ -264,6 +264,9 @@ static int policy_opts_seeds(const char *dir)
         {1, 16, "every=2,calib=1,gqa=union,hist=kv,inc=1,refresh=3"},
         {1, 32, "gqa=pooled,hist=head,inc=0"}, {2, 16, "every=1,calib=0"},
         {3, 16, ""}, {1, 8, "refresh=0,calib=1000000"},
+        {2, 16, "adaptive=fraction,eta=0.5,chunk=4,tail=8"},
+        {2, 8, "adaptive-ratio=0.5,percentile=0.9,alpha=0.5,every=2"},
+        {3, 16, "head-profile=good.profile"}, {3, 4, "adaptive=full,chunk=1,tail=0"},
     };
     for (size_t i = 0; i < sizeof(seeds) / sizeof(seeds[0]); i++) {
         char buf[128], name[32];

@@ -231,7 +231,8 @@ struct kvp_policy_params {
                             key (kvpress ObservedAttention) [0] */
     uint64_t seed;       /* random policies [0] */
     const char *aux_path;/* a file the policy needs (predictor weights, head profile) */
-    const char *opts;    /* policy-specific "key=value,..." options (predictor: see its --help) */
+    const char *opts;    /* policy-specific "key=value,..." options: the keys of the policy's
+                            option table (kvpred run --help lists them) */
     /* ---- catekv (methods.md §2): sink = S, local = R, budget = B per consistent KV head,
        window = w; dense_layers is ignored (every layer alike) ---- */
     float adaptive_ratio;/* r, fraction of adaptive KV heads [0.4]; < 0 means 0, >= 1 all */

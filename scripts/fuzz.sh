@@ -32,7 +32,7 @@ for t in "${FUZZ_TARGETS[@]}"; do
     mkdir -p "$corpus" "$artifacts"
     echo "fuzz.sh: running $t for ${secs}s"
     if ! "$build/$t" "$corpus" "$seeds/${t#fuzz_}" -max_total_time="$secs" \
-            $(fuzz_flags "$t") -artifact_prefix="$artifacts/" -print_final_stats=1 \
+            $(fuzz_flags "$t" "$root") -artifact_prefix="$artifacts/" -print_final_stats=1 \
             2>"$build/$t.log"; then
         echo "fuzz.sh: $t FAILED; see $build/$t.log and $artifacts/" >&2
         tail -n 40 "$build/$t.log" >&2

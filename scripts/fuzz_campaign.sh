@@ -55,7 +55,7 @@ run_target() {
         tries=$((tries + 1))
         # shellcheck disable=SC2046
         nice -n 10 "$build/$t" "$corpus" "$seeds/${t#fuzz_}" -max_total_time="$left" \
-            $(fuzz_flags "$t") -artifact_prefix="$artifacts/" -print_final_stats=1 \
+            $(fuzz_flags "$t" "$root") -artifact_prefix="$artifacts/" -print_final_stats=1 \
             >>"$log" 2>&1 || echo "fuzz_campaign: $t stopped with status $? (restart $tries)" >>"$log"
     done
 }
@@ -85,7 +85,7 @@ printf '{"seconds_per_target": %d, "targets": [' "$secs" >"$json"
 sep=""
 for t in "${targets[@]}"; do
     log="$report/$t.log"
-    execs="$(awk -F: '/^stat::number_of_executed_units/ { s += $2 } END { print s + 0 }' "$log")"
+    execs="$(awk '/^stat::number_of_executed_units/ { s += $NF } END { print s + 0 }' "$log")"
     read -r cov ft < <(awk '/ cov: [0-9]+ ft: [0-9]+/ {
             for (i = 1; i < NF; i++) { if ($i == "cov:") c = $(i + 1); if ($i == "ft:") f = $(i + 1) }
         } END { print c + 0, f + 0 }' "$log")

@@ -5,16 +5,19 @@
 FUZZ_TARGETS=(fuzz_gguf fuzz_llama2c fuzz_predictor fuzz_trace fuzz_head_profile fuzz_spm fuzz_bpe
               fuzz_chat fuzz_policy_opts)
 
-# libFuzzer flags of one target: input size limit (files need room, texts stay short so each
-# input runs fast), per-input timeout, memory limit.
+# libFuzzer flags of one target (ROOT the checkout): input size limit (files need room, texts stay
+# short so each input runs fast), per-input timeout, memory limit, and the target's dictionary
+# (fuzz/<name without fuzz_>.dict) when it has one.
 fuzz_flags() {
-    local max_len
+    local max_len dict="$2/fuzz/${1#fuzz_}.dict"
     case "$1" in
         fuzz_gguf|fuzz_llama2c|fuzz_predictor) max_len=65536 ;;
         fuzz_trace|fuzz_head_profile) max_len=16384 ;;
         *) max_len=4096 ;;
     esac
     echo "-max_len=$max_len -timeout=10 -rss_limit_mb=2048"
+    [ -f "$dict" ] && echo "-dict=$dict"
+    return 0
 }
 
 # fuzz_build ROOT BUILD JOBS: configure with clang and build every target and the seed generator.

@@ -619,6 +619,7 @@ struct mv_case {
 
 static const struct mv_case mv_cases[] = {
     {1, 32}, {3, 64}, {4, 32}, {5, 96}, {64, 64}, {67, 160}, {9, 1056}, {130, 288}, {6, 4096},
+    {203, 768}, /* over 128 KiB in every type: the prefetching paths */
 };
 
 /* Encode the f32 matrix m into type at an address with the given misalignment. */

@@ -594,6 +594,53 @@ static void test_random_is_seeded(void **state)
     assert_int_equal(differs, 1);
 }
 
+/* The option tables: one parser for every policy's keys, defaults from the table, params options
+ * stored in the public fields (0 given as -1 where the API reads 0 as the default), included
+ * tables (catekv takes the predictor's keys), and refusals naming the item and the known keys. */
+static void test_option_tables(void **state)
+{
+    (void)state;
+    struct kvp_err err = {0};
+    const struct kvp_policy_ops *catekv = kvp_policy_find("catekv");
+    const struct kvp_policy_ops *quest = kvp_policy_find("quest");
+    assert_non_null(catekv);
+    assert_non_null(quest);
+    assert_true(catekv->opts_size > 0 && quest->opts_size >= 2 * sizeof(int));
+    struct kvp_policy_params pp = {0};
+    char block[256];
+    assert_true(catekv->opts_size <= sizeof(block));
+    kvp_policy_opts_defaults(catekv->opts, block);
+    assert_int_equal(kvp_policy_opts_parse(catekv->opts, "catekv",
+                                           "adaptive=quest,eta=0.5,tail=0,every=3,gqa=union", &pp,
+                                           block, &err),
+                     0);
+    assert_int_equal(pp.adaptive_mode, KVP_ADAPTIVE_QUEST);
+    assert_true(pp.eta == 0.5f);
+    assert_int_equal(pp.tail_tokens, -1);
+    const int *pred = (const int *)block; /* struct kvp_predsel_opts: every, calib, gqa_union */
+    assert_int_equal(pred[0], 3);
+    assert_int_equal(pred[1], 5); /* calib: the table's default */
+    assert_int_equal(pred[2], 1);
+    assert_int_equal(kvp_policy_opts_parse(catekv->opts, "catekv", "eta=2", &pp, block, &err),
+                     KVP_EINVAL);
+    assert_non_null(strstr(err.msg, "eta=2"));
+    assert_int_equal(kvp_policy_opts_parse(quest->opts, "quest", "margin=3,share=0", &pp, block,
+                                           &err),
+                     0);
+    assert_int_equal(((const int *)block)[0], 3);
+    assert_int_equal(kvp_policy_opts_parse(quest->opts, "quest", "every=2", &pp, block, &err),
+                     KVP_EINVAL);
+    assert_non_null(strstr(err.msg, "margin=0..1048576"));
+    assert_int_equal(kvp_policy_opts_parse(quest->opts, "quest", "margin", &pp, block, &err),
+                     KVP_EINVAL);
+    const struct kvp_policy_opt *o = kvp_policy_opt_by_flag(catekv->opts, "--adaptive-ratio");
+    assert_non_null(o);
+    assert_int_equal(kvp_policy_opt_set(o, "0", &pp, NULL, &err), 0);
+    assert_true(pp.adaptive_ratio == -1.0f);
+    assert_int_equal(kvp_policy_opt_set(o, "x", &pp, NULL, &err), KVP_EINVAL);
+    assert_null(kvp_policy_opt_by_flag(quest->opts, "--adaptive"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -606,6 +653,7 @@ int main(void)
         cmocka_unit_test(test_h2o_accumulation_and_eviction),
         cmocka_unit_test(test_pyramid_budgets),
         cmocka_unit_test(test_random_is_seeded),
+        cmocka_unit_test(test_option_tables),
     };
     /* f32, and q8_0: the type furthest from it (quest's metadata and every score read keys
      * back through the type's kernels) */

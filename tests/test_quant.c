@@ -456,7 +456,9 @@ static void test_dot_simd(void **state)
 static void test_matvec(void **state)
 {
     (void)state;
-    enum { COLS = 4352, ROWS = 9 };
+    /* ROWS: odd, so the four-row kernels leave a remainder, and more than 128 KiB of every
+     * type but Q2_K, so the prefetching paths run too */
+    enum { COLS = 4352, ROWS = 67 };
     float *w = malloc((size_t)COLS * ROWS * sizeof(float)), *x = malloc(COLS * sizeof(float));
     float *xd = malloc(COLS * sizeof(float)), *deq = malloc((size_t)COLS * ROWS * sizeof(float));
     assert_true(w && x && xd && deq);
@@ -491,6 +493,17 @@ static void test_matvec(void **state)
             for (int r = 0; r < ROWS; r++) {
                 assert_true(fabs((double)y1[r] - ref[r]) <= 2e-6 * mag[r]);
                 assert_true(fabs((double)y2[r] - ref[r]) <= 2e-6 * mag[r]);
+            }
+            /* the ranges threads get (kvp_split_range over 2 and 3 threads, and odd pieces)
+             * agree with the oracle as the full range does */
+            static const int cuts[][4] = {{0, 34, 67, 67}, {0, 23, 46, 67}, {0, 5, 38, 67}};
+            for (size_t c = 0; c < sizeof(cuts) / sizeof(cuts[0]); c++) {
+                for (int r = 0; r < ROWS; r++)
+                    y2[r] = NAN;
+                for (int p = 0; p < 3; p++)
+                    kvp_matvec_rows_ops(tables[k], &M, x, xq, y2, cuts[c][p], cuts[c][p + 1]);
+                for (int r = 0; r < ROWS; r++)
+                    assert_true(fabs((double)y2[r] - ref[r]) <= 2e-6 * mag[r]);
             }
         }
         kvp_mat_dequant_rows(&M, deq, 2, 5);

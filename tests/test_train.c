@@ -806,6 +806,9 @@ static void test_haystack_kinds(void **state)
             seen[noise ? 0 : legal ? 1 : verse ? 2 : 3]++;
             if (legal || verse) /* the share of the corpus this side may read */
                 assert_null(strstr(text, ev ? " train " : " held "));
+            /* an extra corpus's haystack is read, not learnt; the answer always counts */
+            assert_float_equal(a.weight[a.ans_begin / 2], legal || verse ? 0.0 : 1.0, 0.0);
+            assert_float_equal(a.weight[a.ans_begin], 4.0, 0.0);
             /* every needle at an edge: right after the instruction or right before the
              * question */
             if (task == KVP_TASK_PASSKEY) {
@@ -1196,6 +1199,17 @@ static void test_new_stage_on_resume(void **state)
     o.resume_path = o.ckpt_path = ck_b;
     o.stop_after = 2;
     assert_int_equal(kvp_train_run(&o, NULL, NULL, &err), 0);
+    /* the stage's own settings given again (the command that started it) change nothing */
+    o.model.n_ctx = 256;
+    o.model.rope_base = 40000.0f;
+    o.hp.n_phases = 1;
+    o.hp.phase_ctx[0] = 256;
+    o.hp.phase_frac[0] = 1.0f;
+    o.hp.tokens_per_step = 512;
+    o.hp.micro_tokens = 512;
+    o.hp.steps = 10;
+    o.resume_override = KVP_TRAIN_OVERRIDE_CTX | KVP_TRAIN_OVERRIDE_ROPE |
+                        KVP_TRAIN_OVERRIDE_CURRICULUM | KVP_TRAIN_OVERRIDE_BATCH;
     o.stop_after = 0;
     assert_int_equal(kvp_train_run(&o, NULL, NULL, &err), 0);
     a = kvp_test_read_file(ck_a, &na);

@@ -18,6 +18,7 @@ int cmd_logits(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
+int cmd_synth(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_train_lm(int argc, char **argv);
 int cmd_eval(int argc, char **argv);

@@ -22,6 +22,7 @@ static const struct command commands[] = {
     {"bench", cmd_bench, "prefill and decode speed"},
     {"convert", cmd_convert, "convert a llama2.c checkpoint to GGUF"},
     {"quantize", cmd_quantize, "rewrite a GGUF model's weight matrices in another type"},
+    {"synth", cmd_synth, "write a random-weight GGUF with a real model's shapes"},
     {"tokenize", cmd_tokenize, "print the token ids of a text"},
     {"train-lm", cmd_train_lm, "train a small Llama-architecture model from scratch"},
     {"eval", cmd_eval, "measure KV selection policies against full attention"},

@@ -95,6 +95,7 @@ int kvp_ctx_init(const kvp_model *model, const struct kvp_ctx_params *params, kv
         s->s = falloc((size_t)KVP_QCHUNK * c->n_ctx);
         s->tile = falloc((size_t)KVP_TILE_ROWS * max_cols);
         s->xq = kvp_alloc_aligned(max_cols * 2 + 64);
+        s->xq_type = -1;
         if (!s->kc || !s->vc || !s->s || !s->tile || !s->xq)
             goto fail_nomem;
     }
@@ -181,17 +182,26 @@ int kvp_ctx_n_ctx(const kvp_ctx *c)
 
 /* ---- building blocks ---------------------------------------------------------------------- */
 
-/* Y[i][r] (+)= dot(W row r, X[i]) for the rows [r0, r1) this thread owns, i < n. */
+/* Y[i][r] (+)= dot(W row r, X[i]) for the rows [r0, r1) this thread owns, i < n. same_x: X is
+ * the input of this thread's previous matmul_rows call, unchanged (K and V after Q, up after
+ * gate), so a decode step reuses its quantized copy when the weight types want the same one. */
 static void matmul_rows(const struct kvp_mat *W, const float *X, int n, int ldx, float *Y, int ldy,
-                        bool accumulate, long r0, long r1, struct kvp_thread_scratch *ts)
+                        bool accumulate, bool same_x, long r0, long r1,
+                        struct kvp_thread_scratch *ts)
 {
+    int vt = n == 1 && r0 < r1 && kvp_matvec_xq_bytes(W->type, W->cols) > 0
+                 ? kvp_type_vec_dot_type(W->type)
+                 : -1;
+    bool reuse = same_x && vt >= 0 && ts->xq_type == vt;
+    ts->xq_type = vt;
     if (r0 >= r1)
         return;
     if (n == 1) {
         /* decode: SIMD mat-vec; y indexed by absolute row */
         const void *xq = NULL;
-        if (kvp_matvec_xq_bytes(W->type, W->cols) > 0) {
-            kvp_matvec_prepare(W->type, X, W->cols, ts->xq);
+        if (vt >= 0) {
+            if (!reuse)
+                kvp_matvec_prepare(W->type, X, W->cols, ts->xq);
             xq = ts->xq;
         }
         if (!accumulate) {
@@ -225,7 +235,7 @@ static void matmul(const struct kvp_mat *W, const float *X, int n, int ldx, floa
 {
     long r0, r1;
     kvp_split_range((long)W->rows, ith, nth, &r0, &r1);
-    matmul_rows(W, X, n, ldx, Y, ldy, accumulate, r0, r1, ts);
+    matmul_rows(W, X, n, ldx, Y, ldy, accumulate, false, r0, r1, ts);
 }
 
 static void rmsnorm(float *out, const float *x, const float *w, int n, float eps)
@@ -305,12 +315,12 @@ static void forward_worker(void *arg, int ith, int nth)
 
         long r0, r1;
         kvp_split_range(q_dim, ith, nth, &r0, &r1);
-        matmul_rows(&L->wq, c->xn, n, D, c->q, q_dim, false, r0, r1, ts);
+        matmul_rows(&L->wq, c->xn, n, D, c->q, q_dim, false, false, r0, r1, ts);
         add_bias(c->q, n, q_dim, L->bq, r0, r1);
         kvp_split_range(kv_dim, ith, nth, &r0, &r1);
-        matmul_rows(&L->wk, c->xn, n, D, c->k, kv_dim, false, r0, r1, ts);
+        matmul_rows(&L->wk, c->xn, n, D, c->k, kv_dim, false, true, r0, r1, ts);
         add_bias(c->k, n, kv_dim, L->bk, r0, r1);
-        matmul_rows(&L->wv, c->xn, n, D, c->v, kv_dim, false, r0, r1, ts);
+        matmul_rows(&L->wv, c->xn, n, D, c->v, kv_dim, false, true, r0, r1, ts);
         add_bias(c->v, n, kv_dim, L->bv, r0, r1);
         kvp_pool_barrier(c->pool);
 
@@ -323,7 +333,7 @@ static void forward_worker(void *arg, int ith, int nth)
         kvp_pool_barrier(c->pool);
 
         kvp_split_range(D, ith, nth, &r0, &r1);
-        matmul_rows(&L->wo, c->att, n, q_dim, c->x, D, true, r0, r1, ts);
+        matmul_rows(&L->wo, c->att, n, q_dim, c->x, D, true, false, r0, r1, ts);
         add_bias(c->x, n, D, L->bo, r0, r1);
         kvp_pool_barrier(c->pool);
 
@@ -334,8 +344,8 @@ static void forward_worker(void *arg, int ith, int nth)
         /* gate and up: each thread owns the same rows of both, so SwiGLU needs no barrier */
         long f0, f1;
         kvp_split_range(hp->n_ff, ith, nth, &f0, &f1);
-        matmul_rows(&L->w_gate, c->xn, n, D, c->gate, hp->n_ff, false, f0, f1, ts);
-        matmul_rows(&L->w_up, c->xn, n, D, c->up, hp->n_ff, false, f0, f1, ts);
+        matmul_rows(&L->w_gate, c->xn, n, D, c->gate, hp->n_ff, false, false, f0, f1, ts);
+        matmul_rows(&L->w_up, c->xn, n, D, c->up, hp->n_ff, false, true, f0, f1, ts);
         for (int i = 0; i < n; i++) {
             float *g = c->gate + (size_t)i * hp->n_ff, *u = c->up + (size_t)i * hp->n_ff;
             for (long j = f0; j < f1; j++)

@@ -7,6 +7,7 @@
 #ifndef KVP_KERNELS_SIMD_H
 #define KVP_KERNELS_SIMD_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -79,6 +80,14 @@ struct kvp_simd_ops {
     /* Largest of x[0..n) (n >= 1; -inf entries allowed). NULL in a table means "use the
      * scalar loop" (kvp_simd_max does the dispatch). */
     float (*max)(const float *x, int64_t n);
+
+    /* Row-batched integer dots for the types in dot_q (same contract as rows_q8_0: several rows
+     * per pass share the activation loads). NULL: kvp_matvec_rows calls dot_q once per row. */
+    void (*rows_q[KVP_SIMD_NTYPES])(const void *w, size_t row_bytes, const void *xq, int64_t n,
+                                    int64_t nrows, float *y);
+    /* The rows_* kernels (rows_f32 .. rows_q8_0 and rows_q) prefetch the rows after those they
+     * compute; kvp_matvec_rows prefetches for the others. */
+    bool rows_prefetch;
 };
 
 /* Largest of x[0..n) through the table's max, or a scalar loop when it has none. */

@@ -607,15 +607,13 @@ enum {
     KVP_TRAIN_OVERRIDE_EDGE_FRAC = 1u << 3,
     KVP_TRAIN_OVERRIDE_FILL_MIN = 1u << 4,
     KVP_TRAIN_OVERRIDE_HAY_FRAC = 1u << 5,
-    /* these start a new stage (stage_step = the checkpoint's step; --steps must go beyond it) */
+    /* these start a new stage when they differ from the checkpoint's (stage_step = its step;
+     * --steps must go beyond it) */
     KVP_TRAIN_OVERRIDE_CTX = 1u << 6,        /* model.n_ctx */
     KVP_TRAIN_OVERRIDE_ROPE = 1u << 7,       /* model.rope_base */
     KVP_TRAIN_OVERRIDE_CURRICULUM = 1u << 8, /* phases */
     KVP_TRAIN_OVERRIDE_BATCH = 1u << 9,      /* tokens_per_step and micro_tokens */
 };
-#define KVP_TRAIN_NEW_STAGE                                                                        \
-    (KVP_TRAIN_OVERRIDE_CTX | KVP_TRAIN_OVERRIDE_ROPE | KVP_TRAIN_OVERRIDE_CURRICULUM |            \
-     KVP_TRAIN_OVERRIDE_BATCH)
 
 /* Defaults: a small GQA model for ctx 2048 and the schedule for it. */
 void kvp_train_opts_default(struct kvp_train_opts *o);

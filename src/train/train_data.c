@@ -24,6 +24,8 @@
  * of a sample does not move) takes its haystack from a kind drawn uniformly among noise lines,
  * the corpus's own sentences and every extra haystack corpus (kvp_corpus_add_hay: verse, legal
  * text, quotations, technical prose, ...), each with its own held-out share for evaluation.
+ * The prompt tokens of a sample whose haystack comes from an extra corpus weigh 0 in the loss:
+ * the model reads such text to find the needle, but does not spend its capacity modelling it.
  *
  * The copy task (not a RULER task) is a random list of corpus words and numbers followed by a
  * newline and the same list again, as many times as it fits. Every token of a repeat can be
@@ -1325,8 +1327,11 @@ int kvp_sample_make(struct kvp_sample *s, const struct kvp_corpus *c, const stru
                 rc = kvp_err_set(err, KVP_ENOMEM, "prompt");
                 goto out;
             }
-            put_tok(s, &pos, 1, 1.0f);
-            if ((rc = put_text(s, &pos, v, b.p, b.n, true, 1.0f, err)) < 0)
+            /* a haystack of an extra corpus is read, not learnt: its tokens weigh 0, so the
+             * model's small capacity stays on the --data text and the loss on the answer */
+            float pw = ti->hc != c ? 0.0f : 1.0f;
+            put_tok(s, &pos, 1, pw);
+            if ((rc = put_text(s, &pos, v, b.p, b.n, true, pw, err)) < 0)
                 goto out;
             s->ans_begin = pos - 1;
             if ((rc = put_text(s, &pos, v, ti->answer, strlen(ti->answer), false, answer_weight,

@@ -456,6 +456,24 @@ static void apply_overrides(struct kvp_train_hparams *hp, const struct kvp_train
     }
 }
 
+/* Does the resume change the context, the RoPE base, the curriculum or the batch? Settings
+ * given again with the checkpoint's own values change nothing, so the command that started a
+ * stage also continues it. */
+static bool stage_changes(const struct run *r)
+{
+    const struct kvp_train_opts *o = r->o;
+    const struct kvp_train_hparams *hp = &r->hp, *g = &o->hp;
+    unsigned w = o->resume_override;
+    bool phases = g->n_phases != hp->n_phases;
+    for (int i = 0; i < g->n_phases && !phases; i++)
+        phases = g->phase_ctx[i] != hp->phase_ctx[i] || g->phase_frac[i] != hp->phase_frac[i];
+    return ((w & KVP_TRAIN_OVERRIDE_CTX) && o->model.n_ctx != r->m->cfg.n_ctx) ||
+           ((w & KVP_TRAIN_OVERRIDE_ROPE) && o->model.rope_base != r->m->cfg.rope_base) ||
+           ((w & KVP_TRAIN_OVERRIDE_CURRICULUM) && phases) ||
+           ((w & KVP_TRAIN_OVERRIDE_BATCH) && (g->tokens_per_step != hp->tokens_per_step ||
+                                               g->micro_tokens != hp->micro_tokens));
+}
+
 /* A resume that changes the context, the RoPE base, the curriculum or the batch starts a new
  * stage at the checkpoint's step: its own warm-up, cosine and curriculum up to --steps, and the
  * model rebuilt for the new context (the weights do not depend on it; RoPE tables and run state
@@ -464,8 +482,6 @@ static int start_stage(struct run *r, struct kvp_err *err)
 {
     const struct kvp_train_opts *o = r->o;
     unsigned w = o->resume_override;
-    if (!(w & KVP_TRAIN_NEW_STAGE))
-        return 0;
     if (o->hp.steps <= r->st.step)
         return kvp_err_set(err, KVP_EINVAL,
                            "a new stage (--ctx, --rope-base, --curriculum, --batch or --micro) "
@@ -538,14 +554,16 @@ int kvp_train_run(const struct kvp_train_opts *o, kvp_train_progress_fn cb, void
     int rc;
     if (o->n_threads > 0)
         openblas_set_num_threads(o->n_threads);
+    bool new_stage = false;
     if (o->resume_path) {
         rc = kvp_ckpt_load(o->resume_path, 0, o->n_threads, &r.m, &r.opt, &r.v, &r.hp, &r.st, err);
         if (rc < 0)
             return rc;
         if (o->hp.steps > r.hp.steps)
             r.hp.steps = o->hp.steps; /* allow extending a finished run (the schedule changes) */
+        new_stage = stage_changes(&r);
         apply_overrides(&r.hp, &o->hp, o->resume_override);
-        if ((rc = start_stage(&r, err)) < 0)
+        if (new_stage && (rc = start_stage(&r, err)) < 0)
             goto out;
         snprintf(msg, sizeof(msg), "resumed %s at step %ld of %ld%s (ctx %d, rope base %g)",
                  o->resume_path, r.st.step, r.hp.steps,
@@ -572,21 +590,21 @@ int kvp_train_run(const struct kvp_train_opts *o, kvp_train_progress_fn cb, void
     snprintf(msg, sizeof(msg), "corpus: %ld sentences (%ld for training), %d key words",
              r.c->n_sent, r.c->n_train, r.c->n_words);
     info(&r, msg);
-    if ((rc = kvp_train_model_set_precision(r.m, o->precision, err)) < 0)
-        goto out;
-    snprintf(msg, sizeof(msg), "precision %s (%s)", kvp_train_precision_name(o->precision),
-             o->precision == KVP_PREC_BF16 ? r.m->tk->name : "openblas");
-    info(&r, msg);
     uint64_t hay_hash = 0;
     if ((rc = load_hay(&r, &hay_hash, err)) < 0)
         goto out;
     if (o->resume_path && hay_hash != r.st.hay_hash &&
-        !(o->resume_override & KVP_TRAIN_NEW_STAGE)) {
+        !new_stage) {
         rc = kvp_err_set(err, KVP_EINVAL, "--hay: not the haystack texts of the checkpoint (give "
                          "the same --hay paths, or start a new stage)");
         goto out;
     }
     r.st.hay_hash = hay_hash;
+    if ((rc = kvp_train_model_set_precision(r.m, o->precision, err)) < 0)
+        goto out;
+    snprintf(msg, sizeof(msg), "precision %s (%s)", kvp_train_precision_name(o->precision),
+             o->precision == KVP_PREC_BF16 ? r.m->tk->name : "openblas");
+    info(&r, msg);
     size_t mt = (size_t)r.hp.micro_tokens;
     r.tok = malloc(mt * sizeof(int32_t));
     r.tgt = malloc(mt * sizeof(int32_t));

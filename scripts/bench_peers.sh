@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# kvpred against llama.cpp on the same random-weight GGUF files (`kvpred synth`), the two engines
+# run in alternation so both see the same host. Prints a markdown table built with jq from the
+# JSON lines it collects (OUT/results.jsonl) and writes it to OUT/table.md.
+#
+#   scripts/bench_peers.sh            # about 10 minutes on an idle 2-core host
+#   REPS=1 LONG="" scripts/bench_peers.sh   # a quick check: no long-context rows
+#
+# Rows: prefill of 512 tokens and decode of 128 (kvpred with 512 tokens cached, llama-bench from
+# an empty cache: its tg128) at 1 and 2 threads, medians of REPS alternating runs; decode with
+# LONG tokens cached at 2 threads on the SmolLM2-135M Q8_0 file (kvpred dense and quest at 1/16,
+# llama.cpp's llama-batched-bench with its default f16 KV cache, no flash attention); peak RSS
+# (/usr/bin/time) of the short runs. Models: SmolLM2-135M (all 30 layers) and Llama-3.2-1B cut to
+# L1B_LAYERS layers, each in Q8_0 and Q4_K, vocabulary 512 (synth's default). Also checks that
+# each engine loads the other's quantized file (llama-quantize -> kvpred, kvpred quantize ->
+# llama-bench).
+#
+# Environment: KVP (kvpred binary, default build/kvpred), LLAMA_BIN (default
+# ../shared/peers/llama.cpp/bin), OUT (default /tmp/kvp-bench-peers; synth files are kept there
+# and reused), REPS (3), L1B_LAYERS (4), LONG ("4096 16384"), THREADS ("1 2"), TYPES
+# ("Q8_0 Q4_K"), SHAPES ("smol l1b"), KEEP_BLAS_CORETYPE (0).
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+KVP=${KVP:-build/kvpred}
+LLAMA_BIN=${LLAMA_BIN:-../shared/peers/llama.cpp/bin}
+OUT=${OUT:-/tmp/kvp-bench-peers}
+REPS=${REPS:-3}
+L1B_LAYERS=${L1B_LAYERS:-4}
+LONG=${LONG-4096 16384}
+THREADS=${THREADS:-1 2}
+TYPES=${TYPES:-Q8_0 Q4_K}
+SHAPES=${SHAPES:-smol l1b}
+export LD_LIBRARY_PATH="$LLAMA_BIN${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# kvpred's prefill runs OpenBLAS sgemm, whose kernels follow OPENBLAS_CORETYPE; an environment
+# that pins it (this project's sets Haswell, AVX2) makes prefill ~1.5x slower on an AVX-512 CPU
+# than OpenBLAS's own choice. KEEP_BLAS_CORETYPE=1 keeps the variable.
+[ "${KEEP_BLAS_CORETYPE:-0}" = 1 ] || unset OPENBLAS_CORETYPE
+
+for tool in jq /usr/bin/time "$KVP" "$LLAMA_BIN/llama-bench" "$LLAMA_BIN/llama-batched-bench" \
+    "$LLAMA_BIN/llama-quantize"; do
+    command -v "$tool" >/dev/null || { echo "bench_peers: $tool not found" >&2; exit 1; }
+done
+mkdir -p "$OUT"
+RES="$OUT/results.jsonl"
+: >"$RES"
+start=$(date +%s)
+
+shape_name() { case $1 in smol) echo SmolLM2-135M ;; l1b) echo Llama-3.2-1B ;; esac; }
+shape_layers() { case $1 in smol) echo 30 ;; l1b) echo "$L1B_LAYERS" ;; esac; }
+model_file() { echo "$OUT/$1-L$(shape_layers "$1")-$2.gguf"; }
+
+# record ENGINE SHAPE TYPE THREADS TEST TOKENS_PER_S RSS_KB
+record() {
+    jq -nc --arg e "$1" --arg s "$(shape_name "$2")" --arg l "$(shape_layers "$2")" --arg ty "$3" \
+        --argjson t "$4" --arg test "$5" --argjson v "$6" --argjson rss "${7:-null}" \
+        '{engine:$e, shape:$s, layers:($l|tonumber), type:$ty, threads:$t, test:$test,
+          tokens_per_s:$v, rss_kb:$rss}' >>"$RES"
+}
+
+# ---- files ----
+for s in $SHAPES; do
+    for ty in $TYPES; do
+        f=$(model_file "$s" "$ty")
+        [ -s "$f" ] || "$KVP" synth --shape "$(shape_name "$s")" --layers "$(shape_layers "$s")" \
+            --type "$ty" -t 2 -o "$f"
+    done
+done
+
+# ---- short context, alternating ----
+for s in $SHAPES; do
+    for ty in $TYPES; do
+        f=$(model_file "$s" "$ty")
+        for t in $THREADS; do
+            for r in $(seq "$REPS"); do
+                /usr/bin/time -f %M -o "$OUT/rss" "$KVP" bench -m "$f" -c 512 --prefill 512 \
+                    -n 128 -t "$t" -r 1 --bandwidth 1 --json >"$OUT/kvp.json"
+                rss=$(tail -1 "$OUT/rss")
+                record kvpred "$s" "$ty" "$t" pp512 "$(jq .prefill_tokens_per_s "$OUT/kvp.json")" "$rss"
+                record kvpred "$s" "$ty" "$t" tg128 "$(jq .decode_tokens_per_s "$OUT/kvp.json")" "$rss"
+                /usr/bin/time -f %M -o "$OUT/rss" "$LLAMA_BIN/llama-bench" -m "$f" -p 512 -n 128 \
+                    -t "$t" -r 1 -o json >"$OUT/llama.json" 2>/dev/null
+                rss=$(tail -1 "$OUT/rss")
+                record llama.cpp "$s" "$ty" "$t" pp512 \
+                    "$(jq '.[] | select(.n_prompt > 0) | .avg_ts' "$OUT/llama.json")" "$rss"
+                record llama.cpp "$s" "$ty" "$t" tg128 \
+                    "$(jq '.[] | select(.n_gen > 0) | .avg_ts' "$OUT/llama.json")" "$rss"
+            done
+        done
+    done
+done
+
+# ---- long context: SmolLM2-135M Q8_0, 2 threads ----
+f=$(model_file smol Q8_0)
+for ctx in $LONG; do
+    [ -s "$f" ] || break
+    "$KVP" bench -m "$f" -c "$ctx" --prefill 16 -n 32 -t 2 -r 1 --bandwidth 1 --json >"$OUT/kvp.json"
+    record kvpred smol Q8_0 2 "tg@$ctx dense" "$(jq .decode_tokens_per_s "$OUT/kvp.json")"
+    "$KVP" bench -m "$f" -c "$ctx" --prefill 16 -n 32 -t 2 -r 1 --bandwidth 1 --policy quest \
+        --budget 1/16 --json >"$OUT/kvp.json"
+    record kvpred smol Q8_0 2 "tg@$ctx quest 1/16" "$(jq .decode_tokens_per_s "$OUT/kvp.json")"
+    "$LLAMA_BIN/llama-batched-bench" -m "$f" -c $((ctx + 64)) -b 2048 -ub 512 -npp "$ctx" -ntg 32 \
+        -npl 1 -t 2 --output-format jsonl 2>/dev/null | grep '^{' >"$OUT/llama.json"
+    record llama.cpp smol Q8_0 2 "tg@$ctx dense" "$(jq .speed_tg "$OUT/llama.json")"
+done
+
+# ---- each engine loads the other's quantized file ----
+loads=()
+if [ -s "$(model_file smol Q8_0)" ]; then
+    f16="$OUT/smol-L1-F16.gguf"
+    "$KVP" synth --shape SmolLM2-135M --layers 1 --type F16 -o "$f16" >/dev/null
+    "$LLAMA_BIN/llama-quantize" "$f16" "$OUT/by-llama-Q4_K_M.gguf" Q4_K_M >/dev/null 2>&1
+    "$KVP" quantize "$f16" "$OUT/by-kvpred-Q5_K.gguf" --type Q5_K >/dev/null
+    if "$KVP" bench -m "$OUT/by-llama-Q4_K_M.gguf" -c 32 --prefill 16 -n 8 -r 1 --bandwidth 1 \
+        --json >/dev/null; then
+        loads+=("kvpred runs llama-quantize's Q4_K_M: yes")
+    else
+        loads+=("kvpred runs llama-quantize's Q4_K_M: NO")
+    fi
+    if "$LLAMA_BIN/llama-bench" -m "$OUT/by-kvpred-Q5_K.gguf" -p 16 -n 8 -r 1 >/dev/null 2>&1; then
+        loads+=("llama-bench runs kvpred quantize's Q5_K: yes")
+    else
+        loads+=("llama-bench runs kvpred quantize's Q5_K: NO")
+    fi
+fi
+
+# ---- the table ----
+{
+    echo "| shape (layers) | type | test | threads | kvpred tok/s | llama.cpp tok/s | ratio | peak RSS kvpred / llama.cpp MiB |"
+    echo "|---|---|---|---|---|---|---|---|"
+    jq -rs '
+      def median: sort | if length == 0 then null
+                         elif length % 2 == 1 then .[length/2|floor]
+                         else (.[length/2 - 1] + .[length/2]) / 2 end;
+      def f1: if . == null then "" else (. * 10 | round / 10 | tostring) end;
+      def mib: if . == null then "" else (. / 1024 | round | tostring) end;
+      group_by([.shape, .type, .test, .threads])
+      | map({shape: .[0].shape, layers: .[0].layers, type: .[0].type, test: .[0].test,
+             threads: .[0].threads,
+             k: ([.[] | select(.engine == "kvpred") | .tokens_per_s] | median),
+             l: ([.[] | select(.engine == "llama.cpp") | .tokens_per_s] | median),
+             kr: ([.[] | select(.engine == "kvpred") | .rss_kb | select(. != null)] | max),
+             lr: ([.[] | select(.engine == "llama.cpp") | .rss_kb | select(. != null)] | max)})
+      | . as $rows
+      | map(. as $d0 | if .l == null and (.test | test("quest")) then   # quest vs llama.cpp dense
+              (.test | sub(" quest.*"; " dense")) as $d
+              | .l = ([$rows[] | select(.shape == $d0.shape and .type == $d0.type and
+                                        .threads == $d0.threads and .test == $d) | .l][0])
+              | .vs = " (vs its dense)"
+            else . end)
+      | sort_by(.shape, .type, (.test | test("@")), .test, .threads)
+      | .[]
+      | "| \(.shape) (\(.layers)) | \(.type) | \(.test) | \(.threads) | \(.k | f1) | \(.l | f1) | " +
+        (if .k != null and .l != null then "\(.k / .l * 100 | round / 100)x\(.vs // "")" else "" end) +
+        " | " + (if .kr != null then "\(.kr | mib) / \(.lr | mib)" else "" end) + " |"' "$RES"
+} >"$OUT/table.md"
+cat "$OUT/table.md"
+for l in "${loads[@]}"; do echo "- $l"; done
+echo "($(($(date +%s) - start)) s; reps $REPS; raw results in $RES)"

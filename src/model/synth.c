@@ -1,0 +1,360 @@
+/*
+ * `kvpred synth` as a library function (see synth.h).
+ *
+ * Each weight row is drawn from its own counter-seeded generator (seed, tensor, row), so the
+ * file does not depend on the thread count, then encoded with the type table's reference
+ * quantizer (from_f32), the one `kvpred quantize` uses. Scaling: every matrix is uniform with
+ * standard deviation 1/sqrt(cols), so a normalized input gives outputs of unit size; the two
+ * matrices that add into the residual stream (attn_output, ffn_down) are further divided by
+ * sqrt(2 · n_layer), as GPT-2 initializes them, so the stream grows by O(1) over the whole depth
+ * and the logits stay finite. Norm weights are 1 and biases small.
+ */
+#include "model/synth.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "core/err.h"
+#include "core/threadpool.h"
+#include "kernels/types.h"
+#include "model/gguf.h"
+#include "model/quantize.h"
+#include "tokenizer/vocab.h"
+
+/* Shapes from each model's config.json (hidden_size, num_hidden_layers, num_attention_heads,
+ * num_key_value_heads, intermediate_size, vocab_size, max_position_embeddings, rope_theta,
+ * rms_norm_eps, tie_word_embeddings). Llama 3.x's rope scaling (rope_freqs) is not written: it
+ * changes no shape and no cost. */
+static const struct kvp_synth_shape shapes[] = {
+    {"SmolLM2-135M", "llama", 576, 30, 9, 3, 64, 1536, 49152, 8192, 100000.0f, 1e-5f, true},
+    {"Qwen2.5-0.5B", "qwen2", 896, 24, 14, 2, 64, 4864, 151936, 32768, 1000000.0f, 1e-6f, true},
+    {"Llama-3.2-1B", "llama", 2048, 16, 32, 8, 64, 8192, 128256, 131072, 500000.0f, 1e-5f, true},
+    {"Llama-3.1-8B", "llama", 4096, 32, 32, 8, 128, 14336, 128256, 131072, 500000.0f, 1e-5f,
+     false},
+};
+#define N_SHAPES (int)(sizeof(shapes) / sizeof(shapes[0]))
+
+const struct kvp_synth_shape *kvp_synth_find_shape(const char *name)
+{
+    for (int i = 0; name && i < N_SHAPES; i++)
+        if (strcasecmp(name, shapes[i].name) == 0)
+            return &shapes[i];
+    return NULL;
+}
+
+const struct kvp_synth_shape *kvp_synth_shape_at(int i)
+{
+    return i >= 0 && i < N_SHAPES ? &shapes[i] : NULL;
+}
+
+/* ---- random numbers ----------------------------------------------------------------------- */
+
+static uint64_t splitmix64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* n values uniform in [-a, a) from the generator of (seed, tensor, row). */
+static void fill_row(uint64_t seed, int tensor, int64_t row, float a, float *dst, int64_t n)
+{
+    uint64_t s = seed ^ ((uint64_t)tensor << 40) ^ (uint64_t)row * 0x2545F4914F6CDD1Dull;
+    splitmix64(&s);
+    for (int64_t i = 0; i < n; i++) {
+        double u = (double)(splitmix64(&s) >> 11) * (1.0 / 9007199254740992.0); /* [0, 1) */
+        dst[i] = (float)((2.0 * u - 1.0) * a);
+    }
+}
+
+/* ---- tensors ------------------------------------------------------------------------------ */
+
+struct gen_job {
+    const struct kvp_type_traits *dst;
+    uint64_t seed;
+    int tensor;
+    float a;        /* half-width of the uniform distribution; 0: all ones (norm weights) */
+    int64_t cols, rows;
+    size_t row_bytes;
+    uint8_t *out;   /* [rows][row_bytes] */
+    float *scratch; /* [nth][cols] */
+};
+
+static void gen_rows(void *ctx, int ith, int nth)
+{
+    struct gen_job *j = ctx;
+    long r0, r1;
+    kvp_split_range((long)j->rows, ith, nth, &r0, &r1);
+    float *row = j->scratch + (size_t)ith * (size_t)j->cols;
+    for (long r = r0; r < r1; r++) {
+        if (j->a == 0.0f)
+            for (int64_t i = 0; i < j->cols; i++)
+                row[i] = 1.0f;
+        else
+            fill_row(j->seed, j->tensor, r, j->a, row, j->cols);
+        j->dst->from_f32(row, j->out + (size_t)r * j->row_bytes, j->cols);
+    }
+}
+
+struct synth {
+    const struct kvp_synth_params *p;
+    struct kvp_gguf_writer *w;
+    struct kvp_pool *pool;
+    void **bufs; /* every tensor's data, freed after the file is written */
+    int n_bufs, cap_bufs;
+    uint64_t bytes;
+};
+
+/* Add a tensor of rows × cols (rows == 0: a vector of cols) with values uniform of standard
+ * deviation sd (0: all ones). Matrices take the requested type (or its fallback), vectors F32. */
+static int add_tensor(struct synth *S, const char *name, int64_t cols, int64_t rows, double sd,
+                      struct kvp_err *err)
+{
+    int type = rows > 0 ? kvp_quantize_pick_type(S->p->type, cols) : KVP_TYPE_F32;
+    const struct kvp_type_traits *tt = kvp_type_traits(type);
+    int nth = kvp_pool_size(S->pool);
+    struct gen_job j = {.dst = tt,
+                        .seed = S->p->seed,
+                        .tensor = S->n_bufs,
+                        .a = (float)(sd * sqrt(3.0)),
+                        .cols = cols,
+                        .rows = rows > 0 ? rows : 1};
+    size_t total;
+    if (!tt || !tt->from_f32 || !kvp_type_row_bytes(type, cols, &j.row_bytes) ||
+        __builtin_mul_overflow(j.row_bytes, (size_t)j.rows, &total))
+        return kvp_err_set(err, KVP_EINVAL, "synth: %s: no %s encoding for rows of %lld", name,
+                           kvp_type_name(type), (long long)cols);
+    if (S->n_bufs == S->cap_bufs) {
+        int cap = S->cap_bufs ? 2 * S->cap_bufs : 64;
+        void **nb = realloc(S->bufs, (size_t)cap * sizeof(*nb));
+        if (!nb)
+            return kvp_err_set(err, KVP_ENOMEM, "synth: out of memory");
+        S->bufs = nb;
+        S->cap_bufs = cap;
+    }
+    j.out = malloc(total);
+    j.scratch = malloc((size_t)nth * (size_t)cols * sizeof(float));
+    if (!j.out || !j.scratch) {
+        free(j.out);
+        free(j.scratch);
+        return kvp_err_set(err, KVP_ENOMEM, "synth: %s: out of memory (%zu bytes)", name, total);
+    }
+    kvp_pool_run(S->pool, gen_rows, &j);
+    free(j.scratch);
+    S->bufs[S->n_bufs++] = j.out;
+    S->bytes += total;
+    int64_t ne[2] = {cols, rows};
+    int rc = kvp_gguf_writer_add_tensor(S->w, name, type, rows > 0 ? 2 : 1, ne, j.out);
+    if (rc < 0)
+        return kvp_err_set(err, rc, "synth: cannot add %s (%s)", name, kvp_strerror(rc));
+    return 0;
+}
+
+static int add_layer(struct synth *S, const struct kvp_synth_shape *s, int l, int n_layer,
+                     struct kvp_err *err)
+{
+    int64_t D = s->n_embd, q_dim = (int64_t)s->n_head * s->head_dim;
+    int64_t kv_dim = (int64_t)s->n_head_kv * s->head_dim, F = s->n_ff;
+    double resid = 1.0 / sqrt(2.0 * n_layer);
+    struct {
+        const char *what;
+        int64_t cols, rows;
+        double sd;
+    } t[] = {
+        {"attn_norm.weight", D, 0, 0.0},
+        {"attn_q.weight", D, q_dim, 1.0 / sqrt((double)D)},
+        {"attn_k.weight", D, kv_dim, 1.0 / sqrt((double)D)},
+        {"attn_v.weight", D, kv_dim, 1.0 / sqrt((double)D)},
+        {"attn_q.bias", q_dim, -1, 0.02},
+        {"attn_k.bias", kv_dim, -1, 0.02},
+        {"attn_v.bias", kv_dim, -1, 0.02},
+        {"attn_output.weight", q_dim, D, resid / sqrt((double)q_dim)},
+        {"ffn_norm.weight", D, 0, 0.0},
+        {"ffn_gate.weight", D, F, 1.0 / sqrt((double)D)},
+        {"ffn_up.weight", D, F, 1.0 / sqrt((double)D)},
+        {"ffn_down.weight", F, D, resid / sqrt((double)F)},
+    };
+    bool bias = strcmp(s->arch, "qwen2") == 0;
+    for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
+        if (t[i].rows < 0 && !bias)
+            continue;
+        char name[KVP_GGUF_NAME_MAX];
+        snprintf(name, sizeof(name), "blk.%d.%s", l, t[i].what);
+        int rc = add_tensor(S, name, t[i].cols, t[i].rows < 0 ? 0 : t[i].rows, t[i].sd, err);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* ---- metadata and tokenizer --------------------------------------------------------------- */
+
+static int add_metadata(struct synth *S, const struct kvp_synth_shape *s, int n_layer)
+{
+    struct kvp_gguf_writer *w = S->w;
+    char name[96], key[128];
+    snprintf(name, sizeof(name), "synth %s", s->name);
+    int rc = 0;
+#define ARCH_U32(suffix, v)                                                                        \
+    (snprintf(key, sizeof(key), "%s." suffix, s->arch), kvp_gguf_writer_set_u32(w, key, (v)))
+#define ARCH_F32(suffix, v)                                                                        \
+    (snprintf(key, sizeof(key), "%s." suffix, s->arch), kvp_gguf_writer_set_f32(w, key, (v)))
+    if ((rc = kvp_gguf_writer_set_str(w, "general.architecture", s->arch)) < 0 ||
+        (rc = kvp_gguf_writer_set_str(w, "general.name", name)) < 0 ||
+        (rc = ARCH_U32("context_length", (uint32_t)s->n_ctx)) < 0 ||
+        (rc = ARCH_U32("embedding_length", (uint32_t)s->n_embd)) < 0 ||
+        (rc = ARCH_U32("block_count", (uint32_t)n_layer)) < 0 ||
+        (rc = ARCH_U32("feed_forward_length", (uint32_t)s->n_ff)) < 0 ||
+        (rc = ARCH_U32("attention.head_count", (uint32_t)s->n_head)) < 0 ||
+        (rc = ARCH_U32("attention.head_count_kv", (uint32_t)s->n_head_kv)) < 0 ||
+        (rc = ARCH_U32("attention.key_length", (uint32_t)s->head_dim)) < 0 ||
+        (rc = ARCH_U32("attention.value_length", (uint32_t)s->head_dim)) < 0 ||
+        (rc = ARCH_U32("rope.dimension_count", (uint32_t)s->head_dim)) < 0 ||
+        (rc = ARCH_F32("rope.freq_base", s->rope_base)) < 0 ||
+        (rc = ARCH_F32("attention.layer_norm_rms_epsilon", s->norm_eps)) < 0 ||
+        (rc = ARCH_U32("vocab_size", (uint32_t)S->p->n_vocab)) < 0 ||
+        (rc = kvp_gguf_writer_set_u32(w, "general.file_type", kvp_quantize_ftype(S->p->type))) <
+            0)
+        return rc;
+#undef ARCH_U32
+#undef ARCH_F32
+    const struct kvp_type_traits *tt = kvp_type_traits(S->p->type);
+    if (tt && tt->blck_size > 1)
+        rc = kvp_gguf_writer_set_u32(w, "general.quantization_version", 2);
+    return rc;
+}
+
+/* <unk>, <s>, </s>, the 256 byte tokens, then single characters and letter pairs (with and
+ * without the U+2581 space mark) up to n tokens; scores favour earlier (shorter) pieces. */
+static int make_vocab(int n, struct kvp_vocab **out, struct kvp_err *err)
+{
+    char (*text)[16] = calloc((size_t)n, sizeof(*text));
+    const char **texts = calloc((size_t)n, sizeof(*texts));
+    size_t *lens = calloc((size_t)n, sizeof(*lens));
+    float *scores = calloc((size_t)n, sizeof(*scores));
+    int32_t *types = calloc((size_t)n, sizeof(*types));
+    int rc;
+    if (!text || !texts || !lens || !scores || !types) {
+        rc = kvp_err_set(err, KVP_ENOMEM, "synth: out of memory");
+        goto out;
+    }
+    static const char alpha[] = "etaoinshrdlcumwfgypbvkjxqzETAOINSHRDLCUMWFGYPBVKJXQZ0123456789";
+    const int na = (int)sizeof(alpha) - 1;
+    int i = 0;
+    snprintf(text[i], 16, "<unk>");
+    types[i++] = KVP_TOKEN_UNKNOWN;
+    snprintf(text[i], 16, "<s>");
+    types[i++] = KVP_TOKEN_CONTROL;
+    snprintf(text[i], 16, "</s>");
+    types[i++] = KVP_TOKEN_CONTROL;
+    for (int b = 0; b < 256; b++) {
+        snprintf(text[i], 16, "<0x%02X>", b);
+        types[i++] = KVP_TOKEN_BYTE;
+    }
+    /* then "▁", "▁x", "x", "▁xy", "xy", "▁xyz", ... in a fixed order until n */
+    long k = -1;
+    while (i < n) {
+        char piece[16];
+        long m = k++;
+        int len = 0;
+        if (m >= 0) {
+            long span = na, base = 0;
+            while (m - base >= 2 * span) { /* find the length: 2·na^len pieces of each */
+                base += 2 * span;
+                span *= na;
+                len++;
+            }
+            long r = (m - base) / 2;
+            bool mark = ((m - base) % 2) == 0;
+            int o = 0;
+            if (mark) {
+                memcpy(piece, "\xE2\x96\x81", 3);
+                o = 3;
+            }
+            for (int c = 0; c <= len; c++) {
+                piece[o++] = alpha[r % na];
+                r /= na;
+            }
+            piece[o] = 0;
+        } else {
+            memcpy(piece, "\xE2\x96\x81", 4);
+        }
+        snprintf(text[i], 16, "%s", piece);
+        scores[i] = -(float)(i - 259);
+        types[i++] = KVP_TOKEN_NORMAL;
+    }
+    for (i = 0; i < n; i++) {
+        texts[i] = text[i];
+        lens[i] = strlen(text[i]);
+    }
+    rc = kvp_vocab_create_spm(n, texts, lens, scores, types, 1, 2, 0, out, err);
+out:
+    free(text);
+    free(texts);
+    free(lens);
+    free(scores);
+    free(types);
+    return rc;
+}
+
+/* ---- the file ----------------------------------------------------------------------------- */
+
+int kvp_synth_write(const struct kvp_synth_shape *s, const struct kvp_synth_params *p,
+                    const char *path, uint64_t *bytes_out, struct kvp_err *err)
+{
+    struct kvp_err scratch;
+    if (!err)
+        err = &scratch;
+    if (!s || !p || !path)
+        return kvp_err_set(err, KVP_EINVAL, "synth: shape, parameters and path required");
+    const struct kvp_type_traits *tt = kvp_type_traits(p->type);
+    if (kvp_quantize_pick_type(p->type, s->n_embd) < 0 || !tt || !tt->supported)
+        return kvp_err_set(err, KVP_EINVAL, "synth: %s is not a weight type",
+                           kvp_type_name(p->type));
+    if (p->n_vocab < KVP_SYNTH_MIN_VOCAB || p->n_vocab > 1 << 20)
+        return kvp_err_set(err, KVP_EINVAL, "synth: vocabulary of %d tokens (must be %d .. %d)",
+                           p->n_vocab, KVP_SYNTH_MIN_VOCAB, 1 << 20);
+    int n_layer = p->n_layer > 0 ? p->n_layer : s->n_layer;
+    struct synth S = {.p = p};
+    struct kvp_vocab *v = NULL;
+    int rc;
+    if ((rc = make_vocab(p->n_vocab, &v, err)) < 0)
+        return rc;
+    if ((rc = kvp_pool_init(p->n_threads > 0 ? p->n_threads : 1, &S.pool, err)) < 0)
+        goto out_vocab;
+    if ((rc = kvp_gguf_writer_init(&S.w, err)) < 0)
+        goto out_pool;
+    if ((rc = add_metadata(&S, s, n_layer)) < 0 || (rc = kvp_vocab_write_gguf(v, S.w, err)) < 0) {
+        rc = kvp_err_set(err, rc, "synth: cannot write the metadata (%s)", kvp_strerror(rc));
+        goto out_writer;
+    }
+    double emb_sd = 1.0 / sqrt((double)s->n_embd); /* tied: logits of unit size too */
+    if ((rc = add_tensor(&S, "token_embd.weight", s->n_embd, p->n_vocab, emb_sd, err)) < 0)
+        goto out_writer;
+    for (int l = 0; l < n_layer; l++)
+        if ((rc = add_layer(&S, s, l, n_layer, err)) < 0)
+            goto out_writer;
+    if ((rc = add_tensor(&S, "output_norm.weight", s->n_embd, 0, 0.0, err)) < 0)
+        goto out_writer;
+    if (!s->tied &&
+        (rc = add_tensor(&S, "output.weight", s->n_embd, p->n_vocab, emb_sd, err)) < 0)
+        goto out_writer;
+    rc = kvp_gguf_writer_write_file(S.w, path, err);
+    if (rc == 0 && bytes_out)
+        *bytes_out = S.bytes;
+
+out_writer:
+    kvp_gguf_writer_free(S.w);
+out_pool:
+    kvp_pool_free(S.pool);
+out_vocab:
+    kvp_vocab_free(v);
+    for (int i = 0; i < S.n_bufs; i++)
+        free(S.bufs[i]);
+    free(S.bufs);
+    return rc < 0 ? rc : 0;
+}
