@@ -294,7 +294,7 @@ static const struct kvp_kv_kernels scalar_tab[KVP_KV_COUNT] = {
 
 /* The AVX-512 table's f32 row: the best simd table's kernels (AVX-512 whenever this table is
  * in use), the plain copies and stores. */
-const struct kvp_kv_kernels kvp_kv_f32_best = {"avx512", scores_f32_best, accum_f32_best,
+static const struct kvp_kv_kernels kvp_kv_f32_best = {"avx512", scores_f32_best, accum_f32_best,
                                                k_rows_f32, v_rows_f32, put_k_f32, put_v_f32};
 
 static int resolve(int type)
