@@ -156,8 +156,7 @@ void kvp_kv_copy_value(int type, int hd, int bs, const void *src, int tf, void *
 /* ---- scalar kernels, one set per type through the element accessors above --------------- */
 
 #define SCALAR_KERNELS(T, TYPE)                                                                    \
-    static void scores_##T(const float *q, const void *kt, int hd, int bs, float scale,            \
-                           float *s)                                                               \
+    static void scores_##T(const float *q, const void *kt, int hd, int bs, float scale, float *s)  \
     {                                                                                              \
         for (int t = 0; t < bs; t++) {                                                             \
             float acc = 0.0f;                                                                      \
@@ -170,7 +169,7 @@ void kvp_kv_copy_value(int type, int hd, int bs, const void *src, int tf, void *
     {                                                                                              \
         for (int t = 0; t < n; t++)                                                                \
             for (int d = 0; d < hd; d++)                                                           \
-                out[d] += p[t] * kvp_kv_value_at(TYPE, vb, hd, bs, t, d);                                 \
+                out[d] += p[t] * kvp_kv_value_at(TYPE, vb, hd, bs, t, d);                          \
     }                                                                                              \
     static void k_rows_##T(const void *kt, int hd, int bs, int n, float *dst, size_t ld)           \
     {                                                                                              \
@@ -182,7 +181,7 @@ void kvp_kv_copy_value(int type, int hd, int bs, const void *src, int tf, void *
     {                                                                                              \
         for (int t = 0; t < n; t++)                                                                \
             for (int d = 0; d < hd; d++)                                                           \
-                dst[(size_t)t * hd + d] = kvp_kv_value_at(TYPE, vb, hd, bs, t, d);                        \
+                dst[(size_t)t * hd + d] = kvp_kv_value_at(TYPE, vb, hd, bs, t, d);                 \
     }
 
 SCALAR_KERNELS(f16, KVP_KV_F16)
@@ -284,18 +283,17 @@ static void v_rows_f32(const void *vb, int hd, int bs, int n, float *dst)
 static const struct kvp_kv_kernels scalar_tab[KVP_KV_COUNT] = {
     [KVP_KV_F32] = {"scalar", scores_f32_scalar, accum_f32_scalar, k_rows_f32, v_rows_f32,
                     put_k_f32, put_v_f32},
-    [KVP_KV_F16] = {"scalar", scores_f16, accum_f16, k_rows_f16, v_rows_f16, put_k_f16,
-                    put_v_f16},
+    [KVP_KV_F16] = {"scalar", scores_f16, accum_f16, k_rows_f16, v_rows_f16, put_k_f16, put_v_f16},
     [KVP_KV_BF16] = {"scalar", scores_bf16, accum_bf16, k_rows_bf16, v_rows_bf16, put_k_bf16,
                      put_v_bf16},
-    [KVP_KV_Q8_0] = {"scalar", scores_q8_0, accum_q8_0, k_rows_q8_0, v_rows_q8_0,
-                     kvp_kv_put_k_q8_0, kvp_kv_put_v_q8_0},
+    [KVP_KV_Q8_0] = {"scalar", scores_q8_0, accum_q8_0, k_rows_q8_0, v_rows_q8_0, kvp_kv_put_k_q8_0,
+                     kvp_kv_put_v_q8_0},
 };
 
 /* The AVX-512 table's f32 row: the best simd table's kernels (AVX-512 whenever this table is
  * in use), the plain copies and stores. */
-static const struct kvp_kv_kernels kvp_kv_f32_best = {"avx512", scores_f32_best, accum_f32_best,
-                                               k_rows_f32, v_rows_f32, put_k_f32, put_v_f32};
+static const struct kvp_kv_kernels kvp_kv_f32_best = {
+    "avx512", scores_f32_best, accum_f32_best, k_rows_f32, v_rows_f32, put_k_f32, put_v_f32};
 
 static int resolve(int type)
 {
