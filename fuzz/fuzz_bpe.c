@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "fixtures.h"
+#include "fuzz_common.h"
 #include "tokenizer/vocab.h"
 #include "train/train.h"
 
@@ -43,11 +44,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
             abort();
     }
     kvp_tvocab_free(tv);
-    for (int i = 0; i < kvp_vocab_n_tokens(voc[0]); i++) {
-        size_t len = 0;
-        kvp_vocab_text(voc[0], i, &len);
-        max_piece = len > max_piece ? len : max_piece;
-    }
+    max_piece = fz_max_piece(voc[0]); /* the four differ only in their pre-tokenizer */
     return 0;
 }
 
@@ -63,35 +60,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     memcpy(x, data + 1, len);
 
-    struct kvp_err err;
     size_t cap = len + 2, n = 0; /* at most one token per byte, plus BOS */
-    int32_t *ids = malloc(cap * sizeof(int32_t));
-    if (!ids)
-        abort();
-    if (kvp_vocab_encode(v, x, len, add_special, parse_special, ids, cap, &n, &err) < 0)
-        abort();
-    const int nt = kvp_vocab_n_tokens(v);
-    for (size_t i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= nt)
-            abort();
-    if (n > 1) {
-        size_t small_cap = n / 2, n2 = 0;
-        int32_t *small = malloc(small_cap * sizeof(int32_t));
-        if (!small)
-            abort();
-        if (kvp_vocab_encode(v, x, len, add_special, parse_special, small, small_cap, &n2,
-                             &err) != KVP_ERANGE ||
-            n2 != n || memcmp(small, ids, small_cap * sizeof(int32_t)) != 0)
-            abort();
-        free(small);
-    }
+    int32_t *ids = fz_encode_checked(v, x, len, add_special, parse_special, cap, &n);
     if (!parse_special) {
         char *dec = malloc(n * max_piece + 1);
         if (!dec)
             abort();
-        size_t d = 0;
-        for (size_t i = 0; i < n; i++)
-            d += kvp_vocab_piece(v, i ? ids[i - 1] : -1, ids[i], dec + d, max_piece);
+        size_t d = fz_decode(v, ids, n, max_piece, dec);
         if (d != len || memcmp(dec, x, len) != 0) {
             fprintf(stderr, "fuzz_bpe (%s): decode(encode(x)) != x (%zu vs %zu bytes)\n",
                     pres[data[0] & 3], d, len);

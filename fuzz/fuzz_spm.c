@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "fixtures.h"
+#include "fuzz_common.h"
 #include "tokenizer/vocab.h"
 #include "train/train.h"
 
@@ -39,11 +40,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     voc = fz_spm_vocab(tv);
     if (!voc)
         abort();
-    for (int i = 0; i < kvp_vocab_n_tokens(voc); i++) {
-        size_t len = 0;
-        kvp_vocab_text(voc, i, &len);
-        max_piece = len > max_piece ? len : max_piece;
-    }
+    max_piece = fz_max_piece(voc);
     return 0;
 }
 
@@ -110,31 +107,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     memcpy(x, data + 1, len);
 
-    struct kvp_err err;
+    /* at most one id per byte of the escaped text (a space prefix per fragment), BOS, EOS */
     size_t cap = 3 * len + 8, n = 0;
-    int32_t *ids = malloc(cap * sizeof(int32_t));
-    if (!ids)
-        abort();
-    if (kvp_vocab_encode(voc, x, len, add_special, parse_special, ids, cap, &n, &err) < 0)
-        abort(); /* at most one token per byte of the escaped text, plus BOS/EOS */
-    const int nt = kvp_vocab_n_tokens(voc);
-    for (size_t i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= nt)
-            abort();
-    if (n > 1) { /* too small an array: same count, KVP_ERANGE, nothing written past it */
-        size_t small_cap = n / 2, n2 = 0;
-        int32_t *small = malloc(small_cap * sizeof(int32_t));
-        if (!small)
-            abort();
-        if (kvp_vocab_encode(voc, x, len, add_special, parse_special, small, small_cap, &n2,
-                             &err) != KVP_ERANGE ||
-            n2 != n || memcmp(small, ids, small_cap * sizeof(int32_t)) != 0)
-            abort();
-        free(small);
-    }
-
+    int32_t *ids = fz_encode_checked(voc, x, len, add_special, parse_special, cap, &n);
     if (!parse_special) {
         /* the trainer's encoder: same ids (after the engine's BOS) */
+        struct kvp_err err;
         size_t off = add_special && kvp_vocab_add_bos(voc) ? 1 : 0, tn = 0;
         int32_t *tids = malloc(cap * sizeof(int32_t));
         if (!tids || kvp_tvocab_encode(tv, x, len, true, tids, cap, &tn, &err) < 0)
@@ -150,9 +128,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         uint8_t *dec = malloc(n * max_piece + 1), *want = malloc(3 * len + 3);
         if (!dec || !want)
             abort();
-        size_t d = 0;
-        for (size_t i = 0; i < n; i++)
-            d += kvp_vocab_piece(voc, i ? ids[i - 1] : -1, ids[i], (char *)dec + d, max_piece);
+        size_t d = fz_decode(voc, ids, n, max_piece, (char *)dec);
         size_t w = spm_expected((const uint8_t *)x, len, want);
         if (d != w || memcmp(dec, want, d) != 0) {
             fprintf(stderr, "fuzz_spm: decode(encode(x)) differs from the expected text "

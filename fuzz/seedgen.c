@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 
 #include "fixtures.h"
+#include "fuzz_common.h"
 #include "kernels/types.h"
 #include "model/gguf.h"
 #include "policy/catekv_profile.h"
@@ -176,12 +177,7 @@ static int trace_seeds(const char *dir)
                 }
         }
     }
-    uint64_t h = 14695981039346656037ULL;
-    for (size_t i = 0; i < n; i++) {
-        h ^= buf[i];
-        h *= 1099511628211ULL;
-    }
-    memcpy(buf + n, &h, 8);
+    fz_fix_checksum(buf, n + 8);
     return fz_write_file(dir, "two_seqs.trace", buf, n + 8);
 }
 

@@ -276,6 +276,8 @@ void kvp_ctx_set_measure(kvp_ctx *ctx, bool on);
 /* Dense attention of the last decode step for (layer, query head) over its n_keys keys, or NULL
  * when measuring was off or the layer is not compressed. */
 const float *kvp_ctx_dense_probs(const kvp_ctx *ctx, int layer, int head, int *n_keys);
+/* The query (after RoPE, head_dim floats) behind that row, or NULL as for kvp_ctx_dense_probs. */
+const float *kvp_ctx_dense_query(const kvp_ctx *ctx, int layer, int head);
 
 /* Attention recovery of the last decode step for (layer, query head): the dense attention mass
  * on the tokens the step read. -1 when not measured. */

@@ -90,7 +90,7 @@ for t in "${targets[@]}"; do
             for (i = 1; i < NF; i++) { if ($i == "cov:") c = $(i + 1); if ($i == "ft:") f = $(i + 1) }
         } END { print c + 0, f + 0 }' "$log")
     files="$(find "$corpus_root/$t" -type f | wc -l)"
-    kib="$(du -sk "$corpus_root/$t" | cut -f1)"
+    kib="$(find "$corpus_root/$t" -type f -printf '%s\n' | awk '{ s += $1 } END { printf "%d", s / 1024 }')"
     find "$corpus_root/artifacts/$t" -type f -newer "$stamp" >>"$report/findings.txt"
     found="$(find "$corpus_root/artifacts/$t" -type f -newer "$stamp" | wc -l)"
     total=$((total + found))

@@ -1,5 +1,5 @@
 /*
- * Tests of the figure drawing (eval/draw.h) and the accuracy heatmaps (eval/heatmap.h): every
+ * Tests of the figure drawing (image/draw.h) and the accuracy heatmaps (eval/heatmap.h): every
  * printable character has ink and keeps it inside its cell, glyphs are distinct, text sizes,
  * the turned text is the upright text turned, clipping at the borders never writes outside the
  * image (guard bytes here, ASan in the sanitizer build), the colour ramp, and heatmap figures.
@@ -15,7 +15,7 @@
 
 #include <png.h>
 
-#include "eval/draw.h"
+#include "image/draw.h"
 #include "eval/heatmap.h"
 
 static const uint8_t black[3] = {0, 0, 0};

@@ -14,6 +14,7 @@
 
 #include "eval/measure.h"
 #include "eval/metrics.h"
+#include "eval/perplexity.h"
 #include "kvpred.h"
 #include "policy/policy.h"
 #include "testutil.h"
@@ -486,6 +487,75 @@ static void test_cli_eval_errors(void **state)
     free(path);
 }
 
+/* kvp_perplexity on the fixture: chunk count, tokens scored, the mean NLL equal to the one this
+ * test computes from the chunks' logits itself, and the errors. */
+static void progress_count(void *ud, long done, long total, double ppl)
+{
+    int *calls = ud;
+    assert_true(done >= 1 && done <= total && ppl > 1.0);
+    (*calls)++;
+}
+
+static void test_perplexity_library(void **state)
+{
+    (void)state;
+    char *path = kvp_test_tmpfile(".gguf");
+    assert_int_equal(kvp_test_write_model(&fixture, path, NULL), 0);
+    kvp_model *m = NULL;
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_model_open(path, NULL, &m, &err), 0);
+    enum { N = 200, CTX = 64, V = 80 };
+    int32_t tok[N];
+    for (int i = 0; i < N; i++)
+        tok[i] = (i * 29 + 7) % V;
+    kvp_ctx *ctx = NULL;
+    struct kvp_ctx_params cp = {.n_ctx = CTX, .n_threads = 2};
+    assert_int_equal(kvp_ctx_init(m, &cp, &ctx, &err), 0);
+
+    struct kvp_ppl_result r;
+    int calls = 0;
+    assert_int_equal(kvp_perplexity(ctx, m, tok, N, CTX, 0, progress_count, &calls, &r, &err), 0);
+    assert_int_equal(r.chunks, N / CTX);
+    assert_int_equal(calls, N / CTX);
+    assert_int_equal(r.scored, (N / CTX) * (CTX - 1 - CTX / 2));
+    /* the same sum by hand: every chunk alone, BOS first, the second half scored */
+    static float logits[CTX * V];
+    int32_t chunk[CTX];
+    double sum = 0.0;
+    for (int c = 0; c < N / CTX; c++) {
+        memcpy(chunk, tok + c * CTX, sizeof(chunk));
+        chunk[0] = kvp_token_bos(m);
+        kvp_ctx_reset(ctx);
+        assert_int_equal(kvp_eval(ctx, chunk, CTX, logits, true, &err), 0);
+        for (int j = CTX / 2; j < CTX - 1; j++) {
+            const float *l = logits + j * V;
+            double mx = l[0], z = 0.0;
+            for (int k = 1; k < V; k++)
+                mx = l[k] > mx ? l[k] : mx;
+            for (int k = 0; k < V; k++)
+                z += exp(l[k] - mx);
+            sum += log(z) - (l[tok[c * CTX + j + 1]] - mx);
+        }
+    }
+    print_message("perplexity %.6f (nll %.6f, by hand %.6f) ± %.6f\n", r.ppl, r.nll,
+                  sum / (double)r.scored, r.ppl_stderr);
+    assert_true(fabs(r.nll - sum / (double)r.scored) < 1e-9);
+    assert_true(fabs(r.ppl - exp(r.nll)) < 1e-9 * r.ppl);
+    assert_true(r.ppl_stderr > 0.0);
+
+    /* --chunks caps the count; too short a text and too small a context are errors */
+    assert_int_equal(kvp_perplexity(ctx, m, tok, N, CTX, 1, NULL, NULL, &r, &err), 0);
+    assert_int_equal(r.chunks, 1);
+    assert_int_equal(kvp_perplexity(ctx, m, tok, CTX - 1, CTX, 0, NULL, NULL, &r, &err),
+                     KVP_EINVAL);
+    assert_non_null(strstr(err.msg, "fewer than one context"));
+    assert_int_equal(kvp_perplexity(ctx, m, tok, N, 3, 0, NULL, NULL, &r, &err), KVP_EINVAL);
+    kvp_ctx_free(ctx);
+    kvp_model_close(m);
+    remove(path);
+    free(path);
+}
+
 /* The table command on the real model and text, shortened. */
 static void test_cli_eval_stories(void **state)
 {
@@ -535,7 +605,7 @@ int main(void)
         cmocka_unit_test(test_harness),          cmocka_unit_test(test_cli_eval_json),
         cmocka_unit_test(test_tiered_measure_equals_untiered),
         cmocka_unit_test(test_cli_viz),          cmocka_unit_test(test_cli_eval_errors),
-        cmocka_unit_test(test_cli_eval_stories),
+        cmocka_unit_test(test_cli_eval_stories), cmocka_unit_test(test_perplexity_library),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -13,6 +13,8 @@
 #include "core/platform.h"
 #include "forward/context.h"
 #include "kvpred.h"
+#include "policy/policy.h"
+#include "policy/quest_meta.h"
 #include "predictor/cnn.h"
 #include "predictor/history.h"
 #include "predictor/train.h"
@@ -488,7 +490,7 @@ static void test_predictor_file(void **state)
     buf[0] = 'X';
     expect_format_error(buf, n1, "bad magic");
     memcpy(buf, f1, n1);
-    buf[8] = 2;
+    buf[8] = 3;
     expect_format_error(buf, n1, "version");
     memcpy(buf, f1, n1);
     buf[12] = 0; /* c1 = 0 */
@@ -702,6 +704,278 @@ static void test_policy_end_to_end(void **state)
     free(ppath);
 }
 
+
+/* ---- the query-aware predictor (qpredictor) ------------------------------------------------- */
+
+static void random_qnet(struct kvp_cnn *n, int H)
+{
+    assert_int_equal(kvp_cnn_init_ch(n, 2, 8, 16, 3, H, 16, NULL), 0);
+    fill(n->w1, 8 * 2 * 9, 0.6f);
+    fill(n->b1, 8, 0.2f);
+    fill(n->w2, 16 * 8 * 9, 0.2f);
+    fill(n->b2, 16, 0.2f);
+    fill(n->w3, 16, 0.5f);
+    n->b3[0] = -0.05f;
+    kvp_cnn_prepare(n);
+    assert_int_equal(kvp_cnn_n_params(n), 8 * 18 + 8 + 16 * 72 + 16 + 16 + 1);
+}
+
+/* Per-column inference (candidates only, constant rows skipped) against the full network of the
+ * trainer, on a sparse history with whole columns and rows of zeros. */
+static void test_columns_match_full(void **state)
+{
+    (void)state;
+    const int W = 41;
+    for (int H = 8; H >= 1; H -= 3) {
+        struct kvp_cnn n;
+        random_qnet(&n, H);
+        float *x = calloc((size_t)2 * H * W, sizeof(float)), *m = calloc(W, 4), *sm = calloc(W, 4);
+        uint32_t seed = 5;
+        for (int r = 0; r < H; r++)
+            for (int c = 0; c < W; c++) {
+                seed = seed * 1664525u + 1013904223u;
+                bool busy = (c % 9 == 3 || c % 13 == 0) && r >= H / 2; /* sparse, recent */
+                x[r * W + c] = busy ? (float)(seed >> 8) / 16777216.0f : 0.0f;
+            }
+        float ub[64];
+        for (int c = 0; c < W; c++)
+            ub[c] = (float)((c * 37) % 11) * 0.7f;
+        kvp_qfeat_row(ub, W, x + (size_t)(2 * H - 1) * W); /* the query row, channel 2 */
+        struct kvp_tr_ws ws;
+        assert_int_equal(kvp_tr_ws_init(&ws, &n, H, W, NULL), 0);
+        kvp_tr_sample(&n, &ws, x, H, W, m, sm, KVP_LOSS_MSE, NULL);
+        const float *rows[8];
+        for (int r = 0; r < H; r++)
+            rows[r] = x + (size_t)r * W;
+        /* the policy's view: rows with a column offset, the query row separately */
+        float *shifted = calloc((size_t)H * (W + 3), sizeof(float));
+        for (int r = 0; r < H; r++) {
+            memcpy(shifted + (size_t)r * (W + 3) + 3, rows[r], (size_t)W * sizeof(float));
+            rows[r] = shifted + (size_t)r * (W + 3);
+        }
+        struct kvp_cnn_input in = {.rows = rows, .n_rows = H, .col0 = 3, .W = W,
+                                   .qrow = x + (size_t)(2 * H - 1) * W};
+        struct kvp_cnn_cols_scratch cs;
+        assert_int_equal(kvp_cnn_cols_scratch_init(&cs, &n, H, W, NULL), 0);
+        int all[64], some[] = {0, 1, 7, 20, 21, 39, 40}, n_some = 7;
+        for (int c = 0; c < W; c++)
+            all[c] = c;
+        float out[64];
+        long computed = kvp_cnn_forward_cols(&n, &in, all, W, &cs, out);
+        double d = 0;
+        for (int c = 0; c < W; c++)
+            d = fmax(d, fabs(out[c] - ws.y[c]) / (1.0 + fabs(ws.y[c])));
+        print_message("H %d: per-column vs full network: max rel diff %.3g, %ld of %d conv2 rows "
+                      "computed\n", H, d, computed, H * W);
+        assert_true(d < 1e-5);
+        if (H == 8)
+            assert_true(computed < H * W); /* the all-zero rows were skipped */
+        kvp_cnn_forward_cols(&n, &in, some, n_some, &cs, out); /* candidates only: the same */
+        for (int i = 0; i < n_some; i++)
+            assert_true(fabs(out[i] - ws.y[some[i]]) / (1.0 + fabs(ws.y[some[i]])) < 1e-5);
+        kvp_cnn_cols_scratch_free(&cs);
+        kvp_tr_ws_free(&ws);
+        kvp_cnn_free(&n);
+        free(shifted);
+        free(x);
+        free(m);
+        free(sm);
+    }
+}
+
+/* The query channel: Quest's metadata folded token by token and the SIMD bound against the bound
+ * computed from the keys themselves, and the feature against its definition. */
+static void test_query_feature(void **state)
+{
+    (void)state;
+    enum { HD = 32, BS = 16, CTX = 600 }; /* 38 blocks: the 16-wide path and its tail */
+    struct kvp_kvcache kv;
+    assert_int_equal(kvp_kvcache_init(&kv, 2, 2, HD, BS, CTX, KVP_KV_F32, KVP_KV_F32, NULL), 0);
+    assert_int_equal(kvp_kvcache_reserve(&kv, CTX, NULL), 0);
+    static float keys[2][CTX][HD];
+    float v[HD] = {0};
+    uint32_t seed = 9;
+    for (int h = 0; h < 2; h++)
+        for (int t = 0; t < CTX; t++) {
+            for (int d = 0; d < HD; d++) {
+                seed = seed * 1664525u + 1013904223u;
+                keys[h][t][d] = ((float)(seed >> 8) / 16777216.0f - 0.5f) * 4.0f;
+            }
+            kvp_kvcache_store(&kv, 1, h, t, keys[h][t], v);
+        }
+    struct kvp_qmeta qm;
+    assert_int_equal(kvp_qmeta_init(&qm, 2, 2, (CTX + BS - 1) / BS, HD, BS), 0);
+    float q[HD], got[64], want[64], fg[64], fw[64], kmx[HD], kmn[HD], one[64];
+    for (int d = 0; d < HD; d++)
+        q[d] = (float)((d * 7) % 5) - 2.0f + 0.25f * (float)d / HD;
+    const float scale = 1.0f / sqrtf((float)HD);
+    for (int n_tok = 1; n_tok <= CTX; n_tok += 37) { /* folded incrementally, checked as it grows */
+        kvp_qmeta_fold(&qm, &kv, 1, 1, n_tok);
+        int nb = (n_tok + BS - 1) / BS;
+        kvp_qmeta_bounds(&qm, 1 * 2 + 1, q, 1, scale, 0, nb, got, 64);
+        kvp_qmeta_bounds(&qm, 1 * 2 + 1, q, 1, 1.0f, 0, nb, one, 64);
+        for (int b = 0; b < nb; b++) {
+            double ub = 0;
+            for (int d = 0; d < HD; d++) {
+                double mx = -1e30, mn = 1e30;
+                for (int t = b * BS; t < (b + 1) * BS && t < n_tok; t++) {
+                    mx = fmax(mx, keys[1][t][d]);
+                    mn = fmin(mn, keys[1][t][d]);
+                }
+                ub += fmax(q[d] * mx, q[d] * mn);
+            }
+            want[b] = (float)(ub * scale);
+            assert_true(fabs(got[b] - want[b]) < 1e-4 * (1.0 + fabs(want[b])));
+            /* the SIMD bound is quest's term-by-term bound bit for bit */
+            for (int d = 0; d < HD; d++) {
+                kmx[d] = kvp_qmeta_max(&qm, 3, b, d);
+                kmn[d] = kvp_qmeta_min(&qm, 3, b, d);
+            }
+            assert_true(kvp_quest_bound(q, kmx, kmn, HD) == one[b]);
+        }
+        kvp_qfeat_row(got, nb, fg);
+        double mx = want[0];
+        for (int b = 1; b < nb; b++)
+            mx = fmax(mx, want[b]);
+        for (int b = 0; b < nb; b++) {
+            fw[b] = (float)exp(want[b] - mx);
+            assert_true(fabs(fg[b] - fw[b]) < 1e-4);
+            assert_true(fg[b] > 0 && fg[b] <= 1.0f);
+        }
+    }
+    kvp_qmeta_free(&qm);
+    kvp_kvcache_free(&kv);
+}
+
+/* Version 2 files (two input channels) load; the version 1 file of the paper's network still
+ * does; hostile version 2 files are refused; each policy refuses the other's file. */
+static void test_predictor_file_v2(void **state)
+{
+    (void)state;
+    struct kvp_cnn n, a;
+    random_qnet(&n, 8);
+    char *path = kvp_test_tmpfile(".kvpp");
+    assert_int_equal(kvp_cnn_save(&n, path, NULL), 0);
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_cnn_load(path, &a, &err), 0);
+    assert_int_equal(a.cin, 2);
+    assert_memory_equal(a.params, n.params, kvp_cnn_n_params(&n) * sizeof(float));
+    kvp_cnn_free(&a);
+    size_t len;
+    uint8_t *f = (uint8_t *)kvp_test_read_file(path, &len);
+    uint32_t ver, cin;
+    memcpy(&ver, f + 8, 4);
+    memcpy(&cin, f + 12, 4);
+    assert_int_equal(ver, 2);
+    assert_int_equal(cin, 2);
+    assert_int_equal(len, 8 + 12 * 4 + 3 * 8 + 64 + 4 + 4 + kvp_cnn_n_params(&n) * 4 + 8);
+    for (size_t cut = 0; cut < len; cut += (cut < 160 ? 1 : 131))
+        expect_format_error(f, cut, "truncated");
+    uint8_t *buf = malloc(len);
+    uint32_t bad[] = {0, 3, 99};
+    for (size_t i = 0; i < 3; i++) { /* channel counts this build does not read */
+        memcpy(buf, f, len);
+        memcpy(buf + 12, &bad[i], 4);
+        uint64_t h = fnv(buf, len - 8);
+        memcpy(buf + len - 8, &h, 8);
+        expect_format_error(buf, len, "input channels");
+    }
+    memcpy(buf, f, len);
+    cin = 1; /* one channel announced: the weight count no longer matches */
+    memcpy(buf + 12, &cin, 4);
+    uint64_t h = fnv(buf, len - 8);
+    memcpy(buf + len - 8, &h, 8);
+    expect_format_error(buf, len, "weights");
+    memcpy(buf, f, len);
+    buf[len / 2] ^= 0x10;
+    expect_format_error(buf, len, "checksum");
+    free(buf);
+    free(f);
+    /* a one-channel network is still written as version 1 */
+    char *p1 = write_predictor(8);
+    f = (uint8_t *)kvp_test_read_file(p1, &len);
+    memcpy(&ver, f + 8, 4);
+    assert_int_equal(ver, 1);
+    free(f);
+    assert_int_equal(kvp_cnn_load(p1, &a, &err), 0);
+    assert_int_equal(a.cin, 1);
+    kvp_cnn_free(&a);
+    /* each policy refuses the other's file with one line */
+    char *mpath;
+    kvp_model *m = fixture_model(&mpath);
+    kvp_ctx *c = NULL;
+    struct kvp_ctx_params cp = {.n_ctx = 64};
+    assert_int_equal(kvp_ctx_init(m, &cp, &c, &err), 0);
+    struct kvp_policy_params pp = {.name = "predictor", .aux_path = path};
+    assert_int_equal(kvp_ctx_set_policy(c, &pp, &err), KVP_EINVAL);
+    assert_non_null(strstr(err.msg, "qpredictor"));
+    pp.name = "qpredictor";
+    pp.aux_path = p1;
+    assert_int_equal(kvp_ctx_set_policy(c, &pp, &err), KVP_EINVAL);
+    assert_non_null(strstr(err.msg, "query channel"));
+    pp.aux_path = path;
+    pp.opts = "extra=-1";
+    assert_int_equal(kvp_ctx_set_policy(c, &pp, &err), KVP_EINVAL);
+    kvp_ctx_free(c);
+    kvp_model_close(m);
+    remove(mpath);
+    free(mpath);
+    kvp_cnn_free(&n);
+    remove(path);
+    remove(p1);
+    free(path);
+    free(p1);
+}
+
+/* qpredictor end to end: a budget covering the context reproduces the full cache; small budgets
+ * never exceed the budget and always read the sink and local window, pruned or not, on one or two
+ * threads; pruning at a generous extra selects what the unpruned CNN selects. */
+static void test_qpredictor_end_to_end(void **state)
+{
+    (void)state;
+    struct kvp_cnn n;
+    random_qnet(&n, 8);
+    char *ppath = kvp_test_tmpfile(".kvpp"), *mpath;
+    assert_int_equal(kvp_cnn_save(&n, ppath, NULL), 0);
+    kvp_cnn_free(&n);
+    kvp_model *m = fixture_model(&mpath);
+    const int np = 150, nd = 40;
+    struct run_out dense = run(m, NULL, np, nd, 1);
+    struct kvp_policy_params big = {
+        .name = "qpredictor", .aux_path = ppath, .budget = np + nd, .sink = 16, .local = 16};
+    struct run_out r = run(m, &big, np, nd, 1);
+    print_message("qpredictor, budget >= context: max logit diff %.3g, recovery %.6f\n",
+                  max_diff(dense.logits, r.logits, (size_t)nd * 80), r.recovery);
+    assert_true(max_diff(dense.logits, r.logits, (size_t)nd * 80) < 1e-5);
+    assert_true(fabs(r.recovery - 1.0) < 1e-5);
+    free(r.logits);
+    const char *opts[] = {"prune=0", "extra=1000", "extra=0", NULL};
+    float *full_logits = NULL;
+    for (size_t i = 0; i < sizeof(opts) / sizeof(opts[0]); i++) {
+        struct kvp_policy_params pp = {.name = "qpredictor", .aux_path = ppath, .budget = 64,
+                                       .sink = 16, .local = 16, .opts = opts[i]};
+        r = run(m, &pp, np, nd, i == 3 ? 2 : 1);
+        print_message("qpredictor budget 64, opts %s: recovery %.4f, violations %d\n",
+                      opts[i] ? opts[i] : "(default)", r.recovery, r.violations);
+        assert_int_equal(r.violations, 0);
+        assert_true(r.recovery > 0 && r.recovery < 1);
+        if (i == 0)
+            full_logits = r.logits;
+        else {
+            if (i == 1) /* every block a candidate: the same selections as prune=0 */
+                assert_true(max_diff(full_logits, r.logits, (size_t)nd * 80) == 0.0);
+            free(r.logits);
+        }
+    }
+    free(full_logits);
+    free(dense.logits);
+    kvp_model_close(m);
+    remove(mpath);
+    remove(ppath);
+    free(mpath);
+    free(ppath);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -715,6 +989,10 @@ int main(void)
         cmocka_unit_test(test_history_rules),
         cmocka_unit_test(test_predictor_file),
         cmocka_unit_test(test_policy_end_to_end),
+        cmocka_unit_test(test_columns_match_full),
+        cmocka_unit_test(test_query_feature),
+        cmocka_unit_test(test_predictor_file_v2),
+        cmocka_unit_test(test_qpredictor_end_to_end),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -21,6 +21,7 @@
 #include <png.h>
 
 #include "eval/ruler.h"
+#include "eval/task_eval.h"
 #include "train/train.h"
 
 /* ---- fixtures ------------------------------------------------------------------------------ */
@@ -355,6 +356,65 @@ static void test_bad_flags(void **state)
     expect_error("--task passkey --filler /nonexistent/dir", "filler");
 }
 
+/* The protocol through the library (kvp_task_eval_run_grid) on the shipped model: full attention
+ * finds every pass key; a 64-token streaming window finds it only when the needle sits at the end
+ * of the prompt (depth 100 %), inside the window, and never at depth 0; both runs see the same
+ * prompts, and a streaming cache holds less KV. */
+static void test_protocol_library(void **state)
+{
+    (void)state;
+    const char *root = getenv("KVP_SOURCE_DIR");
+    if (!root) {
+        print_message("[  SKIP    ] KVP_SOURCE_DIR not set, test skipped\n");
+        skip();
+    }
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/models/kvpred-default.gguf", root);
+    kvp_model *m = NULL;
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_model_open(path, NULL, &m, &err), 0);
+    int ti = kvp_task_eval_index("passkey");
+    assert_true(ti >= 0 && kvp_task_eval_kind(ti)->task == KVP_TASK_PASSKEY);
+    assert_int_equal(kvp_task_eval_index("nope"), -1);
+    struct kvp_corpus *c = NULL;
+    assert_int_equal(kvp_task_eval_filler(NULL, kvp_task_eval_index("vt"), &c, &err), KVP_EINVAL);
+    assert_int_equal(kvp_task_eval_filler(NULL, ti, &c, &err), 0);
+    static const long lengths[] = {256}, depths[] = {0, 100};
+    const struct kvp_task_eval_grid g = {.ti = ti, .lengths = lengths, .depths = depths,
+                                         .n_len = 1, .n_depth = 2, .samples = 2, .seed = 42};
+    struct kvp_task_eval_cell cells[2][2];
+    memset(cells, 0, sizeof(cells));
+    struct kvp_task_eval_run runs[2] = {
+        {.pp = {.name = "full", .gqa_agg = KVP_AGG_MEAN}, .label = "all", .cells = cells[0]},
+        {.pp = {.name = "streaming", .budget = 64, .gqa_agg = KVP_AGG_MEAN}, .label = "64",
+         .cells = cells[1]},
+    };
+    kvp_ctx *ctx = NULL;
+    struct kvp_ctx_params cp = {.n_ctx = (int)kvp_task_eval_ctx_tokens(&g), .n_threads = 2};
+    assert_int_equal(kvp_ctx_init(m, &cp, &ctx, &err), 0);
+    assert_int_equal(kvp_task_eval_run_grid(ctx, m, c, &g, runs, 2, NULL, NULL, &err), 0);
+    for (int d = 0; d < 2; d++) {
+        print_message("depth %ld: full %.2f, streaming 64 %.2f (prompt %.0f tokens)\n", depths[d],
+                      cells[0][d].accuracy, cells[1][d].accuracy, cells[0][d].prompt_tokens);
+        assert_true(cells[0][d].accuracy == 1.0 && cells[0][d].exact == 1.0);
+        assert_true(cells[0][d].prompt_tokens <= 256 && cells[0][d].prompt_tokens > 128);
+        assert_true(cells[1][d].prompt_tokens == cells[0][d].prompt_tokens);
+        assert_true(cells[1][d].kv_resident_bytes < cells[0][d].kv_resident_bytes);
+        assert_true(cells[0][d].kv_kept_bytes <= cells[0][d].kv_resident_bytes);
+    }
+    assert_true(cells[1][0].accuracy == 0.0 && cells[1][1].accuracy == 1.0);
+    /* the prompt of a sample is the one the grid decoded, and the same at every call */
+    struct kvp_task_text a, b;
+    assert_int_equal(kvp_task_eval_prompt(c, m, ti, 42, 1, 256, 50, &a, &err), 0);
+    assert_int_equal(kvp_task_eval_prompt(c, m, ti, 42, 1, 256, 50, &b, &err), 0);
+    assert_string_equal(a.prompt, b.prompt);
+    kvp_task_text_free(&a);
+    kvp_task_text_free(&b);
+    kvp_ctx_free(ctx);
+    kvp_corpus_free(c);
+    kvp_model_close(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -362,7 +422,7 @@ int main(void)
         cmocka_unit_test(test_passkey_prose), cmocka_unit_test(test_depth),
         cmocka_unit_test(test_length),        cmocka_unit_test(test_score),
         cmocka_unit_test(test_cli),           cmocka_unit_test(test_cli_heatmap),
-        cmocka_unit_test(test_bad_flags),
+        cmocka_unit_test(test_bad_flags), cmocka_unit_test(test_protocol_library),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -334,6 +334,30 @@ static void test_model_bf16_matches_f32(void **state)
     kvp_train_model_free(m);
 }
 
+/* ======================================= CLI ================================================== */
+
+/* --bench prints one JSON object with both precisions and their ratio; a bad --precision is one
+ * error line. */
+static void test_cli_bench(void **state)
+{
+    (void)state;
+    KVP_REQUIRE_CLI(cli);
+    char cmd[1024], *out = NULL;
+    snprintf(cmd, sizeof(cmd),
+             "%s train-lm --bench --dim 32 --layers 1 --heads 2 --kv-heads 1 --ff 64 --vocab 300 "
+             "--bench-ctx 64,128 --bench-steps 1 --bench-reps 2 2>/dev/null",
+             cli);
+    assert_int_equal(kvp_test_run(cmd, &out, 0), 0);
+    assert_non_null(strstr(out, "\"speedup\""));
+    assert_non_null(strstr(out, "\"precision\":\t\"bf16\""));
+    assert_non_null(strstr(out, "\"precision\":\t\"f32\""));
+    free(out);
+    snprintf(cmd, sizeof(cmd), "%s train-lm --bench --precision f16", cli);
+    kvp_test_expect_error(cmd, "--precision");
+    snprintf(cmd, sizeof(cmd), "%s train-lm --bench --bench-ctx 64,x", cli);
+    kvp_test_expect_error(cmd, "--bench-ctx");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -343,6 +367,7 @@ int main(void)
         cmocka_unit_test(test_fused_attention),
         cmocka_unit_test(test_xent_fast),
         cmocka_unit_test(test_model_bf16_matches_f32),
+        cmocka_unit_test(test_cli_bench),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

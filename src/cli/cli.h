@@ -29,19 +29,12 @@ int cmd_eval_tasks(int argc, char **argv);
  * ../shared, or for passkey without them its own noise line; *path then names what was used;
  * prints the error and returns NULL); and sample i of the grid cell (length, depth %) for a seed,
  * the very prompt `kvpred eval --task` decodes. */
-struct kvp_corpus;
-struct kvp_task_text;
-int cli_eval_task_index(const char *name);
-struct kvp_corpus *cli_open_filler(const char **path, int ti);
-int cli_eval_prompt(const struct kvp_corpus *c, const kvp_model *m, int ti, long seed, long i,
-                    long length, long depth, struct kvp_task_text *tt, struct kvp_err *err);
 int cmd_prompt(int argc, char **argv);
 int cmd_viz(int argc, char **argv);
 int cmd_profile_heads(int argc, char **argv);
 int cmd_viz_heads(int argc, char **argv);
 /* Draw a CateKV head profile as a PNG (for `kvpred viz --head-profile`); prints errors, returns
  * the exit status. */
-int cli_viz_heads(const char *profile_path, const char *png_path);
 int cmd_trace(int argc, char **argv);
 int cmd_train_predictor(int argc, char **argv);
 

@@ -28,9 +28,11 @@
 #include "cli/common.h"
 #include "cli/measure_opts.h"
 #include "core/platform.h"
+#include "core/rng.h"
 #include "core/threadpool.h"
 #include "forward/context.h"
 #include "kernels/simd.h"
+#include "kernels/types.h"
 
 static const char *const tier_names[] = {"none", "ram", "disk", NULL};
 static const char *const prefetch_names[] = {"default", "none", "dense", "layer", "token", NULL};
@@ -275,12 +277,8 @@ int cmd_bench(int argc, char **argv)
         goto out;
     }
     uint64_t x = 0x9e3779b97f4a7c15ULL; /* fixed pseudo-random token ids */
-    for (long i = 0; i < cap; i++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        toks[i] = (int32_t)(x % (uint64_t)in.n_vocab);
-    }
+    for (long i = 0; i < cap; i++)
+        toks[i] = (int32_t)(kvp_xorshift64(&x) % (uint64_t)in.n_vocab);
     toks[0] = kvp_token_bos(m);
 
     /* prefill */
@@ -388,6 +386,7 @@ int cmd_bench(int argc, char **argv)
          * shared host, and it counts the cost of transfer threads and I/O submission */
         cJSON_AddNumberToObject(o, "decode_cpu_ms_per_token", cpu_ms);
         cJSON_AddNumberToObject(o, "weight_bytes", (double)in.weight_bytes);
+        cJSON_AddStringToObject(o, "weight_type", kvp_type_name(in.weight_type));
         /* kv_type_k, kv_type_v: the KV cache's element types (f32, f16, bf16, q8_0);
          * kv_bytes_per_token: K and V of one token, all layers and KV heads (block padding
          * included); kv_bytes_at_ctx: that times the context the run fills (ctx + n_decode);

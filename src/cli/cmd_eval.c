@@ -385,9 +385,6 @@ static int run_all(const struct eval_opts *o, struct kvp_measure *ms, const char
 
 int cmd_eval(int argc, char **argv)
 {
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--task"))
-            return cmd_eval_tasks(argc, argv); /* retrieval accuracy: cmd_eval_tasks.c */
     struct eval_opts o = {.src = {.seed = -1},
                           .pp = {.gqa_agg = KVP_AGG_MEAN},
                           .n_prefill = 256,

@@ -1,11 +1,8 @@
 /*
- * `kvpred perplexity`: llama.cpp's convention (shared/reference/stories260K_ppl.json): the text is
- * tokenized once with BOS, split into consecutive CTX-token chunks, each chunk is evaluated alone
- * with BOS as its first token, and the negative log-likelihood is averaged over the second half
- * of every chunk (positions CTX/2 .. CTX-2 predicting the next token). The standard error is
- * llama.cpp's: sqrt(var(nll) / (N-1)) · ppl.
+ * `kvpred perplexity`: the text is tokenized once with BOS and scored by kvp_perplexity
+ * (src/eval/perplexity.h: llama.cpp's convention, CTX-token chunks, the second half of each
+ * scored); this file only parses, reads and prints.
  */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +12,7 @@
 #include "cli/cli.h"
 #include "cli/common.h"
 #include "core/platform.h"
+#include "eval/perplexity.h"
 
 static void help(void)
 {
@@ -25,16 +23,9 @@ static void help(void)
            cli_model_flags_help);
 }
 
-/* -log softmax(logits)[target], in double precision */
-static double nll_of(const float *logits, int n_vocab, int target)
+static void progress(void *ud, long done, long total, double ppl)
 {
-    float mx = logits[0];
-    for (int i = 1; i < n_vocab; i++)
-        mx = logits[i] > mx ? logits[i] : mx;
-    double sum = 0.0;
-    for (int i = 0; i < n_vocab; i++)
-        sum += exp((double)logits[i] - mx);
-    return log(sum) - ((double)logits[target] - mx);
+    fprintf(stderr, "\rchunk %ld/%ld  ppl %.4f", done, total, ppl);
 }
 
 int cmd_perplexity(int argc, char **argv)
@@ -58,8 +49,7 @@ int cmd_perplexity(int argc, char **argv)
         return cli_fail("perplexity: -f FILE is required");
     int status = 1;
     char *text = NULL;
-    int32_t *ids = NULL, *chunk = NULL;
-    float *logits = NULL;
+    int32_t *ids = NULL;
     kvp_ctx *ctx = NULL;
     kvp_model *m = cli_open_model(&mo);
     if (!m)
@@ -78,49 +68,23 @@ int cmd_perplexity(int argc, char **argv)
         len = (size_t)max_bytes;
     if (!(ids = cli_tokenize(m, text, len, true, &n)))
         goto out;
-    long n_chunks = (long)(n / (size_t)n_ctx);
-    if (max_chunks > 0 && max_chunks < n_chunks)
-        n_chunks = max_chunks;
-    if (n_chunks < 1) {
+    if (kvp_perplexity_chunks(n, n_ctx, max_chunks) < 1) {
         cli_fail("perplexity: the text has %zu tokens, fewer than one context of %ld", n, n_ctx);
         goto out;
     }
     if (!(ctx = cli_open_ctx(m, &mo, n_ctx)))
         goto out;
-    logits = malloc((size_t)n_ctx * in.n_vocab * sizeof(float));
-    chunk = malloc((size_t)n_ctx * sizeof(int32_t));
-    if (!logits || !chunk) {
-        cli_fail("out of memory");
+    struct kvp_ppl_result r;
+    struct kvp_err err = {0};
+    double t0 = kvp_time_now();
+    if (kvp_perplexity(ctx, m, ids, n, n_ctx, max_chunks, json ? NULL : progress, NULL, &r,
+                       &err) < 0) {
+        cli_fail_err(&err);
         goto out;
     }
-    double nll = 0.0, nll2 = 0.0;
-    long count = 0;
-    int first = (int)(n_ctx / 2);
-    double t0 = kvp_time_now();
-    for (long c = 0; c < n_chunks; c++) {
-        size_t start = (size_t)c * n_ctx;
-        memcpy(chunk, ids + start, (size_t)n_ctx * sizeof(int32_t));
-        chunk[0] = kvp_token_bos(m);
-        kvp_ctx_reset(ctx);
-        struct kvp_err err = {0};
-        if (kvp_eval(ctx, chunk, (int)n_ctx, logits, true, &err) < 0) {
-            cli_fail_err(&err);
-            goto out;
-        }
-        for (int j = first; j < n_ctx - 1; j++) {
-            double v = nll_of(logits + (size_t)j * in.n_vocab, in.n_vocab, ids[start + j + 1]);
-            nll += v;
-            nll2 += v * v;
-            count++;
-        }
-        if (!json)
-            fprintf(stderr, "\rchunk %ld/%ld  ppl %.4f", c + 1, n_chunks, exp(nll / count));
-    }
     double secs = kvp_time_now() - t0;
-    double mean = nll / count;
-    double ppl = exp(mean);
-    double var = nll2 / count - mean * mean;
-    double se = (var > 0 && count > 1) ? sqrt(var / (count - 1)) * ppl : 0.0;
+    long n_chunks = r.chunks, count = r.scored;
+    double mean = r.nll, ppl = r.ppl, se = r.ppl_stderr;
     if (json) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "model", in.name);
@@ -144,8 +108,6 @@ int cmd_perplexity(int argc, char **argv)
     }
     status = 0;
 out:
-    free(chunk);
-    free(logits);
     kvp_ctx_free(ctx);
     free(ids);
     free(text);

@@ -4,8 +4,8 @@
  * policy (its CVs over layers × KV heads), votes for the fraction r of adaptive heads and writes
  * a head profile (format: src/policy/catekv_profile.h) for `--head-profile` / params.head_profile.
  *
- * `kvpred viz-heads`: draws a head profile as a PNG grid (cli_viz_heads, which `kvpred viz` can
- * call for its --head-profile mode).
+ * `kvpred viz-heads`: draws a head profile as a PNG grid (kvp_head_profile_draw_file, which
+ * `kvpred viz` also calls for its --head-profile mode).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -214,19 +214,6 @@ out:
     return status;
 }
 
-int cli_viz_heads(const char *profile_path, const char *png_path)
-{
-    struct kvp_head_profile *hp = NULL;
-    struct kvp_err err = {0};
-    if (kvp_head_profile_read(profile_path, &hp, &err) < 0)
-        return cli_fail_err(&err);
-    int rc = kvp_head_profile_draw(hp, png_path, &err);
-    kvp_head_profile_free(hp);
-    if (rc < 0)
-        return cli_fail_err(&err);
-    return 0;
-}
-
 int cmd_viz_heads(int argc, char **argv)
 {
     const char *profile = NULL, *out = NULL;
@@ -248,5 +235,6 @@ int cmd_viz_heads(int argc, char **argv)
     }
     if (!profile || !out)
         return cli_fail("viz-heads needs --head-profile PROFILE and -o OUT.png");
-    return cli_viz_heads(profile, out);
+    struct kvp_err err = {0};
+    return kvp_head_profile_draw_file(profile, out, &err) < 0 ? cli_fail_err(&err) : 0;
 }

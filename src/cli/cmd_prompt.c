@@ -9,6 +9,7 @@
 
 #include "cli/cli.h"
 #include "cli/common.h"
+#include "eval/task_eval.h"
 #include "train/train.h"
 
 static void help(void)
@@ -51,7 +52,7 @@ int cmd_prompt(int argc, char **argv)
     int rc = cli_parse_command(&cmd, argc, argv);
     if (rc)
         return rc == 2 ? 0 : 1;
-    int ti = cli_eval_task_index(task);
+    int ti = kvp_task_eval_index(task);
     if (ti < 0)
         return cli_fail("prompt: --task '%s' is not one of passkey, niah_single, niah_multikey, "
                         "niah_multivalue, niah_multiquery, vt", task ? task : "");
@@ -71,7 +72,7 @@ int cmd_prompt(int argc, char **argv)
     struct kvp_task_text tt;
     struct kvp_err err = {0};
     int status = 0;
-    if (cli_eval_prompt(c, m, ti, seed, sample, length, depth, &tt, &err) < 0) {
+    if (kvp_task_eval_prompt(c, m, ti, (uint64_t)seed, sample, length, depth, &tt, &err) < 0) {
         status = cli_fail("prompt: length %ld: %s", length, err.msg);
     } else {
         fputs(answer ? tt.refs : tt.prompt, stdout);

@@ -8,8 +8,8 @@
  * training generator's needles at random depths, sized to --seq-len less room for the answer)
  * followed by its answer, so the trace holds the rows a retrieval step produces (the answer
  * attending to a needle far back), which plain text never shows the predictor. The evaluation
- * filler (pg_essays) is refused, and seeds come from the training range, so a predictor trained
- * on such a trace never saw an evaluation prompt.
+ * filler (pg_essays) is refused, and seeds come from the training range (kvp_task_seed), so a
+ * predictor trained on such a trace never saw an evaluation prompt.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +18,8 @@
 
 #include "cli/cli.h"
 #include "cli/common.h"
+#include "eval/task_eval.h"
+#include "eval/trace_record.h"
 #include "predictor/trace.h"
 #include "train/train.h"
 
@@ -109,10 +111,10 @@ static int record_tasks(kvp_model *m, const struct cli_model_opts *mo, const cha
         /* answers are a few tokens; 64 leaves room for the longest (multi-value lists) */
         struct kvp_task_req req = {
             .task = tasks[i % n_tasks],
-            .seed = kvp_rng_mix((uint64_t)seed, (uint64_t)i) & ~(3ULL << 62),
+            .seed = kvp_task_seed((uint64_t)seed, (uint64_t)i), /* training range */
             .target_tokens = (int)seq_len - 64,
             .depth = -1.0f,
-            .count = cli_count_tokens,
+            .count = kvp_task_eval_count_tokens,
             .ud = m,
         };
         struct kvp_task_text tt;

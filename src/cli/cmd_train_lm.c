@@ -256,6 +256,12 @@ static double median(double *v, int n)
 #define BENCH_MAX_CTX 8
 #define BENCH_MAX_REPS 32
 
+/* A bench step: the shipped run's 8192 tokens, or one sequence when longer. */
+static long bench_step_tokens(int ctx)
+{
+    return ctx > 8192 ? ctx : 8192;
+}
+
 /* --bench: every (ctx, precision) measured reps times, the precisions alternating inside each
  * round so both see the same load on a busy host; medians in the JSON. */
 static int run_bench(const struct kvp_train_config *cfg, const char *ctx_list, int precision,
@@ -285,7 +291,7 @@ static int run_bench(const struct kvp_train_config *cfg, const char *ctx_list, i
             for (int k = 0; k < n_prec; k++) {
                 int pi = (k + r) % n_prec; /* alternate which precision goes first */
                 struct kvp_train_bench_req req = {
-                    .cfg = *cfg, .T = ctx[c], .tokens_per_step = ctx[c] > 8192 ? ctx[c] : 8192,
+                    .cfg = *cfg, .T = ctx[c], .tokens_per_step = bench_step_tokens(ctx[c]),
                     .micro_tokens = ctx[c] > 4096 ? ctx[c] : 4096, .precision = precs[pi],
                     .n_threads = threads, .steps = (int)steps, .seed = 1};
                 struct kvp_train_bench_result res;
@@ -319,7 +325,7 @@ static int run_bench(const struct kvp_train_config *cfg, const char *ctx_list, i
             cJSON_AddNumberToObject(e, "ctx", ctx[c]);
             cJSON_AddStringToObject(e, "precision", kvp_train_precision_name(precs[k]));
             cJSON_AddStringToObject(e, "kernels", kernels[k]);
-            cJSON_AddNumberToObject(e, "tokens_per_step", ctx[c] > 8192 ? ctx[c] : 8192);
+            cJSON_AddNumberToObject(e, "tokens_per_step", (double)bench_step_tokens(ctx[c]));
             cJSON *all = cJSON_AddArrayToObject(e, "tokens_per_s");
             for (int r = 0; r < reps; r++)
                 cJSON_AddItemToArray(all, cJSON_CreateNumber((double)(long)tps[c][k][r]));

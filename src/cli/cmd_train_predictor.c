@@ -37,7 +37,16 @@ static void help(void)
         "  --history H          history rows (default 64)\n"
         "  --channels C1,C2     conv1 and conv2 channels (default 16,32)\n"
         "  --kernel K           odd kernel size (default 3)\n"
-        "  --budgets B1,B2,...  validation token budgets (default 32,64,128)\n");
+        "  --budgets B1,B2,...  validation token budgets (default 32,64,128)\n"
+        "  --query              a second input channel: the query's per-block bound (Quest's\n"
+        "                       min/max key metadata) in the newest row, for --policy qpredictor\n"
+        "                       (needs a trace recorded by this build: version 2)\n"
+        "  --group              one sample per (layer, KV head), the group's rows pooled as\n"
+        "                       qpredictor pools them\n"
+        "  --sparse-history     history rows as a policy without calibration reads them: each\n"
+        "                       keeps its best 1/20 to 1/5 of the blocks, renormalised\n"
+        "  --tail N             half the samples from each sequence's last N positions (the\n"
+        "                       answers of a --tasks trace), their histories dense\n");
 }
 
 static void progress(void *user, int epoch, long step, long steps, double loss)
@@ -74,6 +83,7 @@ int cmd_train_predictor(int argc, char **argv)
 {
     struct kvp_predtrain_opts o = {.loss = KVP_LOSS_MSE};
     const char *data = NULL, *out_path = NULL, *val_path = NULL, *channels = NULL, *budgets = NULL;
+    int query = 0;
     static const char *const losses[] = {"mse", "ce", NULL}; /* enum kvp_cnn_loss */
     const struct cli_flag flags[] = {
         CLI_STR("-o|--output", &out_path),
@@ -92,6 +102,10 @@ int cmd_train_predictor(int argc, char **argv)
         CLI_STR("--channels", &channels),
         CLI_INT("--kernel", 1, KVP_CNN_MAX_K, &o.k, NULL),
         CLI_STR("--budgets", &budgets),
+        CLI_BOOL("--query", &query),
+        CLI_BOOL("--group", &o.group),
+        CLI_BOOL("--sparse-history", &o.sparse),
+        CLI_INT("--tail", 1, 1 << 20, &o.tail, NULL),
         {0},
     };
     const struct cli_command cmd = {
@@ -117,6 +131,7 @@ int cmd_train_predictor(int argc, char **argv)
         return cli_fail("--kernel: %d is even; the padding needs an odd kernel", o.k);
     if (!data || (!out_path && !val_path))
         return cli_fail("train-predictor: give the dataset and -o PREDICTOR (or --validate)");
+    o.cin = query ? 2 : 1;
     kvp_predtrain_opts_default(&o);
     if (o.sink < 0)
         o.sink = 0;
@@ -159,12 +174,13 @@ int cmd_train_predictor(int argc, char **argv)
            val_path ? val_path : out_path, net.meta.model, kvp_cnn_n_params(&net), net.H,
            net.meta.loss == KVP_LOSS_CE ? "ce" : "mse", rep.n_train_samples, rep.n_val_samples,
            rep.train_loss, rep.val_loss, kvp_time_now() - t0);
-    printf("validation recovery (dense histories; sink %d, local %d):\n"
-           "  budget  predicted  oracle  newest-row  recency  predicted/oracle\n",
-           o.sink, o.local);
+    printf("validation recovery (%s histories%s; sink %d, local %d):\n"
+           "  budget  predicted  oracle  newest-row  recency  quest-bound  predicted/oracle\n",
+           o.sparse ? "sparse" : "dense", net.cin > 1 ? ", query channel" : "", o.sink, o.local);
     for (int b = 0; b < rep.n_budgets; b++)
-        printf("  %6d  %9.4f  %6.4f  %10.4f  %7.4f  %16.4f\n", rep.budgets[b], rep.rec_pred[b],
-               rep.rec_oracle[b], rep.rec_last[b], rep.rec_recent[b], rep.rel[b]);
+        printf("  %6d  %9.4f  %6.4f  %10.4f  %7.4f  %11.4f  %16.4f\n", rep.budgets[b],
+               rep.rec_pred[b], rep.rec_oracle[b], rep.rec_last[b], rep.rec_recent[b],
+               rep.rec_query[b], rep.rel[b]);
     status = 0;
 out:
     kvp_cnn_free(&net);

@@ -18,9 +18,10 @@
 #include "cli/cli.h"
 #include "cli/common.h"
 #include "cli/measure_opts.h"
-#include "eval/draw.h"
 #include "eval/measure.h"
-#include "eval/png.h"
+#include "image/draw.h"
+#include "image/png.h"
+#include "policy/catekv_profile.h"
 
 #define LOG_FLOOR (-4.0) /* log10 of the smallest block mass with a colour */
 #define SEP_W     3      /* separator width in pixels */
@@ -242,8 +243,10 @@ int cmd_viz(int argc, char **argv)
         bool has_layer = false;
         for (int k = 1; k < argc; k++)
             has_layer |= !strcmp(argv[k], "--layer");
-        if (!has_layer)
-            return cli_viz_heads(profile, png);
+        if (!has_layer) {
+            struct kvp_err err = {0};
+            return kvp_head_profile_draw_file(profile, png, &err) < 0 ? cli_fail_err(&err) : 0;
+        }
     }
 
     struct viz_opts o = {.src = {.seed = -1},

@@ -8,6 +8,8 @@
 
 #include "cli/cli.h"
 #include "cli/measure_opts.h"
+#include "eval/task_eval.h"
+#include "train/train.h"
 
 const char *cli_model_flags_help =
     "  -m, --model PATH     model file: GGUF, or a llama2.c checkpoint (default: the shipped\n"
@@ -256,12 +258,6 @@ int32_t *cli_tokenize(const kvp_model *m, const char *text, size_t len, bool add
     return ids;
 }
 
-int cli_count_tokens(void *ud, const char *text, size_t len, size_t *n_tok)
-{
-    int rc = kvp_tokenize(ud, text, len, true, NULL, 0, n_tok, NULL);
-    return rc == KVP_ERANGE ? 0 : rc;
-}
-
 int cli_parse_command(const struct cli_command *cmd, int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
@@ -297,4 +293,23 @@ int cli_parse_command(const struct cli_command *cmd, int argc, char **argv)
         !cli_parse_budget(*cmd->budget, &pp->budget, &pp->budget_ratio))
         return cli_fail("--budget: '%s' is not a token count or a ratio in (0, 1]", *cmd->budget);
     return 0;
+}
+
+struct kvp_corpus *cli_open_filler(const char **pathp, int ti)
+{
+    static char def[4096];
+    if (!*pathp && kvp_task_eval_kind(ti)->task != KVP_TASK_PASSKEY) {
+        const char *sd = getenv("KVP_SHARED_DIR");
+        snprintf(def, sizeof(def), "%s/data/pg_essays", sd ? sd : "../shared");
+        *pathp = def;
+    }
+    struct kvp_corpus *c = NULL;
+    struct kvp_err err = {0};
+    if (kvp_task_eval_filler(*pathp, ti, &c, &err) < 0) {
+        cli_fail("filler: %s", err.msg);
+        return NULL;
+    }
+    if (!*pathp)
+        *pathp = "none (the pass key's noise line)";
+    return c;
 }

@@ -42,8 +42,11 @@ char *cli_read_file(const char *path, size_t *len);
 /* Tokenize text into a malloc'd array. Prints the error and returns NULL. */
 int32_t *cli_tokenize(const kvp_model *m, const char *text, size_t len, bool add_bos, size_t *n);
 
-/* Tokens of text as the engine feeds a prompt (BOS included): a kvp_task_count_fn, ud the model. */
-int cli_count_tokens(void *ud, const char *text, size_t len, size_t *n_tok);
+/* The filler of `eval --task` / `prompt` task ti: --filler, or the essays under $KVP_SHARED_DIR
+ * (../shared without it); the pass key without --filler needs none (its own noise line). *path
+ * is set to what the JSON names. NULL after printing the error. */
+struct kvp_corpus;
+struct kvp_corpus *cli_open_filler(const char **path, int ti);
 
 /* Value of the flag at argv[*i]: advances *i; prints an error and returns NULL if missing. */
 const char *cli_flag_value(int argc, char **argv, int *i);

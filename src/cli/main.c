@@ -14,6 +14,16 @@ struct command {
     const char *help;
 };
 
+/* `eval` is two commands behind one name: KV measurement (cmd_eval.c) and, with --task,
+ * retrieval accuracy (cmd_eval_tasks.c). */
+static int eval_dispatch(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--task"))
+            return cmd_eval_tasks(argc, argv);
+    return cmd_eval(argc, argv);
+}
+
 static const struct command commands[] = {
     {"run", cmd_run, "generate text from a prompt"},
     {"info", cmd_info, "show a model's architecture, shapes, types and memory needs"},
@@ -25,7 +35,7 @@ static const struct command commands[] = {
     {"synth", cmd_synth, "write a random-weight GGUF with a real model's shapes"},
     {"tokenize", cmd_tokenize, "print the token ids of a text"},
     {"train-lm", cmd_train_lm, "train a small Llama-architecture model from scratch"},
-    {"eval", cmd_eval, "measure KV selection policies against full attention"},
+    {"eval", eval_dispatch, "measure KV selection policies against full attention"},
     {"viz", cmd_viz, "draw one head's attention and a policy's selection as a PNG"},
     {"profile-heads", cmd_profile_heads, "CateKV: classify KV heads over a reference set"},
     {"viz-heads", cmd_viz_heads, "CateKV: draw a head profile as a PNG"},

@@ -7,6 +7,7 @@
 
 #include "cli/cli.h"
 #include "cli/common.h"
+#include "core/rng.h"
 #include "policy/policy.h"
 
 static const char *const shared_flags_help =
@@ -149,15 +150,6 @@ bool cli_parse_budget(const char *s, int *budget, float *ratio)
     return true;
 }
 
-/* splitmix64: a seeded, portable stream for tokenizer-less fixtures */
-static uint64_t splitmix64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
 /* Tokenize a growing prefix of text until it yields n tokens with a margin (so the cut at the
  * end of the prefix cannot change them) or the text runs out. */
 static int32_t *tokens_from_text(const kvp_model *m, const char *text, size_t len, int n)
@@ -194,7 +186,7 @@ int32_t *cli_measure_tokens(const kvp_model *m, const struct cli_token_source *s
         }
         uint64_t s = (uint64_t)src->seed;
         for (int i = 0; i < n; i++)
-            ids[i] = (int32_t)(splitmix64(&s) % (uint64_t)info.n_vocab);
+            ids[i] = (int32_t)(kvp_splitmix64(&s) % (uint64_t)info.n_vocab);
         return ids;
     }
     size_t len = 0;

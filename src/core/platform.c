@@ -66,6 +66,13 @@ double kvp_cpu_time(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+double kvp_thread_cpu_time(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 void *kvp_alloc_aligned(size_t size)
 {
     if (size == 0)

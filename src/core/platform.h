@@ -25,6 +25,8 @@ void kvp_file_unmap(struct kvp_file_map *m);
 double kvp_time_now(void);
 /* CPU time of the whole process (every thread) in seconds. */
 double kvp_cpu_time(void);
+/* CPU time of the calling thread in seconds. */
+double kvp_thread_cpu_time(void);
 
 /* 64-byte aligned allocation (cache line and AVX-512 friendly); size 0 returns NULL. */
 void *kvp_alloc_aligned(size_t size);

@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "eval/draw.h"
-#include "eval/png.h"
+#include "image/draw.h"
+#include "image/png.h"
 
 #define S          2                     /* text scale */
 #define CAP        (KVP_FONT_ASCENT * S) /* height of digits and capitals */

@@ -72,6 +72,7 @@ struct kvp_ctx {
     /* measuring */
     bool measure;
     float *dense_probs;            /* [n_layer][n_head][probs_stride] */
+    float *dense_q;                /* [n_layer][n_head][head_dim] the queries of those rows */
     double *recovery;              /* [n_layer][n_head]; -1 when not measured */
 
     /* the job of the running eval */

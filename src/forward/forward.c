@@ -149,6 +149,7 @@ void kvp_ctx_free(kvp_ctx *c)
     free(c->inv_freq);
     free_policy(c);
     kvp_free_aligned(c->dense_probs);
+    free(c->dense_q);
     free(c->recovery);
     kvp_kv_free(c);
     kvp_pool_free(c->pool);
@@ -478,10 +479,13 @@ void kvp_ctx_set_measure(kvp_ctx *c, bool on)
     if (on && !c->dense_probs) {
         size_t n_lh = (size_t)c->hp.n_layer * c->hp.n_head;
         c->dense_probs = falloc(n_lh * c->probs_stride);
+        c->dense_q = calloc(n_lh * c->hp.head_dim, sizeof(float));
         c->recovery = malloc(n_lh * sizeof(double));
-        if (!c->dense_probs || !c->recovery) {
+        if (!c->dense_probs || !c->dense_q || !c->recovery) {
             kvp_free_aligned(c->dense_probs);
+            free(c->dense_q);
             free(c->recovery);
+            c->dense_q = NULL;
             c->dense_probs = NULL;
             c->recovery = NULL;
             c->measure = false;
@@ -501,6 +505,13 @@ const float *kvp_ctx_dense_probs(const kvp_ctx *c, int layer, int head, int *n_k
     if (n_keys)
         *n_keys = c->n_tokens;
     return c->dense_probs + ((size_t)layer * c->hp.n_head + head) * c->probs_stride;
+}
+
+const float *kvp_ctx_dense_query(const kvp_ctx *c, int layer, int head)
+{
+    if (!kvp_ctx_dense_probs(c, layer, head, NULL))
+        return NULL;
+    return c->dense_q + ((size_t)layer * c->hp.n_head + head) * c->hp.head_dim;
 }
 
 double kvp_ctx_recovery(const kvp_ctx *c, int layer, int head)

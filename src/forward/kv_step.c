@@ -230,6 +230,8 @@ static void measure_group(struct kvp_ctx *c, int l, int kvh, const struct kvp_se
     const float *sp = c->sparse_probs + first * c->probs_stride;
     kvp_attn_dense_group(&c->kv, l, kvh, c->q + first * c->hp.head_dim, g, n_keys, dp,
                          c->probs_stride, NULL);
+    memcpy(c->dense_q + ((size_t)l * c->hp.n_head + first) * c->hp.head_dim,
+           c->q + first * c->hp.head_dim, (size_t)g * c->hp.head_dim * sizeof(float));
     for (int j = 0; j < g; j++)
         c->recovery[(size_t)l * c->hp.n_head + first + j] =
             recovery_of(dp + (size_t)j * c->probs_stride, sel, sp + (size_t)j * c->probs_stride,

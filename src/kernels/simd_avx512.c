@@ -743,21 +743,26 @@ static void rows_q5_0(const void *w, size_t row_bytes, const void *xq, int64_t n
     rows_pair32(w, row_bytes, xq, n, nrows, y, PAIR_Q5_0, qx_dot_q5_0);
 }
 
-/* Q4_K rows against Q8_K activations, four per pass: the recipe of dot_q4_k, with the 256
- * activations of a super-block loaded once for the four rows and each row's eight 6-bit scales
- * widened once and spread over the int16 pairs with vpermw. */
-static void rows_q4_k(const void *w, size_t row_bytes, const void *xq, int64_t n, int64_t nrows,
-                      float *y)
+/* Q4_K and Q5_K rows against Q8_K activations, four per pass: the recipe of dot_q4_k, with the
+ * 256 activations of a super-block loaded once for the four rows and each row's eight 6-bit
+ * scales widened once and spread over the int16 pairs with vpermw. Q5_K's fifth bit of element
+ * 64c + l is bit 2c of qh[l] (2c + 1 for element 64c + 32 + l): one variable shift per chunk
+ * puts it at bit 0 of each byte in both halves. */
+KVP_INLINE void rows_k45(const void *w, size_t row_bytes, const void *xq, int64_t n,
+                         int64_t nrows, float *y, int five)
 {
+    const size_t bytes = five ? 176 : 144, qs_at = five ? 48 : 16;
     const uint8_t *px = xq;
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi8(1);
     const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
-    __m512i idx[4]; /* int16 lane i of chunk c takes scale 2c + i/16 */
+    __m512i idx[4], hshift[4]; /* int16 lane i of chunk c takes scale 2c + i/16 */
     for (int c = 0; c < 4; c++) {
         int16_t ix[32];
         for (int i = 0; i < 32; i++)
             ix[i] = (int16_t)(2 * c + i / 16);
         idx[c] = _mm512_loadu_si512(ix);
+        hshift[c] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16((short)(2 * c))),
+                                       _mm256_set1_epi16((short)(2 * c + 1)), 1);
     }
     PF_ON(nrows, row_bytes);
     int64_t r = 0;
@@ -772,27 +777,34 @@ static void rows_q4_k(const void *w, size_t row_bytes, const void *xq, int64_t n
             mins[i] = _mm256_setzero_ps();
         }
         for (int64_t b = 0; b < n / KVP_QK_K; b++) {
-            for (size_t o = 0; o < 144; o += 64)
-                PREFETCH4(wr[3] + row_bytes, row_bytes, (size_t)b * 144 + o + 64);
+            for (size_t o = 0; o < bytes; o += 64)
+                PREFETCH4(wr[3] + row_bytes, row_bytes, (size_t)b * bytes + o + 64);
             const uint8_t *xb = px + (size_t)b * 292;
             __m512i x[4];
             for (int c = 0; c < 4; c++)
                 x[c] = _mm512_loadu_si512(xb + 4 + 64 * c);
             float xd = qx_f32(xb);
             for (int i = 0; i < 4; i++) {
-                const uint8_t *wb = wr[i] + (size_t)b * 144;
+                const uint8_t *wb = wr[i] + (size_t)b * bytes;
                 uint8_t sc[8], m[8];
                 qx_k_scales(wb + 4, sc, m);
                 __m512i sc16 = _mm512_castsi128_si512(
                     _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
+                __m512i hv = five ? _mm512_broadcast_i64x4(
+                                        _mm256_loadu_si256((const __m256i *)(wb + 16)))
+                                  : _mm512_setzero_si512();
                 __m512i sum = _mm512_setzero_si512();
                 for (int c = 0; c < 4; c++) {
                     __m512i q = _mm512_broadcast_i64x4(
-                        _mm256_loadu_si256((const __m256i *)(wb + 16 + 32 * c)));
+                        _mm256_loadu_si256((const __m256i *)(wb + qs_at + 32 * c)));
                     q = _mm512_and_si512(_mm512_srlv_epi16(q, shift), m4);
+                    if (five) {
+                        __m512i h = _mm512_and_si512(_mm512_srlv_epi16(hv, hshift[c]), one);
+                        q = _mm512_or_si512(q, _mm512_slli_epi16(h, 4));
+                    }
                     __m512i p = _mm512_maddubs_epi16(q, x[c]);
-                    sum = _mm512_add_epi32(sum,
-                                           _mm512_madd_epi16(p, _mm512_permutexvar_epi16(idx[c], sc16)));
+                    sum = _mm512_add_epi32(
+                        sum, _mm512_madd_epi16(p, _mm512_permutexvar_epi16(idx[c], sc16)));
                 }
                 acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(f16_at(wb) * xd), _mm512_cvtepi32_ps(sum),
                                          acc[i]);
@@ -805,7 +817,95 @@ static void rows_q4_k(const void *w, size_t row_bytes, const void *xq, int64_t n
         _mm_storeu_ps(y + r, hsum4(acc[0], acc[1], acc[2], acc[3]));
     }
     for (; r < nrows; r++)
-        y[r] = dot_q4_k((const uint8_t *)w + (size_t)r * row_bytes, xq, n);
+        y[r] = five ? qx_dot_q5_k((const uint8_t *)w + (size_t)r * row_bytes, xq, n)
+                    : dot_q4_k((const uint8_t *)w + (size_t)r * row_bytes, xq, n);
+}
+
+static void rows_q4_k(const void *w, size_t row_bytes, const void *xq, int64_t n, int64_t nrows,
+                      float *y)
+{
+    rows_k45(w, row_bytes, xq, n, nrows, y, 0);
+}
+
+static void rows_q5_k(const void *w, size_t row_bytes, const void *xq, int64_t n, int64_t nrows,
+                      float *y)
+{
+    rows_k45(w, row_bytes, xq, n, nrows, y, 1);
+}
+
+/* Q6_K rows against Q8_K activations, four per pass: dot_q6_k's recipe with the activations of a
+ * super-block loaded once for the four rows. */
+static void rows_q6_k(const void *w, size_t row_bytes, const void *xq, int64_t n, int64_t nrows,
+                      float *y)
+{
+    const uint8_t *px = xq;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(0x30);
+    const __m512i sh_a = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    const __m512i sh_b = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    __m512i idx0, idx1; /* int16 lane i of run pair 0|1 uses scale i/8, of 2|3 scale 4 + i/8 */
+    {
+        int16_t ix[32];
+        for (int i = 0; i < 32; i++)
+            ix[i] = (int16_t)(i / 8);
+        idx0 = _mm512_loadu_si512(ix);
+        idx1 = _mm512_add_epi16(idx0, _mm512_set1_epi16(4));
+    }
+    PF_ON(nrows, row_bytes);
+    int64_t r = 0;
+    for (; r + 4 <= nrows; r += 4) {
+        const uint8_t *wr[4];
+        for (int i = 0; i < 4; i++)
+            wr[i] = (const uint8_t *)w + (size_t)(r + i) * row_bytes;
+        __m512 acc[4];
+        float corr[4] = {0, 0, 0, 0};
+        for (int i = 0; i < 4; i++)
+            acc[i] = _mm512_setzero_ps();
+        for (int64_t b = 0; b < n / KVP_QK_K; b++) {
+            for (size_t o = 0; o < 210; o += 64)
+                PREFETCH4(wr[3] + row_bytes, row_bytes, (size_t)b * 210 + o + 64);
+            const uint8_t *xb = px + (size_t)b * 292;
+            __m512i x[4];
+            for (int k = 0; k < 4; k++)
+                x[k] = _mm512_loadu_si512(xb + 4 + 64 * k);
+            int16_t bs[16];
+            qx_bsums(xb, bs);
+            float xd = qx_f32(xb);
+            for (int i = 0; i < 4; i++) {
+                const uint8_t *wb = wr[i] + (size_t)b * 210;
+                const int8_t *S = (const int8_t *)(wb + 192);
+                __m512i sum = _mm512_setzero_si512();
+                for (int h = 0; h < 2; h++) {
+                    __m256i L0 = _mm256_loadu_si256((const __m256i *)(wb + 64 * h));
+                    __m256i L1 = _mm256_loadu_si256((const __m256i *)(wb + 64 * h + 32));
+                    __m512i L = _mm512_inserti64x4(_mm512_castsi256_si512(L0), L1, 1);
+                    __m512i Q = _mm512_broadcast_i64x4(
+                        _mm256_loadu_si256((const __m256i *)(wb + 128 + 32 * h)));
+                    __m512i qa = _mm512_or_si512(_mm512_and_si512(L, m4),
+                                                 _mm512_and_si512(_mm512_sllv_epi16(Q, sh_a), m2));
+                    __m512i qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(L, 4), m4),
+                                                 _mm512_and_si512(_mm512_srlv_epi16(Q, sh_b), m2));
+                    __m512i s16 = _mm512_castsi128_si512(
+                        _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(S + 8 * h))));
+                    sum = _mm512_add_epi32(
+                        sum, _mm512_madd_epi16(_mm512_maddubs_epi16(qa, x[2 * h]),
+                                               _mm512_permutexvar_epi16(idx0, s16)));
+                    sum = _mm512_add_epi32(
+                        sum, _mm512_madd_epi16(_mm512_maddubs_epi16(qb, x[2 * h + 1]),
+                                               _mm512_permutexvar_epi16(idx1, s16)));
+                }
+                float dd = f16_at(wb + 208) * xd;
+                acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(dd), _mm512_cvtepi32_ps(sum), acc[i]);
+                int32_t c = 0;
+                for (int k = 0; k < 16; k++)
+                    c += S[k] * bs[k];
+                corr[i] += dd * (float)(32 * c);
+            }
+        }
+        __m128 s4 = _mm_sub_ps(hsum4(acc[0], acc[1], acc[2], acc[3]), _mm_loadu_ps(corr));
+        _mm_storeu_ps(y + r, s4);
+    }
+    for (; r < nrows; r++)
+        y[r] = dot_q6_k((const uint8_t *)w + (size_t)r * row_bytes, xq, n);
 }
 
 /* Quantized-type dots: the shared 256-bit kernels of simd_quant_x86.h (compiled here with the
@@ -852,5 +952,7 @@ const struct kvp_simd_ops kvp_simd_ops_avx512 = {
             [KVP_TYPE_Q4_0] = rows_q4_0,
             [KVP_TYPE_Q5_0] = rows_q5_0,
             [KVP_TYPE_Q4_K] = rows_q4_k,
+            [KVP_TYPE_Q5_K] = rows_q5_k,
+            [KVP_TYPE_Q6_K] = rows_q6_k,
         },
 };

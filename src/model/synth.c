@@ -18,6 +18,7 @@
 #include <strings.h>
 
 #include "core/err.h"
+#include "core/rng.h"
 #include "core/threadpool.h"
 #include "kernels/types.h"
 #include "model/gguf.h"
@@ -50,23 +51,15 @@ const struct kvp_synth_shape *kvp_synth_shape_at(int i)
     return i >= 0 && i < N_SHAPES ? &shapes[i] : NULL;
 }
 
-/* ---- random numbers ----------------------------------------------------------------------- */
-
-static uint64_t splitmix64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+/* ---- random numbers (splitmix64: core/rng.h) ---------------------------------------------- */
 
 /* n values uniform in [-a, a) from the generator of (seed, tensor, row). */
 static void fill_row(uint64_t seed, int tensor, int64_t row, float a, float *dst, int64_t n)
 {
     uint64_t s = seed ^ ((uint64_t)tensor << 40) ^ (uint64_t)row * 0x2545F4914F6CDD1Dull;
-    splitmix64(&s);
+    kvp_splitmix64(&s);
     for (int64_t i = 0; i < n; i++) {
-        double u = (double)(splitmix64(&s) >> 11) * (1.0 / 9007199254740992.0); /* [0, 1) */
+        double u = (double)(kvp_splitmix64(&s) >> 11) * (1.0 / 9007199254740992.0); /* [0, 1) */
         dst[i] = (float)((2.0 * u - 1.0) * a);
     }
 }

@@ -5,16 +5,16 @@
  * columns KV heads. Consistent heads are blue, adaptive heads orange, both darker for a higher CV
  * (scaled to the profile's largest CV), and adaptive cells carry a small black-and-white square
  * so the classes can be told apart without colour. Row and column numbers are written with the
- * figure font of eval/draw.h; under the grid two legend bars show both ramps from the smallest CV
+ * figure font of image/draw.h; under the grid two legend bars show both ramps from the smallest CV
  * (left) to the largest (right), with both values written next to the bars. Pixels are composed
- * in an RGB buffer and written by eval/png.h in one call.
+ * in an RGB buffer and written by image/png.h in one call.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "eval/draw.h"
-#include "eval/png.h"
+#include "image/draw.h"
+#include "image/png.h"
 #include "policy/catekv_profile.h"
 
 #define CELL   28 /* cell side in pixels */
@@ -106,5 +106,16 @@ int kvp_head_profile_draw(const struct kvp_head_profile *hp, const char *png_pat
 
     int rc = kvp_png_write_rgb(png_path, c.px, c.w, c.h, err);
     free(c.px);
+    return rc;
+}
+
+int kvp_head_profile_draw_file(const char *profile_path, const char *png_path,
+                               struct kvp_err *err)
+{
+    struct kvp_head_profile *hp = NULL;
+    int rc = kvp_head_profile_read(profile_path, &hp, err);
+    if (rc == 0)
+        rc = kvp_head_profile_draw(hp, png_path, err);
+    kvp_head_profile_free(hp);
     return rc;
 }

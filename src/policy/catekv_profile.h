@@ -83,6 +83,9 @@ int kvp_head_profile_vote(const double *cvs, int n_samples, int n_layer, int n_h
  * ramps from the smallest to the largest CV. */
 int kvp_head_profile_draw(const struct kvp_head_profile *hp, const char *png_path,
                           struct kvp_err *err);
+/* The same from a profile file (`kvpred viz-heads`, `kvpred viz --head-profile`). */
+int kvp_head_profile_draw_file(const char *profile_path, const char *png_path,
+                               struct kvp_err *err);
 
 /* ---- access to a running catekv policy (policy_catekv.c) ---- */
 

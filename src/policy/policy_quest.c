@@ -49,11 +49,10 @@
 
 #include "kv/kvcache.h"
 #include "policy/policy.h"
+#include "policy/quest_meta.h"
 
 struct quest_state {
-    float *kmax; /* [n_layer*n_head_kv][max_blocks][head_dim] element-wise max of keys */
-    float *kmin; /* [n_layer*n_head_kv][max_blocks][head_dim] element-wise min of keys */
-    int *done;   /* [n_layer*n_head_kv] tokens folded into the metadata */
+    struct kvp_qmeta meta; /* element-wise max and min of every block's keys (quest_meta.h) */
     float *lastq;/* [n_layer*n_head_kv][g][head_dim] query of the last select (or prompt) */
     bool *has_q; /* [n_layer*n_head_kv] lastq holds a query of this sequence */
     float *score;/* [n_layer*n_head_kv][max_blocks] combined bounds of lastq, valid for the
@@ -102,9 +101,8 @@ static int quest_init(struct kvp_policy *p, struct kvp_err *err)
     p->prefetch_margin = margin;
     size_t n_lh = (size_t)p->env.n_layer * p->env.n_head_kv;
     size_t mb = (size_t)(p->env.n_ctx + p->env.block_size - 1) / p->env.block_size;
-    s->kmax = malloc(n_lh * mb * p->env.head_dim * sizeof(float));
-    s->kmin = malloc(n_lh * mb * p->env.head_dim * sizeof(float));
-    s->done = calloc(n_lh, sizeof(int));
+    int meta_rc = kvp_qmeta_init(&s->meta, p->env.n_layer, p->env.n_head_kv, (int)mb,
+                                 p->env.head_dim, p->env.block_size);
     size_t g = (size_t)(p->env.n_head / p->env.n_head_kv);
     s->lastq = malloc(n_lh * g * p->env.head_dim * sizeof(float));
     s->has_q = calloc(n_lh, sizeof(bool));
@@ -115,13 +113,11 @@ static int quest_init(struct kvp_policy *p, struct kvp_err *err)
     s->kept_first = calloc(n_lh, sizeof(int));
     s->kept_end = calloc(n_lh, sizeof(int));
     s->predicting = calloc(n_lh, sizeof(bool));
-    if (!s->kmax || !s->kmin || !s->done || !s->lastq || !s->has_q || !s->score ||
+    if (meta_rc < 0 || !s->lastq || !s->has_q || !s->score ||
         !s->scored_end || !s->kept || !s->n_kept || !s->kept_first || !s->kept_end ||
         !s->predicting ||
         kvp_scratch_init(&s->scr, &p->env, g * mb * p->env.block_size) < 0) {
-        free(s->kmax);
-        free(s->kmin);
-        free(s->done);
+        kvp_qmeta_free(&s->meta);
         free(s->lastq);
         free(s->has_q);
         free(s->score);
@@ -145,9 +141,7 @@ static void quest_free(struct kvp_policy *p)
     struct quest_state *s = p->state;
     if (!s)
         return;
-    free(s->kmax);
-    free(s->kmin);
-    free(s->done);
+    kvp_qmeta_free(&s->meta);
     free(s->lastq);
     free(s->has_q);
     free(s->score);
@@ -164,41 +158,11 @@ static void quest_free(struct kvp_policy *p)
 static void quest_reset(struct kvp_policy *p)
 {
     struct quest_state *s = p->state;
-    memset(s->done, 0, (size_t)p->env.n_layer * p->env.n_head_kv * sizeof(int));
+    kvp_qmeta_reset(&s->meta);
     memset(s->has_q, 0, (size_t)p->env.n_layer * p->env.n_head_kv * sizeof(bool));
     memset(s->scored_end, 0, (size_t)p->env.n_layer * p->env.n_head_kv * sizeof(int));
     for (int i = 0; i < p->env.n_layer * p->env.n_head_kv; i++)
         s->n_kept[i] = -1;
-}
-
-/* Fold the keys of tokens [done, n_tokens) of (layer, kvh) into their blocks' min/max. A token
- * at offset 0 of its block starts the block afresh, so a rebuild is done = 0. */
-static void fold_keys(struct kvp_policy *p, int layer, int kvh, int n_tokens)
-{
-    struct quest_state *s = p->state;
-    const struct kvp_kvcache *kv = p->env.kv;
-    const int bs = kv->block_size, hd = kv->head_dim;
-    const int lh = layer * p->env.n_head_kv + kvh;
-    /* The context was truncated (kvp_ctx_truncate tells no policy). Only a decode step calls
-     * this after a truncation, with one new token, so the cut is at n_tokens - 1: blocks below
-     * the newest one are unchanged, and the newest is refolded from its start. That block is
-     * the only one a tiered store is sure to hold (a refold from 0 would read blocks that are
-     * not resident). */
-    if (s->done[lh] > n_tokens)
-        s->done[lh] = (n_tokens - 1) / bs * bs;
-    for (int t = s->done[lh]; t < n_tokens; t++) {
-        int b = t / bs, o = t % bs;
-        float *mx = s->kmax + ((size_t)lh * s->scr.max_blocks + b) * hd;
-        float *mn = s->kmin + ((size_t)lh * s->scr.max_blocks + b) * hd;
-        for (int d = 0; d < hd; d++) {
-            float k = kvp_kvcache_key_at(kv, layer, kvh, t, d); /* as stored, then f32 */
-            if (o == 0 || k > mx[d])
-                mx[d] = k;
-            if (o == 0 || k < mn[d])
-                mn[d] = k;
-        }
-    }
-    s->done[lh] = n_tokens;
 }
 
 float kvp_quest_bound(const float *q, const float *kmax, const float *kmin, int hd)
@@ -221,9 +185,9 @@ static void quest_prefill(struct kvp_policy *p, int layer, const struct kvp_pref
     const size_t gq = (size_t)(p->env.n_head / p->env.n_head_kv) * p->env.head_dim;
     for (int h = 0; h < p->env.n_head_kv; h++) {
         int lh = layer * p->env.n_head_kv + h;
-        s->done[lh] = 0;
+        kvp_qmeta_restart(&s->meta, lh);
         s->n_kept[lh] = -1; /* the prompt's query ranks afresh */
-        fold_keys(p, layer, h, obs->n_prompt);
+        kvp_qmeta_fold(&s->meta, p->env.kv, layer, h, obs->n_prompt);
         if (!obs->q_last)
             continue;
         memcpy(s->lastq + lh * gq, obs->q_last + h * gq, gq * sizeof(float));
@@ -241,12 +205,8 @@ static void score_blocks(struct kvp_policy *p, int layer, int kvh, const float *
     float *ub = kvp_scratch_f(&s->scr, kvh) + s->scr.cap; /* [g][n] per-head bounds */
     if (n <= 0)
         return;
-    for (int j = 0; j < g; j++)
-        for (int c = 0; c < n; c++) {
-            size_t m = ((size_t)lh * s->scr.max_blocks + b0 + c) * hd;
-            ub[(size_t)j * n + c] =
-                kvp_quest_bound(q + (size_t)j * hd, s->kmax + m, s->kmin + m, hd);
-        }
+    (void)hd; /* the bounds of every head, kvp_quest_bound's values (quest_meta.h) */
+    kvp_qmeta_bounds(&s->meta, lh, q, g, 1.0f, b0, b1, ub, n);
     kvp_gqa_combine(ub, g, n, n, p->p.gqa_agg, s->score + (size_t)lh * s->scr.max_blocks + b0);
 }
 
@@ -262,7 +222,7 @@ static void quest_select(struct kvp_policy *p, int layer, int kvh, const float *
     struct quest_state *s = p->state;
     const int g = p->env.n_head / p->env.n_head_kv, hd = p->env.head_dim;
     const int lh = layer * p->env.n_head_kv + kvh;
-    fold_keys(p, layer, kvh, n_tokens);
+    kvp_qmeta_fold(&s->meta, p->env.kv, layer, kvh, n_tokens);
     struct kvp_block_plan bp;
     kvp_block_plan(p, n_tokens, &bp);
     bool ranks = plan_ranks(&bp);

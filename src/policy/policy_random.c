@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/rng.h"
 #include "policy/policy.h"
 
 struct random_state {
@@ -19,21 +20,13 @@ struct random_state {
     struct kvp_scratch scr;
 };
 
-static uint64_t splitmix64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
 static void random_reset(struct kvp_policy *p)
 {
     struct random_state *s = p->state;
     int n_lh = p->env.n_layer * p->env.n_head_kv;
     for (int i = 0; i < n_lh; i++) {
         uint64_t x = p->p.seed ^ ((uint64_t)(i + 1) * 0xD1B54A32D192ED03ULL);
-        s->rng[i] = splitmix64(&x);
+        s->rng[i] = kvp_splitmix64(&x);
     }
 }
 
@@ -81,7 +74,7 @@ static void random_select(struct kvp_policy *p, int layer, int kvh, const float 
             score[bp.first + c] = 0.0f;
         }
         for (int i = 0; i < bp.k; i++) {
-            int j = i + (int)(splitmix64(rng) % (uint64_t)(n_cand - i));
+            int j = i + (int)(kvp_splitmix64(rng) % (uint64_t)(n_cand - i));
             int t = perm[i];
             perm[i] = perm[j];
             perm[j] = t;

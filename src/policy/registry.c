@@ -14,6 +14,7 @@ extern const struct kvp_policy_ops kvp_policy_oracle_token;
 extern const struct kvp_policy_ops kvp_policy_random;
 extern const struct kvp_policy_ops kvp_policy_catekv;
 extern const struct kvp_policy_ops kvp_policy_predictor;
+extern const struct kvp_policy_ops kvp_policy_qpredictor;
 
 const struct kvp_policy_ops *const kvp_policy_registry[] = {
     &kvp_policy_full,
@@ -27,6 +28,7 @@ const struct kvp_policy_ops *const kvp_policy_registry[] = {
     &kvp_policy_random,
     &kvp_policy_catekv,
     &kvp_policy_predictor,
+    &kvp_policy_qpredictor,
     NULL,
 };
 

@@ -22,43 +22,64 @@
 
 /* ---- weights ------------------------------------------------------------------------------- */
 
-static size_t n_params_of(int c1, int c2, int k)
+static size_t n_params_of(int cin, int c1, int c2, int k)
 {
-    return (size_t)c1 * k * k + c1 + (size_t)c2 * c1 * k * k + c2 + c2 + 1;
+    return (size_t)c1 * cin * k * k + c1 + (size_t)c2 * c1 * k * k + c2 + c2 + 1;
 }
 
 size_t kvp_cnn_n_params(const struct kvp_cnn *n)
 {
-    return n_params_of(n->c1, n->c2, n->k);
+    return n_params_of(n->cin, n->c1, n->c2, n->k);
+}
+
+static int round16(int x)
+{
+    return (x + 15) & ~15;
 }
 
 int kvp_cnn_init(struct kvp_cnn *n, int c1, int c2, int k, int H, int block_size,
                  struct kvp_err *err)
 {
+    return kvp_cnn_init_ch(n, 1, c1, c2, k, H, block_size, err);
+}
+
+int kvp_cnn_init_ch(struct kvp_cnn *n, int cin, int c1, int c2, int k, int H, int block_size,
+                    struct kvp_err *err)
+{
     memset(n, 0, sizeof(*n));
-    if (c1 < 1 || c1 > KVP_CNN_MAX_CH || c2 < 1 || c2 > KVP_CNN_MAX_CH || k < 1 ||
-        k > KVP_CNN_MAX_K || k % 2 == 0 || H < 1 || H > KVP_CNN_MAX_H || block_size < 1 ||
-        block_size > 64)
+    if (cin < 1 || cin > KVP_CNN_MAX_CIN || c1 < 1 || c1 > KVP_CNN_MAX_CH || c2 < 1 ||
+        c2 > KVP_CNN_MAX_CH || k < 1 || k > KVP_CNN_MAX_K || k % 2 == 0 || H < 1 ||
+        H > KVP_CNN_MAX_H || block_size < 1 || block_size > 64)
         return kvp_err_set(err, KVP_EINVAL,
-                           "predictor: implausible shape c1 %d, c2 %d, kernel %d, H %d, block %d",
-                           c1, c2, k, H, block_size);
-    size_t np = n_params_of(c1, c2, k);
+                           "predictor: implausible shape: %d channels, c1 %d, c2 %d, kernel %d, "
+                           "H %d, block %d",
+                           cin, c1, c2, k, H, block_size);
+    size_t np = n_params_of(cin, c1, c2, k);
     size_t nw2 = (size_t)c2 * c1 * k * k;
-    n->params = calloc(np + nw2, sizeof(float));
+    const int cp1 = round16(c1), cp2 = round16(c2);
+    size_t nder = nw2 + (size_t)cin * k * k * cp1 + cp1 + (size_t)c1 * k * k * cp2 + cp2;
+    n->params = calloc(np + nder, sizeof(float));
     if (!n->params)
         return kvp_err_set(err, KVP_ENOMEM, "predictor: out of memory");
+    n->cin = cin;
+    n->cp1 = cp1;
+    n->cp2 = cp2;
     n->c1 = c1;
     n->c2 = c2;
     n->k = k;
     n->H = H;
     n->block_size = block_size;
     n->w1 = n->params;
-    n->b1 = n->w1 + (size_t)c1 * k * k;
+    n->b1 = n->w1 + (size_t)c1 * cin * k * k;
     n->w2 = n->b1 + c1;
     n->b2 = n->w2 + nw2;
     n->w3 = n->b2 + c2;
     n->b3 = n->w3 + c2;
     n->w2t = n->b3 + 1;
+    n->w1p = n->w2t + nw2;
+    n->b1p = n->w1p + (size_t)cin * k * k * cp1;
+    n->w2p = n->b1p + cp1;
+    n->b2p = n->w2p + (size_t)c1 * k * k * cp2;
     return 0;
 }
 
@@ -78,12 +99,29 @@ void kvp_cnn_prepare(struct kvp_cnn *n)
             for (int t = 0; t < k * k; t++)
                 n->w2t[((size_t)ci * k * k + t) * c2 + co] =
                     n->w2[((size_t)co * c1 + ci) * k * k + t];
+    /* the per-column kernels: [in][k][k][out], outputs padded with zero weights and biases */
+    const int kk = k * k, cin = n->cin, cp1 = n->cp1, cp2 = n->cp2;
+    memset(n->w1p, 0, ((size_t)cin * kk * cp1 + cp1 + (size_t)c1 * kk * cp2 + cp2) * 4);
+    for (int co = 0; co < c1; co++) {
+        n->b1p[co] = n->b1[co];
+        for (int ci = 0; ci < cin; ci++)
+            for (int t = 0; t < kk; t++)
+                n->w1p[((size_t)ci * kk + t) * cp1 + co] = n->w1[((size_t)co * cin + ci) * kk + t];
+    }
+    for (int co = 0; co < c2; co++) {
+        n->b2p[co] = n->b2[co];
+        for (int ci = 0; ci < c1; ci++)
+            for (int dy = 0; dy < k; dy++)
+                for (int dx = 0; dx < k; dx++)
+                    n->w2p[(((size_t)dx * k + dy) * c1 + ci) * cp2 + co] =
+                        n->w2[((size_t)co * c1 + ci) * kk + dy * k + dx];
+    }
 }
 
 /* ---- the predictor file -------------------------------------------------------------------- */
 
 static const char file_magic[8] = {'K', 'V', 'P', 'C', 'N', 'N', '0', '1'};
-#define FILE_VERSION 1u
+#define FILE_VERSION 2u /* the newest this build reads and writes; 1 = one input channel */
 
 static uint64_t fnv1a(const uint8_t *p, size_t n)
 {
@@ -133,7 +171,9 @@ int kvp_cnn_save(const struct kvp_cnn *n, const char *path, struct kvp_err *err)
     struct wbuf b = {0};
     const struct kvp_cnn_meta *m = &n->meta;
     put(&b, file_magic, 8);
-    put_u32(&b, FILE_VERSION);
+    put_u32(&b, n->cin == 1 ? 1u : FILE_VERSION);
+    if (n->cin != 1)
+        put_u32(&b, (uint32_t)n->cin);
     put_u32(&b, (uint32_t)n->c1);
     put_u32(&b, (uint32_t)n->c2);
     put_u32(&b, (uint32_t)n->k);
@@ -190,13 +230,22 @@ int kvp_cnn_parse(const void *data, size_t size, struct kvp_cnn *n, struct kvp_e
         return TRUNC("magic");
     if (memcmp(magic, file_magic, 8) != 0)
         return kvp_err_set(err, KVP_EFORMAT, "not a kvpred predictor file (bad magic)");
-    uint32_t h[11];
-    for (int i = 0; i < 11; i++)
+    uint32_t h[11], cin = 1;
+    if (kvp_rd_u32(&c, &h[0]) < 0)
+        return TRUNC("header");
+    if (h[0] < 1 || h[0] > FILE_VERSION)
+        return kvp_err_set(err, KVP_EFORMAT,
+                           "predictor file version %u (this build reads 1 to %u)", h[0],
+                           FILE_VERSION);
+    if (h[0] >= 2 && kvp_rd_u32(&c, &cin) < 0)
+        return TRUNC("header");
+    if (cin < 1 || cin > KVP_CNN_MAX_CIN)
+        return kvp_err_set(err, KVP_EFORMAT,
+                           "predictor file: %u input channels (this build reads 1 to %d)", cin,
+                           KVP_CNN_MAX_CIN);
+    for (int i = 1; i < 11; i++)
         if (kvp_rd_u32(&c, &h[i]) < 0)
             return TRUNC("header");
-    if (h[0] != FILE_VERSION)
-        return kvp_err_set(err, KVP_EFORMAT, "predictor file version %u (this build reads %u)",
-                           h[0], FILE_VERSION);
     if (h[1] < 1 || h[1] > KVP_CNN_MAX_CH || h[2] < 1 || h[2] > KVP_CNN_MAX_CH || h[3] < 1 ||
         h[3] > KVP_CNN_MAX_K || h[3] % 2 == 0 || h[4] < 1 || h[4] > KVP_CNN_MAX_H || h[5] < 1 ||
         h[5] > 64 || h[6] > KVP_LOSS_CE)
@@ -222,7 +271,7 @@ int kvp_cnn_parse(const void *data, size_t size, struct kvp_cnn *n, struct kvp_e
     uint32_t np;
     if (kvp_rd_u32(&c, &np) < 0)
         return TRUNC("weights");
-    size_t want = n_params_of((int)h[1], (int)h[2], (int)h[3]);
+    size_t want = n_params_of((int)cin, (int)h[1], (int)h[2], (int)h[3]);
     if (np != want)
         return kvp_err_set(err, KVP_EFORMAT,
                            "predictor file: %u weights, the architecture needs %zu", np, want);
@@ -238,7 +287,8 @@ int kvp_cnn_parse(const void *data, size_t size, struct kvp_cnn *n, struct kvp_e
                            kvp_cursor_left(&c));
     if (sum != fnv1a(c.base, body))
         return kvp_err_set(err, KVP_EFORMAT, "predictor file corrupted (checksum mismatch)");
-    int rc = kvp_cnn_init(n, (int)h[1], (int)h[2], (int)h[3], (int)h[4], (int)h[5], err);
+    int rc = kvp_cnn_init_ch(n, (int)cin, (int)h[1], (int)h[2], (int)h[3], (int)h[4], (int)h[5],
+                             err);
     if (rc < 0)
         return rc;
     memcpy(n->params, w, (size_t)np * 4);
@@ -295,11 +345,6 @@ const struct kvp_cnn_kernels *kvp_cnn_kernels(void)
 }
 
 /* ---- scratch and state --------------------------------------------------------------------- */
-
-static int round16(int x)
-{
-    return (x + 15) & ~15;
-}
 
 int kvp_cnn_scratch_init(struct kvp_cnn_scratch *s, const struct kvp_cnn *n, int max_w,
                          struct kvp_err *err)
@@ -574,4 +619,212 @@ bool kvp_cnn_forward_inc(const struct kvp_cnn *n, const struct kvp_cnn_input *in
     st->W = W;
     scores_from_sums(n, st->sums, mw, W, H, scores);
     return true;
+}
+
+/* ---- per-column inference ------------------------------------------------------------------ */
+
+int kvp_cnn_cols_scratch_init(struct kvp_cnn_cols_scratch *s, const struct kvp_cnn *n, int H,
+                              int max_w, struct kvp_err *err)
+{
+    memset(s, 0, sizeof(*s));
+    const int k = n->k, p = k / 2;
+    s->H = H < 1 ? 1 : H;
+    s->max_w = max_w < 1 ? 1 : max_w;
+    size_t per = (size_t)(s->H + 2 * p) * n->c1;
+    s->a1 = kvp_alloc_aligned(((size_t)s->max_w + 1) * per * sizeof(float));
+    s->slot = malloc((size_t)s->max_w * sizeof(int));
+    s->used = malloc((size_t)s->max_w * sizeof(int));
+    const int widest = n->cin > n->c1 ? n->cin : n->c1;
+    s->x = kvp_alloc_aligned(((size_t)n->cp1 * s->H + (size_t)widest * k * k) * sizeof(float));
+    s->z = kvp_alloc_aligned((size_t)n->cp2 * sizeof(float));
+    s->sum = kvp_alloc_aligned((size_t)n->cp2 * sizeof(float));
+    s->rb1 = malloc((size_t)n->c1 * sizeof(float));
+    s->patch = malloc((size_t)n->cin * (s->H + 2 * p) * k * sizeof(float));
+    if (!s->a1 || !s->slot || !s->used || !s->x || !s->z || !s->sum || !s->rb1 || !s->patch) {
+        kvp_cnn_cols_scratch_free(s);
+        return kvp_err_set(err, KVP_ENOMEM, "predictor: out of memory for CNN scratch");
+    }
+    for (int i = 0; i < s->max_w; i++)
+        s->slot[i] = -1;
+    memset(s->a1 + (size_t)s->max_w * per, 0, per * sizeof(float)); /* the padding column */
+    for (int ci = 0; ci < n->c1; ci++)
+        s->rb1[ci] = n->b1[ci] > 0.0f ? n->b1[ci] : 0.0f;
+    return 0;
+}
+
+void kvp_cnn_cols_scratch_free(struct kvp_cnn_cols_scratch *s)
+{
+    if (!s)
+        return;
+    kvp_free_aligned(s->a1);
+    free(s->slot);
+    free(s->used);
+    kvp_free_aligned(s->x);
+    kvp_free_aligned(s->z);
+    kvp_free_aligned(s->sum);
+    free(s->rb1);
+    free(s->patch);
+    memset(s, 0, sizeof(*s));
+}
+
+/* First row with a non-zero history value in slice columns [c0, c1] (clipped), or n_rows. */
+static int first_busy_row(const struct kvp_cnn_input *in, int c0, int c1)
+{
+    c0 = c0 < 0 ? 0 : c0;
+    c1 = c1 >= in->W ? in->W - 1 : c1;
+    for (int r = 0; r < in->n_rows; r++) {
+        const float *row = in->rows[r] + in->col0;
+        for (int c = c0; c <= c1; c++)
+            if (row[c] != 0.0f)
+                return r;
+    }
+    return in->n_rows;
+}
+
+/* ReLU(conv1) of slice column c, every row, into a1 ([H + 2p][c1], rows from -p): rows whose
+ * input neighbourhood is all zero are ReLU(b1) without computing. The k input columns around c
+ * are first copied into a zero-padded patch per channel, [R + 2p][k], so the k×k neighbourhood of
+ * row j is the k·k contiguous values from patch row j, in the weights' [dy][dx] order. */
+static void conv1_column(const struct kvp_cnn *n, const struct kvp_cnn_kernels *kern,
+                         const struct kvp_cnn_input *in, int c, struct kvp_cnn_cols_scratch *s,
+                         float *a1)
+{
+    const int k = n->k, p = k / 2, R = in->n_rows, c1 = n->c1, W = in->W;
+    const bool query = n->cin > 1 && in->qrow;
+    float *ph = s->patch, *pq = s->patch + (size_t)(s->H + 2 * p) * k;
+    memset(ph, 0, (size_t)(R + 2 * p) * k * sizeof(float));
+    int z = R; /* first row with history in the k columns */
+    for (int r = 0; r < R; r++) {
+        const float *row = in->rows[r] + in->col0;
+        for (int dx = 0; dx < k; dx++) {
+            int cc = c - p + dx;
+            float v = cc >= 0 && cc < W ? row[cc] : 0.0f;
+            ph[(size_t)(r + p) * k + dx] = v;
+            if (v != 0.0f && z == R)
+                z = r;
+        }
+    }
+    if (query) {
+        memset(pq, 0, (size_t)(R + 2 * p) * k * sizeof(float));
+        for (int dx = 0; dx < k; dx++) {
+            int cc = c - p + dx;
+            pq[(size_t)(R - 1 + p) * k + dx] = cc >= 0 && cc < W ? in->qrow[cc] : 0.0f;
+        }
+        z = z > R - 1 ? R - 1 : z;
+    }
+    memset(a1, 0, (size_t)p * c1 * sizeof(float));
+    memset(a1 + (size_t)(R + p) * c1, 0, (size_t)p * c1 * sizeof(float));
+    const int jc = z - p > 0 ? z - p : 0; /* rows < jc see zeros only */
+    for (int j = 0; j < jc; j++)
+        memcpy(a1 + (size_t)(j + p) * c1, s->rb1, (size_t)c1 * sizeof(float));
+    /* rows [jc, jq) read the history only (channel 0 comes first in w1p), rows [jq, R) reach
+     * the query row too */
+    const int jq = query ? (R - 1 - p > jc ? R - 1 - p : jc) : R;
+    for (int part = 0; part < 2; part++) {
+        int j0 = part ? jq : jc, j1 = part ? R : jq;
+        if (j1 <= j0)
+            continue;
+        const float *xs[2] = {ph + (size_t)j0 * k, pq + (size_t)j0 * k};
+        kern->conv_rows(n->w1p, n->b1p, xs, part + 1, k * k, k, j1 - j0, n->cp1, s->x, false);
+        for (int j = j0; j < j1; j++)
+            memcpy(a1 + (size_t)(j + p) * c1, s->x + (size_t)(j - j0) * n->cp1,
+                   (size_t)c1 * sizeof(float));
+    }
+}
+
+long kvp_cnn_forward_cols(const struct kvp_cnn *n, const struct kvp_cnn_input *in,
+                          const int *cols, int n_cols, struct kvp_cnn_cols_scratch *s,
+                          float *scores)
+{
+    if (n->c2 > KVP_CNN_COLS_C2)
+        return -1;
+    const struct kvp_cnn_kernels *kern = kvp_cnn_kernels();
+    const int k = n->k, p = k / 2, R = in->n_rows, W = in->W;
+    const int c1 = n->c1, c2 = n->c2, cp2 = n->cp2;
+    const size_t per = (size_t)(s->H + 2 * p) * c1;
+    const float *zero_col = s->a1 + (size_t)s->max_w * per;
+    long computed = 0;
+    int n_used = 0;
+    if (R <= 0 || W <= 0) {
+        for (int i = 0; i < n_cols; i++)
+            scores[i] = n->b3[0];
+        return 0;
+    }
+    /* conv1 once per column any candidate needs */
+    for (int i = 0; i < n_cols; i++)
+        for (int c = cols[i] - p; c <= cols[i] + p; c++) {
+            if (c < 0 || c >= W || s->slot[c] >= 0)
+                continue;
+            s->slot[c] = n_used;
+            s->used[n_used] = c;
+            conv1_column(n, kern, in, c, s, s->a1 + (size_t)n_used * per);
+            n_used++;
+        }
+    /* constant conv2 rows (all-zero neighbourhood), by the edges they touch: top rows r < p
+     * miss p - r conv1 rows above, border columns miss their outside neighbours (cached by the
+     * count missing on each side) */
+    float cst[KVP_CNN_MAX_K / 2 + 1][KVP_CNN_MAX_K / 2 + 1][KVP_CNN_MAX_K / 2 + 1][KVP_CNN_COLS_C2];
+    bool have[KVP_CNN_MAX_K / 2 + 1][KVP_CNN_MAX_K / 2 + 1][KVP_CNN_MAX_K / 2 + 1] = {{{false}}};
+    for (int i = 0; i < n_cols; i++) {
+        const int x = cols[i];
+        int z = first_busy_row(in, x - 2 * p, x + 2 * p);
+        if (n->cin > 1 && in->qrow && z > R - 1)
+            z = R - 1;
+        const int lo2 = z - 2 * p > 0 ? z - 2 * p : 0; /* conv2 rows < lo2 are constants */
+        const int le = x - p < 0 ? p - x : 0, re = x + p >= W ? x + p - W + 1 : 0;
+        memset(s->sum, 0, (size_t)cp2 * sizeof(float));
+        for (int t = 0; t <= p && lo2 > 0; t++) {
+            int count = t == 0 ? lo2 - p : (p - t < lo2); /* interior rows [p, lo2); row p - t */
+            if (count <= 0)
+                continue;
+            float *cv = cst[le][re][t];
+            if (!have[le][re][t]) {
+                float *x3 = s->x + (size_t)n->cp1 * s->H;
+                for (int dx = 0; dx < k; dx++)
+                    for (int dy = 0; dy < k; dy++)
+                        for (int ci = 0; ci < c1; ci++) {
+                            int cc = x - p + dx;
+                            float a = n->b1[ci] > 0.0f ? n->b1[ci] : 0.0f;
+                            x3[(dx * k + dy) * c1 + ci] = (dy < t || cc < 0 || cc >= W) ? 0 : a;
+                        }
+                const float *xs = x3;
+                kern->conv_rows(n->w2p, n->b2p, &xs, 1, k * k * c1, 0, 1, cp2, s->z, false);
+                memcpy(cv, s->z, (size_t)c2 * sizeof(float));
+                have[le][re][t] = true;
+            }
+            for (int co = 0; co < c2; co++)
+                s->sum[co] += (float)count * cv[co];
+        }
+        /* conv2 rows [lo2, R): the k conv1 columns, rows r - p .. r + p contiguous in each */
+        const float *base[KVP_CNN_MAX_K];
+        for (int dx = 0; dx < k; dx++) {
+            int c = x - p + dx;
+            base[dx] = c < 0 || c >= W ? zero_col : s->a1 + (size_t)s->slot[c] * per;
+        }
+        if (lo2 < R) {
+            const float *xs[KVP_CNN_MAX_K];
+            for (int dx = 0; dx < k; dx++)
+                xs[dx] = base[dx] + (size_t)lo2 * c1; /* row lo2 - p sits at index lo2 */
+            kern->conv_rows(n->w2p, n->b2p, xs, k, k * c1, c1, R - lo2, cp2, s->sum, true);
+            computed += R - lo2;
+        }
+        float y = n->b3[0], inv = 1.0f / (float)R;
+        for (int co = 0; co < c2; co++)
+            y += n->w3[co] * (s->sum[co] * inv);
+        scores[i] = y;
+    }
+    for (int i = 0; i < n_used; i++)
+        s->slot[s->used[i]] = -1;
+    return computed;
+}
+
+void kvp_qfeat_row(const float *ub, int W, float *out)
+{
+    if (W <= 0)
+        return;
+    float mx = ub[0];
+    for (int x = 1; x < W; x++)
+        mx = ub[x] > mx ? ub[x] : mx;
+    for (int x = 0; x < W; x++)
+        out[x] = expf(ub[x] - mx);
 }

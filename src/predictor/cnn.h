@@ -44,6 +44,7 @@
 #define KVP_CNN_MAX_K   7    /* largest (odd) kernel accepted from a file */
 #define KVP_CNN_MAX_H   1024 /* largest history length accepted from a file */
 #define KVP_CNN_MAX_REC 8    /* validation recovery entries kept in the metadata */
+#define KVP_CNN_MAX_CIN 2    /* input channels: the history, and the query's block bound */
 
 enum kvp_cnn_loss {
     KVP_LOSS_MSE = 0, /* squared error against the next block-max-pooled row (the paper) */
@@ -66,32 +67,43 @@ struct kvp_cnn_meta {
 };
 
 struct kvp_cnn {
+    int cin;        /* input channels: 1 = the history (the paper); 2 = history and the current
+                       query's per-block bound feature in the newest row (qpredictor) */
     int c1, c2, k;  /* conv1 and conv2 output channels, kernel size (odd) */
     int H;          /* history rows the network was trained with */
     int block_size; /* tokens per history column */
-    float *w1;      /* [c1][1][k][k] */
+    float *w1;      /* [c1][cin][k][k] */
     float *b1;      /* [c1] */
     float *w2;      /* [c2][c1][k][k] */
     float *b2;      /* [c2] */
     float *w3;      /* [c2]: conv3 weight [1][c2][1] */
     float *b3;      /* [1] */
     float *w2t;     /* [c1][k][k][c2] conv2 weights transposed for the kernel (kvp_cnn_prepare) */
-    float *params;  /* owned: w1 .. b3 in that order (the file order), then w2t */
+    /* per-column inference (kvp_cnn_forward_cols): weights [in][k][k][out] with the output
+     * channels padded to cp1 / cp2 (multiples of 16), biases padded alike */
+    int cp1, cp2;
+    float *w1p, *b1p; /* [cin][k][k][cp1], [cp1] */
+    float *w2p, *b2p; /* [k (dx)][k (dy)][c1][cp2], [cp2] */
+    float *params;  /* owned: w1 .. b3 in that order (the file order), then the derived ones */
     struct kvp_cnn_meta meta;
 };
 
-/* Allocate a network with zero weights. Returns 0 or KVP_EINVAL / KVP_ENOMEM. */
+/* Allocate a network with zero weights and one input channel (kvp_cnn_init) or cin. Returns 0 or
+ * KVP_EINVAL / KVP_ENOMEM. */
 int kvp_cnn_init(struct kvp_cnn *n, int c1, int c2, int k, int H, int block_size,
                  struct kvp_err *err);
+int kvp_cnn_init_ch(struct kvp_cnn *n, int cin, int c1, int c2, int k, int H, int block_size,
+                    struct kvp_err *err);
 void kvp_cnn_free(struct kvp_cnn *n);             /* accepts a zeroed struct */
 size_t kvp_cnn_n_params(const struct kvp_cnn *n); /* w1 .. b3 */
-/* Recompute derived weights (w2t) after the parameters changed. */
+/* Recompute derived weights (w2t, w1p, w2p) after the parameters changed. */
 void kvp_cnn_prepare(struct kvp_cnn *n);
 
 /* ---- the predictor file ----------------------------------------------------------------------
- * Little-endian, version 1:
+ * Little-endian, version 1 (one input channel) or 2:
  *   char[8]  magic "KVPCNN01"
- *   u32      version (1)
+ *   u32      version (1 or 2)
+ *   u32      cin, input channels (version 2 only; 1 or 2; version 1 files have one)
  *   u32      c1, c2, k, H, block_size
  *   u32      loss, sink, local, flags, epochs
  *   u64      seed, n_train, n_val
@@ -100,7 +112,8 @@ void kvp_cnn_prepare(struct kvp_cnn *n);
  *   u32      n_params, then n_params × f32: w1, b1, w2, b2, w3, b3 (PyTorch order and layout)
  *   u64      FNV-1a 64 checksum of every byte before it
  * Anything else (short, long, bad magic, bad version, implausible shape, checksum mismatch, a
- * non-finite weight) is refused with KVP_EFORMAT and one line naming the problem. */
+ * non-finite weight) is refused with KVP_EFORMAT and one line naming the problem. A network with
+ * one channel is written as version 1 (older builds read it), one with two as version 2. */
 int kvp_cnn_save(const struct kvp_cnn *n, const char *path, struct kvp_err *err);
 int kvp_cnn_load(const char *path, struct kvp_cnn *n, struct kvp_err *err);
 /* Parse a predictor file held in memory (the loader's core; used by the tests). */
@@ -116,6 +129,9 @@ struct kvp_cnn_input {
     int n_rows;
     int col0;
     int W;
+    /* second channel (cin = 2): its newest row, qrow[x] for x < W (slice columns, not offset by
+     * col0); every older row of that channel is zero. NULL: all zero. */
+    const float *qrow;
 };
 
 /* Scratch for one thread, sized for inputs up to max_w columns. */
@@ -132,7 +148,8 @@ int kvp_cnn_scratch_init(struct kvp_cnn_scratch *s, const struct kvp_cnn *n, int
                          struct kvp_err *err);
 void kvp_cnn_scratch_free(struct kvp_cnn_scratch *s);
 
-/* Scores of every input column: scores[x], x < in->W. From scratch. Needs in->W <= s->max_w. */
+/* Scores of every input column: scores[x], x < in->W. From scratch. Needs in->W <= s->max_w and
+ * one input channel (the from-scratch and incremental paths below read the history only). */
 void kvp_cnn_forward(const struct kvp_cnn *n, const struct kvp_cnn_input *in,
                      struct kvp_cnn_scratch *s, float *scores);
 
@@ -158,6 +175,43 @@ bool kvp_cnn_forward_inc(const struct kvp_cnn *n, const struct kvp_cnn_input *in
                          bool full, struct kvp_cnn_inc *st, struct kvp_cnn_scratch *s,
                          float *scores);
 
+/* The query channel's feature over a slice of W block bounds in logit units (Quest's bound
+ * scaled by 1/√head_dim; traces and qpredictor): out[x] = exp(ub[x] - max ub), in (0, 1], the
+ * largest attention weight the bound allows the block relative to the most promising one. A
+ * group of query heads combines its rows by max. out may be ub. */
+void kvp_qfeat_row(const float *ub, int W, float *out);
+
+/* ---- per-column inference (qpredictor) -------------------------------------------------------
+ * The score of column x depends only on the input columns x-2p .. x+2p (receptive field 4p+1
+ * = 5 blocks for k = 3), so a prediction needs the CNN only at the columns it ranks. Per column
+ * the conv1 values around it and its conv2 column are computed for each row; rows whose input
+ * neighbourhood is all zero (no history in the 4p+1 columns, and older than the query row) give
+ * one constant conv2 value per edge case, so they cost nothing (methods §1.7 lever "skip zero
+ * history"). Any cin, any k. Equal to kvp_tr_sample's full network on the columns it scores up
+ * to float summation order (tested). */
+struct kvp_cnn_cols_scratch {
+    float *a1;    /* [max_w + 1][H + 2p][c1] conv1 columns in use (rows -p .. H+p-1, the outer
+                     ones zero), the last slot all zero (padding columns) */
+    int *slot;    /* [max_w] the a1 slot of a slice column, -1: not computed in this call */
+    int *used;    /* [max_w] slice columns with a slot */
+    float *x;     /* [cp1 · H + max(cin, c1) · k · k] conv1 outputs of a column, one input */
+    float *z;     /* [cp2] one conv2 output */
+    float *sum;   /* [cp2] */
+    float *rb1;   /* [c1] ReLU(b1), conv1 of an all-zero neighbourhood (set at init) */
+    float *patch; /* [cin][H + 2p][k] the input columns around one column */
+    int H, max_w;
+};
+int kvp_cnn_cols_scratch_init(struct kvp_cnn_cols_scratch *s, const struct kvp_cnn *n, int H,
+                              int max_w, struct kvp_err *err);
+void kvp_cnn_cols_scratch_free(struct kvp_cnn_cols_scratch *s);
+#define KVP_CNN_COLS_C2 64 /* the most conv2 channels kvp_cnn_forward_cols takes */
+/* scores[i] = the network's score of column cols[i] (0 <= cols[i] < in->W), i < n_cols;
+ * in->n_rows <= s->H, W <= s->max_w. Returns how many conv2 rows were computed (the rest were
+ * constant), or -1 when n->c2 > KVP_CNN_COLS_C2 (nothing written). */
+long kvp_cnn_forward_cols(const struct kvp_cnn *n, const struct kvp_cnn_input *in,
+                          const int *cols, int n_cols, struct kvp_cnn_cols_scratch *s,
+                          float *scores);
+
 /* ---- kernel table (internal; cnn_kernel.inc) ---------------------------------------------------
  */
 
@@ -170,6 +224,14 @@ struct kvp_cnn_kernels {
      * NULL for a padding row. */
     void (*conv2_row)(const float *w2t, const float *b2, int c1, int c2, int k,
                       const float *const *in, int si, int wt, float *out, int so);
+    /* nrow output positions of a convolution (rows of one column), channels along the vectors,
+     * each position's inputs in nx runs of K contiguous values, the runs of position i at
+     * x[j] + i·xstride:
+     *   v_i[co] = b[co] + Σ_{j<nx} Σ_{t<K} x[j][i·xstride + t]·wt[(j·K + t)·cp + co]
+     * for co < cp (a multiple of 16); then out[i·cp + co] = ReLU(v_i[co]), or with accumulate
+     * out[co] += Σ_i ReLU(v_i[co]). The positions share every weight load. */
+    void (*conv_rows)(const float *wt, const float *b, const float *const *x, int nx, int K,
+                      int xstride, int nrow, int cp, float *out, bool accumulate);
 };
 extern const struct kvp_cnn_kernels kvp_cnn_kernels_scalar;
 extern const struct kvp_cnn_kernels kvp_cnn_kernels_avx2;

@@ -44,15 +44,20 @@ void kvp_hist_free(struct kvp_hist *h)
     memset(h, 0, sizeof(*h));
 }
 
+void kvp_hist_clear(struct kvp_hist *h, int s)
+{
+    for (int i = 0; i < h->H; i++) {
+        int *w = &h->slot_w[(size_t)s * h->H + i];
+        memset(h->rows + ((size_t)s * h->H + i) * h->max_cols, 0, (size_t)*w * sizeof(float));
+        *w = 0;
+    }
+    h->head[s] = h->n_rows[s] = h->n_cols[s] = 0;
+}
+
 void kvp_hist_reset(struct kvp_hist *h)
 {
     for (int s = 0; s < h->n_series; s++) {
-        for (int i = 0; i < h->H; i++) {
-            int *w = &h->slot_w[(size_t)s * h->H + i];
-            memset(h->rows + ((size_t)s * h->H + i) * h->max_cols, 0, (size_t)*w * sizeof(float));
-            *w = 0;
-        }
-        h->head[s] = h->n_rows[s] = h->n_cols[s] = 0;
+        kvp_hist_clear(h, s);
         h->gen[s] = 0;
     }
 }

@@ -46,6 +46,9 @@ int kvp_hist_init(struct kvp_hist *h, int n_series, int H, int max_cols, struct 
 void kvp_hist_free(struct kvp_hist *h); /* accepts a zeroed struct */
 /* Forget every row of every series. */
 void kvp_hist_reset(struct kvp_hist *h);
+/* Forget the rows of series s (its generation keeps counting, so incremental state keyed on it
+ * cannot be mistaken for the new rows'). */
+void kvp_hist_clear(struct kvp_hist *h, int s);
 
 /* Append a row of n_cols values (n_cols <= max_cols) to series s, dropping the oldest row when H
  * rows are present. Rows narrower than the history are zero-extended. */

@@ -136,6 +136,13 @@ int kvp_predsel_init(struct kvp_predsel **out, const struct kvp_policy *p,
     rc = kvp_cnn_load(p->p.aux_path, &s->cnn, err);
     if (rc < 0)
         goto fail;
+    if (s->cnn.cin != 1) {
+        rc = kvp_err_set(err, KVP_EINVAL,
+                         "%s: %s has %d input channels (a query-aware file: use it with "
+                         "--policy qpredictor)",
+                         who, p->p.aux_path, s->cnn.cin);
+        goto fail;
+    }
     if (s->cnn.block_size != e->block_size) {
         rc = kvp_err_set(err, KVP_EINVAL,
                          "%s: %s was trained for blocks of %d tokens, "
@@ -225,13 +232,7 @@ void kvp_predsel_prefill(struct kvp_predsel *s, const struct kvp_policy *p, int 
     for (int j = 0; j < (s->o.hist_kv ? 1 : g); j++) {
         int ser = series_of(s, layer, s->o.hist_kv ? kvh : kvh * g + j);
         /* the prompt defines the history: forget what an earlier sequence left */
-        for (int i = 0; i < s->hist.H; i++) {
-            float *slot = s->hist.rows + ((size_t)ser * s->hist.H + i) * s->hist.max_cols;
-            int *w = &s->hist.slot_w[(size_t)ser * s->hist.H + i];
-            memset(slot, 0, (size_t)*w * sizeof(float));
-            *w = 0;
-        }
-        s->hist.head[ser] = s->hist.n_rows[ser] = s->hist.n_cols[ser] = 0;
+        kvp_hist_clear(&s->hist, ser);
         s->inc[ser].valid = false;
         s->score_w[ser] = 0;
     }

@@ -4,10 +4,12 @@
  */
 #include "predictor/trace.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/cursor.h"
+#include "policy/quest_meta.h"
 
 static const char trace_magic[8] = {'K', 'V', 'P', 'T', 'R', 'C', '0', '1'};
 #define TRACE_MAX_T (1 << 20)
@@ -53,24 +55,38 @@ int kvp_trace_open(struct kvp_trace_writer *w, const char *path, const kvp_model
     w->first_layer = first_layer;
     w->n_layers = in.n_layer - first_layer;
     w->n_head = in.n_head;
+    w->n_head_kv = in.n_head_kv;
+    w->head_dim = in.head_dim;
     w->n_seq = n_seq;
     w->max_blocks = (max_tokens + block_size - 1) / block_size;
-    w->row = malloc((size_t)w->max_blocks * 2 * sizeof(float));
-    if (!w->row)
+    w->row = malloc((size_t)w->max_blocks * 3 * sizeof(float));
+    w->meta = calloc(1, sizeof(*w->meta));
+    if (!w->row || !w->meta ||
+        kvp_qmeta_init(w->meta, in.n_layer, in.n_head_kv, w->max_blocks, in.head_dim,
+                       block_size) < 0) {
+        free(w->row);
+        free(w->meta);
+        w->row = NULL;
+        w->meta = NULL;
         return kvp_err_set(err, KVP_ENOMEM, "trace: out of memory");
+    }
     w->f = fopen(path, "wb");
     if (!w->f) {
+        kvp_qmeta_free(w->meta);
+        free(w->meta);
         free(w->row);
         w->row = NULL;
+        w->meta = NULL;
         return kvp_err_set(err, KVP_EIO, "%s: cannot create", path);
     }
     w_put(w, trace_magic, 8);
-    w_u32(w, 1);
+    w_u32(w, 2);
     w_u32(w, (uint32_t)block_size);
     w_u32(w, (uint32_t)first_layer);
     w_u32(w, (uint32_t)w->n_layers);
     w_u32(w, (uint32_t)w->n_head);
     w_u32(w, (uint32_t)n_seq);
+    w_u32(w, (uint32_t)w->n_head_kv);
     char name[64] = {0};
     if (in.name)
         memcpy(name, in.name, strnlen(in.name, sizeof(name) - 1));
@@ -78,47 +94,24 @@ int kvp_trace_open(struct kvp_trace_writer *w, const char *path, const kvp_model
     return 0;
 }
 
-int kvp_trace_record(struct kvp_trace_writer *w, kvp_ctx *ctx, const int32_t *tokens, int n,
-                     struct kvp_err *err)
+int kvp_trace_begin_seq(struct kvp_trace_writer *w, int n, struct kvp_err *err)
 {
     if (n < 1 || (n + w->block_size - 1) / w->block_size > w->max_blocks)
         return kvp_err_set(err, KVP_EINVAL, "trace: sequence of %d tokens does not fit", n);
     if (w->n_done >= w->n_seq)
         return kvp_err_set(err, KVP_EINVAL, "trace: more sequences than announced (%d)", w->n_seq);
-    struct kvp_policy_params pp = {.name = "full",
-                                   .dense_layers = w->first_layer ? w->first_layer : -1};
-    int rc = kvp_ctx_set_policy(ctx, &pp, err);
-    if (rc < 0)
-        return rc;
-    kvp_ctx_set_measure(ctx, true);
+    kvp_qmeta_reset(w->meta);
     w_u32(w, (uint32_t)n);
-    const int bs = w->block_size;
-    for (int t = 0; t < n; t++) {
-        rc = kvp_eval(ctx, tokens + t, 1, NULL, false, err);
-        if (rc < 0)
-            return rc;
-        int nb = (t + bs) / bs;
-        for (int li = 0; li < w->n_layers; li++)
-            for (int h = 0; h < w->n_head; h++) {
-                int n_keys = 0;
-                const float *p = kvp_ctx_dense_probs(ctx, w->first_layer + li, h, &n_keys);
-                if (!p || n_keys != t + 1)
-                    return kvp_err_set(err, KVP_EINVAL, "trace: no dense row for layer %d",
-                                       w->first_layer + li);
-                float *mx = w->row, *sm = w->row + nb;
-                for (int j = 0; j < nb; j++) {
-                    int e = (j + 1) * bs < n_keys ? (j + 1) * bs : n_keys;
-                    float m = 0, s = 0;
-                    for (int k = j * bs; k < e; k++) {
-                        m = p[k] > m ? p[k] : m;
-                        s += p[k];
-                    }
-                    mx[j] = m;
-                    sm[j] = s;
-                }
-                w_put(w, w->row, (size_t)nb * 2 * sizeof(float));
-            }
-    }
+    return 0;
+}
+
+void kvp_trace_put_row(struct kvp_trace_writer *w, int nb)
+{
+    w_put(w, w->row, (size_t)nb * 3 * sizeof(float));
+}
+
+int kvp_trace_end_seq(struct kvp_trace_writer *w, struct kvp_err *err)
+{
     w->n_done++;
     if (w->failed)
         return kvp_err_set(err, KVP_EIO, "trace: write failed");
@@ -137,6 +130,9 @@ int kvp_trace_close(struct kvp_trace_writer *w, struct kvp_err *err)
     w->f = NULL;
     free(w->row);
     w->row = NULL;
+    kvp_qmeta_free(w->meta);
+    free(w->meta);
+    w->meta = NULL;
     if (w->failed)
         return kvp_err_set(err, KVP_EIO, "trace: write failed");
     if (w->n_done != w->n_seq)
@@ -167,7 +163,7 @@ static int trace_index(const char *path, struct kvp_trace *tr, struct kvp_err *e
     struct kvp_cursor c;
     kvp_cursor_init(&c, tr->map.data, tr->map.size);
     const uint8_t *magic, *name;
-    uint32_t h[6];
+    uint32_t h[7];
     if (kvp_rd_bytes(&c, 8, &magic) < 0)
         return BAD("%s: trace truncated", path);
     if (memcmp(magic, trace_magic, 8) != 0)
@@ -175,11 +171,17 @@ static int trace_index(const char *path, struct kvp_trace *tr, struct kvp_err *e
     for (int i = 0; i < 6; i++)
         if (kvp_rd_u32(&c, &h[i]) < 0)
             return BAD("%s: trace truncated", path);
-    if (h[0] != 1)
-        return BAD("%s: trace version %u (this build reads 1)", path, h[0]);
+    if (h[0] != 1 && h[0] != 2)
+        return BAD("%s: trace version %u (this build reads 1 and 2)", path, h[0]);
+    h[6] = h[4];
+    if (h[0] == 2 && kvp_rd_u32(&c, &h[6]) < 0)
+        return BAD("%s: trace truncated", path);
     if (h[1] < 1 || h[1] > 64 || h[3] < 1 || h[3] > 1024 || h[4] < 1 || h[4] > 1024 ||
-        h[2] > 1024 || h[5] > (1u << 24))
+        h[2] > 1024 || h[5] > (1u << 24) || h[6] < 1 || h[4] % h[6] != 0)
         return BAD("%s: implausible trace header", path);
+    tr->version = (int)h[0];
+    tr->n_arr = h[0] == 2 ? 3 : 2;
+    tr->n_head_kv = (int)h[6];
     if (kvp_rd_bytes(&c, 64, &name) < 0)
         return BAD("%s: trace truncated", path);
     tr->block_size = (int)h[1];
@@ -188,7 +190,7 @@ static int trace_index(const char *path, struct kvp_trace *tr, struct kvp_err *e
     tr->n_head = (int)h[4];
     memcpy(tr->model, name, 63);
     tr->model[63] = 0;
-    const size_t per_blk = (size_t)h[3] * h[4] * 2; /* floats per block column */
+    const size_t per_blk = (size_t)h[3] * h[4] * tr->n_arr; /* floats per block column */
     /* a sequence takes at least its count and one block column: no allocation the bytes left
      * cannot back */
     if (h[5] > kvp_cursor_left(&c) / (4 + 4 * per_blk))

@@ -13,6 +13,9 @@
 
 #include <cblas.h>
 
+#include "core/rng.h"
+#include "policy/policy.h"
+
 /* ---- layers -------------------------------------------------------------------------------- */
 
 static void im2col(const float *in, int c, int H, int W, int k, float *col)
@@ -201,7 +204,7 @@ int kvp_tr_ws_init(struct kvp_tr_ws *ws, const struct kvp_cnn *n, int H, int max
     ws->H = H;
     ws->max_w = max_w;
     size_t HW = (size_t)H * max_w, kk = (size_t)n->k * n->k;
-    ws->col1 = malloc(kk * HW * sizeof(float));
+    ws->col1 = malloc(n->cin * kk * HW * sizeof(float));
     ws->a1 = malloc((size_t)n->c1 * HW * sizeof(float));
     ws->col2 = malloc(n->c1 * kk * HW * sizeof(float));
     ws->a2 = malloc((size_t)n->c2 * HW * sizeof(float));
@@ -236,7 +239,7 @@ float kvp_tr_sample(const struct kvp_cnn *n, struct kvp_tr_ws *ws, const float *
 {
     const int c1 = n->c1, c2 = n->c2, k = n->k;
     const size_t HW = (size_t)H * W;
-    kvp_tr_conv_fwd(x, 1, H, W, n->w1, n->b1, c1, k, ws->col1, ws->a1);
+    kvp_tr_conv_fwd(x, n->cin, H, W, n->w1, n->b1, c1, k, ws->col1, ws->a1);
     kvp_tr_relu_fwd(ws->a1, c1 * HW);
     kvp_tr_conv_fwd(ws->a1, c1, H, W, n->w2, n->b2, c2, k, ws->col2, ws->a2);
     kvp_tr_relu_fwd(ws->a2, c2 * HW);
@@ -245,30 +248,22 @@ float kvp_tr_sample(const struct kvp_cnn *n, struct kvp_tr_ws *ws, const float *
     float l = kvp_tr_loss(loss, ws->y, m, s, W, ws->dy);
     if (!grad)
         return l;
-    float *gw1 = grad, *gb1 = gw1 + (size_t)c1 * k * k, *gw2 = gb1 + c1;
+    float *gw1 = grad, *gb1 = gw1 + (size_t)c1 * n->cin * k * k, *gw2 = gb1 + c1;
     float *gb2 = gw2 + (size_t)c2 * c1 * k * k, *gw3 = gb2 + c2, *gb3 = gw3 + c2;
     kvp_tr_point_bwd(ws->p, ws->dy, c2, W, n->w3, gw3, gb3, ws->dp);
     kvp_tr_mean_bwd(ws->dp, c2, H, W, ws->da2);
     kvp_tr_relu_bwd(ws->a2, ws->da2, c2 * HW);
     kvp_tr_conv_bwd(ws->col2, ws->da2, c1, H, W, n->w2, c2, k, gw2, gb2, ws->dcol2, ws->da1);
     kvp_tr_relu_bwd(ws->a1, ws->da1, c1 * HW);
-    kvp_tr_conv_bwd(ws->col1, ws->da1, 1, H, W, n->w1, c1, k, gw1, gb1, NULL, NULL);
+    kvp_tr_conv_bwd(ws->col1, ws->da1, n->cin, H, W, n->w1, c1, k, gw1, gb1, NULL, NULL);
     return l;
 }
 
 /* ---- samples from a trace ------------------------------------------------------------------ */
 
-static uint64_t splitmix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
 static float uniform(uint64_t *s)
 {
-    return (float)((splitmix(s) >> 40) * (1.0 / 16777216.0));
+    return (float)((kvp_splitmix64(s) >> 40) * (1.0 / 16777216.0));
 }
 
 void kvp_predtrain_opts_default(struct kvp_predtrain_opts *o)
@@ -281,6 +276,8 @@ void kvp_predtrain_opts_default(struct kvp_predtrain_opts *o)
         o->k = 3;
     if (!o->H)
         o->H = 64;
+    if (!o->cin)
+        o->cin = 1;
     if (!o->epochs)
         o->epochs = 4;
     if (!o->batch)
@@ -307,16 +304,29 @@ void kvp_predtrain_opts_default(struct kvp_predtrain_opts *o)
     }
 }
 
-/* One sample: history rows t-H .. t-1 of (sequence s, layer li, head h) over the CNN slice the
- * policy would use at Lk = t + 1 keys, and the target row t. */
+/* One sample: history rows t-H .. t-1 of series ser (a (layer, query head), or a (layer, KV head)
+ * with o->group) over the CNN slice the policy would use at Lk = t + 1 keys, and the target row
+ * t; with o->cin = 2 the query channel (target step's bounds as features) in the newest row. */
 struct sample {
     int W;
     float forced; /* attention mass on the sink and local tokens (always kept) */
     int local_n;  /* tokens in the local window */
 };
 
+/* Scratch of build_sample: [max_w] floats and ints. */
+struct sample_tmp {
+    float *f;
+    int *top, *heap;
+};
+
+static int n_series(const struct kvp_trace *tr, const struct kvp_predtrain_opts *o)
+{
+    return tr->n_layers * (o->group ? tr->n_head_kv : tr->n_head);
+}
+
 static int build_sample(const struct kvp_trace *tr, const struct kvp_predtrain_opts *o, int s, int t,
-                        int li, int h, float *x, float *m, float *sm, struct sample *out)
+                        int ser, float *x, float *m, float *sm, struct sample *out, uint64_t *rng,
+                        struct sample_tmp *tmp)
 {
     const int bs = tr->block_size, Lk = t + 1, H = o->H;
     if (t < H)
@@ -326,21 +336,74 @@ static int build_sample(const struct kvp_trace *tr, const struct kvp_predtrain_o
     int W = c1 - c0;
     if (W < 3)
         return 0;
+    const int gh = o->group ? tr->n_head / tr->n_head_kv : 1;
+    const int per_layer = o->group ? tr->n_head_kv : tr->n_head;
+    const int li = ser / per_layer, h0 = (ser % per_layer) * gh;
+    int K = W;
+    if (o->sparse) {
+        float u = uniform(rng);
+        K = (int)lroundf((float)W * (0.05f + 0.15f * u));
+        K = K < 1 ? 1 : K > W ? W : K;
+    }
     for (int i = 0; i < H; i++) {
         int tp = t - H + i, nb = (tp + bs) / bs;
-        const float *row = kvp_trace_row(tr, s, tp, li, h);
+        float *xr = x + (size_t)i * W;
+        float *mass = tmp->f;
+        double tot = 0;
         for (int xx = 0; xx < W; xx++)
-            x[(size_t)i * W + xx] = c0 + xx < nb ? row[c0 + xx] : 0.0f;
+            xr[xx] = mass[xx] = 0.0f;
+        for (int j = 0; j < gh; j++) {
+            const float *row = kvp_trace_row(tr, s, tp, li, h0 + j);
+            for (int xx = 0; xx < W && c0 + xx < nb; xx++) {
+                xr[xx] = j == 0 || row[c0 + xx] > xr[xx] ? row[c0 + xx] : xr[xx];
+                mass[xx] += row[nb + c0 + xx] / (float)gh;
+            }
+            for (int c = 0; c < nb; c++)
+                tot += row[nb + c] / gh;
+        }
+        if (K >= W)
+            continue;
+        /* what a policy that read the K best blocks (and the sink and local window) has in its
+         * history: zero elsewhere, the kept blocks renormalised over the mass read */
+        kvp_topk_indices(mass, W, K, tmp->top, tmp->heap);
+        double kept = tot;
+        for (int xx = 0, q = 0; xx < W; xx++) {
+            if (q < K && tmp->top[q] == xx) {
+                q++;
+                continue;
+            }
+            kept -= mass[xx];
+            xr[xx] = -1.0f; /* dropped */
+        }
+        float scale = kept > 1e-12 ? (float)(1.0 / kept) : 1.0f;
+        for (int xx = 0; xx < W; xx++)
+            xr[xx] = xr[xx] < 0.0f ? 0.0f : xr[xx] * scale;
     }
     int nb = (t + bs) / bs;
-    const float *row = kvp_trace_row(tr, s, t, li, h);
     double tot = 0, in = 0;
-    for (int j = 0; j < nb; j++)
-        tot += row[nb + j];
-    for (int xx = 0; xx < W; xx++) {
-        m[xx] = row[c0 + xx];
-        sm[xx] = row[nb + c0 + xx];
+    for (int xx = 0; xx < W; xx++)
+        m[xx] = sm[xx] = 0.0f;
+    for (int j = 0; j < gh; j++) {
+        const float *row = kvp_trace_row(tr, s, t, li, h0 + j);
+        for (int c = 0; c < nb; c++)
+            tot += row[nb + c] / gh;
+        for (int xx = 0; xx < W; xx++) {
+            m[xx] = j == 0 || row[c0 + xx] > m[xx] ? row[c0 + xx] : m[xx];
+            sm[xx] += row[nb + c0 + xx] / (float)gh;
+        }
+    }
+    for (int xx = 0; xx < W; xx++)
         in += sm[xx];
+    if (o->cin > 1) {
+        float *q = x + (size_t)H * W;
+        memset(q, 0, (size_t)(H - 1) * W * sizeof(float));
+        q += (size_t)(H - 1) * W;
+        for (int j = 0; j < gh; j++) {
+            const float *row = kvp_trace_row(tr, s, t, li, h0 + j);
+            kvp_qfeat_row(row + 2 * nb + c0, W, tmp->f);
+            for (int xx = 0; xx < W; xx++)
+                q[xx] = j == 0 || tmp->f[xx] > q[xx] ? tmp->f[xx] : q[xx];
+        }
     }
     out->W = W;
     out->forced = (float)(tot - in);
@@ -383,6 +446,21 @@ static void split_free(struct split *sp)
     free(sp->t);
 }
 
+static int tmp_init(struct sample_tmp *t, int max_w)
+{
+    t->f = malloc((size_t)max_w * sizeof(float));
+    t->top = malloc((size_t)max_w * sizeof(int));
+    t->heap = malloc((size_t)max_w * sizeof(int));
+    return t->f && t->top && t->heap ? 0 : -1;
+}
+
+static void tmp_free(struct sample_tmp *t)
+{
+    free(t->f);
+    free(t->top);
+    free(t->heap);
+}
+
 /* Indices of the k largest of y[0..W) (ties to the lower index) summed over w. */
 static double topk_mass(const float *y, const float *w, int W, int k, char *taken)
 {
@@ -411,40 +489,45 @@ static int validate(const struct kvp_trace *tr, const struct kvp_cnn *n,
                     const struct kvp_predtrain_opts *o, const struct split *val, struct kvp_tr_ws *ws,
                     float *x, float *m, float *sm, struct kvp_predtrain_report *rep)
 {
-    const int n_ser = tr->n_layers * tr->n_head, bs = tr->block_size;
+    const int n_ser = n_series(tr, o), bs = tr->block_size;
     uint64_t rng = o->seed ^ 0x5eed5eed5eedULL;
     char *taken = malloc((size_t)ws->max_w);
-    if (!taken)
+    struct sample_tmp tmp = {0};
+    if (!taken || tmp_init(&tmp, ws->max_w) < 0) {
+        free(taken);
+        tmp_free(&tmp);
         return -1;
+    }
     double loss = 0;
     long cnt = 0;
     rep->n_budgets = o->n_budgets;
     for (int b = 0; b < o->n_budgets; b++) {
         rep->budgets[b] = o->budgets[b];
         rep->rec_pred[b] = rep->rec_oracle[b] = rep->rec_last[b] = rep->rec_recent[b] = 0;
+        rep->rec_query[b] = 0;
     }
     long draws = val->n ? o->val_samples : 0;
     for (long i = 0; i < draws; i++) {
-        long pick = (long)(splitmix(&rng) % ((uint64_t)val->n * n_ser));
+        long pick = (long)(kvp_splitmix64(&rng) % ((uint64_t)val->n * n_ser));
         long pair = pick / n_ser;
         int ser = (int)(pick % n_ser);
         struct sample smp;
-        if (!build_sample(tr, o, val->seq[pair], val->t[pair], ser / tr->n_head, ser % tr->n_head,
-                          x, m, sm, &smp))
+        if (!build_sample(tr, o, val->seq[pair], val->t[pair], ser, x, m, sm, &smp, &rng, &tmp))
             continue;
         loss += kvp_tr_sample(n, ws, x, o->H, smp.W, m, sm, o->loss, NULL);
         cnt++;
         const float *last = x + (size_t)(o->H - 1) * smp.W;
+        const float *qrow = o->cin > 1 ? x + (size_t)(2 * o->H - 1) * smp.W : NULL;
         for (int b = 0; b < o->n_budgets; b++) {
             int kb = (o->budgets[b] - o->sink - smp.local_n) / bs;
             if (kb < 0)
                 kb = 0;
-            double rp, ro, rl, rr;
+            double rp, ro, rl, rr, rq = 0;
             if (kb >= smp.W) {
                 rp = smp.forced;
                 for (int xx = 0; xx < smp.W; xx++)
                     rp += sm[xx];
-                ro = rl = rr = rp;
+                ro = rl = rr = rq = rp;
             } else {
                 rp = smp.forced + topk_mass(ws->y, sm, smp.W, kb, taken);
                 ro = smp.forced + topk_mass(sm, sm, smp.W, kb, taken);
@@ -452,14 +535,18 @@ static int validate(const struct kvp_trace *tr, const struct kvp_cnn *n,
                 for (int xx = 0; xx < smp.W; xx++)
                     ws->dp[xx] = (float)xx; /* recency: the newest blocks first */
                 rr = smp.forced + topk_mass(ws->dp, sm, smp.W, kb, taken);
+                if (qrow) /* Quest's ranking: the query channel alone */
+                    rq = smp.forced + topk_mass(qrow, sm, smp.W, kb, taken);
             }
             rep->rec_pred[b] += rp;
             rep->rec_oracle[b] += ro;
             rep->rec_last[b] += rl;
             rep->rec_recent[b] += rr;
+            rep->rec_query[b] += rq;
         }
     }
     free(taken);
+    tmp_free(&tmp);
     rep->val_loss = cnt ? loss / cnt : 0;
     for (int b = 0; b < o->n_budgets; b++) {
         if (cnt) {
@@ -467,6 +554,7 @@ static int validate(const struct kvp_trace *tr, const struct kvp_cnn *n,
             rep->rec_oracle[b] /= cnt;
             rep->rec_last[b] /= cnt;
             rep->rec_recent[b] /= cnt;
+            rep->rec_query[b] /= cnt;
         }
         rep->rel[b] = rep->rec_oracle[b] > 0 ? rep->rec_pred[b] / rep->rec_oracle[b] : 1.0;
     }
@@ -487,6 +575,11 @@ static int check_opts(const struct kvp_trace *tr, const struct kvp_predtrain_opt
                            o->sink, tr->block_size);
     if (o->n_budgets < 0 || o->n_budgets > KVP_CNN_MAX_REC || o->batch < 1 || o->epochs < 0)
         return kvp_err_set(err, KVP_EINVAL, "train: bad options");
+    if (o->cin > 1 && tr->n_arr < 3)
+        return kvp_err_set(err, KVP_EINVAL,
+                           "train: the query channel needs a version 2 trace (this one is "
+                           "version %d: record it again with this build's `kvpred trace`)",
+                           tr->version);
     return 0;
 }
 
@@ -502,17 +595,21 @@ int kvp_predictor_validate(const struct kvp_trace *tr, const struct kvp_cnn *n,
                            n->block_size, tr->block_size);
     struct kvp_predtrain_opts oo = *o;
     oo.H = n->H;
+    oo.cin = n->cin;
+    oo.group = (n->meta.flags & 1) != 0;
+    if (oo.cin > 1 && tr->n_arr < 3)
+        return kvp_err_set(err, KVP_EINVAL, "validate: the query channel needs a version 2 trace");
     int n_val_seq = (int)ceilf(oo.val_frac * tr->n_seq);
     n_val_seq = n_val_seq < 1 ? 1 : n_val_seq >= tr->n_seq ? tr->n_seq - 1 : n_val_seq;
     struct split val = {0};
     struct kvp_tr_ws ws = {0};
     int mw = max_blocks(tr);
-    float *x = malloc((size_t)oo.H * mw * sizeof(float)), *m = malloc((size_t)mw * 4),
+    float *x = malloc((size_t)oo.cin * oo.H * mw * sizeof(float)), *m = malloc((size_t)mw * 4),
           *sm = malloc((size_t)mw * 4);
     rc = KVP_ENOMEM;
     if (x && m && sm && make_split(tr, &oo, tr->n_seq - n_val_seq, tr->n_seq, &val) == 0 &&
         kvp_tr_ws_init(&ws, n, oo.H, mw, err) == 0) {
-        rep->n_val_samples = val.n * tr->n_layers * tr->n_head;
+        rep->n_val_samples = val.n * n_series(tr, &oo);
         rc = validate(tr, n, &oo, &val, &ws, x, m, sm, rep) < 0 ? KVP_ENOMEM : 0;
     }
     split_free(&val);
@@ -529,18 +626,18 @@ int kvp_predictor_train(const struct kvp_trace *tr, const struct kvp_predtrain_o
     int rc = check_opts(tr, o, err);
     if (rc < 0)
         return rc;
-    rc = kvp_cnn_init(out, o->c1, o->c2, o->k, o->H, tr->block_size, err);
+    rc = kvp_cnn_init_ch(out, o->cin, o->c1, o->c2, o->k, o->H, tr->block_size, err);
     if (rc < 0)
         return rc;
     openblas_set_num_threads(1); /* the summation order, so the run, is the same on any machine */
     memset(rep, 0, sizeof(*rep));
-    const int n_ser = tr->n_layers * tr->n_head;
+    const int n_ser = n_series(tr, o);
     const size_t np = kvp_cnn_n_params(out);
     uint64_t rng = o->seed;
     /* He-uniform initialisation for the ReLU layers, fan-in scaled for conv3; zero biases */
     const int kk = o->k * o->k;
-    float a1 = sqrtf(6.0f / kk), a2 = sqrtf(6.0f / (o->c1 * kk)), a3 = sqrtf(3.0f / o->c2);
-    for (int i = 0; i < o->c1 * kk; i++)
+    float a1 = sqrtf(6.0f / (o->cin * kk)), a2 = sqrtf(6.0f / (o->c1 * kk)), a3 = sqrtf(3.0f / o->c2);
+    for (int i = 0; i < o->c1 * o->cin * kk; i++)
         out->w1[i] = a1 * (2 * uniform(&rng) - 1);
     for (int i = 0; i < o->c2 * o->c1 * kk; i++)
         out->w2[i] = a2 * (2 * uniform(&rng) - 1);
@@ -554,9 +651,10 @@ int kvp_predictor_train(const struct kvp_trace *tr, const struct kvp_predtrain_o
     int mw = max_blocks(tr);
     float *grad = calloc(np, sizeof(float)), *am = calloc(np, sizeof(float)),
           *av = calloc(np, sizeof(float));
-    float *x = malloc((size_t)o->H * mw * sizeof(float)), *m = malloc((size_t)mw * 4),
+    float *x = malloc((size_t)o->cin * o->H * mw * sizeof(float)), *m = malloc((size_t)mw * 4),
           *sm = malloc((size_t)mw * 4);
-    if (!grad || !am || !av || !x || !m || !sm ||
+    struct sample_tmp tmp = {0};
+    if (!grad || !am || !av || !x || !m || !sm || tmp_init(&tmp, mw) < 0 ||
         make_split(tr, o, 0, tr->n_seq - n_val_seq, &trn) < 0 ||
         make_split(tr, o, tr->n_seq - n_val_seq, tr->n_seq, &val) < 0) {
         rc = kvp_err_set(err, KVP_ENOMEM, "train: out of memory");
@@ -587,12 +685,25 @@ int kvp_predictor_train(const struct kvp_trace *tr, const struct kvp_predtrain_o
             double bl = 0;
             int got = 0;
             for (int b = 0; b < o->batch; b++) {
-                long pick = (long)(splitmix(&rng) % ((uint64_t)trn.n * n_ser));
+                long pick = (long)(kvp_splitmix64(&rng) % ((uint64_t)trn.n * n_ser));
                 long pair = pick / n_ser;
                 int ser = (int)(pick % n_ser);
                 struct sample smp;
-                if (!build_sample(tr, o, trn.seq[pair], trn.t[pair], ser / tr->n_head,
-                                  ser % tr->n_head, x, m, sm, &smp))
+                int ok;
+                if (o->tail > 0 && (kvp_splitmix64(&rng) & 1)) {
+                    /* a step of a sequence's last `tail` positions (a retrieval trace's answer),
+                     * its history dense as a decode step's first rows are (the prompt's) */
+                    struct kvp_predtrain_opts od = *o;
+                    od.sparse = 0;
+                    int sq = trn.seq[pair], T = tr->seq[sq].T;
+                    int span = T - o->H < o->tail ? T - o->H : o->tail;
+                    int t = span > 0 ? T - 1 - (int)(kvp_splitmix64(&rng) % (uint64_t)span) : -1;
+                    ok = t >= 0 && build_sample(tr, &od, sq, t, ser, x, m, sm, &smp, &rng, &tmp);
+                } else {
+                    ok = build_sample(tr, o, trn.seq[pair], trn.t[pair], ser, x, m, sm, &smp, &rng,
+                                      &tmp);
+                }
+                if (!ok)
                     continue;
                 bl += kvp_tr_sample(out, &ws, x, o->H, smp.W, m, sm, o->loss, grad);
                 got++;
@@ -629,6 +740,7 @@ int kvp_predictor_train(const struct kvp_trace *tr, const struct kvp_predtrain_o
     me->sink = (uint32_t)o->sink;
     me->local = (uint32_t)o->local;
     me->epochs = (uint32_t)o->epochs;
+    me->flags = o->group ? 1u : 0u;
     me->n_rec = (uint32_t)o->n_budgets;
     for (int b = 0; b < o->n_budgets; b++) {
         me->rec_budget[b] = (uint32_t)o->budgets[b];
@@ -647,5 +759,6 @@ out:
     free(x);
     free(m);
     free(sm);
+    tmp_free(&tmp);
     return rc;
 }

@@ -49,7 +49,7 @@ void kvp_tr_point_bwd(const float *p, const float *dy, int c, int W, const float
  * CE returns 0 with dy = 0 when the slice holds no attention. */
 float kvp_tr_loss(int loss, const float *y, const float *m, const float *s, int W, float *dy);
 
-/* Work space for one sample of up to H × max_w. */
+/* Work space for one sample of up to H × max_w (n->cin input channels). */
 struct kvp_tr_ws {
     int H, max_w;
     float *col1, *a1, *col2, *a2, *p, *y, *dy, *dp, *da2, *dcol2, *da1;
@@ -59,7 +59,8 @@ int kvp_tr_ws_init(struct kvp_tr_ws *ws, const struct kvp_cnn *n, int H, int max
 void kvp_tr_ws_free(struct kvp_tr_ws *ws);
 
 /* Forward (and backward when grad is not NULL, accumulating into grad, laid out like
- * n->params) of one sample x [H][W]; scores in ws->y. Returns the loss. */
+ * n->params) of one sample x [n->cin][H][W]; scores in ws->y. Returns the loss. This is the full
+ * network the per-column inference is tested against. */
 float kvp_tr_sample(const struct kvp_cnn *n, struct kvp_tr_ws *ws, const float *x, int H, int W,
                     const float *m, const float *s, int loss, float *grad);
 
@@ -67,6 +68,16 @@ float kvp_tr_sample(const struct kvp_cnn *n, struct kvp_tr_ws *ws, const float *
 
 struct kvp_predtrain_opts {
     int c1, c2, k, H; /* architecture [16, 32, 3, 64] */
+    int cin;          /* input channels [1]; 2 adds the query's bound feature (needs a version 2
+                         trace), see kvp_qfeat_row */
+    int group;        /* 1: one sample per (layer, KV head), the group's rows pooled as the
+                         qpredictor policy pools them (history and target max, bounds as
+                         features max, masses mean) [0] */
+    int sparse;       /* 1: history rows as a policy reads them: each keeps only its best
+                         K blocks by mass (K a random 1/20 .. 1/5 of the slice), renormalised
+                         over what is kept with the sink and local window [0] */
+    int tail;         /* > 0: half the training samples are steps of a sequence's last `tail`
+                         positions (a retrieval trace's answers), with dense histories [0] */
     int loss;         /* enum kvp_cnn_loss */
     int epochs;       /* [4] */
     int batch;        /* samples per Adam step [32] */
@@ -92,6 +103,8 @@ struct kvp_predtrain_report {
     double rec_oracle[KVP_CNN_MAX_REC]; /* mean recovery of the block oracle */
     double rec_last[KVP_CNN_MAX_REC];   /* mean recovery when ranking by the newest row */
     double rec_recent[KVP_CNN_MAX_REC]; /* mean recovery when taking the newest blocks */
+    double rec_query[KVP_CNN_MAX_REC];  /* mean recovery ranking by the query channel (Quest's
+                                           bound; 0 without that channel) */
     double rel[KVP_CNN_MAX_REC];        /* rec_pred / rec_oracle */
 };
 

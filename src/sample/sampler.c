@@ -9,49 +9,18 @@
 #include <string.h>
 
 #include "core/err.h"
+#include "core/rng.h"
 #include "kvpred.h"
 
 struct kvp_sampler {
     struct kvp_sampler_params p;
     int n_vocab;
-    uint64_t rng[4];
+    struct kvp_rng rng;
     int32_t *recent;     /* ring of the last repeat_last_n tokens */
     int n_recent, head;
     int32_t *idx;        /* [n_vocab] candidate ids */
     float *prob;         /* [n_vocab] */
 };
-
-static uint64_t splitmix64(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
-static uint64_t rotl(uint64_t x, int k)
-{
-    return (x << k) | (x >> (64 - k));
-}
-
-static uint64_t next_u64(uint64_t *s)
-{
-    uint64_t r = rotl(s[1] * 5, 7) * 9;
-    uint64_t t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return r;
-}
-
-/* uniform in [0, 1) with 53 random bits */
-static double next_double(uint64_t *s)
-{
-    return (double)(next_u64(s) >> 11) * 0x1p-53;
-}
 
 int kvp_sampler_init(const struct kvp_sampler_params *params, int n_vocab, kvp_sampler **out,
                      struct kvp_err *err)
@@ -65,9 +34,7 @@ int kvp_sampler_init(const struct kvp_sampler_params *params, int n_vocab, kvp_s
     if (s->p.repeat_last_n < 0)
         s->p.repeat_last_n = 0;
     s->n_vocab = n_vocab;
-    uint64_t seed = params->seed;
-    for (int i = 0; i < 4; i++)
-        s->rng[i] = splitmix64(&seed);
+    kvp_rng_seed(&s->rng, params->seed);
     s->recent = calloc((size_t)s->p.repeat_last_n + 1, sizeof(int32_t));
     s->idx = malloc((size_t)n_vocab * sizeof(int32_t));
     s->prob = malloc((size_t)n_vocab * sizeof(float));
@@ -170,7 +137,7 @@ int kvp_sampler_sample(kvp_sampler *s, float *logits)
     double total = 0.0;
     for (int i = 0; i < n_cand; i++)
         total += s->prob[s->idx[i]];
-    double r = next_double(s->rng) * total;
+    double r = kvp_rng_double(&s->rng) * total;
     double cum = 0.0;
     for (int i = 0; i < n_cand; i++) {
         cum += s->prob[s->idx[i]];

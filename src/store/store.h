@@ -8,9 +8,9 @@
  * of f32), padded at the end to a multiple of 4 KiB so every disk request is O_DIRECT-aligned
  * in offset, length and buffer. For stories260K (4 KV heads, head_dim 8, bs 16) a head is
  * 512 bytes of f16 K+V (1 KiB in f32) and a unit is 4 KiB with half (none) of it padding; a
- * model with head_dim 64 has 4 KiB of f16 per head and never pads. A unit holds every KV head because a
- * per-head unit of a tiny model would be under the 4 KiB minimum; the price is that a step moves
- * the union of its KV heads' selections.
+ * model with head_dim 64 has 4 KiB of f16 per head and never pads. A unit holds every KV head
+ * because a per-head unit of a tiny model would be under the 4 KiB minimum; the price is that a
+ * step moves the union of its KV heads' selections.
  *
  * Cold tier. [layer][block][unit], the whole context, in RAM (4 KiB aligned, huge-page advised)
  * or in a file opened with O_TMPFILE | O_DIRECT under kv_dir (falling back to mkstemp + unlink),
@@ -20,7 +20,8 @@
  *
  * Hot tier. Per layer a pool of unit-sized slots, and the kvcache's block table points into it
  * (kvp_kvcache_attach: K of head h of slot s at hot + s*unit_bytes + h*head_bytes, V k_bytes
- * later; physical block s*ppu + h, ppu the power of two >= n_kv), so the attention kernels read hot copies through kvp_kvcache_kblock unchanged and see
+ * later; physical block s*ppu + h, ppu the power of two >= n_kv), so the attention kernels
+ * read hot copies through kvp_kvcache_kblock unchanged and see
  * NULL for a block that is not resident. Layers that are not tiered (dense layers of a sparse
  * policy; everything without a policy) get one slot per block, mapped once, and are never
  * transferred; their slots hold the untiered layout instead (all K of head 0, head 1, ...,

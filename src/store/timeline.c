@@ -6,7 +6,7 @@
  * prediction), STALL (waiting for transfers), READS (cold-tier reads from submit to completion,
  * stacked into sub-lanes where they overlap, colour by layer), WRITES (write-through). A black
  * vertical line marks the start of every token; the axis is in milliseconds from the first one.
- * Labels use the figure font of eval/draw.h and eval/png.h writes the file, so the picture needs
+ * Labels use the figure font of image/draw.h and image/png.h writes the file, so the picture needs
  * nothing but libpng.
  */
 #include <ctype.h>
@@ -14,8 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "eval/draw.h"
-#include "eval/png.h"
+#include "image/draw.h"
+#include "image/png.h"
 #include "store/cold.h"
 #include "store/store.h"
 

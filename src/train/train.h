@@ -6,19 +6,24 @@
  * adjacent pairs → causal softmax attention → output projection, RMSNorm → SwiGLU FFN, final
  * RMSNorm and an output head that is either tied to the embedding or separate. Every op has a
  * hand-written backward pass (train_ops.c), checked against finite differences in
- * tests/test_train.c. Matrix products go through OpenBLAS; attention runs head by head in query
- * blocks so nothing larger than [block][T] is materialised, and the backward pass recomputes the
- * probabilities from a saved log-sum-exp per row (the FlashAttention trick, without tiling keys).
+ * tests/test_train.c. Two precisions: f32, the reference, where matrix products go through
+ * OpenBLAS and attention runs head by head in query blocks so nothing larger than [block][T] is
+ * materialised, the backward pass recomputing the probabilities from a saved log-sum-exp per row;
+ * and bf16 (the default of train-lm), where the products take bf16 operands with f32
+ * accumulation and attention is fused and tiled over keys as well (train_bf16.c). Weights,
+ * gradients and the optimiser are f32 in both.
  *
  * Modules, one concern per file:
  *   train_ops.c    op forward/backward kernels on plain arrays
+ *   train_bf16.c   the bf16 path: kernel table, fused attention, SIMD loss (+ _avx512.c)
  *   train_model.c  parameter layout, init, whole-model forward/backward, threads
- *   train_optim.c  PRNG, AdamW, learning-rate schedule, gradient clipping
+ *   train_optim.c  AdamW, learning-rate schedule, gradient clipping
  *   train_bpe.c    BPE training of the vocabulary and the SPM encoder the engine also runs
  *   train_data.c   corpora, RULER-style synthetic tasks, batches
  *   train_ckpt.c   checkpoint save/load (bit-exact resume)
  *   train_gguf.c   GGUF export
  *   train_loop.c   the training driver (progress through a callback; never prints)
+ *   train_bench.c  throughput measurement (train-lm --bench)
  *
  * Shapes: tensors are row-major. A weight W of a linear map in→out is [out][in] (GGUF ne =
  * [in, out]); activations are [N][dim] with N = n_seq·T tokens, token t of sequence b at row
@@ -32,26 +37,7 @@
 #include <stdint.h>
 
 #include "core/err.h"
-
-/* ==================================== PRNG (train_optim.c) ==================================== */
-
-/* xoshiro256** seeded through splitmix64; the whole state is 4 words so checkpoints store it. */
-struct kvp_rng {
-    uint64_t s[4];
-};
-
-void kvp_rng_seed(struct kvp_rng *r, uint64_t seed);
-uint64_t kvp_rng_next(struct kvp_rng *r);
-/* Uniform in [0, n); n > 0. */
-uint64_t kvp_rng_below(struct kvp_rng *r, uint64_t n);
-/* Uniform float in [0, 1). */
-float kvp_rng_uniform(struct kvp_rng *r);
-/* Standard normal by Box–Muller; each call consumes exactly two draws and returns one value, so
- * the stream position is easy to reason about. */
-float kvp_rng_normal(struct kvp_rng *r);
-/* Mix two 64-bit values into one seed (splitmix64 of a combination); used to derive per-sample
- * seeds from (run seed, step, index). */
-uint64_t kvp_rng_mix(uint64_t a, uint64_t b);
+#include "core/rng.h" /* struct kvp_rng: the trainer's random stream */
 
 /* ==================================== ops (train_ops.c) ======================================= */
 
@@ -400,6 +386,20 @@ void kvp_corpus_free(struct kvp_corpus *c);
 #define KVP_HAY_MAX 16
 int kvp_corpus_add_hay(struct kvp_corpus *c, struct kvp_corpus *h, struct kvp_err *err);
 
+/* The train/eval seed contract, written here only. A sample or prompt is a pure function of its
+ * 64-bit seed. Training seeds keep bits 62 and 63 clear (kvp_task_seed); evaluation seeds set
+ * bit 62 (kvp_task_eval_seed) and read held-out sentences only, so no evaluation sample (the
+ * trainer's own evaluation, `kvpred eval --task`) can coincide with a training sample or a
+ * training-range prompt (`kvpred trace --tasks`). kvp_sample_make refuses a seed of the other
+ * range. */
+#define KVP_EVAL_SEED_BIT (1ULL << 62)
+/* A seed of the training range derived from (a, b): kvp_rng_mix with bits 62 and 63 cleared. */
+uint64_t kvp_task_seed(uint64_t a, uint64_t b);
+/* seed moved into the evaluation range (bit 62 set). */
+uint64_t kvp_task_eval_seed(uint64_t seed);
+/* Whether seed belongs to the range eval names. */
+bool kvp_task_seed_ok(uint64_t seed, bool eval);
+
 /* How training samples are drawn: probability weights per task (need not sum to 1), the share
  * of needles placed exactly at an edge of the haystack (first or last unit; the rest uniform),
  * the shortest retrieval sample as a fraction of the context (a sample takes [fill_min·T, T]
@@ -434,9 +434,8 @@ int kvp_sample_alloc(struct kvp_sample *s, int T, struct kvp_err *err);
 void kvp_sample_free(struct kvp_sample *s);
 
 /* Generate the sample for (seed) deterministically: task drawn from mix (or forced when task ≥
- * 0), filler from the training sentences (eval = false) or the held-out ones (eval = true).
- * Training seeds are derived from the run seed and (step, index) and stay below 2^62;
- * evaluation uses seeds with bit 62 set, so the two never meet. */
+ * 0), filler from the training sentences (eval = false) or the held-out ones (eval = true). The
+ * seed must be of the range eval names (kvp_task_seed_ok; KVP_EINVAL otherwise). */
 int kvp_sample_make(struct kvp_sample *s, const struct kvp_corpus *c, const struct kvp_tvocab *v,
                     const struct kvp_task_mix *mix, int task, uint64_t seed, bool eval,
                     float answer_weight, struct kvp_err *err);
@@ -458,9 +457,7 @@ int kvp_task_render(const struct kvp_corpus *c, const struct kvp_tvocab *v, int 
  * normally the Paul Graham essays read with kvp_corpus_read_filler and prepared with
  * kvp_corpus_init(..., NULL, 0.0, ...) so every sentence is available; lengths are counted by
  * the caller's tokenizer through count (tokens of the prompt text as the engine will feed it,
- * BOS included). Seeds: evaluation seeds set bit 62 (KVP_EVAL_SEED_BIT) and training seeds keep
- * bits 62 and 63 clear, so an evaluation prompt never repeats a training sample. */
-#define KVP_EVAL_SEED_BIT (1ULL << 62)
+ * BOS included). Seeds: kvp_task_eval_seed (the contract above). */
 typedef int (*kvp_task_count_fn)(void *ud, const char *text, size_t len, size_t *n_tok);
 
 struct kvp_task_req {

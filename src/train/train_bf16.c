@@ -14,8 +14,7 @@
  * max; the backward pass walks key tiles in the outer loop, recomputes each probability block
  * from the saved log-sum-exp, and accumulates dK and dV of the key tile (transposed: dKᵀ =
  * Qᵀ·dS, so P and dS are only pair-interleaved by rows, never transposed) while dQ collects in
- * an f32 buffer. Memory per
- * thread is O(T·hd), none of it O(T²).
+ * an f32 buffer. Memory per thread is O(T·hd), none of it O(T²).
  */
 #include <math.h>
 #include <stdlib.h>

@@ -32,10 +32,7 @@
  * predicted only by looking back, which is the skill every retrieval task needs; in short test runs a model saw far too few
  * needle answers to discover it, so the list gives it a dense signal from the first steps.
  *
- * Determinism and seeds: a sample is a pure function of its 64-bit seed. The training loop
- * derives seeds from (run seed, sample index) with bit 62 clear; evaluation sets bit 62
- * (KVP_EVAL_SEED_BIT) and reads only held-out sentences, so no evaluation sample can coincide
- * with a training sample.
+ * Determinism and seeds: the contract is in train.h (kvp_task_seed) and enforced here.
  */
 #include <ctype.h>
 #include <dirent.h>
@@ -1269,10 +1266,28 @@ static int put_copy(struct kvp_sample *s, int *pos, const struct kvp_corpus *c,
     return rc;
 }
 
+uint64_t kvp_task_seed(uint64_t a, uint64_t b)
+{
+    return kvp_rng_mix(a, b) & ~(3ULL << 62);
+}
+
+uint64_t kvp_task_eval_seed(uint64_t seed)
+{
+    return seed | KVP_EVAL_SEED_BIT;
+}
+
+bool kvp_task_seed_ok(uint64_t seed, bool eval)
+{
+    return eval ? (seed & KVP_EVAL_SEED_BIT) != 0 : (seed & (3ULL << 62)) == 0;
+}
+
 int kvp_sample_make(struct kvp_sample *s, const struct kvp_corpus *c, const struct kvp_tvocab *v,
                     const struct kvp_task_mix *mix, int task, uint64_t seed, bool eval,
                     float answer_weight, struct kvp_err *err)
 {
+    if (!kvp_task_seed_ok(seed, eval))
+        return kvp_err_set(err, KVP_EINVAL, "sample: seed %#llx is not of the %s range",
+                           (unsigned long long)seed, eval ? "evaluation" : "training");
     struct kvp_rng r;
     kvp_rng_seed(&r, seed);
     if (task < 0) {

@@ -8,10 +8,10 @@
  * gradients accumulate. The loss of a step is the token-weighted mean over the whole step
  * (answer tokens weigh answer_weight), so the accumulated gradient equals the full-batch one.
  *
- * Reproducibility: sample i of the run has seed mix(run seed, i) with bit 62 cleared; the data
- * cursor (samples consumed) is the only data state, and it is saved with the weights, the Adam
- * moments and the step, so a resumed run repeats the uninterrupted one bit for bit on the same
- * thread count. Evaluation seeds set bit 62 and read held-out sentences only.
+ * Reproducibility: sample i of the run has seed kvp_task_seed(run seed, i) (the seed contract:
+ * train.h); the data cursor (samples consumed) is the only data state, and it is saved with the
+ * weights, the Adam moments and the step, so a resumed run repeats the uninterrupted one bit for
+ * bit on the same thread count. Evaluation uses evaluation seeds and held-out sentences only.
  *
  * The library never prints: progress goes to a callback.
  */
@@ -24,7 +24,6 @@
 #include "core/platform.h"
 #include "train/train.h"
 
-#define EVAL_SEED_BIT (1ULL << 62)
 #define HOLDOUT 0.05
 #define TEMPLATE_INSTANCES 40 /* per task, for vocabulary learning */
 
@@ -76,11 +75,6 @@ int kvp_train_phase_at(const struct kvp_train_hparams *hp, long step)
     return hp->n_phases - 1;
 }
 
-static uint64_t train_seed(uint64_t run_seed, uint64_t i)
-{
-    return kvp_rng_mix(run_seed, i) & ~EVAL_SEED_BIT & ~(1ULL << 63);
-}
-
 /* ==================================== evaluation ============================================== */
 
 static int argmax(const float *x, int n)
@@ -121,7 +115,7 @@ int kvp_train_evaluate(struct kvp_train_model *m, const struct kvp_corpus *c,
             int k = n - i0 < per ? n - i0 : per;
             for (int j = 0; j < k && rc == 0; j++) {
                 uint64_t sd = kvp_rng_mix(seed, (uint64_t)task * 1000003u + (uint64_t)(i0 + j));
-                rc = kvp_sample_make(&s[j], c, v, &none, task, sd | EVAL_SEED_BIT, true, 1.0f,
+                rc = kvp_sample_make(&s[j], c, v, &none, task, kvp_task_eval_seed(sd), true, 1.0f,
                                      err);
                 memcpy(tok + (size_t)j * T, s[j].tok, (size_t)T * sizeof(int32_t));
                 memcpy(tgt + (size_t)j * T, s[j].tok + 1, (size_t)T * sizeof(int32_t));
@@ -304,7 +298,7 @@ static int train_step(struct run *r, struct kvp_train_progress *p, struct kvp_er
         return rc;
     double wsum = 0.0;
     for (int i = 0; i < n_seq; i++) {
-        uint64_t sd = train_seed(hp->seed, r->st.data_cursor + (uint64_t)i);
+        uint64_t sd = kvp_task_seed(hp->seed, r->st.data_cursor + (uint64_t)i);
         rc = kvp_sample_make(&r->samples[i], r->c, r->v, &hp->mix, -1, sd, false,
                              hp->answer_weight, err);
         if (rc < 0)

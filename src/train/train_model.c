@@ -8,9 +8,10 @@
  * therefore linear in the micro-batch size: about (5·D + 2·Hq·hd + 2·Hkv·hd + 2·F) floats per
  * token and layer, 14 KB for D=256, F=704, 8 heads, 4 KV heads.
  *
- * Threads: OpenBLAS parallelises the large matrix products itself; attention runs on our own
- * pthreads over (sequence, KV head) tasks with OpenBLAS switched to one thread, each task owning
- * its query heads and its dK/dV rows, so results do not depend on scheduling. Row-wise ops
+ * Threads: in f32, OpenBLAS parallelises the large matrix products itself; in bf16 the linear
+ * maps split their output rows (dW: its rows) over our own pthreads. Attention runs on our
+ * threads over (sequence, KV head) tasks (OpenBLAS switched to one thread in f32), each task
+ * owning its query heads and its dK/dV rows, so results do not depend on scheduling. Row-wise ops
  * (norms, SwiGLU, the loss) are split over the same threads by row ranges; per-thread loss
  * partial sums are added in thread order, so a run is bit-for-bit reproducible for a fixed
  * thread count.
@@ -323,9 +324,10 @@ int kvp_train_model_set_precision(struct kvp_train_model *m, int precision, stru
 {
     if (precision != KVP_PREC_F32 && precision != KVP_PREC_BF16)
         return kvp_err_set(err, KVP_EINVAL, "precision %d", precision);
-    m->precision = precision;
-    if (precision == KVP_PREC_F32 || m->bf_a)
+    if (precision == KVP_PREC_F32 || m->bf_a) {
+        m->precision = precision;
         return 0;
+    }
     m->tk = kvp_tk();
     int shapes[6][2];
     linear_shapes(m, shapes);
@@ -342,8 +344,16 @@ int kvp_train_model_set_precision(struct kvp_train_model *m, int precision, stru
     m->bf_b = balloc(n * dmax, &ok);
     m->bf_w = balloc(wmax, &ok);
     m->fa_scratch = falloc(kvp_fa_scratch(m->cfg.n_ctx, m->head_dim) * (size_t)m->n_threads, &ok);
-    if (!ok)
+    if (!ok) { /* the model stays f32, without a partial bf16 state */
+        kvp_free_aligned(m->bf_a);
+        kvp_free_aligned(m->bf_b);
+        kvp_free_aligned(m->bf_w);
+        kvp_free_aligned(m->fa_scratch);
+        m->bf_a = m->bf_b = m->bf_w = NULL;
+        m->fa_scratch = NULL;
         return kvp_err_set(err, KVP_ENOMEM, "bf16 run state for %ld tokens", m->cap_tokens);
+    }
+    m->precision = precision;
     return 0;
 }
 

@@ -1,9 +1,7 @@
 /*
- * Optimiser side of the trainer: the PRNG every random choice goes through, AdamW with decoupled
- * weight decay, the learning-rate schedule and global-norm gradient clipping.
- *
- * The PRNG is xoshiro256** (Blackman and Vigna) seeded through splitmix64, so a run is a pure
- * function of its seed and its state is four words a checkpoint can store. AdamW follows
+ * Optimiser side of the trainer: AdamW with decoupled weight decay, the learning-rate schedule and
+ * global-norm gradient clipping. (Every random choice goes through src/core/rng.h, so a run is a
+ * pure function of its seed and its state is four words a checkpoint can store.) AdamW follows
  * Loshchilov and Hutter: the decay term wd·p is added to the Adam update, not to the gradient,
  * and applies only to tensors marked `decay` (the matrices; never norms or the embedding).
  */
@@ -12,72 +10,6 @@
 #include <string.h>
 
 #include "train/train.h"
-
-/* ========================================= PRNG =============================================== */
-
-static uint64_t splitmix64(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
-void kvp_rng_seed(struct kvp_rng *r, uint64_t seed)
-{
-    uint64_t x = seed;
-    for (int i = 0; i < 4; i++)
-        r->s[i] = splitmix64(&x);
-}
-
-static uint64_t rotl(uint64_t x, int k)
-{
-    return (x << k) | (x >> (64 - k));
-}
-
-uint64_t kvp_rng_next(struct kvp_rng *r)
-{
-    uint64_t *s = r->s;
-    uint64_t res = rotl(s[1] * 5, 7) * 9;
-    uint64_t t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return res;
-}
-
-uint64_t kvp_rng_below(struct kvp_rng *r, uint64_t n)
-{
-    /* rejection sampling: no modulo bias */
-    uint64_t lim = UINT64_MAX - UINT64_MAX % n;
-    uint64_t x;
-    do
-        x = kvp_rng_next(r);
-    while (x >= lim);
-    return x % n;
-}
-
-float kvp_rng_uniform(struct kvp_rng *r)
-{
-    return (float)(kvp_rng_next(r) >> 40) * (1.0f / 16777216.0f);
-}
-
-float kvp_rng_normal(struct kvp_rng *r)
-{
-    double u1 = ((double)(kvp_rng_next(r) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-    double u2 = (double)(kvp_rng_next(r) >> 11) * (1.0 / 9007199254740992.0);
-    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
-}
-
-uint64_t kvp_rng_mix(uint64_t a, uint64_t b)
-{
-    uint64_t x = a ^ (b * 0xD1B54A32D192ED03ULL);
-    splitmix64(&x);
-    return splitmix64(&x);
-}
 
 /* ======================================== AdamW =============================================== */
 

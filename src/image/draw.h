@@ -11,8 +11,8 @@
  * Every call clips to the image: any position or size is allowed, nothing outside the w × h
  * buffer is ever written.
  */
-#ifndef KVP_EVAL_DRAW_H
-#define KVP_EVAL_DRAW_H
+#ifndef KVP_IMAGE_DRAW_H
+#define KVP_IMAGE_DRAW_H
 
 #include <stdint.h>
 

@@ -3,8 +3,8 @@
  * profiles): 8-bit RGB, no interlace, through libpng. The library never prints; libpng's own
  * messages are captured into kvp_err.
  */
-#ifndef KVP_EVAL_PNG_H
-#define KVP_EVAL_PNG_H
+#ifndef KVP_IMAGE_PNG_H
+#define KVP_IMAGE_PNG_H
 
 #include <stdint.h>
 

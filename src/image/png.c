@@ -4,7 +4,7 @@
  * setjmp in kvp_png_write_rgb turns the jump into a KVP_EIO return. Everything the jump can skip
  * is declared volatile or released by png_destroy_write_struct.
  */
-#include "eval/png.h"
+#include "image/png.h"
 
 #include <errno.h>
 #include <setjmp.h>

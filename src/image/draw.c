@@ -6,7 +6,7 @@
  * baseline. It is kept as a picture, eight glyphs to a band of 9 strings, so a glyph can be read
  * and edited in place; drawing looks the pixels up directly.
  */
-#include "eval/draw.h"
+#include "image/draw.h"
 
 #include <limits.h>
 #include <math.h>

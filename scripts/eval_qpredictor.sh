@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The query-aware AttentionPredictor's rows in the README ("AttentionPredictor", the retrieval
+# table of "Long-context model"), beside quest, the block oracle and the paper-faithful predictor.
+# Needs ../shared (the Paul Graham essays are the filler, stories260K and TinyStories) and jq.
+#   scripts/eval_qpredictor.sh [BUILD_DIR]
+# Environment: PART (tasks, stories, bench or all; default all), SEED (prompt seed of the
+# retrieval part, default 7, the acceptance seed: tune on others), SAMPLES (prompts per depth,
+# default 10: 5 depths = 50 per task), CTXS (bench contexts, default "16384 32768"), OUT (default
+# bench). Every line of the JSON outputs is one kvpred command's result.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+kvp="${1:-build}/kvpred"
+part="${PART:-all}"
+seed="${SEED:-7}"
+samples="${SAMPLES:-10}"
+out="${OUT:-bench}"
+lc=models/kvpred-default
+mkdir -p "$out"
+
+# 1. retrieval at 2048 on the shipped model, budgets 1/16 and 1/8: quest, the block oracle and
+#    the paper's predictor read models/kvpred-default.kvpp, qpredictor its .qkvpp (one --aux per
+#    run, so two runs on the same prompts)
+if [[ "$part" == all || "$part" == tasks ]]; then
+    dst="$out/qpredictor_tasks_seed$seed.jsonl"
+    : > "$dst"
+    for task in niah_single niah_multikey passkey; do
+        common=(-m "$lc.gguf" -t 1 --task "$task" --lengths 2048 --depths 0,25,50,75,100
+                --samples "$samples" --seed "$seed" --budget 1/16,1/8 --json)
+        "$kvp" eval "${common[@]}" --policy quest,oracle,predictor --aux "$lc.kvpp" >> "$dst"
+        "$kvp" eval "${common[@]}" --policy qpredictor --aux "$lc.qkvpp" >> "$dst"
+    done
+    echo "retrieval, seed $seed, $((samples * 5)) prompts per task (mean accuracy over depths):"
+    jq -rs 'group_by([.task, .policy, .budget]) | .[] |
+            "\(.[0].task)\t\(.[0].policy)\t\(.[0].budget)\t\((map(.accuracy * .samples) | add) /
+             (map(.samples) | add) * 1000 | round / 10) %"' "$dst"
+fi
+
+# 2. stories260K on held-out text: the last 40 KB of tinystories_val.txt (the predictors were
+#    trained on bytes [0.5, 0.947) of it), prefill 256, decode 256, budgets 64 and 128
+if [[ "$part" == all || "$part" == stories ]]; then
+    txt=../shared/data/tinystories/tinystories_val.txt
+    off=$(( $(stat -c %s "$txt") - 40960 ))
+    dst="$out/qpredictor_stories260K.jsonl"
+    common=(-m ../shared/models/stories260K.gguf -f "$txt" --offset "$off" --prefill 256
+            --decode 256 --budget 64,128 --json)
+    "$kvp" eval "${common[@]}" --policy streaming,h2o,quest,oracle,predictor \
+        --aux models/stories260K.kvpp > "$dst"
+    "$kvp" eval "${common[@]}" --policy qpredictor --aux models/stories260K.qkvpp >> "$dst"
+    echo "stories260K, held-out text from byte $off: attention recovery"
+    jq -r '"\(.policy)\t\(.budget)\t\(.recovery * 10000 | round / 10000)"' "$dst"
+fi
+
+# 3. policy time per token on the shipped model, 1 thread, budget 1/16, quest and the two
+#    predictors in one run of this script (alternating per context)
+if [[ "$part" == all || "$part" == bench ]]; then
+    dst="$out/qpredictor_bench.jsonl"
+    : > "$dst"
+    for c in ${CTXS:-16384 32768}; do
+        for pol in quest:$lc.kvpp qpredictor:$lc.qkvpp predictor:$lc.kvpp; do
+            "$kvp" bench -m "$lc.gguf" -t 1 -c "$c" -n 64 --prefill 16 --policy "${pol%%:*}" \
+                --budget 1/16 --aux "${pol#*:}" --json 2>/dev/null >> "$dst"
+        done
+    done
+    echo "policy time (1 thread, budget 1/16): ctx, policy, ms per token, share; CPU ms, share"
+    jq -r '"\(.ctx)\t\(.policy)\t\(.policy_ms_per_token * 1000 | round / 1000)\t\(.policy_share * 1000 | round / 1000)\t\(.policy_cpu_ms_per_token * 1000 | round / 1000)\t\(.policy_cpu_share * 1000 | round / 1000)"' "$dst"
+fi

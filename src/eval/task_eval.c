@@ -1,0 +1,203 @@
+/* The evaluation protocol of `kvpred eval --task`: see task_eval.h. */
+#include "eval/task_eval.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/platform.h"
+#include "eval/metrics.h"
+#include "eval/ruler.h"
+#include "train/train.h"
+
+static const struct kvp_task_eval_kind kinds[] = {
+    {"passkey", KVP_TASK_PASSKEY, 16},
+    {"niah_single", KVP_TASK_NIAH_SINGLE_2, 128},
+    {"niah_multikey", KVP_TASK_NIAH_MULTIKEY_1, 128},
+    {"niah_multivalue", KVP_TASK_NIAH_MULTIVALUE, 128},
+    {"niah_multiquery", KVP_TASK_NIAH_MULTIQUERY, 128},
+    {"vt", KVP_TASK_VT, 30},
+};
+#define N_KINDS ((int)(sizeof(kinds) / sizeof(kinds[0])))
+
+int kvp_task_eval_count(void)
+{
+    return N_KINDS;
+}
+
+const struct kvp_task_eval_kind *kvp_task_eval_kind(int ti)
+{
+    return ti >= 0 && ti < N_KINDS ? &kinds[ti] : NULL;
+}
+
+int kvp_task_eval_index(const char *name)
+{
+    for (int t = 0; name && t < N_KINDS; t++)
+        if (!strcmp(name, kinds[t].name))
+            return t;
+    return -1;
+}
+
+int kvp_task_eval_filler(const char *path, int ti, struct kvp_corpus **out, struct kvp_err *err)
+{
+    *out = NULL;
+    if (!path) {
+        /* the pass key's haystack is its own noise line: no filler needed, so it runs on a
+         * fresh clone (the corpus only seeds a draw the passkey prompt never reads) */
+        if (kinds[ti].task != KVP_TASK_PASSKEY)
+            return kvp_err_set(err, KVP_EINVAL, "%s needs a filler text", kinds[ti].name);
+        return kvp_corpus_passkey_only(out, err);
+    }
+    char *raw = NULL;
+    size_t len = 0;
+    int rc = kvp_corpus_read_filler(&path, 1, &raw, &len, err);
+    if (rc == 0)
+        rc = kvp_corpus_init(out, raw, len, NULL, 0.0, err);
+    free(raw);
+    return rc;
+}
+
+/* Tokens of text in the model under test, BOS included: the prompts' length unit. */
+int kvp_task_eval_count_tokens(void *ud, const char *text, size_t len, size_t *n_tok)
+{
+    int rc = kvp_tokenize(ud, text, len, true, NULL, 0, n_tok, NULL);
+    return rc == KVP_ERANGE ? 0 : rc;
+}
+
+int kvp_task_eval_prompt(const struct kvp_corpus *c, const kvp_model *m, int ti, uint64_t seed,
+                         long i, long length, long depth, struct kvp_task_text *tt,
+                         struct kvp_err *err)
+{
+    uint64_t base = kvp_rng_mix(seed, (uint64_t)kinds[ti].task);
+    struct kvp_task_req req = {
+        .task = kinds[ti].task,
+        .seed = kvp_task_eval_seed(kvp_task_seed(base, (uint64_t)i)),
+        .target_tokens = (int)length,
+        .depth = (float)depth / 100.0f,
+        .prose = !c->noise_only, /* a pass key in the filler text when one was given */
+        .count = kvp_task_eval_count_tokens,
+        .ud = (void *)m,
+    };
+    return kvp_task_render_eval(c, &req, tt, err);
+}
+
+long kvp_task_eval_ctx_tokens(const struct kvp_task_eval_grid *g)
+{
+    long max_len = 0;
+    for (int i = 0; i < g->n_len; i++)
+        max_len = g->lengths[i] > max_len ? g->lengths[i] : max_len;
+    return max_len + kinds[g->ti].max_new + 1;
+}
+
+/* Prefill ids with the context's policy, then decode greedily up to max_new tokens into pred
+ * (cap bytes), stopping at an end-of-generation token or a newline. */
+static int decode_greedy(const kvp_model *m, kvp_ctx *ctx, const int32_t *ids, int n, int max_new,
+                         float *logits, int n_vocab, char *pred, size_t cap, struct kvp_err *err)
+{
+    size_t k = 0;
+    pred[0] = 0;
+    if (kvp_eval(ctx, ids, n, logits, false, err) < 0)
+        return err->code;
+    int prev = ids[n - 1];
+    for (int step = 0; step < max_new; step++) {
+        int32_t tok = kvp_metric_argmax(logits, n_vocab); /* ties go to the lower id */
+        if (kvp_token_is_eog(m, tok))
+            break;
+        char piece[256];
+        size_t pn = kvp_token_to_piece(m, prev, tok, piece, sizeof(piece));
+        if (pn >= sizeof(piece))
+            pn = sizeof(piece) - 1;
+        piece[pn] = 0;
+        char *nl = strchr(piece, '\n');
+        if (nl && step > 0)
+            *nl = 0;
+        for (const char *p = piece; *p && k + 1 < cap; p++)
+            pred[k++] = *p;
+        pred[k] = 0;
+        if (nl && step > 0)
+            break;
+        if (step + 1 < max_new && kvp_eval(ctx, &tok, 1, logits, false, err) < 0)
+            return err->code;
+        prev = tok;
+    }
+    return 0;
+}
+
+int kvp_task_eval_run_grid(kvp_ctx *ctx, const kvp_model *m, const struct kvp_corpus *c,
+                           const struct kvp_task_eval_grid *g, struct kvp_task_eval_run *runs,
+                           int n_runs, kvp_task_eval_progress_fn progress, void *ud,
+                           struct kvp_err *err)
+{
+    struct kvp_model_info info;
+    kvp_model_get_info(m, &info);
+    int max_new = kinds[g->ti].max_new;
+    float *logits = malloc((size_t)info.n_vocab * sizeof(float));
+    int32_t *ids = NULL;
+    char pred[2048];
+    int rc = 0;
+    long done = 0, total = (long)g->n_len * g->n_depth * g->samples;
+    if (!logits)
+        return kvp_err_set(err, KVP_ENOMEM, "out of memory");
+    for (int li = 0; li < g->n_len; li++)
+        for (int di = 0; di < g->n_depth; di++)
+            for (long i = 0; i < g->samples; i++) {
+                struct kvp_task_text tt;
+                if ((rc = kvp_task_eval_prompt(c, m, g->ti, g->seed, i, g->lengths[li],
+                                               g->depths[di], &tt, err)) < 0) {
+                    kvp_err_prefix(err, "length %ld", g->lengths[li]);
+                    goto out;
+                }
+                size_t n = 0, cap = strlen(tt.prompt) + 8;
+                int32_t *grown = realloc(ids, cap * sizeof(int32_t));
+                if (!grown) {
+                    kvp_task_text_free(&tt);
+                    rc = kvp_err_set(err, KVP_ENOMEM, "out of memory");
+                    goto out;
+                }
+                ids = grown;
+                if ((rc = kvp_tokenize(m, tt.prompt, cap - 8, true, ids, cap, &n, err)) < 0) {
+                    kvp_task_text_free(&tt);
+                    goto out;
+                }
+                int cidx = li * g->n_depth + di;
+                for (int k = 0; k < n_runs; k++) {
+                    double t0 = kvp_time_now();
+                    if ((rc = kvp_ctx_set_policy(ctx, &runs[k].pp, err)) < 0 ||
+                        (rc = decode_greedy(m, ctx, ids, (int)n, max_new, logits, info.n_vocab,
+                                            pred, sizeof(pred), err)) < 0) {
+                        kvp_task_text_free(&tt);
+                        kvp_err_prefix(err, "%s @ %s", runs[k].pp.name,
+                                       runs[k].label ? runs[k].label : "?");
+                        goto out;
+                    }
+                    struct kvp_task_eval_cell *cell = &runs[k].cells[cidx];
+                    double s = kvp_ruler_match_all(pred, tt.refs, tt.n_refs);
+                    cell->accuracy += s;
+                    cell->exact += s >= 1.0;
+                    cell->prompt_tokens += (double)n;
+                    cell->seconds += kvp_time_now() - t0;
+                    size_t resident, kept;
+                    kvp_ctx_kv_bytes(ctx, &resident, &kept);
+                    cell->kv_resident_bytes += (double)resident;
+                    cell->kv_kept_bytes += (double)kept;
+                }
+                kvp_task_text_free(&tt);
+                done++;
+                if (progress)
+                    progress(ud, done, total, g->lengths[li], g->depths[di]);
+            }
+    /* sums to means (seconds stay the cell's total) */
+    double ns = (double)g->samples;
+    for (int k = 0; k < n_runs; k++)
+        for (int cidx = 0; cidx < g->n_len * g->n_depth; cidx++) {
+            struct kvp_task_eval_cell *cell = &runs[k].cells[cidx];
+            cell->accuracy /= ns;
+            cell->exact /= ns;
+            cell->prompt_tokens /= ns;
+            cell->kv_resident_bytes /= ns;
+            cell->kv_kept_bytes /= ns;
+        }
+out:
+    free(ids);
+    free(logits);
+    return rc < 0 ? rc : 0;
+}

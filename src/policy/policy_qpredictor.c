@@ -1,0 +1,434 @@
+/*
+ * `qpredictor`: the query-aware AttentionPredictor. The paper-faithful `predictor` (methods.md
+ * §1) predicts the next step's blocks from the attention history alone, and a history cannot
+ * foresee the first answer token's jump to a needle, which only the query reveals. This policy
+ * gives its CNN a second input channel: the current query's per-block relevance bound, Quest's
+ * Σ_d max(q_d·M_d, q_d·m_d) over each block's element-wise key max M and min m (the metadata
+ * quest keeps, src/policy/quest_meta.h, 1/8 of the keys), as the feature
+ * exp(bound/√d − max bound/√d) in (0, 1] (kvp_qfeat_row), in the newest row of the second
+ * channel next to the history. It scores the blocks of step t+1 from (history up to t, query t):
+ * in select that is the step's own query (the history ends at the previous step), in
+ * predict_next the current step's query after the current row was appended, so it still
+ * predicts one step ahead and can drive the tiered store's prefetch.
+ *
+ * Per (compressed layer, KV head):
+ *   history   one ring of H rows (the file's H), each the group's block max of the step's sparse
+ *             probabilities (zero on blocks not read; no dense calibration rows: the query
+ *             channel brings what calibration brought, without reading every key); prefill
+ *             starts it from the observation window's rows;
+ *   bounds    for every candidate block of the plan, each query head's bound (two SIMD row
+ *             dots per head over the metadata); the group's feature is the max of its heads';
+ *   candidates the k + extra blocks with the best feature (option prune=1, the default;
+ *             prune=0 scores every block); recent=1 adds every block the newest history row
+ *             holds (the blocks just read), which lets the history pull distractor needles
+ *             back in: off by default (seed 1234, niah_multikey at 1/8: 40 % with it, 75 %
+ *             without);
+ *   CNN       only at the candidates (kvp_cnn_forward_cols: the receptive field is 5 blocks), and
+ *             of each candidate only the rows whose 5-block neighbourhood holds history or the
+ *             query row (rows that see zeros only are constants);
+ *   selection the sink, the block-aligned local window and the k best candidates (kvp_block_plan,
+ *             as quest and predictor), one selection per KV head.
+ * Files made for it are trained with `kvpred train-predictor --query --group --sparse-history`
+ * on version 2 traces (they record the bounds); a one-channel file is refused.
+ *
+ * Options (p.opts): extra=N candidates beyond k [16]; prune=0|1 [1]; recent=0|1 [0];
+ * margin=N blocks the prediction for the tiered store takes beyond the budget [64, as quest].
+ *
+ * Threading: state per (layer, KV head), scratch per KV head (layers run one after another).
+ */
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv/kvcache.h"
+#include "policy/options.h"
+#include "policy/policy.h"
+#include "policy/quest_meta.h"
+#include "predictor/cnn.h"
+#include "predictor/history.h"
+
+struct qp_kvh { /* scratch of one KV head */
+    struct kvp_cnn_cols_scratch cols;
+    float *ub;         /* [g][max_blocks] the heads' bounds over the candidates */
+    float *comb;       /* [max_blocks] group max of bound − head max (log feature) */
+    float *feat;       /* [max_blocks] feature, valid where fmark is set */
+    uint8_t *fmark;    /* [max_blocks] */
+    uint8_t *cmark;    /* [max_blocks] */
+    float *row, *grow; /* [max_blocks] pooled rows */
+    float *cscore;     /* [max_blocks] candidate scores */
+    int *cand;         /* [max_blocks] candidate columns */
+    int *top, *heap;   /* [max_blocks] */
+    int32_t *chosen;   /* [max_blocks] */
+    uint64_t *masks;   /* [max_blocks] */
+    const float **rows;/* [H] */
+};
+
+struct qp_state {
+    struct kvp_cnn cnn;
+    struct kvp_qmeta meta;
+    struct kvp_hist hist; /* series (layer - first_layer) * n_head_kv + kvh */
+    int first_layer, n_head_kv, g, hd, max_blocks;
+    int extra, prune, margin, recent;
+    float *lastq;         /* [n_layer * n_head_kv][g][hd] the last query (select or prompt) */
+    bool *has_q;          /* [n_layer * n_head_kv] */
+    struct qp_kvh *kv;    /* [n_head_kv] */
+};
+
+/* Options (p.opts, "key=value,...", read through the table below). */
+struct qp_opts {
+    int extra, prune, recent, margin;
+};
+
+static const struct kvp_policy_opt qp_opt_table[] = {
+    {.type = KVP_OPT_INT, .key = "extra", .offset = offsetof(struct qp_opts, extra), .min = 0,
+     .max = 1 << 20, .def = 16, .help = "candidate blocks beyond the budget's k, by the bound"},
+    {.type = KVP_OPT_INT, .key = "prune", .offset = offsetof(struct qp_opts, prune), .min = 0,
+     .max = 1, .def = 1, .help = "run the CNN only at the candidates (0: at every block)"},
+    {.type = KVP_OPT_INT, .key = "recent", .offset = offsetof(struct qp_opts, recent), .min = 0,
+     .max = 1, .def = 0, .help = "add the blocks the newest history row holds to the candidates"},
+    {.type = KVP_OPT_INT, .key = "margin", .offset = offsetof(struct qp_opts, margin), .min = 0,
+     .max = 1 << 20, .def = 64,
+     .help = "the tiered store's prefetch margin in blocks (predictions read this many more)"},
+    {0},
+};
+
+static void qp_free(struct kvp_policy *p)
+{
+    struct qp_state *s = p->state;
+    if (!s)
+        return;
+    if (s->kv)
+        for (int h = 0; h < s->n_head_kv; h++) {
+            struct qp_kvh *k = &s->kv[h];
+            kvp_cnn_cols_scratch_free(&k->cols);
+            free(k->ub);
+            free(k->comb);
+            free(k->feat);
+            free(k->fmark);
+            free(k->cmark);
+            free(k->row);
+            free(k->grow);
+            free(k->cscore);
+            free(k->cand);
+            free(k->top);
+            free(k->heap);
+            free(k->chosen);
+            free(k->masks);
+            free(k->rows);
+        }
+    free(s->kv);
+    free(s->lastq);
+    free(s->has_q);
+    kvp_hist_free(&s->hist);
+    kvp_qmeta_free(&s->meta);
+    kvp_cnn_free(&s->cnn);
+    free(s);
+    p->state = NULL;
+}
+
+static int qp_init(struct kvp_policy *p, struct kvp_err *err)
+{
+    const struct kvp_policy_env *e = &p->env;
+    struct qp_state *s = calloc(1, sizeof(*s));
+    if (!s)
+        return kvp_err_set(err, KVP_ENOMEM, "qpredictor: out of memory");
+    p->state = s;
+    const struct qp_opts *o = p->opt;
+    s->extra = o->extra;
+    s->prune = o->prune;
+    s->recent = o->recent;
+    s->margin = o->margin;
+    int rc;
+    if (!p->p.aux_path || !*p->p.aux_path) {
+        rc = kvp_err_set(err, KVP_EINVAL,
+                         "qpredictor: no predictor file (set aux_path, "
+                         "e.g. --aux models/kvpred-default.qkvpp)");
+        goto fail;
+    }
+    if ((rc = kvp_cnn_load(p->p.aux_path, &s->cnn, err)) < 0)
+        goto fail;
+    if (s->cnn.cin != 2) {
+        rc = kvp_err_set(err, KVP_EINVAL,
+                         "qpredictor: %s has %d input channel(s); it needs the query channel "
+                         "(train-predictor --query)",
+                         p->p.aux_path, s->cnn.cin);
+        goto fail;
+    }
+    if (s->cnn.c2 > KVP_CNN_COLS_C2) {
+        rc = kvp_err_set(err, KVP_EINVAL, "qpredictor: %s has %d conv2 channels (at most %d)",
+                         p->p.aux_path, s->cnn.c2, KVP_CNN_COLS_C2);
+        goto fail;
+    }
+    if (s->cnn.block_size != e->block_size) {
+        rc = kvp_err_set(err, KVP_EINVAL,
+                         "qpredictor: %s was trained for blocks of %d tokens, the cache uses %d",
+                         p->p.aux_path, s->cnn.block_size, e->block_size);
+        goto fail;
+    }
+    s->first_layer = p->p.dense_layers;
+    s->n_head_kv = e->n_head_kv;
+    s->g = e->n_head / e->n_head_kv;
+    s->hd = e->head_dim;
+    s->max_blocks = (e->n_ctx + e->block_size - 1) / e->block_size;
+    const int mb = s->max_blocks, n_comp = e->n_layer - s->first_layer;
+    const size_t n_lh = (size_t)e->n_layer * e->n_head_kv;
+    if ((rc = kvp_hist_init(&s->hist, n_comp * e->n_head_kv, s->cnn.H, mb, err)) < 0)
+        goto fail;
+    s->lastq = malloc(n_lh * s->g * s->hd * sizeof(float));
+    s->has_q = calloc(n_lh, sizeof(bool));
+    s->kv = calloc((size_t)e->n_head_kv, sizeof(*s->kv));
+    if (kvp_qmeta_init(&s->meta, e->n_layer, e->n_head_kv, mb, e->head_dim, e->block_size) < 0 ||
+        !s->lastq || !s->has_q || !s->kv)
+        goto nomem;
+    for (int h = 0; h < e->n_head_kv; h++) {
+        struct qp_kvh *k = &s->kv[h];
+        if ((rc = kvp_cnn_cols_scratch_init(&k->cols, &s->cnn, s->cnn.H, mb, err)) < 0)
+            goto fail;
+        k->ub = malloc((size_t)s->g * mb * sizeof(float));
+        k->comb = malloc((size_t)mb * sizeof(float));
+        k->feat = malloc((size_t)mb * sizeof(float));
+        k->fmark = calloc((size_t)mb, 1);
+        k->cmark = calloc((size_t)mb, 1);
+        k->row = malloc((size_t)mb * sizeof(float));
+        k->grow = malloc((size_t)mb * sizeof(float));
+        k->cscore = malloc((size_t)mb * sizeof(float));
+        k->cand = malloc((size_t)mb * sizeof(int));
+        k->top = malloc((size_t)mb * sizeof(int));
+        k->heap = malloc((size_t)mb * sizeof(int));
+        k->chosen = malloc((size_t)mb * sizeof(int32_t));
+        k->masks = malloc((size_t)mb * sizeof(uint64_t));
+        k->rows = malloc((size_t)s->cnn.H * sizeof(*k->rows));
+        if (!k->ub || !k->comb || !k->feat || !k->fmark || !k->cmark || !k->row ||
+            !k->grow || !k->cscore || !k->cand || !k->top || !k->heap || !k->chosen ||
+            !k->masks || !k->rows)
+            goto nomem;
+    }
+    p->p.window = s->cnn.H; /* the prefill rows start the history */
+    p->prefetch_margin = s->margin;
+    return 0;
+nomem:
+    rc = kvp_err_set(err, KVP_ENOMEM, "qpredictor: out of memory for context %d", e->n_ctx);
+fail:
+    qp_free(p);
+    return rc;
+}
+
+static void qp_reset(struct kvp_policy *p)
+{
+    struct qp_state *s = p->state;
+    kvp_hist_reset(&s->hist);
+    kvp_qmeta_reset(&s->meta);
+    memset(s->has_q, 0, (size_t)p->env.n_layer * s->n_head_kv * sizeof(bool));
+}
+
+static int series_of(const struct qp_state *s, int layer, int kvh)
+{
+    return (layer - s->first_layer) * s->n_head_kv + kvh;
+}
+
+static void qp_prefill(struct kvp_policy *p, int layer, const struct kvp_prefill_obs *obs)
+{
+    struct qp_state *s = p->state;
+    if (layer < s->first_layer)
+        return;
+    const int bs = p->env.block_size, g = s->g, n = obs->n_prompt;
+    const int first = obs->n_obs > s->cnn.H ? obs->n_obs - s->cnn.H : 0;
+    for (int kvh = 0; kvh < s->n_head_kv; kvh++) {
+        struct qp_kvh *k = &s->kv[kvh];
+        const int lh = layer * s->n_head_kv + kvh, ser = series_of(s, layer, kvh);
+        kvp_qmeta_restart(&s->meta, lh);
+        kvp_qmeta_fold(&s->meta, p->env.kv, layer, kvh, n);
+        if (obs->q_last) {
+            size_t gq = (size_t)g * s->hd;
+            memcpy(s->lastq + lh * gq, obs->q_last + kvh * gq, gq * sizeof(float));
+            s->has_q[lh] = true;
+        }
+        kvp_hist_clear(&s->hist, ser);
+        for (int i = first; i < obs->n_obs; i++) {
+            int nb = 0;
+            for (int j = 0; j < g; j++) {
+                const float *row = obs->obs + ((size_t)(kvh * g + j) * obs->n_obs + i) * n;
+                nb = kvp_hist_pool_dense(row, n, bs, k->row);
+                for (int c = 0; c < nb; c++)
+                    k->grow[c] = j == 0 || k->row[c] > k->grow[c] ? k->row[c] : k->grow[c];
+            }
+            kvp_hist_append(&s->hist, ser, k->grow, nb);
+        }
+    }
+}
+
+/* The selection: the plan's forced ranges, the chosen blocks, and what the budget has left
+ * after them (the block-aligned plan leaves up to bs - 1 tokens unspent) on the tokens right
+ * below the local window that no chosen block holds, as a token-granular local window would
+ * read them. */
+static void build_sel(const struct kvp_policy *p, const struct kvp_block_plan *bp,
+                      const int32_t *chosen, int n_chosen, int n_tokens, uint64_t *masks,
+                      struct kvp_sel *sel)
+{
+    const int bs = p->env.block_size;
+    memset(masks, 0, (size_t)bp->n_blocks * sizeof(uint64_t));
+    kvp_mask_add_range(masks, 0, bp->sink, bs);
+    kvp_mask_add_range(masks, bp->local_start, n_tokens, bs);
+    for (int i = 0; i < n_chosen; i++)
+        kvp_mask_add_range(masks, chosen[i] * bs, (chosen[i] + 1) * bs, bs);
+    int left = kvp_policy_budget(p, n_tokens) - bp->forced - (n_chosen < bp->k ? n_chosen : bp->k) * bs;
+    for (int t = bp->local_start - 1; t >= bp->sink && left > 0; t--)
+        if (!(masks[t / bs] >> (t % bs) & 1)) {
+            masks[t / bs] |= 1ULL << (t % bs);
+            left--;
+        }
+    kvp_sel_from_masks(sel, masks, bp->n_blocks);
+}
+
+/* The blocks of a plan with Lk = n_tokens from the history as it is and the queries q of the
+ * group: the k_take best candidates. */
+static void choose(struct qp_state *s, const struct kvp_policy *p, int layer, int kvh,
+                   const float *q, const struct kvp_block_plan *bp, int k_take, int n_tokens,
+                   struct kvp_sel *sel)
+{
+    struct qp_kvh *k = &s->kv[kvh];
+    const int lh = layer * s->n_head_kv + kvh, W = bp->end - bp->first, P = s->cnn.k / 2;
+    const float scale = 1.0f / sqrtf((float)s->hd);
+    /* the group's log feature: max over heads of bound − the head's largest bound */
+    kvp_qmeta_bounds(&s->meta, lh, q, s->g, scale, bp->first, bp->end, k->ub, s->max_blocks);
+    for (int j = 0; j < s->g; j++) {
+        const float *ub = k->ub + (size_t)j * s->max_blocks;
+        float mx = ub[0];
+        for (int x = 1; x < W; x++)
+            mx = ub[x] > mx ? ub[x] : mx;
+        for (int x = 0; x < W; x++) {
+            float v = ub[x] - mx;
+            k->comb[x] = j == 0 || v > k->comb[x] ? v : k->comb[x];
+        }
+    }
+    /* candidates */
+    int nc = 0;
+    const float *rows0 = NULL;
+    int n_rows = kvp_hist_rows(&s->hist, series_of(s, layer, kvh), k->rows);
+    if (n_rows > 0)
+        rows0 = k->rows[n_rows - 1] + bp->first; /* the newest row: blocks just read */
+    if (!s->prune || k_take + s->extra >= W) {
+        for (int x = 0; x < W; x++)
+            k->cand[nc++] = x;
+    } else {
+        int want = k_take + s->extra;
+        kvp_topk_indices(k->comb, W, want, k->top, k->heap);
+        for (int i = 0; i < want; i++) {
+            k->cmark[k->top[i]] = 1;
+            k->cand[nc++] = k->top[i];
+        }
+        if (rows0 && s->recent)
+            for (int x = 0; x < W; x++)
+                if (rows0[x] != 0.0f && !k->cmark[x])
+                    k->cand[nc++] = x;
+        for (int i = 0; i < want; i++)
+            k->cmark[k->top[i]] = 0;
+    }
+    /* the feature where the CNN reads it: the candidates' neighbourhoods */
+    for (int i = 0; i < nc; i++)
+        for (int c = k->cand[i] - 2 * P; c <= k->cand[i] + 2 * P; c++)
+            if (c >= 0 && c < W && !k->fmark[c]) {
+                k->fmark[c] = 1;
+                k->feat[c] = expf(k->comb[c]);
+            }
+    struct kvp_cnn_input in = {
+        .rows = k->rows, .n_rows = n_rows, .col0 = bp->first, .W = W, .qrow = k->feat};
+    kvp_cnn_forward_cols(&s->cnn, &in, k->cand, nc, &k->cols, k->cscore);
+    for (int i = 0; i < nc; i++)
+        for (int c = k->cand[i] - 2 * P; c <= k->cand[i] + 2 * P; c++)
+            if (c >= 0 && c < W)
+                k->fmark[c] = 0;
+    if (k_take > nc)
+        k_take = nc;
+    kvp_topk_indices(k->cscore, nc, k_take, k->top, k->heap);
+    for (int i = 0; i < k_take; i++)
+        k->chosen[i] = bp->first + k->cand[k->top[i]];
+    build_sel(p, bp, k->chosen, k_take, n_tokens, k->masks, sel);
+}
+
+static bool plan_ranks(const struct kvp_block_plan *bp)
+{
+    return !bp->all && bp->k > 0 && bp->k < bp->end - bp->first && bp->end - bp->first >= 3;
+}
+
+static void qp_select(struct kvp_policy *p, int layer, int kvh, const float *q, int n_tokens,
+                      struct kvp_sel *sel)
+{
+    struct qp_state *s = p->state;
+    struct qp_kvh *k = &s->kv[kvh];
+    const int lh = layer * s->n_head_kv + kvh;
+    kvp_qmeta_fold(&s->meta, p->env.kv, layer, kvh, n_tokens);
+    memcpy(s->lastq + (size_t)lh * s->g * s->hd, q, (size_t)s->g * s->hd * sizeof(float));
+    s->has_q[lh] = true;
+    struct kvp_block_plan bp;
+    kvp_block_plan(p, n_tokens, &bp);
+    if (!plan_ranks(&bp)) { /* nothing to rank: equal scores, lower blocks first */
+        memset(k->cscore, 0, (size_t)bp.n_blocks * sizeof(float));
+        kvp_sel_blocks(&bp, k->cscore, n_tokens, p->env.block_size, sel, k->masks, k->top);
+        return;
+    }
+    choose(s, p, layer, kvh, q, &bp, bp.k, n_tokens, sel);
+}
+
+/* The tiered store's prefetch: the next step's plan ranked with this step's query over the
+ * history that now ends with this step's row, margin more candidates than the budget. */
+static void qp_predict_next(struct kvp_policy *p, int layer, int kvh, int n_tokens_next,
+                            struct kvp_sel *sel)
+{
+    struct qp_state *s = p->state;
+    struct qp_kvh *k = &s->kv[kvh];
+    const int lh = layer * s->n_head_kv + kvh;
+    struct kvp_block_plan bp;
+    kvp_block_plan(p, n_tokens_next, &bp);
+    if (!plan_ranks(&bp) || !s->has_q[lh]) {
+        if (!s->has_q[lh])
+            bp.k = 0;
+        memset(k->cscore, 0, (size_t)bp.n_blocks * sizeof(float));
+        kvp_sel_blocks(&bp, k->cscore, n_tokens_next, p->env.block_size, sel, k->masks, k->top);
+        return;
+    }
+    int n_cand = bp.end - bp.first;
+    int take = bp.k + s->margin < n_cand ? bp.k + s->margin : n_cand;
+    choose(s, p, layer, kvh, s->lastq + (size_t)lh * s->g * s->hd, &bp, take, n_tokens_next,
+           sel);
+}
+
+static void qp_step(struct kvp_policy *p, int layer, int kvh, const struct kvp_sel *sel,
+                    const float *probs, int probs_stride, int n_tokens)
+{
+    struct qp_state *s = p->state;
+    struct qp_kvh *k = &s->kv[kvh];
+    const int bs = p->env.block_size;
+    int nb = 0;
+    for (int j = 0; j < s->g; j++) {
+        nb = kvp_hist_pool_sparse(probs + (size_t)j * probs_stride, sel->blocks, sel->n, n_tokens,
+                                  bs, k->row);
+        if (j == 0) {
+            memcpy(k->grow, k->row, (size_t)nb * sizeof(float));
+            continue;
+        }
+        for (int i = 0; i < sel->n; i++) { /* only read blocks are non-zero */
+            int c = sel->blocks[i];
+            k->grow[c] = k->row[c] > k->grow[c] ? k->row[c] : k->grow[c];
+        }
+    }
+    kvp_hist_append(&s->hist, series_of(s, layer, kvh), k->grow, nb);
+}
+
+const struct kvp_policy_ops kvp_policy_qpredictor = {
+    .name = "qpredictor",
+    .help = "query-aware AttentionPredictor: a CNN over the attention history and the query's "
+            "block bounds scores candidate blocks (needs aux_path = a --query predictor file)",
+    .wants_obs = true,
+    .needs_aux = true,
+    .init = qp_init,
+    .free = qp_free,
+    .reset = qp_reset,
+    .on_prefill = qp_prefill,
+    .select = qp_select,
+    .predict_next = qp_predict_next,
+    .on_step = qp_step,
+    .opts = qp_opt_table,
+    .opts_size = sizeof(struct qp_opts),
+};
