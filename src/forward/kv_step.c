@@ -43,10 +43,8 @@ size_t kvp_kv_bytes_per_token(const kvp_model *m, int type_k, int type_v, int bl
     struct kvp_model_info in;
     kvp_model_get_info(m, &in);
     int bs = block_size > 0 ? block_size : 16;
-    type_k = type_k == KVP_KV_DEFAULT ? KVP_KV_F16 : type_k;
-    type_v = type_v == KVP_KV_DEFAULT ? KVP_KV_F16 : type_v;
-    size_t block = kvp_kv_block_bytes(type_k, in.head_dim, bs) +
-                   kvp_kv_block_bytes(type_v, in.head_dim, bs);
+    size_t block = kvp_kv_block_bytes(kvp_kv_type_resolve(type_k), in.head_dim, bs) +
+                   kvp_kv_block_bytes(kvp_kv_type_resolve(type_v), in.head_dim, bs);
     return (size_t)in.n_layer * in.n_head_kv * block / (size_t)bs;
 }
 

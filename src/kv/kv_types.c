@@ -295,20 +295,15 @@ static const struct kvp_kv_kernels scalar_tab[KVP_KV_COUNT] = {
 static const struct kvp_kv_kernels kvp_kv_f32_best = {
     "avx512", scores_f32_best, accum_f32_best, k_rows_f32, v_rows_f32, put_k_f32, put_v_f32};
 
-static int resolve(int type)
-{
-    return type == KVP_KV_DEFAULT ? KVP_KV_F16 : type;
-}
-
 const struct kvp_kv_kernels *kvp_kv_kernels_scalar(int type)
 {
-    type = resolve(type);
+    type = kvp_kv_type_resolve(type);
     return type > 0 && type < KVP_KV_COUNT ? &scalar_tab[type] : NULL;
 }
 
 const struct kvp_kv_kernels *kvp_kv_kernels_avx512(int type)
 {
-    type = resolve(type);
+    type = kvp_kv_type_resolve(type);
     if (!kvp_simd_avx512() || type <= 0 || type >= KVP_KV_COUNT)
         return NULL;
     return type == KVP_KV_F32 ? &kvp_kv_f32_best : &kvp_kv_avx512_tab[type];

@@ -27,6 +27,12 @@ static inline int kvp_kv_groups(int hd)
     return (hd + KVP_KV_Q8_GROUP - 1) / KVP_KV_Q8_GROUP;
 }
 
+/* The type a kvp_kv_type value stands for (KVP_KV_DEFAULT is f16). */
+static inline int kvp_kv_type_resolve(int type)
+{
+    return type == KVP_KV_DEFAULT ? KVP_KV_F16 : type;
+}
+
 /* Bytes of one key (or value) block of hd x bs elements of the type, padded to 64. */
 size_t kvp_kv_block_bytes(int type, int hd, int bs);
 

@@ -15,10 +15,10 @@ static int kvcache_init(struct kvp_kvcache *c, int n_layer, int n_head_kv, int h
     if (block_size < 1 || block_size > KVP_MAX_BLOCK_SIZE)
         return kvp_err_set(err, KVP_EINVAL, "block size %d out of range 1..%d", block_size,
                            KVP_MAX_BLOCK_SIZE);
-    type_k = type_k == KVP_KV_DEFAULT ? KVP_KV_F16 : type_k;
-    type_v = type_v == KVP_KV_DEFAULT ? KVP_KV_F16 : type_v;
+    type_k = kvp_kv_type_resolve(type_k);
+    type_v = kvp_kv_type_resolve(type_v);
     if (type_k < 0 || type_k >= KVP_KV_COUNT || type_v < 0 || type_v >= KVP_KV_COUNT)
-        return kvp_err_set(err, KVP_EINVAL, "unknown KV cache type %d", type_k < 0 || type_k >= KVP_KV_COUNT ? type_k : type_v);
+        return kvp_err_set(err, KVP_EINVAL, "unknown KV cache types %d, %d", type_k, type_v);
     c->type_k = type_k;
     c->type_v = type_v;
     c->kk = kvp_kv_kernels(type_k);
