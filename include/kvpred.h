@@ -144,7 +144,32 @@ struct kvp_ctx_params {
                                (keep it off the decode thread's CPU) [false: the kernel's choice;
                                a CPU the kernel refuses is an error] */
     int kv_sq_cpu;
+    /* element types of the cached keys and values (enum kvp_kv_type) [KVP_KV_F16, as llama.cpp] */
+    int type_k;
+    int type_v;
 };
+
+/* Element type of the KV cache (kvp_ctx_params.type_k / type_v). Keys and values are stored in
+ * this type and read back by every attention kernel and policy; all arithmetic stays f32. */
+enum kvp_kv_type {
+    KVP_KV_DEFAULT = 0, /* f16 */
+    KVP_KV_F32 = 1,
+    KVP_KV_F16 = 2,  /* IEEE half */
+    KVP_KV_BF16 = 3, /* bfloat16 */
+    KVP_KV_Q8_0 = 4, /* int8 with one f16 scale per 32 elements of a token's head vector */
+    KVP_KV_COUNT
+};
+
+/* "f32", "f16", "bf16", "q8_0" (the default resolved to f16); "?" for an unknown value. */
+const char *kvp_kv_type_name(int type);
+/* The type named (the names above, any case), or -1. */
+int kvp_kv_type_parse(const char *name);
+/* Bytes the KV cache holds per token for a model (keys and values of every layer and KV head,
+ * block padding included) with these types and block size (0: the defaults). */
+size_t kvp_kv_bytes_per_token(const kvp_model *model, int type_k, int type_v, int block_size);
+/* The types a context stores its keys and values in. */
+int kvp_ctx_kv_type_k(const kvp_ctx *ctx);
+int kvp_ctx_kv_type_v(const kvp_ctx *ctx);
 
 /* Where the whole KV cache lives when it is tiered (kvp_ctx_params.kv_tier). */
 enum kvp_kv_tier {

@@ -313,7 +313,9 @@ struct run_out {
 static int run(kvp_model *m, const struct kvp_policy_params *pp, int bs, bool measure, int n_prompt,
                int n_dec, struct run_out *o)
 {
-    struct kvp_ctx_params cp = {.n_ctx = n_prompt + n_dec, .n_threads = 2, .block_size = bs};
+    /* f32 KV: the memory formulas below count 4-byte elements */
+    struct kvp_ctx_params cp = {.n_ctx = n_prompt + n_dec, .n_threads = 2, .block_size = bs,
+                                .type_k = KVP_KV_F32, .type_v = KVP_KV_F32};
     kvp_ctx *c = NULL;
     struct kvp_err err = {0};
     assert_int_equal(kvp_ctx_init(m, &cp, &c, &err), 0);
@@ -527,7 +529,9 @@ struct sel_log {
 static void run_logged(kvp_model *m, const struct kvp_policy_params *pp, int bs, int n_prompt,
                        int n_dec, struct run_out *o, struct sel_log *lg)
 {
-    struct kvp_ctx_params cp = {.n_ctx = n_prompt + n_dec, .n_threads = 2, .block_size = bs};
+    /* f32 KV: the memory formulas below count 4-byte elements */
+    struct kvp_ctx_params cp = {.n_ctx = n_prompt + n_dec, .n_threads = 2, .block_size = bs,
+                                .type_k = KVP_KV_F32, .type_v = KVP_KV_F32};
     kvp_ctx *c = NULL;
     struct kvp_err err = {0};
     assert_int_equal(kvp_ctx_init(m, &cp, &c, &err), 0);
@@ -668,7 +672,8 @@ static void test_policy_adaptive_predictor_errors(void **state)
     (void)state;
     char *path;
     kvp_model *m = fixture_model(&path);
-    struct kvp_ctx_params cp = {.n_ctx = 300, .n_threads = 1, .block_size = 16};
+    struct kvp_ctx_params cp = {.n_ctx = 300, .n_threads = 1, .block_size = 16,
+                                .type_k = KVP_KV_F32, .type_v = KVP_KV_F32};
     kvp_ctx *c = NULL;
     struct kvp_err err = {0};
     assert_int_equal(kvp_ctx_init(m, &cp, &c, &err), 0);

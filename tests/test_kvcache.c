@@ -2,7 +2,9 @@
  * KV cache compaction on hand-made data: which tokens move where, that each moved slot holds
  * exactly the original token's key and value, masks, counters and released blocks, the move
  * callback, the newest block, what a measurement run accounts against what a releasing run
- * really holds, truncation after compaction, and external caches left alone.
+ * really holds, truncation after compaction, and external caches left alone. Everything runs
+ * for every KV cache type: a moved token must hold the very bytes its token was stored as
+ * (q8_0: its codes and its scales).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +14,8 @@
 #include "testutil.h"
 
 enum { HD = 5, BS = 8, CTX = 64 };
+
+static int cur_type; /* the KV type of every cache of a run of the group (main) */
 
 /* The key and value of the token at position pos of KV head h: every element tells which. */
 static float key_of(int h, int pos, int d)
@@ -52,13 +56,24 @@ static void check_data(const struct kvp_kvcache *c, int h, int n)
         if (evicted(c, h, s))
             continue;
         int p = kvp_kvcache_pos(c, 0, h, s);
-        const float *kb = kvp_kvcache_kblock(c, 0, h, s / BS);
-        const float *vb = kvp_kvcache_vblock(c, 0, h, s / BS);
+        const uint8_t *kb = kvp_kvcache_kblock(c, 0, h, s / BS);
+        const uint8_t *vb = kvp_kvcache_vblock(c, 0, h, s / BS);
         assert_non_null(kb);
         assert_non_null(vb);
+        /* the token as the type stores it, alone in a block of its own */
+        uint8_t kref[512] = {0}, vref[512] = {0};
+        float k[HD], v[HD];
         for (int d = 0; d < HD; d++) {
-            assert_true(kb[d * BS + s % BS] == key_of(h, p, d));
-            assert_true(vb[(s % BS) * HD + d] == val_of(h, p, d));
+            k[d] = key_of(h, p, d);
+            v[d] = val_of(h, p, d);
+        }
+        c->kk->put_k(k, kref, HD, BS, 0);
+        c->vk->put_v(v, vref, HD, BS, 0);
+        for (int d = 0; d < HD; d++) {
+            assert_true(kvp_kv_key_at(c->type_k, kb, HD, BS, d, s % BS) ==
+                        kvp_kv_key_at(c->type_k, kref, HD, BS, d, 0));
+            assert_true(kvp_kv_value_at(c->type_v, vb, HD, BS, s % BS, d) ==
+                        kvp_kv_value_at(c->type_v, vref, HD, BS, 0, d));
         }
     }
 }
@@ -92,7 +107,7 @@ static void on_move(void *user, int from, int to)
 
 static size_t block_bytes(void)
 {
-    return (size_t)HD * BS * 2 * sizeof(float);
+    return kvp_kv_block_bytes(cur_type, HD, BS) * 2; /* K and V, the same type */
 }
 
 /* Head 0 keeps a scattered set; block 3 is wholly evicted (released by evict itself). */
@@ -111,7 +126,7 @@ static bool in_keep(int p)
 static void scattered_cache(struct kvp_kvcache *c, bool release)
 {
     struct kvp_err err = {0};
-    assert_int_equal(kvp_kvcache_init(c, 1, 2, HD, BS, CTX, &err), 0);
+    assert_int_equal(kvp_kvcache_init(c, 1, 2, HD, BS, CTX, cur_type, cur_type, &err), 0);
     c->release = release;
     store_range(c, 0, 45);
     for (int p = 0; p < 40; p++)
@@ -204,7 +219,7 @@ static void test_compact_every_step(void **state)
     (void)state;
     struct kvp_kvcache c;
     struct kvp_err err = {0};
-    assert_int_equal(kvp_kvcache_init(&c, 1, 2, HD, BS, CTX, &err), 0);
+    assert_int_equal(kvp_kvcache_init(&c, 1, 2, HD, BS, CTX, cur_type, cur_type, &err), 0);
     c.release = true;
     bool gone[CTX] = {false};
     uint32_t x = 12345;
@@ -318,7 +333,7 @@ static void test_external_never_compacts(void **state)
     (void)state;
     struct kvp_kvcache c;
     struct kvp_err err = {0};
-    assert_int_equal(kvp_kvcache_init_external(&c, 1, 2, HD, BS, CTX, &err), 0);
+    assert_int_equal(kvp_kvcache_init_external(&c, 1, 2, HD, BS, CTX, cur_type, cur_type, &err), 0);
     for (int p = 1; p < 40; p += 2)
         kvp_kvcache_evict(&c, 0, 0, p, 45);
     assert_int_equal(kvp_kvcache_compact(&c, 0, 0, 40, 45, NULL, NULL), 0);
@@ -336,5 +351,10 @@ int main(void)
         cmocka_unit_test(test_truncate_after_compaction),
         cmocka_unit_test(test_external_never_compacts),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    int failed = 0;
+    for (cur_type = KVP_KV_F32; cur_type < KVP_KV_COUNT; cur_type++) {
+        printf("# KV type %s\n", kvp_kv_type_name(cur_type));
+        failed += cmocka_run_group_tests(tests, NULL, NULL);
+    }
+    return failed;
 }

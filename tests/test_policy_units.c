@@ -35,12 +35,15 @@ struct bench {
 
 /* A cache of n_layer x n_kv heads and a policy `name` on it; sink/local/budget as given (no
  * defaults applied: 0 means 0), dense_layers 0, gqa mean. */
+static int unit_type; /* KV cache type of the run of the group (main) */
+
 static void bench_init(struct bench *b, const char *name, int n_layer, int n_head, int n_kv,
                        int hd, int bs, int n_ctx, int budget, int sink, int local)
 {
     struct kvp_err err = {0};
     memset(b, 0, sizeof(*b));
-    assert_int_equal(kvp_kvcache_init(&b->kv, n_layer, n_kv, hd, bs, n_ctx, &err), 0);
+    assert_int_equal(kvp_kvcache_init(&b->kv, n_layer, n_kv, hd, bs, n_ctx, unit_type, unit_type,
+                                      &err), 0);
     b->p.ops = kvp_policy_find(name);
     assert_non_null(b->p.ops);
     b->p.p = (struct kvp_policy_params){.name = name, .budget = budget, .sink = sink,
@@ -77,10 +80,10 @@ static void fill_keys(struct bench *b, int n)
             }
 }
 
+/* A stored key as the policies read it (dequantized) */
 static float key_at(const struct kvp_kvcache *kv, int l, int h, int t, int d)
 {
-    const float *kt = kvp_kvcache_kblock(kv, l, h, t / kv->block_size);
-    return kt[(size_t)d * kv->block_size + t % kv->block_size];
+    return kvp_kvcache_key_at(kv, l, h, t, d);
 }
 
 static bool sel_has(const struct kvp_sel *sel, int t, int bs)
@@ -652,5 +655,14 @@ int main(void)
         cmocka_unit_test(test_random_is_seeded),
         cmocka_unit_test(test_option_tables),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    /* f32, and q8_0: the type furthest from it (quest's metadata and every score read keys
+     * back through the type's kernels) */
+    const int types[] = {KVP_KV_F32, KVP_KV_Q8_0};
+    int failed = 0;
+    for (int i = 0; i < 2; i++) {
+        unit_type = types[i];
+        printf("# KV type %s\n", kvp_kv_type_name(unit_type));
+        failed += cmocka_run_group_tests(tests, NULL, NULL);
+    }
+    return failed;
 }

@@ -142,6 +142,9 @@ struct run_cfg {
 
 #define N_ROWS 71 /* logits rows of run_sequence */
 
+static int seq_type;              /* KV type of run_sequence's contexts (0: the default, f16) */
+static int bare_type = KVP_KV_F32; /* KV type of the bare stores */
+
 /* Prefill 100 tokens in micro-batches of 64, decode 40, truncate to 110, decode 20, evaluate a
  * 5-token chunk, decode 10. Returns the logits rows; stats of the whole run when asked. */
 static float *run_sequence(const struct run_cfg *rc, struct kvp_store_stats *stats)
@@ -150,7 +153,8 @@ static float *run_sequence(const struct run_cfg *rc, struct kvp_store_stats *sta
                                 .kv_tier = rc->tier, .kv_dir = rc->dir,
                                 .hot_budget = rc->hot_budget, .prefetch = rc->prefetch,
                                 .link_gbps = rc->link_gbps, .link_latency_us = rc->link_us,
-                                .kv_syscall_submit = rc->syscall_submit};
+                                .kv_syscall_submit = rc->syscall_submit,
+                                .type_k = seq_type, .type_v = seq_type};
     kvp_ctx *c = NULL;
     struct kvp_err err = {0};
     int rc0 = kvp_ctx_init(model, &cp, &c, &err);
@@ -209,7 +213,9 @@ struct bare {
 static void bare_init(struct bare *b, int tier, const char *dir, int hd, int hot_blocks)
 {
     struct kvp_err err = {0};
-    assert_int_equal(kvp_kvcache_init_external(&b->kv, 2, 2, hd, 16, 256, &err), 0);
+    assert_int_equal(kvp_kvcache_init_external(&b->kv, 2, 2, hd, 16, 256, bare_type, bare_type,
+                                               &err),
+                     0);
     struct kvp_ctx_params p = {.kv_tier = tier, .kv_dir = dir, .prefetch = KVP_PREFETCH_NONE};
     int rc = kvp_store_init(&p, &b->kv, 2, 2, hd, 16, b->kv.max_blocks, &b->s, &err);
     if (rc < 0)
@@ -248,20 +254,33 @@ static void bare_prefill(struct bare *b, int n)
     }
 }
 
-/* True when block blk of (layer, every head) is readable and holds the known values. */
+/* True when block blk of (layer, every head) is readable and holds the known values (as the
+ * cache's types store them: each token put alone into a block of its own and read back). */
 static bool block_ok(struct bare *b, int layer, int blk, int n_tokens)
 {
-    int hd = b->kv.head_dim, bs = 16;
+    const struct kvp_kvcache *kv = &b->kv;
+    int hd = kv->head_dim, bs = 16;
     for (int h = 0; h < 2; h++) {
-        const float *kt = kvp_kvcache_kblock(&b->kv, layer, h, blk);
-        const float *vb = kvp_kvcache_vblock(&b->kv, layer, h, blk);
+        const uint8_t *kt = kvp_kvcache_kblock(kv, layer, h, blk);
+        const uint8_t *vb = kvp_kvcache_vblock(kv, layer, h, blk);
         if (!kt || !vb)
             return false;
-        for (int t = 0; t < bs && blk * bs + t < n_tokens; t++)
+        for (int t = 0; t < bs && blk * bs + t < n_tokens; t++) {
+            uint8_t kref[4096] = {0}, vref[4096] = {0};
+            float k[64], v[64];
+            for (int d = 0; d < hd; d++) {
+                k[d] = val(layer, h, blk * bs + t, d, 0);
+                v[d] = val(layer, h, blk * bs + t, d, 1);
+            }
+            kv->kk->put_k(k, kref, hd, bs, 0);
+            kv->vk->put_v(v, vref, hd, bs, 0);
             for (int d = 0; d < hd; d++)
-                if (kt[d * bs + t] != val(layer, h, blk * bs + t, d, 0) ||
-                    vb[t * hd + d] != val(layer, h, blk * bs + t, d, 1))
+                if (kvp_kv_key_at(kv->type_k, kt, hd, bs, d, t) !=
+                        kvp_kv_key_at(kv->type_k, kref, hd, bs, d, 0) ||
+                    kvp_kv_value_at(kv->type_v, vb, hd, bs, t, d) !=
+                        kvp_kv_value_at(kv->type_v, vref, hd, bs, 0, d))
                     return false;
+        }
     }
     return true;
 }
@@ -531,7 +550,9 @@ static void test_sq_cpu(void **state)
     char *d = scratch_dir();
     struct kvp_kvcache kv;
     struct kvp_err err = {0};
-    assert_int_equal(kvp_kvcache_init_external(&kv, 2, 2, 16, 16, 256, &err), 0);
+    assert_int_equal(kvp_kvcache_init_external(&kv, 2, 2, 16, 16, 256, bare_type, bare_type,
+                                               &err),
+                     0);
     struct kvp_store *s = NULL;
     struct kvp_ctx_params p = {.kv_tier = KVP_TIER_DISK, .kv_dir = d, .kv_sq_pin = true,
                                .kv_sq_cpu = 4095};
@@ -560,15 +581,19 @@ static void test_sq_cpu(void **state)
     free(d);
 }
 
-/* Units are padded to 4 KiB: head_dim 8 gives 1 KiB per head, 2 heads + 2 empty head slots. */
-static void test_padding_and_alignment(void **state)
+/* Units are padded to 4 KiB: head_dim 8 in f32 gives 1 KiB per head, 2 heads and 2 KiB of
+ * padding; in q8_0 a head is 2 x 192 bytes (160 padded to 64), 768 bytes and the rest padding.
+ * Reads stay O_DIRECT-aligned either way. */
+static void padding_and_alignment(int type)
 {
-    (void)state;
     char *d = scratch_dir();
     struct bare b;
+    bare_type = type;
     bare_init(&b, KVP_TIER_DISK, d, 8, 3);
-    assert_int_equal(b.s->ppu, 4);
+    bare_type = KVP_KV_F32;
+    assert_int_equal(b.s->ppu, 2);
     assert_int_equal(b.s->unit_bytes, 4096);
+    assert_int_equal(b.kv.k_bytes, type == KVP_KV_F32 ? 512 : 192);
     assert_int_equal((uintptr_t)b.s->hot % 4096, 0);
     /* file holding no name */
     assert_int_equal(dir_entries(d), 0);
@@ -586,32 +611,48 @@ static void test_padding_and_alignment(void **state)
     free(d);
 }
 
+static void test_padding_and_alignment(void **state)
+{
+    (void)state;
+    padding_and_alignment(KVP_KV_F32);
+    padding_and_alignment(KVP_KV_Q8_0);
+}
+
 /* A layer that is never transferred keeps the untiered layout: each head's keys, and its
  * values, are contiguous along the context (dense attention streams them), while a tiered layer
  * keeps K and V of every head of a block in one unit. */
-static void test_dense_layer_layout(void **state)
+static void dense_layer_layout(int type)
 {
-    (void)state;
     struct kvp_err err = {0};
     struct bare b;
+    bare_type = type;
     bare_init(&b, KVP_TIER_RAM, NULL, 16, 4);
+    bare_type = KVP_KV_F32;
     assert_int_equal(kvp_store_configure(b.s, 1, 4, &err), 0); /* layer 0 dense, 1 tiered */
     bare_prefill(&b, 100);
-    const size_t bf = 16 * 16;
+    const size_t kb = b.kv.k_bytes, vb = b.kv.v_bytes;
     for (int h = 0; h < 2; h++)
         for (int blk = 0; blk + 1 < 7; blk++) {
             assert_ptr_equal(kvp_kvcache_kblock(&b.kv, 0, h, blk + 1),
-                             kvp_kvcache_kblock(&b.kv, 0, h, blk) + bf);
+                             kvp_kvcache_kblock(&b.kv, 0, h, blk) + kb);
             assert_ptr_equal(kvp_kvcache_vblock(&b.kv, 0, h, blk + 1),
-                             kvp_kvcache_vblock(&b.kv, 0, h, blk) + bf);
+                             kvp_kvcache_vblock(&b.kv, 0, h, blk) + vb);
         }
-    const float *k1 = kvp_kvcache_kblock(&b.kv, 1, 0, 6); /* the newest block is hot */
-    assert_ptr_equal(kvp_kvcache_vblock(&b.kv, 1, 0, 6), k1 + bf);
-    assert_ptr_equal(kvp_kvcache_kblock(&b.kv, 1, 1, 6), k1 + 2 * bf);
+    const uint8_t *k1 = kvp_kvcache_kblock(&b.kv, 1, 0, 6); /* the newest block is hot */
+    assert_ptr_equal(kvp_kvcache_vblock(&b.kv, 1, 0, 6), k1 + kb);
+    assert_ptr_equal(kvp_kvcache_kblock(&b.kv, 1, 1, 6), k1 + kb + vb);
     for (int blk = 0; blk < 7; blk++)
         assert_true(block_ok(&b, 0, blk, 100));
     assert_true(block_ok(&b, 1, 6, 100));
     bare_free(&b);
+}
+
+/* Every KV type (q8_0: blocks of other sizes for K and V, and a 64-byte padding) */
+static void test_dense_layer_layout(void **state)
+{
+    (void)state;
+    for (int type = KVP_KV_F32; type < KVP_KV_COUNT; type++)
+        dense_layer_layout(type);
 }
 
 /* A RAM tier behind a 1 GB/s, 300 µs link: an on-demand read takes at least the latency. */
@@ -620,7 +661,9 @@ static void test_link_model(void **state)
     (void)state;
     struct kvp_err err = {0};
     struct bare b;
-    assert_int_equal(kvp_kvcache_init_external(&b.kv, 2, 2, 16, 16, 256, &err), 0);
+    assert_int_equal(kvp_kvcache_init_external(&b.kv, 2, 2, 16, 16, 256, bare_type, bare_type,
+                                               &err),
+                     0);
     struct kvp_ctx_params p = {.kv_tier = KVP_TIER_RAM, .prefetch = KVP_PREFETCH_NONE,
                                .link_gbps = 1.0, .link_latency_us = 300};
     assert_int_equal(kvp_store_init(&p, &b.kv, 2, 2, 16, 16, b.kv.max_blocks, &b.s, &err), 0);
@@ -639,7 +682,9 @@ static void test_link_model(void **state)
     bare_free(&b);
     /* the link model is for the RAM tier only */
     p.kv_tier = KVP_TIER_DISK;
-    assert_int_equal(kvp_kvcache_init_external(&b.kv, 2, 2, 16, 16, 256, &err), 0);
+    assert_int_equal(kvp_kvcache_init_external(&b.kv, 2, 2, 16, 16, 256, bare_type, bare_type,
+                                               &err),
+                     0);
     assert_int_equal(kvp_store_init(&p, &b.kv, 2, 2, 16, 16, b.kv.max_blocks, &b.s, &err),
                      KVP_EINVAL);
     kvp_kvcache_free(&b.kv);
@@ -647,9 +692,9 @@ static void test_link_model(void **state)
 
 /* ================================= logits: tiered == untiered ============================== */
 
-static void test_logits_equal(void **state)
+/* all_modes: both tiers x every prefetch mode; else the disk tier in token mode only */
+static void logits_equal(bool all_modes)
 {
-    (void)state;
     char *d = scratch_dir();
     predict_salt = 0;
     struct run_cfg base = {.sparse = true};
@@ -657,8 +702,8 @@ static void test_logits_equal(void **state)
     static const int modes[] = {KVP_PREFETCH_NONE, KVP_PREFETCH_DENSE, KVP_PREFETCH_LAYER,
                                 KVP_PREFETCH_TOKEN};
     static const char *const names[] = {"none", "dense", "layer", "token"};
-    for (int tier = KVP_TIER_RAM; tier <= KVP_TIER_DISK; tier++)
-        for (int m = 0; m < 4; m++) {
+    for (int tier = all_modes ? KVP_TIER_RAM : KVP_TIER_DISK; tier <= KVP_TIER_DISK; tier++)
+        for (int m = all_modes ? 0 : 3; m < 4; m++) {
             /* 6 slots per layer: forces eviction and, for some steps, overflow */
             struct run_cfg rc = {.tier = tier, .prefetch = modes[m], .hot_budget = 96,
                                  .sparse = true, .dir = d};
@@ -707,6 +752,19 @@ static void test_logits_equal(void **state)
     assert_int_equal(dir_entries(d), 0);
     rmdir(d);
     free(d);
+}
+
+/* Tiered logits equal the untiered ones bit for bit for every KV type: every tier and mode for
+ * f16 (the default) and q8_0 (blocks of other sizes, padded), the disk tier in token mode for
+ * f32 and bf16 (f16's layout) to keep the test short. */
+static void test_logits_equal(void **state)
+{
+    (void)state;
+    for (seq_type = KVP_KV_F32; seq_type < KVP_KV_COUNT; seq_type++) {
+        print_message("KV type %s\n", kvp_kv_type_name(seq_type));
+        logits_equal(seq_type == KVP_KV_F16 || seq_type == KVP_KV_Q8_0);
+    }
+    seq_type = 0;
 }
 
 /* predict_next is wrong every time: every selected block that is not hot already is fetched on

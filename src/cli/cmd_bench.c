@@ -132,10 +132,13 @@ static kvp_ctx *open_ctx(const kvp_model *m, const struct cli_model_opts *o, lon
 {
     struct kvp_model_info info;
     kvp_model_get_info(m, &info);
-    cp.n_ctx = (int)n_ctx;
-    cp.n_threads = (int)o->n_threads;
-    cp.block_size = (int)o->block_size;
-    cp.n_batch = (int)o->n_batch;
+    struct kvp_ctx_params shared = cli_ctx_params(o, n_ctx);
+    cp.n_ctx = shared.n_ctx;
+    cp.n_threads = shared.n_threads;
+    cp.block_size = shared.block_size;
+    cp.n_batch = shared.n_batch;
+    cp.type_k = shared.type_k;
+    cp.type_v = shared.type_v;
     if (cp.n_ctx > info.n_ctx_train)
         cli_warn("context %d is longer than the model's training context %d: quality beyond it "
                  "is not meaningful",
@@ -362,8 +365,9 @@ int cmd_bench(int argc, char **argv)
         goto fail_err;
     if (bandwidth <= 0)
         bandwidth = measure_bandwidth((int)mo.n_threads);
-    double kv_bytes = 2.0 * in.n_layer * in.n_head_kv * in.head_dim * sizeof(float) *
-                      (double)(depth + n_decode / 2);
+    int type_k = kvp_ctx_kv_type_k(ctx), type_v = kvp_ctx_kv_type_v(ctx);
+    double kv_per_token = (double)kvp_kv_bytes_per_token(m, type_k, type_v, (int)mo.block_size);
+    double kv_bytes = kv_per_token * (double)(depth + n_decode / 2);
     double step_bytes = (double)in.weight_bytes + kv_bytes;
     double floor_tps = bandwidth > 0 ? bandwidth * 1e9 / step_bytes : 0;
     if (json) {
@@ -385,6 +389,14 @@ int cmd_bench(int argc, char **argv)
         cJSON_AddNumberToObject(o, "decode_cpu_ms_per_token", cpu_ms);
         cJSON_AddNumberToObject(o, "weight_bytes", (double)in.weight_bytes);
         cJSON_AddStringToObject(o, "weight_type", kvp_type_name(in.weight_type));
+        /* kv_type_k, kv_type_v: the KV cache's element types (f32, f16, bf16, q8_0);
+         * kv_bytes_per_token: K and V of one token, all layers and KV heads (block padding
+         * included); kv_bytes_at_ctx: that times the context the run fills (ctx + n_decode);
+         * kv_bytes_per_step: the KV a dense step reads, at the run's mean depth */
+        cJSON_AddStringToObject(o, "kv_type_k", kvp_kv_type_name(type_k));
+        cJSON_AddStringToObject(o, "kv_type_v", kvp_kv_type_name(type_v));
+        cJSON_AddNumberToObject(o, "kv_bytes_per_token", kv_per_token);
+        cJSON_AddNumberToObject(o, "kv_bytes_at_ctx", kv_per_token * (double)cap);
         cJSON_AddNumberToObject(o, "kv_bytes_per_step", kv_bytes);
         cJSON_AddNumberToObject(o, "bandwidth_gbps", bandwidth);
         cJSON_AddNumberToObject(o, "floor_decode_tokens_per_s", floor_tps);
@@ -462,7 +474,9 @@ int cmd_bench(int argc, char **argv)
         cJSON_free(s);
         cJSON_Delete(o);
     } else {
-        printf("model %s, %ld thread(s), SIMD %s\n", in.name, mo.n_threads, kvp_simd()->name);
+        printf("model %s, %ld thread(s), SIMD %s, KV %s/%s (%.0f bytes/token)\n", in.name,
+               mo.n_threads, kvp_simd()->name, kvp_kv_type_name(type_k),
+               kvp_kv_type_name(type_v), kv_per_token);
         printf("prefill  %6ld tokens: %10.1f tokens/s (best of %ld)\n", n_prefill, pp_best, reps);
         printf("fill     %6ld tokens: %10.3f s\n", depth, fill_s);
         printf("decode at %ld: %10.1f tokens/s mean, %.1f best (%.3f ms/token, %.3f ms CPU)\n",

@@ -415,12 +415,9 @@ int cmd_eval(int argc, char **argv)
     tokens = cli_measure_tokens(model, &o.src, (int)need + 1);
     if (!tokens)
         goto out;
-    struct kvp_ctx_params cp = {.n_ctx = (int)o.mo.n_ctx,
-                                .n_threads = (int)o.mo.n_threads,
-                                .block_size = (int)o.mo.block_size,
-                                .n_batch = (int)o.mo.n_batch,
-                                .kv_tier = o.kv_tier,
-                                .kv_dir = o.kv_dir};
+    struct kvp_ctx_params cp = cli_ctx_params(&o.mo, 0);
+    cp.kv_tier = o.kv_tier;
+    cp.kv_dir = o.kv_dir;
     struct kvp_measure_params mp = {.n_prefill = (int)o.n_prefill,
                                     .n_decode = (int)o.n_decode,
                                     .retention_k = (int)o.retention_k};

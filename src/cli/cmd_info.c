@@ -12,9 +12,11 @@
 
 static void help(void)
 {
-    printf("usage: kvpred info -m MODEL [--tokenizer TOK.bin] [-c CTX] [--json]\n\n"
+    printf("usage: kvpred info -m MODEL [--tokenizer TOK.bin] [-c CTX] [--block N] [-ctk T] "
+           "[-ctv T] [--json]\n\n"
            "Show architecture, shapes, tensor types, tokenizer and memory needs.\n"
-           "KV memory is for F32 keys and values at context CTX (default: the model's).\n");
+           "KV memory is for keys and values of the types -ctk / -ctv (default f16) at context\n"
+           "CTX (default: the model's), block padding included.\n");
 }
 
 int cmd_info(int argc, char **argv)
@@ -41,7 +43,9 @@ int cmd_info(int argc, char **argv)
     struct kvp_model_info in;
     kvp_model_get_info(m, &in);
     long n_ctx = mo.n_ctx > 0 ? mo.n_ctx : in.n_ctx_train;
-    double kv_per_token = 2.0 * in.n_layer * in.n_head_kv * in.head_dim * sizeof(float);
+    double kv_per_token =
+        (double)kvp_kv_bytes_per_token(m, mo.type_k, mo.type_v, (int)mo.block_size);
+    const char *tk = kvp_kv_type_name(mo.type_k), *tv = kvp_kv_type_name(mo.type_v);
     const char *tok_model = "none";
     int n_tokens = 0;
     if (m->vocab) {
@@ -84,6 +88,8 @@ int cmd_info(int argc, char **argv)
                 cJSON_AddNumberToObject(types, kvp_type_name(t), (double)type_count[t]);
         cJSON_AddStringToObject(o, "tokenizer", tok_model);
         cJSON_AddNumberToObject(o, "tokenizer_tokens", n_tokens);
+        cJSON_AddStringToObject(o, "kv_type_k", tk);
+        cJSON_AddStringToObject(o, "kv_type_v", tv);
         cJSON_AddNumberToObject(o, "kv_bytes_per_token", kv_per_token);
         cJSON_AddNumberToObject(o, "n_ctx", (double)n_ctx);
         cJSON_AddNumberToObject(o, "kv_bytes_at_ctx", kv_per_token * (double)n_ctx);
@@ -112,8 +118,8 @@ int cmd_info(int argc, char **argv)
                 printf(" %s×%ld", kvp_type_name(t), type_count[t]);
         printf("\n");
         printf("tokenizer      %s, %d tokens\n", tok_model, n_tokens);
-        printf("KV cache       %.0f bytes/token (F32), %.2f MiB at context %ld\n", kv_per_token,
-               kv_per_token * (double)n_ctx / 1048576.0, n_ctx);
+        printf("KV cache       %.0f bytes/token (K %s, V %s), %.2f MiB at context %ld\n",
+               kv_per_token, tk, tv, kv_per_token * (double)n_ctx / 1048576.0, n_ctx);
     }
     kvp_model_close(m);
     return 0;

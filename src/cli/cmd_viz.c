@@ -278,10 +278,7 @@ int cmd_viz(int argc, char **argv)
     tokens = cli_measure_tokens(model, &o.src, (int)need + 1);
     if (!tokens)
         goto out;
-    struct kvp_ctx_params cp = {.n_ctx = (int)o.mo.n_ctx,
-                                .n_threads = (int)o.mo.n_threads,
-                                .block_size = (int)o.mo.block_size,
-                                .n_batch = (int)o.mo.n_batch};
+    struct kvp_ctx_params cp = cli_ctx_params(&o.mo, 0);
     struct kvp_measure_params mp = {.n_prefill = (int)o.n_prefill, .n_decode = (int)o.n_decode};
     struct kvp_err err = {0};
     if (kvp_measure_init(model, tokens, &cp, &mp, &ms, &err) < 0) {

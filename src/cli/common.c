@@ -18,7 +18,12 @@ const char *cli_model_flags_help =
     "  -c, --ctx N          context length in tokens (default: the model's)\n"
     "  -t, --threads N      threads (default 1)\n"
     "  --block N            KV block size in tokens (default 16)\n"
-    "  -b, --batch N        prefill micro-batch (default 512)\n";
+    "  -b, --batch N        prefill micro-batch (default 512)\n"
+    "  -ctk, --cache-type-k T  KV cache key type: f32, f16, bf16, q8_0 (default f16)\n"
+    "  -ctv, --cache-type-v T  KV cache value type: f32, f16, bf16, q8_0 (default f16)\n";
+
+/* enum kvp_kv_type names from index 1 (0 is the default) */
+static const char *const kv_type_choices[] = {"", "f32", "f16", "bf16", "q8_0", NULL};
 
 /* Candidates for the default model, in order. */
 static const char *default_models[] = {
@@ -135,6 +140,10 @@ int cli_model_flag(struct cli_model_opts *o, int argc, char **argv, int *i)
         CLI_INT("-t|--threads", 1, 256, &o->n_threads, NULL),
         CLI_INT("--block", 1, 4096, &o->block_size, NULL),
         CLI_INT("-b|--batch", 1, 1 << 20, &o->n_batch, NULL),
+        CLI_CHOICE("-ctk|--cache-type-k", kv_type_choices, KVP_KV_F32, &o->type_k,
+                   "f32, f16, bf16 or q8_0"),
+        CLI_CHOICE("-ctv|--cache-type-v", kv_type_choices, KVP_KV_F32, &o->type_v,
+                   "f32, f16, bf16 or q8_0"),
         {0},
     };
     return cli_parse_flags(flags, argc, argv, i);
@@ -167,16 +176,23 @@ kvp_model *cli_open_model(const struct cli_model_opts *o)
     return m;
 }
 
-kvp_ctx *cli_open_ctx(const kvp_model *m, const struct cli_model_opts *o, long n_ctx)
+struct kvp_ctx_params cli_ctx_params(const struct cli_model_opts *o, long n_ctx)
 {
-    struct kvp_model_info info;
-    kvp_model_get_info(m, &info);
-    struct kvp_ctx_params cp = {
+    return (struct kvp_ctx_params){
         .n_ctx = (int)(n_ctx > 0 ? n_ctx : o->n_ctx),
         .n_threads = (int)o->n_threads,
         .block_size = (int)o->block_size,
         .n_batch = (int)o->n_batch,
+        .type_k = o->type_k,
+        .type_v = o->type_v,
     };
+}
+
+kvp_ctx *cli_open_ctx(const kvp_model *m, const struct cli_model_opts *o, long n_ctx)
+{
+    struct kvp_model_info info;
+    kvp_model_get_info(m, &info);
+    struct kvp_ctx_params cp = cli_ctx_params(o, n_ctx);
     if (cp.n_ctx > info.n_ctx_train)
         cli_warn("context %d is longer than the model's training context %d: quality beyond it "
                  "is not meaningful",

@@ -16,7 +16,11 @@ struct cli_model_opts {
     long n_threads;             /* -t */
     long block_size;            /* --block */
     long n_batch;               /* -b */
+    int type_k, type_v;         /* -ctk / -ctv: enum kvp_kv_type (0: the default, f16) */
 };
+
+/* The context parameters the shared flags give (n_ctx overrides o->n_ctx when > 0). */
+struct kvp_ctx_params cli_ctx_params(const struct cli_model_opts *o, long n_ctx);
 
 /* If argv[*i] is one of the shared flags, consume it (and its value) and return 1; return 0 if
  * it is not; return -1 after printing an error for a bad value. */

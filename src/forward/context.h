@@ -20,7 +20,7 @@ struct kvp_store;
                               the activations than 64: +10-20 % prefill on real shapes) */
 
 struct kvp_thread_scratch {
-    float *kc;    /* [n_ctx][head_dim] keys gathered contiguous for prefill attention */
+    float *kc;    /* [head_dim][n_keys] keys gathered as f32 for prefill attention */
     float *vc;    /* [n_ctx][head_dim] values gathered */
     float *s;     /* [KVP_QCHUNK][n_ctx] prefill scores */
     float *tile;  /* [KVP_TILE_ROWS][max_cols] dequantized weight rows */

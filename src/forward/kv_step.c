@@ -17,15 +17,35 @@ int kvp_kv_init(struct kvp_ctx *c, const struct kvp_ctx_params *p, struct kvp_er
     const struct kvp_hparams *hp = &c->hp;
     if (p->kv_tier == KVP_TIER_NONE)
         return kvp_kvcache_init(&c->kv, hp->n_layer, hp->n_head_kv, hp->head_dim, p->block_size,
-                                p->n_ctx, err);
+                                p->n_ctx, p->type_k, p->type_v, err);
     int rc = kvp_kvcache_init_external(&c->kv, hp->n_layer, hp->n_head_kv, hp->head_dim,
-                                       p->block_size, p->n_ctx, err);
+                                       p->block_size, p->n_ctx, p->type_k, p->type_v, err);
     if (rc < 0)
         return rc;
     rc = kvp_store_init(p, &c->kv, hp->n_layer, hp->n_head_kv, hp->head_dim, p->block_size,
                         c->kv.max_blocks, &c->store, err);
     c->hot_budget = p->hot_budget;
     return rc;
+}
+
+int kvp_ctx_kv_type_k(const kvp_ctx *c)
+{
+    return c->kv.type_k;
+}
+
+int kvp_ctx_kv_type_v(const kvp_ctx *c)
+{
+    return c->kv.type_v;
+}
+
+size_t kvp_kv_bytes_per_token(const kvp_model *m, int type_k, int type_v, int block_size)
+{
+    struct kvp_model_info in;
+    kvp_model_get_info(m, &in);
+    int bs = block_size > 0 ? block_size : 16;
+    size_t block = kvp_kv_block_bytes(kvp_kv_type_resolve(type_k), in.head_dim, bs) +
+                   kvp_kv_block_bytes(kvp_kv_type_resolve(type_v), in.head_dim, bs);
+    return (size_t)in.n_layer * in.n_head_kv * block / (size_t)bs;
 }
 
 void kvp_kv_free(struct kvp_ctx *c)

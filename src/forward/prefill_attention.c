@@ -9,18 +9,16 @@
 #include "forward/context.h"
 #include "kernels/simd.h"
 
-/* Copy keys and values [0, n) of one KV head into contiguous [n][hd] rows. */
+/* Keys and values [0, n) of one KV head as f32, whatever the cache's types: keys as [hd][n]
+ * (the blocks' transposed rows side by side), values as contiguous [n][hd] rows. */
 static void gather_kv(const struct kvp_kvcache *kv, int l, int kvh, int n, float *kc, float *vc)
 {
     const int hd = kv->head_dim, bs = kv->block_size;
     for (int b = 0; b * bs < n; b++) {
-        const float *kt = kvp_kvcache_kblock(kv, l, kvh, b);
-        const float *vb = kvp_kvcache_vblock(kv, l, kvh, b);
         int nt = n - b * bs < bs ? n - b * bs : bs;
-        for (int t = 0; t < nt; t++)
-            for (int d = 0; d < hd; d++)
-                kc[(size_t)(b * bs + t) * hd + d] = kt[(size_t)d * bs + t];
-        memcpy(vc + (size_t)b * bs * hd, vb, (size_t)nt * hd * sizeof(float));
+        kv->kk->k_rows(kvp_kvcache_kblock(kv, l, kvh, b), hd, bs, nt, kc + (size_t)b * bs,
+                       (size_t)n);
+        kv->vk->v_rows(kvp_kvcache_vblock(kv, l, kvh, b), hd, bs, nt, vc + (size_t)b * bs * hd);
     }
 }
 
@@ -33,8 +31,8 @@ static void prefill_head(struct kvp_ctx *c, int l, int h, int qs, int nq, int n_
     const float scale = 1.0f / sqrtf((float)hd);
     const float *qp = c->q + (size_t)qs * q_dim + (size_t)h * hd;
     const int obs_first = c->job_end - c->obs_n; /* first observed query position */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, n_keys, hd, scale, qp, q_dim, ts->kc,
-                hd, 0.0f, ts->s, n_keys);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, n_keys, hd, scale, qp, q_dim,
+                ts->kc, n_keys, 0.0f, ts->s, n_keys);
     for (int i = 0; i < nq; i++) {
         float *row = ts->s + (size_t)i * n_keys;
         int pos = pos0 + qs + i;

@@ -17,14 +17,14 @@ void kvp_attn_dense_group(const struct kvp_kvcache *kv, int l, int kvh, const fl
     /* scores: blocks outer so each key block is loaded once for the whole group; a block
      * without storage (a tiered store's cold block seen from a policy) reads as absent */
     for (int b = 0; b < n_blocks; b++) {
-        const float *kt = kvp_kvcache_kblock(kv, l, kvh, b);
+        const uint8_t *kt = kvp_kvcache_kblock(kv, l, kvh, b);
         for (int j = 0; j < g; j++) {
             float *s = probs + (size_t)j * probs_stride + (size_t)b * bs;
             if (!kt)
                 for (int t = 0; t < bs; t++)
                     s[t] = -INFINITY;
             else
-                ops->block_scores(q + (size_t)j * hd, kt, hd, bs, scale, s);
+                kv->kk->scores(q + (size_t)j * hd, kt, hd, bs, scale, s);
         }
     }
     /* softmax; when an output is wanted the probabilities stay unnormalised and the output is
@@ -42,13 +42,13 @@ void kvp_attn_dense_group(const struct kvp_kvcache *kv, int l, int kvh, const fl
         return;
     memset(out, 0, (size_t)g * hd * sizeof(float));
     for (int b = 0; b < n_blocks; b++) {
-        const float *vb = kvp_kvcache_vblock(kv, l, kvh, b);
+        const uint8_t *vb = kvp_kvcache_vblock(kv, l, kvh, b);
         if (!vb)
             continue;
         int nt = n_keys - b * bs < bs ? n_keys - b * bs : bs;
         for (int j = 0; j < g; j++)
-            ops->block_accum(probs + (size_t)j * probs_stride + (size_t)b * bs, vb, hd, nt,
-                             out + (size_t)j * hd);
+            kv->vk->accum(probs + (size_t)j * probs_stride + (size_t)b * bs, vb, hd, bs, nt,
+                          out + (size_t)j * hd);
     }
     for (int j = 0; j < g; j++)
         for (int d = 0; d < hd; d++)
@@ -58,11 +58,11 @@ void kvp_attn_dense_group(const struct kvp_kvcache *kv, int l, int kvh, const fl
 /* Ask for the first KiB of the next selected block while this one computes: selected blocks
  * are scattered (in a tiered store's hot tier, one 4 KiB unit each), so the hardware
  * prefetchers, which stay within a page, cannot run ahead across them. */
-static inline void prefetch_block(const float *p, size_t n)
+static inline void prefetch_block(const uint8_t *p, size_t n)
 {
     if (!p)
         return;
-    size_t bytes = n * sizeof(float) < 1024 ? n * sizeof(float) : 1024;
+    size_t bytes = n < 1024 ? n : 1024;
     for (size_t o = 0; o < bytes; o += 64)
         __builtin_prefetch((const char *)p + o);
 }
@@ -70,8 +70,8 @@ static inline void prefetch_block(const float *p, size_t n)
 /* The first KiB of both the keys and the values of block b (prefetch_block). */
 static inline void prefetch_kv(const struct kvp_kvcache *kv, int l, int kvh, int b)
 {
-    prefetch_block(kvp_kvcache_kblock(kv, l, kvh, b), kv->block_floats);
-    prefetch_block(kvp_kvcache_vblock(kv, l, kvh, b), kv->block_floats);
+    prefetch_block(kvp_kvcache_kblock(kv, l, kvh, b), kv->k_bytes);
+    prefetch_block(kvp_kvcache_vblock(kv, l, kvh, b), kv->v_bytes);
 }
 
 /* Whether selected block i of sel may be read for keys [0, n_keys), and which of its tokens
@@ -99,8 +99,8 @@ static void reduce_block(const struct kvp_kvcache *kv, int l, int kvh, const flo
     const struct kvp_simd_ops *ops = kvp_simd();
     const int hd = kv->head_dim, bs = kv->block_size, b = sel->blocks[i];
     const float scale = 1.0f / sqrtf((float)hd);
-    const float *kt = kvp_kvcache_kblock(kv, l, kvh, b);
-    const float *vb = kvp_kvcache_vblock(kv, l, kvh, b);
+    const uint8_t *kt = kvp_kvcache_kblock(kv, l, kvh, b);
+    const uint8_t *vb = kvp_kvcache_vblock(kv, l, kvh, b);
     uint64_t m = kt && vb ? readable_tokens(kv, l, kvh, n_keys, sel, i) : 0;
     int nt = b == (n_keys - 1) / bs ? n_keys - b * bs : bs;
     for (int j = 0; j < g; j++) {
@@ -114,7 +114,7 @@ static void reduce_block(const struct kvp_kvcache *kv, int l, int kvh, const flo
             lsum[j] = 0.0f;
             continue;
         }
-        ops->block_scores(q + (size_t)j * hd, kt, hd, bs, scale, s);
+        kv->kk->scores(q + (size_t)j * hd, kt, hd, bs, scale, s);
         float mx = -INFINITY;
         for (int t = 0; t < bs; t++) {
             if (!((m >> t) & 1))
@@ -124,7 +124,7 @@ static void reduce_block(const struct kvp_kvcache *kv, int l, int kvh, const flo
         }
         *bm = mx;
         lsum[j] = ops->exp_sum(s, bs, mx);
-        ops->block_accum(s, vb, hd, nt, oj);
+        kv->vk->accum(s, vb, hd, bs, nt, oj);
     }
 }
 

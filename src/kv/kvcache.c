@@ -8,30 +8,40 @@
 #include "core/platform.h"
 
 static int kvcache_init(struct kvp_kvcache *c, int n_layer, int n_head_kv, int head_dim,
-                        int block_size, int n_ctx, bool external, struct kvp_err *err)
+                        int block_size, int n_ctx, int type_k, int type_v, bool external,
+                        struct kvp_err *err)
 {
     memset(c, 0, sizeof(*c));
     if (block_size < 1 || block_size > KVP_MAX_BLOCK_SIZE)
         return kvp_err_set(err, KVP_EINVAL, "block size %d out of range 1..%d", block_size,
                            KVP_MAX_BLOCK_SIZE);
+    type_k = kvp_kv_type_resolve(type_k);
+    type_v = kvp_kv_type_resolve(type_v);
+    if (type_k < 0 || type_k >= KVP_KV_COUNT || type_v < 0 || type_v >= KVP_KV_COUNT)
+        return kvp_err_set(err, KVP_EINVAL, "unknown KV cache types %d, %d", type_k, type_v);
+    c->type_k = type_k;
+    c->type_v = type_v;
+    c->kk = kvp_kv_kernels(type_k);
+    c->vk = kvp_kv_kernels(type_v);
+    c->k_bytes = kvp_kv_block_bytes(type_k, head_dim, block_size);
+    c->v_bytes = kvp_kv_block_bytes(type_v, head_dim, block_size);
     c->n_layer = n_layer;
     c->n_head_kv = n_head_kv;
     c->head_dim = head_dim;
     c->block_size = block_size;
     c->max_blocks = (n_ctx + block_size - 1) / block_size;
-    c->block_floats = (size_t)head_dim * block_size;
     c->external = external;
     c->release = true;
     c->compact = true;
     pthread_mutex_init(&c->pool_lock, NULL);
-    size_t n_lh = (size_t)n_layer * n_head_kv, n_tab, bytes;
+    size_t n_lh = (size_t)n_layer * n_head_kv, n_tab, k_all, v_all;
     if (!kvp_mul_ok(n_lh, (size_t)c->max_blocks, &n_tab) || n_tab > INT32_MAX ||
-        !kvp_mul_ok(n_tab, c->block_floats * sizeof(float), &bytes))
+        !kvp_mul_ok(n_tab, c->k_bytes, &k_all) || !kvp_mul_ok(n_tab, c->v_bytes, &v_all))
         return kvp_err_set(err, KVP_ENOMEM, "KV cache size overflows");
     c->n_pool = external ? 0 : (int)n_tab;
     if (!external) {
-        c->k_pool = kvp_alloc_huge(bytes, 64);
-        c->v_pool = kvp_alloc_huge(bytes, 64);
+        c->k_pool = kvp_alloc_huge(k_all, 64);
+        c->v_pool = kvp_alloc_huge(v_all, 64);
     }
     c->table = malloc(n_tab * sizeof(int32_t));
     c->evicted = calloc(n_tab, sizeof(uint64_t));
@@ -46,34 +56,38 @@ static int kvcache_init(struct kvp_kvcache *c, int n_layer, int n_head_kv, int h
         !c->n_evicted || !c->released || !c->free_stack || !c->compact_limit || !c->pools) {
         kvp_kvcache_free(c);
         return kvp_err_set(err, KVP_ENOMEM, "cannot allocate the KV cache (%zu MiB)",
-                           2 * bytes >> 20);
+                           (k_all + v_all) >> 20);
     }
     /* zero so the unused tail of a partial block holds finite values (it is masked anyway) */
     if (!external) {
-        memset(c->k_pool, 0, bytes);
-        memset(c->v_pool, 0, bytes);
+        memset(c->k_pool, 0, k_all);
+        memset(c->v_pool, 0, v_all);
         for (int l = 0; l < n_layer; l++)
-            c->pools[l] = (struct kvp_kvpool){c->k_pool, c->v_pool, c->block_floats};
+            c->pools[l] = (struct kvp_kvpool){.k = c->k_pool, .v = c->v_pool,
+                                              .k_unit = c->k_bytes, .v_unit = c->v_bytes};
     }
     kvp_kvcache_clear(c);
     return 0;
 }
 
 int kvp_kvcache_init(struct kvp_kvcache *c, int n_layer, int n_head_kv, int head_dim,
-                     int block_size, int n_ctx, struct kvp_err *err)
+                     int block_size, int n_ctx, int type_k, int type_v, struct kvp_err *err)
 {
-    return kvcache_init(c, n_layer, n_head_kv, head_dim, block_size, n_ctx, false, err);
+    return kvcache_init(c, n_layer, n_head_kv, head_dim, block_size, n_ctx, type_k, type_v,
+                        false, err);
 }
 
 int kvp_kvcache_init_external(struct kvp_kvcache *c, int n_layer, int n_head_kv, int head_dim,
-                              int block_size, int n_ctx, struct kvp_err *err)
+                              int block_size, int n_ctx, int type_k, int type_v,
+                              struct kvp_err *err)
 {
-    return kvcache_init(c, n_layer, n_head_kv, head_dim, block_size, n_ctx, true, err);
+    return kvcache_init(c, n_layer, n_head_kv, head_dim, block_size, n_ctx, type_k, type_v,
+                        true, err);
 }
 
-void kvp_kvcache_attach(struct kvp_kvcache *c, int layer, float *k, float *v, size_t stride)
+void kvp_kvcache_attach(struct kvp_kvcache *c, int layer, struct kvp_kvpool pool)
 {
-    c->pools[layer] = (struct kvp_kvpool){k, v, stride};
+    c->pools[layer] = pool;
 }
 
 void kvp_kvcache_free(struct kvp_kvcache *c)
@@ -230,14 +244,12 @@ static void move_token(struct kvp_kvcache *c, int lh, int from, int to)
     uint64_t *ev = c->evicted + (size_t)lh * c->max_blocks;
     int32_t *pos = c->pos + (size_t)lh * c->max_blocks * bs;
     const struct kvp_kvpool *pl = &c->pools[lh / c->n_head_kv];
-    const float *ks = pl->k + (size_t)tab[from / bs] * pl->stride;
-    const float *vs = pl->v + (size_t)tab[from / bs] * pl->stride;
-    float *kd = pl->k + (size_t)tab[to / bs] * pl->stride;
-    float *vd = pl->v + (size_t)tab[to / bs] * pl->stride;
     int tf = from % bs, tt = to % bs;
-    for (int d = 0; d < hd; d++)
-        kd[(size_t)d * bs + tt] = ks[(size_t)d * bs + tf];
-    memcpy(vd + (size_t)tt * hd, vs + (size_t)tf * hd, (size_t)hd * sizeof(float));
+    kvp_kv_copy_key(c->type_k, hd, bs, pl->k + kvp_kvpool_off(pl, tab[from / bs], pl->k_unit), tf,
+                    pl->k + kvp_kvpool_off(pl, tab[to / bs], pl->k_unit), tt);
+    kvp_kv_copy_value(c->type_v, hd, bs,
+                      pl->v + kvp_kvpool_off(pl, tab[from / bs], pl->v_unit), tf,
+                      pl->v + kvp_kvpool_off(pl, tab[to / bs], pl->v_unit), tt);
     pos[to] = pos[from];
     ev[to / bs] &= ~(1ULL << tt);
     ev[from / bs] |= 1ULL << tf;
@@ -303,7 +315,7 @@ int kvp_kvcache_compact(struct kvp_kvcache *c, int layer, int kvh, int limit, in
 
 size_t kvp_kvcache_pool_bytes(const struct kvp_kvcache *c)
 {
-    return (size_t)(c->n_pool - c->n_free) * c->block_floats * 2 * sizeof(float);
+    return (size_t)(c->n_pool - c->n_free) * kvp_kvcache_block_bytes(c);
 }
 
 /* Blocks a measurement run's compacted region [0, compact_limit) of lh would hold once
@@ -331,7 +343,7 @@ size_t kvp_kvcache_resident_bytes(const struct kvp_kvcache *c, int n_tokens)
         if (!c->release)
             live += compaction_saving(c, lh);
     }
-    return (size_t)live * c->block_floats * 2 * sizeof(float);
+    return (size_t)live * kvp_kvcache_block_bytes(c);
 }
 
 size_t kvp_kvcache_kept_bytes(const struct kvp_kvcache *c, int n_tokens)
@@ -339,5 +351,5 @@ size_t kvp_kvcache_kept_bytes(const struct kvp_kvcache *c, int n_tokens)
     size_t kept = 0;
     for (int lh = 0; lh < c->n_layer * c->n_head_kv; lh++)
         kept += (size_t)(n_tokens - c->n_evicted[lh]);
-    return kept * kvp_kvcache_token_bytes(c);
+    return kept * kvp_kvcache_block_bytes(c) / (size_t)c->block_size;
 }

@@ -7,7 +7,9 @@
  * the pool when every token of a block has been evicted. Within a physical block, keys are stored
  * transposed ([head_dim][bs]) so the score kernel vectorises over the block's tokens whatever the
  * head size (bs = 16 floats is one AVX-512 register), and values are stored [bs][head_dim] so the
- * weighted sum vectorises over the head dimension. Keys are cached after RoPE, at their true
+ * weighted sum vectorises over the head dimension. Keys and values have their own element types
+ * (f32, f16, bf16, q8_0: kv_types.h, which also holds the kernels that read and write them);
+ * blocks are bytes here, and everything that reads keys or values goes through those kernels. Keys are cached after RoPE, at their true
  * positions; a token's slot is its position, so evicting never moves data (only compaction
  * does, below).
  *
@@ -32,15 +34,20 @@
 #include <stdint.h>
 
 #include "core/err.h"
+#include "kv/kv_types.h"
 
 #define KVP_MAX_BLOCK_SIZE 64 /* token masks are one uint64_t per block */
 
-/* Physical block p of a layer: keys at k + p*stride, values at v + p*stride. Per layer because
- * a tiered store interleaves K and V of the blocks it transfers (stride 2*block_floats) but keeps
- * the layers it never transfers in the untiered layout (stride block_floats), which streams. */
+/* Where physical block p of a layer is: keys at k + (p >> shift)*k_unit + (p & mask)*stride,
+ * values the same from v with v_unit. Per layer because a tiered store interleaves K and V of
+ * the blocks it transfers (2^shift head slots of `stride` bytes per 4 KiB-aligned unit of
+ * k_unit = v_unit bytes) but keeps the layers it never transfers in the untiered layout (shift
+ * 0, mask 0: keys every k_unit = k_bytes, values every v_unit = v_bytes), which streams. */
 struct kvp_kvpool {
-    float *k, *v;
-    size_t stride;
+    uint8_t *k, *v;
+    size_t k_unit, v_unit, stride;
+    int shift;
+    uint32_t mask;
 };
 
 struct kvp_kvcache {
@@ -49,10 +56,12 @@ struct kvp_kvcache {
     int head_dim;
     int block_size;
     int max_blocks;        /* logical blocks per (layer, KV head): ceil(n_ctx / block_size) */
-    size_t block_floats;   /* head_dim * block_size */
+    int type_k, type_v;    /* enum kvp_kv_type of keys and values (never KVP_KV_DEFAULT) */
+    size_t k_bytes, v_bytes; /* one key / value block: kvp_kv_block_bytes */
+    const struct kvp_kv_kernels *kk, *vk; /* the kernels of type_k and type_v */
     int n_pool;            /* physical blocks in the pool */
-    float *k_pool;         /* owned [n_pool][head_dim][block_size] (NULL when external) */
-    float *v_pool;         /* owned [n_pool][block_size][head_dim] (NULL when external) */
+    uint8_t *k_pool;       /* owned [n_pool] key blocks (NULL when external) */
+    uint8_t *v_pool;       /* owned [n_pool] value blocks (NULL when external) */
     struct kvp_kvpool *pools; /* owned [n_layer]: where each layer's physical blocks are */
     bool external;         /* pools and table are managed by a tiered store (store.h) */
     int32_t *table;        /* owned [n_layer*n_head_kv][max_blocks]: physical block or -1 */
@@ -70,19 +79,21 @@ struct kvp_kvcache {
     pthread_mutex_t pool_lock; /* evictions of different heads run on different threads */
 };
 
+/* type_k, type_v: enum kvp_kv_type (KVP_KV_DEFAULT: f16). */
 int kvp_kvcache_init(struct kvp_kvcache *c, int n_layer, int n_head_kv, int head_dim,
-                     int block_size, int n_ctx, struct kvp_err *err);
+                     int block_size, int n_ctx, int type_k, int type_v, struct kvp_err *err);
 void kvp_kvcache_free(struct kvp_kvcache *c);
 
 /* Same as kvp_kvcache_init, but without a pool: a tiered store (src/store/store.h) owns the
  * memory and maps logical blocks to its hot slots itself, then hands the pool over with
  * kvp_kvcache_attach. reserve and truncate must not be called on such a cache. */
 int kvp_kvcache_init_external(struct kvp_kvcache *c, int n_layer, int n_head_kv, int head_dim,
-                              int block_size, int n_ctx, struct kvp_err *err);
+                              int block_size, int n_ctx, int type_k, int type_v,
+                              struct kvp_err *err);
 
-/* External caches: physical block p of layer has its keys at k + p*stride, its values at
- * v + p*stride (borrowed; valid until the next attach or kvp_kvcache_free). */
-void kvp_kvcache_attach(struct kvp_kvcache *c, int layer, float *k, float *v, size_t stride);
+/* External caches: where layer's physical blocks are (struct kvp_kvpool; the memory is
+ * borrowed, valid until the next attach or kvp_kvcache_free). */
+void kvp_kvcache_attach(struct kvp_kvcache *c, int layer, struct kvp_kvpool pool);
 
 /* Forget everything: all blocks back to the pool, no evictions. */
 void kvp_kvcache_clear(struct kvp_kvcache *c);
@@ -101,17 +112,26 @@ static inline int kvp_kvcache_lh(const struct kvp_kvcache *c, int layer, int kvh
     return layer * c->n_head_kv + kvh;
 }
 
-/* Physical block behind logical block blk, or NULL when it was released. */
-static inline float *kvp_kvcache_kblock(const struct kvp_kvcache *c, int layer, int kvh, int blk)
+/* Byte offset of physical block p in a layer's pool (keys: unit = k_unit, values: v_unit). */
+static inline size_t kvp_kvpool_off(const struct kvp_kvpool *pl, int32_t p, size_t unit)
 {
-    int32_t p = c->table[(size_t)kvp_kvcache_lh(c, layer, kvh) * c->max_blocks + blk];
-    return p < 0 ? (float *)0 : c->pools[layer].k + (size_t)p * c->pools[layer].stride;
+    return (size_t)((uint32_t)p >> pl->shift) * unit + (size_t)((uint32_t)p & pl->mask) * pl->stride;
 }
 
-static inline float *kvp_kvcache_vblock(const struct kvp_kvcache *c, int layer, int kvh, int blk)
+/* Key block (type_k, layout of kv_types.h) behind logical block blk, or NULL when it was
+ * released. */
+static inline uint8_t *kvp_kvcache_kblock(const struct kvp_kvcache *c, int layer, int kvh, int blk)
 {
     int32_t p = c->table[(size_t)kvp_kvcache_lh(c, layer, kvh) * c->max_blocks + blk];
-    return p < 0 ? (float *)0 : c->pools[layer].v + (size_t)p * c->pools[layer].stride;
+    const struct kvp_kvpool *pl = &c->pools[layer];
+    return p < 0 ? (uint8_t *)0 : pl->k + kvp_kvpool_off(pl, p, pl->k_unit);
+}
+
+static inline uint8_t *kvp_kvcache_vblock(const struct kvp_kvcache *c, int layer, int kvh, int blk)
+{
+    int32_t p = c->table[(size_t)kvp_kvcache_lh(c, layer, kvh) * c->max_blocks + blk];
+    const struct kvp_kvpool *pl = &c->pools[layer];
+    return p < 0 ? (uint8_t *)0 : pl->v + kvp_kvpool_off(pl, p, pl->v_unit);
 }
 
 /* Evicted-token mask of a logical block. */
@@ -120,19 +140,24 @@ static inline uint64_t kvp_kvcache_evicted(const struct kvp_kvcache *c, int laye
     return c->evicted[(size_t)kvp_kvcache_lh(c, layer, kvh) * c->max_blocks + blk];
 }
 
-/* Store one token's key and value (head_dim floats each) at position pos; its block must have
- * been reserved. */
+/* Store one token's key and value (head_dim floats each, converted to the cache's types) at
+ * position pos; its block must have been reserved. */
 static inline void kvp_kvcache_store(const struct kvp_kvcache *c, int layer, int kvh, int pos,
                                      const float *k, const float *v)
 {
     int bs = c->block_size;
-    float *kb = kvp_kvcache_kblock(c, layer, kvh, pos / bs);
-    float *vb = kvp_kvcache_vblock(c, layer, kvh, pos / bs);
-    int t = pos % bs;
-    for (int d = 0; d < c->head_dim; d++) {
-        kb[(size_t)d * bs + t] = k[d];
-        vb[(size_t)t * c->head_dim + d] = v[d];
-    }
+    c->kk->put_k(k, kvp_kvcache_kblock(c, layer, kvh, pos / bs), c->head_dim, bs, pos % bs);
+    c->vk->put_v(v, kvp_kvcache_vblock(c, layer, kvh, pos / bs), c->head_dim, bs, pos % bs);
+}
+
+/* Dimension d of the key in slot `slot` of (layer, KV head) as f32 (its block must be held):
+ * for policies that read single keys. */
+static inline float kvp_kvcache_key_at(const struct kvp_kvcache *c, int layer, int kvh, int slot,
+                                       int d)
+{
+    int bs = c->block_size;
+    return kvp_kv_key_at(c->type_k, kvp_kvcache_kblock(c, layer, kvh, slot / bs), c->head_dim,
+                         bs, d, slot % bs);
 }
 
 /* Evict one token (idempotent; thread-safe across different (layer, KV head) pairs). Releases its block when all of the block's n_tokens-visible
@@ -176,10 +201,10 @@ int kvp_kvcache_compact(struct kvp_kvcache *c, int layer, int kvh, int limit, in
  * external caches. */
 size_t kvp_kvcache_pool_bytes(const struct kvp_kvcache *c);
 
-/* Bytes of K and V per token of one (layer, KV head). */
-static inline size_t kvp_kvcache_token_bytes(const struct kvp_kvcache *c)
+/* Bytes of K and V of one block of one (layer, KV head). */
+static inline size_t kvp_kvcache_block_bytes(const struct kvp_kvcache *c)
 {
-    return (size_t)c->head_dim * 2 * sizeof(float);
+    return c->k_bytes + c->v_bytes;
 }
 
 /* Resident bytes for n_tokens: physical blocks holding live tokens (blocks that are fully

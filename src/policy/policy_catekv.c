@@ -278,9 +278,8 @@ static void build_landmarks(struct kvp_policy *p, int layer, int kvh)
             continue;
         float *mn = s->kmin + (base + m) * hd, *mx = s->kmax + (base + m) * hd;
         for (int t = t0; t < t0 + c; t++) {
-            const float *kt = kvp_kvcache_kblock(kv, layer, kvh, t / bs);
             for (int d = 0; d < hd; d++) {
-                float v = kt[(size_t)d * bs + t % bs];
+                float v = kvp_kvcache_key_at(kv, layer, kvh, t, d);
                 mn[d] = t == t0 || v < mn[d] ? v : mn[d];
                 mx[d] = t == t0 || v > mx[d] ? v : mx[d];
             }

@@ -62,9 +62,8 @@ void kvp_qmeta_fold(struct kvp_qmeta *m, const struct kvp_kvcache *kv, int layer
     float *mx = m->kmax + (size_t)lh * hd * mb, *mn = m->kmin + (size_t)lh * hd * mb;
     for (int t = m->done[lh]; t < n_tokens; t++) {
         int b = t / bs, o = t % bs;
-        const float *kt = kvp_kvcache_kblock(kv, layer, kvh, b); /* [hd][bs] */
         for (int d = 0; d < hd; d++) {
-            float k = kt[(size_t)d * bs + o];
+            float k = kvp_kvcache_key_at(kv, layer, kvh, t, d); /* as stored, kept f32 */
             float *x = mx + d * mb + b, *n = mn + d * mb + b;
             if (o == 0 || k > *x)
                 *x = k;

@@ -255,22 +255,18 @@ int kvp_store_init(const struct kvp_ctx_params *p, struct kvp_kvcache *kv, int n
     s->head_dim = head_dim;
     s->bs = bs;
     s->max_blocks = max_blocks;
-    s->bf = (size_t)head_dim * bs;
+    s->k_bytes = kv->k_bytes;
+    s->v_bytes = kv->v_bytes;
     s->mode = p->prefetch ? p->prefetch : KVP_PREFETCH_TOKEN;
     s->kv = kv;
     int rc;
-    /* pad the unit with empty head slots up to a multiple of 4 KiB */
-    size_t head_bytes = 2 * s->bf * sizeof(float);
-    s->ppu = n_kv;
-    while (((size_t)s->ppu * head_bytes) % KVP_STORE_ALIGN && s->ppu <= 4 * n_kv + 64)
-        s->ppu++;
-    if (((size_t)s->ppu * head_bytes) % KVP_STORE_ALIGN) {
-        rc = kvp_err_set(err, KVP_EUNSUPPORTED,
-                         "KV store: %zu bytes per head and block cannot be padded to 4 KiB units",
-                         head_bytes);
-        goto fail;
-    }
-    s->unit_bytes = (size_t)s->ppu * head_bytes;
+    /* the unit: every head's K and V block, padded at the end up to a multiple of 4 KiB; block
+     * ids count 2^shift per unit so the cache finds a block with a shift and a mask */
+    s->ppu = 1;
+    while (s->ppu < n_kv)
+        s->ppu *= 2;
+    s->unit_bytes = ((size_t)n_kv * (s->k_bytes + s->v_bytes) + KVP_STORE_ALIGN - 1) /
+                    KVP_STORE_ALIGN * KVP_STORE_ALIGN;
     size_t n_units;
     if (!kvp_mul_ok((size_t)n_layer, (size_t)max_blocks, &n_units) ||
         !kvp_mul_ok(n_units, s->unit_bytes, &s->cold_bytes)) {
@@ -398,14 +394,18 @@ int kvp_store_configure(struct kvp_store *s, int dense_layers, int hot_blocks,
      * dense attention then streams each head's keys instead of taking 1 KiB from every 4 KiB
      * page (2 dense layers of stories260K at 32K: 2.4 ms more per token). */
     for (int l = 0; l < s->n_layer; l++) {
-        float *k = (float *)s->hot, *v = k + s->bf;
-        size_t stride = 2 * s->bf;
+        int shift = __builtin_ctz((unsigned)s->ppu);
+        struct kvp_kvpool pool = {.k = s->hot, .v = s->hot + s->k_bytes,
+                                  .k_unit = s->unit_bytes, .v_unit = s->unit_bytes,
+                                  .stride = s->k_bytes + s->v_bytes, .shift = shift,
+                                  .mask = (uint32_t)s->ppu - 1};
         if (!s->tiered[l]) {
-            k = (float *)slot_ptr(s, s->slot0[l]);
-            v = k + (size_t)s->n_kv * s->max_blocks * s->bf;
-            stride = s->bf;
+            uint8_t *k = slot_ptr(s, s->slot0[l]);
+            pool = (struct kvp_kvpool){.k = k,
+                                       .v = k + (size_t)s->n_kv * s->max_blocks * s->k_bytes,
+                                       .k_unit = s->k_bytes, .v_unit = s->v_bytes};
         }
-        kvp_kvcache_attach(s->kv, l, k, v, stride);
+        kvp_kvcache_attach(s->kv, l, pool);
     }
     kvp_res_remap_all(s);
     s->n_tokens = 0;

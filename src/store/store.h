@@ -3,13 +3,14 @@
  * small fast (hot) tier, and cross-token prefetching to hide the transfers (methods.md §1.9).
  *
  * Units. The transfer unit is one (layer, logical block) with the keys and values of every KV
- * head: [kv_head][K: head_dim x bs][V: bs x head_dim], the same per-head layouts as kvcache.h
- * (keys transposed), padded with empty head slots to a multiple of 4 KiB so every disk request
- * is O_DIRECT-aligned in offset, length and buffer. For stories260K (4 KV heads, head_dim 8,
- * bs 16) a head is 1 KiB of K+V and a unit is exactly 4 KiB with no padding; a model with
- * head_dim 128 has 16 KiB per head and never pads. A unit holds every KV head because a
- * per-head unit of a tiny model would be under the 4 KiB minimum; the price is that a step moves
- * the union of its KV heads' selections.
+ * head: [kv_head][K block][V block], the same per-head block layouts as kvcache.h and
+ * kv_types.h (keys transposed; the cache's element types, so an f16 cache moves half the bytes
+ * of f32), padded at the end to a multiple of 4 KiB so every disk request is O_DIRECT-aligned
+ * in offset, length and buffer. For stories260K (4 KV heads, head_dim 8, bs 16) a head is
+ * 512 bytes of f16 K+V (1 KiB in f32) and a unit is 4 KiB with half (none) of it padding; a
+ * model with head_dim 64 has 4 KiB of f16 per head and never pads. A unit holds every KV head
+ * because a per-head unit of a tiny model would be under the 4 KiB minimum; the price is that a
+ * step moves the union of its KV heads' selections.
  *
  * Cold tier. [layer][block][unit], the whole context, in RAM (4 KiB aligned, huge-page advised)
  * or in a file opened with O_TMPFILE | O_DIRECT under kv_dir (falling back to mkstemp + unlink),
@@ -18,8 +19,9 @@
  * not a failed write in the middle of decoding.
  *
  * Hot tier. Per layer a pool of unit-sized slots, and the kvcache's block table points into it
- * (kvp_kvcache_attach: K of head h of slot s at hot + (s*ppu + h)*2*bf floats, V bf floats
- * later), so the attention kernels read hot copies through kvp_kvcache_kblock unchanged and see
+ * (kvp_kvcache_attach: K of head h of slot s at hot + s*unit_bytes + h*head_bytes, V k_bytes
+ * later; physical block s*ppu + h, ppu the power of two >= n_kv), so the attention kernels
+ * read hot copies through kvp_kvcache_kblock unchanged and see
  * NULL for a block that is not resident. Layers that are not tiered (dense layers of a sparse
  * policy; everything without a policy) get one slot per block, mapped once, and are never
  * transferred; their slots hold the untiered layout instead (all K of head 0, head 1, ...,
@@ -121,9 +123,9 @@ struct kvp_cold_ops;
 struct kvp_store {
     /* geometry */
     int n_layer, n_kv, head_dim, bs, max_blocks;
-    size_t bf;             /* floats of one K (or V) block of one head: head_dim * bs */
-    int ppu;               /* head slots per unit, >= n_kv; the rest is padding */
-    size_t unit_bytes;     /* ppu * 2 * bf * 4, a multiple of KVP_STORE_ALIGN */
+    size_t k_bytes, v_bytes; /* one K (V) block of one head, in the cache's types */
+    int ppu;               /* physical block ids per unit: the power of two >= n_kv */
+    size_t unit_bytes;     /* n_kv * (k_bytes + v_bytes) rounded up to KVP_STORE_ALIGN */
     int mode;              /* enum kvp_prefetch, never DEFAULT */
 
     /* cold tier: a backend (cold.h) and its state */
