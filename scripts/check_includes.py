@@ -14,7 +14,7 @@ import sys
 # Lowest first; a folder may include any folder of a lower rank. Keep in step with README.md.
 LAYERS = {
     "core": 0,
-    "kernels": 1, "image": 1, "sample": 1,
+    "kernels": 1, "image": 1, "sample": 1, "tasks": 1,
     "tokenizer": 2,
     "model": 3,
     "kv": 4, "train": 4,

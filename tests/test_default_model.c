@@ -11,7 +11,8 @@
 
 #include "kvpred.h"
 #include "testutil.h"
-#include "train/train.h"
+#include "tasks/tasks.h"
+#include "train/train.h" /* the corpus */
 
 
 static int open_shipped(void **state)

@@ -22,7 +22,8 @@
 
 #include "eval/ruler.h"
 #include "eval/task_eval.h"
-#include "train/train.h"
+#include "tasks/tasks.h"
+#include "train/train.h" /* the corpus */
 
 /* ---- fixtures ------------------------------------------------------------------------------ */
 

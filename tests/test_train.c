@@ -618,6 +618,7 @@ struct fixture {
     char *text;
     size_t len;
     struct kvp_tvocab *v;
+    struct kvp_task_tok tok; /* v as the task generator's tokenizer */
     struct kvp_corpus *c;
 };
 
@@ -640,6 +641,7 @@ static void fixture_init(struct fixture *f, int n_vocab)
     free(all);
     free(tmpl);
     assert_int_equal(kvp_corpus_init(&f->c, f->text, f->len, f->v, 0.1, &err), 0);
+    f->tok = kvp_tvocab_task_tok(f->v);
 }
 
 static void fixture_free(struct fixture *f)
@@ -670,16 +672,16 @@ static void test_seed_contract(void **state)
         assert_true(kvp_task_seed_ok(e, true) && !kvp_task_seed_ok(e, false));
     }
     uint64_t s = kvp_task_seed(7, 1);
-    assert_int_equal(kvp_sample_make(&a, f.c, f.v, &mix, -1, s, false, 1.0f, &err), 0);
-    assert_int_equal(kvp_sample_make(&a, f.c, f.v, &mix, -1, kvp_task_eval_seed(s), true, 1.0f,
+    assert_int_equal(kvp_sample_make(&a, f.c, &f.tok, &mix, -1, s, false, 1.0f, &err), 0);
+    assert_int_equal(kvp_sample_make(&a, f.c, &f.tok, &mix, -1, kvp_task_eval_seed(s), true, 1.0f,
                                      &err),
                      0);
-    assert_int_equal(kvp_sample_make(&a, f.c, f.v, &mix, -1, s, true, 1.0f, &err), KVP_EINVAL);
+    assert_int_equal(kvp_sample_make(&a, f.c, &f.tok, &mix, -1, s, true, 1.0f, &err), KVP_EINVAL);
     assert_non_null(strstr(err.msg, "evaluation range"));
-    assert_int_equal(kvp_sample_make(&a, f.c, f.v, &mix, -1, kvp_task_eval_seed(s), false, 1.0f,
+    assert_int_equal(kvp_sample_make(&a, f.c, &f.tok, &mix, -1, kvp_task_eval_seed(s), false, 1.0f,
                                      &err),
                      KVP_EINVAL);
-    assert_int_equal(kvp_sample_make(&a, f.c, f.v, &mix, -1, s | (1ULL << 63), false, 1.0f, &err),
+    assert_int_equal(kvp_sample_make(&a, f.c, &f.tok, &mix, -1, s | (1ULL << 63), false, 1.0f, &err),
                      KVP_EINVAL);
     kvp_sample_free(&a);
     fixture_free(&f);
@@ -704,7 +706,7 @@ static void test_corpus_and_samples(void **state)
     assert_int_equal(kvp_sample_alloc(&a, 1024, &err), 0);
     assert_int_equal(kvp_sample_alloc(&b, 1024, &err), 0);
     for (int task = 1; task < KVP_TASK_COPY; task++) {
-        assert_int_equal(kvp_sample_make(&a, f.c, f.v, &mix, task, 1000 + task, false, 4.0f, &err), 0);
+        assert_int_equal(kvp_sample_make(&a, f.c, &f.tok, &mix, task, 1000 + task, false, 4.0f, &err), 0);
         assert_int_equal(a.task, task);
         assert_int_equal(a.tok[0], 1); /* BOS */
         assert_true(a.ans_end > a.ans_begin);
@@ -713,7 +715,7 @@ static void test_corpus_and_samples(void **state)
         kvp_tvocab_decode(f.v, a.tok + a.ans_begin + 1, (size_t)(a.ans_end - a.ans_begin), buf,
                           sizeof(buf));
         char *prompt, *answer;
-        assert_int_equal(kvp_task_render(f.c, f.v, task, 1000 + task, false, 1000, &prompt, &answer,
+        assert_int_equal(kvp_task_render(f.c, &f.tok, task, 1000 + task, false, 1000, &prompt, &answer,
                                          &err), 0);
         assert_string_equal(buf, answer); /* same seed, same task instance */
         assert_int_equal(a.tok[a.ans_end + 1], 2); /* EOS */
@@ -723,13 +725,13 @@ static void test_corpus_and_samples(void **state)
         for (int i = 0; i <= 1024; i++)
             assert_true(a.tok[i] >= 0 && a.tok[i] < f.v->n);
         /* deterministic */
-        assert_int_equal(kvp_sample_make(&b, f.c, f.v, &mix, task, 1000 + task, false, 4.0f, &err), 0);
+        assert_int_equal(kvp_sample_make(&b, f.c, &f.tok, &mix, task, 1000 + task, false, 4.0f, &err), 0);
         assert_memory_equal(a.tok, b.tok, sizeof(int32_t) * 1025);
         free(prompt);
         free(answer);
     }
     /* the copy task: the answer is the list again, right after the newline */
-    assert_int_equal(kvp_sample_make(&a, f.c, f.v, &mix, KVP_TASK_COPY, 3, false, 4.0f, &err), 0);
+    assert_int_equal(kvp_sample_make(&a, f.c, &f.tok, &mix, KVP_TASK_COPY, 3, false, 4.0f, &err), 0);
     assert_true(a.ans_end - a.ans_begin >= 1024 / 16 - 8);
     assert_float_equal(a.weight[a.ans_begin + 1], 4.0, 0.0); /* repeats weigh like answers */
     assert_int_equal(a.tok[a.ans_begin], KVP_TVOCAB_BYTE0 + '\n');
@@ -749,17 +751,17 @@ static void test_corpus_and_samples(void **state)
         int short_default = 0;
         for (int i = 0; i < 24; i++) {
             int task = KVP_TASK_PASSKEY + i % 3;
-            assert_int_equal(kvp_sample_make(&a, f.c, f.v, &full, task, 700 + i, false, 4.0f,
+            assert_int_equal(kvp_sample_make(&a, f.c, &f.tok, &full, task, 700 + i, false, 4.0f,
                                              &err), 0);
             assert_true(a.ans_end >= 870); /* 0.95 T less a haystack unit or two */
-            assert_int_equal(kvp_sample_make(&b, f.c, f.v, &mix, task, 700 + i, false, 4.0f,
+            assert_int_equal(kvp_sample_make(&b, f.c, &f.tok, &mix, task, 700 + i, false, 4.0f,
                                              &err), 0);
             short_default += b.ans_end < 870;
         }
         assert_true(short_default >= 6);
     }
     /* a passkey sample holds its key in the prompt and answers it */
-    assert_int_equal(kvp_sample_make(&a, f.c, f.v, &mix, KVP_TASK_PASSKEY, 5, false, 2.0f, &err), 0);
+    assert_int_equal(kvp_sample_make(&a, f.c, &f.tok, &mix, KVP_TASK_PASSKEY, 5, false, 2.0f, &err), 0);
     char *text = malloc(8192);
     kvp_tvocab_decode(f.v, a.tok, (size_t)a.ans_end + 1, text, 8192);
     char ans[64];
@@ -817,8 +819,8 @@ static void test_haystack_kinds(void **state)
     char *text = malloc(16384);
     /* hay_frac 0: bit for bit the samples of a corpus without extra haystacks */
     for (int task = 1; task < KVP_TASK_COUNT; task++) {
-        assert_int_equal(kvp_sample_make(&a, f.c, f.v, &mix, task, 50 + task, false, 4.0f, &err), 0);
-        assert_int_equal(kvp_sample_make(&b, plain, f.v, &mix, task, 50 + task, false, 4.0f, &err), 0);
+        assert_int_equal(kvp_sample_make(&a, f.c, &f.tok, &mix, task, 50 + task, false, 4.0f, &err), 0);
+        assert_int_equal(kvp_sample_make(&b, plain, &f.tok, &mix, task, 50 + task, false, 4.0f, &err), 0);
         assert_memory_equal(a.tok, b.tok, sizeof(int32_t) * 1025);
     }
     mix.hay_frac = 1.0f;
@@ -828,8 +830,8 @@ static void test_haystack_kinds(void **state)
         int task = i % 2 ? KVP_TASK_PASSKEY : KVP_TASK_NIAH_SINGLE_2;
         for (int ev = 0; ev < 2; ev++) {
             uint64_t seed = (900 + (uint64_t)i) | (ev ? KVP_EVAL_SEED_BIT : 0);
-            assert_int_equal(kvp_sample_make(&a, f.c, f.v, &mix, task, seed, ev, 4.0f, &err), 0);
-            assert_int_equal(kvp_sample_make(&b, f.c, f.v, &mix, task, seed, ev, 4.0f, &err), 0);
+            assert_int_equal(kvp_sample_make(&a, f.c, &f.tok, &mix, task, seed, ev, 4.0f, &err), 0);
+            assert_int_equal(kvp_sample_make(&b, f.c, &f.tok, &mix, task, seed, ev, 4.0f, &err), 0);
             assert_memory_equal(a.tok, b.tok, sizeof(int32_t) * 1025);
             assert_int_equal(a.task, task);
             kvp_tvocab_decode(f.v, a.tok, (size_t)a.ans_begin + 1, text, 16384);
@@ -884,7 +886,7 @@ static void test_tokenizer_matches_engine(void **state)
     int32_t *a = malloc(8192 * sizeof(int32_t)), *b = malloc(8192 * sizeof(int32_t));
     for (int task = 1; task < KVP_TASK_COPY; task++) {
         char *prompt, *answer;
-        assert_int_equal(kvp_task_render(f.c, f.v, task, 77, true, 700, &prompt, &answer, &err), 0);
+        assert_int_equal(kvp_task_render(f.c, &f.tok, task, 77, true, 700, &prompt, &answer, &err), 0);
         size_t na, nb;
         assert_int_equal(kvp_tvocab_encode(f.v, prompt, strlen(prompt), true, a, 8192, &na, &err), 0);
         assert_int_equal(kvp_vocab_encode(ev, prompt, strlen(prompt), true, false, b, 8192, &nb, &err), 0);
@@ -920,9 +922,10 @@ static void test_tasks_on_tinystories(void **state)
     assert_int_equal(kvp_tvocab_learn(text, len, 512, &v, &err), 0);
     struct kvp_corpus *c;
     assert_int_equal(kvp_corpus_init(&c, text, len, v, 0.05, &err), 0);
+    struct kvp_task_tok tok = kvp_tvocab_task_tok(v);
     for (int task = 1; task < KVP_TASK_COPY; task++) {
         char *prompt, *answer;
-        assert_int_equal(kvp_task_render(c, v, task, 9, true, 2000, &prompt, &answer, &err), 0);
+        assert_int_equal(kvp_task_render(c, &tok, task, 9, true, 2000, &prompt, &answer, &err), 0);
         size_t n;
         kvp_tvocab_encode(v, prompt, strlen(prompt), true, NULL, 0, &n, NULL);
         assert_true(n <= 2000 && n >= 1900);

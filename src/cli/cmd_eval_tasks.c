@@ -1,6 +1,6 @@
 /*
  * `kvpred eval --task T`: RULER-style retrieval accuracy (tasks.md §1, the needle grid of §2.3)
- * for every policy × budget. The prompts come from the trainer's generators (train_data.c) with
+ * for every policy × budget. The prompts come from the task generators (src/tasks) with
  * the Paul Graham essays as filler, sized in tokens of the model under test; every policy sees
  * the very same prompts. The pass key hides in its own noise line unless --filler names a text,
  * then in that text (prose the model never trained on tests that retrieval does not hinge on
@@ -50,7 +50,8 @@
 #include "cli/measure_opts.h"
 #include "eval/heatmap.h"
 #include "eval/task_eval.h"
-#include "train/train.h"
+#include "tasks/tasks.h"
+#include "train/train.h" /* the corpus */
 
 #define MAX_ITEMS 64
 

@@ -10,7 +10,8 @@
 #include "cli/cli.h"
 #include "cli/common.h"
 #include "eval/task_eval.h"
-#include "train/train.h"
+#include "tasks/tasks.h"
+#include "train/train.h" /* the corpus */
 
 static void help(void)
 {

@@ -9,7 +9,7 @@
 #include "cli/cli.h"
 #include "cli/measure_opts.h"
 #include "eval/task_eval.h"
-#include "train/train.h"
+#include "tasks/tasks.h"
 
 const char *cli_model_flags_help =
     "  -m, --model PATH     model file: GGUF, or a llama2.c checkpoint (default: the shipped\n"

@@ -7,7 +7,8 @@
 #include "core/platform.h"
 #include "eval/metrics.h"
 #include "eval/ruler.h"
-#include "train/train.h"
+#include "tasks/tasks.h"
+#include "train/train.h" /* the corpus */
 
 static const struct kvp_task_eval_kind kinds[] = {
     {"passkey", KVP_TASK_PASSKEY, 16},

@@ -3,7 +3,7 @@
  * and the needle grid of §2.3), in the library so the CLI only parses and prints and the tests
  * reach it directly.
  *
- * Tasks: each evaluation task names one of the trainer's generators (train_data.c) and RULER's
+ * Tasks: each evaluation task names one of the task generators (src/tasks) and RULER's
  * answer length (tokens_to_generate: passkey 16, niah 128, vt 30).
  *
  * Prompts: sample i of a task at (length L, depth d) is the largest prompt (instruction,

@@ -726,3 +726,14 @@ size_t kvp_tvocab_decode(const struct kvp_tvocab *v, const int32_t *ids, size_t 
         buf[k < cap ? k : cap - 1] = 0;
     return k < cap ? k : (cap ? cap - 1 : 0);
 }
+
+static int tvocab_task_encode(const void *ud, const char *text, size_t len, bool prefix,
+                              int32_t *ids, size_t cap, size_t *n, struct kvp_err *err)
+{
+    return kvp_tvocab_encode(ud, text, len, prefix, ids, cap, n, err);
+}
+
+struct kvp_task_tok kvp_tvocab_task_tok(const struct kvp_tvocab *v)
+{
+    return (struct kvp_task_tok){.encode = tvocab_task_encode, .ud = v};
+}

@@ -107,6 +107,7 @@ int kvp_train_evaluate(struct kvp_train_model *m, const struct kvp_corpus *c,
         rc = kvp_sample_alloc(&s[i], T, err);
     struct kvp_task_mix none = {.edge_frac = KVP_EDGE_FRAC_DEFAULT,
                                 .fill_min = KVP_FILL_MIN_DEFAULT};
+    struct kvp_task_tok enc = kvp_tvocab_task_tok(v);
     for (int task = 0; task < KVP_TASK_COUNT && rc == 0; task++) {
         int good = 0, total = 0;
         double nll = 0.0;
@@ -115,8 +116,8 @@ int kvp_train_evaluate(struct kvp_train_model *m, const struct kvp_corpus *c,
             int k = n - i0 < per ? n - i0 : per;
             for (int j = 0; j < k && rc == 0; j++) {
                 uint64_t sd = kvp_rng_mix(seed, (uint64_t)task * 1000003u + (uint64_t)(i0 + j));
-                rc = kvp_sample_make(&s[j], c, v, &none, task, kvp_task_eval_seed(sd), true, 1.0f,
-                                     err);
+                rc = kvp_sample_make(&s[j], c, &enc, &none, task, kvp_task_eval_seed(sd), true,
+                                     1.0f, err);
                 memcpy(tok + (size_t)j * T, s[j].tok, (size_t)T * sizeof(int32_t));
                 memcpy(tgt + (size_t)j * T, s[j].tok + 1, (size_t)T * sizeof(int32_t));
             }
@@ -297,9 +298,10 @@ static int train_step(struct run *r, struct kvp_train_progress *p, struct kvp_er
     if (rc < 0)
         return rc;
     double wsum = 0.0;
+    struct kvp_task_tok enc = kvp_tvocab_task_tok(r->v);
     for (int i = 0; i < n_seq; i++) {
         uint64_t sd = kvp_task_seed(hp->seed, r->st.data_cursor + (uint64_t)i);
-        rc = kvp_sample_make(&r->samples[i], r->c, r->v, &hp->mix, -1, sd, false,
+        rc = kvp_sample_make(&r->samples[i], r->c, &enc, &hp->mix, -1, sd, false,
                              hp->answer_weight, err);
         if (rc < 0)
             return rc;
