@@ -41,7 +41,8 @@ static inline void sb_str(struct sbuf *b, const char *s)
     sb_add(b, s, strlen(s));
 }
 
-static inline void sb_fmt(struct sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static inline void sb_fmt(struct sbuf *b, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 static inline void sb_fmt(struct sbuf *b, const char *fmt, ...)
 {
     char tmp[512];

@@ -774,8 +774,8 @@ void kvp_sample_free(struct kvp_sample *s)
 
 /* Append the encoding of text to s->tok at *pos (truncating at T+1); weight w on the targets
  * that predict these tokens. */
-static int put_text(struct kvp_sample *s, int *pos, const struct kvp_task_tok *tok, const char *text,
-                    size_t len, bool prefix, float w, struct kvp_err *err)
+static int put_text(struct kvp_sample *s, int *pos, const struct kvp_task_tok *tok,
+                    const char *text, size_t len, bool prefix, float w, struct kvp_err *err)
 {
     size_t cap = len + 8, n;
     int32_t *ids = malloc(cap * sizeof(int32_t));
@@ -891,9 +891,9 @@ bool kvp_task_seed_ok(uint64_t seed, bool eval)
     return eval ? (seed & KVP_EVAL_SEED_BIT) != 0 : (seed & (3ULL << 62)) == 0;
 }
 
-int kvp_sample_make(struct kvp_sample *s, const struct kvp_corpus *c, const struct kvp_task_tok *tok,
-                    const struct kvp_task_mix *mix, int task, uint64_t seed, bool eval,
-                    float answer_weight, struct kvp_err *err)
+int kvp_sample_make(struct kvp_sample *s, const struct kvp_corpus *c,
+                    const struct kvp_task_tok *tok, const struct kvp_task_mix *mix, int task,
+                    uint64_t seed, bool eval, float answer_weight, struct kvp_err *err)
 {
     if (!kvp_task_seed_ok(seed, eval))
         return kvp_err_set(err, KVP_EINVAL, "sample: seed %#llx is not of the %s range",

@@ -119,9 +119,9 @@ void kvp_sample_free(struct kvp_sample *s);
 /* Generate the sample for (seed) deterministically: task drawn from mix (or forced when task ≥
  * 0), filler from the training sentences (eval = false) or the held-out ones (eval = true). The
  * seed must be of the range eval names (kvp_task_seed_ok; KVP_EINVAL otherwise). */
-int kvp_sample_make(struct kvp_sample *s, const struct kvp_corpus *c, const struct kvp_task_tok *tok,
-                    const struct kvp_task_mix *mix, int task, uint64_t seed, bool eval,
-                    float answer_weight, struct kvp_err *err);
+int kvp_sample_make(struct kvp_sample *s, const struct kvp_corpus *c,
+                    const struct kvp_task_tok *tok, const struct kvp_task_mix *mix, int task,
+                    uint64_t seed, bool eval, float answer_weight, struct kvp_err *err);
 
 /* Text for vocabulary learning that holds the task templates the way training will show them:
  * per_task instances of every retrieval task with a two-unit haystack, prompt and answer, in a

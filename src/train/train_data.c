@@ -343,7 +343,8 @@ int kvp_corpus_init(struct kvp_corpus **out, const char *raw, size_t len,
     }
     size_t nt = 0;
     if (v)
-        kvp_tvocab_encode(v, KVP_TASK_NOISE_LINE, strlen(KVP_TASK_NOISE_LINE), false, NULL, 0, &nt, NULL);
+        kvp_tvocab_encode(v, KVP_TASK_NOISE_LINE, strlen(KVP_TASK_NOISE_LINE), false, NULL, 0,
+                          &nt, NULL);
     else
         nt = strlen(KVP_TASK_NOISE_LINE) / 4;
     c->noise_tok = (int)nt + 1;
