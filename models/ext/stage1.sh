@@ -1,0 +1,16 @@
+#!/bin/sh
+# Stage 1 of the context extension (issue 19), as in models/kvpred-default.md.
+# usage: stage1.sh CKPT OUT.gguf [extra flags, e.g. --stop-after 16]
+# Starts from the 2048 model when CKPT does not exist yet, else resumes CKPT (same settings:
+# the same stage, bit-exact).
+S=/work/shared/data
+CK=$1; OUT=$2; shift 2
+if [ -f "$CK" ]; then START="--resume $CK"; else START="--init-from /work/ckpt/kvpred-default-2k.gguf"; fi
+exec nice -n 5 /work/ckpt/kvpred train-lm $START \
+  --data $S/tinystories/tinystories_val.txt $S/tinyshakespeare/input.txt \
+  --hay $S/tinyshakespeare/input.txt /usr/share/common-licenses /usr/share/games/fortunes \
+        /usr/share/perl/5.36/pod/perldiag.pod \
+  --ctx 8192 --rope-base 160000 --curriculum 4096:0.4,8192:0.6 --batch 2 --steps 300 \
+  --lr 6e-4 --lr-min 6e-5 --warmup 0.03 --answer-weight 8 --hay-frac 0.5 --fill-min 0.5 --edge-frac 0.35 \
+  --mix copy:0.12,passkey:0.20,niah_single_1:0.04,niah_single_2:0.20,niah_single_3:0.04,niah_multikey_1:0.22,niah_multikey_2:0.04,niah_multikey_3:0.02,niah_multivalue:0.04,niah_multiquery:0.04,vt:0.02 \
+  --ckpt "$CK" --ckpt-every 10 --eval-every 50 --eval-samples 3 --threads 2 --seed 19 -o "$OUT" "$@"
