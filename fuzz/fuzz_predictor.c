@@ -39,10 +39,11 @@ static void run_network(const struct kvp_cnn *n)
         return;
     }
     float scores[W + 1];
-    struct kvp_cnn_input in = {rows, nr, 0, W};
+    struct kvp_cnn_input in = {.rows = rows, .n_rows = nr, .col0 = 0, .W = W};
     kvp_cnn_forward(n, &in, &s, scores);
     kvp_cnn_forward_inc(n, &in, 1, false, &st, &s, scores);
-    struct kvp_cnn_input next = {rows + 1, nr, 0, W + 1}; /* moved by a row, one column more */
+    /* moved by a row, one column more */
+    struct kvp_cnn_input next = {.rows = rows + 1, .n_rows = nr, .col0 = 0, .W = W + 1};
     kvp_cnn_forward_inc(n, &next, 2, false, &st, &s, scores);
     kvp_cnn_inc_free(&st);
     kvp_cnn_scratch_free(&s);
