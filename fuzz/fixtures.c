@@ -99,20 +99,8 @@ struct kvp_vocab *fz_spm_vocab(const struct kvp_tvocab *tv)
     struct kvp_gguf_writer *w;
     if (!tv || kvp_gguf_writer_init(&w, NULL) < 0)
         return NULL;
-    /* the keys train_gguf.c writes */
-    int rc = 0;
-    rc |= kvp_gguf_writer_set_str(w, "tokenizer.ggml.model", "llama");
-    rc |= kvp_gguf_writer_set_str(w, "tokenizer.ggml.pre", "default");
-    rc |= kvp_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)tv->text,
-                                      tv->len, (size_t)tv->n);
-    rc |= kvp_gguf_writer_set_arr_f32(w, "tokenizer.ggml.scores", tv->score, (size_t)tv->n);
-    rc |= kvp_gguf_writer_set_arr_i32(w, "tokenizer.ggml.token_type", tv->type, (size_t)tv->n);
-    rc |= kvp_gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 1);
-    rc |= kvp_gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 2);
-    rc |= kvp_gguf_writer_set_u32(w, "tokenizer.ggml.unknown_token_id", 0);
-    rc |= kvp_gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", true);
-    rc |= kvp_gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", false);
-    rc |= kvp_gguf_writer_set_bool(w, "tokenizer.ggml.add_space_prefix", true);
+    /* the tokenizer keys of every model the trainer exports */
+    int rc = kvp_train_gguf_add_vocab(w, tv);
     if (rc) {
         kvp_gguf_writer_free(w);
         return NULL;

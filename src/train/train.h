@@ -399,6 +399,10 @@ int kvp_ckpt_load(const char *path, long cap_tokens, int n_threads, struct kvp_t
 /* ================================= GGUF export (train_gguf.c) ================================= */
 
 /* Write the model and its vocabulary as a llama-architecture F32 GGUF. */
+/* Write the tokenizer keys of an exported model (SPM "llama" vocabulary, BOS 1, EOS 2, UNK 0,
+ * space prefix) into a GGUF writer; non-zero if the writer failed. */
+struct kvp_gguf_writer;
+int kvp_train_gguf_add_vocab(struct kvp_gguf_writer *w, const struct kvp_tvocab *v);
 int kvp_train_export_gguf(const char *path, const struct kvp_train_model *m,
                           const struct kvp_tvocab *v, const char *name, struct kvp_err *err);
 /* Read back a GGUF the exporter wrote: configuration, vocabulary and weights, into a model with

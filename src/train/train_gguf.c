@@ -17,7 +17,7 @@
 #include "model/gguf.h"
 #include "train/train.h"
 
-static int add_vocab(struct kvp_gguf_writer *w, const struct kvp_tvocab *v)
+int kvp_train_gguf_add_vocab(struct kvp_gguf_writer *w, const struct kvp_tvocab *v)
 {
     int rc = 0;
     rc |= kvp_gguf_writer_set_str(w, "tokenizer.ggml.model", "llama");
@@ -60,7 +60,7 @@ int kvp_train_export_gguf(const char *path, const struct kvp_train_model *m,
     bad |= kvp_gguf_writer_set_u32(w, "llama.rope.dimension_count", (uint32_t)m->head_dim);
     bad |= kvp_gguf_writer_set_f32(w, "llama.rope.freq_base", c->rope_base);
     bad |= kvp_gguf_writer_set_u32(w, "llama.vocab_size", (uint32_t)c->n_vocab);
-    bad |= add_vocab(w, v);
+    bad |= kvp_train_gguf_add_vocab(w, v);
     for (int i = 0; i < m->n_tensors && !bad; i++) {
         const struct kvp_train_tensor *t = &m->tensors[i];
         bad |= kvp_gguf_writer_add_tensor(w, t->name, KVP_TYPE_F32, t->n_dims, t->ne,
