@@ -833,6 +833,22 @@ static void test_query_feature(void **state)
             }
             assert_true(kvp_quest_bound(q, kmx, kmn, HD) == one[b]);
         }
+        /* a group of three heads sharing the metadata loads, a range that starts and ends
+         * inside a tile: each head's bound bit for bit */
+        float q3[3][HD], got3[3][64];
+        for (int j = 0; j < 3; j++)
+            for (int d = 0; d < HD; d++)
+                q3[j][d] = j == 0 ? q[d] : (float)((d * (3 + j)) % 7) - 3.0f;
+        const int b0 = nb > 5 ? 5 : 0;
+        kvp_qmeta_bounds(&qm, 1 * 2 + 1, &q3[0][0], 3, 1.0f, b0, nb, &got3[0][0], 64);
+        for (int j = 0; j < 3; j++)
+            for (int b = b0; b < nb; b++) {
+                for (int d = 0; d < HD; d++) {
+                    kmx[d] = kvp_qmeta_max(&qm, 3, b, d);
+                    kmn[d] = kvp_qmeta_min(&qm, 3, b, d);
+                }
+                assert_true(kvp_quest_bound(q3[j], kmx, kmn, HD) == got3[j][b - b0]);
+            }
         kvp_qfeat_row(got, nb, fg);
         double mx = want[0];
         for (int b = 1; b < nb; b++)
