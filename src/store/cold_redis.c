@@ -8,7 +8,10 @@
  * rather than through hiredis's async API: submit appends one GET or SET per unit to the owning
  * node's output buffer and notes in a ring what the reply will be for (a connection answers in
  * order); flush writes what the sockets take; reap reads and parses what has arrived without
- * blocking; wait sleeps in poll() on every busy socket until a reply or a deadline. The async API
+ * blocking; wait sleeps in poll() on every busy socket until a reply or a deadline. Commands
+ * are formatted here into one output buffer per node (RESP is a few lines) and sent with
+ * MSG_NOSIGNAL, so a node that died cannot raise SIGPIPE in the caller's process; hiredis
+ * connects and parses the replies. The async API
  * would need an event loop whose only callers are these same points (the decode thread is the
  * loop already), or a second thread and locks around the slots. Either way one step's misses and
  * the next step's prefetches are pipelined together on the same connections.
@@ -28,8 +31,8 @@
  * Lifetime. Values are written with an expiry (ttl_ms, default 10 minutes, renewed for every
  * stored unit every ttl/3 while the context is used), so a crashed process leaves nothing behind
  * for long; close deletes (UNLINK) every key the context wrote. hiredis allocates its command and
- * reply buffers per request; the store's own structures are allocated once (the reply rings grow
- * only when a larger burst than ever before is in flight).
+ * reply objects; the store's own buffers are allocated once and grow only when a larger burst than
+ * ever before is in flight.
  */
 #include <errno.h>
 #include <poll.h>
@@ -77,7 +80,8 @@ struct node {
     struct pend *q;     /* ring of the replies expected, in order */
     int q_head, q_len, q_cap;
     double progress_at; /* last reply, or when the ring last became non-empty */
-    bool out_pending;   /* commands buffered and not yet written */
+    char *out;          /* commands not yet written: out[out_off, out_len) */
+    size_t out_off, out_len, out_cap;
 };
 
 struct redis_io {
@@ -188,7 +192,7 @@ static void node_fail(struct redis_io *r, struct node *nd, int err)
     if (nd->c)
         redisFree(nd->c);
     nd->c = NULL;
-    nd->out_pending = false;
+    nd->out_off = nd->out_len = 0;
     nd->retry_at = kvp_time_now() + r->timeout_ms * 1e-3;
     while (nd->q_len > 0) {
         struct pend p = q_pop(nd);
@@ -245,33 +249,78 @@ static bool node_ready(struct redis_io *r, struct node *nd)
     return false;
 }
 
+static bool out_put(struct node *nd, const void *p, size_t n)
+{
+    if (nd->out_len + n > nd->out_cap) {
+        if (nd->out_off > 0) { /* drop what was sent first */
+            memmove(nd->out, nd->out + nd->out_off, nd->out_len - nd->out_off);
+            nd->out_len -= nd->out_off;
+            nd->out_off = 0;
+        }
+        size_t cap = nd->out_cap ? nd->out_cap : 1 << 16;
+        while (cap < nd->out_len + n)
+            cap *= 2;
+        if (cap != nd->out_cap) {
+            char *o = realloc(nd->out, cap);
+            if (!o)
+                return false;
+            nd->out = o;
+            nd->out_cap = cap;
+        }
+    }
+    memcpy(nd->out + nd->out_len, p, n);
+    nd->out_len += n;
+    return true;
+}
+
+/* One command in RESP: *argc, then $len and the bytes of each argument. */
+static bool out_command(struct node *nd, int argc, const char **argv, const size_t *lens)
+{
+    char h[32];
+    bool ok = out_put(nd, h, (size_t)snprintf(h, sizeof(h), "*%d\r\n", argc));
+    for (int i = 0; i < argc && ok; i++)
+        ok = out_put(nd, h, (size_t)snprintf(h, sizeof(h), "$%zu\r\n", lens[i])) &&
+             out_put(nd, argv[i], lens[i]) && out_put(nd, "\r\n", 2);
+    return ok;
+}
+
 /* Append one command to nd's output and expect its reply as p. */
 static bool node_append(struct redis_io *r, struct node *nd, int argc, const char **argv,
                         const size_t *lens, struct pend p)
 {
     if (!node_ready(r, nd))
         return false;
-    if (redisAppendCommandArgv(nd->c, argc, argv, lens) != REDIS_OK || !q_push(nd, p)) {
+    if (!out_command(nd, argc, argv, lens) || !q_push(nd, p)) {
         node_error(r, nd, "out of memory for a request");
         node_fail(r, nd, ENOMEM);
         return false;
     }
-    nd->out_pending = true;
     return true;
+}
+
+static bool out_pending(const struct node *nd)
+{
+    return nd->out_off < nd->out_len;
 }
 
 static void node_write(struct redis_io *r, struct node *nd)
 {
-    int done = 0;
-    do {
-        errno = 0;
-        if (redisBufferWrite(nd->c, &done) != REDIS_OK) {
-            node_error(r, nd, "connection lost: %s", nd->c->errstr);
-            node_fail(r, nd, ECONNRESET);
-            return;
+    while (out_pending(nd)) {
+        ssize_t n = send(nd->c->fd, nd->out + nd->out_off, nd->out_len - nd->out_off,
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+            nd->out_off += (size_t)n;
+            continue;
         }
-    } while (!done && errno != EAGAIN && errno != EWOULDBLOCK);
-    nd->out_pending = !done;
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return;
+        node_error(r, nd, "connection lost: %s", n < 0 ? strerror(errno) : "closed");
+        node_fail(r, nd, ECONNRESET);
+        return;
+    }
+    nd->out_off = nd->out_len = 0;
 }
 
 /* ======================================== routing ========================================= */
@@ -521,15 +570,15 @@ static bool io_round(struct redis_io *r, bool block)
     double deadline = 0;
     for (int i = 0; i < r->n_nodes; i++) {
         struct node *nd = &r->nodes[i];
-        if (nd->c && nd->out_pending)
+        if (nd->c && out_pending(nd))
             node_write(r, nd);
-        if (!nd->c || (!nd->q_len && !nd->out_pending))
+        if (!nd->c || (!nd->q_len && !out_pending(nd)))
             continue;
         double d = nd->progress_at + r->timeout_ms * 1e-3;
         if (n == 0 || d < deadline)
             deadline = d;
         pfd[n] = (struct pollfd){.fd = nd->c->fd,
-                                 .events = (short)(POLLIN | (nd->out_pending ? POLLOUT : 0))};
+                                 .events = (short)(POLLIN | (out_pending(nd) ? POLLOUT : 0))};
         idx[n++] = i;
     }
     if (n == 0)
@@ -544,7 +593,7 @@ static bool io_round(struct redis_io *r, bool block)
         struct node *nd = &r->nodes[idx[k]];
         if (block && !pfd[k].revents)
             continue;
-        if (block && nd->c && nd->out_pending && (pfd[k].revents & POLLOUT))
+        if (block && nd->c && out_pending(nd) && (pfd[k].revents & POLLOUT))
             node_write(r, nd);
         if (nd->c)
             node_read(r, nd);
@@ -586,6 +635,7 @@ static void redis_close(struct kvp_store *s)
         if (r->nodes[i].c)
             redisFree(r->nodes[i].c);
         free(r->nodes[i].q);
+        free(r->nodes[i].out);
     }
     free(r->stored);
     free(r->rbuf);
@@ -747,7 +797,7 @@ static void redis_flush(struct kvp_store *s)
         r->refresh_at = kvp_time_now() + r->ttl_ms * 1e-3 / 3;
     }
     for (int i = 0; i < r->n_nodes; i++)
-        if (r->nodes[i].c && r->nodes[i].out_pending)
+        if (r->nodes[i].c && out_pending(&r->nodes[i]))
             node_write(r, &r->nodes[i]);
 }
 
