@@ -32,7 +32,7 @@
 #include <hiredis/hiredis.h>
 #endif
 
-#define VOCAB 80
+#define VOCAB    80
 #define N_PROMPT 200
 #define N_DECODE 40
 
@@ -57,7 +57,8 @@ static void test_crc16(void **state)
     assert_int_equal(kvp_redis_key_slot("123456789", 9), 0x31C3 % 16384);
     assert_int_equal(kvp_redis_key_slot("{user1000}.following", 20),
                      kvp_redis_key_slot("user1000", 8));
-    assert_int_equal(kvp_redis_key_slot("foo{}{bar}", 10), kvp_redis_crc16("foo{}{bar}", 10) % 16384);
+    assert_int_equal(kvp_redis_key_slot("foo{}{bar}", 10),
+                     kvp_redis_crc16("foo{}{bar}", 10) % 16384);
     assert_int_equal(kvp_redis_key_slot("foo{{bar}}zap", 13), kvp_redis_key_slot("{bar", 4));
     assert_int_equal(kvp_redis_key_slot("a{b", 3), kvp_redis_crc16("a{b", 3) % 16384);
 }
@@ -66,9 +67,12 @@ static void test_crc16(void **state)
 
 static struct kvp_ctx_params base_params(const char *url)
 {
-    return (struct kvp_ctx_params){.n_ctx = 512, .n_threads = 2, .n_batch = 64,
+    return (struct kvp_ctx_params){.n_ctx = 512,
+                                   .n_threads = 2,
+                                   .n_batch = 64,
                                    .kv_tier = url ? KVP_TIER_REDIS : KVP_TIER_NONE,
-                                   .kv_url = url, .hot_budget = 48,
+                                   .kv_url = url,
+                                   .hot_budget = 48,
                                    .prefetch = KVP_PREFETCH_TOKEN};
 }
 
@@ -96,8 +100,8 @@ struct server {
 
 static char tmp_dir[4096];
 static bool have_redis;
-static struct server single;                /* the plain server */
-static struct server cluster[3];            /* the cluster's masters */
+static struct server single;     /* the plain server */
+static struct server cluster[3]; /* the cluster's masters */
 static bool cluster_up;
 static char single_url[64], cluster_url[128];
 
@@ -156,7 +160,8 @@ static bool cmd_ok(int port, const char *fmt, const char *a, const char *b)
 static bool port_free(int port)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)port),
                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
     if (fd >= 0)
@@ -191,13 +196,13 @@ static bool start_server(struct server *sv, bool cluster_mode)
         if (!freopen("/dev/null", "w", stdout) || !freopen("/dev/null", "w", stderr))
             _exit(126);
         if (cluster_mode)
-            execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1",
-                   "--save", "", "--appendonly", "no", "--dir", tmp_dir, "--cluster-enabled",
-                   "yes", "--cluster-config-file", conf, "--cluster-require-full-coverage", "no",
+            execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1", "--save",
+                   "", "--appendonly", "no", "--dir", tmp_dir, "--cluster-enabled", "yes",
+                   "--cluster-config-file", conf, "--cluster-require-full-coverage", "no",
                    (char *)NULL);
         else
-            execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1",
-                   "--save", "", "--appendonly", "no", "--dir", tmp_dir, (char *)NULL);
+            execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1", "--save",
+                   "", "--appendonly", "no", "--dir", tmp_dir, (char *)NULL);
         _exit(127);
     }
     if (sv->pid < 0)
@@ -290,8 +295,8 @@ static int servers_up(void)
         return -1;
     snprintf(single_url, sizeof(single_url), "redis://127.0.0.1:%d", single.port);
     cluster_up = start_cluster();
-    snprintf(cluster_url, sizeof(cluster_url), "redis://127.0.0.1:%d,127.0.0.1:%d",
-             cluster[0].port, cluster[1].port);
+    snprintf(cluster_url, sizeof(cluster_url), "redis://127.0.0.1:%d,127.0.0.1:%d", cluster[0].port,
+             cluster[1].port);
     return 0;
 }
 
@@ -650,10 +655,8 @@ static void migrate_hook(int step)
         assert_true(n_mig > 0);
         for (int i = 0; i < n_mig; i++) {
             snprintf(sl, sizeof(sl), "%d", mig_slots[i]);
-            assert_true(cmd_ok(cluster[1].port, "CLUSTER SETSLOT %s IMPORTING %s", sl,
-                               node_id[0]));
-            assert_true(cmd_ok(cluster[0].port, "CLUSTER SETSLOT %s MIGRATING %s", sl,
-                               node_id[1]));
+            assert_true(cmd_ok(cluster[1].port, "CLUSTER SETSLOT %s IMPORTING %s", sl, node_id[0]));
+            assert_true(cmd_ok(cluster[0].port, "CLUSTER SETSLOT %s MIGRATING %s", sl, node_id[1]));
             migrate_keys(mig_slots[i], true);
         }
     }
@@ -731,9 +734,17 @@ static void test_killed_node(void **state)
 static int setup(void **state)
 {
     (void)state;
-    struct kvp_test_model_spec sp = {.n_vocab = VOCAB, .n_embd = 64, .n_layer = 4, .n_head = 4,
-                                     .n_head_kv = 2, .n_ff = 96, .n_ctx = 512, .type = 0,
-                                     .embd_type = 0, .tied = 1, .seed = 29};
+    struct kvp_test_model_spec sp = {.n_vocab = VOCAB,
+                                     .n_embd = 64,
+                                     .n_layer = 4,
+                                     .n_head = 4,
+                                     .n_head_kv = 2,
+                                     .n_ff = 96,
+                                     .n_ctx = 512,
+                                     .type = 0,
+                                     .embd_type = 0,
+                                     .tied = 1,
+                                     .seed = 29};
     model_path = kvp_test_tmpfile(".gguf");
     if (kvp_test_write_model(&sp, model_path, NULL) != 0)
         return -1;
@@ -765,14 +776,10 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_crc16),
 #ifdef KVP_HAVE_HIREDIS
-        cmocka_unit_test(test_wrong_urls),
-        cmocka_unit_test(test_silent_server),
-        cmocka_unit_test(test_single_equal),
-        cmocka_unit_test(test_maxmemory),
-        cmocka_unit_test(test_stalled_server),
-        cmocka_unit_test(test_cluster_equal),
-        cmocka_unit_test(test_slot_migration),
-        cmocka_unit_test(test_killed_node),
+        cmocka_unit_test(test_wrong_urls),     cmocka_unit_test(test_silent_server),
+        cmocka_unit_test(test_single_equal),   cmocka_unit_test(test_maxmemory),
+        cmocka_unit_test(test_stalled_server), cmocka_unit_test(test_cluster_equal),
+        cmocka_unit_test(test_slot_migration), cmocka_unit_test(test_killed_node),
 #else
         cmocka_unit_test(test_not_built),
 #endif

@@ -10,8 +10,8 @@
  * floor tokens/s = bandwidth / (weight bytes + KV bytes at CTX), with the bandwidth measured here
  * by streaming a 256 MiB buffer with the same number of threads (or given with --bandwidth).
  *
- * Sparse and tiered runs: --policy/--budget attach a selection policy; --kv-tier ram|disk|redis puts
- * the whole cache in a cold tier with a small hot tier in front (src/store/store.h), filled by
+ * Sparse and tiered runs: --policy/--budget attach a selection policy; --kv-tier ram|disk|redis
+ * puts the whole cache in a cold tier with a small hot tier in front (src/store/store.h), filled by
  * --prefetch dense|none|layer|token; --link-gbps/--link-latency-us make a RAM cold tier behave
  * like a link of that bandwidth and latency. Tiered runs re-fill the cache before every
  * repetition instead of truncating it (a policy may rebuild its metadata from every block after
@@ -414,9 +414,9 @@ int cmd_bench(int argc, char **argv)
             cJSON_AddStringToObject(o, "budget", budget_arg);
         else
             cJSON_AddNullToObject(o, "budget");
-        /* kv_tier: none, ram, disk or redis; prefetch: dense/none/layer/token (null when untiered);
-         * hot_budget: --hot-budget tokens per layer (0: sized from the budget); link_gbps,
-         * link_latency_us: the modelled link (0: off) */
+        /* kv_tier: none, ram, disk or redis; prefetch: dense/none/layer/token (null when
+         * untiered); hot_budget: --hot-budget tokens per layer (0: sized from the budget);
+         * link_gbps, link_latency_us: the modelled link (0: off) */
         /* policy_ms_per_token: time inside the policy's select/on_step hooks per token (thread
          * time summed over KV heads); policy_share: its fraction of the decode time */
         if (pp.name) {

@@ -4,17 +4,16 @@
  * (kvp_ctx_params.kv_url = redis://HOST:PORT[,HOST:PORT...][?timeout_ms=N&ttl_ms=N]). The
  * session id (pid, a per-process counter and 32 random bits) is unique per context.
  *
- * I/O. One hiredis context per node, in non-blocking mode, driven from the table's own points
- * rather than through hiredis's async API: submit appends one GET or SET per unit to the owning
- * node's output buffer and notes in a ring what the reply will be for (a connection answers in
- * order); flush writes what the sockets take; reap reads and parses what has arrived without
- * blocking; wait sleeps in poll() on every busy socket until a reply or a deadline. Commands
- * are formatted here into one output buffer per node (RESP is a few lines) and sent with
- * MSG_NOSIGNAL, so a node that died cannot raise SIGPIPE in the caller's process; hiredis
- * connects and parses the replies. The async API
- * would need an event loop whose only callers are these same points (the decode thread is the
- * loop already), or a second thread and locks around the slots. Either way one step's misses and
- * the next step's prefetches are pipelined together on the same connections.
+ * I/O. One connection per node, non-blocking, driven from the table's own points rather than
+ * through hiredis's async API: submit formats one GET or SET per unit (RESP, a few lines) into
+ * the owning node's output buffer and notes in a ring what the reply will be for (a connection
+ * answers in order); flush sends what the sockets take (MSG_NOSIGNAL: a node that died cannot
+ * raise SIGPIPE in the caller's process); reap reads what has arrived without blocking and
+ * parses it with hiredis's reader; wait sleeps in poll() on every busy socket until a reply or
+ * a deadline. The async API would need an event loop whose only callers are these same points
+ * (the decode thread is the loop already), or a second thread and locks around the hot slots.
+ * This way one step's misses and the next step's prefetches are pipelined together on the same
+ * connections.
  *
  * Cluster. CLUSTER SLOTS on the first seed that answers gives the slot map (an error there means
  * a single server, which then holds every slot); a key goes to the master of its CRC16 slot
@@ -30,8 +29,8 @@
  *
  * Lifetime. Values are written with an expiry (ttl_ms, default 10 minutes, renewed for every
  * stored unit every ttl/3 while the context is used), so a crashed process leaves nothing behind
- * for long; close deletes (UNLINK) every key the context wrote. hiredis allocates its command and
- * reply objects; the store's own buffers are allocated once and grow only when a larger burst than
+ * for long; close deletes (UNLINK) every key the context wrote. hiredis allocates its reply
+ * objects; the backend's own buffers are allocated once and grow only when a larger burst than
  * ever before is in flight.
  */
 #include <errno.h>
@@ -50,13 +49,13 @@
 #include "store/redis_slot.h"
 #include "store/store_internal.h"
 
-#define MAX_NODES 64          /* masters of a cluster (slot_node holds an index byte) */
-#define NO_NODE 0xff
-#define MAX_REDIRECTS 8       /* MOVED/ASK hops per command before it fails */
+#define MAX_NODES          64 /* masters of a cluster (slot_node holds an index byte) */
+#define NO_NODE            0xff
+#define MAX_REDIRECTS      8 /* MOVED/ASK hops per command before it fails */
 #define DEFAULT_TIMEOUT_MS 5000
-#define DEFAULT_TTL_MS 600000
-#define KEY_CAP 96
-#define RECV_CHUNK (256 * 1024)
+#define DEFAULT_TTL_MS     600000
+#define KEY_CAP            96
+#define RECV_CHUNK         (256 * 1024)
 
 enum pend_kind {
     PEND_UNIT,   /* GET or SET of one unit of a transfer record */
@@ -75,9 +74,9 @@ struct pend {
 struct node {
     char host[128];
     int port;
-    redisContext *c;    /* NULL: not connected */
-    double retry_at;    /* after a failure: no reconnect before then */
-    struct pend *q;     /* ring of the replies expected, in order */
+    redisContext *c; /* NULL: not connected */
+    double retry_at; /* after a failure: no reconnect before then */
+    struct pend *q;  /* ring of the replies expected, in order */
     int q_head, q_len, q_cap;
     double progress_at; /* last reply, or when the ring last became non-empty */
     char *out;          /* commands not yet written: out[out_off, out_len) */
@@ -89,18 +88,18 @@ struct redis_io {
     struct node nodes[MAX_NODES];
     int n_nodes;
     bool cluster;
-    bool slots_refreshing;            /* a CLUSTER SLOTS is in flight */
+    bool slots_refreshing;              /* a CLUSTER SLOTS is in flight */
     uint8_t slot_node[KVP_REDIS_SLOTS]; /* master of each slot (NO_NODE: none known) */
-    char sid[48];                     /* session id, the keys' prefix */
-    uint8_t *stored;                  /* [n_layer * max_blocks] a SET of the unit was sent */
-    int rec_left[KVP_STORE_MAX_XFER]; /* units of a record not answered yet */
-    int rec_err[KVP_STORE_MAX_XFER];  /* first errno among its units, or 0 */
-    int n_completed;                  /* records completed since reap/wait began */
-    redisReply *call_reply;           /* the reply of a PEND_CALL */
+    char sid[48];                       /* session id, the keys' prefix */
+    uint8_t *stored;                    /* [n_layer * max_blocks] a SET of the unit was sent */
+    int rec_left[KVP_STORE_MAX_XFER];   /* units of a record not answered yet */
+    int rec_err[KVP_STORE_MAX_XFER];    /* first errno among its units, or 0 */
+    int n_completed;                    /* records completed since reap/wait began */
+    redisReply *call_reply;             /* the reply of a PEND_CALL */
     int timeout_ms, ttl_ms;
     char ttl_str[16];
-    double refresh_at;                /* when the expiries are renewed next */
-    char *rbuf;                       /* [RECV_CHUNK] socket reads */
+    double refresh_at; /* when the expiries are renewed next */
+    char *rbuf;        /* [RECV_CHUNK] socket reads */
 };
 
 /* The first error of the store, naming the node (sticky until kvp_store_take_error). */
@@ -110,8 +109,7 @@ static void node_error(struct redis_io *r, const struct node *nd, const char *fm
     if (s->err_code)
         return;
     s->err_code = KVP_EIO;
-    int n = snprintf(s->err_msg, sizeof(s->err_msg), "KV store: redis %s:%d: ", nd->host,
-                     nd->port);
+    int n = snprintf(s->err_msg, sizeof(s->err_msg), "KV store: redis %s:%d: ", nd->host, nd->port);
     if (n < 0 || (size_t)n >= sizeof(s->err_msg))
         return;
     va_list ap;
@@ -334,8 +332,8 @@ static void refresh_slots(struct redis_io *r, int ni)
         return;
     const char *argv[] = {"CLUSTER", "SLOTS"};
     const size_t lens[] = {7, 5};
-    r->slots_refreshing = node_append(r, &r->nodes[ni], 2, argv, lens,
-                                      (struct pend){.kind = PEND_SLOTS});
+    r->slots_refreshing =
+        node_append(r, &r->nodes[ni], 2, argv, lens, (struct pend){.kind = PEND_SLOTS});
 }
 
 /* Take the masters of a CLUSTER SLOTS reply (from node `from`) into the slot map. Returns the
@@ -435,8 +433,10 @@ static bool handle_reply(struct redis_io *r, struct node *nd, struct pend p, red
         return false;
     }
     if (rep->type == REDIS_REPLY_NIL)
-        node_error(r, nd, "read of layer %d block %d: the key is gone (expired, evicted, or "
-                   "the node lost it)", x->layer, b);
+        node_error(r, nd,
+                   "read of layer %d block %d: the key is gone (expired, evicted, or "
+                   "the node lost it)",
+                   x->layer, b);
     else
         node_error(r, nd, "read of layer %d block %d: %zu bytes instead of %zu", x->layer, b,
                    rep->type == REDIS_REPLY_STRING ? rep->len : (size_t)0, s->unit_bytes);
@@ -521,8 +521,8 @@ static void node_read(struct redis_io *r, struct node *nd)
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
             return;
         if (n <= 0) {
-            node_error(r, nd, "connection lost: %s", n == 0 ? "closed by the server"
-                                                             : strerror(errno));
+            node_error(r, nd, "connection lost: %s",
+                       n == 0 ? "closed by the server" : strerror(errno));
             node_fail(r, nd, ECONNRESET);
             return;
         }
@@ -680,8 +680,10 @@ static int parse_url(struct redis_io *r, const char *url, struct kvp_err *err)
         v = dst ? strtol(p, &end, 10) : 0;
         if (!dst || end == p || (*end && *end != '&') || v < 1 || v > 86400000 ||
             (dst == &ttl && v < 1000))
-            return kvp_err_set(err, KVP_EINVAL, "--kv-url %s: options are timeout_ms=1..86400000"
-                               " and ttl_ms=1000..86400000", url);
+            return kvp_err_set(err, KVP_EINVAL,
+                               "--kv-url %s: options are timeout_ms=1..86400000"
+                               " and ttl_ms=1000..86400000",
+                               url);
         *dst = v;
         r->timeout_ms = (int)timeout;
         r->ttl_ms = (int)ttl;
@@ -701,15 +703,16 @@ static int discover(struct redis_io *r, const char *url, struct kvp_err *err)
         const size_t lens[] = {7, 5};
         redisReply *rep = node_call(r, &r->nodes[i], 2, argv, lens);
         if (!rep)
-            continue; /* the error names this seed; try the next one */
+            continue;    /* the error names this seed; try the next one */
         s->err_code = 0; /* an earlier seed's failure is not the outcome */
         int covered = 0;
         if (rep->type == REDIS_REPLY_ERROR) {
             freeReplyObject(rep);
             if (n_seeds > 1)
-                return kvp_err_set(err, KVP_EINVAL, "--kv-url %s: %s:%d is not a cluster node;"
-                                   " give one address for a single server", url,
-                                   r->nodes[i].host, r->nodes[i].port);
+                return kvp_err_set(err, KVP_EINVAL,
+                                   "--kv-url %s: %s:%d is not a cluster node;"
+                                   " give one address for a single server",
+                                   url, r->nodes[i].host, r->nodes[i].port);
             memset(r->slot_node, i, sizeof(r->slot_node));
             return 0;
         }
@@ -717,12 +720,14 @@ static int discover(struct redis_io *r, const char *url, struct kvp_err *err)
         covered = apply_slots(r, rep, i);
         freeReplyObject(rep);
         if (covered < 0)
-            return kvp_err_set(err, KVP_EIO, "--kv-url %s: bad CLUSTER SLOTS reply from %s:%d",
-                               url, r->nodes[i].host, r->nodes[i].port);
+            return kvp_err_set(err, KVP_EIO, "--kv-url %s: bad CLUSTER SLOTS reply from %s:%d", url,
+                               r->nodes[i].host, r->nodes[i].port);
         for (int sl = 0; sl < KVP_REDIS_SLOTS; sl++)
             if (r->slot_node[sl] == NO_NODE)
-                return kvp_err_set(err, KVP_EIO, "--kv-url %s: cluster slot %d has no node "
-                                   "(cluster not ready?)", url, sl);
+                return kvp_err_set(err, KVP_EIO,
+                                   "--kv-url %s: cluster slot %d has no node "
+                                   "(cluster not ready?)",
+                                   url, sl);
         /* every master answers now, so a dead one is an error here, not in the middle */
         for (int k = 0; k < r->n_nodes; k++) {
             bool used = false;

@@ -22,8 +22,7 @@ int kvp_redis_key_slot(const char *key, size_t len)
         size_t start = (size_t)(open - key) + 1;
         const char *close = memchr(key + start, '}', len - start);
         if (close && close > key + start) /* a non-empty tag: only it is hashed */
-            return kvp_redis_crc16(key + start, (size_t)(close - key) - start) %
-                   KVP_REDIS_SLOTS;
+            return kvp_redis_crc16(key + start, (size_t)(close - key) - start) % KVP_REDIS_SLOTS;
     }
     return kvp_redis_crc16(key, len) % KVP_REDIS_SLOTS;
 }
