@@ -1,5 +1,6 @@
 /* Tiered KV store: the per-step protocol and the transfer records (see store.h; residency in
- * residency.c, the cold-tier backends in cold_ram.c and cold_disk.c, accounting in stats.c). */
+ * residency.c, the cold-tier backends in cold_ram.c, cold_disk.c and cold_redis.c, accounting
+ * in stats.c). */
 #include "store/store.h"
 
 #include <errno.h>
