@@ -914,44 +914,52 @@ static void rows_q6_k(const void *w, size_t row_bytes, const void *xq, int64_t n
 #define DOT_Q4_K dot_q4_k
 #define DOT_Q6_K dot_q6_k
 
+/* The fields both AVX-512 tables share; they differ in the row kernels the VNNI file replaces. */
+#define AVX512_COMMON_FIELDS                                                                       \
+    .dot_f32 = dot_f32, .dot_f16 = dot_f16, .dot_bf16 = dot_bf16, .dot_q8_0 = dot_q8_0,            \
+    .axpy = axpy, .exp_sum = exp_sum, .max = vmax, .block_scores = block_scores,                   \
+    .block_accum = block_accum, .rows_f32 = rows_f32, .rows_f16 = rows_f16,                        \
+    .rows_bf16 = rows_bf16, .quantize_q8_0 = quantize_q8_0, .dequant_f16 = dequant_f16,            \
+    .dequant_q8_0 = dequant_q8_0,                                                                  \
+    .dot_q =                                                                                       \
+        {                                                                                          \
+            [KVP_TYPE_Q4_0] = DOT_Q4_0,                                                            \
+            [KVP_TYPE_Q4_1] = qx_dot_q4_1,                                                         \
+            [KVP_TYPE_Q5_0] = qx_dot_q5_0,                                                         \
+            [KVP_TYPE_Q5_1] = qx_dot_q5_1,                                                         \
+            [KVP_TYPE_IQ4_NL] = qx_dot_iq4_nl,                                                     \
+            [KVP_TYPE_Q2_K] = qx_dot_q2_k,                                                         \
+            [KVP_TYPE_Q3_K] = qx_dot_q3_k,                                                         \
+            [KVP_TYPE_Q4_K] = DOT_Q4_K,                                                            \
+            [KVP_TYPE_Q5_K] = qx_dot_q5_k,                                                         \
+            [KVP_TYPE_Q6_K] = DOT_Q6_K,                                                            \
+        },                                                                                         \
+    .quantize_q8_k = qx_quantize_q8_k, .rows_prefetch = true
+
 const struct kvp_simd_ops kvp_simd_ops_avx512 = {
     .name = "avx512",
-    .dot_f32 = dot_f32,
-    .dot_f16 = dot_f16,
-    .dot_bf16 = dot_bf16,
-    .dot_q8_0 = dot_q8_0,
-    .axpy = axpy,
-    .exp_sum = exp_sum,
-    .max = vmax,
-    .block_scores = block_scores,
-    .block_accum = block_accum,
-    .rows_f32 = rows_f32,
-    .rows_f16 = rows_f16,
-    .rows_bf16 = rows_bf16,
+    AVX512_COMMON_FIELDS,
     .rows_q8_0 = rows_q8_0,
-    .quantize_q8_0 = quantize_q8_0,
-    .dequant_f16 = dequant_f16,
-    .dequant_q8_0 = dequant_q8_0,
-    .dot_q =
-        {
-            [KVP_TYPE_Q4_0] = DOT_Q4_0,
-            [KVP_TYPE_Q4_1] = qx_dot_q4_1,
-            [KVP_TYPE_Q5_0] = qx_dot_q5_0,
-            [KVP_TYPE_Q5_1] = qx_dot_q5_1,
-            [KVP_TYPE_IQ4_NL] = qx_dot_iq4_nl,
-            [KVP_TYPE_Q2_K] = qx_dot_q2_k,
-            [KVP_TYPE_Q3_K] = qx_dot_q3_k,
-            [KVP_TYPE_Q4_K] = DOT_Q4_K,
-            [KVP_TYPE_Q5_K] = qx_dot_q5_k,
-            [KVP_TYPE_Q6_K] = DOT_Q6_K,
-        },
-    .quantize_q8_k = qx_quantize_q8_k,
-    .rows_prefetch = true,
     .rows_q =
         {
             [KVP_TYPE_Q4_0] = rows_q4_0,
             [KVP_TYPE_Q5_0] = rows_q5_0,
             [KVP_TYPE_Q4_K] = rows_q4_k,
+            [KVP_TYPE_Q5_K] = rows_q5_k,
+            [KVP_TYPE_Q6_K] = rows_q6_k,
+        },
+};
+
+/* Handed out only when the CPU has AVX-512 VNNI (simd.c). */
+const struct kvp_simd_ops kvp_simd_ops_avx512vnni = {
+    .name = "avx512vnni",
+    AVX512_COMMON_FIELDS,
+    .rows_q8_0 = kvp_vnni_rows_q8_0,
+    .rows_q =
+        {
+            [KVP_TYPE_Q4_0] = rows_q4_0,
+            [KVP_TYPE_Q5_0] = rows_q5_0,
+            [KVP_TYPE_Q4_K] = kvp_vnni_rows_q4_k,
             [KVP_TYPE_Q5_K] = rows_q5_k,
             [KVP_TYPE_Q6_K] = rows_q6_k,
         },
