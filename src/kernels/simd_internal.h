@@ -18,6 +18,10 @@ extern const struct kvp_simd_ops kvp_simd_ops_avx512vnni; /* AVX-512 plus the VN
  * when the CPU has VNNI. */
 void kvp_vnni_rows_q8_0(const void *w, size_t row_bytes, const void *xq, int64_t n, int64_t nrows,
                         float *y);
+void kvp_vnni_rows_q4_0(const void *w, size_t row_bytes, const void *xq, int64_t n, int64_t nrows,
+                        float *y);
+void kvp_vnni_rows_q5_0(const void *w, size_t row_bytes, const void *xq, int64_t n, int64_t nrows,
+                        float *y);
 void kvp_vnni_rows_q4_k(const void *w, size_t row_bytes, const void *xq, int64_t n, int64_t nrows,
                         float *y);
 

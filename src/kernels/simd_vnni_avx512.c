@@ -1,5 +1,6 @@
 /*
- * AVX-512 VNNI row kernels for the two weight types that dominate real files, Q8_0 and Q4_K;
+ * AVX-512 VNNI row kernels for the weight types that dominate real files, Q8_0, Q4_0, Q5_0 and
+ * Q4_K;
  * compiled with the AVX-512 flags plus -mavx512vnni (this file only, so that the compiler cannot
  * put VNNI instructions into the plain AVX-512 table), and used only through the "avx512vnni"
  * table that simd.c builds from the AVX-512 one when the CPU has VNNI.
@@ -13,6 +14,8 @@
  *     starting each accumulation from -128·Σx (computed once per block pair for all rows).
  *     Per row and block pair that is one xor and one vpdpbusd where the sign trick of
  *     simd_avx512.c needs five operations; the two f16 row scales become one vcvtph2ps.
+ *   - Q4_0 / Q5_0: the codes are unsigned already (vpdpbusd's signedness), so the offset (8, 16)
+ *     times Σx is the starting value, shared by the rows, as above.
  *   - Q4_K: one 64-byte load per 128 codes, the nibbles split with two ands and a shift (the
  *     activations are rearranged once per super-block, for all rows, to match that order);
  *     vpmaddubsw then vpdpwssd applies the sub-block scales and accumulates in one step; the
@@ -26,6 +29,7 @@
 #include <string.h>
 
 #include "kernels/simd_internal.h"
+#include "kernels/simd_pairs_avx512.h"
 #include "kernels/simd_quant_x86.h"
 #include "kernels/types.h"
 
@@ -52,20 +56,13 @@ KVP_INLINE float hsum(__m512 v)
 
 /* ============================== Q8_0 ============================== */
 
-/* The 32 quants of blocks b and b+1 (34 bytes apart) in one zmm. */
-KVP_INLINE __m512i q8_pair(const uint8_t *blk)
-{
-    __m256i lo = _mm256_loadu_si256((const __m256i *)(blk + 2));
-    __m256i hi = _mm256_loadu_si256((const __m256i *)(blk + 34 + 2));
-    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-}
-
-/* The f16 scales of blocks b and b+1 as floats: lanes 0..7 the first, 8..15 the second. */
-KVP_INLINE __m512 q8_scale_pair(const uint8_t *blk, __m512i spread)
+/* The f16 scales (first two bytes) of blocks b and b+1, bs bytes apart, as floats: lanes 0..7
+ * the first, 8..15 the second. */
+KVP_INLINE __m512 q8_scale_pair(const uint8_t *blk, size_t bs, __m512i spread)
 {
     uint16_t a, b;
     memcpy(&a, blk, 2);
-    memcpy(&b, blk + 34, 2);
+    memcpy(&b, blk + bs, 2);
     __m128 s = _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)a | (uint32_t)b << 16)));
     return _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(s));
 }
@@ -87,12 +84,12 @@ KVP_INLINE void q8_rows_nr(const uint8_t *w0, size_t rb, const uint8_t *px, int6
         __m512i qx = q8_pair(px + o);
         __m512i base = _mm512_sub_epi32(_mm512_setzero_si512(),
                                         _mm512_dpbusd_epi32(_mm512_setzero_si512(), flip, qx));
-        __m512 dx = q8_scale_pair(px + o, spread);
+        __m512 dx = q8_scale_pair(px + o, 34, spread);
 #pragma GCC unroll 4
         for (int i = 0; i < nr; i++) {
             const uint8_t *wb = w0 + (size_t)i * rb + o;
             __m512i s = _mm512_dpbusd_epi32(base, _mm512_xor_si512(q8_pair(wb), flip), qx);
-            acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(q8_scale_pair(wb, spread), dx),
+            acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(q8_scale_pair(wb, 34, spread), dx),
                                      _mm512_cvtepi32_ps(s), acc[i]);
         }
     }
@@ -125,6 +122,70 @@ void kvp_vnni_rows_q8_0(const void *w, size_t row_bytes, const void *xq, int64_t
         q8_rows_nr((const uint8_t *)w + (size_t)r * row_bytes, row_bytes, xq, nb, y + r, 4, pf_on);
     for (; r < nrows; r++)
         q8_rows_nr((const uint8_t *)w + (size_t)r * row_bytes, row_bytes, xq, nb, y + r, 1, pf_on);
+}
+
+/* ============================== Q4_0 / Q5_0 ============================== */
+
+/* Unsigned codes (ucodes_pair) × signed activations is vpdpbusd's own signedness; the offset
+ * (8 or 16) times the activations' sums starts the accumulation, computed once per block pair
+ * for all rows. nr rows (1 or 4) from w0 on. */
+KVP_INLINE void pair32_rows_nr(const uint8_t *w0, size_t rb, const uint8_t *px, int64_t nb,
+                               float *y, int nr, bool pf_on, int kind)
+{
+    const size_t bs = kind == PAIR_Q4_0 ? 18 : 22;
+    const __m512i off = _mm512_set1_epi8(kind == PAIR_Q4_0 ? 8 : 16);
+    const __m512i spread = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const uint8_t *pf = w0 + (size_t)nr * rb;
+    __m512 acc[4];
+    for (int i = 0; i < nr; i++)
+        acc[i] = _mm512_setzero_ps();
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        prefetch_rows(pf_on, pf, rb, nr, (size_t)b * bs + 64);
+        const uint8_t *xb = px + (size_t)b * 34;
+        __m512i qx = q8_pair(xb);
+        __m512i base = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), off, qx));
+        __m512 dx = q8_scale_pair(xb, 34, spread);
+#pragma GCC unroll 4
+        for (int i = 0; i < nr; i++) {
+            const uint8_t *wb = w0 + (size_t)i * rb + (size_t)b * bs;
+            __m512i s = _mm512_dpbusd_epi32(base, ucodes_pair(wb, kind, bs), qx);
+            acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(q8_scale_pair(wb, bs, spread), dx),
+                                     _mm512_cvtepi32_ps(s), acc[i]);
+        }
+    }
+    for (int i = 0; i < nr; i++) {
+        y[i] = hsum(acc[i]);
+        if (b < nb) /* odd last block: the shared one-block dot */
+            y[i] += (kind == PAIR_Q4_0 ? qx_dot_q4_0 : qx_dot_q5_0)(
+                w0 + (size_t)i * rb + (size_t)b * bs, px + (size_t)b * 34, 32);
+    }
+}
+
+KVP_INLINE void pair32_rows(const void *w, size_t row_bytes, const void *xq, int64_t n,
+                            int64_t nrows, float *y, int kind)
+{
+    const bool pf_on = (size_t)nrows * row_bytes > PF_MIN_BYTES;
+    int64_t nb = n / 32, r = 0;
+    for (; r + 4 <= nrows; r += 4)
+        pair32_rows_nr((const uint8_t *)w + (size_t)r * row_bytes, row_bytes, xq, nb, y + r, 4,
+                       pf_on, kind);
+    for (; r < nrows; r++)
+        pair32_rows_nr((const uint8_t *)w + (size_t)r * row_bytes, row_bytes, xq, nb, y + r, 1,
+                       pf_on, kind);
+}
+
+void kvp_vnni_rows_q4_0(const void *w, size_t row_bytes, const void *xq, int64_t n, int64_t nrows,
+                        float *y)
+{
+    pair32_rows(w, row_bytes, xq, n, nrows, y, PAIR_Q4_0);
+}
+
+void kvp_vnni_rows_q5_0(const void *w, size_t row_bytes, const void *xq, int64_t n, int64_t nrows,
+                        float *y)
+{
+    pair32_rows(w, row_bytes, xq, n, nrows, y, PAIR_Q5_0);
 }
 
 /* ============================== Q4_K ============================== */
