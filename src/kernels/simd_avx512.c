@@ -213,7 +213,6 @@ static void rows_bf16(const void *w, size_t row_bytes, const float *x, int64_t n
 
 /* ============================== Q8_0 ============================== */
 
-
 /* Int32 partial sums (8 per block) of two block pairs' products, as floats. */
 KVP_INLINE __m512 q8_pair_dot(__m512i qw, __m512i qx)
 {
