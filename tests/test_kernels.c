@@ -83,6 +83,8 @@ static int tables(const struct kvp_simd_ops **out)
         out[n++] = kvp_simd_avx2();
     if (kvp_simd_avx512())
         out[n++] = kvp_simd_avx512();
+    if (kvp_simd_avx512vnni())
+        out[n++] = kvp_simd_avx512vnni();
     return n;
 }
 
@@ -151,7 +153,7 @@ static void test_f16_values(void **state)
 static void test_f16_round_trip(void **state)
 {
     (void)state;
-    const struct kvp_simd_ops *tab[3];
+    const struct kvp_simd_ops *tab[4];
     int nt = tables(tab);
     uint16_t *all = xmalloc(65536 * 2 + 2);
     float *conv = xmalloc(65536 * sizeof(float));
@@ -256,7 +258,7 @@ static void fill_q8_input(float *x, int64_t n)
 static void test_q8_0_quantize(void **state)
 {
     (void)state;
-    const struct kvp_simd_ops *tab[3];
+    const struct kvp_simd_ops *tab[4];
     int nt = tables(tab);
     rng_seed(8);
     const int64_t n = 32 * 61;
@@ -314,7 +316,7 @@ static const int64_t q8_sizes[] = {32, 64, 96, 128, 160, 224, 288, 1024, 2016, 4
 static void test_dot_float(void **state)
 {
     (void)state;
-    const struct kvp_simd_ops *tab[3];
+    const struct kvp_simd_ops *tab[4];
     int nt = tables(tab);
     rng_seed(1);
     const int64_t nmax = 4096;
@@ -373,7 +375,7 @@ static double q8_ref_dot(const uint8_t *w, const uint8_t *x, int64_t n, double *
 static void test_dot_q8_0(void **state)
 {
     (void)state;
-    const struct kvp_simd_ops *tab[3];
+    const struct kvp_simd_ops *tab[4];
     int nt = tables(tab);
     rng_seed(2);
     const int64_t nmax = 4096;
@@ -410,7 +412,7 @@ static void test_dot_q8_0(void **state)
 static void test_max(void **state)
 {
     (void)state;
-    const struct kvp_simd_ops *tab[3];
+    const struct kvp_simd_ops *tab[4];
     int nt = tables(tab);
     rng_seed(17);
     for (int64_t n = 1; n <= 200; n++) {
@@ -435,7 +437,7 @@ static void test_max(void **state)
 static void test_axpy(void **state)
 {
     (void)state;
-    const struct kvp_simd_ops *tab[3];
+    const struct kvp_simd_ops *tab[4];
     int nt = tables(tab);
     rng_seed(3);
     for (size_t si = 0; si < sizeof(dot_sizes) / sizeof(dot_sizes[0]); si++) {
@@ -486,7 +488,7 @@ static void check_exp_sum(const struct kvp_simd_ops *ops, const float *x0, int64
 static void test_exp_sum(void **state)
 {
     (void)state;
-    const struct kvp_simd_ops *tab[3];
+    const struct kvp_simd_ops *tab[4];
     int nt = tables(tab);
     rng_seed(4);
     static const int64_t sizes[] = {1, 5, 8, 15, 16, 17, 33, 100, 1000, 4099};
@@ -538,7 +540,7 @@ static const int block_bs[] = {1, 7, 16, 32, 13};
 static void test_block_scores(void **state)
 {
     (void)state;
-    const struct kvp_simd_ops *tab[3];
+    const struct kvp_simd_ops *tab[4];
     int nt = tables(tab);
     rng_seed(5);
     for (size_t hi = 0; hi < sizeof(block_hd) / sizeof(block_hd[0]); hi++) {
@@ -573,7 +575,7 @@ static void test_block_scores(void **state)
 static void test_block_accum(void **state)
 {
     (void)state;
-    const struct kvp_simd_ops *tab[3];
+    const struct kvp_simd_ops *tab[4];
     int nt = tables(tab);
     rng_seed(6);
     for (size_t hi = 0; hi < sizeof(block_hd) / sizeof(block_hd[0]); hi++) {
@@ -639,7 +641,7 @@ static struct kvp_mat make_mat(int type, const float *m, int64_t rows, int64_t c
 
 static void check_matvec_type(int type, double tol_orig)
 {
-    const struct kvp_simd_ops *tab[3];
+    const struct kvp_simd_ops *tab[4];
     int nt = tables(tab);
     const struct kvp_type_traits *tr = kvp_type_traits(type);
     double worst_tight = 0, worst_orig = 0;
@@ -764,6 +766,14 @@ static void test_simd_pick(void **state)
     assert_string_equal(kvp_simd_pick("avx512", KVP_CPU_AVX2)->name, "avx2");
     assert_string_equal(kvp_simd_pick("avx512", KVP_CPU_AVX512)->name, "scalar"); /* needs both */
     assert_string_equal(kvp_simd_pick("avx512", 0)->name, "scalar");
+    /* VNNI: the best table when present, but "avx512" still forces the plain one */
+    const int vnni = both | KVP_CPU_AVX512VNNI;
+    assert_string_equal(kvp_simd_pick(NULL, vnni)->name, "avx512vnni");
+    assert_string_equal(kvp_simd_pick("avx512vnni", vnni)->name, "avx512vnni");
+    assert_string_equal(kvp_simd_pick("avx512", vnni)->name, "avx512");
+    assert_string_equal(kvp_simd_pick("avx512vnni", both)->name, "avx512");
+    assert_string_equal(kvp_simd_pick("avx512vnni", KVP_CPU_AVX2 | KVP_CPU_AVX512VNNI)->name,
+                        "avx2"); /* VNNI without the AVX-512 bit is ignored */
     /* this process: whatever the environment asked for, through the same rule */
     assert_ptr_equal(kvp_simd(), kvp_simd_pick(getenv("KVP_SIMD"), kvp_cpu_features()));
     print_message("    kvp_simd() here: %s (cpu features 0x%x)\n", kvp_simd()->name,
@@ -780,7 +790,7 @@ static void test_simd_override(void **state)
         skip();
     }
     self[len] = 0;
-    static const char *names[] = {"scalar", "avx2", "avx512", "bogus"};
+    static const char *names[] = {"scalar", "avx2", "avx512", "avx512vnni", "bogus"};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         char cmd[4200], *out = NULL;
         snprintf(cmd, sizeof(cmd), "KVP_SIMD=%s '%s' --print-simd", names[i], self);
@@ -835,7 +845,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_matvec_bf16),  cmocka_unit_test(test_matvec_q8_0),
         cmocka_unit_test(test_simd_pick),    cmocka_unit_test(test_simd_override),
     };
-    const struct kvp_simd_ops *tab[3];
+    const struct kvp_simd_ops *tab[4];
     int nt = tables(tab);
     print_message("SIMD tables under test:");
     for (int t = 0; t < nt; t++)

@@ -59,7 +59,7 @@ static const struct qtype qtypes[] = {
 };
 #define N_QTYPES (sizeof(qtypes) / sizeof(qtypes[0]))
 
-static const struct kvp_simd_ops *tables[3];
+static const struct kvp_simd_ops *tables[4];
 static int n_tables;
 
 static void load_tables(void)
@@ -70,6 +70,8 @@ static void load_tables(void)
         tables[n_tables++] = kvp_simd_avx2();
     if (kvp_simd_avx512())
         tables[n_tables++] = kvp_simd_avx512();
+    if (kvp_simd_avx512vnni())
+        tables[n_tables++] = kvp_simd_avx512vnni();
 }
 
 /* Quantize n floats to type (row of whole blocks) into a new buffer. */

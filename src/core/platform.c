@@ -120,6 +120,8 @@ int kvp_cpu_features(void)
         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
         __builtin_cpu_supports("avx512dq"))
         f |= KVP_CPU_AVX512;
+    if ((f & KVP_CPU_AVX512) && __builtin_cpu_supports("avx512vnni"))
+        f |= KVP_CPU_AVX512VNNI;
     cached = f;
     return f;
 }

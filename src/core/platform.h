@@ -41,6 +41,7 @@ void *kvp_alloc_huge(size_t size, size_t align);
 enum kvp_cpu_feature {
     KVP_CPU_AVX2 = 1 << 0,    /* AVX2 + FMA + F16C */
     KVP_CPU_AVX512 = 1 << 1,  /* AVX-512 F, BW, VL, DQ */
+    KVP_CPU_AVX512VNNI = 1 << 2, /* AVX-512 VNNI (with KVP_CPU_AVX512) */
 };
 /* Bitmask of enum kvp_cpu_feature supported by this CPU and OS. */
 int kvp_cpu_features(void);

@@ -8,8 +8,8 @@
  * on x86). kvp_simd() sits on the per-mat-vec path, which at short context runs ~30 times per
  * token on tiny matrices, so that cost matters.
  *
- * KVP_SIMD=scalar|avx2|avx512 forces a table; a request the CPU cannot honour falls back to the
- * best table it can run rather than crashing on an illegal instruction.
+ * KVP_SIMD=scalar|avx2|avx512|avx512vnni forces a table; a request the CPU cannot honour falls
+ * back to the best table it can run rather than crashing on an illegal instruction.
  */
 #include "kernels/simd.h"
 
@@ -30,11 +30,16 @@ const struct kvp_simd_ops *kvp_simd_pick(const char *want, int features)
 {
     bool has_avx2 = (features & KVP_CPU_AVX2) != 0;
     bool has_avx512 = has_avx2 && (features & KVP_CPU_AVX512) != 0;
+    bool has_vnni = has_avx512 && (features & KVP_CPU_AVX512VNNI) != 0;
     if (want && strcmp(want, "scalar") == 0)
         return &kvp_simd_ops_scalar;
     if (want && strcmp(want, "avx2") == 0)
         return has_avx2 ? &kvp_simd_ops_avx2 : &kvp_simd_ops_scalar;
-    /* "avx512", empty, unknown or absent: the best this CPU runs */
+    if (want && strcmp(want, "avx512") == 0 && has_avx512)
+        return &kvp_simd_ops_avx512;
+    /* "avx512vnni", empty, unknown or absent: the best this CPU runs */
+    if (has_vnni)
+        return &kvp_simd_ops_avx512vnni;
     if (has_avx512)
         return &kvp_simd_ops_avx512;
     if (has_avx2)
@@ -78,6 +83,14 @@ const struct kvp_simd_ops *kvp_simd_avx512(void)
 {
     int f = simd_cpu();
     return ((f & KVP_CPU_AVX2) && (f & KVP_CPU_AVX512)) ? &kvp_simd_ops_avx512 : NULL;
+}
+
+const struct kvp_simd_ops *kvp_simd_avx512vnni(void)
+{
+    int f = simd_cpu();
+    return ((f & KVP_CPU_AVX2) && (f & KVP_CPU_AVX512) && (f & KVP_CPU_AVX512VNNI))
+               ? &kvp_simd_ops_avx512vnni
+               : NULL;
 }
 
 /* The fast path lives in the AVX tables (this file is built without -m flags); each table's

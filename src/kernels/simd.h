@@ -1,7 +1,8 @@
 /*
  * SIMD kernel table. Every hot inner loop has a scalar version (the test oracle) and AVX2 and
  * AVX-512 versions compiled with their own target flags (files *_avx2.c, *_avx512.c). The best
- * table for this CPU is chosen once at first use; KVP_SIMD=scalar|avx2|avx512 in the environment
+ * table for this CPU is chosen once at first use; KVP_SIMD=scalar|avx2|avx512|avx512vnni in the
+ * environment
  * forces one (the tests use that to compare paths).
  */
 #ifndef KVP_KERNELS_SIMD_H
@@ -14,7 +15,7 @@
 #define KVP_SIMD_NTYPES 32 /* dot_q[] slots: GGUF type ids below 32 */
 
 struct kvp_simd_ops {
-    const char *name; /* "scalar", "avx2", "avx512" */
+    const char *name; /* "scalar", "avx2", "avx512", "avx512vnni" */
 
     /* Dot products of one weight row (n elements, n a multiple of the type's block size) with
      * an activation vector. Float types take x as f32; Q8_0 takes x already quantized to Q8_0
@@ -100,10 +101,12 @@ const struct kvp_simd_ops *kvp_simd(void);
 const struct kvp_simd_ops *kvp_simd_scalar(void);
 const struct kvp_simd_ops *kvp_simd_avx2(void);
 const struct kvp_simd_ops *kvp_simd_avx512(void);
+const struct kvp_simd_ops *kvp_simd_avx512vnni(void); /* avx512 with the VNNI row kernels */
 
 /* Pure selection rule behind kvp_simd(), exposed for tests: want is the KVP_SIMD value (NULL,
  * empty or unknown = best available), features a kvp_cpu_features() mask. A request the CPU
- * cannot honour falls back to the best table it can (avx512 -> avx2 -> scalar). Never NULL. */
+ * cannot honour falls back to the best table it can (avx512vnni -> avx512 -> avx2 -> scalar).
+ * Never NULL. */
 const struct kvp_simd_ops *kvp_simd_pick(const char *want, int features);
 
 /* Quantize n floats (n a multiple of 32) into Q8_0 blocks (round to nearest, as ggml does). */

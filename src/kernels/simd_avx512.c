@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "kernels/simd_internal.h"
+#include "kernels/simd_pairs_avx512.h"
 #include "kernels/simd_quant_x86.h"
 #include "kernels/types.h"
 
@@ -211,14 +212,6 @@ static void rows_bf16(const void *w, size_t row_bytes, const float *x, int64_t n
 }
 
 /* ============================== Q8_0 ============================== */
-
-/* The 32 quants of block b and b+1 (34 bytes apart) in one zmm. */
-KVP_INLINE __m512i q8_pair(const uint8_t *blk)
-{
-    __m256i lo = _mm256_loadu_si256((const __m256i *)(blk + 2));
-    __m256i hi = _mm256_loadu_si256((const __m256i *)(blk + 34 + 2));
-    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-}
 
 /* Int32 partial sums (8 per block) of two block pairs' products, as floats. */
 KVP_INLINE __m512 q8_pair_dot(__m512i qw, __m512i qx)
@@ -661,29 +654,6 @@ static float dot_q6_k(const void *w, const void *xq, int64_t n)
  * K-quants the activation's scale) between them; a remainder of one to three rows uses the
  * one-row dots above. */
 
-enum { PAIR_Q4_0, PAIR_Q5_0 };
-
-/* Unsigned codes (0..15 or 0..31) of blocks b and b+1, bs bytes apart, in one zmm: the low then
- * high nibbles of each block (element order), plus Q5_0's fifth bit (qh, element j at bit j). */
-KVP_INLINE __m512i ucodes_pair(const uint8_t *wb, int kind, size_t bs)
-{
-    size_t qs = kind == PAIR_Q4_0 ? 2 : 6;
-    __m128i a = _mm_loadu_si128((const __m128i *)(wb + qs));
-    __m128i b = _mm_loadu_si128((const __m128i *)(wb + bs + qs));
-    __m256i lo = _mm256_set_m128i(_mm_srli_epi16(a, 4), a);
-    __m256i hi = _mm256_set_m128i(_mm_srli_epi16(b, 4), b);
-    __m512i q = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1),
-                                 _mm512_set1_epi8(0x0F));
-    if (kind == PAIR_Q5_0) {
-        uint32_t h0, h1;
-        memcpy(&h0, wb + 2, 4);
-        memcpy(&h1, wb + bs + 2, 4);
-        __mmask64 set = (__mmask64)h0 | (__mmask64)h1 << 32;
-        q = _mm512_mask_add_epi8(q, set, q, _mm512_set1_epi8(0x10));
-    }
-    return q;
-}
-
 /* Q4_0 / Q5_0 rows against Q8_0 activations, two blocks per zmm, four rows per pass. The codes
  * stay unsigned (vpmaddubsw cannot overflow with them) and the offset (8 or 16) times the
  * activations' sums is subtracted in int32; those sums are computed once per block pair for the
@@ -914,44 +884,52 @@ static void rows_q6_k(const void *w, size_t row_bytes, const void *xq, int64_t n
 #define DOT_Q4_K dot_q4_k
 #define DOT_Q6_K dot_q6_k
 
+/* The fields both AVX-512 tables share; they differ in the row kernels the VNNI file replaces. */
+#define AVX512_COMMON_FIELDS                                                                       \
+    .dot_f32 = dot_f32, .dot_f16 = dot_f16, .dot_bf16 = dot_bf16, .dot_q8_0 = dot_q8_0,            \
+    .axpy = axpy, .exp_sum = exp_sum, .max = vmax, .block_scores = block_scores,                   \
+    .block_accum = block_accum, .rows_f32 = rows_f32, .rows_f16 = rows_f16,                        \
+    .rows_bf16 = rows_bf16, .quantize_q8_0 = quantize_q8_0, .dequant_f16 = dequant_f16,            \
+    .dequant_q8_0 = dequant_q8_0,                                                                  \
+    .dot_q =                                                                                       \
+        {                                                                                          \
+            [KVP_TYPE_Q4_0] = DOT_Q4_0,                                                            \
+            [KVP_TYPE_Q4_1] = qx_dot_q4_1,                                                         \
+            [KVP_TYPE_Q5_0] = qx_dot_q5_0,                                                         \
+            [KVP_TYPE_Q5_1] = qx_dot_q5_1,                                                         \
+            [KVP_TYPE_IQ4_NL] = qx_dot_iq4_nl,                                                     \
+            [KVP_TYPE_Q2_K] = qx_dot_q2_k,                                                         \
+            [KVP_TYPE_Q3_K] = qx_dot_q3_k,                                                         \
+            [KVP_TYPE_Q4_K] = DOT_Q4_K,                                                            \
+            [KVP_TYPE_Q5_K] = qx_dot_q5_k,                                                         \
+            [KVP_TYPE_Q6_K] = DOT_Q6_K,                                                            \
+        },                                                                                         \
+    .quantize_q8_k = qx_quantize_q8_k, .rows_prefetch = true
+
 const struct kvp_simd_ops kvp_simd_ops_avx512 = {
     .name = "avx512",
-    .dot_f32 = dot_f32,
-    .dot_f16 = dot_f16,
-    .dot_bf16 = dot_bf16,
-    .dot_q8_0 = dot_q8_0,
-    .axpy = axpy,
-    .exp_sum = exp_sum,
-    .max = vmax,
-    .block_scores = block_scores,
-    .block_accum = block_accum,
-    .rows_f32 = rows_f32,
-    .rows_f16 = rows_f16,
-    .rows_bf16 = rows_bf16,
+    AVX512_COMMON_FIELDS,
     .rows_q8_0 = rows_q8_0,
-    .quantize_q8_0 = quantize_q8_0,
-    .dequant_f16 = dequant_f16,
-    .dequant_q8_0 = dequant_q8_0,
-    .dot_q =
-        {
-            [KVP_TYPE_Q4_0] = DOT_Q4_0,
-            [KVP_TYPE_Q4_1] = qx_dot_q4_1,
-            [KVP_TYPE_Q5_0] = qx_dot_q5_0,
-            [KVP_TYPE_Q5_1] = qx_dot_q5_1,
-            [KVP_TYPE_IQ4_NL] = qx_dot_iq4_nl,
-            [KVP_TYPE_Q2_K] = qx_dot_q2_k,
-            [KVP_TYPE_Q3_K] = qx_dot_q3_k,
-            [KVP_TYPE_Q4_K] = DOT_Q4_K,
-            [KVP_TYPE_Q5_K] = qx_dot_q5_k,
-            [KVP_TYPE_Q6_K] = DOT_Q6_K,
-        },
-    .quantize_q8_k = qx_quantize_q8_k,
-    .rows_prefetch = true,
     .rows_q =
         {
             [KVP_TYPE_Q4_0] = rows_q4_0,
             [KVP_TYPE_Q5_0] = rows_q5_0,
             [KVP_TYPE_Q4_K] = rows_q4_k,
+            [KVP_TYPE_Q5_K] = rows_q5_k,
+            [KVP_TYPE_Q6_K] = rows_q6_k,
+        },
+};
+
+/* Handed out only when the CPU has AVX-512 VNNI (simd.c). */
+const struct kvp_simd_ops kvp_simd_ops_avx512vnni = {
+    .name = "avx512vnni",
+    AVX512_COMMON_FIELDS,
+    .rows_q8_0 = kvp_vnni_rows_q8_0,
+    .rows_q =
+        {
+            [KVP_TYPE_Q4_0] = kvp_vnni_rows_q4_0,
+            [KVP_TYPE_Q5_0] = kvp_vnni_rows_q5_0,
+            [KVP_TYPE_Q4_K] = kvp_vnni_rows_q4_k,
             [KVP_TYPE_Q5_K] = rows_q5_k,
             [KVP_TYPE_Q6_K] = rows_q6_k,
         },

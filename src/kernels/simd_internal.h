@@ -12,5 +12,17 @@
 extern const struct kvp_simd_ops kvp_simd_ops_scalar;
 extern const struct kvp_simd_ops kvp_simd_ops_avx2;
 extern const struct kvp_simd_ops kvp_simd_ops_avx512;
+extern const struct kvp_simd_ops kvp_simd_ops_avx512vnni; /* AVX-512 plus the VNNI row kernels */
+
+/* AVX-512 VNNI row kernels (simd_vnni_avx512.c): the avx512vnni table, which simd.c hands out only
+ * when the CPU has VNNI. */
+void kvp_vnni_rows_q8_0(const void *w, size_t row_bytes, const void *xq, int64_t n, int64_t nrows,
+                        float *y);
+void kvp_vnni_rows_q4_0(const void *w, size_t row_bytes, const void *xq, int64_t n, int64_t nrows,
+                        float *y);
+void kvp_vnni_rows_q5_0(const void *w, size_t row_bytes, const void *xq, int64_t n, int64_t nrows,
+                        float *y);
+void kvp_vnni_rows_q4_k(const void *w, size_t row_bytes, const void *xq, int64_t n, int64_t nrows,
+                        float *y);
 
 #endif

@@ -311,7 +311,7 @@ const struct kvp_kv_kernels *kvp_kv_kernels_avx512(int type)
 
 const struct kvp_kv_kernels *kvp_kv_kernels(int type)
 {
-    if (!strcmp(kvp_simd()->name, "avx512"))
+    if (!strncmp(kvp_simd()->name, "avx512", 6)) /* "avx512" and "avx512vnni" */
         return kvp_kv_kernels_avx512(type);
     return kvp_kv_kernels_scalar(type);
 }

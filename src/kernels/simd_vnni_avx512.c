@@ -1,0 +1,273 @@
+/*
+ * AVX-512 VNNI row kernels for the weight types that dominate real files, Q8_0, Q4_0, Q5_0 and
+ * Q4_K;
+ * compiled with the AVX-512 flags plus -mavx512vnni (this file only, so that the compiler cannot
+ * put VNNI instructions into the plain AVX-512 table), and used only through the "avx512vnni"
+ * table that simd.c builds from the AVX-512 one when the CPU has VNNI.
+ *
+ * Decode at short context on these types is bound by instructions, not memory (simd_avx512.c's
+ * kernels read SmolLM2-135M's Q8_0 weights at ~13 GB/s from one core), so these kernels cut
+ * the work per weight byte:
+ *   - Q8_0: vpdpbusd takes unsigned × signed bytes. The weights are made unsigned by flipping
+ *     their sign bit (w ^ 0x80 = w + 128) and the activations stay signed, so
+ *     Σ(w + 128)·x = Σw·x + 128·Σx, and 128·Σx, which depends on x only, is taken off by
+ *     starting each accumulation from -128·Σx (computed once per block pair for all rows).
+ *     Per row and block pair that is one xor and one vpdpbusd where the sign trick of
+ *     simd_avx512.c needs five operations; the two f16 row scales become one vcvtph2ps.
+ *   - Q4_0 / Q5_0: the codes are unsigned already (vpdpbusd's signedness), so the offset (8, 16)
+ *     times Σx is the starting value, shared by the rows, as above.
+ *   - Q4_K: one 64-byte load per 128 codes, the nibbles split with two ands and a shift (the
+ *     activations are rearranged once per super-block, for all rows, to match that order);
+ *     vpmaddubsw then vpdpwssd applies the sub-block scales and accumulates in one step; the
+ *     mins use int16 pair sums of the activations' bsums (|Σ| ≤ 32·127 fits int16).
+ * Four rows per pass share the activation loads; rows r+4..r+7 are prefetched as rows r..r+3
+ * are read (see PREFETCH in simd_avx512.c). Integer sums are exact, so results match the scalar
+ * table to float rounding, as every table does.
+ */
+#include <immintrin.h>
+#include <stdbool.h>
+#include <string.h>
+
+#include "kernels/simd_internal.h"
+#include "kernels/simd_pairs_avx512.h"
+#include "kernels/simd_quant_x86.h"
+#include "kernels/types.h"
+
+#define KVP_INLINE static inline __attribute__((always_inline))
+
+enum { PF_MIN_BYTES = 128 * 1024 }; /* as simd_avx512.c: smaller ranges live in the caches */
+
+KVP_INLINE void prefetch_rows(bool on, const uint8_t *pf, size_t rb, int nr, size_t o)
+{
+    if (!on)
+        return;
+    for (int i = 0; i < nr; i++)
+        _mm_prefetch((const char *)pf + (size_t)i * rb + o, _MM_HINT_T0);
+}
+
+KVP_INLINE float hsum(__m512 v)
+{
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* ============================== Q8_0 ============================== */
+
+/* The f16 scales (first two bytes) of blocks b and b+1, bs bytes apart, as floats: lanes 0..7
+ * the first, 8..15 the second. */
+KVP_INLINE __m512 q8_scale_pair(const uint8_t *blk, size_t bs, __m512i spread)
+{
+    uint16_t a, b;
+    memcpy(&a, blk, 2);
+    memcpy(&b, blk + bs, 2);
+    __m128 s = _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)a | (uint32_t)b << 16)));
+    return _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(s));
+}
+
+/* nr rows (1 or 4) from w0 on, row_bytes apart: y[i] = dot(row i, x). */
+KVP_INLINE void q8_rows_nr(const uint8_t *w0, size_t rb, const uint8_t *px, int64_t nb, float *y,
+                           int nr, bool pf_on)
+{
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    const __m512i spread = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const uint8_t *pf = w0 + (size_t)nr * rb;
+    __m512 acc[4];
+    for (int i = 0; i < nr; i++)
+        acc[i] = _mm512_setzero_ps();
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        size_t o = (size_t)b * 34;
+        prefetch_rows(pf_on, pf, rb, nr, o + 64);
+        __m512i qx = q8_pair(px + o);
+        __m512i base = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), flip, qx));
+        __m512 dx = q8_scale_pair(px + o, 34, spread);
+#pragma GCC unroll 4
+        for (int i = 0; i < nr; i++) {
+            const uint8_t *wb = w0 + (size_t)i * rb + o;
+            __m512i s = _mm512_dpbusd_epi32(base, _mm512_xor_si512(q8_pair(wb), flip), qx);
+            acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(q8_scale_pair(wb, 34, spread), dx),
+                                     _mm512_cvtepi32_ps(s), acc[i]);
+        }
+    }
+    if (b < nb) { /* odd last block: the same recipe on one ymm */
+        size_t o = (size_t)b * 34;
+        const __m256i f8 = _mm256_set1_epi8((char)0x80);
+        __m256i qx = _mm256_loadu_si256((const __m256i *)(px + o + 2));
+        __m256i base = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                        _mm256_dpbusd_epi32(_mm256_setzero_si256(), f8, qx));
+        float dx = qx_f16(px + o);
+#pragma GCC unroll 4
+        for (int i = 0; i < nr; i++) {
+            const uint8_t *wb = w0 + (size_t)i * rb + o;
+            __m256i qw = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wb + 2)), f8);
+            __m256 s = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(base, qw, qx));
+            s = _mm256_mul_ps(s, _mm256_set1_ps(qx_f16(wb) * dx));
+            acc[i] = _mm512_add_ps(acc[i], _mm512_zextps256_ps512(s));
+        }
+    }
+    for (int i = 0; i < nr; i++)
+        y[i] = hsum(acc[i]);
+}
+
+void kvp_vnni_rows_q8_0(const void *w, size_t row_bytes, const void *xq, int64_t n, int64_t nrows,
+                        float *y)
+{
+    const bool pf_on = (size_t)nrows * row_bytes > PF_MIN_BYTES;
+    int64_t nb = n / KVP_QK8_0, r = 0;
+    for (; r + 4 <= nrows; r += 4)
+        q8_rows_nr((const uint8_t *)w + (size_t)r * row_bytes, row_bytes, xq, nb, y + r, 4, pf_on);
+    for (; r < nrows; r++)
+        q8_rows_nr((const uint8_t *)w + (size_t)r * row_bytes, row_bytes, xq, nb, y + r, 1, pf_on);
+}
+
+/* ============================== Q4_0 / Q5_0 ============================== */
+
+/* Unsigned codes (ucodes_pair) × signed activations is vpdpbusd's own signedness; the offset
+ * (8 or 16) times the activations' sums starts the accumulation, computed once per block pair
+ * for all rows. nr rows (1 or 4) from w0 on. */
+KVP_INLINE void pair32_rows_nr(const uint8_t *w0, size_t rb, const uint8_t *px, int64_t nb,
+                               float *y, int nr, bool pf_on, int kind)
+{
+    const size_t bs = kind == PAIR_Q4_0 ? 18 : 22;
+    const __m512i off = _mm512_set1_epi8(kind == PAIR_Q4_0 ? 8 : 16);
+    const __m512i spread = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const uint8_t *pf = w0 + (size_t)nr * rb;
+    __m512 acc[4];
+    for (int i = 0; i < nr; i++)
+        acc[i] = _mm512_setzero_ps();
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        prefetch_rows(pf_on, pf, rb, nr, (size_t)b * bs + 64);
+        const uint8_t *xb = px + (size_t)b * 34;
+        __m512i qx = q8_pair(xb);
+        __m512i base = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), off, qx));
+        __m512 dx = q8_scale_pair(xb, 34, spread);
+#pragma GCC unroll 4
+        for (int i = 0; i < nr; i++) {
+            const uint8_t *wb = w0 + (size_t)i * rb + (size_t)b * bs;
+            __m512i s = _mm512_dpbusd_epi32(base, ucodes_pair(wb, kind, bs), qx);
+            acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(q8_scale_pair(wb, bs, spread), dx),
+                                     _mm512_cvtepi32_ps(s), acc[i]);
+        }
+    }
+    for (int i = 0; i < nr; i++) {
+        y[i] = hsum(acc[i]);
+        if (b < nb) /* odd last block: the shared one-block dot */
+            y[i] += (kind == PAIR_Q4_0 ? qx_dot_q4_0 : qx_dot_q5_0)(
+                w0 + (size_t)i * rb + (size_t)b * bs, px + (size_t)b * 34, 32);
+    }
+}
+
+KVP_INLINE void pair32_rows(const void *w, size_t row_bytes, const void *xq, int64_t n,
+                            int64_t nrows, float *y, int kind)
+{
+    const bool pf_on = (size_t)nrows * row_bytes > PF_MIN_BYTES;
+    int64_t nb = n / 32, r = 0;
+    for (; r + 4 <= nrows; r += 4)
+        pair32_rows_nr((const uint8_t *)w + (size_t)r * row_bytes, row_bytes, xq, nb, y + r, 4,
+                       pf_on, kind);
+    for (; r < nrows; r++)
+        pair32_rows_nr((const uint8_t *)w + (size_t)r * row_bytes, row_bytes, xq, nb, y + r, 1,
+                       pf_on, kind);
+}
+
+void kvp_vnni_rows_q4_0(const void *w, size_t row_bytes, const void *xq, int64_t n, int64_t nrows,
+                        float *y)
+{
+    pair32_rows(w, row_bytes, xq, n, nrows, y, PAIR_Q4_0);
+}
+
+void kvp_vnni_rows_q5_0(const void *w, size_t row_bytes, const void *xq, int64_t n, int64_t nrows,
+                        float *y)
+{
+    pair32_rows(w, row_bytes, xq, n, nrows, y, PAIR_Q5_0);
+}
+
+/* ============================== Q4_K ============================== */
+
+/* Super-block layout: f16 d, f16 dmin, 12 bytes of packed 6-bit scales and mins, 128 bytes of
+ * codes; code byte 32c + l holds element 64c + l (low nibble) and 64c + 32 + l (high). */
+enum { Q4K_BYTES = 144, Q4K_QS = 16, Q8K_BYTES = 292 };
+
+/* nr rows (1 or 4) from w0 on. */
+KVP_INLINE void q4k_rows_nr(const uint8_t *w0, size_t rb, const uint8_t *px, int64_t nsb,
+                            float *y, int nr, bool pf_on)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    /* int16 lane i of activation vector k takes the scale of sub-block sub[k][i / 16] */
+    static const int sub[4][2] = {{0, 2}, {1, 3}, {4, 6}, {5, 7}};
+    __m512i idx[4];
+    for (int k = 0; k < 4; k++)
+        idx[k] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16((short)sub[k][0])),
+                                    _mm256_set1_epi16((short)sub[k][1]), 1);
+    const uint8_t *pf = w0 + (size_t)nr * rb;
+    __m512 acc[4];
+    __m128 mins[4];
+    for (int i = 0; i < nr; i++) {
+        acc[i] = _mm512_setzero_ps();
+        mins[i] = _mm_setzero_ps();
+    }
+    for (int64_t b = 0; b < nsb; b++) {
+        for (size_t o = 0; o < Q4K_BYTES; o += 64)
+            prefetch_rows(pf_on, pf, rb, nr, (size_t)b * Q4K_BYTES + o + 64);
+        const uint8_t *xb = px + (size_t)b * Q8K_BYTES, *xs = xb + QX_K_QS;
+        /* activations in the order of the split nibbles: [x 0..31 | x 64..95], [32..63 |
+         * 96..127], then the same for the second half */
+        __m512i x[4];
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            const uint8_t *p = xs + 128 * (k / 2) + 32 * (k % 2);
+            x[k] = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p)),
+                _mm256_loadu_si256((const __m256i *)(p + 64)), 1);
+        }
+        /* Σ of each 32-element sub-block's activations, as int16 */
+        __m128i xsum = _mm256_cvtepi32_epi16(_mm256_madd_epi16(
+            _mm256_loadu_si256((const __m256i *)(xb + QX_K_BSUMS)), _mm256_set1_epi16(1)));
+        float xd = qx_f32(xb);
+#pragma GCC unroll 4
+        for (int i = 0; i < nr; i++) {
+            const uint8_t *wb = w0 + (size_t)i * rb + (size_t)b * Q4K_BYTES;
+            uint8_t sc[8], m[8];
+            qx_k_scales(wb + 4, sc, m);
+            __m512i sc16 =
+                _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
+            __m512i q01 = _mm512_loadu_si512(wb + Q4K_QS);
+            __m512i q23 = _mm512_loadu_si512(wb + Q4K_QS + 64);
+            __m512i q[4] = {_mm512_and_si512(q01, m4),
+                            _mm512_and_si512(_mm512_srli_epi16(q01, 4), m4),
+                            _mm512_and_si512(q23, m4),
+                            _mm512_and_si512(_mm512_srli_epi16(q23, 4), m4)};
+            __m512i sum = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++)
+                sum = _mm512_dpwssd_epi32(sum, _mm512_maddubs_epi16(q[k], x[k]),
+                                          _mm512_permutexvar_epi16(idx[k], sc16));
+            __m128i mn = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)m)),
+                                        xsum);
+            acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(qx_f16(wb) * xd), _mm512_cvtepi32_ps(sum),
+                                     acc[i]);
+            mins[i] = _mm_fmadd_ps(_mm_set1_ps(qx_f16(wb + 2) * xd), _mm_cvtepi32_ps(mn), mins[i]);
+        }
+    }
+    for (int i = 0; i < nr; i++)
+        y[i] = hsum(_mm512_sub_ps(acc[i], _mm512_zextps128_ps512(mins[i])));
+}
+
+void kvp_vnni_rows_q4_k(const void *w, size_t row_bytes, const void *xq, int64_t n, int64_t nrows,
+                        float *y)
+{
+    const bool pf_on = (size_t)nrows * row_bytes > PF_MIN_BYTES;
+    int64_t nsb = n / KVP_QK_K, r = 0;
+    for (; r + 4 <= nrows; r += 4)
+        q4k_rows_nr((const uint8_t *)w + (size_t)r * row_bytes, row_bytes, xq, nsb, y + r, 4,
+                    pf_on);
+    for (; r < nrows; r++)
+        q4k_rows_nr((const uint8_t *)w + (size_t)r * row_bytes, row_bytes, xq, nsb, y + r, 1,
+                    pf_on);
+}
