@@ -51,7 +51,7 @@ struct disk_io {
      * drives the store) and of the polling thread, -1 where unreadable */
     int self_fd, sq_fd;
     pid_t self_tid;
-    double win_t0, self_wait0, sq_run0, sq_wait0;
+    double win_t0, self_wait0, sq_run0, sq_wait0, sq_retry_t;
 };
 
 /* Seconds on a CPU and waiting for one, from a /proc/.../schedstat file. */
@@ -126,6 +126,12 @@ static void sample_load(struct kvp_store *s, struct disk_io *io)
     double delay = wait - io->self_wait0, busy = delay / (now - io->win_t0);
     io->self_wait0 = wait;
     io->win_t0 = now;
+    if (io->sq_fd < 0 && s->st.sq_poll && now >= io->sq_retry_t) {
+        /* the polling thread names itself when it first runs, maybe after ring set-up */
+        io->sq_fd = open_sq_schedstat();
+        io->sq_retry_t = now + GAP_SECONDS;
+        read_schedstat(io->sq_fd, &io->sq_run0, &io->sq_wait0);
+    }
     double sq_run = 0, sq_wait = 0;
     bool sq = read_schedstat(io->sq_fd, &sq_run, &sq_wait);
     if (sq && !gap) {
@@ -255,14 +261,12 @@ static int disk_open(struct kvp_store *s, const struct kvp_ctx_params *p, struct
     if (s->st.sq_poll) { /* the busy-host bypass; without it the polling ring serves alone */
         io->ring_on[RING_DIRECT] =
             io_uring_queue_init(KVP_STORE_MAX_XFER, &io->ring[RING_DIRECT], 0) == 0;
-        io->sq_fd = open_sq_schedstat();
         /* experiments: KVPRED_SQ_BYPASS=never|always (enum kvp_sq_bypass), else automatic */
         const char *b = getenv("KVPRED_SQ_BYPASS");
         if (b && !strcmp(b, "never"))
             s->sq_bypass = KVP_SQ_BYPASS_NEVER;
         else if (b && !strcmp(b, "always"))
             s->sq_bypass = KVP_SQ_BYPASS_ALWAYS;
-        read_schedstat(io->sq_fd, &io->sq_run0, &io->sq_wait0);
     }
     return 0;
 }
