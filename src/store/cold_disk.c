@@ -2,7 +2,8 @@
  * The disk cold tier (cold.h): an unnamed O_DIRECT scratch file under kv_dir, read and written
  * through io_uring. Where the kernel allows it, a kernel thread polls the submission queue, so
  * the decode thread does not pay the submission syscalls (kvp_ctx_params.kv_syscall_submit,
- * kv_sq_pin, kv_sq_cpu choose).
+ * kv_sq_pin, kv_sq_cpu choose). On a host with no core to spare for that thread, requests
+ * bypass it through a second ring the decode thread submits and completes itself (see below).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -246,15 +247,15 @@ static int disk_open(struct kvp_store *s, const struct kvp_ctx_params *p, struct
         up.flags |= IORING_SETUP_SQ_AFF;
         up.sq_thread_cpu = (unsigned)p->kv_sq_cpu;
     }
+    struct io_uring *polled = &io->ring[RING_POLLED];
     int e = p->kv_syscall_submit ? -1
-                                 : io_uring_queue_init_params(KVP_STORE_MAX_XFER, &io->ring[0],
-                                                              &up);
+                                 : io_uring_queue_init_params(KVP_STORE_MAX_XFER, polled, &up);
     if (e < 0 && p->kv_sq_pin && !p->kv_syscall_submit)
         return kvp_err_set(err, KVP_EINVAL, "io_uring: no polling thread on CPU %d: %s",
                            p->kv_sq_cpu, strerror(-e));
     s->st.sq_poll = e >= 0;
     if (e < 0)
-        e = io_uring_queue_init(KVP_STORE_MAX_XFER, &io->ring[RING_POLLED], 0);
+        e = io_uring_queue_init(KVP_STORE_MAX_XFER, polled, 0);
     if (e < 0)
         return kvp_err_set(err, KVP_EIO, "io_uring: %s", strerror(-e));
     io->ring_on[RING_POLLED] = true;
