@@ -319,6 +319,17 @@ struct kvp_store_stats {
     size_t cold_bytes;      /* cold tier: the whole cache */
     size_t unit_bytes;      /* bytes of one unit */
     bool sq_poll;           /* disk reads are picked up by a polling kernel thread */
+    /* Disk tier on a busy host (cold_disk.c): where the decode thread's time went and who
+     * moved the reads. */
+    double runq_s;          /* the decode thread runnable but not running (from schedstat) */
+    double sq_runq_s;       /* the polling thread runnable but not running */
+    double sq_cpu_s;        /* the polling thread on a CPU */
+    double wait_sleep_s;    /* of wait_s, asleep in the kernel for a completion */
+    uint64_t wait_sleeps;   /* waits that slept */
+    uint64_t sq_unpicked;   /* waits that found requests the polling thread had not taken yet */
+    uint64_t direct_requests; /* requests submitted by the decode thread itself, bypassing the
+                               polling thread because the host had no core to spare for it */
+    uint64_t bypasses;      /* times the store switched to bypassing the polling thread */
 };
 
 /* 0 and stats filled, or KVP_EINVAL when the context is not tiered. */

@@ -138,6 +138,7 @@ struct run_cfg {
     const char *dir;
     double link_gbps, link_us;
     bool syscall_submit;
+    int sq_bypass; /* enum kvp_sq_bypass */
 };
 
 #define N_ROWS 71 /* logits rows of run_sequence */
@@ -161,6 +162,8 @@ static float *run_sequence(const struct run_cfg *rc, struct kvp_store_stats *sta
     if (rc0 < 0)
         print_message("ctx: %s\n", err.msg);
     assert_int_equal(rc0, 0);
+    if (rc->sq_bypass)
+        kvp_store_force_sq_bypass(c->store, rc->sq_bypass);
     if (rc->quest_opts) {
         struct kvp_policy_params pp = {.name = "quest", .budget = 64, .dense_layers = 1,
                                        .opts = rc->quest_opts};
@@ -767,6 +770,42 @@ static void test_logits_equal(void **state)
     seq_type = 0;
 }
 
+/* A busy host: the disk tier's requests bypass the polling thread (the decode thread submits
+ * and completes them itself), always or every other request, so both rings have requests in
+ * flight at once; the logits stay the untiered ones bit for bit. Where the kernel refuses a
+ * polling thread there is nothing to bypass and every request is a plain one. */
+static void test_sq_bypass(void **state)
+{
+    (void)state;
+    char *d = scratch_dir();
+    struct run_cfg base = {.sparse = true};
+    float *ref = run_sequence(&base, NULL);
+    static const int forced[] = {KVP_SQ_BYPASS_ALWAYS, KVP_SQ_BYPASS_ALTERNATE,
+                                 KVP_SQ_BYPASS_NEVER};
+    for (int i = 0; i < 3; i++)
+        for (int m = KVP_PREFETCH_NONE; m <= KVP_PREFETCH_TOKEN; m++) {
+            struct run_cfg rc = {.tier = KVP_TIER_DISK, .prefetch = m, .hot_budget = 96,
+                                 .sparse = true, .dir = d, .sq_bypass = forced[i]};
+            struct kvp_store_stats st;
+            float *lg = run_sequence(&rc, &st);
+            print_message("bypass %d, prefetch %d: sq_poll %d, %llu of %llu requests direct\n",
+                          forced[i], m, st.sq_poll, (unsigned long long)st.direct_requests,
+                          (unsigned long long)(st.reads + st.writes));
+            assert_true(max_diff(ref, lg, (size_t)N_ROWS * VOCAB) == 0.0);
+            if (!st.sq_poll || forced[i] == KVP_SQ_BYPASS_NEVER)
+                assert_int_equal(st.direct_requests, 0);
+            else if (forced[i] == KVP_SQ_BYPASS_ALWAYS)
+                assert_int_equal(st.direct_requests, st.reads + st.writes);
+            else
+                assert_true(st.direct_requests > 0 && st.direct_requests < st.reads + st.writes);
+            free(lg);
+        }
+    free(ref);
+    assert_int_equal(dir_entries(d), 0);
+    rmdir(d);
+    free(d);
+}
+
 /* predict_next is wrong every time: every selected block that is not hot already is fetched on
  * demand and counted as a miss, and the result does not change. */
 static void test_mispredicted_on_demand(void **state)
@@ -1167,6 +1206,7 @@ int main(void)
         cmocka_unit_test(test_dense_layer_layout),
         cmocka_unit_test(test_link_model),
         cmocka_unit_test(test_logits_equal),
+        cmocka_unit_test(test_sq_bypass),
         cmocka_unit_test(test_mispredicted_on_demand),
         cmocka_unit_test(test_first_step_warm),
         cmocka_unit_test(test_quest_prefetch),

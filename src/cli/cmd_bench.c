@@ -181,6 +181,15 @@ static cJSON *store_json(const struct kvp_store_stats *s)
     cJSON_AddNumberToObject(o, "bytes_written", (double)s->bytes_written / n);
     cJSON_AddNumberToObject(o, "reads", (double)s->reads / n);         /* I/O requests */
     cJSON_AddNumberToObject(o, "misaligned", (double)s->misaligned);   /* total; must be 0 */
+    /* a busy host (disk tier): where the time went and who moved the requests */
+    cJSON_AddNumberToObject(o, "runq_ms", s->runq_s / n * 1e3);       /* decode thread runnable */
+    cJSON_AddNumberToObject(o, "sq_runq_ms", s->sq_runq_s / n * 1e3); /* polling thread runnable */
+    cJSON_AddNumberToObject(o, "sq_cpu_ms", s->sq_cpu_s / n * 1e3);   /* polling thread on a CPU */
+    cJSON_AddNumberToObject(o, "wait_sleep_ms", s->wait_sleep_s / n * 1e3); /* of wait: asleep */
+    cJSON_AddNumberToObject(o, "wait_sleeps", (double)s->wait_sleeps / n);
+    cJSON_AddNumberToObject(o, "sq_unpicked", (double)s->sq_unpicked / n);
+    cJSON_AddNumberToObject(o, "direct_requests", (double)s->direct_requests / n);
+    cJSON_AddNumberToObject(o, "bypasses", (double)s->bypasses);       /* total */
     return o;
 }
 
@@ -458,7 +467,15 @@ int cmd_bench(int argc, char **argv)
          *   bytes_read, bytes_written, reads   cold-tier traffic and I/O requests
          *   misaligned      disk requests not 4 KiB aligned (total; always 0)
          *   sq_poll         disk tier: a kernel thread polls the ring for reads (false: the
-         *                   kernel refused it, or --kv-syscall-submit) */
+         *                   kernel refused it, or --kv-syscall-submit)
+         *   runq_ms         the decode thread runnable but not running (schedstat), per token
+         *   sq_runq_ms, sq_cpu_ms   the polling thread waiting for a CPU and on one, per token
+         *   wait_sleep_ms   of wait_ms, asleep in the kernel for a completion; wait_sleeps: such
+         *                   waits per token
+         *   sq_unpicked     waits per token that found requests the polling thread had not
+         *                   taken yet
+         *   direct_requests requests per token the decode thread submitted itself, bypassing
+         *                   the polling thread (busy host); bypasses: switches to that (total) */
         if (tiered)
             cJSON_AddItemToObject(o, "store", store_json(&ss));
         else

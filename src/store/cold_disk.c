@@ -2,8 +2,10 @@
  * The disk cold tier (cold.h): an unnamed O_DIRECT scratch file under kv_dir, read and written
  * through io_uring. Where the kernel allows it, a kernel thread polls the submission queue, so
  * the decode thread does not pay the submission syscalls (kvp_ctx_params.kv_syscall_submit,
- * kv_sq_pin, kv_sq_cpu choose).
+ * kv_sq_pin, kv_sq_cpu choose). On a host with no core to spare for that thread, requests
+ * bypass it through a second ring the decode thread submits and completes itself (see below).
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -21,12 +23,155 @@
  * the sleep would only add a wake-up to each wait. */
 #define SPIN_SECONDS 1e-3
 
+/* A busy host. The polling thread spins while requests keep coming, and it also posts their
+ * completions (io_uring runs a request's completion work on the task that submitted it): it
+ * needs a core of its own. When the decode thread spends more than BUSY_FRACTION of a
+ * LOAD_WINDOW_S window runnable but not running (its schedstat), the host has no core to spare:
+ * requests then go through a second ring without a polling thread, submitted and completed by
+ * the decode thread itself, and the polling thread falls asleep (sq_thread_idle). After
+ * BYPASS_SECONDS the polling ring is tried again. */
+#define LOAD_WINDOW_S 4e-3
+#define BUSY_FRACTION 0.15
+#define BYPASS_SECONDS 0.25
+#define SQ_IDLE_MS 20
+#define GAP_SECONDS 0.05
+
+enum { RING_POLLED = 0, /* the polling thread's ring where granted, else syscall submissions */
+       RING_DIRECT = 1  /* beside a polling ring: syscall submissions for a busy host */ };
+
 struct disk_io {
-    int fd;            /* the unnamed scratch file, or -1 */
-    struct io_uring ring;
-    bool ring_on;
-    int n_unsubmitted; /* prepared SQEs not yet submitted */
+    int fd; /* the unnamed scratch file, or -1 */
+    struct io_uring ring[2];
+    bool ring_on[2];
+    int n_unsubmitted[2]; /* prepared SQEs not yet submitted */
+    int n_inflight[2];
+    uint8_t ring_of[KVP_STORE_MAX_XFER]; /* the ring each record went to */
+    int route;                           /* the ring new requests go to (AUTO) */
+    double bypass_until;
+    /* run-queue sampling: schedstat of the decode thread (reopened when another thread
+     * drives the store) and of the polling thread, -1 where unreadable */
+    int self_fd, sq_fd;
+    pid_t self_tid;
+    double win_t0, self_wait0, sq_run0, sq_wait0, sq_retry_t;
 };
+
+/* Seconds on a CPU and waiting for one, from a /proc/.../schedstat file. */
+static bool read_schedstat(int fd, double *run, double *wait)
+{
+    char buf[128];
+    ssize_t n = fd >= 0 ? pread(fd, buf, sizeof(buf) - 1, 0) : -1;
+    if (n <= 0)
+        return false;
+    buf[n] = 0;
+    unsigned long long r, w;
+    if (sscanf(buf, "%llu %llu", &r, &w) != 2)
+        return false;
+    *run = (double)r * 1e-9;
+    *wait = (double)w * 1e-9;
+    return true;
+}
+
+/* The schedstat file of this process's newest io_uring polling thread ("iou-sqp-PID"), or -1. */
+static int open_sq_schedstat(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    if (!d)
+        return -1;
+    long best = -1;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char path[288], comm[32] = {0};
+        long tid = strtol(e->d_name, NULL, 10);
+        if (tid <= best)
+            continue;
+        snprintf(path, sizeof(path), "/proc/self/task/%ld/comm", tid);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        if (fgets(comm, sizeof(comm), f) && strncmp(comm, "iou-sqp-", 8) == 0)
+            best = tid;
+        fclose(f);
+    }
+    closedir(d);
+    if (best < 0)
+        return -1;
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/self/task/%ld/schedstat", best);
+    return open(path, O_RDONLY | O_CLOEXEC);
+}
+
+/* Once per window: account the run-queue delays and choose the ring of the next requests. */
+static void sample_load(struct kvp_store *s, struct disk_io *io)
+{
+    double now = kvp_time_now(), run, wait;
+    if (now - io->win_t0 < LOAD_WINDOW_S)
+        return;
+    pid_t tid = gettid();
+    if (tid != io->self_tid) {
+        if (io->self_fd >= 0)
+            close(io->self_fd);
+        io->self_fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
+        io->self_tid = tid;
+        if (read_schedstat(io->self_fd, &run, &wait))
+            io->self_wait0 = wait;
+        io->win_t0 = now;
+        return;
+    }
+    if (!read_schedstat(io->self_fd, &run, &wait)) {
+        io->win_t0 = now;
+        return;
+    }
+    /* a window this long spans time outside the decode loop (prompt, another context's
+     * turn): a new start, not a sample */
+    bool gap = now - io->win_t0 > GAP_SECONDS;
+    double delay = wait - io->self_wait0, busy = delay / (now - io->win_t0);
+    io->self_wait0 = wait;
+    io->win_t0 = now;
+    if (io->sq_fd < 0 && s->st.sq_poll && now >= io->sq_retry_t) {
+        /* the polling thread names itself when it first runs, maybe after ring set-up */
+        io->sq_fd = open_sq_schedstat();
+        io->sq_retry_t = now + GAP_SECONDS;
+        read_schedstat(io->sq_fd, &io->sq_run0, &io->sq_wait0);
+    }
+    double sq_run = 0, sq_wait = 0;
+    bool sq = read_schedstat(io->sq_fd, &sq_run, &sq_wait);
+    if (sq && !gap) {
+        s->st.sq_cpu_s += sq_run - io->sq_run0;
+        s->st.sq_runq_s += sq_wait - io->sq_wait0;
+    }
+    if (sq) {
+        io->sq_run0 = sq_run;
+        io->sq_wait0 = sq_wait;
+    }
+    if (gap)
+        return;
+    s->st.runq_s += delay;
+    if (busy > BUSY_FRACTION) {
+        if (io->route == RING_POLLED && io->ring_on[RING_DIRECT])
+            s->st.bypasses++;
+        io->route = RING_DIRECT;
+        io->bypass_until = now + BYPASS_SECONDS;
+    } else if (now >= io->bypass_until) {
+        io->route = RING_POLLED;
+    }
+}
+
+/* The ring of the next request. */
+static int pick_ring(const struct kvp_store *s, const struct disk_io *io)
+{
+    if (!io->ring_on[RING_DIRECT])
+        return RING_POLLED;
+    switch (s->sq_bypass) {
+    case KVP_SQ_BYPASS_ALWAYS:
+        return RING_DIRECT;
+    case KVP_SQ_BYPASS_NEVER:
+        return RING_POLLED;
+    case KVP_SQ_BYPASS_ALTERNATE:
+        return (int)((s->st.reads + s->st.writes) & 1);
+    default:
+        return io->route;
+    }
+}
 
 /* Open the unnamed O_DIRECT scratch file in dir and reserve bytes. */
 static int open_cold_file(struct disk_io *io, size_t cold_bytes, const char *dir,
@@ -66,10 +211,15 @@ static void disk_close(struct kvp_store *s)
     struct disk_io *io = s->io_state;
     if (!io)
         return;
-    if (io->ring_on)
-        io_uring_queue_exit(&io->ring);
+    for (int r = 0; r < 2; r++)
+        if (io->ring_on[r])
+            io_uring_queue_exit(&io->ring[r]);
     if (io->fd >= 0)
         close(io->fd);
+    if (io->self_fd >= 0)
+        close(io->self_fd);
+    if (io->sq_fd >= 0)
+        close(io->sq_fd);
     free(io);
     s->io_state = NULL;
 }
@@ -79,7 +229,7 @@ static int disk_open(struct kvp_store *s, const struct kvp_ctx_params *p, struct
     struct disk_io *io = calloc(1, sizeof(*io));
     if (!io)
         return kvp_err_set(err, KVP_ENOMEM, "out of memory");
-    io->fd = -1;
+    io->fd = io->self_fd = io->sq_fd = -1;
     s->io_state = io;
     const char *dir = p->kv_dir;
     if (!dir || !*dir)
@@ -92,32 +242,45 @@ static int disk_open(struct kvp_store *s, const struct kvp_ctx_params *p, struct
     /* a kernel thread that polls the submission queue does the O_DIRECT submission work
      * (page pinning, bio set-up, the doorbell) on another core instead of the decode
      * thread; where it is refused (old kernel, no privilege), submissions are syscalls */
-    struct io_uring_params up = {.flags = IORING_SETUP_SQPOLL, .sq_thread_idle = 20};
+    struct io_uring_params up = {.flags = IORING_SETUP_SQPOLL, .sq_thread_idle = SQ_IDLE_MS};
     if (p->kv_sq_pin) {
         up.flags |= IORING_SETUP_SQ_AFF;
         up.sq_thread_cpu = (unsigned)p->kv_sq_cpu;
     }
+    struct io_uring *polled = &io->ring[RING_POLLED];
     int e = p->kv_syscall_submit ? -1
-                                 : io_uring_queue_init_params(KVP_STORE_MAX_XFER, &io->ring, &up);
+                                 : io_uring_queue_init_params(KVP_STORE_MAX_XFER, polled, &up);
     if (e < 0 && p->kv_sq_pin && !p->kv_syscall_submit)
         return kvp_err_set(err, KVP_EINVAL, "io_uring: no polling thread on CPU %d: %s",
                            p->kv_sq_cpu, strerror(-e));
     s->st.sq_poll = e >= 0;
     if (e < 0)
-        e = io_uring_queue_init(KVP_STORE_MAX_XFER, &io->ring, 0);
+        e = io_uring_queue_init(KVP_STORE_MAX_XFER, polled, 0);
     if (e < 0)
         return kvp_err_set(err, KVP_EIO, "io_uring: %s", strerror(-e));
-    io->ring_on = true;
+    io->ring_on[RING_POLLED] = true;
+    if (s->st.sq_poll) { /* the busy-host bypass; without it the polling ring serves alone */
+        io->ring_on[RING_DIRECT] =
+            io_uring_queue_init(KVP_STORE_MAX_XFER, &io->ring[RING_DIRECT], 0) == 0;
+        /* experiments: KVPRED_SQ_BYPASS=never|always (enum kvp_sq_bypass), else automatic */
+        const char *b = getenv("KVPRED_SQ_BYPASS");
+        if (b && !strcmp(b, "never"))
+            s->sq_bypass = KVP_SQ_BYPASS_NEVER;
+        else if (b && !strcmp(b, "always"))
+            s->sq_bypass = KVP_SQ_BYPASS_ALWAYS;
+    }
     return 0;
 }
 
 static void disk_flush(struct kvp_store *s)
 {
     struct disk_io *io = s->io_state;
-    if (io->n_unsubmitted > 0) {
-        io_uring_submit(&io->ring);
-        io->n_unsubmitted = 0;
-    }
+    for (int r = 0; r < 2; r++)
+        if (io->n_unsubmitted[r] > 0) {
+            io_uring_submit(&io->ring[r]);
+            io->n_unsubmitted[r] = 0;
+        }
+    sample_load(s, io);
 }
 
 static void disk_submit(struct kvp_store *s, int id)
@@ -129,10 +292,12 @@ static void disk_submit(struct kvp_store *s, int id)
     /* O_DIRECT: offset, length and buffer on 4 KiB boundaries (the unit size guarantees it) */
     if (off % KVP_STORE_ALIGN || bytes % KVP_STORE_ALIGN || (uintptr_t)buf % KVP_STORE_ALIGN)
         s->st.misaligned++;
-    struct io_uring_sqe *sqe = io_uring_get_sqe(&io->ring);
+    int r = pick_ring(s, io);
+    struct io_uring *ring = &io->ring[r];
+    struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
     if (!sqe) {
         disk_flush(s);
-        sqe = io_uring_get_sqe(&io->ring);
+        sqe = io_uring_get_sqe(ring);
     }
     if (!sqe) { /* cannot happen: records in flight never exceed the ring depth */
         kvp_store_complete(s, id, -EBUSY, x->t_submit);
@@ -143,7 +308,10 @@ static void disk_submit(struct kvp_store *s, int id)
     else
         io_uring_prep_read(sqe, io->fd, buf, (unsigned)bytes, (__u64)off);
     io_uring_sqe_set_data64(sqe, (__u64)id);
-    io->n_unsubmitted++;
+    io->ring_of[id] = (uint8_t)r;
+    io->n_unsubmitted[r]++;
+    io->n_inflight[r]++;
+    s->st.direct_requests += r == RING_DIRECT;
 }
 
 static int disk_reap(struct kvp_store *s)
@@ -152,31 +320,68 @@ static int disk_reap(struct kvp_store *s)
     struct io_uring_cqe *cqe;
     int got = 0;
     disk_flush(s);
-    while (io_uring_peek_cqe(&io->ring, &cqe) == 0) {
-        int id = (int)io_uring_cqe_get_data64(cqe);
-        int res = cqe->res;
-        io_uring_cqe_seen(&io->ring, cqe);
-        kvp_store_complete(s, id, res, kvp_time_now());
-        got++;
-    }
+    for (int r = 0; r < 2; r++)
+        while (io->n_inflight[r] > 0 && io_uring_peek_cqe(&io->ring[r], &cqe) == 0) {
+            int id = (int)io_uring_cqe_get_data64(cqe);
+            int res = cqe->res;
+            io_uring_cqe_seen(&io->ring[r], cqe);
+            io->n_inflight[io->ring_of[id]]--;
+            kvp_store_complete(s, id, res, kvp_time_now());
+            got++;
+        }
     return got;
+}
+
+/* A ring with a completion to collect, or -1. */
+static int ring_ready(struct disk_io *io)
+{
+    struct io_uring_cqe *cqe;
+    for (int r = 0; r < 2; r++)
+        if (io->n_inflight[r] > 0 && io_uring_peek_cqe(&io->ring[r], &cqe) == 0)
+            return r;
+    return -1;
 }
 
 static int disk_wait(struct kvp_store *s)
 {
     struct disk_io *io = s->io_state;
     struct io_uring_cqe *cqe;
-    int rc, got = 0;
+    int rc = 0, got = 0;
     disk_flush(s);
-    double give_up = kvp_time_now() + SPIN_SECONDS;
-    while ((rc = io_uring_peek_cqe(&io->ring, &cqe)) == -EAGAIN && kvp_time_now() < give_up)
+    /* submitted, and the polling thread has not even taken them yet */
+    if (s->st.sq_poll && io->n_inflight[RING_POLLED] > 0 &&
+        io_uring_sq_ready(&io->ring[RING_POLLED]) > 0)
+        s->st.sq_unpicked++;
+    double t0 = kvp_time_now(), give_up = t0 + SPIN_SECONDS;
+    while (ring_ready(io) < 0 && kvp_time_now() < give_up)
         ;
-    if (rc != 0)
-        while ((rc = io_uring_wait_cqe(&io->ring, &cqe)) == -EINTR)
-            ;
+    if (ring_ready(io) < 0) {
+        /* sleep on the ring that has requests in flight; on both (around a change of route),
+         * on each in turn for a moment */
+        bool both = io->n_inflight[0] > 0 && io->n_inflight[1] > 0;
+        int r = io->n_inflight[RING_POLLED] > 0 ? RING_POLLED : RING_DIRECT;
+        s->st.wait_sleeps++;
+        for (;;) {
+            if (both) {
+                struct __kernel_timespec ts = {.tv_nsec = 50000};
+                rc = io_uring_wait_cqe_timeout(&io->ring[r], &cqe, &ts);
+                r ^= 1;
+            } else {
+                rc = io_uring_wait_cqe(&io->ring[r], &cqe);
+            }
+            if (rc == 0 || (rc != -EINTR && rc != -ETIME))
+                break;
+            if (both && ring_ready(io) >= 0) {
+                rc = 0;
+                break;
+            }
+        }
+        s->st.wait_sleep_s += kvp_time_now() - t0 - SPIN_SECONDS;
+    }
     if (rc < 0) { /* the ring itself failed: fail every request still in flight */
         for (int i = 0; i < KVP_STORE_MAX_XFER; i++)
             if (s->xfer[i].busy) {
+                io->n_inflight[io->ring_of[i]]--;
                 kvp_store_complete(s, i, rc, kvp_time_now());
                 got++;
             }

@@ -448,6 +448,11 @@ void kvp_store_inject_fault(struct kvp_store *s, int kind, int after)
     s->fault_after = after;
 }
 
+void kvp_store_force_sq_bypass(struct kvp_store *s, int mode)
+{
+    s->sq_bypass = mode;
+}
+
 /* ======================================== prefill ========================================= */
 
 /* Start reading every block of layer below nb that is not hot from the cold tier into its

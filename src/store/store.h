@@ -95,6 +95,15 @@ struct kvp_store_event {
 /* Test hook: make the Nth next cold-tier request (1 = the next one) fail or come back short. */
 enum kvp_store_fault { KVP_FAULT_NONE = 0, KVP_FAULT_EIO = 1, KVP_FAULT_SHORT = 2 };
 
+/* When the disk tier's requests bypass its polling kernel thread (cold_disk.c): when the host
+ * has no core to spare for it (AUTO), or as tests and experiments force it. */
+enum kvp_sq_bypass {
+    KVP_SQ_BYPASS_AUTO = 0,
+    KVP_SQ_BYPASS_ALWAYS = 1,
+    KVP_SQ_BYPASS_NEVER = 2,
+    KVP_SQ_BYPASS_ALTERNATE = 3, /* every other request: both rings in flight at once */
+};
+
 struct kvp_store_xfer {
     int s0, n;        /* hot slots [s0, s0+n) */
     int layer, b0;    /* cold units (layer, [b0, b0+n)) */
@@ -179,6 +188,7 @@ struct kvp_store {
     char err_msg[256];
     int fault_kind;        /* enum kvp_store_fault */
     int fault_after;       /* requests left before the fault fires */
+    int sq_bypass;         /* enum kvp_sq_bypass (disk tier with a polling thread) */
 
     /* accounting (stats.c) */
     struct kvp_store_stats st;
@@ -273,6 +283,8 @@ void kvp_store_drain(struct kvp_store *s);
 
 /* Test hook: the `after`-th next request fails (KVP_FAULT_EIO) or comes back short. */
 void kvp_store_inject_fault(struct kvp_store *s, int kind, int after);
+/* Test hook: enum kvp_sq_bypass. */
+void kvp_store_force_sq_bypass(struct kvp_store *s, int mode);
 
 /* Statistics and the timeline (stats.c): a copy of the counters; reset keeps the sizes; on
  * clears the recorded events and records up to a fixed number of them (allocated here, once),
