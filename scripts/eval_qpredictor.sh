@@ -4,9 +4,14 @@
 # Needs ../shared (the Paul Graham essays are the filler, stories260K and TinyStories) and jq.
 #   scripts/eval_qpredictor.sh [BUILD_DIR]
 # Environment: PART (tasks, stories, bench or all; default all), SEED (prompt seed of the
-# retrieval part, default 7, the acceptance seed: tune on others), SAMPLES (prompts per depth,
-# default 10: 5 depths = 50 per task), CTXS (bench contexts, default "16384 32768"), OUT (default
-# bench). Every line of the JSON outputs is one kvpred command's result.
+# retrieval part, default 7, the acceptance set: tune on others), SAMPLES (prompts per depth,
+# default 10: 5 depths = 50 per task), LENGTH (prompt tokens of the retrieval part, default 8192,
+# the shipped model's trained context), TASKS (default "niah_single niah_multikey passkey"),
+# BASELINES (the policies run beside qpredictor, default "quest,oracle,predictor"; empty: none),
+# MODEL (default models/kvpred-default.gguf), KVPP and QKVPP (the predictor files, default the
+# model's .kvpp and .qkvpp beside it), CTXS (bench
+# contexts, default "16384 32768"), OUT (default bench). Every line of the JSON outputs is one
+# kvpred command's result.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -15,22 +20,28 @@ part="${PART:-all}"
 seed="${SEED:-7}"
 samples="${SAMPLES:-10}"
 out="${OUT:-bench}"
-lc=models/kvpred-default
+model="${MODEL:-models/kvpred-default.gguf}"
+kvpp="${KVPP:-${model%.gguf}.kvpp}"
+qkvpp="${QKVPP:-${model%.gguf}.qkvpp}"
+length="${LENGTH:-8192}"
+baselines="${BASELINES-quest,oracle,predictor}"
 mkdir -p "$out"
 
-# 1. retrieval at 2048 on the shipped model, budgets 1/16 and 1/8: quest, the block oracle and
-#    the paper's predictor read models/kvpred-default.kvpp, qpredictor its .qkvpp (one --aux per
-#    run, so two runs on the same prompts)
+# 1. retrieval on the shipped model at LENGTH tokens, budgets 1/16 and 1/8: quest, the block
+#    oracle and the paper's predictor read KVPP, qpredictor QKVPP (one --aux per run, so two runs
+#    on the same prompts)
 if [[ "$part" == all || "$part" == tasks ]]; then
-    dst="$out/qpredictor_tasks_seed$seed.jsonl"
+    dst="$out/qpredictor_tasks_${length}_seed$seed.jsonl"
     : > "$dst"
-    for task in niah_single niah_multikey passkey; do
-        common=(-m "$lc.gguf" -t 1 --task "$task" --lengths 2048 --depths 0,25,50,75,100
+    for task in ${TASKS:-niah_single niah_multikey passkey}; do
+        common=(-m "$model" -t 1 --task "$task" --lengths "$length" --depths 0,25,50,75,100
                 --samples "$samples" --seed "$seed" --budget 1/16,1/8 --json)
-        "$kvp" eval "${common[@]}" --policy quest,oracle,predictor --aux "$lc.kvpp" >> "$dst"
-        "$kvp" eval "${common[@]}" --policy qpredictor --aux "$lc.qkvpp" >> "$dst"
+        if [[ -n "$baselines" ]]; then
+            "$kvp" eval "${common[@]}" --policy "$baselines" --aux "$kvpp" >> "$dst"
+        fi
+        "$kvp" eval "${common[@]}" --policy qpredictor --aux "$qkvpp" >> "$dst"
     done
-    echo "retrieval, seed $seed, $((samples * 5)) prompts per task (mean accuracy over depths):"
+    echo "retrieval at $length, seed $seed, $((samples * 5)) prompts per task (mean accuracy over depths):"
     jq -rs 'group_by([.task, .policy, .budget]) | .[] |
             "\(.[0].task)\t\(.[0].policy)\t\(.[0].budget)\t\((map(.accuracy * .samples) | add) /
              (map(.samples) | add) * 1000 | round / 10) %"' "$dst"
@@ -57,8 +68,8 @@ if [[ "$part" == all || "$part" == bench ]]; then
     dst="$out/qpredictor_bench.jsonl"
     : > "$dst"
     for c in ${CTXS:-16384 32768}; do
-        for pol in quest:$lc.kvpp qpredictor:$lc.qkvpp predictor:$lc.kvpp; do
-            "$kvp" bench -m "$lc.gguf" -t 1 -c "$c" -n 64 --prefill 16 --policy "${pol%%:*}" \
+        for pol in quest:$kvpp qpredictor:$qkvpp predictor:$kvpp; do
+            "$kvp" bench -m "$model" -t 1 -c "$c" -n 64 --prefill 16 --policy "${pol%%:*}" \
                 --budget 1/16 --aux "${pol#*:}" --json 2>/dev/null >> "$dst"
         done
     done

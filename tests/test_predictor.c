@@ -1002,6 +1002,105 @@ static void test_qpredictor_end_to_end(void **state)
     free(ppath);
 }
 
+/* A version 2 trace in memory: block 4, one layer of 2 query heads in 1 KV head, n_seq
+ * sequences of T tokens; both heads attend alike (pseudo-random masses) and the query bound is
+ * the log of the block's mass, so ranking by the bound is ranking by the true mass. */
+static uint8_t *make_trace_v2(int n_seq, int T, size_t *size)
+{
+    const int bs = 4, nh = 2;
+    size_t cap = 8 + 7 * 4 + 64 + 8;
+    for (int t = 0; t < T; t++)
+        cap += (size_t)nh * 3 * ((t + bs) / bs) * 4;
+    cap += (size_t)n_seq * 4;
+    cap = cap * (size_t)n_seq;
+    uint8_t *buf = calloc(1, cap);
+    assert_non_null(buf);
+    const uint32_t hdr[7] = {2, (uint32_t)bs, 0, 1, (uint32_t)nh, (uint32_t)n_seq, 1};
+    size_t n = 0;
+    memcpy(buf, "KVPTRC01", 8);
+    n = 8;
+    memcpy(buf + n, hdr, sizeof(hdr));
+    n += sizeof(hdr) + 64;
+    uint32_t r = 12345;
+    float mass[64];
+    for (int s = 0; s < n_seq; s++) {
+        uint32_t tt = (uint32_t)T;
+        memcpy(buf + n, &tt, 4);
+        n += 4;
+        for (int t = 0; t < T; t++) {
+            int nb = (t + bs) / bs;
+            assert_true(nb <= 64);
+            float tot = 0;
+            for (int c = 0; c < nb; c++) {
+                r = r * 1664525u + 1013904223u;
+                mass[c] = 0.01f + (float)(r >> 8) / 16777216.0f;
+                tot += mass[c];
+            }
+            for (int h = 0; h < nh; h++)
+                for (int a = 0; a < 3; a++)
+                    for (int c = 0; c < nb; c++) {
+                        float m = mass[c] / tot;
+                        float x = a == 2 ? logf(m) : a == 0 ? m / 4 : m;
+                        memcpy(buf + n, &x, 4);
+                        n += 4;
+                    }
+        }
+    }
+    uint64_t hh = 14695981039346656037ULL;
+    for (size_t i = 0; i < n; i++) {
+        hh ^= buf[i];
+        hh *= 1099511628211ULL;
+    }
+    memcpy(buf + n, &hh, 8);
+    *size = n + 8;
+    return buf;
+}
+
+/* Validation's answer-step report and the policy's pruned selection: with every block a
+ * candidate the pruned recovery is the predicted one; the bound ranks as the true mass here, so
+ * quest's recovery is the oracle's; without --tail no answer steps are reported. */
+static void test_validate_tail_and_pruned(void **state)
+{
+    (void)state;
+    size_t size;
+    uint8_t *buf = make_trace_v2(4, 60, &size);
+    struct kvp_trace tr;
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_trace_parse(buf, size, &tr, &err), 0);
+    free(buf);
+    struct kvp_predtrain_opts o = {.c1 = 4, .c2 = 4, .H = 4, .cin = 2, .group = 1, .tail = 8,
+                                   .epochs = 1, .samples = 64, .val_samples = 300, .sink = 4,
+                                   .local = 4, .n_budgets = 2, .budgets = {16, 28},
+                                   .val_frac = 0.25f, .extra = 1000};
+    kvp_predtrain_opts_default(&o);
+    struct kvp_cnn net = {0};
+    struct kvp_predtrain_report rep = {0};
+    assert_int_equal(kvp_predictor_train(&tr, &o, &net, &rep, &err), 0);
+    assert_true(rep.tail.n > 0);
+    for (int b = 0; b < 2; b++) {
+        print_message("budget %d: pred %.4f oracle %.4f quest %.4f pruned %.4f; answer steps "
+                      "pred %.4f oracle %.4f\n",
+                      rep.budgets[b], rep.rec_pred[b], rep.rec_oracle[b], rep.rec_query[b],
+                      rep.rec_pruned[b], rep.tail.rec_pred[b], rep.tail.rec_oracle[b]);
+        assert_true(rep.rec_oracle[b] > 0 && rep.rec_oracle[b] < 1);
+        assert_true(fabs(rep.rec_query[b] - rep.rec_oracle[b]) < 1e-9);
+        assert_true(fabs(rep.tail.rec_query[b] - rep.tail.rec_oracle[b]) < 1e-9);
+        assert_true(rep.rec_pruned[b] == rep.rec_pred[b]);
+        assert_true(rep.tail.rec_pruned[b] == rep.tail.rec_pred[b]);
+    }
+    /* one extra candidate: the network picks k of the k + 1 heaviest blocks, never more than
+     * the oracle's k; without --tail, no answer steps */
+    o.extra = 1;
+    o.tail = 0;
+    assert_int_equal(kvp_predictor_validate(&tr, &net, &o, &rep, &err), 0);
+    assert_int_equal(rep.tail.n, 0);
+    for (int b = 0; b < 2; b++) {
+        assert_true(rep.rec_pruned[b] > 0 && rep.rec_pruned[b] <= rep.rec_oracle[b] + 1e-9);
+    }
+    kvp_cnn_free(&net);
+    kvp_trace_free(&tr);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1019,6 +1118,7 @@ int main(void)
         cmocka_unit_test(test_query_feature),
         cmocka_unit_test(test_predictor_file_v2),
         cmocka_unit_test(test_qpredictor_end_to_end),
+        cmocka_unit_test(test_validate_tail_and_pruned),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,6 +3,7 @@
  * write the predictor file the `predictor` policy loads (formats in src/predictor/cnn.h and
  * src/predictor/train.h). With --validate the file is not trained but evaluated.
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,8 +46,13 @@ static void help(void)
         "                       qpredictor pools them\n"
         "  --sparse-history     history rows as a policy without calibration reads them: each\n"
         "                       keeps its best 1/20 to 1/5 of the blocks, renormalised\n"
-        "  --tail N             half the samples from each sequence's last N positions (the\n"
-        "                       answers of a --tasks trace), their histories dense\n");
+        "  --tail N             samples from each sequence's last N positions (the\n"
+        "                       answers of a --tasks trace), their histories dense;\n"
+        "                       validation reports those steps apart too\n"
+        "  --tail-frac F        the fraction of samples --tail draws (default 0.5)\n"
+        "  --extra N            validation with --query: the policy's candidates, the N\n"
+        "                       best blocks by the bound beyond k (default 16, as\n"
+        "                       qpredictor's option extra)\n");
 }
 
 static void progress(void *user, int epoch, long step, long steps, double loss)
@@ -79,6 +85,26 @@ static int parse_list(const char *v, int *out, int cap, long min, long max)
     return n;
 }
 
+/* One recovery table: a row per budget; with the query channel also the policy's pruned
+ * selection (the predicted best among the k + extra best by the bound). */
+static void print_recovery(const struct kvp_predtrain_report *rep, const double *pred,
+                           const double *oracle, const double *last, const double *recent,
+                           const double *query, const double *pruned, const double *rel,
+                           bool has_query, int extra)
+{
+    printf("  budget  predicted  oracle  newest-row  recency  quest-bound  predicted/oracle");
+    if (has_query)
+        printf("  pruned(k+%d)", extra);
+    printf("\n");
+    for (int b = 0; b < rep->n_budgets; b++) {
+        printf("  %6d  %9.4f  %6.4f  %10.4f  %7.4f  %11.4f  %16.4f", rep->budgets[b], pred[b],
+               oracle[b], last[b], recent[b], query[b], rel[b]);
+        if (has_query)
+            printf("  %11.4f", pruned[b]);
+        printf("\n");
+    }
+}
+
 int cmd_train_predictor(int argc, char **argv)
 {
     struct kvp_predtrain_opts o = {.loss = KVP_LOSS_MSE};
@@ -106,6 +132,8 @@ int cmd_train_predictor(int argc, char **argv)
         CLI_BOOL("--group", &o.group),
         CLI_BOOL("--sparse-history", &o.sparse),
         CLI_INT("--tail", 1, 1 << 20, &o.tail, NULL),
+        CLI_INT("--extra", 1, 1 << 20, &o.extra, NULL),
+        CLI_FLOAT("--tail-frac", 0.01, 1, &o.tail_frac, NULL),
         {0},
     };
     const struct cli_command cmd = {
@@ -174,13 +202,18 @@ int cmd_train_predictor(int argc, char **argv)
            val_path ? val_path : out_path, net.meta.model, kvp_cnn_n_params(&net), net.H,
            net.meta.loss == KVP_LOSS_CE ? "ce" : "mse", rep.n_train_samples, rep.n_val_samples,
            rep.train_loss, rep.val_loss, kvp_time_now() - t0);
-    printf("validation recovery (%s histories%s; sink %d, local %d):\n"
-           "  budget  predicted  oracle  newest-row  recency  quest-bound  predicted/oracle\n",
+    printf("validation recovery (%s histories%s; sink %d, local %d):\n",
            o.sparse ? "sparse" : "dense", net.cin > 1 ? ", query channel" : "", o.sink, o.local);
-    for (int b = 0; b < rep.n_budgets; b++)
-        printf("  %6d  %9.4f  %6.4f  %10.4f  %7.4f  %11.4f  %16.4f\n", rep.budgets[b],
-               rep.rec_pred[b], rep.rec_oracle[b], rep.rec_last[b], rep.rec_recent[b],
-               rep.rec_query[b], rep.rel[b]);
+    print_recovery(&rep, rep.rec_pred, rep.rec_oracle, rep.rec_last, rep.rec_recent,
+                   rep.rec_query, rep.rec_pruned, rep.rel, net.cin > 1, o.extra);
+    if (o.tail > 0) {
+        printf("at answer steps (the last %d positions of a sequence, dense histories; %ld "
+               "samples):\n",
+               o.tail, rep.tail.n);
+        print_recovery(&rep, rep.tail.rec_pred, rep.tail.rec_oracle, rep.tail.rec_last,
+                       rep.tail.rec_recent, rep.tail.rec_query, rep.tail.rec_pruned, rep.tail.rel,
+                       net.cin > 1, o.extra);
+    }
     status = 0;
 out:
     kvp_cnn_free(&net);

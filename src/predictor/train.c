@@ -280,6 +280,10 @@ void kvp_predtrain_opts_default(struct kvp_predtrain_opts *o)
         o->cin = 1;
     if (!o->epochs)
         o->epochs = 4;
+    if (!o->extra)
+        o->extra = 16;
+    if (!(o->tail_frac > 0))
+        o->tail_frac = 0.5f;
     if (!o->batch)
         o->batch = 32;
     if (!o->samples)
@@ -485,6 +489,83 @@ static int max_blocks(const struct kvp_trace *tr)
     return (T + tr->block_size - 1) / tr->block_size;
 }
 
+/* A step of one of sequence sq's last `tail` positions (a retrieval trace's answer), or -1. */
+static int tail_position(const struct kvp_trace *tr, const struct kvp_predtrain_opts *o, int sq,
+                         uint64_t *rng)
+{
+    int T = tr->seq[sq].T;
+    int span = T - o->H < o->tail ? T - o->H : o->tail;
+    return span > 0 ? T - 1 - (int)(kvp_splitmix64(rng) % (uint64_t)span) : -1;
+}
+
+/* Recovery sums of one validation set (the report's arrays, or its tail set). */
+struct rec_acc {
+    double *pred, *oracle, *last, *recent, *query, *pruned;
+};
+
+/* Score the validated sample in x/sm (ws->y holds the network's scores) at every budget. The
+ * pruned selection is the policy's: the network's best kb among the kb + o->extra blocks with the
+ * best query feature. */
+static void score_sample(const struct kvp_predtrain_opts *o, int bs, const struct sample *smp,
+                         const float *x, const float *sm, struct kvp_tr_ws *ws, char *taken,
+                         float *cand, const struct rec_acc *a)
+{
+    const int W = smp->W;
+    const float *last = x + (size_t)(o->H - 1) * W;
+    const float *qrow = o->cin > 1 ? x + (size_t)(2 * o->H - 1) * W : NULL;
+    for (int b = 0; b < o->n_budgets; b++) {
+        int kb = (o->budgets[b] - o->sink - smp->local_n) / bs;
+        if (kb < 0)
+            kb = 0;
+        double rp, ro, rl, rr, rq = 0, rc;
+        if (kb >= W) {
+            rp = smp->forced;
+            for (int xx = 0; xx < W; xx++)
+                rp += sm[xx];
+            ro = rl = rr = rq = rc = rp;
+        } else {
+            rp = smp->forced + topk_mass(ws->y, sm, W, kb, taken);
+            ro = smp->forced + topk_mass(sm, sm, W, kb, taken);
+            rl = smp->forced + topk_mass(last, sm, W, kb, taken);
+            for (int xx = 0; xx < W; xx++)
+                ws->dp[xx] = (float)xx; /* recency: the newest blocks first */
+            rr = smp->forced + topk_mass(ws->dp, sm, W, kb, taken);
+            rc = rp;
+            if (qrow) { /* Quest's ranking: the query channel alone */
+                rq = smp->forced + topk_mass(qrow, sm, W, kb, taken);
+                int nc = kb + o->extra;
+                if (nc < W) {
+                    topk_mass(qrow, sm, W, nc, taken); /* marks the candidates */
+                    for (int xx = 0; xx < W; xx++)
+                        cand[xx] = taken[xx] ? ws->y[xx] : -INFINITY;
+                    rc = smp->forced + topk_mass(cand, sm, W, kb, taken);
+                }
+            }
+        }
+        a->pred[b] += rp;
+        a->oracle[b] += ro;
+        a->last[b] += rl;
+        a->recent[b] += rr;
+        a->query[b] += rq;
+        a->pruned[b] += rc;
+    }
+}
+
+static void rec_mean(const struct rec_acc *a, int n_budgets, long cnt, double *rel)
+{
+    for (int b = 0; b < n_budgets; b++) {
+        if (cnt) {
+            a->pred[b] /= cnt;
+            a->oracle[b] /= cnt;
+            a->last[b] /= cnt;
+            a->recent[b] /= cnt;
+            a->query[b] /= cnt;
+            a->pruned[b] /= cnt;
+        }
+        rel[b] = a->oracle[b] > 0 ? a->pred[b] / a->oracle[b] : 1.0;
+    }
+}
+
 static int validate(const struct kvp_trace *tr, const struct kvp_cnn *n,
                     const struct kvp_predtrain_opts *o, const struct split *val, struct kvp_tr_ws *ws,
                     float *x, float *m, float *sm, struct kvp_predtrain_report *rep)
@@ -492,19 +573,27 @@ static int validate(const struct kvp_trace *tr, const struct kvp_cnn *n,
     const int n_ser = n_series(tr, o), bs = tr->block_size;
     uint64_t rng = o->seed ^ 0x5eed5eed5eedULL;
     char *taken = malloc((size_t)ws->max_w);
+    float *cand = malloc((size_t)ws->max_w * sizeof(float));
     struct sample_tmp tmp = {0};
-    if (!taken || tmp_init(&tmp, ws->max_w) < 0) {
+    if (!taken || !cand || tmp_init(&tmp, ws->max_w) < 0) {
         free(taken);
+        free(cand);
         tmp_free(&tmp);
         return -1;
     }
+    const struct rec_acc all = {rep->rec_pred, rep->rec_oracle, rep->rec_last, rep->rec_recent,
+                                rep->rec_query, rep->rec_pruned};
+    const struct rec_acc tail = {rep->tail.rec_pred, rep->tail.rec_oracle, rep->tail.rec_last,
+                                 rep->tail.rec_recent, rep->tail.rec_query, rep->tail.rec_pruned};
     double loss = 0;
-    long cnt = 0;
+    long cnt = 0, cnt_tail = 0;
     rep->n_budgets = o->n_budgets;
     for (int b = 0; b < o->n_budgets; b++) {
         rep->budgets[b] = o->budgets[b];
         rep->rec_pred[b] = rep->rec_oracle[b] = rep->rec_last[b] = rep->rec_recent[b] = 0;
-        rep->rec_query[b] = 0;
+        rep->rec_query[b] = rep->rec_pruned[b] = 0;
+        rep->tail.rec_pred[b] = rep->tail.rec_oracle[b] = rep->tail.rec_last[b] = 0;
+        rep->tail.rec_recent[b] = rep->tail.rec_query[b] = rep->tail.rec_pruned[b] = 0;
     }
     long draws = val->n ? o->val_samples : 0;
     for (long i = 0; i < draws; i++) {
@@ -516,48 +605,26 @@ static int validate(const struct kvp_trace *tr, const struct kvp_cnn *n,
             continue;
         loss += kvp_tr_sample(n, ws, x, o->H, smp.W, m, sm, o->loss, NULL);
         cnt++;
-        const float *last = x + (size_t)(o->H - 1) * smp.W;
-        const float *qrow = o->cin > 1 ? x + (size_t)(2 * o->H - 1) * smp.W : NULL;
-        for (int b = 0; b < o->n_budgets; b++) {
-            int kb = (o->budgets[b] - o->sink - smp.local_n) / bs;
-            if (kb < 0)
-                kb = 0;
-            double rp, ro, rl, rr, rq = 0;
-            if (kb >= smp.W) {
-                rp = smp.forced;
-                for (int xx = 0; xx < smp.W; xx++)
-                    rp += sm[xx];
-                ro = rl = rr = rq = rp;
-            } else {
-                rp = smp.forced + topk_mass(ws->y, sm, smp.W, kb, taken);
-                ro = smp.forced + topk_mass(sm, sm, smp.W, kb, taken);
-                rl = smp.forced + topk_mass(last, sm, smp.W, kb, taken);
-                for (int xx = 0; xx < smp.W; xx++)
-                    ws->dp[xx] = (float)xx; /* recency: the newest blocks first */
-                rr = smp.forced + topk_mass(ws->dp, sm, smp.W, kb, taken);
-                if (qrow) /* Quest's ranking: the query channel alone */
-                    rq = smp.forced + topk_mass(qrow, sm, smp.W, kb, taken);
-            }
-            rep->rec_pred[b] += rp;
-            rep->rec_oracle[b] += ro;
-            rep->rec_last[b] += rl;
-            rep->rec_recent[b] += rr;
-            rep->rec_query[b] += rq;
-        }
+        score_sample(o, bs, &smp, x, sm, ws, taken, cand, &all);
+        if (o->tail <= 0)
+            continue;
+        /* the same series at an answer step of the sequence, its history dense (as training's) */
+        struct kvp_predtrain_opts od = *o;
+        od.sparse = 0;
+        int sq = val->seq[pair], t = tail_position(tr, o, sq, &rng);
+        if (t < 0 || !build_sample(tr, &od, sq, t, ser, x, m, sm, &smp, &rng, &tmp))
+            continue;
+        kvp_tr_sample(n, ws, x, o->H, smp.W, m, sm, o->loss, NULL);
+        cnt_tail++;
+        score_sample(o, bs, &smp, x, sm, ws, taken, cand, &tail);
     }
     free(taken);
+    free(cand);
     tmp_free(&tmp);
     rep->val_loss = cnt ? loss / cnt : 0;
-    for (int b = 0; b < o->n_budgets; b++) {
-        if (cnt) {
-            rep->rec_pred[b] /= cnt;
-            rep->rec_oracle[b] /= cnt;
-            rep->rec_last[b] /= cnt;
-            rep->rec_recent[b] /= cnt;
-            rep->rec_query[b] /= cnt;
-        }
-        rep->rel[b] = rep->rec_oracle[b] > 0 ? rep->rec_pred[b] / rep->rec_oracle[b] : 1.0;
-    }
+    rep->tail.n = cnt_tail;
+    rec_mean(&all, o->n_budgets, cnt, rep->rel);
+    rec_mean(&tail, o->n_budgets, cnt_tail, rep->tail.rel);
     return 0;
 }
 
@@ -690,14 +757,12 @@ int kvp_predictor_train(const struct kvp_trace *tr, const struct kvp_predtrain_o
                 int ser = (int)(pick % n_ser);
                 struct sample smp;
                 int ok;
-                if (o->tail > 0 && (kvp_splitmix64(&rng) & 1)) {
+                if (o->tail > 0 && uniform(&rng) < o->tail_frac) {
                     /* a step of a sequence's last `tail` positions (a retrieval trace's answer),
                      * its history dense as a decode step's first rows are (the prompt's) */
                     struct kvp_predtrain_opts od = *o;
                     od.sparse = 0;
-                    int sq = trn.seq[pair], T = tr->seq[sq].T;
-                    int span = T - o->H < o->tail ? T - o->H : o->tail;
-                    int t = span > 0 ? T - 1 - (int)(kvp_splitmix64(&rng) % (uint64_t)span) : -1;
+                    int sq = trn.seq[pair], t = tail_position(tr, o, sq, &rng);
                     ok = t >= 0 && build_sample(tr, &od, sq, t, ser, x, m, sm, &smp, &rng, &tmp);
                 } else {
                     ok = build_sample(tr, o, trn.seq[pair], trn.t[pair], ser, x, m, sm, &smp, &rng,

@@ -76,8 +76,12 @@ struct kvp_predtrain_opts {
     int sparse;       /* 1: history rows as a policy reads them: each keeps only its best
                          K blocks by mass (K a random 1/20 .. 1/5 of the slice), renormalised
                          over what is kept with the sink and local window [0] */
-    int tail;         /* > 0: half the training samples are steps of a sequence's last `tail`
-                         positions (a retrieval trace's answers), with dense histories [0] */
+    int tail;         /* > 0: a fraction tail_frac of the training samples are steps of a
+                         sequence's last `tail` positions (a retrieval trace's answers), with
+                         dense histories, and validation reports those steps apart too [0] */
+    float tail_frac;  /* [0.5] */
+    int extra;        /* validation: candidates beyond k by the query channel, as qpredictor's
+                         option extra [16] */
     int loss;         /* enum kvp_cnn_loss */
     int epochs;       /* [4] */
     int batch;        /* samples per Adam step [32] */
@@ -105,7 +109,17 @@ struct kvp_predtrain_report {
     double rec_recent[KVP_CNN_MAX_REC]; /* mean recovery when taking the newest blocks */
     double rec_query[KVP_CNN_MAX_REC];  /* mean recovery ranking by the query channel (Quest's
                                            bound; 0 without that channel) */
+    double rec_pruned[KVP_CNN_MAX_REC]; /* the policy's pruned selection: the predicted best
+                                           among the k + extra best by the query channel */
     double rel[KVP_CNN_MAX_REC];        /* rec_pred / rec_oracle */
+    struct {                            /* the same at answer steps (o->tail > 0: one step of a
+                                           sequence's last `tail` positions per validation
+                                           sample, dense history), what retrieval is judged on */
+        long n;
+        double rec_pred[KVP_CNN_MAX_REC], rec_oracle[KVP_CNN_MAX_REC], rec_last[KVP_CNN_MAX_REC];
+        double rec_recent[KVP_CNN_MAX_REC], rec_query[KVP_CNN_MAX_REC];
+        double rec_pruned[KVP_CNN_MAX_REC], rel[KVP_CNN_MAX_REC];
+    } tail;
 };
 
 /* Fill unset fields of o with the defaults above. */
