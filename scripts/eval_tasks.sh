@@ -3,20 +3,20 @@
 # model"). Needs ../shared (the Paul Graham essays are the filler) and python3 for the tables.
 #   scripts/eval_tasks.sh [BUILD_DIR]
 # Environment (an 8192-token prompt costs 2-4 CPU seconds and every policy x budget prefills it
-# again, so the defaults are sized for a couple of CPU hours; the acceptance figures, 100
-# full-cache prompts per task on two seeds, are scripts/eval_acceptance.sh):
+# again; the acceptance figures, 100 full-cache prompts per task on two seeds, are
+# scripts/eval_acceptance.sh):
 #   MODEL      default models/kvpred-default.gguf; AUX (its predictor), PROFILE (its CateKV
 #              head profile, r 0.4) default to the files beside it
 #   TASKS      default "passkey niah_single niah_multikey" (also niah_multivalue,
 #              niah_multiquery, vt)
 #   LENGTHS    prompt lengths, one table each, default "2048 4096 8192"
-#   SAMPLES    full cache, prompts per depth (5 depths), default 4
-#   POLICY_SAMPLES  every other policy, per depth, default 4
+#   POLICY_SAMPLES  prompts per depth (5 depths) for every policy, the full cache included,
+#              default 4 (20 prompts per task and length)
 #   POLICIES   default full,streaming,h2o,snapkv,pyramidkv,quest,oracle,predictor,catekv
-#   HEAT_LENGTHS  heatmap lengths, default 1024,2048,4096,8192 (empty: no heatmaps);
-#              HEAT_SAMPLES prompts per cell, default 1
+#   HEAT_LENGTHS  extra lengths of the niah_single heatmaps, default 1024 (the heatmaps span
+#              these and LENGTHS; niah_single must be in TASKS)
 #   SEED       prompt seed, default 7 (evaluation seeds never meet training seeds, see
-#              src/cli/cmd_eval_tasks.c); JOBS default 2; OUT default bench
+#              src/cli/cmd_eval_tasks.c); JOBS default 3 (one per task); OUT default bench
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -30,34 +30,33 @@ name="$(basename "${m%.gguf}")"
 read -r -a tasks <<< "${TASKS:-passkey niah_single niah_multikey}"
 read -r -a lengths <<< "${LENGTHS:-2048 4096 8192}"
 policies="${POLICIES:-full,streaming,h2o,snapkv,pyramidkv,quest,oracle,predictor,catekv}"
-heat_lengths="${HEAT_LENGTHS-1024,2048,4096,8192}"
+heat_lengths="$(printf '%s\n' ${HEAT_LENGTHS-1024} "${lengths[@]}" | sort -nu | paste -sd, -)"
 depths=0,25,50,75,100
 mkdir -p "$out/heatmaps"
 
-# 1. per length and task: the full cache on 5 depths x SAMPLES prompts, every other policy at
-#    budgets 1/16 and 1/8 on 5 depths x POLICY_SAMPLES (the same prompts, the first ones of the
-#    seed). Jobs run JOBS at a time, one thread each (a 1M-parameter model gains more from
-#    prompts in parallel than from threads inside a prompt), longest first.
+# 1. one job per task, one thread each (a 1M-parameter model gains more from prompts in
+#    parallel than from threads inside a prompt): every policy at budgets 1/16 and 1/8 on the
+#    same 5 depths x POLICY_SAMPLES prompts per length; niah_single also at HEAT_LENGTHS and
+#    draws the needle heatmaps (depth x length, one PNG per policy x budget) from that grid.
 run_task() {
-    local task="$1" len="$2" pols="$3" budgets="$4" n="$5" dst="$6"
-    nice -n "${NICE:-5}" "$kvp" eval -m "$m" -t 1 --task "$task" --lengths "$len" \
-        --depths "$depths" --samples "$n" --seed "$seed" --policy "$pols" --budget "$budgets" \
-        --aux "$aux" --head-profile "$profile" --json > "$dst" 2> "$dst.txt"
+    local task="$1" lens="$2" dst="$3" heat=()
+    [ "$task" = niah_single ] && heat=(--heatmap "$out/heatmaps")
+    nice -n "${NICE:-5}" "$kvp" eval -m "$m" -t 1 --task "$task" --lengths "$lens" \
+        --depths "$depths" --samples "${POLICY_SAMPLES:-4}" --seed "$seed" --policy "$policies" \
+        --budget 1/16,1/8 --aux "$aux" --head-profile "$profile" "${heat[@]}" --json \
+        > "$dst" 2> "$dst.txt"
 }
 export -f run_task
-export kvp m depths seed aux profile
+export kvp m depths seed aux profile policies out POLICY_SAMPLES NICE
 parts="$(mktemp -d)"
 trap 'rm -rf "$parts"' EXIT
-others="$(tr , '\n' <<< "$policies" | grep -vx full | paste -sd, -)"
-for len in $(printf '%s\n' "${lengths[@]}" | sort -rn); do
-    for task in "${tasks[@]}"; do
-        [ -n "$others" ] && echo "$task $len $others 1/16,1/8 ${POLICY_SAMPLES:-4} $parts/${len}_2_$task.jsonl"
-        if tr , '\n' <<< "$policies" | grep -qx full; then
-            echo "$task $len full 1/8 ${SAMPLES:-4} $parts/${len}_1_$task.jsonl"
-        fi
-    done
-done | xargs -P "${JOBS:-2}" -L 1 bash -c 'run_task "$@"' _
+lens="$(printf '%s\n' "${lengths[@]}" | paste -sd, -)"
+for task in "${tasks[@]}"; do
+    if [ "$task" = niah_single ]; then l="$heat_lengths"; else l="$lens"; fi
+    echo "$task $l $parts/$task.jsonl"
+done | xargs -P "${JOBS:-3}" -L 1 bash -c 'run_task "$@"' _
 cat "$parts"/*.txt >&2
+cat "$parts"/*.jsonl > "$out/tasks_$name.jsonl"
 
 # 2. the markdown table per length: accuracy per (policy, budget) and task, averaged over depths
 table() {
@@ -91,16 +90,8 @@ for key in rows:
 EOF
 }
 for len in "${lengths[@]}"; do
-    tab="$out/tasks_${name}_$len.jsonl"
-    cat "$parts/${len}"_1_*.jsonl "$parts/${len}"_2_*.jsonl > "$tab" 2>/dev/null || true
+    tab="$parts/tasks_$len.jsonl"
+    grep -F "\"length\":$len," "$out/tasks_$name.jsonl" > "$tab" || true
     echo "== $len tokens"
     table "$tab" | tee "$out/tasks_${name}_$len.md"
 done
-
-# 3. needle heatmaps (depth x length) for single-needle retrieval, per policy x budget
-if [ -n "$heat_lengths" ]; then
-    nice -n "${NICE:-5}" "$kvp" eval -m "$m" -t "${JOBS:-2}" --task niah_single \
-        --lengths "$heat_lengths" --depths "$depths" --samples "${HEAT_SAMPLES:-1}" \
-        --seed "$seed" --policy "$policies" --budget 1/16,1/8 --aux "$aux" \
-        --head-profile "$profile" --heatmap "$out/heatmaps" --json > "$out/heatmap_$name.jsonl"
-fi
