@@ -133,6 +133,8 @@ struct kvp_ctx_params {
     /* tiered KV store (all off by default: kv_tier 0 keeps the whole cache in RAM, untiered) */
     int kv_tier;          /* enum kvp_kv_tier [KVP_TIER_NONE] */
     const char *kv_dir;   /* disk tier: directory of the scratch file [$TMPDIR or /tmp] */
+    const char *kv_url;   /* redis tier: redis://HOST:PORT[,HOST:PORT...][?timeout_ms=N&ttl_ms=N]
+                             (one server, or seed nodes of a Redis Cluster) */
     int hot_budget;       /* hot-tier tokens per compressed layer, rounded up to blocks
                              [0: sized from the policy budget so a step always fits] */
     int prefetch;         /* enum kvp_prefetch [KVP_PREFETCH_TOKEN] */
@@ -176,6 +178,8 @@ enum kvp_kv_tier {
     KVP_TIER_NONE = 0, /* no tiering: the whole cache is fast memory (the default) */
     KVP_TIER_RAM = 1,  /* cold tier in RAM, copied by a transfer thread */
     KVP_TIER_DISK = 2, /* cold tier in an unnamed O_DIRECT file read through io_uring */
+    KVP_TIER_REDIS = 3, /* cold tier on a Redis server or Redis Cluster (kv_url), through
+                           pipelined hiredis requests; only when built with hiredis */
 };
 
 /* How the hot tier is filled (kvp_ctx_params.prefetch). */

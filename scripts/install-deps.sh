@@ -3,7 +3,7 @@
 # everything is already installed, so it is cheap to call before every build.
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libopenblas-dev libcjson-dev libpng-dev liburing-dev
-      libcmocka-dev clang libclang-rt-14-dev jq)
+      libcmocka-dev clang libclang-rt-14-dev jq libhiredis-dev redis-server redis-tools)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

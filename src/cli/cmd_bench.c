@@ -10,8 +10,8 @@
  * floor tokens/s = bandwidth / (weight bytes + KV bytes at CTX), with the bandwidth measured here
  * by streaming a 256 MiB buffer with the same number of threads (or given with --bandwidth).
  *
- * Sparse and tiered runs: --policy/--budget attach a selection policy; --kv-tier ram|disk puts
- * the whole cache in a cold tier with a small hot tier in front (src/store/store.h), filled by
+ * Sparse and tiered runs: --policy/--budget attach a selection policy; --kv-tier ram|disk|redis
+ * puts the whole cache in a cold tier with a small hot tier in front (src/store/store.h), filled by
  * --prefetch dense|none|layer|token; --link-gbps/--link-latency-us make a RAM cold tier behave
  * like a link of that bandwidth and latency. Tiered runs re-fill the cache before every
  * repetition instead of truncating it (a policy may rebuild its metadata from every block after
@@ -34,7 +34,7 @@
 #include "kernels/simd.h"
 #include "kernels/types.h"
 
-static const char *const tier_names[] = {"none", "ram", "disk", NULL};
+static const char *const tier_names[] = {"none", "ram", "disk", "redis", NULL};
 static const char *const prefetch_names[] = {"default", "none", "dense", "layer", "token", NULL};
 
 /* --paired: decode tokens per turn of each context. Short enough that both see the same moments
@@ -60,9 +60,11 @@ static void help(void)
            "                       policy_share)\n"
            "  --budget B           policy budget: tokens per (layer, KV head), or a fraction of\n"
            "                       the context (0.0625 or 1/16)\n"
-           "  --kv-tier T          ram or disk: tiered KV store (default: untiered)\n"
+           "  --kv-tier T          ram, disk or redis: tiered KV store (default: untiered)\n"
            "  --kv-dir DIR         directory of the disk tier's scratch file (default $TMPDIR,\n"
            "                       /tmp); the file has no name and vanishes with the process\n"
+           "  --kv-url URL         redis tier: redis://HOST:PORT[,HOST:PORT...] (one server or\n"
+           "                       the seed nodes of a cluster)[?timeout_ms=N&ttl_ms=N]\n"
            "  --hot-budget N       hot-tier tokens per layer (default: from the budget)\n"
            "  --prefetch M         dense, none, layer or token (default token)\n"
            "  --link-gbps X        RAM tier: model a link of X GB/s\n"
@@ -191,7 +193,7 @@ int cmd_bench(int argc, char **argv)
     struct kvp_policy_params pp = {0};
     const char *budget_arg = NULL, *timeline = NULL;
     int tier = KVP_TIER_NONE, prefetch = KVP_PREFETCH_DEFAULT;
-    const char *kv_dir = NULL;
+    const char *kv_dir = NULL, *kv_url = NULL;
     const struct cli_flag flags[] = {
         CLI_INT("-n", 1, 1 << 20, &n_decode, "a positive token count"),
         CLI_INT("--prefill", 1, 1 << 24, &n_prefill, "a positive token count"),
@@ -199,8 +201,9 @@ int cmd_bench(int argc, char **argv)
         CLI_FLOAT("--bandwidth", 0.001, 1e6, &bandwidth, "a positive GB/s value"),
         CLI_STR("--policy", &pp.name),
         CLI_STR("--budget", &budget_arg),
-        CLI_CHOICE("--kv-tier", tier_names, KVP_TIER_RAM, &tier, "ram or disk"),
+        CLI_CHOICE("--kv-tier", tier_names, KVP_TIER_RAM, &tier, "ram, disk or redis"),
         CLI_STR("--kv-dir", &kv_dir),
+        CLI_STR("--kv-url", &kv_url),
         CLI_INT("--hot-budget", 1, 1 << 24, &hot_budget, "a positive token count"),
         CLI_CHOICE("--prefetch", prefetch_names, KVP_PREFETCH_NONE, &prefetch,
                    "dense, none, layer or token"),
@@ -232,12 +235,15 @@ int cmd_bench(int argc, char **argv)
                                   timeline || paired || syscall_submit || sq_cpu >= 0))
         return cli_fail("--kv-dir, --hot-budget, --prefetch, --link-*, --timeline, --paired, "
                         "--kv-syscall-submit and --kv-sq-cpu need --kv-tier");
+    if ((tier == KVP_TIER_REDIS) != (kv_url != NULL))
+        return cli_fail("--kv-tier redis and --kv-url go together");
     if (sq_cpu >= 0 && (tier != KVP_TIER_DISK || syscall_submit))
         return cli_fail("--kv-sq-cpu needs --kv-tier disk without --kv-syscall-submit");
     if (!pp.name && tier != KVP_TIER_NONE && prefetch != KVP_PREFETCH_DENSE)
         cli_warn("without --policy every layer is dense and stays hot: nothing is tiered "
                  "unless --prefetch dense");
-    struct kvp_ctx_params cp = {.kv_tier = tier, .kv_dir = kv_dir, .hot_budget = (int)hot_budget,
+    struct kvp_ctx_params cp = {.kv_tier = tier, .kv_dir = kv_dir, .kv_url = kv_url,
+                                .hot_budget = (int)hot_budget,
                                 .prefetch = prefetch, .link_gbps = link_gbps,
                                 .link_latency_us = link_us,
                                 .kv_syscall_submit = syscall_submit,
@@ -408,9 +414,9 @@ int cmd_bench(int argc, char **argv)
             cJSON_AddStringToObject(o, "budget", budget_arg);
         else
             cJSON_AddNullToObject(o, "budget");
-        /* kv_tier: none, ram or disk; prefetch: dense/none/layer/token (null when untiered);
-         * hot_budget: --hot-budget tokens per layer (0: sized from the budget); link_gbps,
-         * link_latency_us: the modelled link (0: off) */
+        /* kv_tier: none, ram, disk or redis; prefetch: dense/none/layer/token (null when
+         * untiered); hot_budget: --hot-budget tokens per layer (0: sized from the budget);
+         * link_gbps, link_latency_us: the modelled link (0: off) */
         /* policy_ms_per_token: time inside the policy's select/on_step hooks per token (thread
          * time summed over KV heads); policy_share: its fraction of the decode time */
         if (pp.name) {

@@ -93,10 +93,11 @@ static void help(void)
            "  --retention-k K      K of token retention (default 32)\n"
            "  --json               one JSON object per line per (policy, budget) on stdout; the\n"
            "                       table goes to stderr\n"
-           "  --kv-tier T          ram or disk: measure on tiered KV stores (the numbers equal\n"
-           "                       the untiered ones; evicting policies are refused, and left\n"
-           "                       out of 'all')\n"
+           "  --kv-tier T          ram, disk or redis: measure on tiered KV stores (the\n"
+           "                       numbers equal the untiered ones; evicting policies are\n"
+           "                       refused, and left out of 'all')\n"
            "  --kv-dir DIR         directory of the disk tier's scratch file (default $TMPDIR)\n"
+           "  --kv-url URL         redis tier: redis://HOST:PORT[,HOST:PORT...]\n"
            "  --seed S             seed of random policies (default 0)\n"
            "  --task T             retrieval accuracy on RULER-style prompts instead (see\n"
            "                       kvpred eval --task passkey --help)\n%s",
@@ -133,10 +134,11 @@ struct eval_opts {
     bool json;
     int kv_tier;        /* enum kvp_kv_tier: the measured contexts' cache */
     const char *kv_dir; /* disk tier: its directory */
+    const char *kv_url; /* redis tier: its servers */
     char *policy_arg, *budget_arg; /* owned copies the lists point into */
 };
 
-static const char *const tier_names[] = {"none", "ram", "disk", NULL};
+static const char *const tier_names[] = {"none", "ram", "disk", "redis", NULL};
 
 /* Parse argv into o. Returns 0, 1 after printing an error, or 2 after printing the help. */
 static int parse_args(struct eval_opts *o, int argc, char **argv)
@@ -150,8 +152,9 @@ static int parse_args(struct eval_opts *o, int argc, char **argv)
         CLI_INT("--decode", 1, 1 << 24, &o->n_decode, "a positive token count"),
         CLI_INT("--retention-k", 1, 1 << 20, &o->retention_k, "a positive count"),
         CLI_BOOL("--json", &o->json),
-        CLI_CHOICE("--kv-tier", tier_names, KVP_TIER_RAM, &o->kv_tier, "ram or disk"),
+        CLI_CHOICE("--kv-tier", tier_names, KVP_TIER_RAM, &o->kv_tier, "ram, disk or redis"),
         CLI_STR("--kv-dir", &o->kv_dir),
+        CLI_STR("--kv-url", &o->kv_url),
         {0},
     };
     const struct cli_command cmd = {
@@ -173,6 +176,8 @@ static int parse_args(struct eval_opts *o, int argc, char **argv)
         return cli_fail("out of memory");
     if (o->kv_dir && o->kv_tier != KVP_TIER_DISK)
         return cli_fail("--kv-dir needs --kv-tier disk");
+    if ((o->kv_tier == KVP_TIER_REDIS) != (o->kv_url != NULL))
+        return cli_fail("--kv-tier redis and --kv-url go together");
     if (!strcmp(o->policy_arg, "all")) {
         /* without --aux, the policies that need a file; tiered, the evicting ones (a tiered
          * store keeps the whole cache) */
@@ -418,6 +423,7 @@ int cmd_eval(int argc, char **argv)
     struct kvp_ctx_params cp = cli_ctx_params(&o.mo, 0);
     cp.kv_tier = o.kv_tier;
     cp.kv_dir = o.kv_dir;
+    cp.kv_url = o.kv_url;
     struct kvp_measure_params mp = {.n_prefill = (int)o.n_prefill,
                                     .n_decode = (int)o.n_decode,
                                     .retention_k = (int)o.retention_k};

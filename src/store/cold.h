@@ -2,7 +2,7 @@
  * Cold-tier backends: how transfer records (struct kvp_store_xfer) between hot slots and cold
  * units travel. The store decides what moves and when; a backend only moves bytes. Shaped like
  * SQLite's sqlite3_io_methods: a table of operations plus the characteristics the store must
- * know, one file per backend (cold_ram.c, cold_disk.c) and one row per backend in
+ * know, one file per backend (cold_ram.c, cold_disk.c, cold_redis.c) and one row per backend in
  * kvp_cold_backends (store.c). A new backend (a remote cache, another device) is one file and
  * one row.
  *
@@ -43,5 +43,8 @@ struct kvp_cold_ops {
 
 extern const struct kvp_cold_ops kvp_cold_ram;
 extern const struct kvp_cold_ops kvp_cold_disk;
+#ifdef KVP_HAVE_HIREDIS
+extern const struct kvp_cold_ops kvp_cold_redis;
+#endif
 
 #endif

@@ -1,5 +1,6 @@
 /* Tiered KV store: the per-step protocol and the transfer records (see store.h; residency in
- * residency.c, the cold-tier backends in cold_ram.c and cold_disk.c, accounting in stats.c). */
+ * residency.c, the cold-tier backends in cold_ram.c, cold_disk.c and cold_redis.c, accounting
+ * in stats.c). */
 #include "store/store.h"
 
 #include <errno.h>
@@ -17,6 +18,9 @@
 static const struct kvp_cold_ops *const kvp_cold_backends[] = {
     [KVP_TIER_RAM] = &kvp_cold_ram,
     [KVP_TIER_DISK] = &kvp_cold_disk,
+#ifdef KVP_HAVE_HIREDIS
+    [KVP_TIER_REDIS] = &kvp_cold_redis,
+#endif
 };
 #define N_BACKENDS (int)(sizeof(kvp_cold_backends) / sizeof(kvp_cold_backends[0]))
 
@@ -236,6 +240,11 @@ int kvp_store_init(const struct kvp_ctx_params *p, struct kvp_kvcache *kv, int n
                    int n_kv, int head_dim, int bs, int max_blocks, struct kvp_store **out,
                    struct kvp_err *err)
 {
+#ifndef KVP_HAVE_HIREDIS
+    if (p->kv_tier == KVP_TIER_REDIS)
+        return kvp_err_set(err, KVP_EUNSUPPORTED, "the Redis KV tier is not built in: this kvpred "
+                           "was built without hiredis (install libhiredis-dev and rebuild)");
+#endif
     if (p->kv_tier <= KVP_TIER_NONE || p->kv_tier >= N_BACKENDS || !kvp_cold_backends[p->kv_tier])
         return kvp_err_set(err, KVP_EINVAL, "unknown KV tier %d", p->kv_tier);
     if (p->prefetch < KVP_PREFETCH_DEFAULT || p->prefetch > KVP_PREFETCH_TOKEN)

@@ -41,8 +41,9 @@
  * passes) calls the store; a backend's thread only touches its queue and the bytes.
  *
  * Files: store.c the protocol below (prefill, step, acquire, prefetch) and the transfer
- * records; residency.c slots, the slot map and LRU; cold_ram.c and cold_disk.c the backends;
- * stats.c counters and timeline events; timeline.c the picture.
+ * records; residency.c slots, the slot map and LRU; cold_ram.c, cold_disk.c and cold_redis.c
+ * (with redis_slot.c) the backends; stats.c counters and timeline events; timeline.c the
+ * picture.
  *
  * Modes (enum kvp_prefetch): dense refetches every unit of every layer at the start of each
  * step (the offloading baseline; layer l's copies overlap the layers before it); none fetches

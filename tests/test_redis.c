@@ -1,0 +1,788 @@
+/*
+ * The Redis cold tier against real servers started here, on loopback ports nobody else uses:
+ * one plain redis-server and a 3-master Redis Cluster (redis-cli --cluster create). Logits of
+ * tiered runs equal the untiered ones bit for bit on both; the faults (a wrong URL, a refused
+ * connection, a server that never answers, one that stops answering mid-run, maxmemory full, a
+ * slot migration during decode, a node killed mid-run) are each recovered or one clear error
+ * within a bound; a clean exit leaves no key behind (DBSIZE 0 on every node).
+ *
+ * The servers run as children that die with this process (PR_SET_PDEATHSIG) and are killed by the
+ * group teardown, so a failing test leaves none behind. Without redis-server (or without hiredis
+ * in the build) the server tests skip with a message; the CRC16 and slot tests always run.
+ */
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "core/platform.h"
+#include "kvpred.h"
+#include "store/redis_slot.h"
+#include "testutil.h"
+
+#ifdef KVP_HAVE_HIREDIS
+#include <hiredis/hiredis.h>
+#endif
+
+#define VOCAB    80
+#define N_PROMPT 200
+#define N_DECODE 40
+
+static char *model_path;
+static kvp_model *model;
+
+/* ==================================== CRC16 and slots ===================================== */
+
+/* By hand from the definition (shift left, xor 0x1021 when a 1 falls out): "\x01" is x^8, whose
+ * remainder is the polynomial itself; "\x80" is x^15 * x^8 = x^23: 0x1021 after the first
+ * shift, three plain shifts to 0x8108, then 0x0210 ^ 0x1021 = 0x1231 and three plain shifts to
+ * 0x9188. "123456789" is the catalogued check value of CRC-16/XMODEM, 0x31C3. */
+static void test_crc16(void **state)
+{
+    (void)state;
+    assert_int_equal(kvp_redis_crc16("", 0), 0);
+    assert_int_equal(kvp_redis_crc16("\x00", 1), 0);
+    assert_int_equal(kvp_redis_crc16("\x01", 1), 0x1021);
+    assert_int_equal(kvp_redis_crc16("\x80", 1), 0x9188);
+    assert_int_equal(kvp_redis_crc16("123456789", 9), 0x31C3);
+    /* hash tags: only a non-empty {...} counts, the first one */
+    assert_int_equal(kvp_redis_key_slot("123456789", 9), 0x31C3 % 16384);
+    assert_int_equal(kvp_redis_key_slot("{user1000}.following", 20),
+                     kvp_redis_key_slot("user1000", 8));
+    assert_int_equal(kvp_redis_key_slot("foo{}{bar}", 10),
+                     kvp_redis_crc16("foo{}{bar}", 10) % 16384);
+    assert_int_equal(kvp_redis_key_slot("foo{{bar}}zap", 13), kvp_redis_key_slot("{bar", 4));
+    assert_int_equal(kvp_redis_key_slot("a{b", 3), kvp_redis_crc16("a{b", 3) % 16384);
+}
+
+/* =================================== servers on loopback ================================== */
+
+static struct kvp_ctx_params base_params(const char *url)
+{
+    return (struct kvp_ctx_params){.n_ctx = 512,
+                                   .n_threads = 2,
+                                   .n_batch = 64,
+                                   .kv_tier = url ? KVP_TIER_REDIS : KVP_TIER_NONE,
+                                   .kv_url = url,
+                                   .hot_budget = 48,
+                                   .prefetch = KVP_PREFETCH_TOKEN};
+}
+
+#ifndef KVP_HAVE_HIREDIS
+
+static void test_not_built(void **state)
+{
+    (void)state;
+    struct kvp_ctx_params cp = base_params("redis://127.0.0.1:6379");
+    kvp_ctx *c = NULL;
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_ctx_init(model, &cp, &c, &err), KVP_EUNSUPPORTED);
+    print_message("[  SKIP    ] built without hiredis: %s\n", err.msg);
+    assert_non_null(strstr(err.msg, "hiredis"));
+}
+
+#else
+
+#define MAX_SERVERS 4
+
+struct server {
+    int port;
+    pid_t pid;
+};
+
+static char tmp_dir[4096];
+static bool have_redis;
+static struct server single;     /* the plain server */
+static struct server cluster[3]; /* the cluster's masters */
+static bool cluster_up;
+static char single_url[64], cluster_url[128];
+
+/* A reply from a one-off connection (NULL on any failure). */
+static redisReply *cmdv(int port, int argc, const char **argv, const size_t *lens)
+{
+    struct timeval tv = {.tv_sec = 3};
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
+    if (!c || c->err) {
+        redisFree(c);
+        return NULL;
+    }
+    redisSetTimeout(c, tv);
+    redisReply *r = redisCommandArgv(c, argc, argv, lens);
+    redisFree(c);
+    return r;
+}
+
+static redisReply *cmd(int port, const char *fmt, ...)
+{
+    struct timeval tv = {.tv_sec = 3};
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
+    if (!c || c->err) {
+        redisFree(c);
+        return NULL;
+    }
+    redisSetTimeout(c, tv);
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *r = redisvCommand(c, fmt, ap);
+    va_end(ap);
+    redisFree(c);
+    return r;
+}
+
+static long long cmd_int(int port, const char *what)
+{
+    redisReply *r = cmd(port, what);
+    long long v = r && r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
+    if (r)
+        freeReplyObject(r);
+    return v;
+}
+
+static bool cmd_ok(int port, const char *fmt, const char *a, const char *b)
+{
+    redisReply *r = cmd(port, fmt, a, b);
+    bool ok = r && r->type == REDIS_REPLY_STATUS;
+    if (!ok)
+        print_message("port %d: %s %s %s: %s\n", port, fmt, a, b, r ? r->str : "no reply");
+    if (r)
+        freeReplyObject(r);
+    return ok;
+}
+
+static bool port_free(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+    if (fd >= 0)
+        close(fd);
+    return ok;
+}
+
+/* A port free now whose cluster bus port (+10000) is free too. */
+static int pick_port(void)
+{
+    static unsigned seed;
+    if (!seed)
+        seed = (unsigned)getpid() * 2654435761u;
+    for (;;) {
+        seed = seed * 1103515245u + 12345u;
+        int p = 20000 + (int)(seed >> 8) % 20000;
+        if (port_free(p) && port_free(p + 10000))
+            return p;
+    }
+}
+
+/* Start redis-server on a fresh port (cluster mode when asked) and wait for its PONG. */
+static bool start_server(struct server *sv, bool cluster_mode)
+{
+    sv->port = pick_port();
+    char port[16], conf[64];
+    snprintf(port, sizeof(port), "%d", sv->port);
+    snprintf(conf, sizeof(conf), "nodes-%d.conf", sv->port);
+    sv->pid = fork();
+    if (sv->pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
+        if (!freopen("/dev/null", "w", stdout) || !freopen("/dev/null", "w", stderr))
+            _exit(126);
+        if (cluster_mode)
+            execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1", "--save",
+                   "", "--appendonly", "no", "--dir", tmp_dir, "--cluster-enabled", "yes",
+                   "--cluster-config-file", conf, "--cluster-require-full-coverage", "no",
+                   (char *)NULL);
+        else
+            execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1", "--save",
+                   "", "--appendonly", "no", "--dir", tmp_dir, (char *)NULL);
+        _exit(127);
+    }
+    if (sv->pid < 0)
+        return false;
+    for (int i = 0; i < 500; i++) { /* 5 s */
+        redisReply *r = cmd(sv->port, "PING");
+        bool up = r && r->type == REDIS_REPLY_STATUS;
+        if (r)
+            freeReplyObject(r);
+        if (up)
+            return true;
+        usleep(10000);
+    }
+    return false;
+}
+
+static void stop_server(struct server *sv)
+{
+    if (sv->pid > 0) {
+        kill(sv->pid, SIGKILL);
+        waitpid(sv->pid, NULL, 0);
+    }
+    sv->pid = 0;
+}
+
+static bool cluster_ok(void)
+{
+    for (int i = 0; i < 3; i++) {
+        redisReply *r = cmd(cluster[i].port, "CLUSTER INFO");
+        bool ok = r && r->type == REDIS_REPLY_STRING && strstr(r->str, "cluster_state:ok");
+        if (r)
+            freeReplyObject(r);
+        if (!ok)
+            return false;
+    }
+    return true;
+}
+
+static bool start_cluster(void)
+{
+    for (int i = 0; i < 3; i++)
+        if (!start_server(&cluster[i], true))
+            return false;
+    char cmdline[256];
+    snprintf(cmdline, sizeof(cmdline),
+             "redis-cli --cluster create 127.0.0.1:%d 127.0.0.1:%d 127.0.0.1:%d --cluster-yes "
+             ">/dev/null 2>&1",
+             cluster[0].port, cluster[1].port, cluster[2].port);
+    char *out = NULL;
+    int rc = kvp_test_run(cmdline, &out, 1);
+    free(out);
+    if (rc != 0)
+        return false;
+    for (int i = 0; i < 1000; i++) { /* 10 s */
+        if (cluster_ok())
+            return true;
+        usleep(10000);
+    }
+    return false;
+}
+
+static long long dbsize(const struct server *sv)
+{
+    return cmd_int(sv->port, "DBSIZE");
+}
+
+#define REQUIRE_REDIS()                                                                            \
+    do {                                                                                           \
+        if (!have_redis) {                                                                         \
+            print_message("[  SKIP    ] redis-server or redis-cli not found, test skipped\n");     \
+            skip();                                                                                \
+        }                                                                                          \
+    } while (0)
+
+#define REQUIRE_CLUSTER()                                                                          \
+    do {                                                                                           \
+        REQUIRE_REDIS();                                                                           \
+        assert_true(cluster_up);                                                                   \
+    } while (0)
+
+static int servers_up(void)
+{
+    have_redis = system("command -v redis-server >/dev/null 2>&1 && "
+                        "command -v redis-cli >/dev/null 2>&1") == 0;
+    if (!have_redis)
+        return 0;
+    const char *tmp = getenv("TMPDIR");
+    snprintf(tmp_dir, sizeof(tmp_dir), "%s/kvpredisXXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(tmp_dir) || !start_server(&single, false))
+        return -1;
+    snprintf(single_url, sizeof(single_url), "redis://127.0.0.1:%d", single.port);
+    cluster_up = start_cluster();
+    snprintf(cluster_url, sizeof(cluster_url), "redis://127.0.0.1:%d,127.0.0.1:%d", cluster[0].port,
+             cluster[1].port);
+    return 0;
+}
+
+static void servers_down(void)
+{
+    stop_server(&single);
+    for (int i = 0; i < 3; i++)
+        stop_server(&cluster[i]);
+    if (tmp_dir[0]) {
+        char cmdline[4200];
+        snprintf(cmdline, sizeof(cmdline), "rm -rf '%s'", tmp_dir);
+        if (system(cmdline) != 0)
+            print_message("could not remove %s\n", tmp_dir);
+    }
+}
+
+/* ====================================== the runs ========================================== */
+
+static const int32_t *token_ids(void)
+{
+    static int32_t ids[N_PROMPT + N_DECODE];
+    for (int i = 0; i < N_PROMPT + N_DECODE; i++)
+        ids[i] = (i * 7 + 3) % VOCAB;
+    return ids;
+}
+
+static kvp_ctx *new_ctx(const char *url, struct kvp_err *err)
+{
+    struct kvp_ctx_params cp = base_params(url);
+    kvp_ctx *c = NULL;
+    int rc = kvp_ctx_init(model, &cp, &c, err);
+    if (rc < 0)
+        return NULL;
+    struct kvp_policy_params pp = {.name = "quest", .budget = 64, .dense_layers = 1};
+    assert_int_equal(kvp_ctx_set_policy(c, &pp, err), 0);
+    return c;
+}
+
+/* Between decode steps of run(): step i is about to be decoded. */
+typedef void (*step_hook)(int step);
+
+/* Prefill N_PROMPT tokens, decode N_DECODE, the logits of every decode step (caller frees). */
+static float *run(const char *url, step_hook hook, struct kvp_store_stats *st)
+{
+    struct kvp_err err = {0};
+    kvp_ctx *c = new_ctx(url, &err);
+    if (!c)
+        print_message("ctx: %s\n", err.msg);
+    assert_non_null(c);
+    const int32_t *ids = token_ids();
+    float *lg = calloc((size_t)N_DECODE * VOCAB, sizeof(float));
+    assert_int_equal(kvp_eval(c, ids, N_PROMPT, NULL, false, &err), 0);
+    for (int i = 0; i < N_DECODE; i++) {
+        if (hook)
+            hook(i);
+        int rc = kvp_eval(c, ids + N_PROMPT + i, 1, lg + (size_t)i * VOCAB, false, &err);
+        if (rc < 0)
+            print_message("step %d: %s\n", i, err.msg);
+        assert_int_equal(rc, 0);
+    }
+    if (st)
+        assert_int_equal(kvp_ctx_store_stats(c, st), 0);
+    kvp_ctx_free(c);
+    return lg;
+}
+
+static float *ref;
+
+static float *reference(void)
+{
+    if (!ref)
+        ref = run(NULL, NULL, NULL);
+    return ref;
+}
+
+static void assert_same_logits(const float *a, const float *b)
+{
+    assert_memory_equal(a, b, (size_t)N_DECODE * VOCAB * sizeof(float));
+}
+
+/* Keys on the nodes while a context lives, none once it is freed. */
+static int n_keys_seen;
+static const struct server *keys_on;
+static int n_keys_on;
+
+static void count_keys(int step)
+{
+    if (step != N_DECODE - 1)
+        return;
+    for (int i = 0; i < n_keys_on; i++) {
+        long long n = dbsize(&keys_on[i]);
+        print_message("port %d: %lld keys\n", keys_on[i].port, n);
+        assert_true(n > 0); /* the cluster spreads the units over every master */
+        n_keys_seen += (int)n;
+    }
+}
+
+static void test_single_equal(void **state)
+{
+    (void)state;
+    REQUIRE_REDIS();
+    keys_on = &single;
+    n_keys_on = 1;
+    struct kvp_store_stats st;
+    float *lg = run(single_url, count_keys, &st);
+    print_message("single: hits %llu, misses %llu, prefetched %llu, read %llu B, written %llu B\n",
+                  (unsigned long long)st.hits, (unsigned long long)st.misses,
+                  (unsigned long long)st.prefetched, (unsigned long long)st.bytes_read,
+                  (unsigned long long)st.bytes_written);
+    assert_true(st.bytes_read > 0 && st.misses > 0 && st.prefetched > 0);
+    assert_same_logits(reference(), lg);
+    free(lg);
+    assert_int_equal(dbsize(&single), 0);
+}
+
+static void test_cluster_equal(void **state)
+{
+    (void)state;
+    REQUIRE_CLUSTER();
+    /* our slots are the server's */
+    for (int i = 0; i < 50; i++) {
+        char key[64];
+        snprintf(key, sizeof(key), "kvp:%d.%d.%08x:%d:%d", 4242 + i, i, i * 77777u, i % 4, i);
+        long long want = -1;
+        redisReply *r = cmd(cluster[0].port, "CLUSTER KEYSLOT %s", key);
+        if (r && r->type == REDIS_REPLY_INTEGER)
+            want = r->integer;
+        if (r)
+            freeReplyObject(r);
+        assert_int_equal(kvp_redis_key_slot(key, strlen(key)), want);
+    }
+    keys_on = cluster;
+    n_keys_on = 3;
+    struct kvp_store_stats st;
+    float *lg = run(cluster_url, count_keys, &st);
+    assert_true(st.bytes_read > 0);
+    assert_same_logits(reference(), lg);
+    free(lg);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(dbsize(&cluster[i]), 0);
+}
+
+/* ====================================== faults ============================================ */
+
+static void expect_init_error(const char *url, int code, const char *needle, double max_s)
+{
+    struct kvp_err err = {0};
+    double t0 = kvp_time_now();
+    struct kvp_ctx_params cp = base_params(url);
+    kvp_ctx *c = NULL;
+    int rc = kvp_ctx_init(model, &cp, &c, &err);
+    double dt = kvp_time_now() - t0;
+    print_message("%s: %s (%.2f s)\n", url, err.msg, dt);
+    assert_int_equal(rc, code);
+    assert_null(c);
+    assert_non_null(strstr(err.msg, needle));
+    assert_null(strchr(err.msg, '\n'));
+    assert_true(dt < max_s);
+}
+
+static void test_wrong_urls(void **state)
+{
+    (void)state;
+    expect_init_error("http://127.0.0.1:6379", KVP_EINVAL, "expected redis://", 1);
+    expect_init_error("redis://127.0.0.1", KVP_EINVAL, "expected redis://", 1);
+    expect_init_error("redis://127.0.0.1:0", KVP_EINVAL, "expected redis://", 1);
+    expect_init_error("redis://127.0.0.1:70000", KVP_EINVAL, "expected redis://", 1);
+    expect_init_error("redis://:6379", KVP_EINVAL, "expected redis://", 1);
+    expect_init_error("redis://127.0.0.1:6379,", KVP_EINVAL, "expected redis://", 1);
+    expect_init_error("redis://127.0.0.1:6379?timeout=5", KVP_EINVAL, "timeout_ms", 1);
+    expect_init_error("redis://127.0.0.1:6379?ttl_ms=10", KVP_EINVAL, "ttl_ms", 1);
+    /* nothing listens on a port we just found free: refused at once */
+    int port = pick_port();
+    char url[64];
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d", port);
+    expect_init_error(url, KVP_EIO, "Connection refused", 2);
+    expect_init_error("redis://no-such-host.invalid:6379?timeout_ms=500", KVP_EIO,
+                      "no server answered", 10);
+    /* the CLI says it in one line */
+    KVP_REQUIRE_CLI(cli);
+    char cmdline[512];
+    snprintf(cmdline, sizeof(cmdline),
+             "%s bench -m %s -c 64 -n 4 -r 1 --prefill 16 --policy quest --budget 32 "
+             "--kv-tier redis --kv-url %s 2>&1",
+             cli, model_path, url);
+    kvp_test_expect_error(cmdline, "Connection refused");
+    snprintf(cmdline, sizeof(cmdline), "%s bench -m %s -c 64 --kv-tier redis 2>&1", cli,
+             model_path);
+    kvp_test_expect_error(cmdline, "--kv-url");
+}
+
+/* A socket that accepts connections (the kernel's backlog does) and never answers. */
+static void test_silent_server(void **state)
+{
+    (void)state;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(listen(fd, 16), 0);
+    socklen_t len = sizeof(a);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    char url[96];
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d?timeout_ms=300", ntohs(a.sin_port));
+    expect_init_error(url, KVP_EIO, "no reply within 300 ms", 3);
+    close(fd);
+}
+
+/* The server stops answering in the middle of decoding (SIGSTOP): the steps that need it fail
+ * with one error within the timeout; once it answers again the context is freed cleanly. */
+static void test_stalled_server(void **state)
+{
+    (void)state;
+    REQUIRE_REDIS();
+    char url[96];
+    snprintf(url, sizeof(url), "%s?timeout_ms=400", single_url);
+    struct kvp_err err = {0};
+    kvp_ctx *c = new_ctx(url, &err);
+    assert_non_null(c);
+    const int32_t *ids = token_ids();
+    float lg[VOCAB];
+    assert_int_equal(kvp_eval(c, ids, N_PROMPT, NULL, false, &err), 0);
+    assert_int_equal(kvp_eval(c, ids + N_PROMPT, 1, lg, false, &err), 0);
+    kill(single.pid, SIGSTOP);
+    double t0 = kvp_time_now();
+    int rc = 0;
+    for (int i = 1; i < N_DECODE && rc == 0; i++)
+        rc = kvp_eval(c, ids + N_PROMPT + i, 1, lg, false, &err);
+    double dt = kvp_time_now() - t0;
+    kill(single.pid, SIGCONT);
+    print_message("stalled: %s (%.2f s)\n", err.msg, dt);
+    assert_int_equal(rc, KVP_EIO);
+    assert_non_null(strstr(err.msg, "no reply within 400 ms"));
+    assert_true(dt < 5);
+    kvp_ctx_free(c);
+    assert_int_equal(dbsize(&single), 0);
+}
+
+/* maxmemory reached with noeviction: the writes of the prompt are refused, one error naming OOM;
+ * what was written is deleted with the context. */
+static void test_maxmemory(void **state)
+{
+    (void)state;
+    REQUIRE_REDIS();
+    redisReply *r = cmd(single.port, "INFO memory");
+    assert_non_null(r);
+    const char *u = strstr(r->str, "used_memory:");
+    assert_non_null(u);
+    long long used = atoll(u + 12);
+    freeReplyObject(r);
+    char limit[32];
+    snprintf(limit, sizeof(limit), "%lld", used + 128 * 1024); /* a third of the prompt's units */
+    assert_true(cmd_ok(single.port, "CONFIG SET maxmemory-policy %s", "noeviction", NULL));
+    assert_true(cmd_ok(single.port, "CONFIG SET maxmemory %s", limit, NULL));
+    struct kvp_err err = {0};
+    kvp_ctx *c = new_ctx(single_url, &err);
+    assert_non_null(c);
+    const int32_t *ids = token_ids();
+    int rc = kvp_eval(c, ids, N_PROMPT, NULL, false, &err);
+    print_message("maxmemory: %s\n", err.msg);
+    assert_int_equal(rc, KVP_EIO);
+    assert_non_null(strstr(err.msg, "OOM"));
+    assert_true(dbsize(&single) > 0);
+    kvp_ctx_free(c);
+    assert_true(cmd_ok(single.port, "CONFIG SET maxmemory %s", "0", NULL));
+    assert_int_equal(dbsize(&single), 0);
+}
+
+/* ---- slot migration during decode ---- */
+
+static char node_id[3][64];
+
+static void read_node_ids(void)
+{
+    for (int i = 0; i < 3; i++) {
+        redisReply *r = cmd(cluster[i].port, "CLUSTER MYID");
+        assert_true(r && r->type == REDIS_REPLY_STRING && r->len < sizeof(node_id[i]));
+        memcpy(node_id[i], r->str, r->len + 1);
+        freeReplyObject(r);
+    }
+}
+
+/* The slots of node 0 holding our keys (up to cap), from a SCAN of it. */
+static int busy_slots(int *slots, int cap)
+{
+    int n = 0;
+    char cursor[32] = "0";
+    do {
+        redisReply *r = cmd(cluster[0].port, "SCAN %s COUNT 1000", cursor);
+        assert_true(r && r->type == REDIS_REPLY_ARRAY && r->elements == 2);
+        snprintf(cursor, sizeof(cursor), "%s", r->element[0]->str);
+        for (size_t i = 0; i < r->element[1]->elements; i++) {
+            const redisReply *k = r->element[1]->element[i];
+            int sl = kvp_redis_key_slot(k->str, k->len), seen = 0;
+            for (int j = 0; j < n; j++)
+                seen |= slots[j] == sl;
+            if (!seen && n < cap)
+                slots[n++] = sl;
+        }
+        freeReplyObject(r);
+    } while (strcmp(cursor, "0"));
+    return n;
+}
+
+/* MIGRATE the keys of slot sl on node 0 to node 1: all of them, or every other one. */
+static void migrate_keys(int sl, bool half)
+{
+    redisReply *r = cmd(cluster[0].port, "CLUSTER GETKEYSINSLOT %d 1000", sl);
+    assert_true(r && r->type == REDIS_REPLY_ARRAY);
+    const char *argv[1100];
+    size_t lens[1100];
+    char port[16];
+    snprintf(port, sizeof(port), "%d", cluster[1].port);
+    int n = 0;
+    const char *head[] = {"MIGRATE", "127.0.0.1", port, "", "0", "5000", "KEYS"};
+    for (int i = 0; i < 7; i++) {
+        argv[n] = head[i];
+        lens[n++] = strlen(head[i]);
+    }
+    for (size_t i = 0; i < r->elements; i += half ? 2 : 1) {
+        argv[n] = r->element[i]->str;
+        lens[n++] = r->element[i]->len;
+    }
+    if (n > 7) {
+        redisReply *m = cmdv(cluster[0].port, n, argv, lens);
+        assert_true(m && m->type == REDIS_REPLY_STATUS);
+        freeReplyObject(m);
+    }
+    freeReplyObject(r);
+}
+
+static int mig_slots[512], n_mig;
+
+static long long stat_calls(int port, const char *name)
+{
+    redisReply *r = cmd(port, "INFO commandstats");
+    long long v = 0;
+    char pat[64];
+    snprintf(pat, sizeof(pat), "cmdstat_%s:calls=", name);
+    const char *p = r && r->type == REDIS_REPLY_STRING ? strstr(r->str, pat) : NULL;
+    if (p)
+        v = atoll(p + strlen(pat));
+    if (r)
+        freeReplyObject(r);
+    return v;
+}
+
+/* Step 5: every busy slot of node 0 starts moving to node 1 and half its keys go (requests for
+ * them get ASK); step 20: the rest go and node 1 owns the slots (requests get MOVED). */
+static void migrate_hook(int step)
+{
+    char sl[16];
+    if (step == 5) {
+        read_node_ids();
+        n_mig = busy_slots(mig_slots, 512);
+        print_message("migrating %d slots\n", n_mig);
+        assert_true(n_mig > 0);
+        for (int i = 0; i < n_mig; i++) {
+            snprintf(sl, sizeof(sl), "%d", mig_slots[i]);
+            assert_true(cmd_ok(cluster[1].port, "CLUSTER SETSLOT %s IMPORTING %s", sl, node_id[0]));
+            assert_true(cmd_ok(cluster[0].port, "CLUSTER SETSLOT %s MIGRATING %s", sl, node_id[1]));
+            migrate_keys(mig_slots[i], true);
+        }
+    }
+    if (step == 20)
+        for (int i = 0; i < n_mig; i++) {
+            migrate_keys(mig_slots[i], false);
+            snprintf(sl, sizeof(sl), "%d", mig_slots[i]);
+            for (int k = 0; k < 3; k++) /* the owner last, as redis-cli does */
+                assert_true(cmd_ok(cluster[(k + 1) % 3].port, "CLUSTER SETSLOT %s NODE %s", sl,
+                                   node_id[1]));
+        }
+}
+
+static void test_slot_migration(void **state)
+{
+    (void)state;
+    REQUIRE_CLUSTER();
+    long long asking0 = stat_calls(cluster[1].port, "asking");
+    long long slots0 = 0;
+    for (int i = 0; i < 3; i++)
+        slots0 += stat_calls(cluster[i].port, "cluster|slots");
+    float *lg = run(cluster_url, migrate_hook, NULL);
+    assert_same_logits(reference(), lg);
+    free(lg);
+    long long asking = stat_calls(cluster[1].port, "asking") - asking0, slots = -slots0;
+    for (int i = 0; i < 3; i++)
+        slots += stat_calls(cluster[i].port, "cluster|slots");
+    print_message("ASKING sent %lld times, CLUSTER SLOTS %lld times\n", asking, slots);
+    assert_true(asking > 0); /* ASK was followed */
+    assert_true(slots > 1);  /* MOVED refreshed the map (the first one is the open's) */
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(dbsize(&cluster[i]), 0);
+}
+
+/* A master is killed mid-run: the steps that need it fail with one error naming it, quickly;
+ * the context is freed without a hang and the others' keys are deleted. Runs last: the cluster
+ * has lost a third of its slots afterwards. */
+static void test_killed_node(void **state)
+{
+    (void)state;
+    REQUIRE_CLUSTER();
+    char url[160];
+    snprintf(url, sizeof(url), "%s?timeout_ms=1000", cluster_url);
+    struct kvp_err err = {0};
+    kvp_ctx *c = new_ctx(url, &err);
+    assert_non_null(c);
+    const int32_t *ids = token_ids();
+    float lg[VOCAB];
+    assert_int_equal(kvp_eval(c, ids, N_PROMPT, NULL, false, &err), 0);
+    assert_int_equal(kvp_eval(c, ids + N_PROMPT, 1, lg, false, &err), 0);
+    struct server *victim = &cluster[2];
+    stop_server(victim);
+    double t0 = kvp_time_now();
+    int rc = 0;
+    for (int i = 1; i < N_DECODE && rc == 0; i++)
+        rc = kvp_eval(c, ids + N_PROMPT + i, 1, lg, false, &err);
+    double dt = kvp_time_now() - t0;
+    print_message("killed node: %s (%.2f s)\n", err.msg, dt);
+    assert_int_equal(rc, KVP_EIO);
+    char port[32];
+    snprintf(port, sizeof(port), ":%d", victim->port);
+    assert_non_null(strstr(err.msg, port));
+    assert_true(dt < 5);
+    t0 = kvp_time_now();
+    kvp_ctx_free(c);
+    assert_true(kvp_time_now() - t0 < 5);
+    assert_int_equal(dbsize(&cluster[0]), 0);
+    assert_int_equal(dbsize(&cluster[1]), 0);
+}
+
+#endif /* KVP_HAVE_HIREDIS */
+
+/* ====================================== fixtures ========================================== */
+
+static int setup(void **state)
+{
+    (void)state;
+    struct kvp_test_model_spec sp = {.n_vocab = VOCAB,
+                                     .n_embd = 64,
+                                     .n_layer = 4,
+                                     .n_head = 4,
+                                     .n_head_kv = 2,
+                                     .n_ff = 96,
+                                     .n_ctx = 512,
+                                     .type = 0,
+                                     .embd_type = 0,
+                                     .tied = 1,
+                                     .seed = 29};
+    model_path = kvp_test_tmpfile(".gguf");
+    if (kvp_test_write_model(&sp, model_path, NULL) != 0)
+        return -1;
+    struct kvp_err err = {0};
+    if (kvp_model_open(model_path, NULL, &model, &err) != 0)
+        return -1;
+#ifdef KVP_HAVE_HIREDIS
+    return servers_up();
+#else
+    return 0;
+#endif
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+#ifdef KVP_HAVE_HIREDIS
+    servers_down();
+    free(ref);
+#endif
+    kvp_model_close(model);
+    remove(model_path);
+    free(model_path);
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_crc16),
+#ifdef KVP_HAVE_HIREDIS
+        cmocka_unit_test(test_wrong_urls),     cmocka_unit_test(test_silent_server),
+        cmocka_unit_test(test_single_equal),   cmocka_unit_test(test_maxmemory),
+        cmocka_unit_test(test_stalled_server), cmocka_unit_test(test_cluster_equal),
+        cmocka_unit_test(test_slot_migration), cmocka_unit_test(test_killed_node),
+#else
+        cmocka_unit_test(test_not_built),
+#endif
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
