@@ -140,6 +140,25 @@ static void brute_topk(const double *x, int n, int k, const bool *eligible, bool
 
 /* ---- top-k and the block plan ---- */
 
+/* Token ranges into block masks (one word per block) against setting one bit per token, for
+ * every range over a few blocks and block sizes up to the 64-bit limit. */
+static void test_mask_add_range(void **state)
+{
+    (void)state;
+    const int sizes[] = {1, 3, 16, 63, 64};
+    for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
+        const int bs = sizes[si], n = 3 * bs + 2;
+        for (int b = -1; b <= n; b++)
+            for (int e = b; e <= n; e++) {
+                uint64_t got[5] = {1, 0, 0, 0, 1 << 4}, want[5] = {1, 0, 0, 0, 1 << 4};
+                kvp_mask_add_range(got, b, e, bs);
+                for (int t = b < 0 ? 0 : b; t < e; t++)
+                    want[t / bs] |= 1ULL << (t % bs);
+                assert_memory_equal(got, want, sizeof(got));
+            }
+    }
+}
+
 static void test_topk_ties_to_lower_index(void **state)
 {
     (void)state;
@@ -648,6 +667,7 @@ int main(void)
         cmocka_unit_test(test_topk_shapes),
         cmocka_unit_test(test_block_budget_semantics),
         cmocka_unit_test(test_token_budget_semantics),
+        cmocka_unit_test(test_mask_add_range),
         cmocka_unit_test(test_quest_bound_and_selection),
         cmocka_unit_test(test_snapkv_scores_and_keep_set),
         cmocka_unit_test(test_h2o_accumulation_and_eviction),

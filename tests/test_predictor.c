@@ -785,12 +785,11 @@ static void test_columns_match_full(void **state)
 
 /* The query channel: Quest's metadata folded token by token and the SIMD bound against the bound
  * computed from the keys themselves, and the feature against its definition. */
-static void test_query_feature(void **state)
+static void query_feature(int type_k)
 {
-    (void)state;
     enum { HD = 32, BS = 16, CTX = 600 }; /* 38 blocks: the 16-wide path and its tail */
     struct kvp_kvcache kv;
-    assert_int_equal(kvp_kvcache_init(&kv, 2, 2, HD, BS, CTX, KVP_KV_F32, KVP_KV_F32, NULL), 0);
+    assert_int_equal(kvp_kvcache_init(&kv, 2, 2, HD, BS, CTX, type_k, KVP_KV_F32, NULL), 0);
     assert_int_equal(kvp_kvcache_reserve(&kv, CTX, NULL), 0);
     static float keys[2][CTX][HD];
     float v[HD] = {0};
@@ -802,6 +801,8 @@ static void test_query_feature(void **state)
                 keys[h][t][d] = ((float)(seed >> 8) / 16777216.0f - 0.5f) * 4.0f;
             }
             kvp_kvcache_store(&kv, 1, h, t, keys[h][t], v);
+            for (int d = 0; d < HD; d++) /* the keys as the cache holds them (f16: rounded) */
+                keys[h][t][d] = kvp_kvcache_key_at(&kv, 1, h, t, d);
         }
     struct kvp_qmeta qm;
     assert_int_equal(kvp_qmeta_init(&qm, 2, 2, (CTX + BS - 1) / BS, HD, BS), 0);
@@ -833,6 +834,22 @@ static void test_query_feature(void **state)
             }
             assert_true(kvp_quest_bound(q, kmx, kmn, HD) == one[b]);
         }
+        /* a group of three heads sharing the metadata loads, a range that starts and ends
+         * inside a tile: each head's bound bit for bit */
+        float q3[3][HD], got3[3][64];
+        for (int j = 0; j < 3; j++)
+            for (int d = 0; d < HD; d++)
+                q3[j][d] = j == 0 ? q[d] : (float)((d * (3 + j)) % 7) - 3.0f;
+        const int b0 = nb > 5 ? 5 : 0;
+        kvp_qmeta_bounds(&qm, 1 * 2 + 1, &q3[0][0], 3, 1.0f, b0, nb, &got3[0][0], 64);
+        for (int j = 0; j < 3; j++)
+            for (int b = b0; b < nb; b++) {
+                for (int d = 0; d < HD; d++) {
+                    kmx[d] = kvp_qmeta_max(&qm, 3, b, d);
+                    kmn[d] = kvp_qmeta_min(&qm, 3, b, d);
+                }
+                assert_true(kvp_quest_bound(q3[j], kmx, kmn, HD) == got3[j][b - b0]);
+            }
         kvp_qfeat_row(got, nb, fg);
         double mx = want[0];
         for (int b = 1; b < nb; b++)
@@ -843,8 +860,17 @@ static void test_query_feature(void **state)
             assert_true(fg[b] > 0 && fg[b] <= 1.0f);
         }
     }
+    assert_true(qm.half[3] == (type_k == KVP_KV_F16)); /* the f16 tiles were the ones read */
     kvp_qmeta_free(&qm);
     kvp_kvcache_free(&kv);
+}
+
+/* f32 keys (f32 metadata tiles) and f16 keys (f16 tiles, the default cache) */
+static void test_query_feature(void **state)
+{
+    (void)state;
+    query_feature(KVP_KV_F32);
+    query_feature(KVP_KV_F16);
 }
 
 /* Version 2 files (two input channels) load; the version 1 file of the paper's network still

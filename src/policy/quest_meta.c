@@ -5,6 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/simd.h"
+#include "kernels/types.h"
+#include "kv/kv_types.h"
 #include "kv/kvcache.h"
 
 int kvp_qmeta_init(struct kvp_qmeta *m, int n_layer, int n_head_kv, int max_blocks, int head_dim,
@@ -15,11 +18,13 @@ int kvp_qmeta_init(struct kvp_qmeta *m, int n_layer, int n_head_kv, int max_bloc
     m->max_blocks = max_blocks;
     m->head_dim = head_dim;
     m->block_size = block_size;
-    size_t n = (size_t)m->n_lh * max_blocks * head_dim;
-    m->kmax = malloc((n ? n : 1) * sizeof(float));
-    m->kmin = malloc((n ? n : 1) * sizeof(float));
+    m->n_tiles = (max_blocks + KVP_QMETA_TILE - 1) / KVP_QMETA_TILE;
+    size_t n = (size_t)m->n_lh * m->n_tiles * head_dim * 2 * KVP_QMETA_TILE;
+    /* zeroed: a tile's blocks beyond the folded ones are computed (never returned) */
+    m->tiles = calloc(n ? n : 1, sizeof(float));
     m->done = calloc((size_t)(m->n_lh ? m->n_lh : 1), sizeof(int));
-    if (!m->kmax || !m->kmin || !m->done) {
+    m->half = calloc((size_t)(m->n_lh ? m->n_lh : 1), 1);
+    if (!m->tiles || !m->done || !m->half) {
         kvp_qmeta_free(m);
         return -1;
     }
@@ -30,9 +35,9 @@ void kvp_qmeta_free(struct kvp_qmeta *m)
 {
     if (!m)
         return;
-    free(m->kmax);
-    free(m->kmin);
+    free(m->tiles);
     free(m->done);
+    free(m->half);
     memset(m, 0, sizeof(*m));
 }
 
@@ -49,9 +54,8 @@ void kvp_qmeta_restart(struct kvp_qmeta *m, int lh)
 void kvp_qmeta_fold(struct kvp_qmeta *m, const struct kvp_kvcache *kv, int layer, int kvh,
                     int n_tokens)
 {
-    const int bs = m->block_size, hd = m->head_dim;
+    const int bs = m->block_size, hd = m->head_dim, T = KVP_QMETA_TILE;
     const int lh = layer * kv->n_head_kv + kvh;
-    const size_t mb = (size_t)m->max_blocks;
     /* The context was truncated (kvp_ctx_truncate tells no policy). Only a decode step calls
      * this after a truncation, with one new token, so the cut is at n_tokens - 1: blocks below
      * the newest one are unchanged, and the newest is refolded from its start. That block is
@@ -59,12 +63,29 @@ void kvp_qmeta_fold(struct kvp_qmeta *m, const struct kvp_kvcache *kv, int layer
      * not resident). */
     if (m->done[lh] > n_tokens)
         m->done[lh] = (n_tokens - 1) / bs * bs;
-    float *mx = m->kmax + (size_t)lh * hd * mb, *mn = m->kmin + (size_t)lh * hd * mb;
+    /* f16 keys have f16 maxima and minima: kept as f16, exactly, in half the bytes */
+    const bool half = kv->type_k == KVP_KV_F16;
+    if (m->done[lh] > 0 && m->half[lh] != half)
+        m->done[lh] = 0; /* another cache's type (never within one context): refold */
+    m->half[lh] = half;
     for (int t = m->done[lh]; t < n_tokens; t++) {
         int b = t / bs, o = t % bs;
+        if (half) {
+            uint16_t *tile = (uint16_t *)kvp_qmeta_tile(m, lh, b / T) + b % T;
+            for (int d = 0; d < hd; d++) {
+                float k = kvp_kvcache_key_at(kv, layer, kvh, t, d);
+                uint16_t *x = tile + (size_t)d * 2 * T, *n = x + T;
+                if (o == 0 || k > kvp_f16_to_f32(*x))
+                    *x = kvp_f32_to_f16(k);
+                if (o == 0 || k < kvp_f16_to_f32(*n))
+                    *n = kvp_f32_to_f16(k);
+            }
+            continue;
+        }
+        float *tile = (float *)kvp_qmeta_tile(m, lh, b / T) + b % T;
         for (int d = 0; d < hd; d++) {
             float k = kvp_kvcache_key_at(kv, layer, kvh, t, d); /* as stored, kept f32 */
-            float *x = mx + d * mb + b, *n = mn + d * mb + b;
+            float *x = tile + (size_t)d * 2 * T, *n = x + T;
             if (o == 0 || k > *x)
                 *x = k;
             if (o == 0 || k < *n)
@@ -74,49 +95,101 @@ void kvp_qmeta_fold(struct kvp_qmeta *m, const struct kvp_kvcache *kv, int layer
     m->done[lh] = n_tokens;
 }
 
-/* 16 blocks at a time; one lane per block, so each block's terms add in the order d = 0, 1, ...
- * exactly as the scalar loop does (no contraction: the max sits between product and sum). */
+/* One lane per block of a tile, so each block's terms add in the order d = 0, 1, ... exactly as
+ * the scalar loop does (no contraction: the max sits between product and sum). Each dimension's
+ * max and min vectors are loaded once for G query heads. */
 typedef float qm_vec __attribute__((vector_size(64)));
 typedef int32_t qm_mask __attribute__((vector_size(64)));
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) static void
-bounds_run(const float *mx, const float *mn, size_t mb, int hd, const float *q, int g,
-           float scale, int b0, int n, float *out, int stride)
+static inline __attribute__((always_inline)) void
+tile_heads(const float *tile, int d0, int d1, int hd, const float *q, int G, qm_vec *acc)
 {
-    int i = 0;
-    for (; i + 16 <= n; i += 16)
-        for (int j = 0; j < g; j++) {
-            const float *qj = q + (size_t)j * hd;
-            qm_vec acc = {0};
-            for (int d = 0; d < hd; d++) {
-                qm_vec M, N;
-                memcpy(&M, mx + d * mb + b0 + i, sizeof(M));
-                memcpy(&N, mn + d * mb + b0 + i, sizeof(N));
-                qm_vec a = qj[d] * M, b = qj[d] * N;
-                qm_mask gt = a > b;
-                qm_vec hi = (qm_vec)((gt & (qm_mask)a) | (~gt & (qm_mask)b));
-                acc += hi;
-            }
-            acc *= scale;
-            memcpy(out + (size_t)j * stride + i, &acc, sizeof(acc));
+    for (int d = d0; d < d1; d++) {
+        qm_vec M, N;
+        memcpy(&M, tile + (size_t)(d - d0) * 2 * KVP_QMETA_TILE, sizeof(M));
+        memcpy(&N, tile + (size_t)(d - d0) * 2 * KVP_QMETA_TILE + KVP_QMETA_TILE, sizeof(N));
+        for (int j = 0; j < G; j++) {
+            qm_vec a = q[(size_t)j * hd + d] * M, b = q[(size_t)j * hd + d] * N;
+            qm_mask gt = a > b;
+            acc[j] += (qm_vec)((gt & (qm_mask)a) | (~gt & (qm_mask)b));
         }
-    for (; i < n; i++)
-        for (int j = 0; j < g; j++) {
-            const float *qj = q + (size_t)j * hd;
-            float ub = 0.0f;
-            for (int d = 0; d < hd; d++) {
-                float a = qj[d] * mx[d * mb + b0 + i], b = qj[d] * mn[d * mb + b0 + i];
-                ub += a > b ? a : b;
-            }
-            out[(size_t)j * stride + i] = ub * scale;
+    }
+}
+
+/* Dimensions converted from f16 per chunk (2 KB of floats on the stack). */
+#define QM_HALF_DIMS 16
+
+/* G heads over one tile, the dimensions in order; f16 tiles are converted a chunk of
+ * dimensions at a time (exact: every f16 is a float) by the run-time SIMD table. */
+static inline __attribute__((always_inline)) void
+tile_bounds(const void *tile, bool half, int hd, const float *q, int G, float scale,
+            const struct kvp_simd_ops *ops, qm_vec *acc)
+{
+    for (int j = 0; j < G; j++)
+        acc[j] = (qm_vec){0};
+    if (!half)
+        tile_heads(tile, 0, hd, hd, q, G, acc);
+    else
+        for (int d0 = 0; d0 < hd; d0 += QM_HALF_DIMS) {
+            float buf[QM_HALF_DIMS * 2 * KVP_QMETA_TILE];
+            const int d1 = d0 + QM_HALF_DIMS < hd ? d0 + QM_HALF_DIMS : hd;
+            ops->dequant_f16((const uint16_t *)tile + (size_t)d0 * 2 * KVP_QMETA_TILE, buf,
+                             (int64_t)(d1 - d0) * 2 * KVP_QMETA_TILE);
+            tile_heads(buf, d0, d1, hd, q, G, acc);
         }
+    for (int j = 0; j < G; j++)
+        acc[j] *= scale;
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+bounds_run(const struct kvp_qmeta *m, int lh, const float *q, int g, float scale, int b0, int b1,
+           float *out, int stride)
+{
+    const int T = KVP_QMETA_TILE, hd = m->head_dim;
+    const bool half = m->half[lh];
+    const struct kvp_simd_ops *ops = kvp_simd();
+    for (int t = b0 / T; t * T < b1; t++) {
+        const void *tile = kvp_qmeta_tile(m, lh, t);
+        const int lo = t * T > b0 ? t * T : b0, hi = (t + 1) * T < b1 ? (t + 1) * T : b1;
+        for (int j0 = 0; j0 < g; j0 += 4) {
+            qm_vec acc[4];
+            const int G = g - j0 < 4 ? g - j0 : 4;
+            const float *qj = q + (size_t)j0 * hd;
+            if (G == 4)
+                tile_bounds(tile, half, hd, qj, 4, scale, ops, acc);
+            else if (G == 2)
+                tile_bounds(tile, half, hd, qj, 2, scale, ops, acc);
+            else if (G == 1)
+                tile_bounds(tile, half, hd, qj, 1, scale, ops, acc);
+            else
+                tile_bounds(tile, half, hd, qj, 3, scale, ops, acc);
+            for (int j = 0; j < G; j++) {
+                float lane[KVP_QMETA_TILE];
+                memcpy(lane, &acc[j], sizeof(lane));
+                memcpy(out + (size_t)(j0 + j) * stride + (lo - b0), lane + (lo - t * T),
+                       (size_t)(hi - lo) * sizeof(float));
+            }
+        }
+    }
 }
 
 void kvp_qmeta_bounds(const struct kvp_qmeta *m, int lh, const float *q, int g, float scale,
                       int b0, int b1, float *out, int stride)
 {
-    const size_t mb = (size_t)m->max_blocks, off = (size_t)lh * m->head_dim * mb;
     if (b1 > b0)
-        bounds_run(m->kmax + off, m->kmin + off, mb, m->head_dim, q, g, scale, b0, b1 - b0, out,
-                   stride);
+        bounds_run(m, lh, q, g, scale, b0, b1, out, stride);
+}
+
+float kvp_qmeta_max(const struct kvp_qmeta *m, int lh, int blk, int d)
+{
+    size_t i = (size_t)d * 2 * KVP_QMETA_TILE + blk % KVP_QMETA_TILE;
+    const void *t = kvp_qmeta_tile(m, lh, blk / KVP_QMETA_TILE);
+    return m->half[lh] ? kvp_f16_to_f32(((const uint16_t *)t)[i]) : ((const float *)t)[i];
+}
+
+float kvp_qmeta_min(const struct kvp_qmeta *m, int lh, int blk, int d)
+{
+    size_t i = (size_t)d * 2 * KVP_QMETA_TILE + KVP_QMETA_TILE + blk % KVP_QMETA_TILE;
+    const void *t = kvp_qmeta_tile(m, lh, blk / KVP_QMETA_TILE);
+    return m->half[lh] ? kvp_f16_to_f32(((const uint16_t *)t)[i]) : ((const float *)t)[i];
 }

@@ -5,23 +5,36 @@
  * time. 2 × head_dim floats per block and (layer, KV head): 1/8 of the keys at bs = 16.
  *
  * The bound of a query q over a block, Σ_d max(q_d·M_d, q_d·m_d), is >= q·k for every key k of
- * the block. The metadata is stored dimension-major ([d][block] per (layer, KV head)), so
- * kvp_qmeta_bounds runs along the blocks with SIMD vectors while each block's sum still adds its
- * terms in the order d = 0, 1, ...: the bounds are bit-identical to kvp_quest_bound's term-by-term
- * loop (policy.h) on the same keys, whatever the vector width.
+ * the block. The metadata is stored in tiles of KVP_QMETA_TILE = 16 blocks, each tile
+ * dimension-major with the max and min rows of a dimension side by side
+ * ([tile][d][max 16 | min 16] per (layer, KV head), 4 KB per tile at head_dim 32): one SIMD
+ * lane per block, so each block's sum still adds its terms in the order d = 0, 1, ... (the bounds
+ * are bit-identical to kvp_quest_bound's term-by-term loop, policy.h, on the same keys, whatever
+ * the vector width), while the pass over the blocks reads one contiguous stream (the former
+ * [d][block] rows were 2·head_dim streams max_blocks apart, more than a prefetcher follows) and
+ * the query heads of a group share each load. With an f16 key cache (the default) the keys, and
+ * so their maxima and minima, are f16 values: those tiles hold f16 ([tile][d][max|min] of
+ * uint16, 2 KB per tile), converted back exactly, so the bounds are still bit-identical and the
+ * pass reads half the bytes (at long context it streams the metadata from memory, the KV reads
+ * having evicted it).
  */
 #ifndef KVP_POLICY_QUEST_META_H
 #define KVP_POLICY_QUEST_META_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 struct kvp_kvcache;
 
+#define KVP_QMETA_TILE 16 /* blocks per metadata tile: one AVX-512 vector of f32 */
+
 struct kvp_qmeta {
-    int n_lh, max_blocks, head_dim, block_size;
-    float *kmax; /* [n_lh][head_dim][max_blocks] (owned) */
-    float *kmin; /* [n_lh][head_dim][max_blocks] (owned) */
-    int *done;   /* [n_lh] tokens folded in */
+    int n_lh, max_blocks, head_dim, block_size, n_tiles;
+    float *tiles; /* [n_lh][n_tiles][head_dim][2][KVP_QMETA_TILE] max then min, f32 or (half)
+                     f16 tiles of half the size from the same (layer, KV head) start (owned) */
+    int *done;    /* [n_lh] tokens folded in */
+    bool *half;   /* [n_lh] f16 tiles (set by the fold from the cache's key type) */
 };
 
 /* 0, or -1 out of memory (nothing left allocated). */
@@ -38,15 +51,16 @@ void kvp_qmeta_fold(struct kvp_qmeta *m, const struct kvp_kvcache *kv, int layer
 /* Forget what (layer, kvh) folded (the prompt is refolded from token 0). */
 void kvp_qmeta_restart(struct kvp_qmeta *m, int lh);
 
-/* Dimension d of block blk's max and min. */
-static inline float kvp_qmeta_max(const struct kvp_qmeta *m, int lh, int blk, int d)
+/* Tile t of (layer, KV head) lh: f32 or, half[lh], f16 values. */
+static inline void *kvp_qmeta_tile(const struct kvp_qmeta *m, int lh, int t)
 {
-    return m->kmax[((size_t)lh * m->head_dim + d) * m->max_blocks + blk];
+    const size_t per = (size_t)m->head_dim * 2 * KVP_QMETA_TILE; /* values per tile */
+    return (char *)(m->tiles + (size_t)lh * m->n_tiles * per) +
+           (size_t)t * per * (m->half[lh] ? sizeof(uint16_t) : sizeof(float));
 }
-static inline float kvp_qmeta_min(const struct kvp_qmeta *m, int lh, int blk, int d)
-{
-    return m->kmin[((size_t)lh * m->head_dim + d) * m->max_blocks + blk];
-}
+/* Dimension d of block blk's max and min (as float). */
+float kvp_qmeta_max(const struct kvp_qmeta *m, int lh, int blk, int d);
+float kvp_qmeta_min(const struct kvp_qmeta *m, int lh, int blk, int d);
 
 /* For each of the g queries q[j] (head_dim floats apart): out[j·stride + b - b0] =
  * bound(q[j], block b) · scale for b in [b0, b1) (scale 1 gives quest's value exactly). */

@@ -33,8 +33,12 @@ void kvp_mask_add_range(uint64_t *masks, int begin, int end, int block_size)
 {
     if (begin < 0)
         begin = 0;
-    for (int t = begin; t < end; t++)
-        masks[t / block_size] |= 1ULL << (t % block_size);
+    while (begin < end) { /* one word per block, not one bit per token */
+        const int o = begin % block_size;
+        const int n = end - begin < block_size - o ? end - begin : block_size - o;
+        masks[begin / block_size] |= (n == 64 ? ~0ULL : (1ULL << n) - 1) << o;
+        begin += n;
+    }
 }
 
 void kvp_sel_from_masks(struct kvp_sel *sel, const uint64_t *masks, int n_blocks)

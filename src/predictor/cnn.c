@@ -717,17 +717,15 @@ static void conv1_column(const struct kvp_cnn *n, const struct kvp_cnn_kernels *
     const int jc = z - p > 0 ? z - p : 0; /* rows < jc see zeros only */
     for (int j = 0; j < jc; j++)
         memcpy(a1 + (size_t)(j + p) * c1, s->rb1, (size_t)c1 * sizeof(float));
-    /* rows [jc, jq) read the history only (channel 0 comes first in w1p), rows [jq, R) reach
-     * the query row too */
-    const int jq = query ? (R - 1 - p > jc ? R - 1 - p : jc) : R;
-    for (int part = 0; part < 2; part++) {
-        int j0 = part ? jq : jc, j1 = part ? R : jq;
-        if (j1 <= j0)
-            continue;
-        const float *xs[2] = {ph + (size_t)j0 * k, pq + (size_t)j0 * k};
-        kern->conv_rows(n->w1p, n->b1p, xs, part + 1, k * k, k, j1 - j0, n->cp1, s->x, false);
-        for (int j = j0; j < j1; j++)
-            memcpy(a1 + (size_t)(j + p) * c1, s->x + (size_t)(j - j0) * n->cp1,
+    /* rows [jc, R) in one call, both channels (channel 0 comes first in w1p): rows that do not
+     * reach the query row read zeros from its patch, and x·0 adds ±0, which changes nothing the
+     * ReLU keeps (the weights are finite), so this equals computing the history alone there;
+     * one call of R - jc positions keeps more independent FMA chains than two short ones */
+    if (R > jc) {
+        const float *xs[2] = {ph + (size_t)jc * k, pq + (size_t)jc * k};
+        kern->conv_rows(n->w1p, n->b1p, xs, query ? 2 : 1, k * k, k, R - jc, n->cp1, s->x, false);
+        for (int j = jc; j < R; j++)
+            memcpy(a1 + (size_t)(j + p) * c1, s->x + (size_t)(j - jc) * n->cp1,
                    (size_t)c1 * sizeof(float));
     }
 }
