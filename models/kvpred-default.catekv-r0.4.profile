@@ -5,7 +5,7 @@ n_layer 4
 n_head_kv 2
 ratio 0.4
 n_samples 16
-n_prompt 2048
+n_prompt 8192
 chunk 8
 tail_tokens 32
 sink 16
@@ -13,15 +13,15 @@ recent 16
 window 32
 percentile 0.995
 alpha 1
-n_adaptive 5
+n_adaptive 4
 adaptive
 1 0
 1 0
-1 1
+0 1
 0 1
 cv
-2.52633379 5.05474026
-3.40411706 5.29441111
-3.82111697 3.80598041
-4.45540234 2.87751995
+2.50870932 5.38930636
+3.91204768 5.15915308
+4.28096203 3.74079441
+5.08597491 4.20939606
 end
