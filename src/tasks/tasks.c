@@ -633,25 +633,18 @@ int kvp_task_render(const struct kvp_corpus *c, const struct kvp_task_tok *tok, 
         copy_list(c, &r, target_tokens / 2 - 2, &b);
         *answer = b.oom ? NULL : strdup(b.p);
         sb_add(&b, "\n", 1);
-        free(ti);
-        if (b.oom || !*answer) {
+    } else {
+        struct tok_counter tc = {.tok = tok};
+        long n = fit_haystack(c, &tc, ti, target_tokens, eval, &b);
+        if (n < 0) {
+            free(ti);
             free(b.p);
-            free(*answer);
-            return kvp_err_set(err, KVP_ENOMEM, "task text");
+            return kvp_err_set(err, KVP_ERANGE, "%s does not fit in %d tokens",
+                               kvp_task_name(task), target_tokens);
         }
-        *prompt = b.p;
-        return 0;
+        build_prompt(c, ti, n, eval, &b);
+        *answer = strdup(ti->answer);
     }
-    struct tok_counter tc = {.tok = tok};
-    long n = fit_haystack(c, &tc, ti, target_tokens, eval, &b);
-    if (n < 0) {
-        free(ti);
-        free(b.p);
-        return kvp_err_set(err, KVP_ERANGE, "%s does not fit in %d tokens", kvp_task_name(task),
-                           target_tokens);
-    }
-    build_prompt(c, ti, n, eval, &b);
-    *answer = strdup(ti->answer);
     free(ti);
     if (b.oom || !*answer) {
         free(b.p);
