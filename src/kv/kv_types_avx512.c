@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "kernels/types.h"
+#include "kv/kv_group_dispatch.h"
 #include "kv/kv_types.h"
 
 #define KVP_INLINE static inline __attribute__((always_inline))
@@ -393,34 +394,6 @@ KVP_INLINE void accum16_g(int ty, int G, const float *p, size_t ps, const void *
             accum16_g(TYPE, G, p, ps, vb, hd, bs, n, d, out, os, 0, 1);                            \
         if (d < hd)                                                                                \
             accum16_g(TYPE, G, p, ps, vb, hd, bs, n, d, out, os, tail_mask(hd - d), 0);            \
-    }
-
-#define GROUP_KERNELS(T, TYPE)                                                                     \
-    GROUP_KERNELS_G(T, TYPE, 1)                                                                    \
-    GROUP_KERNELS_G(T, TYPE, 2)                                                                    \
-    GROUP_KERNELS_G(T, TYPE, 3)                                                                    \
-    GROUP_KERNELS_G(T, TYPE, 4)                                                                    \
-    GROUP_KERNELS_G(T, TYPE, 5)                                                                    \
-    GROUP_KERNELS_G(T, TYPE, 6)                                                                    \
-    GROUP_KERNELS_G(T, TYPE, 7)                                                                    \
-    GROUP_KERNELS_G(T, TYPE, 8)                                                                    \
-    static void (*const scores_g_tab_##T[])(const float *, const void *, int, int, float, float *, \
-                                            size_t) = {                                            \
-        scores_g1_##T, scores_g2_##T, scores_g3_##T, scores_g4_##T,                                \
-        scores_g5_##T, scores_g6_##T, scores_g7_##T, scores_g8_##T};                               \
-    static void (*const accum_g_tab_##T[])(const float *, size_t, const void *, int, int, int,     \
-                                           float *, size_t) = {                                    \
-        accum_g1_##T, accum_g2_##T, accum_g3_##T, accum_g4_##T,                                    \
-        accum_g5_##T, accum_g6_##T, accum_g7_##T, accum_g8_##T};                                   \
-    static void scores_g_##T(const float *q, int g, const void *kt, int hd, int bs, float scale,   \
-                             float *s, size_t ss)                                                  \
-    {                                                                                              \
-        scores_g_tab_##T[g - 1](q, kt, hd, bs, scale, s, ss);                                      \
-    }                                                                                              \
-    static void accum_g_##T(const float *p, size_t ps, int g, const void *vb, int hd, int bs,      \
-                            int n, float *out, size_t os)                                          \
-    {                                                                                              \
-        accum_g_tab_##T[g - 1](p, ps, vb, hd, bs, n, out, os);                                     \
     }
 
 GROUP_KERNELS(f32, KVP_KV_F32)
