@@ -44,6 +44,15 @@ KVP_INLINE __m256 load8(int ty, const void *b, size_t i, int n)
     }
 }
 
+/* The f16 at element i of p as f32; q8_0 scale arrays may be odd-aligned (a block of odd
+ * head_dim x bs), so read through memcpy. */
+KVP_INLINE float f16_at(const uint16_t *p, size_t i)
+{
+    uint16_t h;
+    memcpy(&h, (const uint8_t *)p + 2 * i, 2);
+    return _cvtsh_ss(h);
+}
+
 /* The first n (<= 8) floats of x to p. */
 KVP_INLINE void store8(float *p, __m256 x, int n)
 {
@@ -135,7 +144,7 @@ KVP_INLINE void accum8_g(int ty, int G, const float *p, size_t ps, const void *v
         for (int u = 0; u < S; u++) {
             __m256 v = load8(ty, vb, (size_t)(t + u) * hd + d, nd);
             if (ty == KVP_KV_Q8_0)
-                v = _mm256_mul_ps(v, _mm256_set1_ps(_cvtsh_ss(sc[(size_t)(t + u) * ng + grp])));
+                v = _mm256_mul_ps(v, _mm256_set1_ps(f16_at(sc, (size_t)(t + u) * ng + grp)));
 #pragma GCC unroll 8
             for (int j = 0; j < G; j++)
                 acc[u][j] =
@@ -144,7 +153,7 @@ KVP_INLINE void accum8_g(int ty, int G, const float *p, size_t ps, const void *v
     for (; t < n; t++) {
         __m256 v = load8(ty, vb, (size_t)t * hd + d, nd);
         if (ty == KVP_KV_Q8_0)
-            v = _mm256_mul_ps(v, _mm256_set1_ps(_cvtsh_ss(sc[(size_t)t * ng + grp])));
+            v = _mm256_mul_ps(v, _mm256_set1_ps(f16_at(sc, (size_t)t * ng + grp)));
 #pragma GCC unroll 8
         for (int j = 0; j < G; j++)
             acc[0][j] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + (size_t)j * ps + t), v, acc[0][j]);
@@ -213,7 +222,7 @@ KVP_INLINE void accum8_g(int ty, int G, const float *p, size_t ps, const void *v
                 __m256 x = load8(TYPE, vb, (size_t)t * hd + d, m);                                 \
                 if (TYPE == KVP_KV_Q8_0)                                                           \
                     x = _mm256_mul_ps(                                                             \
-                        x, _mm256_set1_ps(_cvtsh_ss(sc[(size_t)t * ng + d / KVP_KV_Q8_GROUP])));   \
+                        x, _mm256_set1_ps(f16_at(sc, (size_t)t * ng + d / KVP_KV_Q8_GROUP)));      \
                 store8(dst + (size_t)t * hd + d, x, m);                                            \
             }                                                                                      \
     }

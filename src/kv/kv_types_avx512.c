@@ -41,6 +41,15 @@ KVP_INLINE __m512 load_i8(const int8_t *p, __mmask16 m, int full)
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
 }
 
+/* The f16 at element i of p as f32; q8_0 scale arrays may be odd-aligned (a block of odd
+ * head_dim x bs), so read through memcpy. */
+KVP_INLINE float f16_at(const uint16_t *p, size_t i)
+{
+    uint16_t h;
+    memcpy(&h, (const uint8_t *)p + 2 * i, 2);
+    return _cvtsh_ss(h);
+}
+
 KVP_INLINE void store16(float *p, __m512 x, __mmask16 m, int full)
 {
     if (full)
@@ -214,14 +223,14 @@ static void accum_q8_0(const float *p, const void *vb_, int hd, int bs, int n, f
         __m512 a0 = _mm512_maskz_loadu_ps(m, out + d), a1 = _mm512_setzero_ps();
         int t = 0;
         for (; t + 2 <= n; t += 2) {
-            float w0 = p[t] * _cvtsh_ss(sc[(size_t)t * ng + g]);
-            float w1 = p[t + 1] * _cvtsh_ss(sc[(size_t)(t + 1) * ng + g]);
+            float w0 = p[t] * f16_at(sc, (size_t)t * ng + g);
+            float w1 = p[t + 1] * f16_at(sc, (size_t)(t + 1) * ng + g);
             a0 = _mm512_fmadd_ps(_mm512_set1_ps(w0), load_i8(vb + (size_t)t * hd + d, m, full), a0);
             a1 = _mm512_fmadd_ps(_mm512_set1_ps(w1),
                                  load_i8(vb + (size_t)(t + 1) * hd + d, m, full), a1);
         }
         if (t < n) {
-            float w0 = p[t] * _cvtsh_ss(sc[(size_t)t * ng + g]);
+            float w0 = p[t] * f16_at(sc, (size_t)t * ng + g);
             a0 = _mm512_fmadd_ps(_mm512_set1_ps(w0), load_i8(vb + (size_t)t * hd + d, m, full), a0);
         }
         _mm512_mask_storeu_ps(out + d, m, _mm512_add_ps(a0, a1));
@@ -249,7 +258,7 @@ static void v_rows_q8_0(const void *vb_, int hd, int bs, int n, float *dst)
     for (int t = 0; t < n; t++)
         for (int d = 0; d < hd; d += 16) {
             __mmask16 m = tail_mask(hd - d);
-            float w = _cvtsh_ss(sc[(size_t)t * ng + d / KVP_KV_Q8_GROUP]);
+            float w = f16_at(sc, (size_t)t * ng + d / KVP_KV_Q8_GROUP);
             _mm512_mask_storeu_ps(
                 dst + (size_t)t * hd + d, m,
                 _mm512_mul_ps(load_i8(vb + (size_t)t * hd + d, m, 0), _mm512_set1_ps(w)));
@@ -351,7 +360,7 @@ KVP_INLINE void accum16_g(int ty, int G, const float *p, size_t ps, const void *
         for (int u = 0; u < S; u++) {
             __m512 v = load16(ty, vb, (size_t)(t + u) * hd + d, m, full);
             if (ty == KVP_KV_Q8_0)
-                v = _mm512_mul_ps(v, _mm512_set1_ps(_cvtsh_ss(sc[(size_t)(t + u) * ng + grp])));
+                v = _mm512_mul_ps(v, _mm512_set1_ps(f16_at(sc, (size_t)(t + u) * ng + grp)));
 #pragma GCC unroll 8
             for (int j = 0; j < G; j++)
                 acc[u][j] =
@@ -360,7 +369,7 @@ KVP_INLINE void accum16_g(int ty, int G, const float *p, size_t ps, const void *
     for (; t < n; t++) {
         __m512 v = load16(ty, vb, (size_t)t * hd + d, m, full);
         if (ty == KVP_KV_Q8_0)
-            v = _mm512_mul_ps(v, _mm512_set1_ps(_cvtsh_ss(sc[(size_t)t * ng + grp])));
+            v = _mm512_mul_ps(v, _mm512_set1_ps(f16_at(sc, (size_t)t * ng + grp)));
 #pragma GCC unroll 8
         for (int j = 0; j < G; j++)
             acc[0][j] = _mm512_fmadd_ps(_mm512_set1_ps(p[(size_t)j * ps + t]), v, acc[0][j]);
