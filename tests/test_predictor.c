@@ -783,6 +783,74 @@ static void test_columns_match_full(void **state)
     }
 }
 
+/* The batched per-column path (kvp_cnn_forward_cols: positions gathered 8 at a time, conv1 at 8
+ * lanes) against the one-candidate-at-a-time reference, to the bit: shapes with c1 = 8 (the
+ * shipped one) and c1 = 12 (a full and a half vector), k = 3 and 5, one and two input
+ * channels, no query row, histories shorter than H, candidates at both borders, repeated
+ * candidates and a slice narrower than the receptive field. */
+static void test_columns_batched_equal_reference(void **state)
+{
+    (void)state;
+    const struct { int cin, c1, c2, k, H; } shapes[] = {
+        {2, 8, 16, 3, 4}, {2, 8, 16, 3, 9}, {2, 12, 32, 5, 6}, {1, 8, 16, 3, 4}, {2, 4, 8, 3, 3}};
+    for (size_t sh = 0; sh < sizeof(shapes) / sizeof(shapes[0]); sh++) {
+        const int cin = shapes[sh].cin, c1 = shapes[sh].c1, c2 = shapes[sh].c2;
+        const int k = shapes[sh].k, H = shapes[sh].H;
+        struct kvp_cnn n;
+        assert_int_equal(kvp_cnn_init_ch(&n, cin, c1, c2, k, H, 16, NULL), 0);
+        fill(n.w1, (size_t)c1 * cin * k * k, 0.6f);
+        fill(n.b1, c1, 0.2f);
+        fill(n.w2, (size_t)c2 * c1 * k * k, 0.2f);
+        fill(n.b2, c2, 0.2f);
+        fill(n.w3, c2, 0.5f);
+        n.b3[0] = 0.03f;
+        kvp_cnn_prepare(&n);
+        enum { MW = 70 };
+        static float hist[16][MW + 5], qrow[MW];
+        uint32_t seed = 11 + (uint32_t)sh;
+        for (int r = 0; r < H; r++)
+            for (int c = 0; c < MW + 5; c++) {
+                seed = seed * 1664525u + 1013904223u;
+                bool busy = (c % 7 == 2 || c % 11 == 0 || c > MW - 3) && (seed >> 28) < 9 &&
+                            r >= H / 3;
+                hist[r][c] = busy ? (float)(seed >> 8) / 16777216.0f : 0.0f;
+            }
+        for (int c = 0; c < MW; c++)
+            qrow[c] = expf(-(float)((c * 29) % 13) * 0.4f);
+        struct kvp_cnn_cols_scratch cs;
+        assert_int_equal(kvp_cnn_cols_scratch_init(&cs, &n, H, MW, NULL), 0);
+        for (int variant = 0; variant < 8; variant++) {
+            const int W = variant == 7 ? 3 : MW - variant % 3; /* 3: narrower than 2k - 1 */
+            const int R = variant % 4 == 3 ? H - 1 : H;         /* a history still filling */
+            const float *rows[16];
+            for (int r = 0; r < R; r++)
+                rows[r] = hist[r + H - R];
+            struct kvp_cnn_input in = {.rows = rows, .n_rows = R, .col0 = 5 * (variant & 1),
+                                       .W = W, .qrow = variant == 2 ? NULL : qrow};
+            int cols[80], nc = 0;
+            for (int c = 0; c < W; c++)
+                if (c < 2 || c >= W - 2 || (c * 5 + variant) % 3 == 0)
+                    cols[nc++] = c;
+            if (W > 4) {
+                cols[nc++] = 1; /* repeated */
+                cols[nc++] = W - 1;
+            }
+            float a[80], b[80];
+            long ca = kvp_cnn_forward_cols(&n, &in, cols, nc, &cs, a);
+            long cb = kvp_cnn_forward_cols_ref(&n, &in, cols, nc, &cs, b);
+            assert_int_equal(ca, cb);
+            for (int i = 0; i < nc; i++)
+                if (memcmp(&a[i], &b[i], sizeof(float))) {
+                    print_message("shape %zu variant %d column %d: %.9g vs reference %.9g\n", sh,
+                                  variant, cols[i], a[i], b[i]);
+                    fail();
+                }
+        }
+        kvp_cnn_cols_scratch_free(&cs);
+        kvp_cnn_free(&n);
+    }
+}
+
 /* The query channel: Quest's metadata folded token by token and the SIMD bound against the bound
  * computed from the keys themselves, and the feature against its definition. */
 static void query_feature(int type_k)
@@ -1115,6 +1183,7 @@ int main(void)
         cmocka_unit_test(test_predictor_file),
         cmocka_unit_test(test_policy_end_to_end),
         cmocka_unit_test(test_columns_match_full),
+        cmocka_unit_test(test_columns_batched_equal_reference),
         cmocka_unit_test(test_query_feature),
         cmocka_unit_test(test_predictor_file_v2),
         cmocka_unit_test(test_qpredictor_end_to_end),
