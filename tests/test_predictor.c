@@ -903,11 +903,13 @@ static void query_feature(int type_k)
             assert_true(kvp_quest_bound(q, kmx, kmn, HD) == one[b]);
         }
         /* a group of three heads sharing the metadata loads, a range that starts and ends
-         * inside a tile: each head's bound bit for bit */
+         * inside a tile: each head's bound bit for bit, with query components that are zero
+         * (two products per term) and without (one product: the sign picks the row) */
         float q3[3][HD], got3[3][64];
+        for (int zero = 0; zero < 2; zero++) {
         for (int j = 0; j < 3; j++)
             for (int d = 0; d < HD; d++)
-                q3[j][d] = j == 0 ? q[d] : (float)((d * (3 + j)) % 7) - 3.0f;
+                q3[j][d] = j == 0 ? q[d] : (float)((d * (3 + j)) % 7) - 3.0f + 0.5f * !zero;
         const int b0 = nb > 5 ? 5 : 0;
         kvp_qmeta_bounds(&qm, 1 * 2 + 1, &q3[0][0], 3, 1.0f, b0, nb, &got3[0][0], 64);
         for (int j = 0; j < 3; j++)
@@ -918,6 +920,7 @@ static void query_feature(int type_k)
                 }
                 assert_true(kvp_quest_bound(q3[j], kmx, kmn, HD) == got3[j][b - b0]);
             }
+        }
         kvp_qfeat_row(got, nb, fg);
         double mx = want[0];
         for (int b = 1; b < nb; b++)

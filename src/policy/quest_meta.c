@@ -99,6 +99,8 @@ void kvp_qmeta_fold(struct kvp_qmeta *m, const struct kvp_kvcache *kv, int layer
  * the scalar loop does (no contraction: the max sits between product and sum). Each dimension's
  * max and min vectors are loaded once for G query heads. */
 typedef float qm_vec __attribute__((vector_size(64)));
+#define KVP_QMETA_MAX_HD 256 /* head dimensions and query heads of a group the one-product */
+#define QM_SEL_HEADS     16  /* path takes (tile_heads_sel) */
 typedef int32_t qm_mask __attribute__((vector_size(64)));
 
 static inline __attribute__((always_inline)) void
@@ -116,6 +118,25 @@ tile_heads(const float *tile, int d0, int d1, int hd, const float *q, int G, qm_
     }
 }
 
+/* The same sum when no q_d is zero or NaN: max(q·M, q·N) is q·M for q > 0 and q·N for q < 0
+ * (M >= N: both come from the same keys, and the monotone rounding keeps the order of the
+ * products; where they are equal either is the max), so one product per term, from the row
+ * sel[j][d] (0: max, KVP_QMETA_TILE: min) picked once per call. The terms are the same
+ * floats added in the same order, so the same sum to the bit. */
+static inline __attribute__((always_inline)) void
+tile_heads_sel(const float *tile, int d0, int d1, int hd, const float *q,
+               const uint8_t (*sel)[KVP_QMETA_MAX_HD], int G, qm_vec *acc)
+{
+    for (int d = d0; d < d1; d++) {
+        const float *row = tile + (size_t)(d - d0) * 2 * KVP_QMETA_TILE;
+        for (int j = 0; j < G; j++) {
+            qm_vec V;
+            memcpy(&V, row + sel[j][d], sizeof(V));
+            acc[j] += q[(size_t)j * hd + d] * V;
+        }
+    }
+}
+
 /* Dimensions converted from f16 per chunk (2 KB of floats on the stack). */
 #define QM_HALF_DIMS 16
 
@@ -123,19 +144,25 @@ tile_heads(const float *tile, int d0, int d1, int hd, const float *q, int G, qm_
  * dimensions at a time (exact: every f16 is a float) by the run-time SIMD table. */
 static inline __attribute__((always_inline)) void
 tile_bounds(const void *tile, bool half, int hd, const float *q, int G, float scale,
-            const struct kvp_simd_ops *ops, qm_vec *acc)
+            const struct kvp_simd_ops *ops, const uint8_t (*sel)[KVP_QMETA_MAX_HD], qm_vec *acc)
 {
     for (int j = 0; j < G; j++)
         acc[j] = (qm_vec){0};
-    if (!half)
-        tile_heads(tile, 0, hd, hd, q, G, acc);
-    else
+    if (!half) {
+        if (sel)
+            tile_heads_sel(tile, 0, hd, hd, q, sel, G, acc);
+        else
+            tile_heads(tile, 0, hd, hd, q, G, acc);
+    } else
         for (int d0 = 0; d0 < hd; d0 += QM_HALF_DIMS) {
             float buf[QM_HALF_DIMS * 2 * KVP_QMETA_TILE];
             const int d1 = d0 + QM_HALF_DIMS < hd ? d0 + QM_HALF_DIMS : hd;
             ops->dequant_f16((const uint16_t *)tile + (size_t)d0 * 2 * KVP_QMETA_TILE, buf,
                              (int64_t)(d1 - d0) * 2 * KVP_QMETA_TILE);
-            tile_heads(buf, d0, d1, hd, q, G, acc);
+            if (sel)
+                tile_heads_sel(buf, d0, d1, hd, q, sel, G, acc);
+            else
+                tile_heads(buf, d0, d1, hd, q, G, acc);
         }
     for (int j = 0; j < G; j++)
         acc[j] *= scale;
@@ -148,6 +175,13 @@ bounds_run(const struct kvp_qmeta *m, int lh, const float *q, int g, float scale
     const int T = KVP_QMETA_TILE, hd = m->head_dim;
     const bool half = m->half[lh];
     const struct kvp_simd_ops *ops = kvp_simd();
+    /* the row of each term when no q_d is zero or NaN (tile_heads_sel) */
+    uint8_t sel_rows[QM_SEL_HEADS][KVP_QMETA_MAX_HD];
+    bool signed_q = hd <= KVP_QMETA_MAX_HD && g <= QM_SEL_HEADS;
+    for (int i = 0; signed_q && i < g * hd; i++) {
+        signed_q = q[i] > 0.0f || q[i] < 0.0f;
+        sel_rows[i / hd][i % hd] = q[i] > 0.0f ? 0 : T;
+    }
     for (int t = b0 / T; t * T < b1; t++) {
         const void *tile = kvp_qmeta_tile(m, lh, t);
         const int lo = t * T > b0 ? t * T : b0, hi = (t + 1) * T < b1 ? (t + 1) * T : b1;
@@ -155,14 +189,16 @@ bounds_run(const struct kvp_qmeta *m, int lh, const float *q, int g, float scale
             qm_vec acc[4];
             const int G = g - j0 < 4 ? g - j0 : 4;
             const float *qj = q + (size_t)j0 * hd;
+            const uint8_t(*sel)[KVP_QMETA_MAX_HD] =
+                signed_q ? (const uint8_t(*)[KVP_QMETA_MAX_HD])sel_rows[j0] : NULL;
             if (G == 4)
-                tile_bounds(tile, half, hd, qj, 4, scale, ops, acc);
+                tile_bounds(tile, half, hd, qj, 4, scale, ops, sel, acc);
             else if (G == 2)
-                tile_bounds(tile, half, hd, qj, 2, scale, ops, acc);
+                tile_bounds(tile, half, hd, qj, 2, scale, ops, sel, acc);
             else if (G == 1)
-                tile_bounds(tile, half, hd, qj, 1, scale, ops, acc);
+                tile_bounds(tile, half, hd, qj, 1, scale, ops, sel, acc);
             else
-                tile_bounds(tile, half, hd, qj, 3, scale, ops, acc);
+                tile_bounds(tile, half, hd, qj, 3, scale, ops, sel, acc);
             for (int j = 0; j < G; j++) {
                 float lane[KVP_QMETA_TILE];
                 memcpy(lane, &acc[j], sizeof(lane));

@@ -643,19 +643,18 @@ int kvp_cnn_cols_scratch_init(struct kvp_cnn_cols_scratch *s, const struct kvp_c
     s->rb1 = malloc((size_t)n->c1 * sizeof(float));
     s->patch = malloc((size_t)n->cin * (s->H + 2 * p) * k * sizeof(float));
     s->zc = malloc((size_t)s->max_w * sizeof(int));
-    s->zused = malloc((size_t)s->max_w * sizeof(int));
     s->z3 = malloc((size_t)s->max_w * sizeof(int));
     s->off = malloc((size_t)s->max_w * sizeof(int));
     s->edge = malloc(((size_t)2 * p * (s->H + 1) * k + 1) * sizeof(float));
     s->csum = kvp_alloc_aligned((size_t)CG * n->cp2 * sizeof(float));
     s->v2 = kvp_alloc_aligned((size_t)CG * 8 * n->cp2 * sizeof(float));
     if (!s->a1 || !s->slot || !s->used || !s->x || !s->z || !s->sum || !s->rb1 || !s->patch ||
-        !s->zc || !s->zused || !s->z3 || !s->off || !s->edge || !s->csum || !s->v2) {
+        !s->zc || !s->z3 || !s->off || !s->edge || !s->csum || !s->v2) {
         kvp_cnn_cols_scratch_free(s);
         return kvp_err_set(err, KVP_ENOMEM, "predictor: out of memory for CNN scratch");
     }
     for (int i = 0; i < s->max_w; i++)
-        s->slot[i] = s->zc[i] = -1;
+        s->slot[i] = -1;
     s->pad_R = -1;
     memset(s->a1 + (size_t)s->max_w * per, 0, per * sizeof(float)); /* the padding column */
     for (int ci = 0; ci < n->c1; ci++)
@@ -676,7 +675,6 @@ void kvp_cnn_cols_scratch_free(struct kvp_cnn_cols_scratch *s)
     free(s->rb1);
     free(s->patch);
     free(s->zc);
-    free(s->zused);
     free(s->z3);
     free(s->off);
     free(s->edge);
@@ -852,18 +850,33 @@ long kvp_cnn_forward_cols_ref(const struct kvp_cnn *n, const struct kvp_cnn_inpu
     return computed;
 }
 
-/* First row with history in slice column c (n_rows: none), cached in s->zc for the call. */
-static inline int zc_of(const struct kvp_cnn_input *in, int c, struct kvp_cnn_cols_scratch *s,
-                        int *n_z)
+/* zc[c] = the first row with history in slice column c (n_rows: none), every c < W: the rows
+ * read in order, four columns at a time (the columns' later reads then hit the cache) */
+static void first_rows(const struct kvp_cnn_input *in, int *zc)
 {
-    if (s->zc[c] >= 0)
-        return s->zc[c];
-    int r = 0;
-    while (r < in->n_rows && in->rows[r][in->col0 + c] == 0.0f)
-        r++;
-    s->zc[c] = r;
-    s->zused[(*n_z)++] = c;
-    return r;
+    typedef float v4 __attribute__((vector_size(16)));
+    typedef int32_t i4 __attribute__((vector_size(16)));
+    const int W = in->W, W4 = W / 4 * 4;
+    const i4 none = (i4){0} + in->n_rows;
+    for (int c = 0; c < W4; c += 4)
+        memcpy(zc + c, &none, sizeof(none));
+    for (int c = W4; c < W; c++)
+        zc[c] = in->n_rows;
+    for (int r = in->n_rows - 1; r >= 0; r--) {
+        const float *row = in->rows[r] + in->col0;
+        const i4 rv = (i4){0} + r;
+        for (int c = 0; c < W4; c += 4) {
+            v4 x;
+            i4 z;
+            memcpy(&x, row + c, sizeof(x));
+            memcpy(&z, zc + c, sizeof(z));
+            i4 busy = x != (v4){0};
+            z = (busy & rv) | (~busy & z);
+            memcpy(zc + c, &z, sizeof(z));
+        }
+        for (int c = W4; c < W; c++)
+            zc[c] = row[c] != 0.0f ? r : zc[c];
+    }
 }
 
 /* sum[co] += ((v[lo][co] + v[lo + 1][co]) + ...) + v[R - 1][co], rows cp floats apart: one
@@ -923,13 +936,14 @@ long kvp_cnn_forward_cols(const struct kvp_cnn *n, const struct kvp_cnn_input *i
     const float *zero_col = s->a1 + (size_t)s->max_w * per;
     const bool query = n->cin > 1 && in->qrow;
     long computed = 0;
-    int n_used = 0, n_z = 0, n_edge = 0, np = 0;
+    int n_used = 0, n_edge = 0, np = 0;
     const float *wr[KVP_CNN_MAX_K * KVP_CNN_MAX_K], *xp[8 * KVP_CNN_MAX_K * KVP_CNN_MAX_K];
     float *op[8], *dst[8], tmp[8 * KVP_CNN_MAX_CH];
     if (s->pad_R != R) { /* padding rows are never written; a longer history wrote past R */
         memset(s->a1, 0, ((size_t)s->max_w + 1) * per * sizeof(float));
         s->pad_R = R;
     }
+    first_rows(in, s->zc);
     /* the columns conv1 needs: slots, the rows that see zeros only (ReLU(b1)), border copies */
     for (int i = 0; i < n_cols; i++)
         for (int c = cols[i] - p; c <= cols[i] + p; c++) {
@@ -939,10 +953,8 @@ long kvp_cnn_forward_cols(const struct kvp_cnn *n, const struct kvp_cnn_input *i
             s->slot[c] = u;
             s->used[u] = c;
             int z = R; /* first row with history in the k columns */
-            for (int cc = c - p < 0 ? 0 : c - p; cc <= c + p && cc < W; cc++) {
-                int r = zc_of(in, cc, s, &n_z);
-                z = r < z ? r : z;
-            }
+            for (int cc = c - p < 0 ? 0 : c - p; cc <= c + p && cc < W; cc++)
+                z = s->zc[cc] < z ? s->zc[cc] : z;
             s->z3[u] = z;
             const int jc = (query && z > R - 1 ? R - 1 : z) - p;
             for (int j = 0; j < jc; j++)
@@ -1052,8 +1064,6 @@ long kvp_cnn_forward_cols(const struct kvp_cnn *n, const struct kvp_cnn_input *i
     }
     for (int i = 0; i < n_used; i++)
         s->slot[s->used[i]] = -1;
-    for (int i = 0; i < n_z; i++)
-        s->zc[s->zused[i]] = -1;
     return computed;
 }
 

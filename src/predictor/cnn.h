@@ -200,8 +200,7 @@ struct kvp_cnn_cols_scratch {
     float *rb1;   /* [c1] ReLU(b1), conv1 of an all-zero neighbourhood (set at init) */
     float *patch; /* [cin][H + 2p][k] the input columns around one column */
     /* the batched path (kvp_cnn_forward_cols) */
-    int *zc;      /* [max_w] first row with history in a slice column, -1: not looked at yet */
-    int *zused;   /* [max_w] slice columns with zc set */
+    int *zc;      /* [max_w] first row with history in each slice column */
     int *z3;      /* [max_w] per a1 slot: first row with history in its k columns */
     int *off;     /* [max_w] per a1 slot: its first input column (c - p), or -1 - e for a
                      border column whose inputs are edge copy e */
