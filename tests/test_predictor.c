@@ -876,7 +876,8 @@ static void query_feature(int type_k)
     assert_int_equal(kvp_qmeta_init(&qm, 2, 2, (CTX + BS - 1) / BS, HD, BS), 0);
     float q[HD], got[64], want[64], fg[64], fw[64], kmx[HD], kmn[HD], one[64];
     for (int d = 0; d < HD; d++)
-        q[d] = (float)((d * 7) % 5) - 2.0f + 0.25f * (float)d / HD;
+        q[d] = ((float)((d * 7) % 5) - 2.0f + 0.25f * (float)d / HD) * 1.0123457f; /* products
+                                                         that round: a fused multiply-add shows */
     const float scale = 1.0f / sqrtf((float)HD);
     for (int n_tok = 1; n_tok <= CTX; n_tok += 37) { /* folded incrementally, checked as it grows */
         kvp_qmeta_fold(&qm, &kv, 1, 1, n_tok);
@@ -909,7 +910,8 @@ static void query_feature(int type_k)
         for (int zero = 0; zero < 2; zero++) {
         for (int j = 0; j < 3; j++)
             for (int d = 0; d < HD; d++)
-                q3[j][d] = j == 0 ? q[d] : (float)((d * (3 + j)) % 7) - 3.0f + 0.5f * !zero;
+                q3[j][d] = j == 0 ? q[d]
+                                  : ((float)((d * (3 + j)) % 7) - 3.0f + 0.5f * !zero) * 0.987654f;
         const int b0 = nb > 5 ? 5 : 0;
         kvp_qmeta_bounds(&qm, 1 * 2 + 1, &q3[0][0], 3, 1.0f, b0, nb, &got3[0][0], 64);
         for (int j = 0; j < 3; j++)

@@ -1,10 +1,12 @@
 /* Quest's per-block key metadata (see quest_meta.h). */
 #include "policy/quest_meta.h"
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/platform.h"
 #include "kernels/simd.h"
 #include "kernels/types.h"
 #include "kv/kv_types.h"
@@ -99,8 +101,6 @@ void kvp_qmeta_fold(struct kvp_qmeta *m, const struct kvp_kvcache *kv, int layer
  * the scalar loop does (no contraction: the max sits between product and sum). Each dimension's
  * max and min vectors are loaded once for G query heads. */
 typedef float qm_vec __attribute__((vector_size(64)));
-#define KVP_QMETA_MAX_HD 256 /* head dimensions and query heads of a group the one-product */
-#define QM_SEL_HEADS     16  /* path takes (tile_heads_sel) */
 typedef int32_t qm_mask __attribute__((vector_size(64)));
 
 static inline __attribute__((always_inline)) void
@@ -125,7 +125,7 @@ tile_heads(const float *tile, int d0, int d1, int hd, const float *q, int G, qm_
  * floats added in the same order, so the same sum to the bit. */
 static inline __attribute__((always_inline)) void
 tile_heads_sel(const float *tile, int d0, int d1, int hd, const float *q,
-               const uint8_t (*sel)[KVP_QMETA_MAX_HD], int G, qm_vec *acc)
+               const uint8_t (*sel)[KVP_QMETA_SEL_HD], int G, qm_vec *acc)
 {
     for (int d = d0; d < d1; d++) {
         const float *row = tile + (size_t)(d - d0) * 2 * KVP_QMETA_TILE;
@@ -144,7 +144,7 @@ tile_heads_sel(const float *tile, int d0, int d1, int hd, const float *q,
  * dimensions at a time (exact: every f16 is a float) by the run-time SIMD table. */
 static inline __attribute__((always_inline)) void
 tile_bounds(const void *tile, bool half, int hd, const float *q, int G, float scale,
-            const struct kvp_simd_ops *ops, const uint8_t (*sel)[KVP_QMETA_MAX_HD], qm_vec *acc)
+            const struct kvp_simd_ops *ops, const uint8_t (*sel)[KVP_QMETA_SEL_HD], qm_vec *acc)
 {
     for (int j = 0; j < G; j++)
         acc[j] = (qm_vec){0};
@@ -168,16 +168,19 @@ tile_bounds(const void *tile, bool half, int hd, const float *q, int G, float sc
         acc[j] *= scale;
 }
 
+typedef void (*qm_f16_tile_fn)(const uint16_t *tile, int hd, const float *q, int G,
+                               const uint8_t (*sel)[KVP_QMETA_SEL_HD], float scale, float *out);
+
 __attribute__((target_clones("avx512f", "avx2", "default"))) static void
 bounds_run(const struct kvp_qmeta *m, int lh, const float *q, int g, float scale, int b0, int b1,
-           float *out, int stride)
+           float *out, int stride, qm_f16_tile_fn f16_tile)
 {
     const int T = KVP_QMETA_TILE, hd = m->head_dim;
     const bool half = m->half[lh];
     const struct kvp_simd_ops *ops = kvp_simd();
     /* the row of each term when no q_d is zero or NaN (tile_heads_sel) */
-    uint8_t sel_rows[QM_SEL_HEADS][KVP_QMETA_MAX_HD];
-    bool signed_q = hd <= KVP_QMETA_MAX_HD && g <= QM_SEL_HEADS;
+    uint8_t sel_rows[KVP_QMETA_SEL_HEADS][KVP_QMETA_SEL_HD];
+    bool signed_q = hd <= KVP_QMETA_SEL_HD && g <= KVP_QMETA_SEL_HEADS;
     for (int i = 0; signed_q && i < g * hd; i++) {
         signed_q = q[i] > 0.0f || q[i] < 0.0f;
         sel_rows[i / hd][i % hd] = q[i] > 0.0f ? 0 : T;
@@ -189,9 +192,11 @@ bounds_run(const struct kvp_qmeta *m, int lh, const float *q, int g, float scale
             qm_vec acc[4];
             const int G = g - j0 < 4 ? g - j0 : 4;
             const float *qj = q + (size_t)j0 * hd;
-            const uint8_t(*sel)[KVP_QMETA_MAX_HD] =
-                signed_q ? (const uint8_t(*)[KVP_QMETA_MAX_HD])sel_rows[j0] : NULL;
-            if (G == 4)
+            const uint8_t(*sel)[KVP_QMETA_SEL_HD] =
+                signed_q ? (const uint8_t(*)[KVP_QMETA_SEL_HD])sel_rows[j0] : NULL;
+            if (sel && half && f16_tile)
+                f16_tile(tile, hd, qj, G, sel, scale, (float *)acc);
+            else if (G == 4)
                 tile_bounds(tile, half, hd, qj, 4, scale, ops, sel, acc);
             else if (G == 2)
                 tile_bounds(tile, half, hd, qj, 2, scale, ops, sel, acc);
@@ -209,11 +214,25 @@ bounds_run(const struct kvp_qmeta *m, int lh, const float *q, int g, float scale
     }
 }
 
+static qm_f16_tile_fn f16_tile_best;
+
+static void pick_f16_tile(void)
+{
+    const char *want = getenv("KVP_SIMD");
+    if ((kvp_cpu_features() & KVP_CPU_AVX512) &&
+        !(want && (!strcmp(want, "scalar") || !strcmp(want, "avx2"))))
+        f16_tile_best = kvp_qmeta_tile_sel_f16_avx512;
+}
+
 void kvp_qmeta_bounds(const struct kvp_qmeta *m, int lh, const float *q, int g, float scale,
                       int b0, int b1, float *out, int stride)
 {
+    /* f16 tiles on the one-product path: converted as loaded where the CPU has AVX-512
+     * (KVP_SIMD=scalar|avx2 keeps the float copy) */
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, pick_f16_tile);
     if (b1 > b0)
-        bounds_run(m, lh, q, g, scale, b0, b1, out, stride);
+        bounds_run(m, lh, q, g, scale, b0, b1, out, stride, f16_tile_best);
 }
 
 float kvp_qmeta_max(const struct kvp_qmeta *m, int lh, int blk, int d)
