@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kvpred.h"
 #include "tokenizer/vocab.h"
@@ -939,6 +940,51 @@ static void test_tasks_on_tinystories(void **state)
     free(text);
 }
 
+/* Text stored as JSON: the "text" members, unescaped, in order (RULER's all_essays.json layout
+ * and JSON Lines); a .json file without any is refused, and plain files are read as bytes. */
+static void write_file(const char *path, const char *s)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    fputs(s, f);
+    fclose(f);
+}
+
+static void test_corpus_json(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/kvp_json_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char obj[64], lines[64], bad[64], plain[64];
+    snprintf(obj, sizeof(obj), "%s/a.json", dir);
+    snprintf(lines, sizeof(lines), "%s/b.jsonl", dir);
+    snprintf(bad, sizeof(bad), "%s/c.json", dir);
+    snprintf(plain, sizeof(plain), "%s/d.txt", dir);
+    write_file(obj, "{\"text\": \"One line.\\nTwo \\\"quoted\\\" \\u00e9.\"}");
+    write_file(lines, "{\"id\": 1, \"text\": \"First.\"}\n{\"meta\": {\"text\": \"Nested.\"}}\n");
+    write_file(bad, "{\"title\": \"no text here\"}");
+    write_file(plain, "Raw \\n stays.");
+    char *text;
+    size_t len;
+    struct kvp_err err;
+    const char *p1[] = {obj, lines, plain};
+    assert_int_equal(kvp_corpus_read_filler(p1, 3, &text, &len, &err), 0);
+    assert_string_equal(text, "One line.\nTwo \"quoted\" \xc3\xa9.\n\n\n\nFirst.\n\nNested.\n\n\n\n"
+                              "Raw \\n stays.\n\n");
+    assert_int_equal(len, strlen(text));
+    free(text);
+    const char *p2[] = {bad};
+    assert_int_equal(kvp_corpus_read_filler(p2, 1, &text, &len, &err), KVP_EFORMAT);
+    assert_non_null(strstr(err.msg, "\"text\""));
+    const char *p3[] = {dir}; /* a directory holding the bad file fails the same way */
+    assert_int_equal(kvp_corpus_read_filler(p3, 1, &text, &len, &err), KVP_EFORMAT);
+    remove(obj);
+    remove(lines);
+    remove(bad);
+    remove(plain);
+    rmdir(dir);
+}
+
 /* ===================================== training runs ========================================== */
 
 struct losses {
@@ -1602,7 +1648,7 @@ int main(void)
         cmocka_unit_test(test_schedule_and_clip),
         cmocka_unit_test(test_bpe_learn_and_encode),
         cmocka_unit_test(test_spm_merge_order),
-        cmocka_unit_test(test_corpus_and_samples), cmocka_unit_test(test_seed_contract),
+        cmocka_unit_test(test_corpus_and_samples), cmocka_unit_test(test_corpus_json), cmocka_unit_test(test_seed_contract),
         cmocka_unit_test(test_haystack_kinds),
         cmocka_unit_test(test_tokenizer_matches_engine),
         cmocka_unit_test(test_tasks_on_tinystories),

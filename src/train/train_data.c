@@ -10,12 +10,15 @@
  * twice. The last `holdout` fraction of sentences is kept for evaluation.
  */
 #include <ctype.h>
+#include <stdbool.h>
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+
+#include <cjson/cJSON.h>
 
 #include "tasks/sbuf.h"
 #include "train/train.h"
@@ -25,19 +28,87 @@
 
 /* ====================================== corpus ================================================ */
 
+/* Every string member named "text", at any depth of a parsed JSON value, in document order. */
+static void json_text_append(const cJSON *j, struct sbuf *b, int *found)
+{
+    for (const cJSON *c = j ? j->child : NULL; c; c = c->next) {
+        if (cJSON_IsString(c) && c->string && !strcmp(c->string, "text")) {
+            sb_add(b, c->valuestring, strlen(c->valuestring));
+            sb_add(b, "\n\n", 2);
+            (*found)++;
+        } else if (cJSON_IsObject(c) || cJSON_IsArray(c)) {
+            json_text_append(c, b, found);
+        }
+    }
+}
+
+/* A .json file holds text as JSON strings (RULER's all_essays.json: {"text": "..."}; LongBench
+ * style JSON Lines: one such object per line): its "text" members, unescaped, are the text.
+ * Read as plain bytes it would put literal \n escapes and a JSON skeleton into every haystack. */
+static int json_append(const char *path, const char *raw, size_t n, struct sbuf *b,
+                       struct kvp_err *err)
+{
+    int found = 0;
+    /* one value filling the file, else JSON Lines (cJSON stops after the first value) */
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(raw, n, &end, false);
+    while (j && end && end < raw + n && isspace((unsigned char)*end))
+        end++;
+    if (j && end != raw + n) {
+        cJSON_Delete(j);
+        j = NULL;
+    }
+    if (j) {
+        json_text_append(j, b, &found);
+        cJSON_Delete(j);
+    } else {
+        for (size_t at = 0; at < n;) { /* JSON Lines */
+            const char *nl = memchr(raw + at, '\n', n - at);
+            size_t len = nl ? (size_t)(nl - (raw + at)) : n - at;
+            cJSON *line = cJSON_ParseWithLength(raw + at, len);
+            json_text_append(line, b, &found);
+            cJSON_Delete(line);
+            at += len + 1;
+        }
+    }
+    if (b->oom)
+        return kvp_err_set(err, KVP_ENOMEM, "%s: out of memory", path);
+    if (!found)
+        return kvp_err_set(err, KVP_EFORMAT,
+                           "%s: a .json text file needs string members named \"text\"", path);
+    return 0;
+}
+
+static bool has_suffix(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && !strcmp(s + n - m, suffix);
+}
+
 static int read_file_append(const char *path, struct sbuf *b, struct kvp_err *err)
 {
     FILE *f = fopen(path, "rb");
     if (!f)
         return kvp_err_set(err, KVP_EIO, "%s: %s", path, strerror(errno));
+    const bool json = has_suffix(path, ".json") || has_suffix(path, ".jsonl");
+    struct sbuf raw = {0};
+    struct sbuf *dst = json ? &raw : b;
     char buf[65536];
     size_t n;
     while ((n = fread(buf, 1, sizeof(buf), f)) > 0)
-        sb_add(b, buf, n);
+        sb_add(dst, buf, n);
     int bad = ferror(f);
     fclose(f);
+    int rc = 0;
     if (bad)
-        return kvp_err_set(err, KVP_EIO, "%s: read error", path);
+        rc = kvp_err_set(err, KVP_EIO, "%s: read error", path);
+    else if (dst->oom)
+        rc = kvp_err_set(err, KVP_ENOMEM, "%s: out of memory", path);
+    else if (json)
+        rc = json_append(path, raw.p ? raw.p : "", raw.n, b, err);
+    free(raw.p);
+    if (rc < 0)
+        return rc;
     sb_add(b, "\n\n", 2);
     return b->oom ? kvp_err_set(err, KVP_ENOMEM, "%s: out of memory", path) : 0;
 }
