@@ -786,8 +786,9 @@ static void test_columns_match_full(void **state)
 /* The batched per-column path (kvp_cnn_forward_cols: positions gathered 8 at a time, conv1 at 8
  * lanes) against the one-candidate-at-a-time reference, to the bit: shapes with c1 = 8 (the
  * shipped one) and c1 = 12 (a full and a half vector), k = 3 and 5, one and two input
- * channels, no query row, histories shorter than H, candidates at both borders, repeated
- * candidates and a slice narrower than the receptive field. */
+ * channels, no query row, histories shorter than H (the padding rows move), candidates at both
+ * borders, repeated candidates and a slice narrower than the receptive field; H = 9 is longer
+ * than the batched path takes (it hands over to the reference). */
 static void test_columns_batched_equal_reference(void **state)
 {
     (void)state;

@@ -193,7 +193,7 @@ bounds_run(const struct kvp_qmeta *m, int lh, const float *q, int g, float scale
             const int G = g - j0 < 4 ? g - j0 : 4;
             const float *qj = q + (size_t)j0 * hd;
             const uint8_t(*sel)[KVP_QMETA_SEL_HD] =
-                signed_q ? (const uint8_t(*)[KVP_QMETA_SEL_HD])sel_rows[j0] : NULL;
+                signed_q ? (const uint8_t(*)[KVP_QMETA_SEL_HD]) &sel_rows[j0] : NULL;
             if (sel && half && f16_tile)
                 f16_tile(tile, hd, qj, G, sel, scale, (float *)acc);
             else if (G == 4)
