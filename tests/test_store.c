@@ -806,6 +806,24 @@ static void test_sq_bypass(void **state)
     free(d);
 }
 
+/* The bypass's mode switch: a starved decode thread turns to the direct ring at once; the
+ * bypass ends only once it has lasted its minimum (expired) and the machine had a core to spare
+ * meanwhile, or where that is unknown (-1, as before /proc/stat was read); a thread that is not
+ * starved never leaves the polling ring. */
+static void test_sq_route(void **state)
+{
+    (void)state;
+    const int P = KVP_SQ_ROUTE_POLLED, D = KVP_SQ_ROUTE_DIRECT;
+    assert_int_equal(kvp_sq_route(P, 0.0, false, -1), P);
+    assert_int_equal(kvp_sq_route(P, 0.10, true, 0.0), P);
+    assert_int_equal(kvp_sq_route(P, 0.40, false, -1), D);
+    assert_int_equal(kvp_sq_route(D, 0.40, true, 2.0), D);  /* still starved */
+    assert_int_equal(kvp_sq_route(D, 0.0, false, 2.0), D);  /* not lasted long enough */
+    assert_int_equal(kvp_sq_route(D, 0.0, true, 0.05), D);  /* a competitor holds the core */
+    assert_int_equal(kvp_sq_route(D, 0.0, true, 0.9), P);   /* a core went idle */
+    assert_int_equal(kvp_sq_route(D, 0.0, true, -1), P);    /* unknown: try the polling ring */
+}
+
 /* predict_next is wrong every time: every selected block that is not hot already is fetched on
  * demand and counted as a miss, and the result does not change. */
 static void test_mispredicted_on_demand(void **state)
@@ -1207,6 +1225,7 @@ int main(void)
         cmocka_unit_test(test_link_model),
         cmocka_unit_test(test_logits_equal),
         cmocka_unit_test(test_sq_bypass),
+        cmocka_unit_test(test_sq_route),
         cmocka_unit_test(test_mispredicted_on_demand),
         cmocka_unit_test(test_first_step_warm),
         cmocka_unit_test(test_quest_prefetch),
