@@ -348,14 +348,8 @@ static int disk_open(struct kvp_store *s, const struct kvp_ctx_params *p, struct
         return kvp_err_set(err, KVP_EIO, "io_uring: %s", strerror(-e));
     io->ring_on[RING_POLLED] = true;
     if (s->st.sq_poll) { /* the busy-host bypass; without it the polling ring serves alone */
-        /* its completions are posted when the decode thread next enters the kernel (it
-         * does, to submit, to wait, or when a peek finds IORING_SQ_TASKRUN set), not by an
-         * interrupt of the decode thread per completion; older kernels refuse the flags */
-        struct io_uring *direct = &io->ring[RING_DIRECT];
         io->ring_on[RING_DIRECT] =
-            io_uring_queue_init(KVP_STORE_MAX_XFER, direct,
-                                IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG) == 0 ||
-            io_uring_queue_init(KVP_STORE_MAX_XFER, direct, 0) == 0;
+            io_uring_queue_init(KVP_STORE_MAX_XFER, &io->ring[RING_DIRECT], 0) == 0;
         /* experiments: KVPRED_SQ_BYPASS=never|always (enum kvp_sq_bypass), else automatic */
         const char *b = getenv("KVPRED_SQ_BYPASS");
         if (b && !strcmp(b, "never"))
