@@ -788,9 +788,11 @@ static void test_sq_bypass(void **state)
                                  .sparse = true, .dir = d, .sq_bypass = forced[i]};
             struct kvp_store_stats st;
             float *lg = run_sequence(&rc, &st);
-            print_message("bypass %d, prefetch %d: sq_poll %d, %llu of %llu requests direct\n",
+            print_message("bypass %d, prefetch %d: sq_poll %d, %llu of %llu requests direct, "
+                          "in %llu submissions\n",
                           forced[i], m, st.sq_poll, (unsigned long long)st.direct_requests,
-                          (unsigned long long)(st.reads + st.writes));
+                          (unsigned long long)(st.reads + st.writes),
+                          (unsigned long long)st.direct_submits);
             assert_true(max_diff(ref, lg, (size_t)N_ROWS * VOCAB) == 0.0);
             if (!st.sq_poll || forced[i] == KVP_SQ_BYPASS_NEVER)
                 assert_int_equal(st.direct_requests, 0);

@@ -190,6 +190,7 @@ static cJSON *store_json(const struct kvp_store_stats *s)
     cJSON_AddNumberToObject(o, "sq_unpicked", (double)s->sq_unpicked / n);
     cJSON_AddNumberToObject(o, "direct_requests", (double)s->direct_requests / n);
     cJSON_AddNumberToObject(o, "bypasses", (double)s->bypasses);       /* total */
+    cJSON_AddNumberToObject(o, "direct_submits", (double)s->direct_submits / n);
     return o;
 }
 
@@ -480,7 +481,8 @@ int cmd_bench(int argc, char **argv)
          *   sq_unpicked     waits per token that found requests the polling thread had not
          *                   taken yet
          *   direct_requests requests per token the decode thread submitted itself, bypassing
-         *                   the polling thread (busy host); bypasses: switches to that (total) */
+         *                   the polling thread (busy host); bypasses: switches to that (total);
+         *                   direct_submits: the system calls per token that submitted them */
         if (tiered)
             cJSON_AddItemToObject(o, "store", store_json(&ss));
         else

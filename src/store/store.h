@@ -198,6 +198,10 @@ struct kvp_store {
     int fault_kind;        /* enum kvp_store_fault */
     int fault_after;       /* requests left before the fault fires */
     int sq_bypass;         /* enum kvp_sq_bypass (disk tier with a polling thread) */
+    /* From a layer's first acquire_head to its acquire_begin's prefetches: a backend may hold
+     * requests whose submission costs a system call until then, so that the layer's early
+     * misses, misses and prefetches go in one (cold_disk.c's direct ring). Waits never hold. */
+    bool hold_submit;
 
     /* accounting (stats.c) */
     struct kvp_store_stats st;
