@@ -3,11 +3,13 @@
 # run in alternation so both see the same host. Prints a markdown table built with jq from the
 # JSON lines it collects (OUT/results.jsonl) and writes it to OUT/table.md.
 #
-#   scripts/bench_peers.sh            # about 10 minutes on an idle 2-core host
+#   scripts/bench_peers.sh            # about 13 minutes on an idle 2-core host
 #   REPS=1 LONG="" scripts/bench_peers.sh   # a quick check: no long-context rows
 #
-# Rows: prefill of 512 tokens and decode of 128 (kvpred with 512 tokens cached, llama-bench from
-# an empty cache: its tg128) at 1 and 2 threads, medians of REPS alternating runs; decode with
+# Rows, each at 1 and 2 threads, medians of REPS alternating runs: pp512, prefill of 512 tokens
+# (kvpred bench, llama-bench); tg128, decode of 128 tokens from an almost empty cache (kvpred
+# bench -c 1 --prefill 16, llama-bench's tg128 from an empty one); tg128 @512, decode of 128
+# tokens with 512 already cached (kvpred bench -c 512, llama-batched-bench -npp 512); decode with
 # LONG tokens cached at 2 threads on the SmolLM2-135M Q8_0 file (kvpred dense and quest at 1/16,
 # llama.cpp's llama-batched-bench with its default f16 KV cache, no flash attention); peak RSS
 # (/usr/bin/time) of the short runs. Models: SmolLM2-135M (all 30 layers) and Llama-3.2-1B cut to
@@ -71,23 +73,37 @@ for s in $SHAPES; do
 done
 
 # ---- short context, alternating ----
+# timed CMD...: runs CMD with its peak RSS (KiB) left in $rss
+timed() {
+    /usr/bin/time -f %M -o "$OUT/rss" "$@"
+    rss=$(tail -1 "$OUT/rss")
+}
 for s in $SHAPES; do
     for ty in $TYPES; do
         f=$(model_file "$s" "$ty")
         for t in $THREADS; do
             for r in $(seq "$REPS"); do
-                /usr/bin/time -f %M -o "$OUT/rss" "$KVP" bench -m "$f" -c 512 --prefill 512 \
-                    -n 128 -t "$t" -r 1 --bandwidth 1 --json >"$OUT/kvp.json"
-                rss=$(tail -1 "$OUT/rss")
+                # pp512, then tg128 @512: 128 decoded with 512..640 cached
+                timed "$KVP" bench -m "$f" -c 512 --prefill 512 -n 128 -t "$t" -r 1 \
+                    --bandwidth 1 --json >"$OUT/kvp.json"
                 record kvpred "$s" "$ty" "$t" pp512 "$(jq .prefill_tokens_per_s "$OUT/kvp.json")" "$rss"
-                record kvpred "$s" "$ty" "$t" tg128 "$(jq .decode_tokens_per_s "$OUT/kvp.json")" "$rss"
-                /usr/bin/time -f %M -o "$OUT/rss" "$LLAMA_BIN/llama-bench" -m "$f" -p 512 -n 128 \
-                    -t "$t" -r 1 -o json >"$OUT/llama.json" 2>/dev/null
-                rss=$(tail -1 "$OUT/rss")
+                record kvpred "$s" "$ty" "$t" "tg128 @512" "$(jq .decode_tokens_per_s "$OUT/kvp.json")" "$rss"
+                # pp512, tg128 (0..128 cached)
+                timed "$LLAMA_BIN/llama-bench" -m "$f" -p 512 -n 128 -t "$t" -r 1 -o json \
+                    >"$OUT/llama.json" 2>/dev/null
                 record llama.cpp "$s" "$ty" "$t" pp512 \
                     "$(jq '.[] | select(.n_prompt > 0) | .avg_ts' "$OUT/llama.json")" "$rss"
                 record llama.cpp "$s" "$ty" "$t" tg128 \
                     "$(jq '.[] | select(.n_gen > 0) | .avg_ts' "$OUT/llama.json")" "$rss"
+                # tg128: 128 decoded with 1..129 cached (the 16-token prefill is not recorded)
+                timed "$KVP" bench -m "$f" -c 1 --prefill 16 -n 128 -t "$t" -r 1 --bandwidth 1 \
+                    --json >"$OUT/kvp.json"
+                record kvpred "$s" "$ty" "$t" tg128 "$(jq .decode_tokens_per_s "$OUT/kvp.json")" "$rss"
+                # tg128 @512
+                timed "$LLAMA_BIN/llama-batched-bench" -m "$f" -c 700 -b 2048 -ub 512 -npp 512 \
+                    -ntg 128 -npl 1 -t "$t" --output-format jsonl >"$OUT/llama.out" 2>/dev/null
+                grep '^{' "$OUT/llama.out" >"$OUT/llama.json"
+                record llama.cpp "$s" "$ty" "$t" "tg128 @512" "$(jq .speed_tg "$OUT/llama.json")" "$rss"
             done
         done
     done
@@ -152,7 +168,7 @@ fi # TABLE_ONLY
                                         .threads == $d0.threads and .test == $d) | .l][0])
               | .vs = " (vs its dense)"
             else . end)
-      | sort_by(.shape, .type, (.test | test("@")), .test, .threads)
+      | sort_by(.shape, .type, (.test | test("^tg@")), .test, .threads)
       | .[]
       | "| \(.shape) (\(.layers)) | \(.type) | \(.test) | \(.threads) | \(.k | f1) | \(.l | f1) | " +
         (if .k != null and .l != null then "\(.k / .l * 100 | round / 100)x\(.vs // "")" else "" end) +

@@ -5,8 +5,9 @@
  * blocks early (what the tiered store does with the blocks that are hot while its misses are
  * read) gives the same bits as reducing them all in order, for any set of early blocks and any
  * room for them. Then each type against f32 on the same data (dense and sparse, within the
- * bounds stated at test_types_vs_f32), and the AVX-512 kernels of each type against the scalar
- * ones.
+ * bounds stated at test_types_vs_f32), the AVX-512 kernels of each type against the scalar
+ * ones, and the group kernels (g query heads per pass) against the per-head ones, alone and
+ * inside attention.
  */
 #include <math.h>
 #include <stdio.h>
@@ -75,19 +76,25 @@ struct blocks_buf {
     int32_t *idx;
 };
 
-static void blocks_init(struct blocks_buf *b, int cap)
+/* Room for g query heads and cap early blocks. */
+static void blocks_init_g(struct blocks_buf *b, int cap, int g)
 {
     const int mb = CTX / BS;
-    b->f = calloc((size_t)G * mb + G * HD + G + (size_t)G * cap * HD + (size_t)cap * G + 1,
+    b->f = calloc((size_t)g * mb + g * HD + g + (size_t)g * cap * HD + (size_t)cap * g + 1,
                   sizeof(float));
     b->idx = calloc((size_t)cap + 1, sizeof(int32_t));
     assert_non_null(b->f);
     assert_non_null(b->idx);
     b->ab = (struct kvp_attn_blocks){.bmax = b->f, .bmax_stride = mb, .cap = cap, .idx = b->idx};
-    b->ab.tmp = b->f + (size_t)G * mb;
-    b->ab.tmp_l = b->ab.tmp + G * HD;
-    b->ab.o = b->ab.tmp_l + G;
-    b->ab.lsum = b->ab.o + (size_t)G * cap * HD;
+    b->ab.tmp = b->f + (size_t)g * mb;
+    b->ab.tmp_l = b->ab.tmp + g * HD;
+    b->ab.o = b->ab.tmp_l + g;
+    b->ab.lsum = b->ab.o + (size_t)g * cap * HD;
+}
+
+static void blocks_init(struct blocks_buf *b, int cap)
+{
+    blocks_init_g(b, cap, G);
 }
 
 static void blocks_free(struct blocks_buf *b)
@@ -263,16 +270,14 @@ static void test_types_vs_f32(void **state)
     blocks_free(&b);
 }
 
-/* The AVX-512 kernels of each type against the scalar ones on one block (bs 16 and a partial
- * 13, head_dim 12 and 72 for partial q8_0 groups and SIMD tails): the stores give the same
- * bytes; scores, value sums and conversions agree to float rounding. */
-static void test_simd_vs_scalar(void **state)
+/* The SIMD kernels of each type (tab: kvp_kv_kernels_avx512 or _avx2) against the scalar ones
+ * on one block (bs 16 and a partial 13, head_dim 12 and 72 for partial q8_0 groups and SIMD
+ * tails): the stores give the same bytes; scores, value sums and conversions agree to float
+ * rounding. Returns 0 when this CPU lacks the instruction set. */
+static int simd_vs_scalar(const struct kvp_kv_kernels *(*tab)(int))
 {
-    (void)state;
-    if (!kvp_kv_kernels_avx512(KVP_KV_F16)) {
-        printf("# no AVX-512: only the scalar KV kernels run here\n");
-        return;
-    }
+    if (!tab(KVP_KV_F16))
+        return 0;
     enum { MAXHD = 72, MAXBS = 16 };
     const int hds[] = {12, 72}, bss[] = {16, 13};
     for (int ti = 0; ti < N_TYPES; ti++)
@@ -280,7 +285,7 @@ static void test_simd_vs_scalar(void **state)
             for (int bi = 0; bi < 2; bi++) {
                 int type = all_types[ti], hd = hds[hi], bs = bss[bi];
                 const struct kvp_kv_kernels *s = kvp_kv_kernels_scalar(type);
-                const struct kvp_kv_kernels *v = kvp_kv_kernels_avx512(type);
+                const struct kvp_kv_kernels *v = tab(type);
                 size_t kb = kvp_kv_block_bytes(type, hd, bs), vb = kb;
                 uint8_t ks[8192], kv_[8192], vs[8192], vv[8192];
                 assert_true(kb <= sizeof(ks));
@@ -312,21 +317,166 @@ static void test_simd_vs_scalar(void **state)
                 s->k_rows(ks, hd, bs, bs - 2, ra, MAXBS);
                 v->k_rows(ks, hd, bs, bs - 2, rc, MAXBS);
                 for (int d = 0; d < hd; d++)
-                    assert_memory_equal(ra + d * MAXBS, rc + d * MAXBS,
-                                        (bs - 2) * sizeof(float));
+                    assert_memory_equal(ra + d * MAXBS, rc + d * MAXBS, (bs - 2) * sizeof(float));
                 s->v_rows(vs, hd, bs, bs - 3, ra);
                 v->v_rows(vs, hd, bs, bs - 3, rc);
                 assert_memory_equal(ra, rc, (size_t)(bs - 3) * hd * sizeof(float));
             }
+    return 1;
+}
+
+static void test_simd_vs_scalar(void **state)
+{
+    (void)state;
+    int avx512 = simd_vs_scalar(kvp_kv_kernels_avx512), avx2 = simd_vs_scalar(kvp_kv_kernels_avx2);
+    printf("# SIMD KV kernels against the scalar ones:%s%s\n", avx512 ? " avx512" : "",
+           avx2     ? " avx2"
+           : avx512 ? ""
+                    : " none here (no AVX2)");
+}
+
+/* The group kernels (scores_g, accum_g) of the scalar, AVX-512 and AVX2 tables (those this CPU
+ * runs) against the scalar per-head kernels, g = 1..8 heads, head_dim 12, 33 (odd: a partial q8_0
+ * group and SIMD tails) and 72, bs 16 and 13 (a partial token chunk), 12 of 13 tokens summed: the
+ * scalar group kernels give the same bits, the AVX-512 ones agree within 1e-5 of the sum of
+ * |terms|; the strided outputs leave their padding alone and the value sums add to what out held.
+ */
+static void test_group_kernels(void **state)
+{
+    (void)state;
+    enum { MAXHD = 72, MAXBS = 16, MAXG = KVP_KV_GROUP_MAX, SS = MAXBS + 3, OS = MAXHD + 2 };
+    const int hds[] = {12, 33, 72}, bss[] = {16, 13};
+    int checked = 0;
+    for (int ti = 0; ti < N_TYPES; ti++)
+        for (int hi = 0; hi < 3; hi++)
+            for (int bi = 0; bi < 2; bi++) {
+                int type = all_types[ti], hd = hds[hi], bs = bss[bi], n = bs - 1;
+                const struct kvp_kv_kernels *ref = kvp_kv_kernels_scalar(type);
+                const struct kvp_kv_kernels *tabs[3] = {ref, kvp_kv_kernels_avx512(type),
+                                                        kvp_kv_kernels_avx2(type)};
+                uint8_t kt[8192], vb[8192];
+                assert_true(kvp_kv_block_bytes(type, hd, bs) <= sizeof(kt));
+                memset(kt, 0, sizeof(kt)), memset(vb, 0, sizeof(vb));
+                float x[MAXHD], q[MAXG * MAXHD], p[MAXG * SS], o0[MAXG * OS];
+                for (int t = 0; t < bs; t++) {
+                    for (int d = 0; d < hd; d++)
+                        x[d] = 2.0f * urand();
+                    ref->put_k(x, kt, hd, bs, t);
+                    ref->put_v(x, vb, hd, bs, t);
+                }
+                for (int i = 0; i < MAXG * MAXHD; i++)
+                    q[i] = urand();
+                for (int i = 0; i < MAXG * SS; i++)
+                    p[i] = 0.5f * (urand() + 1.0f);
+                for (int i = 0; i < MAXG * OS; i++)
+                    o0[i] = urand();
+                for (int g = 1; g <= MAXG; g++) {
+                    /* the per-head scalar results, and the sums of |terms| for the bounds */
+                    float rs[MAXG * MAXBS], ro[MAXG * OS];
+                    double bs_abs[MAXG * MAXBS], bo_abs[MAXG * MAXHD];
+                    memcpy(ro, o0, sizeof(ro));
+                    for (int j = 0; j < g; j++) {
+                        ref->scores(q + j * hd, kt, hd, bs, 0.3f, rs + j * MAXBS);
+                        ref->accum(p + j * SS, vb, hd, bs, n, ro + j * OS);
+                        for (int t = 0; t < bs; t++) {
+                            bs_abs[j * MAXBS + t] = 0;
+                            for (int d = 0; d < hd; d++)
+                                bs_abs[j * MAXBS + t] +=
+                                    0.3 *
+                                    fabs(q[j * hd + d] * kvp_kv_key_at(type, kt, hd, bs, d, t));
+                        }
+                        for (int d = 0; d < hd; d++) {
+                            bo_abs[j * MAXHD + d] = fabs(o0[j * OS + d]);
+                            for (int t = 0; t < n; t++)
+                                bo_abs[j * MAXHD + d] +=
+                                    fabs(p[j * SS + t] * kvp_kv_value_at(type, vb, hd, bs, t, d));
+                        }
+                    }
+                    for (int k = 0; k < 3; k++) {
+                        if (!tabs[k])
+                            continue;
+                        float s[MAXG * SS], o[MAXG * OS];
+                        memset(s, 0xff, sizeof(s)); /* NaN where nothing may be written */
+                        memcpy(o, o0, sizeof(o));
+                        tabs[k]->scores_g(q, g, kt, hd, bs, 0.3f, s, SS);
+                        tabs[k]->accum_g(p, SS, g, vb, hd, bs, n, o, OS);
+                        for (int j = 0; j < MAXG; j++) {
+                            for (int t = 0; t < SS; t++) {
+                                float v = s[j * SS + t];
+                                if (j >= g || t >= bs) {
+                                    assert_true(isnan(v));
+                                    continue;
+                                }
+                                float r = rs[j * MAXBS + t];
+                                assert_true(k ? fabs(v - r) <= 1e-5 * bs_abs[j * MAXBS + t] + 1e-30
+                                              : v == r);
+                            }
+                            for (int d = 0; d < OS; d++) {
+                                float v = o[j * OS + d];
+                                if (j >= g || d >= hd) {
+                                    assert_true(v == o0[j * OS + d]);
+                                    continue;
+                                }
+                                float r = ro[j * OS + d];
+                                assert_true(k ? fabs(v - r) <= 1e-5 * bo_abs[j * MAXHD + d]
+                                              : v == r);
+                            }
+                        }
+                        checked++;
+                    }
+                }
+            }
+    printf("# group kernels: %d (table, type, head_dim, bs, g) cases checked (scalar%s%s)\n",
+           checked, kvp_kv_kernels_avx512(KVP_KV_F16) ? ", avx512" : "",
+           kvp_kv_kernels_avx2(KVP_KV_F16) ? ", avx2" : "");
+    assert_true(checked >= N_TYPES * 3 * 2 * KVP_KV_GROUP_MAX);
+}
+
+/* Attention of a group of 11 query heads (the group kernels in chunks of 8 and 3) against the
+ * same heads one at a time (the per-head kernels), dense and sparse (head 1 lost tokens), every
+ * type: probabilities and outputs agree within 1e-5. */
+static void test_group_vs_single_heads(void **state)
+{
+    (void)state;
+    enum { GQ = 11 };
+    struct blocks_buf b;
+    blocks_init_g(&b, 0, GQ);
+    static float q[GQ * HD], o[GQ * HD], o1[HD], p[GQ * CTX], p1[CTX];
+    for (int i = 0; i < GQ * HD; i++)
+        q[i] = urand();
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        cur_type = all_types[ti];
+        struct fixture f;
+        fixture_init(&f);
+        for (int sparse = 0; sparse < 2; sparse++) {
+            int h = sparse, n_p = sparse ? f.sel.n * BS : NKEYS;
+            if (sparse)
+                kvp_attn_sparse_group(&f.c, 0, h, q, GQ, NKEYS, &f.sel, p, CTX, &b.ab, o);
+            else
+                kvp_attn_dense_group(&f.c, 0, h, q, GQ, NKEYS, p, CTX, o);
+            for (int j = 0; j < GQ; j++) {
+                if (sparse)
+                    kvp_attn_sparse_group(&f.c, 0, h, q + j * HD, 1, NKEYS, &f.sel, p1, CTX, &b.ab,
+                                          o1);
+                else
+                    kvp_attn_dense_group(&f.c, 0, h, q + j * HD, 1, NKEYS, p1, CTX, o1);
+                for (int d = 0; d < HD; d++)
+                    assert_true(fabsf(o[j * HD + d] - o1[d]) < 1e-5f);
+                for (int t = 0; t < n_p; t++)
+                    assert_true(fabsf(p[j * CTX + t] - p1[t]) < 1e-5f);
+            }
+        }
+        kvp_kvcache_free(&f.c);
+    }
+    blocks_free(&b);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_matches_float64),
-        cmocka_unit_test(test_early_blocks_same_bits),
-        cmocka_unit_test(test_types_vs_f32),
-        cmocka_unit_test(test_simd_vs_scalar),
+        cmocka_unit_test(test_matches_float64), cmocka_unit_test(test_early_blocks_same_bits),
+        cmocka_unit_test(test_types_vs_f32),    cmocka_unit_test(test_simd_vs_scalar),
+        cmocka_unit_test(test_group_kernels),   cmocka_unit_test(test_group_vs_single_heads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

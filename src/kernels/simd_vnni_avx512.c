@@ -20,9 +20,10 @@
  *     activations are rearranged once per super-block, for all rows, to match that order);
  *     vpmaddubsw then vpdpwssd applies the sub-block scales and accumulates in one step; the
  *     mins use int16 pair sums of the activations' bsums (|Σ| ≤ 32·127 fits int16).
- * Four rows per pass share the activation loads; rows r+4..r+7 are prefetched as rows r..r+3
- * are read (see PREFETCH in simd_avx512.c). Integer sums are exact, so results match the scalar
- * table to float rounding, as every table does.
+ * Eight rows per pass for Q8_0, four for the others, share the activation loads; Q8_0 prefetches
+ * the rows about 8 KiB further on as these are read (pf_rows), the others the next four rows
+ * (PREFETCH in simd_avx512.c explains why the kernels prefetch at all). Integer sums are exact, so
+ * results match the scalar table to float rounding, as every table does.
  */
 #include <immintrin.h>
 #include <stdbool.h>
@@ -36,6 +37,18 @@
 #define KVP_INLINE static inline __attribute__((always_inline))
 
 enum { PF_MIN_BYTES = 128 * 1024 }; /* as simd_avx512.c: smaller ranges live in the caches */
+enum { PF_AHEAD_BYTES = 8192 };     /* how far ahead the Q8_0 kernel prefetches (pf_rows) */
+
+/* How many rows ahead of the pass the Q8_0 kernel prefetches: about PF_AHEAD_BYTES, a whole number
+ * of nr-row passes and at least the next one (SmolLM2's 612-byte Q8_0 rows: 16 rows, two 8-row
+ * passes; Llama-3.2-1B's 2176-byte rows: the next 8). Prefetching only the next pass left the
+ * lines of 576-column rows arriving late. */
+static inline int64_t pf_rows(size_t rb, int nr)
+{
+    int64_t ahead = (int64_t)(PF_AHEAD_BYTES / (rb ? rb : 1)) + nr - 1;
+    ahead -= ahead % nr;
+    return ahead > nr ? ahead : nr;
+}
 
 KVP_INLINE void prefetch_rows(bool on, const uint8_t *pf, size_t rb, int nr, size_t o)
 {
@@ -67,14 +80,15 @@ KVP_INLINE __m512 q8_scale_pair(const uint8_t *blk, size_t bs, __m512i spread)
     return _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(s));
 }
 
-/* nr rows (1 or 4) from w0 on, row_bytes apart: y[i] = dot(row i, x). */
+/* nr rows (1, 4 or 8) from w0 on, row_bytes apart: y[i] = dot(row i, x); rows pfd.. further on
+ * are prefetched as these are read. */
 KVP_INLINE void q8_rows_nr(const uint8_t *w0, size_t rb, const uint8_t *px, int64_t nb, float *y,
-                           int nr, bool pf_on)
+                           int nr, bool pf_on, int64_t pfd)
 {
     const __m512i flip = _mm512_set1_epi8((char)0x80);
     const __m512i spread = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    const uint8_t *pf = w0 + (size_t)nr * rb;
-    __m512 acc[4];
+    const uint8_t *pf = w0 + (size_t)pfd * rb;
+    __m512 acc[8];
     for (int i = 0; i < nr; i++)
         acc[i] = _mm512_setzero_ps();
     int64_t b = 0;
@@ -85,7 +99,7 @@ KVP_INLINE void q8_rows_nr(const uint8_t *w0, size_t rb, const uint8_t *px, int6
         __m512i base = _mm512_sub_epi32(_mm512_setzero_si512(),
                                         _mm512_dpbusd_epi32(_mm512_setzero_si512(), flip, qx));
         __m512 dx = q8_scale_pair(px + o, 34, spread);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int i = 0; i < nr; i++) {
             const uint8_t *wb = w0 + (size_t)i * rb + o;
             __m512i s = _mm512_dpbusd_epi32(base, _mm512_xor_si512(q8_pair(wb), flip), qx);
@@ -100,7 +114,7 @@ KVP_INLINE void q8_rows_nr(const uint8_t *w0, size_t rb, const uint8_t *px, int6
         __m256i base = _mm256_sub_epi32(_mm256_setzero_si256(),
                                         _mm256_dpbusd_epi32(_mm256_setzero_si256(), f8, qx));
         float dx = qx_f16(px + o);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int i = 0; i < nr; i++) {
             const uint8_t *wb = w0 + (size_t)i * rb + o;
             __m256i qw = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wb + 2)), f8);
@@ -117,11 +131,17 @@ void kvp_vnni_rows_q8_0(const void *w, size_t row_bytes, const void *xq, int64_t
                         float *y)
 {
     const bool pf_on = (size_t)nrows * row_bytes > PF_MIN_BYTES;
+    const int64_t pfd = pf_rows(row_bytes, 8);
     int64_t nb = n / KVP_QK8_0, r = 0;
+    for (; r + 8 <= nrows; r += 8)
+        q8_rows_nr((const uint8_t *)w + (size_t)r * row_bytes, row_bytes, xq, nb, y + r, 8, pf_on,
+                   pfd);
     for (; r + 4 <= nrows; r += 4)
-        q8_rows_nr((const uint8_t *)w + (size_t)r * row_bytes, row_bytes, xq, nb, y + r, 4, pf_on);
+        q8_rows_nr((const uint8_t *)w + (size_t)r * row_bytes, row_bytes, xq, nb, y + r, 4, pf_on,
+                   pfd);
     for (; r < nrows; r++)
-        q8_rows_nr((const uint8_t *)w + (size_t)r * row_bytes, row_bytes, xq, nb, y + r, 1, pf_on);
+        q8_rows_nr((const uint8_t *)w + (size_t)r * row_bytes, row_bytes, xq, nb, y + r, 1, pf_on,
+                   pfd);
 }
 
 /* ============================== Q4_0 / Q5_0 ============================== */

@@ -6,6 +6,35 @@
 
 #include "kernels/simd.h"
 
+/* Scores of the g heads of a group against key block kt (scores[j*ss + t]): the per-head kernel
+ * for a single head, else the group kernel over chunks of KVP_KV_GROUP_MAX heads, which loads and
+ * widens each key row once per chunk instead of once per head. */
+static void group_scores(const struct kvp_kv_kernels *kk, const float *q, int g, const void *kt,
+                         int hd, int bs, float scale, float *s, size_t ss)
+{
+    if (g == 1) {
+        kk->scores(q, kt, hd, bs, scale, s);
+        return;
+    }
+    for (int j = 0; j < g; j += KVP_KV_GROUP_MAX)
+        kk->scores_g(q + (size_t)j * hd, g - j < KVP_KV_GROUP_MAX ? g - j : KVP_KV_GROUP_MAX, kt,
+                     hd, bs, scale, s + (size_t)j * ss, ss);
+}
+
+/* The value sums of the g heads from value block vb (out[j*os + d] += Σ_t p[j*ps + t]·v[t][d]),
+ * chunked like group_scores. */
+static void group_accum(const struct kvp_kv_kernels *vk, const float *p, size_t ps, int g,
+                        const void *vb, int hd, int bs, int n, float *out, size_t os)
+{
+    if (g == 1) {
+        vk->accum(p, vb, hd, bs, n, out);
+        return;
+    }
+    for (int j = 0; j < g; j += KVP_KV_GROUP_MAX)
+        vk->accum_g(p + (size_t)j * ps, ps, g - j < KVP_KV_GROUP_MAX ? g - j : KVP_KV_GROUP_MAX, vb,
+                    hd, bs, n, out + (size_t)j * os, os);
+}
+
 void kvp_attn_dense_group(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
                           int n_keys, float *probs, int probs_stride, float *out)
 {
@@ -18,14 +47,14 @@ void kvp_attn_dense_group(const struct kvp_kvcache *kv, int l, int kvh, const fl
      * without storage (a tiered store's cold block seen from a policy) reads as absent */
     for (int b = 0; b < n_blocks; b++) {
         const uint8_t *kt = kvp_kvcache_kblock(kv, l, kvh, b);
-        for (int j = 0; j < g; j++) {
-            float *s = probs + (size_t)j * probs_stride + (size_t)b * bs;
-            if (!kt)
-                for (int t = 0; t < bs; t++)
-                    s[t] = -INFINITY;
-            else
-                kv->kk->scores(q + (size_t)j * hd, kt, hd, bs, scale, s);
+        if (kt) {
+            group_scores(kv->kk, q, g, kt, hd, bs, scale, probs + (size_t)b * bs,
+                         (size_t)probs_stride);
+            continue;
         }
+        for (int j = 0; j < g; j++)
+            for (int t = 0; t < bs; t++)
+                probs[(size_t)j * probs_stride + (size_t)b * bs + t] = -INFINITY;
     }
     /* softmax; when an output is wanted the probabilities stay unnormalised and the output is
      * scaled once instead (one pass over n_keys fewer: this loop is the long-context hot spot) */
@@ -46,9 +75,8 @@ void kvp_attn_dense_group(const struct kvp_kvcache *kv, int l, int kvh, const fl
         if (!vb)
             continue;
         int nt = n_keys - b * bs < bs ? n_keys - b * bs : bs;
-        for (int j = 0; j < g; j++)
-            kv->vk->accum(probs + (size_t)j * probs_stride + (size_t)b * bs, vb, hd, bs, nt,
-                          out + (size_t)j * hd);
+        group_accum(kv->vk, probs + (size_t)b * bs, (size_t)probs_stride, g, vb, hd, bs, nt, out,
+                    (size_t)hd);
     }
     for (int j = 0; j < g; j++)
         for (int d = 0; d < hd; d++)
@@ -103,18 +131,19 @@ static void reduce_block(const struct kvp_kvcache *kv, int l, int kvh, const flo
     const uint8_t *vb = kvp_kvcache_vblock(kv, l, kvh, b);
     uint64_t m = kt && vb ? readable_tokens(kv, l, kvh, n_keys, sel, i) : 0;
     int nt = b == (n_keys - 1) / bs ? n_keys - b * bs : bs;
+    float *s0 = probs + (size_t)i * bs;
+    if (m)
+        group_scores(kv->kk, q, g, kt, hd, bs, scale, s0, (size_t)probs_stride);
     for (int j = 0; j < g; j++) {
-        float *s = probs + (size_t)j * probs_stride + (size_t)i * bs;
-        float *oj = o + (size_t)j * o_stride;
+        float *s = s0 + (size_t)j * probs_stride;
         float *bm = &ab->bmax[(size_t)j * ab->bmax_stride + i];
-        memset(oj, 0, (size_t)hd * sizeof(float));
+        memset(o + (size_t)j * o_stride, 0, (size_t)hd * sizeof(float));
         if (!m) {
             memset(s, 0, (size_t)bs * sizeof(float));
             *bm = -INFINITY;
             lsum[j] = 0.0f;
             continue;
         }
-        kv->kk->scores(q + (size_t)j * hd, kt, hd, bs, scale, s);
         float mx = -INFINITY;
         for (int t = 0; t < bs; t++) {
             if (!((m >> t) & 1))
@@ -124,8 +153,9 @@ static void reduce_block(const struct kvp_kvcache *kv, int l, int kvh, const flo
         }
         *bm = mx;
         lsum[j] = ops->exp_sum(s, bs, mx);
-        kv->vk->accum(s, vb, hd, bs, nt, oj);
     }
+    if (m)
+        group_accum(kv->vk, s0, (size_t)probs_stride, g, vb, hd, bs, nt, o, (size_t)o_stride);
 }
 
 void kvp_attn_sparse_early(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
@@ -197,8 +227,8 @@ void kvp_attn_sparse_group(const struct kvp_kvcache *kv, int l, int kvh, const f
         }
         for (int j = 0; j < g; j++)
             merge_block(&M[j], &L[j], out + (size_t)j * hd,
-                        ab->bmax[(size_t)j * ab->bmax_stride + i], ls[j],
-                        o + (size_t)j * o_stride, hd);
+                        ab->bmax[(size_t)j * ab->bmax_stride + i], ls[j], o + (size_t)j * o_stride,
+                        hd);
     }
     ab->n = 0;
     /* normalise: out /= L, and e_t of block i becomes e_t * exp(bmax_i - M) / L */
@@ -220,4 +250,3 @@ void kvp_attn_sparse_group(const struct kvp_kvcache *kv, int l, int kvh, const f
         }
     }
 }
-

@@ -188,6 +188,51 @@ SCALAR_KERNELS(f16, KVP_KV_F16)
 SCALAR_KERNELS(bf16, KVP_KV_BF16)
 SCALAR_KERNELS(q8_0, KVP_KV_Q8_0)
 
+/* The group kernels: each element widened once (into a row of up to 64) for the g heads, whose
+ * sums then run over contiguous floats; per head the same sums in the same order as the per-head
+ * scalar kernels (f32's: simd_scalar.c's block kernels), so the same bits. */
+#define SCALAR_GROUP_KERNELS(T, TYPE)                                                              \
+    static void scores_g_##T(const float *q, int g, const void *kt, int hd, int bs, float scale,   \
+                             float *s, size_t ss)                                                  \
+    {                                                                                              \
+        for (int t0 = 0; t0 < bs; t0 += 64) {                                                      \
+            int nt = bs - t0 < 64 ? bs - t0 : 64;                                                  \
+            float acc[KVP_KV_GROUP_MAX][64] = {{0}}, k[64];                                        \
+            for (int d = 0; d < hd; d++) {                                                         \
+                for (int t = 0; t < nt; t++)                                                       \
+                    k[t] = kvp_kv_key_at(TYPE, kt, hd, bs, d, t0 + t);                             \
+                for (int j = 0; j < g; j++)                                                        \
+                    for (int t = 0; t < nt; t++)                                                   \
+                        acc[j][t] += q[(size_t)j * hd + d] * k[t];                                 \
+            }                                                                                      \
+            for (int j = 0; j < g; j++)                                                            \
+                for (int t = 0; t < nt; t++)                                                       \
+                    s[(size_t)j * ss + t0 + t] = acc[j][t] * scale;                                \
+        }                                                                                          \
+    }                                                                                              \
+    static void accum_g_##T(const float *p, size_t ps, int g, const void *vb, int hd, int bs,      \
+                            int n, float *out, size_t os)                                          \
+    {                                                                                              \
+        for (int d0 = 0; d0 < hd; d0 += 64) {                                                      \
+            int nd = hd - d0 < 64 ? hd - d0 : 64;                                                  \
+            float v[64];                                                                           \
+            for (int t = 0; t < n; t++) {                                                          \
+                for (int d = 0; d < nd; d++)                                                       \
+                    v[d] = kvp_kv_value_at(TYPE, vb, hd, bs, t, d0 + d);                           \
+                for (int j = 0; j < g; j++) {                                                      \
+                    float w = p[(size_t)j * ps + t], *o = out + (size_t)j * os + d0;               \
+                    for (int d = 0; d < nd; d++)                                                   \
+                        o[d] += w * v[d];                                                          \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+    }
+
+SCALAR_GROUP_KERNELS(f32, KVP_KV_F32)
+SCALAR_GROUP_KERNELS(f16, KVP_KV_F16)
+SCALAR_GROUP_KERNELS(bf16, KVP_KV_BF16)
+SCALAR_GROUP_KERNELS(q8_0, KVP_KV_Q8_0)
+
 static void put_k_plain(int type, const float *k, void *kt, int hd, int bs, int t)
 {
     for (int d = 0; d < hd; d++)
@@ -281,19 +326,27 @@ static void v_rows_f32(const void *vb, int hd, int bs, int n, float *dst)
 }
 
 static const struct kvp_kv_kernels scalar_tab[KVP_KV_COUNT] = {
-    [KVP_KV_F32] = {"scalar", scores_f32_scalar, accum_f32_scalar, k_rows_f32, v_rows_f32,
-                    put_k_f32, put_v_f32},
-    [KVP_KV_F16] = {"scalar", scores_f16, accum_f16, k_rows_f16, v_rows_f16, put_k_f16, put_v_f16},
-    [KVP_KV_BF16] = {"scalar", scores_bf16, accum_bf16, k_rows_bf16, v_rows_bf16, put_k_bf16,
-                     put_v_bf16},
-    [KVP_KV_Q8_0] = {"scalar", scores_q8_0, accum_q8_0, k_rows_q8_0, v_rows_q8_0, kvp_kv_put_k_q8_0,
-                     kvp_kv_put_v_q8_0},
+    [KVP_KV_F32] = {"scalar", scores_f32_scalar, accum_f32_scalar, scores_g_f32, accum_g_f32,
+                    k_rows_f32, v_rows_f32, put_k_f32, put_v_f32},
+    [KVP_KV_F16] = {"scalar", scores_f16, accum_f16, scores_g_f16, accum_g_f16, k_rows_f16,
+                    v_rows_f16, put_k_f16, put_v_f16},
+    [KVP_KV_BF16] = {"scalar", scores_bf16, accum_bf16, scores_g_bf16, accum_g_bf16, k_rows_bf16,
+                     v_rows_bf16, put_k_bf16, put_v_bf16},
+    [KVP_KV_Q8_0] = {"scalar", scores_q8_0, accum_q8_0, scores_g_q8_0, accum_g_q8_0, k_rows_q8_0,
+                     v_rows_q8_0, kvp_kv_put_k_q8_0, kvp_kv_put_v_q8_0},
 };
 
 /* The AVX-512 table's f32 row: the best simd table's kernels (AVX-512 whenever this table is
  * in use), the plain copies and stores. */
-static const struct kvp_kv_kernels kvp_kv_f32_best = {
-    "avx512", scores_f32_best, accum_f32_best, k_rows_f32, v_rows_f32, put_k_f32, put_v_f32};
+static const struct kvp_kv_kernels kvp_kv_f32_best = {"avx512",
+                                                      scores_f32_best,
+                                                      accum_f32_best,
+                                                      kvp_kv_scores_g_f32_avx512,
+                                                      kvp_kv_accum_g_f32_avx512,
+                                                      k_rows_f32,
+                                                      v_rows_f32,
+                                                      put_k_f32,
+                                                      put_v_f32};
 
 const struct kvp_kv_kernels *kvp_kv_kernels_scalar(int type)
 {
@@ -309,9 +362,20 @@ const struct kvp_kv_kernels *kvp_kv_kernels_avx512(int type)
     return type == KVP_KV_F32 ? &kvp_kv_f32_best : &kvp_kv_avx512_tab[type];
 }
 
+const struct kvp_kv_kernels *kvp_kv_kernels_avx2(int type)
+{
+    type = kvp_kv_type_resolve(type);
+    if (!kvp_simd_avx2() || type <= 0 || type >= KVP_KV_COUNT)
+        return NULL;
+    return &kvp_kv_avx2_tab[type];
+}
+
 const struct kvp_kv_kernels *kvp_kv_kernels(int type)
 {
-    if (!strncmp(kvp_simd()->name, "avx512", 6)) /* "avx512" and "avx512vnni" */
+    const char *isa = kvp_simd()->name;
+    if (!strncmp(isa, "avx512", 6)) /* "avx512" and "avx512vnni" */
         return kvp_kv_kernels_avx512(type);
+    if (!strcmp(isa, "avx2"))
+        return kvp_kv_kernels_avx2(type);
     return kvp_kv_kernels_scalar(type);
 }

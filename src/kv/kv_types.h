@@ -1,6 +1,6 @@
 /*
  * Element types of the KV cache (enum kvp_kv_type in kvpred.h) and the kernels that read and
- * write each: one table per type, chosen at run time (AVX-512 when kvp_simd() picked it, else
+ * write each: one table per type, chosen at run time (AVX-512 or AVX2 following kvp_simd(), else
  * the scalar oracle), so attention, prefill, policies and the store never look at the bytes.
  *
  * Block layouts (one (layer, KV head) block of bs tokens; the attention layouts of kvcache.h):
@@ -20,7 +20,8 @@
 
 #include "kvpred.h"
 
-#define KVP_KV_Q8_GROUP 32
+#define KVP_KV_Q8_GROUP  32
+#define KVP_KV_GROUP_MAX 8 /* query heads per call of the group kernels (scores_g, accum_g) */
 
 static inline int kvp_kv_groups(int hd)
 {
@@ -38,11 +39,19 @@ size_t kvp_kv_block_bytes(int type, int hd, int bs);
 
 /* The kernels of one element type. All arithmetic is f32; blocks may be at any alignment. */
 struct kvp_kv_kernels {
-    const char *name; /* "scalar" or "avx512" */
+    const char *name; /* "scalar", "avx2" or "avx512" */
     /* scores[t] = scale * Σ_d q[d]·k[d][t] for t < bs; kt is a key block */
     void (*scores)(const float *q, const void *kt, int hd, int bs, float scale, float *scores);
     /* out[d] += Σ_t p[t]·v[t][d] for t < n (n <= bs); vb is a value block */
     void (*accum)(const float *p, const void *vb, int hd, int bs, int n, float *out);
+    /* The two above for g query heads of a GQA group at once (1 <= g <= KVP_KV_GROUP_MAX), each
+     * key or value row loaded and widened once for all g (the per-head kernels convert a
+     * block once per head): scores[j*ss + t] for q[j*hd ..]; out[j*os + d] += Σ_t
+     * p[j*ps + t]·v[t][d]. Same sums as the per-head kernels up to float rounding. */
+    void (*scores_g)(const float *q, int g, const void *kt, int hd, int bs, float scale,
+                     float *scores, size_t ss);
+    void (*accum_g)(const float *p, size_t ps, int g, const void *vb, int hd, int bs, int n,
+                    float *out, size_t os);
     /* Keys of a block as f32: dst[d*ld + t] = k[d][t] for t < n */
     void (*k_rows)(const void *kt, int hd, int bs, int n, float *dst, size_t ld);
     /* Values of a block as f32: dst[t*hd + d] = v[t][d] for t < n */
@@ -54,9 +63,11 @@ struct kvp_kv_kernels {
 
 /* The kernels for this CPU (following kvp_simd(): KVP_SIMD=scalar forces the scalar ones). */
 const struct kvp_kv_kernels *kvp_kv_kernels(int type);
-/* For tests: the scalar kernels, and the AVX-512 ones (NULL without AVX-512). */
+/* For tests: the scalar kernels, the AVX-512 ones (NULL without AVX-512) and the AVX2 ones (NULL
+ * without AVX2). */
 const struct kvp_kv_kernels *kvp_kv_kernels_scalar(int type);
 const struct kvp_kv_kernels *kvp_kv_kernels_avx512(int type);
+const struct kvp_kv_kernels *kvp_kv_kernels_avx2(int type);
 
 /* Copy token tf of key block src into token tt of key block dst (column: elements and, for
  * q8_0, scales); the same for a value row. Compaction moves tokens with these. */
@@ -68,10 +79,16 @@ void kvp_kv_copy_value(int type, int hd, int bs, const void *src, int tf, void *
 float kvp_kv_key_at(int type, const void *kt, int hd, int bs, int d, int t);
 float kvp_kv_value_at(int type, const void *vb, int hd, int bs, int t, int d);
 
-/* Internal: the q8_0 stores (scalar, shared by both tables: one token, off the hot path) and
- * the AVX-512 table, indexed by type (kv_types_avx512.c). */
+/* Internal: the q8_0 stores (scalar, shared by both tables: one token, off the hot path), the
+ * AVX-512 group kernels of f32 (the AVX-512 f32 row takes its per-head kernels from kvp_simd())
+ * and the AVX-512 and AVX2 tables, indexed by type (kv_types_avx512.c, kv_types_avx2.c). */
 void kvp_kv_put_k_q8_0(const float *k, void *kt, int hd, int bs, int t);
 void kvp_kv_put_v_q8_0(const float *v, void *vb, int hd, int bs, int t);
+void kvp_kv_scores_g_f32_avx512(const float *q, int g, const void *kt, int hd, int bs, float scale,
+                                float *scores, size_t ss);
+void kvp_kv_accum_g_f32_avx512(const float *p, size_t ps, int g, const void *vb, int hd, int bs,
+                               int n, float *out, size_t os);
 extern const struct kvp_kv_kernels kvp_kv_avx512_tab[KVP_KV_COUNT];
+extern const struct kvp_kv_kernels kvp_kv_avx2_tab[KVP_KV_COUNT];
 
 #endif
