@@ -75,9 +75,9 @@ static bool read_schedstat(int fd, double *run, double *wait)
     if (n <= 0)
         return false;
     buf[n] = 0;
-    char *end;
-    unsigned long long r = strtoull(buf, &end, 10), w = strtoull(end, &end, 10);
-    if (end == buf)
+    char *mid, *end;
+    unsigned long long r = strtoull(buf, &mid, 10), w = strtoull(mid, &end, 10);
+    if (mid == buf || end == mid)
         return false;
     *run = (double)r * 1e-9;
     *wait = (double)w * 1e-9;
