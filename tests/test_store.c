@@ -794,6 +794,9 @@ static void test_sq_bypass(void **state)
                           (unsigned long long)(st.reads + st.writes),
                           (unsigned long long)st.direct_submits);
             assert_true(max_diff(ref, lg, (size_t)N_ROWS * VOCAB) == 0.0);
+            /* a submission carries one request or more (a layer's, held together) */
+            assert_true(st.direct_submits <= st.direct_requests);
+            assert_true((st.direct_submits > 0) == (st.direct_requests > 0));
             if (!st.sq_poll || forced[i] == KVP_SQ_BYPASS_NEVER)
                 assert_int_equal(st.direct_requests, 0);
             else if (forced[i] == KVP_SQ_BYPASS_ALWAYS)
