@@ -277,6 +277,51 @@ static void test_inference_matches_training(void **state)
     kvp_cnn_free(&n);
 }
 
+/* conv_gather (positions from anywhere, 8 per batch, half vectors for 8 channels) against
+ * conv_rows of the same table on the same positions: the same values to the bit, for every
+ * table the CPU runs, 1 to 11 positions, 8 / 16 / 32 channels. */
+static void test_conv_gather_matches_rows(void **state)
+{
+    (void)state;
+    const struct kvp_cnn_kernels *tabs[] = {&kvp_cnn_kernels_scalar, &kvp_cnn_kernels_avx2,
+                                            &kvp_cnn_kernels_avx512};
+    const int feats = kvp_cpu_features();
+    enum { NX = 3, K = 24, XS = 8, WS = 32, NP = 11 };
+    static float wt[NX * K * WS], b[WS], x[NX][NP * XS + K], ref[NP * WS], got[NP * WS];
+    uint32_t seed = 77; /* its own generator: the later tests' networks stay as they were */
+    float *all[] = {wt, b, &x[0][0]};
+    const size_t len[] = {sizeof(wt) / 4, sizeof(b) / 4, sizeof(x) / 4};
+    for (int a = 0; a < 3; a++)
+        for (size_t i = 0; i < len[a]; i++) {
+            seed = seed * 1664525u + 1013904223u;
+            all[a][i] = (float)(seed >> 8) / 8388608.0f - 1.0f;
+        }
+    for (int t = 0; t < 3; t++) {
+        if ((t == 1 && !(feats & KVP_CPU_AVX2)) || (t == 2 && !(feats & KVP_CPU_AVX512)))
+            continue;
+        for (int cp = 8; cp <= 32; cp *= 2)
+            for (int np = 1; np <= NP; np++) {
+                const float *xr[NX], *wr[NX], *xp[NP * NX];
+                float *op[NP];
+                for (int j = 0; j < NX; j++) {
+                    xr[j] = x[j];
+                    wr[j] = wt + (size_t)j * K * WS;
+                }
+                for (int i = 0; i < np; i++) {
+                    for (int j = 0; j < NX; j++)
+                        xp[i * NX + j] = x[j] + (size_t)i * XS;
+                    op[i] = got + (size_t)i * cp;
+                }
+                /* conv_rows takes whole vectors of channels and weights cp apart: 32 here */
+                tabs[t]->conv_rows(wt, b, xr, NX, K, XS, np, WS, ref, false);
+                tabs[t]->conv_gather(wr, NX, K, WS, b, xp, np, cp, op);
+                for (int i = 0; i < np; i++)
+                    assert_memory_equal(got + (size_t)i * cp, ref + (size_t)i * WS,
+                                        (size_t)cp * sizeof(float));
+            }
+    }
+}
+
 /* A one-channel network with known weights pins the conventions: cross-correlation (no flip),
  * row 0 oldest, zero padding at the bottom edge loses a spike in the newest row. */
 static void test_pytorch_semantics(void **state)
@@ -783,6 +828,75 @@ static void test_columns_match_full(void **state)
     }
 }
 
+/* The batched per-column path (kvp_cnn_forward_cols: positions gathered 8 at a time, conv1 at 8
+ * lanes) against the one-candidate-at-a-time reference, to the bit: shapes with c1 = 8 (the
+ * shipped one) and c1 = 12 (a full and a half vector), k = 3 and 5, one and two input
+ * channels, no query row, histories shorter than H (the padding rows move), candidates at both
+ * borders, repeated candidates and a slice narrower than the receptive field; H = 9 is longer
+ * than the batched path takes (it hands over to the reference). */
+static void test_columns_batched_equal_reference(void **state)
+{
+    (void)state;
+    const struct { int cin, c1, c2, k, H; } shapes[] = {
+        {2, 8, 16, 3, 4}, {2, 8, 16, 3, 9}, {2, 12, 32, 5, 6}, {1, 8, 16, 3, 4}, {2, 4, 8, 3, 3}};
+    for (size_t sh = 0; sh < sizeof(shapes) / sizeof(shapes[0]); sh++) {
+        const int cin = shapes[sh].cin, c1 = shapes[sh].c1, c2 = shapes[sh].c2;
+        const int k = shapes[sh].k, H = shapes[sh].H;
+        struct kvp_cnn n;
+        assert_int_equal(kvp_cnn_init_ch(&n, cin, c1, c2, k, H, 16, NULL), 0);
+        fill(n.w1, (size_t)c1 * cin * k * k, 0.6f);
+        fill(n.b1, c1, 0.2f);
+        fill(n.w2, (size_t)c2 * c1 * k * k, 0.2f);
+        fill(n.b2, c2, 0.2f);
+        fill(n.w3, c2, 0.5f);
+        n.b3[0] = 0.03f;
+        kvp_cnn_prepare(&n);
+        enum { MW = 70 };
+        static float hist[16][MW + 5], qrow[MW];
+        uint32_t seed = 11 + (uint32_t)sh;
+        for (int r = 0; r < H; r++)
+            for (int c = 0; c < MW + 5; c++) {
+                seed = seed * 1664525u + 1013904223u;
+                bool busy = (c % 7 == 2 || c % 11 == 0 || c > MW - 3) && (seed >> 28) < 9 &&
+                            r >= H / 3;
+                hist[r][c] = busy ? (float)(seed >> 8) / 16777216.0f : 0.0f;
+            }
+        for (int c = 0; c < MW; c++)
+            qrow[c] = expf(-(float)((c * 29) % 13) * 0.4f);
+        struct kvp_cnn_cols_scratch cs;
+        assert_int_equal(kvp_cnn_cols_scratch_init(&cs, &n, H, MW, NULL), 0);
+        for (int variant = 0; variant < 8; variant++) {
+            const int W = variant == 7 ? 3 : MW - variant % 3; /* 3: narrower than 2k - 1 */
+            const int R = variant % 4 == 3 ? H - 1 : H;         /* a history still filling */
+            const float *rows[16];
+            for (int r = 0; r < R; r++)
+                rows[r] = hist[r + H - R];
+            struct kvp_cnn_input in = {.rows = rows, .n_rows = R, .col0 = 5 * (variant & 1),
+                                       .W = W, .qrow = variant == 2 ? NULL : qrow};
+            int cols[80], nc = 0;
+            for (int c = 0; c < W; c++)
+                if (c < 2 || c >= W - 2 || (c * 5 + variant) % 3 == 0)
+                    cols[nc++] = c;
+            if (W > 4) {
+                cols[nc++] = 1; /* repeated */
+                cols[nc++] = W - 1;
+            }
+            float a[80], b[80];
+            long ca = kvp_cnn_forward_cols(&n, &in, cols, nc, &cs, a);
+            long cb = kvp_cnn_forward_cols_ref(&n, &in, cols, nc, &cs, b);
+            assert_int_equal(ca, cb);
+            for (int i = 0; i < nc; i++)
+                if (memcmp(&a[i], &b[i], sizeof(float))) {
+                    print_message("shape %zu variant %d column %d: %.9g vs reference %.9g\n", sh,
+                                  variant, cols[i], a[i], b[i]);
+                    fail();
+                }
+        }
+        kvp_cnn_cols_scratch_free(&cs);
+        kvp_cnn_free(&n);
+    }
+}
+
 /* The query channel: Quest's metadata folded token by token and the SIMD bound against the bound
  * computed from the keys themselves, and the feature against its definition. */
 static void query_feature(int type_k)
@@ -808,7 +922,8 @@ static void query_feature(int type_k)
     assert_int_equal(kvp_qmeta_init(&qm, 2, 2, (CTX + BS - 1) / BS, HD, BS), 0);
     float q[HD], got[64], want[64], fg[64], fw[64], kmx[HD], kmn[HD], one[64];
     for (int d = 0; d < HD; d++)
-        q[d] = (float)((d * 7) % 5) - 2.0f + 0.25f * (float)d / HD;
+        q[d] = ((float)((d * 7) % 5) - 2.0f + 0.25f * (float)d / HD) * 1.0123457f; /* products
+                                                         that round: a fused multiply-add shows */
     const float scale = 1.0f / sqrtf((float)HD);
     for (int n_tok = 1; n_tok <= CTX; n_tok += 37) { /* folded incrementally, checked as it grows */
         kvp_qmeta_fold(&qm, &kv, 1, 1, n_tok);
@@ -835,11 +950,14 @@ static void query_feature(int type_k)
             assert_true(kvp_quest_bound(q, kmx, kmn, HD) == one[b]);
         }
         /* a group of three heads sharing the metadata loads, a range that starts and ends
-         * inside a tile: each head's bound bit for bit */
+         * inside a tile: each head's bound bit for bit, with query components that are zero
+         * (two products per term) and without (one product: the sign picks the row) */
         float q3[3][HD], got3[3][64];
+        for (int zero = 0; zero < 2; zero++) {
         for (int j = 0; j < 3; j++)
             for (int d = 0; d < HD; d++)
-                q3[j][d] = j == 0 ? q[d] : (float)((d * (3 + j)) % 7) - 3.0f;
+                q3[j][d] = j == 0 ? q[d]
+                                  : ((float)((d * (3 + j)) % 7) - 3.0f + 0.5f * !zero) * 0.987654f;
         const int b0 = nb > 5 ? 5 : 0;
         kvp_qmeta_bounds(&qm, 1 * 2 + 1, &q3[0][0], 3, 1.0f, b0, nb, &got3[0][0], 64);
         for (int j = 0; j < 3; j++)
@@ -850,6 +968,7 @@ static void query_feature(int type_k)
                 }
                 assert_true(kvp_quest_bound(q3[j], kmx, kmn, HD) == got3[j][b - b0]);
             }
+        }
         kvp_qfeat_row(got, nb, fg);
         double mx = want[0];
         for (int b = 1; b < nb; b++)
@@ -1110,6 +1229,7 @@ int main(void)
         cmocka_unit_test(test_grad_network),
         cmocka_unit_test(test_inference_matches_training),
         cmocka_unit_test(test_pytorch_semantics),
+        cmocka_unit_test(test_conv_gather_matches_rows),
         cmocka_unit_test(test_incremental_matches_full),
         cmocka_unit_test(test_history_rules),
         cmocka_unit_test(test_predictor_file),
@@ -1119,6 +1239,7 @@ int main(void)
         cmocka_unit_test(test_predictor_file_v2),
         cmocka_unit_test(test_qpredictor_end_to_end),
         cmocka_unit_test(test_validate_tail_and_pruned),
+        cmocka_unit_test(test_columns_batched_equal_reference), /* last: draws from frand() */
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

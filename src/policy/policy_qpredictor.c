@@ -38,6 +38,7 @@
  */
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -281,6 +282,48 @@ static void build_sel(const struct kvp_policy *p, const struct kvp_block_plan *b
     kvp_sel_from_masks(sel, masks, bp->n_blocks);
 }
 
+/* The group's log feature over W bounds per head (rows stride apart): comb[x] = max over the
+ * heads of ub[x] − the head's largest bound. Lane by lane: every lane starts from ub[0] and
+ * keeps "larger, else the kept one" as the scalar loop does, so the max is the same value
+ * (NaN in ub[0] stays, NaN elsewhere is skipped), up to the sign of a zero, which the
+ * differences, exp and the rankings treat alike. */
+__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+group_feature(const float *ub0, int g, int stride, int W, float *comb)
+{
+    typedef float v16 __attribute__((vector_size(64)));
+    typedef int32_t i16 __attribute__((vector_size(64)));
+    const int W16 = W / 16 * 16;
+    for (int j = 0; j < g; j++) {
+        const float *ub = ub0 + (size_t)j * stride;
+        v16 m = (v16){0} + ub[0], x, c;
+        for (int i = 0; i < W16; i += 16) {
+            memcpy(&x, ub + i, sizeof(x));
+            i16 gt = x > m;
+            m = (v16)((gt & (i16)x) | (~gt & (i16)m));
+        }
+        float mx = m[0];
+        for (int l = 1; l < 16; l++)
+            mx = m[l] > mx ? m[l] : mx;
+        for (int i = W16; i < W; i++)
+            mx = ub[i] > mx ? ub[i] : mx;
+        const v16 mv = (v16){0} + mx;
+        for (int i = 0; i < W16; i += 16) {
+            memcpy(&x, ub + i, sizeof(x));
+            x -= mv;
+            if (j > 0) {
+                memcpy(&c, comb + i, sizeof(c));
+                i16 gt = x > c;
+                x = (v16)((gt & (i16)x) | (~gt & (i16)c));
+            }
+            memcpy(comb + i, &x, sizeof(x));
+        }
+        for (int i = W16; i < W; i++) {
+            float v = ub[i] - mx;
+            comb[i] = j == 0 || v > comb[i] ? v : comb[i];
+        }
+    }
+}
+
 /* The blocks of a plan with Lk = n_tokens from the history as it is and the queries q of the
  * group: the k_take best candidates. */
 static void choose(struct qp_state *s, const struct kvp_policy *p, int layer, int kvh,
@@ -290,18 +333,8 @@ static void choose(struct qp_state *s, const struct kvp_policy *p, int layer, in
     struct qp_kvh *k = &s->kv[kvh];
     const int lh = layer * s->n_head_kv + kvh, W = bp->end - bp->first, P = s->cnn.k / 2;
     const float scale = 1.0f / sqrtf((float)s->hd);
-    /* the group's log feature: max over heads of bound − the head's largest bound */
     kvp_qmeta_bounds(&s->meta, lh, q, s->g, scale, bp->first, bp->end, k->ub, s->max_blocks);
-    for (int j = 0; j < s->g; j++) {
-        const float *ub = k->ub + (size_t)j * s->max_blocks;
-        float mx = ub[0];
-        for (int x = 1; x < W; x++)
-            mx = ub[x] > mx ? ub[x] : mx;
-        for (int x = 0; x < W; x++) {
-            float v = ub[x] - mx;
-            k->comb[x] = j == 0 || v > k->comb[x] ? v : k->comb[x];
-        }
-    }
+    group_feature(k->ub, s->g, s->max_blocks, W, k->comb);
     /* candidates */
     int nc = 0;
     const float *rows0 = NULL;

@@ -1,10 +1,12 @@
 /* Quest's per-block key metadata (see quest_meta.h). */
 #include "policy/quest_meta.h"
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/platform.h"
 #include "kernels/simd.h"
 #include "kernels/types.h"
 #include "kv/kv_types.h"
@@ -116,6 +118,25 @@ tile_heads(const float *tile, int d0, int d1, int hd, const float *q, int G, qm_
     }
 }
 
+/* The same sum when no q_d is zero or NaN: max(q·M, q·N) is q·M for q > 0 and q·N for q < 0
+ * (M >= N: both come from the same keys, and the monotone rounding keeps the order of the
+ * products; where they are equal either is the max), so one product per term, from the row
+ * sel[j][d] (0: max, KVP_QMETA_TILE: min) picked once per call. The terms are the same
+ * floats added in the same order, so the same sum to the bit. */
+static inline __attribute__((always_inline)) void
+tile_heads_sel(const float *tile, int d0, int d1, int hd, const float *q,
+               const uint8_t (*sel)[KVP_QMETA_SEL_HD], int G, qm_vec *acc)
+{
+    for (int d = d0; d < d1; d++) {
+        const float *row = tile + (size_t)(d - d0) * 2 * KVP_QMETA_TILE;
+        for (int j = 0; j < G; j++) {
+            qm_vec V;
+            memcpy(&V, row + sel[j][d], sizeof(V));
+            acc[j] += q[(size_t)j * hd + d] * V;
+        }
+    }
+}
+
 /* Dimensions converted from f16 per chunk (2 KB of floats on the stack). */
 #define QM_HALF_DIMS 16
 
@@ -123,31 +144,47 @@ tile_heads(const float *tile, int d0, int d1, int hd, const float *q, int G, qm_
  * dimensions at a time (exact: every f16 is a float) by the run-time SIMD table. */
 static inline __attribute__((always_inline)) void
 tile_bounds(const void *tile, bool half, int hd, const float *q, int G, float scale,
-            const struct kvp_simd_ops *ops, qm_vec *acc)
+            const struct kvp_simd_ops *ops, const uint8_t (*sel)[KVP_QMETA_SEL_HD], qm_vec *acc)
 {
     for (int j = 0; j < G; j++)
         acc[j] = (qm_vec){0};
-    if (!half)
-        tile_heads(tile, 0, hd, hd, q, G, acc);
-    else
+    if (!half) {
+        if (sel)
+            tile_heads_sel(tile, 0, hd, hd, q, sel, G, acc);
+        else
+            tile_heads(tile, 0, hd, hd, q, G, acc);
+    } else
         for (int d0 = 0; d0 < hd; d0 += QM_HALF_DIMS) {
             float buf[QM_HALF_DIMS * 2 * KVP_QMETA_TILE];
             const int d1 = d0 + QM_HALF_DIMS < hd ? d0 + QM_HALF_DIMS : hd;
             ops->dequant_f16((const uint16_t *)tile + (size_t)d0 * 2 * KVP_QMETA_TILE, buf,
                              (int64_t)(d1 - d0) * 2 * KVP_QMETA_TILE);
-            tile_heads(buf, d0, d1, hd, q, G, acc);
+            if (sel)
+                tile_heads_sel(buf, d0, d1, hd, q, sel, G, acc);
+            else
+                tile_heads(buf, d0, d1, hd, q, G, acc);
         }
     for (int j = 0; j < G; j++)
         acc[j] *= scale;
 }
 
+typedef void (*qm_f16_tile_fn)(const uint16_t *tile, int hd, const float *q, int G,
+                               const uint8_t (*sel)[KVP_QMETA_SEL_HD], float scale, float *out);
+
 __attribute__((target_clones("avx512f", "avx2", "default"))) static void
 bounds_run(const struct kvp_qmeta *m, int lh, const float *q, int g, float scale, int b0, int b1,
-           float *out, int stride)
+           float *out, int stride, qm_f16_tile_fn f16_tile)
 {
     const int T = KVP_QMETA_TILE, hd = m->head_dim;
     const bool half = m->half[lh];
     const struct kvp_simd_ops *ops = kvp_simd();
+    /* the row of each term when no q_d is zero or NaN (tile_heads_sel) */
+    uint8_t sel_rows[KVP_QMETA_SEL_HEADS][KVP_QMETA_SEL_HD];
+    bool signed_q = hd <= KVP_QMETA_SEL_HD && g <= KVP_QMETA_SEL_HEADS;
+    for (int i = 0; signed_q && i < g * hd; i++) {
+        signed_q = q[i] > 0.0f || q[i] < 0.0f;
+        sel_rows[i / hd][i % hd] = q[i] > 0.0f ? 0 : T;
+    }
     for (int t = b0 / T; t * T < b1; t++) {
         const void *tile = kvp_qmeta_tile(m, lh, t);
         const int lo = t * T > b0 ? t * T : b0, hi = (t + 1) * T < b1 ? (t + 1) * T : b1;
@@ -155,14 +192,18 @@ bounds_run(const struct kvp_qmeta *m, int lh, const float *q, int g, float scale
             qm_vec acc[4];
             const int G = g - j0 < 4 ? g - j0 : 4;
             const float *qj = q + (size_t)j0 * hd;
-            if (G == 4)
-                tile_bounds(tile, half, hd, qj, 4, scale, ops, acc);
+            const uint8_t(*sel)[KVP_QMETA_SEL_HD] =
+                signed_q ? (const uint8_t(*)[KVP_QMETA_SEL_HD]) &sel_rows[j0] : NULL;
+            if (sel && half && f16_tile)
+                f16_tile(tile, hd, qj, G, sel, scale, (float *)acc);
+            else if (G == 4)
+                tile_bounds(tile, half, hd, qj, 4, scale, ops, sel, acc);
             else if (G == 2)
-                tile_bounds(tile, half, hd, qj, 2, scale, ops, acc);
+                tile_bounds(tile, half, hd, qj, 2, scale, ops, sel, acc);
             else if (G == 1)
-                tile_bounds(tile, half, hd, qj, 1, scale, ops, acc);
+                tile_bounds(tile, half, hd, qj, 1, scale, ops, sel, acc);
             else
-                tile_bounds(tile, half, hd, qj, 3, scale, ops, acc);
+                tile_bounds(tile, half, hd, qj, 3, scale, ops, sel, acc);
             for (int j = 0; j < G; j++) {
                 float lane[KVP_QMETA_TILE];
                 memcpy(lane, &acc[j], sizeof(lane));
@@ -173,11 +214,25 @@ bounds_run(const struct kvp_qmeta *m, int lh, const float *q, int g, float scale
     }
 }
 
+static qm_f16_tile_fn f16_tile_best;
+
+static void pick_f16_tile(void)
+{
+    const char *want = getenv("KVP_SIMD");
+    if ((kvp_cpu_features() & KVP_CPU_AVX512) &&
+        !(want && (!strcmp(want, "scalar") || !strcmp(want, "avx2"))))
+        f16_tile_best = kvp_qmeta_tile_sel_f16_avx512;
+}
+
 void kvp_qmeta_bounds(const struct kvp_qmeta *m, int lh, const float *q, int g, float scale,
                       int b0, int b1, float *out, int stride)
 {
+    /* f16 tiles on the one-product path: converted as loaded where the CPU has AVX-512
+     * (KVP_SIMD=scalar|avx2 keeps the float copy) */
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, pick_f16_tile);
     if (b1 > b0)
-        bounds_run(m, lh, q, g, scale, b0, b1, out, stride);
+        bounds_run(m, lh, q, g, scale, b0, b1, out, stride, f16_tile_best);
 }
 
 float kvp_qmeta_max(const struct kvp_qmeta *m, int lh, int blk, int d)

@@ -28,6 +28,8 @@
 struct kvp_kvcache;
 
 #define KVP_QMETA_TILE 16 /* blocks per metadata tile: one AVX-512 vector of f32 */
+#define KVP_QMETA_SEL_HD    256 /* head dimensions and query heads of a group the one-product */
+#define KVP_QMETA_SEL_HEADS 16  /* path of the bound takes (quest_meta.c) */
 
 struct kvp_qmeta {
     int n_lh, max_blocks, head_dim, block_size, n_tiles;
@@ -66,5 +68,11 @@ float kvp_qmeta_min(const struct kvp_qmeta *m, int lh, int blk, int d);
  * bound(q[j], block b) · scale for b in [b0, b1) (scale 1 gives quest's value exactly). */
 void kvp_qmeta_bounds(const struct kvp_qmeta *m, int lh, const float *q, int g, float scale,
                       int b0, int b1, float *out, int stride);
+
+/* Internal (quest_meta_avx512.c): G <= 4 heads' scaled bounds over one f16
+ * tile, each term from the row sel[j][d] (0: max, KVP_QMETA_TILE: min), into out[G][16]. */
+void kvp_qmeta_tile_sel_f16_avx512(const uint16_t *tile, int hd, const float *q, int G,
+                                   const uint8_t (*sel)[KVP_QMETA_SEL_HD], float scale,
+                                   float *out);
 
 #endif

@@ -168,11 +168,10 @@ static int prefilter(const float *x, int n, int k, int *c)
     const float tau = smp[t];
     int m = 0;
     bool nan = false;
-    for (int i = 0; i < n; i++) {
-        if (x[i] >= tau)
-            c[m++] = i;
-        else
-            nan |= x[i] != x[i];
+    for (int i = 0; i < n; i++) { /* without a branch: about one value in six passes */
+        c[m] = i;
+        m += x[i] >= tau;
+        nan |= x[i] != x[i];
     }
     return nan || m < k || m > n / 2 ? -1 : m;
 }

@@ -623,6 +623,8 @@ bool kvp_cnn_forward_inc(const struct kvp_cnn *n, const struct kvp_cnn_input *in
 
 /* ---- per-column inference ------------------------------------------------------------------ */
 
+#define CG 64 /* candidates per group of the batched path */
+
 int kvp_cnn_cols_scratch_init(struct kvp_cnn_cols_scratch *s, const struct kvp_cnn *n, int H,
                               int max_w, struct kvp_err *err)
 {
@@ -640,12 +642,20 @@ int kvp_cnn_cols_scratch_init(struct kvp_cnn_cols_scratch *s, const struct kvp_c
     s->sum = kvp_alloc_aligned((size_t)n->cp2 * sizeof(float));
     s->rb1 = malloc((size_t)n->c1 * sizeof(float));
     s->patch = malloc((size_t)n->cin * (s->H + 2 * p) * k * sizeof(float));
-    if (!s->a1 || !s->slot || !s->used || !s->x || !s->z || !s->sum || !s->rb1 || !s->patch) {
+    s->zc = malloc((size_t)s->max_w * sizeof(int));
+    s->z3 = malloc((size_t)s->max_w * sizeof(int));
+    s->off = malloc((size_t)s->max_w * sizeof(int));
+    s->edge = malloc(((size_t)2 * p * (s->H + 1) * k + 1) * sizeof(float));
+    s->csum = kvp_alloc_aligned((size_t)CG * n->cp2 * sizeof(float));
+    s->v2 = kvp_alloc_aligned((size_t)CG * 8 * n->cp2 * sizeof(float));
+    if (!s->a1 || !s->slot || !s->used || !s->x || !s->z || !s->sum || !s->rb1 || !s->patch ||
+        !s->zc || !s->z3 || !s->off || !s->edge || !s->csum || !s->v2) {
         kvp_cnn_cols_scratch_free(s);
         return kvp_err_set(err, KVP_ENOMEM, "predictor: out of memory for CNN scratch");
     }
     for (int i = 0; i < s->max_w; i++)
         s->slot[i] = -1;
+    s->pad_R = -1;
     memset(s->a1 + (size_t)s->max_w * per, 0, per * sizeof(float)); /* the padding column */
     for (int ci = 0; ci < n->c1; ci++)
         s->rb1[ci] = n->b1[ci] > 0.0f ? n->b1[ci] : 0.0f;
@@ -664,6 +674,12 @@ void kvp_cnn_cols_scratch_free(struct kvp_cnn_cols_scratch *s)
     kvp_free_aligned(s->sum);
     free(s->rb1);
     free(s->patch);
+    free(s->zc);
+    free(s->z3);
+    free(s->off);
+    free(s->edge);
+    kvp_free_aligned(s->csum);
+    kvp_free_aligned(s->v2);
     memset(s, 0, sizeof(*s));
 }
 
@@ -730,15 +746,62 @@ static void conv1_column(const struct kvp_cnn *n, const struct kvp_cnn_kernels *
     }
 }
 
-long kvp_cnn_forward_cols(const struct kvp_cnn *n, const struct kvp_cnn_input *in,
-                          const int *cols, int n_cols, struct kvp_cnn_cols_scratch *s,
-                          float *scores)
+/* Constant conv2 rows (all-zero neighbourhood) of the candidate at column x, added into sum[c2]:
+ * rows below lo2, by the edges they touch: top rows r < p miss p - r conv1 rows above, border
+ * columns miss their outside neighbours. The constants are cached per call in cst (by the
+ * count missing on each side and the top rows missing), have marking which are set. */
+struct const_rows {
+    float v[KVP_CNN_MAX_K / 2 + 1][KVP_CNN_MAX_K / 2 + 1][KVP_CNN_MAX_K / 2 + 1][KVP_CNN_COLS_C2];
+    bool have[KVP_CNN_MAX_K / 2 + 1][KVP_CNN_MAX_K / 2 + 1][KVP_CNN_MAX_K / 2 + 1];
+};
+
+static void const_rows_add(const struct kvp_cnn *n, const struct kvp_cnn_kernels *kern, int W,
+                           int x, int lo2, struct kvp_cnn_cols_scratch *s, struct const_rows *cr,
+                           float *sum)
+{
+    const int k = n->k, p = k / 2, c1 = n->c1, c2 = n->c2;
+    const int le = x - p < 0 ? p - x : 0, re = x + p >= W ? x + p - W + 1 : 0;
+    for (int t = 0; t <= p && lo2 > 0; t++) {
+        int count = t == 0 ? lo2 - p : (p - t < lo2); /* interior rows [p, lo2); row p - t */
+        if (count <= 0)
+            continue;
+        float *cv = cr->v[le][re][t];
+        if (!cr->have[le][re][t]) {
+            float *x3 = s->x + (size_t)n->cp1 * s->H;
+            for (int dx = 0; dx < k; dx++)
+                for (int dy = 0; dy < k; dy++)
+                    for (int ci = 0; ci < c1; ci++) {
+                        int cc = x - p + dx;
+                        x3[(dx * k + dy) * c1 + ci] =
+                            (dy < t || cc < 0 || cc >= W) ? 0 : s->rb1[ci];
+                    }
+            const float *xs = x3;
+            kern->conv_rows(n->w2p, n->b2p, &xs, 1, k * k * c1, 0, 1, n->cp2, s->z, false);
+            memcpy(cv, s->z, (size_t)c2 * sizeof(float));
+            cr->have[le][re][t] = true;
+        }
+        for (int co = 0; co < c2; co++)
+            sum[co] += (float)count * cv[co];
+    }
+}
+
+static float score_of(const struct kvp_cnn *n, const float *sum, int R)
+{
+    float y = n->b3[0], inv = 1.0f / (float)R;
+    for (int co = 0; co < n->c2; co++)
+        y += n->w3[co] * (sum[co] * inv);
+    return y;
+}
+
+long kvp_cnn_forward_cols_ref(const struct kvp_cnn *n, const struct kvp_cnn_input *in,
+                              const int *cols, int n_cols, struct kvp_cnn_cols_scratch *s,
+                              float *scores)
 {
     if (n->c2 > KVP_CNN_COLS_C2)
         return -1;
     const struct kvp_cnn_kernels *kern = kvp_cnn_kernels();
     const int k = n->k, p = k / 2, R = in->n_rows, W = in->W;
-    const int c1 = n->c1, c2 = n->c2, cp2 = n->cp2;
+    const int c1 = n->c1, cp2 = n->cp2;
     const size_t per = (size_t)(s->H + 2 * p) * c1;
     const float *zero_col = s->a1 + (size_t)s->max_w * per;
     long computed = 0;
@@ -758,58 +821,246 @@ long kvp_cnn_forward_cols(const struct kvp_cnn *n, const struct kvp_cnn_input *i
             conv1_column(n, kern, in, c, s, s->a1 + (size_t)n_used * per);
             n_used++;
         }
-    /* constant conv2 rows (all-zero neighbourhood), by the edges they touch: top rows r < p
-     * miss p - r conv1 rows above, border columns miss their outside neighbours (cached by the
-     * count missing on each side) */
-    float cst[KVP_CNN_MAX_K / 2 + 1][KVP_CNN_MAX_K / 2 + 1][KVP_CNN_MAX_K / 2 + 1][KVP_CNN_COLS_C2];
-    bool have[KVP_CNN_MAX_K / 2 + 1][KVP_CNN_MAX_K / 2 + 1][KVP_CNN_MAX_K / 2 + 1] = {{{false}}};
+    struct const_rows cr;
+    memset(cr.have, 0, sizeof(cr.have));
     for (int i = 0; i < n_cols; i++) {
         const int x = cols[i];
         int z = first_busy_row(in, x - 2 * p, x + 2 * p);
         if (n->cin > 1 && in->qrow && z > R - 1)
             z = R - 1;
         const int lo2 = z - 2 * p > 0 ? z - 2 * p : 0; /* conv2 rows < lo2 are constants */
-        const int le = x - p < 0 ? p - x : 0, re = x + p >= W ? x + p - W + 1 : 0;
         memset(s->sum, 0, (size_t)cp2 * sizeof(float));
-        for (int t = 0; t <= p && lo2 > 0; t++) {
-            int count = t == 0 ? lo2 - p : (p - t < lo2); /* interior rows [p, lo2); row p - t */
-            if (count <= 0)
-                continue;
-            float *cv = cst[le][re][t];
-            if (!have[le][re][t]) {
-                float *x3 = s->x + (size_t)n->cp1 * s->H;
-                for (int dx = 0; dx < k; dx++)
-                    for (int dy = 0; dy < k; dy++)
-                        for (int ci = 0; ci < c1; ci++) {
-                            int cc = x - p + dx;
-                            float a = n->b1[ci] > 0.0f ? n->b1[ci] : 0.0f;
-                            x3[(dx * k + dy) * c1 + ci] = (dy < t || cc < 0 || cc >= W) ? 0 : a;
-                        }
-                const float *xs = x3;
-                kern->conv_rows(n->w2p, n->b2p, &xs, 1, k * k * c1, 0, 1, cp2, s->z, false);
-                memcpy(cv, s->z, (size_t)c2 * sizeof(float));
-                have[le][re][t] = true;
-            }
-            for (int co = 0; co < c2; co++)
-                s->sum[co] += (float)count * cv[co];
-        }
+        const_rows_add(n, kern, W, x, lo2, s, &cr, s->sum);
         /* conv2 rows [lo2, R): the k conv1 columns, rows r - p .. r + p contiguous in each */
-        const float *base[KVP_CNN_MAX_K];
-        for (int dx = 0; dx < k; dx++) {
-            int c = x - p + dx;
-            base[dx] = c < 0 || c >= W ? zero_col : s->a1 + (size_t)s->slot[c] * per;
-        }
         if (lo2 < R) {
             const float *xs[KVP_CNN_MAX_K];
-            for (int dx = 0; dx < k; dx++)
-                xs[dx] = base[dx] + (size_t)lo2 * c1; /* row lo2 - p sits at index lo2 */
+            for (int dx = 0; dx < k; dx++) {
+                int c = x - p + dx;
+                xs[dx] = (c < 0 || c >= W ? zero_col : s->a1 + (size_t)s->slot[c] * per) +
+                         (size_t)lo2 * c1; /* row lo2 - p sits at index lo2 */
+            }
             kern->conv_rows(n->w2p, n->b2p, xs, k, k * c1, c1, R - lo2, cp2, s->sum, true);
             computed += R - lo2;
         }
-        float y = n->b3[0], inv = 1.0f / (float)R;
-        for (int co = 0; co < c2; co++)
-            y += n->w3[co] * (s->sum[co] * inv);
-        scores[i] = y;
+        scores[i] = score_of(n, s->sum, R);
+    }
+    for (int i = 0; i < n_used; i++)
+        s->slot[s->used[i]] = -1;
+    s->pad_R = -1; /* rows past a shorter history's may hold values now */
+    return computed;
+}
+
+/* zc[c] = the first row with history in slice column c (n_rows: none), every c < W: the rows
+ * read in order, four columns at a time (the columns' later reads then hit the cache) */
+static void first_rows(const struct kvp_cnn_input *in, int *zc)
+{
+    typedef float v4 __attribute__((vector_size(16)));
+    typedef int32_t i4 __attribute__((vector_size(16)));
+    const int W = in->W, W4 = W / 4 * 4;
+    const i4 none = (i4){0} + in->n_rows;
+    for (int c = 0; c < W4; c += 4)
+        memcpy(zc + c, &none, sizeof(none));
+    for (int c = W4; c < W; c++)
+        zc[c] = in->n_rows;
+    for (int r = in->n_rows - 1; r >= 0; r--) {
+        const float *row = in->rows[r] + in->col0;
+        const i4 rv = (i4){0} + r;
+        for (int c = 0; c < W4; c += 4) {
+            v4 x;
+            i4 z;
+            memcpy(&x, row + c, sizeof(x));
+            memcpy(&z, zc + c, sizeof(z));
+            i4 busy = x != (v4){0};
+            z = (busy & rv) | (~busy & z);
+            memcpy(zc + c, &z, sizeof(z));
+        }
+        for (int c = W4; c < W; c++)
+            zc[c] = row[c] != 0.0f ? r : zc[c];
+    }
+}
+
+/* sum[co] += ((v[lo][co] + v[lo + 1][co]) + ...) + v[R - 1][co], rows cp floats apart: one
+ * chunk of conv_rows' accumulation (cp a multiple of 4; four lanes at a time, each lane's
+ * additions in the same order) */
+static void add_rows(const float *v, int lo, int R, int cp, float *sum)
+{
+    typedef float v4 __attribute__((vector_size(16)));
+    for (int co = 0; co < cp; co += 4) {
+        v4 chunk, x, acc;
+        memcpy(&chunk, v + (size_t)lo * cp + co, sizeof(chunk));
+        for (int r = lo + 1; r < R; r++) {
+            memcpy(&x, v + (size_t)r * cp + co, sizeof(x));
+            chunk += x;
+        }
+        memcpy(&acc, sum + co, sizeof(acc));
+        acc += chunk;
+        memcpy(sum + co, &acc, sizeof(acc));
+    }
+}
+
+/* One batch of conv_gather; the outputs copied to dst (c floats each) where op is a buffer.
+ * Returns 0, the batch's new size. */
+static int run_batch(const struct kvp_cnn_kernels *kern, const float *const *wr, int nx, int K,
+                     int ws, const float *b, const float *const *xp, int np, int cp,
+                     float *const *op, float *const *dst, int c)
+{
+    kern->conv_gather(wr, nx, K, ws, b, xp, np, cp, op);
+    for (int t = 0; t < np; t++)
+        if (dst[t] != op[t])
+            memcpy(dst[t], op[t], (size_t)c * sizeof(float));
+    return 0;
+}
+
+/* The batched form of kvp_cnn_forward_cols_ref (equal to it to the bit; histories of up to 8
+ * rows, the reference's one chunk of conv2 rows, longer ones go the reference way). Positions
+ * (a row of a conv1 column, a row of a candidate's conv2) are gathered 8 at a time, row by
+ * row, so the kernel keeps 8 independent accumulator chains, and no input is copied: a conv1
+ * position reads its neighbourhood as runs of k values straight from the history rows and the
+ * query row (border columns from a zero-padded copy), a conv2 position as runs of c1 values
+ * from the conv1 columns. Runs that are zero by construction (padding rows; the query
+ * channel's rows other than the newest) are left out: x·w adds ±0, which changes at most the
+ * sign of a zero sum, and the ReLU maps both zeros to +0 (the weights are finite). conv1 runs
+ * at 8 lanes when c1 <= 8 (under AVX-512 half the vector work). */
+long kvp_cnn_forward_cols(const struct kvp_cnn *n, const struct kvp_cnn_input *in,
+                          const int *cols, int n_cols, struct kvp_cnn_cols_scratch *s,
+                          float *scores)
+{
+    if (n->c2 > KVP_CNN_COLS_C2)
+        return -1;
+    const int k = n->k, p = k / 2, R = in->n_rows, W = in->W;
+    if (R > 8 || R <= 0 || W <= 0)
+        return kvp_cnn_forward_cols_ref(n, in, cols, n_cols, s, scores);
+    const struct kvp_cnn_kernels *kern = kvp_cnn_kernels();
+    const int c1 = n->c1, cp2 = n->cp2, cq1 = (c1 + 7) / 8 * 8;
+    const size_t per = (size_t)(s->H + 2 * p) * c1, esz = (size_t)(s->H + 1) * k;
+    const float *zero_col = s->a1 + (size_t)s->max_w * per;
+    const bool query = n->cin > 1 && in->qrow;
+    long computed = 0;
+    int n_used = 0, n_edge = 0, np = 0;
+    const float *wr[KVP_CNN_MAX_K * KVP_CNN_MAX_K], *xp[8 * KVP_CNN_MAX_K * KVP_CNN_MAX_K];
+    float *op[8], *dst[8], tmp[8 * KVP_CNN_MAX_CH];
+    if (s->pad_R != R) { /* padding rows are never written; a longer history wrote past R */
+        memset(s->a1, 0, ((size_t)s->max_w + 1) * per * sizeof(float));
+        s->pad_R = R;
+    }
+    first_rows(in, s->zc);
+    /* the columns conv1 needs: slots, the rows that see zeros only (ReLU(b1)), border copies */
+    for (int i = 0; i < n_cols; i++)
+        for (int c = cols[i] - p; c <= cols[i] + p; c++) {
+            if (c < 0 || c >= W || s->slot[c] >= 0)
+                continue;
+            const int u = n_used++;
+            s->slot[c] = u;
+            s->used[u] = c;
+            int z = R; /* first row with history in the k columns */
+            for (int cc = c - p < 0 ? 0 : c - p; cc <= c + p && cc < W; cc++)
+                z = s->zc[cc] < z ? s->zc[cc] : z;
+            s->z3[u] = z;
+            const int jc = (query && z > R - 1 ? R - 1 : z) - p;
+            for (int j = 0; j < jc; j++)
+                memcpy(s->a1 + (size_t)u * per + (size_t)(j + p) * c1, s->rb1,
+                       (size_t)c1 * sizeof(float));
+            s->off[u] = c - p;
+            if (c - p < 0 || c + p >= W) { /* border: a zero-padded copy, the query row last */
+                float *e = s->edge + (size_t)n_edge * esz;
+                for (int r = 0; r <= R; r++)
+                    for (int dx = 0; dx < k; dx++) {
+                        int cc = c - p + dx;
+                        const float *src = r < R ? in->rows[r] + in->col0 : in->qrow;
+                        e[(size_t)r * k + dx] = cc >= 0 && cc < W && src ? src[cc] : 0.0f;
+                    }
+                s->off[u] = -1 - n_edge++;
+            }
+        }
+    /* conv1, row by row: the runs of row j are the (channel, dy) whose input row is not
+     * zero by construction, from the slice's rows at the column's offset */
+    for (int j = 0; j < R; j++) {
+        int nx = 0, rr_of[2 * KVP_CNN_MAX_K];
+        const float *rbase[2 * KVP_CNN_MAX_K];
+        for (int ch = 0; ch < (query ? 2 : 1); ch++)
+            for (int dy = 0; dy < k; dy++) {
+                const int rr = j - p + dy;
+                if (rr < 0 || rr >= R || (ch == 1 && rr != R - 1))
+                    continue;
+                wr[nx] = n->w1p + (size_t)(ch * k + dy) * k * n->cp1;
+                rbase[nx] = ch ? in->qrow : in->rows[rr] + in->col0;
+                rr_of[nx++] = ch ? R : rr; /* R: the query row of a border copy */
+            }
+        for (int u = 0; u < n_used; u++) {
+            const int z = s->z3[u];
+            if ((query && z > R - 1 ? R - 1 : z) - p > j)
+                continue; /* row j is ReLU(b1) */
+            const float **x = xp + (size_t)np * nx;
+            const int o = s->off[u];
+            if (o >= 0)
+                for (int t = 0; t < nx; t++)
+                    x[t] = rbase[t] + o;
+            else
+                for (int t = 0; t < nx; t++)
+                    x[t] = s->edge + (size_t)(-1 - o) * esz + (size_t)rr_of[t] * k;
+            dst[np] = s->a1 + (size_t)u * per + (size_t)(j + p) * c1;
+            op[np] = cq1 == c1 ? dst[np] : tmp + (size_t)np * cq1; /* c1 % 8: via tmp */
+            if (++np == 8)
+                np = run_batch(kern, wr, nx, k, n->cp1, n->b1p, xp, np, cq1, op, dst, c1);
+        }
+        if (np)
+            np = run_batch(kern, wr, nx, k, n->cp1, n->b1p, xp, np, cq1, op, dst, c1);
+    }
+    /* conv2, groups of CG candidates, row by row; then each candidate's rows summed from lo2 on
+     * (0 + v is v) and added to its constant rows' sum, as conv_rows accumulates one chunk */
+    struct const_rows cr;
+    memset(cr.have, 0, sizeof(cr.have));
+    int lo[CG];
+    const float *base[CG][KVP_CNN_MAX_K];
+    for (int g0 = 0; g0 < n_cols; g0 += CG) {
+        const int ng = n_cols - g0 < CG ? n_cols - g0 : CG;
+        for (int i = 0; i < ng; i++) {
+            const int x = cols[g0 + i];
+            /* first row with history in the 4p+1 columns: the k conv1 columns' cover them */
+            int z = R;
+            for (int dx = 0; dx < k; dx++) {
+                int c = x - p + dx;
+                base[i][dx] = c < 0 || c >= W ? zero_col : s->a1 + (size_t)s->slot[c] * per;
+                if (c >= 0 && c < W && s->z3[s->slot[c]] < z)
+                    z = s->z3[s->slot[c]];
+            }
+            if (query && z > R - 1)
+                z = R - 1;
+            lo[i] = z - 2 * p > 0 ? z - 2 * p : 0;
+            float *sum = s->csum + (size_t)i * cp2;
+            for (int co = 0; co < cp2; co++)
+                sum[co] = 0.0f;
+            if (lo[i] > 0)
+                const_rows_add(n, kern, W, x, lo[i], s, &cr, sum);
+            computed += lo[i] < R ? R - lo[i] : 0;
+        }
+        for (int r = 0; r < R; r++) {
+            /* one run per dx: conv1 rows r - p + dy for the dy in [dy0, dy1) that are not
+             * padding, contiguous ([dy][c1]; row r - p + dy sits at index r + dy) */
+            const int dy0 = p - r > 0 ? p - r : 0, dy1 = R - r + p < k ? R - r + p : k;
+            for (int dx = 0; dx < k; dx++)
+                wr[dx] = n->w2p + (size_t)(dx * k + dy0) * c1 * cp2;
+            for (int i = 0; i < ng; i++) {
+                if (lo[i] > r)
+                    continue;
+                const float **x = xp + (size_t)np * k;
+                for (int dx = 0; dx < k; dx++)
+                    x[dx] = base[i][dx] + (size_t)(r + dy0) * c1;
+                op[np] = s->v2 + ((size_t)i * 8 + r) * cp2;
+                if (++np == 8)
+                    np = run_batch(kern, wr, k, (dy1 - dy0) * c1, cp2, n->b2p, xp, np, cp2, op,
+                                   op, cp2);
+            }
+            if (np)
+                np = run_batch(kern, wr, k, (dy1 - dy0) * c1, cp2, n->b2p, xp, np, cp2, op, op,
+                               cp2);
+        }
+        for (int i = 0; i < ng; i++) {
+            float *sum = s->csum + (size_t)i * cp2;
+            if (lo[i] < R)
+                add_rows(s->v2 + (size_t)i * 8 * cp2, lo[i], R, cp2, sum);
+            scores[g0 + i] = score_of(n, sum, R);
+        }
     }
     for (int i = 0; i < n_used; i++)
         s->slot[s->used[i]] = -1;

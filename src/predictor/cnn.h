@@ -199,6 +199,15 @@ struct kvp_cnn_cols_scratch {
     float *sum;   /* [cp2] */
     float *rb1;   /* [c1] ReLU(b1), conv1 of an all-zero neighbourhood (set at init) */
     float *patch; /* [cin][H + 2p][k] the input columns around one column */
+    /* the batched path (kvp_cnn_forward_cols) */
+    int *zc;      /* [max_w] first row with history in each slice column */
+    int *z3;      /* [max_w] per a1 slot: first row with history in its k columns */
+    int *off;     /* [max_w] per a1 slot: its first input column (c - p), or -1 - e for a
+                     border column whose inputs are edge copy e */
+    int pad_R;    /* history rows a1's padding rows are zero for (-1: unknown) */
+    float *edge;  /* [2p][H + 1][k] history and query values around the border columns */
+    float *csum;  /* [64][cp2] column sums of a group of candidates */
+    float *v2;    /* [64][8][cp2] their conv2 rows */
     int H, max_w;
 };
 int kvp_cnn_cols_scratch_init(struct kvp_cnn_cols_scratch *s, const struct kvp_cnn *n, int H,
@@ -211,6 +220,11 @@ void kvp_cnn_cols_scratch_free(struct kvp_cnn_cols_scratch *s);
 long kvp_cnn_forward_cols(const struct kvp_cnn *n, const struct kvp_cnn_input *in,
                           const int *cols, int n_cols, struct kvp_cnn_cols_scratch *s,
                           float *scores);
+/* The same scores, to the bit, one column and one candidate at a time (conv_rows over a copied
+ * patch): the simple form the batched kvp_cnn_forward_cols is tested against. */
+long kvp_cnn_forward_cols_ref(const struct kvp_cnn *n, const struct kvp_cnn_input *in,
+                              const int *cols, int n_cols, struct kvp_cnn_cols_scratch *s,
+                              float *scores);
 
 /* ---- kernel table (internal; cnn_kernel.inc) ---------------------------------------------------
  */
@@ -232,6 +246,14 @@ struct kvp_cnn_kernels {
      * out[co] += Σ_i ReLU(v_i[co]). The positions share every weight load. */
     void (*conv_rows)(const float *wt, const float *b, const float *const *x, int nx, int K,
                       int xstride, int nrow, int cp, float *out, bool accumulate);
+    /* npos positions, each with its own nx runs of K values, run j of position i at
+     * xp[i·nx + j], its weights at wr[j] (t·ws floats apart); cp channels, a multiple of half
+     * a vector:
+     *   op[i][co] = ReLU(b[co] + Σ_{j<nx} Σ_{t<K} xp[i·nx + j][t]·wr[j][t·ws + co])
+     * with the multiply-adds in conv_rows' order. Batches of 8 positions share each weight
+     * load, whatever columns and rows they come from. */
+    void (*conv_gather)(const float *const *wr, int nx, int K, int ws, const float *b,
+                        const float *const *xp, int npos, int cp, float *const *op);
 };
 extern const struct kvp_cnn_kernels kvp_cnn_kernels_scalar;
 extern const struct kvp_cnn_kernels kvp_cnn_kernels_avx2;
