@@ -330,6 +330,7 @@ struct kvp_store_stats {
     uint64_t direct_requests; /* requests submitted by the decode thread itself, bypassing the
                                polling thread because the host had no core to spare for it */
     uint64_t bypasses;      /* times the store switched to bypassing the polling thread */
+    uint64_t direct_submits; /* system calls that submitted those requests */
 };
 
 /* 0 and stats filled, or KVP_EINVAL when the context is not tiered. */

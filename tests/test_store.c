@@ -788,10 +788,15 @@ static void test_sq_bypass(void **state)
                                  .sparse = true, .dir = d, .sq_bypass = forced[i]};
             struct kvp_store_stats st;
             float *lg = run_sequence(&rc, &st);
-            print_message("bypass %d, prefetch %d: sq_poll %d, %llu of %llu requests direct\n",
+            print_message("bypass %d, prefetch %d: sq_poll %d, %llu of %llu requests direct, "
+                          "in %llu submissions\n",
                           forced[i], m, st.sq_poll, (unsigned long long)st.direct_requests,
-                          (unsigned long long)(st.reads + st.writes));
+                          (unsigned long long)(st.reads + st.writes),
+                          (unsigned long long)st.direct_submits);
             assert_true(max_diff(ref, lg, (size_t)N_ROWS * VOCAB) == 0.0);
+            /* a submission carries one request or more (a layer's, held together) */
+            assert_true(st.direct_submits <= st.direct_requests);
+            assert_true((st.direct_submits > 0) == (st.direct_requests > 0));
             if (!st.sq_poll || forced[i] == KVP_SQ_BYPASS_NEVER)
                 assert_int_equal(st.direct_requests, 0);
             else if (forced[i] == KVP_SQ_BYPASS_ALWAYS)
@@ -804,6 +809,24 @@ static void test_sq_bypass(void **state)
     assert_int_equal(dir_entries(d), 0);
     rmdir(d);
     free(d);
+}
+
+/* The bypass's mode switch: a starved decode thread turns to the direct ring at once; the
+ * bypass ends only once it has lasted its minimum (expired) and the machine had a core to spare
+ * meanwhile, or where that is unknown (-1, as before /proc/stat was read); a thread that is not
+ * starved never leaves the polling ring. */
+static void test_sq_route(void **state)
+{
+    (void)state;
+    const int P = KVP_SQ_ROUTE_POLLED, D = KVP_SQ_ROUTE_DIRECT;
+    assert_int_equal(kvp_sq_route(P, 0.0, false, -1), P);
+    assert_int_equal(kvp_sq_route(P, 0.10, true, 0.0), P);
+    assert_int_equal(kvp_sq_route(P, 0.40, false, -1), D);
+    assert_int_equal(kvp_sq_route(D, 0.40, true, 2.0), D);  /* still starved */
+    assert_int_equal(kvp_sq_route(D, 0.0, false, 2.0), D);  /* not lasted long enough */
+    assert_int_equal(kvp_sq_route(D, 0.0, true, 0.05), D);  /* a competitor holds the core */
+    assert_int_equal(kvp_sq_route(D, 0.0, true, 0.9), P);   /* a core went idle */
+    assert_int_equal(kvp_sq_route(D, 0.0, true, -1), P);    /* unknown: try the polling ring */
 }
 
 /* predict_next is wrong every time: every selected block that is not hot already is fetched on
@@ -1207,6 +1230,7 @@ int main(void)
         cmocka_unit_test(test_link_model),
         cmocka_unit_test(test_logits_equal),
         cmocka_unit_test(test_sq_bypass),
+        cmocka_unit_test(test_sq_route),
         cmocka_unit_test(test_mispredicted_on_demand),
         cmocka_unit_test(test_first_step_warm),
         cmocka_unit_test(test_quest_prefetch),

@@ -190,6 +190,7 @@ static cJSON *store_json(const struct kvp_store_stats *s)
     cJSON_AddNumberToObject(o, "sq_unpicked", (double)s->sq_unpicked / n);
     cJSON_AddNumberToObject(o, "direct_requests", (double)s->direct_requests / n);
     cJSON_AddNumberToObject(o, "bypasses", (double)s->bypasses);       /* total */
+    cJSON_AddNumberToObject(o, "direct_submits", (double)s->direct_submits / n);
     return o;
 }
 
@@ -315,6 +316,7 @@ int cmd_bench(int argc, char **argv)
     if (ram && kvp_eval(ram, toks, (int)depth, logits, false, &err) < 0)
         goto fail_err;
     double tg_sum = 0, tg_best = 0, decode_s = 0, decode_cpu = 0, ram_s = 0;
+    double decode_tcpu = 0, ram_cpu = 0, ram_tcpu = 0; /* --paired: CPU of each side */
     long n_ratio = 0;
     long tl0 = n_decode >= 12 ? 8 : 0, tl1 = tl0 + 4 < n_decode ? tl0 + 4 : n_decode;
     kvp_ctx_store_reset_stats(ctx);
@@ -333,7 +335,7 @@ int cmd_bench(int argc, char **argv)
         for (long i0 = 0; i0 < n_decode; i0 += PAIR_CHUNK) {
             long i1 = i0 + PAIR_CHUNK < n_decode ? i0 + PAIR_CHUNK : n_decode;
             t0 = kvp_time_now();
-            double c0 = kvp_cpu_time();
+            double c0 = kvp_cpu_time(), tc0 = kvp_thread_cpu_time();
             for (long i = i0; i < i1; i++) {
                 if (timeline && r == 0 && i == tl0)
                     kvp_ctx_store_timeline(ctx, true);
@@ -342,15 +344,18 @@ int cmd_bench(int argc, char **argv)
                 if (timeline && r == 0 && i + 1 == tl1)
                     kvp_ctx_store_timeline(ctx, false);
             }
-            double t1 = kvp_time_now();
+            double t1 = kvp_time_now(), c1 = kvp_cpu_time(), tc1 = kvp_thread_cpu_time();
             dt += t1 - t0;
-            decode_cpu += kvp_cpu_time() - c0;
+            decode_cpu += c1 - c0;
+            decode_tcpu += tc1 - tc0;
             if (!ram)
                 continue;
             for (long i = i0; i < i1; i++)
                 if (kvp_eval(ram, toks + depth + i, 1, logits, false, &err) < 0)
                     goto fail_err;
             double t2 = kvp_time_now();
+            ram_cpu += kvp_cpu_time() - c1;
+            ram_tcpu += kvp_thread_cpu_time() - tc1;
             ram_s += t2 - t1;
             chunk_ratio[n_ratio++] = (t1 - t0) / (t2 - t1);
         }
@@ -376,6 +381,7 @@ int cmd_bench(int argc, char **argv)
         pair_ratio = ram_s > 0 ? decode_s / ram_s : 0;
         pair_median = chunk_ratio[n_ratio / 2];
     }
+    double per_tok = 1e3 / ((double)reps * n_decode);
     if (timeline && kvp_ctx_store_timeline_png(ctx, timeline, &err) < 0)
         goto fail_err;
     if (bandwidth <= 0)
@@ -475,7 +481,8 @@ int cmd_bench(int argc, char **argv)
          *   sq_unpicked     waits per token that found requests the polling thread had not
          *                   taken yet
          *   direct_requests requests per token the decode thread submitted itself, bypassing
-         *                   the polling thread (busy host); bypasses: switches to that (total) */
+         *                   the polling thread (busy host); bypasses: switches to that (total);
+         *                   direct_submits: the system calls per token that submitted them */
         if (tiered)
             cJSON_AddItemToObject(o, "store", store_json(&ss));
         else
@@ -483,12 +490,22 @@ int cmd_bench(int argc, char **argv)
         /* paired (--paired, else null): the same decode on an untiered cache, alternating:
          *   ram_tokens_per_s   untiered decode tokens/s over the same tokens
          *   ratio              tiered time / untiered time (1.2 = tiered 1.2x slower)
-         *   ratio_median       median of that ratio over the chunks of PAIR_CHUNK tokens */
+         *   ratio_median       median of that ratio over the chunks of PAIR_CHUNK tokens
+         *   thread_cpu_ms_per_token      CPU time of the decode thread alone in the tiered
+         *                                chunks (decode_cpu_ms_per_token: every thread)
+         *   ram_cpu_ms_per_token, ram_thread_cpu_ms_per_token   the same two in the untiered
+         *                                chunks (every thread; the decode thread)
+         *   cpu_ratio          decode_cpu_ms_per_token / ram_cpu_ms_per_token: what the tier
+         *                      costs in CPU, which a busy host does not change much */
         if (ram) {
             cJSON *pj = cJSON_AddObjectToObject(o, "paired");
             cJSON_AddNumberToObject(pj, "ram_tokens_per_s", pair_rate);
             cJSON_AddNumberToObject(pj, "ratio", pair_ratio);
             cJSON_AddNumberToObject(pj, "ratio_median", pair_median);
+            cJSON_AddNumberToObject(pj, "thread_cpu_ms_per_token", decode_tcpu * per_tok);
+            cJSON_AddNumberToObject(pj, "ram_cpu_ms_per_token", ram_cpu * per_tok);
+            cJSON_AddNumberToObject(pj, "ram_thread_cpu_ms_per_token", ram_tcpu * per_tok);
+            cJSON_AddNumberToObject(pj, "cpu_ratio", ram_cpu > 0 ? decode_cpu / ram_cpu : 0);
         } else {
             cJSON_AddNullToObject(o, "paired");
         }

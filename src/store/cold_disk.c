@@ -8,6 +8,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,16 +29,23 @@
  * needs a core of its own. When the decode thread spends more than BUSY_FRACTION of a
  * LOAD_WINDOW_S window runnable but not running (its schedstat), the host has no core to spare:
  * requests then go through a second ring without a polling thread, submitted and completed by
- * the decode thread itself, and the polling thread falls asleep (sq_thread_idle). After
- * BYPASS_SECONDS the polling ring is tried again. */
+ * the decode thread itself, and the polling thread falls asleep (sq_thread_idle). The bypass
+ * lasts at least BYPASS_SECONDS; then the polling ring is tried again only if the machine had
+ * SPARE_CORES of idle CPU time over the bypass (/proc/stat): in the bypass the decode thread is
+ * no longer starved, so its own run-queue delay cannot tell that a competitor is still there,
+ * and each needless try woke the polling thread, which then spun SQ_IDLE_MS on a core the decode
+ * thread and the competitor were using. */
 #define LOAD_WINDOW_S 4e-3
 #define BUSY_FRACTION 0.15
 #define BYPASS_SECONDS 0.25
+#define SPARE_CORES 0.5
 #define SQ_IDLE_MS 20
 #define GAP_SECONDS 0.05
 
-enum { RING_POLLED = 0, /* the polling thread's ring where granted, else syscall submissions */
-       RING_DIRECT = 1  /* beside a polling ring: syscall submissions for a busy host */ };
+enum { RING_POLLED = KVP_SQ_ROUTE_POLLED, /* the polling thread's ring where granted, else
+                                            syscall submissions */
+       RING_DIRECT = KVP_SQ_ROUTE_DIRECT  /* beside a polling ring: syscall submissions for a
+                                            busy host */ };
 
 struct disk_io {
     int fd; /* the unnamed scratch file, or -1 */
@@ -48,6 +56,10 @@ struct disk_io {
     uint8_t ring_of[KVP_STORE_MAX_XFER]; /* the ring each record went to */
     int route;                           /* the ring new requests go to (AUTO) */
     double bypass_until;
+    int stat_fd;                  /* /proc/stat, for the machine's idle time; -1 unreadable */
+    char *stat_buf;               /* its per-CPU lines (allocated once, sized by CPU count) */
+    size_t stat_cap;
+    double idle0, idle_t0;        /* idle CPU seconds at idle_t0 (bypass start, last try) */
     /* run-queue sampling: schedstat of the decode thread (reopened when another thread
      * drives the store) and of the polling thread, -1 where unreadable */
     int self_fd, sq_fd;
@@ -63,12 +75,70 @@ static bool read_schedstat(int fd, double *run, double *wait)
     if (n <= 0)
         return false;
     buf[n] = 0;
-    unsigned long long r, w;
-    if (sscanf(buf, "%llu %llu", &r, &w) != 2)
+    char *mid, *end;
+    unsigned long long r = strtoull(buf, &mid, 10), w = strtoull(mid, &end, 10);
+    if (mid == buf || end == mid)
         return false;
     *run = (double)r * 1e-9;
     *wait = (double)w * 1e-9;
     return true;
+}
+
+/* Idle CPU seconds (idle + iowait in /proc/stat) of the CPUs this thread may run on (a
+ * taskset or cpuset makes the rest of the machine irrelevant), or -1. */
+static double read_idle_seconds(struct disk_io *io)
+{
+    cpu_set_t allowed;
+    ssize_t n = io->stat_fd >= 0 ? pread(io->stat_fd, io->stat_buf, io->stat_cap - 1, 0) : -1;
+    if (n <= 0 || sched_getaffinity(0, sizeof(allowed), &allowed) != 0)
+        return -1;
+    io->stat_buf[n] = 0;
+    static long hz;
+    if (hz <= 0)
+        hz = sysconf(_SC_CLK_TCK);
+    unsigned long long ticks = 0;
+    int seen = 0;
+    char *line = io->stat_buf;
+    while (strncmp(line, "cpu", 3) == 0) {
+        char *next = strchr(line, '\n'), *p = line + 3, *end;
+        if (!next)
+            return -1; /* cut short: the buffer ends inside the CPU lines */
+        long cpu = strtol(p, &end, 10);
+        line = next + 1;
+        if (end == p || cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET((int)cpu, &allowed))
+            continue; /* the all-CPU line, or a CPU not ours */
+        unsigned long long v[5];
+        for (int i = 0; i < 5; i++) { /* user nice system idle iowait */
+            p = end;
+            v[i] = strtoull(p, &end, 10);
+            if (end == p)
+                return -1;
+        }
+        ticks += v[3] + v[4];
+        seen++;
+    }
+    return seen > 0 && hz > 0 ? (double)ticks / (double)hz : -1;
+}
+
+/* Idle cores of the machine on average since the last call (or the bypass start), -1 when
+ * unknown; restarts the interval. */
+static double spare_cores(struct disk_io *io, double now)
+{
+    double idle = read_idle_seconds(io), spare = -1;
+    if (idle >= 0 && io->idle0 >= 0 && now > io->idle_t0)
+        spare = (idle - io->idle0) / (now - io->idle_t0);
+    io->idle0 = idle;
+    io->idle_t0 = now;
+    return spare;
+}
+
+int kvp_sq_route(int route, double busy, bool expired, double spare)
+{
+    if (busy > BUSY_FRACTION)
+        return KVP_SQ_ROUTE_DIRECT;
+    if (route == KVP_SQ_ROUTE_DIRECT && expired && (spare < 0 || spare >= SPARE_CORES))
+        return KVP_SQ_ROUTE_POLLED;
+    return route;
 }
 
 /* The schedstat file of this process's newest io_uring polling thread ("iou-sqp-PID"), or -1. */
@@ -106,7 +176,10 @@ static void sample_load(struct kvp_store *s, struct disk_io *io)
     double now = kvp_time_now(), run, wait;
     if (now - io->win_t0 < LOAD_WINDOW_S)
         return;
-    pid_t tid = gettid();
+    static _Thread_local pid_t my_tid; /* gettid() is a system call */
+    if (!my_tid)
+        my_tid = gettid();
+    pid_t tid = my_tid;
     if (tid != io->self_tid) {
         if (io->self_fd >= 0)
             close(io->self_fd);
@@ -146,14 +219,17 @@ static void sample_load(struct kvp_store *s, struct disk_io *io)
     if (gap)
         return;
     s->st.runq_s += delay;
-    if (busy > BUSY_FRACTION) {
-        if (io->route == RING_POLLED && io->ring_on[RING_DIRECT])
-            s->st.bypasses++;
-        io->route = RING_DIRECT;
-        io->bypass_until = now + BYPASS_SECONDS;
-    } else if (now >= io->bypass_until) {
-        io->route = RING_POLLED;
+    bool expired = io->route == RING_DIRECT && busy <= BUSY_FRACTION && now >= io->bypass_until;
+    int next = kvp_sq_route(io->route, busy, expired, expired ? spare_cores(io, now) : -1);
+    if (next == RING_DIRECT) {
+        if (io->route == RING_POLLED) {
+            s->st.bypasses += io->ring_on[RING_DIRECT];
+            spare_cores(io, now); /* the idle time from here on */
+        }
+        if (busy > BUSY_FRACTION || expired)
+            io->bypass_until = now + BYPASS_SECONDS;
     }
+    io->route = next;
 }
 
 /* The ring of the next request. */
@@ -220,6 +296,9 @@ static void disk_close(struct kvp_store *s)
         close(io->self_fd);
     if (io->sq_fd >= 0)
         close(io->sq_fd);
+    if (io->stat_fd >= 0)
+        close(io->stat_fd);
+    free(io->stat_buf);
     free(io);
     s->io_state = NULL;
 }
@@ -230,6 +309,15 @@ static int disk_open(struct kvp_store *s, const struct kvp_ctx_params *p, struct
     if (!io)
         return kvp_err_set(err, KVP_ENOMEM, "out of memory");
     io->fd = io->self_fd = io->sq_fd = -1;
+    io->stat_fd = open("/proc/stat", O_RDONLY | O_CLOEXEC);
+    long n_cpu = sysconf(_SC_NPROCESSORS_CONF);
+    io->stat_cap = 512 + 256 * (size_t)(n_cpu > 0 ? n_cpu : 1);
+    io->stat_buf = malloc(io->stat_cap);
+    if (!io->stat_buf && io->stat_fd >= 0) {
+        close(io->stat_fd);
+        io->stat_fd = -1;
+    }
+    io->idle0 = -1;
     s->io_state = io;
     const char *dir = p->kv_dir;
     if (!dir || !*dir)
@@ -272,15 +360,26 @@ static int disk_open(struct kvp_store *s, const struct kvp_ctx_params *p, struct
     return 0;
 }
 
-static void disk_flush(struct kvp_store *s)
+/* Submit what was prepared. A submission to the direct ring is a system call and, with fewer
+ * than three requests, one device doorbell per request (the kernel batches larger
+ * submissions): there, unless urgent, requests wait while the store holds (hold_submit). The
+ * polling ring's submissions cost nothing and never wait. */
+static void submit_rings(struct kvp_store *s, bool urgent)
 {
     struct disk_io *io = s->io_state;
-    for (int r = 0; r < 2; r++)
-        if (io->n_unsubmitted[r] > 0) {
-            io_uring_submit(&io->ring[r]);
-            io->n_unsubmitted[r] = 0;
-        }
+    for (int r = 0; r < 2; r++) {
+        if (io->n_unsubmitted[r] == 0 || (r == RING_DIRECT && s->hold_submit && !urgent))
+            continue;
+        io_uring_submit(&io->ring[r]);
+        io->n_unsubmitted[r] = 0;
+        s->st.direct_submits += r == RING_DIRECT;
+    }
     sample_load(s, io);
+}
+
+static void disk_flush(struct kvp_store *s)
+{
+    submit_rings(s, false);
 }
 
 static void disk_submit(struct kvp_store *s, int id)
@@ -296,7 +395,7 @@ static void disk_submit(struct kvp_store *s, int id)
     struct io_uring *ring = &io->ring[r];
     struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
     if (!sqe) {
-        disk_flush(s);
+        submit_rings(s, true);
         sqe = io_uring_get_sqe(ring);
     }
     if (!sqe) { /* cannot happen: records in flight never exceed the ring depth */
@@ -347,7 +446,7 @@ static int disk_wait(struct kvp_store *s)
     struct disk_io *io = s->io_state;
     struct io_uring_cqe *cqe;
     int rc = 0, got = 0;
-    disk_flush(s);
+    submit_rings(s, true); /* nothing waits on a request not submitted */
     /* submitted, and the polling thread has not even taken them yet */
     if (s->st.sq_poll && io->n_inflight[RING_POLLED] > 0 &&
         io_uring_sq_ready(&io->ring[RING_POLLED]) > 0)

@@ -69,6 +69,7 @@ static void submit_deferred(struct kvp_store *s);
 
 void kvp_store_drain(struct kvp_store *s)
 {
+    s->hold_submit = false;
     submit_deferred(s);
     while (s->n_inflight > 0)
         kvp_store_reap(s, true);
@@ -547,6 +548,7 @@ void kvp_store_step_begin(struct kvp_store *s, int n_tokens)
 {
     double t0 = kvp_time_now();
     s->step_t0 = t0;
+    s->hold_submit = false;
     s->st_predict0 = s->st.predict_s;
     s->st_wait0 = s->st.wait_s;
     s->n_tokens = n_tokens;
@@ -592,6 +594,7 @@ void kvp_store_step_begin(struct kvp_store *s, int n_tokens)
 
 void kvp_store_step_end(struct kvp_store *s)
 {
+    s->hold_submit = false;
     clear_overflow(s);
     submit_deferred(s);
     int nb = newest_block(s);
@@ -629,6 +632,7 @@ void kvp_store_acquire_head(struct kvp_store *s, int layer, const struct kvp_sel
         identity_layer(s, layer))
         return;
     kvp_store_reap(s, false);
+    s->hold_submit = true; /* until acquire_begin */
     int last = (n_keys - 1) / s->bs, n = 0;
     kvp_res_mark_selection(s, sel, last); /* this head's blocks are not evicted for each other */
     for (int i = 0; i < sel->n && sel->blocks[i] <= last; i++) {
@@ -651,6 +655,7 @@ bool kvp_store_acquire_begin(struct kvp_store *s, int layer, const struct kvp_se
         return false;
     double t0 = kvp_time_now();
     clear_overflow(s);
+    s->hold_submit = true; /* the misses go with the prefetches below */
     kvp_store_reap(s, false); /* reads that finished since: hits, not late ones */
     int last = (n_keys - 1) / s->bs;
     kvp_res_mark_selection(s, s->mode == KVP_PREFETCH_DENSE ? NULL : sels, last);
@@ -696,6 +701,7 @@ bool kvp_store_acquire_begin(struct kvp_store *s, int layer, const struct kvp_se
         s->st.overflow += (uint64_t)left;
         flush(s);
     }
+    s->hold_submit = false;
     submit_deferred(s); /* the prefetches planned since the last acquire queue behind the misses */
     s->acq_layer = stalled ? layer : -1;
     s->acq_last = last;

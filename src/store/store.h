@@ -104,6 +104,15 @@ enum kvp_sq_bypass {
     KVP_SQ_BYPASS_ALTERNATE = 3, /* every other request: both rings in flight at once */
 };
 
+/* The disk tier's two rings (cold_disk.c). */
+enum kvp_sq_route { KVP_SQ_ROUTE_POLLED = 0, KVP_SQ_ROUTE_DIRECT = 1 };
+
+/* The ring of the next requests (enum kvp_sq_route) in AUTO, once per load window: route, the
+ * current one; busy, the decode thread's run-queue share of the window; expired, the bypass has
+ * lasted its minimum and the thread was not starved; spare, the machine's idle cores over the
+ * bypass (-1: unknown, as on a host without /proc/stat). Pure, for tests. */
+int kvp_sq_route(int route, double busy, bool expired, double spare);
+
 struct kvp_store_xfer {
     int s0, n;        /* hot slots [s0, s0+n) */
     int layer, b0;    /* cold units (layer, [b0, b0+n)) */
@@ -189,6 +198,10 @@ struct kvp_store {
     int fault_kind;        /* enum kvp_store_fault */
     int fault_after;       /* requests left before the fault fires */
     int sq_bypass;         /* enum kvp_sq_bypass (disk tier with a polling thread) */
+    /* From a layer's first acquire_head to its acquire_begin's prefetches: a backend may hold
+     * requests whose submission costs a system call until then, so that the layer's early
+     * misses, misses and prefetches go in one (cold_disk.c's direct ring). Waits never hold. */
+    bool hold_submit;
 
     /* accounting (stats.c) */
     struct kvp_store_stats st;
