@@ -15,6 +15,7 @@
 #include "kvpred.h"
 #include "policy/policy.h"
 #include "policy/quest_meta.h"
+#include "policy/quest_meta8.h"
 #include "predictor/cnn.h"
 #include "predictor/history.h"
 #include "predictor/train.h"
@@ -992,6 +993,101 @@ static void test_query_feature(void **state)
     query_feature(KVP_KV_F16);
 }
 
+/* The 8-bit bound pass (qpredictor q8=1): the dispatched kernel (VNNI where the CPU has it)
+ * equals the scalar loop to the bit; with a query the u8 steps represent exactly, the bound is
+ * an upper bound of the exact one (the ranges only widen) and within a step of the block's
+ * scale per dimension of it; with any query, within that plus half a query step per
+ * dimension. Head dims 32 and 30 (padded to 32), f16 and f32 keys, 1 to 5 heads (two kernel
+ * calls), ranges starting inside a tile. */
+static void bounds8_case(int type_k, int HD)
+{
+    enum { BS = 16, CTX = 600, MAXHD = 32, NB = (CTX + BS - 1) / BS };
+    struct kvp_kvcache kv;
+    assert_int_equal(kvp_kvcache_init(&kv, 2, 2, HD, BS, CTX, type_k, KVP_KV_F32, NULL), 0);
+    assert_int_equal(kvp_kvcache_reserve(&kv, CTX, NULL), 0);
+    static float keys[CTX][MAXHD];
+    float v[MAXHD] = {0}, k[MAXHD];
+    uint32_t seed = 77;
+    for (int t = 0; t < CTX; t++) {
+        for (int d = 0; d < HD; d++) {
+            seed = seed * 1664525u + 1013904223u;
+            k[d] = ((float)(seed >> 8) / 16777216.0f - 0.5f) * (d % 5 == 0 ? 12.0f : 3.0f);
+        }
+        kvp_kvcache_store(&kv, 1, 0, t, k, v);
+        for (int d = 0; d < HD; d++)
+            keys[t][d] = kvp_kvcache_key_at(&kv, 1, 0, t, d);
+    }
+    struct kvp_qmeta qm;
+    struct kvp_qmeta8 q8;
+    assert_int_equal(kvp_qmeta_init(&qm, 2, 2, NB, HD, BS), 0);
+    assert_int_equal(kvp_qmeta8_init(&q8, &qm), 0);
+    const int lh = 1 * 2 + 0;
+    float q[5 * MAXHD], got[5 * NB], ref[5 * NB];
+    int checked_upper = 0;
+    for (int n_tok = 5; n_tok <= CTX; n_tok += 53) {
+        kvp_qmeta_fold(&qm, &kv, 1, 0, n_tok);
+        kvp_qmeta8_update(&q8, &qm, lh, n_tok);
+        const int nb = (n_tok + BS - 1) / BS, b0 = nb > 20 ? 3 : 0;
+        for (int exact = 0; exact < 2; exact++) {
+            for (int i = 0; i < 5 * HD; i++) {
+                seed = seed * 1664525u + 1013904223u;
+                int u = (int)(seed >> 23) % 511 - 255; /* -255 .. 255 */
+                q[i] = exact ? (float)u * 0.125f : (float)u * 0.01234567f;
+            }
+            if (exact) /* the largest |q_d| 255 steps of 0.125: every q_d exact in u8 */
+                for (int j = 0; j < 5; j++)
+                    q[j * HD + j % HD] = 255 * 0.125f;
+            for (int g = 1; g <= 5; g += 2) {
+                memset(got, 0, sizeof(got));
+                memset(ref, 0xff, sizeof(ref));
+                kvp_qmeta8_bounds(&q8, lh, q, g, 0.5f, b0, nb, got, NB);
+                kvp_qmeta8_bounds_scalar(&q8, lh, q, g, 0.5f, b0, nb, ref, NB);
+                for (int j = 0; j < g; j++)
+                    for (int b = b0; b < nb; b++) {
+                        const float x = got[j * NB + b - b0];
+                        assert_memory_equal(&x, &ref[j * NB + b - b0], sizeof(float));
+                        double want = 0, sq = 0, mxq = 0, amax = 0;
+                        for (int d = 0; d < HD; d++) {
+                            double mx = -1e30, mn = 1e30;
+                            for (int t = b * BS; t < (b + 1) * BS && t < n_tok; t++) {
+                                mx = fmax(mx, keys[t][d]);
+                                mn = fmin(mn, keys[t][d]);
+                            }
+                            const double qd = q[j * HD + d];
+                            want += fmax(qd * mx, qd * mn);
+                            sq += fabs(qd);
+                            mxq = fmax(mxq, fabs(qd));
+                            amax = fmax(amax, fmax(fabs(mx), fabs(mn)));
+                        }
+                        want *= 0.5;
+                        const double step = amax / 127.0, err = 0.5 * step * (sq + 0.5 * mxq / 255.0 * HD * 128.0);
+                        if (fabs(x - want) > err + 1e-5 * (1 + fabs(want))) {
+                            print_message("hd %d block %d head %d: %.9g vs exact %.9g (allowed %.3g)\n",
+                                          HD, b, j, x, want, err);
+                            fail();
+                        }
+                        if (exact) {
+                            assert_true(x >= want - 1e-5 * (1 + fabs(want)));
+                            checked_upper++;
+                        }
+                    }
+            }
+        }
+    }
+    assert_true(checked_upper > 100);
+    kvp_qmeta8_free(&q8);
+    kvp_qmeta_free(&qm);
+    kvp_kvcache_free(&kv);
+}
+
+static void test_query_bounds8(void **state)
+{
+    (void)state;
+    bounds8_case(KVP_KV_F16, 32);
+    bounds8_case(KVP_KV_F32, 32);
+    bounds8_case(KVP_KV_F16, 30);
+}
+
 /* Version 2 files (two input channels) load; the version 1 file of the paper's network still
  * does; hostile version 2 files are refused; each policy refuses the other's file. */
 static void test_predictor_file_v2(void **state)
@@ -1236,6 +1332,7 @@ int main(void)
         cmocka_unit_test(test_policy_end_to_end),
         cmocka_unit_test(test_columns_match_full),
         cmocka_unit_test(test_query_feature),
+        cmocka_unit_test(test_query_bounds8),
         cmocka_unit_test(test_predictor_file_v2),
         cmocka_unit_test(test_qpredictor_end_to_end),
         cmocka_unit_test(test_validate_tail_and_pruned),

@@ -32,7 +32,8 @@
  * on version 2 traces (they record the bounds); a one-channel file is refused.
  *
  * Options (p.opts): extra=N candidates beyond k [16]; prune=0|1 [1]; recent=0|1 [0];
- * margin=N blocks the prediction for the tiered store takes beyond the budget [64, as quest].
+ * margin=N blocks the prediction for the tiered store takes beyond the budget [64, as quest];
+ * q8=0|1 the bound pass over an 8-bit copy of the metadata (quest_meta8.h) [0].
  *
  * Threading: state per (layer, KV head), scratch per KV head (layers run one after another).
  */
@@ -46,6 +47,7 @@
 #include "policy/options.h"
 #include "policy/policy.h"
 #include "policy/quest_meta.h"
+#include "policy/quest_meta8.h"
 #include "predictor/cnn.h"
 #include "predictor/history.h"
 
@@ -68,9 +70,10 @@ struct qp_kvh { /* scratch of one KV head */
 struct qp_state {
     struct kvp_cnn cnn;
     struct kvp_qmeta meta;
+    struct kvp_qmeta8 meta8; /* the 8-bit copy the bound pass reads (q8=1) */
     struct kvp_hist hist; /* series (layer - first_layer) * n_head_kv + kvh */
     int first_layer, n_head_kv, g, hd, max_blocks;
-    int extra, prune, margin, recent;
+    int extra, prune, margin, recent, q8;
     float *lastq;         /* [n_layer * n_head_kv][g][hd] the last query (select or prompt) */
     bool *has_q;          /* [n_layer * n_head_kv] */
     struct qp_kvh *kv;    /* [n_head_kv] */
@@ -78,7 +81,7 @@ struct qp_state {
 
 /* Options (p.opts, "key=value,...", read through the table below). */
 struct qp_opts {
-    int extra, prune, recent, margin;
+    int extra, prune, recent, margin, q8;
 };
 
 static const struct kvp_policy_opt qp_opt_table[] = {
@@ -91,6 +94,9 @@ static const struct kvp_policy_opt qp_opt_table[] = {
     {.type = KVP_OPT_INT, .key = "margin", .offset = offsetof(struct qp_opts, margin), .min = 0,
      .max = 1 << 20, .def = 64,
      .help = "the tiered store's prefetch margin in blocks (predictions read this many more)"},
+    {.type = KVP_OPT_INT, .key = "q8", .offset = offsetof(struct qp_opts, q8), .min = 0,
+     .max = 1, .def = 0,
+     .help = "bound pass over 8-bit metadata (conservative ranges, u8 query; 0: exact bounds)"},
     {0},
 };
 
@@ -122,6 +128,7 @@ static void qp_free(struct kvp_policy *p)
     free(s->lastq);
     free(s->has_q);
     kvp_hist_free(&s->hist);
+    kvp_qmeta8_free(&s->meta8);
     kvp_qmeta_free(&s->meta);
     kvp_cnn_free(&s->cnn);
     free(s);
@@ -140,6 +147,7 @@ static int qp_init(struct kvp_policy *p, struct kvp_err *err)
     s->prune = o->prune;
     s->recent = o->recent;
     s->margin = o->margin;
+    s->q8 = o->q8;
     int rc;
     if (!p->p.aux_path || !*p->p.aux_path) {
         rc = kvp_err_set(err, KVP_EINVAL,
@@ -182,6 +190,11 @@ static int qp_init(struct kvp_policy *p, struct kvp_err *err)
     if (kvp_qmeta_init(&s->meta, e->n_layer, e->n_head_kv, mb, e->head_dim, e->block_size) < 0 ||
         !s->lastq || !s->has_q || !s->kv)
         goto nomem;
+    if (s->q8 && kvp_qmeta8_init(&s->meta8, &s->meta) < 0) {
+        rc = kvp_err_set(err, KVP_EINVAL, "qpredictor: q8=1 needs head_dim <= 256 (%d), and memory",
+                         e->head_dim);
+        goto fail;
+    }
     for (int h = 0; h < e->n_head_kv; h++) {
         struct qp_kvh *k = &s->kv[h];
         if ((rc = kvp_cnn_cols_scratch_init(&k->cols, &s->cnn, s->cnn.H, mb, err)) < 0)
@@ -220,6 +233,8 @@ static void qp_reset(struct kvp_policy *p)
     struct qp_state *s = p->state;
     kvp_hist_reset(&s->hist);
     kvp_qmeta_reset(&s->meta);
+    if (s->q8)
+        kvp_qmeta8_reset(&s->meta8);
     memset(s->has_q, 0, (size_t)p->env.n_layer * s->n_head_kv * sizeof(bool));
 }
 
@@ -240,6 +255,10 @@ static void qp_prefill(struct kvp_policy *p, int layer, const struct kvp_prefill
         const int lh = layer * s->n_head_kv + kvh, ser = series_of(s, layer, kvh);
         kvp_qmeta_restart(&s->meta, lh);
         kvp_qmeta_fold(&s->meta, p->env.kv, layer, kvh, n);
+        if (s->q8) {
+            kvp_qmeta8_restart(&s->meta8, lh);
+            kvp_qmeta8_update(&s->meta8, &s->meta, lh, n);
+        }
         if (obs->q_last) {
             size_t gq = (size_t)g * s->hd;
             memcpy(s->lastq + lh * gq, obs->q_last + kvh * gq, gq * sizeof(float));
@@ -333,7 +352,10 @@ static void choose(struct qp_state *s, const struct kvp_policy *p, int layer, in
     struct qp_kvh *k = &s->kv[kvh];
     const int lh = layer * s->n_head_kv + kvh, W = bp->end - bp->first, P = s->cnn.k / 2;
     const float scale = 1.0f / sqrtf((float)s->hd);
-    kvp_qmeta_bounds(&s->meta, lh, q, s->g, scale, bp->first, bp->end, k->ub, s->max_blocks);
+    if (s->q8)
+        kvp_qmeta8_bounds(&s->meta8, lh, q, s->g, scale, bp->first, bp->end, k->ub, s->max_blocks);
+    else
+        kvp_qmeta_bounds(&s->meta, lh, q, s->g, scale, bp->first, bp->end, k->ub, s->max_blocks);
     group_feature(k->ub, s->g, s->max_blocks, W, k->comb);
     /* candidates */
     int nc = 0;
@@ -392,6 +414,8 @@ static void qp_select(struct kvp_policy *p, int layer, int kvh, const float *q, 
     struct qp_kvh *k = &s->kv[kvh];
     const int lh = layer * s->n_head_kv + kvh;
     kvp_qmeta_fold(&s->meta, p->env.kv, layer, kvh, n_tokens);
+    if (s->q8)
+        kvp_qmeta8_update(&s->meta8, &s->meta, lh, n_tokens);
     memcpy(s->lastq + (size_t)lh * s->g * s->hd, q, (size_t)s->g * s->hd * sizeof(float));
     s->has_q[lh] = true;
     struct kvp_block_plan bp;

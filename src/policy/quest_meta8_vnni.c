@@ -1,0 +1,26 @@
+/* The 8-bit bound pass's tile kernel with AVX512-VNNI (quest_meta8.h): per 4 dimensions, one
+ * 64-byte vector of each row (Mq, Nq) shared by the heads, and one vpdpbusd per head and row
+ * with the head's 4 query bytes broadcast. Integer sums: equal to the scalar loop exactly. */
+#include <immintrin.h>
+#include <stdint.h>
+
+#include "policy/quest_meta8.h"
+
+void kvp_qmeta8_tile_vnni(const uint8_t *tile, int hd4, const uint32_t *pq, const uint32_t *nq,
+                          int G, int32_t *sum)
+{
+    const uint8_t *mq = tile + KVP_QMETA_TILE * sizeof(float), *nn = mq + (size_t)hd4 * 64;
+    __m512i ap[4], an[4]; /* G <= 4 (quest_meta8.c takes the heads four at a time) */
+    for (int j = 0; j < G; j++)
+        ap[j] = an[j] = _mm512_setzero_si512();
+    for (int i = 0; i < hd4; i++) {
+        __m512i vm = _mm512_load_si512((const void *)(mq + (size_t)i * 64));
+        __m512i vn = _mm512_load_si512((const void *)(nn + (size_t)i * 64));
+        for (int j = 0; j < G; j++) {
+            ap[j] = _mm512_dpbusd_epi32(ap[j], _mm512_set1_epi32((int)pq[(size_t)j * hd4 + i]), vm);
+            an[j] = _mm512_dpbusd_epi32(an[j], _mm512_set1_epi32((int)nq[(size_t)j * hd4 + i]), vn);
+        }
+    }
+    for (int j = 0; j < G; j++)
+        _mm512_storeu_si512((void *)(sum + (size_t)j * KVP_QMETA_TILE), _mm512_add_epi32(ap[j], an[j]));
+}
