@@ -248,3 +248,18 @@ float kvp_qmeta_min(const struct kvp_qmeta *m, int lh, int blk, int d)
     const void *t = kvp_qmeta_tile(m, lh, blk / KVP_QMETA_TILE);
     return m->half[lh] ? kvp_f16_to_f32(((const uint16_t *)t)[i]) : ((const float *)t)[i];
 }
+
+void kvp_qmeta_block(const struct kvp_qmeta *m, int lh, int blk, float *mx, float *mn)
+{
+    const void *t = kvp_qmeta_tile(m, lh, blk / KVP_QMETA_TILE);
+    for (int d = 0; d < m->head_dim; d++) {
+        size_t i = (size_t)d * 2 * KVP_QMETA_TILE + blk % KVP_QMETA_TILE;
+        if (m->half[lh]) {
+            mx[d] = kvp_f16_to_f32(((const uint16_t *)t)[i]);
+            mn[d] = kvp_f16_to_f32(((const uint16_t *)t)[i + KVP_QMETA_TILE]);
+        } else {
+            mx[d] = ((const float *)t)[i];
+            mn[d] = ((const float *)t)[i + KVP_QMETA_TILE];
+        }
+    }
+}

@@ -60,6 +60,8 @@ static inline void *kvp_qmeta_tile(const struct kvp_qmeta *m, int lh, int t)
     return (char *)(m->tiles + (size_t)lh * m->n_tiles * per) +
            (size_t)t * per * (m->half[lh] ? sizeof(uint16_t) : sizeof(float));
 }
+/* Every dimension of block blk's max and min (as float), into mx[head_dim] and mn[head_dim]. */
+void kvp_qmeta_block(const struct kvp_qmeta *m, int lh, int blk, float *mx, float *mn);
 /* Dimension d of block blk's max and min (as float). */
 float kvp_qmeta_max(const struct kvp_qmeta *m, int lh, int blk, int d);
 float kvp_qmeta_min(const struct kvp_qmeta *m, int lh, int blk, int d);

@@ -70,9 +70,11 @@ static void quantize_block(struct kvp_qmeta8 *q, const struct kvp_qmeta *m, int 
     uint8_t *tile = tile_of(q, lh, b / T);
     int8_t *mq = (int8_t *)(tile + T * sizeof(float)), *nq = mq + (size_t)q->hd4 * T * 4;
     const int o = b % T;
+    float mx[256], mn[256]; /* head_dim <= 256 (kvp_qmeta8_init) */
+    kvp_qmeta_block(m, lh, b, mx, mn);
     float amax = 0.0f;
     for (int d = 0; d < q->head_dim; d++) {
-        float x = fabsf(kvp_qmeta_max(m, lh, b, d)), n = fabsf(kvp_qmeta_min(m, lh, b, d));
+        float x = fabsf(mx[d]), n = fabsf(mn[d]);
         amax = x > amax ? x : amax;
         amax = n > amax ? n : amax;
     }
@@ -86,8 +88,8 @@ static void quantize_block(struct kvp_qmeta8 *q, const struct kvp_qmeta *m, int 
     for (int d = 0; d < q->hd4 * 4; d++) {
         int8_t a = 0, c = 0;
         if (s > 0.0f && d < q->head_dim) {
-            a = up8(kvp_qmeta_max(m, lh, b, d), s);
-            c = up8(-kvp_qmeta_min(m, lh, b, d), s);
+            a = up8(mx[d], s);
+            c = up8(-mn[d], s);
         }
         size_t i = ((size_t)(d / 4) * T + o) * 4 + d % 4;
         mq[i] = a;
