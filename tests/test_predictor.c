@@ -1190,12 +1190,12 @@ static void test_qpredictor_end_to_end(void **state)
     assert_true(max_diff(dense.logits, r.logits, (size_t)nd * 80) < 1e-5);
     assert_true(fabs(r.recovery - 1.0) < 1e-5);
     free(r.logits);
-    const char *opts[] = {"prune=0", "extra=1000", "extra=0", NULL};
+    const char *opts[] = {"prune=0", "extra=1000", "extra=0", "q8=1", NULL};
     float *full_logits = NULL;
     for (size_t i = 0; i < sizeof(opts) / sizeof(opts[0]); i++) {
         struct kvp_policy_params pp = {.name = "qpredictor", .aux_path = ppath, .budget = 64,
                                        .sink = 16, .local = 16, .opts = opts[i]};
-        r = run(m, &pp, np, nd, i == 3 ? 2 : 1);
+        r = run(m, &pp, np, nd, i == 4 ? 2 : 1);
         print_message("qpredictor budget 64, opts %s: recovery %.4f, violations %d\n",
                       opts[i] ? opts[i] : "(default)", r.recovery, r.violations);
         assert_int_equal(r.violations, 0);

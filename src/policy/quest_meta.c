@@ -235,31 +235,28 @@ void kvp_qmeta_bounds(const struct kvp_qmeta *m, int lh, const float *q, int g, 
         bounds_run(m, lh, q, g, scale, b0, b1, out, stride, f16_tile_best);
 }
 
-float kvp_qmeta_max(const struct kvp_qmeta *m, int lh, int blk, int d)
+/* Dimension d of block blk's max (row 0) or min (row 1), as float. */
+static float tile_value(const struct kvp_qmeta *m, int lh, int blk, int d, int row)
 {
-    size_t i = (size_t)d * 2 * KVP_QMETA_TILE + blk % KVP_QMETA_TILE;
+    size_t i = ((size_t)d * 2 + row) * KVP_QMETA_TILE + blk % KVP_QMETA_TILE;
     const void *t = kvp_qmeta_tile(m, lh, blk / KVP_QMETA_TILE);
     return m->half[lh] ? kvp_f16_to_f32(((const uint16_t *)t)[i]) : ((const float *)t)[i];
+}
+
+float kvp_qmeta_max(const struct kvp_qmeta *m, int lh, int blk, int d)
+{
+    return tile_value(m, lh, blk, d, 0);
 }
 
 float kvp_qmeta_min(const struct kvp_qmeta *m, int lh, int blk, int d)
 {
-    size_t i = (size_t)d * 2 * KVP_QMETA_TILE + KVP_QMETA_TILE + blk % KVP_QMETA_TILE;
-    const void *t = kvp_qmeta_tile(m, lh, blk / KVP_QMETA_TILE);
-    return m->half[lh] ? kvp_f16_to_f32(((const uint16_t *)t)[i]) : ((const float *)t)[i];
+    return tile_value(m, lh, blk, d, 1);
 }
 
 void kvp_qmeta_block(const struct kvp_qmeta *m, int lh, int blk, float *mx, float *mn)
 {
-    const void *t = kvp_qmeta_tile(m, lh, blk / KVP_QMETA_TILE);
     for (int d = 0; d < m->head_dim; d++) {
-        size_t i = (size_t)d * 2 * KVP_QMETA_TILE + blk % KVP_QMETA_TILE;
-        if (m->half[lh]) {
-            mx[d] = kvp_f16_to_f32(((const uint16_t *)t)[i]);
-            mn[d] = kvp_f16_to_f32(((const uint16_t *)t)[i + KVP_QMETA_TILE]);
-        } else {
-            mx[d] = ((const float *)t)[i];
-            mn[d] = ((const float *)t)[i + KVP_QMETA_TILE];
-        }
+        mx[d] = tile_value(m, lh, blk, d, 0);
+        mn[d] = tile_value(m, lh, blk, d, 1);
     }
 }
