@@ -137,12 +137,14 @@ static float pack_query(const float *qv, int hd, int hd4, uint32_t *pq, uint32_t
 }
 
 typedef void (*tile_fn)(const uint8_t *tile, int hd4, const uint32_t *pq, const uint32_t *nq,
-                        int G, int32_t *sum);
+                        int G, const float *cs, float *out);
 
 static void tile_scalar(const uint8_t *tile, int hd4, const uint32_t *pq, const uint32_t *nq,
-                        int G, int32_t *sum)
+                        int G, const float *cs, float *out)
 {
     const int8_t *mq = (const int8_t *)(tile + T * sizeof(float)), *nn = mq + (size_t)hd4 * T * 4;
+    float s[T];
+    memcpy(s, tile, sizeof(s));
     for (int j = 0; j < G; j++)
         for (int b = 0; b < T; b++) {
             int32_t acc = 0;
@@ -152,7 +154,7 @@ static void tile_scalar(const uint8_t *tile, int hd4, const uint32_t *pq, const 
                     acc += (int32_t)(pq[(size_t)j * hd4 + i] >> (8 * r) & 255) * mq[x] +
                            (int32_t)(nq[(size_t)j * hd4 + i] >> (8 * r) & 255) * nn[x];
                 }
-            sum[j * T + b] = acc;
+            out[j * T + b] = (float)acc * s[b] * cs[j];
         }
 }
 
@@ -170,16 +172,12 @@ static void run(const struct kvp_qmeta8 *q, int lh, const float *qv, int g, floa
             cs[j] = pack_query(qv + (size_t)(j0 + j) * q->head_dim, q->head_dim, hd4,
                                pq + (size_t)j * hd4, nq + (size_t)j * hd4) * scale;
         for (int t = b0 / T; t * T < b1; t++) {
-            const uint8_t *tile = tile_of(q, lh, t);
             const int lo = t * T > b0 ? t * T : b0, hi = (t + 1) * T < b1 ? (t + 1) * T : b1;
-            int32_t sum[HEADS * T];
-            float s[T];
-            fn(tile, hd4, pq, nq, G, sum);
-            memcpy(s, tile, sizeof(s));
+            float o[HEADS * T];
+            fn(tile_of(q, lh, t), hd4, pq, nq, G, cs, o);
             for (int j = 0; j < G; j++)
-                for (int b = lo; b < hi; b++)
-                    out[(size_t)(j0 + j) * stride + (b - b0)] =
-                        (float)sum[j * T + b - t * T] * s[b - t * T] * cs[j];
+                memcpy(out + (size_t)(j0 + j) * stride + (lo - b0), o + j * T + (lo - t * T),
+                       (size_t)(hi - lo) * sizeof(float));
         }
     }
 }

@@ -49,9 +49,9 @@ void kvp_qmeta8_bounds(const struct kvp_qmeta8 *q, int lh, const float *qv, int 
 void kvp_qmeta8_bounds_scalar(const struct kvp_qmeta8 *q, int lh, const float *qv, int g,
                               float scale, int b0, int b1, float *out, int stride);
 
-/* Internal (quest_meta8_vnni.c): the integer sums of G heads over one tile, packed queries
- * pq/nq [G][hd4] (4 u8 each), into sum[G][16]. */
+/* Internal (quest_meta8_vnni.c): the bounds of G <= 4 heads over one tile, packed queries
+ * pq/nq [G][hd4] (4 u8 each) with steps cs[G] (times the caller's scale), into out[G][16]. */
 void kvp_qmeta8_tile_vnni(const uint8_t *tile, int hd4, const uint32_t *pq, const uint32_t *nq,
-                          int G, int32_t *sum);
+                          int G, const float *cs, float *out);
 
 #endif

@@ -1,13 +1,14 @@
 /* The 8-bit bound pass's tile kernel with AVX512-VNNI (quest_meta8.h): per 4 dimensions, one
  * 64-byte vector of each row (Mq, Nq) shared by the heads, and one vpdpbusd per head and row
- * with the head's 4 query bytes broadcast. Integer sums: equal to the scalar loop exactly. */
+ * with the head's 4 query bytes broadcast. Integer sums (exact), then the same two float
+ * products per bound as the scalar loop: equal to it to the bit. */
 #include <immintrin.h>
 #include <stdint.h>
 
 #include "policy/quest_meta8.h"
 
 void kvp_qmeta8_tile_vnni(const uint8_t *tile, int hd4, const uint32_t *pq, const uint32_t *nq,
-                          int G, int32_t *sum)
+                          int G, const float *cs, float *out)
 {
     const uint8_t *mq = tile + KVP_QMETA_TILE * sizeof(float), *nn = mq + (size_t)hd4 * 64;
     __m512i ap[4], an[4]; /* G <= 4 (quest_meta8.c takes the heads four at a time) */
@@ -21,6 +22,9 @@ void kvp_qmeta8_tile_vnni(const uint8_t *tile, int hd4, const uint32_t *pq, cons
             an[j] = _mm512_dpbusd_epi32(an[j], _mm512_set1_epi32((int)nq[(size_t)j * hd4 + i]), vn);
         }
     }
-    for (int j = 0; j < G; j++)
-        _mm512_storeu_si512((void *)(sum + (size_t)j * KVP_QMETA_TILE), _mm512_add_epi32(ap[j], an[j]));
+    const __m512 sc = _mm512_loadu_ps((const float *)tile); /* the blocks' scales */
+    for (int j = 0; j < G; j++) /* (float)sum · s · c, the scalar loop's order */
+        _mm512_storeu_ps(out + (size_t)j * KVP_QMETA_TILE,
+                         _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(ap[j], an[j])), sc),
+                                       _mm512_set1_ps(cs[j])));
 }
