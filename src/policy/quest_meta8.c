@@ -3,7 +3,6 @@
 
 #include <math.h>
 #include <pthread.h>
-#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
