@@ -6,8 +6,10 @@
  * of operations, takes its share of each (rows of a weight matrix, tokens, or attention heads),
  * and meets the others at a barrier where an operation depends on the previous one's full
  * output. That keeps the per-token overhead of a tiny model to a few barriers instead of dozens
- * of thread wake-ups. Matrix products of a batch go through OpenBLAS sgemm (single-threaded per
- * call; each pool thread owns a slice of the output rows); a single token uses the SIMD mat-vec.
+ * of thread wake-ups. Matrix products of a batch go through the integer GEMM
+ * (kernels/prefill_gemm.h: Q8_0/Q4_0/Q5_0 weights on a CPU with AVX-512 VNNI, the batch quantized
+ * once per input) or else OpenBLAS sgemm on dequantized tiles (single-threaded per call); each
+ * pool thread owns a slice of the output rows. A single token uses the SIMD mat-vec.
  * Everything a layer does with the KV cache (writing K and V, selection, the tiered store,
  * decode and prefill attention, the policy's hooks) is one call, kvp_kv_layer (kv_step.h).
  */
@@ -192,7 +194,9 @@ int kvp_ctx_n_ctx(const kvp_ctx *c)
 
 /* Y[i][r] (+)= dot(W row r, X[i]) for the rows [r0, r1) this thread owns, i < n. same_x: X is
  * the input of this thread's previous matmul_rows call, unchanged (K and V after Q, up after
- * gate), so a decode step reuses its quantized copy when the weight types want the same one. */
+ * gate), so a decode step, or a batch through the integer GEMM, reuses its quantized copy when
+ * the weight types want the same one. Every thread calls this for every product (the GEMM path
+ * has a barrier). */
 static void matmul_rows(struct kvp_ctx *c, const struct kvp_mat *W, const float *X, int n, int ldx,
                         float *Y, int ldy, bool accumulate, bool same_x, long r0, long r1, int ith,
                         int nth)
