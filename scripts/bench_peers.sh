@@ -35,9 +35,10 @@ THREADS=${THREADS:-1 2}
 TYPES=${TYPES:-Q8_0 Q4_K}
 SHAPES=${SHAPES:-smol l1b}
 export LD_LIBRARY_PATH="$LLAMA_BIN${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-# kvpred's prefill runs OpenBLAS sgemm, whose kernels follow OPENBLAS_CORETYPE; an environment
-# that pins it (this project's sets Haswell, AVX2) makes prefill ~1.5x slower on an AVX-512 CPU
-# than OpenBLAS's own choice. KEEP_BLAS_CORETYPE=1 keeps the variable.
+# kvpred's prefill runs OpenBLAS sgemm for the weight types without the integer GEMM (Q4_K in
+# these files; every type without AVX-512 VNNI), whose kernels follow OPENBLAS_CORETYPE; an
+# environment that pins it (this project's sets Haswell, AVX2) makes that ~1.5x slower on an
+# AVX-512 CPU than OpenBLAS's own choice. KEEP_BLAS_CORETYPE=1 keeps the variable.
 [ "${KEEP_BLAS_CORETYPE:-0}" = 1 ] || unset OPENBLAS_CORETYPE
 
 for tool in jq /usr/bin/time "$KVP" "$LLAMA_BIN/llama-bench" "$LLAMA_BIN/llama-batched-bench" \

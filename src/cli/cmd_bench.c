@@ -31,6 +31,7 @@
 #include "core/rng.h"
 #include "core/threadpool.h"
 #include "forward/context.h"
+#include "kernels/prefill_gemm.h"
 #include "kernels/simd.h"
 #include "kernels/types.h"
 
@@ -401,6 +402,8 @@ int cmd_bench(int argc, char **argv)
         cJSON_AddNumberToObject(o, "reps", (double)reps);
         cJSON_AddNumberToObject(o, "prefill_tokens", (double)n_prefill);
         cJSON_AddNumberToObject(o, "prefill_tokens_per_s", pp_best);
+        cJSON_AddStringToObject(o, "prefill_gemm",
+                                kvp_gemm_wants(KVP_TYPE_Q8_0, 2) ? "int8" : "sgemm");
         cJSON_AddNumberToObject(o, "fill_seconds", fill_s);
         cJSON_AddNumberToObject(o, "decode_tokens_per_s", tg_mean);
         cJSON_AddNumberToObject(o, "decode_tokens_per_s_best", tg_best);

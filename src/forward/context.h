@@ -26,6 +26,7 @@ struct kvp_thread_scratch {
     float *tile;  /* [KVP_TILE_ROWS][max_cols] dequantized weight rows */
     void *xq;     /* activation quantized for integer dot products [max_cols] */
     int xq_type;  /* the kvp_type_vec_dot_type xq holds for the current input (-1: none) */
+    bool xg_ready; /* the previous product left its input quantized in kvp_ctx.xg */
 };
 
 struct kvp_ctx {
@@ -53,6 +54,9 @@ struct kvp_ctx {
     int probs_stride; /* n_ctx rounded up to whole blocks: score kernels write whole blocks */
 
     struct kvp_thread_scratch *ts; /* owned [n_threads] */
+    size_t tile_bytes;             /* bytes of each ts[].tile */
+    void *xg;      /* prefill's integer GEMM: the batch's activations quantized (prefill_gemm.h),
+                      NULL when the CPU has no such kernel */
 
     /* the selection policy and its buffers (policy/host.h); pol.p NULL: dense everywhere */
     struct kvp_policy_host pol;

@@ -6,8 +6,10 @@
  * of operations, takes its share of each (rows of a weight matrix, tokens, or attention heads),
  * and meets the others at a barrier where an operation depends on the previous one's full
  * output. That keeps the per-token overhead of a tiny model to a few barriers instead of dozens
- * of thread wake-ups. Matrix products of a batch go through OpenBLAS sgemm (single-threaded per
- * call; each pool thread owns a slice of the output rows); a single token uses the SIMD mat-vec.
+ * of thread wake-ups. Matrix products of a batch go through the integer GEMM
+ * (kernels/prefill_gemm.h: Q8_0/Q4_0/Q5_0 weights on a CPU with AVX-512 VNNI, the batch quantized
+ * once per input) or else OpenBLAS sgemm on dequantized tiles (single-threaded per call); each
+ * pool thread owns a slice of the output rows. A single token uses the SIMD mat-vec.
  * Everything a layer does with the KV cache (writing K and V, selection, the tiered store,
  * decode and prefill attention, the policy's hooks) is one call, kvp_kv_layer (kv_step.h).
  */
@@ -21,6 +23,7 @@
 #include "core/platform.h"
 #include "forward/context.h"
 #include "forward/kv_step.h"
+#include "kernels/prefill_gemm.h"
 #include "kernels/simd.h"
 #include "kernels/types.h"
 #include "policy/host.h"
@@ -85,6 +88,10 @@ int kvp_ctx_init(const kvp_model *model, const struct kvp_ctx_params *params, kv
     c->probs_stride = c->kv.max_blocks * c->kv.block_size;
     c->probs = falloc((size_t)hp->n_head * c->probs_stride);
     c->ts = calloc((size_t)p.n_threads, sizeof(*c->ts));
+    /* the integer GEMM's quantized batch, when this CPU has the kernel */
+    if (kvp_simd()->gemm_tile &&
+        !(c->xg = kvp_alloc_aligned(kvp_gemm_xq_bytes(c->n_batch, (int64_t)max_cols))))
+        goto fail_nomem;
     if (!c->inv_freq || !c->x || !c->xn || !c->q || !c->k || !c->v || !c->att || !c->gate ||
         !c->up || !c->rope || !c->probs || !c->ts)
         goto fail_nomem;
@@ -94,6 +101,7 @@ int kvp_ctx_init(const kvp_model *model, const struct kvp_ctx_params *params, kv
         s->vc = falloc((size_t)c->n_ctx * hp->head_dim);
         s->s = falloc((size_t)KVP_QCHUNK * c->n_ctx);
         s->tile = falloc((size_t)KVP_TILE_ROWS * max_cols);
+        c->tile_bytes = (size_t)KVP_TILE_ROWS * max_cols * sizeof(float);
         s->xq = kvp_alloc_aligned(max_cols * 2 + 64);
         s->xq_type = -1;
         if (!s->kc || !s->vc || !s->s || !s->tile || !s->xq)
@@ -149,6 +157,7 @@ void kvp_ctx_free(kvp_ctx *c)
     free(c->inv_freq);
     free_policy(c);
     kvp_free_aligned(c->dense_probs);
+    kvp_free_aligned(c->xg);
     free(c->dense_q);
     free(c->recovery);
     kvp_kv_free(c);
@@ -185,11 +194,31 @@ int kvp_ctx_n_ctx(const kvp_ctx *c)
 
 /* Y[i][r] (+)= dot(W row r, X[i]) for the rows [r0, r1) this thread owns, i < n. same_x: X is
  * the input of this thread's previous matmul_rows call, unchanged (K and V after Q, up after
- * gate), so a decode step reuses its quantized copy when the weight types want the same one. */
-static void matmul_rows(const struct kvp_mat *W, const float *X, int n, int ldx, float *Y, int ldy,
-                        bool accumulate, bool same_x, long r0, long r1,
-                        struct kvp_thread_scratch *ts)
+ * gate), so a decode step, or a batch through the integer GEMM, reuses its quantized copy when
+ * the weight types want the same one. Every thread calls this for every product (the GEMM path
+ * has a barrier). */
+static void matmul_rows(struct kvp_ctx *c, const struct kvp_mat *W, const float *X, int n, int ldx,
+                        float *Y, int ldy, bool accumulate, bool same_x, long r0, long r1, int ith,
+                        int nth)
 {
+    struct kvp_thread_scratch *ts = &c->ts[ith];
+    if (c->xg && kvp_gemm_wants(W->type, n)) {
+        /* prefill, integer GEMM: the batch quantized once into the shared c->xg, each thread
+         * its tokens; every thread takes this branch for the same W and n, so all meet at the
+         * barrier */
+        if (!(same_x && ts->xg_ready)) {
+            long t0, t1;
+            kvp_split_range(n, ith, nth, &t0, &t1);
+            kvp_gemm_quantize(X, ldx, W->cols, n, t0, t1, c->xg, ts->xq);
+            kvp_pool_barrier(c->pool);
+        }
+        ts->xg_ready = true;
+        ts->xq_type = -1;
+        if (r0 < r1)
+            kvp_gemm_rows(W, c->xg, n, Y, ldy, accumulate, r0, r1, ts->tile, c->tile_bytes);
+        return;
+    }
+    ts->xg_ready = false;
     int vt = n == 1 && r0 < r1 && kvp_matvec_xq_bytes(W->type, W->cols) > 0
                  ? kvp_type_vec_dot_type(W->type)
                  : -1;
@@ -231,12 +260,12 @@ static void matmul_rows(const struct kvp_mat *W, const float *X, int n, int ldx,
 }
 
 /* Split the rows of W among threads and multiply. */
-static void matmul(const struct kvp_mat *W, const float *X, int n, int ldx, float *Y, int ldy,
-                   bool accumulate, int ith, int nth, struct kvp_thread_scratch *ts)
+static void matmul(struct kvp_ctx *c, const struct kvp_mat *W, const float *X, int n, int ldx,
+                   float *Y, int ldy, bool accumulate, int ith, int nth)
 {
     long r0, r1;
     kvp_split_range((long)W->rows, ith, nth, &r0, &r1);
-    matmul_rows(W, X, n, ldx, Y, ldy, accumulate, false, r0, r1, ts);
+    matmul_rows(c, W, X, n, ldx, Y, ldy, accumulate, false, r0, r1, ith, nth);
 }
 
 static void rmsnorm(float *out, const float *x, const float *w, int n, float eps)
@@ -284,7 +313,6 @@ static void forward_worker(void *arg, int ith, int nth)
     struct kvp_ctx *c = arg;
     const struct kvp_model *m = c->model;
     const struct kvp_hparams *hp = &c->hp;
-    struct kvp_thread_scratch *ts = &c->ts[ith];
     const int n = c->job_n;
     const int pos0 = c->job_pos0;
     const int D = hp->n_embd, hd = hp->head_dim;
@@ -316,12 +344,12 @@ static void forward_worker(void *arg, int ith, int nth)
 
         long r0, r1;
         kvp_split_range(q_dim, ith, nth, &r0, &r1);
-        matmul_rows(&L->wq, c->xn, n, D, c->q, q_dim, false, false, r0, r1, ts);
+        matmul_rows(c, &L->wq, c->xn, n, D, c->q, q_dim, false, false, r0, r1, ith, nth);
         add_bias(c->q, n, q_dim, L->bq, r0, r1);
         kvp_split_range(kv_dim, ith, nth, &r0, &r1);
-        matmul_rows(&L->wk, c->xn, n, D, c->k, kv_dim, false, true, r0, r1, ts);
+        matmul_rows(c, &L->wk, c->xn, n, D, c->k, kv_dim, false, true, r0, r1, ith, nth);
         add_bias(c->k, n, kv_dim, L->bk, r0, r1);
-        matmul_rows(&L->wv, c->xn, n, D, c->v, kv_dim, false, true, r0, r1, ts);
+        matmul_rows(c, &L->wv, c->xn, n, D, c->v, kv_dim, false, true, r0, r1, ith, nth);
         add_bias(c->v, n, kv_dim, L->bv, r0, r1);
         kvp_pool_barrier(c->pool);
 
@@ -334,7 +362,7 @@ static void forward_worker(void *arg, int ith, int nth)
         kvp_pool_barrier(c->pool);
 
         kvp_split_range(D, ith, nth, &r0, &r1);
-        matmul_rows(&L->wo, c->att, n, q_dim, c->x, D, true, false, r0, r1, ts);
+        matmul_rows(c, &L->wo, c->att, n, q_dim, c->x, D, true, false, r0, r1, ith, nth);
         add_bias(c->x, n, D, L->bo, r0, r1);
         kvp_pool_barrier(c->pool);
 
@@ -345,8 +373,9 @@ static void forward_worker(void *arg, int ith, int nth)
         /* gate and up: each thread owns the same rows of both, so SwiGLU needs no barrier */
         long f0, f1;
         kvp_split_range(hp->n_ff, ith, nth, &f0, &f1);
-        matmul_rows(&L->w_gate, c->xn, n, D, c->gate, hp->n_ff, false, false, f0, f1, ts);
-        matmul_rows(&L->w_up, c->xn, n, D, c->up, hp->n_ff, false, true, f0, f1, ts);
+        matmul_rows(c, &L->w_gate, c->xn, n, D, c->gate, hp->n_ff, false, false, f0, f1, ith,
+                    nth);
+        matmul_rows(c, &L->w_up, c->xn, n, D, c->up, hp->n_ff, false, true, f0, f1, ith, nth);
         for (int i = 0; i < n; i++) {
             float *g = c->gate + (size_t)i * hp->n_ff, *u = c->up + (size_t)i * hp->n_ff;
             for (long j = f0; j < f1; j++)
@@ -354,7 +383,7 @@ static void forward_worker(void *arg, int ith, int nth)
         }
         kvp_pool_barrier(c->pool);
 
-        matmul(&L->w_down, c->gate, n, hp->n_ff, c->x, D, true, ith, nth, ts);
+        matmul(c, &L->w_down, c->gate, n, hp->n_ff, c->x, D, true, ith, nth);
         kvp_pool_barrier(c->pool);
         kvp_kv_layer_done(c, l, t_layer, ith);
     }
@@ -369,8 +398,8 @@ static void forward_worker(void *arg, int ith, int nth)
     for (long i = o0; i < o1; i++)
         rmsnorm(c->xn + (first + i) * D, c->x + (first + i) * D, m->output_norm, D, hp->norm_eps);
     kvp_pool_barrier(c->pool);
-    matmul(&m->output, c->xn + (size_t)first * D, n_out, D, c->job_logits, hp->n_vocab, false, ith,
-           nth, ts);
+    matmul(c, &m->output, c->xn + (size_t)first * D, n_out, D, c->job_logits, hp->n_vocab, false,
+           ith, nth);
 }
 
 int kvp_eval(kvp_ctx *c, const int32_t *tokens, int n, float *logits, bool all_logits,

@@ -3,7 +3,8 @@
  *
  * A weight matrix is `rows` rows of `cols` elements, each row contiguous and quantized along the
  * row (GGUF ne = [cols, rows]). Decode multiplies one activation vector; prefill multiplies a
- * batch, through OpenBLAS sgemm for F32 weights and a dequantized tile for the others.
+ * batch, through prefill_gemm.h's integer GEMM where it applies, else OpenBLAS sgemm for F32
+ * weights and a dequantized tile for the others.
  */
 #ifndef KVP_KERNELS_MATVEC_H
 #define KVP_KERNELS_MATVEC_H

@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct kvp_gemm_tile;
+
 #define KVP_SIMD_NTYPES 32 /* dot_q[] slots: GGUF type ids below 32 */
 
 struct kvp_simd_ops {
@@ -89,6 +91,12 @@ struct kvp_simd_ops {
     /* The rows_* kernels (rows_f32 .. rows_q8_0 and rows_q) prefetch the rows after those they
      * compute; kvp_matvec_rows prefetches for the others. */
     bool rows_prefetch;
+
+    /* Prefill's integer GEMM over one tile of weight rows (prefill_gemm.h has the layouts and
+     * the contract): y[t][r] (+)= the Q8_0 dot of tile row r with token t, t < n. NULL in the
+     * tables without one (prefill then dequantizes for sgemm). */
+    void (*gemm_tile)(const struct kvp_gemm_tile *tile, const void *xg, int n, float *y, int ldy,
+                      bool accumulate);
 };
 
 /* Largest of x[0..n) through the table's max, or a scalar loop when it has none. */

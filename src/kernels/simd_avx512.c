@@ -933,4 +933,5 @@ const struct kvp_simd_ops kvp_simd_ops_avx512vnni = {
             [KVP_TYPE_Q5_K] = rows_q5_k,
             [KVP_TYPE_Q6_K] = rows_q6_k,
         },
+    .gemm_tile = kvp_vnni_gemm_tile,
 };

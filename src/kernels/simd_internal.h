@@ -24,5 +24,8 @@ void kvp_vnni_rows_q5_0(const void *w, size_t row_bytes, const void *xq, int64_t
                         float *y);
 void kvp_vnni_rows_q4_k(const void *w, size_t row_bytes, const void *xq, int64_t n, int64_t nrows,
                         float *y);
+/* Prefill's integer GEMM over a tile (prefill_gemm.h), in the avx512vnni table. */
+void kvp_vnni_gemm_tile(const struct kvp_gemm_tile *tile, const void *xg, int n, float *y, int ldy,
+                        bool accumulate);
 
 #endif
