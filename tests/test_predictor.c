@@ -1121,6 +1121,62 @@ static void test_qpredictor_end_to_end(void **state)
     free(ppath);
 }
 
+/* qpredictor's prefetch (predict_next) for the context select just saw, with select's query, holds
+ * every block select chose, whether it reuses select's ranking (the last layer) or ranks anew
+ * (the layers before it, whose ranking the scratch no longer holds), and takes more. */
+static void test_qpredictor_predict_superset(void **state)
+{
+    (void)state;
+    struct kvp_cnn n;
+    random_qnet(&n, 8);
+    char *ppath = kvp_test_tmpfile(".kvpp"), *mpath;
+    assert_int_equal(kvp_cnn_save(&n, ppath, NULL), 0);
+    kvp_cnn_free(&n);
+    kvp_model *m = fixture_model(&mpath);
+    struct kvp_ctx_params cp = {.n_ctx = 256, .n_threads = 1};
+    kvp_ctx *c = NULL;
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_ctx_init(m, &cp, &c, &err), 0);
+    struct kvp_policy_params pp = {.name = "qpredictor", .aux_path = ppath, .budget = 48,
+                                   .sink = 8, .local = 8, .dense_layers = 1,
+                                   .opts = "margin=2,extra=1"};
+    assert_int_equal(kvp_ctx_set_policy(c, &pp, &err), 0);
+    const int mb = c->kv.max_blocks, n_kv = c->hp.n_head_kv;
+    int32_t *blocks = calloc((size_t)mb, sizeof(int32_t));
+    uint64_t *mask = calloc((size_t)mb, sizeof(uint64_t));
+    struct kvp_sel pred = {.blocks = blocks, .mask = mask};
+    int32_t ids[200];
+    for (int i = 0; i < 200; i++)
+        ids[i] = (i * 13 + 7) % 80;
+    assert_int_equal(kvp_eval(c, ids, 100, NULL, false, &err), 0);
+    int grew = 0;
+    for (int i = 100; i < 200; i++) {
+        assert_int_equal(kvp_eval(c, ids + i, 1, NULL, false, &err), 0);
+        const int nt = kvp_ctx_n_tokens(c);
+        for (int l = c->hp.n_layer - 1; l >= 1; l--) /* the last layer first: its ranking is kept */
+            for (int h = 0; h < n_kv; h++) {
+                const struct kvp_sel *sel = &c->pol.sel[(size_t)l * n_kv + h];
+                c->pol.p->ops->predict_next(c->pol.p, l, h, nt, &pred);
+                int j = 0;
+                for (int b = 0; b < sel->n; b++) {
+                    while (j < pred.n && pred.blocks[j] < sel->blocks[b])
+                        j++;
+                    assert_true(j < pred.n && pred.blocks[j] == sel->blocks[b]);
+                }
+                grew += pred.n > sel->n;
+            }
+    }
+    assert_true(grew > 0);
+    free(blocks);
+    free(mask);
+    kvp_ctx_free(c);
+    kvp_model_close(m);
+    remove(mpath);
+    remove(ppath);
+    free(mpath);
+    free(ppath);
+}
+
 /* A version 2 trace in memory: block 4, one layer of 2 query heads in 1 KV head, n_seq
  * sequences of T tokens; both heads attend alike (pseudo-random masses) and the query bound is
  * the log of the block's mass, so ranking by the bound is ranking by the true mass. */
@@ -1238,6 +1294,7 @@ int main(void)
         cmocka_unit_test(test_query_feature),
         cmocka_unit_test(test_predictor_file_v2),
         cmocka_unit_test(test_qpredictor_end_to_end),
+        cmocka_unit_test(test_qpredictor_predict_superset),
         cmocka_unit_test(test_validate_tail_and_pruned),
         cmocka_unit_test(test_columns_batched_equal_reference), /* last: draws from frand() */
     };

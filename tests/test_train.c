@@ -933,8 +933,6 @@ static void test_tasks_on_tinystories(void **state)
         free(prompt);
         free(answer);
     }
-    const char *bad[] = {"../shared/data/pg_essays"};
-    assert_int_equal(kvp_corpus_read(bad, 1, &text, &len, &err), KVP_EINVAL);
     kvp_corpus_free(c);
     kvp_tvocab_free(v);
     free(text);
@@ -982,6 +980,38 @@ static void test_corpus_json(void **state)
     remove(lines);
     remove(bad);
     remove(plain);
+    rmdir(dir);
+}
+
+/* Evaluation-only text is refused as training data, by path and inside a directory, and read
+ * as filler: the essays and the held-out stories (data/heldout_stories.txt). */
+static void test_corpus_refuses_eval_text(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/kvp_heldout_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char story[64], held[64];
+    snprintf(story, sizeof(story), "%s/a.txt", dir);
+    snprintf(held, sizeof(held), "%s/heldout_stories.txt", dir);
+    write_file(story, "A cat sat.");
+    write_file(held, "A dog ran.");
+    char *text;
+    size_t len;
+    struct kvp_err err;
+    const char *ok[] = {story};
+    assert_int_equal(kvp_corpus_read(ok, 1, &text, &len, &err), 0);
+    free(text);
+    const char *bad[][1] = {{held}, {dir}, {"../shared/data/pg_essays"}};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(kvp_corpus_read(bad[i], 1, &text, &len, &err), KVP_EINVAL);
+        assert_non_null(strstr(err.msg, "never training data"));
+    }
+    const char *both[] = {dir};
+    assert_int_equal(kvp_corpus_read_filler(both, 1, &text, &len, &err), 0);
+    assert_string_equal(text, "A cat sat.\n\nA dog ran.\n\n");
+    free(text);
+    remove(story);
+    remove(held);
     rmdir(dir);
 }
 
@@ -1648,7 +1678,8 @@ int main(void)
         cmocka_unit_test(test_schedule_and_clip),
         cmocka_unit_test(test_bpe_learn_and_encode),
         cmocka_unit_test(test_spm_merge_order),
-        cmocka_unit_test(test_corpus_and_samples), cmocka_unit_test(test_corpus_json), cmocka_unit_test(test_seed_contract),
+        cmocka_unit_test(test_corpus_and_samples), cmocka_unit_test(test_corpus_json),
+        cmocka_unit_test(test_corpus_refuses_eval_text), cmocka_unit_test(test_seed_contract),
         cmocka_unit_test(test_haystack_kinds),
         cmocka_unit_test(test_tokenizer_matches_engine),
         cmocka_unit_test(test_tasks_on_tinystories),

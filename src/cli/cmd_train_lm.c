@@ -31,9 +31,11 @@ static void train_usage(FILE *f)
 {
     fprintf(f,
             "usage: kvpred train-lm --data DIR_OR_FILE... -o OUT.gguf [options]\n\n"
-            "  --data PATH...          training text files or directories (never pg_essays)\n"
+            "  --data PATH...          training text files or directories (never pg_essays or\n"
+            "                          heldout_stories.txt: evaluation text)\n"
             "  --hay PATH...           extra haystack texts for retrieval samples, each path its\n"
-            "                          own kind (files or directories; never pg_essays)\n"
+            "                          own kind (files or directories; never pg_essays or\n"
+            "                          heldout_stories.txt)\n"
             "  --hay-frac F            share of retrieval samples whose haystack is drawn\n"
             "                          uniformly among noise lines, --data and each --hay path\n"
             "                          (default 0: every task keeps its own)\n"

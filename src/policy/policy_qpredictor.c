@@ -32,7 +32,8 @@
  * on version 2 traces (they record the bounds); a one-channel file is refused.
  *
  * Options (p.opts): extra=N candidates beyond k [16]; prune=0|1 [1]; recent=0|1 [0];
- * margin=N blocks the prediction for the tiered store takes beyond the budget [64, as quest].
+ * margin=N blocks the prediction for the tiered store takes beyond the k + extra candidates
+ * [64, as quest's margin beyond its k].
  *
  * Threading: state per (layer, KV head), scratch per KV head (layers run one after another).
  */
@@ -63,6 +64,9 @@ struct qp_kvh { /* scratch of one KV head */
     int32_t *chosen;   /* [max_blocks] */
     uint64_t *masks;   /* [max_blocks] */
     const float **rows;/* [H] */
+    /* which ranking comb holds: choose()'s for (layer, KV head) comb_lh, columns from comb_first,
+     * comb_w of them (comb_lh -1: none); predict_next reuses it */
+    int comb_lh, comb_first, comb_w;
 };
 
 struct qp_state {
@@ -200,6 +204,7 @@ static int qp_init(struct kvp_policy *p, struct kvp_err *err)
         k->chosen = malloc((size_t)mb * sizeof(int32_t));
         k->masks = malloc((size_t)mb * sizeof(uint64_t));
         k->rows = malloc((size_t)s->cnn.H * sizeof(*k->rows));
+        k->comb_lh = -1;
         if (!k->ub || !k->comb || !k->feat || !k->fmark || !k->cmark || !k->row ||
             !k->grow || !k->cscore || !k->cand || !k->top || !k->heap || !k->chosen ||
             !k->masks || !k->rows)
@@ -221,6 +226,8 @@ static void qp_reset(struct kvp_policy *p)
     kvp_hist_reset(&s->hist);
     kvp_qmeta_reset(&s->meta);
     memset(s->has_q, 0, (size_t)p->env.n_layer * s->n_head_kv * sizeof(bool));
+    for (int h = 0; h < s->n_head_kv; h++)
+        s->kv[h].comb_lh = -1;
 }
 
 static int series_of(const struct qp_state *s, int layer, int kvh)
@@ -335,6 +342,9 @@ static void choose(struct qp_state *s, const struct kvp_policy *p, int layer, in
     const float scale = 1.0f / sqrtf((float)s->hd);
     kvp_qmeta_bounds(&s->meta, lh, q, s->g, scale, bp->first, bp->end, k->ub, s->max_blocks);
     group_feature(k->ub, s->g, s->max_blocks, W, k->comb);
+    k->comb_lh = lh;
+    k->comb_first = bp->first;
+    k->comb_w = W;
     /* candidates */
     int nc = 0;
     const float *rows0 = NULL;
@@ -394,6 +404,7 @@ static void qp_select(struct kvp_policy *p, int layer, int kvh, const float *q, 
     kvp_qmeta_fold(&s->meta, p->env.kv, layer, kvh, n_tokens);
     memcpy(s->lastq + (size_t)lh * s->g * s->hd, q, (size_t)s->g * s->hd * sizeof(float));
     s->has_q[lh] = true;
+    k->comb_lh = -1; /* choose() below sets it when this step ranks */
     struct kvp_block_plan bp;
     kvp_block_plan(p, n_tokens, &bp);
     if (!plan_ranks(&bp)) { /* nothing to rank: equal scores, lower blocks first */
@@ -404,8 +415,13 @@ static void qp_select(struct kvp_policy *p, int layer, int kvh, const float *q, 
     choose(s, p, layer, kvh, q, &bp, bp.k, n_tokens, sel);
 }
 
-/* The tiered store's prefetch: the next step's plan ranked with this step's query over the
- * history that now ends with this step's row, margin more candidates than the budget. */
+/* The tiered store's prefetch for step t + 1. select at t + 1 takes its k blocks among the
+ * k + extra with the best feature under that step's query, so the prefetch is the
+ * k + extra + margin best under this step's query (the query moves little from one token to the
+ * next), and no CNN: the ranking select just made (comb, same query) is reused, and the columns
+ * the next plan adds beyond it (at most a block or two as the local window slides) are fetched
+ * outright. With the query select used, the prefetch holds select's blocks (tested). prune=0
+ * (every block a candidate) still ranks with the CNN, k + margin of them. */
 static void qp_predict_next(struct kvp_policy *p, int layer, int kvh, int n_tokens_next,
                             struct kvp_sel *sel)
 {
@@ -421,10 +437,31 @@ static void qp_predict_next(struct kvp_policy *p, int layer, int kvh, int n_toke
         kvp_sel_blocks(&bp, k->cscore, n_tokens_next, p->env.block_size, sel, k->masks, k->top);
         return;
     }
-    int n_cand = bp.end - bp.first;
-    int take = bp.k + s->margin < n_cand ? bp.k + s->margin : n_cand;
-    choose(s, p, layer, kvh, s->lastq + (size_t)lh * s->g * s->hd, &bp, take, n_tokens_next,
-           sel);
+    const float *q = s->lastq + (size_t)lh * s->g * s->hd;
+    const int n_cand = bp.end - bp.first;
+    if (!s->prune) {
+        int take = bp.k + s->margin < n_cand ? bp.k + s->margin : n_cand;
+        choose(s, p, layer, kvh, q, &bp, take, n_tokens_next, sel);
+        return;
+    }
+    if (k->comb_lh != lh || k->comb_first != bp.first || k->comb_w > n_cand) {
+        /* select did not rank this head's blocks with this query (or the plan moved): rank */
+        const float scale = 1.0f / sqrtf((float)s->hd);
+        kvp_qmeta_bounds(&s->meta, lh, q, s->g, scale, bp.first, bp.end, k->ub, s->max_blocks);
+        group_feature(k->ub, s->g, s->max_blocks, n_cand, k->comb);
+        k->comb_lh = lh;
+        k->comb_first = bp.first;
+        k->comb_w = n_cand;
+    }
+    const int w = k->comb_w;
+    int take = bp.k + s->extra + s->margin < w ? bp.k + s->extra + s->margin : w;
+    kvp_topk_indices(k->comb, w, take, k->top, k->heap);
+    int n = 0;
+    for (int i = 0; i < take; i++)
+        k->chosen[n++] = bp.first + k->top[i];
+    for (int c = w; c < n_cand; c++) /* not ranked yet: the newest candidates */
+        k->chosen[n++] = bp.first + c;
+    build_sel(p, &bp, k->chosen, n, n_tokens_next, k->masks, sel);
 }
 
 static void qp_step(struct kvp_policy *p, int layer, int kvh, const struct kvp_sel *sel,

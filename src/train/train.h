@@ -335,8 +335,8 @@ size_t kvp_tvocab_decode(const struct kvp_tvocab *v, const int32_t *ids, size_t 
 
 /* =================================== data (train_data.c) ====================================== */
 
-/* Read files (plain text) and concatenate them; fails with KVP_EINVAL for a path under
- * pg_essays (evaluation-only text). */
+/* Read files (plain text) and concatenate them; fails with KVP_EINVAL for evaluation-only text:
+ * a path under pg_essays, or heldout_stories.txt (also when met inside a directory). */
 int kvp_corpus_read(const char *const *paths, int n_paths, char **text, size_t *len,
                     struct kvp_err *err);
 /* Prepare a corpus from raw text (copied) with vocabulary v (borrowed; may be NULL, then token

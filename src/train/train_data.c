@@ -118,10 +118,22 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/* Text kept for evaluation only: the Paul Graham essays (retrieval filler) and the held-out
+ * stories (data/heldout_stories.txt, perplexity). Its reason, or NULL for any other path. */
+static const char *eval_only(const char *path)
+{
+    if (strstr(path, "pg_essays"))
+        return "the Paul Graham essays are evaluation filler";
+    if (strstr(path, "heldout_stories.txt"))
+        return "the held-out stories are evaluation text";
+    return NULL;
+}
+
 /* All regular files of a directory, in name order (so runs do not depend on readdir order).
  * Symbolic links (a second name of a file already read, as in the fortune databases) and files
- * holding a NUL byte (their binary index files) are skipped. */
-static int read_dir_append(const char *dir, struct sbuf *b, struct kvp_err *err)
+ * holding a NUL byte (their binary index files) are skipped; evaluation-only files are refused
+ * unless allow_eval. */
+static int read_dir_append(const char *dir, bool allow_eval, struct sbuf *b, struct kvp_err *err)
 {
     DIR *d = opendir(dir);
     if (!d)
@@ -148,6 +160,11 @@ static int read_dir_append(const char *dir, struct sbuf *b, struct kvp_err *err)
         struct stat st;
         if (lstat(names[i], &st) != 0 || !S_ISREG(st.st_mode))
             continue;
+        const char *why = allow_eval ? NULL : eval_only(names[i]);
+        if (why) {
+            rc = kvp_err_set(err, KVP_EINVAL, "%s: %s, never training data", names[i], why);
+            break;
+        }
         size_t n0 = b->n;
         rc = read_file_append(names[i], b, err);
         if (rc == 0 && memchr(b->p + n0, 0, b->n - n0))
@@ -166,18 +183,17 @@ static int read_paths(const char *const *paths, int n_paths, bool allow_eval, ch
 {
     struct sbuf b = {0};
     for (int i = 0; i < n_paths; i++) {
-        if (!allow_eval && strstr(paths[i], "pg_essays")) {
+        const char *why = allow_eval ? NULL : eval_only(paths[i]);
+        if (why) {
             free(b.p);
-            return kvp_err_set(err, KVP_EINVAL,
-                               "%s: the Paul Graham essays are evaluation filler, never training "
-                               "data", paths[i]);
+            return kvp_err_set(err, KVP_EINVAL, "%s: %s, never training data", paths[i], why);
         }
         struct stat st;
         if (stat(paths[i], &st) != 0) {
             free(b.p);
             return kvp_err_set(err, KVP_EIO, "%s: %s", paths[i], strerror(errno));
         }
-        int rc = S_ISDIR(st.st_mode) ? read_dir_append(paths[i], &b, err)
+        int rc = S_ISDIR(st.st_mode) ? read_dir_append(paths[i], allow_eval, &b, err)
                                      : read_file_append(paths[i], &b, err);
         if (rc < 0) {
             free(b.p);
