@@ -55,7 +55,7 @@ static void wake_waiters(struct kvp_pool *pool)
     pthread_mutex_unlock(&pool->mu);
 }
 
-/* Wait until *v != old (ne) or *v >= old (!ne): spin, then (sleepy pools) sleep. */
+/* Wait until *u != old (u given) or *v >= target: spin, then (sleepy pools) sleep. */
 static void wait_until(struct kvp_pool *pool, atomic_uint *u, atomic_int *v, unsigned old,
                        int target)
 {

@@ -9,10 +9,11 @@
  * token and layer, 14 KB for D=256, F=704, 8 heads, 4 KV heads.
  *
  * Threads: in f32, OpenBLAS parallelises the large matrix products itself; in bf16 the linear
- * maps split their output rows (dW: its rows) over our own pthreads. Attention runs on our
- * threads over (sequence, KV head) tasks (OpenBLAS switched to one thread in f32), each task
- * owning its query heads and its dK/dV rows, so results do not depend on scheduling. Row-wise ops
- * (norms, SwiGLU, the loss) are split over the same threads by row ranges; per-thread loss
+ * maps split their output rows (dW: its rows) over our own threads, a persistent pool (f32 keeps
+ * a thread start per op, as it always ran). Attention runs on the same threads over (sequence,
+ * KV head) tasks (OpenBLAS switched to one thread in f32), each task owning its query heads
+ * and its dK/dV rows, so results do not depend on scheduling. Row-wise ops (norms, SwiGLU, the
+ * loss) are split over the same threads by row ranges; per-thread loss
  * partial sums are added in thread order, so a run is bit-for-bit reproducible for a fixed
  * thread count.
  */
@@ -576,8 +577,7 @@ static void lin_bwd_worker(void *p, int ith, int nth)
 
 /* kvp_op_linear_fwd in the model's precision. reuse_x: x is the same (same contents) as in the
  * previous linear_fwd call, whose bf16 copy of it is reused (Q, K, V read one input, as do gate
- * and up). res (bf16 path): y = res + x·Wᵀ, the residual copied by the threads; NULL in f32,
- * where the caller does it. */
+ * and up). res: y = res + x·Wᵀ (a residual; in bf16 each thread copies its rows of it). */
 static void linear_fwd(struct kvp_train_model *m, float *y, const float *x, const float *w, long n,
                        int in, int out, float beta, bool reuse_x, const float *res)
 {
