@@ -12,7 +12,10 @@
  *   spm/, bpe/    texts (flag byte first): ASCII, spaces at the edges, accented/CJK/emoji UTF-8,
  *                 invalid UTF-8, a literal U+2581, special-token spellings;
  *   chat/         conversations (format byte, flag byte, NUL-separated role/content pairs);
- *   policy_opts/  option strings for each policy (policy byte, budget byte, options).
+ *   policy_opts/  option strings for each policy (policy byte, budget byte, options);
+ *   corpus_json/  .json and .jsonl texts: a RULER-style object, JSON Lines with nested and
+ *                 missing "text" members, escapes (\n, \", \u00e9, a surrogate pair, \u0000),
+ *                 a bad line among good ones, and plain prose (not JSON).
  * All values are fixed, so the corpus is the same on every run.
  */
 #include <stdio.h>
@@ -288,6 +291,34 @@ static int policy_opts_seeds(const char *dir)
     return 0;
 }
 
+/* Corpus files: enough sentences and words to make a corpus, in several JSON layouts. */
+static int corpus_json_seeds(const char *dir)
+{
+#define PROSE                                                                                      \
+    "The quiet river runs past the old mill. Mr. Brown walks his small dog there! Does the "       \
+    "baker open early? \\\"Always,\\\" said the tall woman. Green fields turn golden in summer."
+    static const char *const seeds[] = {
+        "{\"text\": \"" PROSE "\"}",
+        ("[{\"title\": \"a\", \"text\": \"" PROSE "\"}, {\"text\": \"More words here.\"}]"),
+        ("{\"id\": 1, \"text\": \"" PROSE "\"}\n{\"meta\": {\"text\": \"Nested line.\"}}\n"
+         "{\"title\": \"no text\"}\n"),
+        ("{\"text\": \"Line one.\\nLine two\\t\\u00e9\\ud83d\\ude42 caf\\u00e9.\\u0000 cut\"}\r\n"
+         "{\"text\": \"" PROSE "\"}"),
+        ("{\"text\": \"" PROSE "\"}\n{\"text\": \"unterminated\n"
+         "{\"text\": 5}\n[1, 2, {\"text\": \"\"}]"),
+        ("The plain text file. It has no JSON at all! Words like apple, banana and cherry fill it. "
+         "Every sentence ends well. The last one too."),
+    };
+#undef PROSE
+    for (size_t i = 0; i < sizeof(seeds) / sizeof(seeds[0]); i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "text%zu.json", i);
+        if (fz_write_file(dir, name, seeds[i], strlen(seeds[i])) < 0)
+            return -1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -296,7 +327,7 @@ int main(int argc, char **argv)
     }
     static const uint8_t spm_flags[] = {0, 1, 2, 3}, bpe_flags[] = {0, 1, 6, 7, 10, 15};
     const char *names[] = {"gguf", "llama2c", "predictor", "trace", "head_profile",
-                           "spm", "bpe", "chat", "policy_opts"};
+                           "spm", "bpe", "chat", "policy_opts", "corpus_json"};
     mkdir(argv[1], 0755);
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         char sub[4096];
@@ -310,7 +341,8 @@ int main(int argc, char **argv)
                  : i == 5 ? text_seeds(sub, spm_flags, 4)
                  : i == 6 ? text_seeds(sub, bpe_flags, 6)
                  : i == 7 ? chat_seeds(sub)
-                          : policy_opts_seeds(sub);
+                 : i == 8 ? policy_opts_seeds(sub)
+                          : corpus_json_seeds(sub);
         if (rc < 0) {
             fprintf(stderr, "seedgen: cannot write the %s seeds to %s\n", names[i], sub);
             return 1;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build the libFuzzer targets with clang in build-fuzz/ and run each for SECONDS (default 7), one
-# after the other: 9 targets x 7 s keeps CI's fuzzing near the minute it took with 2 x 30 s.
+# Build the libFuzzer targets with clang in build-fuzz/ and run each for SECONDS (default 6), one
+# after the other: 10 targets x 6 s keeps CI's fuzzing near the minute it took with 2 x 30 s.
 #
 #   scripts/fuzz.sh [SECONDS]          (scripts/test.sh passes FUZZ_SECONDS)
 #
@@ -11,7 +11,7 @@
 # crashes, leaks or times out. scripts/fuzz_campaign.sh runs the same targets for hours.
 set -euo pipefail
 
-secs="${1:-7}"
+secs="${1:-6}"
 case "$secs" in
     ''|*[!0-9]*) echo "usage: $0 [SECONDS]" >&2; exit 2 ;;
 esac

@@ -17,7 +17,7 @@ cmake --build build-asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir build-asan --output-on-failure -j"$jobs"
 
-fuzz="${FUZZ_SECONDS:-7}"  # 9 targets: about the minute of 2 x 30 s before
+fuzz="${FUZZ_SECONDS:-6}"  # 10 targets: about the minute of 2 x 30 s before
 if [ "$fuzz" -gt 0 ]; then
     echo "== fuzzing the file readers and text paths, ${fuzz}s per target"
     scripts/fuzz.sh "$fuzz"

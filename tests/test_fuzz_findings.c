@@ -90,6 +90,25 @@ static void test_empty_text_trainer_equals_engine(void **state)
     kvp_tvocab_free(tv);
 }
 
+/* fuzz_corpus_json, reproducer the empty file (and any text of under 4 sentences): the refusal's
+ * message read the sentence count from the corpus it had just freed (ASan: heap-use-after-free);
+ * the word-count refusal printed the threshold, 16, as the count found. Both give the count. */
+static void test_corpus_refusal_counts(void **state)
+{
+    (void)state;
+    struct kvp_corpus *c = NULL;
+    struct kvp_err err;
+    assert_int_equal(kvp_corpus_init(&c, "", 0, NULL, 0.0, &err), KVP_EINVAL);
+    assert_non_null(strstr(err.msg, "has 0 sentences"));
+    static const char two[] = "One short line. Two short lines.";
+    assert_int_equal(kvp_corpus_init(&c, two, sizeof(two) - 1, NULL, 0.0, &err), KVP_EINVAL);
+    assert_non_null(strstr(err.msg, "has 2 sentences"));
+    static const char few[] = "The cat sat. The cat ran. The cat sat. The cat ran. The cat sat.";
+    assert_int_equal(kvp_corpus_init(&c, few, sizeof(few) - 1, NULL, 0.0, &err), KVP_EINVAL);
+    assert_non_null(strstr(err.msg, "has 3 distinct words"));
+    assert_null(c);
+}
+
 /* ---- the trace reader's hostile inputs --------------------------------------------------- */
 
 static void test_trace_parse_memory(void **state)
@@ -140,6 +159,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_empty_text_trainer_equals_engine),
+        cmocka_unit_test(test_corpus_refusal_counts),
         cmocka_unit_test(test_trace_parse_memory),
         cmocka_unit_test(test_trace_counts_bounded_by_size),
     };

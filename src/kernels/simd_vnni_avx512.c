@@ -80,13 +80,46 @@ KVP_INLINE __m512 q8_scale_pair(const uint8_t *blk, size_t bs, __m512i spread)
     return _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(s));
 }
 
+/* The permutation of q8_scale_pair: lanes 0..7 from lane 0, 8..15 from lane 1. */
+KVP_INLINE __m512i scale_spread(void)
+{
+    return _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+}
+
+/* What the rows of a pass share of an activation block pair (two Q8_0 blocks at xb): the codes,
+ * the starting sum -off·codes that takes off the offset off (128, 8 or 16 in every byte) that
+ * makes the weights' codes unsigned, and the two scales. */
+struct x_pair {
+    __m512i qx, base;
+    __m512 dx;
+};
+
+KVP_INLINE struct x_pair x_pair_at(const uint8_t *xb, __m512i off, __m512i spread)
+{
+    struct x_pair x;
+    x.qx = q8_pair(xb);
+    x.base = _mm512_sub_epi32(_mm512_setzero_si512(),
+                              _mm512_dpbusd_epi32(_mm512_setzero_si512(), off, x.qx));
+    x.dx = q8_scale_pair(xb, 34, spread);
+    return x;
+}
+
+/* acc + (the row's two block scales at wb, bs bytes apart) · (the activations') · uw·codes, uw
+ * the row's block pair as unsigned codes. */
+KVP_INLINE __m512 row_pair_fma(__m512 acc, const uint8_t *wb, size_t bs, __m512i uw,
+                               const struct x_pair *x, __m512i spread)
+{
+    __m512i s = _mm512_dpbusd_epi32(x->base, uw, x->qx);
+    return _mm512_fmadd_ps(_mm512_mul_ps(q8_scale_pair(wb, bs, spread), x->dx),
+                           _mm512_cvtepi32_ps(s), acc);
+}
+
 /* nr rows (1, 4 or 8) from w0 on, row_bytes apart: y[i] = dot(row i, x); rows pfd.. further on
  * are prefetched as these are read. */
 KVP_INLINE void q8_rows_nr(const uint8_t *w0, size_t rb, const uint8_t *px, int64_t nb, float *y,
                            int nr, bool pf_on, int64_t pfd)
 {
-    const __m512i flip = _mm512_set1_epi8((char)0x80);
-    const __m512i spread = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i flip = _mm512_set1_epi8((char)0x80), spread = scale_spread();
     const uint8_t *pf = w0 + (size_t)pfd * rb;
     __m512 acc[8];
     for (int i = 0; i < nr; i++)
@@ -95,16 +128,11 @@ KVP_INLINE void q8_rows_nr(const uint8_t *w0, size_t rb, const uint8_t *px, int6
     for (; b + 2 <= nb; b += 2) {
         size_t o = (size_t)b * 34;
         prefetch_rows(pf_on, pf, rb, nr, o + 64);
-        __m512i qx = q8_pair(px + o);
-        __m512i base = _mm512_sub_epi32(_mm512_setzero_si512(),
-                                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), flip, qx));
-        __m512 dx = q8_scale_pair(px + o, 34, spread);
+        struct x_pair x = x_pair_at(px + o, flip, spread);
 #pragma GCC unroll 8
         for (int i = 0; i < nr; i++) {
             const uint8_t *wb = w0 + (size_t)i * rb + o;
-            __m512i s = _mm512_dpbusd_epi32(base, _mm512_xor_si512(q8_pair(wb), flip), qx);
-            acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(q8_scale_pair(wb, 34, spread), dx),
-                                     _mm512_cvtepi32_ps(s), acc[i]);
+            acc[i] = row_pair_fma(acc[i], wb, 34, _mm512_xor_si512(q8_pair(wb), flip), &x, spread);
         }
     }
     if (b < nb) { /* odd last block: the same recipe on one ymm */
@@ -153,8 +181,7 @@ KVP_INLINE void pair32_rows_nr(const uint8_t *w0, size_t rb, const uint8_t *px, 
                                float *y, int nr, bool pf_on, int kind)
 {
     const size_t bs = kind == PAIR_Q4_0 ? 18 : 22;
-    const __m512i off = _mm512_set1_epi8(kind == PAIR_Q4_0 ? 8 : 16);
-    const __m512i spread = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i off = _mm512_set1_epi8(kind == PAIR_Q4_0 ? 8 : 16), spread = scale_spread();
     const uint8_t *pf = w0 + (size_t)nr * rb;
     __m512 acc[4];
     for (int i = 0; i < nr; i++)
@@ -162,17 +189,11 @@ KVP_INLINE void pair32_rows_nr(const uint8_t *w0, size_t rb, const uint8_t *px, 
     int64_t b = 0;
     for (; b + 2 <= nb; b += 2) {
         prefetch_rows(pf_on, pf, rb, nr, (size_t)b * bs + 64);
-        const uint8_t *xb = px + (size_t)b * 34;
-        __m512i qx = q8_pair(xb);
-        __m512i base = _mm512_sub_epi32(_mm512_setzero_si512(),
-                                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), off, qx));
-        __m512 dx = q8_scale_pair(xb, 34, spread);
+        struct x_pair x = x_pair_at(px + (size_t)b * 34, off, spread);
 #pragma GCC unroll 4
         for (int i = 0; i < nr; i++) {
             const uint8_t *wb = w0 + (size_t)i * rb + (size_t)b * bs;
-            __m512i s = _mm512_dpbusd_epi32(base, ucodes_pair(wb, kind, bs), qx);
-            acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(q8_scale_pair(wb, bs, spread), dx),
-                                     _mm512_cvtepi32_ps(s), acc[i]);
+            acc[i] = row_pair_fma(acc[i], wb, bs, ucodes_pair(wb, kind, bs), &x, spread);
         }
     }
     for (int i = 0; i < nr; i++) {

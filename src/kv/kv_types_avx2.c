@@ -2,15 +2,15 @@
  * AVX2 kernels of the KV cache types (see kv_types.h), for CPUs without AVX-512: f16 widens with
  * F16C's vcvtph2ps, bf16 with a 16-bit shift, q8_0 with vpmovsxbd and its per-group f16 scales,
  * f32 reads as is, 8 lanes per ymm. One set of group kernels (g query heads per pass, each row
- * loaded and widened once) also serves as the per-head kernels (g = 1). Tails (bs or head_dim not a
- * multiple of 8) go through a zero-padded copy, since AVX2 has no masked 16- or 8-bit loads.
+ * loaded and widened once; written once for both widths in kv_types_x86.h) also serves as the
+ * per-head kernels (g = 1). Tails (bs or head_dim not a multiple of 8) go through a zero-padded
+ * copy, since AVX2 has no masked 16- or 8-bit loads.
  */
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "kernels/types.h"
-#include "kv/kv_group_dispatch.h"
 #include "kv/kv_types.h"
 
 #define KVP_INLINE static inline __attribute__((always_inline))
@@ -44,15 +44,6 @@ KVP_INLINE __m256 load8(int ty, const void *b, size_t i, int n)
     }
 }
 
-/* The f16 at element i of p as f32; q8_0 scale arrays may be odd-aligned (a block of odd
- * head_dim x bs), so read through memcpy. */
-KVP_INLINE float f16_at(const uint16_t *p, size_t i)
-{
-    uint16_t h;
-    memcpy(&h, (const uint8_t *)p + 2 * i, 2);
-    return _cvtsh_ss(h);
-}
-
 /* The first n (<= 8) floats of x to p. */
 KVP_INLINE void store8(float *p, __m256 x, int n)
 {
@@ -71,123 +62,45 @@ KVP_INLINE __m256 load8_f16(const uint16_t *p, int n)
     return load8(KVP_KV_F16, p, 0, n);
 }
 
+/* The vocabulary of kv_types_x86.h: 8 lanes; a chunk's live lanes are its first n. */
+#define VEC            __m256
+#define V_LANES        8
+#define V_ZERO()       _mm256_setzero_ps()
+#define V_ADD(a, b)    _mm256_add_ps(a, b)
+#define V_MUL(a, b)    _mm256_mul_ps(a, b)
+#define V_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define V_SET1(x)      _mm256_set1_ps(x)
+#define V_BCAST(p)     _mm256_broadcast_ss(p)
+
+struct lanes {
+    int n;
+};
+
+KVP_INLINE struct lanes lanes_full(void)
+{
+    return (struct lanes){8};
+}
+
+KVP_INLINE struct lanes lanes_tail(int n)
+{
+    return (struct lanes){n};
+}
+
+KVP_INLINE __m256 vload(int ty, const void *b, size_t i, struct lanes l)
+{
+    return load8(ty, b, i, l.n);
+}
+
+KVP_INLINE void vstore(float *p, __m256 x, struct lanes l)
+{
+    store8(p, x, l.n);
+}
+
 /* Independent FMA chains per head (G·S about 6: sixteen ymm registers hold them, the group
  * sums and the row being widened). */
 #define CHAINS(G) ((G) >= 6 ? 1 : (G) >= 3 ? 2 : (G) == 2 ? 3 : 4)
 
-/* Scores of G heads for tokens [t, t+nt) (nt <= 8), as scores16_g of kv_types_avx512.c. */
-KVP_INLINE void scores8_g(int ty, int G, const float *q, const void *kt, int hd, int bs, int t,
-                          int nt, float scale, float *s, size_t ss)
-{
-    const int S = CHAINS(G), span = ty == KVP_KV_Q8_0 ? KVP_KV_Q8_GROUP : hd;
-    const uint16_t *sc = (const uint16_t *)((const uint8_t *)kt + (size_t)hd * bs);
-    __m256 tot[KVP_KV_GROUP_MAX], part[4][KVP_KV_GROUP_MAX];
-#pragma GCC unroll 8
-    for (int j = 0; j < G; j++)
-        tot[j] = _mm256_setzero_ps();
-    for (int d0 = 0; d0 < hd; d0 += span) {
-        int d1 = d0 + span < hd ? d0 + span : hd, d = d0;
-#pragma GCC unroll 4
-        for (int u = 0; u < S; u++)
-#pragma GCC unroll 8
-            for (int j = 0; j < G; j++)
-                part[u][j] = _mm256_setzero_ps();
-        for (; d + S <= d1; d += S)
-#pragma GCC unroll 4
-            for (int u = 0; u < S; u++) {
-                __m256 k = load8(ty, kt, (size_t)(d + u) * bs + t, nt);
-#pragma GCC unroll 8
-                for (int j = 0; j < G; j++)
-                    part[u][j] = _mm256_fmadd_ps(_mm256_broadcast_ss(q + (size_t)j * hd + d + u), k,
-                                                 part[u][j]);
-            }
-        for (; d < d1; d++) {
-            __m256 k = load8(ty, kt, (size_t)d * bs + t, nt);
-#pragma GCC unroll 8
-            for (int j = 0; j < G; j++)
-                part[0][j] =
-                    _mm256_fmadd_ps(_mm256_broadcast_ss(q + (size_t)j * hd + d), k, part[0][j]);
-        }
-        __m256 ksc = ty == KVP_KV_Q8_0 ? load8_f16(sc + (size_t)(d0 / span) * bs + t, nt)
-                                       : _mm256_setzero_ps();
-#pragma GCC unroll 8
-        for (int j = 0; j < G; j++) {
-            __m256 x = part[0][j];
-#pragma GCC unroll 4
-            for (int u = 1; u < S; u++)
-                x = _mm256_add_ps(x, part[u][j]);
-            tot[j] = ty == KVP_KV_Q8_0 ? _mm256_fmadd_ps(x, ksc, tot[j]) : x;
-        }
-    }
-#pragma GCC unroll 8
-    for (int j = 0; j < G; j++)
-        store8(s + (size_t)j * ss + t, _mm256_mul_ps(tot[j], _mm256_set1_ps(scale)), nt);
-}
-
-/* Value sums of G heads for dimensions [d, d+nd) (nd <= 8), as accum16_g of kv_types_avx512.c. */
-KVP_INLINE void accum8_g(int ty, int G, const float *p, size_t ps, const void *vb, int hd, int bs,
-                         int n, int d, int nd, float *out, size_t os)
-{
-    const int S = CHAINS(G), ng = kvp_kv_groups(hd), grp = d / KVP_KV_Q8_GROUP;
-    const uint16_t *sc = (const uint16_t *)((const uint8_t *)vb + (size_t)bs * hd);
-    __m256 acc[4][KVP_KV_GROUP_MAX];
-#pragma GCC unroll 8
-    for (int j = 0; j < G; j++) {
-        acc[0][j] = load8(KVP_KV_F32, out + (size_t)j * os + d, 0, nd);
-#pragma GCC unroll 4
-        for (int u = 1; u < S; u++)
-            acc[u][j] = _mm256_setzero_ps();
-    }
-    int t = 0;
-    for (; t + S <= n; t += S)
-#pragma GCC unroll 4
-        for (int u = 0; u < S; u++) {
-            __m256 v = load8(ty, vb, (size_t)(t + u) * hd + d, nd);
-            if (ty == KVP_KV_Q8_0)
-                v = _mm256_mul_ps(v, _mm256_set1_ps(f16_at(sc, (size_t)(t + u) * ng + grp)));
-#pragma GCC unroll 8
-            for (int j = 0; j < G; j++)
-                acc[u][j] =
-                    _mm256_fmadd_ps(_mm256_broadcast_ss(p + (size_t)j * ps + t + u), v, acc[u][j]);
-        }
-    for (; t < n; t++) {
-        __m256 v = load8(ty, vb, (size_t)t * hd + d, nd);
-        if (ty == KVP_KV_Q8_0)
-            v = _mm256_mul_ps(v, _mm256_set1_ps(f16_at(sc, (size_t)t * ng + grp)));
-#pragma GCC unroll 8
-        for (int j = 0; j < G; j++)
-            acc[0][j] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + (size_t)j * ps + t), v, acc[0][j]);
-    }
-#pragma GCC unroll 8
-    for (int j = 0; j < G; j++) {
-        __m256 x = acc[0][j];
-#pragma GCC unroll 4
-        for (int u = 1; u < S; u++)
-            x = _mm256_add_ps(x, acc[u][j]);
-        store8(out + (size_t)j * os + d, x, nd);
-    }
-}
-
-/* One function per (type, G): full chunks of 8, then the tail. */
-#define GROUP_KERNELS_G(T, TYPE, G)                                                                \
-    static void scores_g##G##_##T(const float *q, const void *kt, int hd, int bs, float scale,     \
-                                  float *s, size_t ss)                                             \
-    {                                                                                              \
-        int t = 0;                                                                                 \
-        for (; t + 8 <= bs; t += 8)                                                                \
-            scores8_g(TYPE, G, q, kt, hd, bs, t, 8, scale, s, ss);                                 \
-        if (t < bs)                                                                                \
-            scores8_g(TYPE, G, q, kt, hd, bs, t, bs - t, scale, s, ss);                            \
-    }                                                                                              \
-    static void accum_g##G##_##T(const float *p, size_t ps, const void *vb, int hd, int bs, int n, \
-                                 float *out, size_t os)                                            \
-    {                                                                                              \
-        int d = 0;                                                                                 \
-        for (; d + 8 <= hd; d += 8)                                                                \
-            accum8_g(TYPE, G, p, ps, vb, hd, bs, n, d, 8, out, os);                                \
-        if (d < hd)                                                                                \
-            accum8_g(TYPE, G, p, ps, vb, hd, bs, n, d, hd - d, out, os);                           \
-    }
+#include "kv/kv_types_x86.h"
 
 /* The per-head kernels (the group ones with G = 1) and the block conversions of prefill. */
 #define HEAD_AND_ROW_KERNELS(T, TYPE)                                                              \
@@ -236,8 +149,8 @@ HEAD_AND_ROW_KERNELS(f16, KVP_KV_F16)
 HEAD_AND_ROW_KERNELS(bf16, KVP_KV_BF16)
 HEAD_AND_ROW_KERNELS(q8_0, KVP_KV_Q8_0)
 
-/* Stores: one token per decode step, off the hot path; the conversions round to nearest even
- * like the scalar ones (the same bytes). */
+/* Stores (the others are kv_types_x86.h's): one token per decode step, off the hot path; the
+ * conversions round to nearest even like the scalar ones (the same bytes). */
 static void put_k_f32(const float *k, void *kt, int hd, int bs, int t)
 {
     for (int d = 0; d < hd; d++)
@@ -250,13 +163,6 @@ static void put_v_f32(const float *v, void *vb, int hd, int bs, int t)
     memcpy((float *)vb + (size_t)t * hd, v, (size_t)hd * sizeof(float));
 }
 
-static void put_k_f16(const float *k, void *kt_, int hd, int bs, int t)
-{
-    uint16_t *kt = kt_;
-    for (int d = 0; d < hd; d++)
-        kt[(size_t)d * bs + t] = _cvtss_sh(k[d], _MM_FROUND_TO_NEAREST_INT);
-}
-
 static void put_v_f16(const float *v, void *vb_, int hd, int bs, int t)
 {
     (void)bs;
@@ -267,21 +173,6 @@ static void put_v_f16(const float *v, void *vb_, int hd, int bs, int t)
                          _mm256_cvtps_ph(_mm256_loadu_ps(v + d), _MM_FROUND_TO_NEAREST_INT));
     for (; d < hd; d++)
         vb[d] = _cvtss_sh(v[d], _MM_FROUND_TO_NEAREST_INT);
-}
-
-static void put_k_bf16(const float *k, void *kt_, int hd, int bs, int t)
-{
-    uint16_t *kt = kt_;
-    for (int d = 0; d < hd; d++)
-        kt[(size_t)d * bs + t] = kvp_f32_to_bf16(k[d]);
-}
-
-static void put_v_bf16(const float *v, void *vb_, int hd, int bs, int t)
-{
-    (void)bs;
-    uint16_t *vb = (uint16_t *)vb_ + (size_t)t * hd;
-    for (int d = 0; d < hd; d++)
-        vb[d] = kvp_f32_to_bf16(v[d]);
 }
 
 #define ROW(T, PUT_K, PUT_V)                                                                       \

@@ -11,7 +11,6 @@
 #include <string.h>
 
 #include "kernels/types.h"
-#include "kv/kv_group_dispatch.h"
 #include "kv/kv_types.h"
 
 #define KVP_INLINE static inline __attribute__((always_inline))
@@ -41,15 +40,6 @@ KVP_INLINE __m512 load_i8(const int8_t *p, __mmask16 m, int full)
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
 }
 
-/* The f16 at element i of p as f32; q8_0 scale arrays may be odd-aligned (a block of odd
- * head_dim x bs), so read through memcpy. */
-KVP_INLINE float f16_at(const uint16_t *p, size_t i)
-{
-    uint16_t h;
-    memcpy(&h, (const uint8_t *)p + 2 * i, 2);
-    return _cvtsh_ss(h);
-}
-
 KVP_INLINE void store16(float *p, __m512 x, __mmask16 m, int full)
 {
     if (full)
@@ -57,6 +47,67 @@ KVP_INLINE void store16(float *p, __m512 x, __mmask16 m, int full)
     else
         _mm512_mask_storeu_ps(p, m, x);
 }
+
+/* ---- what the group kernels of kv_types_x86.h are written in --------------------------- */
+
+/* 16 elements from element i of a block of type ty as f32 (q8_0: the int8 codes, unscaled). ty
+ * is a constant wherever this is inlined, so the switch folds away. */
+KVP_INLINE __m512 load16(int ty, const void *b, size_t i, __mmask16 m, int full)
+{
+    switch (ty) {
+    case KVP_KV_F32:
+        return full ? _mm512_loadu_ps((const float *)b + i)
+                    : _mm512_maskz_loadu_ps(m, (const float *)b + i);
+    case KVP_KV_F16:
+        return load_f16((const uint16_t *)b + i, m, full);
+    case KVP_KV_BF16:
+        return load_bf16((const uint16_t *)b + i, m, full);
+    default:
+        return load_i8((const int8_t *)b + i, m, full);
+    }
+}
+
+/* Independent FMA chains per head: S rows (or tokens) in flight, so that G·S >= 8 chains cover
+ * the FMA latency (S <= 4). */
+#define CHAINS(G) ((G) >= 8 ? 1 : (G) >= 3 ? (8 + (G)-1) / (G) : 4)
+
+/* The vocabulary of kv_types_x86.h: 16 lanes; a chunk is full (plain loads and stores) or
+ * masked. */
+#define VEC            __m512
+#define V_LANES        16
+#define V_ZERO()       _mm512_setzero_ps()
+#define V_ADD(a, b)    _mm512_add_ps(a, b)
+#define V_MUL(a, b)    _mm512_mul_ps(a, b)
+#define V_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define V_SET1(x)      _mm512_set1_ps(x)
+#define V_BCAST(p)     _mm512_set1_ps(*(p))
+
+struct lanes {
+    __mmask16 m;
+    int full;
+};
+
+KVP_INLINE struct lanes lanes_full(void)
+{
+    return (struct lanes){0, 1};
+}
+
+KVP_INLINE struct lanes lanes_tail(int n)
+{
+    return (struct lanes){tail_mask(n), 0};
+}
+
+KVP_INLINE __m512 vload(int ty, const void *b, size_t i, struct lanes l)
+{
+    return load16(ty, b, i, l.m, l.full);
+}
+
+KVP_INLINE void vstore(float *p, __m512 x, struct lanes l)
+{
+    store16(p, x, l.m, l.full);
+}
+
+#include "kv/kv_types_x86.h"
 
 /* ---- f16 and bf16: the same kernels over a 16-lane loader ------------------------------- */
 
@@ -143,15 +194,8 @@ KVP_INLINE void store16(float *p, __m512 x, __mmask16 m, int full)
 PLAIN_KERNELS(f16, load_f16)
 PLAIN_KERNELS(bf16, load_bf16)
 
-/* Stores: one token, converted with the hardware's round-to-nearest-even (the same bits as the
- * scalar kvp_f32_to_f16 / kvp_f32_to_bf16 for finite values). */
-static void put_k_f16(const float *k, void *kt_, int hd, int bs, int t)
-{
-    uint16_t *kt = kt_;
-    for (int d = 0; d < hd; d++)
-        kt[(size_t)d * bs + t] = _cvtss_sh(k[d], _MM_FROUND_TO_NEAREST_INT);
-}
-
+/* A value row of f16, converted with the hardware's round-to-nearest-even (the same bits as the
+ * scalar kvp_f32_to_f16 for finite values); the other stores are kv_types_x86.h's. */
 static void put_v_f16(const float *v, void *vb_, int hd, int bs, int t)
 {
     (void)bs;
@@ -161,21 +205,6 @@ static void put_v_f16(const float *v, void *vb_, int hd, int bs, int t)
         __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, v + d), _MM_FROUND_TO_NEAREST_INT);
         _mm256_mask_storeu_epi16(vb + d, m, h);
     }
-}
-
-static void put_k_bf16(const float *k, void *kt_, int hd, int bs, int t)
-{
-    uint16_t *kt = kt_;
-    for (int d = 0; d < hd; d++)
-        kt[(size_t)d * bs + t] = kvp_f32_to_bf16(k[d]);
-}
-
-static void put_v_bf16(const float *v, void *vb_, int hd, int bs, int t)
-{
-    (void)bs;
-    uint16_t *vb = (uint16_t *)vb_ + (size_t)t * hd;
-    for (int d = 0; d < hd; d++)
-        vb[d] = kvp_f32_to_bf16(v[d]);
 }
 
 /* ---- q8_0 ------------------------------------------------------------------------------------ */
@@ -265,145 +294,7 @@ static void v_rows_q8_0(const void *vb_, int hd, int bs, int n, float *dst)
         }
 }
 
-/* ---- group kernels: g query heads per pass over a block ---------------------------------- */
-
-/* 16 elements from element i of a block of type ty as f32 (q8_0: the int8 codes, unscaled). ty
- * is a constant wherever this is inlined, so the switch folds away. */
-KVP_INLINE __m512 load16(int ty, const void *b, size_t i, __mmask16 m, int full)
-{
-    switch (ty) {
-    case KVP_KV_F32:
-        return full ? _mm512_loadu_ps((const float *)b + i)
-                    : _mm512_maskz_loadu_ps(m, (const float *)b + i);
-    case KVP_KV_F16:
-        return load_f16((const uint16_t *)b + i, m, full);
-    case KVP_KV_BF16:
-        return load_bf16((const uint16_t *)b + i, m, full);
-    default:
-        return load_i8((const int8_t *)b + i, m, full);
-    }
-}
-
-/* Independent FMA chains per head: S rows (or tokens) in flight, so that G·S >= 8 chains cover
- * the FMA latency (S <= 4). */
-#define CHAINS(G) ((G) >= 8 ? 1 : (G) >= 3 ? (8 + (G)-1) / (G) : 4)
-
-/* Scores of G heads for tokens [t, t+16) (lanes in m only when !full): each key row is loaded
- * and widened once and feeds G FMAs. q8_0 sums a group's int8 rows per head, then scales the sum
- * by the group's per-token scales (as scores_q8_0). */
-KVP_INLINE void scores16_g(int ty, int G, const float *q, const void *kt, int hd, int bs, int t,
-                           float scale, float *s, size_t ss, __mmask16 m, int full)
-{
-    const int S = CHAINS(G), span = ty == KVP_KV_Q8_0 ? KVP_KV_Q8_GROUP : hd;
-    const uint16_t *sc = (const uint16_t *)((const uint8_t *)kt + (size_t)hd * bs);
-    __m512 tot[KVP_KV_GROUP_MAX], part[4][KVP_KV_GROUP_MAX];
-#pragma GCC unroll 8
-    for (int j = 0; j < G; j++)
-        tot[j] = _mm512_setzero_ps();
-    for (int d0 = 0; d0 < hd; d0 += span) {
-        int d1 = d0 + span < hd ? d0 + span : hd, d = d0;
-#pragma GCC unroll 4
-        for (int u = 0; u < S; u++)
-#pragma GCC unroll 8
-            for (int j = 0; j < G; j++)
-                part[u][j] = _mm512_setzero_ps();
-        for (; d + S <= d1; d += S)
-#pragma GCC unroll 4
-            for (int u = 0; u < S; u++) {
-                __m512 k = load16(ty, kt, (size_t)(d + u) * bs + t, m, full);
-#pragma GCC unroll 8
-                for (int j = 0; j < G; j++)
-                    part[u][j] =
-                        _mm512_fmadd_ps(_mm512_set1_ps(q[(size_t)j * hd + d + u]), k, part[u][j]);
-            }
-        for (; d < d1; d++) {
-            __m512 k = load16(ty, kt, (size_t)d * bs + t, m, full);
-#pragma GCC unroll 8
-            for (int j = 0; j < G; j++)
-                part[0][j] = _mm512_fmadd_ps(_mm512_set1_ps(q[(size_t)j * hd + d]), k, part[0][j]);
-        }
-        __m512 ksc = ty == KVP_KV_Q8_0 ? load_f16(sc + (size_t)(d0 / span) * bs + t, m, full)
-                                       : _mm512_setzero_ps();
-#pragma GCC unroll 8
-        for (int j = 0; j < G; j++) {
-            __m512 x = part[0][j];
-#pragma GCC unroll 4
-            for (int u = 1; u < S; u++)
-                x = _mm512_add_ps(x, part[u][j]);
-            tot[j] = ty == KVP_KV_Q8_0 ? _mm512_fmadd_ps(x, ksc, tot[j]) : x;
-        }
-    }
-#pragma GCC unroll 8
-    for (int j = 0; j < G; j++)
-        store16(s + (size_t)j * ss + t, _mm512_mul_ps(tot[j], _mm512_set1_ps(scale)), m, full);
-}
-
-/* Value sums of G heads for dimensions [d, d+16) (lanes in m only when !full): each value row is
- * loaded and widened once (q8_0: and scaled by its token's group scale) and feeds G FMAs. */
-KVP_INLINE void accum16_g(int ty, int G, const float *p, size_t ps, const void *vb, int hd, int bs,
-                          int n, int d, float *out, size_t os, __mmask16 m, int full)
-{
-    const int S = CHAINS(G), ng = kvp_kv_groups(hd), grp = d / KVP_KV_Q8_GROUP;
-    const uint16_t *sc = (const uint16_t *)((const uint8_t *)vb + (size_t)bs * hd);
-    __m512 acc[4][KVP_KV_GROUP_MAX];
-#pragma GCC unroll 8
-    for (int j = 0; j < G; j++) {
-        const float *o = out + (size_t)j * os + d;
-        acc[0][j] = full ? _mm512_loadu_ps(o) : _mm512_maskz_loadu_ps(m, o);
-#pragma GCC unroll 4
-        for (int u = 1; u < S; u++)
-            acc[u][j] = _mm512_setzero_ps();
-    }
-    int t = 0;
-    for (; t + S <= n; t += S)
-#pragma GCC unroll 4
-        for (int u = 0; u < S; u++) {
-            __m512 v = load16(ty, vb, (size_t)(t + u) * hd + d, m, full);
-            if (ty == KVP_KV_Q8_0)
-                v = _mm512_mul_ps(v, _mm512_set1_ps(f16_at(sc, (size_t)(t + u) * ng + grp)));
-#pragma GCC unroll 8
-            for (int j = 0; j < G; j++)
-                acc[u][j] =
-                    _mm512_fmadd_ps(_mm512_set1_ps(p[(size_t)j * ps + t + u]), v, acc[u][j]);
-        }
-    for (; t < n; t++) {
-        __m512 v = load16(ty, vb, (size_t)t * hd + d, m, full);
-        if (ty == KVP_KV_Q8_0)
-            v = _mm512_mul_ps(v, _mm512_set1_ps(f16_at(sc, (size_t)t * ng + grp)));
-#pragma GCC unroll 8
-        for (int j = 0; j < G; j++)
-            acc[0][j] = _mm512_fmadd_ps(_mm512_set1_ps(p[(size_t)j * ps + t]), v, acc[0][j]);
-    }
-#pragma GCC unroll 8
-    for (int j = 0; j < G; j++) {
-        __m512 x = acc[0][j];
-#pragma GCC unroll 4
-        for (int u = 1; u < S; u++)
-            x = _mm512_add_ps(x, acc[u][j]);
-        store16(out + (size_t)j * os + d, x, m, full);
-    }
-}
-
-/* One function per (type, G), full chunks on plain loads and the tail masked. */
-#define GROUP_KERNELS_G(T, TYPE, G)                                                                \
-    static void scores_g##G##_##T(const float *q, const void *kt, int hd, int bs, float scale,     \
-                                  float *s, size_t ss)                                             \
-    {                                                                                              \
-        int t = 0;                                                                                 \
-        for (; t + 16 <= bs; t += 16)                                                              \
-            scores16_g(TYPE, G, q, kt, hd, bs, t, scale, s, ss, 0, 1);                             \
-        if (t < bs)                                                                                \
-            scores16_g(TYPE, G, q, kt, hd, bs, t, scale, s, ss, tail_mask(bs - t), 0);             \
-    }                                                                                              \
-    static void accum_g##G##_##T(const float *p, size_t ps, const void *vb, int hd, int bs, int n, \
-                                 float *out, size_t os)                                            \
-    {                                                                                              \
-        int d = 0;                                                                                 \
-        for (; d + 16 <= hd; d += 16)                                                              \
-            accum16_g(TYPE, G, p, ps, vb, hd, bs, n, d, out, os, 0, 1);                            \
-        if (d < hd)                                                                                \
-            accum16_g(TYPE, G, p, ps, vb, hd, bs, n, d, out, os, tail_mask(hd - d), 0);            \
-    }
+/* ---- group kernels: g query heads per pass over a block (kv_types_x86.h) ---------------- */
 
 GROUP_KERNELS(f32, KVP_KV_F32)
 GROUP_KERNELS(f16, KVP_KV_F16)

@@ -354,6 +354,14 @@ int kvp_corpus_add_hay(struct kvp_corpus *c, struct kvp_corpus *h, struct kvp_er
 /* Read text files or directories like kvp_corpus_read, evaluation filler allowed. */
 int kvp_corpus_read_filler(const char *const *paths, int n_paths, char **text, size_t *len,
                            struct kvp_err *err);
+/* The text of a .json or .jsonl file's bytes raw[0..n) (one JSON value filling them, else one
+ * value per line; bytes past n are never read): every string member named "text", at any depth,
+ * unescaped and followed by a blank line, appended to b. Returns how many (at least 1), or
+ * KVP_EFORMAT when there is none (b unchanged) or KVP_ENOMEM; path names the file in messages.
+ * kvp_corpus_read calls it for files named *.json and *.jsonl (fuzz/fuzz_corpus_json.c). */
+struct sbuf;
+int kvp_corpus_json_append(const char *path, const char *raw, size_t n, struct sbuf *b,
+                           struct kvp_err *err);
 /* A corpus for the passkey task alone, whose haystack is its own noise line: passkey prompts
  * rendered with it equal those rendered with any other filler, and need no file. */
 int kvp_corpus_passkey_only(struct kvp_corpus **out, struct kvp_err *err);

@@ -45,8 +45,8 @@ static void json_text_append(const cJSON *j, struct sbuf *b, int *found)
 /* A .json file holds text as JSON strings (RULER's all_essays.json: {"text": "..."}; LongBench
  * style JSON Lines: one such object per line): its "text" members, unescaped, are the text.
  * Read as plain bytes it would put literal \n escapes and a JSON skeleton into every haystack. */
-static int json_append(const char *path, const char *raw, size_t n, struct sbuf *b,
-                       struct kvp_err *err)
+int kvp_corpus_json_append(const char *path, const char *raw, size_t n, struct sbuf *b,
+                           struct kvp_err *err)
 {
     int found = 0;
     /* one value filling the file, else JSON Lines (cJSON stops after the first value) */
@@ -76,7 +76,7 @@ static int json_append(const char *path, const char *raw, size_t n, struct sbuf 
     if (!found)
         return kvp_err_set(err, KVP_EFORMAT,
                            "%s: a .json text file needs string members named \"text\"", path);
-    return 0;
+    return found;
 }
 
 static bool has_suffix(const char *s, const char *suffix)
@@ -105,7 +105,7 @@ static int read_file_append(const char *path, struct sbuf *b, struct kvp_err *er
     else if (dst->oom)
         rc = kvp_err_set(err, KVP_ENOMEM, "%s: out of memory", path);
     else if (json)
-        rc = json_append(path, raw.p ? raw.p : "", raw.n, b, err);
+        rc = kvp_corpus_json_append(path, raw.p ? raw.p : "", raw.n, b, err);
     free(raw.p);
     if (rc < 0)
         return rc;
@@ -328,17 +328,21 @@ static int add_word(struct kvp_corpus *c, const char *w, size_t n, int32_t *hash
 /* Distinct lowercase words of 3..10 letters from the training sentences, in text order. */
 static int collect_words(struct kvp_corpus *c)
 {
-    size_t hcap = 1 << 16;
+    size_t end = c->sent_off[c->n_train];
+    /* a word and the byte before it take 4 bytes, so a short text needs only a small table (the
+     * word list is in text order whatever its size) */
+    size_t max_words = end / 4 + 1 < MAX_WORDS ? end / 4 + 1 : MAX_WORDS, hcap = 16;
+    while (hcap < 2 * max_words)
+        hcap *= 2;
     int32_t *hash = malloc(hcap * sizeof(int32_t));
-    c->words = calloc(MAX_WORDS, sizeof(char *));
+    c->words = calloc(max_words, sizeof(char *));
     if (!hash || !c->words) {
         free(hash);
         return -1;
     }
     memset(hash, 0xff, hcap * sizeof(int32_t));
-    size_t end = c->sent_off[c->n_train];
     const char *t = c->text;
-    for (size_t i = 0; i < end && c->n_words < MAX_WORDS;) {
+    for (size_t i = 0; i < end && (size_t)c->n_words < max_words;) {
         if (!islower((unsigned char)t[i]) || (i > 0 && isalpha((unsigned char)t[i - 1]))) {
             i++;
             continue;
@@ -402,9 +406,10 @@ int kvp_corpus_init(struct kvp_corpus **out, const char *raw, size_t len,
         i = start - 1; /* the loop's i++ resumes at start */
     }
     if (c->n_sent < 4) {
+        long n_sent = c->n_sent; /* the message needs it after the free */
         kvp_corpus_free(c);
-        return kvp_err_set(err, KVP_EINVAL, "training text has %ld sentences; need more",
-                           c->n_sent);
+        return kvp_err_set(err, KVP_EINVAL, "training text has %ld sentences; need 4 or more",
+                           n_sent);
     }
     c->sent_off[c->n_sent] = (uint32_t)c->len + 1; /* as if a space followed the last one */
     c->sent_tok = malloc((size_t)c->n_sent * sizeof(uint16_t));
@@ -425,8 +430,11 @@ int kvp_corpus_init(struct kvp_corpus **out, const char *raw, size_t len,
     if (collect_words(c) < 0)
         goto oom;
     if (c->n_words < 16) {
+        int n_words = c->n_words;
         kvp_corpus_free(c);
-        return kvp_err_set(err, KVP_EINVAL, "training text has only %d distinct words", 16);
+        return kvp_err_set(err, KVP_EINVAL,
+                           "training text has %d distinct words (of 3-10 lowercase letters); "
+                           "need 16 or more", n_words);
     }
     size_t nt = 0;
     if (v)
