@@ -16,6 +16,11 @@ struct kvp_pool;
 typedef void (*kvp_pool_fn)(void *ctx, int ith, int nth);
 
 int kvp_pool_init(int n_threads, struct kvp_pool **out, struct kvp_err *err);
+/* A pool for regions of a millisecond or more on a possibly shared machine (the trainer): every
+ * wait (a worker for work, the caller for the region's end, the barrier) spins spin_limit polls
+ * and then sleeps, so a thread waiting for a descheduled one does not burn the CPU. */
+int kvp_pool_init_sleepy(int n_threads, int spin_limit, struct kvp_pool **out,
+                         struct kvp_err *err);
 void kvp_pool_free(struct kvp_pool *p);
 int kvp_pool_size(const struct kvp_pool *p);
 

@@ -63,6 +63,9 @@ void kvp_op_rope_table(float *cosv, float *sinv, int T, int hd, float base);
  * token row r has position r mod T. inverse = true rotates by −θ (the backward pass). */
 void kvp_op_rope(float *x, const float *cosv, const float *sinv, int n_seq, int T, int n_head,
                  int hd, bool inverse);
+/* The same on token rows [r0, r1) only (a thread's share). */
+void kvp_op_rope_rows(float *x, const float *cosv, const float *sinv, long r0, long r1, int T,
+                      int n_head, int hd, bool inverse);
 
 /* Causal GQA attention for one sequence and one KV head, all the query heads of its group.
  * q [T][ldq] (this group's first query head at column 0, n_rep heads of hd each), k and v
@@ -240,6 +243,7 @@ struct kvp_train_model {
     const struct kvp_tk_ops *tk; /* kernels of the bf16 path */
     uint16_t *bf_a, *bf_b, *bf_w; /* bf16 operand scratch: activations ×2, one weight */
     float *fa_scratch;           /* per thread kvp_fa_scratch(n_ctx, hd) floats */
+    struct kvp_pool *pool;       /* the bf16 path's persistent workers (n_threads); NULL in f32 */
 };
 
 /* Check a configuration. Returns 0 or KVP_EINVAL with the reason. */

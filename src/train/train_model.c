@@ -9,10 +9,11 @@
  * token and layer, 14 KB for D=256, F=704, 8 heads, 4 KV heads.
  *
  * Threads: in f32, OpenBLAS parallelises the large matrix products itself; in bf16 the linear
- * maps split their output rows (dW: its rows) over our own pthreads. Attention runs on our
- * threads over (sequence, KV head) tasks (OpenBLAS switched to one thread in f32), each task
- * owning its query heads and its dK/dV rows, so results do not depend on scheduling. Row-wise ops
- * (norms, SwiGLU, the loss) are split over the same threads by row ranges; per-thread loss
+ * maps split their output rows (dW: its rows) over our own threads, a persistent pool (f32 keeps
+ * a thread start per op, as it always ran). Attention runs on the same threads over (sequence,
+ * KV head) tasks (OpenBLAS switched to one thread in f32), each task owning its query heads
+ * and its dK/dV rows, so results do not depend on scheduling. Row-wise ops (norms, SwiGLU, the
+ * loss) are split over the same threads by row ranges; per-thread loss
  * partial sums are added in thread order, so a run is bit-for-bit reproducible for a fixed
  * thread count.
  */
@@ -24,6 +25,7 @@
 #include <string.h>
 
 #include "core/platform.h"
+#include "core/threadpool.h"
 #include "kernels/types.h"
 #include "train/train.h"
 
@@ -72,9 +74,18 @@ static void par_run(int nth, par_fn fn, void *ctx)
 
 static void split(long n, int ith, int nth, long *b, long *e)
 {
-    long per = (n + nth - 1) / nth;
-    *b = per * ith < n ? per * ith : n;
-    *e = per * (ith + 1) < n ? per * (ith + 1) : n;
+    kvp_split_range(n, ith, nth, b, e);
+}
+
+/* Run fn on the model's threads: the bf16 path's persistent pool (a wake-up instead of a thread
+ * start per op, and barriers inside an op), the f32 reference's thread per op as it always was.
+ * The split is the same either way, so the results are too. */
+static void par(struct kvp_train_model *m, par_fn fn, void *ctx)
+{
+    if (m->pool && m->precision == KVP_PREC_BF16)
+        kvp_pool_run(m->pool, fn, ctx);
+    else
+        par_run(m->n_threads, fn, ctx);
 }
 
 /* ==================================== layout ================================================== */
@@ -297,6 +308,7 @@ void kvp_train_model_free(struct kvp_train_model *m)
     kvp_free_aligned(m->bf_a);
     kvp_free_aligned(m->bf_b);
     kvp_free_aligned(m->bf_w);
+    kvp_pool_free(m->pool);
     free(m->tok);
     free(m->layers);
     free(m->tensors);
@@ -344,6 +356,10 @@ int kvp_train_model_set_precision(struct kvp_train_model *m, int precision, stru
     m->bf_b = balloc(n * dmax, &ok);
     m->bf_w = balloc(wmax, &ok);
     m->fa_scratch = falloc(kvp_fa_scratch(m->cfg.n_ctx, m->head_dim) * (size_t)m->n_threads, &ok);
+    /* waits spin ~40 µs, then sleep: an op is a millisecond or more, and on a shared host a
+     * thread spinning for a descheduled one would burn the CPU the other needs */
+    if (ok && kvp_pool_init_sleepy(m->n_threads, 2000, &m->pool, err) < 0)
+        ok = false;
     if (!ok) { /* the model stays f32, without a partial bf16 state */
         kvp_free_aligned(m->bf_a);
         kvp_free_aligned(m->bf_b);
@@ -351,6 +367,7 @@ int kvp_train_model_set_precision(struct kvp_train_model *m, int precision, stru
         kvp_free_aligned(m->fa_scratch);
         m->bf_a = m->bf_b = m->bf_w = NULL;
         m->fa_scratch = NULL;
+        m->pool = NULL;
         return kvp_err_set(err, KVP_ENOMEM, "bf16 run state for %ld tokens", m->cap_tokens);
     }
     m->precision = precision;
@@ -386,7 +403,7 @@ static void rmsnorm_fwd(struct kvp_train_model *m, float *y, float *rstd, const 
 {
     struct rows_ctx c = {.y = y, .rstd = rstd, .x = x, .w = w, .n = n, .dim = m->cfg.n_embd,
                          .eps = m->cfg.norm_eps};
-    par_run(m->n_threads, rmsnorm_fwd_worker, &c);
+    par(m, rmsnorm_fwd_worker, &c);
 }
 
 static void rmsnorm_bwd_worker(void *p, int ith, int nth)
@@ -416,7 +433,7 @@ static void rmsnorm_bwd(struct kvp_train_model *m, float *dx, float *dw, const f
     }
     struct rows_ctx c = {.dx = dx, .dw_part = parts, .x = x, .w = w, .dy = dy, .rstd_in = rstd,
                          .n = n, .dim = D};
-    par_run(m->n_threads, rmsnorm_bwd_worker, &c);
+    par(m, rmsnorm_bwd_worker, &c);
     for (int t = 0; t < m->n_threads; t++)
         for (int j = 0; j < D; j++)
             dw[j] += parts[(size_t)t * D + j];
@@ -465,36 +482,21 @@ static void xent_worker(void *p, int ith, int nth)
 
 /* ================================== linear maps =============================================== */
 
-/* The bf16 linear maps split rows of their outputs over the threads: each thread converts the
- * rows it needs and runs its own GEMMs, so nothing synchronises inside an op. B operands shared
- * by all threads (the packed weights, the token-paired activations of dW) are packed first. */
+/* The bf16 linear maps run as one pool region each. The operands every thread reads (the packed
+ * weight, the token-paired activations of dW) are packed by all threads, each its share, then a
+ * barrier; the rest splits rows of the outputs, each thread converting the rows it needs, so
+ * nothing else synchronises inside an op. */
 struct lin_ctx {
+    struct kvp_pool *pool;
     const struct kvp_tk_ops *tk;
-    float *y, *dw;
-    const float *x, *dy;
-    uint16_t *a, *b; /* bf16 A scratch, B scratch (token-paired activations for dW) */
-    const uint16_t *w;
+    float *y, *dw, *dx;
+    const float *x, *dy, *w, *res;
+    uint16_t *a, *b, *wb; /* bf16 A scratch, B scratch (token-paired activations for dW), weight */
     long n;
     int in, out, ina, outa; /* ina/outa: in/out rounded up to even */
     bool acc;
     bool reuse_x; /* x is the previous call's x: its bf16 copy is still in the scratch */
 };
-
-static void lin_fwd_worker(void *p, int ith, int nth)
-{
-    struct lin_ctx *c = p;
-    long b, e;
-    split(c->n, ith, nth, &b, &e);
-    for (long i = b; i < e && !c->reuse_x; i++) {
-        uint16_t *row = c->a + (size_t)i * c->ina;
-        c->tk->cvt(row, c->x + (size_t)i * c->in, (size_t)c->in, 1.0f);
-        if (c->ina > c->in)
-            row[c->in] = 0;
-    }
-    if (e > b)
-        c->tk->gemm((int)(e - b), c->out, c->ina / 2, c->a + (size_t)b * c->ina, (size_t)c->ina, 2,
-                    c->w, (size_t)2 * c->out, c->y + (size_t)b * c->out, (size_t)c->out, c->acc);
-}
 
 /* Pair-interleave the rows of an f32 matrix [n][cols] (row 2p with 2p+1) into dst [n/2][cols][2]. */
 static void pair_rows(const struct kvp_tk_ops *tk, uint16_t *dst, const float *src, long n,
@@ -505,65 +507,90 @@ static void pair_rows(const struct kvp_tk_ops *tk, uint16_t *dst, const float *s
                      2 * p + 1 < n ? src + (size_t)(2 * p + 1) * cols : NULL, (size_t)cols, 1.0f);
 }
 
-static void lin_dw_pack_worker(void *p, int ith, int nth)
+/* Convert rows [b, e) of src [n][cols] to bf16 rows of even length colsa in dst. */
+static void cvt_rows(const struct kvp_tk_ops *tk, uint16_t *dst, const float *src, int cols,
+                     int colsa, long b, long e)
 {
-    struct lin_ctx *c = p;
-    long b, e;
-    split((c->n + 1) / 2, ith, nth, &b, &e);
-    if (!c->reuse_x)
-        pair_rows(c->tk, c->b, c->x, c->n, c->in, b, e); /* B = x paired by tokens [n/2][in][2] */
-    pair_rows(c->tk, c->a, c->dy, c->n, c->out, b, e); /* A = dyᵀ, pair-interleaved the same */
+    for (long i = b; i < e; i++) {
+        uint16_t *row = dst + (size_t)i * colsa;
+        tk->cvt(row, src + (size_t)i * cols, (size_t)cols, 1.0f);
+        if (colsa > cols)
+            row[cols] = 0;
+    }
 }
 
-static void lin_dw_worker(void *p, int ith, int nth)
+static void lin_fwd_worker(void *p, int ith, int nth)
 {
     struct lin_ctx *c = p;
     long b, e;
+    /* B[k = in][n = out] pair-interleaved: (W[o][2p], W[o][2p+1]), split by output rows o */
+    split(c->out, ith, nth, &b, &e);
+    for (long o = b; o < e; o++) {
+        const float *wr = c->w + (size_t)o * c->in;
+        for (int pi = 0; pi < c->ina / 2; pi++) {
+            uint16_t *d = c->wb + ((size_t)pi * c->out + o) * 2;
+            d[0] = kvp_f32_to_bf16(wr[2 * pi]);
+            d[1] = 2 * pi + 1 < c->in ? kvp_f32_to_bf16(wr[2 * pi + 1]) : 0;
+        }
+    }
+    split(c->n, ith, nth, &b, &e);
+    if (!c->reuse_x)
+        cvt_rows(c->tk, c->a, c->x, c->in, c->ina, b, e);
+    if (c->res) /* y = res + x·Wᵀ: this thread's rows of the residual */
+        memcpy(c->y + (size_t)b * c->out, c->res + (size_t)b * c->out,
+               sizeof(float) * (size_t)(e - b) * c->out);
+    kvp_pool_barrier(c->pool);
+    if (e > b)
+        c->tk->gemm((int)(e - b), c->out, c->ina / 2, c->a + (size_t)b * c->ina, (size_t)c->ina, 2,
+                    c->wb, (size_t)2 * c->out, c->y + (size_t)b * c->out, (size_t)c->out,
+                    c->acc || c->res);
+}
+
+static void lin_bwd_worker(void *p, int ith, int nth)
+{
+    struct lin_ctx *c = p;
+    long b, e;
+    /* dW += dyᵀ·x: B = x paired by tokens [n/2][in][2], A = dyᵀ pair-interleaved the same */
+    split((c->n + 1) / 2, ith, nth, &b, &e);
+    if (!c->reuse_x)
+        pair_rows(c->tk, c->b, c->x, c->n, c->in, b, e);
+    pair_rows(c->tk, c->a, c->dy, c->n, c->out, b, e);
+    kvp_pool_barrier(c->pool);
     split(c->out, ith, nth, &b, &e);
     if (e > b)
         c->tk->gemm((int)(e - b), c->in, (int)((c->n + 1) / 2), c->a + 2 * (size_t)b, 2,
                     (size_t)2 * c->out, c->b, (size_t)2 * c->in, c->dw + (size_t)b * c->in,
                     (size_t)c->in, true);
-}
-
-static void lin_dx_worker(void *p, int ith, int nth)
-{
-    struct lin_ctx *c = p;
-    long b, e;
+    if (!c->dx)
+        return;
+    /* dx = dy·W: B[k = out][n = in] pair-interleaved, rows 2p and 2p+1 of W; A (dy as bf16
+     * rows) reuses the scratch the dW products read, hence the second barrier */
+    split((c->out + 1) / 2, ith, nth, &b, &e);
+    pair_rows(c->tk, c->wb, c->w, c->out, c->in, b, e);
+    kvp_pool_barrier(c->pool);
     split(c->n, ith, nth, &b, &e);
-    for (long i = b; i < e; i++) {
-        uint16_t *row = c->a + (size_t)i * c->outa;
-        c->tk->cvt(row, c->dy + (size_t)i * c->out, (size_t)c->out, 1.0f);
-        if (c->outa > c->out)
-            row[c->out] = 0;
-    }
+    cvt_rows(c->tk, c->a, c->dy, c->out, c->outa, b, e);
     if (e > b)
         c->tk->gemm((int)(e - b), c->in, c->outa / 2, c->a + (size_t)b * c->outa, (size_t)c->outa, 2,
-                    c->w, (size_t)2 * c->in, c->y + (size_t)b * c->in, (size_t)c->in, c->acc);
+                    c->wb, (size_t)2 * c->in, c->dx + (size_t)b * c->in, (size_t)c->in, c->acc);
 }
 
 /* kvp_op_linear_fwd in the model's precision. reuse_x: x is the same (same contents) as in the
  * previous linear_fwd call, whose bf16 copy of it is reused (Q, K, V read one input, as do gate
- * and up). */
+ * and up). res: y = res + x·Wᵀ (a residual; in bf16 each thread copies its rows of it). */
 static void linear_fwd(struct kvp_train_model *m, float *y, const float *x, const float *w, long n,
-                       int in, int out, float beta, bool reuse_x)
+                       int in, int out, float beta, bool reuse_x, const float *res)
 {
     if (m->precision == KVP_PREC_F32) {
-        kvp_op_linear_fwd(y, x, w, n, in, out, beta);
+        if (res)
+            memcpy(y, res, sizeof(float) * (size_t)n * out);
+        kvp_op_linear_fwd(y, x, w, n, in, out, res ? 1.0f : beta);
         return;
     }
-    const struct kvp_tk_ops *tk = m->tk;
-    int ina = (in + 1) & ~1;
-    /* B[k = in][n = out] pair-interleaved: (W[o][2p], W[o][2p+1]) */
-    for (int pi = 0; pi < ina / 2; pi++)
-        for (int o = 0; o < out; o++) {
-            uint16_t *d = m->bf_w + ((size_t)pi * out + o) * 2;
-            d[0] = kvp_f32_to_bf16(w[(size_t)o * in + 2 * pi]);
-            d[1] = 2 * pi + 1 < in ? kvp_f32_to_bf16(w[(size_t)o * in + 2 * pi + 1]) : 0;
-        }
-    struct lin_ctx c = {.tk = tk, .y = y, .x = x, .a = m->bf_a, .w = m->bf_w, .n = n, .in = in,
-                        .out = out, .ina = ina, .acc = beta != 0.0f, .reuse_x = reuse_x};
-    par_run(m->n_threads, lin_fwd_worker, &c);
+    struct lin_ctx c = {.pool = m->pool, .tk = m->tk, .y = y, .x = x, .w = w, .res = res,
+                        .a = m->bf_a, .wb = m->bf_w, .n = n, .in = in, .out = out,
+                        .ina = (in + 1) & ~1, .acc = beta != 0.0f, .reuse_x = reuse_x};
+    par(m, lin_fwd_worker, &c);
 }
 
 /* kvp_op_linear_bwd in the model's precision (dW first, so dx may alias x); reuse_x as for
@@ -576,19 +603,11 @@ static void linear_bwd(struct kvp_train_model *m, float *dx, float *dw, const fl
         kvp_op_linear_bwd(dx, dw, dy, x, w, n, in, out, beta_dx);
         return;
     }
-    const struct kvp_tk_ops *tk = m->tk;
-    struct lin_ctx c = {.tk = tk, .dw = dw, .x = x, .dy = dy, .a = m->bf_a, .b = m->bf_b, .n = n,
-                        .in = in, .out = out, .outa = (out + 1) & ~1, .acc = beta_dx != 0.0f,
+    struct lin_ctx c = {.pool = m->pool, .tk = m->tk, .dw = dw, .dx = dx, .x = x, .dy = dy,
+                        .w = w, .a = m->bf_a, .b = m->bf_b, .wb = m->bf_w, .n = n, .in = in,
+                        .out = out, .outa = (out + 1) & ~1, .acc = beta_dx != 0.0f,
                         .reuse_x = reuse_x};
-    par_run(m->n_threads, lin_dw_pack_worker, &c);
-    par_run(m->n_threads, lin_dw_worker, &c);
-    if (!dx)
-        return;
-    /* B[k = out][n = in] pair-interleaved: rows 2p and 2p+1 of W */
-    pair_rows(tk, m->bf_w, w, out, in, 0, (out + 1) / 2);
-    c.w = m->bf_w;
-    c.y = dx;
-    par_run(m->n_threads, lin_dx_worker, &c);
+    par(m, lin_bwd_worker, &c);
 }
 
 /* ===================================== attention ============================================== */
@@ -641,9 +660,45 @@ static void attention(struct kvp_train_model *m, struct kvp_train_acts *A, int n
     bool blas = m->precision == KVP_PREC_F32 && nth > 1;
     if (blas)
         openblas_set_num_threads(1);
-    par_run(nth, attn_worker, &c);
+    if (m->precision == KVP_PREC_BF16)
+        par(m, attn_worker, &c); /* the whole pool: a thread without a task returns at once */
+    else
+        par_run(nth, attn_worker, &c);
     if (blas)
         openblas_set_num_threads(m->n_threads);
+}
+
+/* ======================================= RoPE ================================================= */
+
+struct rope_ctx {
+    const struct kvp_train_model *m;
+    float *q, *k;
+    long n;
+    int T;
+    bool inverse;
+};
+
+static void rope_worker(void *p, int ith, int nth)
+{
+    struct rope_ctx *c = p;
+    const struct kvp_train_model *m = c->m;
+    long b, e;
+    split(c->n, ith, nth, &b, &e);
+    kvp_op_rope_rows(c->q, m->rope_cos, m->rope_sin, b, e, c->T, m->cfg.n_head, m->head_dim,
+                     c->inverse);
+    kvp_op_rope_rows(c->k, m->rope_cos, m->rope_sin, b, e, c->T, m->cfg.n_head_kv, m->head_dim,
+                     c->inverse);
+}
+
+/* RoPE on q [N][H·hd] and k [N][Hkv·hd]: split by token rows on the pool in bf16, on the
+ * caller's thread in the f32 reference (as it always ran). */
+static void rope_qk(struct kvp_train_model *m, float *q, float *k, int n_seq, int T, bool inverse)
+{
+    struct rope_ctx c = {m, q, k, (long)n_seq * T, T, inverse};
+    if (m->pool && m->precision == KVP_PREC_BF16)
+        kvp_pool_run(m->pool, rope_worker, &c);
+    else
+        rope_worker(&c, 0, 1);
 }
 
 /* ===================================== forward ================================================ */
@@ -675,25 +730,22 @@ int kvp_train_model_forward(struct kvp_train_model *m, const int32_t *tok, int n
         const struct kvp_train_layer *L = &m->layers[l];
         float *xnext = l + 1 < c->n_layer ? m->acts[l + 1].x : m->xf;
         rmsnorm_fwd(m, A->xn1, A->rstd1, A->x, P + L->attn_norm, N);
-        linear_fwd(m, A->q, A->xn1, P + L->wq, N, D, qd, 0.0f, false);
-        linear_fwd(m, A->k, A->xn1, P + L->wk, N, D, kvd, 0.0f, true);
-        linear_fwd(m, A->v, A->xn1, P + L->wv, N, D, kvd, 0.0f, true);
-        kvp_op_rope(A->q, m->rope_cos, m->rope_sin, n_seq, T, c->n_head, hd, false);
-        kvp_op_rope(A->k, m->rope_cos, m->rope_sin, n_seq, T, c->n_head_kv, hd, false);
+        linear_fwd(m, A->q, A->xn1, P + L->wq, N, D, qd, 0.0f, false, NULL);
+        linear_fwd(m, A->k, A->xn1, P + L->wk, N, D, kvd, 0.0f, true, NULL);
+        linear_fwd(m, A->v, A->xn1, P + L->wv, N, D, kvd, 0.0f, true, NULL);
+        rope_qk(m, A->q, A->k, n_seq, T, false);
         attention(m, A, n_seq, T, false);
-        memcpy(A->xmid, A->x, sizeof(float) * (size_t)N * D);
-        linear_fwd(m, A->xmid, A->att, P + L->wo, N, qd, D, 1.0f, false);
+        linear_fwd(m, A->xmid, A->att, P + L->wo, N, qd, D, 0.0f, false, A->x);
         rmsnorm_fwd(m, A->xn2, A->rstd2, A->xmid, P + L->ffn_norm, N);
-        linear_fwd(m, A->gate, A->xn2, P + L->w_gate, N, D, F, 0.0f, false);
-        linear_fwd(m, A->up, A->xn2, P + L->w_up, N, D, F, 0.0f, true);
+        linear_fwd(m, A->gate, A->xn2, P + L->w_gate, N, D, F, 0.0f, false, NULL);
+        linear_fwd(m, A->up, A->xn2, P + L->w_up, N, D, F, 0.0f, true, NULL);
         struct glu_ctx g = {.a = m->dff, .g = A->gate, .u = A->up, .n = N * F, .bwd = false,
                             .tk = fast};
-        par_run(m->n_threads, glu_worker, &g);
-        memcpy(xnext, A->xmid, sizeof(float) * (size_t)N * D);
-        linear_fwd(m, xnext, m->dff, P + L->w_down, N, F, D, 1.0f, false);
+        par(m, glu_worker, &g);
+        linear_fwd(m, xnext, m->dff, P + L->w_down, N, F, D, 0.0f, false, A->xmid);
     }
     rmsnorm_fwd(m, m->xnf, m->rstdf, m->xf, P + m->output_norm, N);
-    linear_fwd(m, m->logits, m->xnf, P + m->output, N, D, c->n_vocab, 0.0f, false);
+    linear_fwd(m, m->logits, m->xnf, P + m->output, N, D, c->n_vocab, 0.0f, false, NULL);
     return 0;
 }
 
@@ -703,7 +755,7 @@ double kvp_train_model_loss(struct kvp_train_model *m, const int32_t *targets, c
     struct xent_ctx c = {.logits = m->logits, .nll = nll, .targets = targets, .w = w,
                          .n = (long)m->cur_seq * m->cur_T, .V = m->cfg.n_vocab,
                          .scale = (float)(1.0 / wsum), .fast = m->precision == KVP_PREC_BF16};
-    par_run(m->n_threads, xent_worker, &c);
+    par(m, xent_worker, &c);
     double total = 0.0;
     for (int t = 0; t < m->n_threads; t++)
         total += c.part[t];
@@ -736,11 +788,11 @@ void kvp_train_model_backward(struct kvp_train_model *m)
         /* FFN: x_next = xmid + Wdown·swiglu(gate, up); dx holds d x_next */
         struct glu_ctx g = {.a = m->dff, .g = A->gate, .u = A->up, .n = N * F, .bwd = false,
                             .tk = fast};
-        par_run(m->n_threads, glu_worker, &g);
+        par(m, glu_worker, &g);
         linear_bwd(m, m->dff, G + L->w_down, m->dx, m->dff, P + L->w_down, N, F, D, 0.0f, false);
         g = (struct glu_ctx){.dg = m->dg, .du = m->du, .da = m->dff, .g = A->gate, .u = A->up,
                              .n = N * F, .bwd = true, .tk = fast};
-        par_run(m->n_threads, glu_worker, &g);
+        par(m, glu_worker, &g);
         linear_bwd(m, m->dtmp, G + L->w_gate, m->dg, A->xn2, P + L->w_gate, N, D, F, 0.0f, false);
         linear_bwd(m, m->dtmp, G + L->w_up, m->du, A->xn2, P + L->w_up, N, D, F, 1.0f, true);
         rmsnorm_bwd(m, m->dx, G + L->ffn_norm, m->dtmp, A->xmid, P + L->ffn_norm, A->rstd2, N);
@@ -750,8 +802,7 @@ void kvp_train_model_backward(struct kvp_train_model *m)
         memset(m->dk, 0, sizeof(float) * (size_t)N * kvd);
         memset(m->dv, 0, sizeof(float) * (size_t)N * kvd);
         attention(m, A, n_seq, T, true);
-        kvp_op_rope(m->dq, m->rope_cos, m->rope_sin, n_seq, T, c->n_head, hd, true);
-        kvp_op_rope(m->dk, m->rope_cos, m->rope_sin, n_seq, T, c->n_head_kv, hd, true);
+        rope_qk(m, m->dq, m->dk, n_seq, T, true);
         linear_bwd(m, m->dtmp, G + L->wq, m->dq, A->xn1, P + L->wq, N, D, qd, 0.0f, false);
         linear_bwd(m, m->dtmp, G + L->wk, m->dk, A->xn1, P + L->wk, N, D, kvd, 1.0f, true);
         linear_bwd(m, m->dtmp, G + L->wv, m->dv, A->xn1, P + L->wv, N, D, kvd, 1.0f, true);

@@ -100,9 +100,15 @@ void kvp_op_rope_table(float *cosv, float *sinv, int T, int hd, float base)
 void kvp_op_rope(float *x, const float *cosv, const float *sinv, int n_seq, int T, int n_head,
                  int hd, bool inverse)
 {
+    kvp_op_rope_rows(x, cosv, sinv, 0, (long)n_seq * T, T, n_head, hd, inverse);
+}
+
+void kvp_op_rope_rows(float *x, const float *cosv, const float *sinv, long r0, long r1, int T,
+                      int n_head, int hd, bool inverse)
+{
     int half = hd / 2;
     float sgn = inverse ? -1.0f : 1.0f;
-    for (long r = 0; r < (long)n_seq * T; r++) {
+    for (long r = r0; r < r1; r++) {
         int pos = (int)(r % T);
         const float *c = cosv + (size_t)pos * half;
         const float *s = sinv + (size_t)pos * half;

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/threadpool.h"
 #include "train/train.h"
 
 /* ======================================== AdamW =============================================== */
@@ -55,19 +56,39 @@ static void adamw_update(const struct kvp_adamw *a, float *p, const float *g, fl
     }
 }
 
-void kvp_adamw_step(struct kvp_adamw *a, struct kvp_train_model *m, float lr)
+struct adamw_ctx {
+    const struct kvp_adamw *a;
+    struct kvp_train_model *m;
+    float lr, c1, c2;
+};
+
+/* This thread's share of every tensor (elementwise: the same result on any number of threads). */
+static void adamw_worker(void *p, int ith, int nth)
 {
-    a->t++;
-    float c1 = (float)(1.0 - pow(a->beta1, (double)a->t));
-    float c2 = (float)(1.0 - pow(a->beta2, (double)a->t));
+    struct adamw_ctx *c = p;
+    const struct kvp_adamw *a = c->a;
+    struct kvp_train_model *m = c->m;
     for (int i = 0; i < m->n_tensors; i++) {
         const struct kvp_train_tensor *t = &m->tensors[i];
         if (m->cfg.tied && !strcmp(t->name, "output.weight"))
             continue; /* shares token_embd's storage */
-        size_t n = (size_t)t->ne[0] * (size_t)(t->n_dims > 1 ? t->ne[1] : 1);
-        adamw_update(a, m->params + t->off, m->grads + t->off, a->m + t->off, a->v + t->off, n,
-                     lr, t->decay ? a->weight_decay : 0.0f, c1, c2);
+        long b, e;
+        kvp_split_range((long)t->ne[0] * (t->n_dims > 1 ? t->ne[1] : 1), ith, nth, &b, &e);
+        size_t o = t->off + (size_t)b;
+        adamw_update(a, m->params + o, m->grads + o, a->m + o, a->v + o, (size_t)(e - b), c->lr,
+                     t->decay ? a->weight_decay : 0.0f, c->c1, c->c2);
     }
+}
+
+void kvp_adamw_step(struct kvp_adamw *a, struct kvp_train_model *m, float lr)
+{
+    a->t++;
+    struct adamw_ctx c = {a, m, lr, (float)(1.0 - pow(a->beta1, (double)a->t)),
+                          (float)(1.0 - pow(a->beta2, (double)a->t))};
+    if (m->pool && m->precision == KVP_PREC_BF16)
+        kvp_pool_run(m->pool, adamw_worker, &c);
+    else
+        adamw_worker(&c, 0, 1);
 }
 
 void kvp_adamw_step_raw(struct kvp_adamw *a, float *p, const float *g, size_t n, float lr,
