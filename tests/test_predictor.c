@@ -1168,17 +1168,25 @@ static void test_predictor_file_v2(void **state)
     free(p1);
 }
 
+/* A random query-aware network of history H saved to a temporary file; the caller removes and
+ * frees the path. */
+static char *random_qnet_file(int H)
+{
+    struct kvp_cnn n;
+    random_qnet(&n, H);
+    char *path = kvp_test_tmpfile(".kvpp");
+    assert_int_equal(kvp_cnn_save(&n, path, NULL), 0);
+    kvp_cnn_free(&n);
+    return path;
+}
+
 /* qpredictor end to end: a budget covering the context reproduces the full cache; small budgets
  * never exceed the budget and always read the sink and local window, pruned or not, on one or two
  * threads; pruning at a generous extra selects what the unpruned CNN selects. */
 static void test_qpredictor_end_to_end(void **state)
 {
     (void)state;
-    struct kvp_cnn n;
-    random_qnet(&n, 8);
-    char *ppath = kvp_test_tmpfile(".kvpp"), *mpath;
-    assert_int_equal(kvp_cnn_save(&n, ppath, NULL), 0);
-    kvp_cnn_free(&n);
+    char *ppath = random_qnet_file(8), *mpath;
     kvp_model *m = fixture_model(&mpath);
     const int np = 150, nd = 40;
     struct run_out dense = run(m, NULL, np, nd, 1);
@@ -1223,11 +1231,7 @@ static void test_qpredictor_end_to_end(void **state)
 static void test_qpredictor_predict_superset(void **state)
 {
     (void)state;
-    struct kvp_cnn n;
-    random_qnet(&n, 8);
-    char *ppath = kvp_test_tmpfile(".kvpp"), *mpath;
-    assert_int_equal(kvp_cnn_save(&n, ppath, NULL), 0);
-    kvp_cnn_free(&n);
+    char *ppath = random_qnet_file(8), *mpath;
     kvp_model *m = fixture_model(&mpath);
     struct kvp_ctx_params cp = {.n_ctx = 256, .n_threads = 1};
     kvp_ctx *c = NULL;

@@ -272,13 +272,16 @@ static void test_xent_fast(void **state)
 
 /* ===================================== whole model ============================================ */
 
+/* the small model of the whole-model tests (run_model and the tests that read its layout) */
+static const struct kvp_train_config small_model = {
+    .n_vocab = 300, .n_embd = 64, .n_layer = 2, .n_head = 2, .n_head_kv = 1, .n_ff = 96,
+    .n_ctx = 100, .rope_base = 1000.0f, .norm_eps = 1e-5f, .tied = 1};
+
 /* Loss and gradients of one micro-batch; params (optional) receives the weights after one AdamW
  * step on them. */
 static void run_model(int precision, int threads, float *grads, double *loss, float *params)
 {
-    struct kvp_train_config cfg = {.n_vocab = 300, .n_embd = 64, .n_layer = 2, .n_head = 2,
-                                   .n_head_kv = 1, .n_ff = 96, .n_ctx = 100, .rope_base = 1000.0f,
-                                   .norm_eps = 1e-5f, .tied = 1};
+    struct kvp_train_config cfg = small_model;
     enum { SEQ = 2, T = 100 };
     struct kvp_train_model *m;
     struct kvp_err err;
@@ -311,9 +314,7 @@ static void run_model(int precision, int threads, float *grads, double *loss, fl
 static void test_model_bf16_matches_f32(void **state)
 {
     (void)state;
-    struct kvp_train_config cfg = {.n_vocab = 300, .n_embd = 64, .n_layer = 2, .n_head = 2,
-                                   .n_head_kv = 1, .n_ff = 96, .n_ctx = 100, .rope_base = 1000.0f,
-                                   .norm_eps = 1e-5f, .tied = 1};
+    struct kvp_train_config cfg = small_model;
     struct kvp_train_model *m;
     struct kvp_err err;
     assert_int_equal(kvp_train_model_init(&m, &cfg, 200, 1, 7, &err), 0);
@@ -350,9 +351,7 @@ static void test_model_bf16_matches_f32(void **state)
 static void test_model_bf16_threads_agree(void **state)
 {
     (void)state;
-    struct kvp_train_config cfg = {.n_vocab = 300, .n_embd = 64, .n_layer = 2, .n_head = 2,
-                                   .n_head_kv = 1, .n_ff = 96, .n_ctx = 100, .rope_base = 1000.0f,
-                                   .norm_eps = 1e-5f, .tied = 1};
+    struct kvp_train_config cfg = small_model;
     struct kvp_train_model *m;
     struct kvp_err err;
     assert_int_equal(kvp_train_model_init(&m, &cfg, 200, 1, 7, &err), 0);
