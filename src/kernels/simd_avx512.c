@@ -20,6 +20,7 @@
 
 #include "kernels/simd_internal.h"
 #include "kernels/simd_pairs_avx512.h"
+#include "kernels/simd_prefetch_x86.h"
 #include "kernels/simd_quant_x86.h"
 #include "kernels/types.h"
 
@@ -84,24 +85,7 @@ KVP_INLINE float f16_at(const void *p)
     return _cvtsh_ss(h);
 }
 
-/* PREFETCH: the four-row kernels below prefetch, as they read offset o of rows r..r+3, offset o
- * of rows r+4..r+7 (pf = row r+4), one cache line per row per step. The hardware prefetcher
- * alone keeps too few lines in flight for four streams (decode on SmolLM2-135M's shape, Q8_0,
- * one thread: 5 GB/s without, 12-14 GB/s with). Past the last row this touches addresses the
- * caller may not own, which a prefetch never faults on. Ranges of at most PF_MIN_BYTES skip it
- * (pf_on, set by each kernel): a tiny model's matrices live in the caches. */
-enum { PF_MIN_BYTES = 128 * 1024 };
-#define PF_ON(nrows, row_bytes) const bool pf_on = (size_t)(nrows) * (row_bytes) > PF_MIN_BYTES
-#define PREFETCH4(pf, rb, o)                                                                       \
-    do {                                                                                           \
-        if (!pf_on)                                                                                \
-            break;                                                                                 \
-        const char *p_ = (const char *)(pf) + (size_t)(o);                                         \
-        _mm_prefetch(p_, _MM_HINT_T0);                                                             \
-        _mm_prefetch(p_ + (rb), _MM_HINT_T0);                                                      \
-        _mm_prefetch(p_ + 2 * (rb), _MM_HINT_T0);                                                  \
-        _mm_prefetch(p_ + 3 * (rb), _MM_HINT_T0);                                                  \
-    } while (0)
+/* The four-row kernels below prefetch what the next pass reads (simd_prefetch_x86.h). */
 
 /* ============================== float dots ============================== */
 
@@ -147,7 +131,7 @@ static float dot_bf16(const uint16_t *w, const float *x, int64_t n)
 KVP_INLINE void rows_generic(const void *w, size_t row_bytes, const float *x, int64_t n,
                              int64_t nrows, float *y, int kind)
 {
-    PF_ON(nrows, row_bytes);
+    const struct kvp_pf_plan pfp = kvp_pf_plan(nrows, row_bytes, 4);
     int64_t r = 0;
     for (; r + 4 <= nrows; r += 4) {
         const char *w0 = (const char *)w + (size_t)r * row_bytes;
@@ -155,11 +139,10 @@ KVP_INLINE void rows_generic(const void *w, size_t row_bytes, const float *x, in
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         __m512 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
         int64_t i = 0;
-        const char *pf = w0 + 4 * row_bytes; /* the next four rows (see PREFETCH) */
+        const size_t esz = kind == W_F32 ? 4 : 2;
         for (; i + 32 <= n; i += 32) {
-            PREFETCH4(pf, row_bytes, (size_t)i * (kind == W_F32 ? 4 : 2));
-            if (kind == W_F32)
-                PREFETCH4(pf, row_bytes, (size_t)i * 4 + 64);
+            kvp_pf_step(&pfp, w0, row_bytes, 4, (size_t)i * esz, 32 * esz, (size_t)i * esz,
+                        kind == W_F32 ? 2 : 1);
             __m512 xa = _mm512_loadu_ps(x + i), xb = _mm512_loadu_ps(x + i + 16);
             a0 = _mm512_fmadd_ps(load16(elem_at(w0, i, kind), kind, 0, 1), xa, a0);
             a1 = _mm512_fmadd_ps(load16(elem_at(w1, i, kind), kind, 0, 1), xa, a1);
@@ -275,16 +258,15 @@ static void rows_q8_0(const void *w, size_t row_bytes, const void *xq, int64_t n
 {
     const uint8_t *px = xq;
     int64_t nb = n / KVP_QK8_0, r = 0;
-    PF_ON(nrows, row_bytes);
+    const struct kvp_pf_plan pfp = kvp_pf_plan(nrows, row_bytes, 4);
     for (; r + 4 <= nrows; r += 4) {
         const uint8_t *w0 = (const uint8_t *)w + (size_t)r * row_bytes;
         const uint8_t *w1 = w0 + row_bytes, *w2 = w1 + row_bytes, *w3 = w2 + row_bytes;
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         int64_t b = 0;
-        const uint8_t *pf = w0 + 4 * row_bytes;
         for (; b + 2 <= nb; b += 2) {
             size_t o = (size_t)b * 34;
-            PREFETCH4(pf, row_bytes, o + 64);
+            kvp_pf_step(&pfp, w0, row_bytes, 4, o, 68, o + 64, 1);
             __m512i qx = q8_pair(px + o);
             float dx0 = f16_at(px + o), dx1 = f16_at(px + o + 34);
             a0 = _mm512_fmadd_ps(scale_pair(f16_at(w0 + o) * dx0, f16_at(w0 + o + 34) * dx1),
@@ -666,7 +648,7 @@ KVP_INLINE void rows_pair32(const void *w, size_t row_bytes, const void *xq, int
     const __m512i off = _mm512_set1_epi8(kind == PAIR_Q4_0 ? 8 : 16), ones = _mm512_set1_epi16(1);
     const uint8_t *px = xq;
     int64_t nb = n / 32, r = 0;
-    PF_ON(nrows, row_bytes);
+    const struct kvp_pf_plan pfp = kvp_pf_plan(nrows, row_bytes, 4);
     for (; r + 4 <= nrows; r += 4) {
         const uint8_t *wr[4];
         for (int i = 0; i < 4; i++)
@@ -675,7 +657,7 @@ KVP_INLINE void rows_pair32(const void *w, size_t row_bytes, const void *xq, int
                        _mm512_setzero_ps()};
         int64_t b = 0;
         for (; b + 2 <= nb; b += 2) {
-            PREFETCH4(wr[3] + row_bytes, row_bytes, (size_t)b * bs + 64);
+            kvp_pf_step(&pfp, wr[0], row_bytes, 4, (size_t)b * bs, 2 * bs, (size_t)b * bs + 64, 1);
             const uint8_t *xb = px + (size_t)b * 34;
             __m512i qx = q8_pair(xb);
             __m512i corr = _mm512_madd_epi16(_mm512_maddubs_epi16(off, qx), ones);
@@ -734,7 +716,7 @@ KVP_INLINE void rows_k45(const void *w, size_t row_bytes, const void *xq, int64_
         hshift[c] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16((short)(2 * c))),
                                        _mm256_set1_epi16((short)(2 * c + 1)), 1);
     }
-    PF_ON(nrows, row_bytes);
+    const struct kvp_pf_plan pfp = kvp_pf_plan(nrows, row_bytes, 4);
     int64_t r = 0;
     for (; r + 4 <= nrows; r += 4) {
         const uint8_t *wr[4];
@@ -747,8 +729,8 @@ KVP_INLINE void rows_k45(const void *w, size_t row_bytes, const void *xq, int64_
             mins[i] = _mm256_setzero_ps();
         }
         for (int64_t b = 0; b < n / KVP_QK_K; b++) {
-            for (size_t o = 0; o < bytes; o += 64)
-                PREFETCH4(wr[3] + row_bytes, row_bytes, (size_t)b * bytes + o + 64);
+            kvp_pf_step(&pfp, wr[0], row_bytes, 4, (size_t)b * bytes, bytes,
+                        (size_t)b * bytes + 64, (int)((bytes + 63) / 64));
             const uint8_t *xb = px + (size_t)b * 292;
             __m512i x[4];
             for (int c = 0; c < 4; c++)
@@ -820,7 +802,7 @@ static void rows_q6_k(const void *w, size_t row_bytes, const void *xq, int64_t n
         idx0 = _mm512_loadu_si512(ix);
         idx1 = _mm512_add_epi16(idx0, _mm512_set1_epi16(4));
     }
-    PF_ON(nrows, row_bytes);
+    const struct kvp_pf_plan pfp = kvp_pf_plan(nrows, row_bytes, 4);
     int64_t r = 0;
     for (; r + 4 <= nrows; r += 4) {
         const uint8_t *wr[4];
@@ -831,8 +813,7 @@ static void rows_q6_k(const void *w, size_t row_bytes, const void *xq, int64_t n
         for (int i = 0; i < 4; i++)
             acc[i] = _mm512_setzero_ps();
         for (int64_t b = 0; b < n / KVP_QK_K; b++) {
-            for (size_t o = 0; o < 210; o += 64)
-                PREFETCH4(wr[3] + row_bytes, row_bytes, (size_t)b * 210 + o + 64);
+            kvp_pf_step(&pfp, wr[0], row_bytes, 4, (size_t)b * 210, 210, (size_t)b * 210 + 64, 4);
             const uint8_t *xb = px + (size_t)b * 292;
             __m512i x[4];
             for (int k = 0; k < 4; k++)

@@ -21,8 +21,7 @@
  *     vpmaddubsw then vpdpwssd applies the sub-block scales and accumulates in one step; the
  *     mins use int16 pair sums of the activations' bsums (|Σ| ≤ 32·127 fits int16).
  * Eight rows per pass for Q8_0, four for the others, share the activation loads; each pass
- * prefetches what a later one reads (struct pf_plan; PREFETCH in simd_avx512.c explains why the
- * kernels prefetch at all). Integer sums are exact, so
+ * prefetches what a later one reads (simd_prefetch_x86.h). Integer sums are exact, so
  * results match the scalar table to float rounding, as every table does. The end of the file is
  * prefill's integer GEMM (prefill_gemm.h), the same offset trick with tokens in the lanes.
  */
@@ -33,39 +32,13 @@
 #include "kernels/prefill_gemm.h"
 #include "kernels/simd_internal.h"
 #include "kernels/simd_pairs_avx512.h"
+#include "kernels/simd_prefetch_x86.h"
 #include "kernels/simd_quant_x86.h"
 #include "kernels/types.h"
 
 #define KVP_INLINE static inline __attribute__((always_inline))
 
-enum { PF_MIN_BYTES = 128 * 1024 }; /* as simd_avx512.c: smaller ranges live in the caches */
-enum { PF_AHEAD_BYTES = 8192 };     /* row-wise: how far ahead the Q8_0 kernel prefetches */
-enum { PF_SEQ_MAX_ROW = 1664 };     /* rows up to this many bytes prefetch in address order */
-enum { PF_SEQ_EXTRA = 2048 };       /* address order: how far past the next pass */
-
-/* What a pass of nr rows prefetches while it reads. Two schemes, chosen by the row length:
- *   - row-wise (long rows): as offset o of the pass's rows is read, offset o of the rows `ahead`
- *     rows further on (a later pass), one line per row;
- *   - address order (short rows): each step of the pass prefetches as many bytes as the step
- *     reads, of the region one pass plus PF_SEQ_EXTRA further on, in address order.
- * A pass reads its rows side by side, nr interleaved streams of one row each; rows of a few
- * hundred bytes make those streams ten lines long, too short to follow row by row. Mat-vec speed
- * over plain read speed of a 128 MiB matrix, one thread, 21 alternating repetitions, old process
- * and new alternating, 3 rounds (ranges of the medians), row-wise -> address order:
- * Q8_0 576 columns (612-byte rows) 0.64-0.77 -> 0.79-0.80, Q5_0 576 0.51-0.56 -> 0.59-0.72,
- * Q4_K 1536 0.64-0.67 -> 0.83-0.92, Q4_K 2048 0.64-0.70 -> 0.79-0.85, Q8_0 1536 (1632 bytes)
- * 0.79-0.90 -> 0.80-0.84 (a tie); but Q8_0 2048 0.93-0.97 -> 0.80-0.82, Q8_0 8192 0.85-0.98 ->
- * 0.73-0.82, Q4_K 8192 0.93-1.01 -> 0.77-0.79: long rows stay row-wise. */
-struct pf_plan {
-    bool on, seq;
-    int64_t ahead; /* row-wise: rows ahead of the pass */
-};
-
-KVP_INLINE struct pf_plan pf_plan_for(int64_t nrows, size_t rb, int64_t ahead)
-{
-    struct pf_plan p = {(size_t)nrows * rb > PF_MIN_BYTES, rb <= PF_SEQ_MAX_ROW, ahead};
-    return p;
-}
+enum { PF_AHEAD_BYTES = 8192 }; /* row-wise: how far ahead the Q8_0 kernel prefetches */
 
 /* The Q8_0 kernel's row-wise distance: about PF_AHEAD_BYTES, a whole number of nr-row passes and
  * at least the next one (Llama-3.2-1B's 2176-byte rows: the next 8). */
@@ -74,25 +47,6 @@ static inline int64_t pf_rows(size_t rb, int nr)
     int64_t ahead = (int64_t)(PF_AHEAD_BYTES / (rb ? rb : 1)) + nr - 1;
     ahead -= ahead % nr;
     return ahead > nr ? ahead : nr;
-}
-
-/* The prefetches of one step of a pass over rows w0.., rb bytes apart: the step reads `step`
- * bytes per row at offset o; row-wise, `lines` lines per row from o + 64 of the rows ahead. */
-KVP_INLINE void prefetch_step(const struct pf_plan *p, const uint8_t *w0, size_t rb, int nr,
-                              size_t o, size_t step, int lines)
-{
-    if (!p->on)
-        return;
-    if (p->seq) {
-        const char *a = (const char *)w0 + (size_t)nr * (rb + o) + PF_SEQ_EXTRA;
-        for (size_t k = 0; k < (size_t)nr * step; k += 64)
-            _mm_prefetch(a + k, _MM_HINT_T0);
-        return;
-    }
-    const uint8_t *pf = w0 + (size_t)p->ahead * rb;
-    for (int l = 0; l < lines; l++)
-        for (int i = 0; i < nr; i++)
-            _mm_prefetch((const char *)pf + (size_t)i * rb + o + 64 * (size_t)l + 64, _MM_HINT_T0);
 }
 
 KVP_INLINE float hsum(__m512 v)
@@ -153,7 +107,7 @@ KVP_INLINE __m512 row_pair_fma(__m512 acc, const uint8_t *wb, size_t bs, __m512i
 
 /* nr rows (1, 4 or 8) from w0 on, row_bytes apart: y[i] = dot(row i, x). */
 KVP_INLINE void q8_rows_nr(const uint8_t *w0, size_t rb, const uint8_t *px, int64_t nb, float *y,
-                           int nr, const struct pf_plan *pf)
+                           int nr, const struct kvp_pf_plan *pf)
 {
     const __m512i flip = _mm512_set1_epi8((char)0x80), spread = scale_spread();
     __m512 acc[8];
@@ -162,7 +116,7 @@ KVP_INLINE void q8_rows_nr(const uint8_t *w0, size_t rb, const uint8_t *px, int6
     int64_t b = 0;
     for (; b + 2 <= nb; b += 2) {
         size_t o = (size_t)b * 34;
-        prefetch_step(pf, w0, rb, nr, o, 68, 1);
+        kvp_pf_step(pf, w0, rb, nr, o, 68, o + 64, 1);
         struct x_pair x = x_pair_at(px + o, flip, spread);
 #pragma GCC unroll 8
         for (int i = 0; i < nr; i++) {
@@ -193,7 +147,7 @@ KVP_INLINE void q8_rows_nr(const uint8_t *w0, size_t rb, const uint8_t *px, int6
 void kvp_vnni_rows_q8_0(const void *w, size_t row_bytes, const void *xq, int64_t n, int64_t nrows,
                         float *y)
 {
-    const struct pf_plan pf = pf_plan_for(nrows, row_bytes, pf_rows(row_bytes, 8));
+    const struct kvp_pf_plan pf = kvp_pf_plan(nrows, row_bytes, pf_rows(row_bytes, 8));
     int64_t nb = n / KVP_QK8_0, r = 0;
     for (; r + 8 <= nrows; r += 8)
         q8_rows_nr((const uint8_t *)w + (size_t)r * row_bytes, row_bytes, xq, nb, y + r, 8, &pf);
@@ -209,7 +163,7 @@ void kvp_vnni_rows_q8_0(const void *w, size_t row_bytes, const void *xq, int64_t
  * (8 or 16) times the activations' sums starts the accumulation, computed once per block pair
  * for all rows. nr rows (1 or 4) from w0 on. */
 KVP_INLINE void pair32_rows_nr(const uint8_t *w0, size_t rb, const uint8_t *px, int64_t nb,
-                               float *y, int nr, const struct pf_plan *pf, int kind)
+                               float *y, int nr, const struct kvp_pf_plan *pf, int kind)
 {
     const size_t bs = kind == PAIR_Q4_0 ? 18 : 22;
     const __m512i off = _mm512_set1_epi8(kind == PAIR_Q4_0 ? 8 : 16), spread = scale_spread();
@@ -218,7 +172,7 @@ KVP_INLINE void pair32_rows_nr(const uint8_t *w0, size_t rb, const uint8_t *px, 
         acc[i] = _mm512_setzero_ps();
     int64_t b = 0;
     for (; b + 2 <= nb; b += 2) {
-        prefetch_step(pf, w0, rb, nr, (size_t)b * bs, 2 * bs, 1);
+        kvp_pf_step(pf, w0, rb, nr, (size_t)b * bs, 2 * bs, (size_t)b * bs + 64, 1);
         struct x_pair x = x_pair_at(px + (size_t)b * 34, off, spread);
 #pragma GCC unroll 4
         for (int i = 0; i < nr; i++) {
@@ -237,7 +191,7 @@ KVP_INLINE void pair32_rows_nr(const uint8_t *w0, size_t rb, const uint8_t *px, 
 KVP_INLINE void pair32_rows(const void *w, size_t row_bytes, const void *xq, int64_t n,
                             int64_t nrows, float *y, int kind)
 {
-    const struct pf_plan pf = pf_plan_for(nrows, row_bytes, 4);
+    const struct kvp_pf_plan pf = kvp_pf_plan(nrows, row_bytes, 4);
     int64_t nb = n / 32, r = 0;
     for (; r + 4 <= nrows; r += 4)
         pair32_rows_nr((const uint8_t *)w + (size_t)r * row_bytes, row_bytes, xq, nb, y + r, 4,
@@ -267,7 +221,7 @@ enum { Q4K_BYTES = 144, Q4K_QS = 16, Q8K_BYTES = 292 };
 
 /* nr rows (1 or 4) from w0 on. */
 KVP_INLINE void q4k_rows_nr(const uint8_t *w0, size_t rb, const uint8_t *px, int64_t nsb,
-                            float *y, int nr, const struct pf_plan *pf)
+                            float *y, int nr, const struct kvp_pf_plan *pf)
 {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     /* int16 lane i of activation vector k takes the scale of sub-block sub[k][i / 16] */
@@ -283,7 +237,8 @@ KVP_INLINE void q4k_rows_nr(const uint8_t *w0, size_t rb, const uint8_t *px, int
         mins[i] = _mm_setzero_ps();
     }
     for (int64_t b = 0; b < nsb; b++) {
-        prefetch_step(pf, w0, rb, nr, (size_t)b * Q4K_BYTES, Q4K_BYTES, 3);
+        kvp_pf_step(pf, w0, rb, nr, (size_t)b * Q4K_BYTES, Q4K_BYTES, (size_t)b * Q4K_BYTES + 64,
+                    3);
         const uint8_t *xb = px + (size_t)b * Q8K_BYTES, *xs = xb + QX_K_QS;
         /* activations in the order of the split nibbles: [x 0..31 | x 64..95], [32..63 |
          * 96..127], then the same for the second half */
@@ -331,7 +286,7 @@ KVP_INLINE void q4k_rows_nr(const uint8_t *w0, size_t rb, const uint8_t *px, int
 void kvp_vnni_rows_q4_k(const void *w, size_t row_bytes, const void *xq, int64_t n, int64_t nrows,
                         float *y)
 {
-    const struct pf_plan pf = pf_plan_for(nrows, row_bytes, 4);
+    const struct kvp_pf_plan pf = kvp_pf_plan(nrows, row_bytes, 4);
     int64_t nsb = n / KVP_QK_K, r = 0;
     for (; r + 4 <= nrows; r += 4)
         q4k_rows_nr((const uint8_t *)w + (size_t)r * row_bytes, row_bytes, xq, nsb, y + r, 4,
