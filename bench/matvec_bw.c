@@ -1,0 +1,202 @@
+/*
+ * matvec_bw: how close the decode mat-vec kernels come to the machine's read bandwidth.
+ *
+ *   build/matvec_bw [--threads N] [--mib M] [--reps R] TYPE:COLS ...   (one JSON line each)
+ *
+ * For each TYPE:COLS (TYPE a GGUF weight type name such as Q8_0, Q4_K, F16) it fills a matrix of
+ * about M MiB (default 128, well past the last-level cache) with random codes and f16 scales,
+ * then alternates R times (default 21) a plain read of those bytes (64-byte loads, the floor)
+ * with one kvp_matvec_rows over all rows, N threads splitting the rows as the forward pass does.
+ * It prints the median GB/s of each and the median of the per-repetition ratio mat-vec / read;
+ * pairing each mat-vec with the read right before it keeps the ratio meaningful on a host whose
+ * speed drifts. Ratios near 1 mean the kernel runs at the bandwidth; the README's kernel section
+ * quotes this tool's output.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/platform.h"
+#include "core/threadpool.h"
+#include "kernels/matvec.h"
+#include "kernels/types.h"
+#include "kvpred.h"
+
+enum { MAX_REPS = 101 };
+
+struct job {
+    const struct kvp_mat *W;
+    const float *x;
+    const void *xq;
+    float *y;
+    const uint8_t *buf;
+    size_t bytes;
+    uint64_t sink[64];
+    int read; /* 1: plain read, 0: mat-vec */
+};
+
+/* The floor: every byte read once, 256 bytes a step (AVX-512 loads where the CPU has them). */
+static uint64_t read_bytes_scalar(const uint8_t *p, size_t n)
+{
+    uint64_t a = 0, b = 0, c = 0, d = 0, v[4];
+    for (size_t i = 0; i + 256 <= n; i += 256)
+        for (size_t o = 0; o < 256; o += 32) {
+            memcpy(v, p + i + o, 32);
+            a ^= v[0], b ^= v[1], c ^= v[2], d ^= v[3];
+        }
+    return a ^ b ^ c ^ d;
+}
+
+__attribute__((target("avx512f"))) static uint64_t read_bytes_avx512(const uint8_t *p, size_t n)
+{
+    __m512i a = _mm512_setzero_si512(), b = a, c = a, d = a;
+    size_t i = 0;
+    for (; i + 256 <= n; i += 256) {
+        a = _mm512_xor_si512(a, _mm512_loadu_si512(p + i));
+        b = _mm512_xor_si512(b, _mm512_loadu_si512(p + i + 64));
+        c = _mm512_xor_si512(c, _mm512_loadu_si512(p + i + 128));
+        d = _mm512_xor_si512(d, _mm512_loadu_si512(p + i + 192));
+    }
+    a = _mm512_xor_si512(_mm512_xor_si512(a, b), _mm512_xor_si512(c, d));
+    return (uint64_t)_mm512_reduce_add_epi64(a);
+}
+
+static uint64_t read_bytes(const uint8_t *p, size_t n)
+{
+    return __builtin_cpu_supports("avx512f") ? read_bytes_avx512(p, n) : read_bytes_scalar(p, n);
+}
+
+static void worker(void *arg, int ith, int nth)
+{
+    struct job *j = arg;
+    long b, e;
+    if (j->read) {
+        kvp_split_range((long)(j->bytes / 256), ith, nth, &b, &e);
+        j->sink[ith * 8] += read_bytes(j->buf + (size_t)b * 256, (size_t)(e - b) * 256);
+        return;
+    }
+    kvp_split_range((long)j->W->rows, ith, nth, &b, &e);
+    kvp_matvec_rows(j->W, j->x, j->xq, j->y, b, e);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    return v[n / 2];
+}
+
+static int run_one(struct kvp_pool *pool, int n_threads, const char *spec, size_t mib, int reps)
+{
+    char name[32];
+    const char *colon = strchr(spec, ':');
+    if (!colon || colon - spec >= (long)sizeof(name)) {
+        fprintf(stderr, "matvec_bw: expected TYPE:COLS, got '%s'\n", spec);
+        return -1;
+    }
+    memcpy(name, spec, (size_t)(colon - spec));
+    name[colon - spec] = 0;
+    int type = -1;
+    for (int t = 0; t < KVP_TYPE_COUNT && type < 0; t++)
+        if (kvp_type_name(t) && strcmp(kvp_type_name(t), name) == 0)
+            type = t;
+    long cols = strtol(colon + 1, NULL, 10);
+    size_t rb = 0;
+    const struct kvp_type_traits *tr = type >= 0 ? kvp_type_traits(type) : NULL;
+    if (!tr || !tr->supported || type == KVP_TYPE_F32 || cols <= 0 || cols > (1L << 20) ||
+        !kvp_type_row_bytes(type, cols, &rb)) {
+        fprintf(stderr,
+                "matvec_bw: bad TYPE:COLS '%s' (a weight type with kernels; COLS a multiple of "
+                "its block)\n",
+                spec);
+        return -1;
+    }
+    int64_t rows = (int64_t)((mib << 20) / rb);
+    size_t bytes = rb * (size_t)rows;
+    uint8_t *w = kvp_alloc_aligned(bytes + 256);
+    float *x = malloc((size_t)cols * sizeof(float)), *y = malloc((size_t)rows * sizeof(float));
+    void *xq = malloc(kvp_matvec_xq_bytes(type, cols) + 1);
+    if (!w || !x || !y || !xq) {
+        fprintf(stderr, "matvec_bw: out of memory for %zu bytes\n", bytes);
+        kvp_free_aligned(w);
+        free(x), free(y), free(xq);
+        return -1;
+    }
+    /* random codes; every 16-bit word set to a small f16 so that block scales are finite */
+    uint32_t s = 12345;
+    for (size_t i = 0; i < bytes; i += 2) {
+        s = s * 1664525u + 1013904223u;
+        uint16_t h = (uint16_t)(0x2c00 | (s >> 22 & 0x3ff));
+        memcpy(w + i, &h, 2);
+        w[i + 1] ^= (uint8_t)(s >> 8 & 0x80);
+    }
+    for (long i = 0; i < cols; i++)
+        x[i] = (float)((i * 7) % 13) - 6.0f;
+    kvp_matvec_prepare(type, x, cols, xq);
+    struct kvp_mat W = {.type = type, .cols = cols, .rows = rows, .row_bytes = rb, .data = w};
+    struct job j = {.W = &W, .x = x, .xq = xq, .y = y, .buf = w, .bytes = bytes / 256 * 256};
+    double rd[MAX_REPS], mv[MAX_REPS], ratio[MAX_REPS];
+    for (int r = -1; r < reps; r++) { /* r = -1 warms up */
+        j.read = 1;
+        double t0 = kvp_time_now();
+        kvp_pool_run(pool, worker, &j);
+        double t1 = kvp_time_now();
+        j.read = 0;
+        kvp_pool_run(pool, worker, &j);
+        double t2 = kvp_time_now();
+        if (r < 0)
+            continue;
+        rd[r] = (double)j.bytes / (t1 - t0) / 1e9;
+        mv[r] = (double)bytes / (t2 - t1) / 1e9;
+        ratio[r] = mv[r] / rd[r];
+    }
+    printf("{\"type\":\"%s\",\"cols\":%ld,\"rows\":%lld,\"row_bytes\":%zu,\"threads\":%d,"
+           "\"reps\":%d,\"matvec_gb_s\":%.2f,\"read_gb_s\":%.2f,\"ratio\":%.3f}\n",
+           name, cols, (long long)rows, rb, n_threads, reps, median(mv, reps), median(rd, reps),
+           median(ratio, reps));
+    fflush(stdout);
+    kvp_free_aligned(w);
+    free(x), free(y), free(xq);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    int n_threads = 1, reps = 21, first = 1;
+    size_t mib = 128;
+    for (; first + 1 < argc && argv[first][0] == '-'; first += 2) {
+        long v = strtol(argv[first + 1], NULL, 10);
+        if (strcmp(argv[first], "--threads") == 0 && v >= 1 && v <= 64)
+            n_threads = (int)v;
+        else if (strcmp(argv[first], "--mib") == 0 && v >= 1 && v <= 4096)
+            mib = (size_t)v;
+        else if (strcmp(argv[first], "--reps") == 0 && v >= 1 && v <= MAX_REPS)
+            reps = (int)v;
+        else {
+            fprintf(stderr, "matvec_bw: bad option %s %s\n", argv[first], argv[first + 1]);
+            return 2;
+        }
+    }
+    if (first >= argc) {
+        fprintf(stderr, "usage: matvec_bw [--threads N] [--mib M] [--reps R] TYPE:COLS ...\n");
+        return 2;
+    }
+    struct kvp_pool *pool = NULL;
+    if (kvp_pool_init(n_threads, &pool, NULL) < 0) {
+        fprintf(stderr, "matvec_bw: cannot start %d threads\n", n_threads);
+        return 1;
+    }
+    int rc = 0;
+    for (int i = first; i < argc; i++)
+        if (run_one(pool, n_threads, argv[i], mib, reps) < 0)
+            rc = 1;
+    kvp_pool_free(pool);
+    return rc;
+}
