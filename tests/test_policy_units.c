@@ -187,38 +187,50 @@ static void test_topk_ties_to_lower_index(void **state)
         assert_true(ch[o[i]]);
 }
 
-/* The quickselect top-k (with its sampled prefilter from n = 1024, k <= n/8) against the brute
- * force on shapes that trouble a quickselect or a sample: sorted either way, all equal, few
- * distinct values, organ pipe, random, and large values exactly where the sample looks (its
- * threshold keeps fewer than k), k from 1 to n; output ascending. With NaN in the scores it
- * still returns k distinct indices in ascending order. */
+/* The top-k (radix selection from n = 512, below it the quickselect with its sampled prefilter)
+ * against the brute force on shapes that trouble a quickselect, a sample or a radix: sorted
+ * either way, all equal, few distinct values, organ pipe, random, large values exactly where the
+ * sample looks, negative values (log features), both zeros and infinities mixed, values that
+ * differ only in the last bits of the mantissa; k from 1 to n, at n = 2048 and at n = 300;
+ * output ascending. With NaN in the scores it still returns k distinct indices in ascending
+ * order. */
 static void test_topk_shapes(void **state)
 {
     (void)state;
     enum { N = 2048 };
     static const int ks[] = {1, 2, 3, 5, 8, 37, 100, 191, 200, 255, 256, 300, 1000, N};
+    static const int ns[] = {N, 300};
     float x[N];
     double xd[N];
     int o[N], s[N];
     bool ch[N];
-    for (int shape = 0; shape < 7; shape++)
-        for (size_t r = 0; r < sizeof(ks) / sizeof(ks[0]); r++) {
-            int k = ks[r];
-            for (int i = 0; i < N; i++) {
-                float v[] = {(float)i,           (float)(N - i),
-                             1.0f,               (float)(int)(urand() * 4),
-                             (float)(i < N / 2 ? i : N - i), (float)urand(),
-                             i % 16 ? (float)(i % 7) : 100.0f};
-                xd[i] = x[i] = v[shape];
+    for (int ni = 0; ni < 2; ni++)
+        for (int shape = 0; shape < 10; shape++)
+            for (size_t r = 0; r < sizeof(ks) / sizeof(ks[0]); r++) {
+                const int n = ns[ni], k = ks[r] < n ? ks[r] : n;
+                for (int i = 0; i < n; i++) {
+                    const float zinf[] = {0.0f, -0.0f, INFINITY, -INFINITY, 1.0f, -1.0f};
+                    float v[] = {(float)i,
+                                 (float)(n - i),
+                                 1.0f,
+                                 (float)(int)(urand() * 4),
+                                 (float)(i < n / 2 ? i : n - i),
+                                 (float)urand(),
+                                 i % 16 ? (float)(i % 7) : 100.0f,
+                                 -5.0f * (float)urand(),
+                                 zinf[(int)(urand() * 6)],
+                                 -4.0f - (float)(int)(urand() * 64) * 0x1p-21f};
+                    x[i] = v[shape];
+                    xd[i] = x[i];
+                }
+                kvp_topk_indices(x, n, k, o, s);
+                brute_topk(xd, n, k, NULL, ch);
+                for (int i = 0; i < k; i++) {
+                    assert_true(ch[o[i]]);
+                    if (i > 0)
+                        assert_true(o[i - 1] < o[i]);
+                }
             }
-            kvp_topk_indices(x, N, k, o, s);
-            brute_topk(xd, N, k, NULL, ch);
-            for (int i = 0; i < k; i++) {
-                assert_true(ch[o[i]]);
-                if (i > 0)
-                    assert_true(o[i - 1] < o[i]);
-            }
-        }
     for (int i = 0; i < N; i++)
         x[i] = i % 7 == 3 ? NAN : (float)urand();
     kvp_topk_indices(x, N, 100, o, s);
