@@ -60,7 +60,11 @@ __attribute__((target("avx512f"))) static uint64_t read_bytes_avx512(const uint8
         d = _mm512_xor_si512(d, _mm512_loadu_si512(p + i + 192));
     }
     a = _mm512_xor_si512(_mm512_xor_si512(a, b), _mm512_xor_si512(c, d));
-    return (uint64_t)_mm512_reduce_add_epi64(a);
+    uint64_t lanes[8], x = 0; /* folded with xor: a signed lane sum could overflow */
+    _mm512_storeu_si512(lanes, a);
+    for (int l = 0; l < 8; l++)
+        x ^= lanes[l];
+    return x;
 }
 
 static uint64_t read_bytes(const uint8_t *p, size_t n)
