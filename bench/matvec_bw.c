@@ -22,6 +22,7 @@
 #include "core/threadpool.h"
 #include "kernels/matvec.h"
 #include "kernels/types.h"
+#include "model/quantize.h"
 #include "kvpred.h"
 
 enum { MAX_REPS = 101 };
@@ -107,15 +108,13 @@ static int run_one(struct kvp_pool *pool, int n_threads, const char *spec, size_
     }
     memcpy(name, spec, (size_t)(colon - spec));
     name[colon - spec] = 0;
-    int type = -1;
-    for (int t = 0; t < KVP_TYPE_COUNT && type < 0; t++)
-        if (kvp_type_name(t) && strcmp(kvp_type_name(t), name) == 0)
-            type = t;
-    long cols = strtol(colon + 1, NULL, 10);
+    /* the weight types `kvpred quantize` writes, less F32 (no quantized mat-vec) */
+    const int type = kvp_quantize_type_from_name(name);
+    char *end = NULL;
+    long cols = strtol(colon + 1, &end, 10);
     size_t rb = 0;
-    const struct kvp_type_traits *tr = type >= 0 ? kvp_type_traits(type) : NULL;
-    if (!tr || !tr->supported || type == KVP_TYPE_F32 || cols <= 0 || cols > (1L << 20) ||
-        !kvp_type_row_bytes(type, cols, &rb)) {
+    if (type < 0 || type == KVP_TYPE_F32 || end == colon + 1 || *end || cols <= 0 ||
+        cols > (1L << 20) || !kvp_type_row_bytes(type, cols, &rb)) {
         fprintf(stderr,
                 "matvec_bw: bad TYPE:COLS '%s' (a weight type with kernels; COLS a multiple of "
                 "its block)\n",
@@ -123,6 +122,10 @@ static int run_one(struct kvp_pool *pool, int n_threads, const char *spec, size_
         return -1;
     }
     int64_t rows = (int64_t)((mib << 20) / rb);
+    if (rows < 1) {
+        fprintf(stderr, "matvec_bw: one row of '%s' is larger than --mib %zu\n", spec, mib);
+        return -1;
+    }
     size_t bytes = rb * (size_t)rows;
     uint8_t *w = kvp_alloc_aligned(bytes + 256);
     float *x = malloc((size_t)cols * sizeof(float)), *y = malloc((size_t)rows * sizeof(float));
@@ -163,7 +166,7 @@ static int run_one(struct kvp_pool *pool, int n_threads, const char *spec, size_
     }
     printf("{\"type\":\"%s\",\"cols\":%ld,\"rows\":%lld,\"row_bytes\":%zu,\"threads\":%d,"
            "\"reps\":%d,\"matvec_gb_s\":%.2f,\"read_gb_s\":%.2f,\"ratio\":%.3f}\n",
-           name, cols, (long long)rows, rb, n_threads, reps, median(mv, reps), median(rd, reps),
+           kvp_type_name(type), cols, (long long)rows, rb, n_threads, reps, median(mv, reps), median(rd, reps),
            median(ratio, reps));
     fflush(stdout);
     kvp_free_aligned(w);
@@ -176,7 +179,10 @@ int main(int argc, char **argv)
     int n_threads = 1, reps = 21, first = 1;
     size_t mib = 128;
     for (; first + 1 < argc && argv[first][0] == '-'; first += 2) {
-        long v = strtol(argv[first + 1], NULL, 10);
+        char *end = NULL;
+        long v = strtol(argv[first + 1], &end, 10);
+        if (end == argv[first + 1] || *end)
+            v = 0; /* not a number: out of every range below */
         if (strcmp(argv[first], "--threads") == 0 && v >= 1 && v <= 64)
             n_threads = (int)v;
         else if (strcmp(argv[first], "--mib") == 0 && v >= 1 && v <= 4096)
