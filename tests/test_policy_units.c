@@ -187,13 +187,12 @@ static void test_topk_ties_to_lower_index(void **state)
         assert_true(ch[o[i]]);
 }
 
-/* The top-k (radix selection from n = 512, below it the quickselect with its sampled prefilter)
- * against the brute force on shapes that trouble a quickselect, a sample or a radix: sorted
- * either way, all equal, few distinct values, organ pipe, random, large values exactly where the
- * sample looks, negative values (log features), both zeros and infinities mixed, values that
- * differ only in the last bits of the mantissa; k from 1 to n, at n = 2048 and at n = 300;
- * output ascending. With NaN in the scores it still returns k distinct indices in ascending
- * order. */
+/* The top-k (radix selection from n = 512, below it the quickselect) against the brute force
+ * on shapes that trouble a quickselect or a radix: sorted either way, all equal, few distinct
+ * values, organ pipe, random, large values at a regular stride, negative values (log features),
+ * both zeros and infinities mixed, values that differ only in the last bits of the mantissa; k
+ * from 1 to n, at n = 2048 and at n = 300; output ascending. With NaN in the scores it still
+ * returns k distinct indices in ascending order. */
 static void test_topk_shapes(void **state)
 {
     (void)state;

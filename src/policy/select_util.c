@@ -1,5 +1,4 @@
 /* Helpers shared by the policy files: budgets, masks, top-k and GQA aggregation (policy.h). */
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -148,38 +147,6 @@ static int kth_strongest(const float *x, int *idx, int n, int k)
     return idx[k];
 }
 
-/* Candidates for the top k of x[0..n): the indices (ascending, into c) of the values at or
- * above a threshold a few standard deviations below the k-th largest of a strided sample.
- * Returns their count, or -1 when that does not pay or cannot be trusted: a small n or large
- * k, fewer than k candidates (the threshold was too high), more than n/2, or NaN in x. Any
- * threshold keeps the top k whole once at least k values reach it. */
-static int prefilter(const float *x, int n, int k, int *c)
-{
-    enum { S = 128 };
-    if (n < 8 * S || k > n / 8)
-        return -1;
-    float smp[S];
-    int idx[S], stride = n / S;
-    for (int i = 0; i < S; i++) {
-        smp[i] = x[(size_t)i * stride];
-        idx[i] = i;
-    }
-    double e = (double)k * S / n; /* expected sample rank of the k-th largest */
-    int r = (int)(e + 3 * sqrt(e) + 2);
-    int t = kth_strongest(smp, idx, S, r < S ? r : S - 1);
-    if (t < 0)
-        return -1;
-    const float tau = smp[t];
-    int m = 0;
-    bool nan = false;
-    for (int i = 0; i < n; i++) { /* without a branch: about one value in six passes */
-        c[m] = i;
-        m += x[i] >= tau;
-        nan |= x[i] != x[i];
-    }
-    return nan || m < k || m > n / 2 ? -1 : m;
-}
-
 /* The selection order as unsigned keys: a < b as floats iff key(a) < key(b) (both zeros one
  * key, since the order treats them as equal; NaN is handled by the caller). */
 static inline uint32_t order_key(float f)
@@ -266,31 +233,20 @@ void kvp_topk_indices(const float *x, int n, int k, int *out, int *scratch)
         return;
     if (n >= TOPK_RADIX_MIN_N && topk_radix(x, n, k, out, scratch) == 0)
         return;
-    /* Quickselect finds the k-th strongest t, over the prefiltered candidates when a sample
-     * allows; the top k are then exactly the candidates not weaker than t, and one pass in
-     * index order writes them already sorted. With NaN the order is not total and the count
-     * can come out wrong: the heap decides then. */
-    int m = prefilter(x, n, k, scratch), t;
-    const bool filtered = m > 0;
-    if (filtered) { /* candidates stay in scratch[0, m), quickselect scrambles a copy */
-        memcpy(scratch + m, scratch, (size_t)m * sizeof(int));
-        t = kth_strongest(x, scratch + m, m, k - 1);
-    } else {
-        m = n;
-        for (int i = 0; i < n; i++)
-            scratch[i] = i;
-        t = kth_strongest(x, scratch, n, k - 1);
-    }
-    int got = 0;
+    /* Below TOPK_RADIX_MIN_N, or with NaN: quickselect finds the k-th strongest t; the top k
+     * are then exactly the indices not weaker than t, and one pass in index order writes them
+     * already sorted. With NaN the order is not total and the count can come out wrong: the
+     * heap decides then. */
+    for (int i = 0; i < n; i++)
+        scratch[i] = i;
+    int t = kth_strongest(x, scratch, n, k - 1), got = 0;
     if (t >= 0)
-        for (int j = 0; j < m; j++) {
-            int i = filtered ? scratch[j] : j;
+        for (int i = 0; i < n; i++)
             if (!weaker(x, i, t)) {
                 if (got < k)
                     out[got] = i;
                 got++;
             }
-        }
     if (got != k)
         topk_heap(x, n, k, out, scratch);
 }
