@@ -902,7 +902,7 @@ static void test_columns_batched_equal_reference(void **state)
  * computed from the keys themselves, and the feature against its definition. */
 static void query_feature(int type_k)
 {
-    enum { HD = 32, BS = 16, CTX = 600 }; /* 38 blocks: the 16-wide path and its tail */
+    enum { HD = 32, BS = 16, CTX = 1400 }; /* 88 blocks: four tiles side by side, one alone, a tail */
     struct kvp_kvcache kv;
     assert_int_equal(kvp_kvcache_init(&kv, 2, 2, HD, BS, CTX, type_k, KVP_KV_F32, NULL), 0);
     assert_int_equal(kvp_kvcache_reserve(&kv, CTX, NULL), 0);
@@ -921,7 +921,7 @@ static void query_feature(int type_k)
         }
     struct kvp_qmeta qm;
     assert_int_equal(kvp_qmeta_init(&qm, 2, 2, (CTX + BS - 1) / BS, HD, BS), 0);
-    float q[HD], got[64], want[64], fg[64], fw[64], kmx[HD], kmn[HD], one[64];
+    float q[HD], got[128], want[128], fg[128], fw[128], kmx[HD], kmn[HD], one[128];
     for (int d = 0; d < HD; d++)
         q[d] = ((float)((d * 7) % 5) - 2.0f + 0.25f * (float)d / HD) * 1.0123457f; /* products
                                                          that round: a fused multiply-add shows */
@@ -929,8 +929,8 @@ static void query_feature(int type_k)
     for (int n_tok = 1; n_tok <= CTX; n_tok += 37) { /* folded incrementally, checked as it grows */
         kvp_qmeta_fold(&qm, &kv, 1, 1, n_tok);
         int nb = (n_tok + BS - 1) / BS;
-        kvp_qmeta_bounds(&qm, 1 * 2 + 1, q, 1, scale, 0, nb, got, 64);
-        kvp_qmeta_bounds(&qm, 1 * 2 + 1, q, 1, 1.0f, 0, nb, one, 64);
+        kvp_qmeta_bounds(&qm, 1 * 2 + 1, q, 1, scale, 0, nb, got, 128);
+        kvp_qmeta_bounds(&qm, 1 * 2 + 1, q, 1, 1.0f, 0, nb, one, 128);
         for (int b = 0; b < nb; b++) {
             double ub = 0;
             for (int d = 0; d < HD; d++) {
@@ -953,14 +953,14 @@ static void query_feature(int type_k)
         /* a group of three heads sharing the metadata loads, a range that starts and ends
          * inside a tile: each head's bound bit for bit, with query components that are zero
          * (two products per term) and without (one product: the sign picks the row) */
-        float q3[3][HD], got3[3][64];
+        float q3[3][HD], got3[3][128];
         for (int zero = 0; zero < 2; zero++) {
         for (int j = 0; j < 3; j++)
             for (int d = 0; d < HD; d++)
                 q3[j][d] = j == 0 ? q[d]
                                   : ((float)((d * (3 + j)) % 7) - 3.0f + 0.5f * !zero) * 0.987654f;
         const int b0 = nb > 5 ? 5 : 0;
-        kvp_qmeta_bounds(&qm, 1 * 2 + 1, &q3[0][0], 3, 1.0f, b0, nb, &got3[0][0], 64);
+        kvp_qmeta_bounds(&qm, 1 * 2 + 1, &q3[0][0], 3, 1.0f, b0, nb, &got3[0][0], 128);
         for (int j = 0; j < 3; j++)
             for (int b = b0; b < nb; b++) {
                 for (int d = 0; d < HD; d++) {

@@ -168,8 +168,9 @@ tile_bounds(const void *tile, bool half, int hd, const float *q, int G, float sc
         acc[j] *= scale;
 }
 
-typedef void (*qm_f16_tile_fn)(const uint16_t *tile, int hd, const float *q, int G,
-                               const uint8_t (*sel)[KVP_QMETA_SEL_HD], float scale, float *out);
+typedef void (*qm_f16_tile_fn)(const uint16_t *tile, int n_tiles, int hd, const float *q, int G,
+                               const uint8_t (*sel)[KVP_QMETA_SEL_HD], float scale, float *out,
+                               int ostride);
 
 __attribute__((target_clones("avx512f", "avx2", "default"))) static void
 bounds_run(const struct kvp_qmeta *m, int lh, const float *q, int g, float scale, int b0, int b1,
@@ -188,6 +189,16 @@ bounds_run(const struct kvp_qmeta *m, int lh, const float *q, int g, float scale
     for (int t = b0 / T; t * T < b1; t++) {
         const void *tile = kvp_qmeta_tile(m, lh, t);
         const int lo = t * T > b0 ? t * T : b0, hi = (t + 1) * T < b1 ? (t + 1) * T : b1;
+        if (signed_q && half && f16_tile && lo == t * T && hi == (t + 1) * T) {
+            /* a run of whole tiles in one kernel call, written in place */
+            const int n_tiles = b1 / T - t;
+            for (int j0 = 0; j0 < g; j0 += 4)
+                f16_tile(tile, n_tiles, hd, q + (size_t)j0 * hd, g - j0 < 4 ? g - j0 : 4,
+                         (const uint8_t(*)[KVP_QMETA_SEL_HD]) & sel_rows[j0], scale,
+                         out + (size_t)j0 * stride + (lo - b0), stride);
+            t += n_tiles - 1;
+            continue;
+        }
         for (int j0 = 0; j0 < g; j0 += 4) {
             qm_vec acc[4];
             const int G = g - j0 < 4 ? g - j0 : 4;
@@ -195,7 +206,7 @@ bounds_run(const struct kvp_qmeta *m, int lh, const float *q, int g, float scale
             const uint8_t(*sel)[KVP_QMETA_SEL_HD] =
                 signed_q ? (const uint8_t(*)[KVP_QMETA_SEL_HD]) &sel_rows[j0] : NULL;
             if (sel && half && f16_tile)
-                f16_tile(tile, hd, qj, G, sel, scale, (float *)acc);
+                f16_tile(tile, 1, hd, qj, G, sel, scale, (float *)acc, KVP_QMETA_TILE);
             else if (G == 4)
                 tile_bounds(tile, half, hd, qj, 4, scale, ops, sel, acc);
             else if (G == 2)
@@ -221,7 +232,7 @@ static void pick_f16_tile(void)
     const char *want = getenv("KVP_SIMD");
     if ((kvp_cpu_features() & KVP_CPU_AVX512) &&
         !(want && (!strcmp(want, "scalar") || !strcmp(want, "avx2"))))
-        f16_tile_best = kvp_qmeta_tile_sel_f16_avx512;
+        f16_tile_best = kvp_qmeta_tiles_sel_f16_avx512;
 }
 
 void kvp_qmeta_bounds(const struct kvp_qmeta *m, int lh, const float *q, int g, float scale,

@@ -71,10 +71,11 @@ float kvp_qmeta_min(const struct kvp_qmeta *m, int lh, int blk, int d);
 void kvp_qmeta_bounds(const struct kvp_qmeta *m, int lh, const float *q, int g, float scale,
                       int b0, int b1, float *out, int stride);
 
-/* Internal (quest_meta_avx512.c): G <= 4 heads' scaled bounds over one f16
- * tile, each term from the row sel[j][d] (0: max, KVP_QMETA_TILE: min), into out[G][16]. */
-void kvp_qmeta_tile_sel_f16_avx512(const uint16_t *tile, int hd, const float *q, int G,
-                                   const uint8_t (*sel)[KVP_QMETA_SEL_HD], float scale,
-                                   float *out);
+/* Internal (quest_meta_avx512.c): G <= 4 heads' scaled bounds over n_tiles consecutive f16
+ * tiles, each term from the row sel[j][d] (0: max, KVP_QMETA_TILE: min), head j's bound of
+ * block 16·t + i of the run into out[j·ostride + 16·t + i]. */
+void kvp_qmeta_tiles_sel_f16_avx512(const uint16_t *tile, int n_tiles, int hd, const float *q,
+                                    int G, const uint8_t (*sel)[KVP_QMETA_SEL_HD], float scale,
+                                    float *out, int ostride);
 
 #endif

@@ -1,4 +1,5 @@
 /* Helpers shared by the policy files: budgets, masks, top-k and GQA aggregation (policy.h). */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -225,11 +226,164 @@ static int topk_radix(const float *x, int n, int k, int *out, int *cand)
     return 0;
 }
 
+/* Vectors of 16 keys for topk_bisect; compiled per instruction set (target_clones). */
+typedef uint32_t tk_u16 __attribute__((vector_size(64)));
+typedef int32_t tk_i16 __attribute__((vector_size(64)));
+typedef float tk_f16 __attribute__((vector_size(64)));
+
+/* order_key on 16 floats at once (a macro: a function returning a vector is an ABI question
+ * under target_clones) */
+#define ORDER_KEY16(out, f)                                                                        \
+    do {                                                                                           \
+        tk_u16 u_ = (tk_u16)(f);                                                                   \
+        u_ = (tk_u16)((tk_i16)u_ & ~(tk_i16)((u_ << 1) == 0)); /* both zeros: one key */           \
+        tk_u16 neg_ = (tk_u16)((tk_i16)u_ < 0);                                                    \
+        (out) = (~u_ & neg_) | ((u_ | 0x80000000u) & ~neg_);                                       \
+    } while (0)
+
+/* How many of the first n values have key >= t (from the floats, or from stored keys); the
+ * tails (n % 16) one at a time. */
+__attribute__((always_inline)) static inline int count_ge_x(const float *x, int n, uint32_t t)
+{
+    tk_i16 c = {0};
+    const int n16 = n / 16 * 16;
+    for (int i = 0; i < n16; i += 16) {
+        tk_f16 v;
+        memcpy(&v, x + i, sizeof(v));
+        tk_u16 kv;
+        ORDER_KEY16(kv, v);
+        c -= (tk_i16)(kv >= t);
+    }
+    int sum = 0;
+    for (int l = 0; l < 16; l++)
+        sum += c[l];
+    for (int i = n16; i < n; i++)
+        sum += order_key(x[i]) >= t;
+    return sum;
+}
+
+__attribute__((always_inline)) static inline int count_ge_keys(const uint32_t *key, int n, uint32_t t)
+{
+    tk_i16 c = {0};
+    const int n16 = n / 16 * 16;
+    for (int i = 0; i < n16; i += 16) {
+        tk_u16 v;
+        memcpy(&v, key + i, sizeof(v));
+        c -= (tk_i16)(v >= t);
+    }
+    int sum = 0;
+    for (int l = 0; l < 16; l++)
+        sum += c[l];
+    for (int i = n16; i < n; i++)
+        sum += key[i] >= t;
+    return sum;
+}
+
+/* kvp_topk_indices by bisection on the keys: the k-th strongest key T is the largest t with
+ * count(key >= t) >= k, found by halving [lo, hi) where count(key >= lo) >= k > count(key >=
+ * hi). Each step is one vector pass of compare-and-count (no branch on a value, no histogram
+ * whose increments wait on each other); whenever a step leaves at most half of the values at
+ * or above lo, those are compacted (index order kept) and the next passes read only them. Then
+ * one pass in index order writes the keys above T and the first k - count(key > T) equal to it.
+ * Radix selection cost 5 µs per call over 1024 block bounds in the decode (three 8 KB
+ * histogram clears, serialised bucket increments on close values); this is ~1. Returns -1
+ * (nothing written) when x holds NaN. scratch holds n ints. */
+__attribute__((target_clones("avx512f", "avx2", "default"))) static int
+topk_bisect(const float *x, int n, int k, int *out, int *scratch)
+{
+    const int half = n / 2;
+    int *idx = scratch;                               /* compacted indices [0, m) */
+    uint32_t *key = (uint32_t *)scratch + half;       /* and their keys */
+    uint32_t lo = UINT32_MAX, hi = 0;
+    {
+        tk_u16 vmin = {0}, vmax = {0};
+        vmin += UINT32_MAX;
+        tk_i16 nan = {0};
+        const int n16 = n / 16 * 16;
+        for (int i = 0; i < n16; i += 16) {
+            tk_f16 v;
+            memcpy(&v, x + i, sizeof(v));
+            nan |= (tk_i16)(v != v);
+            tk_u16 kv, lt, gt;
+            ORDER_KEY16(kv, v);
+            lt = (tk_u16)(kv < vmin);
+            gt = (tk_u16)(kv > vmax);
+            vmin = (kv & lt) | (vmin & ~lt);
+            vmax = (kv & gt) | (vmax & ~gt);
+        }
+        for (int l = 0; l < 16; l++) {
+            if (nan[l])
+                return -1;
+            lo = vmin[l] < lo ? vmin[l] : lo;
+            hi = vmax[l] > hi ? vmax[l] : hi;
+        }
+        for (int i = n16; i < n; i++) {
+            if (x[i] != x[i])
+                return -1;
+            uint32_t kv = order_key(x[i]);
+            lo = kv < lo ? kv : lo;
+            hi = kv > hi ? kv : hi;
+        }
+    }
+    /* NaN excluded, no key is UINT32_MAX (+inf's is 0xff800000): hi + 1 does not wrap */
+    uint64_t top = (uint64_t)hi + 1;
+    int m = -1; /* -1: still the whole of x */
+    while (top - lo > 1) {
+        const uint32_t mid = (uint32_t)(lo + (top - lo) / 2);
+        const int c = m < 0 ? count_ge_x(x, n, mid) : count_ge_keys(key, m, mid);
+        if (c < k) {
+            top = mid;
+            continue;
+        }
+        lo = mid;
+        if (c < (m < 0 ? half : m / 2 + 1)) { /* keep only key >= lo, in index order: the
+                                             * writes (one past the last kept) stay in idx's
+                                             * and key's halves */
+            int w = 0;
+            if (m < 0)
+                for (int i = 0; i < n; i++) {
+                    const uint32_t kv = order_key(x[i]);
+                    idx[w] = i;
+                    key[w] = kv;
+                    w += kv >= lo;
+                }
+            else
+                for (int j = 0; j < m; j++) {
+                    idx[w] = idx[j];
+                    key[w] = key[j];
+                    w += key[j] >= lo;
+                }
+            m = w;
+        }
+    }
+    /* T = lo: fewer than k keys above it; the rest of the k are its equals, lower index first */
+    const uint32_t t = lo;
+    int ties = k - (m < 0 ? count_ge_x(x, n, t + 1) : count_ge_keys(key, m, t + 1)), got = 0;
+    if (m < 0)
+        for (int i = 0; i < n && got < k; i++) {
+            const uint32_t kv = order_key(x[i]);
+            const int take = kv > t || (kv == t && ties > 0);
+            ties -= kv == t && take;
+            out[got] = i;
+            got += take;
+        }
+    else
+        for (int j = 0; j < m && got < k; j++) {
+            const int take = key[j] > t || (key[j] == t && ties > 0);
+            ties -= key[j] == t && take;
+            out[got] = idx[j];
+            got += take;
+        }
+    return 0;
+}
+
 void kvp_topk_indices(const float *x, int n, int k, int *out, int *scratch)
 {
     if (k > n)
         k = n;
     if (k <= 0)
+        return;
+    if (topk_bisect(x, n, k, out, scratch) == 0)
         return;
     if (n >= TOPK_RADIX_MIN_N && topk_radix(x, n, k, out, scratch) == 0)
         return;
