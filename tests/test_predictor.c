@@ -278,49 +278,103 @@ static void test_inference_matches_training(void **state)
     kvp_cnn_free(&n);
 }
 
-/* conv_gather (positions from anywhere, 8 per batch, half vectors for 8 channels) against
- * conv_rows of the same table on the same positions: the same values to the bit, for every
- * table the CPU runs, 1 to 11 positions, 8 / 16 / 32 channels. */
-static void test_conv_gather_matches_rows(void **state)
+/* conv1_cols (history rows read in place) and conv2_cands (whole columns / candidates side by
+ * side) against conv_rows of the same table on the same inputs: the same values to the bit, for every table the CPU runs,
+ * rows 1 to 8, 1 to 5 columns (odd counts leave one alone), kernels 3 and 5, 5 / 8 / 16
+ * conv1 channels, 16 / 32 conv2 channels, with and without the query channel. */
+static void test_column_kernels_match_rows(void **state)
 {
     (void)state;
     const struct kvp_cnn_kernels *tabs[] = {&kvp_cnn_kernels_scalar, &kvp_cnn_kernels_avx2,
                                             &kvp_cnn_kernels_avx512};
     const int feats = kvp_cpu_features();
-    enum { NX = 3, K = 24, XS = 8, WS = 32, NP = 11 };
-    static float wt[NX * K * WS], b[WS], x[NX][NP * XS + K], ref[NP * WS], got[NP * WS];
+    enum { MAXR = 8, MAXK = 5, MAXC1 = 16, MAXCP = 32, NCOL = 5, HW = 20 };
+    static float w1[2 * MAXK * MAXK * MAXCP], b1[MAXCP], w2[MAXK * MAXK * MAXC1 * MAXCP],
+        b2[MAXCP], patch[NCOL][(MAXR + MAXK) * MAXK], qpatch[NCOL][(MAXR + MAXK) * MAXK],
+        hist[MAXR][HW], qrow[HW],
+        a1[NCOL + 2][(MAXR + MAXK) * MAXC1], got[NCOL][MAXR * MAXCP + MAXC1 * (MAXR + MAXK)],
+        ref[MAXR * MAXCP];
     uint32_t seed = 77; /* its own generator: the later tests' networks stay as they were */
-    float *all[] = {wt, b, &x[0][0]};
-    const size_t len[] = {sizeof(wt) / 4, sizeof(b) / 4, sizeof(x) / 4};
-    for (int a = 0; a < 3; a++)
-        for (size_t i = 0; i < len[a]; i++) {
-            seed = seed * 1664525u + 1013904223u;
-            all[a][i] = (float)(seed >> 8) / 8388608.0f - 1.0f;
-        }
+#define RND() (seed = seed * 1664525u + 1013904223u, (float)(seed >> 8) / 8388608.0f - 1.0f)
+    for (size_t i = 0; i < sizeof(w1) / 4; i++)
+        w1[i] = RND();
+    for (size_t i = 0; i < sizeof(w2) / 4; i++)
+        w2[i] = RND();
+    for (int i = 0; i < MAXCP; i++)
+        b1[i] = RND(), b2[i] = RND() * 0.5f;
     for (int t = 0; t < 3; t++) {
         if ((t == 1 && !(feats & KVP_CPU_AVX2)) || (t == 2 && !(feats & KVP_CPU_AVX512)))
             continue;
-        for (int cp = 8; cp <= 32; cp *= 2)
-            for (int np = 1; np <= NP; np++) {
-                const float *xr[NX], *wr[NX], *xp[NP * NX];
-                float *op[NP];
-                for (int j = 0; j < NX; j++) {
-                    xr[j] = x[j];
-                    wr[j] = wt + (size_t)j * K * WS;
-                }
-                for (int i = 0; i < np; i++) {
-                    for (int j = 0; j < NX; j++)
-                        xp[i * NX + j] = x[j] + (size_t)i * XS;
-                    op[i] = got + (size_t)i * cp;
-                }
-                /* conv_rows takes whole vectors of channels and weights cp apart: 32 here */
-                tabs[t]->conv_rows(wt, b, xr, NX, K, XS, np, WS, ref, false);
-                tabs[t]->conv_gather(wr, NX, K, WS, b, xp, np, cp, op);
-                for (int i = 0; i < np; i++)
-                    assert_memory_equal(got + (size_t)i * cp, ref + (size_t)i * WS,
-                                        (size_t)cp * sizeof(float));
-            }
+        for (int k = 3; k <= 5; k += 2)
+            for (int R = 1; R <= MAXR; R++)
+                for (int ci = 0; ci < 3; ci++)
+                    for (int query = 0; query < 2; query++) {
+                        const int p = k / 2, c1 = (int[]){5, 8, 16}[ci], cp1 = 16;
+                        const int cp2 = 16 + 16 * (R % 2);
+                        /* conv1: history rows read in place at five columns, against
+                         * conv_rows on a zero-padded copy of each neighbourhood */
+                        const float *rowp[MAXR];
+                        const int x0[NCOL] = {0, 3, 7, 8, 13};
+                        float *op[NCOL];
+                        for (int r = 0; r < R; r++) {
+                            for (int x = 0; x < HW; x++)
+                                hist[r][x] = (r + x) % 3 ? RND() : 0.0f;
+                            rowp[r] = hist[r];
+                        }
+                        for (int x = 0; x < HW; x++)
+                            qrow[x] = RND();
+                        for (int c = 0; c < NCOL; c++) {
+                            memset(patch[c], 0, sizeof(patch[c]));
+                            memset(qpatch[c], 0, sizeof(qpatch[c]));
+                            for (int r = 0; r < R; r++)
+                                for (int dx = 0; dx < k; dx++)
+                                    patch[c][(r + p) * k + dx] = hist[r][x0[c] + dx];
+                            for (int dx = 0; dx < k; dx++)
+                                qpatch[c][(R - 1 + p) * k + dx] = qrow[x0[c] + dx];
+                            op[c] = got[c];
+                        }
+                        for (int nc = 1; nc <= NCOL; nc += 2) {
+                            for (int c = 0; c < nc; c++)
+                                for (int i = 0; i < (R + 2 * p) * c1; i++)
+                                    got[c][i] = NAN; /* the padding rows must be written */
+                            tabs[t]->conv1_cols(w1, b1, cp1, c1, k, R, rowp, query ? qrow : NULL,
+                                                x0, nc, op);
+                            for (int c = 0; c < nc; c++) {
+                                const float *xs[2] = {patch[c], qpatch[c]};
+                                tabs[t]->conv_rows(w1, b1, xs, 1 + query, k * k, k, R, cp1, ref,
+                                                   false);
+                                for (int j = 0; j < R; j++)
+                                    assert_memory_equal(got[c] + (size_t)(j + p) * c1,
+                                                        ref + (size_t)j * cp1,
+                                                        (size_t)c1 * sizeof(float));
+                                for (int i = 0; i < p * c1; i++) {
+                                    assert_true(got[c][i] == 0.0f);
+                                    assert_true(got[c][(R + p) * c1 + i] == 0.0f);
+                                }
+                            }
+                        }
+                        /* conv2: columns of [R + 2p][c1] with zero padding rows, one all zero */
+                        for (int c = 0; c < NCOL + 2; c++) {
+                            memset(a1[c], 0, sizeof(a1[c]));
+                            if (c != NCOL + 1)
+                                for (int i = p * c1; i < (R + p) * c1; i++)
+                                    a1[c][i] = RND() > -0.3f ? RND() + 1.0f : 0.0f;
+                        }
+                        const float *cols[NCOL * MAXK];
+                        for (int c = 0; c < NCOL; c++)
+                            for (int dx = 0; dx < k; dx++)
+                                cols[c * k + dx] = a1[c + dx < NCOL + 2 ? c + dx : NCOL + 1];
+                        for (int nc = 1; nc <= NCOL; nc += 2) {
+                            tabs[t]->conv2_cands(w2, b2, cp2, c1, k, R, cols, nc, op);
+                            for (int c = 0; c < nc; c++) {
+                                tabs[t]->conv_rows(w2, b2, cols + c * k, k, k * c1, c1, R, cp2,
+                                                   ref, false);
+                                assert_memory_equal(got[c], ref, (size_t)R * cp2 * sizeof(float));
+                            }
+                        }
+                    }
     }
+#undef RND
 }
 
 /* A one-channel network with known weights pins the conventions: cross-correlation (no flip),
@@ -1385,7 +1439,7 @@ int main(void)
         cmocka_unit_test(test_grad_network),
         cmocka_unit_test(test_inference_matches_training),
         cmocka_unit_test(test_pytorch_semantics),
-        cmocka_unit_test(test_conv_gather_matches_rows),
+        cmocka_unit_test(test_column_kernels_match_rows),
         cmocka_unit_test(test_incremental_matches_full),
         cmocka_unit_test(test_history_rules),
         cmocka_unit_test(test_predictor_file),

@@ -850,35 +850,6 @@ long kvp_cnn_forward_cols_ref(const struct kvp_cnn *n, const struct kvp_cnn_inpu
     return computed;
 }
 
-/* zc[c] = the first row with history in slice column c (n_rows: none), every c < W: the rows
- * read in order, four columns at a time (the columns' later reads then hit the cache) */
-static void first_rows(const struct kvp_cnn_input *in, int *zc)
-{
-    typedef float v4 __attribute__((vector_size(16)));
-    typedef int32_t i4 __attribute__((vector_size(16)));
-    const int W = in->W, W4 = W / 4 * 4;
-    const i4 none = (i4){0} + in->n_rows;
-    for (int c = 0; c < W4; c += 4)
-        memcpy(zc + c, &none, sizeof(none));
-    for (int c = W4; c < W; c++)
-        zc[c] = in->n_rows;
-    for (int r = in->n_rows - 1; r >= 0; r--) {
-        const float *row = in->rows[r] + in->col0;
-        const i4 rv = (i4){0} + r;
-        for (int c = 0; c < W4; c += 4) {
-            v4 x;
-            i4 z;
-            memcpy(&x, row + c, sizeof(x));
-            memcpy(&z, zc + c, sizeof(z));
-            i4 busy = x != (v4){0};
-            z = (busy & rv) | (~busy & z);
-            memcpy(zc + c, &z, sizeof(z));
-        }
-        for (int c = W4; c < W; c++)
-            zc[c] = row[c] != 0.0f ? r : zc[c];
-    }
-}
-
 /* sum[co] += ((v[lo][co] + v[lo + 1][co]) + ...) + v[R - 1][co], rows cp floats apart: one
  * chunk of conv_rows' accumulation (cp a multiple of 4; four lanes at a time, each lane's
  * additions in the same order) */
@@ -898,29 +869,15 @@ static void add_rows(const float *v, int lo, int R, int cp, float *sum)
     }
 }
 
-/* One batch of conv_gather; the outputs copied to dst (c floats each) where op is a buffer.
- * Returns 0, the batch's new size. */
-static int run_batch(const struct kvp_cnn_kernels *kern, const float *const *wr, int nx, int K,
-                     int ws, const float *b, const float *const *xp, int np, int cp,
-                     float *const *op, float *const *dst, int c)
-{
-    kern->conv_gather(wr, nx, K, ws, b, xp, np, cp, op);
-    for (int t = 0; t < np; t++)
-        if (dst[t] != op[t])
-            memcpy(dst[t], op[t], (size_t)c * sizeof(float));
-    return 0;
-}
+/* The fast form of kvp_cnn_forward_cols_ref (equal to it to the bit; histories of up to 8
+ * rows, longer ones go the reference way). conv1 runs whole columns (every row) and conv2 whole
+ * candidates (every row), several side by side in registers (kernels conv1_cols and
+ * conv2_cands): rows the reference takes as constants are computed here as well (the
+ * constants are what they come to) and conv2's constant rows are then left out of the sum
+ * exactly as the reference leaves them, so the sums add the same values in the same order.
+ * Nothing scans the whole slice: the first busy row is looked up around each candidate only. */
+enum { COLS_BATCH = 16 }; /* conv1 columns / conv2 candidates per kernel call */
 
-/* The batched form of kvp_cnn_forward_cols_ref (equal to it to the bit; histories of up to 8
- * rows, the reference's one chunk of conv2 rows, longer ones go the reference way). Positions
- * (a row of a conv1 column, a row of a candidate's conv2) are gathered 8 at a time, row by
- * row, so the kernel keeps 8 independent accumulator chains, and no input is copied: a conv1
- * position reads its neighbourhood as runs of k values straight from the history rows and the
- * query row (border columns from a zero-padded copy), a conv2 position as runs of c1 values
- * from the conv1 columns. Runs that are zero by construction (padding rows; the query
- * channel's rows other than the newest) are left out: x·w adds ±0, which changes at most the
- * sign of a zero sum, and the ReLU maps both zeros to +0 (the weights are finite). conv1 runs
- * at 8 lanes when c1 <= 8 (under AVX-512 half the vector work). */
 long kvp_cnn_forward_cols(const struct kvp_cnn *n, const struct kvp_cnn_input *in,
                           const int *cols, int n_cols, struct kvp_cnn_cols_scratch *s,
                           float *scores)
@@ -928,137 +885,91 @@ long kvp_cnn_forward_cols(const struct kvp_cnn *n, const struct kvp_cnn_input *i
     if (n->c2 > KVP_CNN_COLS_C2)
         return -1;
     const int k = n->k, p = k / 2, R = in->n_rows, W = in->W;
-    if (R > 8 || R <= 0 || W <= 0)
+    if (R > 8 || R <= 0 || W <= 0 || k > KVP_CNN_MAX_K)
         return kvp_cnn_forward_cols_ref(n, in, cols, n_cols, s, scores);
     const struct kvp_cnn_kernels *kern = kvp_cnn_kernels();
-    const int c1 = n->c1, cp2 = n->cp2, cq1 = (c1 + 7) / 8 * 8;
-    const size_t per = (size_t)(s->H + 2 * p) * c1, esz = (size_t)(s->H + 1) * k;
+    const int c1 = n->c1, cp2 = n->cp2;
+    const size_t per = (size_t)(s->H + 2 * p) * c1;
     const float *zero_col = s->a1 + (size_t)s->max_w * per;
     const bool query = n->cin > 1 && in->qrow;
+    const float *rowp[8];
+    int x0[COLS_BATCH];
+    float *op[COLS_BATCH];
     long computed = 0;
-    int n_used = 0, n_edge = 0, np = 0;
-    const float *wr[KVP_CNN_MAX_K * KVP_CNN_MAX_K], *xp[8 * KVP_CNN_MAX_K * KVP_CNN_MAX_K];
-    float *op[8], *dst[8], tmp[8 * KVP_CNN_MAX_CH];
-    if (s->pad_R != R) { /* padding rows are never written; a longer history wrote past R */
-        memset(s->a1, 0, ((size_t)s->max_w + 1) * per * sizeof(float));
-        s->pad_R = R;
-    }
-    first_rows(in, s->zc);
-    /* the columns conv1 needs: slots, the rows that see zeros only (ReLU(b1)), border copies */
+    int n_used = 0, nb = 0;
+    /* the conv1 columns the candidates need, in a slot each */
     for (int i = 0; i < n_cols; i++)
-        for (int c = cols[i] - p; c <= cols[i] + p; c++) {
-            if (c < 0 || c >= W || s->slot[c] >= 0)
-                continue;
-            const int u = n_used++;
-            s->slot[c] = u;
-            s->used[u] = c;
-            int z = R; /* first row with history in the k columns */
-            for (int cc = c - p < 0 ? 0 : c - p; cc <= c + p && cc < W; cc++)
-                z = s->zc[cc] < z ? s->zc[cc] : z;
-            s->z3[u] = z;
-            const int jc = (query && z > R - 1 ? R - 1 : z) - p;
-            for (int j = 0; j < jc; j++)
-                memcpy(s->a1 + (size_t)u * per + (size_t)(j + p) * c1, s->rb1,
-                       (size_t)c1 * sizeof(float));
-            s->off[u] = c - p;
-            if (c - p < 0 || c + p >= W) { /* border: a zero-padded copy, the query row last */
-                float *e = s->edge + (size_t)n_edge * esz;
-                for (int r = 0; r <= R; r++)
-                    for (int dx = 0; dx < k; dx++) {
-                        int cc = c - p + dx;
-                        const float *src = r < R ? in->rows[r] + in->col0 : in->qrow;
-                        e[(size_t)r * k + dx] = cc >= 0 && cc < W && src ? src[cc] : 0.0f;
-                    }
-                s->off[u] = -1 - n_edge++;
+        for (int c = cols[i] - p; c <= cols[i] + p; c++)
+            if (c >= 0 && c < W && s->slot[c] < 0) {
+                s->slot[c] = n_used;
+                s->used[n_used++] = c;
             }
-        }
-    /* conv1, row by row: the runs of row j are the (channel, dy) whose input row is not
-     * zero by construction, from the slice's rows at the column's offset */
-    for (int j = 0; j < R; j++) {
-        int nx = 0, rr_of[2 * KVP_CNN_MAX_K];
-        const float *rbase[2 * KVP_CNN_MAX_K];
-        for (int ch = 0; ch < (query ? 2 : 1); ch++)
-            for (int dy = 0; dy < k; dy++) {
-                const int rr = j - p + dy;
-                if (rr < 0 || rr >= R || (ch == 1 && rr != R - 1))
-                    continue;
-                wr[nx] = n->w1p + (size_t)(ch * k + dy) * k * n->cp1;
-                rbase[nx] = ch ? in->qrow : in->rows[rr] + in->col0;
-                rr_of[nx++] = ch ? R : rr; /* R: the query row of a border copy */
+    /* conv1: columns inside the slice read the history rows in place, COLS_BATCH per call; a
+     * column at the border reads a zero-padded copy of its neighbourhood */
+    for (int r = 0; r < R; r++)
+        rowp[r] = in->rows[r] + in->col0;
+    for (int u = 0; u < n_used; u++) {
+        const int c = s->used[u];
+        float *a1 = s->a1 + (size_t)u * per;
+        if (c - p < 0 || c + p >= W) {
+            float edge[8 + 1][KVP_CNN_MAX_K];
+            const float *erow[8];
+            for (int r = 0; r <= R; r++) {
+                const float *src = r < R ? rowp[r] : in->qrow;
+                for (int dx = 0; dx < k; dx++) {
+                    const int cc = c - p + dx;
+                    edge[r][dx] = cc >= 0 && cc < W && src ? src[cc] : 0.0f;
+                }
+                if (r < R)
+                    erow[r] = edge[r];
             }
-        for (int u = 0; u < n_used; u++) {
-            const int z = s->z3[u];
-            if ((query && z > R - 1 ? R - 1 : z) - p > j)
-                continue; /* row j is ReLU(b1) */
-            const float **x = xp + (size_t)np * nx;
-            const int o = s->off[u];
-            if (o >= 0)
-                for (int t = 0; t < nx; t++)
-                    x[t] = rbase[t] + o;
-            else
-                for (int t = 0; t < nx; t++)
-                    x[t] = s->edge + (size_t)(-1 - o) * esz + (size_t)rr_of[t] * k;
-            dst[np] = s->a1 + (size_t)u * per + (size_t)(j + p) * c1;
-            op[np] = cq1 == c1 ? dst[np] : tmp + (size_t)np * cq1; /* c1 % 8: via tmp */
-            if (++np == 8)
-                np = run_batch(kern, wr, nx, k, n->cp1, n->b1p, xp, np, cq1, op, dst, c1);
+            const int zx = 0;
+            kern->conv1_cols(n->w1p, n->b1p, n->cp1, c1, k, R, erow, query ? edge[R] : NULL,
+                             &zx, 1, &a1);
+            continue;
         }
-        if (np)
-            np = run_batch(kern, wr, nx, k, n->cp1, n->b1p, xp, np, cq1, op, dst, c1);
+        x0[nb] = c - p;
+        op[nb] = a1;
+        if (++nb == COLS_BATCH) {
+            kern->conv1_cols(n->w1p, n->b1p, n->cp1, c1, k, R, rowp, query ? in->qrow : NULL,
+                             x0, nb, op);
+            nb = 0;
+        }
     }
-    /* conv2, groups of CG candidates, row by row; then each candidate's rows summed from lo2 on
-     * (0 + v is v) and added to its constant rows' sum, as conv_rows accumulates one chunk */
+    if (nb)
+        kern->conv1_cols(n->w1p, n->b1p, n->cp1, c1, k, R, rowp, query ? in->qrow : NULL, x0,
+                         nb, op);
+    /* conv2, COLS_BATCH candidates per call; then each candidate's rows from lo2 on summed and
+     * added to its constant rows' sum, as the reference's conv_rows accumulates one chunk */
     struct const_rows cr;
     memset(cr.have, 0, sizeof(cr.have));
-    int lo[CG];
-    const float *base[CG][KVP_CNN_MAX_K];
-    for (int g0 = 0; g0 < n_cols; g0 += CG) {
-        const int ng = n_cols - g0 < CG ? n_cols - g0 : CG;
+    memset((float *)zero_col, 0, per * sizeof(float)); /* nothing writes it; cheap to be sure */
+    const float *cp[COLS_BATCH * KVP_CNN_MAX_K];
+    for (int g0 = 0; g0 < n_cols; g0 += COLS_BATCH) {
+        const int ng = n_cols - g0 < COLS_BATCH ? n_cols - g0 : COLS_BATCH;
         for (int i = 0; i < ng; i++) {
             const int x = cols[g0 + i];
-            /* first row with history in the 4p+1 columns: the k conv1 columns' cover them */
-            int z = R;
             for (int dx = 0; dx < k; dx++) {
-                int c = x - p + dx;
-                base[i][dx] = c < 0 || c >= W ? zero_col : s->a1 + (size_t)s->slot[c] * per;
-                if (c >= 0 && c < W && s->z3[s->slot[c]] < z)
-                    z = s->z3[s->slot[c]];
+                const int c = x - p + dx;
+                cp[i * k + dx] = c < 0 || c >= W ? zero_col : s->a1 + (size_t)s->slot[c] * per;
             }
+            op[i] = s->v2 + (size_t)i * 8 * cp2;
+        }
+        kern->conv2_cands(n->w2p, n->b2p, cp2, c1, k, R, cp, ng, op);
+        for (int i = 0; i < ng; i++) {
+            const int x = cols[g0 + i];
+            int z = first_busy_row(in, x - 2 * p, x + 2 * p);
             if (query && z > R - 1)
                 z = R - 1;
-            lo[i] = z - 2 * p > 0 ? z - 2 * p : 0;
+            const int lo2 = z - 2 * p > 0 ? z - 2 * p : 0; /* conv2 rows < lo2: constants */
             float *sum = s->csum + (size_t)i * cp2;
-            for (int co = 0; co < cp2; co++)
-                sum[co] = 0.0f;
-            if (lo[i] > 0)
-                const_rows_add(n, kern, W, x, lo[i], s, &cr, sum);
-            computed += lo[i] < R ? R - lo[i] : 0;
-        }
-        for (int r = 0; r < R; r++) {
-            /* one run per dx: conv1 rows r - p + dy for the dy in [dy0, dy1) that are not
-             * padding, contiguous ([dy][c1]; row r - p + dy sits at index r + dy) */
-            const int dy0 = p - r > 0 ? p - r : 0, dy1 = R - r + p < k ? R - r + p : k;
-            for (int dx = 0; dx < k; dx++)
-                wr[dx] = n->w2p + (size_t)(dx * k + dy0) * c1 * cp2;
-            for (int i = 0; i < ng; i++) {
-                if (lo[i] > r)
-                    continue;
-                const float **x = xp + (size_t)np * k;
-                for (int dx = 0; dx < k; dx++)
-                    x[dx] = base[i][dx] + (size_t)(r + dy0) * c1;
-                op[np] = s->v2 + ((size_t)i * 8 + r) * cp2;
-                if (++np == 8)
-                    np = run_batch(kern, wr, k, (dy1 - dy0) * c1, cp2, n->b2p, xp, np, cp2, op,
-                                   op, cp2);
+            memset(sum, 0, (size_t)cp2 * sizeof(float));
+            if (lo2 > 0)
+                const_rows_add(n, kern, W, x, lo2, s, &cr, sum);
+            if (lo2 < R) {
+                add_rows(op[i], lo2, R, cp2, sum);
+                computed += R - lo2;
             }
-            if (np)
-                np = run_batch(kern, wr, k, (dy1 - dy0) * c1, cp2, n->b2p, xp, np, cp2, op, op,
-                               cp2);
-        }
-        for (int i = 0; i < ng; i++) {
-            float *sum = s->csum + (size_t)i * cp2;
-            if (lo[i] < R)
-                add_rows(s->v2 + (size_t)i * 8 * cp2, lo[i], R, cp2, sum);
             scores[g0 + i] = score_of(n, sum, R);
         }
     }

@@ -246,14 +246,17 @@ struct kvp_cnn_kernels {
      * out[co] += Σ_i ReLU(v_i[co]). The positions share every weight load. */
     void (*conv_rows)(const float *wt, const float *b, const float *const *x, int nx, int K,
                       int xstride, int nrow, int cp, float *out, bool accumulate);
-    /* npos positions, each with its own nx runs of K values, run j of position i at
-     * xp[i·nx + j], its weights at wr[j] (t·ws floats apart); cp channels, a multiple of half
-     * a vector:
-     *   op[i][co] = ReLU(b[co] + Σ_{j<nx} Σ_{t<K} xp[i·nx + j][t]·wr[j][t·ws + co])
-     * with the multiply-adds in conv_rows' order. Batches of 8 positions share each weight
-     * load, whatever columns and rows they come from. */
-    void (*conv_gather)(const float *const *wr, int nx, int K, int ws, const float *b,
-                        const float *const *xp, int npos, int cp, float *const *op);
+    /* conv1 of n_col columns, rows j < R <= 8: history row r at rowp[r], the query row at q
+     * (NULL: none), column i's k×k neighbourhood from input column x0[i]; ReLU of row j to
+     * out[i] + (j + p)·c1, zeros to the p padding rows either side. The terms of conv_rows in
+     * its order, so the same values. */
+    void (*conv1_cols)(const float *w1p, const float *b1p, int cp1, int c1, int k, int R,
+                       const float *const *rowp, const float *q, const int *x0, int n_col,
+                       float *const *out);
+    /* conv2 rows r < R <= 8 of n candidates, candidate i's k conv1 columns at col[i·k + dx]
+     * ([R + 2p][c1] from row -p); ReLU of row r to out[i] + r·cp2. conv_rows' terms and order. */
+    void (*conv2_cands)(const float *w2p, const float *b2p, int cp2, int c1, int k, int R,
+                        const float *const *col, int n, float *const *out);
 };
 extern const struct kvp_cnn_kernels kvp_cnn_kernels_scalar;
 extern const struct kvp_cnn_kernels kvp_cnn_kernels_avx2;
