@@ -142,6 +142,9 @@ void kvp_sel_from_masks(struct kvp_sel *sel, const uint64_t *masks, int n_blocks
 /* Indices of the k largest of x[0..n), ties to the lower index, written to out in ascending
  * index order. scratch holds n ints. */
 void kvp_topk_indices(const float *x, int n, int k, int *out, int *scratch);
+/* Internal (select_avx512.c): the indices and selection keys of the values of x whose key is
+ * >= lo, in index order, into idx and key; returns how many. */
+int kvp_topk_compact_avx512(const float *x, int n, uint32_t lo, int *idx, uint32_t *key);
 
 /* Combine g rows (stride apart) of n values into out with agg (KVP_AGG_MAX/MEAN/SUM). */
 void kvp_gqa_combine(const float *rows, int g, int stride, int n, int agg, float *out);

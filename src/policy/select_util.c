@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "kv/kvcache.h"
+#include "core/platform.h"
 #include "policy/policy.h"
 
 int kvp_policy_budget(const struct kvp_policy *p, int n_tokens)
@@ -241,28 +242,49 @@ typedef float tk_f16 __attribute__((vector_size(64)));
         (out) = (~u_ & neg_) | ((u_ | 0x80000000u) & ~neg_);                                       \
     } while (0)
 
-/* How many of the first n values have key >= t (from the floats, or from stored keys); the
- * tails (n % 16) one at a time. */
+/* The keys of x[i .. i + 16) into kv; past n the lanes are 0, below every key a float has
+ * (-inf's is 0x007fffff), so they never count. */
+#define LOAD_KEYS16(kv, x, i, n)                                                                   \
+    do {                                                                                           \
+        tk_f16 v_ = {0};                                                                           \
+        const int nl_ = (n) - (i);                                                                 \
+        if (nl_ >= 16)                                                                             \
+            memcpy(&v_, (x) + (i), sizeof(v_));                                                   \
+        else                                                                                       \
+            for (int l_ = 0; l_ < nl_; l_++)                                                       \
+                v_[l_] = (x)[(i) + l_];                                                            \
+        ORDER_KEY16(kv, v_);                                                                       \
+        if (nl_ < 16)                                                                              \
+            kv &= (tk_u16)(tk_lane < nl_);                                                         \
+    } while (0)
+
+static const tk_i16 tk_lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
+/* The sum of the 16 lanes, halving the vector three times (the lanes' order does not matter:
+ * integer counts). */
+#define hsum16(c) hsum16_(c)
+__attribute__((always_inline)) static inline int hsum16_(tk_i16 c)
+{
+    c += __builtin_shuffle(c, (tk_i16){8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
+    c += __builtin_shuffle(c, (tk_i16){4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3});
+    c += __builtin_shuffle(c, (tk_i16){2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1});
+    return c[0] + c[1];
+}
+
+/* How many of the first n values have key >= t (from the floats, or from stored keys). */
 __attribute__((always_inline)) static inline int count_ge_x(const float *x, int n, uint32_t t)
 {
     tk_i16 c = {0};
-    const int n16 = n / 16 * 16;
-    for (int i = 0; i < n16; i += 16) {
-        tk_f16 v;
-        memcpy(&v, x + i, sizeof(v));
+    for (int i = 0; i < n; i += 16) {
         tk_u16 kv;
-        ORDER_KEY16(kv, v);
+        LOAD_KEYS16(kv, x, i, n);
         c -= (tk_i16)(kv >= t);
     }
-    int sum = 0;
-    for (int l = 0; l < 16; l++)
-        sum += c[l];
-    for (int i = n16; i < n; i++)
-        sum += order_key(x[i]) >= t;
-    return sum;
+    return hsum16(c);
 }
 
-__attribute__((always_inline)) static inline int count_ge_keys(const uint32_t *key, int n, uint32_t t)
+__attribute__((always_inline)) static inline int count_ge_keys(const uint32_t *key, int n,
+                                                               uint32_t t)
 {
     tk_i16 c = {0};
     const int n16 = n / 16 * 16;
@@ -271,43 +293,54 @@ __attribute__((always_inline)) static inline int count_ge_keys(const uint32_t *k
         memcpy(&v, key + i, sizeof(v));
         c -= (tk_i16)(v >= t);
     }
-    int sum = 0;
-    for (int l = 0; l < 16; l++)
-        sum += c[l];
-    for (int i = n16; i < n; i++)
-        sum += key[i] >= t;
-    return sum;
+    if (n16 < n) {
+        tk_u16 v = {0};
+        for (int l = 0; l < n - n16; l++)
+            v[l] = key[n16 + l];
+        c -= (tk_i16)(v >= t) & (tk_i16)(tk_lane < n - n16);
+    }
+    return hsum16(c);
 }
+
+/* From this many values on, topk_bisect's first probe comes from a sample. */
+enum { TOPK_SAMPLE_MIN_N = 256, TOPK_SAMPLE = 64 };
 
 /* kvp_topk_indices by bisection on the keys: the k-th strongest key T is the largest t with
  * count(key >= t) >= k, found by halving [lo, hi) where count(key >= lo) >= k > count(key >=
  * hi). Each step is one vector pass of compare-and-count (no branch on a value, no histogram
  * whose increments wait on each other); whenever a step leaves at most half of the values at
- * or above lo, those are compacted (index order kept) and the next passes read only them. Then
- * one pass in index order writes the keys above T and the first k - count(key > T) equal to it.
- * Radix selection cost 5 µs per call over 1024 block bounds in the decode (three 8 KB
- * histogram clears, serialised bucket increments on close values); this is ~1. Returns -1
- * (nothing written) when x holds NaN. scratch holds n ints. */
+ * or above lo, those are compacted (index order kept) and the next passes read only them. On
+ * long inputs the first probe is a sample's key a little below the k-th strongest's expected
+ * place, which usually brackets T and compacts to about k + n/16 values at once (a probe is
+ * only a guess: the invariant holds whatever it counts). Then one pass in index order writes
+ * the keys above T and the first k - count(key > T) equal to it. Radix selection cost 5 µs
+ * per call over 1024 block bounds in the decode (three 8 KB histogram clears, serialised
+ * bucket increments on close values). Returns -1 (nothing written) when x holds NaN. scratch
+ * holds n ints. */
 __attribute__((target_clones("avx512f", "avx2", "default"))) static int
 topk_bisect(const float *x, int n, int k, int *out, int *scratch)
 {
     const int half = n / 2;
-    int *idx = scratch;                               /* compacted indices [0, m) */
-    uint32_t *key = (uint32_t *)scratch + half;       /* and their keys */
+    int *idx = scratch;                         /* compacted indices [0, m) */
+    uint32_t *key = (uint32_t *)scratch + half; /* and their keys */
     uint32_t lo = UINT32_MAX, hi = 0;
     {
         tk_u16 vmin = {0}, vmax = {0};
         vmin += UINT32_MAX;
         tk_i16 nan = {0};
-        const int n16 = n / 16 * 16;
-        for (int i = 0; i < n16; i += 16) {
-            tk_f16 v;
-            memcpy(&v, x + i, sizeof(v));
+        for (int i = 0; i < n; i += 16) {
+            tk_f16 v = {0};
+            const int nl = n - i < 16 ? n - i : 16;
+            if (nl == 16)
+                memcpy(&v, x + i, sizeof(v));
+            else
+                for (int l = 0; l < nl; l++)
+                    v[l] = x[i + l];
             nan |= (tk_i16)(v != v);
-            tk_u16 kv, lt, gt;
+            tk_u16 kv, lt, gt, live = (tk_u16)(tk_lane < nl);
             ORDER_KEY16(kv, v);
-            lt = (tk_u16)(kv < vmin);
-            gt = (tk_u16)(kv > vmax);
+            lt = (tk_u16)(kv < vmin) & live;
+            gt = (tk_u16)(kv > vmax) & live;
             vmin = (kv & lt) | (vmin & ~lt);
             vmax = (kv & gt) | (vmax & ~gt);
         }
@@ -317,19 +350,36 @@ topk_bisect(const float *x, int n, int k, int *out, int *scratch)
             lo = vmin[l] < lo ? vmin[l] : lo;
             hi = vmax[l] > hi ? vmax[l] : hi;
         }
-        for (int i = n16; i < n; i++) {
-            if (x[i] != x[i])
-                return -1;
-            uint32_t kv = order_key(x[i]);
-            lo = kv < lo ? kv : lo;
-            hi = kv > hi ? kv : hi;
-        }
     }
     /* NaN excluded, no key is UINT32_MAX (+inf's is 0xff800000): hi + 1 does not wrap */
     uint64_t top = (uint64_t)hi + 1;
     int m = -1; /* -1: still the whole of x */
+    uint32_t probe = 0;
+    if (n >= TOPK_SAMPLE_MIN_N && k < n / 4) {
+        /* the sample's r-th strongest key, r a few above k's share of it, by the same
+         * bisection over its four vectors */
+        uint32_t sk[TOPK_SAMPLE];
+        const int stride = n / TOPK_SAMPLE;
+        for (int j = 0; j < TOPK_SAMPLE; j++)
+            sk[j] = order_key(x[j * stride]);
+        const int r = (int)((int64_t)k * TOPK_SAMPLE / n) + 3;
+        uint32_t slo = lo;
+        uint64_t stop = top;
+        while (stop - slo > 1) {
+            const uint32_t mid = (uint32_t)(slo + (stop - slo) / 2);
+            if (count_ge_keys(sk, TOPK_SAMPLE, mid) >= r)
+                slo = mid;
+            else
+                stop = mid;
+        }
+        probe = slo;
+    }
     while (top - lo > 1) {
-        const uint32_t mid = (uint32_t)(lo + (top - lo) / 2);
+        uint32_t mid = (uint32_t)(lo + (top - lo) / 2);
+        if (probe > lo && probe < top) {
+            mid = probe;
+            probe = 0;
+        }
         const int c = m < 0 ? count_ge_x(x, n, mid) : count_ge_keys(key, m, mid);
         if (c < k) {
             top = mid;
@@ -340,7 +390,9 @@ topk_bisect(const float *x, int n, int k, int *out, int *scratch)
                                              * writes (one past the last kept) stay in idx's
                                              * and key's halves */
             int w = 0;
-            if (m < 0)
+            if (m < 0 && (kvp_cpu_features() & KVP_CPU_AVX512))
+                w = kvp_topk_compact_avx512(x, n, lo, idx, key);
+            else if (m < 0)
                 for (int i = 0; i < n; i++) {
                     const uint32_t kv = order_key(x[i]);
                     idx[w] = i;
