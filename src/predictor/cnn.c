@@ -970,8 +970,17 @@ long kvp_cnn_forward_cols(const struct kvp_cnn *n, const struct kvp_cnn_input *i
                 add_rows(op[i], lo2, R, cp2, sum);
                 computed += R - lo2;
             }
-            scores[g0 + i] = score_of(n, sum, R);
         }
+        /* score_of's sums, the candidates' chains side by side (one alone is c2 dependent
+         * adds) */
+        float y[COLS_BATCH];
+        const float inv = 1.0f / (float)R;
+        for (int i = 0; i < ng; i++)
+            y[i] = n->b3[0];
+        for (int co = 0; co < n->c2; co++)
+            for (int i = 0; i < ng; i++)
+                y[i] += n->w3[co] * (s->csum[(size_t)i * cp2 + co] * inv);
+        memcpy(scores + g0, y, (size_t)ng * sizeof(float));
     }
     for (int i = 0; i < n_used; i++)
         s->slot[s->used[i]] = -1;
