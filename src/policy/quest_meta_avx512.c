@@ -22,6 +22,13 @@ tiles_sel(const uint16_t *tile, int n_tiles, int hd, const float *q, const int G
 {
     const size_t per = (size_t)hd * 2 * KVP_QMETA_TILE; /* values per tile */
     const __m512 sc = _mm512_set1_ps(scale);
+    /* the loop's prefetches run two groups ahead: start the first two groups' lines now */
+    {
+        const size_t bytes =
+            (size_t)(n_tiles < 2 * QM_NT ? n_tiles : 2 * QM_NT) * per * sizeof(uint16_t);
+        for (size_t b = 0; b < bytes; b += 64)
+            _mm_prefetch((const char *)tile + b, _MM_HINT_T0);
+    }
     int t = 0;
     for (; t + QM_NT <= n_tiles; t += QM_NT) {
         __m512 acc[4][QM_NT];
@@ -36,10 +43,10 @@ tiles_sel(const uint16_t *tile, int n_tiles, int hd, const float *q, const int G
             /* at long context the metadata streams from memory, the KV reads having evicted
              * it; four tiles are four streams the hardware prefetcher follows only slowly:
              * fetch the same rows two groups ahead (the lines past the end are not read) */
-            if (t + 9 * QM_NT <= n_tiles)
+            if (t + 3 * QM_NT <= n_tiles)
 #pragma GCC unroll 4
                 for (int u = 0; u < QM_NT; u++)
-                    _mm_prefetch((const char *)(row + (8 * QM_NT + u) * per), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(row + (2 * QM_NT + u) * per), _MM_HINT_T0);
 #pragma GCC unroll 4
             for (int j = 0; j < G; j++) {
                 const __m512 qv = _mm512_set1_ps(q[(size_t)j * hd + d]);
