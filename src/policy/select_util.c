@@ -1,4 +1,6 @@
 /* Helpers shared by the policy files: budgets, masks, top-k and GQA aggregation (policy.h). */
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -303,6 +305,22 @@ __attribute__((always_inline)) static inline int count_ge_keys(const uint32_t *k
     return hsum16(c);
 }
 
+/* Whether the compaction takes the AVX-512 compress stores: the CPU has them and KVP_SIMD does
+ * not ask for scalar or avx2 (as the kernel tables, so tests can run the portable loop). */
+static bool compact_avx512_on;
+static void pick_compact(void)
+{
+    const char *want = getenv("KVP_SIMD");
+    compact_avx512_on = (kvp_cpu_features() & KVP_CPU_AVX512) &&
+                        !(want && (!strcmp(want, "scalar") || !strcmp(want, "avx2")));
+}
+static bool compact_avx512(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, pick_compact);
+    return compact_avx512_on;
+}
+
 /* From this many values on, topk_bisect's first probe comes from a sample. */
 enum { TOPK_SAMPLE_MIN_N = 256, TOPK_SAMPLE = 64 };
 
@@ -391,7 +409,7 @@ topk_bisect(const float *x, int n, int k, int *out, int *scratch)
                                              * writes (one past the last kept) stay in idx's
                                              * and key's halves */
             int w = 0;
-            if (m < 0 && (kvp_cpu_features() & KVP_CPU_AVX512))
+            if (m < 0 && compact_avx512())
                 w = kvp_topk_compact_avx512(x, n, lo, idx, key);
             else if (m < 0)
                 for (int i = 0; i < n; i++) {
