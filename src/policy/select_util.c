@@ -253,12 +253,14 @@ typedef float tk_f16 __attribute__((vector_size(64)));
         const int nl_ = (n) - (i);                                                                 \
         if (nl_ >= 16)                                                                             \
             memcpy(&v_, (x) + (i), sizeof(v_));                                                   \
+        else if ((n) >= 16) /* the last 16, lanes before i zeroed below */                         \
+            memcpy(&v_, (x) + (n) - 16, sizeof(v_));                                               \
         else                                                                                       \
             for (int l_ = 0; l_ < nl_; l_++)                                                       \
                 v_[l_] = (x)[(i) + l_];                                                            \
         ORDER_KEY16(kv, v_);                                                                       \
         if (nl_ < 16)                                                                              \
-            kv &= (tk_u16)(tk_lane < nl_);                                                         \
+            kv &= (n) >= 16 ? (tk_u16)(tk_lane >= 16 - nl_) : (tk_u16)(tk_lane < nl_);             \
     } while (0)
 
 static const tk_i16 tk_lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
@@ -296,7 +298,11 @@ __attribute__((always_inline)) static inline int count_ge_keys(const uint32_t *k
         memcpy(&v, key + i, sizeof(v));
         c -= (tk_i16)(v >= t);
     }
-    if (n16 < n) {
+    if (n16 < n && n >= 16) { /* the last 16, less the lanes counted already */
+        tk_u16 v;
+        memcpy(&v, key + n - 16, sizeof(v));
+        c -= (tk_i16)(v >= t) & (tk_i16)(tk_lane >= n16 + 16 - n);
+    } else if (n16 < n) {
         tk_u16 v = {0};
         for (int l = 0; l < n - n16; l++)
             v[l] = key[n16 + l];
@@ -372,6 +378,27 @@ topk_bisect(const float *x, int n, int k, int *out, int *scratch)
     }
     /* NaN excluded, no key is UINT32_MAX (+inf's is 0xff800000): hi + 1 does not wrap */
     uint64_t top = (uint64_t)hi + 1;
+    if (k >= half) {
+        /* no step could compact (that needs fewer than n/2 values kept, and k are): the keys
+         * once, where the indices would go, and every pass over them */
+        uint32_t *all = (uint32_t *)scratch;
+        for (int i = 0; i < n; i++)
+            all[i] = order_key(x[i]);
+        while (top - lo > 1) { /* either way without a branch: the answer is a coin toss */
+            const uint32_t mid = (uint32_t)(lo + (top - lo) / 2);
+            const bool in = count_ge_keys(all, n, mid) >= k;
+            lo = in ? mid : lo;
+            top = in ? top : mid;
+        }
+        int ties = k - count_ge_keys(all, n, lo + 1), got = 0;
+        for (int i = 0; i < n && got < k; i++) {
+            const int take = all[i] > lo || (all[i] == lo && ties > 0);
+            ties -= all[i] == lo && take;
+            out[got] = i;
+            got += take;
+        }
+        return 0;
+    }
     int m = -1; /* -1: still the whole of x */
     uint32_t probe = 0;
     if (n >= TOPK_SAMPLE_MIN_N && k < n / 4) {
@@ -386,10 +413,9 @@ topk_bisect(const float *x, int n, int k, int *out, int *scratch)
         uint64_t stop = top;
         while (stop - slo > 1) {
             const uint32_t mid = (uint32_t)(slo + (stop - slo) / 2);
-            if (count_ge_keys(sk, TOPK_SAMPLE, mid) >= r)
-                slo = mid;
-            else
-                stop = mid;
+            const bool in = count_ge_keys(sk, TOPK_SAMPLE, mid) >= r;
+            slo = in ? mid : slo;
+            stop = in ? stop : mid;
         }
         probe = slo;
     }
