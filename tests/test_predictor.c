@@ -513,6 +513,35 @@ static void test_history_rules(void **state)
     assert_int_equal(kvp_hist_pool_sparse(sp, blocks, 1, 35, 16, out), 3);
     assert_true(out[0] == 0 && out[1] == 0 && out[2] == 0.5f);
     kvp_hist_free(&h);
+
+    /* the sparse append equals the full one of the same row, as the ring turns over and the
+     * widths grow and shrink (a narrower row must clear what a wider one left), two series side
+     * by side; columns outside the width are left out */
+    struct kvp_hist a, b;
+    assert_int_equal(kvp_hist_init(&a, 2, 3, 12, NULL), 0);
+    assert_int_equal(kvp_hist_init(&b, 2, 3, 12, NULL), 0);
+    const int ws[7] = {5, 12, 7, 3, 12, 12, 1};
+    for (int r = 0; r < 7; r++)
+        for (int ser = 0; ser < 2; ser++) {
+            int32_t cols[5] = {0, 2, 3 + ser, 8, 11};
+            float vals[5], full[12] = {0};
+            for (int i = 0; i < 5; i++) {
+                vals[i] = (float)(r * 10 + i + 1) / 7.0f;
+                if (cols[i] < ws[r])
+                    full[cols[i]] = vals[i];
+            }
+            kvp_hist_append(&a, ser, full, ws[r]);
+            kvp_hist_append_sparse(&b, ser, cols, vals, 5, ws[r]);
+            const float *ra[3], *rb[3];
+            int na = kvp_hist_rows(&a, ser, ra), nb = kvp_hist_rows(&b, ser, rb);
+            assert_int_equal(na, nb);
+            assert_int_equal(a.n_cols[ser], b.n_cols[ser]);
+            assert_true(a.gen[ser] == b.gen[ser]);
+            for (int i = 0; i < na; i++)
+                assert_memory_equal(ra[i], rb[i], 12 * sizeof(float));
+        }
+    kvp_hist_free(&a);
+    kvp_hist_free(&b);
 }
 
 /* ---- the predictor file --------------------------------------------------------------------- */

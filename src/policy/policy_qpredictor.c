@@ -505,21 +505,21 @@ static void qp_step(struct kvp_policy *p, int layer, int kvh, const struct kvp_s
 {
     struct qp_state *s = p->state;
     struct qp_kvh *k = &s->kv[kvh];
-    const int bs = p->env.block_size;
-    int nb = 0;
-    for (int j = 0; j < s->g; j++) {
-        nb = kvp_hist_pool_sparse(probs + (size_t)j * probs_stride, sel->blocks, sel->n, n_tokens,
-                                  bs, k->row);
-        if (j == 0) {
-            memcpy(k->grow, k->row, (size_t)nb * sizeof(float));
-            continue;
+    const int bs = p->env.block_size, nb = (n_tokens + bs - 1) / bs;
+    /* the group's block max of the step's probabilities on the blocks read (zero elsewhere),
+     * as kvp_hist_pool_sparse and a max over the heads would give, straight into the ring */
+    for (int i = 0; i < sel->n; i++) {
+        float m = 0.0f;
+        for (int j = 0; j < s->g; j++) {
+            const float *pr = probs + (size_t)j * probs_stride + (size_t)i * bs;
+            float mj = 0.0f;
+            for (int t = 0; t < bs; t++)
+                mj = pr[t] > mj ? pr[t] : mj;
+            m = j == 0 || mj > m ? mj : m;
         }
-        for (int i = 0; i < sel->n; i++) { /* only read blocks are non-zero */
-            int c = sel->blocks[i];
-            k->grow[c] = k->row[c] > k->grow[c] ? k->row[c] : k->grow[c];
-        }
+        k->row[i] = m;
     }
-    kvp_hist_append(&s->hist, series_of(s, layer, kvh), k->grow, nb);
+    kvp_hist_append_sparse(&s->hist, series_of(s, layer, kvh), sel->blocks, k->row, sel->n, nb);
 }
 
 const struct kvp_policy_ops kvp_policy_qpredictor = {

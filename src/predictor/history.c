@@ -62,10 +62,10 @@ void kvp_hist_reset(struct kvp_hist *h)
     }
 }
 
-void kvp_hist_append(struct kvp_hist *h, int s, const float *row, int n_cols)
+/* The slot the next row of series s goes to (the oldest when H rows are present), with the
+ * ring's bookkeeping done; *old_w gets the width of the row the slot held. */
+static float *next_slot(struct kvp_hist *h, int s, int n_cols, int *old_w)
 {
-    if (n_cols > h->max_cols)
-        n_cols = h->max_cols;
     int slot;
     if (h->n_rows[s] < h->H) {
         slot = (h->head[s] + h->n_rows[s]) % h->H;
@@ -74,15 +74,37 @@ void kvp_hist_append(struct kvp_hist *h, int s, const float *row, int n_cols)
         slot = h->head[s];
         h->head[s] = (h->head[s] + 1) % h->H;
     }
-    float *dst = h->rows + ((size_t)s * h->H + slot) * h->max_cols;
     int *w = &h->slot_w[(size_t)s * h->H + slot];
-    memcpy(dst, row, (size_t)n_cols * sizeof(float));
-    if (*w > n_cols) /* leftovers of the row this slot held before (after a truncation) */
-        memset(dst + n_cols, 0, (size_t)(*w - n_cols) * sizeof(float));
+    *old_w = *w;
     *w = n_cols;
     if (n_cols > h->n_cols[s])
         h->n_cols[s] = n_cols;
     h->gen[s]++;
+    return h->rows + ((size_t)s * h->H + slot) * h->max_cols;
+}
+
+void kvp_hist_append(struct kvp_hist *h, int s, const float *row, int n_cols)
+{
+    if (n_cols > h->max_cols)
+        n_cols = h->max_cols;
+    int old_w;
+    float *dst = next_slot(h, s, n_cols, &old_w);
+    memcpy(dst, row, (size_t)n_cols * sizeof(float));
+    if (old_w > n_cols) /* leftovers of the row this slot held before (after a truncation) */
+        memset(dst + n_cols, 0, (size_t)(old_w - n_cols) * sizeof(float));
+}
+
+void kvp_hist_append_sparse(struct kvp_hist *h, int s, const int32_t *cols, const float *vals,
+                            int n, int n_cols)
+{
+    if (n_cols > h->max_cols)
+        n_cols = h->max_cols;
+    int old_w;
+    float *dst = next_slot(h, s, n_cols, &old_w);
+    memset(dst, 0, (size_t)(old_w > n_cols ? old_w : n_cols) * sizeof(float));
+    for (int i = 0; i < n; i++)
+        if (cols[i] >= 0 && cols[i] < n_cols)
+            dst[cols[i]] = vals[i];
 }
 
 int kvp_hist_rows(const struct kvp_hist *h, int s, const float **ptrs)

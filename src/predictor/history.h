@@ -54,6 +54,12 @@ void kvp_hist_clear(struct kvp_hist *h, int s);
  * rows are present. Rows narrower than the history are zero-extended. */
 void kvp_hist_append(struct kvp_hist *h, int s, const float *row, int n_cols);
 
+/* The same as kvp_hist_append of a row that is zero except vals[i] at column cols[i] (i < n;
+ * columns outside [0, n_cols) are left out), written into the ring slot directly instead of
+ * through a full-width copy. */
+void kvp_hist_append_sparse(struct kvp_hist *h, int s, const int32_t *cols, const float *vals,
+                            int n, int n_cols);
+
 /* Oldest-first pointers to the rows of series s (ptrs holds H entries); returns the row count.
  * Each row has h->n_cols[s] valid columns. */
 int kvp_hist_rows(const struct kvp_hist *h, int s, const float **ptrs);
