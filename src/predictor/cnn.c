@@ -623,7 +623,7 @@ bool kvp_cnn_forward_inc(const struct kvp_cnn *n, const struct kvp_cnn_input *in
 
 /* ---- per-column inference ------------------------------------------------------------------ */
 
-#define CG 64 /* candidates per group of the batched path */
+#define CG 64 /* rows of csum / v2 (the fast path uses COLS_BATCH of them) */
 
 int kvp_cnn_cols_scratch_init(struct kvp_cnn_cols_scratch *s, const struct kvp_cnn *n, int H,
                               int max_w, struct kvp_err *err)
@@ -642,20 +642,15 @@ int kvp_cnn_cols_scratch_init(struct kvp_cnn_cols_scratch *s, const struct kvp_c
     s->sum = kvp_alloc_aligned((size_t)n->cp2 * sizeof(float));
     s->rb1 = malloc((size_t)n->c1 * sizeof(float));
     s->patch = malloc((size_t)n->cin * (s->H + 2 * p) * k * sizeof(float));
-    s->zc = malloc((size_t)s->max_w * sizeof(int));
-    s->z3 = malloc((size_t)s->max_w * sizeof(int));
-    s->off = malloc((size_t)s->max_w * sizeof(int));
-    s->edge = malloc(((size_t)2 * p * (s->H + 1) * k + 1) * sizeof(float));
     s->csum = kvp_alloc_aligned((size_t)CG * n->cp2 * sizeof(float));
     s->v2 = kvp_alloc_aligned((size_t)CG * 8 * n->cp2 * sizeof(float));
     if (!s->a1 || !s->slot || !s->used || !s->x || !s->z || !s->sum || !s->rb1 || !s->patch ||
-        !s->zc || !s->z3 || !s->off || !s->edge || !s->csum || !s->v2) {
+        !s->csum || !s->v2) {
         kvp_cnn_cols_scratch_free(s);
         return kvp_err_set(err, KVP_ENOMEM, "predictor: out of memory for CNN scratch");
     }
     for (int i = 0; i < s->max_w; i++)
         s->slot[i] = -1;
-    s->pad_R = -1;
     memset(s->a1 + (size_t)s->max_w * per, 0, per * sizeof(float)); /* the padding column */
     for (int ci = 0; ci < n->c1; ci++)
         s->rb1[ci] = n->b1[ci] > 0.0f ? n->b1[ci] : 0.0f;
@@ -674,10 +669,6 @@ void kvp_cnn_cols_scratch_free(struct kvp_cnn_cols_scratch *s)
     kvp_free_aligned(s->sum);
     free(s->rb1);
     free(s->patch);
-    free(s->zc);
-    free(s->z3);
-    free(s->off);
-    free(s->edge);
     kvp_free_aligned(s->csum);
     kvp_free_aligned(s->v2);
     memset(s, 0, sizeof(*s));
@@ -846,7 +837,6 @@ long kvp_cnn_forward_cols_ref(const struct kvp_cnn *n, const struct kvp_cnn_inpu
     }
     for (int i = 0; i < n_used; i++)
         s->slot[s->used[i]] = -1;
-    s->pad_R = -1; /* rows past a shorter history's may hold values now */
     return computed;
 }
 

@@ -199,15 +199,9 @@ struct kvp_cnn_cols_scratch {
     float *sum;   /* [cp2] */
     float *rb1;   /* [c1] ReLU(b1), conv1 of an all-zero neighbourhood (set at init) */
     float *patch; /* [cin][H + 2p][k] the input columns around one column */
-    /* the batched path (kvp_cnn_forward_cols) */
-    int *zc;      /* [max_w] first row with history in each slice column */
-    int *z3;      /* [max_w] per a1 slot: first row with history in its k columns */
-    int *off;     /* [max_w] per a1 slot: its first input column (c - p), or -1 - e for a
-                     border column whose inputs are edge copy e */
-    int pad_R;    /* history rows a1's padding rows are zero for (-1: unknown) */
-    float *edge;  /* [2p][H + 1][k] history and query values around the border columns */
-    float *csum;  /* [64][cp2] column sums of a group of candidates */
-    float *v2;    /* [64][8][cp2] their conv2 rows */
+    /* the fast path (kvp_cnn_forward_cols) */
+    float *csum;  /* [64][cp2] column sums of a group of candidates (16 used) */
+    float *v2;    /* [64][8][cp2] their conv2 rows (16 used) */
     int H, max_w;
 };
 int kvp_cnn_cols_scratch_init(struct kvp_cnn_cols_scratch *s, const struct kvp_cnn *n, int H,
