@@ -266,15 +266,20 @@ typedef float tk_f16 __attribute__((vector_size(64)));
 static const tk_i16 tk_lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
 /* The sum of the 16 lanes, halving the vector three times (the lanes' order does not matter:
- * integer counts). */
-#define hsum16(c) hsum16_(c)
-__attribute__((always_inline)) static inline int hsum16_(tk_i16 c)
-{
-    c += __builtin_shuffle(c, (tk_i16){8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
-    c += __builtin_shuffle(c, (tk_i16){4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3});
-    c += __builtin_shuffle(c, (tk_i16){2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1});
-    return c[0] + c[1];
-}
+ * integer counts); a macro, as a vector argument is an ABI question under target_clones. */
+#if defined(__clang__) /* the fuzzing build */
+#define TK_SHUFFLE(v, ...) __builtin_shufflevector(v, v, __VA_ARGS__)
+#else
+#define TK_SHUFFLE(v, ...) __builtin_shuffle(v, (tk_i16){__VA_ARGS__})
+#endif
+#define HSUM16(out, c)                                                                             \
+    do {                                                                                           \
+        tk_i16 h_ = (c);                                                                           \
+        h_ += TK_SHUFFLE(h_, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);                \
+        h_ += TK_SHUFFLE(h_, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3);                      \
+        h_ += TK_SHUFFLE(h_, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1);                      \
+        (out) = h_[0] + h_[1];                                                                     \
+    } while (0)
 
 /* How many of the first n values have key >= t (from the floats, or from stored keys). */
 __attribute__((always_inline)) static inline int count_ge_x(const float *x, int n, uint32_t t)
@@ -285,7 +290,9 @@ __attribute__((always_inline)) static inline int count_ge_x(const float *x, int 
         LOAD_KEYS16(kv, x, i, n);
         c -= (tk_i16)(kv >= t);
     }
-    return hsum16(c);
+    int sum;
+    HSUM16(sum, c);
+    return sum;
 }
 
 __attribute__((always_inline)) static inline int count_ge_keys(const uint32_t *key, int n,
@@ -308,7 +315,9 @@ __attribute__((always_inline)) static inline int count_ge_keys(const uint32_t *k
             v[l] = key[n16 + l];
         c -= (tk_i16)(v >= t) & (tk_i16)(tk_lane < n - n16);
     }
-    return hsum16(c);
+    int sum;
+    HSUM16(sum, c);
+    return sum;
 }
 
 /* Whether the compaction takes the AVX-512 compress stores: the CPU has them and KVP_SIMD does
