@@ -33,9 +33,9 @@
  *
  * Options (p.opts): extra=N candidates beyond k [16]; prune=0|1 [1]; recent=0|1 [0];
  * margin=N blocks the prediction for the tiered store takes beyond the k + extra candidates
- * [128: at 32768 tokens the paired disk/RAM ratio was 1.16-1.20x with 64 (hit rate 97.2 %) and
- * 1.08-1.14x with 128 (99.1 %), three alternating pairs each, for ~6 % more hot tier]; q8=0|1 the bound pass over an 8-bit copy of the
- * metadata (quest_meta8.h) [0].
+ * [128: at 32768 tokens the paired disk/RAM ratio was 1.16-1.20x with 64 (hit rate 97.2 %)
+ * and 1.08-1.14x with 128 (99.1 %), three alternating pairs each, for ~6 % more hot tier];
+ * q8=0|1 the bound pass over an 8-bit copy of the metadata (quest_meta8.h) [0].
  *
  * Threading: state per (layer, KV head), scratch per KV head (layers run one after another).
  */
@@ -372,12 +372,6 @@ static void choose(struct qp_state *s, const struct kvp_policy *p, int layer, in
 {
     struct qp_kvh *k = &s->kv[kvh];
     const int lh = layer * s->n_head_kv + kvh, W = bp->end - bp->first, P = s->cnn.k / 2;
-    /* the history rows were last touched a token ago and the dense layers' keys have pushed
-     * them out of the near caches since: fetch them now, behind the bound pass, for the CNN */
-    int n_rows = kvp_hist_rows(&s->hist, series_of(s, layer, kvh), k->rows);
-    for (int r = 0; r < n_rows; r++)
-        for (int x = bp->first; x < bp->end; x += 16)
-            __builtin_prefetch(k->rows[r] + x, 0, 2);
     rank_bounds(s, k, lh, q, bp->first, bp->end);
     k->comb_lh = lh;
     k->comb_first = bp->first;
@@ -385,6 +379,7 @@ static void choose(struct qp_state *s, const struct kvp_policy *p, int layer, in
     /* candidates */
     int nc = 0;
     const float *rows0 = NULL;
+    int n_rows = kvp_hist_rows(&s->hist, series_of(s, layer, kvh), k->rows);
     if (n_rows > 0)
         rows0 = k->rows[n_rows - 1] + bp->first; /* the newest row: blocks just read */
     if (!s->prune || k_take + s->extra >= W) {
