@@ -189,12 +189,12 @@ static void test_topk_ties_to_lower_index(void **state)
         assert_true(ch[o[i]]);
 }
 
-/* The top-k (bisection on the keys; the radix selection and the quickselect behind it take NaN)
- * against the brute force on shapes that trouble a selection: sorted either way, all equal, few distinct
- * values, organ pipe, random, large values at a regular stride, negative values (log features),
- * both zeros and infinities mixed, values that differ only in the last bits of the mantissa; k
- * from 1 to n, at n = 2048, 300 and 37 (vector tails); output ascending. With NaN in the scores it still
- * returns k distinct indices in ascending order. */
+/* The top-k (bisection on the keys; the quickselect and the heap behind it take NaN) against
+ * the brute force on shapes that trouble a selection: sorted either way, all equal, few
+ * distinct values, organ pipe, random, large values at a regular stride, negative values (log
+ * features), both zeros and infinities mixed, values that differ only in the last bits of the
+ * mantissa; k from 1 to n, at n = 2048, 300 and 37 (vector tails); output ascending. With NaN
+ * in the scores it still returns k distinct indices in ascending order. */
 static void test_topk_shapes(void **state)
 {
     (void)state;

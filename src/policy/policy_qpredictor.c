@@ -506,10 +506,8 @@ static void qp_step(struct kvp_policy *p, int layer, int kvh, const struct kvp_s
     for (int i = 0; i < sel->n; i++) {
         float m = 0.0f;
         for (int j = 0; j < s->g; j++) {
-            const float *pr = probs + (size_t)j * probs_stride + (size_t)i * bs;
-            float mj = 0.0f;
-            for (int t = 0; t < bs; t++)
-                mj = pr[t] > mj ? pr[t] : mj;
+            const float mj =
+                kvp_hist_block_max(probs + (size_t)j * probs_stride + (size_t)i * bs, bs);
             m = j == 0 || mj > m ? mj : m;
         }
         k->row[i] = m;

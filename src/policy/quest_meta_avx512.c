@@ -9,12 +9,54 @@
  * accumulators stay in registers (with a run-time G they were spilled to the stack, a store and
  * a reload per term: ~10 µs for 1024 blocks of a 32-wide pair of heads, now ~1). */
 #include <immintrin.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "policy/quest_meta.h"
 
 #define QM_NT 4 /* tiles side by side */
+
+/* NT tiles from base (per values apart) side by side, G heads: their scaled bounds to out
+ * (out + j·ostride + u·16 for head j, tile u); prefetch: the same rows two groups further on. */
+static inline __attribute__((always_inline)) void
+group_sel(const uint16_t *base, size_t per, int hd, const float *q, const int G, const int NT,
+          const uint8_t (*sel)[KVP_QMETA_SEL_HD], __m512 sc, float *out, int ostride,
+          bool prefetch)
+{
+    __m512 acc[4][QM_NT];
+#pragma GCC unroll 4
+    for (int j = 0; j < G; j++)
+#pragma GCC unroll 4
+        for (int u = 0; u < NT; u++)
+            acc[j][u] = _mm512_setzero_ps();
+    for (int d = 0; d < hd; d++) {
+        const uint16_t *row = base + (size_t)d * 2 * KVP_QMETA_TILE;
+        /* at long context the metadata streams from memory, the KV reads having evicted it;
+         * four tiles are four streams the hardware prefetcher follows only slowly: fetch the
+         * same rows two groups ahead */
+        if (prefetch)
+#pragma GCC unroll 4
+            for (int u = 0; u < NT; u++)
+                _mm_prefetch((const char *)(row + (2 * QM_NT + u) * per), _MM_HINT_T0);
+#pragma GCC unroll 4
+        for (int j = 0; j < G; j++) {
+            const __m512 qv = _mm512_set1_ps(q[(size_t)j * hd + d]);
+            const uint16_t *r = row + sel[j][d];
+#pragma GCC unroll 4
+            for (int u = 0; u < NT; u++) {
+                __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r + u * per)));
+                acc[j][u] = _mm512_add_ps(acc[j][u], _mm512_mul_ps(qv, v));
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < G; j++)
+#pragma GCC unroll 4
+        for (int u = 0; u < NT; u++)
+            _mm512_storeu_ps(out + (size_t)j * ostride + (size_t)u * KVP_QMETA_TILE,
+                             _mm512_mul_ps(acc[j][u], sc));
+}
 
 static inline __attribute__((always_inline)) void
 tiles_sel(const uint16_t *tile, int n_tiles, int hd, const float *q, const int G,
@@ -30,60 +72,12 @@ tiles_sel(const uint16_t *tile, int n_tiles, int hd, const float *q, const int G
             _mm_prefetch((const char *)tile + b, _MM_HINT_T0);
     }
     int t = 0;
-    for (; t + QM_NT <= n_tiles; t += QM_NT) {
-        __m512 acc[4][QM_NT];
-#pragma GCC unroll 4
-        for (int j = 0; j < G; j++)
-#pragma GCC unroll 4
-            for (int u = 0; u < QM_NT; u++)
-                acc[j][u] = _mm512_setzero_ps();
-        const uint16_t *base = tile + (size_t)t * per;
-        for (int d = 0; d < hd; d++) {
-            const uint16_t *row = base + (size_t)d * 2 * KVP_QMETA_TILE;
-            /* at long context the metadata streams from memory, the KV reads having evicted
-             * it; four tiles are four streams the hardware prefetcher follows only slowly:
-             * fetch the same rows two groups ahead (the lines past the end are not read) */
-            if (t + 3 * QM_NT <= n_tiles)
-#pragma GCC unroll 4
-                for (int u = 0; u < QM_NT; u++)
-                    _mm_prefetch((const char *)(row + (2 * QM_NT + u) * per), _MM_HINT_T0);
-#pragma GCC unroll 4
-            for (int j = 0; j < G; j++) {
-                const __m512 qv = _mm512_set1_ps(q[(size_t)j * hd + d]);
-                const uint16_t *r = row + sel[j][d];
-#pragma GCC unroll 4
-                for (int u = 0; u < QM_NT; u++) {
-                    __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r + u * per)));
-                    acc[j][u] = _mm512_add_ps(acc[j][u], _mm512_mul_ps(qv, v));
-                }
-            }
-        }
-#pragma GCC unroll 4
-        for (int j = 0; j < G; j++)
-#pragma GCC unroll 4
-            for (int u = 0; u < QM_NT; u++)
-                _mm512_storeu_ps(out + (size_t)j * ostride + (size_t)(t + u) * KVP_QMETA_TILE,
-                                 _mm512_mul_ps(acc[j][u], sc));
-    }
-    for (; t < n_tiles; t++) { /* the last n_tiles % QM_NT, one at a time */
-        __m512 acc[4];
-#pragma GCC unroll 4
-        for (int j = 0; j < G; j++)
-            acc[j] = _mm512_setzero_ps();
-        const uint16_t *base = tile + (size_t)t * per;
-        for (int d = 0; d < hd; d++) {
-            const uint16_t *row = base + (size_t)d * 2 * KVP_QMETA_TILE;
-#pragma GCC unroll 4
-            for (int j = 0; j < G; j++) {
-                __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + sel[j][d])));
-                acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(_mm512_set1_ps(q[(size_t)j * hd + d]), v));
-            }
-        }
-#pragma GCC unroll 4
-        for (int j = 0; j < G; j++)
-            _mm512_storeu_ps(out + (size_t)j * ostride + (size_t)t * KVP_QMETA_TILE,
-                             _mm512_mul_ps(acc[j], sc));
-    }
+    for (; t + QM_NT <= n_tiles; t += QM_NT) /* the lines past the end are not prefetched */
+        group_sel(tile + (size_t)t * per, per, hd, q, G, QM_NT, sel, sc,
+                  out + (size_t)t * KVP_QMETA_TILE, ostride, t + 3 * QM_NT <= n_tiles);
+    for (; t < n_tiles; t++) /* the last n_tiles % QM_NT, one at a time */
+        group_sel(tile + (size_t)t * per, per, hd, q, G, 1, sel, sc,
+                  out + (size_t)t * KVP_QMETA_TILE, ostride, false);
 }
 
 void kvp_qmeta_tiles_sel_f16_avx512(const uint16_t *tile, int n_tiles, int hd, const float *q,

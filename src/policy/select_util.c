@@ -1,12 +1,11 @@
 /* Helpers shared by the policy files: budgets, masks, top-k and GQA aggregation (policy.h). */
-#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kv/kvcache.h"
-#include "core/platform.h"
+#include "kernels/simd.h"
 #include "policy/policy.h"
 
 int kvp_policy_budget(const struct kvp_policy *p, int n_tokens)
@@ -80,10 +79,6 @@ static void sift_down(const float *x, int *h, int n, int i)
         i = m;
     }
 }
-
-/* From this many values on, kvp_topk_indices selects by radix (topk_radix); below, the
- * quickselect's mispredictions cost less than the radix passes' histograms. */
-enum { TOPK_RADIX_MIN_N = 512 };
 
 static int cmp_int(const void *a, const void *b)
 {
@@ -161,73 +156,6 @@ static inline uint32_t order_key(float f)
     if ((u << 1) == 0)
         u = 0;
     return u >> 31 ? ~u : u | 0x80000000u;
-}
-
-/* kvp_topk_indices by radix selection: three histogram passes (11, 11 and 10 bits of the key,
- * each over the indices the previous digits left) find the key of the k-th strongest and how
- * many of its equals are in; one pass in index order writes the top k. No branch depends on
- * the values' order, which is what made the quickselect cost: on the selections of a decode
- * (values that differ from step to step) it ran 3-4x slower than on a repeated input, about
- * 7.8 µs per call over 1024 block bounds, branch mispredictions. Returns -1 (nothing written)
- * when x holds NaN. cand holds n ints. */
-static int topk_radix(const float *x, int n, int k, int *out, int *cand)
-{
-    static const int shift[3] = {21, 10, 0}, bits[3] = {11, 11, 10};
-    uint32_t hist[2048], prefix = 0, fixed = 0;
-    int m = n, need = k;
-    for (int d = 0; d < 3; d++) {
-        const uint32_t dmask = (1u << bits[d]) - 1;
-        memset(hist, 0, (dmask + 1) * sizeof(uint32_t));
-        uint32_t top = 0;
-        if (d == 0) {
-            bool nan = false;
-            for (int i = 0; i < n; i++) {
-                nan |= x[i] != x[i];
-                uint32_t b = order_key(x[i]) >> shift[0];
-                hist[b]++;
-                top = b > top ? b : top;
-            }
-            if (nan)
-                return -1;
-        } else {
-            for (int j = 0; j < m; j++) {
-                uint32_t b = order_key(x[cand[j]]) >> shift[d] & dmask;
-                hist[b]++;
-                top = b > top ? b : top;
-            }
-        }
-        /* the digit of the k-th strongest: buckets from the top until they hold `need` */
-        uint32_t b = top, above = 0;
-        while (above + hist[b] < (uint32_t)need)
-            above += hist[b--];
-        need -= (int)above;
-        prefix |= b << shift[d];
-        fixed |= dmask << shift[d];
-        /* keep the indices whose key starts with the digits so far, in index order */
-        int c = 0;
-        if (d == 0)
-            for (int i = 0; i < n; i++) {
-                cand[c] = i;
-                c += (order_key(x[i]) & fixed) == prefix;
-            }
-        else
-            for (int j = 0; j < m; j++) {
-                int i = cand[j];
-                cand[c] = i;
-                c += (order_key(x[i]) & fixed) == prefix;
-            }
-        m = c;
-    }
-    /* cand[0..m) all have the k-th strongest's key; ties go to the lower index */
-    const uint32_t t_key = prefix;
-    const int t_idx = cand[need - 1];
-    int got = 0;
-    for (int i = 0; i < n && got < k; i++) {
-        uint32_t key = order_key(x[i]);
-        out[got] = i;
-        got += key > t_key || (key == t_key && i <= t_idx);
-    }
-    return 0;
 }
 
 /* Vectors of 16 keys for topk_bisect; compiled per instruction set (target_clones). */
@@ -320,20 +248,40 @@ __attribute__((always_inline)) static inline int count_ge_keys(const uint32_t *k
     return sum;
 }
 
-/* Whether the compaction takes the AVX-512 compress stores: the CPU has them and KVP_SIMD does
- * not ask for scalar or avx2 (as the kernel tables, so tests can run the portable loop). */
-static bool compact_avx512_on;
-static void pick_compact(void)
-{
-    const char *want = getenv("KVP_SIMD");
-    compact_avx512_on = (kvp_cpu_features() & KVP_CPU_AVX512) &&
-                        !(want && (!strcmp(want, "scalar") || !strcmp(want, "avx2")));
-}
+/* Whether the compaction takes the AVX-512 compress stores: the kernel table in use is an
+ * AVX-512 one (so KVP_SIMD=scalar|avx2 runs the portable loop, which the tests rely on). */
 static bool compact_avx512(void)
 {
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, pick_compact);
-    return compact_avx512_on;
+    return strncmp(kvp_simd()->name, "avx512", 6) == 0;
+}
+
+/* The largest t in [lo, top) with at least r of the n keys >= t, given that lo has (the
+ * answer is a coin toss each step, so neither way is a branch). */
+__attribute__((always_inline)) static inline uint32_t bisect_keys(const uint32_t *key, int n,
+                                                                  int r, uint32_t lo,
+                                                                  uint64_t top)
+{
+    while (top - lo > 1) {
+        const uint32_t mid = (uint32_t)(lo + (top - lo) / 2);
+        const bool in = count_ge_keys(key, n, mid) >= r;
+        lo = in ? mid : lo;
+        top = in ? top : mid;
+    }
+    return lo;
+}
+
+/* The k strongest of m keys whose k-th strongest is t, in index order: the keys above t and
+ * the first k - count(key > t) equal to it; key j's index is idx[j] (NULL: j). */
+__attribute__((always_inline)) static inline void write_top(const uint32_t *key, const int *idx,
+                                                            int m, uint32_t t, int k, int *out)
+{
+    int ties = k - count_ge_keys(key, m, t + 1), got = 0;
+    for (int j = 0; j < m && got < k; j++) {
+        const int take = key[j] > t || (key[j] == t && ties > 0);
+        ties -= key[j] == t && take;
+        out[got] = idx ? idx[j] : j;
+        got += take;
+    }
 }
 
 /* From this many values on, topk_bisect's first probe comes from a sample. */
@@ -347,10 +295,10 @@ enum { TOPK_SAMPLE_MIN_N = 256, TOPK_SAMPLE = 64 };
  * long inputs the first probe is a sample's key a little below the k-th strongest's expected
  * place, which usually brackets T and compacts to about k + n/16 values at once (a probe is
  * only a guess: the invariant holds whatever it counts). Then one pass in index order writes
- * the keys above T and the first k - count(key > T) equal to it. Radix selection cost 5 µs
- * per call over 1024 block bounds in the decode (three 8 KB histogram clears, serialised
- * bucket increments on close values). Returns -1 (nothing written) when x holds NaN. scratch
- * holds n ints. */
+ * the keys above T and the first k - count(key > T) equal to it. The radix selection it
+ * replaced cost 5 µs per call over 1024 block bounds in the decode (three 8 KB histogram
+ * clears, serialised bucket increments on close values). Returns -1 (nothing written) when x
+ * holds NaN. scratch holds n ints. */
 __attribute__((target_clones("avx512f", "avx2", "default"))) static int
 topk_bisect(const float *x, int n, int k, int *out, int *scratch)
 {
@@ -393,19 +341,7 @@ topk_bisect(const float *x, int n, int k, int *out, int *scratch)
         uint32_t *all = (uint32_t *)scratch;
         for (int i = 0; i < n; i++)
             all[i] = order_key(x[i]);
-        while (top - lo > 1) { /* either way without a branch: the answer is a coin toss */
-            const uint32_t mid = (uint32_t)(lo + (top - lo) / 2);
-            const bool in = count_ge_keys(all, n, mid) >= k;
-            lo = in ? mid : lo;
-            top = in ? top : mid;
-        }
-        int ties = k - count_ge_keys(all, n, lo + 1), got = 0;
-        for (int i = 0; i < n && got < k; i++) {
-            const int take = all[i] > lo || (all[i] == lo && ties > 0);
-            ties -= all[i] == lo && take;
-            out[got] = i;
-            got += take;
-        }
+        write_top(all, NULL, n, bisect_keys(all, n, k, lo, top), k, out);
         return 0;
     }
     int m = -1; /* -1: still the whole of x */
@@ -417,16 +353,7 @@ topk_bisect(const float *x, int n, int k, int *out, int *scratch)
         const int stride = n / TOPK_SAMPLE;
         for (int j = 0; j < TOPK_SAMPLE; j++)
             sk[j] = order_key(x[j * stride]);
-        const int r = (int)((int64_t)k * TOPK_SAMPLE / n) + 3;
-        uint32_t slo = lo;
-        uint64_t stop = top;
-        while (stop - slo > 1) {
-            const uint32_t mid = (uint32_t)(slo + (stop - slo) / 2);
-            const bool in = count_ge_keys(sk, TOPK_SAMPLE, mid) >= r;
-            slo = in ? mid : slo;
-            stop = in ? stop : mid;
-        }
-        probe = slo;
+        probe = bisect_keys(sk, TOPK_SAMPLE, (int)((int64_t)k * TOPK_SAMPLE / n) + 3, lo, top);
     }
     while (top - lo > 1) {
         uint32_t mid = (uint32_t)(lo + (top - lo) / 2);
@@ -463,23 +390,18 @@ topk_bisect(const float *x, int n, int k, int *out, int *scratch)
         }
     }
     /* T = lo: fewer than k keys above it; the rest of the k are its equals, lower index first */
-    const uint32_t t = lo;
-    int ties = k - (m < 0 ? count_ge_x(x, n, t + 1) : count_ge_keys(key, m, t + 1)), got = 0;
-    if (m < 0)
-        for (int i = 0; i < n && got < k; i++) {
-            const uint32_t kv = order_key(x[i]);
-            const int take = kv > t || (kv == t && ties > 0);
-            ties -= kv == t && take;
-            out[got] = i;
-            got += take;
-        }
-    else
-        for (int j = 0; j < m && got < k; j++) {
-            const int take = key[j] > t || (key[j] == t && ties > 0);
-            ties -= key[j] == t && take;
-            out[got] = idx[j];
-            got += take;
-        }
+    if (m >= 0) {
+        write_top(key, idx, m, lo, k, out);
+        return 0;
+    }
+    int ties = k - count_ge_x(x, n, lo + 1), got = 0;
+    for (int i = 0; i < n && got < k; i++) {
+        const uint32_t kv = order_key(x[i]);
+        const int take = kv > lo || (kv == lo && ties > 0);
+        ties -= kv == lo && take;
+        out[got] = i;
+        got += take;
+    }
     return 0;
 }
 
@@ -491,12 +413,10 @@ void kvp_topk_indices(const float *x, int n, int k, int *out, int *scratch)
         return;
     if (topk_bisect(x, n, k, out, scratch) == 0)
         return;
-    if (n >= TOPK_RADIX_MIN_N && topk_radix(x, n, k, out, scratch) == 0)
-        return;
-    /* Below TOPK_RADIX_MIN_N, or with NaN: quickselect finds the k-th strongest t; the top k
-     * are then exactly the indices not weaker than t, and one pass in index order writes them
-     * already sorted. With NaN the order is not total and the count can come out wrong: the
-     * heap decides then. */
+    /* With NaN (the only input topk_bisect refuses): quickselect finds the k-th strongest t;
+     * the top k are then exactly the indices not weaker than t, and one pass in index order
+     * writes them already sorted. With NaN the order is not total and the count can come out
+     * wrong: the heap decides then. */
     for (int i = 0; i < n; i++)
         scratch[i] = i;
     int t = kth_strongest(x, scratch, n, k - 1), got = 0;

@@ -623,7 +623,7 @@ bool kvp_cnn_forward_inc(const struct kvp_cnn *n, const struct kvp_cnn_input *in
 
 /* ---- per-column inference ------------------------------------------------------------------ */
 
-#define CG 64 /* rows of csum / v2 (the fast path uses COLS_BATCH of them) */
+enum { COLS_BATCH = 16 }; /* conv1 columns / conv2 candidates per kernel call (fast path) */
 
 int kvp_cnn_cols_scratch_init(struct kvp_cnn_cols_scratch *s, const struct kvp_cnn *n, int H,
                               int max_w, struct kvp_err *err)
@@ -642,8 +642,8 @@ int kvp_cnn_cols_scratch_init(struct kvp_cnn_cols_scratch *s, const struct kvp_c
     s->sum = kvp_alloc_aligned((size_t)n->cp2 * sizeof(float));
     s->rb1 = malloc((size_t)n->c1 * sizeof(float));
     s->patch = malloc((size_t)n->cin * (s->H + 2 * p) * k * sizeof(float));
-    s->csum = kvp_alloc_aligned((size_t)CG * n->cp2 * sizeof(float));
-    s->v2 = kvp_alloc_aligned((size_t)CG * 8 * n->cp2 * sizeof(float));
+    s->csum = kvp_alloc_aligned((size_t)COLS_BATCH * n->cp2 * sizeof(float));
+    s->v2 = kvp_alloc_aligned((size_t)COLS_BATCH * 8 * n->cp2 * sizeof(float));
     if (!s->a1 || !s->slot || !s->used || !s->x || !s->z || !s->sum || !s->rb1 || !s->patch ||
         !s->csum || !s->v2) {
         kvp_cnn_cols_scratch_free(s);
@@ -866,8 +866,6 @@ static void add_rows(const float *v, int lo, int R, int cp, float *sum)
  * constants are what they come to) and conv2's constant rows are then left out of the sum
  * exactly as the reference leaves them, so the sums add the same values in the same order.
  * Nothing scans the whole slice: the first busy row is looked up around each candidate only. */
-enum { COLS_BATCH = 16 }; /* conv1 columns / conv2 candidates per kernel call */
-
 long kvp_cnn_forward_cols(const struct kvp_cnn *n, const struct kvp_cnn_input *in,
                           const int *cols, int n_cols, struct kvp_cnn_cols_scratch *s,
                           float *scores)
@@ -933,7 +931,6 @@ long kvp_cnn_forward_cols(const struct kvp_cnn *n, const struct kvp_cnn_input *i
      * added to its constant rows' sum, as the reference's conv_rows accumulates one chunk */
     struct const_rows cr;
     memset(cr.have, 0, sizeof(cr.have));
-    memset((float *)zero_col, 0, per * sizeof(float)); /* nothing writes it; cheap to be sure */
     const float *cp[COLS_BATCH * KVP_CNN_MAX_K];
     for (int g0 = 0; g0 < n_cols; g0 += COLS_BATCH) {
         const int ng = n_cols - g0 < COLS_BATCH ? n_cols - g0 : COLS_BATCH;

@@ -200,8 +200,8 @@ struct kvp_cnn_cols_scratch {
     float *rb1;   /* [c1] ReLU(b1), conv1 of an all-zero neighbourhood (set at init) */
     float *patch; /* [cin][H + 2p][k] the input columns around one column */
     /* the fast path (kvp_cnn_forward_cols) */
-    float *csum;  /* [64][cp2] column sums of a group of candidates (16 used) */
-    float *v2;    /* [64][8][cp2] their conv2 rows (16 used) */
+    float *csum;  /* [16][cp2] column sums of a group of candidates */
+    float *v2;    /* [16][8][cp2] their conv2 rows */
     int H, max_w;
 };
 int kvp_cnn_cols_scratch_init(struct kvp_cnn_cols_scratch *s, const struct kvp_cnn *n, int H,

@@ -119,10 +119,7 @@ int kvp_hist_pool_dense(const float *probs, int n_keys, int bs, float *out)
     int nb = (n_keys + bs - 1) / bs;
     for (int j = 0; j < nb; j++) {
         int e = (j + 1) * bs < n_keys ? (j + 1) * bs : n_keys;
-        float m = 0.0f;
-        for (int t = j * bs; t < e; t++)
-            m = probs[t] > m ? probs[t] : m;
-        out[j] = m;
+        out[j] = kvp_hist_block_max(probs + (size_t)j * bs, e - j * bs);
     }
     return nb;
 }
@@ -136,10 +133,7 @@ int kvp_hist_pool_sparse(const float *probs, const int32_t *blocks, int n_sel, i
         int b = blocks[i];
         if (b < 0 || b >= nb)
             continue;
-        float m = 0.0f;
-        for (int t = 0; t < bs; t++)
-            m = probs[(size_t)i * bs + t] > m ? probs[(size_t)i * bs + t] : m;
-        out[b] = m;
+        out[b] = kvp_hist_block_max(probs + (size_t)i * bs, bs);
     }
     return nb;
 }

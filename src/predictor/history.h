@@ -70,6 +70,15 @@ static inline bool kvp_hist_is_calibration(int step, int M)
     return M > 0 && step > 0 && step % M == 0;
 }
 
+/* The largest of p[0..n), or 0 when all are below it (a block's pooled value). */
+static inline float kvp_hist_block_max(const float *p, int n)
+{
+    float m = 0.0f;
+    for (int t = 0; t < n; t++)
+        m = p[t] > m ? p[t] : m;
+    return m;
+}
+
 /* Block-max-pool a dense probability row of n_keys keys: out[j] for j < ceil(n_keys / bs).
  * Returns the column count. */
 int kvp_hist_pool_dense(const float *probs, int n_keys, int bs, float *out);
