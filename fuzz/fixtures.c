@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "kernels/types.h"
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 #include "predictor/cnn.h"
 #include "tokenizer/unicode.h"
 #include "tokenizer/vocab.h"

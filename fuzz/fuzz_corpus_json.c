@@ -1,6 +1,6 @@
 /*
  * libFuzzer target for the text of .json and .jsonl corpus files (kvp_corpus_json_append,
- * src/train/train_data.c), which `kvpred train-lm --data/--hay` and the task haystacks
+ * src/tasks/corpus.c), which `kvpred train-lm --data/--hay` and the task haystacks
  * (`--filler`) read through cJSON, and for the corpus preparation behind it (kvp_corpus_init:
  * whitespace, sentence splitting, the word list), which every text file reaches.
  *
@@ -21,7 +21,7 @@
 #include <string.h>
 
 #include "tasks/sbuf.h"
-#include "train/train.h"
+#include "tasks/corpus.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

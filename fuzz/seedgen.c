@@ -26,7 +26,7 @@
 #include "fixtures.h"
 #include "fuzz_common.h"
 #include "kernels/types.h"
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 #include "policy/catekv_profile.h"
 
 static int save(struct kvp_gguf_writer *w, const char *dir, const char *name)

@@ -10,7 +10,7 @@
 
 #include "testutil.h"
 
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 #include "tokenizer/pretok.h"
 #include "tokenizer/unicode.h"
 #include "tokenizer/vocab.h"

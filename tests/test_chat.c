@@ -9,7 +9,7 @@
 
 #include "testutil.h"
 
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/vocab.h"
 

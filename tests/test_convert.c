@@ -14,7 +14,7 @@
 #include "testutil.h"
 
 #include "model/convert.h"
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 #include "tokenizer/vocab.h"
 
 /* ============================== Checking a converted file ===================================== */

@@ -11,8 +11,8 @@
 
 #include "kvpred.h"
 #include "testutil.h"
+#include "tasks/corpus.h"
 #include "tasks/tasks.h"
-#include "train/train.h" /* the corpus */
 
 
 static int open_shipped(void **state)

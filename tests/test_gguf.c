@@ -1,5 +1,5 @@
 /*
- * Tests for the GGUF reader and writer (src/model/gguf.c, gguf_write.c).
+ * Tests for the GGUF reader and writer (src/gguf/gguf.c, gguf_write.c).
  *
  * Fixtures are built here: valid files come from the writer, hostile ones from a small byte
  * builder that writes each field by hand, so every malformed field is exactly the one under test.
@@ -19,7 +19,7 @@
 #include "testutil.h"
 
 #include "kernels/types.h"
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 
 /* ====================================================================== byte builder ===== */
 

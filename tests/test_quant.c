@@ -24,7 +24,7 @@
 #include "kernels/quant.h"
 #include "kernels/simd.h"
 #include "kernels/types.h"
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 #include "model/quantize.h"
 
 /* ---- helpers ---- */

@@ -22,8 +22,8 @@
 
 #include "eval/ruler.h"
 #include "eval/task_eval.h"
+#include "tasks/corpus.h"
 #include "tasks/tasks.h"
-#include "train/train.h" /* the corpus */
 
 /* ---- fixtures ------------------------------------------------------------------------------ */
 

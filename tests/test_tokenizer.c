@@ -12,7 +12,7 @@
 
 #include "testutil.h"
 
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 #include "tokenizer/vocab.h"
 
 #define TOK_HAVE_GGUF 1

@@ -185,7 +185,7 @@ int kvp_test_vocab_vectors(const struct kvp_vocab *v, char *inp, char *out,
 
 /* ---- random-weight model fixtures ---- */
 #include "kernels/types.h"
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 
 static float fixture_rand(unsigned *s)
 {

@@ -50,8 +50,8 @@
 #include "cli/measure_opts.h"
 #include "eval/heatmap.h"
 #include "eval/task_eval.h"
+#include "tasks/corpus.h"
 #include "tasks/tasks.h"
-#include "train/train.h" /* the corpus */
 
 #define MAX_ITEMS 64
 

@@ -10,8 +10,8 @@
 #include "cli/cli.h"
 #include "cli/common.h"
 #include "eval/task_eval.h"
+#include "tasks/corpus.h"
 #include "tasks/tasks.h"
-#include "train/train.h" /* the corpus */
 
 static void help(void)
 {

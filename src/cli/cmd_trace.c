@@ -21,8 +21,8 @@
 #include "eval/task_eval.h"
 #include "eval/trace_record.h"
 #include "predictor/trace.h"
+#include "tasks/corpus.h"
 #include "tasks/tasks.h"
-#include "train/train.h" /* the corpus */
 
 static void help(void)
 {

@@ -5,10 +5,11 @@
 #include <string.h>
 
 #include "core/platform.h"
+#include "core/rng.h"
 #include "eval/metrics.h"
 #include "eval/ruler.h"
+#include "tasks/corpus.h"
 #include "tasks/tasks.h"
-#include "train/train.h" /* the corpus */
 
 static const struct kvp_task_eval_kind kinds[] = {
     {"passkey", KVP_TASK_PASSKEY, 16},

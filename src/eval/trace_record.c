@@ -9,7 +9,7 @@
 #include <math.h>
 
 #include "forward/context.h"
-#include "policy/quest_meta.h"
+#include "kv/quest_meta.h"
 
 int kvp_trace_record(struct kvp_trace_writer *w, kvp_ctx *ctx, const int32_t *tokens, int n,
                      struct kvp_err *err)

@@ -13,7 +13,7 @@
 
 #include "core/err.h"
 #include "kernels/types.h"
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 #include "model/llama2c.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/vocab.h"

@@ -20,7 +20,7 @@
 #include "core/err.h"
 #include "core/threadpool.h"
 #include "kernels/types.h"
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 
 /* ---- target types ------------------------------------------------------------------------- */
 

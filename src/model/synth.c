@@ -21,7 +21,7 @@
 #include "core/rng.h"
 #include "core/threadpool.h"
 #include "kernels/types.h"
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 #include "model/quantize.h"
 #include "tokenizer/vocab.h"
 

@@ -32,6 +32,7 @@
 #include <stdint.h>
 
 #include "core/err.h"
+#include "kernels/topk.h" /* kvp_topk_indices, which every policy ranks with */
 #include "kv/sel.h"
 #include "kvpred.h"
 #include "policy/options.h"
@@ -138,13 +139,6 @@ void kvp_sel_all(struct kvp_sel *sel, int n_tokens, int block_size);
  * list. */
 void kvp_mask_add_range(uint64_t *masks, int begin, int end, int block_size);
 void kvp_sel_from_masks(struct kvp_sel *sel, const uint64_t *masks, int n_blocks);
-
-/* Indices of the k largest of x[0..n), ties to the lower index, written to out in ascending
- * index order. scratch holds n ints. */
-void kvp_topk_indices(const float *x, int n, int k, int *out, int *scratch);
-/* Internal (select_avx512.c): the indices and selection keys of the values of x whose key is
- * >= lo, in index order, into idx and key; returns how many. */
-int kvp_topk_compact_avx512(const float *x, int n, uint32_t lo, int *idx, uint32_t *key);
 
 /* Combine g rows (stride apart) of n values into out with agg (KVP_AGG_MAX/MEAN/SUM). */
 void kvp_gqa_combine(const float *rows, int g, int stride, int n, int agg, float *out);

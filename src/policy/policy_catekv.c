@@ -22,7 +22,7 @@
  *              head's own attention history, within the same budget B as the consistent heads
  *              (B counts sink and local, as for the `predictor` policy; a budget that covers the
  *              context reads everything). The machinery is the predictor policy's
- *              (src/predictor/predict_sel.h), with the predictor file from aux_path and its
+ *              (src/policy/predict_sel.h), with the predictor file from aux_path and its
  *              options from opts (every, calib, gqa, hist, inc, refresh). Histories start from
  *              the prefill observation window (its last H rows; a window shorter than the
  *              network's H starts them shorter) and follow each step's attention only on
@@ -50,7 +50,7 @@
 #include "policy/catekv_classify.h"
 #include "policy/catekv_profile.h"
 #include "policy/policy.h"
-#include "predictor/predict_sel.h"
+#include "policy/predict_sel.h"
 
 struct catekv_state {
     int n_lh;                         /* n_layer × n_head_kv */

@@ -33,12 +33,12 @@
  * rows per series. select and on_step of different KV heads run on different threads: all state
  * is per (layer, KV head) or per series, and scratch is per KV head (layers run one after another).
  *
- * The machinery lives in src/predictor/predict_sel.c, shared with catekv's `--adaptive predictor`
+ * The machinery lives in src/policy/predict_sel.c, shared with catekv's `--adaptive predictor`
  * (which drives only its adaptive KV heads with it); this file drives every KV head of every
  * compressed layer.
  */
 #include "policy/policy.h"
-#include "predictor/predict_sel.h"
+#include "policy/predict_sel.h"
 
 static void pred_free(struct kvp_policy *p)
 {

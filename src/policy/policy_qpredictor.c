@@ -4,7 +4,7 @@
  * foresee the first answer token's jump to a needle, which only the query reveals. This policy
  * gives its CNN a second input channel: the current query's per-block relevance bound, Quest's
  * Σ_d max(q_d·M_d, q_d·m_d) over each block's element-wise key max M and min m (the metadata
- * quest keeps, src/policy/quest_meta.h, 1/8 of the keys), as the feature
+ * quest keeps, src/kv/quest_meta.h, 1/8 of the keys), as the feature
  * exp(bound/√d − max bound/√d) in (0, 1] (kvp_qfeat_row), in the newest row of the second
  * channel next to the history. It scores the blocks of step t+1 from (history up to t, query t):
  * in select that is the step's own query (the history ends at the previous step), in
@@ -48,8 +48,8 @@
 #include "kv/kvcache.h"
 #include "policy/options.h"
 #include "policy/policy.h"
-#include "policy/quest_meta.h"
-#include "policy/quest_meta8.h"
+#include "kv/quest_meta.h"
+#include "kv/quest_meta8.h"
 #include "predictor/cnn.h"
 #include "predictor/history.h"
 

@@ -49,7 +49,7 @@
 
 #include "kv/kvcache.h"
 #include "policy/policy.h"
-#include "policy/quest_meta.h"
+#include "kv/quest_meta.h"
 
 struct quest_state {
     struct kvp_qmeta meta; /* element-wise max and min of every block's keys (quest_meta.h) */

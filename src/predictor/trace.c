@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "core/cursor.h"
-#include "policy/quest_meta.h"
+#include "kv/quest_meta.h"
 
 static const char trace_magic[8] = {'K', 'V', 'P', 'T', 'R', 'C', '0', '1'};
 #define TRACE_MAX_T (1 << 20)

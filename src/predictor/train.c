@@ -14,7 +14,7 @@
 #include <cblas.h>
 
 #include "core/rng.h"
-#include "policy/policy.h"
+#include "kernels/topk.h"
 
 /* ---- layers -------------------------------------------------------------------------------- */
 

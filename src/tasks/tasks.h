@@ -48,7 +48,7 @@ const char *kvp_task_name(int task);
 /* The task named by the len bytes at s (kvp_task_name's spelling), or -1. */
 int kvp_task_by_name(const char *s, size_t len);
 
-/* Corpus text prepared for sampling (kvp_corpus_init, src/train/train_data.c): whitespace
+/* Corpus text prepared for sampling (kvp_corpus_init, src/tasks/corpus.c): whitespace
  * collapsed, split into sentences, each with its token count when encoded as " " + sentence.
  * Sentences [0, n_train) are for training, the rest held out for evaluation. */
 struct kvp_corpus {

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 #include "tokenizer/pretok.h"
 
 /* ============================== GGUF metadata ================================================= */

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 #include "train/train.h"
 
 int kvp_train_gguf_add_vocab(struct kvp_gguf_writer *w, const struct kvp_tvocab *v)

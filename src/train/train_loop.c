@@ -524,7 +524,8 @@ static int load_hay(struct run *r, uint64_t *hash, struct kvp_err *err)
         if (rc < 0)
             return rc;
         h = fnv_text(h, text, len);
-        rc = kvp_corpus_init(&c, text, len, r->v, HOLDOUT, err);
+        const struct kvp_task_tok tok = kvp_tvocab_task_tok(r->v);
+        rc = kvp_corpus_init(&c, text, len, &tok, HOLDOUT, err);
         free(text);
         if (rc < 0 || (rc = kvp_corpus_add_hay(r->c, c, err)) < 0)
             return err ? kvp_err_prefix(err, "--hay %s", o->hay_paths[i]) : rc;
@@ -579,7 +580,8 @@ int kvp_train_run(const struct kvp_train_opts *o, kvp_train_progress_fn cb, void
     }
     if ((rc = check_hparams(&r.hp, r.m->cfg.n_ctx, err)) < 0)
         goto out;
-    if ((rc = kvp_corpus_init(&r.c, text, len, r.v, HOLDOUT, err)) < 0)
+    const struct kvp_task_tok tok = kvp_tvocab_task_tok(r.v);
+    if ((rc = kvp_corpus_init(&r.c, text, len, &tok, HOLDOUT, err)) < 0)
         goto out;
     free(text);
     text = NULL;

@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "policy/quest_meta.h"
+#include "kv/quest_meta.h"
 
 #define QM_NT 4 /* tiles side by side */
 

@@ -1,12 +1,12 @@
-/* The top-k's compaction step with AVX-512 (select_util.c, topk_bisect): the indices and
+/* The top-k's compaction step with AVX-512 (topk.c, topk_bisect): the indices and
  * selection keys of the values whose key is >= lo, in index order, written with compress
- * stores sixteen values at a time instead of one by one. The keys are select_util.c's
+ * stores sixteen values at a time instead of one by one. The keys are topk.c's
  * order_key: the float's bits with the sign flipped (all bits for a negative), both zeros one
  * key. */
 #include <immintrin.h>
 #include <stdint.h>
 
-#include "policy/policy.h"
+#include "kernels/topk.h"
 
 int kvp_topk_compact_avx512(const float *x, int n, uint32_t lo, int *idx, uint32_t *key)
 {

@@ -19,7 +19,7 @@
 #include "kv/attention.h"
 #include "predictor/cnn.h"
 #include "predictor/history.h"
-#include "predictor/predict_sel.h"
+#include "policy/predict_sel.h"
 
 struct pred_kvh { /* scratch of one KV head */
     struct kvp_cnn_scratch cnn;

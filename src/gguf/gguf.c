@@ -25,7 +25,7 @@
  * tensor record. Names taken from the file are shown with non-printable bytes replaced by '?'
  * and long names shortened, so a message is always one line.
  */
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 
 #include <inttypes.h>
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 /* The 8-bit copy of Quest's block metadata (see quest_meta8.h). */
-#include "policy/quest_meta8.h"
+#include "kv/quest_meta8.h"
 
 #include <math.h>
 #include <pthread.h>

@@ -1,5 +1,5 @@
 /* Quest's per-block key metadata (see quest_meta.h). */
-#include "policy/quest_meta.h"
+#include "kv/quest_meta.h"
 
 #include <pthread.h>
 #include <stdint.h>

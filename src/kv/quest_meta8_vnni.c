@@ -5,7 +5,7 @@
 #include <immintrin.h>
 #include <stdint.h>
 
-#include "policy/quest_meta8.h"
+#include "kv/quest_meta8.h"
 
 /* G a compile-time constant in each copy, so the accumulators stay in registers (with a
  * run-time G they were kept on the stack, a store and a reload per dot). */

@@ -19,7 +19,7 @@
  * that sets twenty keys and checks only the final kvp_gguf_writer_to_memory still gets a message
  * naming the key that failed.
  */
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 
 #include <errno.h>
 #include <fcntl.h>

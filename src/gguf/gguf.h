@@ -7,8 +7,8 @@
  * Unknown keys are kept and skippable; values are read through typed getters that accept any
  * integer width (range-checked) or either float width.
  */
-#ifndef KVP_MODEL_GGUF_H
-#define KVP_MODEL_GGUF_H
+#ifndef KVP_GGUF_GGUF_H
+#define KVP_GGUF_GGUF_H
 
 #include <stdbool.h>
 #include <stddef.h>

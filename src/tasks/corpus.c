@@ -1,5 +1,5 @@
 /*
- * Training data: the corpora the retrieval tasks (src/tasks) and the plain-text samples are drawn
+ * The corpora the retrieval tasks (src/tasks) and the plain-text samples are drawn
  * from.
  *
  * Corpus. The filler text (TinyStories, Tiny Shakespeare; never the Paul Graham essays, which
@@ -20,8 +20,8 @@
 
 #include <cjson/cJSON.h>
 
+#include "tasks/corpus.h"
 #include "tasks/sbuf.h"
-#include "train/train.h"
 
 #define MAX_SENT_BYTES 600
 #define MAX_WORDS 20000
@@ -362,7 +362,7 @@ static int collect_words(struct kvp_corpus *c)
 }
 
 int kvp_corpus_init(struct kvp_corpus **out, const char *raw, size_t len,
-                    const struct kvp_tvocab *v, double holdout, struct kvp_err *err)
+                    const struct kvp_task_tok *tok, double holdout, struct kvp_err *err)
 {
     struct kvp_corpus *c = calloc(1, sizeof(*c));
     if (!c)
@@ -418,8 +418,8 @@ int kvp_corpus_init(struct kvp_corpus **out, const char *raw, size_t len,
     for (long s = 0; s < c->n_sent; s++) {
         size_t b = c->sent_off[s], e = c->sent_off[s + 1] - 1;
         size_t n = (e - b) / 4 + 1; /* estimate without a vocabulary */
-        if (v)
-            kvp_tvocab_encode(v, c->text + b, e - b, true, NULL, 0, &n, NULL);
+        if (tok)
+            tok->encode(tok->ud, c->text + b, e - b, true, NULL, 0, &n, NULL);
         c->sent_tok[s] = (uint16_t)(n > 65535 ? 65535 : n);
     }
     c->n_train = c->n_sent - (long)(holdout * (double)c->n_sent);
@@ -437,9 +437,9 @@ int kvp_corpus_init(struct kvp_corpus **out, const char *raw, size_t len,
                            "need 16 or more", n_words);
     }
     size_t nt = 0;
-    if (v)
-        kvp_tvocab_encode(v, KVP_TASK_NOISE_LINE, strlen(KVP_TASK_NOISE_LINE), false, NULL, 0,
-                          &nt, NULL);
+    if (tok)
+        tok->encode(tok->ud, KVP_TASK_NOISE_LINE, strlen(KVP_TASK_NOISE_LINE), false, NULL, 0,
+                    &nt, NULL);
     else
         nt = strlen(KVP_TASK_NOISE_LINE) / 4;
     c->noise_tok = (int)nt + 1;

@@ -25,7 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "policy/quest_meta.h"
+#include "kv/quest_meta.h"
 
 struct kvp_qmeta8 {
     int n_lh, n_tiles, head_dim, hd4, block_size;
