@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/common.h"
 #include "model/convert.h"
 
 static void convert_usage(FILE *f)

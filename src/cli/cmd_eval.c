@@ -72,8 +72,6 @@
 #include "eval/measure.h"
 #include "policy/policy.h"
 
-#define MAX_LIST 64
-
 static void help(void)
 {
     printf("usage: kvpred eval [-m MODEL] (-f TEXT | --tokens-from-seed S) [--policy P,...]\n"
@@ -104,41 +102,27 @@ static void help(void)
            cli_model_flags_help, cli_policy_names(), cli_policy_flags_help());
 }
 
-/* Split a comma-separated list in place into at most MAX_LIST items. Returns the count, or -1
- * for an empty item or too many items. */
-static int split_list(char *s, char **items)
-{
-    int n = 0;
-    for (char *tok = s;; n++) {
-        char *comma = strchr(tok, ',');
-        if (comma)
-            *comma = 0;
-        if (!*tok || n == MAX_LIST)
-            return -1;
-        items[n] = tok;
-        if (!comma)
-            return n + 1;
-        tok = comma + 1;
-    }
-}
-
 struct eval_opts {
     struct cli_model_opts mo;
     struct cli_token_source src;
     struct kvp_policy_params pp; /* option flags shared by every run */
-    char *policies[MAX_LIST];
-    int n_policies;
-    char *budgets[MAX_LIST];
-    int n_budgets;
+    struct cli_grid grid; /* --policy x --budget */
     long n_prefill, n_decode, retention_k;
     bool json;
     int kv_tier;        /* enum kvp_kv_tier: the measured contexts' cache */
     const char *kv_dir; /* disk tier: its directory */
     const char *kv_url; /* redis tier: its servers */
-    char *policy_arg, *budget_arg; /* owned copies the lists point into */
 };
 
 static const char *const tier_names[] = {"none", "ram", "disk", "redis", NULL};
+
+/* --policy all: without --aux, not the policies that need a file; tiered, not the evicting ones
+ * (a tiered store keeps the whole cache) */
+static bool all_keep(const struct kvp_policy_ops *ops, const void *ud)
+{
+    const struct eval_opts *o = ud;
+    return (o->pp.aux_path || !ops->needs_aux) && (!o->kv_tier || !ops->evicting);
+}
 
 /* Parse argv into o. Returns 0, 1 after printing an error, or 2 after printing the help. */
 static int parse_args(struct eval_opts *o, int argc, char **argv)
@@ -170,40 +154,11 @@ static int parse_args(struct eval_opts *o, int argc, char **argv)
         return rc;
     if (cli_token_source_check(&o->src, "eval"))
         return 1;
-    o->policy_arg = strdup(policy_list);
-    o->budget_arg = strdup(budget_list);
-    if (!o->policy_arg || !o->budget_arg)
-        return cli_fail("out of memory");
     if (o->kv_dir && o->kv_tier != KVP_TIER_DISK)
         return cli_fail("--kv-dir needs --kv-tier disk");
     if ((o->kv_tier == KVP_TIER_REDIS) != (o->kv_url != NULL))
         return cli_fail("--kv-tier redis and --kv-url go together");
-    if (!strcmp(o->policy_arg, "all")) {
-        /* without --aux, the policies that need a file; tiered, the evicting ones (a tiered
-         * store keeps the whole cache) */
-        for (int i = 0; kvp_policy_name(i) && i < MAX_LIST; i++) {
-            const struct kvp_policy_ops *ops = kvp_policy_find(kvp_policy_name(i));
-            if ((o->pp.aux_path || !ops->needs_aux) && (!o->kv_tier || !ops->evicting))
-                o->policies[o->n_policies++] = (char *)kvp_policy_name(i);
-        }
-    } else if ((o->n_policies = split_list(o->policy_arg, o->policies)) < 0) {
-        return cli_fail("--policy: '%s' is not a comma-separated list of policies", policy_list);
-    }
-    for (int i = 0; i < o->n_policies; i++)
-        if (!cli_policy_known(o->policies[i]))
-            return cli_fail("--policy: unknown policy '%s' (known: %s)", o->policies[i],
-                            cli_policy_names());
-    if ((o->n_budgets = split_list(o->budget_arg, o->budgets)) < 0)
-        return cli_fail("--budget: '%s' is not a comma-separated list of budgets", budget_list);
-    for (int i = 0; i < o->n_budgets; i++) {
-        int b;
-        float r;
-        if (!cli_parse_budget(o->budgets[i], &b, &r))
-            return cli_fail("--budget: '%s' is not a token count or a ratio in (0, 1] such as "
-                            "1/16 or 0.0625",
-                            o->budgets[i]);
-    }
-    return 0;
+    return cli_grid_parse(&o->grid, policy_list, budget_list, all_keep, o);
 }
 
 /* ---- progress bar ---------------------------------------------------------------------------- */
@@ -350,17 +305,14 @@ static int run_all(const struct eval_opts *o, struct kvp_measure *ms, const char
 {
     FILE *tf = o->json ? stderr : stdout;
     struct progress pg = {.on = isatty(STDERR_FILENO) != 0};
-    for (int i = 0; i < o->n_policies; i++)
-        pg.total += (strcmp(o->policies[i], "full") ? o->n_budgets : 1) * o->n_decode;
+    const struct cli_grid *g = &o->grid;
+    for (int i = 0; i < g->n_policies; i++)
+        pg.total += cli_grid_budgets(g, i) * o->n_decode;
     bool header = false;
-    for (int i = 0; i < o->n_policies; i++) {
-        bool full = !strcmp(o->policies[i], "full");
-        for (int k = 0; k < (full ? 1 : o->n_budgets); k++) {
-            struct kvp_policy_params pp = o->pp;
-            pp.name = o->policies[i];
-            const char *label = full ? "all" : o->budgets[k];
-            if (!full)
-                cli_parse_budget(o->budgets[k], &pp.budget, &pp.budget_ratio);
+    for (int i = 0; i < g->n_policies; i++) {
+        for (int k = 0; k < cli_grid_budgets(g, i); k++) {
+            struct kvp_policy_params pp;
+            const char *label = cli_grid_cell(g, i, k, &o->pp, &pp);
             pg.policy = pp.name;
             pg.budget = label;
             struct kvp_measure_result r;
@@ -397,8 +349,7 @@ int cmd_eval(int argc, char **argv)
                           .retention_k = 32};
     int rc = parse_args(&o, argc, argv);
     if (rc) {
-        free(o.policy_arg);
-        free(o.budget_arg);
+        cli_grid_free(&o.grid);
         return rc == 2 ? 0 : 1;
     }
     int status = 1;
@@ -437,7 +388,6 @@ out:
     kvp_measure_free(ms);
     free(tokens);
     kvp_model_close(model);
-    free(o.policy_arg);
-    free(o.budget_arg);
+    cli_grid_free(&o.grid);
     return status;
 }

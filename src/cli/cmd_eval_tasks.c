@@ -53,7 +53,7 @@
 #include "tasks/corpus.h"
 #include "tasks/tasks.h"
 
-#define MAX_ITEMS 64
+#define MAX_ITEMS 64 /* lengths, depths */
 
 static void help(void)
 {
@@ -90,29 +90,10 @@ struct task_opts {
     long lengths[MAX_ITEMS], depths[MAX_ITEMS];
     int n_len, n_depth;
     long samples, seed;
-    char *policies[MAX_ITEMS], *budgets[MAX_ITEMS];
-    int n_policies, n_budgets;
+    struct cli_grid grid;        /* --policy x --budget */
     bool json;
     const char *heatmap, *filler;
-    char *lists;                 /* owned copy the policy and budget items point into */
 };
-
-/* Split s in place at commas into at most MAX_ITEMS non-empty items; -1 on a bad list. */
-static int split_items(char *s, char **items)
-{
-    int n = 0;
-    for (char *tok = s;; n++) {
-        char *comma = strchr(tok, ',');
-        if (comma)
-            *comma = 0;
-        if (!*tok || n == MAX_ITEMS)
-            return -1;
-        items[n] = tok;
-        if (!comma)
-            return n + 1;
-        tok = comma + 1;
-    }
-}
 
 /* Parse a comma-separated list of integers in [lo, hi]; -1 on a bad list. */
 static int parse_longs(const char *s, long lo, long hi, long *out)
@@ -121,7 +102,7 @@ static int parse_longs(const char *s, long lo, long hi, long *out)
     if (strlen(s) >= sizeof(buf))
         return -1;
     strcpy(buf, s);
-    int n = split_items(buf, items);
+    int n = cli_split_list(buf, items, MAX_ITEMS);
     for (int i = 0; i < n; i++)
         if (!cli_parse_int(items[i], lo, hi, &out[i]))
             return -1;
@@ -163,28 +144,7 @@ static int parse_args(struct task_opts *o, int argc, char **argv)
     if ((o->ti = kvp_task_eval_index(task)) < 0)
         return cli_fail("eval: --task '%s' is not one of passkey, niah_single, niah_multikey, "
                         "niah_multivalue, niah_multiquery, vt", task ? task : "");
-    size_t pl = strlen(policy_list), bl = strlen(budget_list);
-    if (!(o->lists = malloc(pl + bl + 2)))
-        return cli_fail("out of memory");
-    memcpy(o->lists, policy_list, pl + 1);
-    memcpy(o->lists + pl + 1, budget_list, bl + 1);
-    if ((o->n_policies = split_items(o->lists, o->policies)) < 0)
-        return cli_fail("--policy: '%s' is not a comma-separated list of policies", policy_list);
-    for (int i = 0; i < o->n_policies; i++)
-        if (!cli_policy_known(o->policies[i]))
-            return cli_fail("--policy: unknown policy '%s' (known: %s)", o->policies[i],
-                            cli_policy_names());
-    if ((o->n_budgets = split_items(o->lists + pl + 1, o->budgets)) < 0)
-        return cli_fail("--budget: '%s' is not a comma-separated list of budgets", budget_list);
-    for (int i = 0; i < o->n_budgets; i++) {
-        int b;
-        float r;
-        if (!cli_parse_budget(o->budgets[i], &b, &r))
-            return cli_fail("--budget: '%s' is not a token count or a ratio in (0, 1] such as "
-                            "1/16",
-                            o->budgets[i]);
-    }
-    return 0;
+    return cli_grid_parse(&o->grid, policy_list, budget_list, NULL, NULL);
 }
 
 /* ---- output -------------------------------------------------------------------------------- */
@@ -265,12 +225,11 @@ static int write_heatmaps(const struct task_opts *o, const struct kvp_task_eval_
 {
     const char *task = kvp_task_eval_kind(o->ti)->name, *file = o->mo.model_path;
     int cells = o->n_len * o->n_depth, cols = 1, status = 1;
-    for (int i = 0; i < o->n_policies; i++)
-        if (strcmp(o->policies[i], "full"))
-            cols = o->n_budgets;
+    for (int i = 0; i < o->grid.n_policies; i++)
+        cols = cli_grid_budgets(&o->grid, i) > cols ? cli_grid_budgets(&o->grid, i) : cols;
     double *acc = malloc((size_t)n_runs * (size_t)cells * sizeof(double));
     char *titles = malloc((size_t)n_runs * TITLE_CAP);
-    struct kvp_heatmap_panel *grid = calloc((size_t)o->n_policies * (size_t)cols, sizeof(*grid));
+    struct kvp_heatmap_panel *grid = calloc((size_t)o->grid.n_policies * (size_t)cols, sizeof(*grid));
     if (!acc || !titles || !grid) {
         cli_fail("heatmap: out of memory");
         goto out;
@@ -280,9 +239,8 @@ static int write_heatmaps(const struct task_opts *o, const struct kvp_task_eval_
     snprintf(subtitle, sizeof(subtitle), "model %s%s%s%s, %ld samples per cell, seed %ld",
              model_name, base ? " (" : "", base ? base : "", base ? ")" : "", o->samples,
              o->seed);
-    for (int k = 0, i = 0; i < o->n_policies; i++) {
-        int n = strcmp(o->policies[i], "full") ? o->n_budgets : 1;
-        for (int j = 0; j < n; j++, k++) {
+    for (int k = 0, i = 0; i < o->grid.n_policies; i++) {
+        for (int j = 0; j < cli_grid_budgets(&o->grid, i); j++, k++) {
             double *a = acc + (size_t)k * (size_t)cells;
             for (int c = 0; c < cells; c++)
                 a[c] = runs[k].cells[c].accuracy;
@@ -302,7 +260,7 @@ static int write_heatmaps(const struct task_opts *o, const struct kvp_task_eval_
     }
     snprintf(name, sizeof(name), "%s_all", task);
     snprintf(title, sizeof(title), "%s: every policy and budget", task);
-    status = write_figure(o, name, title, subtitle, grid, o->n_policies * cols, cols);
+    status = write_figure(o, name, title, subtitle, grid, o->grid.n_policies * cols, cols);
 out:
     free(grid);
     free(titles);
@@ -345,18 +303,15 @@ static void progress(void *ud, long done, long total, long length, long depth)
 static int make_runs(const struct task_opts *o, struct kvp_task_eval_run **out)
 {
     int n = 0, cells = o->n_len * o->n_depth;
-    struct kvp_task_eval_run *runs = calloc((size_t)o->n_policies * (size_t)o->n_budgets, sizeof(*runs));
+    const struct cli_grid *g = &o->grid;
+    struct kvp_task_eval_run *runs =
+        calloc((size_t)g->n_policies * (size_t)g->n_budgets, sizeof(*runs));
     if (!runs)
         return -1;
-    for (int i = 0; i < o->n_policies; i++) {
-        bool full = !strcmp(o->policies[i], "full");
-        for (int k = 0; k < (full ? 1 : o->n_budgets); k++) {
+    for (int i = 0; i < g->n_policies; i++) {
+        for (int k = 0; k < cli_grid_budgets(g, i); k++) {
             struct kvp_task_eval_run *r = &runs[n++];
-            r->pp = o->pp;
-            r->pp.name = o->policies[i];
-            r->label = full ? "all" : o->budgets[k];
-            if (!full)
-                cli_parse_budget(o->budgets[k], &r->pp.budget, &r->pp.budget_ratio);
+            r->label = cli_grid_cell(g, i, k, &o->pp, &r->pp);
             r->cells = calloc((size_t)cells, sizeof(*r->cells));
             if (!r->cells) {
                 *out = runs;
@@ -378,7 +333,7 @@ int cmd_eval_tasks(int argc, char **argv)
     memcpy(o.depths, def_depth, sizeof(def_depth));
     int rc = parse_args(&o, argc, argv);
     if (rc) {
-        free(o.lists);
+        cli_grid_free(&o.grid);
         return rc == 2 ? 0 : 1;
     }
     int status = 1, n_runs = 0;
@@ -433,6 +388,6 @@ out:
     kvp_ctx_free(ctx);
     kvp_model_close(m);
     kvp_corpus_free(c);
-    free(o.lists);
+    cli_grid_free(&o.grid);
     return status;
 }

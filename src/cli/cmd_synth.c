@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/common.h"
 #include "kernels/types.h"
 #include "model/quantize.h"
 #include "model/synth.h"

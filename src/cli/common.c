@@ -1,15 +1,77 @@
 /* Shared CLI plumbing (see common.h). */
 #include "cli/common.h"
 
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
-#include "cli/cli.h"
 #include "cli/measure_opts.h"
 #include "eval/task_eval.h"
 #include "tasks/tasks.h"
+
+/* ---- errors and numbers ---- */
+
+/* One line on stderr: "kvpred: KIND: message". */
+static void say(const char *kind, const char *fmt, va_list ap)
+{
+    fprintf(stderr, "kvpred: %s: ", kind);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+}
+
+int cli_fail(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    say("error", fmt, ap);
+    va_end(ap);
+    return 1;
+}
+
+int cli_fail_err(const struct kvp_err *err)
+{
+    return cli_fail("%s", err->msg[0] ? err->msg : kvp_strerror(err->code));
+}
+
+void cli_warn(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    say("warning", fmt, ap);
+    va_end(ap);
+}
+
+bool cli_parse_int(const char *s, long min, long max, long *out)
+{
+    if (!s || !*s)
+        return false;
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || v < min || v > max)
+        return false;
+    *out = v;
+    return true;
+}
+
+bool cli_parse_float(const char *s, double min, double max, double *out)
+{
+    if (!s || !*s)
+        return false;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end || !isfinite(v) || v < min || v > max)
+        return false;
+    *out = v;
+    return true;
+}
+
+/* ---- model and context flags ---- */
 
 const char *cli_model_flags_help =
     "  -m, --model PATH     model file: GGUF, or a llama2.c checkpoint (default: the shipped\n"

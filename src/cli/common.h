@@ -1,5 +1,5 @@
-/* Shared CLI plumbing: model/context flags, default model lookup, reading prompt files, JSON
- * printing. */
+/* Shared CLI plumbing (common.c): errors and warnings, strict number parsing, the flag tables,
+ * model/context flags, default model lookup, reading prompt files. */
 #ifndef KVP_CLI_COMMON_H
 #define KVP_CLI_COMMON_H
 
@@ -8,6 +8,17 @@
 #include <stdint.h>
 
 #include "kvpred.h"
+
+/* Print "kvpred: error: <msg>" on stderr; returns 1 (the exit status for errors). */
+int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Print an error from the library. */
+int cli_fail_err(const struct kvp_err *err);
+/* Print "kvpred: warning: <msg>" on stderr. */
+void cli_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Strict number parsing for flags: the whole string must be a number in range. */
+bool cli_parse_int(const char *s, long min, long max, long *out);
+bool cli_parse_float(const char *s, double min, double max, double *out);
 
 struct cli_model_opts {
     const char *model_path;     /* -m */

@@ -1,12 +1,10 @@
-/* kvpred CLI entry point: dispatches to one file per subcommand (see cli.h). */
-#include <errno.h>
-#include <math.h>
-#include <stdarg.h>
+/* kvpred CLI entry point: only the dispatch to one file per subcommand (see cli.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/common.h"
 
 struct command {
     const char *name;
@@ -51,58 +49,6 @@ static void usage(FILE *f)
             KVP_VERSION);
     for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
         fprintf(f, "  %-16s %s\n", commands[i].name, commands[i].help);
-}
-
-int cli_fail(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("kvpred: error: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    return 1;
-}
-
-int cli_fail_err(const struct kvp_err *err)
-{
-    return cli_fail("%s", err->msg[0] ? err->msg : kvp_strerror(err->code));
-}
-
-void cli_warn(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("kvpred: warning: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-}
-
-bool cli_parse_int(const char *s, long min, long max, long *out)
-{
-    if (!s || !*s)
-        return false;
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || *end || v < min || v > max)
-        return false;
-    *out = v;
-    return true;
-}
-
-bool cli_parse_float(const char *s, double min, double max, double *out)
-{
-    if (!s || !*s)
-        return false;
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || *end || !isfinite(v) || v < min || v > max)
-        return false;
-    *out = v;
-    return true;
 }
 
 int main(int argc, char **argv)

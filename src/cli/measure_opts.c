@@ -5,7 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli/cli.h"
 #include "cli/common.h"
 #include "core/rng.h"
 #include "policy/policy.h"
@@ -148,6 +147,83 @@ bool cli_parse_budget(const char *s, int *budget, float *ratio)
         return false;
     *ratio = (float)r;
     return true;
+}
+
+int cli_split_list(char *s, char **items, int max)
+{
+    int n = 0;
+    for (char *tok = s;; n++) {
+        char *comma = strchr(tok, ',');
+        if (comma)
+            *comma = 0;
+        if (!*tok || n == max)
+            return -1;
+        items[n] = tok;
+        if (!comma)
+            return n + 1;
+        tok = comma + 1;
+    }
+}
+
+int cli_grid_parse(struct cli_grid *g, const char *policies, const char *budgets,
+                   bool (*all_keep)(const struct kvp_policy_ops *ops, const void *ud),
+                   const void *ud)
+{
+    size_t pl = strlen(policies), bl = strlen(budgets);
+    if (!(g->lists = malloc(pl + bl + 2)))
+        return cli_fail("out of memory");
+    memcpy(g->lists, policies, pl + 1);
+    memcpy(g->lists + pl + 1, budgets, bl + 1);
+    char *items[CLI_GRID_MAX];
+    if (all_keep && !strcmp(policies, "all")) {
+        g->n_policies = 0;
+        for (int i = 0; kvp_policy_registry[i] && g->n_policies < CLI_GRID_MAX; i++)
+            if (all_keep(kvp_policy_registry[i], ud))
+                g->policies[g->n_policies++] = kvp_policy_registry[i]->name;
+    } else if ((g->n_policies = cli_split_list(g->lists, items, CLI_GRID_MAX)) < 0) {
+        return cli_fail("--policy: '%s' is not a comma-separated list of policies", policies);
+    } else {
+        for (int i = 0; i < g->n_policies; i++)
+            g->policies[i] = items[i];
+    }
+    for (int i = 0; i < g->n_policies; i++)
+        if (!cli_policy_known(g->policies[i]))
+            return cli_fail("--policy: unknown policy '%s' (known: %s)", g->policies[i],
+                            cli_policy_names());
+    if ((g->n_budgets = cli_split_list(g->lists + pl + 1, items, CLI_GRID_MAX)) < 0)
+        return cli_fail("--budget: '%s' is not a comma-separated list of budgets", budgets);
+    for (int i = 0; i < g->n_budgets; i++) {
+        int b;
+        float r;
+        if (!cli_parse_budget(items[i], &b, &r))
+            return cli_fail("--budget: '%s' is not a token count or a ratio in (0, 1] such as "
+                            "1/16 or 0.0625",
+                            items[i]);
+        g->budgets[i] = items[i];
+    }
+    return 0;
+}
+
+void cli_grid_free(struct cli_grid *g)
+{
+    free(g->lists);
+    g->lists = NULL;
+}
+
+int cli_grid_budgets(const struct cli_grid *g, int i)
+{
+    return strcmp(g->policies[i], "full") ? g->n_budgets : 1;
+}
+
+const char *cli_grid_cell(const struct cli_grid *g, int i, int k,
+                          const struct kvp_policy_params *base, struct kvp_policy_params *pp)
+{
+    *pp = *base;
+    pp->name = g->policies[i];
+    if (!strcmp(g->policies[i], "full"))
+        return "all";
+    cli_parse_budget(g->budgets[k], &pp->budget, &pp->budget_ratio);
+    return g->budgets[k];
 }
 
 /* Tokenize a growing prefix of text until it yields n tokens with a margin (so the cut at the

@@ -25,6 +25,34 @@ const char *cli_policy_flags_help(void);
  * context, in (0, 1]). Exactly one of *budget and *ratio is set non-zero. */
 bool cli_parse_budget(const char *s, int *budget, float *ratio);
 
+/* Split s in place at commas into at most max non-empty items; the count, or -1 for an empty
+ * item or too many. */
+int cli_split_list(char *s, char **items, int max);
+
+/* The policy x budget grid `eval` and `eval --task` run: every policy of --policy LIST at every
+ * budget of --budget LIST, "full" once (its budget label "all"). */
+#define CLI_GRID_MAX 64
+struct cli_grid {
+    const char *policies[CLI_GRID_MAX];
+    int n_policies;
+    const char *budgets[CLI_GRID_MAX];
+    int n_budgets;
+    char *lists; /* owned copy of both lists, which the items point into */
+};
+/* Parse the two lists into g: known policies, budgets cli_parse_budget reads. policies "all"
+ * means every registered policy all_keep(ops, ud) accepts (all_keep NULL: "all" is not a
+ * list). Prints the error and returns 1; 0. */
+struct kvp_policy_ops;
+int cli_grid_parse(struct cli_grid *g, const char *policies, const char *budgets,
+                   bool (*all_keep)(const struct kvp_policy_ops *ops, const void *ud),
+                   const void *ud);
+void cli_grid_free(struct cli_grid *g);
+/* How many budgets policy i runs at (1 for full), and the parameters and budget label of its run
+ * k: base with the policy's name and the budget set. */
+int cli_grid_budgets(const struct cli_grid *g, int i);
+const char *cli_grid_cell(const struct cli_grid *g, int i, int k,
+                          const struct kvp_policy_params *base, struct kvp_policy_params *pp);
+
 /* Comma-separated list of the registered policy names (static storage). */
 const char *cli_policy_names(void);
 
