@@ -34,6 +34,10 @@ enum kvp_status {
     KVP_EINVAL = -5,       /* bad argument from the caller */
     KVP_ERANGE = -6,       /* a value is out of its allowed range (prompt longer than context) */
     KVP_ENOTFOUND = -7,    /* a key, tensor or token that was asked for does not exist */
+    KVP_EKVLOST = -8,      /* a tiered KV cache lost data (a cold read or write failed for good,
+                              a checksum did not match, a unit was lost): every later call on the
+                              context fails the same way until it is reset or truncated to
+                              kvp_ctx_trusted_tokens() */
 };
 
 struct kvp_err {
@@ -146,6 +150,9 @@ struct kvp_ctx_params {
                                (keep it off the decode thread's CPU) [false: the kernel's choice;
                                a CPU the kernel refuses is an error] */
     int kv_sq_cpu;
+    int kv_disk_io;         /* disk tier: enum kvp_disk_io [AUTO: io_uring, else a pool of pread
+                               threads; the environment variable KVPRED_DISK_IO=io_uring|pread
+                               chooses when this is AUTO] */
     /* element types of the cached keys and values (enum kvp_kv_type) [KVP_KV_F16, as llama.cpp] */
     int type_k;
     int type_v;
@@ -182,6 +189,13 @@ enum kvp_kv_tier {
                            pipelined hiredis requests; only when built with hiredis */
 };
 
+/* How the disk tier moves its units (kvp_ctx_params.kv_disk_io). */
+enum kvp_disk_io {
+    KVP_DISK_IO_AUTO = 0,    /* io_uring; a pool of pread/pwrite threads where it is refused */
+    KVP_DISK_IO_URING = 1,   /* io_uring only: a refusal is an error */
+    KVP_DISK_IO_PREAD = 2,   /* the pread/pwrite thread pool */
+};
+
 /* How the hot tier is filled (kvp_ctx_params.prefetch). */
 enum kvp_prefetch {
     KVP_PREFETCH_DEFAULT = 0, /* token */
@@ -201,6 +215,10 @@ void kvp_ctx_reset(kvp_ctx *ctx);
 void kvp_ctx_truncate(kvp_ctx *ctx, int n);
 /* Tokens currently in the cache (the position of the next token). */
 int kvp_ctx_n_tokens(const kvp_ctx *ctx);
+/* Leading tokens whose KV can be trusted: kvp_ctx_n_tokens() unless a tiered cache lost data
+ * (KVP_EKVLOST); truncating to this count (or resetting) makes the context usable again, and
+ * evaluating the dropped tokens again rewrites what was lost. */
+int kvp_ctx_trusted_tokens(const kvp_ctx *ctx);
 int kvp_ctx_n_ctx(const kvp_ctx *ctx);
 
 /* Run n tokens through the model at positions n_tokens .. n_tokens+n-1 and append them to the
@@ -331,6 +349,13 @@ struct kvp_store_stats {
                                polling thread because the host had no core to spare for it */
     uint64_t bypasses;      /* times the store switched to bypassing the polling thread */
     uint64_t direct_submits; /* system calls that submitted those requests */
+    /* Faults and integrity (docs/store.md) */
+    int disk_io;            /* enum kvp_disk_io the disk tier runs on (URING or PREAD; 0 other
+                               tiers) */
+    uint64_t retries;       /* failed, short or corrupt requests issued again */
+    uint64_t bad_checksums; /* units read whose checksum did not match */
+    uint64_t lost_units;    /* units whose cold copy was given up (KVP_EKVLOST) */
+    double checksum_s;      /* decode-thread time computing and checking unit checksums */
 };
 
 /* 0 and stats filled, or KVP_EINVAL when the context is not tiered. */

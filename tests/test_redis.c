@@ -527,7 +527,7 @@ static void test_stalled_server(void **state)
     double dt = kvp_time_now() - t0;
     kill(single.pid, SIGCONT);
     print_message("stalled: %s (%.2f s)\n", err.msg, dt);
-    assert_int_equal(rc, KVP_EIO);
+    assert_int_equal(rc, KVP_EKVLOST);
     assert_non_null(strstr(err.msg, "no reply within 400 ms"));
     assert_true(dt < 5);
     kvp_ctx_free(c);
@@ -556,7 +556,7 @@ static void test_maxmemory(void **state)
     const int32_t *ids = token_ids();
     int rc = kvp_eval(c, ids, N_PROMPT, NULL, false, &err);
     print_message("maxmemory: %s\n", err.msg);
-    assert_int_equal(rc, KVP_EIO);
+    assert_int_equal(rc, KVP_EKVLOST);
     assert_non_null(strstr(err.msg, "OOM"));
     assert_true(dbsize(&single) > 0);
     kvp_ctx_free(c);
@@ -715,7 +715,7 @@ static void test_killed_node(void **state)
         rc = kvp_eval(c, ids + N_PROMPT + i, 1, lg, false, &err);
     double dt = kvp_time_now() - t0;
     print_message("killed node: %s (%.2f s)\n", err.msg, dt);
-    assert_int_equal(rc, KVP_EIO);
+    assert_int_equal(rc, KVP_EKVLOST);
     char port[32];
     snprintf(port, sizeof(port), ":%d", victim->port);
     assert_non_null(strstr(err.msg, port));

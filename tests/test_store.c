@@ -4,7 +4,8 @@
  * blocks, logits of tiered runs equal to the untiered run (RAM and disk, every prefetch mode,
  * with prefill in several micro-batches, truncation and a chunk after decoding), the link
  * model's delay, the timeline PNG, and the faults: an unwritable directory, a full disk
- * (RLIMIT_FSIZE in a child), injected failed and short requests, no file left behind.
+ * (RLIMIT_FSIZE in a child), injected failed and short requests (issued again; given up on), no
+ * file left behind.
  *
  * The sparse policy here is a test double installed behind the `full` policy's back: it reads
  * block 0, the newest block and a pseudo-random quarter of the rest, different for every step,
@@ -112,10 +113,8 @@ static int teardown(void **state)
 /* A fresh empty directory for scratch files (caller frees the string). */
 static char *scratch_dir(void)
 {
-    const char *tmp = getenv("TMPDIR");
-    char *d = malloc(4096);
-    snprintf(d, 4096, "%s/kvpstoreXXXXXX", tmp && *tmp ? tmp : "/tmp");
-    assert_non_null(mkdtemp(d));
+    char *d = kvp_test_tmpdir();
+    assert_non_null(d);
     return d;
 }
 
@@ -1142,7 +1141,9 @@ static void test_disk_full(void **state)
     free(d);
 }
 
-/* Injected failed and short requests come back as one KVP_EIO from kvp_eval. */
+/* An injected failed or short request is issued again and the decode goes on; one that keeps
+ * failing is one KVP_EKVLOST naming it, and every later call refuses until the context is
+ * truncated to the trusted tokens (tests/test_store_faults.c checks the logits around it). */
 static void check_fault(int kind, const char *word)
 {
     struct kvp_ctx_params cp = {.n_ctx = 256, .n_threads = 2, .kv_tier = KVP_TIER_DISK,
@@ -1158,14 +1159,24 @@ static void check_fault(int kind, const char *word)
     float lg[VOCAB];
     assert_int_equal(kvp_eval(c, ids, 150, NULL, false, &err), 0);
     kvp_store_inject_fault(c->store, kind, 1);
+    for (int i = 0; i < 10; i++)
+        assert_int_equal(kvp_eval(c, ids + 150 + i, 1, lg, false, &err), 0);
+    struct kvp_store_stats st;
+    kvp_ctx_store_stats(c, &st);
+    assert_int_equal(st.retries, 1);
+    kvp_store_inject_faults(c->store, kind, 1, -1);
     int rc = 0;
     for (int i = 0; i < 10 && rc == 0; i++)
-        rc = kvp_eval(c, ids + 150 + i, 1, lg, false, &err);
+        rc = kvp_eval(c, ids + 160 + i, 1, lg, false, &err);
     print_message("%s\n", err.msg);
-    assert_int_equal(rc, KVP_EIO);
+    assert_int_equal(rc, KVP_EKVLOST);
     assert_non_null(strstr(err.msg, word));
-    /* the error was reported once; the context is still usable */
-    assert_int_equal(kvp_eval(c, ids + 170, 1, lg, false, &err), 0);
+    assert_int_equal(kvp_eval(c, ids + 170, 1, lg, false, &err), KVP_EKVLOST);
+    kvp_store_inject_faults(c->store, KVP_FAULT_NONE, 0, 0);
+    int t = kvp_ctx_trusted_tokens(c);
+    assert_true(t < kvp_ctx_n_tokens(c));
+    kvp_ctx_truncate(c, t);
+    assert_int_equal(kvp_eval(c, ids + t, 150 - t > 1 ? 150 - t : 1, lg, false, &err), 0);
     kvp_ctx_free(c);
 }
 

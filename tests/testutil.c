@@ -64,6 +64,23 @@ char *kvp_test_tmpfile(const char *suffix)
     return path;
 }
 
+char *kvp_test_tmpdir(void)
+{
+    const char *tmp = getenv("TMPDIR");
+    if (!tmp || !*tmp)
+        tmp = "/tmp";
+    size_t n = strlen(tmp) + 32;
+    char *path = malloc(n);
+    if (!path)
+        return NULL;
+    snprintf(path, n, "%s/kvptestXXXXXX", tmp);
+    if (!mkdtemp(path)) {
+        free(path);
+        return NULL;
+    }
+    return path;
+}
+
 char *kvp_test_read_file(const char *path, size_t *size)
 {
     FILE *f = fopen(path, "rb");

@@ -45,6 +45,10 @@ void kvp_test_expect_error(const char *cmd, const char *needle);
 /* A fresh temporary file path (the file is created empty); caller frees with free(). */
 char *kvp_test_tmpfile(const char *suffix);
 
+/* A fresh empty temporary directory (mkdtemp under $TMPDIR or /tmp); caller frees with free(),
+ * NULL on failure. */
+char *kvp_test_tmpdir(void);
+
 /* Read a whole file into a NUL-terminated heap buffer; NULL on failure. */
 char *kvp_test_read_file(const char *path, size_t *size);
 

@@ -52,6 +52,7 @@ const char *kvp_strerror(int code)
     case KVP_EINVAL: return "invalid argument";
     case KVP_ERANGE: return "out of range";
     case KVP_ENOTFOUND: return "not found";
+    case KVP_EKVLOST: return "KV cache lost data";
     default: return "unknown error";
     }
 }

@@ -427,7 +427,10 @@ int kvp_eval(kvp_ctx *c, const int32_t *tokens, int n, float *logits, bool all_l
         }
         return 0;
     }
-    int rc = kvp_kv_reserve(c, n, err);
+    int rc = kvp_kv_check(c, err);
+    if (rc < 0)
+        return rc;
+    rc = kvp_kv_reserve(c, n, err);
     if (rc < 0)
         return rc;
     c->job_end = c->n_tokens + n;

@@ -183,9 +183,22 @@ int kvp_kv_configure(struct kvp_ctx *c, struct kvp_err *err)
 
 /* ---- around a micro-batch -------------------------------------------------------------------- */
 
+int kvp_kv_check(const struct kvp_ctx *c, struct kvp_err *err)
+{
+    return c->store ? kvp_store_check(c->store, err) : 0;
+}
+
+int kvp_ctx_trusted_tokens(const kvp_ctx *c)
+{
+    return c->store ? kvp_store_trusted_tokens(c->store, c->n_tokens) : c->n_tokens;
+}
+
 void kvp_kv_batch_begin(struct kvp_ctx *c)
 {
-    if (c->store && c->job_n == 1)
+    if (!c->store)
+        return;
+    kvp_store_call_begin(c->store, c->n_tokens);
+    if (c->job_n == 1)
         kvp_store_step_begin(c->store, c->n_tokens);
 }
 

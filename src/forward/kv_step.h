@@ -51,8 +51,10 @@ void kvp_kv_release(struct kvp_ctx *c);
 
 /* Room for n more tokens (KVP_ENOMEM). */
 int kvp_kv_reserve(struct kvp_ctx *c, int n, struct kvp_err *err);
+/* Before an eval: 0, or KVP_EKVLOST when a tiered cache lost data (store.h, Faults). */
+int kvp_kv_check(const struct kvp_ctx *c, struct kvp_err *err);
 /* Around each micro-batch (c->job_*): a single token is a decode step of the store; end
- * returns the store's I/O error, if any, once. */
+ * returns KVP_EKVLOST when the batch lost data or the KV is untrusted (store.h, Faults). */
 void kvp_kv_batch_begin(struct kvp_ctx *c);
 int kvp_kv_batch_end(struct kvp_ctx *c, struct kvp_err *err);
 

@@ -10,7 +10,8 @@
  * backend may hold submitted records until flush; reap collects the records that finished
  * without blocking, wait blocks until at least one finishes (when any is in flight) and collects
  * it. Finished records are handed back through kvp_store_complete (store_internal.h) with the
- * bytes moved or -errno. Only the thread that drives the forward pass calls these.
+ * bytes moved or -errno; the store checks them and may submit a failed one again (a new record
+ * with the same slots and units). Only the thread that drives the forward pass calls these.
  */
 #ifndef KVP_STORE_COLD_H
 #define KVP_STORE_COLD_H
@@ -31,6 +32,13 @@ struct kvp_cold_ops {
      * start while the policy still selects for the others. */
     bool in_memory;
     bool slow_requests;
+    /* Faults: how many times the store issues a failed record again when the error can pass
+     * (kvp_store_retryable), before it gives the units up as lost (0: KVP_STORE_RETRIES). A
+     * backend reports a request's failure as -errno through kvp_store_complete, may leave the
+     * reason in the store's note first (kvp_store_set_note, store_internal.h), and reports a unit
+     * it knows is gone outside any request with kvp_store_unit_lost (store.h). Units of
+     * backends that are not in_memory are checksummed by the store. */
+    int retries;
     /* Open the cold tier of s->cold_bytes (file, thread, ring) into s->io; KVP_EIO/KVP_ENOMEM
      * with one clear line. close undoes it (after every transfer was collected). */
     int (*open)(struct kvp_store *s, const struct kvp_ctx_params *p, struct kvp_err *err);

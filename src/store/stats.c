@@ -1,5 +1,7 @@
-/* Statistics, timeline events and the sticky error of the tiered store (see store.h; the
+/* Statistics, timeline events and the errors and trust of the tiered store (see store.h; the
  * picture is drawn by timeline.c). */
+#include <limits.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +32,7 @@ void kvp_store_reset_stats(struct kvp_store *s)
     s->st.cold_bytes = keep.cold_bytes;
     s->st.unit_bytes = keep.unit_bytes;
     s->st.sq_poll = keep.sq_poll;
+    s->st.disk_io = keep.disk_io;
 }
 
 void kvp_store_record_timeline(struct kvp_store *s, bool on)
@@ -43,20 +46,69 @@ void kvp_store_record_timeline(struct kvp_store *s, bool on)
     s->ev_on = on && s->ev;
 }
 
-void kvp_store_set_error(struct kvp_store *s, int code, const char *fmt, const char *what,
-                         int layer, int b0, int n, const char *why)
+void kvp_store_set_note(struct kvp_store *s, const char *fmt, ...)
 {
-    if (s->err_code)
-        return;
-    s->err_code = code;
-    snprintf(s->err_msg, sizeof(s->err_msg), fmt, what, layer, b0, b0 + n - 1, why);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(s->err_msg, sizeof(s->err_msg), fmt, ap);
+    va_end(ap);
+    s->err_code = KVP_EIO;
+}
+
+void kvp_store_lose(struct kvp_store *s, int layer, int b0, int n, const char *why)
+{
+    for (int b = b0; b < b0 + n; b++) {
+        uint8_t *st = &s->unit_state[(size_t)layer * s->max_blocks + b];
+        s->st.lost_units += *st != KVP_UNIT_LOST;
+        *st = KVP_UNIT_LOST;
+    }
+    int from = b0 * s->bs;
+    if (s->call_pos0 >= 0 && s->call_pos0 < from)
+        from = s->call_pos0;
+    if (from < s->trust_from) {
+        s->trust_from = from;
+        snprintf(s->trust_msg, sizeof(s->trust_msg), "%s", why);
+    }
+    if (!s->fail_code) {
+        s->fail_code = KVP_EKVLOST;
+        snprintf(s->fail_msg, sizeof(s->fail_msg), "%s", why);
+    }
+}
+
+void kvp_store_unit_lost(struct kvp_store *s, int layer, int b, const char *why)
+{
+    char line[384];
+    snprintf(line, sizeof(line), "KV store: unit of layer %d block %d lost: %s", layer, b, why);
+    kvp_store_lose(s, layer, b, 1, line);
+}
+
+int kvp_store_trusted_tokens(const struct kvp_store *s, int n)
+{
+    return s->trust_from < n ? s->trust_from : n;
+}
+
+int kvp_store_check(const struct kvp_store *s, struct kvp_err *err)
+{
+    if (s->trust_from == INT_MAX)
+        return 0;
+    return kvp_err_set(err, KVP_EKVLOST,
+                       "the KV cache is not trusted from token %d on (%s); reset the context "
+                       "or truncate it to %d tokens",
+                       s->trust_from, s->trust_msg, s->trust_from);
 }
 
 int kvp_store_take_error(struct kvp_store *s, struct kvp_err *err)
 {
-    if (!s->err_code)
-        return 0;
-    int code = kvp_err_set(err, s->err_code, "%s", s->err_msg);
+    int code = 0;
+    if (s->fail_code)
+        code = kvp_err_set(err, s->fail_code, "%s; the KV cache is not trusted from token %d on "
+                           "(reset the context or truncate it to %d tokens)", s->fail_msg,
+                           s->trust_from, s->trust_from);
+    else if (s->trust_from != INT_MAX)
+        code = kvp_store_check(s, err);
+    else if (s->err_code && s->call_pos0 < 0)
+        code = kvp_err_set(err, s->err_code, "%s", s->err_msg);
+    s->fail_code = 0;
     s->err_code = 0;
     return code;
 }

@@ -4,10 +4,12 @@
 #include "store/store.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/checksum.h"
 #include "core/cursor.h"
 #include "core/platform.h"
 #include "kv/kvcache.h"
@@ -26,26 +28,164 @@ static const struct kvp_cold_ops *const kvp_cold_backends[] = {
 
 /* ======================================= transfers ======================================== */
 
+bool kvp_store_retryable(int neg_errno)
+{
+    switch (-neg_errno) {
+    case EIO:
+    case EINTR:
+    case EAGAIN:
+    case EBUSY:
+    case ETIMEDOUT:
+    case ECANCELED:
+    case ECONNRESET:
+    case ECONNREFUSED:
+    case ECONNABORTED:
+    case ENOTCONN:
+    case EPIPE:
+    case EHOSTUNREACH:
+    case ENETUNREACH:
+    case ENETDOWN:
+        return true;
+    default:
+        return false;
+    }
+}
+
+static uint8_t *unit_state_of(struct kvp_store *s, int layer, int b)
+{
+    return &s->unit_state[(size_t)layer * s->max_blocks + b];
+}
+
+/* Backends outside memory: units' bytes are checksummed on the way out and checked on the way
+ * back (the RAM tier is this process's memory, with nothing below the store to corrupt it). */
+static bool checksummed(const struct kvp_store *s)
+{
+    return !s->io->in_memory;
+}
+
+/* A write of slots [s0, s0+n) to units (layer, [b0, b0+n)) starts: the units are unreadable
+ * until it completes, and their checksums are those of the slots' bytes (which no one changes
+ * while a write is in flight: slot_writing). */
+static void begin_write(struct kvp_store *s, int layer, int b0, int s0, int n)
+{
+    double t0 = checksummed(s) ? kvp_time_now() : 0;
+    for (int i = 0; i < n; i++) {
+        *unit_state_of(s, layer, b0 + i) = KVP_UNIT_NONE;
+        if (checksummed(s))
+            s->unit_sum[(size_t)layer * s->max_blocks + b0 + i] =
+                kvp_checksum(slot_ptr(s, s0 + i), s->unit_bytes);
+    }
+    if (checksummed(s))
+        s->st.checksum_s += kvp_time_now() - t0;
+}
+
+/* A read of x came back whole: 0 when every unit is readable and its bytes match its checksum;
+ * 1 (a bad checksum: may pass when read again) or -1 (the unit has no good copy) with why. */
+static int verify_read(struct kvp_store *s, const struct kvp_store_xfer *x, char *why, size_t cap)
+{
+    for (int i = 0; i < x->n; i++) {
+        int st = *unit_state_of(s, x->layer, x->b0 + i);
+        if (st != KVP_UNIT_OK) {
+            snprintf(why, cap, "block %d %s", x->b0 + i,
+                     st == KVP_UNIT_LOST ? "was lost before" : "has no complete write");
+            return -1;
+        }
+    }
+    if (!checksummed(s))
+        return 0;
+    double t0 = kvp_time_now();
+    int bad = -1;
+    for (int i = 0; i < x->n && bad < 0; i++)
+        if (kvp_checksum(slot_ptr(s, x->s0 + i), s->unit_bytes) !=
+            s->unit_sum[(size_t)x->layer * s->max_blocks + x->b0 + i])
+            bad = x->b0 + i;
+    s->st.checksum_s += kvp_time_now() - t0;
+    if (bad < 0)
+        return 0;
+    s->st.bad_checksums++;
+    snprintf(why, cap, "checksum mismatch in block %d (corrupted below the store)", bad);
+    return 1;
+}
+
+/* A read into slot gave up: the slot holds no block's bytes. It is unmapped, unless it must
+ * stay where it is: the newest block (the step writes its token there), a layer whose slots
+ * are its blocks, the staging area; those stay mapped but not ready, and the KV is no longer
+ * trusted, so nothing reads them before a truncation or reset remaps them. */
+static void fail_slot(struct kvp_store *s, int layer, int b, int slot)
+{
+    s->slot_state[slot] = KVP_SLOT_EMPTY;
+    bool own = slot >= s->slot0[layer] && slot < s->slot0[layer] + s->n_slots[layer];
+    if (own && !identity_layer(s, layer) && s->slot_blk[slot] == b && b != newest_block(s))
+        kvp_res_unmap_slot(s, layer, slot);
+}
+
 void kvp_store_complete(struct kvp_store *s, int id, int res, double t_done)
 {
     struct kvp_store_xfer *x = &s->xfer[id];
     int want = (int)((size_t)x->n * s->unit_bytes);
-    if (s->fault_kind && s->fault_after > 0 && --s->fault_after == 0) {
-        res = s->fault_kind == KVP_FAULT_EIO ? -EIO : want / 2;
-        s->fault_kind = KVP_FAULT_NONE;
+    if (s->fault_kind && (s->fault_kind != KVP_FAULT_WRITE_EIO || x->write) &&
+        s->fault_after > 0 && --s->fault_after == 0) {
+        res = s->fault_kind == KVP_FAULT_SHORT ? want / 2 : -EIO;
+        if (s->fault_count > 0)
+            s->fault_count--;
+        if (s->fault_count != 0)
+            s->fault_after = 1; /* the next request fails too */
+        else
+            s->fault_kind = KVP_FAULT_NONE;
     }
     const char *what = x->write ? "write" : "read";
-    if (res < 0)
-        kvp_store_set_error(s, KVP_EIO, "KV store: %s of layer %d blocks %d..%d failed: %s", what,
-                  x->layer, x->b0, x->n, strerror(-res));
-    else if (res != want)
-        kvp_store_set_error(s, KVP_EIO, "KV store: short %s of layer %d blocks %d..%d%s", what, x->layer,
-                  x->b0, x->n, " (disk full or file truncated?)");
-    for (int i = 0; i < x->n; i++) {
-        if (x->write)
-            s->slot_writing[x->s0 + i] = 0;
-        else if (s->slot_state[x->s0 + i] == KVP_SLOT_LOADING)
-            s->slot_state[x->s0 + i] = KVP_SLOT_READY;
+    char why[320];
+    int fail = 0; /* 1: may pass when issued again; -1: will not */
+    bool corrupt = false; /* whole, but some unit's checksum did not match */
+    if (res < 0) {
+        const char *note = s->err_code ? s->err_msg : strerror(-res);
+        if (!strncmp(note, "KV store: ", 10))
+            note += 10;
+        snprintf(why, sizeof(why), "%s", note);
+        fail = kvp_store_retryable(res) ? 1 : -1;
+    } else if (res != want) {
+        snprintf(why, sizeof(why), "short: %d of %d bytes (disk full or file truncated?)", res,
+                 want);
+        fail = 1;
+    } else if (!x->write) {
+        fail = verify_read(s, x, why, sizeof(why));
+        corrupt = fail > 0;
+    }
+    int retries = s->io->retries > 0 ? s->io->retries : KVP_STORE_RETRIES;
+    if (fail > 0 && x->attempt < retries) {
+        /* slots stay loading (writing): the record goes again from the next reap on */
+        s->st.retries++;
+        s->retry[s->n_retry++] = *x;
+    } else if (fail) {
+        char line[512];
+        snprintf(line, sizeof(line), "KV store: %s of layer %d blocks %d..%d failed: %s%s", what,
+                 x->layer, x->b0, x->b0 + x->n - 1, why,
+                 fail > 0 ? " (issued again, in vain)" : "");
+        if (!corrupt)
+            kvp_store_lose(s, x->layer, x->b0, x->n, line);
+        for (int i = 0; i < x->n; i++) {
+            uint8_t *slot = slot_ptr(s, x->s0 + i);
+            if (x->write) {
+                s->slot_writing[x->s0 + i] = 0;
+            } else if (corrupt && kvp_checksum(slot, s->unit_bytes) ==
+                                      s->unit_sum[(size_t)x->layer * s->max_blocks + x->b0 + i]) {
+                s->slot_state[x->s0 + i] = KVP_SLOT_READY; /* this one came back right */
+                continue;
+            } else {
+                fail_slot(s, x->layer, x->b0 + i, x->s0 + i);
+            }
+            if (corrupt) /* only the units that do not match are lost */
+                kvp_store_lose(s, x->layer, x->b0 + i, 1, line);
+        }
+    } else {
+        for (int i = 0; i < x->n; i++) {
+            if (x->write) {
+                s->slot_writing[x->s0 + i] = 0;
+                *unit_state_of(s, x->layer, x->b0 + i) = KVP_UNIT_OK;
+            } else if (s->slot_state[x->s0 + i] == KVP_SLOT_LOADING) {
+                s->slot_state[x->s0 + i] = KVP_SLOT_READY;
+            }
+        }
     }
     if (--s->n_inflight == 0)
         s->st.transfer_s += t_done - s->busy_since;
@@ -58,11 +198,16 @@ static void flush(struct kvp_store *s)
     s->io->flush(s);
 }
 
+static void submit_retries(struct kvp_store *s);
+
 int kvp_store_reap(struct kvp_store *s, bool wait)
 {
+    submit_retries(s);
     if (s->n_inflight == 0)
         return 0;
-    return wait ? s->io->wait(s) : s->io->reap(s);
+    int got = wait ? s->io->wait(s) : s->io->reap(s);
+    submit_retries(s);
+    return got;
 }
 
 static void submit_deferred(struct kvp_store *s);
@@ -71,12 +216,14 @@ void kvp_store_drain(struct kvp_store *s)
 {
     s->hold_submit = false;
     submit_deferred(s);
-    while (s->n_inflight > 0)
+    while (s->n_inflight > 0 || s->n_retry > 0)
         kvp_store_reap(s, true);
 }
 
-/* Start one transfer between slots [s0, s0+n) and cold units (layer, [b0, b0+n)). */
-static void submit(struct kvp_store *s, int layer, int b0, int s0, int n, bool write)
+/* Start one transfer between slots [s0, s0+n) and cold units (layer, [b0, b0+n)), issued
+ * `attempt` times before. */
+static void submit_again(struct kvp_store *s, int layer, int b0, int s0, int n, bool write,
+                         int attempt)
 {
     int id = -1;
     for (;;) {
@@ -90,7 +237,9 @@ static void submit(struct kvp_store *s, int layer, int b0, int s0, int n, bool w
     struct kvp_store_xfer *x = &s->xfer[id];
     double now = kvp_time_now();
     *x = (struct kvp_store_xfer){.s0 = s0, .n = n, .layer = layer, .b0 = b0, .write = write,
-                                 .busy = true, .t_submit = now};
+                                 .busy = true, .attempt = attempt, .t_submit = now};
+    if (write && attempt == 0)
+        begin_write(s, layer, b0, s0, n);
     size_t bytes = (size_t)n * s->unit_bytes;
     if (s->n_inflight++ == 0)
         s->busy_since = now;
@@ -108,6 +257,25 @@ static void submit(struct kvp_store *s, int layer, int b0, int s0, int n, bool w
             s->slot_state[s0 + i] = KVP_SLOT_LOADING;
     }
     s->io->submit(s, id);
+}
+
+static void submit(struct kvp_store *s, int layer, int b0, int s0, int n, bool write)
+{
+    submit_again(s, layer, b0, s0, n, write, 0);
+}
+
+/* Issue the failed records kvp_store_complete queued again (a wait inside may queue more). */
+static void submit_retries(struct kvp_store *s)
+{
+    if (s->retrying || s->n_retry == 0)
+        return;
+    s->retrying = true;
+    while (s->n_retry > 0) {
+        struct kvp_store_xfer r = s->retry[--s->n_retry];
+        submit_again(s, r.layer, r.b0, r.s0, r.n, r.write, r.attempt + 1);
+    }
+    s->io->flush(s);
+    s->retrying = false;
 }
 
 /* A prefetch read of slots [s0, s0+n) <- units (layer, [b0, b0+n)), planned now (slots marked
@@ -237,6 +405,21 @@ static void clear_overflow(struct kvp_store *s)
 
 /* ================================== lifetime and layout =================================== */
 
+/* Cold units from block b on hold nothing any more (the cache ends before them); with no
+ * untrusted token left, the KV is trusted again. */
+static void forget_units_from(struct kvp_store *s, int b, int n)
+{
+    if (n > s->trust_from)
+        return;
+    for (int l = 0; l < s->n_layer; l++)
+        memset(s->unit_state + (size_t)l * s->max_blocks + b, KVP_UNIT_NONE,
+               (size_t)(s->max_blocks - b));
+    s->trust_from = INT_MAX;
+    s->trust_msg[0] = 0;
+    s->fail_code = 0;
+}
+
+
 int kvp_store_init(const struct kvp_ctx_params *p, struct kvp_kvcache *kv, int n_layer,
                    int n_kv, int head_dim, int bs, int max_blocks, struct kvp_store **out,
                    struct kvp_err *err)
@@ -294,8 +477,14 @@ int kvp_store_init(const struct kvp_ctx_params *p, struct kvp_kvcache *kv, int n
     s->tiered = calloc((size_t)n_layer, sizeof(bool));
     s->lru_head = calloc((size_t)n_layer, sizeof(int32_t));
     s->lru_tail = calloc((size_t)n_layer, sizeof(int32_t));
+    s->unit_state = calloc(n_units, 1);
+    s->unit_sum = calloc(n_units, sizeof(uint64_t));
+    s->retry = calloc(KVP_STORE_MAX_XFER, sizeof(*s->retry));
+    s->trust_from = INT_MAX;
+    s->call_pos0 = -1;
     if (!s->list || !s->ovf || !s->mark || !s->pending || !s->res || !s->slot0 || !s->n_slots ||
-        !s->tiered || !s->lru_head || !s->lru_tail) {
+        !s->tiered || !s->lru_head || !s->lru_tail || !s->unit_state || !s->unit_sum ||
+        !s->retry) {
         rc = kvp_err_set(err, KVP_ENOMEM, "out of memory for the KV store");
         goto fail;
     }
@@ -351,6 +540,9 @@ void kvp_store_free(struct kvp_store *s)
     free(s->lru_head);
     free(s->lru_tail);
     free(s->tiered);
+    free(s->unit_state);
+    free(s->unit_sum);
+    free(s->retry);
     free(s->ev);
     free(s);
 }
@@ -419,12 +611,14 @@ int kvp_store_configure(struct kvp_store *s, int dense_layers, int hot_blocks,
     }
     kvp_res_remap_all(s);
     s->n_tokens = 0;
+    forget_units_from(s, 0, 0);
     return 0;
 }
 
 void kvp_store_truncate(struct kvp_store *s, int n)
 {
     kvp_store_drain(s);
+    forget_units_from(s, (n + s->bs - 1) / s->bs, n);
     if (n == 0) {
         kvp_res_remap_all(s);
         s->n_tokens = 0;
@@ -443,10 +637,21 @@ void kvp_store_truncate(struct kvp_store *s, int n)
     s->n_tokens = n;
 }
 
+void kvp_store_inject_faults(struct kvp_store *s, int kind, int after, int count)
+{
+    s->fault_kind = count != 0 ? kind : KVP_FAULT_NONE;
+    s->fault_after = after;
+    s->fault_count = count;
+}
+
 void kvp_store_inject_fault(struct kvp_store *s, int kind, int after)
 {
-    s->fault_kind = kind;
-    s->fault_after = after;
+    kvp_store_inject_faults(s, kind, after, 1);
+}
+
+void kvp_store_call_begin(struct kvp_store *s, int pos0)
+{
+    s->call_pos0 = pos0;
 }
 
 void kvp_store_force_sq_bypass(struct kvp_store *s, int mode)
@@ -610,6 +815,7 @@ void kvp_store_step_end(struct kvp_store *s)
         if (s->io->in_memory) {
             /* a 4 KiB copy per layer: synchronous, so the next token's store never races it */
             memcpy(s->cold + cold_off(s, l, nb), slot_ptr(s, sl), s->unit_bytes);
+            *unit_state_of(s, l, nb) = KVP_UNIT_OK;
             s->st.writes++;
             s->st.bytes_written += s->unit_bytes;
             continue;

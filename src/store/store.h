@@ -59,7 +59,17 @@
  * newest block of each tiered layer goes to the cold tier at the end of the step that fills it
  * (async; a slot with a write in flight is never evicted nor rewritten before the write
  * completes). A partial newest block is pinned hot, so its cold copy is not needed before then;
- * prefill writes every unit it touched, partial ones included.
+ * prefill writes every unit it touched, partial ones included. *
+ * Faults (docs/store.md, "Faults and integrity"). Every cold unit a backend outside memory holds
+ * carries a checksum (core/checksum.h) kept here, computed when its write is submitted and
+ * checked when a read of it completes; a unit is readable only once its last write completed
+ * (unit_state). A failed, short or corrupt request is issued again up to the backend's retries
+ * when the error can pass (kvp_store_retryable); a read that still fails leaves its slot not
+ * ready (empty, unmapped unless it holds the newest block), a write that still fails leaves its
+ * unit unreadable, and either way the unit is lost: the store no longer trusts the KV from the
+ * unit's first token (and from the first token of the call that met the fault, whose forward
+ * pass may have read the bad bytes). The call fails with KVP_EKVLOST, and so does every later
+ * call (kvp_store_check) until the context is reset or truncated to kvp_store_trusted_tokens().
  */
 #ifndef KVP_STORE_STORE_H
 #define KVP_STORE_STORE_H
@@ -92,8 +102,21 @@ struct kvp_store_event {
     double t0, t1;
 };
 
-/* Test hook: make the Nth next cold-tier request (1 = the next one) fail or come back short. */
-enum kvp_store_fault { KVP_FAULT_NONE = 0, KVP_FAULT_EIO = 1, KVP_FAULT_SHORT = 2 };
+/* Test hook: make the Nth next cold-tier request (1 = the next one) fail or come back short;
+ * WRITE_EIO counts and fails writes only. */
+enum kvp_store_fault {
+    KVP_FAULT_NONE = 0,
+    KVP_FAULT_EIO = 1,
+    KVP_FAULT_SHORT = 2,
+    KVP_FAULT_WRITE_EIO = 3,
+};
+
+/* What the store knows of a cold unit's copy (struct kvp_store.unit_state). */
+enum kvp_unit_state {
+    KVP_UNIT_NONE = 0,    /* never written, or being written: not readable */
+    KVP_UNIT_OK = 1,      /* its last write completed; the checksum (unit_sum) is its bytes' */
+    KVP_UNIT_LOST = 2,    /* a write or read failed for good, or the backend reported it lost */
+};
 
 /* When the disk tier's requests bypass its polling kernel thread (cold_disk.c): when the host
  * has no core to spare for it (AUTO), or as tests and experiments force it. */
@@ -118,6 +141,7 @@ struct kvp_store_xfer {
     int layer, b0;    /* cold units (layer, [b0, b0+n)) */
     bool write;       /* hot -> cold */
     bool busy;        /* record in use */
+    int attempt;      /* 0, or how many times it was issued again after a failure */
     int res;          /* bytes moved or -errno (set on completion) */
     double t_submit, t_done;
 };
@@ -192,11 +216,24 @@ struct kvp_store {
     int n_inflight;
     double busy_since;     /* first submit while idle */
 
-    /* errors and faults */
-    int err_code;          /* first I/O error (sticky until reset), 0 if none */
+    /* errors and faults (see the header's Faults) */
+    int err_code;          /* a backend's note on its latest failure (kvp_store_set_note,
+                              cold_redis.c): the reason the next failed record gives; 0 if none */
     char err_msg[256];
+    int fail_code;         /* KVP_EKVLOST when the current call lost data, else 0 */
+    char fail_msg[512];    /* what failed first in it */
+    int trust_from;        /* tokens [0, trust_from) are trusted; INT_MAX: all */
+    char trust_msg[384];   /* why the rest is not */
+    int call_pos0;         /* first token position the current call writes */
+    uint8_t *unit_state;   /* [n_layer][max_blocks] enum kvp_unit_state */
+    uint64_t *unit_sum;    /* [n_layer][max_blocks] checksum of each unit's bytes (backends
+                              outside memory) */
+    struct kvp_store_xfer *retry; /* [KVP_STORE_MAX_XFER] failed records to issue again */
+    int n_retry;
+    bool retrying;         /* submit_retries is running (no recursion through a wait) */
     int fault_kind;        /* enum kvp_store_fault */
     int fault_after;       /* requests left before the fault fires */
+    int fault_count;       /* faults left to fire from then on, one per request (< 0: all) */
     int sq_bypass;         /* enum kvp_sq_bypass (disk tier with a polling thread) */
     /* From a layer's first acquire_head to its acquire_begin's prefetches: a backend may hold
      * requests whose submission costs a system call until then, so that the layer's early
@@ -237,6 +274,11 @@ void kvp_store_truncate(struct kvp_store *s, int n);
 void kvp_store_prefill_begin(struct kvp_store *s, int layer, int pos0, int end);
 void kvp_store_prefill_end(struct kvp_store *s, int layer, int pos0, int end,
                            const struct kvp_sel *next, int n_keys_next);
+
+/* Every micro-batch of an eval (prefill or decode) begins with this: pos0 is its first token's
+ * position, from which the KV is no longer trusted if the call loses data (its forward pass
+ * may have read the lost bytes). kvp_store_take_error ends it. */
+void kvp_store_call_begin(struct kvp_store *s, int pos0);
 
 /* Decode step with n_tokens cached before it: begin makes every layer's newest block hot
  * (and, in dense mode, starts refetching everything); end writes the newest blocks through
@@ -288,14 +330,30 @@ const uint8_t *kvp_store_pending(const struct kvp_store *s);
 /* Record a span of worker 0 (timeline and prediction accounting). */
 void kvp_store_note(struct kvp_store *s, int kind, int layer, double t0, double t1);
 
-/* Sticky I/O error: 0, or the code with err filled in (then cleared). */
+/* The outcome of the call that just ended: 0; KVP_EKVLOST when it lost data (the failure named)
+ * or the KV was already untrusted; or, outside a call (a backend opening), a backend's note as
+ * KVP_EIO. Clears the call's failure and the note, never the distrust. */
 int kvp_store_take_error(struct kvp_store *s, struct kvp_err *err);
+/* Before a call: 0, or KVP_EKVLOST saying from which token the KV is untrusted and why. */
+int kvp_store_check(const struct kvp_store *s, struct kvp_err *err);
+/* Tokens whose KV is trusted: n, or fewer after a loss (the count to truncate to). */
+int kvp_store_trusted_tokens(const struct kvp_store *s, int n);
+/* For backends: cold unit (layer, b) is gone (a node died without a replica, a key expired),
+ * found outside any transfer. The unit is lost and the KV untrusted from its first token; why
+ * (one line) goes into the error every later call returns. */
+void kvp_store_unit_lost(struct kvp_store *s, int layer, int b, const char *why);
+/* Whether a failed request with this -errno may succeed when issued again (EIO, a timeout, a
+ * dropped connection, ...); a short transfer and a bad checksum count as passing too. */
+bool kvp_store_retryable(int neg_errno);
 
 /* Wait for every transfer in flight. */
 void kvp_store_drain(struct kvp_store *s);
 
 /* Test hook: the `after`-th next request fails (KVP_FAULT_EIO) or comes back short. */
 void kvp_store_inject_fault(struct kvp_store *s, int kind, int after);
+/* Test hook: from the `after`-th next request on, count requests in a row fail (count < 0:
+ * every one until another injection), retries included. */
+void kvp_store_inject_faults(struct kvp_store *s, int kind, int after, int count);
 /* Test hook: enum kvp_sq_bypass. */
 void kvp_store_force_sq_bypass(struct kvp_store *s, int mode);
 

@@ -10,6 +10,9 @@
 #include "store/store.h"
 
 #define MAX_RUN 256 /* units per transfer record (1 MiB for 4 KiB units) */
+/* Times a failed record is issued again by default (cold.h, retries): a transient EIO or a
+ * dropped connection passes within one or two tries; more only delays the error. */
+#define KVP_STORE_RETRIES 2
 
 static inline uint8_t *slot_ptr(const struct kvp_store *s, int slot)
 {
@@ -67,10 +70,15 @@ int kvp_store_reap(struct kvp_store *s, bool wait);
 /* Called by a backend for each finished record: res bytes moved or -errno. */
 void kvp_store_complete(struct kvp_store *s, int id, int res, double t_done);
 
-/* ---- stats.c ---- */
+/* ---- stats.c: errors and faults ---- */
 
-/* The first I/O error (sticky until taken). */
-void kvp_store_set_error(struct kvp_store *s, int code, const char *fmt, const char *what,
-                         int layer, int b0, int n, const char *why);
+/* A backend's note on its latest failure (one line, printf-style): the reason the next record
+ * that fails gives in its error. Taken (and cleared) by that record. */
+void kvp_store_set_note(struct kvp_store *s, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Units (layer, [b0, b0+n)) are lost for the reason why: marked, the KV untrusted from the
+ * first token of b0 and of the current call, and the call's failure (fail_msg) set if it is
+ * the first. */
+void kvp_store_lose(struct kvp_store *s, int layer, int b0, int n, const char *why);
 
 #endif
