@@ -15,7 +15,10 @@
  *   policy_opts/  option strings for each policy (policy byte, budget byte, options);
  *   corpus_json/  .json and .jsonl texts: a RULER-style object, JSON Lines with nested and
  *                 missing "text" members, escapes (\n, \", \u00e9, a surrogate pair, \u0000),
- *                 a bad line among good ones, and plain prose (not JSON).
+ *                 a bad line among good ones, and plain prose (not JSON);
+ *   server_request/ request bodies of `kvpred serve` (endpoint byte, then the JSON): completions
+ *                 and chat, streamed, with stop strings, text parts, the kvpred extension,
+ *                 and some wrong types.
  * All values are fixed, so the corpus is the same on every run.
  */
 #include <stdio.h>
@@ -319,6 +322,32 @@ static int corpus_json_seeds(const char *dir)
     return 0;
 }
 
+/* Request bodies: byte 0 even = /v1/completions, odd = /v1/chat/completions. */
+static int server_request_seeds(const char *dir)
+{
+    static const char *const seeds[] = {
+        "\x00{\"prompt\": \"Once upon a time\", \"max_tokens\": 16, \"temperature\": 0}",
+        "\x00{\"model\": \"m\", \"prompt\": [\"a\"], \"stream\": true, \"stop\": [\"\\n\", \"end\"], "
+        "\"seed\": 7, \"top_k\": 5, \"top_p\": 0.9, \"kvpred\": {\"policy\": \"quest\", "
+        "\"budget\": \"1/16\"}}",
+        "\x01{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": "
+        "\"user\", \"content\": [{\"type\": \"text\", \"text\": \"Hi\"}]}], \"stream\": true, "
+        "\"stream_options\": {\"include_usage\": true}, \"max_completion_tokens\": 8}",
+        "\x01{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"kvpred\": {\"budget\": "
+        "256}, \"n\": 1, \"stop\": \"Q:\"}",
+        "\x00{\"prompt\": 5, \"max_tokens\": \"many\"}",
+        "\x01{\"messages\": {}, \"temperature\": -1}",
+        "\x00[1, 2, 3]",
+    };
+    for (size_t i = 0; i < sizeof(seeds) / sizeof(seeds[0]); i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "body%zu", i);
+        if (fz_write_file(dir, name, seeds[i], 1 + strlen(seeds[i] + 1)) < 0)
+            return -1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -327,7 +356,7 @@ int main(int argc, char **argv)
     }
     static const uint8_t spm_flags[] = {0, 1, 2, 3}, bpe_flags[] = {0, 1, 6, 7, 10, 15};
     const char *names[] = {"gguf", "llama2c", "predictor", "trace", "head_profile",
-                           "spm", "bpe", "chat", "policy_opts", "corpus_json"};
+                           "spm", "bpe", "chat", "policy_opts", "corpus_json", "server_request"};
     mkdir(argv[1], 0755);
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         char sub[4096];
@@ -342,7 +371,8 @@ int main(int argc, char **argv)
                  : i == 6 ? text_seeds(sub, bpe_flags, 6)
                  : i == 7 ? chat_seeds(sub)
                  : i == 8 ? policy_opts_seeds(sub)
-                          : corpus_json_seeds(sub);
+                 : i == 9 ? corpus_json_seeds(sub)
+                          : server_request_seeds(sub);
         if (rc < 0) {
             fprintf(stderr, "seedgen: cannot write the %s seeds to %s\n", names[i], sub);
             return 1;

@@ -9,6 +9,8 @@
 #define KVP_CLI_CLI_H
 
 int cmd_run(int argc, char **argv);
+/* `kvpred serve` (cmd_serve.c, on src/server/). */
+int cmd_serve(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
 int cmd_logits(int argc, char **argv);

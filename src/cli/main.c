@@ -24,6 +24,7 @@ static int eval_dispatch(int argc, char **argv)
 
 static const struct command commands[] = {
     {"run", cmd_run, "generate text from a prompt"},
+    {"serve", cmd_serve, "an OpenAI-compatible HTTP server with a KV cache kept across requests"},
     {"info", cmd_info, "show a model's architecture, shapes, types and memory needs"},
     {"perplexity", cmd_perplexity, "perplexity of a text (llama.cpp's convention)"},
     {"logits", cmd_logits, "next-token logits at every position of a text, as JSON"},

@@ -7,6 +7,7 @@
 
 #include "cli/common.h"
 #include "core/rng.h"
+#include "policy/budget.h"
 #include "policy/policy.h"
 
 static const char *const shared_flags_help =
@@ -121,32 +122,7 @@ int cli_policy_flag(struct kvp_policy_params *p, bool with_seed, int argc, char 
 
 bool cli_parse_budget(const char *s, int *budget, float *ratio)
 {
-    long num, den;
-    double r;
-    *budget = 0;
-    *ratio = 0;
-    const char *slash = s ? strchr(s, '/') : NULL;
-    if (slash) {
-        char a[32];
-        size_t n = (size_t)(slash - s);
-        if (n == 0 || n >= sizeof(a))
-            return false;
-        memcpy(a, s, n);
-        a[n] = 0;
-        if (!cli_parse_int(a, 1, 1 << 30, &num) || !cli_parse_int(slash + 1, 1, 1 << 30, &den) ||
-            num > den)
-            return false;
-        *ratio = (float)((double)num / (double)den);
-        return true;
-    }
-    if (cli_parse_int(s, 1, 1 << 30, &num)) {
-        *budget = (int)num;
-        return true;
-    }
-    if (!cli_parse_float(s, 0.0, 1.0, &r) || r <= 0.0)
-        return false;
-    *ratio = (float)r;
-    return true;
+    return kvp_budget_parse(s, budget, ratio);
 }
 
 int cli_split_list(char *s, char **items, int max)

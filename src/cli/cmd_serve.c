@@ -1,0 +1,178 @@
+/* `kvpred serve`: the OpenAI-compatible HTTP server (src/server/, docs/server.md). */
+#include <errno.h>
+#include <signal.h>
+#include <unistd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "cli/common.h"
+#include "cli/measure_opts.h"
+#include "server/server.h"
+
+static int sig_pipe[2] = {-1, -1};
+
+static void on_signal(int sig)
+{
+    unsigned char b = (unsigned char)sig;
+    ssize_t n = write(sig_pipe[1], &b, 1);
+    (void)n; /* a full pipe already holds a stop request */
+}
+
+static const char *const tier_names[] = {"none", "ram", "disk", "redis", NULL};
+
+static void help(void)
+{
+    printf("usage: kvpred serve [-m MODEL] [--host ADDR] [--port N] [-np SLOTS] [options]\n\n"
+           "Serve the model over HTTP with OpenAI's API: POST /v1/completions and\n"
+           "/v1/chat/completions (stream or not), GET /v1/models, /health, /metrics\n"
+           "(Prometheus) and / (a chat page). Each slot keeps its KV cache between requests;\n"
+           "a prompt that starts like a cached one only prefills the rest. SIGINT or SIGTERM\n"
+           "stops taking requests and lets those in flight finish. docs/server.md has more.\n\n%s"
+           "  --host ADDR          address to listen on (default 127.0.0.1; 0.0.0.0 for all)\n"
+           "  --port N             TCP port (default 8080; 0: any free port, printed)\n"
+           "  -np, --parallel N    slots: requests generated at the same time (default 2)\n"
+           "                       (-c is the context of each slot)\n"
+           "  --queue N            requests waiting for a slot before 503 (default 4 x slots)\n"
+           "  --api-key KEY        require 'Authorization: Bearer KEY' (all but /health); also\n"
+           "                       read from $KVPRED_API_KEY\n"
+           "  --max-body BYTES     largest request body (default 8388608)\n"
+           "  --max-tokens N       largest max_tokens a request may ask (default: the context)\n"
+           "  --n-predict N        max_tokens when a request gives none (default 128)\n"
+           "  --temp T, --top-k K, --top-p P, --seed S\n"
+           "                       sampling defaults of requests that give none (kvpred run's:\n"
+           "                       0 = greedy, 40, 0.95, 42)\n"
+           "  --grace S            seconds requests in flight get to finish on shutdown (10)\n"
+           "  --timeout S          close a connection that sends nothing for S seconds (30)\n"
+           "  --kv-tier T          none, ram, disk or redis: where each slot's KV cache lives\n"
+           "  --kv-dir DIR         disk tier: folder of the scratch files\n"
+           "  --kv-url URL         redis tier: redis://HOST:PORT\n"
+           "  --policy P           default KV selection policy (a request may choose another\n"
+           "                       with \"kvpred\": {\"policy\": P, \"budget\": B}); known: %s\n"
+           "  --budget B           tokens per layer and KV head, or a ratio such as 1/16\n"
+           "  predictor, qpredictor and catekv find their file beside the model\n"
+           "  (MODEL.kvpp, .qkvpp, .catekv-r0.2.profile) when --aux / --head-profile is not given\n"
+           "%s",
+           cli_model_flags_help, cli_policy_names(), cli_policy_flags_help());
+}
+
+int cmd_serve(int argc, char **argv)
+{
+    struct cli_model_opts mo = {0};
+    const char *host = "127.0.0.1", *api_key = NULL, *budget = NULL, *kv_dir = NULL,
+               *kv_url = NULL;
+    long port = 8080, n_slots = 2, queue = -1, max_body = 8 << 20, max_tokens = 0,
+         n_predict = 128, top_k = 40, seed = 42;
+    double temp = 0.0, top_p = 0.95, grace = 10.0;
+    long timeout = 30;
+    int tier = 0;
+    struct kvp_policy_params pp = {.gqa_agg = KVP_AGG_MEAN};
+    const struct cli_flag flags[] = {
+        CLI_STR("--host", &host),
+        CLI_INT("--port", 0, 65535, &port, "a port in 0..65535"),
+        CLI_INT("-np|--parallel", 1, 256, &n_slots, "a slot count in 1..256"),
+        CLI_INT("--queue", 0, 1 << 16, &queue, "a count"),
+        CLI_STR("--api-key", &api_key),
+        CLI_INT("--max-body", 1024, 1L << 30, &max_body, "a byte count in 1024..2^30"),
+        CLI_INT("--max-tokens", 1, 1 << 24, &max_tokens, "a token count"),
+        CLI_INT("--n-predict", 0, 1 << 24, &n_predict, "a token count"),
+        CLI_FLOAT("--temp", 0.0, 2.0, &temp, "a temperature in 0..2"),
+        CLI_INT("--top-k", 0, 1 << 24, &top_k, "a count"),
+        CLI_FLOAT("--top-p", 0.0, 1.0, &top_p, NULL),
+        CLI_INT("--seed", 0, 0x7fffffffffffffffL, &seed, "a non-negative integer"),
+        CLI_FLOAT("--grace", 0.0, 3600.0, &grace, "seconds in 0..3600"),
+        CLI_INT("--timeout", 1, 3600, &timeout, "seconds in 1..3600"),
+        CLI_CHOICE("--kv-tier", tier_names, 0, &tier, "none, ram, disk or redis"),
+        CLI_STR("--kv-dir", &kv_dir),
+        CLI_STR("--kv-url", &kv_url),
+        CLI_STR("--policy", &pp.name),
+        CLI_STR("--budget", &budget),
+        {0},
+    };
+    const struct cli_command cmd = {
+        .name = "serve",
+        .mo = &mo,
+        .pp = &pp,
+        .flags = flags,
+        .help = help,
+        .budget = &budget,
+    };
+    int rc = cli_parse_command(&cmd, argc, argv);
+    if (rc)
+        return rc == 2 ? 0 : 1;
+    if (!api_key)
+        api_key = getenv("KVPRED_API_KEY");
+    if (api_key && !*api_key)
+        return cli_fail("serve: --api-key is empty");
+    kvp_model *model = cli_open_model(&mo);
+    if (!model)
+        return 1;
+    struct kvp_model_info info;
+    kvp_model_get_info(model, &info);
+    char aux[4096];
+    if (srv_policy_default_file(mo.model_path ? mo.model_path : "models/kvpred-default.gguf", &pp,
+                                aux, sizeof(aux)))
+        fprintf(stderr, "kvpred serve: %s uses %s\n", pp.name,
+                pp.aux_path == aux ? pp.aux_path : pp.head_profile);
+    struct srv_config cfg = {
+        .host = host,
+        .port = (int)port,
+        .model_path = mo.model_path ? mo.model_path : "models/kvpred-default.gguf",
+        .api_key = api_key,
+        .n_slots = (int)n_slots,
+        .max_queue = (int)(queue >= 0 ? queue : 4 * n_slots),
+        .max_body = (size_t)max_body,
+        .default_max_tokens = (int)n_predict,
+        .timeout_s = (int)timeout,
+        .cp = cli_ctx_params(&mo, 0),
+        .pol = pp.name ? &pp : NULL,
+        .temperature = temp,
+        .top_p = top_p,
+        .top_k = (int)top_k,
+        .seed = (unsigned long long)seed,
+    };
+    cfg.cp.kv_tier = tier;
+    cfg.cp.kv_dir = kv_dir;
+    cfg.cp.kv_url = kv_url;
+    if (cfg.max_queue < 1)
+        cfg.max_queue = 1;
+    int n_ctx = cfg.cp.n_ctx > 0 ? cfg.cp.n_ctx : info.n_ctx_train;
+    cfg.max_tokens = (int)(max_tokens > 0 ? max_tokens : n_ctx);
+
+    /* SIGINT and SIGTERM write their number to a pipe the main thread waits on. A handler, not
+     * sigwait: threads started before main (the BLAS pool) do not block the signals, so the
+     * kernel may deliver them anywhere. A closed client socket must not kill the server. */
+    if (pipe(sig_pipe) != 0)
+        return cli_fail("serve: cannot create a pipe");
+    struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESTART};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    struct srv_server *srv = NULL;
+    struct kvp_err err = {0};
+    if (srv_server_start(&cfg, model, &srv, &err) < 0) {
+        cli_fail_err(&err);
+        kvp_model_close(model);
+        return 1;
+    }
+    fprintf(stderr, "kvpred serve: %s on http://%s:%d/ (%d slots of %d tokens, policy %s%s)\n",
+            cfg.model_path, host, srv_server_port(srv), cfg.n_slots, n_ctx,
+            pp.name ? pp.name : "full", api_key ? ", API key required" : "");
+    /* the port line on stdout alone, for scripts that start it with --port 0 */
+    printf("listening %d\n", srv_server_port(srv));
+    fflush(stdout);
+    unsigned char sig = 0;
+    while (read(sig_pipe[0], &sig, 1) < 0 && errno == EINTR)
+        ;
+    fprintf(stderr, "kvpred serve: %s: stopping (requests in flight get %.0f s)\n",
+            sig == SIGINT ? "SIGINT" : "SIGTERM", grace);
+    srv_server_stop(srv, grace);
+    kvp_model_close(model);
+    close(sig_pipe[0]);
+    close(sig_pipe[1]);
+    fprintf(stderr, "kvpred serve: stopped\n");
+    return 0;
+}

@@ -1,0 +1,657 @@
+/* Slots and the scheduler thread of `kvpred serve` (see engine.h). */
+#include "server/engine.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/platform.h"
+#include "forward/context.h"
+#include "policy/host.h"
+
+struct slot {
+    kvp_ctx *ctx;
+    kvp_sampler *smp;
+    float *logits;
+    int32_t *toks;      /* the tokens the cache holds, in order */
+    int n_toks;
+    char pol_key[512];  /* the policy the context runs ("" before the first job) */
+    struct srv_job *job;
+    int pos;            /* prompt tokens in the cache */
+    int prev;           /* last token (for the piece of the next one) */
+    double last_used;
+    double pol_s0;      /* policy seconds at the job's start */
+};
+
+struct srv_stats {
+    uint64_t jobs, jobs_cancelled, jobs_failed;
+    uint64_t prompt_tokens, prefill_tokens, generated_tokens;
+    uint64_t prefix_hits, prefix_tokens_saved;
+    double prefill_s, decode_s, policy_s;
+    uint64_t kv_hot, kv_cold; /* over all slots, refreshed after each step */
+    int busy;
+};
+
+struct srv_engine {
+    struct srv_engine_config cfg;
+    struct kvp_model_info info;
+    struct slot *slots;
+    pthread_t thread;
+    bool started;
+    pthread_mutex_t mu; /* queue, stopping, stats */
+    pthread_cond_t cv;
+    struct srv_job **queue; /* ring of max_queue */
+    int q_head, q_len;
+    bool stopping;     /* no new jobs */
+    bool quit;         /* scheduler exits once the slots are idle */
+    struct srv_stats st;
+    double t_start;
+};
+
+/* ---- jobs ------------------------------------------------------------------------------- */
+
+struct srv_job *srv_job_new(const int32_t *ids, int n)
+{
+    struct srv_job *j = calloc(1, sizeof(*j));
+    if (!j)
+        return NULL;
+    j->ids = malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    j->cap = 256;
+    j->text = malloc(j->cap);
+    if (!j->ids || !j->text) {
+        free(j->ids);
+        free(j->text);
+        free(j);
+        return NULL;
+    }
+    memcpy(j->ids, ids, (size_t)n * sizeof(int32_t));
+    j->n_prompt = n;
+    atomic_init(&j->refs, 1);
+    atomic_init(&j->cancel, false);
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    j->t_submit = kvp_time_now();
+    return j;
+}
+
+void srv_job_unref(struct srv_job *j)
+{
+    if (!j || atomic_fetch_sub(&j->refs, 1) != 1)
+        return;
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    for (int i = 0; i < j->n_stop; i++)
+        free(j->stop[i]);
+    free(j->pol_name);
+    free(j->ids);
+    free(j->text);
+    free(j);
+}
+
+void srv_job_cancel(struct srv_job *j)
+{
+    atomic_store(&j->cancel, true);
+}
+
+static void job_finish(struct srv_job *j, int finish, const char *msg)
+{
+    pthread_mutex_lock(&j->mu);
+    if (j->finish == SRV_RUNNING) {
+        j->finish = finish;
+        /* on a stop string, visible already ends before it; otherwise the held-back tail goes */
+        if (!j->stop_hit)
+            j->visible = j->len;
+        if (msg)
+            snprintf(j->err, sizeof(j->err), "%s", msg);
+        j->t_done = kvp_time_now();
+    }
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
+/* Bytes of s[0..n) that end on a whole UTF-8 character (an incomplete trailing sequence is held
+ * back until its next token arrives). */
+static size_t utf8_whole(const char *s, size_t n)
+{
+    size_t i = n, back = 0;
+    while (i > 0 && back < 4 && ((unsigned char)s[i - 1] & 0xC0) == 0x80) {
+        i--;
+        back++;
+    }
+    if (i == 0)
+        return n;
+    unsigned char c = (unsigned char)s[i - 1];
+    size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    return need > back + 1 ? i - 1 : n;
+}
+
+/* Append a piece; returns true when a stop string now appears (visible then ends before it). */
+static bool job_append(struct srv_job *j, const char *piece, size_t n)
+{
+    pthread_mutex_lock(&j->mu);
+    if (j->len + n + 1 > j->cap) {
+        size_t cap = j->cap;
+        while (j->len + n + 1 > cap)
+            cap *= 2;
+        char *t = realloc(j->text, cap);
+        if (!t) {
+            pthread_mutex_unlock(&j->mu);
+            return true; /* out of memory ends the answer where it is */
+        }
+        j->text = t;
+        j->cap = cap;
+    }
+    memcpy(j->text + j->len, piece, n);
+    j->len += n;
+    j->text[j->len] = 0;
+    if (j->n_gen == 0)
+        j->t_first = kvp_time_now();
+    j->n_gen++;
+    bool stopped = false;
+    size_t hold = 0;
+    for (int s = 0; s < j->n_stop; s++) {
+        size_t sl = strlen(j->stop[s]);
+        /* search only where the new piece could complete a match */
+        size_t from = j->visible > sl ? j->visible - sl : 0;
+        const char *hit = strstr(j->text + from, j->stop[s]);
+        if (hit) {
+            size_t at = (size_t)(hit - j->text);
+            if (!stopped || at < j->visible)
+                j->visible = at;
+            stopped = true;
+            continue;
+        }
+        /* hold back a tail that could still become this stop string */
+        for (size_t k = sl - 1; k > 0; k--)
+            if (k <= j->len && !memcmp(j->text + j->len - k, j->stop[s], k)) {
+                hold = k > hold ? k : hold;
+                break;
+            }
+    }
+    j->stop_hit = stopped;
+    if (!stopped) {
+        size_t v = utf8_whole(j->text, j->len - hold);
+        j->visible = v > j->visible ? v : j->visible;
+    }
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    return stopped;
+}
+
+/* ---- slots ------------------------------------------------------------------------------ */
+
+static void policy_key(const struct kvp_policy_params *p, char *key, size_t cap)
+{
+    if (!p || !p->name) {
+        snprintf(key, cap, "full");
+        return;
+    }
+    snprintf(key, cap, "%s|%d|%.9g|%d|%d|%s|%s|%s", p->name, p->budget, p->budget_ratio, p->sink,
+             p->local, p->aux_path ? p->aux_path : "", p->head_profile ? p->head_profile : "",
+             p->opts ? p->opts : "");
+}
+
+static double read_share(const struct kvp_policy_params *p, int n)
+{
+    if (!p || !p->name || !strcmp(p->name, "full") || n <= 0)
+        return 1.0;
+    if (p->budget > 0)
+        return p->budget >= n ? 1.0 : (double)p->budget / n;
+    if (p->budget_ratio > 0 && p->budget_ratio <= 1)
+        return p->budget_ratio;
+    return 1.0;
+}
+
+static const struct kvp_policy_params *job_policy(const struct srv_engine *e,
+                                                  const struct srv_job *j)
+{
+    return j->has_policy ? &j->pol : e->cfg.pol;
+}
+
+static void refresh_kv(struct srv_engine *e, struct slot *s)
+{
+    struct srv_job *j = s->job;
+    size_t resident = 0;
+    kvp_ctx_kv_bytes(s->ctx, &resident, NULL);
+    struct srv_kv_view v = {.n_cached = kvp_ctx_n_tokens(s->ctx), .bytes_hot = resident};
+    struct kvp_store_stats ss;
+    if (kvp_ctx_store_stats(s->ctx, &ss) == 0) {
+        v.bytes_hot = ss.hot_bytes;
+        v.bytes_cold = ss.cold_bytes;
+    }
+    v.read_share = read_share(job_policy(e, j), v.n_cached);
+    pthread_mutex_lock(&j->mu);
+    v.prefix_reused = j->kv.prefix_reused;
+    j->kv = v;
+    pthread_mutex_unlock(&j->mu);
+}
+
+/* Whether the slot's policy gives the same cache and answer when a prompt is prefilled in
+ * pieces (a cached prefix, then chunks) as in one call: not when it evicts, or when it reads the
+ * prompt's attention rows or column sums at prefill time (those cover only the piece). quest
+ * rebuilds its block metadata from the whole cache after every piece, so it qualifies. */
+static bool piecewise_ok(const kvp_ctx *ctx)
+{
+    const struct kvp_policy *p = ctx->pol.p;
+    return !p || (!p->ops->evicting && !p->ops->wants_obs && !p->ops->wants_colsum);
+}
+
+/* Put job j into slot s: set its policy (clearing the cache) or reuse the cached prefix. */
+static int slot_begin(struct srv_engine *e, struct slot *s, struct srv_job *j)
+{
+    struct kvp_err err = {0};
+    const struct kvp_policy_params *pp = job_policy(e, j);
+    char key[sizeof(s->pol_key)];
+    policy_key(pp, key, sizeof(key));
+    int reuse = 0;
+    if (strcmp(key, s->pol_key) != 0) {
+        s->pol_key[0] = 0;
+        s->n_toks = 0;
+        if (kvp_ctx_set_policy(s->ctx, pp && pp->name ? pp : NULL, &err) < 0) {
+            job_finish(j, SRV_FINISH_ERROR, err.msg);
+            return -1;
+        }
+        snprintf(s->pol_key, sizeof(s->pol_key), "%s", key);
+    } else if (piecewise_ok(s->ctx)) {
+        /* at least two prompt tokens stay to prefill: one token alone would be a decode step,
+         * which reads only the policy's selection instead of the whole prompt */
+        int lim = s->n_toks < j->n_prompt - 2 ? s->n_toks : j->n_prompt - 2;
+        while (reuse < lim && s->toks[reuse] == j->ids[reuse])
+            reuse++;
+    }
+    kvp_ctx_truncate(s->ctx, reuse);
+    s->n_toks = reuse;
+    if (reuse == 0)
+        kvp_ctx_reset(s->ctx);
+    s->pos = reuse;
+    kvp_sampler_free(s->smp);
+    s->smp = NULL;
+    if (kvp_sampler_init(&j->sp, e->info.n_vocab, &s->smp, &err) < 0) {
+        job_finish(j, SRV_FINISH_ERROR, err.msg);
+        return -1;
+    }
+    for (int i = 0; i < j->n_prompt; i++)
+        kvp_sampler_accept(s->smp, j->ids[i]);
+    s->prev = j->ids[j->n_prompt - 1];
+    s->pol_s0 = kvp_ctx_policy_seconds(s->ctx);
+    pthread_mutex_lock(&j->mu);
+    j->kv.prefix_reused = reuse;
+    j->t_start = kvp_time_now();
+    pthread_mutex_unlock(&j->mu);
+    pthread_mutex_lock(&e->mu);
+    e->st.prompt_tokens += (uint64_t)j->n_prompt;
+    if (reuse > 0) {
+        e->st.prefix_hits++;
+        e->st.prefix_tokens_saved += (uint64_t)reuse;
+    }
+    pthread_mutex_unlock(&e->mu);
+    return 0;
+}
+
+static void slot_end(struct srv_engine *e, struct slot *s, int finish, const char *msg)
+{
+    struct srv_job *j = s->job;
+    double pol = kvp_ctx_policy_seconds(s->ctx) - s->pol_s0;
+    job_finish(j, finish, msg);
+    pthread_mutex_lock(&e->mu);
+    e->st.jobs++;
+    e->st.jobs_cancelled += finish == SRV_FINISH_CANCELLED;
+    e->st.jobs_failed += finish == SRV_FINISH_ERROR;
+    e->st.policy_s += pol > 0 ? pol : 0;
+    e->st.busy--;
+    pthread_mutex_unlock(&e->mu);
+    srv_job_unref(j);
+    s->job = NULL;
+    s->last_used = kvp_time_now();
+    if (finish == SRV_FINISH_ERROR) {
+        /* the cache may be anything after a refusal: start the next job from nothing */
+        s->pol_key[0] = 0;
+        s->n_toks = 0;
+    }
+}
+
+/* One step of a busy slot: a prefill chunk, or one generated token. */
+static void slot_step(struct srv_engine *e, struct slot *s)
+{
+    struct srv_job *j = s->job;
+    struct kvp_err err = {0};
+    if (atomic_load(&j->cancel)) {
+        slot_end(e, s, SRV_FINISH_CANCELLED, "cancelled");
+        return;
+    }
+    double t0 = kvp_time_now();
+    if (s->pos < j->n_prompt) {
+        /* chunks ending where kvp_eval's own micro-batches of n_batch would (so the same
+         * batches run as for the whole prompt at once), never leaving a last chunk of one token
+         * (a decode step); a policy that must see the whole prompt gets it in one call */
+        int n = j->n_prompt - s->pos;
+        int nb = s->ctx->n_batch;
+        if (piecewise_ok(s->ctx)) {
+            int cut = nb - s->pos % nb;
+            if (n > cut + 1)
+                n = cut;
+        }
+        bool last = s->pos + n == j->n_prompt;
+        if (kvp_eval(s->ctx, j->ids + s->pos, n, last ? s->logits : NULL, false, &err) < 0) {
+            slot_end(e, s, SRV_FINISH_ERROR, err.msg);
+            return;
+        }
+        memcpy(s->toks + s->pos, j->ids + s->pos, (size_t)n * sizeof(int32_t));
+        s->pos += n;
+        s->n_toks = s->pos;
+        pthread_mutex_lock(&e->mu);
+        e->st.prefill_tokens += (uint64_t)n;
+        e->st.prefill_s += kvp_time_now() - t0;
+        pthread_mutex_unlock(&e->mu);
+        refresh_kv(e, s);
+        if (last && j->max_tokens == 0)
+            slot_end(e, s, SRV_FINISH_LENGTH, NULL);
+        return;
+    }
+    /* the same order as `kvpred run`: sample, stop on end-of-generation, emit, accept, eval */
+    int tok = kvp_sampler_sample(s->smp, s->logits);
+    if (kvp_token_is_eog(e->cfg.model, tok)) {
+        slot_end(e, s, SRV_FINISH_STOP, NULL);
+        return;
+    }
+    char piece[256];
+    size_t pn = kvp_token_to_piece(e->cfg.model, s->prev, tok, piece, sizeof(piece));
+    bool stopped = job_append(j, piece, pn);
+    kvp_sampler_accept(s->smp, tok);
+    s->prev = tok;
+    pthread_mutex_lock(&e->mu);
+    e->st.generated_tokens++;
+    pthread_mutex_unlock(&e->mu);
+    if (stopped) {
+        slot_end(e, s, SRV_FINISH_STOP, NULL);
+        return;
+    }
+    if (j->n_gen >= j->max_tokens || s->n_toks + 1 > kvp_ctx_n_ctx(s->ctx)) {
+        slot_end(e, s, SRV_FINISH_LENGTH, NULL);
+        return;
+    }
+    int32_t t = tok;
+    if (kvp_eval(s->ctx, &t, 1, s->logits, false, &err) < 0) {
+        slot_end(e, s, SRV_FINISH_ERROR, err.msg);
+        return;
+    }
+    s->toks[s->n_toks++] = tok;
+    pthread_mutex_lock(&e->mu);
+    e->st.decode_s += kvp_time_now() - t0;
+    pthread_mutex_unlock(&e->mu);
+    refresh_kv(e, s);
+}
+
+/* The free slot for job j: the longest cached prefix of its prompt, then the least recently
+ * used. */
+static struct slot *pick_slot(struct srv_engine *e, const struct srv_job *j)
+{
+    struct slot *best = NULL;
+    int best_n = -1;
+    for (int i = 0; i < e->cfg.n_slots; i++) {
+        struct slot *s = &e->slots[i];
+        if (s->job)
+            continue;
+        int n = 0;
+        while (n < s->n_toks && n < j->n_prompt && s->toks[n] == j->ids[n])
+            n++;
+        if (n > best_n || (n == best_n && s->last_used < best->last_used)) {
+            best = s;
+            best_n = n;
+        }
+    }
+    return best;
+}
+
+static void *scheduler(void *arg)
+{
+    struct srv_engine *e = arg;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        int busy = 0;
+        for (int i = 0; i < e->cfg.n_slots; i++)
+            busy += e->slots[i].job != NULL;
+        while (busy == 0 && e->q_len == 0 && !e->quit)
+            pthread_cond_wait(&e->cv, &e->mu);
+        if (busy == 0 && e->q_len == 0 && e->quit) {
+            pthread_mutex_unlock(&e->mu);
+            break;
+        }
+        /* hand queued jobs to free slots, first come first served */
+        struct srv_job *start[64];
+        struct slot *where[64];
+        int n_start = 0;
+        while (e->q_len > 0 && busy < e->cfg.n_slots && n_start < 64) {
+            struct srv_job *j = e->queue[e->q_head];
+            struct slot *s = pick_slot(e, j);
+            e->q_head = (e->q_head + 1) % e->cfg.max_queue;
+            e->q_len--;
+            s->job = j;
+            start[n_start] = j;
+            where[n_start++] = s;
+            busy++;
+            e->st.busy++;
+        }
+        pthread_mutex_unlock(&e->mu);
+        for (int k = 0; k < n_start; k++)
+            if (slot_begin(e, where[k], start[k]) < 0)
+                slot_end(e, where[k], SRV_FINISH_ERROR, NULL);
+        for (int i = 0; i < e->cfg.n_slots; i++)
+            if (e->slots[i].job)
+                slot_step(e, &e->slots[i]);
+        /* KV bytes over every slot, busy or keeping a prefix */
+        uint64_t hot = 0, cold = 0;
+        for (int i = 0; i < e->cfg.n_slots; i++) {
+            size_t resident = 0;
+            struct kvp_store_stats ss;
+            if (kvp_ctx_store_stats(e->slots[i].ctx, &ss) == 0) {
+                hot += ss.hot_bytes;
+                cold += ss.cold_bytes;
+            } else {
+                kvp_ctx_kv_bytes(e->slots[i].ctx, &resident, NULL);
+                hot += resident;
+            }
+        }
+        pthread_mutex_lock(&e->mu);
+        e->st.kv_hot = hot;
+        e->st.kv_cold = cold;
+        pthread_mutex_unlock(&e->mu);
+    }
+    return NULL;
+}
+
+/* ---- the engine ------------------------------------------------------------------------- */
+
+int srv_engine_start(const struct srv_engine_config *cfg, struct srv_engine **out,
+                     struct kvp_err *err)
+{
+    *out = NULL;
+    if (cfg->n_slots < 1 || cfg->n_slots > 256 || cfg->max_queue < 1)
+        return kvp_err_set(err, KVP_EINVAL, "serve: 1..256 slots and a queue of at least 1");
+    struct srv_engine *e = calloc(1, sizeof(*e));
+    if (!e)
+        return kvp_err_set(err, KVP_ENOMEM, "out of memory");
+    e->cfg = *cfg;
+    kvp_model_get_info(cfg->model, &e->info);
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    e->t_start = kvp_time_now();
+    e->slots = calloc((size_t)cfg->n_slots, sizeof(*e->slots));
+    e->queue = calloc((size_t)cfg->max_queue, sizeof(*e->queue));
+    if (!e->slots || !e->queue) {
+        srv_engine_free(e);
+        return kvp_err_set(err, KVP_ENOMEM, "out of memory");
+    }
+    for (int i = 0; i < cfg->n_slots; i++) {
+        struct slot *s = &e->slots[i];
+        int rc = kvp_ctx_init(cfg->model, &cfg->cp, &s->ctx, err);
+        if (rc < 0) {
+            srv_engine_free(e);
+            return rc;
+        }
+        int n_ctx = kvp_ctx_n_ctx(s->ctx);
+        s->logits = malloc((size_t)e->info.n_vocab * sizeof(float));
+        s->toks = malloc((size_t)n_ctx * sizeof(int32_t));
+        if (!s->logits || !s->toks) {
+            srv_engine_free(e);
+            return kvp_err_set(err, KVP_ENOMEM, "out of memory");
+        }
+        /* the server's policy is set once here so a refused one fails at start */
+        if (cfg->pol && cfg->pol->name) {
+            if ((rc = kvp_ctx_set_policy(s->ctx, cfg->pol, err)) < 0) {
+                srv_engine_free(e);
+                return rc;
+            }
+        }
+        policy_key(cfg->pol, s->pol_key, sizeof(s->pol_key));
+    }
+    if (pthread_create(&e->thread, NULL, scheduler, e) != 0) {
+        srv_engine_free(e);
+        return kvp_err_set(err, KVP_ENOMEM, "serve: cannot start the scheduler thread");
+    }
+    e->started = true;
+    *out = e;
+    return 0;
+}
+
+int srv_engine_submit(struct srv_engine *e, struct srv_job *j)
+{
+    pthread_mutex_lock(&e->mu);
+    if (e->stopping || e->q_len == e->cfg.max_queue) {
+        pthread_mutex_unlock(&e->mu);
+        return -1;
+    }
+    atomic_fetch_add(&j->refs, 1);
+    e->queue[(e->q_head + e->q_len) % e->cfg.max_queue] = j;
+    e->q_len++;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    return 0;
+}
+
+void srv_engine_stop(struct srv_engine *e, double grace_s)
+{
+    if (!e || !e->started)
+        return;
+    pthread_mutex_lock(&e->mu);
+    e->stopping = true;
+    /* queued jobs never started: cancel them now */
+    while (e->q_len > 0) {
+        struct srv_job *j = e->queue[e->q_head];
+        e->q_head = (e->q_head + 1) % e->cfg.max_queue;
+        e->q_len--;
+        job_finish(j, SRV_FINISH_CANCELLED, "the server is stopping");
+        srv_job_unref(j);
+    }
+    e->quit = true;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    double t_end = kvp_time_now() + grace_s;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        int busy = e->st.busy;
+        pthread_mutex_unlock(&e->mu);
+        if (busy == 0)
+            break;
+        if (kvp_time_now() > t_end) {
+            for (int i = 0; i < e->cfg.n_slots; i++) {
+                struct srv_job *j = e->slots[i].job; /* read racily; cancel is atomic */
+                if (j)
+                    srv_job_cancel(j);
+            }
+        }
+        nanosleep(&(struct timespec){.tv_nsec = 20 * 1000 * 1000}, NULL);
+    }
+    pthread_join(e->thread, NULL);
+    e->started = false;
+}
+
+void srv_engine_free(struct srv_engine *e)
+{
+    if (!e)
+        return;
+    srv_engine_stop(e, 0);
+    for (int i = 0; e->slots && i < e->cfg.n_slots; i++) {
+        kvp_sampler_free(e->slots[i].smp);
+        kvp_ctx_free(e->slots[i].ctx);
+        free(e->slots[i].logits);
+        free(e->slots[i].toks);
+    }
+    free(e->slots);
+    free(e->queue);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    free(e);
+}
+
+int srv_engine_n_slots(const struct srv_engine *e)
+{
+    return e->cfg.n_slots;
+}
+
+size_t srv_engine_metrics(struct srv_engine *e, char *buf, size_t cap)
+{
+    pthread_mutex_lock(&e->mu);
+    struct srv_stats s = e->st;
+    int queued = e->q_len;
+    pthread_mutex_unlock(&e->mu);
+    const char *tier = e->cfg.cp.kv_tier == KVP_TIER_RAM    ? "ram"
+                       : e->cfg.cp.kv_tier == KVP_TIER_DISK  ? "disk"
+                       : e->cfg.cp.kv_tier == KVP_TIER_REDIS ? "redis"
+                                                             : "none";
+    int n = snprintf(
+        buf, cap,
+        "# HELP kvpred_requests_finished_total Generation requests finished (any outcome).\n"
+        "# TYPE kvpred_requests_finished_total counter\n"
+        "kvpred_requests_finished_total %llu\n"
+        "kvpred_requests_cancelled_total %llu\n"
+        "kvpred_requests_failed_total %llu\n"
+        "# HELP kvpred_prompt_tokens_total Prompt tokens of started requests.\n"
+        "# TYPE kvpred_prompt_tokens_total counter\n"
+        "kvpred_prompt_tokens_total %llu\n"
+        "# HELP kvpred_prefill_tokens_total Prompt tokens actually run through the model.\n"
+        "# TYPE kvpred_prefill_tokens_total counter\n"
+        "kvpred_prefill_tokens_total %llu\n"
+        "# TYPE kvpred_generated_tokens_total counter\n"
+        "kvpred_generated_tokens_total %llu\n"
+        "# TYPE kvpred_prefill_seconds_total counter\n"
+        "kvpred_prefill_seconds_total %.6f\n"
+        "# TYPE kvpred_decode_seconds_total counter\n"
+        "kvpred_decode_seconds_total %.6f\n"
+        "# HELP kvpred_decode_tokens_per_second Generated tokens per second of decode time.\n"
+        "# TYPE kvpred_decode_tokens_per_second gauge\n"
+        "kvpred_decode_tokens_per_second %.3f\n"
+        "# HELP kvpred_prefill_tokens_per_second Prefilled tokens per second of prefill time.\n"
+        "# TYPE kvpred_prefill_tokens_per_second gauge\n"
+        "kvpred_prefill_tokens_per_second %.3f\n"
+        "# TYPE kvpred_queue_depth gauge\n"
+        "kvpred_queue_depth %d\n"
+        "# TYPE kvpred_slots_busy gauge\n"
+        "kvpred_slots_busy %d\n"
+        "# TYPE kvpred_slots_total gauge\n"
+        "kvpred_slots_total %d\n"
+        "# HELP kvpred_kv_bytes KV cache bytes of every slot, by tier and temperature.\n"
+        "# TYPE kvpred_kv_bytes gauge\n"
+        "kvpred_kv_bytes{tier=\"%s\",state=\"hot\"} %llu\n"
+        "kvpred_kv_bytes{tier=\"%s\",state=\"cold\"} %llu\n"
+        "# HELP kvpred_prefix_cache_hits_total Requests that reused a cached prompt prefix.\n"
+        "# TYPE kvpred_prefix_cache_hits_total counter\n"
+        "kvpred_prefix_cache_hits_total %llu\n"
+        "# TYPE kvpred_prefix_cache_tokens_saved_total counter\n"
+        "kvpred_prefix_cache_tokens_saved_total %llu\n"
+        "# HELP kvpred_policy_seconds_total Time in the selection policy's per-step hooks.\n"
+        "# TYPE kvpred_policy_seconds_total counter\n"
+        "kvpred_policy_seconds_total %.6f\n"
+        "# TYPE kvpred_uptime_seconds gauge\n"
+        "kvpred_uptime_seconds %.3f\n",
+        (unsigned long long)s.jobs, (unsigned long long)s.jobs_cancelled,
+        (unsigned long long)s.jobs_failed, (unsigned long long)s.prompt_tokens,
+        (unsigned long long)s.prefill_tokens, (unsigned long long)s.generated_tokens,
+        s.prefill_s, s.decode_s, s.decode_s > 0 ? s.generated_tokens / s.decode_s : 0.0,
+        s.prefill_s > 0 ? s.prefill_tokens / s.prefill_s : 0.0, queued, s.busy, e->cfg.n_slots,
+        tier, (unsigned long long)s.kv_hot, tier, (unsigned long long)s.kv_cold,
+        (unsigned long long)s.prefix_hits, (unsigned long long)s.prefix_tokens_saved, s.policy_s,
+        kvp_time_now() - e->t_start);
+    return n < 0 ? 0 : (size_t)n;
+}
