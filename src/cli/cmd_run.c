@@ -7,6 +7,7 @@
 #include "cli/common.h"
 #include "cli/measure_opts.h"
 #include "core/platform.h"
+#include "server/server.h"
 
 static void help(void)
 {
@@ -74,6 +75,12 @@ int cmd_run(int argc, char **argv)
         return rc == 2 ? 0 : 1;
     if (prompt && prompt_file)
         return cli_fail("run: give either -p or -f, not both");
+    /* predictor, qpredictor and catekv without their file take the one beside the model */
+    char aux[4096];
+    if (srv_policy_default_file(mo.model_path ? mo.model_path : "models/kvpred-default.gguf", &pp,
+                                aux, sizeof(aux)))
+        fprintf(stderr, "kvpred: %s uses %s\n", pp.name,
+                pp.aux_path == aux ? pp.aux_path : pp.head_profile);
 
     int status = 1;
     char *file_text = NULL;

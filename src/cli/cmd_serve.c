@@ -45,7 +45,12 @@ static void help(void)
            "                       0 = greedy, 40, 0.95, 42)\n"
            "  --grace S            seconds requests in flight get to finish on shutdown (10)\n"
            "  --timeout S          close a connection that sends nothing for S seconds (30)\n"
+           "  --cache-ram MIB      RAM for cached prompt prefixes, least recently used out\n"
+           "                       (default 1024; 0: no prefix cache beyond each slot's own)\n"
+           "  --kv-cache-dir DIR   also keep cached prefixes in DIR, for the next run with the\n"
+           "                       same model file and KV types (checked when read back)\n"
            "  --kv-tier T          none, ram, disk or redis: where each slot's KV cache lives\n"
+           "                       (a tiered slot reuses only its own prefix)\n"
            "  --kv-dir DIR         disk tier: folder of the scratch files\n"
            "  --kv-url URL         redis tier: redis://HOST:PORT\n"
            "  --policy P           default KV selection policy (a request may choose another\n"
@@ -65,7 +70,8 @@ int cmd_serve(int argc, char **argv)
     long port = 8080, n_slots = 2, queue = -1, max_body = 8 << 20, max_tokens = 0,
          n_predict = 128, top_k = 40, seed = 42;
     double temp = 0.0, top_p = 0.95, grace = 10.0;
-    long timeout = 30;
+    long timeout = 30, cache_mib = 1024;
+    const char *cache_dir = NULL;
     int tier = 0;
     struct kvp_policy_params pp = {.gqa_agg = KVP_AGG_MEAN};
     const struct cli_flag flags[] = {
@@ -83,6 +89,8 @@ int cmd_serve(int argc, char **argv)
         CLI_INT("--seed", 0, 0x7fffffffffffffffL, &seed, "a non-negative integer"),
         CLI_FLOAT("--grace", 0.0, 3600.0, &grace, "seconds in 0..3600"),
         CLI_INT("--timeout", 1, 3600, &timeout, "seconds in 1..3600"),
+        CLI_STR("--kv-cache-dir", &cache_dir),
+        CLI_INT("--cache-ram", 0, 1L << 22, &cache_mib, "MiB in 0..2^22"),
         CLI_CHOICE("--kv-tier", tier_names, 0, &tier, "none, ram, disk or redis"),
         CLI_STR("--kv-dir", &kv_dir),
         CLI_STR("--kv-url", &kv_url),
@@ -125,6 +133,8 @@ int cmd_serve(int argc, char **argv)
         .max_body = (size_t)max_body,
         .default_max_tokens = (int)n_predict,
         .timeout_s = (int)timeout,
+        .cache_ram = (size_t)cache_mib << 20,
+        .cache_dir = cache_dir,
         .cp = cli_ctx_params(&mo, 0),
         .pol = pp.name ? &pp : NULL,
         .temperature = temp,

@@ -14,7 +14,7 @@ struct slot {
     kvp_ctx *ctx;
     kvp_sampler *smp;
     float *logits;
-    int32_t *toks;      /* the tokens the cache holds, in order */
+    int32_t *toks;      /* the prompt tokens the cache holds, in order */
     int n_toks;
     char pol_key[512];  /* the policy the context runs ("" before the first job) */
     struct srv_job *job;
@@ -47,6 +47,7 @@ struct srv_engine {
     bool quit;         /* scheduler exits once the slots are idle */
     struct srv_stats st;
     double t_start;
+    struct srv_prefix *prefix; /* owned; NULL without a prefix cache */
 };
 
 /* ---- jobs ------------------------------------------------------------------------------- */
@@ -260,10 +261,24 @@ static int slot_begin(struct srv_engine *e, struct slot *s, struct srv_job *j)
         while (reuse < lim && s->toks[reuse] == j->ids[reuse])
             reuse++;
     }
-    kvp_ctx_truncate(s->ctx, reuse);
+    /* a longer prefix in the prefix cache is copied in instead */
+    struct srv_prefix *pc = e->prefix;
+    int from_cache = 0;
+    if (pc && srv_prefix_ctx_ok(s->ctx)) {
+        int m = srv_prefix_match(pc, j->ids, j->n_prompt, j->n_prompt - 2, reuse);
+        if (m > 0 && srv_prefix_load(pc, s->ctx, j->ids, m) == 0) {
+            reuse = from_cache = m;
+            memcpy(s->toks, j->ids, (size_t)m * sizeof(int32_t));
+        } else if (m > 0) {
+            reuse = 0; /* refused: the context was emptied, prefill from nothing */
+        }
+    }
+    if (!from_cache) {
+        kvp_ctx_truncate(s->ctx, reuse);
+        if (reuse == 0)
+            kvp_ctx_reset(s->ctx);
+    }
     s->n_toks = reuse;
-    if (reuse == 0)
-        kvp_ctx_reset(s->ctx);
     s->pos = reuse;
     kvp_sampler_free(s->smp);
     s->smp = NULL;
@@ -344,6 +359,8 @@ static void slot_step(struct srv_engine *e, struct slot *s)
         e->st.prefill_tokens += (uint64_t)n;
         e->st.prefill_s += kvp_time_now() - t0;
         pthread_mutex_unlock(&e->mu);
+        if (last && e->prefix)
+            srv_prefix_put(e->prefix, s->ctx, j->ids, j->n_prompt);
         refresh_kv(e, s);
         if (last && j->max_tokens == 0)
             slot_end(e, s, SRV_FINISH_LENGTH, NULL);
@@ -367,7 +384,7 @@ static void slot_step(struct srv_engine *e, struct slot *s)
         slot_end(e, s, SRV_FINISH_STOP, NULL);
         return;
     }
-    if (j->n_gen >= j->max_tokens || s->n_toks + 1 > kvp_ctx_n_ctx(s->ctx)) {
+    if (j->n_gen >= j->max_tokens || kvp_ctx_n_tokens(s->ctx) + 1 > kvp_ctx_n_ctx(s->ctx)) {
         slot_end(e, s, SRV_FINISH_LENGTH, NULL);
         return;
     }
@@ -376,7 +393,6 @@ static void slot_step(struct srv_engine *e, struct slot *s)
         slot_end(e, s, SRV_FINISH_ERROR, err.msg);
         return;
     }
-    s->toks[s->n_toks++] = tok;
     pthread_mutex_lock(&e->mu);
     e->st.decode_s += kvp_time_now() - t0;
     pthread_mutex_unlock(&e->mu);
@@ -506,6 +522,16 @@ int srv_engine_start(const struct srv_engine_config *cfg, struct srv_engine **ou
         }
         policy_key(cfg->pol, s->pol_key, sizeof(s->pol_key));
     }
+    if (cfg->cache_ram > 0) {
+        struct srv_prefix_config pc = {.model_path = cfg->model_path, .model = cfg->model,
+                                       .like = e->slots[0].ctx, .ram_bytes = cfg->cache_ram,
+                                       .dir = cfg->cache_dir, .min_tokens = 32};
+        int rc = srv_prefix_open(&pc, &e->prefix, err);
+        if (rc < 0) {
+            srv_engine_free(e);
+            return rc;
+        }
+    }
     if (pthread_create(&e->thread, NULL, scheduler, e) != 0) {
         srv_engine_free(e);
         return kvp_err_set(err, KVP_ENOMEM, "serve: cannot start the scheduler thread");
@@ -578,6 +604,7 @@ void srv_engine_free(struct srv_engine *e)
         free(e->slots[i].logits);
         free(e->slots[i].toks);
     }
+    srv_prefix_close(e->prefix); /* writes out what is queued for the folder */
     free(e->slots);
     free(e->queue);
     pthread_mutex_destroy(&e->mu);
@@ -596,6 +623,8 @@ size_t srv_engine_metrics(struct srv_engine *e, char *buf, size_t cap)
     struct srv_stats s = e->st;
     int queued = e->q_len;
     pthread_mutex_unlock(&e->mu);
+    struct srv_prefix_stats ps;
+    srv_prefix_stats(e->prefix, &ps);
     const char *tier = e->cfg.cp.kv_tier == KVP_TIER_RAM    ? "ram"
                        : e->cfg.cp.kv_tier == KVP_TIER_DISK  ? "disk"
                        : e->cfg.cp.kv_tier == KVP_TIER_REDIS ? "redis"
@@ -644,7 +673,23 @@ size_t srv_engine_metrics(struct srv_engine *e, char *buf, size_t cap)
         "# TYPE kvpred_policy_seconds_total counter\n"
         "kvpred_policy_seconds_total %.6f\n"
         "# TYPE kvpred_uptime_seconds gauge\n"
-        "kvpred_uptime_seconds %.3f\n",
+        "kvpred_uptime_seconds %.3f\n"
+        "# HELP kvpred_prefix_cache_entries Cached prompt prefixes, in RAM and in the folder.\n"
+        "# TYPE kvpred_prefix_cache_entries gauge\n"
+        "kvpred_prefix_cache_entries{where=\"ram\"} %llu\n"
+        "kvpred_prefix_cache_entries{where=\"disk\"} %llu\n"
+        "# TYPE kvpred_prefix_cache_bytes gauge\n"
+        "kvpred_prefix_cache_bytes{where=\"ram\"} %llu\n"
+        "kvpred_prefix_cache_bytes{where=\"disk\"} %llu\n"
+        "# HELP kvpred_prefix_cache_loads_total Prefixes copied in from the prefix cache.\n"
+        "# TYPE kvpred_prefix_cache_loads_total counter\n"
+        "kvpred_prefix_cache_loads_total %llu\n"
+        "kvpred_prefix_cache_tokens_loaded_total %llu\n"
+        "# HELP kvpred_prefix_cache_refused_total Stored prefixes refused (corrupt, foreign).\n"
+        "# TYPE kvpred_prefix_cache_refused_total counter\n"
+        "kvpred_prefix_cache_refused_total %llu\n"
+        "kvpred_prefix_cache_written_total %llu\n"
+        "kvpred_prefix_cache_persistent %d\n",
         (unsigned long long)s.jobs, (unsigned long long)s.jobs_cancelled,
         (unsigned long long)s.jobs_failed, (unsigned long long)s.prompt_tokens,
         (unsigned long long)s.prefill_tokens, (unsigned long long)s.generated_tokens,
@@ -652,6 +697,10 @@ size_t srv_engine_metrics(struct srv_engine *e, char *buf, size_t cap)
         s.prefill_s > 0 ? s.prefill_tokens / s.prefill_s : 0.0, queued, s.busy, e->cfg.n_slots,
         tier, (unsigned long long)s.kv_hot, tier, (unsigned long long)s.kv_cold,
         (unsigned long long)s.prefix_hits, (unsigned long long)s.prefix_tokens_saved, s.policy_s,
-        kvp_time_now() - e->t_start);
+        kvp_time_now() - e->t_start, (unsigned long long)ps.entries,
+        (unsigned long long)ps.disk_entries, (unsigned long long)ps.ram_bytes,
+        (unsigned long long)ps.disk_bytes, (unsigned long long)ps.hits,
+        (unsigned long long)ps.tokens_loaded, (unsigned long long)ps.refused,
+        (unsigned long long)ps.written, ps.persistent ? 1 : 0);
     return n < 0 ? 0 : (size_t)n;
 }

@@ -5,11 +5,14 @@
  * then one token per slot per round. The HTTP side (http.c) never touches a slot; it submits a
  * job and reads what the job produced under the job's lock.
  *
- * A slot keeps the tokens its cache holds; a new request is placed in the free slot whose cache
- * shares the longest prefix with its prompt (ties: the least recently used), and only the rest
- * of the prompt is prefilled. That reuse needs a policy that neither evicts nor reads the
- * prompt's attention at prefill time (full, quest, the predictors, ...), and the same policy as
- * the slot last ran; otherwise the slot starts empty.
+ * A slot remembers the prompt its cache holds; a new request is placed in the free slot whose
+ * cache shares the longest prefix with its prompt (ties: the least recently used), and only the
+ * rest of the prompt is prefilled. Longer prefixes kept by the prefix cache (prefix.h: other
+ * slots' earlier prompts, or a previous run's) are copied in instead when they cover more. Both
+ * need a policy that neither evicts nor reads the prompt's attention at prefill time (full,
+ * quest, ...); in-slot reuse also the same policy as the slot last ran. Only prompt tokens are
+ * reused, never generated ones (decode computes those under the policy's selection, so reusing
+ * them could change the answer from what a fresh prefill gives).
  */
 #ifndef KVP_SERVER_ENGINE_H
 #define KVP_SERVER_ENGINE_H
@@ -21,6 +24,7 @@
 #include <stdint.h>
 
 #include "kvpred.h"
+#include "server/prefix.h"
 #include "server/request.h"
 
 enum srv_finish {
@@ -80,6 +84,10 @@ struct srv_engine_config {
     struct kvp_ctx_params cp;            /* per slot */
     const struct kvp_policy_params *pol; /* the server's policy (NULL: full attention) */
     int max_queue;                       /* jobs waiting for a slot */
+    /* the prefix cache: RAM budget (0: none) and folder (NULL: not persistent) */
+    size_t cache_ram;
+    const char *cache_dir;
+    const char *model_path;              /* the model file's fingerprint keys the folder */
 };
 
 struct srv_engine;

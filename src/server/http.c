@@ -602,7 +602,7 @@ static enum MHD_Result models(struct srv_server *s, struct MHD_Connection *c)
 
 static enum MHD_Result metrics(struct srv_server *s, struct MHD_Connection *c)
 {
-    size_t cap = 8192;
+    size_t cap = 16384;
     char *buf = malloc(cap);
     if (!buf)
         return fail(s, c, 500, "server_error", NULL, "out of memory");
@@ -793,7 +793,9 @@ int srv_server_start(const struct srv_config *cfg, const kvp_model *model,
     s->def = (struct srv_defaults){.temperature = cfg->temperature, .top_p = cfg->top_p,
                                    .top_k = cfg->top_k, .seed = cfg->seed};
     struct srv_engine_config ec = {.model = model, .n_slots = cfg->n_slots, .cp = cfg->cp,
-                                   .pol = cfg->pol, .max_queue = cfg->max_queue};
+                                   .pol = cfg->pol, .max_queue = cfg->max_queue,
+                                   .cache_ram = cfg->cache_ram, .cache_dir = cfg->cache_dir,
+                                   .model_path = cfg->model_path};
     int rc = srv_engine_start(&ec, &s->eng, err);
     if (rc < 0) {
         free(s);

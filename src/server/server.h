@@ -23,6 +23,8 @@ struct srv_config {
     int max_tokens;           /* largest max_tokens; also the default cap */
     int default_max_tokens;   /* when a request gives none */
     int timeout_s;            /* a connection silent this long is closed [30] */
+    size_t cache_ram;         /* prefix cache RAM budget in bytes (0: none) */
+    const char *cache_dir;    /* prefix cache folder (NULL: not persistent) */
     struct kvp_ctx_params cp; /* per slot */
     const struct kvp_policy_params *pol; /* the server's policy (NULL: full) */
     double temperature, top_p;/* sampling defaults (kvpred run's) */
