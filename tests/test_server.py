@@ -345,6 +345,21 @@ def main():
             got = json.loads(r.stdout.strip().splitlines()[-1])
             check(chat_out.endswith(got["chat"].encode() + b"\n"),
                   "openai client's chat answer equals kvpred run --chat")
+
+        # ---- the page in headless Chromium (playwright-core driving Debian's chromium)
+        pw = os.path.join(SRC, "tests", "node_modules", "playwright-core")
+        chromium = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+        if not os.path.isdir(pw) or not os.path.exists(chromium) or not shutil.which("node"):
+            print("skipped: the page test needs Debian's chromium and playwright-core "
+                  "(scripts/install-deps.sh, scripts/install-node-deps.sh)")
+        else:
+            r = subprocess.run(["node", os.path.join(SRC, "tests", "server_page.mjs"), str(port),
+                                "Once upon a time, Lily went to the park. Where did Lily go?",
+                                KEY] + ([os.environ["KVP_PAGE_SHOT"]]
+                                        if os.environ.get("KVP_PAGE_SHOT") else []),
+                               capture_output=True, text=True, timeout=120)
+            check(r.returncode == 0, "the page streams an answer and fills the KV panel, and a "
+                  "second turn counts a prefix-cache hit " + (r.stdout + r.stderr)[-400:])
     finally:
         rc = stop(p)
     check(rc == 0, "SIGTERM: the server stops cleanly")

@@ -69,7 +69,7 @@ const char srv_page_html[] =
 "  history.push({role:'assistant',content:answer});}\n"
 " catch(e){out.className='msg error';out.textContent='error: '+e.message;history.pop();$('status').textContent='error';}\n"
 " $('send').disabled=false;}\n"
-"$('send').onclick=send;$('prompt').addEventListener('keydown',e=>{if(e.key==='Enter'&&!e.shiftKey){e.preventDefault();send();}});\n"
+"$('key').onchange=loadModels;$('send').onclick=send;$('prompt').addEventListener('keydown',e=>{if(e.key==='Enter'&&!e.shiftKey){e.preventDefault();send();}});\n"
 "loadModels();\n"
 "</script></body></html>\n";
 
