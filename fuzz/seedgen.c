@@ -327,14 +327,14 @@ static int server_request_seeds(const char *dir)
 {
     static const char *const seeds[] = {
         "\x00{\"prompt\": \"Once upon a time\", \"max_tokens\": 16, \"temperature\": 0}",
-        "\x00{\"model\": \"m\", \"prompt\": [\"a\"], \"stream\": true, \"stop\": [\"\\n\", \"end\"], "
-        "\"seed\": 7, \"top_k\": 5, \"top_p\": 0.9, \"kvpred\": {\"policy\": \"quest\", "
-        "\"budget\": \"1/16\"}}",
-        "\x01{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": "
-        "\"user\", \"content\": [{\"type\": \"text\", \"text\": \"Hi\"}]}], \"stream\": true, "
-        "\"stream_options\": {\"include_usage\": true}, \"max_completion_tokens\": 8}",
-        "\x01{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"kvpred\": {\"budget\": "
-        "256}, \"n\": 1, \"stop\": \"Q:\"}",
+        ("\x00{\"model\": \"m\", \"prompt\": [\"a\"], \"stream\": true, \"stop\": [\"\\n\", \"end\"], "
+         "\"seed\": 7, \"top_k\": 5, \"top_p\": 0.9, \"kvpred\": {\"policy\": \"quest\", "
+         "\"budget\": \"1/16\"}}"),
+        ("\x01{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": "
+         "\"user\", \"content\": [{\"type\": \"text\", \"text\": \"Hi\"}]}], \"stream\": true, "
+         "\"stream_options\": {\"include_usage\": true}, \"max_completion_tokens\": 8}"),
+        ("\x01{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"kvpred\": {\"budget\": "
+         "256}, \"n\": 1, \"stop\": \"Q:\"}"),
         "\x00{\"prompt\": 5, \"max_tokens\": \"many\"}",
         "\x01{\"messages\": {}, \"temperature\": -1}",
         "\x00[1, 2, 3]",
