@@ -477,6 +477,31 @@ def prefix_cache():
               trunc["choices"][0]["text"] == want, "a truncated file: refused, recomputed")
     finally:
         shutil.rmtree(d, ignore_errors=True)
+    # a full disk (a 1 MiB tmpfs, where root may mount one): the write fails, said once, the
+    # server goes on from RAM
+    tiny = tempfile.mkdtemp(prefix="kvpred-tiny-")
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", tiny],
+                      capture_output=True).returncode != 0:
+        print("skipped: the full-disk case (cannot mount a small tmpfs here)")
+    else:
+        try:
+            p, port = start("--kv-cache-dir", tiny, ctx=ctx)
+            ask(port, "", 4)
+            second = ask(port, " Q: who?")
+            t0 = time.time()
+            while time.time() - t0 < 10 and metric(port, "kvpred_prefix_cache_persistent") != 0:
+                time.sleep(0.05)
+            persistent = metric(port, "kvpred_prefix_cache_persistent")
+            third = ask(port, " Q: when?")
+            stop(p)
+            err = p.stderr.read()
+            check(persistent == 0 and err.count("serving without a persistent") == 1 and
+                  second["kvpred"]["prefix_reused"] > 0 and third["kvpred"]["prefix_reused"] > 0
+                  and not [f for f in os.listdir(tiny) if f.endswith(".tmp")],
+                  "a full disk: said once, no partial file left, prefixes still reused from RAM")
+        finally:
+            subprocess.run(["umount", tiny], capture_output=True)
+            shutil.rmtree(tiny, ignore_errors=True)
     # a folder that cannot be used: said once, served from RAM
     p, port = start("--kv-cache-dir", "/proc/kvpred-no-such-dir", ctx=ctx)
     r = ask(port, "", 4)
