@@ -209,6 +209,14 @@ def main():
               got["kvpred"]["read_share"] == 0.25,
               "quest 1/4 by the extension field: prefix reused, answer equals kvpred run's")
 
+        # policies that need a file find the one beside the model, in the server as in run
+        for pol in ("predictor", "qpredictor", "catekv"):
+            got = json.loads(curl(port, "/v1/completions",
+                                  {"prompt": prompt, "max_tokens": 12, "kvpred": {"policy": pol}}))
+            want_p, _ = run_cli(prompt, 12, extra=["--policy", pol])
+            check(got["choices"][0]["text"] == want_p,
+                  f"{pol} without a file: the model's own, answer equals kvpred run's")
+
         # ---- refusals: OpenAI-style errors with the right status
         def refused(body, status, what, path="/v1/completions", param=None):
             st, _, b = http(port, "POST", path, body)

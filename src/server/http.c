@@ -185,6 +185,42 @@ static bool wait_job(struct srv_job *j, size_t sent, struct MHD_Connection *c)
     return true;
 }
 
+/* s[0..n) as valid UTF-8 for JSON (malloc'd, NUL-terminated): each maximal ill-formed
+ * subsequence becomes U+FFFD, the Unicode-recommended practice (and what Python's and browsers'
+ * decoders do), so a model that emits stray bytes or stops inside a character still gives
+ * clients valid text. NULL when out of memory. */
+static char *utf8_clean(const char *s, size_t n)
+{
+    char *out = malloc(n * 3 + 1), *o = out;
+    if (!out)
+        return NULL;
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        unsigned c = u[i];
+        size_t need = c < 0x80 ? 1 : c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3
+                                     : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+        size_t k = 1;
+        if (need > 1) {
+            /* the second byte's range depends on the lead (no overlongs, surrogates, > U+10FFFF) */
+            unsigned lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80;
+            unsigned hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
+            while (k < need && i + k < n && u[i + k] >= (k == 1 ? lo : 0x80) &&
+                   u[i + k] <= (k == 1 ? hi : 0xBF))
+                k++;
+        }
+        if (need != 0 && k == need) {
+            memcpy(o, s + i, k);
+            o += k;
+        } else {
+            memcpy(o, "\xEF\xBF\xBD", 3);
+            o += 3;
+        }
+        i += k;
+    }
+    *o = 0;
+    return out;
+}
+
 static const char *finish_name(int f)
 {
     return f == SRV_FINISH_STOP ? "stop" : f == SRV_FINISH_LENGTH ? "length" : "cancelled";
@@ -258,7 +294,7 @@ static bool next_event(struct stream *st)
         break;
     case 1:
         if (j->visible > st->sent) {
-            char *piece = strndup(j->text + st->sent, j->visible - st->sent);
+            char *piece = utf8_clean(j->text + st->sent, j->visible - st->sent);
             st->sent = j->visible;
             o = envelope(st->s, st->id, st->created, object);
             cJSON *ch = cJSON_AddArrayToObject(o, "choices"), *c0 = cJSON_CreateObject();
@@ -456,22 +492,26 @@ static struct srv_job *make_job(struct srv_server *s, const struct srv_request *
             j->pol.budget = r->budget;
             j->pol.budget_ratio = r->budget_ratio;
         }
-        static _Thread_local char aux[4096];
+        char aux[4096];
         srv_policy_default_file(s->cfg.model_path, &j->pol, aux, sizeof(aux));
         if (j->pol.aux_path == aux || j->pol.head_profile == aux) {
-            /* keep the path with the job */
-            free(j->pol_name);
+            /* keep the name and the path with the job, in one allocation */
             size_t nl = j->pol.name ? strlen(j->pol.name) + 1 : 0;
-            j->pol_name = malloc(nl + strlen(aux) + 1);
-            if (j->pol_name) {
-                memcpy(j->pol_name, j->pol.name, nl);
-                strcpy(j->pol_name + nl, aux);
-                j->pol.name = j->pol_name;
-                if (j->pol.aux_path == aux)
-                    j->pol.aux_path = j->pol_name + nl;
-                else
-                    j->pol.head_profile = j->pol_name + nl;
+            char *both = malloc(nl + strlen(aux) + 1);
+            if (!both) {
+                srv_job_unref(j);
+                srv_error_set(e, 500, "server_error", NULL, "out of memory");
+                return NULL;
             }
+            memcpy(both, j->pol.name, nl);
+            strcpy(both + nl, aux);
+            if (j->pol.aux_path == aux)
+                j->pol.aux_path = both + nl;
+            else
+                j->pol.head_profile = both + nl;
+            j->pol.name = both;
+            free(j->pol_name);
+            j->pol_name = both;
         }
     }
     return j;
@@ -559,7 +599,7 @@ static enum MHD_Result complete(struct srv_server *s, struct MHD_Connection *c, 
     cJSON *ch = cJSON_AddArrayToObject(o, "choices"), *c0 = cJSON_CreateObject();
     cJSON_AddItemToArray(ch, c0);
     cJSON_AddNumberToObject(c0, "index", 0);
-    char *text = strndup(j->text, j->visible);
+    char *text = utf8_clean(j->text, j->visible);
     if (kind == SRV_CHAT) {
         cJSON *m = cJSON_AddObjectToObject(c0, "message");
         cJSON_AddStringToObject(m, "role", "assistant");
