@@ -17,6 +17,8 @@
 #include "kv/kvcache.h"
 
 #define HEADER_BYTES 72
+/* tokens a prompt must add to the longest cached prefix it starts with to be kept itself */
+#define SRV_PREFIX_MIN_GAIN 256
 static const char MAGIC[8] = {'K', 'V', 'P', 'P', 'F', 'X', '0', '1'};
 #define FILE_VERSION 1u
 
@@ -525,13 +527,24 @@ void srv_prefix_put(struct srv_prefix *p, const kvp_ctx *ctx, const int32_t *ids
     if (n < p->cfg.min_tokens || n <= 0 || !srv_prefix_ctx_ok(ctx) ||
         kvp_ctx_n_tokens(ctx) < n || entry_bytes(p, n) > p->cfg.ram_bytes)
         return;
+    /* a prompt that adds little to a cached prefix (a follow-up question after a document) is
+     * not kept again: copying and writing the whole document for a few more tokens would cost
+     * far more than prefilling those tokens when they are asked for again */
     pthread_mutex_lock(&p->mu);
-    for (struct entry *e = p->list; e; e = e->next)
-        if (e->n >= n && common_blocks(p, e, ids, n) == n) {
-            e->last_used = kvp_time_now(); /* already covered */
-            pthread_mutex_unlock(&p->mu);
-            return;
+    struct entry *best = NULL;
+    int best_m = 0;
+    for (struct entry *e = p->list; e; e = e->next) {
+        int m = common_blocks(p, e, ids, n);
+        if (m > best_m) {
+            best = e;
+            best_m = m;
         }
+    }
+    if (best && n - best_m < SRV_PREFIX_MIN_GAIN) {
+        best->last_used = kvp_time_now();
+        pthread_mutex_unlock(&p->mu);
+        return;
+    }
     pthread_mutex_unlock(&p->mu);
     /* copy outside the lock: only this (the scheduler) thread touches the slots */
     struct entry *e = calloc(1, sizeof(*e));
