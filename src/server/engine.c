@@ -48,6 +48,9 @@ struct srv_engine {
     struct srv_stats st;
     double t_start;
     struct srv_prefix *prefix; /* owned; NULL without a prefix cache */
+    struct step_item *items;   /* [n_slots] the round's work (scheduler thread only) */
+    int *item_rc;
+    struct kvp_err *item_err;
 };
 
 /* ---- jobs ------------------------------------------------------------------------------- */
@@ -326,16 +329,28 @@ static void slot_end(struct srv_engine *e, struct slot *s, int finish, const cha
     }
 }
 
-/* One step of a busy slot: a prefill chunk, or one generated token. */
-static void slot_step(struct srv_engine *e, struct slot *s)
+/* What one busy slot runs in a round: a piece of its prompt, or the token it just sampled. */
+struct step_item {
+    struct slot *s;
+    const int32_t *tokens;
+    int n;
+    bool prefill;
+    bool last;        /* the prompt's last piece */
+    int32_t tok;      /* decode: the sampled token */
+    float *logits;    /* NULL: not needed (a prompt piece before the last) */
+};
+
+/* Plan a busy slot's part of the round: false when it has none (it ended: cancelled, finished,
+ * or refused). A decode step samples here, in `kvpred run`'s order: sample, stop on
+ * end-of-generation, emit, accept; the token is then evaluated with the other slots' items. */
+static bool slot_plan(struct srv_engine *e, struct slot *s, struct step_item *it)
 {
     struct srv_job *j = s->job;
-    struct kvp_err err = {0};
     if (atomic_load(&j->cancel)) {
         slot_end(e, s, SRV_FINISH_CANCELLED, "cancelled");
-        return;
+        return false;
     }
-    double t0 = kvp_time_now();
+    *it = (struct step_item){.s = s};
     if (s->pos < j->n_prompt) {
         /* chunks ending where kvp_eval's own micro-batches of n_batch would (so the same
          * batches run as for the whole prompt at once), never leaving a last chunk of one token
@@ -347,30 +362,17 @@ static void slot_step(struct srv_engine *e, struct slot *s)
             if (n > cut + 1)
                 n = cut;
         }
-        bool last = s->pos + n == j->n_prompt;
-        if (kvp_eval(s->ctx, j->ids + s->pos, n, last ? s->logits : NULL, false, &err) < 0) {
-            slot_end(e, s, SRV_FINISH_ERROR, err.msg);
-            return;
-        }
-        memcpy(s->toks + s->pos, j->ids + s->pos, (size_t)n * sizeof(int32_t));
-        s->pos += n;
-        s->n_toks = s->pos;
-        pthread_mutex_lock(&e->mu);
-        e->st.prefill_tokens += (uint64_t)n;
-        e->st.prefill_s += kvp_time_now() - t0;
-        pthread_mutex_unlock(&e->mu);
-        if (last && e->prefix)
-            srv_prefix_put(e->prefix, s->ctx, j->ids, j->n_prompt);
-        refresh_kv(e, s);
-        if (last && j->max_tokens == 0)
-            slot_end(e, s, SRV_FINISH_LENGTH, NULL);
-        return;
+        it->prefill = true;
+        it->tokens = j->ids + s->pos;
+        it->n = n;
+        it->last = s->pos + n == j->n_prompt;
+        it->logits = it->last ? s->logits : NULL;
+        return true;
     }
-    /* the same order as `kvpred run`: sample, stop on end-of-generation, emit, accept, eval */
     int tok = kvp_sampler_sample(s->smp, s->logits);
     if (kvp_token_is_eog(e->cfg.model, tok)) {
         slot_end(e, s, SRV_FINISH_STOP, NULL);
-        return;
+        return false;
     }
     char piece[256];
     size_t pn = kvp_token_to_piece(e->cfg.model, s->prev, tok, piece, sizeof(piece));
@@ -382,21 +384,61 @@ static void slot_step(struct srv_engine *e, struct slot *s)
     pthread_mutex_unlock(&e->mu);
     if (stopped) {
         slot_end(e, s, SRV_FINISH_STOP, NULL);
-        return;
+        return false;
     }
     if (j->n_gen >= j->max_tokens || kvp_ctx_n_tokens(s->ctx) + 1 > kvp_ctx_n_ctx(s->ctx)) {
         slot_end(e, s, SRV_FINISH_LENGTH, NULL);
+        return false;
+    }
+    it->tok = tok;
+    it->tokens = &it->tok;
+    it->n = 1;
+    it->logits = s->logits;
+    return true;
+}
+
+/* Evaluate the round's items (the seam for a batched step: today each slot's context runs its
+ * own kvp_eval, one after the other). rc[i] and errs[i] receive each item's outcome; the
+ * seconds each took go to the prefill or decode counters. */
+static void run_items(struct srv_engine *e, struct step_item *items, int n, int *rc,
+                      struct kvp_err *errs)
+{
+    for (int i = 0; i < n; i++) {
+        struct step_item *it = &items[i];
+        double t0 = kvp_time_now();
+        rc[i] = kvp_eval(it->s->ctx, it->tokens, it->n, it->logits, false, &errs[i]);
+        double dt = kvp_time_now() - t0;
+        pthread_mutex_lock(&e->mu);
+        if (it->prefill) {
+            e->st.prefill_tokens += (uint64_t)it->n;
+            e->st.prefill_s += dt;
+        } else {
+            e->st.decode_s += dt;
+        }
+        pthread_mutex_unlock(&e->mu);
+    }
+}
+
+/* After the round: move each slot past what ran, or end it on an error. */
+static void slot_after(struct srv_engine *e, const struct step_item *it, int rc,
+                       const struct kvp_err *err)
+{
+    struct slot *s = it->s;
+    struct srv_job *j = s->job;
+    if (rc < 0) {
+        slot_end(e, s, SRV_FINISH_ERROR, err->msg);
         return;
     }
-    int32_t t = tok;
-    if (kvp_eval(s->ctx, &t, 1, s->logits, false, &err) < 0) {
-        slot_end(e, s, SRV_FINISH_ERROR, err.msg);
-        return;
+    if (it->prefill) {
+        memcpy(s->toks + s->pos, it->tokens, (size_t)it->n * sizeof(int32_t));
+        s->pos += it->n;
+        s->n_toks = s->pos;
+        if (it->last && e->prefix)
+            srv_prefix_put(e->prefix, s->ctx, j->ids, j->n_prompt);
     }
-    pthread_mutex_lock(&e->mu);
-    e->st.decode_s += kvp_time_now() - t0;
-    pthread_mutex_unlock(&e->mu);
     refresh_kv(e, s);
+    if (it->prefill && it->last && j->max_tokens == 0)
+        slot_end(e, s, SRV_FINISH_LENGTH, NULL);
 }
 
 /* The free slot for job j: the longest cached prefix of its prompt, then the least recently
@@ -453,9 +495,14 @@ static void *scheduler(void *arg)
         for (int k = 0; k < n_start; k++)
             if (slot_begin(e, where[k], start[k]) < 0)
                 slot_end(e, where[k], SRV_FINISH_ERROR, NULL);
+        /* one round: every busy slot's prompt piece or token, evaluated together */
+        int n_items = 0;
         for (int i = 0; i < e->cfg.n_slots; i++)
-            if (e->slots[i].job)
-                slot_step(e, &e->slots[i]);
+            if (e->slots[i].job && slot_plan(e, &e->slots[i], &e->items[n_items]))
+                n_items++;
+        run_items(e, e->items, n_items, e->item_rc, e->item_err);
+        for (int k = 0; k < n_items; k++)
+            slot_after(e, &e->items[k], e->item_rc[k], &e->item_err[k]);
         /* KV bytes over every slot, busy or keeping a prefix */
         uint64_t hot = 0, cold = 0;
         for (int i = 0; i < e->cfg.n_slots; i++) {
@@ -495,7 +542,10 @@ int srv_engine_start(const struct srv_engine_config *cfg, struct srv_engine **ou
     e->t_start = kvp_time_now();
     e->slots = calloc((size_t)cfg->n_slots, sizeof(*e->slots));
     e->queue = calloc((size_t)cfg->max_queue, sizeof(*e->queue));
-    if (!e->slots || !e->queue) {
+    e->items = calloc((size_t)cfg->n_slots, sizeof(*e->items));
+    e->item_rc = calloc((size_t)cfg->n_slots, sizeof(*e->item_rc));
+    e->item_err = calloc((size_t)cfg->n_slots, sizeof(*e->item_err));
+    if (!e->slots || !e->queue || !e->items || !e->item_rc || !e->item_err) {
         srv_engine_free(e);
         return kvp_err_set(err, KVP_ENOMEM, "out of memory");
     }
@@ -607,6 +657,9 @@ void srv_engine_free(struct srv_engine *e)
     srv_prefix_close(e->prefix); /* writes out what is queued for the folder */
     free(e->slots);
     free(e->queue);
+    free(e->items);
+    free(e->item_rc);
+    free(e->item_err);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     free(e);
