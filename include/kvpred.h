@@ -228,6 +228,81 @@ int kvp_ctx_n_ctx(const kvp_ctx *ctx);
 int kvp_eval(kvp_ctx *ctx, const int32_t *tokens, int n, float *logits, bool all_logits,
              struct kvp_err *err);
 
+/* ---- many sequences: an engine and its sequences ------------------------------------------ */
+
+/* An engine runs many sequences over one model: it owns the thread pool and the buffers of one
+ * forward pass, and each step evaluates tokens of several sequences at once, reading every
+ * weight matrix once for all of them. A sequence (kvp_seq) is a kvp_ctx that borrows the
+ * engine's threads and buffers: it owns only its KV cache, its policy and its tier, so it is
+ * cheap to create, and every kvp_ctx_* function applies to it (kvp_ctx_set_policy,
+ * kvp_ctx_truncate, kvp_ctx_store_stats, ...; kvp_eval runs it alone). Each sequence has its
+ * own context size, KV types, tier (kv_tier, kv_dir, kv_url), hot budget and policy.
+ *
+ * One engine runs one call at a time: no two calls on an engine or its sequences may overlap.
+ * Free the sequences (kvp_ctx_free) before the engine. */
+typedef struct kvp_engine kvp_engine;
+typedef struct kvp_ctx kvp_seq;
+struct kvp_policy_params; /* below */
+
+struct kvp_engine_params {
+    int n_threads; /* worker threads including the caller (0: 1) */
+    int n_batch;   /* most tokens of all sequences in one step (0: 512) */
+    int n_ctx;     /* largest context of any of its sequences (0: the model's training context) */
+};
+
+int kvp_engine_init(const kvp_model *model, const struct kvp_engine_params *params,
+                    kvp_engine **out, struct kvp_err *err);
+void kvp_engine_free(kvp_engine *engine);
+
+/* A new, empty sequence of the engine with these cache parameters (n_threads and n_batch are
+ * the engine's and ignored here; n_ctx 0: the engine's n_ctx, larger: KVP_EINVAL). Attach a
+ * policy with kvp_ctx_set_policy; free with kvp_ctx_free. */
+int kvp_seq_init(kvp_engine *engine, const struct kvp_ctx_params *params, kvp_seq **out,
+                 struct kvp_err *err);
+
+/* One sequence's tokens in a step. A decode step is one token; a prompt may come in pieces
+ * over several steps (next to other sequences' decoding): each piece says how many prompt
+ * tokens are still to come after it (prompt_rest), so that policies which look at the whole
+ * prompt (snapkv, h2o, ...) see it when the last piece has run. logits, when not NULL,
+ * receives n_vocab floats for the item's last token, or for each of its tokens with
+ * all_logits ([n][n_vocab]). */
+struct kvp_batch_item {
+    kvp_seq *seq;
+    const int32_t *tokens;
+    int n;
+    int prompt_rest;
+    float *logits;
+    bool all_logits;
+};
+
+/* One step: the tokens of items[0..n_items) (distinct sequences of this engine, n >= 1 each,
+ * at most n_batch tokens in all) go through the model at once, each sequence at its own
+ * positions, against its own cache, with its own policy and tier; each sequence's logits are
+ * what it would get in a step of its own (bit for bit: tests/test_batch.c). A sequence whose
+ * policy has evicted tokens takes one token per item (KVP_EINVAL otherwise). Errors name the
+ * item; on a validation error nothing ran. */
+int kvp_batch_eval(kvp_engine *engine, const struct kvp_batch_item *items, int n_items,
+                   struct kvp_err *err);
+
+/* Make dst hold the first n tokens of src's cache (n <= kvp_ctx_n_tokens(src)), as if dst had
+ * evaluated them: dst is reset first, then the keys and values are copied (whatever the tiers
+ * of the two). Both must be sequences (or contexts) of the same model with the same KV types
+ * and block size, and their policies must not keep per-token state from the prompt
+ * (KVP_EUNSUPPORTED names the policy: full, streaming, quest, oracle and random qualify), nor
+ * may src have evicted tokens. Two questions about one document: prefill it once, copy it into
+ * a second sequence, then append each question. */
+int kvp_seq_copy(kvp_seq *dst, kvp_seq *src, int n, struct kvp_err *err);
+
+/* A new sequence of the engine with src's cache parameters and policy (policy, when not NULL:
+ * the parameters src's policy was set with; NULL: no policy) holding a copy of src's tokens
+ * (kvp_seq_copy's conditions). */
+int kvp_seq_fork(kvp_engine *engine, kvp_seq *src, const struct kvp_policy_params *policy,
+                 kvp_seq **out, struct kvp_err *err);
+
+/* KV memory of a sequence: bytes held in RAM for its cache (physical blocks of an untiered cache;
+ * the hot tier and staging area of a tiered one) and bytes in its cold tier (0 untiered). */
+void kvp_seq_kv_bytes(const kvp_seq *seq, size_t *resident, size_t *cold);
+
 /* ---- KV selection policies ------------------------------------------------------------- */
 
 enum kvp_gqa_agg {

@@ -35,99 +35,194 @@ static float *falloc(size_t n)
     return kvp_alloc_aligned(n * sizeof(float));
 }
 
-int kvp_ctx_init(const kvp_model *model, const struct kvp_ctx_params *params, kvp_ctx **out,
-                 struct kvp_err *err)
+/* Widest input of any product: activations are quantized or tiled at this width. */
+static size_t max_cols_of(const struct kvp_hparams *hp)
 {
-    struct kvp_ctx_params p = params ? *params : (struct kvp_ctx_params){0};
-    const struct kvp_hparams *hp = &model->hp;
-    if (p.n_ctx <= 0)
-        p.n_ctx = hp->n_ctx_train;
-    if (p.n_threads <= 0)
-        p.n_threads = 1;
-    if (p.block_size <= 0)
-        p.block_size = 16;
-    if (p.n_batch <= 0)
-        p.n_batch = 512;
-    if (p.n_ctx > (1 << 24))
-        return kvp_err_set(err, KVP_EINVAL, "context %d too large", p.n_ctx);
-    if (p.n_batch > p.n_ctx)
-        p.n_batch = p.n_ctx;
-
-    struct kvp_ctx *c = calloc(1, sizeof(*c));
-    if (!c)
-        return kvp_err_set(err, KVP_ENOMEM, "out of memory");
-    c->model = model;
-    c->hp = *hp;
-    c->n_ctx = p.n_ctx;
-    c->n_batch = p.n_batch;
-    c->n_threads = p.n_threads;
-    int rc = kvp_pool_init(p.n_threads, &c->pool, err);
-    if (rc < 0)
-        goto fail;
-    if ((rc = kvp_kv_init(c, &p, err)) < 0)
-        goto fail;
-
-    size_t nb = (size_t)c->n_batch;
     size_t q_dim = (size_t)hp->n_head * hp->head_dim;
-    size_t kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
     size_t max_cols = (size_t)hp->n_embd;
     if ((size_t)hp->n_ff > max_cols)
         max_cols = (size_t)hp->n_ff;
-    if (q_dim > max_cols)
-        max_cols = q_dim;
-    c->inv_freq = calloc((size_t)hp->head_dim / 2, sizeof(double));
-    c->x = falloc(nb * hp->n_embd);
-    c->xn = falloc(nb * hp->n_embd);
-    c->q = falloc(nb * q_dim);
-    c->k = falloc(nb * kv_dim);
-    c->v = falloc(nb * kv_dim);
-    c->att = falloc(nb * q_dim);
-    c->gate = falloc(nb * hp->n_ff);
-    c->up = falloc(nb * hp->n_ff);
-    c->rope = falloc(nb * hp->head_dim);
-    c->probs_stride = c->kv.max_blocks * c->kv.block_size;
-    c->probs = falloc((size_t)hp->n_head * c->probs_stride);
-    c->ts = calloc((size_t)p.n_threads, sizeof(*c->ts));
+    return q_dim > max_cols ? q_dim : max_cols;
+}
+
+int kvp_shared_init(const struct kvp_model *model, int n_threads, int n_batch, int n_ctx,
+                    struct kvp_shared **out, struct kvp_err *err)
+{
+    const struct kvp_hparams *hp = &model->hp;
+    struct kvp_shared *sh = calloc(1, sizeof(*sh));
+    if (!sh)
+        return kvp_err_set(err, KVP_ENOMEM, "out of memory");
+    sh->model = model;
+    sh->n_threads = n_threads;
+    sh->n_batch = n_batch;
+    sh->n_ctx = n_ctx;
+    int rc = kvp_pool_init(n_threads, &sh->pool, err);
+    if (rc < 0) {
+        kvp_shared_free(sh);
+        return rc;
+    }
+    size_t nb = (size_t)n_batch;
+    size_t q_dim = (size_t)hp->n_head * hp->head_dim;
+    size_t kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
+    size_t max_cols = max_cols_of(hp);
+    sh->inv_freq = calloc((size_t)hp->head_dim / 2, sizeof(double));
+    sh->x = falloc(nb * hp->n_embd);
+    sh->xn = falloc(nb * hp->n_embd);
+    sh->q = falloc(nb * q_dim);
+    sh->k = falloc(nb * kv_dim);
+    sh->v = falloc(nb * kv_dim);
+    sh->att = falloc(nb * q_dim);
+    sh->gate = falloc(nb * hp->n_ff);
+    sh->up = falloc(nb * hp->n_ff);
+    sh->rope = falloc(nb * hp->head_dim);
+    sh->row_tok = calloc(nb, sizeof(int32_t));
+    sh->row_pos = calloc(nb, sizeof(int32_t));
+    sh->seqs = calloc(nb, sizeof(*sh->seqs));
+    sh->multi = calloc(nb, sizeof(*sh->multi));
+    sh->single = calloc(nb, sizeof(*sh->single));
+    sh->out_multi = calloc(nb, sizeof(*sh->out_multi));
+    sh->out_single = calloc(nb, sizeof(*sh->out_single));
+    sh->ts = calloc((size_t)n_threads, sizeof(*sh->ts));
+    /* one decode row's activations quantized for the mat-vec (Q8_0 or Q8_K: under 2 bytes per
+     * column), whole cache lines apart */
+    sh->xv_stride = (max_cols * 2 + 64 + 63) & ~(size_t)63;
+    sh->tile_bytes = (size_t)KVP_TILE_ROWS * max_cols * sizeof(float);
     /* the integer GEMM's quantized batch, when this CPU has the kernel */
     if (kvp_simd()->gemm_tile &&
-        !(c->xg = kvp_alloc_aligned(kvp_gemm_xq_bytes(c->n_batch, (int64_t)max_cols))))
+        !(sh->xg = kvp_alloc_aligned(kvp_gemm_xq_bytes(n_batch, (int64_t)max_cols))))
         goto fail_nomem;
-    if (!c->inv_freq || !c->x || !c->xn || !c->q || !c->k || !c->v || !c->att || !c->gate ||
-        !c->up || !c->rope || !c->probs || !c->ts)
+    if (!sh->inv_freq || !sh->x || !sh->xn || !sh->q || !sh->k || !sh->v || !sh->att ||
+        !sh->gate || !sh->up || !sh->rope || !sh->row_tok || !sh->row_pos || !sh->seqs ||
+        !sh->multi || !sh->single || !sh->out_multi || !sh->out_single || !sh->ts)
         goto fail_nomem;
-    for (int t = 0; t < p.n_threads; t++) {
-        struct kvp_thread_scratch *s = &c->ts[t];
-        s->kc = falloc((size_t)c->n_ctx * hp->head_dim);
-        s->vc = falloc((size_t)c->n_ctx * hp->head_dim);
-        s->s = falloc((size_t)KVP_QCHUNK * c->n_ctx);
+    for (int t = 0; t < n_threads; t++) {
+        struct kvp_thread_scratch *s = &sh->ts[t];
+        s->kc = falloc((size_t)n_ctx * hp->head_dim);
+        s->vc = falloc((size_t)n_ctx * hp->head_dim);
+        s->s = falloc((size_t)KVP_QCHUNK * n_ctx);
         s->tile = falloc((size_t)KVP_TILE_ROWS * max_cols);
-        c->tile_bytes = (size_t)KVP_TILE_ROWS * max_cols * sizeof(float);
         s->xq = kvp_alloc_aligned(max_cols * 2 + 64);
+        s->xv = kvp_alloc_aligned(nb * sh->xv_stride);
         s->xq_type = -1;
-        if (!s->kc || !s->vc || !s->s || !s->tile || !s->xq)
+        s->xv_type = -1;
+        if (!s->kc || !s->vc || !s->s || !s->tile || !s->xq || !s->xv)
             goto fail_nomem;
+    }
+    for (int i = 0; i < hp->head_dim / 2; i++) {
+        /* θ_i = pos · base^(−2i/d) · freq_scale / ff_i (formats.md §3.4, §3.5) */
+        sh->inv_freq[i] = pow((double)hp->rope_base, -2.0 * i / hp->head_dim) * hp->rope_freq_scale;
+        if (model->rope_freqs)
+            sh->inv_freq[i] /= model->rope_freqs[i];
+    }
+    /* each pool thread calls sgemm on its own slice: keep OpenBLAS itself single-threaded */
+    openblas_set_num_threads(1);
+    *out = sh;
+    return 0;
+
+fail_nomem:
+    kvp_shared_free(sh);
+    return kvp_err_set(err, KVP_ENOMEM, "cannot allocate buffers for %d threads, batch %d, "
+                       "context %d", n_threads, n_batch, n_ctx);
+}
+
+void kvp_shared_free(struct kvp_shared *sh)
+{
+    if (!sh)
+        return;
+    if (sh->ts) {
+        for (int t = 0; t < sh->n_threads; t++) {
+            kvp_free_aligned(sh->ts[t].kc);
+            kvp_free_aligned(sh->ts[t].vc);
+            kvp_free_aligned(sh->ts[t].s);
+            kvp_free_aligned(sh->ts[t].tile);
+            kvp_free_aligned(sh->ts[t].xq);
+            kvp_free_aligned(sh->ts[t].xv);
+        }
+        free(sh->ts);
+    }
+    float *bufs[] = {sh->x, sh->xn, sh->q, sh->k, sh->v, sh->att, sh->gate, sh->up, sh->rope};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+        kvp_free_aligned(bufs[i]);
+    kvp_free_aligned(sh->xg);
+    free(sh->inv_freq);
+    free(sh->row_tok);
+    free(sh->row_pos);
+    free(sh->seqs);
+    free(sh->multi);
+    free(sh->single);
+    free(sh->out_multi);
+    free(sh->out_single);
+    kvp_pool_free(sh->pool);
+    free(sh);
+}
+
+int kvp_seq_setup(struct kvp_shared *sh, const struct kvp_ctx_params *params, struct kvp_ctx **out,
+                  struct kvp_err *err)
+{
+    struct kvp_ctx_params p = *params;
+    const struct kvp_hparams *hp = &sh->model->hp;
+    if (p.n_ctx <= 0)
+        p.n_ctx = sh->n_ctx;
+    if (p.block_size <= 0)
+        p.block_size = 16;
+    if (p.n_ctx > sh->n_ctx)
+        return kvp_err_set(err, KVP_EINVAL, "context %d exceeds the engine's %d", p.n_ctx,
+                           sh->n_ctx);
+    struct kvp_ctx *c = calloc(1, sizeof(*c));
+    if (!c)
+        return kvp_err_set(err, KVP_ENOMEM, "out of memory");
+    c->model = sh->model;
+    c->hp = *hp;
+    c->sh = sh;
+    c->pool = sh->pool;
+    c->n_ctx = p.n_ctx;
+    c->params = p;
+    int rc = kvp_kv_init(c, &p, err);
+    if (rc < 0)
+        goto fail;
+    c->probs_stride = c->kv.max_blocks * c->kv.block_size;
+    c->probs = falloc((size_t)hp->n_head * c->probs_stride);
+    if (!c->probs) {
+        rc = kvp_err_set(err, KVP_ENOMEM, "cannot allocate buffers for context %d", p.n_ctx);
+        goto fail;
     }
     c->pol.env = (struct kvp_policy_env){.n_layer = hp->n_layer, .n_head = hp->n_head,
                                          .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
                                          .block_size = c->kv.block_size, .n_ctx = c->n_ctx,
                                          .kv = &c->kv};
     c->pol.dense_layers = hp->n_layer;
-    for (int i = 0; i < hp->head_dim / 2; i++) {
-        /* θ_i = pos · base^(−2i/d) · freq_scale / ff_i (formats.md §3.4, §3.5) */
-        c->inv_freq[i] = pow((double)hp->rope_base, -2.0 * i / hp->head_dim) * hp->rope_freq_scale;
-        if (model->rope_freqs)
-            c->inv_freq[i] /= model->rope_freqs[i];
-    }
-    /* each pool thread calls sgemm on its own slice: keep OpenBLAS itself single-threaded */
-    openblas_set_num_threads(1);
     *out = c;
     return 0;
 
-fail_nomem:
-    rc = kvp_err_set(err, KVP_ENOMEM, "cannot allocate buffers for context %d", p.n_ctx);
 fail:
     kvp_ctx_free(c);
     return rc;
+}
+
+int kvp_ctx_init(const kvp_model *model, const struct kvp_ctx_params *params, kvp_ctx **out,
+                 struct kvp_err *err)
+{
+    struct kvp_ctx_params p = params ? *params : (struct kvp_ctx_params){0};
+    if (p.n_ctx <= 0)
+        p.n_ctx = model->hp.n_ctx_train;
+    if (p.n_threads <= 0)
+        p.n_threads = 1;
+    if (p.n_batch <= 0)
+        p.n_batch = 512;
+    if (p.n_ctx > (1 << 24))
+        return kvp_err_set(err, KVP_EINVAL, "context %d too large", p.n_ctx);
+    if (p.n_batch > p.n_ctx)
+        p.n_batch = p.n_ctx;
+    struct kvp_shared *sh;
+    int rc = kvp_shared_init(model, p.n_threads, p.n_batch, p.n_ctx, &sh, err);
+    if (rc < 0)
+        return rc;
+    if ((rc = kvp_seq_setup(sh, &p, out, err)) < 0) {
+        kvp_shared_free(sh);
+        return rc;
+    }
+    (*out)->own_sh = true;
+    return 0;
 }
 
 /* Drop the policy and every buffer that exists only for it. */
@@ -141,33 +236,21 @@ void kvp_ctx_free(kvp_ctx *c)
 {
     if (!c)
         return;
-    if (c->ts) {
-        for (int t = 0; t < c->n_threads; t++) {
-            kvp_free_aligned(c->ts[t].kc);
-            kvp_free_aligned(c->ts[t].vc);
-            kvp_free_aligned(c->ts[t].s);
-            kvp_free_aligned(c->ts[t].tile);
-            kvp_free_aligned(c->ts[t].xq);
-        }
-        free(c->ts);
-    }
-    float *bufs[] = {c->x, c->xn, c->q, c->k, c->v, c->att, c->gate, c->up, c->rope, c->probs};
-    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
-        kvp_free_aligned(bufs[i]);
-    free(c->inv_freq);
+    kvp_free_aligned(c->probs);
     free_policy(c);
     kvp_free_aligned(c->dense_probs);
-    kvp_free_aligned(c->xg);
     free(c->dense_q);
     free(c->recovery);
     kvp_kv_free(c);
-    kvp_pool_free(c->pool);
+    if (c->own_sh)
+        kvp_shared_free(c->sh);
     free(c);
 }
 
 void kvp_ctx_reset(kvp_ctx *c)
 {
     c->n_tokens = 0;
+    c->job_end = 0;
     kvp_kv_clear(c);
     kvp_policy_reset(&c->pol);
 }
@@ -176,6 +259,7 @@ void kvp_ctx_truncate(kvp_ctx *c, int n)
 {
     if (n >= 0 && n < c->n_tokens) {
         c->n_tokens = n;
+        c->job_end = 0;
         kvp_kv_truncate(c, n);
     }
 }
@@ -192,58 +276,32 @@ int kvp_ctx_n_ctx(const kvp_ctx *c)
 
 /* ---- building blocks ---------------------------------------------------------------------- */
 
-/* Y[i][r] (+)= dot(W row r, X[i]) for the rows [r0, r1) this thread owns, i < n. same_x: X is
- * the input of this thread's previous matmul_rows call, unchanged (K and V after Q, up after
- * gate), so a decode step, or a batch through the integer GEMM, reuses its quantized copy when
- * the weight types want the same one. Every thread calls this for every product (the GEMM path
- * has a barrier). */
-static void matmul_rows(struct kvp_ctx *c, const struct kvp_mat *W, const float *X, int n, int ldx,
-                        float *Y, int ldy, bool accumulate, bool same_x, long r0, long r1, int ith,
-                        int nth)
+/* Y[i][r] (+)= dot(W row r, X[i]) for the rows [r0, r1) this thread owns, i < n, n >= 2 (the
+ * multi-token rows of one sequence). same_x: X is the input of this thread's previous call,
+ * unchanged (K and V after Q, up after gate), so a batch through the integer GEMM reuses its
+ * quantized copy. Every thread calls this for every product (the GEMM path has a barrier). */
+static void matmul_rows(struct kvp_shared *sh, const struct kvp_mat *W, const float *X, int n,
+                        int ldx, float *Y, int ldy, bool accumulate, bool same_x, long r0, long r1,
+                        int ith, int nth)
 {
-    struct kvp_thread_scratch *ts = &c->ts[ith];
-    if (c->xg && kvp_gemm_wants(W->type, n)) {
-        /* prefill, integer GEMM: the batch quantized once into the shared c->xg, each thread
-         * its tokens; every thread takes this branch for the same W and n, so all meet at the
-         * barrier */
+    struct kvp_thread_scratch *ts = &sh->ts[ith];
+    if (sh->xg && kvp_gemm_wants(W->type, n)) {
+        /* integer GEMM: the rows quantized once into the shared sh->xg, each thread its tokens;
+         * every thread takes this branch for the same W and n, so all meet at the barrier */
         if (!(same_x && ts->xg_ready)) {
             long t0, t1;
             kvp_split_range(n, ith, nth, &t0, &t1);
-            kvp_gemm_quantize(X, ldx, W->cols, n, t0, t1, c->xg, ts->xq);
-            kvp_pool_barrier(c->pool);
+            kvp_gemm_quantize(X, ldx, W->cols, n, t0, t1, sh->xg, ts->xq);
+            kvp_pool_barrier(sh->pool);
         }
         ts->xg_ready = true;
-        ts->xq_type = -1;
         if (r0 < r1)
-            kvp_gemm_rows(W, c->xg, n, Y, ldy, accumulate, r0, r1, ts->tile, c->tile_bytes);
+            kvp_gemm_rows(W, sh->xg, n, Y, ldy, accumulate, r0, r1, ts->tile, sh->tile_bytes);
         return;
     }
     ts->xg_ready = false;
-    int vt = n == 1 && r0 < r1 && kvp_matvec_xq_bytes(W->type, W->cols) > 0
-                 ? kvp_type_vec_dot_type(W->type)
-                 : -1;
-    bool reuse = same_x && vt >= 0 && ts->xq_type == vt;
-    ts->xq_type = vt;
     if (r0 >= r1)
         return;
-    if (n == 1) {
-        /* decode: SIMD mat-vec; y indexed by absolute row */
-        const void *xq = NULL;
-        if (vt >= 0) {
-            if (!reuse)
-                kvp_matvec_prepare(W->type, X, W->cols, ts->xq);
-            xq = ts->xq;
-        }
-        if (!accumulate) {
-            kvp_matvec_rows(W, X, xq, Y, r0, r1);
-            return;
-        }
-        /* wo and w_down accumulate into the residual; their rows (n_embd) fit in the tile */
-        kvp_matvec_rows(W, X, xq, ts->tile, r0, r1);
-        for (long r = r0; r < r1; r++)
-            Y[r] += ts->tile[r];
-        return;
-    }
     float beta = accumulate ? 1.0f : 0.0f;
     if (W->type == KVP_TYPE_F32) {
         const float *w = (const float *)W->data + (size_t)r0 * W->cols;
@@ -259,13 +317,86 @@ static void matmul_rows(struct kvp_ctx *c, const struct kvp_mat *W, const float 
     }
 }
 
-/* Split the rows of W among threads and multiply. */
-static void matmul(struct kvp_ctx *c, const struct kvp_mat *W, const float *X, int n, int ldx,
-                   float *Y, int ldy, bool accumulate, int ith, int nth)
+/* Rows per pass of the multi-vector product: about 16 KiB of weights, so a group of rows stays in
+ * L1 while every vector reads it, a multiple of 8 so the row kernels group the rows as one call
+ * over the whole range would (their per-row sums do not depend on the grouping anyway). */
+static long rows_per_group(const struct kvp_mat *W)
 {
-    long r0, r1;
-    kvp_split_range((long)W->rows, ith, nth, &r0, &r1);
-    matmul_rows(c, W, X, n, ldx, Y, ldy, accumulate, false, r0, r1, ith, nth);
+    size_t rb = W->row_bytes ? W->row_bytes : 1;
+    long g = (long)(16384 / rb) & ~7L;
+    return g > 8 ? g : 8;
+}
+
+/* The single rows segs[0..n) against rows [r0, r1) of W: each is the decode mat-vec of one token,
+ * bit for bit (same quantized activations, same kernel per row), with the weight rows read from
+ * memory once for all of them. Activations are quantized into this thread's ts->xv, reused when
+ * same_x and the vec_dot type matches (the mat-vec's own reuse rule). */
+static void matvec_multi(struct kvp_shared *sh, const struct kvp_mat *W, const float *X, int ldx,
+                         const struct kvp_row_seg *segs, int n, float *Y, int ldy,
+                         bool accumulate, bool same_x, long r0, long r1, int ith)
+{
+    struct kvp_thread_scratch *ts = &sh->ts[ith];
+    int vt = r0 < r1 && kvp_matvec_xq_bytes(W->type, W->cols) > 0
+                 ? kvp_type_vec_dot_type(W->type)
+                 : -1;
+    bool reuse = same_x && vt >= 0 && ts->xv_type == vt;
+    ts->xv_type = vt;
+    if (r0 >= r1 || n == 0)
+        return;
+    uint8_t *xv = ts->xv;
+    if (vt >= 0 && !reuse)
+        for (int j = 0; j < n; j++)
+            kvp_matvec_prepare(W->type, X + (size_t)segs[j].row0 * ldx, W->cols,
+                               xv + (size_t)j * sh->xv_stride);
+    long group = n == 1 ? r1 - r0 : rows_per_group(W);
+    for (long a = r0; a < r1; a += group) {
+        long b = a + group < r1 ? a + group : r1;
+        for (int j = 0; j < n; j++) {
+            const float *x = X + (size_t)segs[j].row0 * ldx;
+            const void *xq = vt >= 0 ? xv + (size_t)j * sh->xv_stride : NULL;
+            float *y = segs[j].y ? segs[j].y : Y + (size_t)segs[j].row0 * ldy;
+            if (!accumulate) {
+                kvp_matvec_rows(W, x, xq, y, a, b);
+                continue;
+            }
+            /* wo and w_down accumulate into the residual; their rows (n_embd) fit in the tile */
+            kvp_matvec_rows(W, x, xq, ts->tile, a, b);
+            for (long r = a; r < b; r++)
+                y[r] += ts->tile[r];
+        }
+    }
+}
+
+/* One product of the pass: each multi-token sequence through the batch kernels exactly as it
+ * would run alone, then every single row together through matvec_multi. Rows [r0, r1) of W are
+ * this thread's. */
+static void matmul_pass(struct kvp_shared *sh, const struct kvp_mat *W, const float *X, int ldx,
+                        const struct kvp_row_seg *multi, int n_multi,
+                        const struct kvp_row_seg *single, int n_single, float *Y, int ldy,
+                        bool accumulate, bool same_x, long r0, long r1, int ith, int nth)
+{
+    /* the GEMM's quantized rows are one sequence's: reusable only when there is one */
+    bool reuse = same_x && n_multi == 1;
+    for (int i = 0; i < n_multi; i++) {
+        const struct kvp_row_seg *s = &multi[i];
+        /* the shared quantized rows of the previous sequence (or, for the first, of the
+         * previous product, which K and V follow without a barrier) may still be read */
+        if (n_multi > 1 && sh->xg && kvp_gemm_wants(W->type, s->n))
+            kvp_pool_barrier(sh->pool);
+        float *y = s->y ? s->y : Y + (size_t)s->row0 * ldy;
+        matmul_rows(sh, W, X + (size_t)s->row0 * ldx, s->n, ldx, y, ldy, accumulate, reuse, r0,
+                    r1, ith, nth);
+    }
+    matvec_multi(sh, W, X, ldx, single, n_single, Y, ldy, accumulate, same_x, r0, r1, ith);
+}
+
+/* A layer product over every row of the pass. */
+static void matmul(struct kvp_shared *sh, const struct kvp_mat *W, const float *X, int ldx,
+                   float *Y, int ldy, bool accumulate, bool same_x, long r0, long r1, int ith,
+                   int nth)
+{
+    matmul_pass(sh, W, X, ldx, sh->multi, sh->n_multi, sh->single, sh->n_single, Y, ldy,
+                accumulate, same_x, r0, r1, ith, nth);
 }
 
 static void rmsnorm(float *out, const float *x, const float *w, int n, float eps)
@@ -310,96 +441,169 @@ static void add_bias(float *y, int n, int ld, const float *bias, long r0, long r
 
 static void forward_worker(void *arg, int ith, int nth)
 {
-    struct kvp_ctx *c = arg;
-    const struct kvp_model *m = c->model;
-    const struct kvp_hparams *hp = &c->hp;
-    const int n = c->job_n;
-    const int pos0 = c->job_pos0;
+    struct kvp_shared *sh = arg;
+    const struct kvp_model *m = sh->model;
+    const struct kvp_hparams *hp = &m->hp;
+    const int n = sh->n_rows;
     const int D = hp->n_embd, hd = hp->head_dim;
     const int q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
     long t0, t1;
-    kvp_split_range(n, ith, nth, &t0, &t1); /* this thread's tokens */
+    kvp_split_range(n, ith, nth, &t0, &t1); /* this thread's rows */
 
-    /* embeddings and RoPE angles for this thread's tokens */
+    /* embeddings and RoPE angles for this thread's rows */
     const struct kvp_type_traits *et = kvp_type_traits(m->tok_embd.type);
     for (long i = t0; i < t1; i++) {
         const uint8_t *row = (const uint8_t *)m->tok_embd.data +
-                             (size_t)c->job_tokens[i] * m->tok_embd.row_bytes;
-        et->to_f32(row, c->x + i * D, D);
-        double pos = (double)(pos0 + i);
+                             (size_t)sh->row_tok[i] * m->tok_embd.row_bytes;
+        et->to_f32(row, sh->x + i * D, D);
+        double pos = (double)sh->row_pos[i];
         for (int j = 0; j < hd / 2; j++) {
-            double th = pos * c->inv_freq[j];
-            c->rope[i * hd + 2 * j] = (float)cos(th);
-            c->rope[i * hd + 2 * j + 1] = (float)sin(th);
+            double th = pos * sh->inv_freq[j];
+            sh->rope[i * hd + 2 * j] = (float)cos(th);
+            sh->rope[i * hd + 2 * j + 1] = (float)sin(th);
         }
     }
-    kvp_pool_barrier(c->pool);
+    kvp_pool_barrier(sh->pool);
 
     for (int l = 0; l < hp->n_layer; l++) {
         const struct kvp_layer_weights *L = &m->layers[l];
         double t_layer = ith == 0 ? kvp_time_now() : 0;
         for (long i = t0; i < t1; i++)
-            rmsnorm(c->xn + i * D, c->x + i * D, L->attn_norm, D, hp->norm_eps);
-        kvp_pool_barrier(c->pool);
+            rmsnorm(sh->xn + i * D, sh->x + i * D, L->attn_norm, D, hp->norm_eps);
+        kvp_pool_barrier(sh->pool);
 
         long r0, r1;
         kvp_split_range(q_dim, ith, nth, &r0, &r1);
-        matmul_rows(c, &L->wq, c->xn, n, D, c->q, q_dim, false, false, r0, r1, ith, nth);
-        add_bias(c->q, n, q_dim, L->bq, r0, r1);
+        matmul(sh, &L->wq, sh->xn, D, sh->q, q_dim, false, false, r0, r1, ith, nth);
+        add_bias(sh->q, n, q_dim, L->bq, r0, r1);
         kvp_split_range(kv_dim, ith, nth, &r0, &r1);
-        matmul_rows(c, &L->wk, c->xn, n, D, c->k, kv_dim, false, true, r0, r1, ith, nth);
-        add_bias(c->k, n, kv_dim, L->bk, r0, r1);
-        matmul_rows(c, &L->wv, c->xn, n, D, c->v, kv_dim, false, true, r0, r1, ith, nth);
-        add_bias(c->v, n, kv_dim, L->bv, r0, r1);
-        kvp_pool_barrier(c->pool);
+        matmul(sh, &L->wk, sh->xn, D, sh->k, kv_dim, false, true, r0, r1, ith, nth);
+        add_bias(sh->k, n, kv_dim, L->bk, r0, r1);
+        matmul(sh, &L->wv, sh->xn, D, sh->v, kv_dim, false, true, r0, r1, ith, nth);
+        add_bias(sh->v, n, kv_dim, L->bv, r0, r1);
+        kvp_pool_barrier(sh->pool);
 
         for (long i = t0; i < t1; i++) {
-            rope_apply(c->q + i * q_dim, hp->n_head, hd, c->rope + i * hd, hp->rope_style);
-            rope_apply(c->k + i * kv_dim, hp->n_head_kv, hd, c->rope + i * hd, hp->rope_style);
+            rope_apply(sh->q + i * q_dim, hp->n_head, hd, sh->rope + i * hd, hp->rope_style);
+            rope_apply(sh->k + i * kv_dim, hp->n_head_kv, hd, sh->rope + i * hd, hp->rope_style);
         }
-        /* K and V into the cache, attention into c->att (kv_step.h) */
-        kvp_kv_layer(c, l, ith, nth);
-        kvp_pool_barrier(c->pool);
+        /* K and V into each sequence's cache, attention into its rows of sh->att (kv_step.h);
+         * a lone sequence's threads store the tokens they rotated, several need them all */
+        if (sh->n_seqs > 1)
+            kvp_pool_barrier(sh->pool);
+        for (int s = 0; s < sh->n_seqs; s++)
+            kvp_kv_layer(sh->seqs[s], l, ith, nth);
+        kvp_pool_barrier(sh->pool);
 
         kvp_split_range(D, ith, nth, &r0, &r1);
-        matmul_rows(c, &L->wo, c->att, n, q_dim, c->x, D, true, false, r0, r1, ith, nth);
-        add_bias(c->x, n, D, L->bo, r0, r1);
-        kvp_pool_barrier(c->pool);
+        matmul(sh, &L->wo, sh->att, q_dim, sh->x, D, true, false, r0, r1, ith, nth);
+        add_bias(sh->x, n, D, L->bo, r0, r1);
+        kvp_pool_barrier(sh->pool);
 
         for (long i = t0; i < t1; i++)
-            rmsnorm(c->xn + i * D, c->x + i * D, L->ffn_norm, D, hp->norm_eps);
-        kvp_pool_barrier(c->pool);
+            rmsnorm(sh->xn + i * D, sh->x + i * D, L->ffn_norm, D, hp->norm_eps);
+        kvp_pool_barrier(sh->pool);
 
         /* gate and up: each thread owns the same rows of both, so SwiGLU needs no barrier */
         long f0, f1;
         kvp_split_range(hp->n_ff, ith, nth, &f0, &f1);
-        matmul_rows(c, &L->w_gate, c->xn, n, D, c->gate, hp->n_ff, false, false, f0, f1, ith,
-                    nth);
-        matmul_rows(c, &L->w_up, c->xn, n, D, c->up, hp->n_ff, false, true, f0, f1, ith, nth);
+        matmul(sh, &L->w_gate, sh->xn, D, sh->gate, hp->n_ff, false, false, f0, f1, ith, nth);
+        matmul(sh, &L->w_up, sh->xn, D, sh->up, hp->n_ff, false, true, f0, f1, ith, nth);
         for (int i = 0; i < n; i++) {
-            float *g = c->gate + (size_t)i * hp->n_ff, *u = c->up + (size_t)i * hp->n_ff;
+            float *g = sh->gate + (size_t)i * hp->n_ff, *u = sh->up + (size_t)i * hp->n_ff;
             for (long j = f0; j < f1; j++)
                 g[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
         }
-        kvp_pool_barrier(c->pool);
+        kvp_pool_barrier(sh->pool);
 
-        matmul(c, &L->w_down, c->gate, n, hp->n_ff, c->x, D, true, ith, nth);
-        kvp_pool_barrier(c->pool);
-        kvp_kv_layer_done(c, l, t_layer, ith);
+        kvp_split_range(D, ith, nth, &r0, &r1);
+        matmul(sh, &L->w_down, sh->gate, hp->n_ff, sh->x, D, true, false, r0, r1, ith, nth);
+        kvp_pool_barrier(sh->pool);
+        for (int s = 0; s < sh->n_seqs; s++)
+            kvp_kv_layer_done(sh->seqs[s], l, t_layer, ith);
     }
 
-    if (!c->job_logits)
+    if (sh->n_out_multi + sh->n_out_single == 0)
         return;
-    /* final norm and classifier, for every token or only the last */
-    int first = c->job_all_logits ? 0 : n - 1;
-    int n_out = n - first;
-    long o0, o1;
-    kvp_split_range(n_out, ith, nth, &o0, &o1);
-    for (long i = o0; i < o1; i++)
-        rmsnorm(c->xn + (first + i) * D, c->x + (first + i) * D, m->output_norm, D, hp->norm_eps);
-    kvp_pool_barrier(c->pool);
-    matmul(c, &m->output, c->xn + (size_t)first * D, n_out, D, c->job_logits, hp->n_vocab, false,
-           ith, nth);
+    /* final norm of the rows whose logits are wanted, then the classifier */
+    for (int i = 0; i < sh->n_out_multi + sh->n_out_single; i++) {
+        const struct kvp_row_seg *s = i < sh->n_out_multi ? &sh->out_multi[i]
+                                                          : &sh->out_single[i - sh->n_out_multi];
+        long o0, o1;
+        kvp_split_range(s->n, ith, nth, &o0, &o1);
+        for (long r = s->row0 + o0; r < s->row0 + o1; r++)
+            rmsnorm(sh->xn + r * D, sh->x + r * D, m->output_norm, D, hp->norm_eps);
+    }
+    kvp_pool_barrier(sh->pool);
+    long r0, r1;
+    kvp_split_range((long)m->output.rows, ith, nth, &r0, &r1);
+    matmul_pass(sh, &m->output, sh->xn, D, sh->out_multi, sh->n_out_multi, sh->out_single,
+                sh->n_out_single, NULL, hp->n_vocab, false, false, r0, r1, ith, nth);
+}
+
+void kvp_job_open(struct kvp_ctx *c, int n)
+{
+    c->job_end = c->n_tokens + n;
+    c->job_prefill = n > 1 && kvp_policy_wants_prefill(&c->pol);
+    c->obs_n = c->pol.obs_window < c->job_end ? c->pol.obs_window : c->job_end;
+    if (c->job_prefill && c->pol.colsum && c->n_tokens == 0)
+        memset(c->pol.colsum, 0,
+               (size_t)c->hp.n_layer * c->hp.n_head * c->n_ctx * sizeof(float));
+}
+
+int kvp_forward_pass(struct kvp_shared *sh, const struct kvp_pass_item *items, int n_items,
+                     struct kvp_err *err)
+{
+    const struct kvp_hparams *hp = &sh->model->hp;
+    const int q_dim = hp->n_head * hp->head_dim, kv_dim = hp->n_head_kv * hp->head_dim;
+    int row = 0;
+    sh->n_seqs = n_items;
+    sh->n_multi = sh->n_single = sh->n_out_multi = sh->n_out_single = 0;
+    for (int i = 0; i < n_items; i++) {
+        const struct kvp_pass_item *it = &items[i];
+        struct kvp_ctx *c = it->c;
+        sh->seqs[i] = c;
+        c->job_row0 = row;
+        c->job_n = it->n;
+        c->job_pos0 = c->n_tokens;
+        c->job_all_logits = it->all_logits;
+        c->job_logits = it->logits;
+        c->job_last = it->last;
+        c->q = sh->q + (size_t)row * q_dim;
+        c->k = sh->k + (size_t)row * kv_dim;
+        c->v = sh->v + (size_t)row * kv_dim;
+        c->att = sh->att + (size_t)row * q_dim;
+        for (int j = 0; j < it->n; j++) {
+            sh->row_tok[row + j] = it->tokens[j];
+            sh->row_pos[row + j] = c->n_tokens + j;
+        }
+        struct kvp_row_seg seg = {.row0 = row, .n = it->n};
+        if (it->n > 1)
+            sh->multi[sh->n_multi++] = seg;
+        else
+            sh->single[sh->n_single++] = seg;
+        if (it->logits && it->all_logits && it->n > 1)
+            sh->out_multi[sh->n_out_multi++] = (struct kvp_row_seg){row, it->n, it->logits};
+        else if (it->logits)
+            sh->out_single[sh->n_out_single++] =
+                (struct kvp_row_seg){row + it->n - 1, 1, it->logits};
+        row += it->n;
+    }
+    sh->n_rows = row;
+    for (int i = 0; i < n_items; i++)
+        kvp_kv_batch_begin(items[i].c);
+    kvp_pool_run(sh->pool, forward_worker, sh);
+    int rc = 0;
+    for (int i = 0; i < n_items; i++) {
+        struct kvp_ctx *c = items[i].c;
+        int r = kvp_kv_batch_end(c, rc < 0 ? NULL : err);
+        if (r < 0 && rc == 0)
+            rc = r;
+        c->n_tokens += items[i].n;
+        if (items[i].last)
+            c->job_end = 0;
+    }
+    return rc;
 }
 
 int kvp_eval(kvp_ctx *c, const int32_t *tokens, int n, float *logits, bool all_logits,
@@ -433,32 +637,23 @@ int kvp_eval(kvp_ctx *c, const int32_t *tokens, int n, float *logits, bool all_l
     rc = kvp_kv_reserve(c, n, err);
     if (rc < 0)
         return rc;
-    c->job_end = c->n_tokens + n;
-    c->job_prefill = n > 1 && kvp_policy_wants_prefill(&c->pol);
-    c->obs_n = c->pol.obs_window < c->job_end ? c->pol.obs_window : c->job_end;
-    if (c->job_prefill && c->pol.colsum && c->n_tokens == 0)
-        memset(c->pol.colsum, 0,
-               (size_t)c->hp.n_layer * c->hp.n_head * c->n_ctx * sizeof(float));
-    /* micro-batches of at most n_batch tokens */
+    kvp_job_open(c, n);
+    /* passes of at most n_batch tokens */
     for (int done = 0; done < n;) {
-        int nb = n - done < c->n_batch ? n - done : c->n_batch;
+        int nb = n - done < c->sh->n_batch ? n - done : c->sh->n_batch;
         bool last = done + nb == n;
-        c->job_last = last;
-        c->job_tokens = tokens + done;
-        c->job_n = nb;
-        c->job_pos0 = c->n_tokens;
-        c->job_all_logits = all_logits;
+        struct kvp_pass_item it = {.c = c, .tokens = tokens + done, .n = nb,
+                                   .all_logits = all_logits, .last = last};
         if (logits && all_logits)
-            c->job_logits = logits + (size_t)done * c->hp.n_vocab;
+            it.logits = logits + (size_t)done * c->hp.n_vocab;
         else
-            c->job_logits = (logits && last) ? logits : NULL;
-        kvp_kv_batch_begin(c);
-        kvp_pool_run(c->pool, forward_worker, c);
-        rc = kvp_kv_batch_end(c, err);
-        c->n_tokens += nb;
+            it.logits = (logits && last) ? logits : NULL;
+        rc = kvp_forward_pass(c->sh, &it, 1, err);
         done += nb;
-        if (rc < 0)
+        if (rc < 0) {
+            c->job_end = 0;
             return rc;
+        }
     }
     return 0;
 }

@@ -61,7 +61,7 @@ static void prefill_head(struct kvp_ctx *c, int l, int h, int qs, int nq, int n_
 
 void kvp_attn_prefill_layer(struct kvp_ctx *c, int l, int ith, int nth)
 {
-    struct kvp_thread_scratch *ts = &c->ts[ith];
+    struct kvp_thread_scratch *ts = &c->sh->ts[ith];
     const int n = c->job_n, pos0 = c->job_pos0;
     const int g = c->hp.n_head / c->hp.n_head_kv;
     const int n_chunks = (n + KVP_QCHUNK - 1) / KVP_QCHUNK;

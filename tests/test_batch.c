@@ -1,0 +1,560 @@
+/*
+ * Many sequences in one step (kvp_batch_eval): each sequence's logits in a batch equal its
+ * logits run alone, bit for bit, for every registered policy, every KV type and the RAM and disk
+ * tiers, with sequences of different lengths joining, prefilling in pieces next to others'
+ * decoding, and leaving mid-run; fork and copy give the logits of prefilling the shared prefix
+ * again; a lone context's kvp_eval and a sequence's steps agree; bad steps are refused whole.
+ *
+ * Why bit for bit and not a bound: the step is built so that no row's arithmetic depends on the
+ * other rows. A multi-token piece goes through the batch kernels as that one piece (the same
+ * products a step of its own runs), single tokens through the decode mat-vec kernel per row
+ * (batch.c, forward.c: matvec_multi), norms, RoPE and SwiGLU per row, attention per sequence.
+ * So "alone" means the same schedule of pieces with the other sequences left out, and any
+ * difference is a bug.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kvpred.h"
+#include "policy/policy.h"
+#include "testutil.h"
+
+enum { NSEQ = 4, PIECE = 48, MAXSTEP = 64 };
+
+/* A sequence of the schedule: it joins at step `join`, feeds its prompt in pieces of PIECE
+ * tokens, then decodes `n_dec` tokens, one per step, and leaves. */
+struct sched {
+    int join, n_prompt, n_dec;
+};
+
+static const struct sched SCHED[NSEQ] = {
+    {0, 37, 9},   /* short prompt, leaves early */
+    {0, 130, 6},  /* three pieces */
+    {2, 5, 14},   /* joins while the others prefill */
+    {5, 100, 7},  /* joins after the first one left... almost: while others decode */
+};
+
+static int32_t token_of(int seq, int i, int n_vocab)
+{
+    return (int32_t)((i * 7 + 3 + seq * 11 + i / 13) % n_vocab);
+}
+
+/* The logits of sequence s at item k of its own (the last token of each piece, then each
+ * decoded token). */
+struct run {
+    int n_vocab;
+    int n_items[NSEQ];
+    float *lg[NSEQ]; /* [MAXSTEP][n_vocab] */
+};
+
+struct setup {
+    struct kvp_ctx_params cp;
+    struct kvp_policy_params pp;
+    bool has_policy;
+    int n_threads;
+};
+
+static void run_free(struct run *r)
+{
+    for (int s = 0; s < NSEQ; s++)
+        free(r->lg[s]);
+}
+
+/* Run the schedule with the sequences in `mask` (bit s: sequence s) on one engine. */
+static void run_schedule(kvp_model *m, const struct setup *su, unsigned mask, struct run *r)
+{
+    struct kvp_model_info in;
+    kvp_model_get_info(m, &in);
+    struct kvp_err err = {0};
+    kvp_engine *e = NULL;
+    struct kvp_engine_params ep = {.n_threads = su->n_threads, .n_batch = 256,
+                                   .n_ctx = su->cp.n_ctx};
+    assert_int_equal(kvp_engine_init(m, &ep, &e, &err), 0);
+    kvp_seq *seq[NSEQ] = {0};
+    int fed[NSEQ] = {0}, done[NSEQ] = {0};
+    memset(r, 0, sizeof(*r));
+    r->n_vocab = in.n_vocab;
+    int32_t toks[NSEQ][512];
+    for (int s = 0; s < NSEQ; s++) {
+        r->lg[s] = calloc((size_t)MAXSTEP * in.n_vocab, sizeof(float));
+        for (int i = 0; i < SCHED[s].n_prompt + SCHED[s].n_dec; i++)
+            toks[s][i] = token_of(s, i, in.n_vocab);
+    }
+    for (int step = 0;; step++) {
+        struct kvp_batch_item items[NSEQ];
+        int n = 0, left = 0;
+        for (int s = 0; s < NSEQ; s++)
+            left += (mask >> s & 1) && !done[s];
+        if (!left)
+            break;
+        for (int s = 0; s < NSEQ; s++) {
+            if (!(mask >> s & 1) || done[s] || step < SCHED[s].join)
+                continue;
+            if (!seq[s]) {
+                int rc = kvp_seq_init(e, &su->cp, &seq[s], &err);
+                if (rc < 0)
+                    fail_msg("seq_init: %s", err.msg);
+                if (su->has_policy && kvp_ctx_set_policy(seq[s], &su->pp, &err) < 0)
+                    fail_msg("set_policy %s: %s", su->pp.name, err.msg);
+            }
+            int np = SCHED[s].n_prompt, total = np + SCHED[s].n_dec;
+            int take = fed[s] < np ? (np - fed[s] < PIECE ? np - fed[s] : PIECE) : 1;
+            int rest = fed[s] < np ? np - fed[s] - take : 0;
+            assert_true(r->n_items[s] < MAXSTEP);
+            items[n++] = (struct kvp_batch_item){
+                .seq = seq[s], .tokens = toks[s] + fed[s], .n = take, .prompt_rest = rest,
+                .logits = r->lg[s] + (size_t)r->n_items[s]++ * in.n_vocab};
+            fed[s] += take;
+            if (fed[s] == total)
+                done[s] = 1;
+        }
+        if (n && kvp_batch_eval(e, items, n, &err) < 0)
+            fail_msg("step %d: %s", step, err.msg);
+        /* leavers are freed between steps, so the others continue without them */
+        for (int s = 0; s < NSEQ; s++)
+            if (done[s] == 1) {
+                kvp_ctx_free(seq[s]);
+                seq[s] = NULL;
+                done[s] = 2;
+            }
+    }
+    kvp_engine_free(e);
+}
+
+/* Run everything together, then each sequence alone; every logit must agree bit for bit. */
+static void check_setup(kvp_model *m, const struct setup *su, const char *what)
+{
+    struct run all, one;
+    run_schedule(m, su, (1u << NSEQ) - 1, &all);
+    for (int s = 0; s < NSEQ; s++) {
+        run_schedule(m, su, 1u << s, &one);
+        assert_int_equal(one.n_items[s], all.n_items[s]);
+        size_t bytes = (size_t)all.n_items[s] * all.n_vocab * sizeof(float);
+        if (memcmp(one.lg[s], all.lg[s], bytes) != 0) {
+            double d = 0;
+            for (size_t i = 0; i < bytes / sizeof(float); i++) {
+                double x = (double)one.lg[s][i] - all.lg[s][i];
+                d = x > d ? x : -x > d ? -x : d;
+            }
+            fail_msg("%s: sequence %d differs in a batch from alone by up to %g", what, s, d);
+        }
+        run_free(&one);
+    }
+    run_free(&all);
+}
+
+/* ---- fixtures ---------------------------------------------------------------------------- */
+
+static kvp_model *fixture(int type, char **path)
+{
+    /* n_embd and n_ff multiples of 256 so the K-quants apply; head_dim 64 as real models */
+    struct kvp_test_model_spec sp = {.n_vocab = 96, .n_embd = 256, .n_layer = 4, .n_head = 4,
+                                     .n_head_kv = 2, .n_ff = 256, .n_ctx = 512, .type = type,
+                                     .embd_type = type, .tied = 1, .seed = 31};
+    *path = kvp_test_tmpfile(".gguf");
+    assert_int_equal(kvp_test_write_model(&sp, *path, NULL), 0);
+    kvp_model *m = NULL;
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_model_open(*path, NULL, &m, &err), 0);
+    return m;
+}
+
+static void fixture_close(kvp_model *m, char *path)
+{
+    kvp_model_close(m);
+    remove(path);
+    free(path);
+}
+
+static char *scratch_dir(void)
+{
+    const char *tmp = getenv("TMPDIR");
+    char *d = malloc(4096);
+    snprintf(d, 4096, "%s/kvpbatchXXXXXX", tmp && *tmp ? tmp : "/tmp");
+    assert_non_null(mkdtemp(d));
+    return d;
+}
+
+/* A budget well under the context so the policies select and evict. */
+static struct kvp_policy_params policy(const char *name)
+{
+    return (struct kvp_policy_params){.name = name, .budget = 48, .sink = 4, .local = 8,
+                                      .window = 8, .dense_layers = 1, .chunk = 4,
+                                      .tail_tokens = 8};
+}
+
+/* ---- tests ------------------------------------------------------------------------------- */
+
+/* Every weight type family: float, the integer GEMM's Q8_0, a K-quant; two threads. */
+static void test_weight_types(void **state)
+{
+    (void)state;
+    const int types[] = {KVP_TYPE_F32, KVP_TYPE_Q8_0, KVP_TYPE_Q4_0, KVP_TYPE_Q4_K,
+                         KVP_TYPE_Q6_K};
+    for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++) {
+        char *path;
+        kvp_model *m = fixture(types[t], &path);
+        struct setup su = {.cp = {.n_ctx = 512}, .n_threads = 2};
+        char what[64];
+        snprintf(what, sizeof(what), "weights type %d, dense", types[t]);
+        check_setup(m, &su, what);
+        fixture_close(m, path);
+    }
+}
+
+/* Every registered policy that needs no file of its own, untiered, one and two threads. */
+static void test_policies(void **state)
+{
+    (void)state;
+    char *path;
+    kvp_model *m = fixture(KVP_TYPE_Q8_0, &path);
+    for (int k = 0; kvp_policy_registry[k]; k++) {
+        if (kvp_policy_registry[k]->needs_aux)
+            continue;
+        for (int nt = 1; nt <= 2; nt++) {
+            struct setup su = {.cp = {.n_ctx = 512}, .pp = policy(kvp_policy_registry[k]->name),
+                               .has_policy = true, .n_threads = nt};
+            char what[96];
+            snprintf(what, sizeof(what), "policy %s, %d threads", su.pp.name, nt);
+            check_setup(m, &su, what);
+        }
+    }
+    fixture_close(m, path);
+}
+
+/* The policies that need a trained file, on the shipped model they were trained for. */
+static void test_aux_policies(void **state)
+{
+    (void)state;
+    const char *src = getenv("KVP_SOURCE_DIR");
+    char path[4096], aux[4096];
+    snprintf(path, sizeof(path), "%s/models/kvpred-default.gguf", src ? src : ".");
+    kvp_model *m = NULL;
+    struct kvp_err err = {0};
+    if (kvp_model_open(path, NULL, &m, &err) < 0) {
+        print_message("[  SKIP    ] %s: %s\n", path, err.msg);
+        skip();
+    }
+    for (int k = 0; kvp_policy_registry[k]; k++) {
+        const struct kvp_policy_ops *ops = kvp_policy_registry[k];
+        if (!ops->needs_aux)
+            continue;
+        const char *ext = !strcmp(ops->name, "qpredictor") ? "qkvpp" : "kvpp";
+        snprintf(aux, sizeof(aux), "%s/models/kvpred-default.%s", src ? src : ".", ext);
+        struct setup su = {.cp = {.n_ctx = 512}, .pp = policy(ops->name), .has_policy = true,
+                           .n_threads = 2};
+        su.pp.aux_path = aux;
+        char what[96];
+        snprintf(what, sizeof(what), "policy %s (shipped model)", ops->name);
+        check_setup(m, &su, what);
+    }
+    kvp_model_close(m);
+}
+
+/* Every KV element type, dense and with quest. */
+static void test_kv_types(void **state)
+{
+    (void)state;
+    char *path;
+    kvp_model *m = fixture(KVP_TYPE_Q8_0, &path);
+    for (int kt = KVP_KV_F32; kt < KVP_KV_COUNT; kt++)
+        for (int pol = 0; pol < 2; pol++) {
+            struct setup su = {.cp = {.n_ctx = 512, .type_k = kt, .type_v = kt},
+                               .pp = policy("quest"), .has_policy = pol == 1, .n_threads = 2};
+            char what[96];
+            snprintf(what, sizeof(what), "KV %s, %s", kvp_kv_type_name(kt),
+                     pol ? "quest" : "dense");
+            check_setup(m, &su, what);
+        }
+    fixture_close(m, path);
+}
+
+/* The RAM and disk tiers with every policy they accept (a tiered store refuses evicting ones),
+ * each sequence with its own store. Redis is left to test_redis (it needs a server). */
+static void test_tiers(void **state)
+{
+    (void)state;
+    char *path;
+    kvp_model *m = fixture(KVP_TYPE_Q8_0, &path);
+    char *dir = scratch_dir();
+    const int tiers[] = {KVP_TIER_RAM, KVP_TIER_DISK};
+    for (int t = 0; t < 2; t++)
+        for (int k = 0; kvp_policy_registry[k]; k++) {
+            const struct kvp_policy_ops *ops = kvp_policy_registry[k];
+            if (ops->needs_aux || ops->evicting)
+                continue;
+            struct setup su = {.cp = {.n_ctx = 512, .kv_tier = tiers[t], .kv_dir = dir,
+                                      .prefetch = KVP_PREFETCH_TOKEN, .kv_syscall_submit = true},
+                               .pp = policy(ops->name), .has_policy = true, .n_threads = 2};
+            char what[96];
+            snprintf(what, sizeof(what), "tier %d, policy %s", tiers[t], ops->name);
+            check_setup(m, &su, what);
+        }
+    rmdir(dir);
+    free(dir);
+    fixture_close(m, path);
+}
+
+/* A lone context's kvp_eval and a sequence's steps: the same logits (the same pass). */
+static void test_eval_matches_steps(void **state)
+{
+    (void)state;
+    char *path;
+    kvp_model *m = fixture(KVP_TYPE_Q8_0, &path);
+    struct kvp_model_info in;
+    kvp_model_get_info(m, &in);
+    struct kvp_err err = {0};
+    enum { NP = 70, ND = 5 };
+    int32_t ids[NP + ND];
+    for (int i = 0; i < NP + ND; i++)
+        ids[i] = token_of(0, i, in.n_vocab);
+    size_t nv = (size_t)in.n_vocab;
+    float *a = calloc((ND + 1) * nv, sizeof(float)), *b = calloc((ND + 1) * nv, sizeof(float));
+    kvp_ctx *c = NULL;
+    struct kvp_ctx_params cp = {.n_ctx = 256, .n_threads = 2};
+    assert_int_equal(kvp_ctx_init(m, &cp, &c, &err), 0);
+    assert_int_equal(kvp_eval(c, ids, NP, a, false, &err), 0);
+    for (int i = 0; i < ND; i++)
+        assert_int_equal(kvp_eval(c, ids + NP + i, 1, a + (i + 1) * nv, false, &err), 0);
+    kvp_ctx_free(c);
+    kvp_engine *e = NULL;
+    struct kvp_engine_params ep = {.n_threads = 2, .n_ctx = 256};
+    assert_int_equal(kvp_engine_init(m, &ep, &e, &err), 0);
+    kvp_seq *s = NULL;
+    assert_int_equal(kvp_seq_init(e, &(struct kvp_ctx_params){0}, &s, &err), 0);
+    struct kvp_batch_item it = {.seq = s, .tokens = ids, .n = NP, .logits = b};
+    assert_int_equal(kvp_batch_eval(e, &it, 1, &err), 0);
+    for (int i = 0; i < ND; i++) {
+        it = (struct kvp_batch_item){.seq = s, .tokens = ids + NP + i, .n = 1,
+                                     .logits = b + (i + 1) * nv};
+        assert_int_equal(kvp_batch_eval(e, &it, 1, &err), 0);
+    }
+    assert_memory_equal(a, b, (ND + 1) * nv * sizeof(float));
+    assert_int_equal(kvp_ctx_n_tokens(s), NP + ND);
+    kvp_ctx_free(s);
+    kvp_engine_free(e);
+    free(a), free(b);
+    fixture_close(m, path);
+}
+
+/* Two questions about one document: the prefix prefilled once and forked (or copied), then each
+ * question appended in one step, against each question after prefilling the prefix again. */
+static void check_fork(kvp_model *m, const struct kvp_ctx_params *cp, const char *pol,
+                       bool use_copy, char *what)
+{
+    struct kvp_model_info in;
+    kvp_model_get_info(m, &in);
+    struct kvp_err err = {0};
+    enum { NP = 90, NQ = 12, ND = 6 };
+    size_t nv = (size_t)in.n_vocab;
+    int32_t doc[NP], q[2][NQ + ND];
+    for (int i = 0; i < NP; i++)
+        doc[i] = token_of(3, i, in.n_vocab);
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < NQ + ND; i++)
+            q[k][i] = token_of(k + 5, i, in.n_vocab);
+    kvp_engine *e = NULL;
+    struct kvp_engine_params ep = {.n_threads = 2, .n_ctx = cp->n_ctx};
+    assert_int_equal(kvp_engine_init(m, &ep, &e, &err), 0);
+    struct kvp_policy_params pp = policy(pol);
+    float *got = calloc(2 * (ND + 1) * nv, sizeof(float));
+    float *want = calloc(2 * (ND + 1) * nv, sizeof(float));
+    /* forked: prefill once, fork, both questions in the same steps */
+    kvp_seq *s[2] = {0};
+    assert_int_equal(kvp_seq_init(e, cp, &s[0], &err), 0);
+    assert_int_equal(kvp_ctx_set_policy(s[0], &pp, &err), 0);
+    struct kvp_batch_item it[2] = {{.seq = s[0], .tokens = doc, .n = NP}};
+    assert_int_equal(kvp_batch_eval(e, it, 1, &err), 0);
+    if (use_copy) {
+        assert_int_equal(kvp_seq_init(e, cp, &s[1], &err), 0);
+        assert_int_equal(kvp_ctx_set_policy(s[1], &pp, &err), 0);
+        assert_int_equal(kvp_seq_copy(s[1], s[0], NP, &err), 0);
+    } else if (kvp_seq_fork(e, s[0], &pp, &s[1], &err) < 0) {
+        fail_msg("%s: fork: %s", what, err.msg);
+    }
+    assert_int_equal(kvp_ctx_n_tokens(s[1]), NP);
+    for (int st = 0; st <= ND; st++) {
+        for (int k = 0; k < 2; k++)
+            it[k] = (struct kvp_batch_item){.seq = s[k], .tokens = st ? q[k] + NQ + st - 1 : q[k],
+                                            .n = st ? 1 : NQ,
+                                            .logits = got + ((size_t)k * (ND + 1) + st) * nv};
+        if (kvp_batch_eval(e, it, 2, &err) < 0)
+            fail_msg("%s: %s", what, err.msg);
+    }
+    kvp_ctx_free(s[0]);
+    kvp_ctx_free(s[1]);
+    /* the reference: each question after its own prefill of the document */
+    for (int k = 0; k < 2; k++) {
+        kvp_seq *r = NULL;
+        assert_int_equal(kvp_seq_init(e, cp, &r, &err), 0);
+        assert_int_equal(kvp_ctx_set_policy(r, &pp, &err), 0);
+        it[0] = (struct kvp_batch_item){.seq = r, .tokens = doc, .n = NP};
+        assert_int_equal(kvp_batch_eval(e, it, 1, &err), 0);
+        for (int st = 0; st <= ND; st++) {
+            it[0] = (struct kvp_batch_item){.seq = r, .tokens = st ? q[k] + NQ + st - 1 : q[k],
+                                            .n = st ? 1 : NQ,
+                                            .logits = want + ((size_t)k * (ND + 1) + st) * nv};
+            assert_int_equal(kvp_batch_eval(e, it, 1, &err), 0);
+        }
+        kvp_ctx_free(r);
+    }
+    if (memcmp(got, want, 2 * (ND + 1) * nv * sizeof(float)) != 0)
+        fail_msg("%s: the forked questions' logits differ from prefilling again", what);
+    free(got), free(want);
+    kvp_engine_free(e);
+}
+
+static void test_fork_and_copy(void **state)
+{
+    (void)state;
+    char *path;
+    kvp_model *m = fixture(KVP_TYPE_Q8_0, &path);
+    char *dir = scratch_dir();
+    const char *pols[] = {"full", "quest", "random", "oracle"};
+    const int tiers[] = {KVP_TIER_NONE, KVP_TIER_RAM, KVP_TIER_DISK};
+    for (int t = 0; t < 3; t++)
+        for (size_t p = 0; p < sizeof(pols) / sizeof(pols[0]); p++)
+            for (int cp_ = 0; cp_ < 2; cp_++) {
+                struct kvp_ctx_params cp = {.n_ctx = 256, .kv_tier = tiers[t], .kv_dir = dir,
+                                            .kv_syscall_submit = true};
+                char what[96];
+                snprintf(what, sizeof(what), "%s, tier %d, %s", cp_ ? "copy" : "fork", tiers[t],
+                         pols[p]);
+                check_fork(m, &cp, pols[p], cp_ == 1, what);
+            }
+    /* an evicting policy's state is not in its keys and values: refused, by name */
+    struct kvp_err err = {0};
+    kvp_engine *e = NULL;
+    assert_int_equal(kvp_engine_init(m, &(struct kvp_engine_params){.n_ctx = 256}, &e, &err), 0);
+    kvp_seq *a = NULL, *b = NULL;
+    assert_int_equal(kvp_seq_init(e, NULL, &a, &err), 0);
+    struct kvp_policy_params pp = policy("snapkv");
+    assert_int_equal(kvp_ctx_set_policy(a, &pp, &err), 0);
+    int32_t ids[20] = {1, 2, 3};
+    assert_int_equal(kvp_eval(a, ids, 20, NULL, false, &err), 0);
+    assert_int_equal(kvp_seq_fork(e, a, &pp, &b, &err), KVP_EUNSUPPORTED);
+    assert_non_null(strstr(err.msg, "snapkv"));
+    assert_null(b);
+    kvp_ctx_free(a);
+    kvp_engine_free(e);
+    rmdir(dir);
+    free(dir);
+    fixture_close(m, path);
+}
+
+/* Truncate and the KV byte counts: a truncated sequence continues as if it had only ever held
+ * the first n tokens; a tiered sequence reports its cold bytes. */
+static void test_truncate_and_bytes(void **state)
+{
+    (void)state;
+    char *path;
+    kvp_model *m = fixture(KVP_TYPE_Q8_0, &path);
+    struct kvp_model_info in;
+    kvp_model_get_info(m, &in);
+    struct kvp_err err = {0};
+    kvp_engine *e = NULL;
+    assert_int_equal(kvp_engine_init(m, &(struct kvp_engine_params){.n_ctx = 256, .n_threads = 2},
+                                     &e, &err),
+                     0);
+    char *dir = scratch_dir();
+    kvp_seq *a = NULL, *b = NULL;
+    struct kvp_ctx_params tiered = {.kv_tier = KVP_TIER_DISK, .kv_dir = dir};
+    assert_int_equal(kvp_seq_init(e, NULL, &a, &err), 0);
+    assert_int_equal(kvp_seq_init(e, &tiered, &b, &err), 0);
+    struct kvp_policy_params pp = policy("quest");
+    assert_int_equal(kvp_ctx_set_policy(b, &pp, &err), 0);
+    int32_t ids[80];
+    for (int i = 0; i < 80; i++)
+        ids[i] = token_of(1, i, in.n_vocab);
+    float *l1 = calloc(in.n_vocab, sizeof(float)), *l2 = calloc(in.n_vocab, sizeof(float));
+    struct kvp_batch_item it[2] = {{.seq = a, .tokens = ids, .n = 60},
+                                   {.seq = b, .tokens = ids, .n = 60}};
+    assert_int_equal(kvp_batch_eval(e, it, 2, &err), 0);
+    size_t res, cold;
+    kvp_seq_kv_bytes(a, &res, &cold);
+    assert_true(res >= 60 * kvp_kv_bytes_per_token(m, 0, 0, 0) && cold == 0);
+    kvp_seq_kv_bytes(b, &res, &cold);
+    assert_true(cold > 0);
+    /* a: 60 tokens, truncated to 40, then 40..59 again -> the logits of 60 in one go */
+    it[0] = (struct kvp_batch_item){.seq = a, .tokens = ids + 60, .n = 1, .logits = l1};
+    assert_int_equal(kvp_batch_eval(e, it, 1, &err), 0);
+    kvp_ctx_truncate(a, 40);
+    assert_int_equal(kvp_ctx_n_tokens(a), 40);
+    it[0] = (struct kvp_batch_item){.seq = a, .tokens = ids + 40, .n = 20};
+    assert_int_equal(kvp_batch_eval(e, it, 1, &err), 0);
+    it[0] = (struct kvp_batch_item){.seq = a, .tokens = ids + 60, .n = 1, .logits = l2};
+    assert_int_equal(kvp_batch_eval(e, it, 1, &err), 0);
+    assert_memory_equal(l1, l2, in.n_vocab * sizeof(float));
+    kvp_ctx_free(a);
+    kvp_ctx_free(b);
+    kvp_engine_free(e);
+    rmdir(dir);
+    free(dir);
+    free(l1), free(l2);
+    fixture_close(m, path);
+}
+
+/* Steps that cannot run are refused whole, with one line naming the item. */
+static void test_refusals(void **state)
+{
+    (void)state;
+    char *path;
+    kvp_model *m = fixture(KVP_TYPE_Q8_0, &path);
+    struct kvp_err err = {0};
+    kvp_engine *e = NULL, *e2 = NULL;
+    struct kvp_engine_params ep = {.n_ctx = 128, .n_batch = 32};
+    assert_int_equal(kvp_engine_init(m, &ep, &e, &err), 0);
+    assert_int_equal(kvp_engine_init(m, &ep, &e2, &err), 0);
+    kvp_seq *a = NULL, *b = NULL, *other = NULL;
+    assert_int_equal(kvp_seq_init(e, NULL, &a, &err), 0);
+    assert_int_equal(kvp_seq_init(e, NULL, &b, &err), 0);
+    assert_int_equal(kvp_seq_init(e2, NULL, &other, &err), 0);
+    assert_int_equal(kvp_seq_init(e, &(struct kvp_ctx_params){.n_ctx = 129}, &(kvp_seq *){0},
+                                  &err),
+                     KVP_EINVAL);
+    int32_t ids[40] = {0};
+    ids[3] = 5000;
+    struct kvp_batch_item it[2] = {{.seq = a, .tokens = ids, .n = 2},
+                                   {.seq = a, .tokens = ids, .n = 1}};
+    assert_int_equal(kvp_batch_eval(e, it, 2, &err), KVP_EINVAL);
+    assert_non_null(strstr(err.msg, "same sequence"));
+    it[1].seq = other;
+    assert_int_equal(kvp_batch_eval(e, it, 2, &err), KVP_EINVAL);
+    assert_non_null(strstr(err.msg, "item 1"));
+    it[1] = (struct kvp_batch_item){.seq = b, .tokens = ids + 4, .n = 31};
+    assert_int_equal(kvp_batch_eval(e, it, 2, &err), KVP_ERANGE); /* 33 > n_batch 32 */
+    it[0].n = 4;
+    it[1].n = 1;
+    assert_int_equal(kvp_batch_eval(e, it, 2, &err), KVP_EINVAL); /* token 5000 */
+    assert_non_null(strstr(err.msg, "item 0"));
+    assert_int_equal(kvp_ctx_n_tokens(a), 0); /* nothing ran */
+    /* a prompt in pieces must end where it said */
+    it[0] = (struct kvp_batch_item){.seq = a, .tokens = ids, .n = 2, .prompt_rest = 5};
+    assert_int_equal(kvp_batch_eval(e, it, 1, &err), 0);
+    it[0].prompt_rest = 2;
+    assert_int_equal(kvp_batch_eval(e, it, 1, &err), KVP_EINVAL);
+    assert_non_null(strstr(err.msg, "prompt ends"));
+    it[0] = (struct kvp_batch_item){.seq = a, .tokens = ids + 4, .n = 200};
+    assert_int_equal(kvp_batch_eval(e, it, 1, &err), KVP_ERANGE);
+    assert_int_equal(kvp_batch_eval(e, NULL, 0, &err), KVP_EINVAL);
+    kvp_ctx_free(a);
+    kvp_ctx_free(b);
+    kvp_ctx_free(other);
+    kvp_engine_free(e);
+    kvp_engine_free(e2);
+    fixture_close(m, path);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_eval_matches_steps), cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_weight_types),       cmocka_unit_test(test_policies),
+        cmocka_unit_test(test_kv_types),           cmocka_unit_test(test_tiers),
+        cmocka_unit_test(test_aux_policies),       cmocka_unit_test(test_fork_and_copy),
+        cmocka_unit_test(test_truncate_and_bytes),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
