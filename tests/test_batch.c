@@ -17,6 +17,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "kernels/matvec.h"
+#include "kernels/simd.h"
 #include "kvpred.h"
 #include "policy/policy.h"
 #include "testutil.h"
@@ -547,6 +549,49 @@ static void test_refusals(void **state)
     fixture_close(m, path);
 }
 
+/* The multi-vector row kernel against the mat-vec one vector at a time, bit for bit, over row
+ * counts that leave every tail (1..3 rows past whole tiles), vector counts past one tile, and an
+ * odd number of blocks per row (the kernels' one-block tail). */
+static void test_multi_kernel(void **state)
+{
+    (void)state;
+    enum { COLS = 96, ROWS = 23, NV = 7 };
+    struct kvp_mat W = {.type = KVP_TYPE_Q8_0, .cols = COLS, .rows = ROWS,
+                        .row_bytes = COLS / 32 * 34};
+    if (!kvp_matvec_has_multi(&W)) {
+        print_message("[  SKIP    ] no multi-vector kernel on this CPU\n");
+        skip();
+    }
+    uint8_t *w = malloc(ROWS * W.row_bytes), *xq = malloc(NV * W.row_bytes);
+    float x[COLS], ref[ROWS], *out = malloc(NV * ROWS * sizeof(float));
+    uint64_t seed = 7;
+    for (int r = 0; r < ROWS + NV; r++) {
+        for (int c = 0; c < COLS; c++) {
+            seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+            x[c] = (float)((int64_t)(seed >> 33) % 2001 - 1000) / 250.0f;
+        }
+        kvp_quantize_row_q8_0(x, r < ROWS ? w + r * W.row_bytes : xq + (r - ROWS) * W.row_bytes,
+                              COLS);
+    }
+    W.data = w;
+    for (int nv = 1; nv <= NV; nv++)
+        for (int r0 = 0; r0 < 4; r0++)
+            for (int r1 = r0 + 1; r1 <= ROWS; r1++) {
+                const void *xp[NV];
+                float *yp[NV];
+                for (int j = 0; j < nv; j++) {
+                    xp[j] = xq + j * W.row_bytes;
+                    yp[j] = out + j * ROWS;
+                }
+                kvp_matvec_rows_multi(&W, xp, nv, yp, r0, r1);
+                for (int j = 0; j < nv; j++) {
+                    kvp_matvec_rows(&W, NULL, xp[j], ref, r0, r1);
+                    assert_memory_equal(ref + r0, out + j * ROWS, (size_t)(r1 - r0) * sizeof(float));
+                }
+            }
+    free(w), free(xq), free(out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -554,7 +599,7 @@ int main(void)
         cmocka_unit_test(test_weight_types),       cmocka_unit_test(test_policies),
         cmocka_unit_test(test_kv_types),           cmocka_unit_test(test_tiers),
         cmocka_unit_test(test_aux_policies),       cmocka_unit_test(test_fork_and_copy),
-        cmocka_unit_test(test_truncate_and_bytes),
+        cmocka_unit_test(test_truncate_and_bytes), cmocka_unit_test(test_multi_kernel),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

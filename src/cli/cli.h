@@ -15,6 +15,7 @@ int cmd_info(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_batched_bench(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
 int cmd_synth(int argc, char **argv);

@@ -29,6 +29,7 @@ static const struct command commands[] = {
     {"perplexity", cmd_perplexity, "perplexity of a text (llama.cpp's convention)"},
     {"logits", cmd_logits, "next-token logits at every position of a text, as JSON"},
     {"bench", cmd_bench, "prefill and decode speed"},
+    {"batched-bench", cmd_batched_bench, "many sequences decoding together (llama-batched-bench)"},
     {"convert", cmd_convert, "convert a llama2.c checkpoint to GGUF"},
     {"quantize", cmd_quantize, "rewrite a GGUF model's weight matrices in another type"},
     {"synth", cmd_synth, "write a random-weight GGUF with a real model's shapes"},

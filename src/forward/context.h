@@ -31,6 +31,8 @@ struct kvp_thread_scratch {
     bool xg_ready; /* the previous product left its input quantized in kvp_shared.xg */
     void *xv;     /* [n_batch] decode rows quantized for the mat-vec, xv_stride bytes apart */
     int xv_type;  /* the vec_dot type xv holds for the current vectors (-1: none) */
+    const void **xvp; /* [n_batch] pointers into xv, and the outputs, of a multi-vector call */
+    float **yvp;
 };
 
 /* What every sequence of an engine shares (a lone context owns one): the thread pool, the rows

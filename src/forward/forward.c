@@ -103,9 +103,11 @@ int kvp_shared_init(const struct kvp_model *model, int n_threads, int n_batch, i
         s->tile = falloc((size_t)KVP_TILE_ROWS * max_cols);
         s->xq = kvp_alloc_aligned(max_cols * 2 + 64);
         s->xv = kvp_alloc_aligned(nb * sh->xv_stride);
+        s->xvp = calloc(nb, sizeof(*s->xvp));
+        s->yvp = calloc(nb, sizeof(*s->yvp));
         s->xq_type = -1;
         s->xv_type = -1;
-        if (!s->kc || !s->vc || !s->s || !s->tile || !s->xq || !s->xv)
+        if (!s->kc || !s->vc || !s->s || !s->tile || !s->xq || !s->xv || !s->xvp || !s->yvp)
             goto fail_nomem;
     }
     for (int i = 0; i < hp->head_dim / 2; i++) {
@@ -137,6 +139,8 @@ void kvp_shared_free(struct kvp_shared *sh)
             kvp_free_aligned(sh->ts[t].tile);
             kvp_free_aligned(sh->ts[t].xq);
             kvp_free_aligned(sh->ts[t].xv);
+            free(sh->ts[t].xvp);
+            free(sh->ts[t].yvp);
         }
         free(sh->ts);
     }
@@ -349,8 +353,34 @@ static void matvec_multi(struct kvp_shared *sh, const struct kvp_mat *W, const f
             kvp_matvec_prepare(W->type, X + (size_t)segs[j].row0 * ldx, W->cols,
                                xv + (size_t)j * sh->xv_stride);
     long group = n == 1 ? r1 - r0 : rows_per_group(W);
+    /* a kernel that loads each row once for all vectors; accumulating products collect a
+     * group's outputs of up to `chunk` vectors in the tile first */
+    const bool multi = n > 1 && vt >= 0 && kvp_matvec_has_multi(W);
+    const long tile_floats = (long)(sh->tile_bytes / sizeof(float));
+    const int chunk = accumulate ? (int)(tile_floats / group < n ? tile_floats / group : n) : n;
     for (long a = r0; a < r1; a += group) {
         long b = a + group < r1 ? a + group : r1;
+        if (multi && chunk > 0) {
+            for (int j0 = 0; j0 < n; j0 += chunk) {
+                int m = n - j0 < chunk ? n - j0 : chunk;
+                for (int j = 0; j < m; j++) {
+                    const struct kvp_row_seg *sg = &segs[j0 + j];
+                    ts->xvp[j] = xv + (size_t)(j0 + j) * sh->xv_stride;
+                    ts->yvp[j] = accumulate ? ts->tile + (size_t)j * group
+                                 : (sg->y ? sg->y : Y + (size_t)sg->row0 * ldy) + a;
+                }
+                kvp_matvec_rows_multi(W, ts->xvp, m, ts->yvp, a, b);
+                if (!accumulate)
+                    continue;
+                for (int j = 0; j < m; j++) {
+                    const struct kvp_row_seg *sg = &segs[j0 + j];
+                    float *y = sg->y ? sg->y : Y + (size_t)sg->row0 * ldy;
+                    for (long r = a; r < b; r++)
+                        y[r] += ts->tile[(size_t)j * group + (r - a)];
+                }
+            }
+            continue;
+        }
         for (int j = 0; j < n; j++) {
             const float *x = X + (size_t)segs[j].row0 * ldx;
             const void *xq = vt >= 0 ? xv + (size_t)j * sh->xv_stride : NULL;

@@ -187,6 +187,19 @@ static void bf16_row_to_f32(const char *src, float *dst, int64_t n)
     }
 }
 
+bool kvp_matvec_has_multi(const struct kvp_mat *W)
+{
+    return W->type == KVP_TYPE_Q8_0 && kvp_simd()->rows_q8_0_multi != NULL;
+}
+
+void kvp_matvec_rows_multi(const struct kvp_mat *W, const void *const *xq, int nv,
+                           float *const *y, int64_t r0, int64_t r1)
+{
+    if (r1 > r0)
+        kvp_simd()->rows_q8_0_multi((const char *)W->data + (size_t)r0 * W->row_bytes,
+                                    W->row_bytes, xq, nv, W->cols, r1 - r0, y);
+}
+
 /* Same type contract as kvp_matvec_rows_ops; other types write NaN rows. */
 void kvp_mat_dequant_rows(const struct kvp_mat *W, float *dst, int64_t r0, int64_t r1)
 {

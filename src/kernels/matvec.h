@@ -9,6 +9,7 @@
 #ifndef KVP_KERNELS_MATVEC_H
 #define KVP_KERNELS_MATVEC_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -39,6 +40,16 @@ void kvp_matvec_rows(const struct kvp_mat *W, const float *x, const void *xq, fl
 struct kvp_simd_ops;
 void kvp_matvec_rows_ops(const struct kvp_simd_ops *ops, const struct kvp_mat *W, const float *x,
                          const void *xq, float *y, int64_t r0, int64_t r1);
+
+/* Whether this CPU has a kernel that reads rows of W's type once for several prepared vectors
+ * (kvp_matvec_rows_multi). */
+bool kvp_matvec_has_multi(const struct kvp_mat *W);
+
+/* y[j][r - r0] = dot(row r of W, the vector prepared in xq[j]) for j < nv and r in [r0, r1), each
+ * bit-identical to kvp_matvec_rows of that vector alone; the rows are read once for all. Only
+ * when kvp_matvec_has_multi. */
+void kvp_matvec_rows_multi(const struct kvp_mat *W, const void *const *xq, int nv,
+                           float *const *y, int64_t r0, int64_t r1);
 
 /* Dequantize rows [r0, r1) of W into dst ([r1-r0][cols] floats). */
 void kvp_mat_dequant_rows(const struct kvp_mat *W, float *dst, int64_t r0, int64_t r1);

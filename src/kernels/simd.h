@@ -97,6 +97,12 @@ struct kvp_simd_ops {
      * tables without one (prefill then dequantizes for sgemm). */
     void (*gemm_tile)(const struct kvp_gemm_tile *tile, const void *xg, int n, float *y, int ldy,
                       bool accumulate);
+
+    /* The decode rows of a batched step: y[j][r] = dot(row r, xq[j]) for j < nv, r < nrows, each
+     * bit-identical to what rows_q8_0 gives for that vector alone, with every weight row loaded
+     * once for all vectors. NULL: kvp_matvec_rows_multi runs rows_q8_0 per vector. */
+    void (*rows_q8_0_multi)(const void *w, size_t row_bytes, const void *const *xq, int nv,
+                            int64_t n, int64_t nrows, float *const *y);
 };
 
 /* Largest of x[0..n) through the table's max, or a scalar loop when it has none. */

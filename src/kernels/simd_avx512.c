@@ -915,4 +915,5 @@ const struct kvp_simd_ops kvp_simd_ops_avx512vnni = {
             [KVP_TYPE_Q6_K] = rows_q6_k,
         },
     .gemm_tile = kvp_vnni_gemm_tile,
+    .rows_q8_0_multi = kvp_vnni_rows_q8_0_multi,
 };

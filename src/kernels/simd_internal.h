@@ -16,6 +16,8 @@ extern const struct kvp_simd_ops kvp_simd_ops_avx512vnni; /* AVX-512 plus the VN
 
 /* AVX-512 VNNI row kernels (simd_vnni_avx512.c): the avx512vnni table, which simd.c hands out only
  * when the CPU has VNNI. */
+void kvp_vnni_rows_q8_0_multi(const void *w, size_t row_bytes, const void *const *xq, int nv,
+                              int64_t n, int64_t nrows, float *const *y);
 void kvp_vnni_rows_q8_0(const void *w, size_t row_bytes, const void *xq, int64_t n, int64_t nrows,
                         float *y);
 void kvp_vnni_rows_q4_0(const void *w, size_t row_bytes, const void *xq, int64_t n, int64_t nrows,

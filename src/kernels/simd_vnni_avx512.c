@@ -157,6 +157,92 @@ void kvp_vnni_rows_q8_0(const void *w, size_t row_bytes, const void *xq, int64_t
         q8_rows_nr((const uint8_t *)w + (size_t)r * row_bytes, row_bytes, xq, nb, y + r, 1, &pf);
 }
 
+/* nr rows (1..4) from w0 on against nv activation vectors px[0..nv) (1..4): y[j][i] = dot(row i,
+ * x_j). Every (row, vector) accumulator takes the same operations in the same order as
+ * q8_rows_nr's for that row and vector alone, so each result is that kernel's bit for bit; what
+ * the tile shares is the loads and conversions: a weight pair's unsigned codes and scales serve
+ * every vector, a vector's codes, offset sum and scales serve every row. */
+KVP_INLINE void q8_tile(const uint8_t *w0, size_t rb, const uint8_t *const *px, int nv,
+                        int64_t nb, float *const *y, int nr)
+{
+    const __m512i flip = _mm512_set1_epi8((char)0x80), spread = scale_spread();
+    __m512 acc[4][4];
+    for (int i = 0; i < nr; i++)
+        for (int j = 0; j < nv; j++)
+            acc[i][j] = _mm512_setzero_ps();
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        size_t o = (size_t)b * 34;
+        struct x_pair x[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < nv; j++)
+            x[j] = x_pair_at(px[j] + o, flip, spread);
+#pragma GCC unroll 4
+        for (int i = 0; i < nr; i++) {
+            const uint8_t *wb = w0 + (size_t)i * rb + o;
+            __m512i uw = _mm512_xor_si512(q8_pair(wb), flip);
+            __m512 sw = q8_scale_pair(wb, 34, spread);
+#pragma GCC unroll 4
+            for (int j = 0; j < nv; j++) {
+                __m512i d = _mm512_dpbusd_epi32(x[j].base, uw, x[j].qx);
+                acc[i][j] = _mm512_fmadd_ps(_mm512_mul_ps(sw, x[j].dx), _mm512_cvtepi32_ps(d),
+                                            acc[i][j]);
+            }
+        }
+    }
+    if (b < nb) { /* odd last block: q8_rows_nr's one-ymm recipe */
+        size_t o = (size_t)b * 34;
+        const __m256i f8 = _mm256_set1_epi8((char)0x80);
+        for (int j = 0; j < nv; j++) {
+            __m256i qx = _mm256_loadu_si256((const __m256i *)(px[j] + o + 2));
+            __m256i base = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                            _mm256_dpbusd_epi32(_mm256_setzero_si256(), f8, qx));
+            float dx = qx_f16(px[j] + o);
+            for (int i = 0; i < nr; i++) {
+                const uint8_t *wb = w0 + (size_t)i * rb + o;
+                __m256i qw = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wb + 2)), f8);
+                __m256 s = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(base, qw, qx));
+                s = _mm256_mul_ps(s, _mm256_set1_ps(qx_f16(wb) * dx));
+                acc[i][j] = _mm512_add_ps(acc[i][j], _mm512_zextps256_ps512(s));
+            }
+        }
+    }
+    for (int i = 0; i < nr; i++)
+        for (int j = 0; j < nv; j++)
+            y[j][i] = hsum(acc[i][j]);
+}
+
+void kvp_vnni_rows_q8_0_multi(const void *w, size_t row_bytes, const void *const *xq, int nv,
+                              int64_t n, int64_t nrows, float *const *y)
+{
+    int64_t nb = n / KVP_QK8_0;
+    for (int j0 = 0; j0 < nv; j0 += 4) {
+        int m = nv - j0 < 4 ? nv - j0 : 4;
+        const uint8_t *px[4];
+        float *yr[4];
+        for (int j = 0; j < m; j++)
+            px[j] = xq[j0 + j];
+        for (int64_t r = 0; r < nrows; r += 4) {
+            int nr = nrows - r < 4 ? (int)(nrows - r) : 4;
+            for (int j = 0; j < m; j++)
+                yr[j] = y[j0 + j] + r;
+            const uint8_t *w0 = (const uint8_t *)w + (size_t)r * row_bytes;
+            /* a constant vector count (and row count for whole tiles), so the accumulators
+             * stay in registers */
+            switch (m * 8 + (nr == 4 ? 4 : 0)) {
+            case 36: q8_tile(w0, row_bytes, px, 4, nb, yr, 4); break;
+            case 28: q8_tile(w0, row_bytes, px, 3, nb, yr, 4); break;
+            case 20: q8_tile(w0, row_bytes, px, 2, nb, yr, 4); break;
+            case 12: q8_tile(w0, row_bytes, px, 1, nb, yr, 4); break;
+            case 32: q8_tile(w0, row_bytes, px, 4, nb, yr, nr); break;
+            case 24: q8_tile(w0, row_bytes, px, 3, nb, yr, nr); break;
+            case 16: q8_tile(w0, row_bytes, px, 2, nb, yr, nr); break;
+            default: q8_tile(w0, row_bytes, px, 1, nb, yr, nr); break;
+            }
+        }
+    }
+}
+
 /* ============================== Q4_0 / Q5_0 ============================== */
 
 /* Unsigned codes (ucodes_pair) × signed activations is vpdpbusd's own signedness; the offset

@@ -1,0 +1,370 @@
+/*
+ * `kvpred batched-bench`: many sequences at once, in llama-batched-bench's terms.
+ *
+ * For every combination of -npp (prompt tokens per sequence), -ntg (tokens generated per
+ * sequence) and -npl (sequences), one engine (kvp_engine) runs npl sequences: the prompts are
+ * prefilled (several sequences' prompts per step, up to -b tokens a step), then ntg decode steps
+ * each give every sequence one token. As llama-batched-bench: S_PP = npl·npp / T_PP and
+ * S_TG = npl·ntg / T_TG are aggregate tokens per second; a sequence waits one step per token, so
+ * the per-sequence latency is the mean step time. Unlike llama.cpp's unified cache, each
+ * sequence has its own cache, so its attention spans its own tokens only, with the policy,
+ * budget, KV types and tier given (--policy, --budget, -ctk/-ctv, --kv-tier).
+ *
+ * --fill copy prefills one sequence and copies its KV into the others (kvp_seq_copy; the
+ * sequences then decode different tokens): the way to fill many long contexts quickly. --serial
+ * then also decodes the sequences one after another, ntg tokens each, with the same tier: the
+ * aggregate a machine gets without batching.
+ *
+ * Token ids are deterministic pseudo-random ids, different per sequence.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "cli/cli.h"
+#include "cli/common.h"
+#include "core/platform.h"
+#include "core/rng.h"
+#include "kernels/simd.h"
+#include "kernels/types.h"
+
+#define MAX_LIST 32
+
+static const char *const tier_names[] = {"none", "ram", "disk", "redis", NULL};
+static const char *const fill_names[] = {"prefill", "copy", NULL};
+
+static void help(void)
+{
+    printf("usage: kvpred batched-bench [-m MODEL] -npp LIST -ntg LIST -npl LIST [-t T] [--json]\n\n"
+           "  -npp LIST            prompt tokens per sequence, comma-separated (default 128)\n"
+           "  -ntg LIST            tokens generated per sequence (default 128)\n"
+           "  -npl LIST            numbers of sequences decoding together (default 1,2,4,8)\n"
+           "  -b N                 most tokens of all sequences in one step (default 512)\n"
+           "  --policy NAME        KV selection policy of every sequence (default: dense)\n"
+           "  --budget B           its budget: tokens per (layer, KV head) or a fraction (1/16)\n"
+           "  --kv-tier T          ram, disk or redis: each sequence's cache tiered\n"
+           "  --kv-dir DIR         disk tier: directory of the scratch files\n"
+           "  --kv-url URL         redis tier: redis://HOST:PORT\n"
+           "  --hot-budget N       hot-tier tokens per layer (default: from the budget)\n"
+           "  --kv-syscall-submit  disk tier: no polling kernel thread per sequence\n"
+           "  --fill F             prefill (default) or copy: prefill one sequence and copy its\n"
+           "                       KV into the others\n"
+           "  --serial             also decode the sequences one after another (ntg each)\n"
+           "  --json               one JSON object per row instead of the table\n%s",
+           cli_model_flags_help);
+}
+
+/* "1,2,4" into list; false on a bad or empty list. */
+static bool parse_list(const char *s, long lo, long hi, long *list, int *n)
+{
+    *n = 0;
+    while (s && *s) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < lo || v > hi || (*end && *end != ',') || *n == MAX_LIST)
+            return false;
+        list[(*n)++] = v;
+        s = *end ? end + 1 : end;
+    }
+    return *n > 0;
+}
+
+struct row {
+    long npp, ntg, npl;
+    double t_pp, t_tg, t_serial, t_fill_copy;
+    size_t kv_resident, kv_cold;
+    uint64_t bytes_read;
+    long rss_kib;
+};
+
+/* Resident set of this process in KiB (VmRSS), or -1. */
+static long rss_kib(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long v = -1;
+    while (f && fgets(line, sizeof(line), f))
+        if (!strncmp(line, "VmRSS:", 6))
+            v = strtol(line + 6, NULL, 10);
+    if (f)
+        fclose(f);
+    return v;
+}
+
+struct bench {
+    kvp_model *m;
+    kvp_engine *e;
+    struct kvp_ctx_params cp;
+    struct kvp_policy_params *pp;
+    int n_batch, fill;
+    bool serial;
+    int n_vocab;
+};
+
+static int32_t token_at(long seq, long i, int n_vocab)
+{
+    uint64_t x = 0x9e3779b97f4a7c15ULL ^ (uint64_t)(seq * 1000003 + i);
+    return (int32_t)(kvp_splitmix64(&x) % (uint64_t)n_vocab);
+}
+
+/* One row: npl sequences, prompts of npp, ntg steps. Prints the error and returns -1. */
+static int run_row(struct bench *b, struct row *r)
+{
+    struct kvp_err err = {0};
+    int rc = -1;
+    kvp_seq **seq = calloc((size_t)r->npl, sizeof(*seq));
+    struct kvp_batch_item *items = calloc((size_t)r->npl, sizeof(*items));
+    int32_t *toks = malloc((size_t)r->npl * (size_t)(r->npp + 2 * r->ntg) * sizeof(int32_t));
+    float *logits = malloc((size_t)r->npl * b->n_vocab * sizeof(float));
+    long per = r->npp + 2 * r->ntg;
+    if (!seq || !items || !toks || !logits) {
+        cli_fail("out of memory");
+        goto out;
+    }
+    for (long s = 0; s < r->npl; s++)
+        for (long i = 0; i < per; i++)
+            toks[s * per + i] = token_at(b->fill ? 0 : s, i, b->n_vocab);
+    for (long s = 0; s < r->npl; s++) {
+        struct kvp_ctx_params cp = b->cp;
+        cp.n_ctx = (int)per;
+        if (kvp_seq_init(b->e, &cp, &seq[s], &err) < 0 ||
+            (b->pp->name && kvp_ctx_set_policy(seq[s], b->pp, &err) < 0))
+            goto fail;
+    }
+    /* prefill: whole prompts packed into steps of at most n_batch tokens, a prompt longer than
+     * that in pieces */
+    double t0 = kvp_time_now();
+    long n_prefill = b->fill ? 1 : r->npl;
+    long s = 0, fed = 0;
+    while (s < n_prefill) {
+        int n = 0, rows = 0;
+        while (s < n_prefill && rows < b->n_batch) {
+            int take = (int)(r->npp - fed < b->n_batch - rows ? r->npp - fed : b->n_batch - rows);
+            items[n++] = (struct kvp_batch_item){.seq = seq[s], .tokens = toks + s * per + fed,
+                                                 .n = take,
+                                                 .prompt_rest = (int)(r->npp - fed - take)};
+            rows += take;
+            fed += take;
+            if (fed == r->npp) {
+                s++;
+                fed = 0;
+            }
+        }
+        if (kvp_batch_eval(b->e, items, n, &err) < 0)
+            goto fail;
+    }
+    r->t_pp = kvp_time_now() - t0;
+    if (b->fill) {
+        t0 = kvp_time_now();
+        for (long k = 1; k < r->npl; k++)
+            if (kvp_seq_copy(seq[k], seq[0], (int)r->npp, &err) < 0)
+                goto fail;
+        r->t_fill_copy = kvp_time_now() - t0;
+        /* the copies decode tokens of their own from here on */
+        for (long k = 0; k < r->npl; k++)
+            for (long i = r->npp; i < per; i++)
+                toks[k * per + i] = token_at(k + 1, i, b->n_vocab);
+    }
+    for (long k = 0; k < r->npl; k++)
+        kvp_ctx_store_reset_stats(seq[k]);
+    /* decode: every sequence one token per step */
+    t0 = kvp_time_now();
+    for (long i = 0; i < r->ntg; i++) {
+        for (long k = 0; k < r->npl; k++)
+            items[k] = (struct kvp_batch_item){.seq = seq[k],
+                                               .tokens = toks + k * per + r->npp + i, .n = 1,
+                                               .logits = logits + (size_t)k * b->n_vocab};
+        if (kvp_batch_eval(b->e, items, (int)r->npl, &err) < 0)
+            goto fail;
+    }
+    r->t_tg = kvp_time_now() - t0;
+    r->rss_kib = rss_kib();
+    r->kv_resident = r->kv_cold = 0;
+    r->bytes_read = 0;
+    for (long k = 0; k < r->npl; k++) {
+        size_t res, cold;
+        kvp_seq_kv_bytes(seq[k], &res, &cold);
+        r->kv_resident += res;
+        r->kv_cold += cold;
+        struct kvp_store_stats st;
+        if (kvp_ctx_store_stats(seq[k], &st) == 0)
+            r->bytes_read += st.bytes_read;
+    }
+    if (b->serial) {
+        t0 = kvp_time_now();
+        for (long k = 0; k < r->npl; k++)
+            for (long i = 0; i < r->ntg; i++) {
+                items[0] = (struct kvp_batch_item){
+                    .seq = seq[k], .tokens = toks + k * per + r->npp + r->ntg + i, .n = 1,
+                    .logits = logits};
+                if (kvp_batch_eval(b->e, items, 1, &err) < 0)
+                    goto fail;
+            }
+        r->t_serial = kvp_time_now() - t0;
+    }
+    rc = 0;
+    goto out;
+fail:
+    cli_fail_err(&err);
+out:
+    for (long k = 0; seq && k < r->npl; k++)
+        kvp_ctx_free(seq[k]);
+    free(seq);
+    free(items);
+    free(toks);
+    free(logits);
+    return rc;
+}
+
+static void print_json(const struct bench *b, const struct row *r, const char *budget,
+                       int threads, const char *tier)
+{
+    struct kvp_model_info in;
+    kvp_model_get_info(b->m, &in);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "model", in.name);
+    cJSON_AddStringToObject(o, "weight_type", kvp_type_name(in.weight_type));
+    cJSON_AddStringToObject(o, "simd", kvp_simd()->name);
+    cJSON_AddNumberToObject(o, "threads", threads);
+    cJSON_AddNumberToObject(o, "npp", (double)r->npp);
+    cJSON_AddNumberToObject(o, "ntg", (double)r->ntg);
+    cJSON_AddNumberToObject(o, "npl", (double)r->npl);
+    cJSON_AddStringToObject(o, "policy", b->pp->name ? b->pp->name : "dense");
+    cJSON_AddStringToObject(o, "budget", budget ? budget : "all");
+    cJSON_AddStringToObject(o, "kv_tier", tier);
+    cJSON_AddStringToObject(o, "kv_type_k", kvp_kv_type_name(b->cp.type_k));
+    cJSON_AddStringToObject(o, "kv_type_v", kvp_kv_type_name(b->cp.type_v));
+    cJSON_AddStringToObject(o, "fill", fill_names[b->fill]);
+    double n_pp = (double)(b->fill ? 1 : r->npl) * r->npp, n_tg = (double)r->npl * r->ntg;
+    /* prefill: aggregate tokens/s over the prompts prefilled (one with --fill copy) */
+    cJSON_AddNumberToObject(o, "t_pp_s", r->t_pp);
+    cJSON_AddNumberToObject(o, "pp_tokens_per_s", n_pp / r->t_pp);
+    cJSON_AddNumberToObject(o, "t_fill_copy_s", r->t_fill_copy);
+    /* decode: aggregate tokens/s of all sequences; per-sequence latency = one step */
+    cJSON_AddNumberToObject(o, "t_tg_s", r->t_tg);
+    cJSON_AddNumberToObject(o, "tg_tokens_per_s", n_tg / r->t_tg);
+    cJSON_AddNumberToObject(o, "tg_ms_per_token_per_seq", 1e3 * r->t_tg / r->ntg);
+    if (b->serial)
+        cJSON_AddNumberToObject(o, "tg_serial_tokens_per_s", n_tg / r->t_serial);
+    /* KV after the decode, summed over sequences: in RAM (resident) and in the cold tier */
+    cJSON_AddNumberToObject(o, "kv_resident_bytes", (double)r->kv_resident);
+    cJSON_AddNumberToObject(o, "kv_cold_bytes", (double)r->kv_cold);
+    cJSON_AddNumberToObject(o, "cold_bytes_read_per_token", (double)r->bytes_read / n_tg);
+    cJSON_AddNumberToObject(o, "rss_bytes", (double)r->rss_kib * 1024.0);
+    char *s = cJSON_PrintUnformatted(o);
+    printf("%s\n", s);
+    free(s);
+    cJSON_Delete(o);
+    fflush(stdout);
+}
+
+int cmd_batched_bench(int argc, char **argv)
+{
+    struct cli_model_opts mo = {0};
+    const char *npp_s = "128", *ntg_s = "128", *npl_s = "1,2,4,8", *budget_arg = NULL;
+    const char *kv_dir = NULL, *kv_url = NULL;
+    long hot_budget = 0;
+    int tier = KVP_TIER_NONE, fill = 0;
+    bool json = false, serial = false, syscall_submit = false;
+    struct kvp_policy_params pp = {0};
+    const struct cli_flag flags[] = {
+        CLI_STR("-npp", &npp_s),
+        CLI_STR("-ntg", &ntg_s),
+        CLI_STR("-npl", &npl_s),
+        CLI_STR("--policy", &pp.name),
+        CLI_STR("--budget", &budget_arg),
+        CLI_CHOICE("--kv-tier", tier_names, KVP_TIER_RAM, &tier, "ram, disk or redis"),
+        CLI_STR("--kv-dir", &kv_dir),
+        CLI_STR("--kv-url", &kv_url),
+        CLI_INT("--hot-budget", 1, 1 << 24, &hot_budget, "a positive token count"),
+        CLI_BOOL("--kv-syscall-submit", &syscall_submit),
+        CLI_CHOICE("--fill", fill_names, 0, &fill, "prefill or copy"),
+        CLI_BOOL("--serial", &serial),
+        CLI_BOOL("--json", &json),
+        {0},
+    };
+    const struct cli_command cmd = {.name = "batched-bench", .mo = &mo, .pp = &pp,
+                                    .flags = flags, .help = help, .budget = &budget_arg};
+    int rc = cli_parse_command(&cmd, argc, argv);
+    if (rc)
+        return rc == 2 ? 0 : 1;
+    long npp[MAX_LIST], ntg[MAX_LIST], npl[MAX_LIST];
+    int n_npp, n_ntg, n_npl;
+    if (!parse_list(npp_s, 1, 1 << 24, npp, &n_npp))
+        return cli_fail("-npp: '%s' is not a list of positive token counts", npp_s);
+    if (!parse_list(ntg_s, 1, 1 << 24, ntg, &n_ntg))
+        return cli_fail("-ntg: '%s' is not a list of positive token counts", ntg_s);
+    if (!parse_list(npl_s, 1, 4096, npl, &n_npl))
+        return cli_fail("-npl: '%s' is not a list of sequence counts (1..4096)", npl_s);
+    if (budget_arg && !pp.name)
+        return cli_fail("--budget needs --policy");
+    if (tier == KVP_TIER_NONE && (kv_dir || hot_budget || syscall_submit))
+        return cli_fail("--kv-dir, --hot-budget and --kv-syscall-submit need --kv-tier");
+    if ((tier == KVP_TIER_REDIS) != (kv_url != NULL))
+        return cli_fail("--kv-tier redis and --kv-url go together");
+    if (mo.n_threads <= 0)
+        mo.n_threads = 1;
+    long max_ctx = 0;
+    for (int i = 0; i < n_npp; i++)
+        for (int j = 0; j < n_ntg; j++)
+            if (npp[i] + 2 * ntg[j] > max_ctx)
+                max_ctx = npp[i] + 2 * ntg[j];
+    if (max_ctx > (1 << 24))
+        return cli_fail("-npp plus twice -ntg is too long a context");
+    kvp_model *m = cli_open_model(&mo);
+    if (!m)
+        return 1;
+    struct kvp_model_info in;
+    kvp_model_get_info(m, &in);
+    struct kvp_ctx_params shared = cli_ctx_params(&mo, max_ctx);
+    struct bench b = {.m = m, .pp = &pp, .fill = fill, .serial = serial, .n_vocab = in.n_vocab,
+                      .n_batch = mo.n_batch > 0 ? (int)mo.n_batch : 512};
+    b.cp = (struct kvp_ctx_params){.block_size = shared.block_size, .type_k = shared.type_k,
+                                   .type_v = shared.type_v, .kv_tier = tier, .kv_dir = kv_dir,
+                                   .kv_url = kv_url, .hot_budget = (int)hot_budget,
+                                   .kv_syscall_submit = syscall_submit};
+    b.cp.type_k = b.cp.type_k ? b.cp.type_k : KVP_KV_F16;
+    b.cp.type_v = b.cp.type_v ? b.cp.type_v : KVP_KV_F16;
+    struct kvp_err err = {0};
+    struct kvp_engine_params ep = {.n_threads = (int)mo.n_threads, .n_batch = b.n_batch,
+                                   .n_ctx = (int)max_ctx};
+    if (kvp_engine_init(m, &ep, &b.e, &err) < 0) {
+        kvp_model_close(m);
+        return cli_fail_err(&err);
+    }
+    if (!json)
+        printf("|    PP |     TG |    B |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s | "
+               "ms/tok/seq | KV RAM MiB | KV cold MiB |\n"
+               "|-------|--------|------|----------|----------|----------|----------|"
+               "------------|------------|-------------|\n");
+    int status = 0;
+    /* a short warm-up row: page in the weights, start the threads */
+    struct row warm = {.npp = 8, .ntg = 2, .npl = 1};
+    if (run_row(&b, &warm) < 0)
+        status = 1;
+    for (int i = 0; i < n_npp && !status; i++)
+        for (int j = 0; j < n_ntg && !status; j++)
+            for (int k = 0; k < n_npl && !status; k++) {
+                struct row r = {.npp = npp[i], .ntg = ntg[j], .npl = npl[k]};
+                if (run_row(&b, &r) < 0) {
+                    status = 1;
+                    break;
+                }
+                if (json) {
+                    print_json(&b, &r, budget_arg, (int)mo.n_threads, tier_names[tier]);
+                    continue;
+                }
+                double n_pp = (double)(fill ? 1 : r.npl) * r.npp;
+                printf("| %5ld | %6ld | %4ld | %8.3f | %8.2f | %8.3f | %8.2f | %10.2f | %10.1f | "
+                       "%11.1f |\n",
+                       r.npp, r.ntg, r.npl, r.t_pp, n_pp / r.t_pp, r.t_tg,
+                       (double)r.npl * r.ntg / r.t_tg, 1e3 * r.t_tg / r.ntg,
+                       r.kv_resident / 1048576.0, r.kv_cold / 1048576.0);
+                fflush(stdout);
+            }
+    kvp_engine_free(b.e);
+    kvp_model_close(m);
+    return status;
+}
