@@ -248,6 +248,10 @@ struct kvp_engine_params {
     int n_threads; /* worker threads including the caller (0: 1) */
     int n_batch;   /* most tokens of all sequences in one step (0: 512) */
     int n_ctx;     /* largest context of any of its sequences (0: the model's training context) */
+    bool exact;    /* true: each sequence's logits are bit for bit those of a step of its own;
+                      false (faster): the decode tokens of a step go through the batch kernels
+                      together once there are a few of them, and then differ from a lone step's
+                      by float summation order only, as prefill differs from decode */
 };
 
 int kvp_engine_init(const kvp_model *model, const struct kvp_engine_params *params,
@@ -278,7 +282,8 @@ struct kvp_batch_item {
 /* One step: the tokens of items[0..n_items) (distinct sequences of this engine, n >= 1 each,
  * at most n_batch tokens in all) go through the model at once, each sequence at its own
  * positions, against its own cache, with its own policy and tier; each sequence's logits are
- * what it would get in a step of its own (bit for bit: tests/test_batch.c). A sequence whose
+ * what it would get in a step of its own (bit for bit with kvp_engine_params.exact,
+ * tests/test_batch.c; else up to float summation order). A sequence whose
  * policy has evicted tokens takes one token per item (KVP_EINVAL otherwise). Errors name the
  * item; on a validation error nothing ran. */
 int kvp_batch_eval(kvp_engine *engine, const struct kvp_batch_item *items, int n_items,

@@ -55,6 +55,7 @@ int kvp_engine_init(const kvp_model *model, const struct kvp_engine_params *para
         free(e);
         return rc;
     }
+    e->sh->exact = p.exact;
     *out = e;
     return 0;
 }

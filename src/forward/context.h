@@ -18,6 +18,10 @@
 struct kvp_store;
 
 #define KVP_QCHUNK 64      /* prefill attention: query rows per work item */
+/* A step that need not be exact (kvp_engine_params.exact false) sends its single tokens through
+ * the batch kernels together from this many on (four times as many for weights with the
+ * multi-vector mat-vec kernel; forward.c, singles_together_from). */
+#define KVP_SINGLES_GEMM 4
 #define KVP_TILE_ROWS 256  /* prefill: weight rows dequantized per sgemm call (fewer repacks of
                               the activations than 64: +10-20 % prefill on real shapes) */
 
@@ -44,6 +48,7 @@ struct kvp_shared {
     int n_threads;
     int n_batch;                   /* rows (tokens of all sequences) per forward pass */
     int n_ctx;                     /* longest context the per-thread scratch serves */
+    bool exact;                    /* kvp_engine_params.exact */
     double *inv_freq;              /* [head_dim/2] base^(-2i/hd) */
 
     /* batch activations, [n_batch][width] row-major */
@@ -68,8 +73,10 @@ struct kvp_shared {
     /* the running pass's plan (kvp_forward_pass), read-only inside the pool */
     struct kvp_ctx **seqs;         /* [n_batch] the pass's sequences */
     int n_seqs, n_rows;
-    struct kvp_row_seg *multi;     /* [n_batch] multi-token sequences' rows */
-    struct kvp_row_seg *single;    /* [n_batch] single rows */
+    struct kvp_row_seg *multi;     /* [n_batch + 1] rows that go through a product as one unit:
+                                      [0] every single row (they come first), for steps that
+                                      need not be exact; [1..] the multi-token pieces */
+    struct kvp_row_seg *single;    /* [n_batch] single rows, each a mat-vec of its own */
     struct kvp_row_seg *out_multi; /* [n_batch] rows whose logits go out as one product */
     struct kvp_row_seg *out_single;/* [n_batch] rows whose logits go out alone */
     int n_multi, n_single, n_out_multi, n_out_single;

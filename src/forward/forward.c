@@ -78,7 +78,7 @@ int kvp_shared_init(const struct kvp_model *model, int n_threads, int n_batch, i
     sh->row_tok = calloc(nb, sizeof(int32_t));
     sh->row_pos = calloc(nb, sizeof(int32_t));
     sh->seqs = calloc(nb, sizeof(*sh->seqs));
-    sh->multi = calloc(nb, sizeof(*sh->multi));
+    sh->multi = calloc(nb + 1, sizeof(*sh->multi));
     sh->single = calloc(nb, sizeof(*sh->single));
     sh->out_multi = calloc(nb, sizeof(*sh->out_multi));
     sh->out_single = calloc(nb, sizeof(*sh->out_single));
@@ -420,13 +420,26 @@ static void matmul_pass(struct kvp_shared *sh, const struct kvp_mat *W, const fl
     matvec_multi(sh, W, X, ldx, single, n_single, Y, ldy, accumulate, same_x, r0, r1, ith);
 }
 
+/* Single rows from which a step that need not be exact sends them through the batch kernels
+ * together: the integer GEMM and the dequantizing sgemm convert every weight tile per call, which
+ * pays against the multi-vector mat-vec only from about 16 rows, against one mat-vec per row
+ * from about 4 (types without the multi-vector kernel). */
+static int singles_together_from(const struct kvp_mat *W)
+{
+    return kvp_matvec_has_multi(W) ? 4 * KVP_SINGLES_GEMM : KVP_SINGLES_GEMM;
+}
+
 /* A layer product over every row of the pass. */
 static void matmul(struct kvp_shared *sh, const struct kvp_mat *W, const float *X, int ldx,
                    float *Y, int ldy, bool accumulate, bool same_x, long r0, long r1, int ith,
                    int nth)
 {
-    matmul_pass(sh, W, X, ldx, sh->multi, sh->n_multi, sh->single, sh->n_single, Y, ldy,
-                accumulate, same_x, r0, r1, ith, nth);
+    if (!sh->exact && sh->n_single >= singles_together_from(W))
+        matmul_pass(sh, W, X, ldx, sh->multi, sh->n_multi + 1, NULL, 0, Y, ldy, accumulate,
+                    same_x, r0, r1, ith, nth);
+    else
+        matmul_pass(sh, W, X, ldx, sh->multi + 1, sh->n_multi, sh->single, sh->n_single, Y,
+                    ldy, accumulate, same_x, r0, r1, ith, nth);
 }
 
 static void rmsnorm(float *out, const float *x, const float *w, int n, float eps)
@@ -586,39 +599,49 @@ int kvp_forward_pass(struct kvp_shared *sh, const struct kvp_pass_item *items, i
 {
     const struct kvp_hparams *hp = &sh->model->hp;
     const int q_dim = hp->n_head * hp->head_dim, kv_dim = hp->n_head_kv * hp->head_dim;
-    int row = 0;
+    /* single tokens take the first rows, so that they are one block of rows when they go
+     * through the batch kernels together (fast steps) */
+    int n_single = 0;
+    for (int i = 0; i < n_items; i++)
+        n_single += items[i].n == 1;
+    int row = 0, row_multi = n_single;
     sh->n_seqs = n_items;
     sh->n_multi = sh->n_single = sh->n_out_multi = sh->n_out_single = 0;
+    /* multi[0]: all single rows as one block, for the products that take them together */
+    sh->multi[0] = (struct kvp_row_seg){.row0 = 0, .n = n_single};
     for (int i = 0; i < n_items; i++) {
         const struct kvp_pass_item *it = &items[i];
         struct kvp_ctx *c = it->c;
+        int r = it->n == 1 ? row++ : row_multi;
+        if (it->n > 1)
+            row_multi += it->n;
         sh->seqs[i] = c;
-        c->job_row0 = row;
+        c->job_row0 = r;
         c->job_n = it->n;
         c->job_pos0 = c->n_tokens;
         c->job_all_logits = it->all_logits;
         c->job_logits = it->logits;
         c->job_last = it->last;
-        c->q = sh->q + (size_t)row * q_dim;
-        c->k = sh->k + (size_t)row * kv_dim;
-        c->v = sh->v + (size_t)row * kv_dim;
-        c->att = sh->att + (size_t)row * q_dim;
+        c->q = sh->q + (size_t)r * q_dim;
+        c->k = sh->k + (size_t)r * kv_dim;
+        c->v = sh->v + (size_t)r * kv_dim;
+        c->att = sh->att + (size_t)r * q_dim;
         for (int j = 0; j < it->n; j++) {
-            sh->row_tok[row + j] = it->tokens[j];
-            sh->row_pos[row + j] = c->n_tokens + j;
+            sh->row_tok[r + j] = it->tokens[j];
+            sh->row_pos[r + j] = c->n_tokens + j;
         }
-        struct kvp_row_seg seg = {.row0 = row, .n = it->n};
+        struct kvp_row_seg seg = {.row0 = r, .n = it->n};
         if (it->n > 1)
-            sh->multi[sh->n_multi++] = seg;
+            sh->multi[1 + sh->n_multi++] = seg;
         else
             sh->single[sh->n_single++] = seg;
         if (it->logits && it->all_logits && it->n > 1)
-            sh->out_multi[sh->n_out_multi++] = (struct kvp_row_seg){row, it->n, it->logits};
+            sh->out_multi[sh->n_out_multi++] = (struct kvp_row_seg){r, it->n, it->logits};
         else if (it->logits)
             sh->out_single[sh->n_out_single++] =
-                (struct kvp_row_seg){row + it->n - 1, 1, it->logits};
-        row += it->n;
+                (struct kvp_row_seg){r + it->n - 1, 1, it->logits};
     }
+    row = row_multi;
     sh->n_rows = row;
     for (int i = 0; i < n_items; i++)
         kvp_kv_batch_begin(items[i].c);
