@@ -516,8 +516,10 @@ static void test_fork_and_copy(void **state)
     for (int t = 0; t < 3; t++)
         for (size_t p = 0; p < sizeof(pols) / sizeof(pols[0]); p++)
             for (int cp_ = 0; cp_ < 2; cp_++) {
+                /* a hot tier of two blocks: most of the copied prefix lives cold */
                 struct kvp_ctx_params cp = {.n_ctx = 256, .kv_tier = tiers[t], .kv_dir = dir,
-                                            .kv_syscall_submit = true};
+                                            .kv_syscall_submit = true,
+                                            .hot_budget = tiers[t] ? 32 : 0};
                 char what[96];
                 snprintf(what, sizeof(what), "%s, tier %d, %s", cp_ ? "copy" : "fork", tiers[t],
                          pols[p]);

@@ -18,6 +18,7 @@
 #include "forward/context.h"
 #include "forward/kv_step.h"
 #include "policy/host.h"
+#include "policy/policy.h"
 #include "store/store.h"
 
 struct kvp_engine {
@@ -224,6 +225,11 @@ int kvp_seq_copy(kvp_seq *dst, kvp_seq *src, int n, struct kvp_err *err)
                 memcpy(kvp_kvcache_vblock(dk, l, h, b), kvp_kvcache_vblock(sk, l, h, b),
                        sk->v_bytes);
             }
+        /* what a prompt's end shows the policy (quest folds its block bounds from the keys
+         * while the whole layer is visible; a tiered layer is only now) */
+        struct kvp_prefill_obs ob = {.n_prompt = n};
+        if (dst->pol.p && dst->pol.p->ops->on_prefill)
+            kvp_policy_on_prefill(&dst->pol, l, &ob);
         if (dst->store)
             kvp_store_prefill_end(dst->store, l, 0, n, NULL, 0);
         if (src->store)
