@@ -356,7 +356,7 @@ static bool slot_plan(struct srv_engine *e, struct slot *s, struct step_item *it
          * batches run as for the whole prompt at once), never leaving a last chunk of one token
          * (a decode step); a policy that must see the whole prompt gets it in one call */
         int n = j->n_prompt - s->pos;
-        int nb = s->ctx->n_batch;
+        int nb = s->ctx->sh->n_batch;
         if (piecewise_ok(s->ctx)) {
             int cut = nb - s->pos % nb;
             if (n > cut + 1)
