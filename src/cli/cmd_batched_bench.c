@@ -52,7 +52,9 @@ static void help(void)
            "  --fill F             prefill (default) or copy: prefill one sequence and copy its\n"
            "                       KV into the others\n"
            "  --serial             also decode the sequences one after another (ntg each)\n"
-           "  --json               one JSON object per row instead of the table\n%s",
+           "  --json               one JSON object per row instead of the table\n"
+           "Each sequence's context is npp + 2*ntg tokens (-c is not used); -b is the step's\n"
+           "most tokens of all sequences.\n%s",
            cli_model_flags_help);
 }
 
