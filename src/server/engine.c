@@ -51,6 +51,9 @@ struct srv_engine {
     struct step_item *items;   /* [n_slots] the round's work (scheduler thread only) */
     int *item_rc;
     struct kvp_err *item_err;
+    kvp_engine *kv_engine;     /* owned: the slots are its sequences, stepped together */
+    struct kvp_batch_item *batch; /* [n_slots] */
+    int n_batch;               /* tokens a step takes */
 };
 
 /* ---- jobs ------------------------------------------------------------------------------- */
@@ -340,10 +343,10 @@ struct step_item {
     float *logits;    /* NULL: not needed (a prompt piece before the last) */
 };
 
-/* Plan a busy slot's part of the round: false when it has none (it ended: cancelled, finished,
- * or refused). A decode step samples here, in `kvpred run`'s order: sample, stop on
+/* Plan a busy slot's part of the round, a prompt piece of at most `room` tokens: false when it
+ * has none (it ended: cancelled, finished, refused; or no room). A decode step samples here, in `kvpred run`'s order: sample, stop on
  * end-of-generation, emit, accept; the token is then evaluated with the other slots' items. */
-static bool slot_plan(struct srv_engine *e, struct slot *s, struct step_item *it)
+static bool slot_plan(struct srv_engine *e, struct slot *s, int room, struct step_item *it)
 {
     struct srv_job *j = s->job;
     if (atomic_load(&j->cancel)) {
@@ -352,16 +355,14 @@ static bool slot_plan(struct srv_engine *e, struct slot *s, struct step_item *it
     }
     *it = (struct step_item){.s = s};
     if (s->pos < j->n_prompt) {
-        /* chunks ending where kvp_eval's own micro-batches of n_batch would (so the same
-         * batches run as for the whole prompt at once), never leaving a last chunk of one token
-         * (a decode step); a policy that must see the whole prompt gets it in one call */
+        /* a piece of the prompt within what the step has room for; never a last piece of one
+         * token alone after others (it would run as a decode step, reading only the policy's
+         * selection where prefill reads the whole prompt) */
         int n = j->n_prompt - s->pos;
-        int nb = s->ctx->sh->n_batch;
-        if (piecewise_ok(s->ctx)) {
-            int cut = nb - s->pos % nb;
-            if (n > cut + 1)
-                n = cut;
-        }
+        if (n > room)
+            n = n - room >= 2 ? room : room - 1;
+        if (n < 1 || (n == 1 && s->pos + 1 < j->n_prompt))
+            return false; /* no room this round: it waits for the next */
         it->prefill = true;
         it->tokens = j->ids + s->pos;
         it->n = n;
@@ -397,26 +398,43 @@ static bool slot_plan(struct srv_engine *e, struct slot *s, struct step_item *it
     return true;
 }
 
-/* Evaluate the round's items (the seam for a batched step: today each slot's context runs its
- * own kvp_eval, one after the other). rc[i] and errs[i] receive each item's outcome; the
- * seconds each took go to the prefill or decode counters. */
+/* Evaluate the round's items in one batched step of the engine (kvp_batch_eval: every weight
+ * matrix read once for all slots; exact, so each slot's logits are bit for bit those of a step
+ * of its own). If the step is refused (nothing ran), each item runs alone so only the item at
+ * fault fails. rc[i] and errs[i] receive each item's outcome; the step's time is shared
+ * between the prefill and decode counters by tokens. */
 static void run_items(struct srv_engine *e, struct step_item *items, int n, int *rc,
                       struct kvp_err *errs)
 {
+    if (n == 0)
+        return;
+    int n_prefill = 0, n_decode = 0;
     for (int i = 0; i < n; i++) {
-        struct step_item *it = &items[i];
-        double t0 = kvp_time_now();
-        rc[i] = kvp_eval(it->s->ctx, it->tokens, it->n, it->logits, false, &errs[i]);
-        double dt = kvp_time_now() - t0;
-        pthread_mutex_lock(&e->mu);
-        if (it->prefill) {
-            e->st.prefill_tokens += (uint64_t)it->n;
-            e->st.prefill_s += dt;
-        } else {
-            e->st.decode_s += dt;
-        }
-        pthread_mutex_unlock(&e->mu);
+        const struct step_item *it = &items[i];
+        const struct srv_job *j = it->s->job;
+        e->batch[i] = (struct kvp_batch_item){
+            .seq = it->s->ctx, .tokens = it->tokens, .n = it->n, .logits = it->logits,
+            .prompt_rest = it->prefill ? j->n_prompt - it->s->pos - it->n : 0};
+        if (it->prefill)
+            n_prefill += it->n;
+        else
+            n_decode++;
+        rc[i] = 0;
+        errs[i].msg[0] = 0;
     }
+    double t0 = kvp_time_now();
+    struct kvp_err err = {0};
+    if (kvp_batch_eval(e->kv_engine, e->batch, n, &err) < 0) {
+        for (int i = 0; i < n; i++)
+            rc[i] = kvp_batch_eval(e->kv_engine, &e->batch[i], 1, &errs[i]);
+    }
+    double dt = kvp_time_now() - t0;
+    double share = n_prefill + n_decode > 0 ? (double)n_prefill / (n_prefill + n_decode) : 0;
+    pthread_mutex_lock(&e->mu);
+    e->st.prefill_tokens += (uint64_t)n_prefill;
+    e->st.prefill_s += dt * share;
+    e->st.decode_s += dt * (1 - share);
+    pthread_mutex_unlock(&e->mu);
 }
 
 /* After the round: move each slot past what ran, or end it on an error. */
@@ -495,11 +513,18 @@ static void *scheduler(void *arg)
         for (int k = 0; k < n_start; k++)
             if (slot_begin(e, where[k], start[k]) < 0)
                 slot_end(e, where[k], SRV_FINISH_ERROR, NULL);
-        /* one round: every busy slot's prompt piece or token, evaluated together */
-        int n_items = 0;
-        for (int i = 0; i < e->cfg.n_slots; i++)
-            if (e->slots[i].job && slot_plan(e, &e->slots[i], &e->items[n_items]))
-                n_items++;
+        /* one round: every decoding slot's token, then prompt pieces in the room the step has
+         * left (n_batch tokens in all), evaluated together */
+        int n_items = 0, room = e->n_batch;
+        for (int pass = 0; pass < 2; pass++)
+            for (int i = 0; i < e->cfg.n_slots; i++) {
+                struct slot *sl = &e->slots[i];
+                bool prefilling = sl->job && sl->pos < sl->job->n_prompt;
+                if (!sl->job || prefilling != (pass == 1))
+                    continue;
+                if (slot_plan(e, sl, room, &e->items[n_items]))
+                    room -= e->items[n_items++].n;
+            }
         run_items(e, e->items, n_items, e->item_rc, e->item_err);
         for (int k = 0; k < n_items; k++)
             slot_after(e, &e->items[k], e->item_rc[k], &e->item_err[k]);
@@ -549,9 +574,19 @@ int srv_engine_start(const struct srv_engine_config *cfg, struct srv_engine **ou
         srv_engine_free(e);
         return kvp_err_set(err, KVP_ENOMEM, "out of memory");
     }
+    e->batch = calloc((size_t)cfg->n_slots, sizeof(*e->batch));
+    struct kvp_engine_params ep = {.n_threads = cfg->cp.n_threads, .n_batch = cfg->cp.n_batch,
+                                   .n_ctx = cfg->cp.n_ctx, .exact = true};
+    int erc = e->batch ? kvp_engine_init(cfg->model, &ep, &e->kv_engine, err)
+                       : kvp_err_set(err, KVP_ENOMEM, "out of memory");
+    if (erc < 0) {
+        srv_engine_free(e);
+        return erc;
+    }
+    e->n_batch = cfg->cp.n_batch > 0 ? cfg->cp.n_batch : 512;
     for (int i = 0; i < cfg->n_slots; i++) {
         struct slot *s = &e->slots[i];
-        int rc = kvp_ctx_init(cfg->model, &cfg->cp, &s->ctx, err);
+        int rc = kvp_seq_init(e->kv_engine, &cfg->cp, &s->ctx, err);
         if (rc < 0) {
             srv_engine_free(e);
             return rc;
@@ -660,6 +695,8 @@ void srv_engine_free(struct srv_engine *e)
     free(e->items);
     free(e->item_rc);
     free(e->item_err);
+    free(e->batch);
+    kvp_engine_free(e->kv_engine); /* after its sequences */
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     free(e);

@@ -1,9 +1,11 @@
 /*
- * The generation engine behind `kvpred serve`: a fixed number of slots, each a kvp_ctx of its own
- * with the KV cache it kept from its last request, and one scheduler thread that steps the busy
- * slots in turn: a prompt is prefilled in chunks of n_batch tokens between other slots' tokens,
- * then one token per slot per round. The HTTP side (http.c) never touches a slot; it submits a
- * job and reads what the job produced under the job's lock.
+ * The generation engine behind `kvpred serve`: a fixed number of slots, each a sequence
+ * (kvp_seq) of one kvp_engine with the KV cache it kept from its last request, and one
+ * scheduler thread that runs rounds: every decoding slot's next token and, in the room left of
+ * the step's n_batch tokens, pieces of the prompts being prefilled, all in one batched step
+ * (kvp_batch_eval, exact: each slot's logits are those it would get alone, so answers equal
+ * `kvpred run`'s). The HTTP side (http.c) never touches a slot; it submits a job and reads what
+ * the job produced under the job's lock.
  *
  * A slot remembers the prompt its cache holds; a new request is placed in the free slot whose
  * cache shares the longest prefix with its prompt (ties: the least recently used), and only the
