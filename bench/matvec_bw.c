@@ -12,7 +12,9 @@
  * speed drifts. Ratios near 1 mean the kernel runs at the bandwidth; the README's kernel section
  * quotes this tool's output.
  */
+#if defined(__x86_64__)
 #include <immintrin.h>
+#endif
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,6 +52,7 @@ static uint64_t read_bytes_scalar(const uint8_t *p, size_t n)
     return a ^ b ^ c ^ d;
 }
 
+#if defined(__x86_64__)
 __attribute__((target("avx512f"))) static uint64_t read_bytes_avx512(const uint8_t *p, size_t n)
 {
     __m512i a = _mm512_setzero_si512(), b = a, c = a, d = a;
@@ -72,6 +75,13 @@ static uint64_t read_bytes(const uint8_t *p, size_t n)
 {
     return __builtin_cpu_supports("avx512f") ? read_bytes_avx512(p, n) : read_bytes_scalar(p, n);
 }
+#else
+/* elsewhere the plain loop (the compiler vectorizes it for the base ISA, NEON on aarch64) */
+static uint64_t read_bytes(const uint8_t *p, size_t n)
+{
+    return read_bytes_scalar(p, n);
+}
+#endif
 
 static void worker(void *arg, int ith, int nth)
 {

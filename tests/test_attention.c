@@ -10,6 +10,7 @@
  * inside attention.
  */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -270,11 +271,12 @@ static void test_types_vs_f32(void **state)
     blocks_free(&b);
 }
 
-/* The SIMD kernels of each type (tab: kvp_kv_kernels_avx512 or _avx2) against the scalar ones
- * on one block (bs 16 and a partial 13, head_dim 12 and 72 for partial q8_0 groups and SIMD
+/* The SIMD kernels of each type (tab: kvp_kv_kernels_avx512, _avx2 or _neon) against the scalar
+ * ones on one block (bs 16 and a partial 13, head_dim 12 and 72 for partial q8_0 groups and SIMD
  * tails): the stores give the same bytes; scores, value sums and conversions agree to float
- * rounding. Returns 0 when this CPU lacks the instruction set. */
-static int simd_vs_scalar(const struct kvp_kv_kernels *(*tab)(int))
+ * rounding, or to the bit where the table promises it (exact: NEON keeps the scalar order, see
+ * kv_types_neon.c). Returns 0 when this CPU lacks the instruction set. */
+static int simd_vs_scalar(const struct kvp_kv_kernels *(*tab)(int), bool exact)
 {
     if (!tab(KVP_KV_F16))
         return 0;
@@ -309,11 +311,13 @@ static int simd_vs_scalar(const struct kvp_kv_kernels *(*tab)(int))
                 s->scores(q, ks, hd, bs, 0.3f, a);
                 v->scores(q, ks, hd, bs, 0.3f, c);
                 for (int t = 0; t < bs; t++)
-                    assert_true(fabsf(a[t] - c[t]) <= 1e-5f * (1.0f + fabsf(a[t])));
+                    assert_true(exact ? a[t] == c[t]
+                                      : fabsf(a[t] - c[t]) <= 1e-5f * (1.0f + fabsf(a[t])));
                 s->accum(pr, vs, hd, bs, bs - 1, oa);
                 v->accum(pr, vs, hd, bs, bs - 1, oc);
                 for (int d = 0; d < hd; d++)
-                    assert_true(fabsf(oa[d] - oc[d]) <= 1e-5f * (1.0f + fabsf(oa[d])));
+                    assert_true(exact ? oa[d] == oc[d]
+                                      : fabsf(oa[d] - oc[d]) <= 1e-5f * (1.0f + fabsf(oa[d])));
                 s->k_rows(ks, hd, bs, bs - 2, ra, MAXBS);
                 v->k_rows(ks, hd, bs, bs - 2, rc, MAXBS);
                 for (int d = 0; d < hd; d++)
@@ -328,11 +332,14 @@ static int simd_vs_scalar(const struct kvp_kv_kernels *(*tab)(int))
 static void test_simd_vs_scalar(void **state)
 {
     (void)state;
-    int avx512 = simd_vs_scalar(kvp_kv_kernels_avx512), avx2 = simd_vs_scalar(kvp_kv_kernels_avx2);
-    printf("# SIMD KV kernels against the scalar ones:%s%s\n", avx512 ? " avx512" : "",
-           avx2     ? " avx2"
-           : avx512 ? ""
-                    : " none here (no AVX2)");
+    int avx512 = simd_vs_scalar(kvp_kv_kernels_avx512, false),
+        avx2 = simd_vs_scalar(kvp_kv_kernels_avx2, false),
+        neon = simd_vs_scalar(kvp_kv_kernels_neon, true);
+    printf("# SIMD KV kernels against the scalar ones:%s%s%s\n", avx512 ? " avx512" : "",
+           avx2 ? " avx2" : "",
+           neon             ? " neon (to the bit)"
+           : avx512 || avx2 ? ""
+                            : " none here");
 }
 
 /* The group kernels (scores_g, accum_g) of the scalar, AVX-512 and AVX2 tables (those this CPU
@@ -352,8 +359,10 @@ static void test_group_kernels(void **state)
             for (int bi = 0; bi < 2; bi++) {
                 int type = all_types[ti], hd = hds[hi], bs = bss[bi], n = bs - 1;
                 const struct kvp_kv_kernels *ref = kvp_kv_kernels_scalar(type);
-                const struct kvp_kv_kernels *tabs[3] = {ref, kvp_kv_kernels_avx512(type),
-                                                        kvp_kv_kernels_avx2(type)};
+                /* the NEON kernels keep the scalar order: exact, like the scalar group kernels */
+                const struct kvp_kv_kernels *tabs[4] = {ref, kvp_kv_kernels_avx512(type),
+                                                        kvp_kv_kernels_avx2(type),
+                                                        kvp_kv_kernels_neon(type)};
                 uint8_t kt[8192], vb[8192];
                 assert_true(kvp_kv_block_bytes(type, hd, bs) <= sizeof(kt));
                 memset(kt, 0, sizeof(kt)), memset(vb, 0, sizeof(vb));
@@ -392,9 +401,10 @@ static void test_group_kernels(void **state)
                                     fabs(p[j * SS + t] * kvp_kv_value_at(type, vb, hd, bs, t, d));
                         }
                     }
-                    for (int k = 0; k < 3; k++) {
+                    for (int k = 0; k < 4; k++) {
                         if (!tabs[k])
                             continue;
+                        const bool inexact = k == 1 || k == 2;
                         float s[MAXG * SS], o[MAXG * OS];
                         memset(s, 0xff, sizeof(s)); /* NaN where nothing may be written */
                         memcpy(o, o0, sizeof(o));
@@ -408,8 +418,9 @@ static void test_group_kernels(void **state)
                                     continue;
                                 }
                                 float r = rs[j * MAXBS + t];
-                                assert_true(k ? fabs(v - r) <= 1e-5 * bs_abs[j * MAXBS + t] + 1e-30
-                                              : v == r);
+                                assert_true(inexact ? fabs(v - r) <=
+                                                          1e-5 * bs_abs[j * MAXBS + t] + 1e-30
+                                                    : v == r);
                             }
                             for (int d = 0; d < OS; d++) {
                                 float v = o[j * OS + d];
@@ -418,17 +429,18 @@ static void test_group_kernels(void **state)
                                     continue;
                                 }
                                 float r = ro[j * OS + d];
-                                assert_true(k ? fabs(v - r) <= 1e-5 * bo_abs[j * MAXHD + d]
-                                              : v == r);
+                                assert_true(inexact ? fabs(v - r) <= 1e-5 * bo_abs[j * MAXHD + d]
+                                                    : v == r);
                             }
                         }
                         checked++;
                     }
                 }
             }
-    printf("# group kernels: %d (table, type, head_dim, bs, g) cases checked (scalar%s%s)\n",
+    printf("# group kernels: %d (table, type, head_dim, bs, g) cases checked (scalar%s%s%s)\n",
            checked, kvp_kv_kernels_avx512(KVP_KV_F16) ? ", avx512" : "",
-           kvp_kv_kernels_avx2(KVP_KV_F16) ? ", avx2" : "");
+           kvp_kv_kernels_avx2(KVP_KV_F16) ? ", avx2" : "",
+           kvp_kv_kernels_neon(KVP_KV_F16) ? ", neon" : "");
     assert_true(checked >= N_TYPES * 3 * 2 * KVP_KV_GROUP_MAX);
 }
 

@@ -85,6 +85,8 @@ static int tables(const struct kvp_simd_ops **out)
         out[n++] = kvp_simd_avx512();
     if (kvp_simd_avx512vnni())
         out[n++] = kvp_simd_avx512vnni();
+    if (kvp_simd_neon())
+        out[n++] = kvp_simd_neon();
     return n;
 }
 
@@ -755,6 +757,20 @@ static void test_matvec_q8_0(void **state)
 static void test_simd_pick(void **state)
 {
     (void)state;
+#if defined(__aarch64__)
+    /* aarch64: NEON unless "scalar" is asked for; x86 names, unknown ones and none mean the best */
+    assert_string_equal(kvp_simd_pick(NULL, KVP_CPU_NEON)->name, "neon");
+    assert_string_equal(kvp_simd_pick("neon", KVP_CPU_NEON)->name, "neon");
+    assert_string_equal(kvp_simd_pick("avx512", KVP_CPU_NEON)->name, "neon");
+    assert_string_equal(kvp_simd_pick("bogus", KVP_CPU_NEON)->name, "neon");
+    assert_string_equal(kvp_simd_pick("scalar", KVP_CPU_NEON)->name, "scalar");
+    assert_string_equal(kvp_simd_pick("neon", 0)->name, "scalar");
+    assert_null(kvp_simd_avx2());
+    assert_null(kvp_simd_avx512());
+    assert_non_null(kvp_simd_neon());
+#elif defined(__x86_64__)
+    assert_string_equal(kvp_simd_pick("neon", KVP_CPU_AVX2)->name, "avx2"); /* unknown here */
+    assert_null(kvp_simd_neon());
     const int both = KVP_CPU_AVX2 | KVP_CPU_AVX512;
     assert_string_equal(kvp_simd_pick(NULL, both)->name, "avx512");
     assert_string_equal(kvp_simd_pick("", both)->name, "avx512");
@@ -774,6 +790,7 @@ static void test_simd_pick(void **state)
     assert_string_equal(kvp_simd_pick("avx512vnni", both)->name, "avx512");
     assert_string_equal(kvp_simd_pick("avx512vnni", KVP_CPU_AVX2 | KVP_CPU_AVX512VNNI)->name,
                         "avx2"); /* VNNI without the AVX-512 bit is ignored */
+#endif
     /* this process: whatever the environment asked for, through the same rule */
     assert_ptr_equal(kvp_simd(), kvp_simd_pick(getenv("KVP_SIMD"), kvp_cpu_features()));
     print_message("    kvp_simd() here: %s (cpu features 0x%x)\n", kvp_simd()->name,
@@ -790,10 +807,13 @@ static void test_simd_override(void **state)
         skip();
     }
     self[len] = 0;
-    static const char *names[] = {"scalar", "avx2", "avx512", "avx512vnni", "bogus"};
+    static const char *names[] = {"scalar", "avx2", "avx512", "avx512vnni", "neon", "bogus"};
+    /* a cross build's tests run under an emulator, which starts this program again too */
+    const char *emu = getenv("KVP_TEST_EMULATOR");
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         char cmd[4200], *out = NULL;
-        snprintf(cmd, sizeof(cmd), "KVP_SIMD=%s '%s' --print-simd", names[i], self);
+        snprintf(cmd, sizeof(cmd), "KVP_SIMD=%s %s '%s' --print-simd", names[i], emu ? emu : "",
+                 self);
         int rc = kvp_test_run(cmd, &out, 0);
         assert_int_equal(rc, 0);
         assert_non_null(out);

@@ -1,4 +1,4 @@
-/* Platform shims for Linux/x86-64 (see platform.h). */
+/* Platform shims for Linux on x86-64 and aarch64 (see platform.h). */
 #include "core/platform.h"
 
 #include <errno.h>
@@ -113,6 +113,7 @@ int kvp_cpu_features(void)
     if (cached >= 0)
         return cached;
     int f = 0;
+#if defined(__x86_64__)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
         f |= KVP_CPU_AVX2;
@@ -122,6 +123,11 @@ int kvp_cpu_features(void)
         f |= KVP_CPU_AVX512;
     if ((f & KVP_CPU_AVX512) && __builtin_cpu_supports("avx512vnni"))
         f |= KVP_CPU_AVX512VNNI;
+#elif defined(__aarch64__)
+    /* Advanced SIMD (NEON) with half-precision conversions is part of the ARMv8-A base ISA, so
+     * every aarch64 Linux CPU has it; nothing to probe. */
+    f |= KVP_CPU_NEON;
+#endif
     cached = f;
     return f;
 }

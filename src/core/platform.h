@@ -39,11 +39,21 @@ void kvp_free_aligned(void *p);
 void *kvp_alloc_huge(size_t size, size_t align);
 
 enum kvp_cpu_feature {
-    KVP_CPU_AVX2 = 1 << 0,    /* AVX2 + FMA + F16C */
-    KVP_CPU_AVX512 = 1 << 1,  /* AVX-512 F, BW, VL, DQ */
+    KVP_CPU_AVX2 = 1 << 0,       /* AVX2 + FMA + F16C */
+    KVP_CPU_AVX512 = 1 << 1,     /* AVX-512 F, BW, VL, DQ */
     KVP_CPU_AVX512VNNI = 1 << 2, /* AVX-512 VNNI (with KVP_CPU_AVX512) */
+    KVP_CPU_NEON = 1 << 3,       /* aarch64 Advanced SIMD (always there on aarch64) */
 };
 /* Bitmask of enum kvp_cpu_feature supported by this CPU and OS. */
 int kvp_cpu_features(void);
+
+/* Plain C loops written for the compiler's vectorizer, compiled once per x86 instruction set and
+ * picked by the loader (GCC/clang function multi-versioning). On other processors one copy,
+ * compiled for the base instruction set (which on aarch64 includes NEON). */
+#if defined(__x86_64__)
+#define KVP_X86_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define KVP_X86_CLONES
+#endif
 
 #endif

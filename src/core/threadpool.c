@@ -14,7 +14,20 @@
 #include <sched.h>
 #include <stdlib.h>
 
+#if defined(__x86_64__)
 #include <immintrin.h>
+#endif
+
+/* The spin-wait hint: PAUSE on x86, YIELD on ARM (both tell the core that it is spinning, which
+ * saves power and frees a sibling hyper-thread); nothing elsewhere. */
+static inline void kvp_spin_pause(void)
+{
+#if defined(__x86_64__)
+    _mm_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield" ::: "memory");
+#endif
+}
 
 #define KVP_POOL_SPIN 20000 /* polls (pauses, then yields; a few ms) before a worker sleeps */
 
@@ -41,7 +54,7 @@ struct kvp_pool {
 static inline void relax(int spins)
 {
     if (spins < 2000)
-        _mm_pause();
+        kvp_spin_pause();
     else
         sched_yield();
 }

@@ -1,15 +1,17 @@
 /*
  * Run-time choice of the SIMD kernel table.
  *
- * Three tables exist on every build (simd_scalar.c, simd_avx2.c, simd_avx512.c); the AVX ones
- * may only run when kvp_cpu_features() reports the instructions. The choice is made once, on the
+ * On x86-64 four tables are built (simd_scalar.c, simd_avx2.c, simd_avx512.c and its VNNI
+ * variant); the AVX ones may only run when kvp_cpu_features() reports the instructions. On
+ * aarch64 two are built: scalar and NEON (simd_neon.c; NEON is in every aarch64 CPU). Elsewhere
+ * only the scalar one. The choice is made once, on the
  * first call from any thread: pthread_once runs the CPU probe and reads KVP_SIMD, and the result
  * is published through an atomic pointer, so every later call is one acquire load (a plain load
  * on x86). kvp_simd() sits on the per-mat-vec path, which at short context runs ~30 times per
  * token on tiny matrices, so that cost matters.
  *
- * KVP_SIMD=scalar|avx2|avx512|avx512vnni forces a table; a request the CPU cannot honour falls
- * back to the best table it can run rather than crashing on an illegal instruction.
+ * KVP_SIMD=scalar|avx2|avx512|avx512vnni|neon forces a table; a request the CPU cannot honour
+ * falls back to the best table it can run rather than crashing on an illegal instruction.
  */
 #include "kernels/simd.h"
 
@@ -28,6 +30,15 @@ static _Atomic(const struct kvp_simd_ops *) simd_best; /* NULL until simd_init h
 
 const struct kvp_simd_ops *kvp_simd_pick(const char *want, int features)
 {
+#if defined(__aarch64__)
+    if (want && strcmp(want, "scalar") == 0)
+        return &kvp_simd_ops_scalar;
+    /* "neon", an x86 name, empty, unknown or absent: the best this CPU runs */
+    return (features & KVP_CPU_NEON) ? &kvp_simd_ops_neon : &kvp_simd_ops_scalar;
+#elif !defined(__x86_64__)
+    (void)want, (void)features;
+    return &kvp_simd_ops_scalar;
+#else
     bool has_avx2 = (features & KVP_CPU_AVX2) != 0;
     bool has_avx512 = has_avx2 && (features & KVP_CPU_AVX512) != 0;
     bool has_vnni = has_avx512 && (features & KVP_CPU_AVX512VNNI) != 0;
@@ -45,6 +56,7 @@ const struct kvp_simd_ops *kvp_simd_pick(const char *want, int features)
     if (has_avx2)
         return &kvp_simd_ops_avx2;
     return &kvp_simd_ops_scalar;
+#endif
 }
 
 static void simd_init(void)
@@ -74,6 +86,7 @@ const struct kvp_simd_ops *kvp_simd_scalar(void)
     return &kvp_simd_ops_scalar;
 }
 
+#if defined(__x86_64__)
 const struct kvp_simd_ops *kvp_simd_avx2(void)
 {
     return (simd_cpu() & KVP_CPU_AVX2) ? &kvp_simd_ops_avx2 : NULL;
@@ -93,8 +106,40 @@ const struct kvp_simd_ops *kvp_simd_avx512vnni(void)
                : NULL;
 }
 
-/* The fast path lives in the AVX tables (this file is built without -m flags); each table's
- * quantizer is bit-identical to kvp_quantize_row_q8_0_ref, see simd_avx2.c. */
+const struct kvp_simd_ops *kvp_simd_neon(void)
+{
+    return NULL;
+}
+#else
+/* No x86 tables are built here. */
+const struct kvp_simd_ops *kvp_simd_avx2(void)
+{
+    return NULL;
+}
+
+const struct kvp_simd_ops *kvp_simd_avx512(void)
+{
+    return NULL;
+}
+
+const struct kvp_simd_ops *kvp_simd_avx512vnni(void)
+{
+    return NULL;
+}
+
+const struct kvp_simd_ops *kvp_simd_neon(void)
+{
+#if defined(__aarch64__)
+    return (simd_cpu() & KVP_CPU_NEON) ? &kvp_simd_ops_neon : NULL;
+#else
+    (void)simd_cpu;
+    return NULL;
+#endif
+}
+#endif
+
+/* The fast path lives in the SIMD tables (this file is built without -m flags); each table's
+ * quantizer is bit-identical to kvp_quantize_row_q8_0_ref, see simd_avx2.c and simd_neon.c. */
 void kvp_quantize_row_q8_0(const float *x, void *dst, int64_t n)
 {
     kvp_simd()->quantize_q8_0(x, dst, n);

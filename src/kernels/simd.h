@@ -1,9 +1,9 @@
 /*
- * SIMD kernel table. Every hot inner loop has a scalar version (the test oracle) and AVX2 and
- * AVX-512 versions compiled with their own target flags (files *_avx2.c, *_avx512.c). The best
- * table for this CPU is chosen once at first use; KVP_SIMD=scalar|avx2|avx512|avx512vnni in the
- * environment
- * forces one (the tests use that to compare paths).
+ * SIMD kernel table. Every hot inner loop has a scalar version (the test oracle) and, on x86-64,
+ * AVX2 and AVX-512 versions compiled with their own target flags (files *_avx2.c, *_avx512.c);
+ * on aarch64 a NEON table (simd_neon.c) whose fields without a NEON kernel hold the scalar ones.
+ * The best table for this CPU is chosen once at first use; KVP_SIMD=scalar|avx2|avx512|
+ * avx512vnni|neon in the environment forces one (the tests use that to compare paths).
  */
 #ifndef KVP_KERNELS_SIMD_H
 #define KVP_KERNELS_SIMD_H
@@ -17,7 +17,7 @@ struct kvp_gemm_tile;
 #define KVP_SIMD_NTYPES 32 /* dot_q[] slots: GGUF type ids below 32 */
 
 struct kvp_simd_ops {
-    const char *name; /* "scalar", "avx2", "avx512", "avx512vnni" */
+    const char *name; /* "scalar", "avx2", "avx512", "avx512vnni", "neon" */
 
     /* Dot products of one weight row (n elements, n a multiple of the type's block size) with
      * an activation vector. Float types take x as f32; Q8_0 takes x already quantized to Q8_0
@@ -116,10 +116,12 @@ const struct kvp_simd_ops *kvp_simd_scalar(void);
 const struct kvp_simd_ops *kvp_simd_avx2(void);
 const struct kvp_simd_ops *kvp_simd_avx512(void);
 const struct kvp_simd_ops *kvp_simd_avx512vnni(void); /* avx512 with the VNNI row kernels */
+const struct kvp_simd_ops *kvp_simd_neon(void);       /* aarch64 only */
 
 /* Pure selection rule behind kvp_simd(), exposed for tests: want is the KVP_SIMD value (NULL,
  * empty or unknown = best available), features a kvp_cpu_features() mask. A request the CPU
- * cannot honour falls back to the best table it can (avx512vnni -> avx512 -> avx2 -> scalar).
+ * cannot honour falls back to the best table it can (avx512vnni -> avx512 -> avx2 -> scalar;
+ * on aarch64 neon -> scalar).
  * Never NULL. */
 const struct kvp_simd_ops *kvp_simd_pick(const char *want, int features);
 

@@ -1,6 +1,6 @@
 /*
- * Private to the kernel layer: the three kvp_simd_ops tables, one per instruction set, each
- * defined in its own translation unit (simd_scalar.c, simd_avx2.c, simd_avx512.c) so that the
+ * Private to the kernel layer: the kvp_simd_ops tables, one per instruction set, each defined in
+ * its own translation unit (simd_scalar.c, simd_avx2.c, simd_avx512.c, simd_neon.c) so that the
  * build can give each file its own -m flags. Only simd.c decides which one may run: the AVX
  * tables exist on every x86-64 build but must not be called unless kvp_cpu_features() says so.
  */
@@ -13,6 +13,21 @@ extern const struct kvp_simd_ops kvp_simd_ops_scalar;
 extern const struct kvp_simd_ops kvp_simd_ops_avx2;
 extern const struct kvp_simd_ops kvp_simd_ops_avx512;
 extern const struct kvp_simd_ops kvp_simd_ops_avx512vnni; /* AVX-512 plus the VNNI row kernels */
+extern const struct kvp_simd_ops kvp_simd_ops_neon;       /* aarch64 builds only (simd_neon.c) */
+
+/* Scalar kernels (simd_scalar.c) that the NEON table shares where it has no kernel of its own:
+ * the types and operations off the decode's hot path. */
+float kvp_scalar_dot_bf16(const uint16_t *w, const float *x, int64_t n);
+void kvp_scalar_rows_bf16(const void *w, size_t row_bytes, const float *x, int64_t n, int64_t nrows,
+                          float *y);
+float kvp_scalar_exp_sum(float *x, int64_t n, float max);
+float kvp_scalar_dot_q4_1(const void *w, const void *xq, int64_t n);
+float kvp_scalar_dot_q5_0(const void *w, const void *xq, int64_t n);
+float kvp_scalar_dot_q5_1(const void *w, const void *xq, int64_t n);
+float kvp_scalar_dot_iq4_nl(const void *w, const void *xq, int64_t n);
+float kvp_scalar_dot_q2_k(const void *w, const void *xq, int64_t n);
+float kvp_scalar_dot_q3_k(const void *w, const void *xq, int64_t n);
+float kvp_scalar_dot_q5_k(const void *w, const void *xq, int64_t n);
 
 /* AVX-512 VNNI row kernels (simd_vnni_avx512.c): the avx512vnni table, which simd.c hands out only
  * when the CPU has VNNI. */

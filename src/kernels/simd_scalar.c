@@ -35,7 +35,7 @@ static float dot_f16(const uint16_t *w, const float *x, int64_t n)
     return s;
 }
 
-static float dot_bf16(const uint16_t *w, const float *x, int64_t n)
+float kvp_scalar_dot_bf16(const uint16_t *w, const float *x, int64_t n)
 {
     float s = 0.0f;
     for (int64_t i = 0; i < n; i++)
@@ -71,7 +71,7 @@ static void axpy(float a, const float *x, float *y, int64_t n)
         y[i] += a * x[i];
 }
 
-static float exp_sum(float *x, int64_t n, float max)
+float kvp_scalar_exp_sum(float *x, int64_t n, float max)
 {
     float s = 0.0f;
     for (int64_t i = 0; i < n; i++) {
@@ -116,11 +116,12 @@ static void rows_f16(const void *w, size_t row_bytes, const float *x, int64_t n,
         y[r] = dot_f16((const uint16_t *)((const char *)w + (size_t)r * row_bytes), x, n);
 }
 
-static void rows_bf16(const void *w, size_t row_bytes, const float *x, int64_t n, int64_t nrows,
-                      float *y)
+void kvp_scalar_rows_bf16(const void *w, size_t row_bytes, const float *x, int64_t n, int64_t nrows,
+                          float *y)
 {
     for (int64_t r = 0; r < nrows; r++)
-        y[r] = dot_bf16((const uint16_t *)((const char *)w + (size_t)r * row_bytes), x, n);
+        y[r] =
+            kvp_scalar_dot_bf16((const uint16_t *)((const char *)w + (size_t)r * row_bytes), x, n);
 }
 
 static void rows_q8_0(const void *w, size_t row_bytes, const void *xq, int64_t n, int64_t nrows,
@@ -240,22 +241,22 @@ static float dot_q4_0(const void *w, const void *xq, int64_t n)
     return dot_q32(w, xq, n, K32_Q4_0);
 }
 
-static float dot_q4_1(const void *w, const void *xq, int64_t n)
+float kvp_scalar_dot_q4_1(const void *w, const void *xq, int64_t n)
 {
     return dot_q32(w, xq, n, K32_Q4_1);
 }
 
-static float dot_q5_0(const void *w, const void *xq, int64_t n)
+float kvp_scalar_dot_q5_0(const void *w, const void *xq, int64_t n)
 {
     return dot_q32(w, xq, n, K32_Q5_0);
 }
 
-static float dot_q5_1(const void *w, const void *xq, int64_t n)
+float kvp_scalar_dot_q5_1(const void *w, const void *xq, int64_t n)
 {
     return dot_q32(w, xq, n, K32_Q5_1);
 }
 
-static float dot_iq4_nl(const void *w, const void *xq, int64_t n)
+float kvp_scalar_dot_iq4_nl(const void *w, const void *xq, int64_t n)
 {
     return dot_q32(w, xq, n, K32_IQ4_NL);
 }
@@ -392,12 +393,12 @@ static float dot_k(const void *w, const void *xq, int64_t n, int kind)
     return s;
 }
 
-static float dot_q2_k(const void *w, const void *xq, int64_t n)
+float kvp_scalar_dot_q2_k(const void *w, const void *xq, int64_t n)
 {
     return dot_k(w, xq, n, KK_Q2);
 }
 
-static float dot_q3_k(const void *w, const void *xq, int64_t n)
+float kvp_scalar_dot_q3_k(const void *w, const void *xq, int64_t n)
 {
     return dot_k(w, xq, n, KK_Q3);
 }
@@ -407,7 +408,7 @@ static float dot_q4_k(const void *w, const void *xq, int64_t n)
     return dot_k(w, xq, n, KK_Q4);
 }
 
-static float dot_q5_k(const void *w, const void *xq, int64_t n)
+float kvp_scalar_dot_q5_k(const void *w, const void *xq, int64_t n)
 {
     return dot_k(w, xq, n, KK_Q5);
 }
@@ -421,15 +422,15 @@ const struct kvp_simd_ops kvp_simd_ops_scalar = {
     .name = "scalar",
     .dot_f32 = dot_f32,
     .dot_f16 = dot_f16,
-    .dot_bf16 = dot_bf16,
+    .dot_bf16 = kvp_scalar_dot_bf16,
     .dot_q8_0 = dot_q8_0,
     .axpy = axpy,
-    .exp_sum = exp_sum,
+    .exp_sum = kvp_scalar_exp_sum,
     .block_scores = block_scores,
     .block_accum = block_accum,
     .rows_f32 = rows_f32,
     .rows_f16 = rows_f16,
-    .rows_bf16 = rows_bf16,
+    .rows_bf16 = kvp_scalar_rows_bf16,
     .rows_q8_0 = rows_q8_0,
     .quantize_q8_0 = kvp_quantize_row_q8_0_ref,
     .dequant_f16 = dequant_f16,
@@ -437,14 +438,14 @@ const struct kvp_simd_ops kvp_simd_ops_scalar = {
     .dot_q =
         {
             [KVP_TYPE_Q4_0] = dot_q4_0,
-            [KVP_TYPE_Q4_1] = dot_q4_1,
-            [KVP_TYPE_Q5_0] = dot_q5_0,
-            [KVP_TYPE_Q5_1] = dot_q5_1,
-            [KVP_TYPE_IQ4_NL] = dot_iq4_nl,
-            [KVP_TYPE_Q2_K] = dot_q2_k,
-            [KVP_TYPE_Q3_K] = dot_q3_k,
+            [KVP_TYPE_Q4_1] = kvp_scalar_dot_q4_1,
+            [KVP_TYPE_Q5_0] = kvp_scalar_dot_q5_0,
+            [KVP_TYPE_Q5_1] = kvp_scalar_dot_q5_1,
+            [KVP_TYPE_IQ4_NL] = kvp_scalar_dot_iq4_nl,
+            [KVP_TYPE_Q2_K] = kvp_scalar_dot_q2_k,
+            [KVP_TYPE_Q3_K] = kvp_scalar_dot_q3_k,
             [KVP_TYPE_Q4_K] = dot_q4_k,
-            [KVP_TYPE_Q5_K] = dot_q5_k,
+            [KVP_TYPE_Q5_K] = kvp_scalar_dot_q5_k,
             [KVP_TYPE_Q6_K] = dot_q6_k,
         },
     .quantize_q8_k = kvp_quantize_row_q8_k_ref,

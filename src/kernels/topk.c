@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/platform.h"
 #include "kernels/simd.h"
 #include "kernels/topk.h"
 
@@ -203,10 +204,12 @@ __attribute__((always_inline)) static inline int count_ge_keys(const uint32_t *k
 
 /* Whether the compaction takes the AVX-512 compress stores: the kernel table in use is an
  * AVX-512 one (so KVP_SIMD=scalar|avx2 runs the portable loop, which the tests rely on). */
+#if defined(__x86_64__)
 static bool compact_avx512(void)
 {
     return strncmp(kvp_simd()->name, "avx512", 6) == 0;
 }
+#endif
 
 /* The largest t in [lo, top) with at least r of the n keys >= t, given that lo has (the
  * answer is a coin toss each step, so neither way is a branch). */
@@ -252,7 +255,7 @@ enum { TOPK_SAMPLE_MIN_N = 256, TOPK_SAMPLE = 64 };
  * replaced cost 5 µs per call over 1024 block bounds in the decode (three 8 KB histogram
  * clears, serialised bucket increments on close values). Returns -1 (nothing written) when x
  * holds NaN. scratch holds n ints. */
-__attribute__((target_clones("avx512f", "avx2", "default"))) static int
+KVP_X86_CLONES static int
 topk_bisect(const float *x, int n, int k, int *out, int *scratch)
 {
     const int half = n / 2;
@@ -324,9 +327,12 @@ topk_bisect(const float *x, int n, int k, int *out, int *scratch)
                                              * writes (one past the last kept) stay in idx's
                                              * and key's halves */
             int w = 0;
+#if defined(__x86_64__)
             if (m < 0 && compact_avx512())
                 w = kvp_topk_compact_avx512(x, n, lo, idx, key);
-            else if (m < 0)
+            else
+#endif
+                if (m < 0)
                 for (int i = 0; i < n; i++) {
                     const uint32_t kv = order_key(x[i]);
                     idx[w] = i;

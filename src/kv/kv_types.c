@@ -336,6 +336,13 @@ static const struct kvp_kv_kernels scalar_tab[KVP_KV_COUNT] = {
                      v_rows_q8_0, kvp_kv_put_k_q8_0, kvp_kv_put_v_q8_0},
 };
 
+const struct kvp_kv_kernels *kvp_kv_kernels_scalar(int type)
+{
+    type = kvp_kv_type_resolve(type);
+    return type > 0 && type < KVP_KV_COUNT ? &scalar_tab[type] : NULL;
+}
+
+#if defined(__x86_64__)
 /* The AVX-512 table's f32 row: the best simd table's kernels (AVX-512 whenever this table is
  * in use), the plain copies and stores. */
 static const struct kvp_kv_kernels kvp_kv_f32_best = {"avx512",
@@ -347,12 +354,6 @@ static const struct kvp_kv_kernels kvp_kv_f32_best = {"avx512",
                                                       v_rows_f32,
                                                       put_k_f32,
                                                       put_v_f32};
-
-const struct kvp_kv_kernels *kvp_kv_kernels_scalar(int type)
-{
-    type = kvp_kv_type_resolve(type);
-    return type > 0 && type < KVP_KV_COUNT ? &scalar_tab[type] : NULL;
-}
 
 const struct kvp_kv_kernels *kvp_kv_kernels_avx512(int type)
 {
@@ -370,6 +371,51 @@ const struct kvp_kv_kernels *kvp_kv_kernels_avx2(int type)
     return &kvp_kv_avx2_tab[type];
 }
 
+const struct kvp_kv_kernels *kvp_kv_kernels_neon(int type)
+{
+    (void)type;
+    return NULL;
+}
+#else
+/* No x86 tables on this processor (kv_types_avx*.c are built for x86-64 only). */
+const struct kvp_kv_kernels *kvp_kv_kernels_avx512(int type)
+{
+    (void)type;
+    return NULL;
+}
+
+const struct kvp_kv_kernels *kvp_kv_kernels_avx2(int type)
+{
+    (void)type;
+    return NULL;
+}
+
+#if defined(__aarch64__)
+/* The NEON table's f32 row: the simd table's block kernels (NEON whenever this table is in use),
+ * the scalar group kernels, the plain copies and stores. f16 and q8_0 (the cache types of the
+ * decode) have their own NEON kernels (kv_types_neon.c); bf16 keeps the scalar ones. */
+static const struct kvp_kv_kernels kvp_kv_f32_neon = {"neon",       scores_f32_best, accum_f32_best,
+                                                      scores_g_f32, accum_g_f32,     k_rows_f32,
+                                                      v_rows_f32,   put_k_f32,       put_v_f32};
+
+const struct kvp_kv_kernels *kvp_kv_kernels_neon(int type)
+{
+    type = kvp_kv_type_resolve(type);
+    if (!kvp_simd_neon() || type <= 0 || type >= KVP_KV_COUNT)
+        return NULL;
+    if (type == KVP_KV_F32)
+        return &kvp_kv_f32_neon;
+    return kvp_kv_neon_tab[type].scores ? &kvp_kv_neon_tab[type] : &scalar_tab[type];
+}
+#else
+const struct kvp_kv_kernels *kvp_kv_kernels_neon(int type)
+{
+    (void)type;
+    return NULL;
+}
+#endif
+#endif
+
 const struct kvp_kv_kernels *kvp_kv_kernels(int type)
 {
     const char *isa = kvp_simd()->name;
@@ -377,5 +423,7 @@ const struct kvp_kv_kernels *kvp_kv_kernels(int type)
         return kvp_kv_kernels_avx512(type);
     if (!strcmp(isa, "avx2"))
         return kvp_kv_kernels_avx2(type);
+    if (!strcmp(isa, "neon"))
+        return kvp_kv_kernels_neon(type);
     return kvp_kv_kernels_scalar(type);
 }

@@ -1,7 +1,7 @@
 /*
  * Element types of the KV cache (enum kvp_kv_type in kvpred.h) and the kernels that read and
- * write each: one table per type, chosen at run time (AVX-512 or AVX2 following kvp_simd(), else
- * the scalar oracle), so attention, prefill, policies and the store never look at the bytes.
+ * write each: one table per type, chosen at run time (AVX-512, AVX2 or NEON following kvp_simd(),
+ * else the scalar oracle), so attention, prefill, policies and the store never look at the bytes.
  *
  * Block layouts (one (layer, KV head) block of bs tokens; the attention layouts of kvcache.h):
  *   keys   [hd][bs] elements (transposed: a dimension's bs tokens are contiguous)
@@ -39,7 +39,7 @@ size_t kvp_kv_block_bytes(int type, int hd, int bs);
 
 /* The kernels of one element type. All arithmetic is f32; blocks may be at any alignment. */
 struct kvp_kv_kernels {
-    const char *name; /* "scalar", "avx2" or "avx512" */
+    const char *name; /* "scalar", "avx2", "avx512" or "neon" */
     /* scores[t] = scale * Σ_d q[d]·k[d][t] for t < bs; kt is a key block */
     void (*scores)(const float *q, const void *kt, int hd, int bs, float scale, float *scores);
     /* out[d] += Σ_t p[t]·v[t][d] for t < n (n <= bs); vb is a value block */
@@ -63,11 +63,12 @@ struct kvp_kv_kernels {
 
 /* The kernels for this CPU (following kvp_simd(): KVP_SIMD=scalar forces the scalar ones). */
 const struct kvp_kv_kernels *kvp_kv_kernels(int type);
-/* For tests: the scalar kernels, the AVX-512 ones (NULL without AVX-512) and the AVX2 ones (NULL
- * without AVX2). */
+/* For tests: the scalar kernels, the AVX-512 ones (NULL without AVX-512), the AVX2 ones (NULL
+ * without AVX2) and the NEON ones (NULL except on aarch64). */
 const struct kvp_kv_kernels *kvp_kv_kernels_scalar(int type);
 const struct kvp_kv_kernels *kvp_kv_kernels_avx512(int type);
 const struct kvp_kv_kernels *kvp_kv_kernels_avx2(int type);
+const struct kvp_kv_kernels *kvp_kv_kernels_neon(int type);
 
 /* Copy token tf of key block src into token tt of key block dst (column: elements and, for
  * q8_0, scales); the same for a value row. Compaction moves tokens with these. */
@@ -90,5 +91,7 @@ void kvp_kv_accum_g_f32_avx512(const float *p, size_t ps, int g, const void *vb,
                                int n, float *out, size_t os);
 extern const struct kvp_kv_kernels kvp_kv_avx512_tab[KVP_KV_COUNT];
 extern const struct kvp_kv_kernels kvp_kv_avx2_tab[KVP_KV_COUNT];
+/* The NEON kernels of f16 and q8_0 (kv_types_neon.c, aarch64 only; the other rows are empty). */
+extern const struct kvp_kv_kernels kvp_kv_neon_tab[KVP_KV_COUNT];
 
 #endif

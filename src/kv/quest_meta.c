@@ -172,9 +172,9 @@ typedef void (*qm_f16_tile_fn)(const uint16_t *tile, int n_tiles, int hd, const 
                                const uint8_t (*sel)[KVP_QMETA_SEL_HD], float scale, float *out,
                                int ostride);
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) static void
-bounds_run(const struct kvp_qmeta *m, int lh, const float *q, int g, float scale, int b0, int b1,
-           float *out, int stride, qm_f16_tile_fn f16_tile)
+KVP_X86_CLONES static void bounds_run(const struct kvp_qmeta *m, int lh, const float *q, int g,
+                                      float scale, int b0, int b1, float *out, int stride,
+                                      qm_f16_tile_fn f16_tile)
 {
     const int T = KVP_QMETA_TILE, hd = m->head_dim;
     const bool half = m->half[lh];
@@ -229,16 +229,21 @@ static qm_f16_tile_fn f16_tile_best;
 
 static void pick_f16_tile(void)
 {
+#if defined(__x86_64__)
     const char *want = getenv("KVP_SIMD");
     if ((kvp_cpu_features() & KVP_CPU_AVX512) &&
         !(want && (!strcmp(want, "scalar") || !strcmp(want, "avx2"))))
         f16_tile_best = kvp_qmeta_tiles_sel_f16_avx512;
+#elif defined(__aarch64__)
+    if (!strcmp(kvp_simd()->name, "neon")) /* KVP_SIMD=scalar keeps the float copy */
+        f16_tile_best = kvp_qmeta_tiles_sel_f16_neon;
+#endif
 }
 
 void kvp_qmeta_bounds(const struct kvp_qmeta *m, int lh, const float *q, int g, float scale,
                       int b0, int b1, float *out, int stride)
 {
-    /* f16 tiles on the one-product path: converted as loaded where the CPU has AVX-512
+    /* f16 tiles on the one-product path: converted as loaded where the CPU has AVX-512 or NEON
      * (KVP_SIMD=scalar|avx2 keeps the float copy) */
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, pick_f16_tile);

@@ -77,5 +77,9 @@ void kvp_qmeta_bounds(const struct kvp_qmeta *m, int lh, const float *q, int g, 
 void kvp_qmeta_tiles_sel_f16_avx512(const uint16_t *tile, int n_tiles, int hd, const float *q,
                                     int G, const uint8_t (*sel)[KVP_QMETA_SEL_HD], float scale,
                                     float *out, int ostride);
+/* The same with NEON (quest_meta_neon.c, aarch64 builds only). */
+void kvp_qmeta_tiles_sel_f16_neon(const uint16_t *tile, int n_tiles, int hd, const float *q, int G,
+                                  const uint8_t (*sel)[KVP_QMETA_SEL_HD], float scale, float *out,
+                                  int ostride);
 
 #endif

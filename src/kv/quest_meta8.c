@@ -192,10 +192,12 @@ static tile_fn tile_best = tile_scalar;
 
 static void pick(void)
 {
+#if defined(__x86_64__)
     const char *want = getenv("KVP_SIMD");
     if ((kvp_cpu_features() & KVP_CPU_AVX512VNNI) &&
         !(want && (!strcmp(want, "scalar") || !strcmp(want, "avx2") || !strcmp(want, "avx512"))))
         tile_best = kvp_qmeta8_tile_vnni;
+#endif
 }
 
 void kvp_qmeta8_bounds(const struct kvp_qmeta8 *q, int lh, const float *qv, int g, float scale,

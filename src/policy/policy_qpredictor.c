@@ -45,6 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/platform.h"
 #include "kv/kvcache.h"
 #include "policy/options.h"
 #include "policy/policy.h"
@@ -314,8 +315,7 @@ static void build_sel(const struct kvp_policy *p, const struct kvp_block_plan *b
  * keeps "larger, else the kept one" as the scalar loop does, so the max is the same value
  * (NaN in ub[0] stays, NaN elsewhere is skipped), up to the sign of a zero, which the
  * differences, exp and the rankings treat alike. */
-__attribute__((target_clones("avx512f", "avx2", "default"))) static void
-group_feature(const float *ub0, int g, int stride, int W, float *comb)
+KVP_X86_CLONES static void group_feature(const float *ub0, int g, int stride, int W, float *comb)
 {
     typedef float v16 __attribute__((vector_size(64)));
     typedef int32_t i16 __attribute__((vector_size(64)));

@@ -325,6 +325,7 @@ static const struct kvp_cnn_kernels *kern_best;
 
 static void kern_init(void)
 {
+#if defined(__x86_64__)
     int f = kvp_cpu_features();
     const char *want = getenv("KVP_SIMD");
     bool avx2 = (f & KVP_CPU_AVX2) != 0, avx512 = avx2 && (f & KVP_CPU_AVX512) != 0;
@@ -336,6 +337,11 @@ static void kern_init(void)
         kern_best = &kvp_cnn_kernels_avx2;
     else
         kern_best = &kvp_cnn_kernels_scalar;
+#else
+    /* one table (cnn_scalar.c): elsewhere GCC lowers its 4-wide vectors to the base ISA's
+     * (NEON on aarch64) */
+    kern_best = &kvp_cnn_kernels_scalar;
+#endif
 }
 
 const struct kvp_cnn_kernels *kvp_cnn_kernels(void)

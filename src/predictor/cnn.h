@@ -253,8 +253,8 @@ struct kvp_cnn_kernels {
                         const float *const *col, int n, float *const *out);
 };
 extern const struct kvp_cnn_kernels kvp_cnn_kernels_scalar;
-extern const struct kvp_cnn_kernels kvp_cnn_kernels_avx2;
-extern const struct kvp_cnn_kernels kvp_cnn_kernels_avx512;
+extern const struct kvp_cnn_kernels kvp_cnn_kernels_avx2;   /* x86-64 builds only */
+extern const struct kvp_cnn_kernels kvp_cnn_kernels_avx512; /* x86-64 builds only */
 /* The table this CPU runs best (KVP_SIMD=scalar|avx2 forces one, as for the other kernels). */
 const struct kvp_cnn_kernels *kvp_cnn_kernels(void);
 

@@ -128,6 +128,14 @@ const struct kvp_tk_ops *kvp_tk_scalar(void)
     return &tk_scalar;
 }
 
+#if !defined(__x86_64__)
+/* train_bf16_avx512.c is built for x86-64 only; elsewhere the portable kernels run. */
+const struct kvp_tk_ops *kvp_tk_avx512bf16(void)
+{
+    return NULL;
+}
+#endif
+
 const struct kvp_tk_ops *kvp_tk(void)
 {
     static const struct kvp_tk_ops *chosen;
