@@ -17,6 +17,8 @@ cmake --build build-asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir build-asan --output-on-failure -j"$jobs"
 
+scripts/test_arm64.sh  # aarch64: cross build, a test subset under qemu-user (docs/platforms.md)
+
 fuzz="${FUZZ_SECONDS:-6}"  # 10 targets: about the minute of 2 x 30 s before
 if [ "$fuzz" -gt 0 ]; then
     echo "== fuzzing the file readers and text paths, ${fuzz}s per target"
