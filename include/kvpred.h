@@ -372,6 +372,10 @@ double kvp_ctx_policy_seconds(const kvp_ctx *ctx);
 /* The same in CPU time of the threads that ran the hooks (steadier on a shared host). */
 double kvp_ctx_policy_cpu_seconds(const kvp_ctx *ctx);
 void kvp_ctx_policy_reset_seconds(kvp_ctx *ctx);
+/* Since the same reset: the tokens the policy's selections let attention read and the number of
+ * selections (one per decode step, compressed layer and KV head; dense layers read every key
+ * without one). Both 0 without a policy. */
+void kvp_ctx_policy_reads(const kvp_ctx *ctx, double *tokens, double *selects);
 
 /* Measuring: when on, every decode step also computes the dense attention of every compressed
  * layer (for measuring only; it never changes what the policy selects or attention reads). */

@@ -1,7 +1,7 @@
 /*
  * The policy framework: the sparse path reproduces the dense one when it selects everything,
- * evicting policies really free KV blocks, measuring never changes what a policy computes, and
- * recovery is 1 for the full cache.
+ * evicting policies really free KV blocks, measuring never changes what a policy computes,
+ * recovery is 1 for the full cache, and the read counts say what the selections let attention read.
  */
 #include <math.h>
 #include <stdio.h>
@@ -120,6 +120,59 @@ static void test_streaming_frees_memory(void **state)
     free(path);
 }
 
+/* Tokens read and selections made over n_dec decode steps after a prefill of n_prompt. */
+static void read_counts(kvp_model *m, const struct kvp_policy_params *pp, int n_prompt, int n_dec,
+                        double *tokens, double *selects)
+{
+    struct kvp_ctx_params cp = {.n_ctx = n_prompt + n_dec, .n_threads = 2};
+    kvp_ctx *c = NULL;
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_ctx_init(m, &cp, &c, &err), 0);
+    assert_int_equal(kvp_ctx_set_policy(c, pp, &err), 0);
+    int32_t ids[512];
+    for (int i = 0; i < n_prompt + n_dec; i++)
+        ids[i] = (i * 5 + 1) % 80;
+    assert_int_equal(kvp_eval(c, ids, n_prompt, NULL, false, &err), 0);
+    kvp_ctx_policy_reset_seconds(c);
+    for (int i = 0; i < n_dec; i++)
+        assert_int_equal(kvp_eval(c, ids + n_prompt + i, 1, NULL, false, &err), 0);
+    kvp_ctx_policy_reads(c, tokens, selects);
+    double t, s;
+    kvp_ctx_policy_reset_seconds(c);
+    kvp_ctx_policy_reads(c, &t, &s);
+    assert_true(t == 0 && s == 0);
+    kvp_ctx_free(c);
+}
+
+static void test_read_counts(void **state)
+{
+    (void)state;
+    char *path;
+    kvp_model *m = fixture_model(&path);
+    const int n_prompt = 100, n_dec = 30;
+    double tokens, selects;
+    read_counts(m, NULL, n_prompt, n_dec, &tokens, &selects);
+    assert_true(tokens == 0 && selects == 0); /* no policy, no selections */
+    /* full: every key of every selecting (layer, KV head); decode step i sees n_prompt + i + 1 */
+    struct kvp_policy_params full = {.name = "full"};
+    read_counts(m, &full, n_prompt, n_dec, &tokens, &selects);
+    double per_step = selects / n_dec, keys = 0;
+    for (int i = 0; i < n_dec; i++)
+        keys += n_prompt + i + 1;
+    print_message("full: %.0f tokens in %.0f selections\n", tokens, selects);
+    assert_true(per_step >= 1 && per_step == (int)per_step && per_step <= 4 * 2);
+    assert_true(tokens == per_step * keys);
+    /* streaming reads exactly its budget (sink + recent tokens) wherever it selects */
+    struct kvp_policy_params st = {.name = "streaming", .budget = 64, .sink = 16};
+    read_counts(m, &st, n_prompt, n_dec, &tokens, &selects);
+    print_message("streaming-64: %.0f tokens in %.0f selections\n", tokens, selects);
+    assert_true(selects == per_step * n_dec);
+    assert_true(tokens == 64 * selects);
+    kvp_model_close(m);
+    remove(path);
+    free(path);
+}
+
 static void test_unknown_policy(void **state)
 {
     (void)state;
@@ -143,6 +196,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_full_and_large_budgets_match_dense),
         cmocka_unit_test(test_streaming_frees_memory),
+        cmocka_unit_test(test_read_counts),
         cmocka_unit_test(test_unknown_policy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

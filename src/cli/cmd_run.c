@@ -12,7 +12,9 @@
 static void help(void)
 {
     printf("usage: kvpred run [-m MODEL] [-p TEXT | -f FILE] [-n N] [options]\n\n"
-           "Generate text. Sampling is greedy unless --temp > 0.\n\n%s"
+           "Generate text. Sampling is greedy unless --temp > 0. Timings go to stderr at the end;\n"
+           "with --policy also the KV read per decode step (keys x (layer, KV head), bytes, the\n"
+           "share read where the policy selects) and the time in the policy's hooks.\n\n%s"
            "  -p, --prompt TEXT    prompt text (default: empty, generation starts from BOS)\n"
            "  -f, --file PATH      read the prompt from a file\n"
            "  -n, --n-predict N    tokens to generate (default 128)\n"
@@ -180,6 +182,9 @@ int cmd_run(int argc, char **argv)
     for (size_t i = 0; i < n_prompt; i++)
         kvp_sampler_accept(smp, ids[i]);
     double t1 = kvp_time_now();
+    kvp_ctx_policy_reset_seconds(ctx); /* the read counts below are the decode steps' alone */
+    double keys_summed = 0;            /* keys in the cache over the decode steps */
+    long steps = 0;
     int prev = ids[n_prompt - 1];
     long generated = 0;
     char piece[256];
@@ -196,6 +201,8 @@ int cmd_run(int argc, char **argv)
         if (generated == n_predict)
             break;
         int32_t t = tok;
+        keys_summed += kvp_ctx_n_tokens(ctx) + 1;
+        steps++;
         if (kvp_eval(ctx, &t, 1, logits, false, &err) < 0) {
             cli_fail_err(&err);
             goto out;
@@ -209,6 +216,24 @@ int cmd_run(int argc, char **argv)
                     "%.1f ms (%.0f tok/s), KV resident %zu bytes (%s)\n",
             n_prompt, (t1 - t0) * 1e3, n_prompt / (t1 - t0), generated, (t2 - t1) * 1e3,
             generated / (t2 - t1 > 0 ? t2 - t1 : 1e-9), kv_resident, pp.name ? pp.name : "full");
+    if (pp.name && steps > 0) {
+        /* KV read per decode step: what the selections let attention read, plus every key of
+         * each (layer, KV head) that made no selection (dense layers, or no policy at all) */
+        double sel_tokens, selects;
+        kvp_ctx_policy_reads(ctx, &sel_tokens, &selects);
+        double pairs = (double)info.n_layer * info.n_head_kv;
+        double read = (sel_tokens + (pairs - selects / steps) * keys_summed) / steps;
+        double all = pairs * keys_summed / steps;
+        double per_pair_token = (double)kvp_kv_bytes_per_token(
+            model, kvp_ctx_kv_type_k(ctx), kvp_ctx_kv_type_v(ctx), (int)mo.block_size) / pairs;
+        double sel_all = selects * keys_summed / steps; /* keys of the selecting pairs */
+        fprintf(stderr, "kvpred: KV read per decode step %.0f of %.0f keys x (layer, KV head) "
+                        "(%.1f%%, %.0f KiB; %.1f%% where the policy selects), policy hooks "
+                        "%.3f ms per step\n",
+                read, all, all > 0 ? 100.0 * read / all : 0.0, read * per_pair_token / 1024.0,
+                sel_all > 0 ? 100.0 * sel_tokens / sel_all : 100.0,
+                1e3 * kvp_ctx_policy_seconds(ctx) / steps);
+    }
     status = 0;
 out:
     free(logits);

@@ -752,6 +752,11 @@ double kvp_ctx_policy_cpu_seconds(const kvp_ctx *c)
     return kvp_policy_hook_time(&c->pol, true);
 }
 
+void kvp_ctx_policy_reads(const kvp_ctx *c, double *tokens, double *selects)
+{
+    kvp_policy_read_counts(&c->pol, tokens, selects);
+}
+
 void kvp_ctx_policy_reset_seconds(kvp_ctx *c)
 {
     kvp_policy_reset_hook_time(&c->pol);

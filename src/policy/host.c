@@ -173,8 +173,21 @@ struct kvp_sel *kvp_policy_select(struct kvp_policy_host *h, int layer, int kvh,
     double c0 = kvp_thread_cpu_time(), t0 = kvp_time_now();
     h->p->ops->select(h->p, layer, kvh, q, n_tokens, sel);
     double t1 = kvp_time_now();
-    h->hook_s[(size_t)kvh * HOOK_STRIDE + 1] += kvp_thread_cpu_time() - c0;
-    h->hook_s[(size_t)kvh * HOOK_STRIDE] += t1 - t0;
+    double *clk = h->hook_s + (size_t)kvh * HOOK_STRIDE;
+    clk[1] += kvp_thread_cpu_time() - c0;
+    clk[0] += t1 - t0;
+    /* tokens this selection lets attention read, and the selections counted (what `run`
+     * reports as the KV read per token): a popcount per selected block, outside the clock */
+    int bs = h->env.block_size;
+    uint64_t n_read = 0;
+    for (int i = 0; i < sel->n; i++) {
+        int in_block = n_tokens - sel->blocks[i] * bs; /* keys of the block that exist */
+        in_block = in_block < bs ? in_block : bs;
+        uint64_t live = in_block >= 64 ? ~0ull : in_block > 0 ? (1ull << in_block) - 1 : 0;
+        n_read += (uint64_t)__builtin_popcountll(sel->mask[i] & live);
+    }
+    clk[2] += (double)n_read;
+    clk[3] += 1;
     return sel;
 }
 
@@ -252,8 +265,20 @@ double kvp_policy_hook_time(const struct kvp_policy_host *h, bool cpu)
     return s;
 }
 
+void kvp_policy_read_counts(const struct kvp_policy_host *h, double *tokens, double *selects)
+{
+    double t = 0, n = 0;
+    for (int k = 0; h->hook_s && k < h->env.n_head_kv; k++) {
+        t += h->hook_s[(size_t)k * HOOK_STRIDE + 2];
+        n += h->hook_s[(size_t)k * HOOK_STRIDE + 3];
+    }
+    *tokens = t;
+    *selects = n;
+}
+
 void kvp_policy_reset_hook_time(struct kvp_policy_host *h)
 {
     for (int k = 0; h->hook_s && k < h->env.n_head_kv; k++)
-        h->hook_s[(size_t)k * HOOK_STRIDE] = h->hook_s[(size_t)k * HOOK_STRIDE + 1] = 0;
+        for (int j = 0; j < 4; j++)
+            h->hook_s[(size_t)k * HOOK_STRIDE + j] = 0;
 }

@@ -102,5 +102,8 @@ void kvp_policy_reset(struct kvp_policy_host *h);
  * that ran them (which leaves out the time a thread waited for a core on a busy host). */
 double kvp_policy_hook_time(const struct kvp_policy_host *h, bool cpu);
 void kvp_policy_reset_hook_time(struct kvp_policy_host *h);
+/* Tokens the selections let attention read, and the selections made, since the same reset
+ * (summed over layers and KV heads; layers without a select, e.g. dense ones, not counted). */
+void kvp_policy_read_counts(const struct kvp_policy_host *h, double *tokens, double *selects);
 
 #endif
