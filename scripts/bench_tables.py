@@ -1,0 +1,427 @@
+#!/usr/bin/env python3
+"""The tables of bench/README.md, made from the JSON lines in bench/ (nothing typed by hand).
+
+usage: scripts/bench_tables.py [--check]          write bench/README.md (--check: exit 1 if stale)
+       scripts/bench_tables.py --stamp FILE [--commit C] [--date D]
+           add date, commit and machine (this host's CPU model, flags, cores) to every record of
+           FILE that lacks them: run it on a new result file right after the run that made it.
+
+Each current result file holds JSON lines (or one JSON object) whose records carry `date`,
+`commit` and `machine`; the tables say which file, commit, date, machine and command they come
+from. Superseded results live in bench/history/ and are not read here.
+"""
+import collections
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+BENCH = os.path.join(ROOT, "bench")
+FLAGS_OF_INTEREST = ("fma", "f16c", "avx2", "bmi2", "avx512f", "avx512bw", "avx512vl",
+                     "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "asimd", "sve")
+
+
+def machine_here():
+    cpu, flags = "unknown", []
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, val = line.partition(":")
+                key = key.strip()
+                if key == "model name" and cpu == "unknown":
+                    cpu = val.strip()
+                elif key in ("flags", "Features") and not flags:
+                    have = set(val.split())
+                    flags = [x for x in FLAGS_OF_INTEREST if x in have]
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "flags": " ".join(flags)}
+
+
+def load(name):
+    """Records of bench/NAME: JSON lines, or one JSON object."""
+    path = os.path.join(BENCH, name)
+    with open(path) as f:
+        text = f.read()
+    if name.endswith(".json"):
+        return [json.loads(text)]
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def stamp(path, commit, date):
+    recs_text = open(path).read()
+    machine = machine_here()
+    if path.endswith(".json"):
+        o = json.loads(recs_text, object_pairs_hook=collections.OrderedDict)
+        for k, v in (("date", date), ("commit", commit), ("machine", machine)):
+            o.setdefault(k, v)
+        out = json.dumps(o, indent=1, ensure_ascii=False) + "\n"
+    else:
+        lines = []
+        for line in recs_text.splitlines():
+            if not line.strip():
+                continue
+            o = json.loads(line, object_pairs_hook=collections.OrderedDict)
+            for k, v in (("date", date), ("commit", commit), ("machine", machine)):
+                o.setdefault(k, v)
+            lines.append(json.dumps(o, ensure_ascii=False))
+        out = "\n".join(lines) + "\n"
+    with open(path, "w") as f:
+        f.write(out)
+
+
+def provenance(recs, name, command):
+    dates = sorted({r.get("date", "?")[:16].replace("T", " ") for r in recs})
+    commits = sorted({r.get("commit", "?") for r in recs})
+    m = recs[0].get("machine", {})
+    when = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
+    return (f"Data: `bench/{name}` (committed {when} UTC, {', '.join(commits)}); machine: "
+            f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores, {m.get('flags', '?')}.\n"
+            f"Remake: `{command}`\n")
+
+
+def table(head, rows):
+    out = ["| " + " | ".join(head) + " |",
+           "|" + "|".join("---" if i == 0 else "---:" for i in range(len(head))) + "|"]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out) + "\n"
+
+
+def med(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def fmt(x, nd=1):
+    return f"{x:.{nd}f}" if isinstance(x, (int, float)) and x == x else "—"
+
+
+def span(xs, nd=3):
+    xs = sorted(xs)
+    if not xs:
+        return "—"
+    return fmt(xs[0], nd) if fmt(xs[0], nd) == fmt(xs[-1], nd) else f"{fmt(xs[0], nd)}-{fmt(xs[-1], nd)}"
+
+
+# ---- the tables ------------------------------------------------------------------------------
+
+def peers(headline=False):
+    name = "peers_llamacpp.jsonl"
+    recs = load(name)
+    by = collections.defaultdict(list)
+    for r in recs:
+        by[(r["shape"], r["layers"], r["type"], r["test"], r["threads"], r["engine"], r["run"])].append(
+            r["tokens_per_s"])
+    keys = sorted({k[:5] for k in by}, key=lambda k: (k[0], k[2], k[4], k[3]))
+    rows = []
+    for k in keys:
+        kv = [x for run in (1, 2) for x in by.get(k + ("kvpred", run), [])]
+        ll = [x for run in (1, 2) for x in by.get(k + ("llama.cpp", run), [])]
+        test = k[3]
+        if "quest" in test:  # llama.cpp has no sparse mode: compare with its dense decode
+            ll = [x for run in (1, 2) for x in by.get(k[:3] + (test.split()[0] + " dense", k[4], "llama.cpp", run), [])]
+        per_run = []
+        for run in (1, 2):
+            a = by.get(k + ("kvpred", run), [])
+            b = by.get(k + ("llama.cpp", run), []) if "quest" not in test else \
+                by.get(k[:3] + (test.split()[0] + " dense", k[4], "llama.cpp", run), [])
+            if a and b:
+                per_run.append(med(a) / med(b))
+        ratio = med(kv) / med(ll) if kv and ll else float("nan")
+        if headline and not (test in ("pp512", "tg128 @512") and k[2] in ("Q8_0", "Q4_K")
+                             or test.startswith("tg@16384")):
+            continue
+        rows.append([f"{k[0]} ({k[1]} layers)", k[2], test.replace("tg@", "decode @").replace(
+            "tg128 @512", "tg128 @512"), k[4], fmt(med(kv)), fmt(med(ll)) if ll else "—",
+            fmt(ratio, 2) + "×", " / ".join(fmt(x, 2) + "×" for x in per_run)])
+    head = ["shape (layers)", "type", "test", "threads", "kvpred tok/s", "llama.cpp tok/s",
+            "ratio", "ratio run 1 / run 2"]
+    return table(head, rows), provenance(recs, name, "OUT=/tmp/kvp-bench-peers scripts/bench_peers.sh")
+
+
+def retrieval():
+    name = "qpredictor_tasks_8192_seed7.jsonl"
+    recs = load(name)
+    acc = collections.defaultdict(lambda: [0.0, 0])
+    for r in recs:
+        a = acc[(r["policy"], r["budget"], r["task"])]
+        a[0] += r["accuracy"] * r["samples"]
+        a[1] += r["samples"]
+    tasks = sorted({r["task"] for r in recs})
+    order = {"quest": 0, "oracle": 1, "qpredictor": 2}
+    keys = sorted({(r["policy"], r["budget"]) for r in recs},
+                  key=lambda k: (order.get(k[0], 9), k[0], -eval_ratio(k[1])))
+    rows = [[p, b, acc[(p, b, tasks[0])][1]] + [fmt(100 * acc[(p, b, t)][0] / acc[(p, b, t)][1], 0) + " %"
+            for t in tasks] for p, b in keys]
+    return (table(["policy", "budget", "prompts per task"] + tasks, rows),
+            provenance(recs, name, "SAMPLES=10 BASELINES=quest,oracle PART=tasks "
+                       "scripts/eval_qpredictor.sh build"))
+
+
+def eval_ratio(b):
+    try:
+        n, d = b.split("/")
+        return float(n) / float(d)
+    except ValueError:
+        return 1.0
+
+
+def tasks_all(length=8192):
+    name = "tasks_kvpred-default.jsonl"
+    recs = [r for r in load(name) if r["length"] == length]
+    acc = collections.defaultdict(lambda: [0.0, 0])
+    for r in recs:
+        a = acc[(r["policy"], r["budget"], r["task"])]
+        a[0] += r["accuracy"] * r["samples"]
+        a[1] += r["samples"]
+    tasks = sorted({r["task"] for r in recs})
+    seen, keys = set(), []
+    for r in recs:
+        k = (r["policy"], r["budget"])
+        if k not in seen:
+            seen.add(k)
+            keys.append(k)
+    rows = [[p, b, acc[(p, b, tasks[0])][1]] + [fmt(100 * acc[(p, b, t)][0] / acc[(p, b, t)][1], 0) + " %"
+            for t in tasks] for p, b in keys]
+    return (table(["policy", "budget", "prompts per task"] + tasks, rows),
+            provenance(recs, name, "POLICY_SAMPLES=2 scripts/eval_tasks.sh build"))
+
+
+def recovery():
+    name = "qpredictor_stories260K.jsonl"
+    recs = load(name)
+    pols = []
+    for r in recs:
+        if r["policy"] not in pols:
+            pols.append(r["policy"])
+    budgets = sorted({r["budget"] for r in recs}, key=int)
+    val = {(r["policy"], r["budget"]): r["recovery"] for r in recs}
+    rows = [[b] + [fmt(val.get((p, b), float("nan")), 4) for p in pols] for b in budgets]
+    return (table(["budget (tokens)"] + pols, rows),
+            provenance(recs, name, "PART=stories scripts/eval_qpredictor.sh build"))
+
+
+def policy_share():
+    name = "policy_share_idle.jsonl"
+    recs = [r for r in load(name) if r.get("binary") == "current"]
+    by = collections.defaultdict(list)
+    for r in recs:
+        by[(r["ctx"], r["policy"])].append(r)
+    rows = []
+    for (ctx, pol), rs in sorted(by.items()):
+        rows.append([ctx, pol, len(rs), span([r["policy_share"] for r in rs]),
+                     span([r["policy_ms_per_token"] for r in rs]),
+                     span([r["decode_ms_per_token"] for r in rs])])
+    return (table(["ctx", "policy", "runs", "policy_share", "hooks ms / token", "decode ms / token"], rows),
+            provenance(recs, name, "kvpred bench -m models/kvpred-default.gguf -t 1 -c CTX -n 64 "
+                       "--prefill 16 --policy P --budget 1/16 --aux FILE --json"))
+
+
+def store_paired(headline=False):
+    name = "store_paired_idle.jsonl"
+    recs = load(name)
+    by = collections.defaultdict(list)
+    for r in recs:
+        by[(r["ctx"], r["policy"])].append(r)
+    rows = []
+    for (ctx, pol), rs in sorted(by.items()):
+        rows.append([ctx, pol, len(rs), span([100 * r["store"]["hit_rate"] for r in rs], 1) + " %",
+                     span([r["store"]["wait_ms"] for r in rs]),
+                     span([r["decode_tokens_per_s"] for r in rs], 0),
+                     span([r["paired"]["ram_tokens_per_s"] for r in rs], 0),
+                     span([r["paired"]["ratio"] for r in rs], 2) + "×",
+                     fmt(rs[0]["store"]["hot_bytes"] / 1e6, 1) + " MB"])
+    head = ["ctx", "policy", "runs", "hit rate", "wait ms / token", "disk tok/s", "RAM tok/s",
+            "disk ÷ RAM, paired", "hot tier"]
+    return table(head, rows), provenance(
+        recs, name, "kvpred bench -m models/kvpred-default.gguf -t 1 -n 512 -r 1 --prefill 16 -c CTX "
+        "--policy P --budget 1/16 [--aux models/kvpred-default.qkvpp] --kv-tier disk --kv-dir /tmp "
+        "--prefetch token --paired --json")
+
+
+def store_redis():
+    name = "store_redis_idle.jsonl"
+    recs = load(name)
+    by = collections.defaultdict(list)
+    for r in recs:
+        by[(r["setup"], r["ctx"])].append(r)
+    rows = [[s, c, len(rs), span([r["decode_tokens_per_s"] for r in rs], 0),
+             span([r["paired"]["ram_tokens_per_s"] for r in rs], 0),
+             span([r["paired"]["ratio_median"] for r in rs], 2) + "×",
+             span([100 * r["store"]["hit_rate"] for r in rs], 1) + " %"]
+            for (s, c), rs in sorted(by.items())]
+    head = ["setup", "ctx", "runs", "redis tok/s", "RAM tok/s", "redis ÷ RAM, paired (median)", "hit rate"]
+    return table(head, rows), provenance(recs, name, "see docs/store.md, \"Measuring the Redis tier\"")
+
+
+def store_busy():
+    name = "store_busy_host.jsonl"
+    recs = load(name)
+    by = collections.defaultdict(list)
+    for r in recs:
+        by[(r["competitors"], r["ctx"])].append(r)
+    rows = [[c, ctx, len(rs), span([r["paired"]["ratio_median"] for r in rs], 2) + "×",
+             span([r["paired"]["ratio"] for r in rs], 2) + "×",
+             span([r["store"]["wait_ms"] for r in rs], 2)]
+            for (c, ctx), rs in sorted(by.items())]
+    head = ["CPU-bound competitors", "ctx", "runs", "disk ÷ RAM (median of chunks)", "(total)", "wait ms / token"]
+    return table(head, rows), provenance(recs, name, "env N=512 REPEAT=1 scripts/bench_busy_host.sh build")
+
+
+def matvec():
+    name = "matvec_bw.jsonl"
+    recs = load(name)
+    by = {(r["type"], r["cols"], r["threads"]): r for r in recs}
+    keys = []
+    for r in recs:
+        if (r["type"], r["cols"]) not in keys:
+            keys.append((r["type"], r["cols"]))
+    rows = []
+    for t, c in keys:
+        row = [t, c]
+        for th in (1, 2):
+            r = by.get((t, c, th))
+            row += [f"{fmt(r['matvec_gb_s'])} ({fmt(r['read_gb_s'])})", fmt(r["ratio"], 2)] if r else ["—", "—"]
+        rows.append(row)
+    head = ["type", "columns", "1 thread GB/s (read)", "ratio", "2 threads GB/s (read)", "ratio"]
+    return table(head, rows), provenance(recs, name, "build/matvec_bw [--threads 2] TYPE:COLS ...")
+
+
+def engine_toy():
+    name = "engine_stories260K.jsonl"
+    recs = [r for r in load(name) if r.get("binary") == "current"]
+    by = collections.defaultdict(list)
+    for r in recs:
+        by[(r["ctx"], r["threads"])].append(r)
+    rows = [[ctx, th, span([r["prefill_tokens_per_s"] for r in rs], 0),
+             span([r["decode_tokens_per_s"] for r in rs], 0)] for (ctx, th), rs in sorted(by.items())]
+    return (table(["ctx", "threads", "prefill tok/s", "decode tok/s"], rows),
+            provenance(recs, name, "kvpred bench -m ../shared/models/stories260K.gguf -c CTX -n 256 "
+                       "-t T -r 5 -ctk f32 -ctv f32 --json"))
+
+
+def acceptance():
+    name = "acceptance_kvpred-default.jsonl"
+    recs = load(name)
+    acc = collections.defaultdict(lambda: [0.0, 0])
+    for r in recs:
+        col = r["task"] + (" (prose)" if "pg_essays" in (r.get("filler") or "") and r["task"] == "passkey" else "")
+        a = acc[(r["seed"], r["length"], col)]
+        a[0] += r["accuracy"] * r["samples"]
+        a[1] += r["samples"]
+    cols = sorted({k[2] for k in acc})
+    keys = sorted({k[:2] for k in acc})
+    rows = [[s, length] + [fmt(100 * acc[(s, length, c)][0] / acc[(s, length, c)][1], 0) + " %"
+            if acc[(s, length, c)][1] else "—" for c in cols] for s, length in keys]
+    return (table(["seed", "length"] + cols, rows),
+            provenance(recs, name, "scripts/eval_acceptance.sh build"))
+
+
+def train_speed():
+    rows, provs = [], []
+    for name, label, env in (("train_speed_idle.json", "OPENBLAS_CORETYPE=Haswell",
+                              "OPENBLAS_CORETYPE=Haswell "),
+                             ("train_speed_idle_blas_auto.json", "OpenBLAS's own kernel choice",
+                              "env -u OPENBLAS_CORETYPE ")):
+        rec = load(name)[0]
+        res = {(r["ctx"], r["precision"]): r for r in rec["results"]}
+        for ctx in sorted({r["ctx"] for r in rec["results"]}):
+            f, b = res.get((ctx, "f32")), res.get((ctx, "bf16"))
+            if f and b:
+                rows.append([ctx, label, f["tokens_per_s_median"], b["tokens_per_s_median"],
+                             fmt(b["tokens_per_s_median"] / f["tokens_per_s_median"], 2) + "×",
+                             f["cpu_s_per_mtok_median"], b["cpu_s_per_mtok_median"]])
+        provs.append(provenance([rec], name, env + "kvpred train-lm --bench --bench-ctx 2048,8192 --dim 128 "
+                                "--layers 4 --heads 4 --kv-heads 2 --ff 352 --vocab 1024 --threads 2"))
+    head = ["ctx", "f32 reference", "f32 tok/s", "bf16 tok/s", "bf16 ÷ f32", "f32 CPU s / Mtok",
+            "bf16 CPU s / Mtok"]
+    return table(head, rows), "".join(provs)
+
+
+SECTIONS = [
+    ("Speed against llama.cpp", peers,
+     "Random-weight files with real shapes (`kvpred synth`), both engines on the same files in "
+     "alternation, idle host, two full runs of 3 reps each (medians over both runs; the last "
+     "column the ratio of each run). pp512: prefill of 512 tokens; tg128: decode of 128 tokens "
+     "from an empty cache; tg128 @512: with 512 tokens cached; decode @16384 / @4096: with that "
+     "many cached, the quest rows against llama.cpp's dense decode."),
+    ("Retrieval at the trained context (8192 tokens)", retrieval,
+     "The shipped model, seed 7, 5 depths × 10 prompts per task, exact match, budgets as a share of "
+     "the prompt."),
+    ("Retrieval, every policy (8192 tokens, 10 prompts per task)", tasks_all,
+     "Steps of 10 points: read as an ordering. Defaults: sink 16, local 16, 2 leading dense "
+     "layers of 4."),
+    ("Attention recovery on held-out text (stories260K)", recovery,
+     "Prefill 256, decode 256 teacher-forced tokens, the last 40 KB of `tinystories_val.txt`; "
+     "mean dense attention mass on the tokens each step read."),
+    ("Policy time per token", policy_share,
+     "The shipped model, 1 thread, budget 1/16, idle host, current binary (alternating with an "
+     "older one, whose rows the file keeps as `binary`)."),
+    ("Tiered store: disk against RAM", store_paired,
+     "Disk tier with token-ahead prefetch against an untiered twin decoding the same tokens in "
+     "alternating 16-token chunks (`--paired`), 512 tokens, 1 thread, budget 1/16, prefetch "
+     "margin 128 for qpredictor and 64 for quest."),
+    ("Tiered store: Redis against RAM", store_redis, "Quest 1/16, token prefetch, idle host."),
+    ("Tiered store on a busy host", store_busy,
+     "The paired disk run beside N CPU-bound competitors (`scripts/busy_host.sh`), quest 1/16."),
+    ("Mat-vec kernels against a plain read", matvec,
+     "One mat-vec over a 128 MiB matrix alternating with a plain read of it, 21 times, medians; "
+     "ratio 1 means the kernel runs at the read bandwidth."),
+    ("Toy model speed (stories260K, F32 KV cache)", engine_toy,
+     "Per-token overheads: the whole model sits in the CPU caches."),
+    ("Acceptance of the shipped model (full cache)", acceptance,
+     "100 prompts per cell (5 depths × 20), greedy, exact match; \"prose\" hides the pass key in "
+     "the essays."),
+    ("Trainer speed (bf16 path against the f32 reference)", train_speed,
+     "Whole optimiser steps of the shipped shape on random tokens, f32 and bf16 alternating, "
+     "medians of 3 rounds."),
+]
+
+
+def render():
+    out = ["# Results\n",
+           "Made by `scripts/bench_tables.py` from the JSON lines in this folder: edit the data or "
+           "the script, not this file. Every record carries the `date` and `commit` it was "
+           "measured at and the `machine` (CPU model, cores, relevant flags); where older files "
+           "lacked them, they were filled in from the commit that added the data. Superseded "
+           "results are in `history/` (kept for reference, not read here). How each benchmark "
+           "works and what its fields mean: `docs/cli.md`, `docs/performance.md`, "
+           "`docs/store.md`, `docs/policies.md`.\n",
+           "Files: " + ", ".join(f"`{f}`" for f in sorted(os.listdir(BENCH))
+                                 if f.endswith((".jsonl", ".json"))) + ".\n"]
+    for title, fn, intro in SECTIONS:
+        tab, prov = fn()
+        out += [f"## {title}\n", intro + "\n", tab, prov]
+    return "\n".join(out)
+
+
+def main(argv):
+    if len(argv) > 1 and argv[1] == "--stamp":
+        path = argv[2]
+        commit = argv[argv.index("--commit") + 1] if "--commit" in argv else subprocess.check_output(
+            ["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], text=True).strip()
+        date = argv[argv.index("--date") + 1] if "--date" in argv else subprocess.check_output(
+            ["date", "-u", "+%Y-%m-%dT%H:%M:%S+00:00"], text=True).strip()
+        stamp(path, commit, date)
+        return 0
+    text = render()
+    path = os.path.join(BENCH, "README.md")
+    if len(argv) > 1 and argv[1] == "--check":
+        cur = open(path).read() if os.path.exists(path) else ""
+        if cur != text:
+            print("bench/README.md is stale: run scripts/bench_tables.py", file=sys.stderr)
+            return 1
+        return 0
+    if len(argv) > 1 and argv[1] == "--headline":
+        for fn in (lambda: peers(headline=True), retrieval, store_paired):
+            tab, prov = fn()
+            print(tab + prov)
+        return 0
+    with open(path, "w") as f:
+        f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
