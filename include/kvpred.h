@@ -311,7 +311,7 @@ void kvp_seq_kv_bytes(const kvp_seq *seq, size_t *resident, size_t *cold);
 /* ---- KV selection policies ------------------------------------------------------------- */
 
 enum kvp_gqa_agg {
-    KVP_AGG_MEAN = 0, /* the default: average the query heads' probabilities (methods.md §5) */
+    KVP_AGG_MEAN = 0, /* the default: average the query heads' probabilities */
     KVP_AGG_MAX = 1,  /* combine the query heads of a GQA group by the max */
     KVP_AGG_SUM = 2,
 };
@@ -335,8 +335,8 @@ struct kvp_policy_params {
     const char *aux_path;/* a file the policy needs (predictor weights, head profile) */
     const char *opts;    /* policy-specific "key=value,..." options: the keys of the policy's
                             option table (kvpred run --help lists them) */
-    /* ---- catekv (methods.md §2): sink = S, local = R, budget = B per consistent KV head,
-       window = w; dense_layers is ignored (every layer alike) ---- */
+    /* ---- catekv (../shared/docs/methods.md §2): sink = S, local = R, budget = B per consistent KV
+       head, window = w; dense_layers is ignored (every layer alike) ---- */
     float adaptive_ratio;/* r, fraction of adaptive KV heads [0.4]; < 0 means 0, >= 1 all */
     int adaptive_mode;   /* enum kvp_adaptive_mode [KVP_ADAPTIVE_FULL] */
     float eta;           /* η, fraction of middle chunks an adaptive head keeps
@@ -349,7 +349,7 @@ struct kvp_policy_params {
                                  classify every prompt (dynamic) */
 };
 
-/* How CateKV's adaptive heads decode (methods.md §2.6). */
+/* How CateKV's adaptive heads decode (../shared/docs/methods.md §2.6). */
 enum kvp_adaptive_mode {
     KVP_ADAPTIVE_FULL = 0,     /* the whole cache */
     KVP_ADAPTIVE_FRACTION = 1, /* sink + the top η of the middle chunks + tail, fixed */

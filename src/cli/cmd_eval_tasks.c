@@ -1,10 +1,10 @@
 /*
- * `kvpred eval --task T`: RULER-style retrieval accuracy (tasks.md §1, the needle grid of §2.3)
- * for every policy × budget. The prompts come from the task generators (src/tasks) with
- * the Paul Graham essays as filler, sized in tokens of the model under test; every policy sees
+ * `kvpred eval --task T`: RULER-style retrieval accuracy (../shared/docs/tasks.md §1, the needle
+ * grid of §2.3) for every policy × budget. The prompts come from the task generators (src/tasks)
+ * with the Paul Graham essays as filler, sized in tokens of the model under test; every policy sees
  * the very same prompts. The pass key hides in its own noise line unless --filler names a text,
- * then in that text (prose the model never trained on tests that retrieval does not hinge on
- * the filler).
+ * then in that text (prose the model never trained on tests that retrieval does not hinge on the
+ * filler).
  *
  * The protocol (prompts, seeds, greedy decoding, scoring, per-cell means) is the library's
  * (src/eval/task_eval.h); this file parses the flags, opens the filler, model and context and

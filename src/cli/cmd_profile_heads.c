@@ -1,8 +1,9 @@
 /*
- * `kvpred profile-heads`: CateKV static head identification (methods.md §2.4). Cuts reference
- * texts into samples of --prefill tokens, classifies every sample dynamically with the catekv
- * policy (its CVs over layers × KV heads), votes for the fraction r of adaptive heads and writes
- * a head profile (format: src/policy/catekv_profile.h) for `--head-profile` / params.head_profile.
+ * `kvpred profile-heads`: CateKV static head identification (../shared/docs/methods.md §2.4). Cuts
+ * reference texts into samples of --prefill tokens, classifies every sample dynamically with the
+ * catekv policy (its CVs over layers × KV heads), votes for the fraction r of adaptive heads and
+ * writes a head profile (format: src/policy/catekv_profile.h) for `--head-profile` /
+ * params.head_profile.
  *
  * `kvpred viz-heads`: draws a head profile as a PNG grid (kvp_head_profile_draw_file, which
  * `kvpred viz` also calls for its --head-profile mode).
@@ -22,7 +23,7 @@ static const char *profile_usage =
     "usage: kvpred profile-heads -m MODEL -f REFERENCE [-f REFERENCE ...] -r R -o PROFILE "
     "[options]\n\n"
     "Classify KV heads as CateKV adaptive (1) or consistent (0) by voting over reference\n"
-    "samples (methods.md §2.4) and write a head profile.\n\n"
+    "samples (CateKV's static identification) and write a head profile.\n\n"
     "  -f, --file PATH      reference text (repeatable; keep it disjoint from evaluation text)\n"
     "  -r, --ratio R        fraction of adaptive heads, 0..1\n"
     "  -o, --output PATH    profile file to write\n"

@@ -1,6 +1,6 @@
 /*
- * RULER scoring (tasks.md §1.1): post-processing and string_match_all. Predictions are short
- * (at most a few hundred bytes), so a plain case-insensitive search is all it needs.
+ * RULER scoring (../shared/docs/tasks.md §1.1): post-processing and string_match_all. Predictions
+ * are short (at most a few hundred bytes), so a plain case-insensitive search is all it needs.
  */
 #include <ctype.h>
 #include <stdbool.h>

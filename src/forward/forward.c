@@ -1,6 +1,6 @@
 /*
- * Forward pass of the `llama` architecture (formats.md §3.3): batched prefill and single-token
- * decode over the block-paged KV cache.
+ * Forward pass of the `llama` architecture (../shared/docs/formats.md §3.3): batched prefill and
+ * single-token decode over the block-paged KV cache.
  *
  * One call to kvp_eval runs as a single thread-pool region: every thread walks the same sequence
  * of operations, takes its share of each (rows of a weight matrix, tokens, or attention heads),
@@ -111,7 +111,7 @@ int kvp_shared_init(const struct kvp_model *model, int n_threads, int n_batch, i
             goto fail_nomem;
     }
     for (int i = 0; i < hp->head_dim / 2; i++) {
-        /* θ_i = pos · base^(−2i/d) · freq_scale / ff_i (formats.md §3.4, §3.5) */
+        /* θ_i = pos · base^(−2i/d) · freq_scale / ff_i (../shared/docs/formats.md §3.4, §3.5) */
         sh->inv_freq[i] = pow((double)hp->rope_base, -2.0 * i / hp->head_dim) * hp->rope_freq_scale;
         if (model->rope_freqs)
             sh->inv_freq[i] /= model->rope_freqs[i];

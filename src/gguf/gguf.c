@@ -1,6 +1,6 @@
 /*
- * GGUF reader (formats.md §1): header, metadata records, tensor records, and every safety check
- * the container needs before anything points into the tensor data.
+ * GGUF reader (../shared/docs/formats.md §1): header, metadata records, tensor records, and every
+ * safety check the container needs before anything points into the tensor data.
  *
  * The file is untrusted. All bytes are decoded through a struct kvp_cursor, every length and
  * count is capped before it is used, and every size is computed with overflow-checked arithmetic.

@@ -1,9 +1,9 @@
 /*
  * Reference quantizers and dequantizers for the block types in quant.h.
  *
- * Dequantizers transcribe formats.md §4.4 one formula per loop, so that they can be checked line
- * by line against the spec; they are also the prefill path (a weight tile is dequantized and
- * handed to sgemm), where they run once per tile row and are not the bottleneck.
+ * Dequantizers transcribe ../shared/docs/formats.md §4.4 one formula per loop, so that they can be
+ * checked line by line against the spec; they are also the prefill path (a weight tile is
+ * dequantized and handed to sgemm), where they run once per tile row and are not the bottleneck.
  *
  * Quantizers run once per model (kvpred quantize) and favour quality over speed:
  *   - Q4_0 / Q5_0: ggml's absmax rule. The element with the largest magnitude maps exactly to

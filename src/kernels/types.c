@@ -1,6 +1,7 @@
 /*
- * The type table (see types.h). Sizes follow formats.md §4.1/§4.3 for every GGUF type id so that
- * files holding types kvpred cannot compute with yet still parse and get a precise error later.
+ * The type table (see types.h). Sizes follow ../shared/docs/formats.md §4.1/§4.3 for every GGUF
+ * type id so that files holding types kvpred cannot compute with yet still parse and get a precise
+ * error later.
  */
 #include "kernels/types.h"
 

@@ -23,7 +23,7 @@ struct kvp_quantize_params {
 struct kvp_quantize_stats {
     int n_tensors;     /* tensors in the file */
     int n_converted;   /* matrices written in the requested type */
-    int n_fallback;    /* matrices written in a fallback type (row length, formats.md §4.5) */
+    int n_fallback;    /* matrices written in a fallback type (for their row length) */
     int n_kept;        /* tensors copied unchanged (1-D, --keep-output, already that type) */
     uint64_t bytes_in; /* tensor data bytes in and out */
     uint64_t bytes_out;
@@ -41,8 +41,8 @@ int kvp_quantize_file(const char *in_path, const char *out_path,
                       struct kvp_err *err);
 
 /* The type a matrix with rows of ne0 elements gets when `type` is asked for: type itself when
- * ne0 is a multiple of its block size, else the formats.md §4.5 fallback (Q4_K → Q5_0,
- * Q5_K → Q5_1, Q6_K → Q8_0, Q2_K / Q3_K → IQ4_NL), else F16. */
+ * ne0 is a multiple of its block size, else the ../shared/docs/formats.md §4.5 fallback (Q4_K →
+ * Q5_0, Q5_K → Q5_1, Q6_K → Q8_0, Q2_K / Q3_K → IQ4_NL), else F16. */
 int kvp_quantize_pick_type(int type, int64_t ne0);
 
 /* Target type for a name ("Q4_K", case-insensitive), or -1 if it is not a quantize target. */

@@ -1,5 +1,6 @@
 /*
- * CateKV classification arithmetic (see catekv_classify.h for the rules and methods.md §2).
+ * CateKV classification arithmetic (see catekv_classify.h for the rules and
+ * ../shared/docs/methods.md §2).
  *
  * The workload: per (layer, KV head) one observation matrix of w × |M| probabilities (64 × 130K
  * at 128K context), two exact quantiles over all of its entries, one pass for chunk hits and one

@@ -1,7 +1,8 @@
 /*
  * CateKV head profiles: the static adaptive/consistent classification of a model's KV heads
- * (methods.md §2.4, "static identification"), built by voting over a reference set, stored in a
- * small text file, read back by the `catekv` policy (params.head_profile) and drawn as a PNG.
+ * (../shared/docs/methods.md §2.4, "static identification"), built by voting over a reference set,
+ * stored in a small text file, read back by the `catekv` policy (params.head_profile) and drawn as
+ * a PNG.
  *
  * File format, version 1 (text, UTF-8/ASCII, '\n' line ends, at most 4 MiB):
  *

@@ -1,6 +1,7 @@
 /*
- * `catekv` (CateKV, methods.md §2): KV heads split into consistent and adaptive ones by the CV of
- * their chunk hit counts over the observation window, with a different cache for each kind.
+ * `catekv` (CateKV, ../shared/docs/methods.md §2): KV heads split into consistent and adaptive ones
+ * by the CV of their chunk hit counts over the observation window, with a different cache for each
+ * kind.
  *
  * Consistent heads keep the sink [0, S), the select_sets middle chunks with the highest summed
  * chunk-max attention over the window, and the tail [chunk_end − R, n); everything else of the
@@ -14,10 +15,12 @@
  *              and evicted like the consistent heads (η default 0.5);
  *   quest      the η-cache (default η = 1) read through Quest page selection every step: min/max
  *              key landmarks per c-token chunk of [0, chunk_end) computed once after prefill,
- *              score Σ_d max(q_d·kmin_d, q_d·kmax_d), **max** over the GQA group (methods §5),
- *              top B/c chunks plus the unlandmarked tail [chunk_end, n_tokens) (§2.6);
- *   predictor  AttentionPredictor on the adaptive heads (methods.md §1): the whole cache stays
- *              resident (η is ignored, nothing is evicted) and each decode step reads the sink,
+ *              score Σ_d max(q_d·kmin_d, q_d·kmax_d), **max** over the GQA group
+ *              (../shared/docs/methods.md §5), top B/c chunks plus the unlandmarked tail
+ *              [chunk_end, n_tokens) (§2.6);
+ *   predictor  AttentionPredictor on the adaptive heads (../shared/docs/methods.md §1): the
+ *              whole cache stays resident (η is ignored, nothing is evicted) and each decode
+ *              step reads the sink,
  *              the block-aligned local window and the best blocks the CNN predicts from the
  *              head's own attention history, within the same budget B as the consistent heads
  *              (B counts sink and local, as for the `predictor` policy; a budget that covers the
@@ -384,7 +387,7 @@ static bool quest_select(struct kvp_policy *p, int layer, int kvh, const float *
                 float a = qj[d] * mn[d], b = qj[d] * mx[d];
                 ub += a > b ? a : b;
             }
-            best = ub > best ? ub : best; /* max over the group (methods §5) */
+            best = ub > best ? ub : best; /* max over the group (../shared/docs/methods.md §5) */
         }
         sc[i] = best;
     }

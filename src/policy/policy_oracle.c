@@ -1,7 +1,7 @@
 /*
- * `oracle` and `oracle_token`: upper bounds, not methods (methods.md §6). Both compute the
- * current step's true dense attention inside select, from the query the step is about to use
- * (kvp_attn_dense_group over every cached key), and keep what that attention says is best.
+ * `oracle` and `oracle_token`: upper bounds, not methods (../shared/docs/methods.md §6). Both
+ * compute the current step's true dense attention inside select, from the query the step is about
+ * to use (kvp_attn_dense_group over every cached key), and keep what that attention says is best.
  * Only an oracle may look at the answer like this; nothing is evicted.
  *
  *  - `oracle` is block-granular: the same forced sink and local window and the same number k of

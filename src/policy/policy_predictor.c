@@ -1,9 +1,9 @@
 /*
- * `predictor`: AttentionPredictor (methods.md §1). Per (compressed layer, query head) a history of
- * the last H block-max-pooled attention rows, newest row last, as upstream
+ * `predictor`: AttentionPredictor (../shared/docs/methods.md §1). Per (compressed layer, query
+ * head) a history of the last H block-max-pooled attention rows, newest row last, as upstream
  * MIRALab-USTC/LLM-AttentionPredictor; a small CNN (src/predictor/cnn.h) reads it and scores every
- * block for the next step; each decode step keeps the sink, the local window and the best
- * predicted blocks. Nothing is evicted: the whole cache stays, each step reads a budget of it.
+ * block for the next step; each decode step keeps the sink, the local window and the best predicted
+ * blocks. Nothing is evicted: the whole cache stays, each step reads a budget of it.
  *
  * One decode step of (layer, KV head), Lk keys (the current token included), with the block plan
  * shared by the block policies (kvp_block_plan in select_util.c):

@@ -1,6 +1,6 @@
 /*
- * `pyramidkv` (PyramidKV, Cai et al. 2024; methods.md §3.4): SnapKV's scores and eviction
- * (kvp_snap_compress) with a budget per layer that shrinks with depth, since lower layers
+ * `pyramidkv` (PyramidKV, Cai et al. 2024; ../shared/docs/methods.md §3.4): SnapKV's scores and
+ * eviction (kvp_snap_compress) with a budget per layer that shrinks with depth, since lower layers
  * attend broadly and upper layers attend to few tokens. With the average budget C (window
  * included), window w, β = 20 and L compressed layers (l = layer - dense_layers):
  *

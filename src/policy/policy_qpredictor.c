@@ -1,15 +1,15 @@
 /*
- * `qpredictor`: the query-aware AttentionPredictor. The paper-faithful `predictor` (methods.md
- * §1) predicts the next step's blocks from the attention history alone, and a history cannot
- * foresee the first answer token's jump to a needle, which only the query reveals. This policy
- * gives its CNN a second input channel: the current query's per-block relevance bound, Quest's
- * Σ_d max(q_d·M_d, q_d·m_d) over each block's element-wise key max M and min m (the metadata
- * quest keeps, src/kv/quest_meta.h, 1/8 of the keys), as the feature
- * exp(bound/√d − max bound/√d) in (0, 1] (kvp_qfeat_row), in the newest row of the second
- * channel next to the history. It scores the blocks of step t+1 from (history up to t, query t):
- * in select that is the step's own query (the history ends at the previous step), in
- * predict_next the current step's query after the current row was appended, so it still
- * predicts one step ahead and can drive the tiered store's prefetch.
+ * `qpredictor`: the query-aware AttentionPredictor. The paper-faithful `predictor`
+ * (../shared/docs/methods.md §1) predicts the next step's blocks from the attention history alone,
+ * and a history cannot foresee the first answer token's jump to a needle, which only the query
+ * reveals. This policy gives its CNN a second input channel: the current query's per-block
+ * relevance bound, Quest's Σ_d max(q_d·M_d, q_d·m_d) over each block's element-wise key max M and
+ * min m (the metadata quest keeps, src/kv/quest_meta.h, 1/8 of the keys), as the feature
+ * exp(bound/√d − max bound/√d) in (0, 1] (kvp_qfeat_row), in the newest row of the second channel
+ * next to the history. It scores the blocks of step t+1 from (history up to t, query t): in select
+ * that is the step's own query (the history ends at the previous step), in predict_next the current
+ * step's query after the current row was appended, so it still predicts one step ahead and can
+ * drive the tiered store's prefetch.
  *
  * Per (compressed layer, KV head):
  *   history   one ring of H rows (the file's H), each the group's block max of the step's sparse

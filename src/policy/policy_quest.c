@@ -1,7 +1,7 @@
 /*
- * `quest` (Quest, Tang et al. 2024; methods.md §3.5): query-aware block ("page") selection with
- * nothing evicted. For every block and KV head the policy keeps the element-wise max M and min m
- * of the block's keys, read from the cache after RoPE. At each decode step the bound
+ * `quest` (Quest, Tang et al. 2024; ../shared/docs/methods.md §3.5): query-aware block ("page")
+ * selection with nothing evicted. For every block and KV head the policy keeps the element-wise max
+ * M and min m of the block's keys, read from the cache after RoPE. At each decode step the bound
  *
  *     ub_h(block) = Σ_d max(q_d · M_d, q_d · m_d)  >=  q · k  for every key k of the block
  *
@@ -10,8 +10,9 @@
  *
  * What kvpred does differently, and why:
  *  - one selection per KV head (upstream's kernel is MHA and its evaluation path selects per
- *    query head). The bounds are combined with p.gqa_agg; methods §5 names sum for Quest, the
- *    framework default is mean: both rank identically, max (CateKV + Quest) is an option;
+ *    query head). The bounds are combined with p.gqa_agg; ../shared/docs/methods.md §5 names sum
+ *    for Quest, the framework default is mean: both rank identically, max (CateKV + Quest) is an
+ *    option;
  *  - the forced set and the budget are the block plan every block policy shares
  *    (kvp_block_plan, policy.h): sink [0, sink) and the local window from the block boundary at
  *    or below n - local, both counted in the budget. The block holding the current token is
@@ -23,22 +24,22 @@
  *    Upstream starts a new page from ∓FP16_MAX; here a block starts from its first key, which is
  *    the same thing without the sentinel.
  *
- * Prefetching (predict_next, for the tiered store; methods.md §1.9). Quest needs the query, and
- * the next step has not computed it yet. The query of consecutive steps is strongly correlated
- * (methods.md cites a cosine autocorrelation of about 0.87), so select keeps the last query of
- * every (layer, KV head) and predict_next ranks the blocks with the same bound over the
+ * Prefetching (predict_next, for the tiered store; ../shared/docs/methods.md §1.9). Quest needs the
+ * query, and the next step has not computed it yet. The query of consecutive steps is strongly
+ * correlated (methods.md cites a cosine autocorrelation of about 0.87), so select keeps the last
+ * query of every (layer, KV head) and predict_next ranks the blocks with the same bound over the
  * metadata, for the plan of the next step's context (its forced newest block included). The
  * metadata of every candidate block of that plan is complete already: candidates end below the
- * local window, which holds the only block the next token changes. A predicted set that misses
- * a block costs an on-demand read, one that has a block too many costs only a transfer, so the
- * prediction takes `margin` more candidates per KV head than the budget (option margin=N,
- * default 64 blocks): only what is fetched grows, what attention reads is still exactly the
- * selection of select. After a prompt the last query is the prompt's last token's
- * (on_prefill), which predicts the first decode step; before any query the prediction is the
- * forced set alone. Once predict_next has been called for a (layer, KV head), select ranks its
- * candidates once for both (option share=1, the default): it keeps the top k + margin + 2
- * blocks and takes its own top k among them, and predict_next ranks only those plus the
- * candidates its plan adds; share=0 ranks every candidate again (the same blocks: tested).
+ * local window, which holds the only block the next token changes. A predicted set that misses a
+ * block costs an on-demand read, one that has a block too many costs only a transfer, so the
+ * prediction takes `margin` more candidates per KV head than the budget (option margin=N, default
+ * 64 blocks): only what is fetched grows, what attention reads is still exactly the selection of
+ * select. After a prompt the last query is the prompt's last token's (on_prefill), which predicts
+ * the first decode step; before any query the prediction is the forced set alone. Once predict_next
+ * has been called for a (layer, KV head), select ranks its candidates once for both (option
+ * share=1, the default): it keeps the top k + margin + 2 blocks and takes its own top k among them,
+ * and predict_next ranks only those plus the candidates its plan adds; share=0 ranks every
+ * candidate again (the same blocks: tested).
  *
  * Memory: 2 × head_dim floats per block and (layer, KV head), 1/8 of the keys at bs = 16, and
  * one query group per (layer, KV head).

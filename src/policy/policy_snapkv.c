@@ -1,7 +1,7 @@
 /*
- * `snapkv` (SnapKV, Li et al. 2024; methods.md §3.3): one-shot prompt compression. After the
- * dense prefill of each compressed layer, the attention rows of the last w = min(window, n)
- * prompt queries (the observation window, causal, from the prefill itself: .wants_obs) vote for
+ * `snapkv` (SnapKV, Li et al. 2024; ../shared/docs/methods.md §3.3): one-shot prompt compression.
+ * After the dense prefill of each compressed layer, the attention rows of the last w = min(window,
+ * n) prompt queries (the observation window, causal, from the prefill itself: .wants_obs) vote for
  * the past positions j < n - w:
  *
  *     s[j] = Σ_{window queries i} attn[i][j]        per query head,

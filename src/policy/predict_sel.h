@@ -1,9 +1,9 @@
 /*
- * The AttentionPredictor's per-(layer, KV head) selection machinery (methods.md §1), shared by
- * the `predictor` policy (every compressed KV head) and catekv's `--adaptive predictor` mode
- * (the adaptive KV heads only). It owns the CNN read from a predictor file, one history ring per
- * series (query head, or KV head with hist=kv) of every compressed layer, the last prediction of
- * each series and the scratch of each KV head; see policy_predictor.c for the algorithm and the
+ * The AttentionPredictor's per-(layer, KV head) selection machinery (../shared/docs/methods.md §1),
+ * shared by the `predictor` policy (every compressed KV head) and catekv's `--adaptive predictor`
+ * mode (the adaptive KV heads only). It owns the CNN read from a predictor file, one history ring
+ * per series (query head, or KV head with hist=kv) of every compressed layer, the last prediction
+ * of each series and the scratch of each KV head; see policy_predictor.c for the algorithm and the
  * options (every, calib, gqa, hist, inc, refresh).
  *
  * The caller decides which KV heads it drives: a KV head is only touched by the calls made for

@@ -1,7 +1,7 @@
 /*
- * Attention history for AttentionPredictor (methods.md §1.2, §1.5): for every series (one per
- * compressed layer and query head, or per KV head when pooled) the last H rows of block-max-pooled
- * attention probabilities, oldest row first and newest row last, as upstream
+ * Attention history for AttentionPredictor (../shared/docs/methods.md §1.2, §1.5): for every series
+ * (one per compressed layer and query head, or per KV head when pooled) the last H rows of
+ * block-max-pooled attention probabilities, oldest row first and newest row last, as upstream
  * (MIRALab-USTC/LLM-AttentionPredictor) feeds its CNN.
  *
  * A row covers the keys present when it was written, pooled over blocks of b tokens (the cache

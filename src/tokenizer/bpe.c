@@ -1,6 +1,6 @@
 /*
- * Byte-level BPE (formats.md §5.3), the tokenizer of GPT-2, Llama 3, Qwen2 and SmolLM
- * (tokenizer.ggml.model = "gpt2").
+ * Byte-level BPE (../shared/docs/formats.md §5.3), the tokenizer of GPT-2, Llama 3, Qwen2 and
+ * SmolLM (tokenizer.ggml.model = "gpt2").
  *
  * Token texts are stored byte-mapped: every byte of the original text stands as one code point
  * (space → U+0120 "Ġ", LF → U+010A "Ċ", see unicode.c), so a word of k bytes starts as k

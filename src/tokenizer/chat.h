@@ -1,6 +1,6 @@
 /*
- * Chat templates (formats.md §5.6): turn a conversation into the prompt text a chat model was
- * trained on.
+ * Chat templates (../shared/docs/formats.md §5.6): turn a conversation into the prompt text a chat
+ * model was trained on.
  *
  * tokenizer.chat_template is a Jinja program; kvpred does not interpret it. The common formats
  * are recognised by substring and written out by hand; anything else gets a plain "User: ..." /

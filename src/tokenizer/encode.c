@@ -1,6 +1,6 @@
 /*
- * The public encoder: special-token partitioning (formats.md §5.1) in front of the two
- * algorithms, SentencePiece-style (spm.c) and byte-level BPE (bpe.c).
+ * The public encoder: special-token partitioning (../shared/docs/formats.md §5.1) in front of the
+ * two algorithms, SentencePiece-style (spm.c) and byte-level BPE (bpe.c).
  *
  * The text is cut at the literal texts of special tokens, longest text first (ties: lower id),
  * as llama.cpp's tokenizer_st_partition does: every special token in turn splits the raw

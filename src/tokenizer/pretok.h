@@ -1,7 +1,7 @@
 /*
- * Pre-tokenizers for byte-level BPE (formats.md §5.5): cut raw text into the words that BPE
- * merges within. Each family is a hand-written scanner equivalent to the reference regex of
- * llama.cpp / Hugging Face; no regex engine is involved.
+ * Pre-tokenizers for byte-level BPE (../shared/docs/formats.md §5.5): cut raw text into the words
+ * that BPE merges within. Each family is a hand-written scanner equivalent to the reference regex
+ * of llama.cpp / Hugging Face; no regex engine is involved.
  *
  *   KVP_PRETOK_LLAMA3  llama-bpe, llama3, llama-v3, falcon3, dbrx, smaug-bpe
  *   KVP_PRETOK_QWEN2   qwen2, deepseek-r1-qwen, megrez, stablelm2 (digits one by one)

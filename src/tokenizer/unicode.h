@@ -1,6 +1,7 @@
 /*
- * The small piece of Unicode that byte-level BPE needs (formats.md §5.3, §5.5): a lenient UTF-8
- * decoder, letter / number / whitespace classification, and GPT-2's byte ↔ code-point map.
+ * The small piece of Unicode that byte-level BPE needs (../shared/docs/formats.md §5.3, §5.5): a
+ * lenient UTF-8 decoder, letter / number / whitespace classification, and GPT-2's byte ↔ code-point
+ * map.
  *
  * The decoder never fails. It accepts what llama.cpp's decoder accepts (a lead byte followed by
  * the right number of continuation bytes, no overlong or surrogate checks); any other byte is one

@@ -1,10 +1,10 @@
 /*
  * GGUF export of a trained model: architecture `llama`, every tensor F32, the hyper-parameter
- * keys of formats.md §2.2 and the tokenizer in SentencePiece form (§2.3, §5.2), so the engine
- * loads it like any Llama 2-style file. Shapes follow §3.1–3.2: a weight [out][in] row-major is
- * written with ne = [in, out]; output.weight is omitted when tied to token_embd. Q and K rows are
- * already in the adjacent-pair (NORM) order the engine's `llama` RoPE expects, because the
- * trainer rotates adjacent pairs itself; no permutation is needed.
+ * keys of ../shared/docs/formats.md §2.2 and the tokenizer in SentencePiece form (§2.3, §5.2), so
+ * the engine loads it like any Llama 2-style file. Shapes follow §3.1–3.2: a weight [out][in]
+ * row-major is written with ne = [in, out]; output.weight is omitted when tied to token_embd. Q and
+ * K rows are already in the adjacent-pair (NORM) order the engine's `llama` RoPE expects, because
+ * the trainer rotates adjacent pairs itself; no permutation is needed.
  *
  * Import is the inverse, for files this exporter wrote (continued training of a shipped model
  * whose checkpoint is gone): the configuration from the same keys, the vocabulary from the

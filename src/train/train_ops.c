@@ -2,10 +2,10 @@
  * Trainer ops: forward and hand-written backward passes of every layer of the Llama block, on
  * plain row-major float arrays (train.h describes the shapes).
  *
- * Conventions follow the engine exactly (formats.md §3.3–3.4): RMSNorm y = x/√(mean x² + ε)·w,
- * RoPE on adjacent pairs (x[2i], x[2i+1]) with θ_i = pos·base^(−2i/hd), attention scale
- * 1/√hd with query head h reading KV head h/(H/Hkv), SwiGLU down(silu(gate)·up). Matrix
- * products are OpenBLAS sgemm calls; everything else is simple loops over contiguous rows.
+ * Conventions follow the engine exactly (../shared/docs/formats.md §3.3–3.4): RMSNorm y = x/√(mean
+ * x² + ε)·w, RoPE on adjacent pairs (x[2i], x[2i+1]) with θ_i = pos·base^(−2i/hd), attention scale
+ * 1/√hd with query head h reading KV head h/(H/Hkv), SwiGLU down(silu(gate)·up). Matrix products
+ * are OpenBLAS sgemm calls; everything else is simple loops over contiguous rows.
  *
  * Attention is the one op whose memory grows with T². It runs per (sequence, KV head) in blocks
  * of KVP_ATTN_BQ queries: a block reads only keys [0, block end), so the causal half is never
