@@ -24,18 +24,20 @@ key="$($kvp prompt -m "$model" --task passkey --length 8000 --depth 50 --seed 2 
 n_tokens="$($kvp tokenize -m "$model" -f "$prompt" | wc -w)"
 echo "== pass key $key hidden in the middle of a $n_tokens-token prompt"
 echo "   each policy but full reads 1/16 of the cache on the layers it selects for (all but the"
-echo "   first --dense-layers 2, which read everything); KV read and time are per decode step"
+echo "   first --dense-layers 2, which read everything); KV read and time per decode step over"
+echo "   32 generated tokens"
 printf '%-12s %-12s %22s %12s\n' policy answer "KV read (of full)" "ms / token"
 for p in "full" "streaming --budget 1/16" "snapkv --budget 1/16" "quest --budget 1/16" \
     "qpredictor --budget 1/16 --aux ${model%.gguf}.qkvpp"; do
     # shellcheck disable=SC2086
-    out="$($kvp run -m "$model" -f "$prompt" -n 8 --policy $p 2>"$err")"
+    out="$($kvp run -m "$model" -f "$prompt" -n 32 --ignore-eos --policy $p 2>"$err")"
     answer="${out##*What is the pass key? The pass key is}"
     answer="${answer%%$'\n'*}"
+    answer="${answer%%.*}" # the answer ends at its full stop (32 tokens run on past the end)
     # run's statistics on stderr: decode tokens and milliseconds, then the KV read per step
     ms="$(sed -n 's/.*generated \([0-9]*\) tokens in \([0-9.]*\) ms.*/\2 \1/p' "$err" |
         awk '{ printf "%.2f", $1 / $2 }')"
     read_kib="$(sed -n 's/.*KV read per decode step .*(\([0-9.]*\)%, \([0-9]*\) KiB.*/\2 KiB (\1%)/p' "$err")"
     [ -n "$read_kib" ] || read_kib="?"
-    printf '%-12s %-12s %22s %12s\n' "${p%% *}" "${answer# }" "$read_kib" "$ms"
+    printf '%-12s %-12.12s %22s %12s\n' "${p%% *}" "${answer# }" "$read_kib" "$ms"
 done
