@@ -26,7 +26,7 @@
  *
  * Prefetching (predict_next, for the tiered store; ../shared/docs/methods.md §1.9). Quest needs the
  * query, and the next step has not computed it yet. The query of consecutive steps is strongly
- * correlated (methods.md cites a cosine autocorrelation of about 0.87), so select keeps the last
+ * correlated (that note cites a cosine autocorrelation of about 0.87), so select keeps the last
  * query of every (layer, KV head) and predict_next ranks the blocks with the same bound over the
  * metadata, for the plan of the next step's context (its forced newest block included). The
  * metadata of every candidate block of that plan is complete already: candidates end below the
