@@ -2,7 +2,7 @@
 # The disk tier on a busy host: the paired ratio (disk `token` time / an untiered twin decoding
 # the same tokens in alternating chunks, bench --paired) at 16K and 32K with 0, 1 and 2 CPU-bound
 # competitors (scripts/busy_host.sh). Prints one JSON line per run (bench's JSON plus
-# "competitors") and then the README's markdown table (median ratio of REPEAT runs per cell).
+# "competitors") and then a markdown table (median ratio of REPEAT runs per cell).
 #
 #   scripts/bench_busy_host.sh [BUILD_DIR]
 #   env: MODEL (models/kvpred-default.gguf), N decode tokens (512), REPEAT (3), CTXS

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The include rules of README.md's layout, checked (ctest: test_include_layers).
+"""The include rules of docs/architecture.md's layout, checked (ctest: test_include_layers).
 
 1. No two source files include each other in a loop (the graph of quoted includes).
 2. A folder under src/ includes only folders below it in LAYERS (and itself); KNOWN_UPWARD would
@@ -11,7 +11,7 @@ import os
 import re
 import sys
 
-# Lowest first; a folder may include any folder of a lower rank. Keep in step with README.md.
+# Lowest first; a folder may include any folder of a lower rank. Keep in step with docs/architecture.md.
 LAYERS = {
     "core": 0,
     "kernels": 1, "image": 1, "sample": 1, "tasks": 1,
@@ -65,7 +65,7 @@ def main():
                 continue
             if folder not in LAYERS or tf not in LAYERS:
                 errors.append(f"{rel}: folder src/{folder if folder not in LAYERS else tf} "
-                              "is not in the layer list (scripts/check_includes.py, README.md)")
+                              "is not in the layer list (scripts/check_includes.py, docs/architecture.md)")
             elif LAYERS[tf] >= LAYERS[folder]:
                 errors.append(f"{rel}: includes {target}, but src/{tf} is not below "
                               f"src/{folder} in the layout")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Full-cache retrieval acceptance of a long-context model (README "Long-context model"): pass key
+# Full-cache retrieval acceptance of a long-context model (models/kvpred-default.md): pass key
 # (noise lines), pass key hidden in prose the trainer never sees (the Paul Graham essays, refused
 # by train-lm), niah_single and niah_multikey, 100 prompts per (task, length) = 5 depths x 20,
 # for each evaluation seed. Needs ../shared (the essays). Prints one markdown row per

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The query-aware AttentionPredictor's rows in the README ("AttentionPredictor", the retrieval
-# table of "Long-context model"), beside quest, the block oracle and the paper-faithful predictor.
+# The query-aware AttentionPredictor's results (bench/README.md, docs/policies.md), beside quest,
+# the block oracle and the paper-faithful predictor.
 # Needs ../shared (the Paul Graham essays are the filler, stories260K and TinyStories) and jq.
 #   scripts/eval_qpredictor.sh [BUILD_DIR]
 # Environment: PART (tasks, stories, bench or all; default all), SEED (prompt seed of the

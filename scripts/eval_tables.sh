@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerate the evaluation tables of the README on stories260K (needs ../shared).
+# Regenerate the evaluation tables on stories260K (bench/eval_*.jsonl; needs ../shared).
 #   scripts/eval_tables.sh [BUILD_DIR]
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

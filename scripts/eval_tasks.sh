@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# Retrieval tables and needle heatmaps of the shipped long-context model (README "Long-context
-# model"). Needs ../shared (the Paul Graham essays are the filler) and python3 for the tables.
+# Retrieval tables and needle heatmaps of the shipped long-context model (bench/README.md). Needs ../shared (the Paul Graham essays are the filler) and python3 for the tables.
 #   scripts/eval_tasks.sh [BUILD_DIR]
 # Environment (an 8192-token prompt costs 2-4 CPU seconds and every policy x budget prefills it
 # again; the acceptance figures, 100 full-cache prompts per task on two seeds, are

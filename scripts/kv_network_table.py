@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The README's "on paper" network table: what a 10 / 25 / 100 Gb/s link between the engine and a
+"""The "on paper" network table of docs/store.md: what a 10 / 25 / 100 Gb/s link between the engine and a
 remote KV store (Redis) would cost a tiered decode step, per model shape and context, with the
 RAM tier's link model (src/store/cold_ram.c: a serial link of bandwidth B; a transfer holds it for
 bytes/B and completes one latency later; transfers are pipelined, so latency is paid per round

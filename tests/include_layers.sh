@@ -1,5 +1,5 @@
 #!/bin/bash
-# ctest test_include_layers: the source tree keeps README.md's include rules
+# ctest test_include_layers: the source tree keeps docs/architecture.md's include rules
 # (scripts/check_includes.py), and the check fails on a planted include loop and on a planted
 # upward include, so it can fail.
 set -u

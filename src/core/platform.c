@@ -96,7 +96,7 @@ void *kvp_alloc_huge(size_t size, size_t align)
     size_t rounded = (size + align - 1) & ~(align - 1);
     void *p = aligned_alloc(align, rounded);
     /* advice on the page-aligned span; where THP is off or refused, plain pages (why it
-     * matters, measured on the tiered store: README, "Tiered KV store") */
+     * matters, measured on the tiered store: docs/store.md) */
     const uintptr_t page = 4096, huge = 2u << 20;
     if (p && rounded >= huge) {
         uintptr_t a = ((uintptr_t)p + page - 1) & ~(page - 1);

@@ -102,7 +102,7 @@ bool kvp_kv_wants_predictions(const struct kvp_ctx *c)
  * predictions read ahead of its budget (prefetch_margin) gets room for that too in the modes
  * that predict, so a prefetch does not run out of slots. The factor 2 is reuse room: blocks
  * that drop out of a selection come back a few steps later (scores oscillate around the top-k
- * threshold), and with only one step's room LRU has already replaced them (README, tiered store:
+ * threshold), and with only one step's room LRU has already replaced them (docs/store.md:
  * at 32K the shipped model's hit rate goes from 87 % to 98 % and reads per token fall 6x). */
 static int hot_blocks_for(const struct kvp_ctx *c)
 {
