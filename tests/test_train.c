@@ -1019,6 +1019,52 @@ static void test_corpus_refuses_eval_text(void **state)
     rmdir(dir);
 }
 
+/* Training text gets its mojibake punctuation repaired; other text, a cut prefix at the end and
+ * the evaluation's filler are left as they are. Expected bytes written out by hand. */
+static void test_corpus_fixes_mojibake(void **state)
+{
+    (void)state;
+    struct {
+        const char *in, *out;
+    } cases[] = {
+        {"don\xC3\xA2\xE2\x82\xAC\xE2\x84\xA2t", "don\xE2\x80\x99t"},            /* ’ */
+        {"\xC3\xA2\xE2\x82\xAC\xC5\x93Hi\xC3\xA2\xE2\x82\xAC\xC2\x9D", "\xE2\x80\x9CHi\xE2\x80\x9D"},
+        {"\xC3\xA2\xE2\x82\xAC\xCB\x9Cx", "\xE2\x80\x98x"},                      /* ‘ */
+        {"a\xC3\xA2\xE2\x82\xAC\xE2\x80\x9C" "b", "a\xE2\x80\x93" "b"},          /* – */
+        {"a\xC3\xA2\xE2\x82\xAC\xE2\x80\x9D" "b", "a\xE2\x80\x94" "b"},          /* — */
+        {"so\xC3\xA2\xE2\x82\xAC\xC2\xA6", "so\xE2\x80\xA6"},                    /* … */
+        {"\"Hi!\xC3\xA2\xE2\x82\xAC said", "\"Hi!\xE2\x80\x9D said"},            /* lost byte */
+        {"caf\xC3\xA9 \xE2\x80\x99 plain", "caf\xC3\xA9 \xE2\x80\x99 plain"},    /* untouched */
+        {"cut \xC3\xA2\xE2\x82", "cut \xC3\xA2\xE2\x82"},                        /* prefix cut */
+        {"", ""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char buf[64];
+        size_t n = strlen(cases[i].in);
+        memcpy(buf, cases[i].in, n + 1);
+        size_t m = kvp_text_fix_mojibake(buf, n);
+        assert_int_equal(m, strlen(cases[i].out));
+        assert_memory_equal(buf, cases[i].out, m);
+    }
+    char path[] = "/tmp/kvp_mojibake_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    write_file(path, "It\xC3\xA2\xE2\x82\xAC\xE2\x84\xA2s.");
+    const char *paths[] = {path};
+    char *text;
+    size_t len;
+    struct kvp_err err;
+    assert_int_equal(kvp_corpus_read(paths, 1, &text, &len, &err), 0);
+    assert_non_null(strstr(text, "It\xE2\x80\x99s."));
+    assert_int_equal(len, strlen(text));
+    free(text);
+    assert_int_equal(kvp_corpus_read_filler(paths, 1, &text, &len, &err), 0);
+    assert_non_null(strstr(text, "It\xC3\xA2\xE2\x82\xAC\xE2\x84\xA2s."));
+    free(text);
+    remove(path);
+}
+
 /* ===================================== training runs ========================================== */
 
 struct losses {
@@ -1683,7 +1729,8 @@ int main(void)
         cmocka_unit_test(test_bpe_learn_and_encode),
         cmocka_unit_test(test_spm_merge_order),
         cmocka_unit_test(test_corpus_and_samples), cmocka_unit_test(test_corpus_json),
-        cmocka_unit_test(test_corpus_refuses_eval_text), cmocka_unit_test(test_seed_contract),
+        cmocka_unit_test(test_corpus_refuses_eval_text),
+        cmocka_unit_test(test_corpus_fixes_mojibake), cmocka_unit_test(test_seed_contract),
         cmocka_unit_test(test_haystack_kinds),
         cmocka_unit_test(test_tokenizer_matches_engine),
         cmocka_unit_test(test_tasks_on_tinystories),

@@ -209,10 +209,59 @@ static int read_paths(const char *const *paths, int n_paths, bool allow_eval, ch
     return 0;
 }
 
+/* The mojibake of the punctuation in U+2018..U+2026: its UTF-8 bytes E2 80 XX were once read
+ * as Windows-1252 ("â", "€", then XX's character) and written back as UTF-8. The prefix "â€"
+ * (C3 A2 E2 82 AC) is followed by XX's character; the text has no other use for that prefix. */
+static const struct {
+    unsigned char tail[3], n, xx;
+} mojibake[] = {
+    {{0xE2, 0x84, 0xA2}, 3, 0x99}, /* ™ → ’ */
+    {{0xCB, 0x9C}, 2, 0x98},       /* ˜ → ‘ */
+    {{0xC5, 0x93}, 2, 0x9C},       /* œ → “ */
+    {{0xC2, 0x9D}, 2, 0x9D},       /* U+009D → ” */
+    {{0xE2, 0x80, 0x9C}, 3, 0x93}, /* “ → – */
+    {{0xE2, 0x80, 0x9D}, 3, 0x94}, /* ” → — */
+    {{0xC2, 0xA6}, 2, 0xA6},       /* ¦ → … */
+    {{0xC2, 0xA2}, 2, 0xA2},       /* ¢ → • */
+    {{0xC5, 0xA0}, 2, 0x8A},       /* Š → hair space */
+};
+
+size_t kvp_text_fix_mojibake(char *text, size_t len)
+{
+    static const unsigned char pre[5] = {0xC3, 0xA2, 0xE2, 0x82, 0xAC};
+    unsigned char *t = (unsigned char *)text;
+    size_t r = 0, w = 0;
+    while (r < len) {
+        if (t[r] != 0xC3 || len - r < 5 || memcmp(t + r, pre, 5) != 0) {
+            t[w++] = t[r++];
+            continue;
+        }
+        r += 5;
+        /* Windows-1252 has no character for 9D, so the closing double quote often lost its
+         * third byte: a prefix followed by nothing known is that quote */
+        unsigned char xx = 0x9D;
+        for (size_t k = 0; k < sizeof mojibake / sizeof mojibake[0]; k++)
+            if (len - r >= mojibake[k].n && memcmp(t + r, mojibake[k].tail, mojibake[k].n) == 0) {
+                xx = mojibake[k].xx;
+                r += mojibake[k].n;
+                break;
+            }
+        t[w++] = 0xE2;
+        t[w++] = 0x80;
+        t[w++] = xx;
+    }
+    if (w < len)
+        t[w] = '\0';
+    return w;
+}
+
 int kvp_corpus_read(const char *const *paths, int n_paths, char **text, size_t *len,
                     struct kvp_err *err)
 {
-    return read_paths(paths, n_paths, false, text, len, err);
+    int rc = read_paths(paths, n_paths, false, text, len, err);
+    if (rc == 0)
+        *len = kvp_text_fix_mojibake(*text, *len);
+    return rc;
 }
 
 int kvp_corpus_read_filler(const char *const *paths, int n_paths, char **text, size_t *len,

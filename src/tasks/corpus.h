@@ -13,9 +13,15 @@
 #include "tasks/tasks.h"
 
 /* Read files (plain text) and concatenate them; fails with KVP_EINVAL for evaluation-only text:
- * a path under pg_essays, or heldout_stories.txt (also when met inside a directory). */
+ * a path under pg_essays, or heldout_stories.txt (also when met inside a directory). Training
+ * text: mojibake punctuation is repaired (kvp_text_fix_mojibake), so a model does not learn it;
+ * the evaluation's filler (kvp_corpus_read_filler) is read as it is. */
 int kvp_corpus_read(const char *const *paths, int n_paths, char **text, size_t *len,
                     struct kvp_err *err);
+/* Repair, in place, the mojibake of the punctuation U+2018..U+2026 read once as Windows-1252 and
+ * written back as UTF-8 ("â€™" → "’", "â€œ" → "“", "â€" + a lost byte → "”", ...). Returns the
+ * new length (never longer; the text is NUL-terminated again when it shrank). */
+size_t kvp_text_fix_mojibake(char *text, size_t len);
 /* Prepare a corpus from raw text (copied), its sentences counted with tokenizer tok (borrowed;
  * the trainer's is kvp_tvocab_task_tok; NULL: counts are estimated at 4 bytes per token).
  * holdout: fraction of sentences kept out of training. */
