@@ -387,9 +387,8 @@ def render():
            "lacked them, they were filled in from the commit that added the data. Superseded "
            "results are in `history/` (kept for reference, not read here). How each benchmark "
            "works and what its fields mean: `docs/cli.md`, `docs/performance.md`, "
-           "`docs/store.md`, `docs/policies.md`.\n",
-           "Files: " + ", ".join(f"`{f}`" for f in sorted(os.listdir(BENCH))
-                                 if f.endswith((".jsonl", ".json"))) + ".\n"]
+           "`docs/store.md`, `docs/policies.md`; result files not tabled here are described "
+           "where they are used (`serve_smoke.*`: `docs/server.md`).\n"]
     for title, fn, intro in SECTIONS:
         tab, prov = fn()
         out += [f"## {title}\n", intro + "\n", tab, prov]
