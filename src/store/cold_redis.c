@@ -1,8 +1,8 @@
 /*
  * The Redis cold tier (cold.h): every fetch unit (layer, block) is one binary value, the key
- * "kvp:<session>:<layer>:<block>", on one Redis server or a Redis Cluster
+ * "kvp:<id>:<layer>:<block>", on one Redis server or a Redis Cluster
  * (kvp_ctx_params.kv_url = redis://HOST:PORT[,HOST:PORT...][?timeout_ms=N&ttl_ms=N]). The
- * session id (pid, a per-process counter and 32 random bits) is unique per context.
+ * id (pid, a per-process counter and 32 random bits) is unique per context.
  *
  * I/O. One connection per node, non-blocking, driven from the table's own points rather than
  * through hiredis's async API: submit formats one GET or SET per unit (RESP, a few lines) into
@@ -90,7 +90,7 @@ struct redis_io {
     bool cluster;
     bool slots_refreshing;              /* a CLUSTER SLOTS is in flight */
     uint8_t slot_node[KVP_REDIS_SLOTS]; /* master of each slot (NO_NODE: none known) */
-    char sid[48];                       /* session id, the keys' prefix */
+    char sid[48];                       /* the context's id, the keys' prefix */
     uint8_t *stored;                    /* [n_layer * max_blocks] a SET of the unit was sent */
     int rec_left[KVP_STORE_MAX_XFER];   /* units of a record not answered yet */
     int rec_err[KVP_STORE_MAX_XFER];    /* first errno among its units, or 0 */
@@ -624,7 +624,7 @@ static void redis_close(struct kvp_store *s)
     struct redis_io *r = s->io_state;
     if (!r)
         return;
-    if (r->stored) { /* delete the session's keys, waiting (bounded by the timeout) for it */
+    if (r->stored) { /* delete the context's keys, waiting (bounded by the timeout) for it */
         for (int i = 0; i < r->n_nodes; i++)
             r->nodes[i].retry_at = 0; /* one more try for a node lost earlier */
         for_each_stored(r, "UNLINK", false);
