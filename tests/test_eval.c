@@ -556,7 +556,7 @@ static void test_perplexity_library(void **state)
     free(path);
 }
 
-/* The table command on the real model and text, shortened. */
+/* The evaluation table's command (scripts/eval_tables.sh) on the real model and text, shortened. */
 static void test_cli_eval_stories(void **state)
 {
     (void)state;

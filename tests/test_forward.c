@@ -274,7 +274,7 @@ static double row_diff(const cJSON *row, const double *x)
     return d;
 }
 
-/* Evidence for the note on issue 2: the reference was computed with an f16 KV cache, and at
+/* Evidence for docs/performance.md: the reference was computed with an f16 KV cache, and at
  * that precision agreement within 1e-3 is not a property an f32-order-dependent engine can
  * have. Checked against the float64 oracle run three ways (see enum oracle_mode). */
 static void check_reference_is_f16_kv(const kvp_model *m, const int32_t *ids, int n,
