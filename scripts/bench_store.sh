@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Tiered KV store benchmark (issue "Tiered KV store with cross-token prefetching").
+# Tiered KV store benchmark (docs/store.md, "Measuring").
 #
 # For each context (default 4096 16384 32768) and a policy budget of 1/16 of the context, decode
 # tokens/s of: RAM dense (untiered, dense attention), RAM sparse (untiered, the policy), disk

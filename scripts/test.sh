@@ -19,7 +19,7 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 
 scripts/test_arm64.sh  # aarch64: cross build, a test subset under qemu-user (docs/platforms.md)
 
-fuzz="${FUZZ_SECONDS:-6}"  # 10 targets: about the minute of 2 x 30 s before
+fuzz="${FUZZ_SECONDS:-6}"  # 10 targets: about a minute in all
 if [ "$fuzz" -gt 0 ]; then
     echo "== fuzzing the file readers and text paths, ${fuzz}s per target"
     scripts/fuzz.sh "$fuzz"

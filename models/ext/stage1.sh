@@ -1,5 +1,5 @@
 #!/bin/sh
-# Stage 1 of the context extension (issue 19), as in models/kvpred-default.md.
+# Stage 1 of the context extension, as in models/kvpred-default.md.
 # usage: stage1.sh CKPT OUT.gguf [extra flags, e.g. --stop-after 16]
 # Starts from the 2048 model when CKPT does not exist yet, else resumes CKPT (same settings:
 # the same stage, bit-exact).

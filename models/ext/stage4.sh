@@ -1,5 +1,5 @@
 #!/bin/sh
-# Stage 4 of the context extension (session 9, not shipped): from stage 3's checkpoint, steps
+# Stage 4 of the context extension (not shipped): from stage 3's checkpoint, steps
 # 900-1200, 8192 / 2048 / 8192 phases, plain LM samples back in the mix (10 %), more weight on
 # the prose pass key and niah_single_2, haystacks drawn from every kind more often (--hay-frac 0.6).
 # It scored worse than stage 2 on seed 777's niah_multikey (76 / 69 %) and prose pass key at 8192
