@@ -311,7 +311,9 @@ void kvp_kv_put_v_q8_0(const float *v, void *vb, int hd, int bs, int t)
     }
 
 F32_KERNELS(scalar, kvp_simd_scalar())
+#if defined(__x86_64__) || defined(__aarch64__) /* the SIMD tables' f32 rows below */
 F32_KERNELS(best, kvp_simd())
+#endif
 
 static void k_rows_f32(const void *kt, int hd, int bs, int n, float *dst, size_t ld)
 {
