@@ -19,7 +19,7 @@ struct kvp_store;
 
 #define KVP_QCHUNK 64      /* prefill attention: query rows per work item */
 /* A step that need not be exact (kvp_engine_params.exact false) sends its single tokens through
- * the batch kernels together from this many on (four times as many for weights with the
+ * the batch kernels together from this many on (twice as many for weights with the
  * multi-vector mat-vec kernel; forward.c, singles_together_from). */
 #define KVP_SINGLES_GEMM 4
 #define KVP_TILE_ROWS 256  /* prefill: weight rows dequantized per sgemm call (fewer repacks of

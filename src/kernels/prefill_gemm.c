@@ -123,9 +123,14 @@ void kvp_gemm_rows(const struct kvp_mat *W, const void *xg, int n, float *Y, int
     int32_t *corr = (int32_t *)(dw + tile_rows * nb);
     void (*kernel)(const struct kvp_gemm_tile *, const void *, int, float *, int, bool) =
         kvp_simd()->gemm_tile;
+    void (*convert)(const void *, size_t, int64_t, int64_t, int8_t *, float *, int32_t *) =
+        W->type == KVP_TYPE_Q8_0 ? kvp_simd()->gemm_convert_q8_0 : NULL;
     for (int64_t a = r0; a < r1; a += tile_rows) {
         int64_t rows = r1 - a < tile_rows ? r1 - a : tile_rows;
-        for (int64_t i = 0; i < rows; i++) {
+        if (convert)
+            convert((const uint8_t *)W->data + (size_t)a * W->row_bytes, W->row_bytes, rows, nb,
+                    codes, dw, corr);
+        for (int64_t i = 0; !convert && i < rows; i++) {
             const uint8_t *row = (const uint8_t *)W->data + (size_t)(a + i) * W->row_bytes;
             for (int64_t b = 0; b < nb; b++) {
                 int8_t *c = codes + i * K + b * 32;

@@ -103,6 +103,11 @@ struct kvp_simd_ops {
      * once for all vectors. NULL: kvp_matvec_rows_multi runs rows_q8_0 per vector. */
     void (*rows_q8_0_multi)(const void *w, size_t row_bytes, const void *const *xq, int nv,
                             int64_t n, int64_t nrows, float *const *y);
+    /* The integer GEMM's weight tile from `rows` Q8_0 rows of nb blocks (codes [rows][nb·32],
+     * dw and corr [rows][nb]: prefill_gemm.h), the values of the portable conversion. NULL:
+     * prefill_gemm.c converts byte by byte. */
+    void (*gemm_convert_q8_0)(const void *w, size_t row_bytes, int64_t rows, int64_t nb,
+                              int8_t *codes, float *dw, int32_t *corr);
 };
 
 /* Largest of x[0..n) through the table's max, or a scalar loop when it has none. */

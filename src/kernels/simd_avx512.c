@@ -916,4 +916,5 @@ const struct kvp_simd_ops kvp_simd_ops_avx512vnni = {
         },
     .gemm_tile = kvp_vnni_gemm_tile,
     .rows_q8_0_multi = kvp_vnni_rows_q8_0_multi,
+    .gemm_convert_q8_0 = kvp_vnni_gemm_convert_q8_0,
 };

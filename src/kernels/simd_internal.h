@@ -33,6 +33,8 @@ float kvp_scalar_dot_q5_k(const void *w, const void *xq, int64_t n);
  * when the CPU has VNNI. */
 void kvp_vnni_rows_q8_0_multi(const void *w, size_t row_bytes, const void *const *xq, int nv,
                               int64_t n, int64_t nrows, float *const *y);
+void kvp_vnni_gemm_convert_q8_0(const void *w, size_t row_bytes, int64_t rows, int64_t nb,
+                                int8_t *codes, float *dw, int32_t *corr);
 void kvp_vnni_rows_q8_0(const void *w, size_t row_bytes, const void *xq, int64_t n, int64_t nrows,
                         float *y);
 void kvp_vnni_rows_q4_0(const void *w, size_t row_bytes, const void *xq, int64_t n, int64_t nrows,

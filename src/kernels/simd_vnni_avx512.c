@@ -243,6 +243,31 @@ void kvp_vnni_rows_q8_0_multi(const void *w, size_t row_bytes, const void *const
     }
 }
 
+/* Prefill GEMM's weight tile from Q8_0 rows (prefill_gemm.h, struct kvp_gemm_tile): the codes as
+ * they are, the f16 scales as floats, corr = -128·Σ codes per block (the sum of the flipped,
+ * unsigned codes by vpsadbw, less 32·128). The same values as the portable conversion in
+ * prefill_gemm.c, a few instructions per block instead of a loop per byte: for a decode-sized
+ * batch the conversion was most of the product's time. */
+void kvp_vnni_gemm_convert_q8_0(const void *w, size_t row_bytes, int64_t rows, int64_t nb,
+                                int8_t *codes, float *dw, int32_t *corr)
+{
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    for (int64_t i = 0; i < rows; i++) {
+        const uint8_t *row = (const uint8_t *)w + (size_t)i * row_bytes;
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = row + (size_t)b * 34;
+            __m256i c = _mm256_loadu_si256((const __m256i *)(blk + 2));
+            _mm256_storeu_si256((__m256i *)(codes + (size_t)(i * nb + b) * 32), c);
+            __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(c, flip), _mm256_setzero_si256());
+            __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(sad),
+                                       _mm256_extracti128_si256(sad, 1));
+            int64_t sum = _mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1) - 32 * 128;
+            corr[i * nb + b] = -128 * (int32_t)sum;
+            dw[i * nb + b] = qx_f16(blk);
+        }
+    }
+}
+
 /* ============================== Q4_0 / Q5_0 ============================== */
 
 /* Unsigned codes (ucodes_pair) × signed activations is vpdpbusd's own signedness; the offset
