@@ -137,8 +137,9 @@ struct kvp_ctx_params {
     /* tiered KV store (all off by default: kv_tier 0 keeps the whole cache in RAM, untiered) */
     int kv_tier;          /* enum kvp_kv_tier [KVP_TIER_NONE] */
     const char *kv_dir;   /* disk tier: directory of the scratch file [$TMPDIR or /tmp] */
-    const char *kv_url;   /* redis tier: redis://HOST:PORT[,HOST:PORT...][?timeout_ms=N&ttl_ms=N]
-                             (one server, or seed nodes of a Redis Cluster) */
+    const char *kv_url;   /* redis tier: redis://HOST:PORT[,HOST:PORT...][?OPTION=N&...]
+                             (one server, or seed nodes of a Redis Cluster; options timeout_ms,
+                             ttl_ms, failover_ms, pipeline, wait_replicas: docs/store.md) */
     int hot_budget;       /* hot-tier tokens per compressed layer, rounded up to blocks
                              [0: sized from the policy budget so a step always fits] */
     int prefetch;         /* enum kvp_prefetch [KVP_PREFETCH_TOKEN] */

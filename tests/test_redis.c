@@ -1,10 +1,12 @@
 /*
  * The Redis cold tier against real servers started here, on loopback ports nobody else uses:
- * one plain redis-server and a 3-master Redis Cluster (redis-cli --cluster create). Logits of
- * tiered runs equal the untiered ones bit for bit on both; the faults (a wrong URL, a refused
- * connection, a server that never answers, one that stops answering mid-run, maxmemory full, a
- * slot migration during decode, a node killed mid-run) are each recovered or one clear error
- * within a bound; a clean exit leaves no key behind (DBSIZE 0 on every node).
+ * one plain redis-server, a 3-master Redis Cluster and a 3-master cluster with one replica per
+ * master (redis-cli --cluster create). Logits of tiered runs equal the untiered ones bit for bit
+ * on all three; the faults (a wrong URL, a refused connection, a server that never answers, one
+ * that stops answering mid-run, maxmemory full, a slot migration during decode, a master killed
+ * or stopped mid-run with and without a replica) are each recovered or one clear error within a
+ * bound, and after an error every later call errors too: no call ever returns logits that
+ * differ from the untiered run's. A clean exit leaves no key behind (DBSIZE 0 on every master).
  *
  * The servers run as children that die with this process (PR_SET_PDEATHSIG) and are killed by the
  * group teardown, so a failing test leaves none behind. Without redis-server (or without hiredis
@@ -91,19 +93,22 @@ static void test_not_built(void **state)
 
 #else
 
-#define MAX_SERVERS 4
-
 struct server {
     int port;
     pid_t pid;
 };
 
+/* The replicated cluster's node timeout: a master that stops answering is failed over about
+ * this long after (plus an election), so its tests take seconds, not the default 15 s. */
+#define NODE_TIMEOUT_MS 1000
+
 static char tmp_dir[4096];
 static bool have_redis;
 static struct server single;     /* the plain server */
 static struct server cluster[3]; /* the cluster's masters */
-static bool cluster_up;
-static char single_url[64], cluster_url[128];
+static struct server repl[6];    /* the replicated cluster: 3 masters and their replicas */
+static bool cluster_up, repl_up;
+static char single_url[64], cluster_url[128], repl_url[128];
 
 /* A reply from a one-off connection (NULL on any failure). */
 static redisReply *cmdv(int port, int argc, const char **argv, const size_t *lens)
@@ -187,9 +192,10 @@ static int pick_port(void)
 static bool start_server(struct server *sv, bool cluster_mode)
 {
     sv->port = pick_port();
-    char port[16], conf[64];
+    char port[16], conf[64], node_timeout[16];
     snprintf(port, sizeof(port), "%d", sv->port);
     snprintf(conf, sizeof(conf), "nodes-%d.conf", sv->port);
+    snprintf(node_timeout, sizeof(node_timeout), "%d", NODE_TIMEOUT_MS);
     sv->pid = fork();
     if (sv->pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
@@ -199,7 +205,7 @@ static bool start_server(struct server *sv, bool cluster_mode)
             execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1", "--save",
                    "", "--appendonly", "no", "--dir", tmp_dir, "--cluster-enabled", "yes",
                    "--cluster-config-file", conf, "--cluster-require-full-coverage", "no",
-                   (char *)NULL);
+                   "--cluster-node-timeout", node_timeout, (char *)NULL);
         else
             execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1", "--save",
                    "", "--appendonly", "no", "--dir", tmp_dir, (char *)NULL);
@@ -228,36 +234,59 @@ static void stop_server(struct server *sv)
     sv->pid = 0;
 }
 
-static bool cluster_ok(void)
+/* The ranges of CLUSTER SLOTS as node n sees them, and how many of them have at least
+ * `replicas` replicas; -1 when it does not answer. */
+static int slot_ranges(const struct server *n, int replicas, int *with)
 {
-    for (int i = 0; i < 3; i++) {
-        redisReply *r = cmd(cluster[i].port, "CLUSTER INFO");
+    redisReply *r = cmd(n->port, "CLUSTER SLOTS");
+    int ranges = -1;
+    *with = 0;
+    if (r && r->type == REDIS_REPLY_ARRAY) {
+        ranges = (int)r->elements;
+        for (size_t i = 0; i < r->elements; i++)
+            *with += (int)r->element[i]->elements >= 3 + replicas;
+    }
+    if (r)
+        freeReplyObject(r);
+    return ranges;
+}
+
+/* Every node of the cluster says cluster_state:ok, and sees 3 slot ranges whose masters each
+ * have `replicas` replicas. */
+static bool cluster_ok(const struct server *nodes, int n, int replicas)
+{
+    for (int i = 0; i < n; i++) {
+        redisReply *r = cmd(nodes[i].port, "CLUSTER INFO");
         bool ok = r && r->type == REDIS_REPLY_STRING && strstr(r->str, "cluster_state:ok");
         if (r)
             freeReplyObject(r);
-        if (!ok)
+        int with = 0;
+        if (!ok || slot_ranges(&nodes[i], replicas, &with) != 3 || with != 3)
             return false;
     }
     return true;
 }
 
-static bool start_cluster(void)
+/* n servers in cluster mode made one cluster of 3 masters with `replicas` replicas each. */
+static bool start_cluster(struct server *nodes, int n, int replicas)
 {
-    for (int i = 0; i < 3; i++)
-        if (!start_server(&cluster[i], true))
+    char cmdline[512];
+    int len = snprintf(cmdline, sizeof(cmdline), "redis-cli --cluster create");
+    for (int i = 0; i < n; i++) {
+        if (!start_server(&nodes[i], true))
             return false;
-    char cmdline[256];
-    snprintf(cmdline, sizeof(cmdline),
-             "redis-cli --cluster create 127.0.0.1:%d 127.0.0.1:%d 127.0.0.1:%d --cluster-yes "
-             ">/dev/null 2>&1",
-             cluster[0].port, cluster[1].port, cluster[2].port);
+        len +=
+            snprintf(cmdline + len, sizeof(cmdline) - (size_t)len, " 127.0.0.1:%d", nodes[i].port);
+    }
+    snprintf(cmdline + len, sizeof(cmdline) - (size_t)len,
+             " --cluster-replicas %d --cluster-yes >/dev/null 2>&1", replicas);
     char *out = NULL;
     int rc = kvp_test_run(cmdline, &out, 1);
     free(out);
     if (rc != 0)
         return false;
     for (int i = 0; i < 1000; i++) { /* 10 s */
-        if (cluster_ok())
+        if (cluster_ok(nodes, n, replicas))
             return true;
         usleep(10000);
     }
@@ -283,6 +312,12 @@ static long long dbsize(const struct server *sv)
         assert_true(cluster_up);                                                                   \
     } while (0)
 
+#define REQUIRE_REPL()                                                                             \
+    do {                                                                                           \
+        REQUIRE_REDIS();                                                                           \
+        assert_true(repl_up);                                                                      \
+    } while (0)
+
 static int servers_up(void)
 {
     have_redis = system("command -v redis-server >/dev/null 2>&1 && "
@@ -294,9 +329,12 @@ static int servers_up(void)
     if (!mkdtemp(tmp_dir) || !start_server(&single, false))
         return -1;
     snprintf(single_url, sizeof(single_url), "redis://127.0.0.1:%d", single.port);
-    cluster_up = start_cluster();
+    cluster_up = start_cluster(cluster, 3, 0);
     snprintf(cluster_url, sizeof(cluster_url), "redis://127.0.0.1:%d,127.0.0.1:%d", cluster[0].port,
              cluster[1].port);
+    repl_up = start_cluster(repl, 6, 1);
+    snprintf(repl_url, sizeof(repl_url), "redis://127.0.0.1:%d,127.0.0.1:%d", repl[0].port,
+             repl[3].port);
     return 0;
 }
 
@@ -305,6 +343,11 @@ static void servers_down(void)
     stop_server(&single);
     for (int i = 0; i < 3; i++)
         stop_server(&cluster[i]);
+    for (int i = 0; i < 6; i++) {
+        if (repl[i].pid > 0)
+            kill(repl[i].pid, SIGCONT); /* a stopped one dies of SIGKILL all the same */
+        stop_server(&repl[i]);
+    }
     if (tmp_dir[0]) {
         char cmdline[4200];
         snprintf(cmdline, sizeof(cmdline), "rm -rf '%s'", tmp_dir);
@@ -338,17 +381,25 @@ static kvp_ctx *new_ctx(const char *url, struct kvp_err *err)
 /* Between decode steps of run(): step i is about to be decoded. */
 typedef void (*step_hook)(int step);
 
-/* Prefill N_PROMPT tokens, decode N_DECODE, the logits of every decode step (caller frees). */
-static float *run(const char *url, step_hook hook, struct kvp_store_stats *st)
+/* A context on url with the prompt's N_PROMPT tokens evaluated. */
+static kvp_ctx *prefilled(const char *url)
 {
     struct kvp_err err = {0};
     kvp_ctx *c = new_ctx(url, &err);
     if (!c)
         print_message("ctx: %s\n", err.msg);
     assert_non_null(c);
+    assert_int_equal(kvp_eval(c, token_ids(), N_PROMPT, NULL, false, &err), 0);
+    return c;
+}
+
+/* Prefill N_PROMPT tokens, decode N_DECODE, the logits of every decode step (caller frees). */
+static float *run(const char *url, step_hook hook, struct kvp_store_stats *st)
+{
+    struct kvp_err err = {0};
+    kvp_ctx *c = prefilled(url);
     const int32_t *ids = token_ids();
     float *lg = calloc((size_t)N_DECODE * VOCAB, sizeof(float));
-    assert_int_equal(kvp_eval(c, ids, N_PROMPT, NULL, false, &err), 0);
     for (int i = 0; i < N_DECODE; i++) {
         if (hook)
             hook(i);
@@ -375,6 +426,50 @@ static float *reference(void)
 static void assert_same_logits(const float *a, const float *b)
 {
     assert_memory_equal(a, b, (size_t)N_DECODE * VOCAB * sizeof(float));
+}
+
+/* Prefill, then decode N_DECODE tokens, hook before each step. Every call either returns the
+ * untiered run's logits bit for bit or fails with one line, and once one failed every later
+ * one fails too (the context's KV is no longer trusted), checked for after_error more steps;
+ * a failure is KVP_EKVLOST. Returns the steps that succeeded, the first error in first_err and
+ * the slowest step's seconds in worst_s. */
+static int run_faulty(const char *url, step_hook hook, char *first_err, size_t cap, double *worst_s,
+                      int after_error)
+{
+    const float *want = reference();
+    struct kvp_err err = {0};
+    kvp_ctx *c = prefilled(url);
+    const int32_t *ids = token_ids();
+    float lg[VOCAB];
+    int n_ok = 0, failed_at = -1;
+    first_err[0] = 0;
+    *worst_s = 0;
+    for (int i = 0; i < N_DECODE; i++) {
+        if (hook)
+            hook(i);
+        double t0 = kvp_time_now();
+        int rc = kvp_eval(c, ids + N_PROMPT + i, 1, lg, false, &err);
+        double dt = kvp_time_now() - t0;
+        *worst_s = dt > *worst_s ? dt : *worst_s;
+        if (rc == 0) {
+            if (failed_at >= 0)
+                print_message("step %d succeeded after the error of step %d\n", i, failed_at);
+            assert_int_equal(failed_at, -1);
+            assert_memory_equal(lg, want + (size_t)i * VOCAB, sizeof(lg));
+            n_ok++;
+            continue;
+        }
+        assert_null(strchr(err.msg, '\n'));
+        assert_int_equal(rc, KVP_EKVLOST);
+        if (failed_at < 0) {
+            failed_at = i;
+            snprintf(first_err, cap, "%s", err.msg);
+        }
+        if (i - failed_at >= after_error)
+            break;
+    }
+    kvp_ctx_free(c);
+    return n_ok;
 }
 
 /* Keys on the nodes while a context lives, none once it is freed. */
@@ -407,6 +502,13 @@ static void test_single_equal(void **state)
                   (unsigned long long)st.prefetched, (unsigned long long)st.bytes_read,
                   (unsigned long long)st.bytes_written);
     assert_true(st.bytes_read > 0 && st.misses > 0 && st.prefetched > 0);
+    assert_same_logits(reference(), lg);
+    free(lg);
+    assert_int_equal(dbsize(&single), 0);
+    /* one request per round trip: slower, the same bytes */
+    char url[96];
+    snprintf(url, sizeof(url), "%s?pipeline=1", single_url);
+    lg = run(url, NULL, NULL);
     assert_same_logits(reference(), lg);
     free(lg);
     assert_int_equal(dbsize(&single), 0);
@@ -504,33 +606,32 @@ static void test_silent_server(void **state)
     close(fd);
 }
 
-/* The server stops answering in the middle of decoding (SIGSTOP): the steps that need it fail
- * with one error within the timeout; once it answers again the context is freed cleanly. */
+/* Step 1: the single server stops (SIGSTOP); step 6: it answers again. */
+static void stall_hook(int step)
+{
+    if (step == 1)
+        kill(single.pid, SIGSTOP);
+    if (step == 6)
+        kill(single.pid, SIGCONT);
+}
+
+/* The server stops answering in the middle of decoding: a step that needs it fails with one
+ * error within the timeout (a single server has no replica to wait for), and every later step
+ * fails too, also once it answers again; the context is then freed cleanly. */
 static void test_stalled_server(void **state)
 {
     (void)state;
     REQUIRE_REDIS();
-    char url[96];
+    char url[96], msg[512];
     snprintf(url, sizeof(url), "%s?timeout_ms=400", single_url);
-    struct kvp_err err = {0};
-    kvp_ctx *c = new_ctx(url, &err);
-    assert_non_null(c);
-    const int32_t *ids = token_ids();
-    float lg[VOCAB];
-    assert_int_equal(kvp_eval(c, ids, N_PROMPT, NULL, false, &err), 0);
-    assert_int_equal(kvp_eval(c, ids + N_PROMPT, 1, lg, false, &err), 0);
-    kill(single.pid, SIGSTOP);
-    double t0 = kvp_time_now();
-    int rc = 0;
-    for (int i = 1; i < N_DECODE && rc == 0; i++)
-        rc = kvp_eval(c, ids + N_PROMPT + i, 1, lg, false, &err);
-    double dt = kvp_time_now() - t0;
+    double worst;
+    int n_ok = run_faulty(url, stall_hook, msg, sizeof(msg), &worst, N_DECODE);
     kill(single.pid, SIGCONT);
-    print_message("stalled: %s (%.2f s)\n", err.msg, dt);
-    assert_int_equal(rc, KVP_EKVLOST);
-    assert_non_null(strstr(err.msg, "no reply within 400 ms"));
-    assert_true(dt < 5);
-    kvp_ctx_free(c);
+    print_message("stalled: %d steps fine, then %s (slowest step %.2f s)\n", n_ok, msg, worst);
+    assert_true(n_ok < N_DECODE);
+    assert_non_null(strstr(msg, "no reply within 400 ms"));
+    /* one timeout per try of the failed record: the store's few retries each meet it */
+    assert_true(worst < 5);
     assert_int_equal(dbsize(&single), 0);
 }
 
@@ -691,40 +792,158 @@ static void test_slot_migration(void **state)
         assert_int_equal(dbsize(&cluster[i]), 0);
 }
 
-/* A master is killed mid-run: the steps that need it fail with one error naming it, quickly;
- * the context is freed without a hang and the others' keys are deleted. Runs last: the cluster
- * has lost a third of its slots afterwards. */
+/* ---- masters killed or stopped ---- */
+
+static struct server *victim;
+static int victim_sig, victim_step;
+
+/* Step victim_step: the victim gets victim_sig. */
+static void victim_hook(int step)
+{
+    if (step != victim_step)
+        return;
+    print_message("step %d: signal %d to the master on port %d\n", step, victim_sig, victim->port);
+    if (victim_sig == SIGKILL) {
+        stop_server(victim);
+        return;
+    }
+    kill(victim->pid, victim_sig);
+}
+
+/* A master without a replica is killed mid-run: the step that needs it fails with one error
+ * naming it, quickly (nothing can take its place, so there is nothing to wait for), and so does
+ * every later step; the context is freed without a hang and the others' keys are deleted. Runs
+ * last of the plain cluster's tests: it has lost a third of its slots afterwards. */
 static void test_killed_node(void **state)
 {
     (void)state;
     REQUIRE_CLUSTER();
-    char url[160];
+    char url[160], msg[512];
     snprintf(url, sizeof(url), "%s?timeout_ms=1000", cluster_url);
-    struct kvp_err err = {0};
-    kvp_ctx *c = new_ctx(url, &err);
-    assert_non_null(c);
-    const int32_t *ids = token_ids();
-    float lg[VOCAB];
-    assert_int_equal(kvp_eval(c, ids, N_PROMPT, NULL, false, &err), 0);
-    assert_int_equal(kvp_eval(c, ids + N_PROMPT, 1, lg, false, &err), 0);
-    struct server *victim = &cluster[2];
-    stop_server(victim);
-    double t0 = kvp_time_now();
-    int rc = 0;
-    for (int i = 1; i < N_DECODE && rc == 0; i++)
-        rc = kvp_eval(c, ids + N_PROMPT + i, 1, lg, false, &err);
-    double dt = kvp_time_now() - t0;
-    print_message("killed node: %s (%.2f s)\n", err.msg, dt);
-    assert_int_equal(rc, KVP_EKVLOST);
+    victim = &cluster[2];
+    victim_sig = SIGKILL;
+    victim_step = 1;
+    double worst, t0 = kvp_time_now();
+    int n_ok = run_faulty(url, victim_hook, msg, sizeof(msg), &worst, N_DECODE);
+    print_message("killed node: %d steps fine, then %s (slowest step %.2f s, %.2f s in all)\n",
+                  n_ok, msg, worst, kvp_time_now() - t0);
+    assert_true(n_ok < N_DECODE);
     char port[32];
     snprintf(port, sizeof(port), ":%d", victim->port);
-    assert_non_null(strstr(err.msg, port));
-    assert_true(dt < 5);
-    t0 = kvp_time_now();
-    kvp_ctx_free(c);
-    assert_true(kvp_time_now() - t0 < 5);
+    assert_non_null(strstr(msg, port));
+    assert_true(worst < 5);
     assert_int_equal(dbsize(&cluster[0]), 0);
     assert_int_equal(dbsize(&cluster[1]), 0);
+}
+
+/* A live node of the replicated cluster: not killed, not stopped. */
+static const struct server *repl_live(void)
+{
+    for (int i = 0; i < 6; i++)
+        if (repl[i].pid > 0 && &repl[i] != victim)
+            return &repl[i];
+    return NULL;
+}
+
+/* The port of the master of slot range i (CLUSTER SLOTS order) and its replica count, as a
+ * live node sees it; -1 when it does not answer. */
+static int range_master(int i, int *replicas)
+{
+    redisReply *r = cmd(repl_live()->port, "CLUSTER SLOTS");
+    int port = -1;
+    if (r && r->type == REDIS_REPLY_ARRAY && (size_t)i < r->elements) {
+        const redisReply *e = r->element[i];
+        port = (int)e->element[2]->element[1]->integer;
+        *replicas = (int)e->elements - 3;
+    }
+    if (r)
+        freeReplyObject(r);
+    return port;
+}
+
+static struct server *repl_by_port(int port)
+{
+    for (int i = 0; i < 6; i++)
+        if (repl[i].port == port && repl[i].pid > 0)
+            return &repl[i];
+    return NULL;
+}
+
+/* Wait (up to 15 s) until the replicated cluster has settled: every live node says ok and sees
+ * 3 slot ranges, each master with `replicas` replicas. */
+static bool repl_settled(int replicas)
+{
+    for (int t = 0; t < 1500; t++) {
+        bool ok = true;
+        for (int i = 0; i < 6 && ok; i++) {
+            if (repl[i].pid <= 0)
+                continue;
+            redisReply *r = cmd(repl[i].port, "CLUSTER INFO");
+            ok = r && r->type == REDIS_REPLY_STRING && strstr(r->str, "cluster_state:ok");
+            if (r)
+                freeReplyObject(r);
+            int with = 0;
+            ok = ok && slot_ranges(&repl[i], replicas, &with) == 3 && with == 3;
+        }
+        if (ok)
+            return true;
+        usleep(10000);
+    }
+    return false;
+}
+
+/* Kill (SIGKILL) or stop (SIGSTOP) the master of slot range `range` of the replicated cluster at
+ * step 10 and decode on (URL options opts): every step must succeed with the untiered logits, the
+ * promoted replica serving the units its master held (its GET count grows). */
+static void failover_run(int range, int sig, const char *opts)
+{
+    REQUIRE_REPL();
+    char url[192];
+    snprintf(url, sizeof(url), "%s%s", repl_url, opts);
+    int replicas = 0, port = range_master(range, &replicas);
+    assert_true(port > 0 && replicas > 0);
+    victim = repl_by_port(port);
+    assert_non_null(victim);
+    victim_sig = sig;
+    victim_step = 10;
+    char msg[512];
+    double worst, t0 = kvp_time_now();
+    int n_ok = run_faulty(url, victim_hook, msg, sizeof(msg), &worst, 0);
+    double all = kvp_time_now() - t0;
+    int now_replicas = 0, promoted = range_master(range, &now_replicas);
+    print_message("failover of %d to %d: %d of %d steps equal (%s), slowest step %.2f s, "
+                  "%.2f s in all\n",
+                  port, promoted, n_ok, N_DECODE, msg[0] ? msg : "no error", worst, all);
+    assert_int_equal(n_ok, N_DECODE);
+    assert_true(promoted > 0 && promoted != port);
+    assert_true(stat_calls(promoted, "get") > 0); /* it served what its master held */
+    if (sig == SIGSTOP) {                         /* it comes back as the new master's replica */
+        kill(victim->pid, SIGCONT);
+        victim = NULL;
+    }
+    t0 = kvp_time_now();
+    assert_true(repl_settled(sig == SIGSTOP));
+    print_message("settled in %.2f s\n", kvp_time_now() - t0);
+    for (int i = 0; i < 3; i++) { /* no key left on any master */
+        int r = 0, m = range_master(i, &r);
+        assert_int_equal(dbsize(repl_by_port(m)), 0);
+    }
+}
+
+/* A master that stops answering (SIGSTOP) mid-decode: its requests time out, wait for the
+ * cluster to fail it over (about NODE_TIMEOUT_MS) and are sent to the promoted replica. */
+static void test_failover_stopped_master(void **state)
+{
+    (void)state;
+    failover_run(0, SIGSTOP, "?timeout_ms=500");
+}
+
+/* A master killed (SIGKILL) mid-decode: the connection drops at once, the requests wait for the
+ * failover and go to the promoted replica. With ?pipeline=3 the depth limit is exercised too. */
+static void test_failover_killed_master(void **state)
+{
+    (void)state;
+    failover_run(1, SIGKILL, "?pipeline=3");
 }
 
 #endif /* KVP_HAVE_HIREDIS */
@@ -776,10 +995,16 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_crc16),
 #ifdef KVP_HAVE_HIREDIS
-        cmocka_unit_test(test_wrong_urls),     cmocka_unit_test(test_silent_server),
-        cmocka_unit_test(test_single_equal),   cmocka_unit_test(test_maxmemory),
-        cmocka_unit_test(test_stalled_server), cmocka_unit_test(test_cluster_equal),
-        cmocka_unit_test(test_slot_migration), cmocka_unit_test(test_killed_node),
+        cmocka_unit_test(test_wrong_urls),
+        cmocka_unit_test(test_silent_server),
+        cmocka_unit_test(test_single_equal),
+        cmocka_unit_test(test_maxmemory),
+        cmocka_unit_test(test_stalled_server),
+        cmocka_unit_test(test_cluster_equal),
+        cmocka_unit_test(test_slot_migration),
+        cmocka_unit_test(test_killed_node),
+        cmocka_unit_test(test_failover_stopped_master),
+        cmocka_unit_test(test_failover_killed_master),
 #else
         cmocka_unit_test(test_not_built),
 #endif
