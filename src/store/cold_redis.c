@@ -115,6 +115,7 @@ struct node {
     int n_replicas;     /* as a master in the latest slot map */
     redisContext *c;    /* NULL: not connected */
     double retry_at;    /* after a failure: no reconnect before then */
+    char down_why[96];  /* and what the failure was */
     struct ring q;      /* the replies expected, in order */
     struct ring acked;  /* SETs answered OK, waiting for the WAIT after them */
     bool need_wait;     /* a SET that waits was appended since the last WAIT */
@@ -267,6 +268,9 @@ static int node_find_or_add(struct redis_io *r, const char *host, int port)
 /* The connection to nd is dropped: every request waiting on it is parked or failed (err). */
 static void node_fail(struct redis_io *r, struct node *nd, int err)
 {
+    const char *why = strstr(r->why, ": "); /* the note on it: "KV store: redis HOST:PORT: ..." */
+    why = why ? strstr(why + 2, ": ") : NULL;
+    snprintf(nd->down_why, sizeof(nd->down_why), "%s", why ? why + 2 : "connection lost");
     if (nd->c)
         redisFree(nd->c);
     nd->c = NULL;
@@ -320,7 +324,7 @@ static bool node_ready(struct redis_io *r, struct node *nd)
     if (nd->c)
         return true;
     if (kvp_time_now() < nd->retry_at) {
-        note(r, nd, "unreachable (connection lost)");
+        note(r, nd, "unreachable (%s)", nd->down_why);
         return false;
     }
     if (node_connect(r, nd))
