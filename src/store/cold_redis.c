@@ -224,19 +224,22 @@ static void unit_done(struct redis_io *r, int rec, int err)
 
 /* A unit whose request met an error that may pass (its node down or unreachable, the cluster
  * failing over): parked for a resend while failover_ms has not passed since its first failure,
- * failed otherwise. Past the bound the error is EHOSTDOWN, which the store does not issue
- * again: the bound was the waiting. */
+ * failed otherwise. A reply saying the cluster is between states (err EAGAIN) waits at least
+ * timeout_ms, replicas or not: a slot moving or a node briefly taken for failed passes. Past the
+ * bound the error is EHOSTDOWN, which the store does not issue again: the bound was the
+ * waiting. */
 static void unit_retry(struct redis_io *r, struct pend p, int err)
 {
     double now = kvp_time_now();
+    int bound = err == EAGAIN && r->failover_ms < r->timeout_ms ? r->timeout_ms : r->failover_ms;
     if (p.since == 0)
         p.since = now;
-    if (r->failover_ms > 0 && (now - p.since) * 1e3 >= r->failover_ms) {
+    if (bound > 0 && (now - p.since) * 1e3 >= bound) {
         size_t n = strlen(r->why);
-        snprintf(r->why + n, sizeof(r->why) - n, "; no failover within %d ms", r->failover_ms);
+        snprintf(r->why + n, sizeof(r->why) - n, "; no failover within %d ms", bound);
         err = EHOSTDOWN;
     }
-    if (r->failover_ms > 0 && err != EHOSTDOWN) {
+    if (bound > 0 && err != EHOSTDOWN) {
         p.kind = PEND_UNIT;
         p.redirects = 0; /* a map in flux may bounce it more often; the time bound holds */
         if (r->parked.len == 0 && !r->resending) {
