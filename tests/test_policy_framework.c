@@ -78,12 +78,23 @@ static void test_full_and_large_budgets_match_dense(void **state)
     struct kvp_policy_params full = {.name = "full"};
     double rec;
     float *f = run(m, &full, true, 100, 30, NULL, &rec);
-    print_message("full vs dense: %.3g, recovery %.6f\n", max_diff(dense, f, 30 * 80), rec);
-    assert_true(max_diff(dense, f, 30 * 80) < 1e-5);
-    assert_true(fabs(rec - 1.0) < 1e-5);
+    /* Recovery is the dense probabilities' sum over the selection, here all n <= 130 keys:
+     * p_t = e_t * fl(1 / fl(sum e)), so |sum p - 1| <= gamma(n + 2) (the n - 1 additions of the
+     * exp-sum, the reciprocal and the product; the double sum adds nothing at this size). */
+    const double u = 0x1p-24, nk = 100 + 30 + 2, rec_bound = nk * u / (1 - nk * u);
+    print_message("full vs dense: %.3g, recovery %.9f (bound 1 +- %.3g)\n",
+                  max_diff(dense, f, 30 * 80), rec, rec_bound);
+    /* A selection of every token is computed by the dense kernel (kv/attention.c,
+     * sel_is_everything): the full policy has the bits of no policy, on every SIMD table and
+     * BLAS kernel. Within rounding is not enough: with the f16 cache, an ulp on the attention
+     * output can round the next key or value to the other f16 neighbour, which later steps
+     * amplify (2e-4 here under the AVX2 table when the two took different roads). */
+    assert_true(max_diff(dense, f, 30 * 80) == 0.0);
+    assert_true(fabs(rec - 1.0) <= rec_bound);
+    /* a streaming budget of all 130 tokens selects everything too: the same road */
     struct kvp_policy_params st = {.name = "streaming", .budget = 130};
     float *s = run(m, &st, false, 100, 30, NULL, NULL);
-    assert_true(max_diff(dense, s, 30 * 80) < 1e-5);
+    assert_true(max_diff(dense, s, 30 * 80) == 0.0);
     free(dense);
     free(f);
     free(s);
@@ -111,7 +122,9 @@ static void test_streaming_frees_memory(void **state)
     /* measuring computes dense attention on the side but changes nothing that is read */
     assert_true(max_diff(s, sm, 32 * 80) == 0.0);
     assert_true(rec > 0 && rec < 1);
-    assert_true(max_diff(d, s, 32 * 80) > 1e-4); /* the budget does change the result */
+    /* the budget does change the result: more than the f32 rounding of a dense step (the
+     * roads differ, so the sizes of the two differences are what can be compared) */
+    assert_true(max_diff(d, s, 32 * 80) > 1e-4);
     free(d);
     free(s);
     free(sm);

@@ -35,8 +35,9 @@ static void group_accum(const struct kvp_kv_kernels *vk, const float *p, size_t 
                     hd, bs, n, out + (size_t)j * os, os);
 }
 
-void kvp_attn_dense_group(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
-                          int n_keys, float *probs, int probs_stride, float *out)
+/* kvp_attn_dense_group; norm_probs: also leave the probabilities normalised when out is given. */
+static void dense_group(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
+                        int n_keys, float *probs, int probs_stride, float *out, bool norm_probs)
 {
     const struct kvp_simd_ops *ops = kvp_simd();
     const int hd = kv->head_dim, bs = kv->block_size;
@@ -81,6 +82,15 @@ void kvp_attn_dense_group(const struct kvp_kvcache *kv, int l, int kvh, const fl
     for (int j = 0; j < g; j++)
         for (int d = 0; d < hd; d++)
             out[(size_t)j * hd + d] *= inv[j];
+    for (int j = 0; norm_probs && j < g; j++)
+        for (int t = 0; t < n_keys; t++)
+            probs[(size_t)j * probs_stride + t] *= inv[j];
+}
+
+void kvp_attn_dense_group(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
+                          int n_keys, float *probs, int probs_stride, float *out)
+{
+    dense_group(kv, l, kvh, q, g, n_keys, probs, probs_stride, out, false);
 }
 
 /* Ask for the first KiB of the next selected block while this one computes: selected blocks
@@ -158,12 +168,39 @@ static void reduce_block(const struct kvp_kvcache *kv, int l, int kvh, const flo
         group_accum(kv->vk, s0, (size_t)probs_stride, g, vb, hd, bs, nt, o, (size_t)o_stride);
 }
 
+/* Whether sel reads every token of [0, n_keys): blocks 0.. in order, each with every token up to
+ * n_keys readable (none evicted, none released). Such a selection is dense attention, and is
+ * computed by the dense kernel: the per-block reduction sums the same terms in another order
+ * (exp(s - block max) * exp(block max - max) against exp(s - max), the value sums per block),
+ * a few f32 ulps apart, and behind an f16 or q8_0 cache those ulps can decide how the next
+ * token's key and value round, one f16 ulp that later steps amplify (2e-4 on the logits of a
+ * 4-layer test model under the AVX2 table). With one road, the full policy, and any policy whose
+ * selection covers the cache, has the bits of no policy at all. */
+static bool sel_is_everything(const struct kvp_kvcache *kv, int l, int kvh, int n_keys,
+                              const struct kvp_sel *sel)
+{
+    const int bs = kv->block_size, nb = (n_keys + bs - 1) / bs;
+    if (sel->n != nb)
+        return false;
+    const uint64_t whole = bs == 64 ? ~0ULL : (1ULL << bs) - 1;
+    for (int i = 0; i < nb; i++) {
+        uint64_t want = i == nb - 1 && n_keys % bs ? (1ULL << (n_keys % bs)) - 1 : whole;
+        if (sel->blocks[i] != i || !kvp_kvcache_kblock(kv, l, kvh, i) ||
+            !kvp_kvcache_vblock(kv, l, kvh, i) ||
+            (readable_tokens(kv, l, kvh, n_keys, sel, i) & whole) != want)
+            return false;
+    }
+    return true;
+}
+
 void kvp_attn_sparse_early(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
                            int n_keys, const struct kvp_sel *sel, const uint8_t *pending,
                            float *probs, int probs_stride, struct kvp_attn_blocks *ab)
 {
     const int hd = kv->head_dim;
     ab->n = 0;
+    if (sel_is_everything(kv, l, kvh, n_keys, sel))
+        return; /* kvp_attn_sparse_group takes the dense road */
     for (int i = 0; i < sel->n && ab->n < ab->cap; i++) {
         if (pending[sel->blocks[i]])
             continue;
@@ -204,6 +241,14 @@ void kvp_attn_sparse_group(const struct kvp_kvcache *kv, int l, int kvh, const f
 {
     const struct kvp_simd_ops *ops = kvp_simd();
     const int hd = kv->head_dim, bs = kv->block_size;
+    if (sel_is_everything(kv, l, kvh, n_keys, sel)) {
+        ab->n = 0;
+        dense_group(kv, l, kvh, q, g, n_keys, probs, probs_stride, out, true);
+        for (int j = 0; j < g; j++) /* the tail of the last block was not read */
+            memset(probs + (size_t)j * probs_stride + n_keys, 0,
+                   (size_t)(sel->n * bs - n_keys) * sizeof(float));
+        return;
+    }
     float M[64], L[64];
     for (int j = 0; j < g; j++) {
         M[j] = -INFINITY;

@@ -11,7 +11,8 @@
  * is renormalised over the selection. Each selected block is reduced on its own (its max score,
  * exp-sum and value sum) and the blocks are folded in selection order, so a tiered store can
  * have the hot blocks reduced while its misses are read and still get the bits of the untiered
- * cache (struct kvp_attn_blocks). Selecting every block gives the dense result up to rounding.
+ * cache (struct kvp_attn_blocks). A selection of every readable token is computed by the dense
+ * kernel, so it has the dense result's bits.
  */
 #ifndef KVP_KV_ATTENTION_H
 #define KVP_KV_ATTENTION_H
