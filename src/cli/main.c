@@ -3,8 +3,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cblas.h> /* OpenBLAS's: openblas_get_corename */
+
 #include "cli/cli.h"
 #include "cli/common.h"
+#include "kernels/simd.h"
 
 struct command {
     const char *name;
@@ -64,7 +67,13 @@ int main(int argc, char **argv)
         return 0;
     }
     if (!strcmp(argv[1], "--version")) {
-        printf("kvpred %s\n", KVP_VERSION);
+        /* what a bug report needs: the kernels this run uses, and the ones the CPU also runs */
+        printf("kvpred %s\nsimd: %s in use; this CPU runs", KVP_VERSION, kvp_simd()->name);
+        const struct kvp_simd_ops *t[8];
+        for (int i = 0, n = kvp_simd_runnable(t, 8); i < n; i++)
+            printf(" %s", t[i]->name);
+        printf(" (KVP_SIMD chooses)\nblas: OpenBLAS, %s kernels (OPENBLAS_CORETYPE chooses)\n",
+               openblas_get_corename());
         return 0;
     }
     for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)

@@ -138,6 +138,17 @@ const struct kvp_simd_ops *kvp_simd_neon(void)
 }
 #endif
 
+int kvp_simd_runnable(const struct kvp_simd_ops **out, int cap)
+{
+    const struct kvp_simd_ops *all[] = {kvp_simd_scalar(), kvp_simd_avx2(), kvp_simd_avx512(),
+                                        kvp_simd_avx512vnni(), kvp_simd_neon()};
+    int n = 0;
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+        if (all[i] && n < cap)
+            out[n++] = all[i];
+    return n;
+}
+
 /* The fast path lives in the SIMD tables (this file is built without -m flags); each table's
  * quantizer is bit-identical to kvp_quantize_row_q8_0_ref, see simd_avx2.c and simd_neon.c. */
 void kvp_quantize_row_q8_0(const float *x, void *dst, int64_t n)

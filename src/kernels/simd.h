@@ -123,6 +123,10 @@ const struct kvp_simd_ops *kvp_simd_avx512(void);
 const struct kvp_simd_ops *kvp_simd_avx512vnni(void); /* avx512 with the VNNI row kernels */
 const struct kvp_simd_ops *kvp_simd_neon(void);       /* aarch64 only */
 
+/* The tables this CPU runs, scalar first (each one a KVP_SIMD value): up to cap into out; returns
+ * how many. `kvpred --version` lists them, and scripts/test.sh runs the numeric tests under each. */
+int kvp_simd_runnable(const struct kvp_simd_ops **out, int cap);
+
 /* Pure selection rule behind kvp_simd(), exposed for tests: want is the KVP_SIMD value (NULL,
  * empty or unknown = best available), features a kvp_cpu_features() mask. A request the CPU
  * cannot honour falls back to the best table it can (avx512vnni -> avx512 -> avx2 -> scalar;
