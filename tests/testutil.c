@@ -21,6 +21,12 @@ __attribute__((constructor)) static void test_filter_from_env(void)
         cmocka_set_test_filter(f);
 }
 
+double kvp_test_gamma(double n)
+{
+    const double nu = n * 0x1p-24;
+    return nu / (1 - nu);
+}
+
 const char *kvp_test_shared(const char *relpath)
 {
     static char buf[4096];

@@ -25,6 +25,12 @@ const char *kvp_test_shared(const char *relpath);
         }                                                                                          \
     } while (0)
 
+/* gamma(n) = n·u / (1 - n·u), u = 2^-24 (f32's unit roundoff): a sum of n f32 products (or of
+ * n - 1 additions and one more rounding) computed in any order, with or without FMA, lies within
+ * gamma(n)·Σ|terms| of the exact sum (Higham, Accuracy and Stability of Numerical Algorithms,
+ * §3.1). The numeric tests state their bounds in it (docs/testing.md). */
+double kvp_test_gamma(double n);
+
 /* Path of the kvpred CLI built next to the tests (KVP_CLI), or NULL. */
 const char *kvp_test_cli(void);
 
