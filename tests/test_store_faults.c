@@ -5,7 +5,9 @@
  * bit; a fault that does not pass makes the call fail with KVP_EKVLOST and every later call too,
  * until the context is truncated to the trusted tokens, after which the logits are the untiered
  * ones again; a failed write is never read back; a bit flipped in the disk tier's file and a
- * file cut short below the store are detected.
+ * file cut short below the store are detected. The disk tier's pread path (asked for, and taken
+ * where a seccomp filter refuses io_uring as Docker's default profile does) gives the same logits
+ * and survives the same faults.
  *
  * Every decode call is checked against the same rule: it fails, or its logits equal the
  * untiered context's exactly (the tiered store promises equal bits: the same kernels read the
@@ -15,10 +17,17 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 
 #include "core/checksum.h"
 #include "core/platform.h"
@@ -107,6 +116,7 @@ static void test_checksum(void **state)
 
 struct cfg {
     int tier, prefetch, hot_budget;
+    int disk_io; /* enum kvp_disk_io */
     bool policy; /* quest at 64 tokens, layer 0 dense; else no policy */
     const char *dir;
 };
@@ -115,7 +125,7 @@ static kvp_ctx *new_ctx(const struct cfg *f)
 {
     struct kvp_ctx_params cp = {.n_ctx = N_CTX, .n_threads = 2, .kv_tier = f->tier,
                                 .kv_dir = f->dir, .hot_budget = f->hot_budget,
-                                .prefetch = f->prefetch};
+                                .prefetch = f->prefetch, .kv_disk_io = f->disk_io};
     kvp_ctx *c = NULL;
     struct kvp_err err = {0};
     int rc = kvp_ctx_init(model, &cp, &c, &err);
@@ -387,6 +397,159 @@ static void test_bit_flip_on_disk(void **state)
     free(d);
 }
 
+/* ======================================== IO paths ======================================== */
+
+/* The pread path gives the untiered logits, loses nothing, and survives a fault once. */
+static void check_pread(const char *dir, const float *ref)
+{
+    struct cfg f = {.tier = KVP_TIER_DISK, .prefetch = KVP_PREFETCH_TOKEN, .hot_budget = 64,
+                    .policy = true, .dir = dir};
+    struct kvp_err err = {0};
+    kvp_ctx *c = new_ctx(&f);
+    struct kvp_store_stats st;
+    kvp_ctx_store_stats(c, &st);
+    assert_int_equal(st.disk_io, KVP_DISK_IO_PREAD);
+    assert_int_equal(kvp_eval(c, ids, N_PROMPT, NULL, false, &err), 0);
+    kvp_store_inject_fault(c->store, KVP_FAULT_EIO, 3);
+    int first_fail;
+    assert_int_equal(decode_checked(c, ref, &first_fail, &err), 0);
+    kvp_ctx_store_stats(c, &st);
+    assert_true(st.reads > 0 && st.writes > 0 && st.misaligned == 0);
+    assert_int_equal(st.retries, 1);
+    assert_int_equal(st.lost_units, 0);
+    kvp_ctx_free(c);
+}
+
+static void test_pread_path(void **state)
+{
+    (void)state;
+    char *d = scratch_dir();
+    float *ref = reference(true);
+    /* asked for by the parameter */
+    struct cfg f = {.tier = KVP_TIER_DISK, .prefetch = KVP_PREFETCH_TOKEN, .hot_budget = 64,
+                    .policy = true, .dir = d, .disk_io = KVP_DISK_IO_PREAD};
+    kvp_ctx *c = new_ctx(&f);
+    struct kvp_err err = {0};
+    struct kvp_store_stats st;
+    kvp_ctx_store_stats(c, &st);
+    assert_int_equal(st.disk_io, KVP_DISK_IO_PREAD);
+    assert_int_equal(kvp_eval(c, ids, N_PROMPT, NULL, false, &err), 0);
+    int first_fail;
+    assert_int_equal(decode_checked(c, ref, &first_fail, &err), 0);
+    kvp_ctx_free(c);
+    /* by the environment */
+    setenv("KVPRED_DISK_IO", "pread", 1);
+    check_pread(d, ref);
+    unsetenv("KVPRED_DISK_IO");
+    /* the default is io_uring where the kernel allows it */
+    f.disk_io = KVP_DISK_IO_AUTO;
+    c = new_ctx(&f);
+    kvp_ctx_store_stats(c, &st);
+    print_message("default disk IO path here: %s\n",
+                  st.disk_io == KVP_DISK_IO_URING ? "io_uring" : "pread");
+    kvp_ctx_free(c);
+    /* a bit flipped under the pread path is caught the same way */
+    struct cfg g = {.tier = KVP_TIER_DISK, .prefetch = KVP_PREFETCH_DENSE, .dir = d,
+                    .disk_io = KVP_DISK_IO_PREAD};
+    c = new_ctx(&g);
+    assert_int_equal(kvp_eval(c, ids, N_PROMPT, NULL, false, &err), 0);
+    kvp_ctx_store_stats(c, &st);
+    int fd = scratch_file(d);
+    off_t off = (off_t)((size_t)1 * c->kv.max_blocks + 5) * st.unit_bytes;
+    uint8_t *page = kvp_alloc_huge(4096, 4096);
+    assert_int_equal(pread(fd, page, 4096, off), 4096);
+    page[77] ^= 0x01;
+    assert_int_equal(pwrite(fd, page, 4096, off), 4096);
+    float *ref0 = reference(false);
+    assert_true(decode_checked(c, ref0, &first_fail, &err) > 0);
+    assert_int_equal(kvp_ctx_trusted_tokens(c), 5 * 16);
+    kvp_ctx_store_stats(c, &st);
+    assert_true(st.bad_checksums >= 1);
+    close(fd);
+    kvp_free_aligned(page);
+    kvp_ctx_free(c);
+    free(ref0);
+    free(ref);
+    rmdir(d);
+    free(d);
+}
+
+/* Make io_uring_setup fail with errno e in this process from now on, as a container's seccomp
+ * profile does (Docker's default answers EPERM; a kernel without io_uring, ENOSYS). */
+static int refuse_io_uring(int e)
+{
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_io_uring_setup, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ((unsigned)e & SECCOMP_RET_DATA)),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {.len = (unsigned short)(sizeof(f) / sizeof(f[0])), .filter = f};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+        return -1;
+    return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog);
+}
+
+/* In a child whose io_uring is refused: the default path falls back to pread with the untiered
+ * logits and no loss; io_uring asked for is one clear error. Exit status: 0, or the failed
+ * check's number. */
+static int refused_child(int e, const char *dir, const float *ref)
+{
+    if (refuse_io_uring(e) != 0)
+        return 10;
+    struct kvp_ctx_params cp = {.n_ctx = N_CTX, .n_threads = 2, .kv_tier = KVP_TIER_DISK,
+                                .kv_dir = dir, .hot_budget = 64, .prefetch = KVP_PREFETCH_TOKEN};
+    struct kvp_policy_params pp = {.name = "quest", .budget = 64, .dense_layers = 1};
+    kvp_ctx *c = NULL;
+    struct kvp_err err = {0};
+    if (kvp_ctx_init(model, &cp, &c, &err) < 0 || kvp_ctx_set_policy(c, &pp, &err) < 0)
+        return 11;
+    struct kvp_store_stats st;
+    kvp_ctx_store_stats(c, &st);
+    if (st.disk_io != KVP_DISK_IO_PREAD)
+        return 12;
+    if (kvp_eval(c, ids, N_PROMPT, NULL, false, &err) < 0)
+        return 13;
+    float lg[VOCAB];
+    for (int i = 0; i < N_DECODE; i++)
+        if (kvp_eval(c, ids + N_PROMPT + i, 1, lg, false, &err) < 0 ||
+            !row_equal(lg, ref + (size_t)i * VOCAB))
+            return 14;
+    kvp_ctx_store_stats(c, &st);
+    if (st.lost_units || st.retries || st.bad_checksums || !st.reads)
+        return 15;
+    kvp_ctx_free(c);
+    c = NULL;
+    cp.kv_disk_io = KVP_DISK_IO_URING;
+    if (kvp_ctx_init(model, &cp, &c, &err) != KVP_EIO || c || !strstr(err.msg, "io_uring"))
+        return 16;
+    fprintf(stderr, "io_uring asked for: %s\n", err.msg);
+    return 0;
+}
+
+static void test_io_uring_refused(void **state)
+{
+    (void)state;
+    char *d = scratch_dir();
+    float *ref = reference(true);
+    static const int errs[] = {EPERM, ENOSYS};
+    for (int k = 0; k < 2; k++) {
+        fflush(NULL);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0)
+            _exit(refused_child(errs[k], d, ref));
+        int status = 0;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        print_message("io_uring refused with %s: child exit %d\n", strerror(errs[k]),
+                      WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+    free(ref);
+    rmdir(d);
+    free(d);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -395,6 +558,8 @@ int main(void)
         cmocka_unit_test(test_injected_short),
         cmocka_unit_test(test_failed_write),
         cmocka_unit_test(test_bit_flip_on_disk),
+        cmocka_unit_test(test_pread_path),
+        cmocka_unit_test(test_io_uring_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

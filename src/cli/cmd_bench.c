@@ -37,6 +37,7 @@
 
 static const char *const tier_names[] = {"none", "ram", "disk", "redis", NULL};
 static const char *const prefetch_names[] = {"default", "none", "dense", "layer", "token", NULL};
+static const char *const disk_io_names[] = {"auto", "io_uring", "pread", NULL};
 
 /* --paired: decode tokens per turn of each context. Short enough that both see the same moments
  * of a shared host, long enough that switching caches costs little. */
@@ -77,6 +78,9 @@ static void help(void)
            "                       kernel thread polling the ring (store.sq_poll says which ran)\n"
            "  --kv-sq-cpu N        disk tier: run that polling thread on CPU N (for example\n"
            "                       with the decode thread kept elsewhere by taskset)\n"
+           "  --kv-disk-io P       disk tier: auto, io_uring or pread (default auto: io_uring,\n"
+           "                       pread threads where it is refused; store.disk_io says which\n"
+           "                       ran; KVPRED_DISK_IO=io_uring|pread sets auto's choice)\n"
            "  --paired             tiered runs: also fill an untiered cache with the same policy\n"
            "                       and decode the two in alternating chunks of %d tokens, so\n"
            "                       both see the same host (JSON: paired)\n"
@@ -167,6 +171,8 @@ static cJSON *store_json(const struct kvp_store_stats *s)
     cJSON_AddNumberToObject(o, "cold_bytes", (double)s->cold_bytes);   /* the whole cache */
     cJSON_AddNumberToObject(o, "unit_bytes", (double)s->unit_bytes);   /* one (layer, block) */
     cJSON_AddBoolToObject(o, "sq_poll", s->sq_poll); /* disk reads go through a polling thread */
+    if (s->disk_io) /* disk tier: "io_uring" or "pread" (io_uring refused, or asked for) */
+        cJSON_AddStringToObject(o, "disk_io", disk_io_names[s->disk_io]);
     cJSON_AddNumberToObject(o, "step_ms", s->step_s / n * 1e3);        /* mean wall per token */
     cJSON_AddNumberToObject(o, "compute_ms", s->compute_s / n * 1e3);  /* step - predict - wait */
     cJSON_AddNumberToObject(o, "predict_ms", s->predict_s / n * 1e3);  /* next-step prediction */
@@ -194,6 +200,11 @@ static cJSON *store_json(const struct kvp_store_stats *s)
     cJSON_AddNumberToObject(o, "direct_requests", (double)s->direct_requests / n);
     cJSON_AddNumberToObject(o, "bypasses", (double)s->bypasses);       /* total */
     cJSON_AddNumberToObject(o, "direct_submits", (double)s->direct_submits / n);
+    /* faults and integrity (docs/store.md): totals, and the checksums' time per token */
+    cJSON_AddNumberToObject(o, "retries", (double)s->retries);
+    cJSON_AddNumberToObject(o, "bad_checksums", (double)s->bad_checksums);
+    cJSON_AddNumberToObject(o, "lost_units", (double)s->lost_units);
+    cJSON_AddNumberToObject(o, "checksum_ms", s->checksum_s / n * 1e3);
     return o;
 }
 
@@ -205,7 +216,7 @@ int cmd_bench(int argc, char **argv)
     bool json = false, paired = false, syscall_submit = false;
     struct kvp_policy_params pp = {0};
     const char *budget_arg = NULL, *timeline = NULL;
-    int tier = KVP_TIER_NONE, prefetch = KVP_PREFETCH_DEFAULT;
+    int tier = KVP_TIER_NONE, prefetch = KVP_PREFETCH_DEFAULT, disk_io = KVP_DISK_IO_AUTO;
     const char *kv_dir = NULL, *kv_url = NULL;
     const struct cli_flag flags[] = {
         CLI_INT("-n", 1, 1 << 20, &n_decode, "a positive token count"),
@@ -226,6 +237,8 @@ int cmd_bench(int argc, char **argv)
         CLI_BOOL("--paired", &paired),
         CLI_BOOL("--kv-syscall-submit", &syscall_submit),
         CLI_INT("--kv-sq-cpu", 0, 4095, &sq_cpu, "a CPU number"),
+        CLI_CHOICE("--kv-disk-io", disk_io_names, KVP_DISK_IO_AUTO, &disk_io,
+                   "auto, io_uring or pread"),
         CLI_BOOL("--json", &json),
         {0},
     };
@@ -252,6 +265,8 @@ int cmd_bench(int argc, char **argv)
         return cli_fail("--kv-tier redis and --kv-url go together");
     if (sq_cpu >= 0 && (tier != KVP_TIER_DISK || syscall_submit))
         return cli_fail("--kv-sq-cpu needs --kv-tier disk without --kv-syscall-submit");
+    if (disk_io && tier != KVP_TIER_DISK)
+        return cli_fail("--kv-disk-io needs --kv-tier disk");
     if (!pp.name && tier != KVP_TIER_NONE && prefetch != KVP_PREFETCH_DENSE)
         cli_warn("without --policy every layer is dense and stays hot: nothing is tiered "
                  "unless --prefetch dense");
@@ -260,7 +275,8 @@ int cmd_bench(int argc, char **argv)
                                 .prefetch = prefetch, .link_gbps = link_gbps,
                                 .link_latency_us = link_us,
                                 .kv_syscall_submit = syscall_submit,
-                                .kv_sq_pin = sq_cpu >= 0, .kv_sq_cpu = (int)sq_cpu};
+                                .kv_sq_pin = sq_cpu >= 0, .kv_sq_cpu = (int)sq_cpu,
+                                .kv_disk_io = disk_io};
     int status = 1;
     int32_t *toks = NULL;
     float *logits = NULL;
@@ -494,7 +510,11 @@ int cmd_bench(int argc, char **argv)
          *                   taken yet
          *   direct_requests requests per token the decode thread submitted itself, bypassing
          *                   the polling thread (busy host); bypasses: switches to that (total);
-         *                   direct_submits: the system calls per token that submitted them */
+         *                   direct_submits: the system calls per token that submitted them
+         *   disk_io         disk tier only: "io_uring", or "pread" (io_uring refused by the
+         *                   kernel or a seccomp profile, or --kv-disk-io pread)
+         *   retries, bad_checksums, lost_units   faults met (totals; docs/store.md)
+         *   checksum_ms     computing and checking unit checksums, per token */
         if (tiered)
             cJSON_AddItemToObject(o, "store", store_json(&ss));
         else

@@ -2,7 +2,8 @@
  * Cold-tier backends: how transfer records (struct kvp_store_xfer) between hot slots and cold
  * units travel. The store decides what moves and when; a backend only moves bytes. Shaped like
  * SQLite's sqlite3_io_methods: a table of operations plus the characteristics the store must
- * know, one file per backend (cold_ram.c, cold_disk.c, cold_redis.c) and one row per backend in
+ * know, one file per backend or IO path (cold_ram.c; the disk tier's cold_disk.c, io_uring, and
+ * cold_pread.c, threads, sharing cold_file.c; cold_redis.c) and one row per backend in
  * kvp_cold_backends (store.c). A new backend (a remote cache, another device) is one file and
  * one row.
  *
@@ -50,7 +51,19 @@ struct kvp_cold_ops {
 };
 
 extern const struct kvp_cold_ops kvp_cold_ram;
-extern const struct kvp_cold_ops kvp_cold_disk;
+extern const struct kvp_cold_ops kvp_cold_disk;  /* io_uring; hands over to kvp_cold_pread */
+extern const struct kvp_cold_ops kvp_cold_pread; /* the disk tier through pread threads */
+
+/* cold_file.c: the disk tier's scratch file and IO path. */
+/* Create the unnamed O_DIRECT scratch file of bytes under p->kv_dir ($TMPDIR, /tmp) into *fd;
+ * KVP_EIO naming the directory and the reason. */
+int kvp_cold_file_open(const struct kvp_ctx_params *p, size_t bytes, int *fd,
+                       struct kvp_err *err);
+/* The path asked for: p->kv_disk_io, or when AUTO the environment's KVPRED_DISK_IO
+ * (io_uring|pread), else AUTO (enum kvp_disk_io). */
+int kvp_disk_io_choice(const struct kvp_ctx_params *p);
+/* One line on stderr, the first time a process takes this path (enum kvp_disk_io). */
+void kvp_disk_io_announce(int path, const char *detail);
 #ifdef KVP_HAVE_HIREDIS
 extern const struct kvp_cold_ops kvp_cold_redis;
 #endif

@@ -1,6 +1,7 @@
 /*
- * The disk cold tier (cold.h): an unnamed O_DIRECT scratch file under kv_dir, read and written
- * through io_uring. Where the kernel allows it, a kernel thread polls the submission queue, so
+ * The disk cold tier (cold.h): an unnamed O_DIRECT scratch file under kv_dir (cold_file.c), read
+ * and written through io_uring; where io_uring is refused or not wanted, it hands the store over
+ * to the pread path (cold_pread.c). Where the kernel allows it, a kernel thread polls the submission queue, so
  * the decode thread does not pay the submission syscalls (kvp_ctx_params.kv_syscall_submit,
  * kv_sq_pin, kv_sq_cpu choose). On a host with no core to spare for that thread, requests
  * bypass it through a second ring the decode thread submits and completes itself (see below).
@@ -249,39 +250,6 @@ static int pick_ring(const struct kvp_store *s, const struct disk_io *io)
     }
 }
 
-/* Open the unnamed O_DIRECT scratch file in dir and reserve bytes. */
-static int open_cold_file(struct disk_io *io, size_t cold_bytes, const char *dir,
-                          struct kvp_err *err)
-{
-    io->fd = open(dir, O_TMPFILE | O_RDWR | O_DIRECT | O_CLOEXEC, 0600);
-    if (io->fd < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)) {
-        /* no O_TMPFILE here: a named file, unlinked at once so nothing is left behind */
-        char path[4096];
-        snprintf(path, sizeof(path), "%s/kvpred-kv-XXXXXX", dir);
-        io->fd = mkostemp(path, O_CLOEXEC);
-        if (io->fd >= 0) {
-            unlink(path);
-            if (fcntl(io->fd, F_SETFL, O_DIRECT) < 0) {
-                int e = errno;
-                close(io->fd);
-                io->fd = -1;
-                return kvp_err_set(err, KVP_EIO, "kv-dir %s: O_DIRECT not supported: %s", dir,
-                                   strerror(e));
-            }
-        }
-    }
-    if (io->fd < 0)
-        return kvp_err_set(err, KVP_EIO, "kv-dir %s: cannot create the KV scratch file: %s", dir,
-                           strerror(errno));
-    int rc = fallocate(io->fd, 0, 0, (off_t)cold_bytes);
-    if (rc < 0 && errno == EOPNOTSUPP)
-        rc = ftruncate(io->fd, (off_t)cold_bytes);
-    if (rc < 0)
-        return kvp_err_set(err, KVP_EIO, "kv-dir %s: cannot reserve %zu MiB for the KV cache: %s",
-                           dir, cold_bytes >> 20, strerror(errno));
-    return 0;
-}
-
 static void disk_close(struct kvp_store *s)
 {
     struct disk_io *io = s->io_state;
@@ -303,8 +271,31 @@ static void disk_close(struct kvp_store *s)
     s->io_state = NULL;
 }
 
+/* io_uring refused as such (a seccomp filter: EPERM; a kernel without it: ENOSYS; a policy:
+ * EACCES), not a bad request: what the pread path is for. */
+static bool refused(int e)
+{
+    return e == -EPERM || e == -ENOSYS || e == -EACCES;
+}
+
+/* The disk tier through pread/pwrite threads instead (cold_pread.c), saying why once. */
+static int use_pread(struct kvp_store *s, const struct kvp_ctx_params *p, const char *why,
+                     struct kvp_err *err)
+{
+    char line[160];
+    snprintf(line, sizeof(line), "pread/pwrite threads (%s)", why);
+    kvp_disk_io_announce(KVP_DISK_IO_PREAD, line);
+    s->io = &kvp_cold_pread;
+    return s->io->open(s, p, err);
+}
+
 static int disk_open(struct kvp_store *s, const struct kvp_ctx_params *p, struct kvp_err *err)
 {
+    int want = kvp_disk_io_choice(p);
+    if (want == KVP_DISK_IO_PREAD)
+        return use_pread(s, p, "asked for", err);
+    if (want != KVP_DISK_IO_AUTO && want != KVP_DISK_IO_URING)
+        return kvp_err_set(err, KVP_EINVAL, "unknown disk IO path %d", want);
     struct disk_io *io = calloc(1, sizeof(*io));
     if (!io)
         return kvp_err_set(err, KVP_ENOMEM, "out of memory");
@@ -319,12 +310,7 @@ static int disk_open(struct kvp_store *s, const struct kvp_ctx_params *p, struct
     }
     io->idle0 = -1;
     s->io_state = io;
-    const char *dir = p->kv_dir;
-    if (!dir || !*dir)
-        dir = getenv("TMPDIR");
-    if (!dir || !*dir)
-        dir = "/tmp";
-    int rc = open_cold_file(io, s->cold_bytes, dir, err);
+    int rc = kvp_cold_file_open(p, s->cold_bytes, &io->fd, err);
     if (rc < 0)
         return rc;
     /* a kernel thread that polls the submission queue does the O_DIRECT submission work
@@ -338,15 +324,28 @@ static int disk_open(struct kvp_store *s, const struct kvp_ctx_params *p, struct
     struct io_uring *polled = &io->ring[RING_POLLED];
     int e = p->kv_syscall_submit ? -1
                                  : io_uring_queue_init_params(KVP_STORE_MAX_XFER, polled, &up);
-    if (e < 0 && p->kv_sq_pin && !p->kv_syscall_submit)
+    if (e < 0 && p->kv_sq_pin && !p->kv_syscall_submit && !refused(e))
         return kvp_err_set(err, KVP_EINVAL, "io_uring: no polling thread on CPU %d: %s",
                            p->kv_sq_cpu, strerror(-e));
     s->st.sq_poll = e >= 0;
     if (e < 0)
         e = io_uring_queue_init(KVP_STORE_MAX_XFER, polled, 0);
-    if (e < 0)
-        return kvp_err_set(err, KVP_EIO, "io_uring: %s", strerror(-e));
+    if (e < 0 && want == KVP_DISK_IO_URING)
+        return kvp_err_set(err, KVP_EIO, "io_uring: %s (and the disk IO path io_uring was asked "
+                           "for; pread works without it)", strerror(-e));
+    if (e < 0) {
+        /* any refusal of a plain ring (a locked memory limit on older kernels says ENOMEM): the
+         * pread path moves the same bytes */
+        char why[96];
+        snprintf(why, sizeof(why), "io_uring %s: %s", refused(e) ? "refused" : "failed",
+                 strerror(-e));
+        disk_close(s);
+        return use_pread(s, p, why, err);
+    }
     io->ring_on[RING_POLLED] = true;
+    s->st.disk_io = KVP_DISK_IO_URING;
+    kvp_disk_io_announce(KVP_DISK_IO_URING, s->st.sq_poll ? "io_uring (polling thread)"
+                                                          : "io_uring (syscall submissions)");
     if (s->st.sq_poll) { /* the busy-host bypass; without it the polling ring serves alone */
         io->ring_on[RING_DIRECT] =
             io_uring_queue_init(KVP_STORE_MAX_XFER, &io->ring[RING_DIRECT], 0) == 0;

@@ -11,17 +11,12 @@
 
 #include "core/platform.h"
 #include "store/store_internal.h"
+#include "store/xfer_queue.h"
 
 struct ram_io {
     pthread_t thread;
     bool thread_on;
-    pthread_mutex_t mu;
-    pthread_cond_t cv_work, cv_done;
-    int q_todo[KVP_STORE_MAX_XFER]; /* FIFO of record ids for the thread */
-    int q_head, q_len;
-    int q_done[KVP_STORE_MAX_XFER]; /* record ids completed by the thread */
-    int n_done;
-    bool stop;
+    struct kvp_xfer_queue q;
     double link_bps;  /* bytes per second of the modelled link (0: off) */
     double link_lat;  /* seconds of latency per transfer */
     double link_free; /* the modelled link is busy until then */
@@ -50,18 +45,9 @@ static void *ram_thread(void *arg)
 {
     struct ram_io *r = arg;
     struct kvp_store *s = r->s;
-    pthread_mutex_lock(&r->mu);
-    for (;;) {
-        while (r->q_len == 0 && !r->stop)
-            pthread_cond_wait(&r->cv_work, &r->mu);
-        if (r->q_len == 0)
-            break;
-        int id = r->q_todo[r->q_head];
-        r->q_head = (r->q_head + 1) % KVP_STORE_MAX_XFER;
-        r->q_len--;
+    int id;
+    while ((id = kvp_xq_pop(&r->q)) >= 0) {
         struct kvp_store_xfer *x = &s->xfer[id];
-        pthread_mutex_unlock(&r->mu);
-
         size_t bytes = (size_t)x->n * s->unit_bytes;
         uint8_t *hot = slot_ptr(s, x->s0), *cold = s->cold + cold_off(s, x->layer, x->b0);
         if (x->write)
@@ -73,15 +59,8 @@ static void *ram_thread(void *arg)
             r->link_free = start + (double)bytes / r->link_bps;
             sleep_until(r->link_free + r->link_lat);
         }
-        double done = kvp_time_now();
-
-        pthread_mutex_lock(&r->mu);
-        x->res = (int)bytes;
-        x->t_done = done;
-        r->q_done[r->n_done++] = id;
-        pthread_cond_broadcast(&r->cv_done);
+        kvp_xq_finish(&r->q, s, id, (int)bytes, kvp_time_now());
     }
-    pthread_mutex_unlock(&r->mu);
     return NULL;
 }
 
@@ -93,9 +72,7 @@ static int ram_open(struct kvp_store *s, const struct kvp_ctx_params *p, struct 
     r->s = s;
     r->link_bps = p->link_gbps * 1e9;
     r->link_lat = p->link_latency_us * 1e-6;
-    pthread_mutex_init(&r->mu, NULL);
-    pthread_cond_init(&r->cv_work, NULL);
-    pthread_cond_init(&r->cv_done, NULL);
+    kvp_xq_init(&r->q);
     s->io_state = r;
     /* the cold units live behind the hot slots, in the same allocation (configure) */
     if (pthread_create(&r->thread, NULL, ram_thread, r) != 0)
@@ -110,27 +87,17 @@ static void ram_close(struct kvp_store *s)
     if (!r)
         return;
     if (r->thread_on) {
-        pthread_mutex_lock(&r->mu);
-        r->stop = true;
-        pthread_cond_signal(&r->cv_work);
-        pthread_mutex_unlock(&r->mu);
+        kvp_xq_stop(&r->q);
         pthread_join(r->thread, NULL);
     }
-    pthread_cond_destroy(&r->cv_work);
-    pthread_cond_destroy(&r->cv_done);
-    pthread_mutex_destroy(&r->mu);
+    kvp_xq_destroy(&r->q);
     free(r);
     s->io_state = NULL;
 }
 
 static void ram_submit(struct kvp_store *s, int id)
 {
-    struct ram_io *r = s->io_state;
-    pthread_mutex_lock(&r->mu);
-    r->q_todo[(r->q_head + r->q_len) % KVP_STORE_MAX_XFER] = id;
-    r->q_len++;
-    pthread_cond_signal(&r->cv_work);
-    pthread_mutex_unlock(&r->mu);
+    kvp_xq_push(&((struct ram_io *)s->io_state)->q, id);
 }
 
 static void ram_flush(struct kvp_store *s)
@@ -138,30 +105,14 @@ static void ram_flush(struct kvp_store *s)
     (void)s; /* the thread picks every record up as it is queued */
 }
 
-static int collect(struct kvp_store *s, bool wait)
-{
-    struct ram_io *r = s->io_state;
-    int ids[KVP_STORE_MAX_XFER], n;
-    pthread_mutex_lock(&r->mu);
-    while (wait && r->n_done == 0)
-        pthread_cond_wait(&r->cv_done, &r->mu);
-    n = r->n_done;
-    memcpy(ids, r->q_done, (size_t)n * sizeof(int));
-    r->n_done = 0;
-    pthread_mutex_unlock(&r->mu);
-    for (int i = 0; i < n; i++)
-        kvp_store_complete(s, ids[i], s->xfer[ids[i]].res, s->xfer[ids[i]].t_done);
-    return n;
-}
-
 static int ram_reap(struct kvp_store *s)
 {
-    return collect(s, false);
+    return kvp_xq_collect(&((struct ram_io *)s->io_state)->q, s, false);
 }
 
 static int ram_wait(struct kvp_store *s)
 {
-    return collect(s, true);
+    return kvp_xq_collect(&((struct ram_io *)s->io_state)->q, s, true);
 }
 
 const struct kvp_cold_ops kvp_cold_ram = {
