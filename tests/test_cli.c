@@ -340,6 +340,58 @@ static void test_bench_paired(void **state)
     free(out);
 }
 
+/* `run` takes the tier flags: the text generated with the KV cache in the RAM or disk tier (both
+ * disk IO paths, a hot tier smaller than the selection's reach) is the untiered text; the flags'
+ * combinations are checked; `bench --json` names the disk tier's IO path. */
+static void test_run_tiers(void **state)
+{
+    (void)state;
+    KVP_REQUIRE_CLI(cli);
+    const char *src = getenv("KVP_SOURCE_DIR");
+    char model[4096], cmd[10000], *ref = NULL, *out = NULL;
+    snprintf(model, sizeof(model), "%s/models/kvpred-default.gguf", src ? src : ".");
+    const char *base = "run -p 'Once upon a time' -n 24 -c 256 --policy quest --budget 32";
+    snprintf(cmd, sizeof(cmd), "%s %s -m %s 2>/dev/null", cli, base, model);
+    assert_int_equal(kvp_test_run(cmd, &ref, 0), 0);
+    assert_true(strlen(ref) > strlen("Once upon a time") + 8);
+    static const char *const tiers[] = {
+        "--kv-tier ram", "--kv-tier disk", "--kv-tier disk --kv-disk-io pread",
+        "--kv-tier disk --prefetch none --hot-budget 32", "--kv-tier ram --prefetch dense"};
+    for (size_t t = 0; t < sizeof(tiers) / sizeof(tiers[0]); t++) {
+        snprintf(cmd, sizeof(cmd), "%s %s -m %s %s 2>/dev/null", cli, base, model, tiers[t]);
+        assert_int_equal(kvp_test_run(cmd, &out, 0), 0);
+        if (strcmp(out, ref) != 0)
+            print_message("%s:\n%s\nuntiered:\n%s\n", tiers[t], out, ref);
+        assert_string_equal(out, ref);
+        free(out);
+    }
+    free(ref);
+    snprintf(cmd, sizeof(cmd), "%s run -m %s -p x -n 2 --kv-dir /tmp", cli, model);
+    kvp_test_expect_error(cmd, "need --kv-tier");
+    snprintf(cmd, sizeof(cmd), "%s run -m %s -p x -n 2 --kv-tier redis", cli, model);
+    kvp_test_expect_error(cmd, "--kv-url go together");
+    snprintf(cmd, sizeof(cmd), "%s run -m %s -p x -n 2 --kv-tier ram --kv-disk-io pread", cli,
+             model);
+    kvp_test_expect_error(cmd, "need --kv-tier disk");
+    snprintf(cmd, sizeof(cmd), "%s run -m %s -p x -n 2 --kv-tier disk --kv-disk-io nope", cli,
+             model);
+    kvp_test_expect_error(cmd, "auto, io_uring or pread");
+    snprintf(cmd, sizeof(cmd), "%s run -m %s -p x -n 2 --kv-tier disk --kv-dir /nonexistent/kv "
+             "--policy quest --budget 32", cli, model);
+    kvp_test_expect_error(cmd, "/nonexistent/kv");
+    snprintf(cmd, sizeof(cmd),
+             "%s bench -m %s -c 256 -n 8 -r 1 --prefill 64 --policy quest --budget 1/8 "
+             "--kv-tier disk --kv-disk-io pread --json 2>/dev/null",
+             cli, model);
+    assert_int_equal(kvp_test_run(cmd, &out, 0), 0);
+    cJSON *j = cJSON_Parse(out);
+    assert_non_null(j);
+    cJSON *io = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "store"), "disk_io");
+    assert_true(cJSON_IsString(io) && !strcmp(io->valuestring, "pread"));
+    cJSON_Delete(j);
+    free(out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -347,6 +399,7 @@ int main(void)
         cmocka_unit_test(test_generation),     cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_prompt_too_long),  cmocka_unit_test(test_prompt_command),
         cmocka_unit_test(test_bench_paired),
+        cmocka_unit_test(test_run_tiers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

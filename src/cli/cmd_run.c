@@ -6,6 +6,7 @@
 #include "cli/cli.h"
 #include "cli/common.h"
 #include "cli/measure_opts.h"
+#include "cli/tier_opts.h"
 #include "core/platform.h"
 #include "server/server.h"
 
@@ -32,8 +33,9 @@ static void help(void)
            "  --ignore-eos         keep generating after an end-of-generation token\n"
            "  --policy P           KV selection policy (default full); known: %s\n"
            "  --budget B           tokens per layer and KV head, or a ratio such as 1/16\n"
-           "                       (default: all); random policies use --seed\n%s",
-           cli_model_flags_help, cli_policy_names(), cli_policy_flags_help());
+           "                       (default: all); random policies use --seed\n%s%s",
+           cli_model_flags_help, cli_policy_names(), cli_tier_flags_help,
+           cli_policy_flags_help());
 }
 
 int cmd_run(int argc, char **argv)
@@ -45,6 +47,7 @@ int cmd_run(int argc, char **argv)
     const char *system = NULL, *chat_format = NULL;
     bool no_bos = false, ignore_eos = false, chat = false;
     struct kvp_policy_params pp = {.gqa_agg = KVP_AGG_MEAN};
+    struct cli_tier_opts to = CLI_TIER_OPTS_INIT;
     const struct cli_flag flags[] = {
         CLI_STR("-p|--prompt", &prompt),
         CLI_STR("-f|--file", &prompt_file),
@@ -62,6 +65,7 @@ int cmd_run(int argc, char **argv)
         CLI_BOOL("--ignore-eos", &ignore_eos),
         CLI_STR("--policy", &pp.name),
         CLI_STR("--budget", &budget),
+        CLI_TIER_FLAGS(&to),
         {0},
     };
     const struct cli_command cmd = {
@@ -77,6 +81,8 @@ int cmd_run(int argc, char **argv)
         return rc == 2 ? 0 : 1;
     if (prompt && prompt_file)
         return cli_fail("run: give either -p or -f, not both");
+    if (cli_tier_check(&to, pp.name != NULL))
+        return 1;
     /* predictor, qpredictor and catekv without their file take the one beside the model */
     char aux[4096];
     if (srv_policy_default_file(mo.model_path ? mo.model_path : "models/kvpred-default.gguf", &pp,
@@ -150,7 +156,9 @@ int cmd_run(int argc, char **argv)
                  "the context length", n_prompt, n_predict, n_ctx);
         n_predict = n_ctx - (long)n_prompt;
     }
-    ctx = cli_open_ctx(model, &mo, n_ctx);
+    struct kvp_ctx_params cp = cli_ctx_params(&mo, n_ctx);
+    cli_tier_apply(&to, &cp);
+    ctx = cli_open_ctx_params(model, &cp);
     if (!ctx)
         goto out;
     struct kvp_err err = {0};

@@ -252,9 +252,15 @@ struct kvp_ctx_params cli_ctx_params(const struct cli_model_opts *o, long n_ctx)
 
 kvp_ctx *cli_open_ctx(const kvp_model *m, const struct cli_model_opts *o, long n_ctx)
 {
+    struct kvp_ctx_params cp = cli_ctx_params(o, n_ctx);
+    return cli_open_ctx_params(m, &cp);
+}
+
+kvp_ctx *cli_open_ctx_params(const kvp_model *m, const struct kvp_ctx_params *p)
+{
     struct kvp_model_info info;
     kvp_model_get_info(m, &info);
-    struct kvp_ctx_params cp = cli_ctx_params(o, n_ctx);
+    struct kvp_ctx_params cp = *p;
     if (cp.n_ctx > info.n_ctx_train)
         cli_warn("context %d is longer than the model's training context %d: quality beyond it "
                  "is not meaningful",

@@ -46,6 +46,8 @@ kvp_model *cli_open_model(const struct cli_model_opts *o);
 /* Create a context; n_ctx overrides o->n_ctx when > 0. Warns when the context exceeds the
  * model's training length. Prints the error and returns NULL. */
 kvp_ctx *cli_open_ctx(const kvp_model *m, const struct cli_model_opts *o, long n_ctx);
+/* The same with every parameter given (cli_ctx_params plus, say, a tier's). */
+kvp_ctx *cli_open_ctx_params(const kvp_model *m, const struct kvp_ctx_params *p);
 
 /* Read a whole file (NUL-terminated). Prints the error and returns NULL. */
 char *cli_read_file(const char *path, size_t *len);
