@@ -496,7 +496,7 @@ static int refuse_io_uring(int e)
 static int refused_child(int e, const char *dir, const float *ref)
 {
     if (refuse_io_uring(e) != 0)
-        return 10;
+        return 77; /* no seccomp filters here (the parent skips) */
     struct kvp_ctx_params cp = {.n_ctx = N_CTX, .n_threads = 2, .kv_tier = KVP_TIER_DISK,
                                 .kv_dir = dir, .hot_budget = 64, .prefetch = KVP_PREFETCH_TOKEN};
     struct kvp_policy_params pp = {.name = "quest", .budget = 64, .dense_layers = 1};
@@ -543,6 +543,11 @@ static void test_io_uring_refused(void **state)
         assert_int_equal(waitpid(pid, &status, 0), pid);
         print_message("io_uring refused with %s: child exit %d\n", strerror(errs[k]),
                       WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        if (WIFEXITED(status) && WEXITSTATUS(status) == 77) {
+            print_message("[  SKIP    ] this kernel refuses seccomp filters: the refusal of "
+                          "io_uring is not tested here (the pread path is, by the switch)\n");
+            break;
+        }
         assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     }
     free(ref);
