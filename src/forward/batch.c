@@ -113,7 +113,8 @@ static int check_item(const struct kvp_engine *e, const struct kvp_batch_item *i
                            "prompt it takes one token per item",
                            i);
     }
-    return 0;
+    /* a tiered sequence that lost KV refuses until it is truncated (store.h, Faults) */
+    return kvp_kv_check(c, err);
 }
 
 int kvp_batch_eval(kvp_engine *e, const struct kvp_batch_item *items, int n_items,
@@ -206,6 +207,8 @@ int kvp_seq_copy(kvp_seq *dst, kvp_seq *src, int n, struct kvp_err *err)
         return rc;
     if (has_evicted(sk))
         return kvp_err_set(err, KVP_EUNSUPPORTED, "copy from a cache with evicted tokens");
+    if ((rc = kvp_kv_check(src, err)) < 0) /* nothing untrusted is copied */
+        return rc;
     kvp_ctx_reset(dst);
     if (n == 0)
         return 0;
