@@ -106,10 +106,45 @@ static void test_block_oracle(void **state)
     kvp_oracle_block(&p, t2, 40, m, scratch);
     assert_int_equal(m[1], 0xff);
     assert_int_equal(m[3], 0);
-    /* a budget that does not buy a whole block keeps only the forced tokens */
+    /* a budget that does not buy a whole block: the forced tokens, and the 7 left right below
+     * the local window (tokens 25..31, which the oracle cannot place elsewhere) */
     p = plan_policy(8, 8, 8, 23);
     kvp_oracle_block(&p, s, 40, m, scratch);
-    assert_int_equal(m[1] | m[2] | m[3], 0);
+    assert_int_equal(m[1] | m[2], 0);
+    assert_int_equal(m[3], 0xfe);
+    assert_int_equal(kvp_metric_set_size(m, 40, 8), 23);
+    /* budget 28: one whole block and 4 tokens more. Block 2 whole (0.40) with the 4 on block
+     * 3's top (0): 0.40; block 3 (0.10) with the 4 pushed down onto block 2's top (0.20): 0.30;
+     * block 1: 0.30 */
+    p = plan_policy(8, 8, 8, 28);
+    kvp_oracle_block(&p, s, 40, m, scratch);
+    assert_int_equal(m[1], 0);
+    assert_int_equal(m[2], 0xff);
+    assert_int_equal(m[3], 0xf0);
+    assert_int_equal(kvp_metric_set_size(m, 40, 8), 28);
+    /* where the rest falls decides: block 3 has the largest sum (0.5, all on its top four
+     * tokens) and block 1 0.35. Taking block 3 leaves the 4 on block 2's top (0): 0.5; taking
+     * block 1 leaves them on block 3's top: 0.85. A ranking by block sums alone takes block 3 */
+    float w[40] = {0};
+    w[9] = 0.35f;
+    for (int t = 28; t < 32; t++)
+        w[t] = 0.125f;
+    kvp_oracle_block(&p, w, 40, m, scratch);
+    assert_int_equal(m[1], 0xff);
+    assert_int_equal(m[2], 0);
+    assert_int_equal(m[3], 0xf0);
+    /* and the same mass on block 3's low four tokens: taking it, with the 4 on block 2's top
+     * (0.04 each), is best: 0.66 against 0.35 */
+    float v[40] = {0};
+    v[9] = 0.35f;
+    for (int t = 24; t < 28; t++)
+        v[t] = 0.125f;
+    for (int t = 20; t < 24; t++)
+        v[t] = 0.04f;
+    kvp_oracle_block(&p, v, 40, m, scratch);
+    assert_int_equal(m[1], 0);
+    assert_int_equal(m[2], 0xf0);
+    assert_int_equal(m[3], 0xff);
     /* a budget >= n_keys keeps everything, including a partial last block */
     p = plan_policy(8, 8, 8, 64);
     kvp_oracle_block(&p, s, 37, m, scratch);
@@ -597,6 +632,87 @@ static void test_cli_eval_stories(void **state)
     free(out);
 }
 
+/* Equal reads: at a budget every block policy reads exactly what the block oracle reads (the
+ * budget, once the plan ranks), and the oracle's recovery bounds each one's, on stories260K's
+ * held-out text (the tail of tinystories_val.txt past the predictors' training bytes, as the
+ * README's table), prefill 256, decode 256. Every registered policy with block_plan is run; one
+ * that needs a file takes it from models/ (a new one must be added to aux_for). */
+static const char *aux_for(const char *policy)
+{
+    if (!strcmp(policy, "predictor"))
+        return "models/stories260K.kvpp";
+    if (!strcmp(policy, "qpredictor"))
+        return "models/stories260K.qkvpp";
+    return NULL;
+}
+
+static void test_oracle_bounds_block_policies(void **state)
+{
+    (void)state;
+    KVP_REQUIRE_SHARED(model_path, "models/stories260K.gguf");
+    char mpath[4096];
+    snprintf(mpath, sizeof(mpath), "%s", model_path);
+    KVP_REQUIRE_SHARED(txt, "data/tinystories/tinystories_val.txt");
+    const char *src = getenv("KVP_SOURCE_DIR");
+    assert_non_null(src);
+    size_t size = 0;
+    char *text = kvp_test_read_file(txt, &size);
+    assert_non_null(text);
+    const size_t offset = 753415, len = 8192; /* ~2000 tokens of text, 513 needed */
+    assert_true(size >= offset + len);
+    kvp_model *m = NULL;
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_model_open(mpath, NULL, &m, &err), 0);
+    enum { N = 256, M = 256 };
+    int32_t *tok = malloc(len * sizeof(int32_t));
+    size_t n_tok = 0;
+    assert_int_equal(kvp_tokenize(m, text + offset, len, true, tok, len, &n_tok, &err), 0);
+    assert_true(n_tok >= N + M + 1);
+    struct kvp_ctx_params cp = {.n_threads = 2};
+    struct kvp_measure_params mp = {.n_prefill = N, .n_decode = M};
+    struct kvp_measure *ms = NULL;
+    assert_int_equal(kvp_measure_init(m, tok, &cp, &mp, &ms, &err), 0);
+    static const int budgets[] = {32, 48, 64, 100, 128};
+    int n_policies = 0;
+    for (int i = 0; kvp_policy_registry[i]; i++) {
+        const struct kvp_policy_ops *ops = kvp_policy_registry[i];
+        if (!ops->block_plan)
+            continue;
+        n_policies++;
+        char aux[4096] = "";
+        if (ops->needs_aux) {
+            const char *rel = aux_for(ops->name);
+            if (!rel)
+                fail_msg("block policy %s needs a file: add it to aux_for", ops->name);
+            snprintf(aux, sizeof(aux), "%s/%s", src, rel);
+        }
+        for (size_t b = 0; b < sizeof(budgets) / sizeof(budgets[0]); b++) {
+            struct kvp_policy_params pp = {.name = ops->name, .budget = budgets[b],
+                                           .aux_path = aux[0] ? aux : NULL};
+            struct kvp_measure_result r;
+            assert_int_equal(kvp_measure_run(ms, &pp, NULL, NULL, &r, &err), 0);
+            print_message("%-11s budget %3d: recovery %.4f block oracle %.4f, reads %.2f of "
+                          "%.2f budgeted\n",
+                          ops->name, budgets[b], r.recovery, r.oracle_block, r.read_tokens,
+                          r.budget_tokens);
+            /* equal reads: both are means over the same (step, layer, KV head) of exact counts */
+            assert_true(fabs(r.read_tokens - r.budget_tokens) < 1e-9);
+            /* the bound is exact but for float sums: the oracle ranks blocks by sums rounded to
+             * float (2^-24 relative, on masses <= 1) and recovery sums float probabilities, so
+             * the two can differ by a few 1e-7 per (step, head) at most */
+            assert_true(r.recovery <= r.oracle_block + 1e-5);
+            if (!strcmp(ops->name, "oracle")) /* the policy is the instrument */
+                assert_true(fabs(r.recovery - r.oracle_block) < 1e-5);
+            kvp_measure_result_free(&r);
+        }
+    }
+    assert_true(n_policies >= 5); /* quest, oracle, random, predictor, qpredictor */
+    kvp_measure_free(ms);
+    kvp_model_close(m);
+    free(tok);
+    free(text);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -606,6 +722,7 @@ int main(void)
         cmocka_unit_test(test_tiered_measure_equals_untiered),
         cmocka_unit_test(test_cli_viz),          cmocka_unit_test(test_cli_eval_errors),
         cmocka_unit_test(test_cli_eval_stories), cmocka_unit_test(test_perplexity_library),
+        cmocka_unit_test(test_oracle_bounds_block_policies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -356,21 +356,33 @@ static void test_quest_bound_and_selection(void **state)
             }
         }
         /* plan: sink block 0, local from 8*floor((203-8)/8) = 192: blocks 24, 25 (11 tokens);
-         * forced 8 + 11 = 19, k = (64 - 19) / 8 = 5 among blocks 1..23 */
+         * forced 8 + 11 = 19, k = (64 - 19) / 8 = 5 among blocks 1..23; the 5 tokens left go
+         * to the top of the highest block below the window not chosen */
         bool eligible[32] = {0}, chosen[32];
         for (int blk = 1; blk < 24; blk++)
             eligible[blk] = true;
         brute_topk(ub, nb, 5, eligible, chosen);
-        assert_int_equal(b.sel.n, 1 + 5 + 2);
+        int fill = 23;
+        while (chosen[fill])
+            fill--;
+        assert_int_equal(b.sel.n, 1 + 5 + 1 + 2);
+        int n_read = 0;
         for (int blk = 0; blk < nb; blk++) {
-            bool want = blk == 0 || blk >= 24 || chosen[blk];
+            bool want = blk == 0 || blk >= 24 || chosen[blk] || blk == fill;
             bool got = false;
-            for (int i = 0; i < b.sel.n; i++)
+            for (int i = 0; i < b.sel.n; i++) {
                 got = got || b.sel.blocks[i] == blk;
+                if (b.sel.blocks[i] == blk) {
+                    n_read += __builtin_popcountll(b.sel.mask[i]);
+                    if (blk == fill)
+                        assert_int_equal(b.sel.mask[i], 0xf8); /* tokens 3..7 */
+                }
+            }
             if (want != got)
                 print_message("block %d: want %d got %d (ub %.4f)\n", blk, want, got, ub[blk]);
             assert_true(want == got);
         }
+        assert_int_equal(n_read, 64); /* the whole budget */
     }
     bench_free(&b);
 }

@@ -11,6 +11,7 @@
 #include "testutil.h"
 
 #include <ctype.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -238,7 +239,12 @@ static void test_cli(void **state)
         double pt = cJSON_GetObjectItem(j, "prompt_tokens")->valuedouble;
         assert_true(pt <= len && pt > len / 2);
         assert_non_null(cJSON_GetObjectItem(j, "depth"));
-        assert_non_null(cJSON_GetObjectItem(j, "budget_tokens"));
+        /* one sample per cell: the budget is the library's rule at that prompt's length (1/4
+         * rounded down, 64 as given, 0 for full) */
+        const char *bud = cJSON_GetObjectItem(j, "budget")->valuestring;
+        double bt = cJSON_GetObjectItem(j, "budget_tokens")->valuedouble;
+        double want = !strcmp(bud, "all") ? 0.0 : !strcmp(bud, "64") ? 64.0 : floor(pt / 4.0);
+        assert_true(fabs(bt - want) < 1e-9);
         double kv = cJSON_GetObjectItem(j, "kv_resident_bytes")->valuedouble;
         assert_true(kv > 0 && cJSON_GetObjectItem(j, "kv_kept_bytes")->valuedouble <= kv);
         int li = len == 256 ? 0 : 1, di = cJSON_GetObjectItem(j, "depth")->valueint / 50;

@@ -22,8 +22,8 @@
  *   filler          string  the filler path
  *   policy, budget  string  as given ("all" for full)
  *   budget_ratio    number  the ratio when the budget was given as one, else 0
- *   budget_tokens   number  the budget in tokens per (layer, KV head): the count as given, or
- *                           the ratio times the mean prompt length; 0 for full
+ *   budget_tokens   number  the mean budget in tokens per (layer, KV head) at the prompts'
+ *                           lengths (the library's one rule, kvp_budget_tokens); 0 for full
  *   length          int     the target length L in tokens
  *   depth           int     needle depth in percent
  *   samples         int     prompts in the cell
@@ -149,13 +149,6 @@ static int parse_args(struct task_opts *o, int argc, char **argv)
 
 /* ---- output -------------------------------------------------------------------------------- */
 
-static double run_budget_tokens(const struct kvp_task_eval_run *r, double ptok)
-{
-    if (!strcmp(r->pp.name, "full"))
-        return 0.0;
-    return r->pp.budget > 0 ? (double)r->pp.budget : (double)r->pp.budget_ratio * ptok;
-}
-
 static void json_cell(const struct task_opts *o, const char *model_name,
                       const struct kvp_task_eval_run *r, int li, int di)
 {
@@ -171,7 +164,7 @@ static void json_cell(const struct task_opts *o, const char *model_name,
     cJSON_AddStringToObject(j, "policy", r->pp.name);
     cJSON_AddStringToObject(j, "budget", r->label);
     cJSON_AddNumberToObject(j, "budget_ratio", r->pp.budget > 0 ? 0.0 : r->pp.budget_ratio);
-    cJSON_AddNumberToObject(j, "budget_tokens", run_budget_tokens(r, cell->prompt_tokens));
+    cJSON_AddNumberToObject(j, "budget_tokens", cell->budget_tokens);
     cJSON_AddNumberToObject(j, "length", (double)o->lengths[li]);
     cJSON_AddNumberToObject(j, "depth", (double)o->depths[di]);
     cJSON_AddNumberToObject(j, "samples", (double)o->samples);

@@ -3,7 +3,7 @@
  * recovery, token retention and the block and token oracles of ../shared/docs/methods.md §6.
  *
  * The oracles are the policy library's selection helpers (select_util.c: kvp_block_plan,
- * kvp_sel_blocks, kvp_keep_tokens) applied to the true attention, so an oracle row here and the
+ * kvp_sel_best, kvp_keep_tokens) applied to the true attention, so an oracle row here and the
  * `oracle` / `oracle_token` policies share the forced windows, the block count and the tie rule
  * (lower index first). They run once per (step, layer, KV head) of a measurement over at most
  * n_ctx keys: O(n log k), no allocation.
@@ -114,15 +114,9 @@ void kvp_oracle_block(const struct kvp_policy *p, const float *score, int n_keys
     float *bscore = (float *)(sel_mask + n);
     int32_t *sel_blocks = (int32_t *)(bscore + n);
     int *iscratch = (int *)(sel_blocks + n);
-    for (int b = bp.first; b < bp.end; b++) {
-        double sum = 0.0;
-        for (int t = b * bs; t < (b + 1) * bs; t++)
-            sum += score[t];
-        bscore[b] = (float)sum;
-    }
     struct kvp_sel sel = {.blocks = sel_blocks, .mask = sel_mask};
-    /* kvp_sel_blocks builds the dense per-block masks we want in its masks argument */
-    kvp_sel_blocks(&bp, bscore, n_keys, bs, &sel, masks, iscratch);
+    /* kvp_sel_best builds the dense per-block masks we want in its masks argument */
+    kvp_sel_best(&bp, score, n_keys, bs, &sel, masks, bscore, iscratch);
 }
 
 void kvp_oracle_token(const struct kvp_policy *p, const float *score, int n_keys, uint64_t *masks,

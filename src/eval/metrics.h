@@ -41,8 +41,9 @@ double kvp_metric_retention(const float *a, int n_keys, const uint64_t *masks, i
  * built with the policy library's own helpers (select_util.c), so an oracle row here selects
  * exactly what the `oracle` and `oracle_token` policies would on the same scores:
  *   block oracle: kvp_block_plan(p, n_keys), the plan every block policy uses (forced sink,
- *                 block-aligned local window, k whole candidate blocks between them), with the
- *                 candidates ranked by the SUM of `score` over each block (kvp_sel_blocks);
+ *                 block-aligned local window, k whole candidate blocks between them and the
+ *                 budget's rest below the window), the selection with the largest SUM of
+ *                 `score` among all the plan allows (kvp_sel_best);
  *   token oracle: kvp_keep_tokens, the forced sink and last max(local, 1) tokens plus the best
  *                 budget - forced single tokens by `score` (every token is a candidate: the truth
  *                 knows no eviction).

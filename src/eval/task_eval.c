@@ -8,6 +8,8 @@
 #include "core/rng.h"
 #include "eval/metrics.h"
 #include "eval/ruler.h"
+#include "forward/context.h"
+#include "policy/policy.h"
 #include "tasks/corpus.h"
 #include "tasks/tasks.h"
 
@@ -171,6 +173,9 @@ int kvp_task_eval_run_grid(kvp_ctx *ctx, const kvp_model *m, const struct kvp_co
                     cell->accuracy += s;
                     cell->exact += s >= 1.0;
                     cell->prompt_tokens += (double)n;
+                    const struct kvp_policy *pol = ctx->pol.p;
+                    if (pol && strcmp(pol->ops->name, "full"))
+                        cell->budget_tokens += kvp_policy_budget(pol, (int)n);
                     cell->seconds += kvp_time_now() - t0;
                     size_t resident, kept;
                     kvp_ctx_kv_bytes(ctx, &resident, &kept);
@@ -190,6 +195,7 @@ int kvp_task_eval_run_grid(kvp_ctx *ctx, const kvp_model *m, const struct kvp_co
             cell->accuracy /= ns;
             cell->exact /= ns;
             cell->prompt_tokens /= ns;
+            cell->budget_tokens /= ns;
             cell->kv_resident_bytes /= ns;
             cell->kv_kept_bytes /= ns;
         }

@@ -66,6 +66,8 @@ struct kvp_task_eval_cell {
     double accuracy;          /* mean string_match_all in [0, 1] */
     double exact;             /* share of samples with every reference found */
     double prompt_tokens;     /* mean prompt tokens, BOS included */
+    double budget_tokens;     /* mean budget in tokens per (layer, KV head) at the prompt's
+                                 length (kvp_budget_tokens); 0 for dense attention */
     double seconds;           /* wall time of the cell (all samples) */
     double kv_resident_bytes; /* mean KV bytes in the physical blocks held after the answer */
     double kv_kept_bytes;     /* mean bytes of the live tokens themselves */

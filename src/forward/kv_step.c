@@ -111,10 +111,7 @@ static int hot_blocks_for(const struct kvp_ctx *c)
         return (c->hot_budget + bs - 1) / bs;
     if (!c->pol.p)
         return 0;
-    const struct kvp_policy_params *pp = &c->pol.p->p;
-    long b = pp->budget > 0         ? pp->budget
-             : pp->budget_ratio > 0 ? (long)(pp->budget_ratio * c->n_ctx + 0.999)
-                                    : c->n_ctx;
+    const long b = kvp_policy_budget(c->pol.p, c->n_ctx);
     int mode = c->store ? kvp_store_mode(c->store) : KVP_PREFETCH_NONE;
     bool predicts = mode == KVP_PREFETCH_TOKEN || mode == KVP_PREFETCH_LAYER;
     long per_head = (b + bs - 1) / bs + 2 + (predicts ? c->pol.p->prefetch_margin : 0);

@@ -85,6 +85,9 @@ struct kvp_policy_ops {
     bool wants_obs;             /* on_prefill needs the observation window's attention rows */
     bool wants_colsum;          /* on_prefill needs the prompt's attention column sums */
     bool needs_aux;             /* cannot run without p.aux_path ("all" lists skip it then) */
+    bool block_plan;            /* selects k blocks of kvp_block_plan through kvp_sel_chosen:
+                                   reads as many tokens as the block oracle, which bounds its
+                                   recovery (test_eval checks it for every such policy) */
     /* Its options (options.h): the table every way of setting them reads, and the bytes of
      * the block the table's KVP_OPT_BLOCK rows live in (0: none). */
     const struct kvp_policy_opt *opts;
@@ -127,8 +130,13 @@ const struct kvp_policy_ops *kvp_policy_find(const char *name);
 
 /* ---- helpers shared by the policy files (select_util.c) ---- */
 
-/* Token budget for a context of n_tokens: p->budget, or budget_ratio × n_tokens; at least
- * sink + local. */
+/* The one rule that turns a budget into tokens, for every policy and every caller (the block
+ * plan, token keep sets, CateKV's geometry, the tiered store's hot room, the measurements):
+ * tokens per (layer, KV head) in a context of n_tokens: pp->budget, or budget_ratio x n_tokens
+ * rounded down, or n_tokens when neither is set; at least sink + local (pp's resolved values;
+ * negative ones count as 0). */
+int kvp_budget_tokens(const struct kvp_policy_params *pp, int n_tokens);
+/* kvp_budget_tokens of a policy's (resolved) parameters. */
 int kvp_policy_budget(const struct kvp_policy *p, int n_tokens);
 
 /* Select every block of [0, n_tokens) with full masks. */
@@ -158,8 +166,12 @@ int kvp_policy_recent(const struct kvp_policy *p);
  *   between the selected blocks and the window); otherwise it stays exact, and the rest of the
  *   block it starts in is not read; candidates: the whole blocks [first, end) between the sink and
  *   the local window (a sink that is not a multiple of bs leaves the rest of its last block
- *   unread); k = floor((budget - forced) / bs) candidates, at most end - first; all: the budget
- *   covers the context, so everything is read (reproduces full attention).
+ *   unread); k = floor((budget - forced) / bs) candidates, at most end - first; what the k whole
+ *   blocks leave of the budget (< bs tokens) goes to the tokens right below the local window that
+ *   no chosen block holds (kvp_sel_chosen), so a plan that ranks reads exactly the budget, every
+ *   block policy reads as many tokens as any other and as the block oracle (kvp_sel_best), which
+ *   therefore bounds their recovery; all: the budget covers the context, so everything is read
+ *   (reproduces full attention).
  * A selection never reads more than the budget (which kvp_policy_budget keeps >= sink + local),
  * so budgets are comparable across block and token policies (§4); the one exception is the
  * current token when local = 0 and the budget is exactly the sink. */
@@ -167,6 +179,9 @@ struct kvp_block_plan {
     int n_blocks;     /* ceil(n_tokens / bs) */
     int sink;         /* forced [0, sink) */
     int local_start;  /* forced [local_start, n_tokens), a multiple of bs */
+    int left;         /* the budget the forced tokens and k whole blocks leave: what
+                         kvp_sel_chosen spends below the local window (a caller that raises k
+                         to predict more keeps it, so the prediction holds the selection) */
     int forced;       /* tokens in the two forced ranges */
     int first, end;   /* candidate blocks [first, end) */
     int k;            /* candidates to select, 0 <= k <= end - first */
@@ -185,9 +200,19 @@ void kvp_sel_blocks(const struct kvp_block_plan *bp, const float *score, int n_t
 int kvp_sel_blocks_keep(const struct kvp_block_plan *bp, const float *score, int n_tokens, int bs,
                         struct kvp_sel *sel, uint64_t *masks, int *iscratch, int extra,
                         int32_t *keep, float *fscratch);
-/* The forced ranges of a plan plus the candidate blocks chosen[0..n_chosen) (any order). */
+/* The forced ranges of a plan plus the candidate blocks chosen[0..n_chosen) (any order), and
+ * the budget they leave on the tokens right below the local window that no chosen block holds.
+ * kvp_sel_blocks and kvp_sel_blocks_keep end here, so every block policy reads the same number
+ * of tokens at the same budget. */
 void kvp_sel_chosen(const struct kvp_block_plan *bp, const int32_t *chosen, int n_chosen,
                     int n_tokens, int bs, struct kvp_sel *sel, uint64_t *masks);
+
+/* The block oracle's selection: of every selection the plan allows (k whole candidate blocks
+ * and the fill kvp_sel_chosen adds), the one with the largest sum of score[t] (per token, e.g.
+ * the true attention), so no block policy reading as many tokens recovers more. masks:
+ * [n_blocks]; bscore: [n_blocks] floats; iscratch: 3 * (end - first) ints. */
+void kvp_sel_best(const struct kvp_block_plan *bp, const float *score, int n_tokens, int bs,
+                  struct kvp_sel *sel, uint64_t *masks, float *bscore, int *iscratch);
 
 /* Token keep set (h2o, snapkv, pyramidkv, oracle_token): keep[b] (n_blocks masks, overwritten)
  * gets slots [0, sink) ∪ [max(n_tokens - recent, sink), n_tokens) plus the best

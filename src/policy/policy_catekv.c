@@ -239,7 +239,7 @@ static int prompt_budget(const struct kvp_policy *p, int n)
         return q->budget;
     if (q->budget_ratio <= 0.0f)
         return q->sink + q->local + (n / q->chunk + 1) * q->chunk; /* > n: keep_all */
-    int b = (int)(q->budget_ratio * (float)n) - q->sink - q->local;
+    int b = kvp_budget_tokens(q, n) - q->sink - q->local;
     b = b < 0 ? 0 : b / q->chunk * q->chunk;
     return q->sink + q->local + b;
 }

@@ -5,10 +5,11 @@
  * Only an oracle may look at the answer like this; nothing is evicted.
  *
  *  - `oracle` is block-granular: the same forced sink and local window and the same number k of
- *    blocks as every block policy (kvp_block_plan), with blocks ranked by the SUM over the
- *    block's tokens of the group-aggregated true attention (gqa_agg, mean by default). With the
- *    mean this maximises the group's mean recovery among all selections with that plan, so it is
- *    the denominator of the oracle-relative accuracy R(S_pred) / R(S_oracle).
+ *    blocks as every block policy (kvp_block_plan), choosing among every selection the plan allows
+ *    the one with the largest SUM of the group-aggregated true attention (gqa_agg, mean by
+ *    default; kvp_sel_best: the blocks and where the budget's rest then falls). With the mean
+ *    this maximises the group's mean recovery among all selections with that plan, so it is the
+ *    denominator of the oracle-relative accuracy R(S_pred) / R(S_oracle).
  *  - `oracle_token` is token-granular: the forced sink and the last max(local, 1) tokens, plus
  *    the budget's remaining best tokens by the group-aggregated true attention. A token policy
  *    (h2o, snapkv, streaming) can beat the block oracle at the same budget because it need not
@@ -65,17 +66,13 @@ static void oracle_select(struct kvp_policy *p, int layer, int kvh, const float 
     const int bs = p->env.block_size;
     struct kvp_block_plan bp;
     kvp_block_plan(p, n_tokens, &bp);
-    float *score = kvp_scratch_f(s, kvh) + s->cap;
-    if (!bp.all && bp.k < bp.end - bp.first) {
-        const float *agg = true_attention(p, layer, kvh, q, n_tokens);
-        for (int b = bp.first; b < bp.end; b++) {
-            float sum = 0.0f;
-            for (int t = 0; t < bs; t++)
-                sum += agg[b * bs + t];
-            score[b] = sum;
-        }
+    if (bp.all || bp.k >= bp.end - bp.first) { /* no choice to make */
+        kvp_sel_blocks(&bp, NULL, n_tokens, bs, sel, kvp_scratch_m(s, kvh), kvp_scratch_i(s, kvh));
+        return;
     }
-    kvp_sel_blocks(&bp, score, n_tokens, bs, sel, kvp_scratch_m(s, kvh), kvp_scratch_i(s, kvh));
+    const float *agg = true_attention(p, layer, kvh, q, n_tokens);
+    kvp_sel_best(&bp, agg, n_tokens, bs, sel, kvp_scratch_m(s, kvh),
+                 kvp_scratch_f(s, kvh) + s->cap, kvp_scratch_i(s, kvh));
 }
 
 static void oracle_token_select(struct kvp_policy *p, int layer, int kvh, const float *q,
@@ -105,6 +102,7 @@ static bool oracle_reads_all_keys(const struct kvp_policy *p, int layer)
 
 const struct kvp_policy_ops kvp_policy_oracle = {
     .name = "oracle",
+    .block_plan = true,
     .help = "upper bound: the true top blocks of each step's dense attention (measuring only)",
     .init = oracle_init,
     .free = oracle_free,

@@ -97,6 +97,7 @@ static void pred_step(struct kvp_policy *p, int layer, int kvh, const struct kvp
 
 const struct kvp_policy_ops kvp_policy_predictor = {
     .name = "predictor",
+    .block_plan = true,
     .help = "AttentionPredictor: a CNN over the attention history predicts the blocks to read "
             "(needs aux_path = predictor file)",
     .wants_obs = true,

@@ -287,29 +287,6 @@ static void qp_prefill(struct kvp_policy *p, int layer, const struct kvp_prefill
     }
 }
 
-/* The selection: the plan's forced ranges, the chosen blocks, and what the budget has left
- * after them (the block-aligned plan leaves up to bs - 1 tokens unspent) on the tokens right
- * below the local window that no chosen block holds, as a token-granular local window would
- * read them. */
-static void build_sel(const struct kvp_policy *p, const struct kvp_block_plan *bp,
-                      const int32_t *chosen, int n_chosen, int n_tokens, uint64_t *masks,
-                      struct kvp_sel *sel)
-{
-    const int bs = p->env.block_size;
-    memset(masks, 0, (size_t)bp->n_blocks * sizeof(uint64_t));
-    kvp_mask_add_range(masks, 0, bp->sink, bs);
-    kvp_mask_add_range(masks, bp->local_start, n_tokens, bs);
-    for (int i = 0; i < n_chosen; i++)
-        kvp_mask_add_range(masks, chosen[i] * bs, (chosen[i] + 1) * bs, bs);
-    int left = kvp_policy_budget(p, n_tokens) - bp->forced - (n_chosen < bp->k ? n_chosen : bp->k) * bs;
-    for (int t = bp->local_start - 1; t >= bp->sink && left > 0; t--)
-        if (!(masks[t / bs] >> (t % bs) & 1)) {
-            masks[t / bs] |= 1ULL << (t % bs);
-            left--;
-        }
-    kvp_sel_from_masks(sel, masks, bp->n_blocks);
-}
-
 /* The group's log feature over W bounds per head (rows stride apart): comb[x] = max over the
  * heads of ub[x] − the head's largest bound. Lane by lane: every lane starts from ub[0] and
  * keeps "larger, else the kept one" as the scalar loop does, so the max is the same value
@@ -418,7 +395,7 @@ static void choose(struct qp_state *s, const struct kvp_policy *p, int layer, in
     kvp_topk_indices(k->cscore, nc, k_take, k->top, k->heap);
     for (int i = 0; i < k_take; i++)
         k->chosen[i] = bp->first + k->cand[k->top[i]];
-    build_sel(p, bp, k->chosen, k_take, n_tokens, k->masks, sel);
+    kvp_sel_chosen(bp, k->chosen, k_take, n_tokens, p->env.block_size, sel, k->masks);
 }
 
 static bool plan_ranks(const struct kvp_block_plan *bp)
@@ -492,7 +469,7 @@ static void qp_predict_next(struct kvp_policy *p, int layer, int kvh, int n_toke
         k->chosen[n++] = bp.first + k->top[i];
     for (int c = w; c < n_cand; c++) /* not ranked yet: the newest candidates */
         k->chosen[n++] = bp.first + c;
-    build_sel(p, &bp, k->chosen, n, n_tokens_next, k->masks, sel);
+    kvp_sel_chosen(&bp, k->chosen, n, n_tokens_next, p->env.block_size, sel, k->masks);
 }
 
 static void qp_step(struct kvp_policy *p, int layer, int kvh, const struct kvp_sel *sel,
@@ -517,6 +494,7 @@ static void qp_step(struct kvp_policy *p, int layer, int kvh, const struct kvp_s
 
 const struct kvp_policy_ops kvp_policy_qpredictor = {
     .name = "qpredictor",
+    .block_plan = true,
     .help = "query-aware AttentionPredictor: a CNN over the attention history and the query's "
             "block bounds scores candidate blocks (needs aux_path = a --query predictor file)",
     .wants_obs = true,

@@ -297,6 +297,7 @@ static void quest_predict_next(struct kvp_policy *p, int layer, int kvh, int n_t
 
 const struct kvp_policy_ops kvp_policy_quest = {
     .name = "quest",
+    .block_plan = true,
     .help = "Quest: per-step top blocks by the min/max key bound, nothing evicted",
     .init = quest_init,
     .free = quest_free,

@@ -87,6 +87,7 @@ static void random_select(struct kvp_policy *p, int layer, int kvh, const float 
 
 const struct kvp_policy_ops kvp_policy_random = {
     .name = "random",
+    .block_plan = true,
     .help = "lower bound: sink + local + uniformly random blocks (seeded), nothing evicted",
     .init = random_init,
     .free = random_free,

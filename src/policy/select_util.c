@@ -1,4 +1,5 @@
 /* Helpers shared by the policy files: budgets, masks, top-k and GQA aggregation (policy.h). */
+#include <limits.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -8,17 +9,23 @@
 #include "kernels/simd.h"
 #include "policy/policy.h"
 
-int kvp_policy_budget(const struct kvp_policy *p, int n_tokens)
+int kvp_budget_tokens(const struct kvp_policy_params *pp, int n_tokens)
 {
-    int b;
-    if (p->p.budget > 0)
-        b = p->p.budget;
-    else if (p->p.budget_ratio > 0)
-        b = (int)(p->p.budget_ratio * (float)n_tokens);
+    long b;
+    if (pp->budget > 0)
+        b = pp->budget;
+    else if (pp->budget_ratio > 0)
+        b = (long)((double)pp->budget_ratio * n_tokens); /* rounded down */
     else
         b = n_tokens;
-    int floor = p->p.sink + p->p.local;
-    return b < floor ? floor : b;
+    const long floor = (long)(pp->sink > 0 ? pp->sink : 0) + (pp->local > 0 ? pp->local : 0);
+    b = b < floor ? floor : b;
+    return b > INT_MAX ? INT_MAX : (int)b;
+}
+
+int kvp_policy_budget(const struct kvp_policy *p, int n_tokens)
+{
+    return kvp_budget_tokens(&p->p, n_tokens);
 }
 
 void kvp_sel_all(struct kvp_sel *sel, int n_tokens, int block_size)
@@ -108,7 +115,28 @@ void kvp_block_plan(const struct kvp_policy *p, int n_tokens, struct kvp_block_p
     bp->end = ls / bs > bp->first ? ls / bs : bp->first;
     int k = budget > forced ? (budget - forced) / bs : 0;
     bp->k = k < bp->end - bp->first ? k : bp->end - bp->first;
+    bp->left = budget - forced - bp->k * bs > 0 ? budget - forced - bp->k * bs : 0;
     bp->all = budget >= n_tokens;
+}
+
+/* The budget the whole blocks leave (bs - 1 tokens at most when k blocks are chosen) on the
+ * tokens right below the local window that no chosen block holds, as a token-granular local
+ * window would read them: from the top of the highest block not chosen, downwards. */
+static void fill_left(const struct kvp_block_plan *bp, int n_chosen, int bs, uint64_t *masks)
+{
+    int left = bp->left + (n_chosen < bp->k ? (bp->k - n_chosen) * bs : 0);
+    const uint64_t full = block_full_mask(bs);
+    for (int b = (bp->local_start - 1) / bs; b >= 0 && left > 0 && bp->local_start > 0; b--) {
+        if (masks[b] == full)
+            continue; /* chosen */
+        const int hi = bp->local_start < (b + 1) * bs ? bp->local_start : (b + 1) * bs;
+        const int lo = bp->sink > b * bs ? bp->sink : b * bs;
+        const int n = hi - lo < left ? hi - lo : left;
+        if (n <= 0)
+            continue;
+        kvp_mask_add_range(masks, hi - n, hi, bs);
+        left -= n;
+    }
 }
 
 void kvp_sel_chosen(const struct kvp_block_plan *bp, const int32_t *chosen, int n_chosen,
@@ -119,7 +147,68 @@ void kvp_sel_chosen(const struct kvp_block_plan *bp, const int32_t *chosen, int 
     kvp_mask_add_range(masks, bp->local_start, n_tokens, bs);
     for (int i = 0; i < n_chosen; i++)
         masks[chosen[i]] = block_full_mask(bs);
+    fill_left(bp, n_chosen, bs, masks);
     kvp_sel_from_masks(sel, masks, bp->n_blocks);
+}
+
+void kvp_sel_best(const struct kvp_block_plan *bp, const float *score, int n_tokens, int bs,
+                  struct kvp_sel *sel, uint64_t *masks, float *bscore, int *iscratch)
+{
+    const int n_cand = bp->end - bp->first, k = bp->k;
+    const int left = bp->left; /* < bs while k < n_cand: the fill stays in one block */
+    int32_t *chosen = (int32_t *)iscratch;
+    int *out = iscratch + n_cand, *heap = iscratch + 2 * n_cand;
+    if (bp->all) {
+        kvp_sel_all(sel, n_tokens, bs);
+        return;
+    }
+    for (int b = bp->first; b < bp->end; b++) {
+        double sum = 0.0;
+        for (int t = b * bs; t < (b + 1) * bs; t++)
+            sum += score[t];
+        bscore[b] = (float)sum;
+    }
+    int best_j = 0;
+    if (k < n_cand && left > 0 && k > 0) {
+        /* j = how many blocks right below the window are chosen; the fill then lands on the top
+         * `left` tokens of block u = end - 1 - j, and the other k - j blocks are the best below
+         * u. Every selection has one such j, so the best over j is the best selection. */
+        double best = -1.0, run = 0.0;
+        for (int j = 0; j <= k; j++) {
+            const int u = bp->end - 1 - j;
+            double v = run;
+            for (int t = (u + 1) * bs - left; t < (u + 1) * bs; t++)
+                v += score[t];
+            const int m = u - bp->first, kk = k - j;
+            if (kk > m)
+                break; /* not enough blocks below u: no larger j fits either */
+            if (kk > 0) {
+                kvp_topk_indices(bscore + bp->first, m, kk, out, heap);
+                for (int i = 0; i < kk; i++)
+                    v += bscore[bp->first + out[i]];
+            }
+            if (v > best) {
+                best = v;
+                best_j = j;
+            }
+            run += bscore[u];
+        }
+    }
+    /* the chosen blocks: the j right below the window and the best k - j below the fill's block
+     * (without a fill, the best k of all: u = end) */
+    const int u = left > 0 ? bp->end - 1 - best_j : bp->end, kk = k - best_j;
+    int n = 0;
+    for (int b = u + 1; b < bp->end; b++)
+        chosen[n++] = b;
+    if (kk >= u - bp->first) {
+        for (int b = bp->first; b < u && n < k; b++)
+            chosen[n++] = b;
+    } else if (kk > 0) {
+        kvp_topk_indices(bscore + bp->first, u - bp->first, kk, out, heap);
+        for (int i = 0; i < kk; i++)
+            chosen[n++] = bp->first + out[i];
+    }
+    kvp_sel_chosen(bp, chosen, n, n_tokens, bs, sel, masks);
 }
 
 int kvp_sel_blocks_keep(const struct kvp_block_plan *bp, const float *score, int n_tokens, int bs,
