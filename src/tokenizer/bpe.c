@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/heap.h"
 #include "tokenizer/pretok.h"
 #include "tokenizer/unicode.h"
 
@@ -130,51 +131,11 @@ struct pair {
     int rank, result;
 };
 
-struct heap {
-    struct pair *a; /* [cap] */
-    size_t n, cap;
-};
-
 /* True when x should be popped before y: lower rank, then leftmost. */
-static bool before(const struct pair *x, const struct pair *y)
+static bool before(const void *xp, const void *yp)
 {
+    const struct pair *x = xp, *y = yp;
     return x->rank < y->rank || (x->rank == y->rank && x->left < y->left);
-}
-
-/* The heap never holds more than 3 pairs per symbol (initial n - 1, plus 2 per merge), so it
- * is sized up front and push cannot fail. */
-static void heap_push(struct heap *h, struct pair p)
-{
-    size_t i = h->n++;
-    while (i > 0) {
-        size_t parent = (i - 1) / 2;
-        if (!before(&p, &h->a[parent]))
-            break;
-        h->a[i] = h->a[parent];
-        i = parent;
-    }
-    h->a[i] = p;
-}
-
-static struct pair heap_pop(struct heap *h)
-{
-    struct pair top = h->a[0];
-    struct pair last = h->a[--h->n];
-    size_t i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= h->n)
-            break;
-        if (c + 1 < h->n && before(&h->a[c + 1], &h->a[c]))
-            c++;
-        if (!before(&h->a[c], &last))
-            break;
-        h->a[i] = h->a[c];
-        i = c;
-    }
-    if (h->n > 0)
-        h->a[i] = last;
-    return top;
 }
 
 /* ============================== One word ====================================================== */
@@ -183,18 +144,20 @@ static struct pair heap_pop(struct heap *h)
 struct scratch {
     char *mapped;       /* [2 len]: byte-mapped word (each byte becomes 1 or 2 UTF-8 bytes) */
     struct symbol *sym; /* [len] */
-    struct heap heap;   /* cap 3 len */
+    struct kvp_heap heap; /* of struct pair, reserved 3 len: never more than 3 pairs per symbol
+                             (initial n - 1, plus 2 per merge), so a push never grows it */
 };
 
 static void try_pair(const struct kvp_vocab *v, const struct symbol *sym, int left, int right,
-                     struct heap *h)
+                     struct kvp_heap *h)
 {
     if (left < 0 || right < 0)
         return;
     int result;
     int rank = kvp_bpe_rank(v, sym[left].id, sym[right].id, &result);
     if (rank >= 0)
-        heap_push(h, (struct pair){left, right, sym[left].id, sym[right].id, rank, result});
+        (void)kvp_heap_push(h, &(struct pair){left, right, sym[left].id, sym[right].id, rank,
+                                              result}); /* cannot fail: reserved */
 }
 
 /* Encode one pre-tokenized word w[0..n) (n >= 1, raw bytes). */
@@ -218,12 +181,13 @@ static void encode_word(const struct kvp_vocab *v, const char *w, size_t n, stru
         }
     }
     struct symbol *sym = s->sym;
-    struct heap *h = &s->heap;
+    struct kvp_heap *h = &s->heap;
     h->n = 0;
     for (size_t i = 1; i < n; i++)
         try_pair(v, sym, (int)i - 1, (int)i, h);
     while (h->n > 0) {
-        struct pair p = heap_pop(h);
+        struct pair p;
+        kvp_heap_pop(h, &p);
         struct symbol *l = &sym[p.left], *r = &sym[p.right];
         if (!l->alive || !r->alive || l->next != p.right || l->id != p.lid || r->id != p.rid)
             continue; /* stale: a side was merged since this pair was pushed */
@@ -253,14 +217,13 @@ int kvp_bpe_encode_fragment(const struct kvp_vocab *v, const char *text, size_t 
         return KVP_ERANGE;
     struct kvp_words words = {0};
     struct scratch s = {0};
+    kvp_heap_init(&s.heap, sizeof(struct pair), before);
     int rc = kvp_pretok_split(v->pretok, text, len, &words);
     if (rc < 0)
         goto out_free;
     s.mapped = malloc(2 * len);
     s.sym = malloc(len * sizeof(*s.sym));
-    s.heap.cap = 3 * len;
-    s.heap.a = malloc(s.heap.cap * sizeof(*s.heap.a));
-    if (!s.mapped || !s.sym || !s.heap.a) {
+    if (!s.mapped || !s.sym || kvp_heap_reserve(&s.heap, 3 * len) < 0) {
         rc = KVP_ENOMEM;
         goto out_free;
     }
@@ -272,7 +235,7 @@ int kvp_bpe_encode_fragment(const struct kvp_vocab *v, const char *text, size_t 
     }
 
 out_free:
-    free(s.heap.a);
+    kvp_heap_free(&s.heap);
     free(s.sym);
     free(s.mapped);
     kvp_words_free(&words);

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "core/cursor.h"
+#include "core/heap.h"
 
 /* ============================== Merge heap ==================================================== */
 
@@ -38,61 +39,11 @@ struct bigram {
     size_t size;     /* combined byte length when pushed (stale check) */
 };
 
-struct heap {
-    struct bigram *a; /* owned [cap] */
-    size_t n, cap;
-};
-
 /* True when x should be popped before y: higher score, then lower left index. */
-static bool before(const struct bigram *x, const struct bigram *y)
+static bool before(const void *xp, const void *yp)
 {
+    const struct bigram *x = xp, *y = yp;
     return x->score > y->score || (x->score == y->score && x->left < y->left);
-}
-
-static int heap_push(struct heap *h, struct bigram b)
-{
-    if (h->n == h->cap) {
-        size_t cap = h->cap ? 2 * h->cap : 64;
-        struct bigram *a;
-        if (cap < h->cap || cap > SIZE_MAX / sizeof(*a))
-            return KVP_ENOMEM;
-        a = realloc(h->a, cap * sizeof(*a));
-        if (!a)
-            return KVP_ENOMEM;
-        h->a = a;
-        h->cap = cap;
-    }
-    size_t i = h->n++;
-    while (i > 0) {
-        size_t parent = (i - 1) / 2;
-        if (!before(&b, &h->a[parent]))
-            break;
-        h->a[i] = h->a[parent];
-        i = parent;
-    }
-    h->a[i] = b;
-    return 0;
-}
-
-static struct bigram heap_pop(struct heap *h)
-{
-    struct bigram top = h->a[0];
-    struct bigram last = h->a[--h->n];
-    size_t i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= h->n)
-            break;
-        if (c + 1 < h->n && before(&h->a[c + 1], &h->a[c]))
-            c++;
-        if (!before(&h->a[c], &last))
-            break;
-        h->a[i] = h->a[c];
-        i = c;
-    }
-    if (h->n > 0)
-        h->a[i] = last;
-    return top;
 }
 
 /* ============================== One raw fragment ============================================== */
@@ -112,7 +63,7 @@ static size_t utf8_len(uint8_t c)
 
 /* Push the pair (left, right) if its concatenation is a token. */
 static int try_pair(const struct kvp_vocab *v, const struct symbol *sym, int left, int right,
-                    struct heap *h)
+                    struct kvp_heap *h)
 {
     if (left < 0 || right < 0)
         return 0;
@@ -120,7 +71,7 @@ static int try_pair(const struct kvp_vocab *v, const struct symbol *sym, int lef
     int id = kvp_vocab_find(v, sym[left].text, n); /* right's bytes follow left's */
     if (id < 0)
         return 0;
-    return heap_push(h, (struct bigram){left, right, v->score[id], n});
+    return kvp_heap_push(h, &(struct bigram){left, right, v->score[id], n});
 }
 
 /* Emit one final symbol: its id, or byte fallback. */
@@ -148,7 +99,8 @@ static int encode_escaped(const struct kvp_vocab *v, const char *t, size_t n,
     if (n > INT32_MAX)
         return KVP_ERANGE;
     struct symbol *sym = malloc(n * sizeof(*sym));
-    struct heap h = {0};
+    struct kvp_heap h;
+    kvp_heap_init(&h, sizeof(struct bigram), before);
     int rc = 0;
     if (!sym)
         return KVP_ENOMEM;
@@ -167,7 +119,8 @@ static int encode_escaped(const struct kvp_vocab *v, const char *t, size_t n,
             goto out_free;
 
     while (h.n > 0) {
-        struct bigram b = heap_pop(&h);
+        struct bigram b;
+        kvp_heap_pop(&h, &b);
         struct symbol *l = &sym[b.left], *r = &sym[b.right];
         if (l->n == 0 || r->n == 0 || l->n + r->n != b.size)
             continue; /* stale: a side was merged since this pair was pushed */
@@ -184,7 +137,7 @@ static int encode_escaped(const struct kvp_vocab *v, const char *t, size_t n,
         emit_symbol(v, &sym[i], out);
 
 out_free:
-    free(h.a);
+    kvp_heap_free(&h);
     free(sym);
     return rc;
 }

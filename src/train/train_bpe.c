@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/heap.h"
 #include "train/train.h"
 
 #define SPACE_UTF8 "\xE2\x96\x81" /* U+2581 */
@@ -537,65 +538,15 @@ struct spm_pair {
     size_t size;
 };
 
-struct spm_heap {
-    struct spm_pair *a;
-    size_t n, cap;
-};
-
 /* a ranks above b: higher score, then smaller left index */
-static bool pair_above(const struct spm_pair *a, const struct spm_pair *b)
+static bool pair_above(const void *ap, const void *bp)
 {
+    const struct spm_pair *a = ap, *b = bp;
     return a->score > b->score || (a->score == b->score && a->left < b->left);
 }
 
-static int heap_push(struct spm_heap *h, struct spm_pair p)
-{
-    if (h->n == h->cap) {
-        size_t cap = h->cap ? h->cap * 2 : 256;
-        struct spm_pair *na = realloc(h->a, cap * sizeof(*na));
-        if (!na)
-            return -1;
-        h->a = na;
-        h->cap = cap;
-    }
-    size_t i = h->n++;
-    while (i > 0) {
-        size_t par = (i - 1) / 2;
-        if (!pair_above(&p, &h->a[par]))
-            break;
-        h->a[i] = h->a[par];
-        i = par;
-    }
-    h->a[i] = p;
-    return 0;
-}
-
-static struct spm_pair heap_pop(struct spm_heap *h)
-{
-    struct spm_pair top = h->a[0];
-    struct spm_pair last = h->a[--h->n];
-    size_t i = 0;
-    for (;;) {
-        size_t l = 2 * i + 1, r = l + 1, best = i;
-        const struct spm_pair *bp = &last;
-        if (l < h->n && pair_above(&h->a[l], bp)) {
-            best = l;
-            bp = &h->a[l];
-        }
-        if (r < h->n && pair_above(&h->a[r], bp))
-            best = r;
-        if (best == i)
-            break;
-        h->a[i] = h->a[best];
-        i = best;
-    }
-    if (h->n)
-        h->a[i] = last;
-    return top;
-}
-
 static int try_pair(const struct kvp_tvocab *v, const char *buf, const struct spm_sym *sym,
-                    int left, int right, struct spm_heap *h)
+                    int left, int right, struct kvp_heap *h)
 {
     if (left < 0 || right < 0)
         return 0;
@@ -603,7 +554,7 @@ static int try_pair(const struct kvp_tvocab *v, const char *buf, const struct sp
     int id = kvp_tvocab_find(v, buf + sym[left].off, n);
     if (id < 0)
         return 0;
-    return heap_push(h, (struct spm_pair){left, right, v->score[id], n});
+    return kvp_heap_push(h, &(struct spm_pair){left, right, v->score[id], n});
 }
 
 int kvp_tvocab_encode(const struct kvp_tvocab *v, const char *text, size_t len,
@@ -618,7 +569,8 @@ int kvp_tvocab_encode(const struct kvp_tvocab *v, const char *text, size_t len,
     size_t blen = len + n_sp * 2 + (space_prefix ? 1 : 0);
     char *buf = malloc(blen ? blen : 1);
     struct spm_sym *sym = malloc((blen ? blen : 1) * sizeof(*sym));
-    struct spm_heap h = {0};
+    struct kvp_heap h;
+    kvp_heap_init(&h, sizeof(struct spm_pair), pair_above);
     int rc = 0;
     if (!buf || !sym) {
         rc = kvp_err_set(err, KVP_ENOMEM, "encode: %zu bytes", len);
@@ -652,7 +604,8 @@ int kvp_tvocab_encode(const struct kvp_tvocab *v, const char *text, size_t len,
         if (try_pair(v, buf, sym, i, i + 1, &h) < 0)
             goto oom;
     while (h.n) {
-        struct spm_pair p = heap_pop(&h);
+        struct spm_pair p;
+        kvp_heap_pop(&h, &p);
         struct spm_sym *l = &sym[p.left], *r = &sym[p.right];
         if (l->n == 0 || r->n == 0 || l->n + r->n != p.size)
             continue; /* stale */
@@ -687,7 +640,7 @@ int kvp_tvocab_encode(const struct kvp_tvocab *v, const char *text, size_t len,
 oom:
     rc = kvp_err_set(err, KVP_ENOMEM, "encode: heap");
 out:
-    free(h.a);
+    kvp_heap_free(&h);
     free(sym);
     free(buf);
     return rc;
