@@ -99,6 +99,22 @@ static void test_repetition_penalty(void **state)
     /* 3.0 / 2 = 1.5 < 2.0: the repeated token loses (penalised once, not twice) */
     assert_int_equal(kvp_sampler_sample(s, lg), 2);
     assert_true(fabsf(lg[1] - 1.5f) < 1e-6f);
+    /* a negative logit is multiplied, not divided (llama.cpp's rule): a repeated token at -1.0
+     * goes to -2.0, below the unrepeated -1.5, where dividing would lift it to -0.5 above it */
+    float neg[6] = {-3.0f, -1.0f, -1.5f, -4.0f, -5.0f, -6.0f};
+    kvp_sampler_accept(s, 1);
+    assert_int_equal(kvp_sampler_sample(s, neg), 2);
+    assert_true(fabsf(neg[1] - -2.0f) < 1e-6f);
+    /* unrepeated logits are left as they were, positive or negative */
+    assert_true(neg[0] == -3.0f && neg[2] == -1.5f && lg[2] == 2.0f && lg[3] == -1.0f);
+    /* a penalty below 1 rewards instead: the same rule, the other way */
+    kvp_sampler *r = make(0, 0, 1, 0.5f, 1);
+    float low[6] = {-1.0f, -0.6f, 0.0f, 0.5f, -2.0f, -2.0f};
+    kvp_sampler_accept(r, 1);
+    kvp_sampler_accept(r, 3);
+    assert_int_equal(kvp_sampler_sample(r, low), 3); /* 0.5 / 0.5 = 1.0 */
+    assert_true(fabsf(low[1] - -0.3f) < 1e-6f && fabsf(low[3] - 1.0f) < 1e-6f);
+    kvp_sampler_free(r);
     kvp_sampler_free(s);
 }
 

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "kernels/types.h"
 #include "kvpred.h"
 #include "model/quantize.h"
@@ -132,7 +134,25 @@ static void test_cli(void **state)
     free(out);
     snprintf(cmd, sizeof(cmd), "%s info -m %s --json", cli, path);
     assert_int_equal(kvp_test_run(cmd, &out, 0), 0);
-    assert_non_null(strstr(out, "\"qwen2\""));
+    cJSON *j = cJSON_Parse(out);
+    assert_non_null(j);
+    assert_string_equal(cJSON_GetObjectItem(j, "arch")->valuestring, "qwen2");
+    /* the layers asked for, the shape's own sizes, the default small vocabulary */
+    assert_int_equal(cJSON_GetObjectItem(j, "n_layer")->valueint, 1);
+    assert_int_equal(cJSON_GetObjectItem(j, "n_embd")->valueint, 896);
+    assert_int_equal(cJSON_GetObjectItem(j, "n_head")->valueint, 14);
+    assert_int_equal(cJSON_GetObjectItem(j, "n_head_kv")->valueint, 2);
+    assert_int_equal(cJSON_GetObjectItem(j, "n_ff")->valueint, 4864);
+    assert_int_equal(cJSON_GetObjectItem(j, "n_vocab")->valueint, 512);
+    /* the type asked for, where a row allows it: Q6_K needs rows that are a multiple of 256, so
+     * of the 8 matrices (the tied embedding, q, k, v, o, gate, up of 896 columns, down of 4864)
+     * only down takes it and the rest fall back to Q8_0, as kvpred quantize does */
+    const cJSON *types = cJSON_GetObjectItem(j, "matrix_types");
+    assert_non_null(types);
+    assert_int_equal(cJSON_GetArraySize(types), 2);
+    assert_int_equal(cJSON_GetObjectItem(types, "Q6_K")->valueint, 1);
+    assert_int_equal(cJSON_GetObjectItem(types, "Q8_0")->valueint, 7);
+    cJSON_Delete(j);
     free(out);
     snprintf(cmd, sizeof(cmd), "%s synth --shape GPT-5 -o %s", cli, path);
     kvp_test_expect_error(cmd, "unknown shape");

@@ -17,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "kernels/types.h"
 #include "train/train.h"
 
@@ -395,9 +397,55 @@ static void test_cli_bench(void **state)
              "--bench-ctx 64,128 --bench-steps 1 --bench-reps 2 2>/dev/null",
              cli);
     assert_int_equal(kvp_test_run(cmd, &out, 0), 0);
-    assert_non_null(strstr(out, "\"speedup\""));
-    assert_non_null(strstr(out, "\"precision\":\t\"bf16\""));
-    assert_non_null(strstr(out, "\"precision\":\t\"f32\""));
+    cJSON *j = cJSON_Parse(out);
+    assert_non_null(j);
+    /* the model, steps and repetitions asked for */
+    const cJSON *model = cJSON_GetObjectItem(j, "model");
+    assert_int_equal(cJSON_GetObjectItem(model, "dim")->valueint, 32);
+    assert_int_equal(cJSON_GetObjectItem(model, "layers")->valueint, 1);
+    assert_int_equal(cJSON_GetObjectItem(model, "heads")->valueint, 2);
+    assert_int_equal(cJSON_GetObjectItem(model, "kv_heads")->valueint, 1);
+    assert_int_equal(cJSON_GetObjectItem(model, "ff")->valueint, 64);
+    assert_int_equal(cJSON_GetObjectItem(model, "vocab")->valueint, 300);
+    assert_int_equal(cJSON_GetObjectItem(j, "steps")->valueint, 1);
+    assert_int_equal(cJSON_GetObjectItem(j, "reps")->valueint, 2);
+    /* one result per (context, precision), f32 then bf16 at each context in the order given,
+     * each with its two measurements and their median */
+    const cJSON *res = cJSON_GetObjectItem(j, "results");
+    assert_int_equal(cJSON_GetArraySize(res), 4);
+    double med[4];
+    for (int i = 0; i < 4; i++) {
+        const cJSON *r = cJSON_GetArrayItem(res, i);
+        assert_int_equal(cJSON_GetObjectItem(r, "ctx")->valueint, i < 2 ? 64 : 128);
+        assert_string_equal(cJSON_GetObjectItem(r, "precision")->valuestring,
+                            i % 2 ? "bf16" : "f32");
+        /* a step is the shipped run's 8192 tokens (sequences of ctx tokens) */
+        assert_int_equal(cJSON_GetObjectItem(r, "tokens_per_step")->valueint, 8192);
+        const cJSON *tps = cJSON_GetObjectItem(r, "tokens_per_s");
+        assert_int_equal(cJSON_GetArraySize(tps), 2);
+        double a = cJSON_GetArrayItem(tps, 0)->valuedouble;
+        double b = cJSON_GetArrayItem(tps, 1)->valuedouble;
+        assert_true(a > 0 && b > 0);
+        med[i] = cJSON_GetObjectItem(r, "tokens_per_s_median")->valuedouble;
+        /* the median of two is their mean; each figure is printed cut to whole tokens/s, so
+         * the printed ones can disagree by under 1 (the mean's cut) + 1 (the median's) */
+        assert_true(fabs(med[i] - (a + b) / 2) < 2.0);
+        assert_true(cJSON_GetObjectItem(r, "cpu_s_per_mtok_median")->valuedouble > 0);
+    }
+    /* the speed-up per context is bf16's median over f32's, printed cut to 2 decimals (up to
+     * 0.01 below); the true medians are at most 1 above the printed ones (cut to whole
+     * tokens/s), which bounds the ratio between p1 / (p0 + 1) and (p1 + 1) / p0 */
+    const cJSON *sp = cJSON_GetObjectItem(j, "speedup");
+    assert_int_equal(cJSON_GetArraySize(sp), 2);
+    for (int c = 0; c < 2; c++) {
+        const cJSON *e = cJSON_GetArrayItem(sp, c);
+        assert_int_equal(cJSON_GetObjectItem(e, "ctx")->valueint, c ? 128 : 64);
+        const double p0 = med[2 * c], p1 = med[2 * c + 1];
+        double got = cJSON_GetObjectItem(e, "tokens_per_s")->valuedouble;
+        assert_true(got <= (p1 + 1) / p0 + 1e-9 && got >= p1 / (p0 + 1) - 0.01 - 1e-9);
+        assert_true(cJSON_GetObjectItem(e, "cpu_time")->valuedouble > 0);
+    }
+    cJSON_Delete(j);
     free(out);
     snprintf(cmd, sizeof(cmd), "%s train-lm --bench --precision f16", cli);
     kvp_test_expect_error(cmd, "--precision");
