@@ -1,9 +1,13 @@
 #!/bin/sh
 # Stage 2 of the context extension: 8192 only, retrieval samples filling 85-100 % of the context.
-# usage: stage2.sh CKPT OUT.gguf [extra flags]  (CKPT: a copy of stage1.ckpt to start; resumes it)
-S=/work/shared/data
+# Its export is the shipped models/kvpred-default.gguf (byte for byte).
+# usage: stage2.sh CKPT OUT.gguf [extra flags]  (CKPT: a copy of stage1.sh's checkpoint to
+# start; resumes it)
+# Environment: KVP (default build/kvpred), KVP_SHARED_DIR (default ../shared). The haystacks need
+# the Debian packages fortunes and perl (perldiag.pod).
+S=${KVP_SHARED_DIR:-../shared}/data
 CK=$1; OUT=$2; shift 2
-exec nice -n 5 /work/main/build/kvpred train-lm --resume "$CK" \
+exec nice -n 5 "${KVP:-build/kvpred}" train-lm --resume "$CK" \
   --data $S/tinystories/tinystories_val.txt $S/tinyshakespeare/input.txt \
   --hay $S/tinyshakespeare/input.txt /usr/share/common-licenses /usr/share/games/fortunes \
         /usr/share/perl/5.36/pod/perldiag.pod \

@@ -2,7 +2,7 @@
 # Stage 3 of the context extension: 2048 and 8192 in alternating phases (stage 2 trained at 8192
 # only and niah_multikey at 2048 slipped to 77 %), more weight on niah_multikey_1 (the evaluated
 # generator), a lower learning rate, steps 600-900.
-# usage: stage3.sh CKPT OUT.gguf [extra flags]  (CKPT: a copy of stage2.ckpt to start; resumes it)
+# usage: stage3.sh CKPT OUT.gguf [extra flags]  (CKPT: a copy of stage2.sh's checkpoint to start; resumes it)
 # Environment: KVP (default build/kvpred), KVP_SHARED_DIR (default ../shared). The haystacks need
 # the Debian packages fortunes and perl (perldiag.pod).
 S=${KVP_SHARED_DIR:-../shared}/data

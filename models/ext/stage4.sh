@@ -4,7 +4,7 @@
 # the prose pass key and niah_single_2, haystacks drawn from every kind more often (--hay-frac 0.6).
 # It scored worse than stage 2 on seed 777's niah_multikey (76 / 69 %) and prose pass key at 8192
 # (86 %): see models/kvpred-default.md.
-# usage: stage4.sh CKPT OUT.gguf [extra flags]  (CKPT: a copy of stage3.ckpt to start; resumes it)
+# usage: stage4.sh CKPT OUT.gguf [extra flags]  (CKPT: a copy of stage3.sh's checkpoint to start; resumes it)
 # Environment: KVP (default build/kvpred), KVP_SHARED_DIR (default ../shared). The haystacks need
 # the Debian packages fortunes and perl (perldiag.pod).
 S=${KVP_SHARED_DIR:-../shared}/data
