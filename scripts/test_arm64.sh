@@ -30,7 +30,7 @@ done
 
 tests=(test_kernels test_quant test_attention test_kvcache test_policy_units
        test_policy_framework test_predictor test_prefill_gemm test_gguf test_tokenizer
-       test_sampler)
+       test_sampler test_forward)
 regex="^($(IFS='|'; echo "${tests[*]}"))\$"
 
 echo "== aarch64 cross build (build-arm64)"
