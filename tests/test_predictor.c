@@ -694,7 +694,7 @@ static struct run_out run(kvp_model *m, const struct kvp_policy_params *pp, int 
                           int n_threads)
 {
     /* f32 KV: test_policy_end_to_end compares the incremental CNN's run (2 threads) with the
-     * from-scratch one (1 thread) within 1e-4, which holds for the f32 cache's rounding; with
+     * from-scratch one (1 thread) for bit equality, which holds with the f32 cache; with
      * f16 keys a near-tie in one selection flips between the thread counts */
     struct kvp_ctx_params cp = {.n_ctx = n_prompt + n_dec, .n_threads = n_threads,
                                 .type_k = KVP_KV_F32, .type_v = KVP_KV_F32};
@@ -774,8 +774,12 @@ static void test_policy_end_to_end(void **state)
     struct run_out r = run(m, &big, np, nd, 1);
     print_message("budget >= context: max logit diff %.3g, recovery %.6f\n",
                   max_diff(dense.logits, r.logits, (size_t)nd * 80), r.recovery);
-    assert_true(max_diff(dense.logits, r.logits, (size_t)nd * 80) < 1e-5);
-    assert_true(fabs(r.recovery - 1.0) < 1e-5);
+    /* exact: a selection covering every position takes the dense attention kernel (same
+     * tokens, same order), so the logits are bit-identical. The recovery is the double sum of the
+     * n = np + nd f32 dense probabilities e_t * (1 / S), S an f32 sum of n terms: 1 within
+     * gamma(n - 1) + 2u <= gamma(n + 1) */
+    assert_true(max_diff(dense.logits, r.logits, (size_t)nd * 80) == 0);
+    assert_true(fabs(r.recovery - 1.0) <= kvp_test_gamma(np + nd + 1));
     free(r.logits);
 
     /* small budgets: never over budget, sink and local always read; options change nothing of
@@ -797,7 +801,10 @@ static void test_policy_end_to_end(void **state)
         if (i == 0)
             inc_logits = r.logits;
         else if (i == 4) {
-            assert_true(max_diff(inc_logits, r.logits, (size_t)nd * 80) < 1e-4);
+            /* exact: the incremental and from-scratch CNNs select the same tokens, and the
+             * attention and mat-vecs give the same bits for 1 and 2 threads (each row and each
+             * (layer, KV head) is computed whole by one thread in a fixed order) */
+            assert_true(max_diff(inc_logits, r.logits, (size_t)nd * 80) == 0);
             free(r.logits);
         } else
             free(r.logits);
@@ -1290,8 +1297,12 @@ static void test_qpredictor_end_to_end(void **state)
     struct run_out r = run(m, &big, np, nd, 1);
     print_message("qpredictor, budget >= context: max logit diff %.3g, recovery %.6f\n",
                   max_diff(dense.logits, r.logits, (size_t)nd * 80), r.recovery);
-    assert_true(max_diff(dense.logits, r.logits, (size_t)nd * 80) < 1e-5);
-    assert_true(fabs(r.recovery - 1.0) < 1e-5);
+    /* exact: a selection covering every position takes the dense attention kernel (same
+     * tokens, same order), so the logits are bit-identical. The recovery is the double sum of the
+     * n = np + nd f32 dense probabilities e_t * (1 / S), S an f32 sum of n terms: 1 within
+     * gamma(n - 1) + 2u <= gamma(n + 1) */
+    assert_true(max_diff(dense.logits, r.logits, (size_t)nd * 80) == 0);
+    assert_true(fabs(r.recovery - 1.0) <= kvp_test_gamma(np + nd + 1));
     free(r.logits);
     const char *opts[] = {"prune=0", "extra=1000", "extra=0", "q8=1", NULL};
     float *full_logits = NULL;
