@@ -234,15 +234,21 @@ static void test_harness(void **state)
     assert_int_equal(kvp_measure_run(ms, &full, NULL, NULL, &r, &err), 0);
     print_message("full: recovery %.8f kl %.3g top1 %.3f ppl %.5f / %.5f\n", r.recovery, r.kl,
                   r.top1, r.ppl, r.ppl_full);
-    assert_true(fabs(r.recovery - 1.0) < 1e-5);
-    assert_true(fabs(r.oracle_block - 1.0) < 1e-5);
-    assert_true(r.kl < 1e-8);
+    /* full reads every position through the dense kernel: its logits are the dense run's bit
+     * for bit, so KL is exactly 0 and the perplexities are equal (measured; were 1e-8 and
+     * 1e-5). A recovery is a double sum of the n <= N + M f32 dense probabilities
+     * e_t * (1 / S), S an f32 sum of n terms: 1 within gamma(n - 1) + 2u <= gamma(N + M + 1),
+     * and means over heads and steps keep that bound (was 1e-5) */
+    const double rec_tol = kvp_test_gamma(N + M + 1);
+    assert_true(fabs(r.recovery - 1.0) <= rec_tol);
+    assert_true(fabs(r.oracle_block - 1.0) <= rec_tol);
+    assert_true(r.kl == 0);
     assert_true(r.top1 == 1.0);
     assert_true(r.retention == 1.0);
-    assert_true(fabs(r.ppl / r.ppl_full - 1.0) < 1e-5);
+    assert_true(r.ppl == r.ppl_full);
     assert_true(r.compression == 0.0);
     assert_true(r.layer_recovery[0] == -1.0 && r.layer_recovery[1] == -1.0);
-    assert_true(fabs(r.layer_recovery[3] - 1.0) < 1e-5);
+    assert_true(fabs(r.layer_recovery[3] - 1.0) <= rec_tol);
     assert_int_equal(r.kv_resident, r.kv_resident_full);
     kvp_measure_result_free(&r);
 
