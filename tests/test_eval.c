@@ -5,6 +5,7 @@
  * imperfect but within the oracle bound); and `kvpred eval --json` and `kvpred viz` end to end,
  * including the one-line errors for bad flags.
  */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,16 +29,27 @@ static void test_kl_top1_nll(void **state)
     assert_true(kvp_metric_kl(a, a, 4) == 0.0);
     for (int i = 0; i < 4; i++)
         b[i] = a[i] + 7.0f; /* softmax is shift-invariant */
-    assert_true(kvp_metric_kl(a, b, 4) < 1e-12);
+    /* exact: a + 7 is exact in f32 and the shifted logits minus their max equal a's minus its
+     * max bit for bit, so every log-probability is the same double (was 1e-12) */
+    assert_true(kvp_metric_kl(a, b, 4) == 0.0);
     /* p = (1/2, 1/2), q = (1/4, 3/4): KL = 1/2 ln 2 + 1/2 ln(2/3) = 1/2 ln(4/3) */
     float p[2] = {0.0f, 0.0f}, q[2] = {logf(0.25f), logf(0.75f)};
-    assert_true(fabs(kvp_metric_kl(p, q, 2) - 0.5 * log(4.0 / 3.0)) < 1e-7);
+    /* against the KL of the f32 logits actually passed (logf rounds ln 1/4, ln 3/4), worked out
+     * in double: only double rounding of a few exp/log/sums on O(1) values is left, below
+     * 32·DBL_EPSILON (was 1e-7 against 1/2 ln(4/3), which hid the logf rounding) */
+    const double lse_q = log(exp((double)q[0]) + exp((double)q[1]));
+    const double kl_want = 0.5 * (log(0.5) - (q[0] - lse_q)) + 0.5 * (log(0.5) - (q[1] - lse_q));
+    assert_true(fabs(kvp_metric_kl(p, q, 2) - kl_want) < 32 * DBL_EPSILON);
+    /* and that is 1/2 ln(4/3) up to logf's rounding: dKL = sum (softmax(q) - p)_i·dq_i with
+     * |softmax(q) - p|_i = 1/4 and |dq_i| <= 1 ulp of ln 1/4 (2^-23) and of ln 3/4 (2^-25) */
+    assert_true(fabs(kl_want - 0.5 * log(4.0 / 3.0)) <= 0.25 * (0x1p-23 + 0x1p-25));
     assert_true(kvp_metric_kl(q, p, 2) > 0);
     assert_int_equal(kvp_metric_argmax(a, 4), 3);
     float tie[4] = {0.0f, 2.0f, 2.0f, 1.0f};
     assert_int_equal(kvp_metric_argmax(tie, 4), 1);
     assert_true(fabs(kvp_metric_nll(p, 2, 1) - log(2.0)) < 1e-12);
-    assert_true(fabs(kvp_metric_nll(q, 2, 1) + log(0.75)) < 1e-7);
+    /* the same: against the f32 logits in double (was 1e-7 against -ln 3/4) */
+    assert_true(fabs(kvp_metric_nll(q, 2, 1) - (lse_q - q[1])) < 32 * DBL_EPSILON);
 }
 
 static void test_recovery_and_retention(void **state)
@@ -51,7 +63,9 @@ static void test_recovery_and_retention(void **state)
     a[17] = 0.15f;
     a[19] = 0.1f;
     uint64_t m[3] = {1ULL << 0, 1ULL << 1 /* token 9 */, (1ULL << 1) | (1ULL << 3)};
-    assert_true(fabs(kvp_metric_recovery(a, 20, m, 8) - (0.3 + 0.25 + 0.15 + 0.1)) < 1e-6);
+    /* exact: the double sum of the selected f32 weights in key order (was 1e-6 against the
+     * decimal values, which the f32 inputs only approximate) */
+    assert_true(kvp_metric_recovery(a, 20, m, 8) == (double)a[0] + a[9] + a[17] + a[19]);
     assert_int_equal(kvp_metric_set_size(m, 20, 8), 4);
     /* bits past n_keys do not count */
     uint64_t m2[3] = {0, 0, ~0ULL};
