@@ -58,7 +58,9 @@ static void test_quantile_by_hand(void **state)
     }
     /* ties: 0 0 0 1, p = 0.9 -> position 2.7 -> 0 + 0.7·1 */
     float t[4] = {1, 0, 0, 0};
-    NEAR(kvp_catekv_quantile_f(t, 4, 0.9), 0.7, 1e-7);
+    /* exact: position 0.9·3 = 2.7 splits into k = 2 and frac = 0.9·3 - 2 in double, and the
+     * interpolation 0 + (1 - 0)·frac is frac itself (was 1e-7 against 0.7) */
+    NEAR(kvp_catekv_quantile_f(t, 4, 0.9), 0.9 * 3.0 - 2.0, 0);
     float one[1] = {3};
     NEAR(kvp_catekv_quantile_f(one, 1, 0.7), 3.0, 0);
     /* random arrays with many duplicates against the sorting oracle */
@@ -85,13 +87,28 @@ static void test_threshold_k_alpha(void **state)
     /* entries 0.0 .. 0.9: q(0.9) at position 8.1 = 0.81, q(0.1) at 0.9 = 0.09 */
     for (int i = 0; i < 10; i++)
         a[i] = (float)i / 10.0f;
-    NEAR(kvp_catekv_threshold(a, 10, 0.9, 1.0), 0.81, 1e-6);
+    /* exact: the quantiles of the sorted f32 entries s[i] = i/10 interpolated as the code
+     * defines them (pos = p·(n-1), lo + (s[k+1] - lo)·frac in double), and the threshold
+     * vmin + (vmax - vmin)·α, are the same double operations on the same inputs (were 1e-6
+     * against the decimal values 0.81, 0.45, 0.09) */
+    double qs[2];
+    for (int j = 0; j < 2; j++) {
+        double pos = (j ? 0.9 : 1.0 - 0.9) * 9.0, frac = pos - floor(pos);
+        int k = (int)floor(pos);
+        double lo = (double)((float)k / 10.0f), nx = (double)((float)(k + 1) / 10.0f);
+        qs[j] = frac == 0.0 ? lo : lo + (nx - lo) * frac;
+    }
+    /* and they are the decimal quantiles up to the f32 rounding of the entries (a convex
+     * combination of two entries, each within u·|x| <= u of its decimal value) plus a few
+     * double roundings */
+    assert_true(fabs(qs[1] - 0.81) <= 0x1p-24 + 1e-15 && fabs(qs[0] - 0.09) <= 0x1p-24 + 1e-15);
+    NEAR(kvp_catekv_threshold(a, 10, 0.9, 1.0), qs[0] + (qs[1] - qs[0]) * 1.0, 0);
     for (int i = 0; i < 10; i++)
         a[9 - i] = (float)i / 10.0f; /* order does not matter */
     /* α = 0.5: 0.09 + (0.81 − 0.09)·0.5 = 0.45 */
-    NEAR(kvp_catekv_threshold(a, 10, 0.9, 0.5), 0.45, 1e-6);
+    NEAR(kvp_catekv_threshold(a, 10, 0.9, 0.5), qs[0] + (qs[1] - qs[0]) * 0.5, 0);
     /* α = 0: the lower quantile */
-    NEAR(kvp_catekv_threshold(a, 10, 0.9, 0.0), 0.09, 1e-6);
+    NEAR(kvp_catekv_threshold(a, 10, 0.9, 0.0), qs[0] + (qs[1] - qs[0]) * 0.0, 0);
     /* all zeros: the 1e-9 floor */
     float z[4] = {0};
     NEAR(kvp_catekv_threshold(z, 4, 0.995, 1.0), 1e-9, 0);
