@@ -470,11 +470,13 @@ static void test_reference_logits(void **state)
     print_message("max |prefill - decode| = %.3g\n", dd);
     assert_true(dd < 1e-4);
     free(lg2);
-    /* a different block size and thread count change nothing, to the bit: the block size only
-     * lays out the KV pages (attention still sums positions in order), and every thread computes
-     * whole rows and whole heads in a fixed order (measured 0; was 1e-4) */
+    /* a different block size and thread count change nothing beyond rounding: the block size
+     * only lays out the KV pages and kvpred's own kernels compute whole rows and heads per thread
+     * in a fixed order (0 with OpenBLAS's own kernel here), but the prefill's sgemm is
+     * OpenBLAS's, and some of its kernels (Haswell's) split the sums across threads. 1e-4 is a
+     * measured margin over those f32 ulps, not a derived bound */
     lg2 = eval_all(m, ids, n, 1, 7, false, KVP_KV_F32);
-    assert_true(max_abs_diff(lg, lg2, (size_t)n * in.n_vocab) == 0);
+    assert_true(max_abs_diff(lg, lg2, (size_t)n * in.n_vocab) < 1e-4);
     free(lg2);
 
     free(lg);

@@ -407,10 +407,12 @@ static void test_fixture_threads_agree(void **state)
         struct result b = run(m, &pp, true, ids, 100, 12);
         n_threads = 1;
         double d = max_diff(a.logits, b.logits, (size_t)12 * 80);
-        /* exact: each thread computes whole rows of the mat-vecs and whole (layer, KV head)
-         * attentions, each in the same order whatever the thread count, so 1 and 2 threads give
-         * bit-identical logits and recoveries; a race in a policy's state changes them */
-        if (d != 0 || a.recovery != b.recovery)
+        /* not exact: the decode's mat-vecs and attentions give the same bits for any thread
+         * count, but the prefill's sgemm is OpenBLAS's, and some of its kernels (Haswell's)
+         * split the sums across threads (measured 3.8e-6 on the logits with `full`). 1e-4 is a
+         * measured margin, not a derived bound; a race in a policy's state changes the
+         * selections, far more than that */
+        if (d > 1e-4 || fabs(a.recovery - b.recovery) > 1e-4)
             fail_msg("%s: 1 vs 2 threads differ by %.3g (recovery %.6f vs %.6f)", registered[i], d,
                      a.recovery, b.recovery);
         free(a.logits);

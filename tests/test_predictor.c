@@ -827,10 +827,12 @@ static void test_policy_end_to_end(void **state)
         if (i == 0)
             inc_logits = r.logits;
         else if (i == 4) {
-            /* exact: the incremental and from-scratch CNNs select the same tokens, and the
-             * attention and mat-vecs give the same bits for 1 and 2 threads (each row and each
-             * (layer, KV head) is computed whole by one thread in a fixed order) */
-            assert_true(max_diff(inc_logits, r.logits, (size_t)nd * 80) == 0);
+            /* not exact: the prefill's sgemm is OpenBLAS's, and some of its kernels (Haswell's)
+             * split the sums across threads, so the prompt's K and V move by f32 ulps between
+             * 1 and 2 threads (measured 3.8e-6 on the logits). 1e-4 is a measured margin, not a
+             * derived bound: a selection that differs between the incremental and the
+             * from-scratch CNN moves the logits by orders of magnitude more */
+            assert_true(max_diff(inc_logits, r.logits, (size_t)nd * 80) < 1e-4);
             free(r.logits);
         } else
             free(r.logits);
