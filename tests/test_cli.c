@@ -11,6 +11,26 @@
 
 #include "testutil.h"
 
+/* The project's default model (models/ under $KVP_SOURCE_DIR, else the current folder). */
+static void default_model(char *path, size_t cap)
+{
+    const char *src = getenv("KVP_SOURCE_DIR");
+    snprintf(path, cap, "%s/models/kvpred-default.gguf", src ? src : ".");
+}
+
+/* Run a command that must succeed and print one JSON object (the first, if several lines). */
+static cJSON *run_json(const char *cmd)
+{
+    char *out = NULL;
+    assert_int_equal(kvp_test_run(cmd, &out, 0), 0);
+    cJSON *j = cJSON_Parse(out);
+    if (!j)
+        print_message("%s printed:\n%s\n", cmd, out);
+    assert_non_null(j);
+    free(out);
+    return j;
+}
+
 static void test_perplexity(void **state)
 {
     (void)state;
@@ -22,17 +42,13 @@ static void test_perplexity(void **state)
     char cmd[10000];
     snprintf(cmd, sizeof(cmd), "%s perplexity -m %s -f %s --bytes 60000 -c 256 -t 2 --json", cli, m,
              txt);
-    char *out = NULL;
-    assert_int_equal(kvp_test_run(cmd, &out, 0), 0);
-    cJSON *j = cJSON_Parse(out);
-    assert_non_null(j);
+    cJSON *j = run_json(cmd);
     double ppl = cJSON_GetObjectItem(j, "ppl")->valuedouble;
     int chunks = cJSON_GetObjectItem(j, "chunks")->valueint;
     print_message("perplexity %.5f over %d chunks (reference 3.9152, 112 chunks)\n", ppl, chunks);
     assert_int_equal(chunks, 112);
     assert_true(fabs(ppl - 3.915) <= 0.002);
     cJSON_Delete(j);
-    free(out);
 }
 
 static void test_cli_logits(void **state)
@@ -52,10 +68,7 @@ static void test_cli_logits(void **state)
     char cmd[10000];
     snprintf(cmd, sizeof(cmd), "%s logits -m %s -f %s -n 256 -ctk f32 --cache-type-v f32 --json",
              cli, m, in);
-    char *out = NULL;
-    assert_int_equal(kvp_test_run(cmd, &out, 0), 0);
-    cJSON *got = cJSON_Parse(out);
-    assert_non_null(got);
+    cJSON *got = run_json(cmd);
     cJSON *gt = cJSON_GetObjectItem(got, "tokens"), *rt = cJSON_GetObjectItem(ref, "tokens");
     cJSON *gl = cJSON_GetObjectItem(got, "logits"), *rl = cJSON_GetObjectItem(ref, "logits");
     assert_int_equal(cJSON_GetArraySize(gt), 256);
@@ -91,7 +104,6 @@ static void test_cli_logits(void **state)
     assert_true(worst < 0.0373);
     cJSON_Delete(got);
     cJSON_Delete(ref);
-    free(out);
     free(refj);
 }
 
@@ -240,9 +252,8 @@ static void test_prompt_command(void **state)
 {
     (void)state;
     KVP_REQUIRE_CLI(cli);
-    const char *src = getenv("KVP_SOURCE_DIR");
     char model[4096], cmd[10000], *out = NULL, *key = NULL, *ntok = NULL;
-    snprintf(model, sizeof(model), "%s/models/kvpred-default.gguf", src ? src : ".");
+    default_model(model, sizeof(model));
     const char *args = "--task passkey --length 400 --depth 0 --seed 5";
     snprintf(cmd, sizeof(cmd), "KVP_SHARED_DIR=/nonexistent %s prompt -m %s %s --answer", cli,
              model, args);
@@ -308,9 +319,8 @@ static void test_bench_paired(void **state)
 {
     (void)state;
     KVP_REQUIRE_CLI(cli);
-    const char *src = getenv("KVP_SOURCE_DIR");
-    char model[4096], cmd[10000], *out = NULL;
-    snprintf(model, sizeof(model), "%s/models/kvpred-default.gguf", src ? src : ".");
+    char model[4096], cmd[10000];
+    default_model(model, sizeof(model));
     snprintf(cmd, sizeof(cmd), "%s bench -m %s -c 256 -n 8 --paired", cli, model);
     kvp_test_expect_error(cmd, "need --kv-tier");
     snprintf(cmd, sizeof(cmd), "%s bench -m %s -c 256 -n 8 --kv-tier ram --kv-sq-cpu 0", cli,
@@ -320,9 +330,7 @@ static void test_bench_paired(void **state)
              "%s bench -m %s -c 512 -n 40 -r 1 --prefill 16 --policy quest --budget 1/8 "
              "--kv-tier disk --hot-budget 96 --prefetch token --paired --json",
              cli, model);
-    assert_int_equal(kvp_test_run(cmd, &out, 0), 0);
-    cJSON *j = cJSON_Parse(out);
-    assert_non_null(j);
+    cJSON *j = run_json(cmd);
     cJSON *pj = cJSON_GetObjectItem(j, "paired");
     assert_true(cJSON_IsObject(pj));
     double ram = cJSON_GetObjectItem(pj, "ram_tokens_per_s")->valuedouble;
@@ -337,7 +345,6 @@ static void test_bench_paired(void **state)
     assert_true(fabs(ratio - ram / tiered) < 1e-9 * ratio);
     assert_true(cJSON_GetObjectItem(j, "store")->child != NULL);
     cJSON_Delete(j);
-    free(out);
 }
 
 /* `run` takes the tier flags: the text generated with the KV cache in the RAM or disk tier (both
@@ -347,9 +354,8 @@ static void test_run_tiers(void **state)
 {
     (void)state;
     KVP_REQUIRE_CLI(cli);
-    const char *src = getenv("KVP_SOURCE_DIR");
     char model[4096], cmd[10000], *ref = NULL, *out = NULL;
-    snprintf(model, sizeof(model), "%s/models/kvpred-default.gguf", src ? src : ".");
+    default_model(model, sizeof(model));
     const char *base = "run -p 'Once upon a time' -n 24 -c 256 --policy quest --budget 32";
     snprintf(cmd, sizeof(cmd), "%s %s -m %s 2>/dev/null", cli, base, model);
     assert_int_equal(kvp_test_run(cmd, &ref, 0), 0);
@@ -383,13 +389,62 @@ static void test_run_tiers(void **state)
              "%s bench -m %s -c 256 -n 8 -r 1 --prefill 64 --policy quest --budget 1/8 "
              "--kv-tier disk --kv-disk-io pread --json 2>/dev/null",
              cli, model);
-    assert_int_equal(kvp_test_run(cmd, &out, 0), 0);
-    cJSON *j = cJSON_Parse(out);
-    assert_non_null(j);
+    cJSON *j = run_json(cmd);
     cJSON *io = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "store"), "disk_io");
     assert_true(cJSON_IsString(io) && !strcmp(io->valuestring, "pread"));
     cJSON_Delete(j);
-    free(out);
+}
+
+/* The tier flags are one set (src/cli/tier_opts.c): every command with --kv-tier takes all of
+ * them, refuses the same combinations and lists them in its help; batched-bench runs its
+ * sequences on the disk tier's pread path, asked for by a flag it did not take before. The
+ * commands' integer lists are read by one parser: an empty item is refused everywhere. */
+static void test_tier_flags_shared(void **state)
+{
+    (void)state;
+    KVP_REQUIRE_CLI(cli);
+    char model[4096], cmd[10000], *out = NULL;
+    default_model(model, sizeof(model));
+    static const char *const cmds[] = {
+        "run -p x -n 2", "bench -c 64 -n 2", "batched-bench -npp 8 -ntg 2 -npl 1",
+        "eval --tokens-from-seed 1 --prefill 8 --decode 2 --policy quest --budget 4",
+        "serve --port 0"};
+    static const char *const flags[] = {"--kv-tier", "--kv-dir",   "--kv-url",
+                                        "--hot-budget", "--prefetch", "--kv-syscall-submit",
+                                        "--kv-sq-cpu",  "--kv-disk-io"};
+    for (size_t c = 0; c < sizeof(cmds) / sizeof(cmds[0]); c++) {
+        snprintf(cmd, sizeof(cmd), "%s %s -m %s --kv-dir /tmp", cli, cmds[c], model);
+        kvp_test_expect_error(cmd, "need --kv-tier");
+        snprintf(cmd, sizeof(cmd), "%s %s -m %s --kv-tier redis", cli, cmds[c], model);
+        kvp_test_expect_error(cmd, "--kv-url go together");
+        snprintf(cmd, sizeof(cmd), "%s %s -m %s --kv-tier ram --kv-disk-io pread", cli, cmds[c],
+                 model);
+        kvp_test_expect_error(cmd, "need --kv-tier disk");
+        snprintf(cmd, sizeof(cmd), "%s %s --help", cli, cmds[c]);
+        assert_int_equal(kvp_test_run(cmd, &out, 0), 0);
+        for (size_t f = 0; f < sizeof(flags) / sizeof(flags[0]); f++) {
+            if (!strstr(out, flags[f]))
+                print_message("%s --help lacks %s\n", cmds[c], flags[f]);
+            assert_non_null(strstr(out, flags[f]));
+        }
+        free(out);
+    }
+    snprintf(cmd, sizeof(cmd),
+             "%s batched-bench -m %s -npp 16 -ntg 2 -npl 2 --policy quest --budget 8 "
+             "--kv-tier disk --kv-disk-io pread --prefetch layer --json 2>/dev/null",
+             cli, model);
+    /* the warm-up row is not printed: one row, on the disk tier, with the cache in it */
+    cJSON *j = run_json(cmd);
+    assert_string_equal(cJSON_GetObjectItem(j, "kv_tier")->valuestring, "disk");
+    assert_int_equal(cJSON_GetObjectItem(j, "npl")->valueint, 2);
+    assert_true(cJSON_GetObjectItem(j, "kv_cold_bytes")->valuedouble > 0);
+    cJSON_Delete(j);
+    snprintf(cmd, sizeof(cmd), "%s batched-bench -m %s -npp 8,,16", cli, model);
+    kvp_test_expect_error(cmd, "-npp: '8,,16' is not a list");
+    snprintf(cmd, sizeof(cmd), "%s batched-bench -m %s -npl 1,5000", cli, model);
+    kvp_test_expect_error(cmd, "-npl: '1,5000' is not a list");
+    snprintf(cmd, sizeof(cmd), "%s eval -m %s --task passkey --lengths 300,", cli, model);
+    kvp_test_expect_error(cmd, "--lengths: '300,' is not a list");
 }
 
 int main(void)
@@ -400,6 +455,7 @@ int main(void)
         cmocka_unit_test(test_prompt_too_long),  cmocka_unit_test(test_prompt_command),
         cmocka_unit_test(test_bench_paired),
         cmocka_unit_test(test_run_tiers),
+        cmocka_unit_test(test_tier_flags_shared),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -25,6 +25,7 @@
 
 #include "cli/cli.h"
 #include "cli/common.h"
+#include "cli/tier_opts.h"
 #include "core/platform.h"
 #include "core/rng.h"
 #include "kernels/simd.h"
@@ -32,7 +33,6 @@
 
 #define MAX_LIST 32
 
-static const char *const tier_names[] = {"none", "ram", "disk", "redis", NULL};
 static const char *const fill_names[] = {"prefill", "copy", NULL};
 
 static void help(void)
@@ -44,35 +44,18 @@ static void help(void)
            "  -b N                 most tokens of all sequences in one step (default 512)\n"
            "  --policy NAME        KV selection policy of every sequence (default: dense)\n"
            "  --budget B           its budget: tokens per (layer, KV head) or a fraction (1/16)\n"
-           "  --kv-tier T          ram, disk or redis: each sequence's cache tiered\n"
-           "  --kv-dir DIR         disk tier: directory of the scratch files\n"
-           "  --kv-url URL         redis tier: redis://HOST:PORT\n"
-           "  --hot-budget N       hot-tier tokens per layer (default: from the budget)\n"
-           "  --kv-syscall-submit  disk tier: no polling kernel thread per sequence\n"
+           "%s"
+           "                       (each sequence's cache is tiered on its own)\n"
            "  --fill F             prefill (default) or copy: prefill one sequence and copy its\n"
            "                       KV into the others\n"
            "  --serial             also decode the sequences one after another (ntg each)\n"
            "  --json               one JSON object per row instead of the table\n"
            "Each sequence's context is npp + 2*ntg tokens (-c is not used); -b is the step's\n"
            "most tokens of all sequences.\n%s",
-           cli_model_flags_help);
+           cli_tier_flags_help, cli_model_flags_help);
 }
 
 /* "1,2,4" into list; false on a bad or empty list. */
-static bool parse_list(const char *s, long lo, long hi, long *list, int *n)
-{
-    *n = 0;
-    while (s && *s) {
-        char *end;
-        long v = strtol(s, &end, 10);
-        if (end == s || v < lo || v > hi || (*end && *end != ',') || *n == MAX_LIST)
-            return false;
-        list[(*n)++] = v;
-        s = *end ? end + 1 : end;
-    }
-    return *n > 0;
-}
-
 struct row {
     long npp, ntg, npl;
     double t_pp, t_tg, t_serial, t_fill_copy;
@@ -266,10 +249,9 @@ int cmd_batched_bench(int argc, char **argv)
 {
     struct cli_model_opts mo = {0};
     const char *npp_s = "128", *ntg_s = "128", *npl_s = "1,2,4,8", *budget_arg = NULL;
-    const char *kv_dir = NULL, *kv_url = NULL;
-    long hot_budget = 0;
-    int tier = KVP_TIER_NONE, fill = 0;
-    bool json = false, serial = false, syscall_submit = false;
+    struct cli_tier_opts to = CLI_TIER_OPTS_INIT;
+    int fill = 0;
+    bool json = false, serial = false;
     struct kvp_policy_params pp = {0};
     const struct cli_flag flags[] = {
         CLI_STR("-npp", &npp_s),
@@ -277,35 +259,28 @@ int cmd_batched_bench(int argc, char **argv)
         CLI_STR("-npl", &npl_s),
         CLI_STR("--policy", &pp.name),
         CLI_STR("--budget", &budget_arg),
-        CLI_CHOICE("--kv-tier", tier_names, KVP_TIER_RAM, &tier, "ram, disk or redis"),
-        CLI_STR("--kv-dir", &kv_dir),
-        CLI_STR("--kv-url", &kv_url),
-        CLI_INT("--hot-budget", 1, 1 << 24, &hot_budget, "a positive token count"),
-        CLI_BOOL("--kv-syscall-submit", &syscall_submit),
+        CLI_TIER_FLAGS(&to),
         CLI_CHOICE("--fill", fill_names, 0, &fill, "prefill or copy"),
         CLI_BOOL("--serial", &serial),
         CLI_BOOL("--json", &json),
         {0},
     };
-    const struct cli_command cmd = {.name = "batched-bench", .mo = &mo, .pp = &pp,
-                                    .flags = flags, .help = help, .budget = &budget_arg};
-    int rc = cli_parse_command(&cmd, argc, argv);
+    int rc =
+        cli_parse_policy_command("batched-bench", &mo, &pp, &budget_arg, flags, help, argc, argv);
     if (rc)
         return rc == 2 ? 0 : 1;
     long npp[MAX_LIST], ntg[MAX_LIST], npl[MAX_LIST];
     int n_npp, n_ntg, n_npl;
-    if (!parse_list(npp_s, 1, 1 << 24, npp, &n_npp))
+    if ((n_npp = cli_parse_int_list(npp_s, 1, 1 << 24, npp, MAX_LIST)) < 0)
         return cli_fail("-npp: '%s' is not a list of positive token counts", npp_s);
-    if (!parse_list(ntg_s, 1, 1 << 24, ntg, &n_ntg))
+    if ((n_ntg = cli_parse_int_list(ntg_s, 1, 1 << 24, ntg, MAX_LIST)) < 0)
         return cli_fail("-ntg: '%s' is not a list of positive token counts", ntg_s);
-    if (!parse_list(npl_s, 1, 4096, npl, &n_npl))
+    if ((n_npl = cli_parse_int_list(npl_s, 1, 4096, npl, MAX_LIST)) < 0)
         return cli_fail("-npl: '%s' is not a list of sequence counts (1..4096)", npl_s);
     if (budget_arg && !pp.name)
         return cli_fail("--budget needs --policy");
-    if (tier == KVP_TIER_NONE && (kv_dir || hot_budget || syscall_submit))
-        return cli_fail("--kv-dir, --hot-budget and --kv-syscall-submit need --kv-tier");
-    if ((tier == KVP_TIER_REDIS) != (kv_url != NULL))
-        return cli_fail("--kv-tier redis and --kv-url go together");
+    if (cli_tier_check(&to, pp.name != NULL))
+        return 1;
     if (mo.n_threads <= 0)
         mo.n_threads = 1;
     long max_ctx = 0;
@@ -324,9 +299,8 @@ int cmd_batched_bench(int argc, char **argv)
     struct bench b = {.m = m, .pp = &pp, .fill = fill, .serial = serial, .n_vocab = in.n_vocab,
                       .n_batch = mo.n_batch > 0 ? (int)mo.n_batch : 512};
     b.cp = (struct kvp_ctx_params){.block_size = shared.block_size, .type_k = shared.type_k,
-                                   .type_v = shared.type_v, .kv_tier = tier, .kv_dir = kv_dir,
-                                   .kv_url = kv_url, .hot_budget = (int)hot_budget,
-                                   .kv_syscall_submit = syscall_submit};
+                                   .type_v = shared.type_v};
+    cli_tier_apply(&to, &b.cp);
     b.cp.type_k = b.cp.type_k ? b.cp.type_k : KVP_KV_F16;
     b.cp.type_v = b.cp.type_v ? b.cp.type_v : KVP_KV_F16;
     struct kvp_err err = {0};
@@ -355,7 +329,7 @@ int cmd_batched_bench(int argc, char **argv)
                     break;
                 }
                 if (json) {
-                    print_json(&b, &r, budget_arg, (int)mo.n_threads, tier_names[tier]);
+                    print_json(&b, &r, budget_arg, (int)mo.n_threads, cli_tier_names[to.tier]);
                     continue;
                 }
                 double n_pp = (double)(fill ? 1 : r.npl) * r.npp;

@@ -27,17 +27,13 @@
 #include "cli/cli.h"
 #include "cli/common.h"
 #include "cli/measure_opts.h"
+#include "cli/tier_opts.h"
 #include "core/platform.h"
 #include "core/rng.h"
 #include "core/threadpool.h"
-#include "forward/context.h"
 #include "kernels/prefill_gemm.h"
 #include "kernels/simd.h"
 #include "kernels/types.h"
-
-static const char *const tier_names[] = {"none", "ram", "disk", "redis", NULL};
-static const char *const prefetch_names[] = {"default", "none", "dense", "layer", "token", NULL};
-static const char *const disk_io_names[] = {"auto", "io_uring", "pread", NULL};
 
 /* --paired: decode tokens per turn of each context. Short enough that both see the same moments
  * of a shared host, long enough that switching caches costs little. */
@@ -62,30 +58,16 @@ static void help(void)
            "                       policy_share)\n"
            "  --budget B           policy budget: tokens per (layer, KV head), or a fraction of\n"
            "                       the context (0.0625 or 1/16)\n"
-           "  --kv-tier T          ram, disk or redis: tiered KV store (default: untiered)\n"
-           "  --kv-dir DIR         directory of the disk tier's scratch file (default $TMPDIR,\n"
-           "                       /tmp); the file has no name and vanishes with the process\n"
-           "  --kv-url URL         redis tier: redis://HOST:PORT[,HOST:PORT...] (one server or\n"
-           "                       the seed nodes of a cluster)[?OPTION=N&...], options\n"
-           "                       timeout_ms, ttl_ms, failover_ms, pipeline, wait_replicas\n"
-           "                       (docs/store.md)\n"
-           "  --hot-budget N       hot-tier tokens per layer (default: from the budget)\n"
-           "  --prefetch M         dense, none, layer or token (default token)\n"
+           "%s"
+           "                       (JSON: store.sq_poll and store.disk_io say which path ran)\n"
            "  --link-gbps X        RAM tier: model a link of X GB/s\n"
            "  --link-latency-us Y  RAM tier: and Y microseconds of latency per transfer\n"
            "  --timeline OUT.png   draw a timeline of four decode steps (tiered runs)\n"
-           "  --kv-syscall-submit  disk tier: submit reads by syscall instead of through a\n"
-           "                       kernel thread polling the ring (store.sq_poll says which ran)\n"
-           "  --kv-sq-cpu N        disk tier: run that polling thread on CPU N (for example\n"
-           "                       with the decode thread kept elsewhere by taskset)\n"
-           "  --kv-disk-io P       disk tier: auto, io_uring or pread (default auto: io_uring,\n"
-           "                       pread threads where it is refused; store.disk_io says which\n"
-           "                       ran; KVPRED_DISK_IO=io_uring|pread sets auto's choice)\n"
            "  --paired             tiered runs: also fill an untiered cache with the same policy\n"
            "                       and decode the two in alternating chunks of %d tokens, so\n"
            "                       both see the same host (JSON: paired)\n"
            "  --json               print one JSON object\n%s\n%s",
-           PAIR_CHUNK, cli_policy_flags_help(), cli_model_flags_help);
+           cli_tier_flags_help, PAIR_CHUNK, cli_policy_flags_help(), cli_model_flags_help);
 }
 
 struct bw_job {
@@ -135,30 +117,252 @@ static double measure_bandwidth(int n_threads)
     return best;
 }
 
-/* The context for the run, with the tiered-store fields of cp. Prints the error, returns NULL. */
-static kvp_ctx *open_ctx(const kvp_model *m, const struct cli_model_opts *o, long n_ctx,
-                         struct kvp_ctx_params cp)
+/* The command line. */
+struct bench_opts {
+    struct cli_model_opts mo;
+    struct kvp_policy_params pp;
+    const char *budget_arg; /* --budget as given (the JSON repeats it) */
+    long n_decode, n_prefill, reps;
+    long depth;       /* tokens in the cache when decode is timed (-c; default 512) */
+    double bandwidth; /* GB/s for the floor (0: measure it) */
+    struct cli_tier_opts to;
+    double link_gbps, link_us; /* RAM tier: the modelled link (0: off) */
+    const char *timeline;      /* --timeline OUT.png */
+    bool paired, json;
+};
+
+/* What a run measured, and what the printers derive it from. */
+struct bench_result {
+    struct kvp_model_info in;
+    double pp_best, fill_s;    /* prefill tokens/s (best run); seconds to fill to depth */
+    bool fill_tiered;          /* fill_transfer_s is the tier's */
+    double fill_transfer_s;    /* of the fill, the time with cold-tier transfers in flight */
+    double tg_mean, tg_best;   /* decode tokens/s, mean and best of the repetitions */
+    double cpu_ms;             /* process CPU time per decoded token */
+    double pol_ms, pol_cpu_ms; /* time and CPU time in the policy's hooks per token */
+    size_t kv_resident;        /* untiered: KV bytes in the blocks held after the last step */
+    bool tiered;               /* the store's counters in ss */
+    struct kvp_store_stats ss;
+    bool paired; /* --paired: the untiered twin's figures below */
+    double pair_rate, pair_ratio, pair_median;
+    double tcpu_ms, ram_cpu_ms, ram_tcpu_ms, cpu_ratio; /* per token (see print_json) */
+    int type_k, type_v;
+    double bandwidth, kv_per_token, kv_bytes, floor_tps; /* the floor and what it counts */
+};
+
+/* Parse argv into o. Returns 0, 1 after printing an error, or 2 after printing the help. */
+static int parse_args(struct bench_opts *o, int argc, char **argv)
 {
-    struct kvp_model_info info;
-    kvp_model_get_info(m, &info);
-    struct kvp_ctx_params shared = cli_ctx_params(o, n_ctx);
-    cp.n_ctx = shared.n_ctx;
-    cp.n_threads = shared.n_threads;
-    cp.block_size = shared.block_size;
-    cp.n_batch = shared.n_batch;
-    cp.type_k = shared.type_k;
-    cp.type_v = shared.type_v;
-    if (cp.n_ctx > info.n_ctx_train)
-        cli_warn("context %d is longer than the model's training context %d: quality beyond it "
-                 "is not meaningful",
-                 cp.n_ctx, info.n_ctx_train);
+    const struct cli_flag flags[] = {
+        CLI_INT("-n", 1, 1 << 20, &o->n_decode, "a positive token count"),
+        CLI_INT("--prefill", 1, 1 << 24, &o->n_prefill, "a positive token count"),
+        CLI_INT("-r|--reps", 1, 1000, &o->reps, NULL),
+        CLI_FLOAT("--bandwidth", 0.001, 1e6, &o->bandwidth, "a positive GB/s value"),
+        CLI_STR("--policy", &o->pp.name),
+        CLI_STR("--budget", &o->budget_arg),
+        CLI_TIER_FLAGS(&o->to),
+        CLI_FLOAT("--link-gbps", 0.001, 1e6, &o->link_gbps, "a positive GB/s value"),
+        CLI_FLOAT("--link-latency-us", 0, 1e7, &o->link_us, "a latency in microseconds"),
+        CLI_STR("--timeline", &o->timeline),
+        CLI_BOOL("--paired", &o->paired),
+        CLI_BOOL("--json", &o->json),
+        {0},
+    };
+    int rc = cli_parse_policy_command("bench", &o->mo, &o->pp, &o->budget_arg, flags, help, argc,
+                                      argv);
+    if (rc)
+        return rc;
+    if (o->mo.n_threads <= 0)
+        o->mo.n_threads = 1;
+    o->depth = o->mo.n_ctx > 0 ? o->mo.n_ctx : 512;
+    if (o->n_prefill > o->depth)
+        o->n_prefill = o->depth;
+    if (o->budget_arg && !o->pp.name)
+        return cli_fail("--budget needs --policy");
+    if (o->to.tier == KVP_TIER_NONE && (o->link_gbps || o->link_us || o->timeline || o->paired))
+        return cli_fail("--link-gbps, --link-latency-us, --timeline and --paired need --kv-tier");
+    return cli_tier_check(&o->to, o->pp.name != NULL);
+}
+
+/* A context of cap tokens with o's policy, tiered as o says or untiered. NULL after printing
+ * the error. */
+static kvp_ctx *bench_ctx(const kvp_model *m, const struct bench_opts *o, long cap, bool tiered)
+{
+    struct kvp_ctx_params cp = cli_ctx_params(&o->mo, cap);
+    if (tiered) {
+        cli_tier_apply(&o->to, &cp);
+        cp.link_gbps = o->link_gbps;
+        cp.link_latency_us = o->link_us;
+    }
+    kvp_ctx *c = cli_open_ctx_params(m, &cp);
     struct kvp_err err = {0};
-    kvp_ctx *c = NULL;
-    if (kvp_ctx_init(m, &cp, &c, &err) < 0) {
+    if (c && o->pp.name && kvp_ctx_set_policy(c, &o->pp, &err) < 0) {
         cli_fail_err(&err);
+        kvp_ctx_free(c);
         return NULL;
     }
     return c;
+}
+
+/* Prefill from an empty cache (best of the repetitions), then the timed fill to depth. */
+static int time_prefill(const struct bench_opts *o, kvp_ctx *ctx, const int32_t *toks,
+                        float *logits, struct bench_result *r, struct kvp_err *err)
+{
+    for (long k = 0; k < o->reps; k++) {
+        kvp_ctx_reset(ctx);
+        double t0 = kvp_time_now();
+        if (kvp_eval(ctx, toks, (int)o->n_prefill, logits, false, err) < 0)
+            return -1;
+        double rate = o->n_prefill / (kvp_time_now() - t0);
+        r->pp_best = rate > r->pp_best ? rate : r->pp_best;
+    }
+    kvp_ctx_reset(ctx);
+    kvp_ctx_store_reset_stats(ctx);
+    double t0 = kvp_time_now();
+    if (kvp_eval(ctx, toks, (int)o->depth, logits, false, err) < 0)
+        return -1;
+    r->fill_s = kvp_time_now() - t0;
+    /* of the fill, the time with cold-tier transfers in flight: the prefill waits for each
+     * layer's writes and reads, so this is what the tier adds to the forward pass */
+    struct kvp_store_stats fill_st = {0};
+    r->fill_tiered = kvp_ctx_store_stats(ctx, &fill_st) == 0;
+    r->fill_transfer_s = fill_st.transfer_s;
+    return 0;
+}
+
+/* The decode repetitions from the filled cache; with --paired, the untiered twin ram (filled
+ * too) decodes the same tokens in alternating chunks. chunk_ratio: room for one ratio a chunk. */
+static int time_decode(const struct bench_opts *o, kvp_ctx *ctx, kvp_ctx *ram,
+                       const int32_t *toks, float *logits, double *chunk_ratio,
+                       struct bench_result *r, struct kvp_err *err)
+{
+    const long depth = o->depth, n_decode = o->n_decode, reps = o->reps;
+    double tg_sum = 0, decode_s = 0, decode_cpu = 0, ram_s = 0;
+    double decode_tcpu = 0, ram_cpu = 0, ram_tcpu = 0; /* --paired: CPU of each side */
+    long n_ratio = 0;
+    long tl0 = n_decode >= 12 ? 8 : 0, tl1 = tl0 + 4 < n_decode ? tl0 + 4 : n_decode;
+    kvp_ctx_store_reset_stats(ctx);
+    kvp_ctx_policy_reset_seconds(ctx);
+    for (long k = 0; k < reps; k++) {
+        /* a tiered run refills: a policy may rebuild its metadata from every block after a
+         * truncation, and the hot tier does not hold every block */
+        if (o->to.tier != KVP_TIER_NONE && k > 0) {
+            kvp_ctx_reset(ctx);
+            if (kvp_eval(ctx, toks, (int)depth, logits, false, err) < 0)
+                return -1;
+        } else {
+            kvp_ctx_truncate(ctx, (int)depth);
+        }
+        if (ram)
+            kvp_ctx_truncate(ram, (int)depth);
+        double dt = 0;
+        for (long i0 = 0; i0 < n_decode; i0 += PAIR_CHUNK) {
+            long i1 = i0 + PAIR_CHUNK < n_decode ? i0 + PAIR_CHUNK : n_decode;
+            double t0 = kvp_time_now();
+            double c0 = kvp_cpu_time(), tc0 = kvp_thread_cpu_time();
+            for (long i = i0; i < i1; i++) {
+                if (o->timeline && k == 0 && i == tl0)
+                    kvp_ctx_store_timeline(ctx, true);
+                if (kvp_eval(ctx, toks + depth + i, 1, logits, false, err) < 0)
+                    return -1;
+                if (o->timeline && k == 0 && i + 1 == tl1)
+                    kvp_ctx_store_timeline(ctx, false);
+            }
+            double t1 = kvp_time_now(), c1 = kvp_cpu_time(), tc1 = kvp_thread_cpu_time();
+            dt += t1 - t0;
+            decode_cpu += c1 - c0;
+            decode_tcpu += tc1 - tc0;
+            if (!ram)
+                continue;
+            for (long i = i0; i < i1; i++)
+                if (kvp_eval(ram, toks + depth + i, 1, logits, false, err) < 0)
+                    return -1;
+            double t2 = kvp_time_now();
+            ram_cpu += kvp_cpu_time() - c1;
+            ram_tcpu += kvp_thread_cpu_time() - tc1;
+            ram_s += t2 - t1;
+            chunk_ratio[n_ratio++] = (t1 - t0) / (t2 - t1);
+        }
+        double rate = n_decode / dt;
+        decode_s += dt;
+        tg_sum += rate;
+        r->tg_best = rate > r->tg_best ? rate : r->tg_best;
+    }
+    /* the KV memory really held after the last step: the physical blocks with live tokens */
+    kvp_ctx_kv_bytes(ctx, &r->kv_resident, NULL);
+    const double per_tok = 1e3 / ((double)reps * n_decode);
+    r->tg_mean = tg_sum / reps;
+    r->pol_ms = o->pp.name ? kvp_ctx_policy_seconds(ctx) * per_tok : 0;
+    r->pol_cpu_ms = o->pp.name ? kvp_ctx_policy_cpu_seconds(ctx) * per_tok : 0;
+    r->cpu_ms = decode_cpu * per_tok;
+    r->tiered = kvp_ctx_store_stats(ctx, &r->ss) == 0;
+    /* --paired: the twin's rate, the time ratio over every chunk, and its median chunk */
+    if (ram) {
+        qsort(chunk_ratio, (size_t)n_ratio, sizeof(double), cmp_double);
+        r->paired = true;
+        r->pair_rate = (double)(reps * n_decode) / ram_s;
+        r->pair_ratio = ram_s > 0 ? decode_s / ram_s : 0;
+        r->pair_median = chunk_ratio[n_ratio / 2];
+        r->tcpu_ms = decode_tcpu * per_tok;
+        r->ram_cpu_ms = ram_cpu * per_tok;
+        r->ram_tcpu_ms = ram_tcpu * per_tok;
+        r->cpu_ratio = ram_cpu > 0 ? decode_cpu / ram_cpu : 0;
+    }
+    if (o->timeline && kvp_ctx_store_timeline_png(ctx, o->timeline, err) < 0)
+        return -1;
+    return 0;
+}
+
+/* The whole measurement into r: contexts and token ids, the timed runs, then the floor. 0, or 1
+ * after printing the error. */
+static int run(const struct bench_opts *o, kvp_model *m, struct bench_result *r)
+{
+    int status = 1;
+    int32_t *toks = NULL;
+    float *logits = NULL;
+    double *chunk_ratio = NULL;
+    kvp_ctx *ctx = NULL, *ram = NULL; /* ram: the untiered twin of --paired */
+    const long cap = o->depth + o->n_decode;
+    kvp_model_get_info(m, &r->in);
+    if (!(ctx = bench_ctx(m, o, cap, true)) ||
+        (o->paired && !(ram = bench_ctx(m, o, cap, false))))
+        goto out;
+    long n_chunks = (o->n_decode + PAIR_CHUNK - 1) / PAIR_CHUNK;
+    chunk_ratio = malloc((size_t)(o->reps * n_chunks) * sizeof(double));
+    toks = malloc((size_t)cap * sizeof(int32_t));
+    logits = malloc((size_t)r->in.n_vocab * sizeof(float));
+    if (!toks || !logits || !chunk_ratio) {
+        cli_fail("out of memory");
+        goto out;
+    }
+    uint64_t x = 0x9e3779b97f4a7c15ULL; /* fixed pseudo-random token ids */
+    for (long i = 0; i < cap; i++)
+        toks[i] = (int32_t)(kvp_xorshift64(&x) % (uint64_t)r->in.n_vocab);
+    toks[0] = kvp_token_bos(m);
+    struct kvp_err err = {0};
+    if (time_prefill(o, ctx, toks, logits, r, &err) < 0 ||
+        (ram && kvp_eval(ram, toks, (int)o->depth, logits, false, &err) < 0) ||
+        time_decode(o, ctx, ram, toks, logits, chunk_ratio, r, &err) < 0) {
+        cli_fail_err(&err);
+        goto out;
+    }
+    /* the floor: every weight byte and the KV at the run's mean depth, at the bandwidth */
+    r->bandwidth = o->bandwidth > 0 ? o->bandwidth : measure_bandwidth((int)o->mo.n_threads);
+    r->type_k = kvp_ctx_kv_type_k(ctx);
+    r->type_v = kvp_ctx_kv_type_v(ctx);
+    r->kv_per_token =
+        (double)kvp_kv_bytes_per_token(m, r->type_k, r->type_v, (int)o->mo.block_size);
+    r->kv_bytes = r->kv_per_token * (double)(o->depth + o->n_decode / 2);
+    const double step_bytes = (double)r->in.weight_bytes + r->kv_bytes;
+    r->floor_tps = r->bandwidth > 0 ? r->bandwidth * 1e9 / step_bytes : 0;
+    status = 0;
+out:
+    free(chunk_ratio);
+    kvp_ctx_free(ram);
+    free(logits);
+    free(toks);
+    kvp_ctx_free(ctx);
+    return status;
 }
 
 /* The store's counters per decoded token, as one JSON object (fields documented inline). */
@@ -172,7 +376,7 @@ static cJSON *store_json(const struct kvp_store_stats *s)
     cJSON_AddNumberToObject(o, "unit_bytes", (double)s->unit_bytes);   /* one (layer, block) */
     cJSON_AddBoolToObject(o, "sq_poll", s->sq_poll); /* disk reads go through a polling thread */
     if (s->disk_io) /* disk tier: "io_uring" or "pread" (io_uring refused, or asked for) */
-        cJSON_AddStringToObject(o, "disk_io", disk_io_names[s->disk_io]);
+        cJSON_AddStringToObject(o, "disk_io", cli_disk_io_names[s->disk_io]);
     cJSON_AddNumberToObject(o, "step_ms", s->step_s / n * 1e3);        /* mean wall per token */
     cJSON_AddNumberToObject(o, "compute_ms", s->compute_s / n * 1e3);  /* step - predict - wait */
     cJSON_AddNumberToObject(o, "predict_ms", s->predict_s / n * 1e3);  /* next-step prediction */
@@ -208,384 +412,202 @@ static cJSON *store_json(const struct kvp_store_stats *s)
     return o;
 }
 
+/* The prefetch mode that ran (the default is token). */
+static const char *prefetch_name(const struct bench_opts *o)
+{
+    return cli_prefetch_names[o->to.prefetch ? o->to.prefetch : KVP_PREFETCH_TOKEN];
+}
+
+/* One JSON object on stdout; the fields are documented inline. */
+static void print_json(const struct bench_opts *o, const struct bench_result *r)
+{
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "model", r->in.name);
+    cJSON_AddStringToObject(j, "simd", kvp_simd()->name);
+    cJSON_AddNumberToObject(j, "threads", (double)o->mo.n_threads);
+    cJSON_AddNumberToObject(j, "ctx", (double)o->depth);
+    cJSON_AddNumberToObject(j, "n_decode", (double)o->n_decode);
+    cJSON_AddNumberToObject(j, "reps", (double)o->reps);
+    cJSON_AddNumberToObject(j, "prefill_tokens", (double)o->n_prefill);
+    cJSON_AddNumberToObject(j, "prefill_tokens_per_s", r->pp_best);
+    cJSON_AddStringToObject(j, "prefill_gemm",
+                            kvp_gemm_wants(KVP_TYPE_Q8_0, 2) ? "int8" : "sgemm");
+    cJSON_AddNumberToObject(j, "fill_seconds", r->fill_s);
+    if (r->fill_tiered)
+        cJSON_AddNumberToObject(j, "fill_transfer_seconds", r->fill_transfer_s);
+    cJSON_AddNumberToObject(j, "decode_tokens_per_s", r->tg_mean);
+    cJSON_AddNumberToObject(j, "decode_tokens_per_s_best", r->tg_best);
+    cJSON_AddNumberToObject(j, "decode_ms_per_token", 1e3 / r->tg_mean);
+    /* process CPU time (every thread) per decoded token: steadier than wall time on a
+     * shared host, and it counts the cost of transfer threads and I/O submission */
+    cJSON_AddNumberToObject(j, "decode_cpu_ms_per_token", r->cpu_ms);
+    cJSON_AddNumberToObject(j, "weight_bytes", (double)r->in.weight_bytes);
+    cJSON_AddStringToObject(j, "weight_type", kvp_type_name(r->in.weight_type));
+    /* kv_type_k, kv_type_v: the KV cache's element types (f32, f16, bf16, q8_0);
+     * kv_bytes_per_token: K and V of one token, all layers and KV heads (block padding
+     * included); kv_bytes_at_ctx: that times the context the run fills (ctx + n_decode);
+     * kv_bytes_per_step: the KV a dense step reads, at the run's mean depth */
+    cJSON_AddStringToObject(j, "kv_type_k", kvp_kv_type_name(r->type_k));
+    cJSON_AddStringToObject(j, "kv_type_v", kvp_kv_type_name(r->type_v));
+    cJSON_AddNumberToObject(j, "kv_bytes_per_token", r->kv_per_token);
+    cJSON_AddNumberToObject(j, "kv_bytes_at_ctx",
+                            r->kv_per_token * (double)(o->depth + o->n_decode));
+    cJSON_AddNumberToObject(j, "kv_bytes_per_step", r->kv_bytes);
+    cJSON_AddNumberToObject(j, "bandwidth_gbps", r->bandwidth);
+    cJSON_AddNumberToObject(j, "floor_decode_tokens_per_s", r->floor_tps);
+    cJSON_AddNumberToObject(j, "fraction_of_floor",
+                            r->floor_tps > 0 ? r->tg_mean / r->floor_tps : 0);
+    /* policy: the selection policy or "none" (dense attention); budget: as given (tokens,
+     * or a fraction of the context), null without a policy */
+    cJSON_AddStringToObject(j, "policy", o->pp.name ? o->pp.name : "none");
+    if (o->budget_arg)
+        cJSON_AddStringToObject(j, "budget", o->budget_arg);
+    else
+        cJSON_AddNullToObject(j, "budget");
+    /* kv_tier: none, ram, disk or redis; prefetch: dense/none/layer/token (null when
+     * untiered); hot_budget: --hot-budget tokens per layer (0: sized from the budget);
+     * link_gbps, link_latency_us: the modelled link (0: off) */
+    /* policy_ms_per_token: time inside the policy's select/on_step hooks per token (thread
+     * time summed over KV heads); policy_share: its fraction of the decode time */
+    if (o->pp.name) {
+        cJSON_AddNumberToObject(j, "policy_ms_per_token", r->pol_ms);
+        cJSON_AddNumberToObject(j, "policy_share", r->pol_ms * r->tg_mean / 1e3);
+        /* the same in CPU time of the threads that ran the hooks, against
+         * decode_cpu_ms_per_token (steadier on a shared host) */
+        cJSON_AddNumberToObject(j, "policy_cpu_ms_per_token", r->pol_cpu_ms);
+        cJSON_AddNumberToObject(j, "policy_cpu_share",
+                                r->cpu_ms > 0 ? r->pol_cpu_ms / r->cpu_ms : 0);
+    }
+    /* kv_resident_bytes: KV bytes (K and V, all layers) in the physical blocks the cache
+     * holds after the last decode step, taken from its block pool; null when tiered (the
+     * store's hot_bytes and cold_bytes say what it holds) */
+    if (r->tiered)
+        cJSON_AddNullToObject(j, "kv_resident_bytes");
+    else
+        cJSON_AddNumberToObject(j, "kv_resident_bytes", (double)r->kv_resident);
+    cJSON_AddStringToObject(j, "kv_tier", cli_tier_names[o->to.tier]);
+    if (r->tiered)
+        cJSON_AddStringToObject(j, "prefetch", prefetch_name(o));
+    else
+        cJSON_AddNullToObject(j, "prefetch");
+    cJSON_AddNumberToObject(j, "hot_budget", (double)o->to.hot_budget);
+    cJSON_AddNumberToObject(j, "link_gbps", o->link_gbps);
+    cJSON_AddNumberToObject(j, "link_latency_us", o->link_us);
+    /* store (tiered runs only, else null): means per decoded token over every repetition:
+     *   tokens          decode steps counted
+     *   hot_bytes       hot tier including the one-layer prefill staging area
+     *   cold_bytes      cold tier (the whole cache); unit_bytes: one (layer, block) unit
+     *   step_ms         wall time of a step = compute_ms + predict_ms + wait_ms
+     *   compute_ms      the forward pass itself
+     *   predict_ms      next-step prediction on the critical path (layer, token modes)
+     *   transfer_ms     time with at least one cold-tier read or write in flight
+     *   wait_ms         stalls waiting for prefetches and on-demand fetches
+     *   hits, late      selected units already hot (late: prefetch still in flight)
+     *   misses          selected units fetched on demand; hit_rate = hits/(hits+misses)
+     *   prefetched      units read ahead of need
+     *   overflow        units read past a full hot tier (raise --hot-budget if not 0)
+     *   bytes_read, bytes_written, reads   cold-tier traffic and I/O requests
+     *   misaligned      disk requests not 4 KiB aligned (total; always 0)
+     *   sq_poll         disk tier: a kernel thread polls the ring for reads (false: the
+     *                   kernel refused it, or --kv-syscall-submit)
+     *   runq_ms         the decode thread runnable but not running (schedstat), per token
+     *   sq_runq_ms, sq_cpu_ms   the polling thread waiting for a CPU and on one, per token
+     *   wait_sleep_ms   of wait_ms, asleep in the kernel for a completion; wait_sleeps: such
+     *                   waits per token
+     *   sq_unpicked     waits per token that found requests the polling thread had not
+     *                   taken yet
+     *   direct_requests requests per token the decode thread submitted itself, bypassing
+     *                   the polling thread (busy host); bypasses: switches to that (total);
+     *                   direct_submits: the system calls per token that submitted them
+     *   disk_io         disk tier only: "io_uring", or "pread" (io_uring refused by the
+     *                   kernel or a seccomp profile, or --kv-disk-io pread)
+     *   retries, bad_checksums, lost_units   faults met (totals; docs/store.md)
+     *   checksum_ms     computing and checking unit checksums, per token */
+    if (r->tiered)
+        cJSON_AddItemToObject(j, "store", store_json(&r->ss));
+    else
+        cJSON_AddNullToObject(j, "store");
+    /* paired (--paired, else null): the same decode on an untiered cache, alternating:
+     *   ram_tokens_per_s   untiered decode tokens/s over the same tokens
+     *   ratio              tiered time / untiered time (1.2 = tiered 1.2x slower)
+     *   ratio_median       median of that ratio over the chunks of PAIR_CHUNK tokens
+     *   thread_cpu_ms_per_token      CPU time of the decode thread alone in the tiered
+     *                                chunks (decode_cpu_ms_per_token: every thread)
+     *   ram_cpu_ms_per_token, ram_thread_cpu_ms_per_token   the same two in the untiered
+     *                                chunks (every thread; the decode thread)
+     *   cpu_ratio          decode_cpu_ms_per_token / ram_cpu_ms_per_token: what the tier
+     *                      costs in CPU, which a busy host does not change much */
+    if (r->paired) {
+        cJSON *pj = cJSON_AddObjectToObject(j, "paired");
+        cJSON_AddNumberToObject(pj, "ram_tokens_per_s", r->pair_rate);
+        cJSON_AddNumberToObject(pj, "ratio", r->pair_ratio);
+        cJSON_AddNumberToObject(pj, "ratio_median", r->pair_median);
+        cJSON_AddNumberToObject(pj, "thread_cpu_ms_per_token", r->tcpu_ms);
+        cJSON_AddNumberToObject(pj, "ram_cpu_ms_per_token", r->ram_cpu_ms);
+        cJSON_AddNumberToObject(pj, "ram_thread_cpu_ms_per_token", r->ram_tcpu_ms);
+        cJSON_AddNumberToObject(pj, "cpu_ratio", r->cpu_ratio);
+    } else {
+        cJSON_AddNullToObject(j, "paired");
+    }
+    char *s = cJSON_PrintUnformatted(j);
+    printf("%s\n", s);
+    cJSON_free(s);
+    cJSON_Delete(j);
+}
+
+/* The human-readable report. */
+static void print_text(const struct bench_opts *o, const struct bench_result *r)
+{
+    printf("model %s, %ld thread(s), SIMD %s, KV %s/%s (%.0f bytes/token)\n", r->in.name,
+           o->mo.n_threads, kvp_simd()->name, kvp_kv_type_name(r->type_k),
+           kvp_kv_type_name(r->type_v), r->kv_per_token);
+    printf("prefill  %6ld tokens: %10.1f tokens/s (best of %ld)\n", o->n_prefill, r->pp_best,
+           o->reps);
+    printf("fill     %6ld tokens: %10.3f s", o->depth, r->fill_s);
+    if (r->fill_tiered)
+        printf(" (%.3f s with cold-tier transfers in flight)", r->fill_transfer_s);
+    printf("\n");
+    printf("decode at %ld: %10.1f tokens/s mean, %.1f best (%.3f ms/token, %.3f ms CPU)\n",
+           o->depth, r->tg_mean, r->tg_best, 1e3 / r->tg_mean, r->cpu_ms);
+    printf("floor    %.1f tokens/s = %.1f GB/s / (%.2f MB weights + %.2f MB KV)\n", r->floor_tps,
+           r->bandwidth, r->in.weight_bytes / 1e6, r->kv_bytes / 1e6);
+    if (o->pp.name)
+        printf("policy   %s, budget %s: %.3f ms/token in select/on_step, %.1f%% of decode\n",
+               o->pp.name, o->budget_arg ? o->budget_arg : "all", r->pol_ms,
+               100 * r->pol_ms * r->tg_mean / 1e3);
+    if (!r->tiered)
+        printf("KV       %zu bytes resident after the last step\n", r->kv_resident);
+    if (r->tiered) {
+        double n = r->ss.steps ? (double)r->ss.steps : 1;
+        printf("store    %s tier, prefetch %s: per token %.3f ms compute, %.3f predict, "
+               "%.3f wait, %.3f transfer; %.1f hits, %.1f misses, %.0f KB read\n",
+               cli_tier_names[o->to.tier], prefetch_name(o),
+               r->ss.compute_s / n * 1e3, r->ss.predict_s / n * 1e3, r->ss.wait_s / n * 1e3,
+               r->ss.transfer_s / n * 1e3, r->ss.hits / n, r->ss.misses / n,
+               r->ss.bytes_read / n / 1e3);
+    }
+    if (r->paired)
+        printf("paired   untiered %.1f tokens/s in alternating chunks of %d: tiered/untiered "
+               "time %.3f (median chunk %.3f)\n",
+               r->pair_rate, PAIR_CHUNK, r->pair_ratio, r->pair_median);
+}
+
 int cmd_bench(int argc, char **argv)
 {
-    struct cli_model_opts mo = {0};
-    long n_decode = 128, n_prefill = 512, reps = 3, hot_budget = 0, sq_cpu = -1;
-    double bandwidth = 0, link_gbps = 0, link_us = 0;
-    bool json = false, paired = false, syscall_submit = false;
-    struct kvp_policy_params pp = {0};
-    const char *budget_arg = NULL, *timeline = NULL;
-    int tier = KVP_TIER_NONE, prefetch = KVP_PREFETCH_DEFAULT, disk_io = KVP_DISK_IO_AUTO;
-    const char *kv_dir = NULL, *kv_url = NULL;
-    const struct cli_flag flags[] = {
-        CLI_INT("-n", 1, 1 << 20, &n_decode, "a positive token count"),
-        CLI_INT("--prefill", 1, 1 << 24, &n_prefill, "a positive token count"),
-        CLI_INT("-r|--reps", 1, 1000, &reps, NULL),
-        CLI_FLOAT("--bandwidth", 0.001, 1e6, &bandwidth, "a positive GB/s value"),
-        CLI_STR("--policy", &pp.name),
-        CLI_STR("--budget", &budget_arg),
-        CLI_CHOICE("--kv-tier", tier_names, KVP_TIER_RAM, &tier, "ram, disk or redis"),
-        CLI_STR("--kv-dir", &kv_dir),
-        CLI_STR("--kv-url", &kv_url),
-        CLI_INT("--hot-budget", 1, 1 << 24, &hot_budget, "a positive token count"),
-        CLI_CHOICE("--prefetch", prefetch_names, KVP_PREFETCH_NONE, &prefetch,
-                   "dense, none, layer or token"),
-        CLI_FLOAT("--link-gbps", 0.001, 1e6, &link_gbps, "a positive GB/s value"),
-        CLI_FLOAT("--link-latency-us", 0, 1e7, &link_us, "a latency in microseconds"),
-        CLI_STR("--timeline", &timeline),
-        CLI_BOOL("--paired", &paired),
-        CLI_BOOL("--kv-syscall-submit", &syscall_submit),
-        CLI_INT("--kv-sq-cpu", 0, 4095, &sq_cpu, "a CPU number"),
-        CLI_CHOICE("--kv-disk-io", disk_io_names, KVP_DISK_IO_AUTO, &disk_io,
-                   "auto, io_uring or pread"),
-        CLI_BOOL("--json", &json),
-        {0},
-    };
-    const struct cli_command cmd = {
-        .name = "bench",
-        .mo = &mo,
-        .pp = &pp,
-        .flags = flags,
-        .help = help,
-        .budget = &budget_arg,
-    };
-    int rc = cli_parse_command(&cmd, argc, argv);
+    struct bench_opts o = {.n_decode = 128, .n_prefill = 512, .reps = 3,
+                           .to = CLI_TIER_OPTS_INIT};
+    int rc = parse_args(&o, argc, argv);
     if (rc)
         return rc == 2 ? 0 : 1;
-    if (mo.n_threads <= 0)
-        mo.n_threads = 1;
-    if (budget_arg && !pp.name)
-        return cli_fail("--budget needs --policy");
-    if (tier == KVP_TIER_NONE && (kv_dir || hot_budget || prefetch || link_gbps || link_us ||
-                                  timeline || paired || syscall_submit || sq_cpu >= 0))
-        return cli_fail("--kv-dir, --hot-budget, --prefetch, --link-*, --timeline, --paired, "
-                        "--kv-syscall-submit and --kv-sq-cpu need --kv-tier");
-    if ((tier == KVP_TIER_REDIS) != (kv_url != NULL))
-        return cli_fail("--kv-tier redis and --kv-url go together");
-    if (sq_cpu >= 0 && (tier != KVP_TIER_DISK || syscall_submit))
-        return cli_fail("--kv-sq-cpu needs --kv-tier disk without --kv-syscall-submit");
-    if (disk_io && tier != KVP_TIER_DISK)
-        return cli_fail("--kv-disk-io needs --kv-tier disk");
-    if (!pp.name && tier != KVP_TIER_NONE && prefetch != KVP_PREFETCH_DENSE)
-        cli_warn("without --policy every layer is dense and stays hot: nothing is tiered "
-                 "unless --prefetch dense");
-    struct kvp_ctx_params cp = {.kv_tier = tier, .kv_dir = kv_dir, .kv_url = kv_url,
-                                .hot_budget = (int)hot_budget,
-                                .prefetch = prefetch, .link_gbps = link_gbps,
-                                .link_latency_us = link_us,
-                                .kv_syscall_submit = syscall_submit,
-                                .kv_sq_pin = sq_cpu >= 0, .kv_sq_cpu = (int)sq_cpu,
-                                .kv_disk_io = disk_io};
-    int status = 1;
-    int32_t *toks = NULL;
-    float *logits = NULL;
-    double *chunk_ratio = NULL;
-    kvp_ctx *ctx = NULL, *ram = NULL; /* ram: the untiered twin of --paired */
-    kvp_model *m = cli_open_model(&mo);
+    kvp_model *m = cli_open_model(&o.mo);
     if (!m)
         return 1;
-    struct kvp_model_info in;
-    kvp_model_get_info(m, &in);
-    long depth = mo.n_ctx > 0 ? mo.n_ctx : 512;
-    if (n_prefill > depth)
-        n_prefill = depth;
-    long cap = depth + n_decode;
-    if (!(ctx = open_ctx(m, &mo, cap, cp)))
-        goto out;
-    struct kvp_err err = {0};
-    if (pp.name && kvp_ctx_set_policy(ctx, &pp, &err) < 0)
-        goto fail_err;
-    if (paired) {
-        struct kvp_ctx_params untiered = {0};
-        if (!(ram = open_ctx(m, &mo, cap, untiered)))
-            goto out;
-        if (pp.name && kvp_ctx_set_policy(ram, &pp, &err) < 0)
-            goto fail_err;
-    }
-    long n_chunks = (n_decode + PAIR_CHUNK - 1) / PAIR_CHUNK;
-    chunk_ratio = malloc((size_t)(reps * n_chunks) * sizeof(double));
-    toks = malloc((size_t)cap * sizeof(int32_t));
-    logits = malloc((size_t)in.n_vocab * sizeof(float));
-    if (!toks || !logits || !chunk_ratio) {
-        cli_fail("out of memory");
-        goto out;
-    }
-    uint64_t x = 0x9e3779b97f4a7c15ULL; /* fixed pseudo-random token ids */
-    for (long i = 0; i < cap; i++)
-        toks[i] = (int32_t)(kvp_xorshift64(&x) % (uint64_t)in.n_vocab);
-    toks[0] = kvp_token_bos(m);
-
-    /* prefill */
-    double pp_best = 0;
-    for (long r = 0; r < reps; r++) {
-        kvp_ctx_reset(ctx);
-        double t0 = kvp_time_now();
-        if (kvp_eval(ctx, toks, (int)n_prefill, logits, false, &err) < 0)
-            goto fail_err;
-        double rate = n_prefill / (kvp_time_now() - t0);
-        pp_best = rate > pp_best ? rate : pp_best;
-    }
-    /* fill to depth, then decode */
-    kvp_ctx_reset(ctx);
-    kvp_ctx_store_reset_stats(ctx);
-    double t0 = kvp_time_now();
-    if (kvp_eval(ctx, toks, (int)depth, logits, false, &err) < 0)
-        goto fail_err;
-    double fill_s = kvp_time_now() - t0;
-    /* of the fill, the time with cold-tier transfers in flight: the prefill waits for each
-     * layer's writes and reads, so this is what the tier adds to the forward pass */
-    struct kvp_store_stats fill_st = {0};
-    bool fill_tiered = kvp_ctx_store_stats(ctx, &fill_st) == 0;
-    if (ram && kvp_eval(ram, toks, (int)depth, logits, false, &err) < 0)
-        goto fail_err;
-    double tg_sum = 0, tg_best = 0, decode_s = 0, decode_cpu = 0, ram_s = 0;
-    double decode_tcpu = 0, ram_cpu = 0, ram_tcpu = 0; /* --paired: CPU of each side */
-    long n_ratio = 0;
-    long tl0 = n_decode >= 12 ? 8 : 0, tl1 = tl0 + 4 < n_decode ? tl0 + 4 : n_decode;
-    kvp_ctx_store_reset_stats(ctx);
-    kvp_ctx_policy_reset_seconds(ctx);
-    for (long r = 0; r < reps; r++) {
-        if (tier != KVP_TIER_NONE && r > 0) {
-            kvp_ctx_reset(ctx);
-            if (kvp_eval(ctx, toks, (int)depth, logits, false, &err) < 0)
-                goto fail_err;
-        } else {
-            kvp_ctx_truncate(ctx, (int)depth);
-        }
-        if (ram)
-            kvp_ctx_truncate(ram, (int)depth);
-        double dt = 0;
-        for (long i0 = 0; i0 < n_decode; i0 += PAIR_CHUNK) {
-            long i1 = i0 + PAIR_CHUNK < n_decode ? i0 + PAIR_CHUNK : n_decode;
-            t0 = kvp_time_now();
-            double c0 = kvp_cpu_time(), tc0 = kvp_thread_cpu_time();
-            for (long i = i0; i < i1; i++) {
-                if (timeline && r == 0 && i == tl0)
-                    kvp_ctx_store_timeline(ctx, true);
-                if (kvp_eval(ctx, toks + depth + i, 1, logits, false, &err) < 0)
-                    goto fail_err;
-                if (timeline && r == 0 && i + 1 == tl1)
-                    kvp_ctx_store_timeline(ctx, false);
-            }
-            double t1 = kvp_time_now(), c1 = kvp_cpu_time(), tc1 = kvp_thread_cpu_time();
-            dt += t1 - t0;
-            decode_cpu += c1 - c0;
-            decode_tcpu += tc1 - tc0;
-            if (!ram)
-                continue;
-            for (long i = i0; i < i1; i++)
-                if (kvp_eval(ram, toks + depth + i, 1, logits, false, &err) < 0)
-                    goto fail_err;
-            double t2 = kvp_time_now();
-            ram_cpu += kvp_cpu_time() - c1;
-            ram_tcpu += kvp_thread_cpu_time() - tc1;
-            ram_s += t2 - t1;
-            chunk_ratio[n_ratio++] = (t1 - t0) / (t2 - t1);
-        }
-        double rate = n_decode / dt;
-        decode_s += dt;
-        tg_sum += rate;
-        tg_best = rate > tg_best ? rate : tg_best;
-    }
-    /* the KV memory really held after the last step: physical blocks taken from the pool */
-    size_t kv_pool = kvp_kvcache_pool_bytes(&ctx->kv);
-    double tg_mean = tg_sum / reps;
-    double pol_ms = pp.name ? 1e3 * kvp_ctx_policy_seconds(ctx) / ((double)reps * n_decode) : 0;
-    double pol_cpu_ms =
-        pp.name ? 1e3 * kvp_ctx_policy_cpu_seconds(ctx) / ((double)reps * n_decode) : 0;
-    double cpu_ms = 1e3 * decode_cpu / ((double)reps * n_decode);
-    struct kvp_store_stats ss = {0};
-    bool tiered = kvp_ctx_store_stats(ctx, &ss) == 0;
-    /* --paired: the twin's rate, the time ratio over every chunk, and its median chunk */
-    double pair_rate = 0, pair_ratio = 0, pair_median = 0;
-    if (ram) {
-        qsort(chunk_ratio, (size_t)n_ratio, sizeof(double), cmp_double);
-        pair_rate = (double)(reps * n_decode) / ram_s;
-        pair_ratio = ram_s > 0 ? decode_s / ram_s : 0;
-        pair_median = chunk_ratio[n_ratio / 2];
-    }
-    double per_tok = 1e3 / ((double)reps * n_decode);
-    if (timeline && kvp_ctx_store_timeline_png(ctx, timeline, &err) < 0)
-        goto fail_err;
-    if (bandwidth <= 0)
-        bandwidth = measure_bandwidth((int)mo.n_threads);
-    int type_k = kvp_ctx_kv_type_k(ctx), type_v = kvp_ctx_kv_type_v(ctx);
-    double kv_per_token = (double)kvp_kv_bytes_per_token(m, type_k, type_v, (int)mo.block_size);
-    double kv_bytes = kv_per_token * (double)(depth + n_decode / 2);
-    double step_bytes = (double)in.weight_bytes + kv_bytes;
-    double floor_tps = bandwidth > 0 ? bandwidth * 1e9 / step_bytes : 0;
-    if (json) {
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddStringToObject(o, "model", in.name);
-        cJSON_AddStringToObject(o, "simd", kvp_simd()->name);
-        cJSON_AddNumberToObject(o, "threads", (double)mo.n_threads);
-        cJSON_AddNumberToObject(o, "ctx", (double)depth);
-        cJSON_AddNumberToObject(o, "n_decode", (double)n_decode);
-        cJSON_AddNumberToObject(o, "reps", (double)reps);
-        cJSON_AddNumberToObject(o, "prefill_tokens", (double)n_prefill);
-        cJSON_AddNumberToObject(o, "prefill_tokens_per_s", pp_best);
-        cJSON_AddStringToObject(o, "prefill_gemm",
-                                kvp_gemm_wants(KVP_TYPE_Q8_0, 2) ? "int8" : "sgemm");
-        cJSON_AddNumberToObject(o, "fill_seconds", fill_s);
-        if (fill_tiered)
-            cJSON_AddNumberToObject(o, "fill_transfer_seconds", fill_st.transfer_s);
-        cJSON_AddNumberToObject(o, "decode_tokens_per_s", tg_mean);
-        cJSON_AddNumberToObject(o, "decode_tokens_per_s_best", tg_best);
-        cJSON_AddNumberToObject(o, "decode_ms_per_token", 1e3 / tg_mean);
-        /* process CPU time (every thread) per decoded token: steadier than wall time on a
-         * shared host, and it counts the cost of transfer threads and I/O submission */
-        cJSON_AddNumberToObject(o, "decode_cpu_ms_per_token", cpu_ms);
-        cJSON_AddNumberToObject(o, "weight_bytes", (double)in.weight_bytes);
-        cJSON_AddStringToObject(o, "weight_type", kvp_type_name(in.weight_type));
-        /* kv_type_k, kv_type_v: the KV cache's element types (f32, f16, bf16, q8_0);
-         * kv_bytes_per_token: K and V of one token, all layers and KV heads (block padding
-         * included); kv_bytes_at_ctx: that times the context the run fills (ctx + n_decode);
-         * kv_bytes_per_step: the KV a dense step reads, at the run's mean depth */
-        cJSON_AddStringToObject(o, "kv_type_k", kvp_kv_type_name(type_k));
-        cJSON_AddStringToObject(o, "kv_type_v", kvp_kv_type_name(type_v));
-        cJSON_AddNumberToObject(o, "kv_bytes_per_token", kv_per_token);
-        cJSON_AddNumberToObject(o, "kv_bytes_at_ctx", kv_per_token * (double)cap);
-        cJSON_AddNumberToObject(o, "kv_bytes_per_step", kv_bytes);
-        cJSON_AddNumberToObject(o, "bandwidth_gbps", bandwidth);
-        cJSON_AddNumberToObject(o, "floor_decode_tokens_per_s", floor_tps);
-        cJSON_AddNumberToObject(o, "fraction_of_floor", floor_tps > 0 ? tg_mean / floor_tps : 0);
-        /* policy: the selection policy or "none" (dense attention); budget: as given (tokens,
-         * or a fraction of the context), null without a policy */
-        cJSON_AddStringToObject(o, "policy", pp.name ? pp.name : "none");
-        if (budget_arg)
-            cJSON_AddStringToObject(o, "budget", budget_arg);
-        else
-            cJSON_AddNullToObject(o, "budget");
-        /* kv_tier: none, ram, disk or redis; prefetch: dense/none/layer/token (null when
-         * untiered); hot_budget: --hot-budget tokens per layer (0: sized from the budget);
-         * link_gbps, link_latency_us: the modelled link (0: off) */
-        /* policy_ms_per_token: time inside the policy's select/on_step hooks per token (thread
-         * time summed over KV heads); policy_share: its fraction of the decode time */
-        if (pp.name) {
-            cJSON_AddNumberToObject(o, "policy_ms_per_token", pol_ms);
-            cJSON_AddNumberToObject(o, "policy_share", pol_ms * tg_mean / 1e3);
-            /* the same in CPU time of the threads that ran the hooks, against
-             * decode_cpu_ms_per_token (steadier on a shared host) */
-            cJSON_AddNumberToObject(o, "policy_cpu_ms_per_token", pol_cpu_ms);
-            cJSON_AddNumberToObject(o, "policy_cpu_share", cpu_ms > 0 ? pol_cpu_ms / cpu_ms : 0);
-        }
-        /* kv_resident_bytes: KV bytes (K and V, all layers) in the physical blocks the cache
-         * holds after the last decode step, taken from its block pool; null when tiered (the
-         * store's hot_bytes and cold_bytes say what it holds) */
-        if (tiered)
-            cJSON_AddNullToObject(o, "kv_resident_bytes");
-        else
-            cJSON_AddNumberToObject(o, "kv_resident_bytes", (double)kv_pool);
-        cJSON_AddStringToObject(o, "kv_tier", tier_names[tier]);
-        if (tiered)
-            cJSON_AddStringToObject(o, "prefetch", prefetch_names[prefetch ? prefetch : 4]);
-        else
-            cJSON_AddNullToObject(o, "prefetch");
-        cJSON_AddNumberToObject(o, "hot_budget", (double)hot_budget);
-        cJSON_AddNumberToObject(o, "link_gbps", link_gbps);
-        cJSON_AddNumberToObject(o, "link_latency_us", link_us);
-        /* store (tiered runs only, else null): means per decoded token over every repetition:
-         *   tokens          decode steps counted
-         *   hot_bytes       hot tier including the one-layer prefill staging area
-         *   cold_bytes      cold tier (the whole cache); unit_bytes: one (layer, block) unit
-         *   step_ms         wall time of a step = compute_ms + predict_ms + wait_ms
-         *   compute_ms      the forward pass itself
-         *   predict_ms      next-step prediction on the critical path (layer, token modes)
-         *   transfer_ms     time with at least one cold-tier read or write in flight
-         *   wait_ms         stalls waiting for prefetches and on-demand fetches
-         *   hits, late      selected units already hot (late: prefetch still in flight)
-         *   misses          selected units fetched on demand; hit_rate = hits/(hits+misses)
-         *   prefetched      units read ahead of need
-         *   overflow        units read past a full hot tier (raise --hot-budget if not 0)
-         *   bytes_read, bytes_written, reads   cold-tier traffic and I/O requests
-         *   misaligned      disk requests not 4 KiB aligned (total; always 0)
-         *   sq_poll         disk tier: a kernel thread polls the ring for reads (false: the
-         *                   kernel refused it, or --kv-syscall-submit)
-         *   runq_ms         the decode thread runnable but not running (schedstat), per token
-         *   sq_runq_ms, sq_cpu_ms   the polling thread waiting for a CPU and on one, per token
-         *   wait_sleep_ms   of wait_ms, asleep in the kernel for a completion; wait_sleeps: such
-         *                   waits per token
-         *   sq_unpicked     waits per token that found requests the polling thread had not
-         *                   taken yet
-         *   direct_requests requests per token the decode thread submitted itself, bypassing
-         *                   the polling thread (busy host); bypasses: switches to that (total);
-         *                   direct_submits: the system calls per token that submitted them
-         *   disk_io         disk tier only: "io_uring", or "pread" (io_uring refused by the
-         *                   kernel or a seccomp profile, or --kv-disk-io pread)
-         *   retries, bad_checksums, lost_units   faults met (totals; docs/store.md)
-         *   checksum_ms     computing and checking unit checksums, per token */
-        if (tiered)
-            cJSON_AddItemToObject(o, "store", store_json(&ss));
-        else
-            cJSON_AddNullToObject(o, "store");
-        /* paired (--paired, else null): the same decode on an untiered cache, alternating:
-         *   ram_tokens_per_s   untiered decode tokens/s over the same tokens
-         *   ratio              tiered time / untiered time (1.2 = tiered 1.2x slower)
-         *   ratio_median       median of that ratio over the chunks of PAIR_CHUNK tokens
-         *   thread_cpu_ms_per_token      CPU time of the decode thread alone in the tiered
-         *                                chunks (decode_cpu_ms_per_token: every thread)
-         *   ram_cpu_ms_per_token, ram_thread_cpu_ms_per_token   the same two in the untiered
-         *                                chunks (every thread; the decode thread)
-         *   cpu_ratio          decode_cpu_ms_per_token / ram_cpu_ms_per_token: what the tier
-         *                      costs in CPU, which a busy host does not change much */
-        if (ram) {
-            cJSON *pj = cJSON_AddObjectToObject(o, "paired");
-            cJSON_AddNumberToObject(pj, "ram_tokens_per_s", pair_rate);
-            cJSON_AddNumberToObject(pj, "ratio", pair_ratio);
-            cJSON_AddNumberToObject(pj, "ratio_median", pair_median);
-            cJSON_AddNumberToObject(pj, "thread_cpu_ms_per_token", decode_tcpu * per_tok);
-            cJSON_AddNumberToObject(pj, "ram_cpu_ms_per_token", ram_cpu * per_tok);
-            cJSON_AddNumberToObject(pj, "ram_thread_cpu_ms_per_token", ram_tcpu * per_tok);
-            cJSON_AddNumberToObject(pj, "cpu_ratio", ram_cpu > 0 ? decode_cpu / ram_cpu : 0);
-        } else {
-            cJSON_AddNullToObject(o, "paired");
-        }
-        char *s = cJSON_PrintUnformatted(o);
-        printf("%s\n", s);
-        cJSON_free(s);
-        cJSON_Delete(o);
-    } else {
-        printf("model %s, %ld thread(s), SIMD %s, KV %s/%s (%.0f bytes/token)\n", in.name,
-               mo.n_threads, kvp_simd()->name, kvp_kv_type_name(type_k),
-               kvp_kv_type_name(type_v), kv_per_token);
-        printf("prefill  %6ld tokens: %10.1f tokens/s (best of %ld)\n", n_prefill, pp_best, reps);
-        printf("fill     %6ld tokens: %10.3f s", depth, fill_s);
-        if (fill_tiered)
-            printf(" (%.3f s with cold-tier transfers in flight)", fill_st.transfer_s);
-        printf("\n");
-        printf("decode at %ld: %10.1f tokens/s mean, %.1f best (%.3f ms/token, %.3f ms CPU)\n",
-               depth, tg_mean, tg_best, 1e3 / tg_mean, cpu_ms);
-        printf("floor    %.1f tokens/s = %.1f GB/s / (%.2f MB weights + %.2f MB KV)\n", floor_tps,
-               bandwidth, in.weight_bytes / 1e6, kv_bytes / 1e6);
-        if (pp.name)
-            printf("policy   %s, budget %s: %.3f ms/token in select/on_step, %.1f%% of decode\n",
-                   pp.name, budget_arg ? budget_arg : "all", pol_ms, 100 * pol_ms * tg_mean / 1e3);
-        if (!tiered)
-            printf("KV       %zu bytes resident after the last step\n", kv_pool);
-        if (tiered) {
-            double n = ss.steps ? (double)ss.steps : 1;
-            printf("store    %s tier, prefetch %s: per token %.3f ms compute, %.3f predict, "
-                   "%.3f wait, %.3f transfer; %.1f hits, %.1f misses, %.0f KB read\n",
-                   tier_names[tier], prefetch_names[prefetch ? prefetch : 4],
-                   ss.compute_s / n * 1e3, ss.predict_s / n * 1e3, ss.wait_s / n * 1e3,
-                   ss.transfer_s / n * 1e3, ss.hits / n, ss.misses / n, ss.bytes_read / n / 1e3);
-        }
-        if (ram)
-            printf("paired   untiered %.1f tokens/s in alternating chunks of %d: tiered/untiered "
-                   "time %.3f (median chunk %.3f)\n",
-                   pair_rate, PAIR_CHUNK, pair_ratio, pair_median);
-    }
-    status = 0;
-    goto out;
-fail_err:
-    cli_fail_err(&err);
-out:
-    free(chunk_ratio);
-    kvp_ctx_free(ram);
-    free(logits);
-    free(toks);
-    kvp_ctx_free(ctx);
+    struct bench_result r = {0};
+    int status = run(&o, m, &r);
+    if (status == 0 && o.json)
+        print_json(&o, &r);
+    else if (status == 0)
+        print_text(&o, &r);
     kvp_model_close(m);
     return status;
 }

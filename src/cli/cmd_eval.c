@@ -72,6 +72,7 @@
 #include "cli/cli.h"
 #include "cli/common.h"
 #include "cli/measure_opts.h"
+#include "cli/tier_opts.h"
 #include "eval/measure.h"
 #include "policy/policy.h"
 
@@ -94,15 +95,14 @@ static void help(void)
            "  --retention-k K      K of token retention (default 32)\n"
            "  --json               one JSON object per line per (policy, budget) on stdout; the\n"
            "                       table goes to stderr\n"
-           "  --kv-tier T          ram, disk or redis: measure on tiered KV stores (the\n"
-           "                       numbers equal the untiered ones; evicting policies are\n"
-           "                       refused, and left out of 'all')\n"
-           "  --kv-dir DIR         directory of the disk tier's scratch file (default $TMPDIR)\n"
-           "  --kv-url URL         redis tier: redis://HOST:PORT[,HOST:PORT...]\n"
+           "%s"
+           "                       (measured on tiered stores, the numbers equal the untiered\n"
+           "                       ones; evicting policies are refused, and left out of 'all')\n"
            "  --seed S             seed of random policies (default 0)\n"
            "  --task T             retrieval accuracy on RULER-style prompts instead (see\n"
            "                       kvpred eval --task passkey --help)\n%s",
-           cli_model_flags_help, cli_policy_names(), cli_policy_flags_help());
+           cli_model_flags_help, cli_policy_names(), cli_tier_flags_help,
+           cli_policy_flags_help());
 }
 
 struct eval_opts {
@@ -112,19 +112,15 @@ struct eval_opts {
     struct cli_grid grid; /* --policy x --budget */
     long n_prefill, n_decode, retention_k;
     bool json;
-    int kv_tier;        /* enum kvp_kv_tier: the measured contexts' cache */
-    const char *kv_dir; /* disk tier: its directory */
-    const char *kv_url; /* redis tier: its servers */
+    struct cli_tier_opts to; /* the measured contexts' cache */
 };
-
-static const char *const tier_names[] = {"none", "ram", "disk", "redis", NULL};
 
 /* --policy all: without --aux, not the policies that need a file; tiered, not the evicting ones
  * (a tiered store keeps the whole cache) */
 static bool all_keep(const struct kvp_policy_ops *ops, const void *ud)
 {
     const struct eval_opts *o = ud;
-    return (o->pp.aux_path || !ops->needs_aux) && (!o->kv_tier || !ops->evicting);
+    return (o->pp.aux_path || !ops->needs_aux) && (!o->to.tier || !ops->evicting);
 }
 
 /* Parse argv into o. Returns 0, 1 after printing an error, or 2 after printing the help. */
@@ -139,28 +135,14 @@ static int parse_args(struct eval_opts *o, int argc, char **argv)
         CLI_INT("--decode", 1, 1 << 24, &o->n_decode, "a positive token count"),
         CLI_INT("--retention-k", 1, 1 << 20, &o->retention_k, "a positive count"),
         CLI_BOOL("--json", &o->json),
-        CLI_CHOICE("--kv-tier", tier_names, KVP_TIER_RAM, &o->kv_tier, "ram, disk or redis"),
-        CLI_STR("--kv-dir", &o->kv_dir),
-        CLI_STR("--kv-url", &o->kv_url),
+        CLI_TIER_FLAGS(&o->to),
         {0},
     };
-    const struct cli_command cmd = {
-        .name = "eval",
-        .mo = &o->mo,
-        .pp = &o->pp,
-        .policy_seed = true,
-        .flags = flags,
-        .help = help,
-    };
-    int rc = cli_parse_command(&cmd, argc, argv);
+    int rc = cli_parse_measure_command("eval", &o->mo, &o->pp, &o->src, flags, help, argc, argv);
     if (rc)
         return rc;
-    if (cli_token_source_check(&o->src, "eval"))
+    if (cli_tier_check(&o->to, true))
         return 1;
-    if (o->kv_dir && o->kv_tier != KVP_TIER_DISK)
-        return cli_fail("--kv-dir needs --kv-tier disk");
-    if ((o->kv_tier == KVP_TIER_REDIS) != (o->kv_url != NULL))
-        return cli_fail("--kv-tier redis and --kv-url go together");
     return cli_grid_parse(&o->grid, policy_list, budget_list, all_keep, o);
 }
 
@@ -349,7 +331,8 @@ int cmd_eval(int argc, char **argv)
                           .pp = {.gqa_agg = KVP_AGG_MEAN},
                           .n_prefill = 256,
                           .n_decode = 256,
-                          .retention_k = 32};
+                          .retention_k = 32,
+                          .to = CLI_TIER_OPTS_INIT};
     int rc = parse_args(&o, argc, argv);
     if (rc) {
         cli_grid_free(&o.grid);
@@ -375,9 +358,7 @@ int cmd_eval(int argc, char **argv)
     if (!tokens)
         goto out;
     struct kvp_ctx_params cp = cli_ctx_params(&o.mo, 0);
-    cp.kv_tier = o.kv_tier;
-    cp.kv_dir = o.kv_dir;
-    cp.kv_url = o.kv_url;
+    cli_tier_apply(&o.to, &cp);
     struct kvp_measure_params mp = {.n_prefill = (int)o.n_prefill,
                                     .n_decode = (int)o.n_decode,
                                     .retention_k = (int)o.retention_k};

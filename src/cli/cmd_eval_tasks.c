@@ -95,20 +95,6 @@ struct task_opts {
     const char *heatmap, *filler;
 };
 
-/* Parse a comma-separated list of integers in [lo, hi]; -1 on a bad list. */
-static int parse_longs(const char *s, long lo, long hi, long *out)
-{
-    char buf[1024], *items[MAX_ITEMS];
-    if (strlen(s) >= sizeof(buf))
-        return -1;
-    strcpy(buf, s);
-    int n = cli_split_list(buf, items, MAX_ITEMS);
-    for (int i = 0; i < n; i++)
-        if (!cli_parse_int(items[i], lo, hi, &out[i]))
-            return -1;
-    return n;
-}
-
 static int parse_args(struct task_opts *o, int argc, char **argv)
 {
     const char *policy_list = "full", *budget_list = "1/8", *task = NULL;
@@ -137,9 +123,11 @@ static int parse_args(struct task_opts *o, int argc, char **argv)
     int rc = cli_parse_command(&cmd, argc, argv);
     if (rc)
         return rc;
-    if (lengths && (o->n_len = parse_longs(lengths, 16, 1 << 24, o->lengths)) < 0)
+    if (lengths &&
+        (o->n_len = cli_parse_int_list(lengths, 16, 1 << 24, o->lengths, MAX_ITEMS)) < 0)
         return cli_fail("--lengths: '%s' is not a list of token counts (>= 16)", lengths);
-    if (depths && (o->n_depth = parse_longs(depths, 0, 100, o->depths)) < 0)
+    if (depths &&
+        (o->n_depth = cli_parse_int_list(depths, 0, 100, o->depths, MAX_ITEMS)) < 0)
         return cli_fail("--depths: '%s' is not a list of percentages in 0..100", depths);
     if ((o->ti = kvp_task_eval_index(task)) < 0)
         return cli_fail("eval: --task '%s' is not one of passkey, niah_single, niah_multikey, "

@@ -33,31 +33,22 @@ int cmd_logits(int argc, char **argv)
     int rc = cli_parse_command(&cmd, argc, argv);
     if (rc)
         return rc == 2 ? 0 : 1;
-    if (!file)
-        return cli_fail("logits: -f FILE is required");
-    int status = 1;
-    char *text = NULL;
-    int32_t *ids = NULL;
-    float *logits = NULL;
-    kvp_ctx *ctx = NULL;
-    kvp_model *m = cli_open_model(&mo);
-    if (!m)
+    struct cli_scored_text t;
+    if (cli_scored_text_open(&t, &mo, "logits", file, 0))
         return 1;
-    struct kvp_model_info in;
-    kvp_model_get_info(m, &in);
-    size_t len, n;
-    if (!(text = cli_read_file(file, &len)) || !(ids = cli_tokenize(m, text, len, true, &n)))
-        goto out;
-    if (npos > 0 && (size_t)npos < n)
-        n = (size_t)npos;
-    ctx = cli_open_ctx(m, &mo, mo.n_ctx > 0 ? mo.n_ctx : (long)n);
+    int status = 1;
+    float *logits = NULL;
+    size_t n = npos > 0 && (size_t)npos < t.n ? (size_t)npos : t.n;
+    const int32_t *ids = t.ids;
+    const int n_vocab = t.in.n_vocab;
+    kvp_ctx *ctx = cli_open_ctx(t.m, &mo, mo.n_ctx > 0 ? mo.n_ctx : (long)n);
     if (!ctx)
         goto out;
     if ((long)n > kvp_ctx_n_ctx(ctx)) {
         cli_fail("logits: %zu tokens do not fit in context %d", n, kvp_ctx_n_ctx(ctx));
         goto out;
     }
-    logits = malloc(n * (size_t)in.n_vocab * sizeof(float));
+    logits = malloc(n * (size_t)n_vocab * sizeof(float));
     if (!logits) {
         cli_fail("out of memory");
         goto out;
@@ -73,8 +64,8 @@ int cmd_logits(int argc, char **argv)
     printf("], \"logits\": [");
     for (size_t i = 0; i < n; i++) {
         printf("%s[", i ? ", " : "");
-        for (int j = 0; j < in.n_vocab; j++)
-            printf("%s%.6g", j ? ", " : "", logits[i * in.n_vocab + j]);
+        for (int j = 0; j < n_vocab; j++)
+            printf("%s%.6g", j ? ", " : "", logits[i * n_vocab + j]);
         printf("]");
     }
     printf("]}\n");
@@ -82,8 +73,6 @@ int cmd_logits(int argc, char **argv)
 out:
     free(logits);
     kvp_ctx_free(ctx);
-    free(ids);
-    free(text);
-    kvp_model_close(m);
+    cli_scored_text_close(&t);
     return status;
 }

@@ -45,39 +45,27 @@ int cmd_perplexity(int argc, char **argv)
     int rc = cli_parse_command(&cmd, argc, argv);
     if (rc)
         return rc == 2 ? 0 : 1;
-    if (!file)
-        return cli_fail("perplexity: -f FILE is required");
-    int status = 1;
-    char *text = NULL;
-    int32_t *ids = NULL;
-    kvp_ctx *ctx = NULL;
-    kvp_model *m = cli_open_model(&mo);
-    if (!m)
+    struct cli_scored_text t;
+    if (cli_scored_text_open(&t, &mo, "perplexity", file, (size_t)max_bytes))
         return 1;
-    struct kvp_model_info in;
-    kvp_model_get_info(m, &in);
-    long n_ctx = mo.n_ctx > 0 ? mo.n_ctx : in.n_ctx_train;
+    int status = 1;
+    kvp_ctx *ctx = NULL;
+    const size_t n = t.n;
+    long n_ctx = mo.n_ctx > 0 ? mo.n_ctx : t.in.n_ctx_train;
     if (n_ctx < 4) {
         cli_fail("perplexity: context %ld is too short (need at least 4)", n_ctx);
         goto out;
     }
-    size_t len, n;
-    if (!(text = cli_read_file(file, &len)))
-        goto out;
-    if (max_bytes > 0 && (size_t)max_bytes < len)
-        len = (size_t)max_bytes;
-    if (!(ids = cli_tokenize(m, text, len, true, &n)))
-        goto out;
     if (kvp_perplexity_chunks(n, n_ctx, max_chunks) < 1) {
         cli_fail("perplexity: the text has %zu tokens, fewer than one context of %ld", n, n_ctx);
         goto out;
     }
-    if (!(ctx = cli_open_ctx(m, &mo, n_ctx)))
+    if (!(ctx = cli_open_ctx(t.m, &mo, n_ctx)))
         goto out;
     struct kvp_ppl_result r;
     struct kvp_err err = {0};
     double t0 = kvp_time_now();
-    if (kvp_perplexity(ctx, m, ids, n, n_ctx, max_chunks, json ? NULL : progress, NULL, &r,
+    if (kvp_perplexity(ctx, t.m, t.ids, n, n_ctx, max_chunks, json ? NULL : progress, NULL, &r,
                        &err) < 0) {
         cli_fail_err(&err);
         goto out;
@@ -87,7 +75,7 @@ int cmd_perplexity(int argc, char **argv)
     double mean = r.nll, ppl = r.ppl, se = r.ppl_stderr;
     if (json) {
         cJSON *o = cJSON_CreateObject();
-        cJSON_AddStringToObject(o, "model", in.name);
+        cJSON_AddStringToObject(o, "model", t.in.name);
         cJSON_AddNumberToObject(o, "ctx", (double)n_ctx);
         cJSON_AddNumberToObject(o, "chunks", (double)n_chunks);
         cJSON_AddNumberToObject(o, "tokens", (double)n);
@@ -109,8 +97,6 @@ int cmd_perplexity(int argc, char **argv)
     status = 0;
 out:
     kvp_ctx_free(ctx);
-    free(ids);
-    free(text);
-    kvp_model_close(m);
+    cli_scored_text_close(&t);
     return status;
 }

@@ -68,15 +68,7 @@ int cmd_run(int argc, char **argv)
         CLI_TIER_FLAGS(&to),
         {0},
     };
-    const struct cli_command cmd = {
-        .name = "run",
-        .mo = &mo,
-        .pp = &pp,
-        .flags = flags,
-        .help = help,
-        .budget = &budget,
-    };
-    int rc = cli_parse_command(&cmd, argc, argv);
+    int rc = cli_parse_policy_command("run", &mo, &pp, &budget, flags, help, argc, argv);
     if (rc)
         return rc == 2 ? 0 : 1;
     if (prompt && prompt_file)

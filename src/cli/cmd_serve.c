@@ -9,6 +9,7 @@
 #include "cli/cli.h"
 #include "cli/common.h"
 #include "cli/measure_opts.h"
+#include "cli/tier_opts.h"
 #include "server/server.h"
 
 static int sig_pipe[2] = {-1, -1};
@@ -19,8 +20,6 @@ static void on_signal(int sig)
     ssize_t n = write(sig_pipe[1], &b, 1);
     (void)n; /* a full pipe already holds a stop request */
 }
-
-static const char *const tier_names[] = {"none", "ram", "disk", "redis", NULL};
 
 static void help(void)
 {
@@ -49,30 +48,27 @@ static void help(void)
            "                       (default 1024; 0: no prefix cache beyond each slot's own)\n"
            "  --kv-cache-dir DIR   also keep cached prefixes in DIR, for the next run with the\n"
            "                       same model file and KV types (checked when read back)\n"
-           "  --kv-tier T          none, ram, disk or redis: where each slot's KV cache lives\n"
-           "                       (a tiered slot reuses only its own prefix)\n"
-           "  --kv-dir DIR         disk tier: folder of the scratch files\n"
-           "  --kv-url URL         redis tier: redis://HOST:PORT\n"
+           "%s"
+           "                       (each slot's cache; a tiered slot reuses only its own prefix)\n"
            "  --policy P           default KV selection policy (a request may choose another\n"
            "                       with \"kvpred\": {\"policy\": P, \"budget\": B}); known: %s\n"
            "  --budget B           tokens per layer and KV head, or a ratio such as 1/16\n"
            "  predictor, qpredictor and catekv find their file beside the model\n"
            "  (MODEL.kvpp, .qkvpp, .catekv-r0.2.profile) when --aux / --head-profile is not given\n"
            "%s",
-           cli_model_flags_help, cli_policy_names(), cli_policy_flags_help());
+           cli_model_flags_help, cli_tier_flags_help, cli_policy_names(), cli_policy_flags_help());
 }
 
 int cmd_serve(int argc, char **argv)
 {
     struct cli_model_opts mo = {0};
-    const char *host = "127.0.0.1", *api_key = NULL, *budget = NULL, *kv_dir = NULL,
-               *kv_url = NULL;
+    const char *host = "127.0.0.1", *api_key = NULL, *budget = NULL;
     long port = 8080, n_slots = 2, queue = -1, max_body = 8 << 20, max_tokens = 0,
          n_predict = 128, top_k = 40, seed = 42;
     double temp = 0.0, top_p = 0.95, grace = 10.0;
     long timeout = 30, cache_mib = 1024;
     const char *cache_dir = NULL;
-    int tier = 0;
+    struct cli_tier_opts to = CLI_TIER_OPTS_INIT;
     struct kvp_policy_params pp = {.gqa_agg = KVP_AGG_MEAN};
     const struct cli_flag flags[] = {
         CLI_STR("--host", &host),
@@ -91,24 +87,16 @@ int cmd_serve(int argc, char **argv)
         CLI_INT("--timeout", 1, 3600, &timeout, "seconds in 1..3600"),
         CLI_STR("--kv-cache-dir", &cache_dir),
         CLI_INT("--cache-ram", 0, 1L << 22, &cache_mib, "MiB in 0..2^22"),
-        CLI_CHOICE("--kv-tier", tier_names, 0, &tier, "none, ram, disk or redis"),
-        CLI_STR("--kv-dir", &kv_dir),
-        CLI_STR("--kv-url", &kv_url),
+        CLI_TIER_FLAGS(&to),
         CLI_STR("--policy", &pp.name),
         CLI_STR("--budget", &budget),
         {0},
     };
-    const struct cli_command cmd = {
-        .name = "serve",
-        .mo = &mo,
-        .pp = &pp,
-        .flags = flags,
-        .help = help,
-        .budget = &budget,
-    };
-    int rc = cli_parse_command(&cmd, argc, argv);
+    int rc = cli_parse_policy_command("serve", &mo, &pp, &budget, flags, help, argc, argv);
     if (rc)
         return rc == 2 ? 0 : 1;
+    if (cli_tier_check(&to, true)) /* no warning without --policy: requests may name one */
+        return 1;
     if (!api_key)
         api_key = getenv("KVPRED_API_KEY");
     if (api_key && !*api_key)
@@ -142,9 +130,7 @@ int cmd_serve(int argc, char **argv)
         .top_k = (int)top_k,
         .seed = (unsigned long long)seed,
     };
-    cfg.cp.kv_tier = tier;
-    cfg.cp.kv_dir = kv_dir;
-    cfg.cp.kv_url = kv_url;
+    cli_tier_apply(&to, &cfg.cp);
     if (cfg.max_queue < 1)
         cfg.max_queue = 1;
     int n_ctx = cfg.cp.n_ctx > 0 ? cfg.cp.n_ctx : info.n_ctx_train;

@@ -269,17 +269,14 @@ static long bench_step_tokens(int ctx)
 static int run_bench(const struct kvp_train_config *cfg, const char *ctx_list, int precision,
                      long steps, long reps, int threads)
 {
-    int ctx[BENCH_MAX_CTX], n_ctx = 0;
-    const char *p = ctx_list;
-    while (*p) {
-        char *end;
-        long c = strtol(p, &end, 10);
-        if (end == p || c < 16 || c > 65536 || n_ctx == BENCH_MAX_CTX || (*end && *end != ','))
-            return cli_fail("--bench-ctx: '%s' is not a list of up to %d contexts 16..65536",
-                            ctx_list, BENCH_MAX_CTX);
-        ctx[n_ctx++] = (int)c;
-        p = *end ? end + 1 : end;
-    }
+    long ctx_l[BENCH_MAX_CTX];
+    int ctx[BENCH_MAX_CTX];
+    int n_ctx = cli_parse_int_list(ctx_list, 16, 65536, ctx_l, BENCH_MAX_CTX);
+    if (n_ctx < 0)
+        return cli_fail("--bench-ctx: '%s' is not a list of up to %d contexts 16..65536",
+                        ctx_list, BENCH_MAX_CTX);
+    for (int c = 0; c < n_ctx; c++)
+        ctx[c] = (int)ctx_l[c];
     int precs[2] = {KVP_PREC_F32, KVP_PREC_BF16}, n_prec = 2;
     if (precision >= 0) {
         precs[0] = precision;

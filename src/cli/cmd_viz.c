@@ -183,19 +183,9 @@ static int parse_args(struct viz_opts *o, int argc, char **argv)
         CLI_STR("-o|--output", &o->out),
         {0},
     };
-    const struct cli_command cmd = {
-        .name = "viz",
-        .mo = &o->mo,
-        .pp = &o->pp,
-        .policy_seed = true,
-        .flags = flags,
-        .help = help,
-    };
-    int rc = cli_parse_command(&cmd, argc, argv);
+    int rc = cli_parse_measure_command("viz", &o->mo, &o->pp, &o->src, flags, help, argc, argv);
     if (rc)
         return rc;
-    if (cli_token_source_check(&o->src, "viz"))
-        return 1;
     if (!o->out)
         return cli_fail("viz: give the output file with -o OUT.png");
     if (o->layer < 0 || o->head < 0)

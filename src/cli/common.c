@@ -238,6 +238,35 @@ kvp_model *cli_open_model(const struct cli_model_opts *o)
     return m;
 }
 
+int cli_split_list(char *s, char **items, int max)
+{
+    int n = 0;
+    for (char *tok = s;; n++) {
+        char *comma = strchr(tok, ',');
+        if (comma)
+            *comma = 0;
+        if (!*tok || n == max)
+            return -1;
+        items[n] = tok;
+        if (!comma)
+            return n + 1;
+        tok = comma + 1;
+    }
+}
+
+int cli_parse_int_list(const char *s, long lo, long hi, long *out, int max)
+{
+    size_t len = strlen(s);
+    char *buf = malloc(len + 1), **items = malloc((size_t)max * sizeof(char *));
+    int n = buf && items ? cli_split_list(memcpy(buf, s, len + 1), items, max) : -1;
+    for (int i = 0; i < n; i++)
+        if (!cli_parse_int(items[i], lo, hi, &out[i]))
+            n = -1;
+    free(items);
+    free(buf);
+    return n;
+}
+
 struct kvp_ctx_params cli_ctx_params(const struct cli_model_opts *o, long n_ctx)
 {
     return (struct kvp_ctx_params){
@@ -326,6 +355,36 @@ int32_t *cli_tokenize(const kvp_model *m, const char *text, size_t len, bool add
     return ids;
 }
 
+int cli_scored_text_open(struct cli_scored_text *t, const struct cli_model_opts *o,
+                         const char *cmd, const char *path, size_t max_bytes)
+{
+    *t = (struct cli_scored_text){0};
+    if (!path)
+        return cli_fail("%s: -f FILE is required", cmd);
+    if (!(t->m = cli_open_model(o)))
+        return 1;
+    kvp_model_get_info(t->m, &t->in);
+    size_t len;
+    char *text = cli_read_file(path, &len);
+    if (text && max_bytes > 0 && max_bytes < len)
+        len = max_bytes;
+    if (text)
+        t->ids = cli_tokenize(t->m, text, len, true, &t->n);
+    free(text);
+    if (!t->ids) {
+        cli_scored_text_close(t);
+        return 1;
+    }
+    return 0;
+}
+
+void cli_scored_text_close(struct cli_scored_text *t)
+{
+    free(t->ids);
+    kvp_model_close(t->m);
+    *t = (struct cli_scored_text){0};
+}
+
 int cli_parse_command(const struct cli_command *cmd, int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
@@ -380,4 +439,14 @@ struct kvp_corpus *cli_open_filler(const char **pathp, int ti)
     if (!*pathp)
         *pathp = "none (the pass key's noise line)";
     return c;
+}
+
+int cli_parse_policy_command(const char *name, struct cli_model_opts *mo,
+                             struct kvp_policy_params *pp, const char **budget,
+                             const struct cli_flag *flags, void (*help)(void), int argc,
+                             char **argv)
+{
+    const struct cli_command cmd = {
+        .name = name, .mo = mo, .pp = pp, .flags = flags, .help = help, .budget = budget};
+    return cli_parse_command(&cmd, argc, argv);
 }

@@ -19,6 +19,12 @@ void cli_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Strict number parsing for flags: the whole string must be a number in range. */
 bool cli_parse_int(const char *s, long min, long max, long *out);
 bool cli_parse_float(const char *s, double min, double max, double *out);
+/* Split s in place at commas into at most max non-empty items; the count, or -1 for an empty
+ * item or too many. */
+int cli_split_list(char *s, char **items, int max);
+/* A comma-separated list of at most max integers in [lo, hi] into out: the count, or -1 for a
+ * bad list (an empty item, a number out of range, too many). */
+int cli_parse_int_list(const char *s, long lo, long hi, long *out, int max);
 
 struct cli_model_opts {
     const char *model_path;     /* -m */
@@ -54,6 +60,20 @@ char *cli_read_file(const char *path, size_t *len);
 
 /* Tokenize text into a malloc'd array. Prints the error and returns NULL. */
 int32_t *cli_tokenize(const kvp_model *m, const char *text, size_t len, bool add_bos, size_t *n);
+
+/* A text file scored whole (logits, perplexity): the model, its info, and the file's token ids
+ * (BOS first) from at most max_bytes of it (0: all). cmd names the command in the errors. */
+struct cli_scored_text {
+    kvp_model *m;
+    struct kvp_model_info in;
+    int32_t *ids;
+    size_t n;
+};
+/* Open the model, read and tokenize the file (-f, required). 0, or 1 after printing the error
+ * (t is then closed). */
+int cli_scored_text_open(struct cli_scored_text *t, const struct cli_model_opts *o,
+                         const char *cmd, const char *path, size_t max_bytes);
+void cli_scored_text_close(struct cli_scored_text *t);
 
 /* The filler of `eval --task` / `prompt` task ti: --filler, or the essays under $KVP_SHARED_DIR
  * (../shared without it); the pass key without --filler needs none (its own noise line). *path
@@ -138,5 +158,11 @@ struct cli_command {
                                   pp->name, if given, must name a policy */
 };
 int cli_parse_command(const struct cli_command *cmd, int argc, char **argv);
+/* The same for a command with the model flags, one policy (pp) and its --budget (run, serve,
+ * bench, batched-bench): --policy and --budget are rows of flags. */
+int cli_parse_policy_command(const char *name, struct cli_model_opts *mo,
+                             struct kvp_policy_params *pp, const char **budget,
+                             const struct cli_flag *flags, void (*help)(void), int argc,
+                             char **argv);
 
 #endif

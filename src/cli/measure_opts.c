@@ -125,22 +125,6 @@ bool cli_parse_budget(const char *s, int *budget, float *ratio)
     return kvp_budget_parse(s, budget, ratio);
 }
 
-int cli_split_list(char *s, char **items, int max)
-{
-    int n = 0;
-    for (char *tok = s;; n++) {
-        char *comma = strchr(tok, ',');
-        if (comma)
-            *comma = 0;
-        if (!*tok || n == max)
-            return -1;
-        items[n] = tok;
-        if (!comma)
-            return n + 1;
-        tok = comma + 1;
-    }
-}
-
 int cli_grid_parse(struct cli_grid *g, const char *policies, const char *budgets,
                    bool (*all_keep)(const struct kvp_policy_ops *ops, const void *ud),
                    const void *ud)
@@ -255,11 +239,19 @@ int32_t *cli_measure_tokens(const kvp_model *m, const struct cli_token_source *s
     return ids;
 }
 
-int cli_token_source_check(const struct cli_token_source *src, const char *cmd)
+int cli_parse_measure_command(const char *name, struct cli_model_opts *mo,
+                              struct kvp_policy_params *pp, const struct cli_token_source *src,
+                              const struct cli_flag *flags, void (*help)(void), int argc,
+                              char **argv)
 {
+    const struct cli_command cmd = {
+        .name = name, .mo = mo, .pp = pp, .policy_seed = true, .flags = flags, .help = help};
+    int rc = cli_parse_command(&cmd, argc, argv);
+    if (rc)
+        return rc;
     if (!src->text_path && src->seed < 0)
-        return cli_fail("%s: give a text with -f FILE (or --tokens-from-seed S)", cmd);
+        return cli_fail("%s: give a text with -f FILE (or --tokens-from-seed S)", name);
     if (src->text_path && src->seed >= 0)
-        return cli_fail("%s: give either -f or --tokens-from-seed, not both", cmd);
+        return cli_fail("%s: give either -f or --tokens-from-seed, not both", name);
     return 0;
 }

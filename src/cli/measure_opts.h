@@ -25,9 +25,6 @@ const char *cli_policy_flags_help(void);
  * context, in (0, 1]). Exactly one of *budget and *ratio is set non-zero. */
 bool cli_parse_budget(const char *s, int *budget, float *ratio);
 
-/* Split s in place at commas into at most max non-empty items; the count, or -1 for an empty
- * item or too many. */
-int cli_split_list(char *s, char **items, int max);
 
 /* The policy x budget grid `eval` and `eval --task` run: every policy of --policy LIST at every
  * budget of --budget LIST, "full" once (its budget label "all"). */
@@ -73,14 +70,21 @@ struct cli_token_source {
 /* n tokens for a measurement, malloc'd. Prints the error and returns NULL. */
 int32_t *cli_measure_tokens(const kvp_model *m, const struct cli_token_source *src, int n);
 
-/* The flag-table rows of a token source (-f, --offset, --tokens-from-seed) ... */
+/* The flag-table rows of a token source (-f, --offset, --tokens-from-seed). */
 #define CLI_TOKEN_SOURCE_FLAGS(src)                                                                \
     CLI_STR("-f|--file", &(src)->text_path),                                                       \
         CLI_INT("--offset", 0, 0x7fffffffffffL, &(src)->offset, "a byte offset"),                  \
         CLI_INT("--tokens-from-seed", 0, 0x7fffffffffffffffL, &(src)->seed,                        \
                 "a non-negative integer")
-/* ... and the check that exactly one of a text and a seed was given (prints the error for cmd;
- * returns 1 then, else 0). */
-int cli_token_source_check(const struct cli_token_source *src, const char *cmd);
+/* The command line of a command that measures policies on those tokens (eval, viz): the model
+ * flags, the policy flags (--seed is the policy's) and the command's table, which holds the
+ * CLI_TOKEN_SOURCE_FLAGS rows of src; then the check that exactly one of a text and a seed was
+ * given. Returns 0, 1 after printing the error, or 2 after printing the help. */
+struct cli_model_opts;
+struct cli_flag;
+int cli_parse_measure_command(const char *name, struct cli_model_opts *mo,
+                              struct kvp_policy_params *pp, const struct cli_token_source *src,
+                              const struct cli_flag *flags, void (*help)(void), int argc,
+                              char **argv);
 
 #endif

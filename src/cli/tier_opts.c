@@ -7,17 +7,19 @@ const char *const cli_disk_io_names[] = {"auto", "io_uring", "pread", NULL};
 
 const char *cli_tier_flags_help =
     "  --kv-tier T          ram, disk or redis: keep the whole KV cache in a cold tier and\n"
-    "                       only the blocks a step needs hot (default: untiered); the\n"
-    "                       output is the untiered one\n"
-    "  --kv-dir DIR         disk tier: directory of its scratch file (default $TMPDIR, /tmp);\n"
-    "                       the file has no name and vanishes with the process\n"
+    "                       only the blocks a step needs hot (default none: untiered);\n"
+    "                       the logits equal the untiered ones\n"
+    "  --kv-dir DIR         disk tier: directory of its scratch files (default $TMPDIR,\n"
+    "                       /tmp); they have no name and vanish with the process\n"
     "  --kv-url URL         redis tier: redis://HOST:PORT[,HOST:PORT...] (one server or the\n"
-    "                       seed nodes of a cluster)[?timeout_ms=N&ttl_ms=N]\n"
+    "                       seed nodes of a cluster)[?OPTION=N&...], options timeout_ms,\n"
+    "                       ttl_ms, failover_ms, pipeline, wait_replicas (docs/store.md)\n"
     "  --hot-budget N       hot-tier tokens per tiered layer (default: from the budget)\n"
     "  --prefetch M         dense, none, layer or token (default token)\n"
     "  --kv-syscall-submit  disk tier: submit reads by syscall, not through a kernel thread\n"
     "                       polling the io_uring ring\n"
-    "  --kv-sq-cpu N        disk tier: run that polling thread on CPU N\n"
+    "  --kv-sq-cpu N        disk tier: run that polling thread on CPU N (for example with\n"
+    "                       the decode thread kept elsewhere by taskset)\n"
     "  --kv-disk-io P       disk tier: auto, io_uring or pread (default auto: io_uring, pread\n"
     "                       threads where it is refused; KVPRED_DISK_IO sets auto's choice)\n";
 

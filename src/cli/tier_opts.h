@@ -25,9 +25,11 @@ extern const char *const cli_tier_names[];     /* by enum kvp_kv_tier */
 extern const char *const cli_prefetch_names[]; /* by enum kvp_prefetch */
 extern const char *const cli_disk_io_names[];  /* by enum kvp_disk_io */
 
-/* The flag table rows (inside a command's struct cli_flag array). */
+/* The flag table rows (inside a command's struct cli_flag array). --kv-tier none is the
+ * default, untiered. */
 #define CLI_TIER_FLAGS(o)                                                                          \
-    CLI_CHOICE("--kv-tier", cli_tier_names, KVP_TIER_RAM, &(o)->tier, "ram, disk or redis"),       \
+    CLI_CHOICE("--kv-tier", cli_tier_names, KVP_TIER_NONE, &(o)->tier,                            \
+               "none, ram, disk or redis"),                                                        \
         CLI_STR("--kv-dir", &(o)->kv_dir), CLI_STR("--kv-url", &(o)->kv_url),                      \
         CLI_INT("--hot-budget", 1, 1 << 24, &(o)->hot_budget, "a positive token count"),           \
         CLI_CHOICE("--prefetch", cli_prefetch_names, KVP_PREFETCH_NONE, &(o)->prefetch,            \
