@@ -35,9 +35,7 @@ static void test_perplexity(void **state)
 {
     (void)state;
     KVP_REQUIRE_CLI(cli);
-    KVP_REQUIRE_SHARED(m_s, "models/stories260K.gguf");
-    char m[4096];
-    snprintf(m, sizeof(m), "%s", m_s);
+    KVP_REQUIRE_SHARED(m, "models/stories260K.gguf");
     KVP_REQUIRE_SHARED(txt, "data/tinystories/tinystories_val.txt");
     char cmd[10000];
     snprintf(cmd, sizeof(cmd), "%s perplexity -m %s -f %s --bytes 60000 -c 256 -t 2 --json", cli, m,
@@ -55,12 +53,8 @@ static void test_cli_logits(void **state)
 {
     (void)state;
     KVP_REQUIRE_CLI(cli);
-    KVP_REQUIRE_SHARED(m_s, "models/stories260K.gguf");
-    char m[4096];
-    snprintf(m, sizeof(m), "%s", m_s);
-    KVP_REQUIRE_SHARED(in_s, "reference/stories260K_logits.input.txt");
-    char in[4096];
-    snprintf(in, sizeof(in), "%s", in_s);
+    KVP_REQUIRE_SHARED(m, "models/stories260K.gguf");
+    KVP_REQUIRE_SHARED(in, "reference/stories260K_logits.input.txt");
     KVP_REQUIRE_SHARED(ref_s, "reference/stories260K_logits.json");
     char *refj = kvp_test_read_file(ref_s, NULL);
     cJSON *ref = cJSON_Parse(refj);
@@ -152,25 +146,35 @@ static void test_bad_input(void **state)
     (void)state;
     KVP_REQUIRE_CLI(cli);
     char cmd[8192];
-    snprintf(cmd, sizeof(cmd), "%s frobnicate", cli);
-    kvp_test_expect_error(cmd, "unknown command");
-    snprintf(cmd, sizeof(cmd), "%s run -m /nonexistent/model.gguf", cli);
-    kvp_test_expect_error(cmd, "cannot open");
-    snprintf(cmd, sizeof(cmd), "%s run --bogus", cli);
-    kvp_test_expect_error(cmd, "unknown flag");
-    snprintf(cmd, sizeof(cmd), "%s run -n", cli);
-    kvp_test_expect_error(cmd, "needs a value");
-    snprintf(cmd, sizeof(cmd), "%s run -t zero", cli);
-    kvp_test_expect_error(cmd, "-t");
-    snprintf(cmd, sizeof(cmd), "%s run --temp -1", cli);
-    kvp_test_expect_error(cmd, "--temp");
-    /* trace --tasks: generator names only (not lm or copy, which have no prompt), and room */
-    snprintf(cmd, sizeof(cmd), "%s trace -f x -o y --tasks passkey,nope", cli);
-    kvp_test_expect_error(cmd, "--tasks: 'passkey,nope' is not a list");
-    snprintf(cmd, sizeof(cmd), "%s trace -f x -o y --tasks copy", cli);
-    kvp_test_expect_error(cmd, "--tasks: 'copy' is not a list");
-    snprintf(cmd, sizeof(cmd), "%s trace -f x -o y --tasks passkey --seq-len 100", cli);
-    kvp_test_expect_error(cmd, "at least 256");
+    static const char *const bad[][2] = {
+        {"frobnicate", "unknown command"},
+        {"run -m /nonexistent/model.gguf", "cannot open"},
+        {"run --bogus", "unknown flag"},
+        {"run -n", "needs a value"},
+        {"run -t zero", "-t"},
+        {"run --temp -1", "--temp"},
+        /* trace --tasks: generator names only (not lm or copy, which have no prompt), and room */
+        {"trace -f x -o y --tasks passkey,nope", "--tasks: 'passkey,nope' is not a list"},
+        {"trace -f x -o y --tasks copy", "--tasks: 'copy' is not a list"},
+        {"trace -f x -o y --tasks passkey --seq-len 100", "at least 256"},
+        /* convert, quantize, synth and info read their flags with the others' table: one line,
+         * the usage only with --help */
+        {"convert a.bin b.bin", "convert: one argument only ('a.bin' and 'b.bin')"},
+        {"convert a.bin -o", "-o needs a value"},
+        {"convert a.bin -o x.gguf", "--tokenizer is required"},
+        {"quantize a b c --type Q8_0", "two arguments only ('a', 'b' and 'c')"},
+        {"quantize a b --type Q8_0 -t 0", "-t: '0' is not a thread count 1..256"},
+        {"quantize a --type Q8_0", "an output file is required"},
+        {"synth --shape SmolLM2-135M --layers 0 -o x", "--layers: '0' is not a layer count"},
+        {"info --bogus", "info: unknown flag '--bogus'"},
+        /* every comma-separated integer list is read by one parser: an empty item is refused */
+        {"train-predictor d -o p --channels 4,,8", "--channels: '4,,8' is not C1,C2"},
+        {"train-predictor d -o p --budgets 16,64,", "--budgets: '16,64,' is not a list"},
+    };
+    for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+        snprintf(cmd, sizeof(cmd), "%s %s", cli, bad[k][0]);
+        kvp_test_expect_error(cmd, bad[k][1]);
+    }
 
     /* a garbage file, a truncated model, a non-llama architecture, an unknown tensor type */
     char *junk = kvp_test_tmpfile(".bin");
@@ -348,8 +352,8 @@ static void test_bench_paired(void **state)
 }
 
 /* `run` takes the tier flags: the text generated with the KV cache in the RAM or disk tier (both
- * disk IO paths, a hot tier smaller than the selection's reach) is the untiered text; the flags'
- * combinations are checked; `bench --json` names the disk tier's IO path. */
+ * disk IO paths, a hot tier smaller than the selection's reach) is the untiered text; a bad IO
+ * path and a missing directory are refused; `bench --json` names the disk tier's IO path. */
 static void test_run_tiers(void **state)
 {
     (void)state;
@@ -372,13 +376,7 @@ static void test_run_tiers(void **state)
         free(out);
     }
     free(ref);
-    snprintf(cmd, sizeof(cmd), "%s run -m %s -p x -n 2 --kv-dir /tmp", cli, model);
-    kvp_test_expect_error(cmd, "need --kv-tier");
-    snprintf(cmd, sizeof(cmd), "%s run -m %s -p x -n 2 --kv-tier redis", cli, model);
-    kvp_test_expect_error(cmd, "--kv-url go together");
-    snprintf(cmd, sizeof(cmd), "%s run -m %s -p x -n 2 --kv-tier ram --kv-disk-io pread", cli,
-             model);
-    kvp_test_expect_error(cmd, "need --kv-tier disk");
+    /* the combinations every tier command refuses: test_tier_flags_shared */
     snprintf(cmd, sizeof(cmd), "%s run -m %s -p x -n 2 --kv-tier disk --kv-disk-io nope", cli,
              model);
     kvp_test_expect_error(cmd, "auto, io_uring or pread");
@@ -439,12 +437,16 @@ static void test_tier_flags_shared(void **state)
     assert_int_equal(cJSON_GetObjectItem(j, "npl")->valueint, 2);
     assert_true(cJSON_GetObjectItem(j, "kv_cold_bytes")->valuedouble > 0);
     cJSON_Delete(j);
-    snprintf(cmd, sizeof(cmd), "%s batched-bench -m %s -npp 8,,16", cli, model);
-    kvp_test_expect_error(cmd, "-npp: '8,,16' is not a list");
-    snprintf(cmd, sizeof(cmd), "%s batched-bench -m %s -npl 1,5000", cli, model);
-    kvp_test_expect_error(cmd, "-npl: '1,5000' is not a list");
-    snprintf(cmd, sizeof(cmd), "%s eval -m %s --task passkey --lengths 300,", cli, model);
-    kvp_test_expect_error(cmd, "--lengths: '300,' is not a list");
+    static const char *const bad_lists[][2] = {
+        {"batched-bench -npp 8,,16", "-npp: '8,,16' is not a list"},
+        {"batched-bench -npl 1,5000", "-npl: '1,5000' is not a list"},
+        {"eval --task passkey --lengths 300,", "--lengths: '300,' is not a list"},
+        {"train-lm --bench --bench-ctx 64,,128", "--bench-ctx: '64,,128' is not a list"},
+    };
+    for (size_t k = 0; k < sizeof(bad_lists) / sizeof(bad_lists[0]); k++) {
+        snprintf(cmd, sizeof(cmd), "%s %s", cli, bad_lists[k][0]); /* refused before -m */
+        kvp_test_expect_error(cmd, bad_lists[k][1]);
+    }
 }
 
 int main(void)

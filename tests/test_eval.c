@@ -616,9 +616,7 @@ static void test_cli_eval_stories(void **state)
 {
     (void)state;
     KVP_REQUIRE_CLI(cli);
-    KVP_REQUIRE_SHARED(m_s, "models/stories260K.gguf");
-    char m[4096];
-    snprintf(m, sizeof(m), "%s", m_s);
+    KVP_REQUIRE_SHARED(m, "models/stories260K.gguf");
     KVP_REQUIRE_SHARED(txt, "data/tinystories/tinystories_val.txt");
     char cmd[10000];
     snprintf(cmd, sizeof(cmd),

@@ -333,19 +333,11 @@ static void test_cli_heatmap(void **state)
 
 static void expect_error(const char *args, const char *needle)
 {
-    char cmd[4096], *out = NULL;
+    char cmd[4096];
     const char *model = kvp_test_shared("models/stories260K.gguf");
     snprintf(cmd, sizeof(cmd), "%s eval -m %s %s", kvp_test_cli(), model ? model : "x.gguf",
              args);
-    int st = kvp_test_run(cmd, &out, 1);
-    assert_non_null(out);
-    if (st != 1 || !strstr(out, needle))
-        print_message("command: %s\nstatus %d, output: %s\n", cmd, st, out);
-    assert_int_equal(st, 1);
-    assert_memory_equal(out, "kvpred: error: ", 15);
-    assert_non_null(strstr(out, needle));
-    assert_ptr_equal(strchr(out, '\n'), out + strlen(out) - 1);
-    free(out);
+    kvp_test_expect_error(cmd, needle);
 }
 
 static void test_bad_flags(void **state)

@@ -11,6 +11,8 @@
 #include <unistd.h>
 #include <math.h>
 
+#include "core/stream.h"
+
 /* KVP_TEST_FILTER=PATTERN: run only the cmocka tests of this program whose names match (cmocka's
  * * and ? wildcards), before main runs its group. CMake uses it to register the numeric part of a
  * long program on its own (test_store_equality), which scripts/test.sh repeats per SIMD table. */
@@ -29,11 +31,13 @@ double kvp_test_gamma(double n)
 
 const char *kvp_test_shared(const char *relpath)
 {
-    static char buf[4096];
+    static char bufs[8][4096];
+    static unsigned next;
+    char *buf = bufs[next++ % 8];
     const char *dir = getenv("KVP_SHARED_DIR");
     if (!dir || !*dir)
         dir = "../shared";
-    snprintf(buf, sizeof(buf), "%s/%s", dir, relpath);
+    snprintf(buf, sizeof(bufs[0]), "%s/%s", dir, relpath);
     struct stat st;
     if (stat(buf, &st) != 0)
         return NULL;
@@ -102,22 +106,8 @@ char *kvp_test_read_file(const char *path, size_t *size)
     FILE *f = fopen(path, "rb");
     if (!f)
         return NULL;
-    if (fseek(f, 0, SEEK_END) != 0) {
-        fclose(f);
-        return NULL;
-    }
-    long n = ftell(f);
-    rewind(f);
-    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        fclose(f);
-        return NULL;
-    }
-    buf[n] = 0;
+    char *buf = kvp_read_stream(f, size);
     fclose(f);
-    if (size)
-        *size = (size_t)n;
     return buf;
 }
 
@@ -142,25 +132,8 @@ int kvp_test_run(const char *cmd, char **output, int merge_stderr)
     free(full);
     if (!p)
         return -1;
-    size_t cap = 4096, len = 0;
-    char *buf = malloc(cap);
-    size_t got;
-    while (buf && (got = fread(buf + len, 1, cap - len - 1, p)) > 0) {
-        len += got;
-        if (cap - len < 2) {
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-    }
+    char *buf = kvp_read_stream(p, NULL);
     int status = pclose(p);
-    if (buf)
-        buf[len] = 0;
     if (output)
         *output = buf;
     else

@@ -12,7 +12,8 @@
 #include <cmocka.h>
 
 /* Absolute path of a file under ../shared (KVP_SHARED_DIR from CTest), or NULL if shared/ or the
- * file is missing. The returned string is static storage, overwritten by the next call. */
+ * file is missing. The returned string is static storage, one of 8 used in turn: the last 8
+ * paths asked for stay valid together (a test's model, text and reference). */
 const char *kvp_test_shared(const char *relpath);
 
 /* Same, but skips the current cmocka test with a message when the file is missing. */

@@ -19,31 +19,25 @@ static void convert_usage(FILE *f)
                "  -h, --help                show this help\n");
 }
 
+static void help(void)
+{
+    convert_usage(stdout);
+}
+
 int cmd_convert(int argc, char **argv)
 {
     const char *in = NULL, *tok = NULL, *out = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            convert_usage(stdout);
-            return 0;
-        }
-        if (!strcmp(a, "--tokenizer") || !strcmp(a, "-t") || !strcmp(a, "-o") ||
-            !strcmp(a, "--output")) {
-            if (i + 1 >= argc)
-                return cli_fail("convert: %s needs a value", a);
-            const char **dst = (a[1] == 'o' || !strcmp(a, "--output")) ? &out : &tok;
-            *dst = argv[++i];
-            continue;
-        }
-        if (a[0] == '-' && a[1])
-            return cli_fail("convert: unknown option '%s' (try kvpred convert --help)", a);
-        if (in)
-            return cli_fail("convert: more than one input file ('%s' and '%s')", in, a);
-        in = a;
-    }
+    const struct cli_flag flags[] = {
+        CLI_STR("-t|--tokenizer", &tok),
+        CLI_STR("-o|--output", &out),
+        {0},
+    };
+    const struct cli_command cmd = {
+        .name = "convert", .flags = flags, .help = help, .positional = &in};
+    int rc = cli_parse_command(&cmd, argc, argv);
+    if (rc)
+        return rc == 2 ? 0 : 1;
     if (!in || !tok || !out) {
-        convert_usage(stderr);
         return cli_fail("convert: %s is required",
                         !in ? "an input checkpoint" : !tok ? "--tokenizer" : "-o");
     }

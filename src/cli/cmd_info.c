@@ -23,20 +23,11 @@ int cmd_info(int argc, char **argv)
 {
     struct cli_model_opts mo = {0};
     bool json = false;
-    for (int i = 1; i < argc; i++) {
-        int r = cli_model_flag(&mo, argc, argv, &i);
-        if (r < 0)
-            return 1;
-        if (r > 0)
-            continue;
-        if (!strcmp(argv[i], "--json"))
-            json = true;
-        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            help();
-            return 0;
-        } else
-            return cli_fail("info: unknown flag '%s' (see kvpred info --help)", argv[i]);
-    }
+    const struct cli_flag flags[] = {CLI_BOOL("--json", &json), {0}};
+    const struct cli_command cmd = {.name = "info", .mo = &mo, .flags = flags, .help = help};
+    int rc = cli_parse_command(&cmd, argc, argv);
+    if (rc)
+        return rc == 2 ? 0 : 1;
     kvp_model *m = cli_open_model(&mo);
     if (!m)
         return 1;

@@ -25,45 +25,30 @@ static void quantize_usage(FILE *f)
                "  -h, --help        show this help\n");
 }
 
+static void help(void)
+{
+    quantize_usage(stdout);
+}
+
 int cmd_quantize(int argc, char **argv)
 {
     const char *in = NULL, *out = NULL, *type_name = NULL;
     struct kvp_quantize_params p = {.type = -1};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            quantize_usage(stdout);
-            return 0;
-        }
-        if (!strcmp(a, "--threads") || !strcmp(a, "-t")) {
-            long n;
-            if (i + 1 >= argc || !cli_parse_int(argv[i + 1], 1, 256, &n))
-                return cli_fail("quantize: %s needs a thread count 1..256", a);
-            p.n_threads = (int)n;
-            i++;
-            continue;
-        }
-        if (!strcmp(a, "--type")) {
-            if (i + 1 >= argc)
-                return cli_fail("quantize: %s needs a value", a);
-            type_name = argv[++i];
-            continue;
-        }
-        if (!strcmp(a, "--keep-output")) {
-            p.keep_output = true;
-            continue;
-        }
-        if (a[0] == '-' && a[1])
-            return cli_fail("quantize: unknown option '%s' (try kvpred quantize --help)", a);
-        if (in && out)
-            return cli_fail("quantize: more than two files ('%s', '%s' and '%s')", in, out, a);
-        if (in)
-            out = a;
-        else
-            in = a;
-    }
+    const struct cli_flag flags[] = {
+        CLI_INT("-t|--threads", 1, 256, &p.n_threads, "a thread count 1..256"),
+        CLI_STR("--type", &type_name),
+        CLI_BOOL("--keep-output", &p.keep_output),
+        {0},
+    };
+    const struct cli_command cmd = {.name = "quantize",
+                                    .flags = flags,
+                                    .help = help,
+                                    .positional = &in,
+                                    .positional2 = &out};
+    int rc = cli_parse_command(&cmd, argc, argv);
+    if (rc)
+        return rc == 2 ? 0 : 1;
     if (!in || !out || !type_name) {
-        quantize_usage(stderr);
         return cli_fail("quantize: %s is required", !in    ? "an input file"
                                                     : !out ? "an output file"
                                                            : "--type");

@@ -41,50 +41,29 @@ static void synth_usage(FILE *f)
             KVP_SYNTH_MIN_VOCAB);
 }
 
+static void help(void)
+{
+    synth_usage(stdout);
+}
+
 int cmd_synth(int argc, char **argv)
 {
     const char *shape = NULL, *out = NULL, *type_name = "Q8_0", *vocab = "512";
     struct kvp_synth_params p = {.seed = 1, .n_threads = 1};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            synth_usage(stdout);
-            return 0;
-        }
-        bool has = i + 1 < argc;
-        long n;
-        if (!strcmp(a, "--shape") || !strcmp(a, "-o") || !strcmp(a, "--output") ||
-            !strcmp(a, "--type") || !strcmp(a, "--vocab")) {
-            if (!has)
-                return cli_fail("synth: %s needs a value", a);
-            const char *v = argv[++i];
-            if (!strcmp(a, "--shape"))
-                shape = v;
-            else if (!strcmp(a, "--type"))
-                type_name = v;
-            else if (!strcmp(a, "--vocab"))
-                vocab = v;
-            else
-                out = v;
-        } else if (!strcmp(a, "--layers")) {
-            if (!has || !cli_parse_int(argv[i + 1], 1, 4096, &n))
-                return cli_fail("synth: %s needs a layer count 1..4096", a);
-            p.n_layer = (int)n;
-            i++;
-        } else if (!strcmp(a, "--seed")) {
-            if (!has || !cli_parse_int(argv[i + 1], 0, 1L << 62, &n))
-                return cli_fail("synth: %s needs a non-negative integer", a);
-            p.seed = (uint64_t)n;
-            i++;
-        } else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) {
-            if (!has || !cli_parse_int(argv[i + 1], 1, 256, &n))
-                return cli_fail("synth: %s needs a thread count 1..256", a);
-            p.n_threads = (int)n;
-            i++;
-        } else {
-            return cli_fail("synth: unknown argument '%s' (try kvpred synth --help)", a);
-        }
-    }
+    const struct cli_flag flags[] = {
+        CLI_STR("--shape", &shape),
+        CLI_STR("-o|--output", &out),
+        CLI_STR("--type", &type_name),
+        CLI_STR("--vocab", &vocab),
+        CLI_INT("--layers", 1, 4096, &p.n_layer, "a layer count 1..4096"),
+        CLI_INT("--seed", 0, 1L << 62, &p.seed, "a non-negative integer"),
+        CLI_INT("-t|--threads", 1, 256, &p.n_threads, "a thread count 1..256"),
+        {0},
+    };
+    const struct cli_command cmd = {.name = "synth", .flags = flags, .help = help};
+    int rc = cli_parse_command(&cmd, argc, argv);
+    if (rc)
+        return rc == 2 ? 0 : 1;
     if (!shape || !out)
         return cli_fail("synth: %s is required", !shape ? "--shape" : "-o");
     const struct kvp_synth_shape *s = kvp_synth_find_shape(shape);

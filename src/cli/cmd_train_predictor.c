@@ -69,22 +69,6 @@ static void progress(void *user, int epoch, long step, long steps, double loss)
         fputc('\n', stderr);
 }
 
-static int parse_list(const char *v, int *out, int cap, long min, long max)
-{
-    int n = 0;
-    char buf[256];
-    if (strlen(v) >= sizeof(buf))
-        return -1;
-    strcpy(buf, v);
-    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
-        long x;
-        if (n == cap || !cli_parse_int(tok, min, max, &x))
-            return -1;
-        out[n++] = (int)x;
-    }
-    return n;
-}
-
 /* One recovery table: a row per budget; with the query channel also the policy's pruned
  * selection (the predicted best among the k + extra best by the bound). */
 static void print_recovery(const struct kvp_predtrain_report *rep, const double *pred,
@@ -145,16 +129,20 @@ int cmd_train_predictor(int argc, char **argv)
     int rc = cli_parse_command(&cmd, argc, argv);
     if (rc)
         return rc == 2 ? 0 : 1;
-    int ch[2];
+    long v[KVP_CNN_MAX_REC > 2 ? KVP_CNN_MAX_REC : 2];
     if (channels) {
-        if (parse_list(channels, ch, 2, 1, KVP_CNN_MAX_CH) != 2)
+        if (cli_parse_int_list(channels, 1, KVP_CNN_MAX_CH, v, 2) != 2)
             return cli_fail("--channels: '%s' is not C1,C2 in 1..%d", channels, KVP_CNN_MAX_CH);
-        o.c1 = ch[0];
-        o.c2 = ch[1];
+        o.c1 = (int)v[0];
+        o.c2 = (int)v[1];
     }
-    if (budgets && (o.n_budgets = parse_list(budgets, o.budgets, KVP_CNN_MAX_REC, 1, 1 << 24)) < 1)
-        return cli_fail("--budgets: '%s' is not a list of up to %d token counts", budgets,
-                        KVP_CNN_MAX_REC);
+    if (budgets) {
+        if ((o.n_budgets = cli_parse_int_list(budgets, 1, 1 << 24, v, KVP_CNN_MAX_REC)) < 1)
+            return cli_fail("--budgets: '%s' is not a list of up to %d token counts", budgets,
+                            KVP_CNN_MAX_REC);
+        for (int b = 0; b < o.n_budgets; b++)
+            o.budgets[b] = (int)v[b];
+    }
     if (o.k % 2 == 0 && o.k != 0)
         return cli_fail("--kernel: %d is even; the padding needs an odd kernel", o.k);
     if (!data || (!out_path && !val_path))

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "cli/measure_opts.h"
+#include "core/stream.h"
 #include "eval/task_eval.h"
 #include "tasks/tasks.h"
 
@@ -310,31 +311,10 @@ char *cli_read_file(const char *path, size_t *len)
         cli_fail("%s: cannot open", path);
         return NULL;
     }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    size_t got;
-    while (buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
-        n += got;
-        if (cap - n < 2) {
-            char *nb = cap < ((size_t)1 << 40) ? realloc(buf, cap * 2) : NULL;
-            if (!nb) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-    }
-    bool bad = ferror(f);
+    char *buf = kvp_read_stream(f, len);
     fclose(f);
-    if (!buf || bad) {
-        free(buf);
+    if (!buf)
         cli_fail("%s: cannot read", path);
-        return NULL;
-    }
-    buf[n] = 0;
-    *len = n;
     return buf;
 }
 
@@ -408,10 +388,15 @@ int cli_parse_command(const struct cli_command *cmd, int argc, char **argv)
         if (!cmd->positional)
             return cli_fail("%s: unexpected argument '%s' (see kvpred %s --help)", cmd->name, a,
                             cmd->name);
-        if (*cmd->positional)
+        const char **slot = !*cmd->positional ? cmd->positional : cmd->positional2;
+        if (slot && !*slot)
+            *slot = a;
+        else if (cmd->positional2)
+            return cli_fail("%s: two arguments only ('%s', '%s' and '%s')", cmd->name,
+                            *cmd->positional, *cmd->positional2, a);
+        else
             return cli_fail("%s: one argument only ('%s' and '%s')", cmd->name,
                             *cmd->positional, a);
-        *cmd->positional = a;
     }
     struct kvp_policy_params *pp = cmd->pp;
     if (pp && cmd->budget && pp->name && !cli_policy_known(pp->name))

@@ -143,7 +143,7 @@ int cli_parse_flags(const struct cli_flag *table, int argc, char **argv, int *i)
 
 /* A subcommand's whole command line: the shared model flags (mo; NULL: none), the policy flags
  * (pp; NULL: none; policy_seed: --seed is the policy's), its own table, -h/--help (prints help)
- * and at most one bare argument (*positional; NULL: none allowed). Returns 0, 1 after printing
+ * and at most one bare argument (*positional; NULL: none allowed), or two with positional2. Returns 0, 1 after printing
  * the error (an unknown flag names `name`), or 2 after printing the help. */
 struct kvp_policy_params;
 struct cli_command {
@@ -154,6 +154,7 @@ struct cli_command {
     const struct cli_flag *flags;
     void (*help)(void);
     const char **positional;
+    const char **positional2; /* with positional: a second bare argument (NULL: none) */
     const char *const *budget; /* with pp: a --budget value to parse into pp (NULL: none), and
                                   pp->name, if given, must name a policy */
 };

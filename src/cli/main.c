@@ -3,11 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cblas.h> /* OpenBLAS's: openblas_get_corename */
-
 #include "cli/cli.h"
 #include "cli/common.h"
-#include "kernels/simd.h"
 
 struct command {
     const char *name;
@@ -66,16 +63,8 @@ int main(int argc, char **argv)
         usage(stdout);
         return 0;
     }
-    if (!strcmp(argv[1], "--version")) {
-        /* what a bug report needs: the kernels this run uses, and the ones the CPU also runs */
-        printf("kvpred %s\nsimd: %s in use; this CPU runs", KVP_VERSION, kvp_simd()->name);
-        const struct kvp_simd_ops *t[8];
-        for (int i = 0, n = kvp_simd_runnable(t, 8); i < n; i++)
-            printf(" %s", t[i]->name);
-        printf(" (KVP_SIMD chooses)\nblas: OpenBLAS, %s kernels (OPENBLAS_CORETYPE chooses)\n",
-               openblas_get_corename());
-        return 0;
-    }
+    if (!strcmp(argv[1], "--version"))
+        return cmd_version(argc - 1, argv + 1);
     for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
         if (!strcmp(argv[1], commands[i].name))
             return commands[i].fn(argc - 1, argv + 1);
