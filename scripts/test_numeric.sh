@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# The numeric tests (ctest label `numeric`: forward, attention, kernels, quantization, prefill
-# GEMM, policies, predictor, sampler, store equality) once per SIMD table this CPU runs, as the
-# built binary reports them (`kvpred --version`), times two OpenBLAS kernels: its own choice and
-# a second one (Haswell where the CPU runs AVX2). Every user's machine takes one of these paths;
-# the tolerances they are checked against are derived per path (docs/testing.md).
+# Every path a user's machine may take, after the plain run (which used the table this CPU picks
+# and OpenBLAS's own kernel):
+#   - the whole release suite once more under every other SIMD table this CPU runs, as the built
+#     binary reports them (`kvpred --version`), with OpenBLAS's own kernel; tests labelled `once`
+#     (they never reach a SIMD kernel: docs/testing.md lists them and why) are not repeated;
+#   - the numeric tests (ctest label `numeric`: forward, attention, kernels, quantization,
+#     prefill GEMM, policies, predictor, sampler, store equality) under every table with a second
+#     OpenBLAS kernel (Haswell where the CPU runs AVX2).
+# The tolerances the tests check are derived per path (docs/testing.md), so every pair must pass.
 #   scripts/test_numeric.sh [BUILD_DIR]   (default build; BLAS_KERNELS="own SkylakeX ..." to
-#                                          choose the kernels, "own" = OPENBLAS_CORETYPE unset)
+#                                          choose the kernels, "own" = OPENBLAS_CORETYPE unset;
+#                                          WHOLE_SUITE=0: the numeric label only, as before)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${1:-$root/build}"
@@ -26,6 +31,7 @@ done_pair=""
 if [ -z "${KVP_SIMD:-}" ] && [ -z "${OPENBLAS_CORETYPE:-}" ]; then
     done_pair="$(sed -n 's/^simd: \([a-z0-9]*\) in use.*/\1/p' <<<"$version") own"
 fi
+whole="${WHOLE_SUITE:-1}"
 
 for t in $tables; do
     for k in $kernels; do
@@ -33,13 +39,22 @@ for t in $tables; do
             echo "-- KVP_SIMD=$t, OpenBLAS's own kernel: run above"
             continue
         fi
-        echo "-- KVP_SIMD=$t, OPENBLAS_CORETYPE=${k/#own/(unset)}"
+        # OpenBLAS's own kernel: every test but the `once` ones (the whole programs, so the
+        # `matrix` entries, which are parts of them, are left out); another kernel: `numeric`
+        if [ "$k" = own ] && [ "$whole" != 0 ]; then
+            sel=(-LE 'matrix|once')
+            what="the release suite"
+        else
+            sel=(-L numeric)
+            what="the numeric tests"
+        fi
+        echo "-- $what, KVP_SIMD=$t, OPENBLAS_CORETYPE=${k/#own/(unset)}"
         if [ "$k" = own ]; then
             env -u OPENBLAS_CORETYPE KVP_SIMD="$t" \
-                ctest --test-dir "$build" -L numeric --output-on-failure -j"$jobs"
+                ctest --test-dir "$build" "${sel[@]}" --output-on-failure -j"$jobs"
         else
             KVP_SIMD="$t" OPENBLAS_CORETYPE="$k" \
-                ctest --test-dir "$build" -L numeric --output-on-failure -j"$jobs"
+                ctest --test-dir "$build" "${sel[@]}" --output-on-failure -j"$jobs"
         fi
     done
 done
