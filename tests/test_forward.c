@@ -72,7 +72,84 @@ static double max_abs_diff(const float *a, const float *b, size_t n)
     return d;
 }
 
+static double max_abs_diff_d(const float *a, const double *b, size_t n)
+{
+    double d = 0;
+    for (size_t i = 0; i < n; i++)
+        d = fmax(d, fabs(a[i] - b[i]));
+    return d;
+}
+
 /* ---- the slow, obvious oracle: the whole forward pass in double precision ---- */
+
+/* How far kvpred's logits may be from the oracle's: a probabilistic rounding error bound.
+ *
+ * A worst-case running error bound (gamma(n)·Σ|terms| per operation, each input's error carried
+ * through |W|) is rigorous but useless here: it assumes every rounding error lines up with every
+ * weight's sign, and on these random two-layer models it outgrows the activations themselves by
+ * the second layer (tried: the bound on x reached |x| after layer 1). Rounding errors do not
+ * line up; modelled as independent, zero-mean and bounded (u·|result| for an f32 operation, u =
+ * 2^-24), a sum of them concentrates at the square root of its worst case (Higham and Mary,
+ * "A new approach to probabilistic rounding error analysis", SISC 2019). kvp_oracle_bound
+ * measures that spread directly: it runs the oracle again MCA_RUNS times with every operation
+ * kvpred performs in f32 perturbed by an independent uniform relative error in [-u, u] (Monte
+ * Carlo arithmetic, Parker 1997; a dot's products and running sums, RMS norm's scale,
+ * RoPE's cos and sin, the softmax's exp within 8u, TOL_EXP in test_kernels.c, the scaling by
+ * 1/sum, SwiGLU's four operations, bias and residual additions), and the 8-bit activation
+ * quantization of a quantized type's decode (or integer GEMM) by a uniform error within half its
+ * step plus the f16 rounding of the block's scale (one factor per block). The bound on each logit
+ * is MCA_LAMBDA times its standard deviation over the runs (or the row's pooled one, if larger),
+ * plus u·|logit| for kvpred's own final rounding. The perturbations model sequential sums with a
+ * rounding per product and per addition; kvpred's kernels and sgemm use FMA and blocked sums,
+ * which round fewer and smaller partial sums, so their errors sit well inside the model's
+ * (measured: 0.13-0.5 of the bound). Under the model a logit beyond 10 of its estimated standard
+ * deviations (t-distribution, 9 degrees of freedom) has probability 4e-6. With f32 arithmetic the
+ * bound is about 5e-6 of the largest logit, so a defect of 0.1 % (a wrong scale, a dropped
+ * element) is 200 times over it; with 8-bit activations it is about 1.5 %, and defects smaller
+ * than that in a quantized kernel are test_quant's and test_kernels' to find. */
+#define MCA_RUNS 10
+#define MCA_LAMBDA 10.0
+#define U32 0x1p-24
+
+struct err_model {
+    const kvp_model *types; /* the model kvpred runs: which products quantize x (NULL: none) */
+    bool prefill;           /* the products of a multi-token pass (integer GEMM or dequantizing
+                               sgemm, kernels/prefill_gemm.h) rather than decode's mat-vecs */
+    int n_rows;             /* tokens in that pass */
+};
+
+/* The perturbation of one oracle run (NULL or off: exact). */
+struct mca {
+    uint64_t s;
+};
+
+static double mca_xi(struct mca *r) /* uniform in [-1, 1) */
+{
+    r->s ^= r->s >> 12;
+    r->s ^= r->s << 25;
+    r->s ^= r->s >> 27;
+    return (double)((r->s * 0x2545F4914F6CDD1Dull) >> 11) * 0x1p-52 - 1.0;
+}
+
+/* x as an f32 operation of relative accuracy k·u may have left it */
+static inline double P(struct mca *r, double x, double k)
+{
+    return r ? x * (1 + k * U32 * mca_xi(r)) : x;
+}
+
+/* Σ a[c]·b[c·sb] as an f32 dot may have left it: the products and the running sums each round
+ * (relative u, independent), which adds a zero-mean error of variance u²/3 · (Σ products² +
+ * Σ partial sums²); one uniform draw of that variance stands for them all. */
+static double dot64(struct mca *r, const double *a, const double *b, size_t sb, int n)
+{
+    double s = 0, v = 0;
+    for (int c = 0; c < n; c++) {
+        double p = a[c] * b[(size_t)c * sb];
+        s += p;
+        v += p * p + s * s;
+    }
+    return r ? s + U32 * sqrt(v) * mca_xi(r) : s;
+}
 
 static double *mat_f64(const struct kvp_mat *w)
 {
@@ -84,28 +161,49 @@ static double *mat_f64(const struct kvp_mat *w)
     return o;
 }
 
-/* y[r] = sum_c W[r][c] x[c] */
-static void mv64(const double *W, const double *x, double *y, int rows, int cols)
+/* x as 8-bit quantization (blocks of bs, f16 scale or not) may have moved it: each element by up
+ * to half the step d = max|x| / 127, the block by the relative rounding of d to f16 */
+static void act_quant(struct mca *r, const double *x, double *xq, int cols, int bs, bool f16)
 {
-    for (int r = 0; r < rows; r++) {
-        double s = 0;
-        for (int c = 0; c < cols; c++)
-            s += W[(size_t)r * cols + c] * x[c];
-        y[r] = s;
+    for (int b = 0; b < cols; b += bs) {
+        double a = 0;
+        for (int c = b; c < b + bs; c++)
+            a = fmax(a, fabs(x[c]));
+        double d = a / 127, f = f16 ? 1 + 0x1p-11 * mca_xi(r) : 1;
+        for (int c = b; c < b + bs; c++)
+            xq[c] = (x[c] + d / 2 * mca_xi(r)) * f;
     }
 }
 
-static void rms64(double *o, const double *x, const float *w, int n, double eps)
+/* y = W x as kvpred computes it for W of the given type (F32, or the type kvpred's copy of W has)
+ * in decode or prefill (struct err_model) */
+static void mv64(const double *W, const double *x, double *y, int rows, int cols, int type,
+                 const struct err_model *em, struct mca *r)
+{
+    double *xq = NULL;
+    int vt = kvp_type_vec_dot_type(type);
+    if (r && em && type != 0 && vt != 0 && (!em->prefill || kvp_gemm_wants(type, em->n_rows))) {
+        xq = malloc(cols * sizeof(double));
+        act_quant(r, x, xq, cols, vt == KVP_TYPE_Q8_K ? 256 : 32, vt == KVP_TYPE_Q8_0);
+        x = xq;
+    }
+    for (int i = 0; i < rows; i++)
+        y[i] = dot64(r, W + (size_t)i * cols, x, 1, cols);
+    free(xq);
+}
+
+/* RMS norm: the sum of squares in double, the scale rounded to f32, two products */
+static void rms64(double *o, const double *x, const float *w, int n, double eps, struct mca *r)
 {
     double ss = 0;
     for (int i = 0; i < n; i++)
         ss += x[i] * x[i];
-    double sc = 1.0 / sqrt(ss / n + eps);
+    double sc = P(r, 1.0 / sqrt(ss / n + eps), 1);
     for (int i = 0; i < n; i++)
-        o[i] = x[i] * sc * w[i];
+        o[i] = P(r, P(r, x[i] * sc, 1) * w[i], 1);
 }
 
-static void rope64(double *v, int nh, int hd, int pos, const kvp_model *m)
+static void rope64(double *v, int nh, int hd, int pos, const kvp_model *m, struct mca *r)
 {
     const struct kvp_hparams *hp = &m->hp;
     bool neox = hp->rope_style == KVP_ROPE_NEOX;
@@ -114,18 +212,18 @@ static void rope64(double *v, int nh, int hd, int pos, const kvp_model *m)
             double th = pos * pow(hp->rope_base, -2.0 * i / hd) * hp->rope_freq_scale;
             if (m->rope_freqs)
                 th /= m->rope_freqs[i];
-            double c = cos(th), s = sin(th);
+            double c = P(r, cos(th), 1), s = P(r, sin(th), 1); /* cos, sin stored as f32 */
             double *a = v + h * hd + (neox ? i : 2 * i), *b = a + (neox ? hd / 2 : 1);
             double x0 = *a, x1 = *b;
-            *a = x0 * c - x1 * s;
-            *b = x0 * s + x1 * c;
+            *a = P(r, P(r, x0 * c, 1) - P(r, x1 * s, 1), 1);
+            *b = P(r, P(r, x0 * s, 1) + P(r, x1 * c, 1), 1);
         }
 }
 
-static void addb(double *y, const float *b, int n)
+static void addb(double *y, const float *b, int n, struct mca *r)
 {
     for (int i = 0; b && i < n; i++)
-        y[i] += b[i];
+        y[i] = P(r, y[i] + b[i], 1);
 }
 
 /* How the oracle treats the attention inputs: exactly (float64), or the way an engine with an
@@ -152,56 +250,53 @@ static double f16_half_ulp(double x)
     return ldexp(1.0, (e - 1 > -14 ? e - 1 : -14) - 11);
 }
 
-/* The oracle; with kv_given (keys and values as eval_all_kv copies them from kvpred's cache) it
- * uses those instead of its own K and V after checking that each is its own value rounded to f16
- * up to a change in the last f32 bits: |given - exact| <= half an f16 ulp + kv_slack * max |row|.
- * *kv_excess receives the largest (|given - exact| - half ulp) / max |row|, *kv_flips how many
- * given values are not the nearest f16 of the exact one. */
+/* The oracle. With kv_given (keys and values as eval_all_kv copies them from kvpred's cache) it
+ * uses those instead of its own K and V, and kv_raw (not NULL) receives its own, in the same
+ * layout, for oracle_bounded to check the given ones against. em and r: see the comment above. */
 static double *oracle_core(const kvp_model *m, const int32_t *ids, int n, enum oracle_mode mode,
-                           const double *kv_given, double *kv_excess, int *kv_flips)
+                           const double *kv_given, double *kv_raw, const struct err_model *em,
+                           struct mca *r)
 {
     const struct kvp_hparams *hp = &m->hp;
     int D = hp->n_embd, hd = hp->head_dim, H = hp->n_head, KV = hp->n_head_kv, F = hp->n_ff;
     int qd = H * hd, kvd = KV * hd, g = H / KV;
+    const kvp_model *tm = em && em->types ? em->types : m; /* whose weight types */
     double *emb = mat_f64(&m->tok_embd), *out = mat_f64(&m->output);
     double *x = calloc((size_t)n * D, 8), *h = malloc(D * 8), *q = malloc((size_t)n * qd * 8);
     double *k = malloc((size_t)n * kvd * 8), *v = malloc((size_t)n * kvd * 8);
     double *att = malloc(qd * 8), *o = malloc(D * 8), *gt = malloc(F * 8), *up = malloc(F * 8);
     double *sc = malloc((size_t)n * 8), *lg = malloc((size_t)n * hp->n_vocab * 8);
+    const double scale = P(r, 1.0 / P(r, sqrt((double)hd), 1), 1); /* 1.0f / sqrtf(hd) */
     for (int i = 0; i < n; i++)
         memcpy(x + (size_t)i * D, emb + (size_t)ids[i] * D, D * 8);
     for (int l = 0; l < hp->n_layer; l++) {
-        const struct kvp_layer_weights *L = &m->layers[l];
+        const struct kvp_layer_weights *L = &m->layers[l], *T = &tm->layers[l];
         double *wq = mat_f64(&L->wq), *wk = mat_f64(&L->wk), *wv = mat_f64(&L->wv);
         double *wo = mat_f64(&L->wo), *w1 = mat_f64(&L->w_gate), *w3 = mat_f64(&L->w_up);
         double *w2 = mat_f64(&L->w_down);
         for (int i = 0; i < n; i++) {
-            rms64(h, x + (size_t)i * D, L->attn_norm, D, hp->norm_eps);
-            mv64(wq, h, q + (size_t)i * qd, qd, D);
-            mv64(wk, h, k + (size_t)i * kvd, kvd, D);
-            mv64(wv, h, v + (size_t)i * kvd, kvd, D);
-            addb(q + (size_t)i * qd, L->bq, qd);
-            addb(k + (size_t)i * kvd, L->bk, kvd);
-            addb(v + (size_t)i * kvd, L->bv, kvd);
-            rope64(q + (size_t)i * qd, H, hd, i, m);
-            rope64(k + (size_t)i * kvd, KV, hd, i, m);
+            double *qi = q + (size_t)i * qd, *ki = k + (size_t)i * kvd, *vi = v + (size_t)i * kvd;
+            rms64(h, x + (size_t)i * D, L->attn_norm, D, hp->norm_eps, r);
+            mv64(wq, h, qi, qd, D, T->wq.type, em, r);
+            mv64(wk, h, ki, kvd, D, T->wk.type, em, r);
+            mv64(wv, h, vi, kvd, D, T->wv.type, em, r);
+            addb(qi, L->bq, qd, r);
+            addb(ki, L->bk, kvd, r);
+            addb(vi, L->bv, kvd, r);
+            rope64(qi, H, hd, i, m, r);
+            rope64(ki, KV, hd, i, m, r);
             for (int e = 0; e < qd; e++)
-                q[(size_t)i * qd + e] = to_f16(q[(size_t)i * qd + e], mode);
+                qi[e] = to_f16(qi[e], mode);
             for (int e = 0; e < kvd; e++) {
-                k[(size_t)i * kvd + e] = to_f16(k[(size_t)i * kvd + e], mode);
-                v[(size_t)i * kvd + e] = to_f16(v[(size_t)i * kvd + e], mode);
+                ki[e] = to_f16(ki[e], mode);
+                vi[e] = to_f16(vi[e], mode);
             }
             for (int kvv = 0; kv_given && kvv < 2; kvv++) {
-                double *xs = (kvv ? v : k) + (size_t)i * kvd, top = 0;
-                const double *gv = kv_given + (((size_t)l * 2 + kvv) * n + i) * kvd;
-                for (int e = 0; e < kvd; e++)
-                    top = fmax(top, fabs(xs[e]));
-                for (int e = 0; e < kvd; e++) {
-                    double hu = f16_half_ulp(xs[e]), r = fabs(gv[e] - xs[e]);
-                    *kv_excess = fmax(*kv_excess, (r - hu) / top);
-                    *kv_flips += gv[e] != kvp_f16_to_f32(kvp_f32_to_f16((float)xs[e]));
-                    xs[e] = gv[e];
-                }
+                size_t off = (((size_t)l * 2 + kvv) * n + i) * kvd;
+                double *xs = kvv ? vi : ki;
+                if (kv_raw)
+                    memcpy(kv_raw + off, xs, kvd * 8);
+                memcpy(xs, kv_given + off, kvd * 8); /* kvpred reads exactly these */
             }
         }
         for (int i = 0; i < n; i++) {
@@ -210,41 +305,36 @@ static double *oracle_core(const kvp_model *m, const int32_t *ids, int n, enum o
                 int kh = hh / g;
                 double mx = -1e300, sum = 0;
                 for (int t = 0; t <= i; t++) {
-                    double s = 0;
-                    for (int d = 0; d < hd; d++)
-                        s += qi[d] * k[(size_t)t * kvd + kh * hd + d];
-                    sc[t] = s / sqrt((double)hd);
+                    double s = dot64(r, qi, k + (size_t)t * kvd + kh * hd, 1, hd);
+                    sc[t] = P(r, s * scale, 1);
                     mx = fmax(mx, sc[t]);
                 }
+                for (int t = 0; t <= i; t++) /* exp within 8u of the exp of its rounded argument */
+                    sum = P(r, sum + (sc[t] = P(r, exp(P(r, sc[t] - mx, 1)), 8)), 1);
+                double inv = P(r, 1 / sum, 1);
                 for (int t = 0; t <= i; t++)
-                    sum += (sc[t] = exp(sc[t] - mx));
-                for (int t = 0; t <= i; t++)
-                    sc[t] = to_f16(sc[t] / sum, mode);
-                for (int d = 0; d < hd; d++) {
-                    double a = 0;
-                    for (int t = 0; t <= i; t++)
-                        a += sc[t] * v[(size_t)t * kvd + kh * hd + d];
-                    att[hh * hd + d] = a;
-                }
+                    sc[t] = to_f16(P(r, sc[t] * inv, 1), mode);
+                for (int d = 0; d < hd; d++)
+                    att[hh * hd + d] = dot64(r, sc, v + kh * hd + d, kvd, i + 1);
             }
-            mv64(wo, att, o, D, qd);
-            addb(o, L->bo, D);
+            mv64(wo, att, o, D, qd, T->wo.type, em, r);
             for (int d = 0; d < D; d++)
-                x[(size_t)i * D + d] += o[d];
-            rms64(h, x + (size_t)i * D, L->ffn_norm, D, hp->norm_eps);
-            mv64(w1, h, gt, F, D);
-            mv64(w3, h, up, F, D);
-            for (int f = 0; f < F; f++)
-                gt[f] = gt[f] / (1 + exp(-gt[f])) * up[f];
-            mv64(w2, gt, o, D, F);
+                x[(size_t)i * D + d] = P(r, x[(size_t)i * D + d] + o[d], 1);
+            addb(x + (size_t)i * D, L->bo, D, r);
+            rms64(h, x + (size_t)i * D, L->ffn_norm, D, hp->norm_eps, r);
+            mv64(w1, h, gt, F, D, T->w_gate.type, em, r);
+            mv64(w3, h, up, F, D, T->w_up.type, em, r);
+            for (int f = 0; f < F; f++) /* g / (1 + expf(-g)) * u: expf within 2u */
+                gt[f] = P(r, P(r, gt[f] / P(r, 1 + P(r, exp(-gt[f]), 2), 1), 1) * up[f], 1);
+            mv64(w2, gt, o, D, F, T->w_down.type, em, r);
             for (int d = 0; d < D; d++)
-                x[(size_t)i * D + d] += o[d];
+                x[(size_t)i * D + d] = P(r, x[(size_t)i * D + d] + o[d], 1);
         }
         free(wq), free(wk), free(wv), free(wo), free(w1), free(w3), free(w2);
     }
     for (int i = 0; i < n; i++) {
-        rms64(h, x + (size_t)i * D, m->output_norm, D, hp->norm_eps);
-        mv64(out, h, lg + (size_t)i * hp->n_vocab, hp->n_vocab, D);
+        rms64(h, x + (size_t)i * D, m->output_norm, D, hp->norm_eps, r);
+        mv64(out, h, lg + (size_t)i * hp->n_vocab, hp->n_vocab, D, tm->output.type, em, r);
     }
     free(emb), free(out), free(x), free(h), free(q), free(k), free(v), free(att), free(o);
     free(gt), free(up), free(sc);
@@ -254,12 +344,67 @@ static double *oracle_core(const kvp_model *m, const int32_t *ids, int n, enum o
 static double *oracle_logits_as(const kvp_model *m, const int32_t *ids, int n,
                                 enum oracle_mode mode)
 {
-    return oracle_core(m, ids, n, mode, NULL, NULL, NULL);
+    return oracle_core(m, ids, n, mode, NULL, NULL, NULL, NULL);
 }
 
-static double *oracle_logits(const kvp_model *m, const int32_t *ids, int n)
+/* What oracle_bounded found about the keys and values it was given. */
+struct kv_check {
+    double excess; /* largest |given - exact| / allowance (see oracle_bounded): at most 1 */
+    int flips;     /* given values that are not the nearest f16 of the exact one */
+};
+
+/* The exact logits, and in *bound how far kvpred's may be from each (see the comment above:
+ * MCA_LAMBDA standard deviations of the perturbed runs, at least the row's pooled one, plus
+ * kvpred's final rounding). With kv_given, every run uses those keys and values, and each is
+ * checked against the exact one it stands for: kvpred's f32 value of it is within the bound e
+ * (MCA_LAMBDA standard deviations of the perturbed runs' own value), rounding that to f16 moves it
+ * by at most half an f16 ulp, so |given - exact| <= f16_half_ulp(|exact| + e) + e. */
+static double *oracle_bounded(const kvp_model *m, const int32_t *ids, int n,
+                              const struct err_model *em, const double *kv_given,
+                              struct kv_check *kc, double **bound)
 {
-    return oracle_logits_as(m, ids, n, ORACLE_F64);
+    const struct kvp_hparams *hp = &m->hp;
+    size_t nl = (size_t)n * hp->n_vocab;
+    size_t nkv = (size_t)hp->n_layer * 2 * n * hp->n_head_kv * hp->head_dim;
+    double *kv0 = kv_given ? malloc(nkv * 8) : NULL, *kvr = kv_given ? malloc(nkv * 8) : NULL;
+    double *kvs = kv_given ? calloc(nkv, 8) : NULL;
+    double *exact = oracle_core(m, ids, n, ORACLE_F64, kv_given, kv0, em, NULL);
+    double *var = calloc(nl, 8);
+    for (int run = 0; run < MCA_RUNS; run++) {
+        struct mca r = {.s = 0x9E3779B97F4A7C15ull * (run + 1)};
+        double *p = oracle_core(m, ids, n, ORACLE_F64, kv_given, kvr, em, &r);
+        for (size_t i = 0; i < nl; i++)
+            var[i] += (p[i] - exact[i]) * (p[i] - exact[i]) / MCA_RUNS;
+        for (size_t i = 0; kv_given && i < nkv; i++)
+            kvs[i] += (kvr[i] - kv0[i]) * (kvr[i] - kv0[i]) / MCA_RUNS;
+        free(p);
+    }
+    for (int i = 0; i < n; i++) {
+        double *vr = var + (size_t)i * hp->n_vocab, pooled = 0;
+        for (int j = 0; j < hp->n_vocab; j++)
+            pooled += vr[j] / hp->n_vocab;
+        for (int j = 0; j < hp->n_vocab; j++)
+            vr[j] = MCA_LAMBDA * sqrt(fmax(vr[j], pooled)) +
+                    U32 * fabs(exact[(size_t)i * hp->n_vocab + j]);
+    }
+    for (size_t i = 0; kv_given && i < nkv; i++) {
+        double e = MCA_LAMBDA * sqrt(kvs[i]) + U32 * fabs(kv0[i]);
+        double allow = f16_half_ulp(fabs(kv0[i]) + e) + e;
+        kc->excess = fmax(kc->excess, fabs(kv_given[i] - kv0[i]) / allow);
+        kc->flips += kv_given[i] != kvp_f16_to_f32(kvp_f32_to_f16((float)kv0[i]));
+    }
+    free(kv0), free(kvr), free(kvs);
+    *bound = var;
+    return exact;
+}
+
+/* max |got - want| / bound: at most 1 when got is within its bound everywhere */
+static double bound_ratio(const float *got, const double *want, const double *bound, size_t n)
+{
+    double r = 0;
+    for (size_t i = 0; i < n; i++)
+        r = fmax(r, fabs(got[i] - want[i]) / bound[i]);
+    return r;
 }
 
 /* ---- reference logits ---- */
@@ -276,9 +421,12 @@ static double row_diff(const cJSON *row, const double *x)
 
 /* Evidence for docs/performance.md: the reference was computed with an f16 KV cache, and at
  * that precision agreement within 1e-3 is not a property an f32-order-dependent engine can
- * have. Checked against the float64 oracle run three ways (see enum oracle_mode). */
+ * have. Checked against the float64 oracle run three ways (see enum oracle_mode). These are
+ * facts about a fixed file and the float64 oracle (the same on every path), not tolerances on
+ * kvpred's arithmetic: each check says which of two effects is an order of magnitude larger
+ * (f32_bound: the largest of kvpred's f32 error bounds on these logits). */
 static void check_reference_is_f16_kv(const kvp_model *m, const int32_t *ids, int n,
-                                      const cJSON *rlog, int n_vocab)
+                                      const cJSON *rlog, int n_vocab, double f32_bound)
 {
     double *f64 = oracle_logits_as(m, ids, n, ORACLE_F64);
     double *f16 = oracle_logits_as(m, ids, n, ORACLE_F16);
@@ -299,14 +447,22 @@ static void check_reference_is_f16_kv(const kvp_model *m, const int32_t *ids, in
     print_message("all positions: |reference - float64| = %.3g, |reference - f16 KV| = %.3g, "
                   "|f16 KV - f16 KV nudged by 1 f32 ulp| = %.3g\n",
                   ref_f64, ref_f16, nudge);
-    assert_true(pos0_f16 < 1e-4 && pos0_f64 > 1e-3); /* the reference rounds V to f16 */
-    assert_true(ref_f16 < ref_f64);                  /* and is closer to an f16 KV evaluation */
-    assert_true(nudge > 1e-3); /* one f32 ulp before rounding moves logits more than 1e-3 */
+    assert_true(10 * pos0_f16 < pos0_f64); /* the reference rounds V to f16 (measured: 27x) */
+    assert_true(ref_f16 < ref_f64);        /* and is closer to an f16 KV evaluation */
+    /* one f32 ulp before rounding to f16 moves logits far more than f32 arithmetic may (88x) */
+    assert_true(nudge > 10 * f32_bound);
     free(f64), free(f16), free(f16n);
 }
 
-/* The f32 cache against llama.cpp's f32-KV logits: within 1e-3 at every position. */
-static void check_f32kv_reference(const float *lg, int n, int n_vocab)
+/* llama.cpp's f32-KV logits: an f32 evaluation of the same function by another engine. What it
+ * guards against is a misconception kvpred and the oracle share (RoPE's pairing, the norm, the
+ * head grouping), which moves logits by 0.1 or more. The bound is empirical, and says so: the
+ * reference's arithmetic is not kvpred's (ggml computes the RoPE angles in f32, with an error
+ * that grows with the position, and has its own exp and sums), so kvpred's error model (truth,
+ * bound) does not bound it. Measured: 1.99 of kvpred's bound (|reference - kvpred| 7.4e-5);
+ * checked at 4. */
+static void check_f32kv_reference(const float *lg, const double *truth, const double *bound, int n,
+                                  int n_vocab)
 {
     const char *path = kvp_test_shared("reference/stories260K_logits_f32kv.json");
     if (!path) {
@@ -319,18 +475,21 @@ static void check_f32kv_reference(const float *lg, int n, int n_vocab)
     assert_non_null(ref);
     const cJSON *rlog = cJSON_GetObjectItem(ref, "logits");
     assert_int_equal(cJSON_GetArraySize(rlog), n);
-    double worst = 0;
+    double worst = 0, ref_ratio = 0, bmax = 0;
     for (int i = 0; i < n; i++) {
         const cJSON *row = cJSON_GetArrayItem(rlog, i);
         assert_int_equal(cJSON_GetArraySize(row), n_vocab);
-        double x[4096];
-        assert_true(n_vocab <= 4096);
-        for (int j = 0; j < n_vocab; j++)
-            x[j] = lg[(size_t)i * n_vocab + j];
-        worst = fmax(worst, row_diff(row, x));
+        int j = 0;
+        for (const cJSON *e = row->child; e; e = e->next, j++) {
+            size_t o = (size_t)i * n_vocab + j;
+            worst = fmax(worst, fabs(e->valuedouble - lg[o]));
+            ref_ratio = fmax(ref_ratio, fabs(e->valuedouble - truth[o]) / bound[o]);
+            bmax = fmax(bmax, bound[o]);
+        }
     }
-    print_message("f32 KV: max |kvpred - llama.cpp f32-KV reference| = %.3g (bound 1e-3)\n", worst);
-    assert_true(worst < 1e-3);
+    print_message("f32 KV: max |kvpred - llama.cpp f32-KV reference| = %.3g, reference within "
+                  "%.3g of the f32 bound (largest bound %.3g)\n", worst, ref_ratio, bmax);
+    assert_true(ref_ratio <= 4);
     cJSON_Delete(ref);
     free(json);
 }
@@ -342,19 +501,19 @@ static void check_f32kv_reference(const float *lg, int n, int n_vocab)
  * summation order (prefill, decode, each SIMD table and BLAS kernel sum in their own), and one
  * f16 ulp of one value moves these logits by up to ~0.02 (check_reference_is_f16_kv measures
  * it). So the stored values are checked one by one instead: each must be the oracle's exact value
- * rounded to f16, up to the f32 error of the path that computed it (half an f16 ulp plus
- * kv_slack of the vector's largest entry), and given them, the rest of the forward pass is f32
- * arithmetic against float64, the same bound as the f32 cache (f32_bound). */
+ * rounded to f16, up to the f32 error bound of the path that computed it (oracle_core), and given
+ * them, the rest of the forward pass is f32 arithmetic against float64 within the oracle's bound
+ * (the stored values enter it exactly). */
 static void check_f16_cache(kvp_model *m, const int32_t *ids, int n, const cJSON *rlog,
-                            int n_vocab, double f32_bound, double kv_slack)
+                            int n_vocab)
 {
     double *kv_pre = NULL, *kv_dec = NULL;
     float *lg = eval_all_kv(m, ids, n, 2, 16, false, KVP_KV_F16, &kv_pre);
     float *dec = eval_all_kv(m, ids, n, 1, 16, true, KVP_KV_DEFAULT, &kv_dec);
-    double ex_pre = 0, ex_dec = 0;
-    int fl_pre = 0, fl_dec = 0;
-    double *o_pre = oracle_core(m, ids, n, ORACLE_F64, kv_pre, &ex_pre, &fl_pre);
-    double *o_dec = oracle_core(m, ids, n, ORACLE_F64, kv_dec, &ex_dec, &fl_dec);
+    struct kv_check kc_pre = {0}, kc_dec = {0};
+    double *b_pre = NULL, *b_dec = NULL;
+    double *o_pre = oracle_bounded(m, ids, n, NULL, kv_pre, &kc_pre, &b_pre);
+    double *o_dec = oracle_bounded(m, ids, n, NULL, kv_dec, &kc_dec, &b_dec);
     double *f16 = oracle_logits_as(m, ids, n, ORACLE_F16);
     double worst = 0, vs_llama_oracle = 0;
     for (int i = 0; i < n; i++) {
@@ -373,23 +532,26 @@ static void check_f16_cache(kvp_model *m, const int32_t *ids, int n, const cJSON
         }
         assert_int_equal(am, am_ref);
     }
-    double e_pre = 0, e_dec = 0;
-    for (size_t i = 0; i < (size_t)n * n_vocab; i++) {
-        e_pre = fmax(e_pre, fabs(lg[i] - o_pre[i]));
-        e_dec = fmax(e_dec, fabs(dec[i] - o_dec[i]));
-    }
+    size_t nl = (size_t)n * n_vocab;
+    double e_pre = bound_ratio(lg, o_pre, b_pre, nl), e_dec = bound_ratio(dec, o_dec, b_dec, nl);
     print_message("f16 KV: max |kvpred - llama.cpp f16-KV reference| = %.3g, argmax agrees at "
                   "%d/%d, |kvpred - oracle with f16 Q, K, V, P (llama.cpp's rounding)| = %.3g\n",
                   worst, n, n, vs_llama_oracle);
-    print_message("f16 KV: stored K, V vs exact: excess over half an f16 ulp %.3g / %.3g of the "
-                  "row (bound %.3g), %d / %d not the nearest f16 (prefill / decode)\n",
-                  ex_pre, ex_dec, kv_slack, fl_pre, fl_dec);
-    print_message("f16 KV: max |kvpred - oracle on kvpred's K, V| = %.3g prefill, %.3g decode "
-                  "(bound %.3g)\n", e_pre, e_dec, f32_bound);
-    assert_true(ex_pre <= kv_slack && ex_dec <= kv_slack);
-    assert_true(e_pre < f32_bound && e_dec < f32_bound);
-    assert_true(worst < 0.05); /* the two engines round differently (above) */
+    print_message("f16 KV: stored K, V vs exact: at most %.3g / %.3g of half an f16 ulp plus the "
+                  "bound, %d / %d not the nearest f16 (prefill / decode)\n",
+                  kc_pre.excess, kc_dec.excess, kc_pre.flips, kc_dec.flips);
+    print_message("f16 KV: |kvpred - oracle on kvpred's K, V| at most %.3g (prefill), %.3g "
+                  "(decode) of its bound\n", e_pre, e_dec);
+    assert_true(kc_pre.excess <= 1 && kc_dec.excess <= 1);
+    assert_true(e_pre <= 1 && e_dec <= 1);
+    /* Not derived: llama.cpp rounds its own K and V to f16 from its own f32 values, so a few of
+     * them land on the other f16 neighbour than kvpred's (the flips counted above), each moving
+     * these logits by up to ~0.02 (check_reference_is_f16_kv's nudge); no bound short of "flips
+     * times that" exists. The argmax equality above is the check; 0.05 only says the two
+     * engines compute the same function, an order of magnitude below a wrong layer or head. */
+    assert_true(worst < 0.05);
     free(lg), free(dec), free(o_pre), free(o_dec), free(f16), free(kv_pre), free(kv_dec);
+    free(b_pre), free(b_dec);
 }
 
 static void test_reference_logits(void **state)
@@ -424,7 +586,7 @@ static void test_reference_logits(void **state)
     struct kvp_model_info in;
     kvp_model_get_info(m, &in);
     float *lg = eval_all(m, ids, n, 2, 16, false, KVP_KV_F32);
-    double *truth = oracle_logits(m, ids, n);
+    double *bound = NULL, *truth = oracle_bounded(m, ids, n, NULL, NULL, NULL, &bound);
     double worst = 0, ref_vs_truth = 0, ours_vs_truth = 0;
     for (int i = 0; i < n; i++) {
         cJSON *row = cJSON_GetArrayItem(rlog, i);
@@ -449,35 +611,42 @@ static void test_reference_logits(void **state)
     }
     /* The reference engine keeps K and V in f16 (llama.cpp's default cache type), which moves its
      * logits up to ~0.04 away from the exact function; kvpred with an f32 cache computes in f32
-     * and lands within 1e-4 of a float64 evaluation. So the checks are: same tokens, same argmax
-     * everywhere, kvpred closer to the exact result than the reference is, and both within the
-     * reference's own distance to it. */
+     * and lands within the oracle's f32 error bound of a float64 evaluation. So the checks are:
+     * same tokens, same argmax everywhere, kvpred within its bound and closer to the exact
+     * result than the reference is. */
+    size_t nl = (size_t)n * in.n_vocab;
+    double ratio = bound_ratio(lg, truth, bound, nl);
     print_message("f32 KV: max |kvpred - llama.cpp f16-KV reference| = %.3g\n", worst);
-    print_message("f32 KV: max |kvpred - float64 oracle| = %.3g, max |reference - float64 oracle| "
-                  "= %.3g\n",
-                  ours_vs_truth, ref_vs_truth);
-    assert_true(ours_vs_truth < 1e-4);
+    print_message("f32 KV: max |kvpred - float64 oracle| = %.3g (at most %.3g of its bound), "
+                  "max |reference - float64 oracle| = %.3g\n",
+                  ours_vs_truth, ratio, ref_vs_truth);
+    assert_true(ratio <= 1);
     assert_true(ours_vs_truth < ref_vs_truth);
-    assert_true(worst < ref_vs_truth + 1e-4);
-    free(truth);
-    check_reference_is_f16_kv(m, ids, n, rlog, in.n_vocab);
-    check_f32kv_reference(lg, n, in.n_vocab);
-    check_f16_cache(m, ids, n, rlog, in.n_vocab, 1e-4, 1e-4);
+    double bmax = 0;
+    for (size_t i = 0; i < nl; i++)
+        bmax = fmax(bmax, bound[i]);
+    check_reference_is_f16_kv(m, ids, n, rlog, in.n_vocab, bmax);
+    check_f32kv_reference(lg, truth, bound, n, in.n_vocab);
+    check_f16_cache(m, ids, n, rlog, in.n_vocab);
 
-    /* the decode path (one token at a time) computes the same function */
+    /* the decode path (one token at a time), another block size and thread count compute the
+     * same function: each within the same bound of it (the bound holds for any summation order
+     * and split, OpenBLAS's sgemm splitting sums across threads included), so any two within
+     * twice of each other */
     float *lg2 = eval_all(m, ids, n, 1, 16, true, KVP_KV_F32);
-    double dd = max_abs_diff(lg, lg2, (size_t)n * in.n_vocab);
-    print_message("max |prefill - decode| = %.3g\n", dd);
-    assert_true(dd < 1e-4);
+    double r_dec = bound_ratio(lg2, truth, bound, nl);
+    print_message("max |prefill - decode| = %.3g, decode at most %.3g of the bound\n",
+                  max_abs_diff(lg, lg2, nl), r_dec);
+    assert_true(r_dec <= 1);
     free(lg2);
-    /* a different block size and thread count change nothing beyond rounding: the block size
-     * only lays out the KV pages and kvpred's own kernels compute whole rows and heads per thread
-     * in a fixed order (0 with OpenBLAS's own kernel here), but the prefill's sgemm is
-     * OpenBLAS's, and some of its kernels (Haswell's) split the sums across threads. 1e-4 is a
-     * measured margin over those f32 ulps, not a derived bound */
     lg2 = eval_all(m, ids, n, 1, 7, false, KVP_KV_F32);
-    assert_true(max_abs_diff(lg, lg2, (size_t)n * in.n_vocab) < 1e-4);
+    double r_bs = bound_ratio(lg2, truth, bound, nl);
+    print_message("1 thread, block size 7: |vs 2 threads, 16| = %.3g, at most %.3g of the bound\n",
+                  max_abs_diff(lg, lg2, nl), r_bs);
+    assert_true(r_bs <= 1);
     free(lg2);
+    free(truth);
+    free(bound);
 
     free(lg);
     free(ids);
@@ -592,32 +761,46 @@ static void check_type(int type, int embd_type, int tied, int n_head_kv)
     for (int i = 0; i < 40; i++)
         ids[i] = (i * 37 + 5) % sp.n_vocab;
     size_t nl = (size_t)40 * sp.n_vocab;
-    float *ref = eval_all(mf, ids, 40, 1, 16, false, KVP_KV_F32);
     float *pre = eval_all(mq, ids, 40, 2, 16, false, KVP_KV_F32);
     float *dec = eval_all(mq, ids, 40, 2, 16, true, KVP_KV_F32);
-    double scale = 0;
-    for (size_t i = 0; i < nl; i++)
-        scale = fmax(scale, fabs(ref[i]));
-    double e_pre = max_abs_diff(ref, pre, nl), e_dec = max_abs_diff(ref, dec, nl);
-    /* Prefill dequantizes weights to F32 (only summation order differs) unless the CPU has the
-     * integer GEMM for the type (kernels/prefill_gemm.h). Decode uses the SIMD dots; every
-     * quantized type also quantizes the activations to 8 bits (Q8_0 blocks of 32 for the
-     * 32-element types, Q8_K blocks of 256 for the K-quants), a ~1% effect on each product;
-     * measured up to 0.012·scale, bound 0.03·scale. The integer GEMM quantizes each token as
-     * decode does and sums the same block products, so there prefill must also stay close to
-     * decode (measured up to 1e-7·scale: float order, through two layers). */
-    bool quantized = kvp_type_traits(type)->blck_size > 1;
+    /* The F32 model holds the dequantized weights exactly, so the oracle on it computes the
+     * function kvpred computes with the quantized model, and its bound (oracle_core) adds what
+     * kvpred does differently per weight type: decode quantizes the activations of every
+     * quantized type to 8 bits (Q8_0 for the 32-element types, Q8_K for the K-quants); prefill
+     * dequantizes the weights to F32 for sgemm (f32 rounding only) unless the CPU has the
+     * integer GEMM for the type (kernels/prefill_gemm.h), which quantizes each token as decode
+     * does. (That the integer GEMM and decode agree more closely than that, product by product,
+     * is test_prefill_gemm's check.) */
+    struct err_model em_pre = {.types = mq, .prefill = true, .n_rows = 40};
+    struct err_model em_dec = {.types = mq, .prefill = false, .n_rows = 1};
+    double *b_pre = NULL, *b_dec = NULL;
+    double *t_dec = oracle_bounded(mf, ids, 40, &em_dec, NULL, NULL, &b_dec);
+    /* prefill quantizes exactly where decode does when every quantized type has the GEMM */
+    bool same = true;
+    for (int t = 0; t < 2; t++) {
+        int ty = t ? embd_type : type;
+        same &= kvp_type_traits(ty)->blck_size == 1 || kvp_gemm_wants(ty, 40);
+    }
+    double *t_pre = same ? t_dec : oracle_bounded(mf, ids, 40, &em_pre, NULL, NULL, &b_pre);
+    if (same)
+        b_pre = b_dec;
+    double scale = 0, bmax = 0;
+    for (size_t i = 0; i < nl; i++) {
+        scale = fmax(scale, fabs(t_dec[i]));
+        bmax = fmax(bmax, b_dec[i]);
+    }
+    double r_pre = bound_ratio(pre, t_pre, b_pre, nl), r_dec = bound_ratio(dec, t_dec, b_dec, nl);
     bool gemm = kvp_gemm_wants(type, 40) || kvp_gemm_wants(embd_type, 40);
-    double bound_dec = quantized ? 0.03 * scale : 1e-4 * scale + 1e-5;
-    double e_pd = max_abs_diff(pre, dec, nl);
-    print_message("type %d embd %d tied %d: |logit| max %.3g, prefill err %.3g, decode err %.3g "
-                  "(bound %.3g), |prefill - decode| %.3g%s\n", type, embd_type, tied, scale, e_pre,
-                  e_dec, bound_dec, e_pd, gemm ? " (integer GEMM)" : "");
-    assert_true(e_pre <= (gemm ? bound_dec : 1e-4 * scale + 1e-5));
-    assert_true(e_dec <= bound_dec);
-    if (gemm)
-        assert_true(e_pd <= 1e-4 * scale);
-    free(ref);
+    print_message("type %d embd %d tied %d: |logit| max %.3g, |prefill - oracle| %.3g, |decode - "
+                  "oracle| %.3g (largest bound %.3g); at most %.3g / %.3g of the bounds%s\n",
+                  type, embd_type, tied, scale, max_abs_diff_d(pre, t_pre, nl),
+                  max_abs_diff_d(dec, t_dec, nl), bmax, r_pre, r_dec,
+                  gemm ? " (integer GEMM)" : "");
+    assert_true(r_pre <= 1);
+    assert_true(r_dec <= 1);
+    if (!same)
+        free(t_pre), free(b_pre);
+    free(t_dec), free(b_dec);
     free(pre);
     free(dec);
     kvp_model_close(mq);
@@ -662,20 +845,18 @@ static void check_against_oracle(const struct kvp_test_model_spec *sp, const cha
         ids[i] = (i * 13 + 1) % sp->n_vocab;
     float *pre = eval_all(m, ids, 48, 2, 16, false, KVP_KV_F32);
     float *dec = eval_all(m, ids, 48, 1, 16, true, KVP_KV_F32);
-    double *truth = oracle_logits(m, ids, 48);
-    double e_pre = 0, e_dec = 0, scale = 0;
-    for (size_t i = 0; i < (size_t)48 * sp->n_vocab; i++) {
-        e_pre = fmax(e_pre, fabs(pre[i] - truth[i]));
-        e_dec = fmax(e_dec, fabs(dec[i] - truth[i]));
-        scale = fmax(scale, fabs(truth[i]));
-    }
-    print_message("%s: |logit| max %.3g, prefill err %.3g, decode err %.3g\n", what, scale, e_pre,
-                  e_dec);
-    assert_true(e_pre < 1e-4 * scale + 1e-5);
-    assert_true(e_dec < 1e-4 * scale + 1e-5);
+    double *bound = NULL, *truth = oracle_bounded(m, ids, 48, NULL, NULL, NULL, &bound);
+    size_t nl = (size_t)48 * sp->n_vocab;
+    double r_pre = bound_ratio(pre, truth, bound, nl), r_dec = bound_ratio(dec, truth, bound, nl);
+    print_message("%s: prefill err %.3g, decode err %.3g: at most %.3g / %.3g of the f32 bound\n",
+                  what, max_abs_diff_d(pre, truth, nl), max_abs_diff_d(dec, truth, nl), r_pre,
+                  r_dec);
+    assert_true(r_pre <= 1);
+    assert_true(r_dec <= 1);
     free(pre);
     free(dec);
     free(truth);
+    free(bound);
     kvp_model_close(m);
     remove(p);
     free(p);
