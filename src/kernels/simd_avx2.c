@@ -94,104 +94,21 @@ KVP_INLINE float f16_at(const void *p)
 
 /* ============================== float dots ============================== */
 
-KVP_INLINE float dot_generic(const void *w, const float *x, int64_t n, int kind)
-{
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        a0 = _mm256_fmadd_ps(load8(elem_at(w, i, kind), kind), _mm256_loadu_ps(x + i), a0);
-        a1 = _mm256_fmadd_ps(load8(elem_at(w, i + 8, kind), kind), _mm256_loadu_ps(x + i + 8), a1);
-        a2 =
-            _mm256_fmadd_ps(load8(elem_at(w, i + 16, kind), kind), _mm256_loadu_ps(x + i + 16), a2);
-        a3 =
-            _mm256_fmadd_ps(load8(elem_at(w, i + 24, kind), kind), _mm256_loadu_ps(x + i + 24), a3);
-    }
-    for (; i + 8 <= n; i += 8)
-        a0 = _mm256_fmadd_ps(load8(elem_at(w, i, kind), kind), _mm256_loadu_ps(x + i), a0);
-    if (i < n) {
-        __m256 xv = _mm256_maskload_ps(x + i, tail_mask(n - i));
-        a1 = _mm256_fmadd_ps(load8_tail(elem_at(w, i, kind), n - i, kind), xv, a1);
-    }
-    return hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-}
-
-static float dot_f32(const float *w, const float *x, int64_t n)
-{
-    return dot_generic(w, x, n, W_F32);
-}
-
-static float dot_f16(const uint16_t *w, const float *x, int64_t n)
-{
-    return dot_generic(w, x, n, W_F16);
-}
-
-static float dot_bf16(const uint16_t *w, const float *x, int64_t n)
-{
-    return dot_generic(w, x, n, W_BF16);
-}
-
-/* Four rows at once; see the file comment. */
-KVP_INLINE void rows_generic(const void *w, size_t row_bytes, const float *x, int64_t n,
-                             int64_t nrows, float *y, int kind)
-{
-    int64_t r = 0;
-    for (; r + 4 <= nrows; r += 4) {
-        const char *w0 = (const char *)w + (size_t)r * row_bytes;
-        const char *w1 = w0 + row_bytes, *w2 = w1 + row_bytes, *w3 = w2 + row_bytes;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-        int64_t i = 0;
-        for (; i + 16 <= n; i += 16) {
-            __m256 xa = _mm256_loadu_ps(x + i), xb = _mm256_loadu_ps(x + i + 8);
-            a0 = _mm256_fmadd_ps(load8(elem_at(w0, i, kind), kind), xa, a0);
-            a1 = _mm256_fmadd_ps(load8(elem_at(w1, i, kind), kind), xa, a1);
-            a2 = _mm256_fmadd_ps(load8(elem_at(w2, i, kind), kind), xa, a2);
-            a3 = _mm256_fmadd_ps(load8(elem_at(w3, i, kind), kind), xa, a3);
-            b0 = _mm256_fmadd_ps(load8(elem_at(w0, i + 8, kind), kind), xb, b0);
-            b1 = _mm256_fmadd_ps(load8(elem_at(w1, i + 8, kind), kind), xb, b1);
-            b2 = _mm256_fmadd_ps(load8(elem_at(w2, i + 8, kind), kind), xb, b2);
-            b3 = _mm256_fmadd_ps(load8(elem_at(w3, i + 8, kind), kind), xb, b3);
-        }
-        if (i + 8 <= n) {
-            __m256 xa = _mm256_loadu_ps(x + i);
-            a0 = _mm256_fmadd_ps(load8(elem_at(w0, i, kind), kind), xa, a0);
-            a1 = _mm256_fmadd_ps(load8(elem_at(w1, i, kind), kind), xa, a1);
-            a2 = _mm256_fmadd_ps(load8(elem_at(w2, i, kind), kind), xa, a2);
-            a3 = _mm256_fmadd_ps(load8(elem_at(w3, i, kind), kind), xa, a3);
-            i += 8;
-        }
-        if (i < n) {
-            int64_t k = n - i;
-            __m256 xb = _mm256_maskload_ps(x + i, tail_mask(k));
-            b0 = _mm256_fmadd_ps(load8_tail(elem_at(w0, i, kind), k, kind), xb, b0);
-            b1 = _mm256_fmadd_ps(load8_tail(elem_at(w1, i, kind), k, kind), xb, b1);
-            b2 = _mm256_fmadd_ps(load8_tail(elem_at(w2, i, kind), k, kind), xb, b2);
-            b3 = _mm256_fmadd_ps(load8_tail(elem_at(w3, i, kind), k, kind), xb, b3);
-        }
-        _mm_storeu_ps(y + r, hsum4(_mm256_add_ps(a0, b0), _mm256_add_ps(a1, b1),
-                                   _mm256_add_ps(a2, b2), _mm256_add_ps(a3, b3)));
-    }
-    for (; r < nrows; r++)
-        y[r] = dot_generic((const char *)w + (size_t)r * row_bytes, x, n, kind);
-}
-
-static void rows_f32(const void *w, size_t row_bytes, const float *x, int64_t n, int64_t nrows,
-                     float *y)
-{
-    rows_generic(w, row_bytes, x, n, nrows, y, W_F32);
-}
-
-static void rows_f16(const void *w, size_t row_bytes, const float *x, int64_t n, int64_t nrows,
-                     float *y)
-{
-    rows_generic(w, row_bytes, x, n, nrows, y, W_F16);
-}
-
-static void rows_bf16(const void *w, size_t row_bytes, const float *x, int64_t n, int64_t nrows,
-                      float *y)
-{
-    rows_generic(w, row_bytes, x, n, nrows, y, W_BF16);
-}
+/* The vocabulary of simd_float_x86.inc: 8 lanes, 16-bit tails through a zero-padded copy. */
+#define VF __m256
+#define VF_LANES 8
+#define VF_ZERO() _mm256_setzero_ps()
+#define VF_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define VF_ADD(a, b) _mm256_add_ps(a, b)
+#define VF_LOADX(p) _mm256_loadu_ps(p)
+#define VF_LOADW(p, kind) load8(p, kind)
+#define VF_TAIL __m256i
+#define VF_TAIL_OF(n) tail_mask(n)
+#define VF_LOADX_TAIL(p, t, n) _mm256_maskload_ps(p, t)
+#define VF_LOADW_TAIL(p, kind, t, n) load8_tail(p, n, kind)
+#define VF_ROWS_PF_PLAN(nrows, row_bytes) ((void)0)
+#define VF_ROWS_PF_STEP(w0, row_bytes, i, kind) ((void)0)
+#include "kernels/simd_float_x86.inc"
 
 /* ============================== Q8_0 ============================== */
 

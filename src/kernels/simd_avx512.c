@@ -85,114 +85,30 @@ KVP_INLINE float f16_at(const void *p)
     return _cvtsh_ss(h);
 }
 
-/* The four-row kernels below prefetch what the next pass reads (simd_prefetch_x86.h). */
-
 /* ============================== float dots ============================== */
 
-KVP_INLINE float dot_generic(const void *w, const float *x, int64_t n, int kind)
-{
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    int64_t i = 0;
-    for (; i + 64 <= n; i += 64) {
-        a0 = _mm512_fmadd_ps(load16(elem_at(w, i, kind), kind, 0, 1), _mm512_loadu_ps(x + i), a0);
-        a1 = _mm512_fmadd_ps(load16(elem_at(w, i + 16, kind), kind, 0, 1),
-                             _mm512_loadu_ps(x + i + 16), a1);
-        a2 = _mm512_fmadd_ps(load16(elem_at(w, i + 32, kind), kind, 0, 1),
-                             _mm512_loadu_ps(x + i + 32), a2);
-        a3 = _mm512_fmadd_ps(load16(elem_at(w, i + 48, kind), kind, 0, 1),
-                             _mm512_loadu_ps(x + i + 48), a3);
-    }
-    for (; i + 16 <= n; i += 16)
-        a0 = _mm512_fmadd_ps(load16(elem_at(w, i, kind), kind, 0, 1), _mm512_loadu_ps(x + i), a0);
-    if (i < n) {
-        __mmask16 m = tail_mask(n - i);
-        a1 = _mm512_fmadd_ps(load16(elem_at(w, i, kind), kind, m, 0),
-                             _mm512_maskz_loadu_ps(m, x + i), a1);
-    }
-    return hsum(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-}
-
-static float dot_f32(const float *w, const float *x, int64_t n)
-{
-    return dot_generic(w, x, n, W_F32);
-}
-
-static float dot_f16(const uint16_t *w, const float *x, int64_t n)
-{
-    return dot_generic(w, x, n, W_F16);
-}
-
-static float dot_bf16(const uint16_t *w, const float *x, int64_t n)
-{
-    return dot_generic(w, x, n, W_BF16);
-}
-
-/* Four rows at once, two accumulators per row, one shared x load. */
-KVP_INLINE void rows_generic(const void *w, size_t row_bytes, const float *x, int64_t n,
-                             int64_t nrows, float *y, int kind)
-{
-    const struct kvp_pf_plan pfp = kvp_pf_plan(nrows, row_bytes, 4);
-    int64_t r = 0;
-    for (; r + 4 <= nrows; r += 4) {
-        const char *w0 = (const char *)w + (size_t)r * row_bytes;
-        const char *w1 = w0 + row_bytes, *w2 = w1 + row_bytes, *w3 = w2 + row_bytes;
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        __m512 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-        int64_t i = 0;
-        const size_t esz = kind == W_F32 ? 4 : 2;
-        for (; i + 32 <= n; i += 32) {
-            kvp_pf_step(&pfp, w0, row_bytes, 4, (size_t)i * esz, 32 * esz, (size_t)i * esz,
-                        kind == W_F32 ? 2 : 1);
-            __m512 xa = _mm512_loadu_ps(x + i), xb = _mm512_loadu_ps(x + i + 16);
-            a0 = _mm512_fmadd_ps(load16(elem_at(w0, i, kind), kind, 0, 1), xa, a0);
-            a1 = _mm512_fmadd_ps(load16(elem_at(w1, i, kind), kind, 0, 1), xa, a1);
-            a2 = _mm512_fmadd_ps(load16(elem_at(w2, i, kind), kind, 0, 1), xa, a2);
-            a3 = _mm512_fmadd_ps(load16(elem_at(w3, i, kind), kind, 0, 1), xa, a3);
-            b0 = _mm512_fmadd_ps(load16(elem_at(w0, i + 16, kind), kind, 0, 1), xb, b0);
-            b1 = _mm512_fmadd_ps(load16(elem_at(w1, i + 16, kind), kind, 0, 1), xb, b1);
-            b2 = _mm512_fmadd_ps(load16(elem_at(w2, i + 16, kind), kind, 0, 1), xb, b2);
-            b3 = _mm512_fmadd_ps(load16(elem_at(w3, i + 16, kind), kind, 0, 1), xb, b3);
-        }
-        if (i + 16 <= n) {
-            __m512 xa = _mm512_loadu_ps(x + i);
-            a0 = _mm512_fmadd_ps(load16(elem_at(w0, i, kind), kind, 0, 1), xa, a0);
-            a1 = _mm512_fmadd_ps(load16(elem_at(w1, i, kind), kind, 0, 1), xa, a1);
-            a2 = _mm512_fmadd_ps(load16(elem_at(w2, i, kind), kind, 0, 1), xa, a2);
-            a3 = _mm512_fmadd_ps(load16(elem_at(w3, i, kind), kind, 0, 1), xa, a3);
-            i += 16;
-        }
-        if (i < n) {
-            __mmask16 m = tail_mask(n - i);
-            __m512 xb = _mm512_maskz_loadu_ps(m, x + i);
-            b0 = _mm512_fmadd_ps(load16(elem_at(w0, i, kind), kind, m, 0), xb, b0);
-            b1 = _mm512_fmadd_ps(load16(elem_at(w1, i, kind), kind, m, 0), xb, b1);
-            b2 = _mm512_fmadd_ps(load16(elem_at(w2, i, kind), kind, m, 0), xb, b2);
-            b3 = _mm512_fmadd_ps(load16(elem_at(w3, i, kind), kind, m, 0), xb, b3);
-        }
-        _mm_storeu_ps(y + r, hsum4(_mm512_add_ps(a0, b0), _mm512_add_ps(a1, b1),
-                                   _mm512_add_ps(a2, b2), _mm512_add_ps(a3, b3)));
-    }
-    for (; r < nrows; r++)
-        y[r] = dot_generic((const char *)w + (size_t)r * row_bytes, x, n, kind);
-}
-
-static void rows_f32(const void *w, size_t row_bytes, const float *x, int64_t n, int64_t nrows,
-                     float *y)
-{
-    rows_generic(w, row_bytes, x, n, nrows, y, W_F32);
-}
-
-static void rows_f16(const void *w, size_t row_bytes, const float *x, int64_t n, int64_t nrows,
-                     float *y)
-{
-    rows_generic(w, row_bytes, x, n, nrows, y, W_F16);
-}
-
-static void rows_bf16(const void *w, size_t row_bytes, const float *x, int64_t n, int64_t nrows,
-                      float *y)
-{
-    rows_generic(w, row_bytes, x, n, nrows, y, W_BF16);
-}
+/* The vocabulary of simd_float_x86.inc: 16 lanes, every tail a masked load; the row batches
+ * prefetch what their next pass reads (simd_prefetch_x86.h). */
+#define VF __m512
+#define VF_LANES 16
+#define VF_ZERO() _mm512_setzero_ps()
+#define VF_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define VF_ADD(a, b) _mm512_add_ps(a, b)
+#define VF_LOADX(p) _mm512_loadu_ps(p)
+#define VF_LOADW(p, kind) load16(p, kind, 0, 1)
+#define VF_TAIL __mmask16
+#define VF_TAIL_OF(n) tail_mask(n)
+#define VF_LOADX_TAIL(p, t, n) _mm512_maskz_loadu_ps(t, p)
+#define VF_LOADW_TAIL(p, kind, t, n) load16(p, kind, t, 0)
+#define VF_ROWS_PF_PLAN(nrows, row_bytes)                                                          \
+    const struct kvp_pf_plan pfp = kvp_pf_plan(nrows, row_bytes, 4)
+#define VF_ROWS_PF_STEP(w0, row_bytes, i, kind)                                                    \
+    do {                                                                                           \
+        const size_t esz = (kind) == W_F32 ? 4 : 2;                                                \
+        kvp_pf_step(&pfp, w0, row_bytes, 4, (size_t)(i) * esz, 32 * esz, (size_t)(i) * esz,       \
+                    (kind) == W_F32 ? 2 : 1);                                                      \
+    } while (0)
+#include "kernels/simd_float_x86.inc"
 
 /* ============================== Q8_0 ============================== */
 
