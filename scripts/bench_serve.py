@@ -49,6 +49,7 @@ def free_port():
 
 
 def pct(xs, q):
+    xs = [x for x in xs if x is not None]
     if not xs:
         return None
     xs = sorted(xs)
@@ -122,7 +123,15 @@ def request(port, method, path, body, timeout=600):
 
 
 def stream(port, prompt, max_tokens, timeout=1800):
-    """One streamed completion: (ttft s, decode tok/s or None, tokens, t_start, t_end)."""
+    """One streamed completion: (ttft s, decode tok/s or None, tokens, t_start, t_end).
+
+    Time to first token is the request's wall time on the client minus the decode time the
+    server reports (from its first token to its last: kvpred's "kvpred.decode_ms", llama-server's
+    "timings.predicted_ms"), so it covers the wait for a slot and the prefill whatever the text
+    looks like. The first streamed text is not a usable mark on a random-weight model: both
+    servers hold back bytes that do not yet make whole UTF-8 characters, and llama-server drops
+    an unfinished tail at the end, so a whole answer may stream no text at all. Where a server
+    reports no decode time, the first text event is used."""
     import http.client
     body = {"prompt": prompt, "max_tokens": max_tokens, "stream": True, "temperature": 0,
             "cache_prompt": True, "stream_options": {"include_usage": True}}
@@ -136,6 +145,7 @@ def stream(port, prompt, max_tokens, timeout=1800):
     t_first = t_last = None
     n = 0
     usage = None
+    decode_ms = None
     buf = b""
     while True:
         chunk = r.read1(65536)
@@ -149,6 +159,10 @@ def stream(port, prompt, max_tokens, timeout=1800):
             j = json.loads(ev[6:])
             if j.get("usage"):
                 usage = j["usage"]
+            if (j.get("kvpred") or {}).get("decode_ms") is not None:
+                decode_ms = j["kvpred"]["decode_ms"]
+            if (j.get("timings") or {}).get("predicted_ms") is not None:
+                decode_ms = j["timings"]["predicted_ms"]
             for ch in j.get("choices", []):
                 if ch.get("text"):
                     now = time.time()
@@ -158,6 +172,10 @@ def stream(port, prompt, max_tokens, timeout=1800):
     c.close()
     t_end = time.time()
     tokens = usage["completion_tokens"] if usage else n
+    if decode_ms is not None and tokens >= 1:
+        ttft = (t_end - t0) - decode_ms / 1e3
+        tps = (tokens - 1) / (decode_ms / 1e3) if tokens > 1 and decode_ms > 0 else None
+        return ttft, tps, tokens, t0, t_end
     tps = (tokens - 1) / (t_last - t_first) if t_first and t_last > t_first and tokens > 1 \
         else None
     return (t_first - t0 if t_first else None), tps, tokens, t0, t_end
@@ -205,11 +223,12 @@ def run_round(kind, a, clients, docs, rnd, out):
         phase("first")
         warm_wall = phase("follow")
         rss = srv.peak_rss_mib()
-        srv.stop()
-        srv = Server(kind, a, d)
-        srv.start()
-        phase("restart")
-        rss = max(rss or 0, srv.peak_rss_mib() or 0)
+        if kind not in a.no_restart:
+            srv.stop()
+            srv = Server(kind, a, d)
+            srv.start()
+            phase("restart")
+            rss = max(rss or 0, srv.peak_rss_mib() or 0)
     finally:
         srv.stop()
         shutil.rmtree(d, ignore_errors=True)
@@ -228,6 +247,8 @@ def run_round(kind, a, clients, docs, rnd, out):
         "aggregate_decode_tps": warm_tokens[0] / warm_wall if warm_wall > 0 else None,
         "peak_rss_mib": rss,
     }
+    if a.note:
+        row["note"] = a.note
     out.write(json.dumps(row) + "\n")
     out.flush()
     print(json.dumps(row), flush=True)
@@ -278,8 +299,15 @@ def main():
     ap.add_argument("--rounds", type=int, default=1, help="alternations of the servers")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "serve.jsonl"))
     ap.add_argument("--table", default=None, help="Markdown table file (default: print)")
+    ap.add_argument("--no-restart", default="",
+                    help="servers whose restart phase is skipped (comma-separated): llama-server "
+                         "keeps nothing across a restart, so its restart TTFT is its cold one "
+                         "again and costs as long to measure")
+    ap.add_argument("--note", default=None,
+                    help="how the run was taken (priority, lock, load), kept in every row")
     a = ap.parse_args()
     a.clients_list = [int(x) for x in a.clients.split(",")]
+    a.no_restart = [x for x in a.no_restart.split(",") if x]
     servers = [s for s in a.servers.split(",") if s]
     if "llama" in servers and not os.access(a.llama_server, os.X_OK):
         print(f"bench_serve: no llama-server at {a.llama_server}; running kvpred only")
