@@ -172,20 +172,16 @@ typedef void (*qm_f16_tile_fn)(const uint16_t *tile, int n_tiles, int hd, const 
                                const uint8_t (*sel)[KVP_QMETA_SEL_HD], float scale, float *out,
                                int ostride);
 
-KVP_X86_CLONES static void bounds_run(const struct kvp_qmeta *m, int lh, const float *q, int g,
-                                      float scale, int b0, int b1, float *out, int stride,
-                                      qm_f16_tile_fn f16_tile)
+KVP_X86_CLONES static void bounds_run(const struct kvp_qmeta *m, int lh,
+                                      const struct kvp_qmeta_query *qq, int b0, int b1,
+                                      float *out, int stride, qm_f16_tile_fn f16_tile)
 {
-    const int T = KVP_QMETA_TILE, hd = m->head_dim;
-    const bool half = m->half[lh];
+    const int hd = m->head_dim, g = qq->g;
+    const float *q = qq->q, scale = qq->scale;
+    const bool half = m->half[lh], signed_q = qq->signed_q;
     const struct kvp_simd_ops *ops = kvp_simd();
-    /* the row of each term when no q_d is zero or NaN (tile_heads_sel) */
-    uint8_t sel_rows[KVP_QMETA_SEL_HEADS][KVP_QMETA_SEL_HD];
-    bool signed_q = hd <= KVP_QMETA_SEL_HD && g <= KVP_QMETA_SEL_HEADS;
-    for (int i = 0; signed_q && i < g * hd; i++) {
-        signed_q = q[i] > 0.0f || q[i] < 0.0f;
-        sel_rows[i / hd][i % hd] = q[i] > 0.0f ? 0 : T;
-    }
+    const uint8_t(*sel_rows)[KVP_QMETA_SEL_HD] = qq->sel;
+    const int T = KVP_QMETA_TILE;
     for (int t = b0 / T; t * T < b1; t++) {
         const void *tile = kvp_qmeta_tile(m, lh, t);
         const int lo = t * T > b0 ? t * T : b0, hi = (t + 1) * T < b1 ? (t + 1) * T : b1;
@@ -194,7 +190,7 @@ KVP_X86_CLONES static void bounds_run(const struct kvp_qmeta *m, int lh, const f
             const int n_tiles = b1 / T - t;
             for (int j0 = 0; j0 < g; j0 += 4)
                 f16_tile(tile, n_tiles, hd, q + (size_t)j0 * hd, g - j0 < 4 ? g - j0 : 4,
-                         (const uint8_t(*)[KVP_QMETA_SEL_HD]) & sel_rows[j0], scale,
+                         &sel_rows[j0], scale,
                          out + (size_t)j0 * stride + (lo - b0), stride);
             t += n_tiles - 1;
             continue;
@@ -203,8 +199,7 @@ KVP_X86_CLONES static void bounds_run(const struct kvp_qmeta *m, int lh, const f
             qm_vec acc[4];
             const int G = g - j0 < 4 ? g - j0 : 4;
             const float *qj = q + (size_t)j0 * hd;
-            const uint8_t(*sel)[KVP_QMETA_SEL_HD] =
-                signed_q ? (const uint8_t(*)[KVP_QMETA_SEL_HD]) &sel_rows[j0] : NULL;
+            const uint8_t(*sel)[KVP_QMETA_SEL_HD] = signed_q ? &sel_rows[j0] : NULL;
             if (sel && half && f16_tile)
                 f16_tile(tile, 1, hd, qj, G, sel, scale, (float *)acc, KVP_QMETA_TILE);
             else if (G == 4)
@@ -240,15 +235,39 @@ static void pick_f16_tile(void)
 #endif
 }
 
-void kvp_qmeta_bounds(const struct kvp_qmeta *m, int lh, const float *q, int g, float scale,
-                      int b0, int b1, float *out, int stride)
+void kvp_qmeta_query_prep(const struct kvp_qmeta *m, struct kvp_qmeta_query *qq, const float *q,
+                          int g, float scale)
+{
+    const int hd = m->head_dim;
+    qq->q = q;
+    qq->g = g;
+    qq->scale = scale;
+    /* the row of each term when no q_d is zero or NaN (tile_heads_sel) */
+    bool signed_q = hd <= KVP_QMETA_SEL_HD && g <= KVP_QMETA_SEL_HEADS;
+    for (int i = 0; signed_q && i < g * hd; i++) {
+        signed_q = q[i] > 0.0f || q[i] < 0.0f;
+        qq->sel[i / hd][i % hd] = q[i] > 0.0f ? 0 : KVP_QMETA_TILE;
+    }
+    qq->signed_q = signed_q;
+}
+
+void kvp_qmeta_bounds_q(const struct kvp_qmeta *m, int lh, const struct kvp_qmeta_query *qq,
+                        int b0, int b1, float *out, int stride)
 {
     /* f16 tiles on the one-product path: converted as loaded where the CPU has AVX-512 or NEON
      * (KVP_SIMD=scalar|avx2 keeps the float copy) */
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, pick_f16_tile);
     if (b1 > b0)
-        bounds_run(m, lh, q, g, scale, b0, b1, out, stride, f16_tile_best);
+        bounds_run(m, lh, qq, b0, b1, out, stride, f16_tile_best);
+}
+
+void kvp_qmeta_bounds(const struct kvp_qmeta *m, int lh, const float *q, int g, float scale,
+                      int b0, int b1, float *out, int stride)
+{
+    struct kvp_qmeta_query qq;
+    kvp_qmeta_query_prep(m, &qq, q, g, scale);
+    kvp_qmeta_bounds_q(m, lh, &qq, b0, b1, out, stride);
 }
 
 /* Dimension d of block blk's max (row 0) or min (row 1), as float. */
@@ -275,4 +294,80 @@ void kvp_qmeta_block(const struct kvp_qmeta *m, int lh, int blk, float *mx, floa
         mx[d] = tile_value(m, lh, blk, d, 0);
         mn[d] = tile_value(m, lh, blk, d, 1);
     }
+}
+
+/* ---- the coarse level: groups of G blocks ------------------------------------------------- */
+
+int kvp_qmeta_group_init(struct kvp_qmeta *grp, const struct kvp_qmeta *blk, int G)
+{
+    memset(grp, 0, sizeof(*grp));
+    if (G < 1 || blk->block_size > (1 << 30) / G)
+        return -1;
+    const int n_groups = (blk->max_blocks + G - 1) / G;
+    /* n_lh = n_layer · n_head_kv: one "layer" of n_lh heads gives the same layout */
+    return kvp_qmeta_init(grp, 1, blk->n_lh, n_groups, blk->head_dim, blk->block_size * G);
+}
+
+/* Row 0 (max) or 1 (min), dimension d, of entry e of a kvp_qmeta's lh: its address. */
+static void *tile_at(const struct kvp_qmeta *m, int lh, int e, int d, int row)
+{
+    size_t i = ((size_t)d * 2 + row) * KVP_QMETA_TILE + e % KVP_QMETA_TILE;
+    char *t = kvp_qmeta_tile(m, lh, e / KVP_QMETA_TILE);
+    return t + i * (m->half[lh] ? sizeof(uint16_t) : sizeof(float));
+}
+
+/* Group gi of lh widened by blocks [b0, b1) (fresh: set from b0 first). f16 values are compared
+ * as floats and stored back exactly (each is one of the blocks' f16 values). */
+static void group_merge(struct kvp_qmeta *grp, const struct kvp_qmeta *blk, int lh, int gi,
+                        int b0, int b1, bool fresh)
+{
+    const bool half = blk->half[lh];
+    for (int d = 0; d < blk->head_dim; d++) {
+        float mx = fresh ? tile_value(blk, lh, b0, d, 0) : tile_value(grp, lh, gi, d, 0);
+        float mn = fresh ? tile_value(blk, lh, b0, d, 1) : tile_value(grp, lh, gi, d, 1);
+        for (int b = b0; b < b1; b++) {
+            const float x = tile_value(blk, lh, b, d, 0), n = tile_value(blk, lh, b, d, 1);
+            mx = x > mx ? x : mx;
+            mn = n < mn ? n : mn;
+        }
+        void *px = tile_at(grp, lh, gi, d, 0), *pn = tile_at(grp, lh, gi, d, 1);
+        if (half) {
+            *(uint16_t *)px = kvp_f32_to_f16(mx);
+            *(uint16_t *)pn = kvp_f32_to_f16(mn);
+        } else {
+            *(float *)px = mx;
+            *(float *)pn = mn;
+        }
+    }
+}
+
+void kvp_qmeta_group_update(struct kvp_qmeta *grp, const struct kvp_qmeta *blk, int lh,
+                            int n_tokens)
+{
+    const int bs = blk->block_size, G = grp->block_size / bs;
+    int done = grp->done[lh];
+    /* a cut (truncated context, restarted blocks) or another key type: the groups from the
+     * one holding the cut are rebuilt from their blocks */
+    bool rebuild = done > n_tokens || (done > 0 && grp->half[lh] != blk->half[lh]);
+    if (rebuild && grp->half[lh] != blk->half[lh])
+        done = 0;
+    else if (rebuild)
+        done = n_tokens - 1 < 0 ? 0 : n_tokens - 1;
+    grp->half[lh] = blk->half[lh];
+    if (!rebuild && done == n_tokens)
+        return; /* nothing new (a second call for the same step) */
+    if (n_tokens <= 0) {
+        grp->done[lh] = 0;
+        return;
+    }
+    const int fb = done / bs, lb = (n_tokens - 1) / bs; /* blocks that changed */
+    for (int gi = fb / G; gi <= lb / G; gi++) {
+        const int g0 = gi * G, g1 = (gi + 1) * G < lb + 1 ? (gi + 1) * G : lb + 1;
+        /* a group the last update left whole up to block fb only widens; one it never saw, or
+         * one holding the cut, is set afresh from its first block */
+        const bool fresh = rebuild || done <= g0 * bs;
+        const int from = fresh ? g0 : (fb > g0 ? fb : g0);
+        group_merge(grp, blk, lh, gi, from, g1, fresh);
+    }
+    grp->done[lh] = n_tokens;
 }

@@ -71,6 +71,37 @@ float kvp_qmeta_min(const struct kvp_qmeta *m, int lh, int blk, int d);
 void kvp_qmeta_bounds(const struct kvp_qmeta *m, int lh, const float *q, int g, float scale,
                       int b0, int b1, float *out, int stride);
 
+/* The coarse level (coarse-to-fine selection, src/policy/coarse_sel.h): a second kvp_qmeta whose
+ * "blocks" are groups of G consecutive blocks, each holding the element-wise max and min of its
+ * blocks' maxima and minima (the same values a fold of the group's keys would give, f16 where the
+ * blocks are). As the bound is monotone in every term (products with a fixed q_d, then sums in a
+ * fixed order, each step rounded monotonically), a group's bound is >= the bound of each of its
+ * blocks computed by the same kernel, which is what makes skipping a group exact. Derived from
+ * the blocks, never from the keys, so a tiered store is never asked for cold blocks. 0, or -1 out
+ * of memory or G < 1 (nothing left allocated). */
+int kvp_qmeta_group_init(struct kvp_qmeta *grp, const struct kvp_qmeta *blk, int G);
+/* Bring lh's groups up to the blocks' state after blk was folded to n_tokens: appended tokens
+ * widen only the groups their blocks are in (one group per decode step); a cut below what was
+ * done (a truncated context) or a rebuild of the blocks (done restarted) rebuilds the groups from
+ * the blocks. */
+void kvp_qmeta_group_update(struct kvp_qmeta *grp, const struct kvp_qmeta *blk, int lh,
+                            int n_tokens);
+
+/* The same in two steps, for callers that bound many ranges with one query (the coarse-to-fine
+ * pass): what the query decides once (the row of each term), then the bounds of a range. qq is
+ * valid while q is, with any kvp_qmeta of the same head_dim. */
+struct kvp_qmeta_query {
+    const float *q;
+    int g;
+    float scale;
+    bool signed_q; /* no q_d is zero or NaN: one product per term, from sel */
+    uint8_t sel[KVP_QMETA_SEL_HEADS][KVP_QMETA_SEL_HD];
+};
+void kvp_qmeta_query_prep(const struct kvp_qmeta *m, struct kvp_qmeta_query *qq, const float *q,
+                          int g, float scale);
+void kvp_qmeta_bounds_q(const struct kvp_qmeta *m, int lh, const struct kvp_qmeta_query *qq,
+                        int b0, int b1, float *out, int stride);
+
 /* Internal (quest_meta_avx512.c): G <= 4 heads' scaled bounds over n_tiles consecutive f16
  * tiles, each term from the row sel[j][d] (0: max, KVP_QMETA_TILE: min), head j's bound of
  * block 16·t + i of the run into out[j·ostride + 16·t + i]. */

@@ -35,7 +35,18 @@
  * margin=N blocks the prediction for the tiered store takes beyond the k + extra candidates
  * [128: at 32768 tokens the paired disk/RAM ratio was 1.16-1.20x with 64 (hit rate 97.2 %)
  * and 1.08-1.14x with 128 (99.1 %), three alternating pairs each, for ~6 % more hot tier];
- * q8=0|1 the bound pass over an 8-bit copy of the metadata (quest_meta8.h) [0].
+ * q8=0|1 the bound pass over an 8-bit copy of the metadata (quest_meta8.h) [0]; groups=G,
+ * coarse=exact|approx, visit=V the candidate pass coarse-to-fine, as quest's (below) [0: flat].
+ *
+ * Coarse-to-fine candidates (groups=G > 0, prune=1, q8=0; policy/coarse_sel.h). The feature
+ * needs each head's largest bound over the candidates, M_j: the groups' bounds per head are
+ * visited best first until the next one cannot beat the largest block bound found (exact), and
+ * a group's feature bound is then max_j(group bound_j − M_j), >= its blocks' features (every step
+ * monotone); the k + extra best features come from the same branch and bound over groups, and
+ * the CNN's neighbourhoods outside the visited groups are bounded on demand. So in the exact mode
+ * the candidates, their features and the selection are the flat pass's; coarse=approx stops
+ * both searches after ceil(V·(k + extra)/G) groups. The tiered store's prediction takes its
+ * k + extra + margin from the same pass (the groups' feature bounds of select, kept).
  *
  * Threading: state per (layer, KV head), scratch per KV head (layers run one after another).
  */
@@ -51,6 +62,7 @@
 #include "policy/policy.h"
 #include "kv/quest_meta.h"
 #include "kv/quest_meta8.h"
+#include "policy/coarse_sel.h"
 #include "predictor/cnn.h"
 #include "predictor/history.h"
 
@@ -71,6 +83,14 @@ struct qp_kvh { /* scratch of one KV head */
     /* which ranking comb holds: choose()'s for (layer, KV head) comb_lh, columns from comb_first,
      * comb_w of them (comb_lh -1: none); predict_next reuses it */
     int comb_lh, comb_first, comb_w;
+    /* coarse-to-fine (groups > 0): per head the groups' bounds [g][n_groups] and largest block
+     * bound mj[g], the groups' feature bounds, which groups hold bounds (for comb's ranking) */
+    float *gub, *gcomb, *mj;
+    uint8_t *gvis;
+    int *gheap, *bheap;
+    int32_t *gout;   /* [max_blocks] */
+    bool coarse_ok;  /* comb's ranking came from the groups (only visited columns valid) */
+    int q_first, q_end; /* that ranking's candidate range */
 };
 
 struct qp_state {
@@ -80,6 +100,10 @@ struct qp_state {
     struct kvp_hist hist; /* series (layer - first_layer) * n_head_kv + kvh */
     int first_layer, n_head_kv, g, hd, max_blocks;
     int extra, prune, margin, recent, q8;
+    int groups;          /* coarse-to-fine candidates: blocks per group (0: flat) */
+    float visit;         /* approx: groups visited per group's worth of candidates (0: exact) */
+    struct kvp_qmeta gmeta;
+    int n_groups;
     float *lastq;         /* [n_layer * n_head_kv][g][hd] the last query (select or prompt) */
     bool *has_q;          /* [n_layer * n_head_kv] */
     struct qp_kvh *kv;    /* [n_head_kv] */
@@ -87,8 +111,11 @@ struct qp_state {
 
 /* Options (p.opts, "key=value,...", read through the table below). */
 struct qp_opts {
-    int extra, prune, recent, margin, q8;
+    int extra, prune, recent, margin, q8, groups, coarse;
+    float visit;
 };
+
+static const char *const qp_coarse_names[] = {"exact", "approx", NULL};
 
 static const struct kvp_policy_opt qp_opt_table[] = {
     {.type = KVP_OPT_INT, .key = "extra", .offset = offsetof(struct qp_opts, extra), .min = 0,
@@ -103,6 +130,15 @@ static const struct kvp_policy_opt qp_opt_table[] = {
     {.type = KVP_OPT_INT, .key = "q8", .offset = offsetof(struct qp_opts, q8), .min = 0,
      .max = 1, .def = 0,
      .help = "bound pass over 8-bit metadata (conservative ranges, u8 query; 0: exact bounds)"},
+    {.type = KVP_OPT_INT, .key = "groups", .offset = offsetof(struct qp_opts, groups), .min = 0,
+     .max = 4096, .def = 0,
+     .help = "coarse-to-fine candidates: blocks per group (0: flat pass; needs q8=0, prune=1)"},
+    {.type = KVP_OPT_CHOICE, .key = "coarse", .offset = offsetof(struct qp_opts, coarse),
+     .choices = qp_coarse_names, .def = 0,
+     .help = "coarse-to-fine mode: exact (the flat candidates) or approx (visit-limited)"},
+    {.type = KVP_OPT_FLOAT, .key = "visit", .offset = offsetof(struct qp_opts, visit),
+     .min = 0.01, .max = 1 << 20, .def = 4,
+     .help = "coarse=approx: groups visited, as a multiple of ceil((k + extra) / groups)"},
     {0},
 };
 
@@ -129,12 +165,20 @@ static void qp_free(struct kvp_policy *p)
             free(k->chosen);
             free(k->masks);
             free(k->rows);
+            free(k->gub);
+            free(k->gcomb);
+            free(k->mj);
+            free(k->gvis);
+            free(k->gheap);
+            free(k->bheap);
+            free(k->gout);
         }
     free(s->kv);
     free(s->lastq);
     free(s->has_q);
     kvp_hist_free(&s->hist);
     kvp_qmeta8_free(&s->meta8);
+    kvp_qmeta_free(&s->gmeta);
     kvp_qmeta_free(&s->meta);
     kvp_cnn_free(&s->cnn);
     free(s);
@@ -154,6 +198,8 @@ static int qp_init(struct kvp_policy *p, struct kvp_err *err)
     s->recent = o->recent;
     s->margin = o->margin;
     s->q8 = o->q8;
+    s->groups = o->groups;
+    s->visit = o->coarse == 1 ? o->visit : 0.0f;
     int rc;
     if (!p->p.aux_path || !*p->p.aux_path) {
         rc = kvp_err_set(err, KVP_EINVAL,
@@ -201,8 +247,32 @@ static int qp_init(struct kvp_policy *p, struct kvp_err *err)
                          e->head_dim);
         goto fail;
     }
+    if (s->groups > 0 && (s->q8 || !s->prune)) {
+        rc = kvp_err_set(err, KVP_EINVAL,
+                         "qpredictor: groups=%d needs the exact bounds and pruned candidates "
+                         "(q8=0, prune=1)",
+                         s->groups);
+        goto fail;
+    }
+    if (s->groups > 0) {
+        s->n_groups = (mb + s->groups - 1) / s->groups;
+        if (kvp_qmeta_group_init(&s->gmeta, &s->meta, s->groups) < 0)
+            goto nomem;
+    }
     for (int h = 0; h < e->n_head_kv; h++) {
         struct qp_kvh *k = &s->kv[h];
+        if (s->groups > 0) {
+            const size_t ng = (size_t)s->n_groups;
+            k->gub = malloc((size_t)s->g * ng * sizeof(float));
+            k->gcomb = malloc(ng * sizeof(float));
+            k->mj = malloc((size_t)s->g * sizeof(float));
+            k->gvis = calloc(ng, 1);
+            k->gheap = malloc(ng * sizeof(int));
+            k->bheap = malloc((size_t)mb * sizeof(int));
+            k->gout = malloc((size_t)mb * sizeof(int32_t));
+            if (!k->gub || !k->gcomb || !k->mj || !k->gvis || !k->gheap || !k->bheap || !k->gout)
+                goto nomem;
+        }
         if ((rc = kvp_cnn_cols_scratch_init(&k->cols, &s->cnn, s->cnn.H, mb, err)) < 0)
             goto fail;
         k->ub = malloc((size_t)s->g * mb * sizeof(float));
@@ -240,6 +310,8 @@ static void qp_reset(struct kvp_policy *p)
     struct qp_state *s = p->state;
     kvp_hist_reset(&s->hist);
     kvp_qmeta_reset(&s->meta);
+    if (s->groups > 0)
+        kvp_qmeta_reset(&s->gmeta);
     if (s->q8)
         kvp_qmeta8_reset(&s->meta8);
     memset(s->has_q, 0, (size_t)p->env.n_layer * s->n_head_kv * sizeof(bool));
@@ -264,6 +336,10 @@ static void qp_prefill(struct kvp_policy *p, int layer, const struct kvp_prefill
         const int lh = layer * s->n_head_kv + kvh, ser = series_of(s, layer, kvh);
         kvp_qmeta_restart(&s->meta, lh);
         kvp_qmeta_fold(&s->meta, p->env.kv, layer, kvh, n);
+        if (s->groups > 0) {
+            kvp_qmeta_restart(&s->gmeta, lh);
+            kvp_qmeta_group_update(&s->gmeta, &s->meta, lh, n);
+        }
         if (s->q8) {
             kvp_qmeta8_restart(&s->meta8, lh);
             kvp_qmeta8_update(&s->meta8, &s->meta, lh, n);
@@ -341,6 +417,141 @@ static void rank_bounds(struct qp_state *s, struct qp_kvh *k, int lh, const floa
     group_feature(k->ub, s->g, s->max_blocks, end - first, k->comb);
 }
 
+/* ---- coarse-to-fine candidates (see the top of the file) ---- */
+
+struct qp_coarse_ctx {
+    struct qp_state *s;
+    struct qp_kvh *k;
+    int lh, first, end;
+    const float *q;
+    struct kvp_qmeta_query qq; /* q's term rows (scaled by 1/√d), decided once */
+};
+
+/* The bounds of group gi's candidate columns, once per ranking. */
+static void visit_group(struct qp_coarse_ctx *c, int gi)
+{
+    struct qp_kvh *k = c->k;
+    if (k->gvis[gi])
+        return;
+    const int G = c->s->groups;
+    const int b0 = gi * G > c->first ? gi * G : c->first;
+    const int b1 = (gi + 1) * G < c->end ? (gi + 1) * G : c->end;
+    kvp_qmeta_bounds_q(&c->s->meta, c->lh, &c->qq, b0, b1, k->ub + (b0 - c->first),
+                       c->s->max_blocks);
+    k->gvis[gi] = 1;
+}
+
+/* comb over columns [x0, x1) from the heads' bounds and maxima, as group_feature computes it
+ * (head 0's difference, then "larger, else the kept one" over the heads) */
+static void comb_cols(const struct qp_state *s, struct qp_kvh *k, int x0, int x1)
+{
+    for (int x = x0; x < x1; x++) {
+        float c = k->ub[x] - k->mj[0];
+        for (int j = 1; j < s->g; j++) {
+            const float v = k->ub[(size_t)j * s->max_blocks + x] - k->mj[j];
+            c = v > c ? v : c;
+        }
+        k->comb[x] = c;
+    }
+}
+
+static void coarse_fn(void *ctx, int b0, int b1)
+{
+    struct qp_coarse_ctx *c = ctx;
+    visit_group(c, b0 / c->s->groups);
+    comb_cols(c->s, c->k, b0 - c->first, b1 - c->first);
+}
+
+/* Most groups either search visits (approximate mode), for a top of `want`. */
+static int coarse_limit(const struct qp_state *s, int want)
+{
+    if (s->visit <= 0.0f)
+        return 0;
+    return (int)(s->visit * (float)((want + s->groups - 1) / s->groups) + 0.999f);
+}
+
+/* Each head's largest bound over [first, end), M_j, by branch and bound over its groups' bounds
+ * (gub, columns from group g0); then every group's feature bound into gcomb. False on a NaN
+ * (the caller ranks flat). */
+static bool coarse_prepare(struct qp_coarse_ctx *c, int want)
+{
+    struct qp_state *s = c->s;
+    struct qp_kvh *k = c->k;
+    const int G = s->groups, g0 = c->first / G, g1 = (c->end - 1) / G + 1, ng = g1 - g0;
+    const float scale = 1.0f / sqrtf((float)s->hd);
+    memset(k->gvis + g0, 0, (size_t)ng);
+    kvp_qmeta_query_prep(&s->meta, &c->qq, c->q, s->g, scale);
+    kvp_qmeta_bounds_q(&s->gmeta, c->lh, &c->qq, g0, g1, k->gub, ng);
+    for (int i = 0; i < s->g * ng; i++)
+        if (k->gub[i] != k->gub[i])
+            return false;
+    const int limit = coarse_limit(s, want);
+    for (int j = 0; j < s->g; j++) {
+        const float *gj = k->gub + (size_t)j * ng;
+        for (int i = 0; i < ng; i++) /* by group id, as the ordering reads it */
+            k->gcomb[g0 + i] = gj[i];
+        int n_heap = kvp_coarse_order_init(k->gcomb, g0, g1, k->gheap);
+        float best = -INFINITY;
+        bool found = false;
+        for (int n_vis = 0; n_heap > 0 && (limit <= 0 || n_vis < limit); n_vis++) {
+            const int gi = kvp_coarse_order_pop(k->gcomb, k->gheap, &n_heap);
+            if (found && k->gcomb[gi] <= best)
+                break; /* no block of this group or a later one has a larger bound */
+            visit_group(c, gi);
+            const int b0 = gi * G > c->first ? gi * G : c->first;
+            const int b1 = (gi + 1) * G < c->end ? (gi + 1) * G : c->end;
+            for (int b = b0; b < b1; b++) {
+                const float v = k->ub[(size_t)j * s->max_blocks + (b - c->first)];
+                if (v != v)
+                    return false;
+                best = !found || v > best ? v : best;
+                found = true;
+            }
+        }
+        k->mj[j] = best;
+    }
+    for (int i = 0; i < ng; i++) {
+        float cg = k->gub[i] - k->mj[0];
+        for (int j = 1; j < s->g; j++) {
+            const float v = k->gub[(size_t)j * ng + i] - k->mj[j];
+            cg = v > cg ? v : cg;
+        }
+        if (cg != cg)
+            return false;
+        k->gcomb[g0 + i] = cg;
+    }
+    return true;
+}
+
+/* The `want` best columns of [first, end) by comb through the groups, into k->top (columns,
+ * ascending); comb is valid on every visited group. -1: rank flat. */
+static int coarse_top(struct qp_coarse_ctx *c, int want)
+{
+    struct qp_state *s = c->s;
+    struct qp_kvh *k = c->k;
+    int n = kvp_coarse_topk(k->gcomb, k->comb, s->groups, c->first, c->end, want,
+                            coarse_limit(s, want), coarse_fn, c, k->gheap, k->bheap, k->gout,
+                            NULL);
+    if (n < 0)
+        return -1;
+    for (int i = 0; i < n; i++)
+        k->top[i] = k->gout[i] - c->first;
+    return n;
+}
+
+/* comb valid at column x (its group bounded). */
+static void coarse_ensure(struct qp_coarse_ctx *c, int x)
+{
+    const int gi = (c->first + x) / c->s->groups;
+    if (!c->k->gvis[gi]) {
+        visit_group(c, gi);
+        const int G = c->s->groups;
+        const int b0 = gi * G > c->first ? gi * G : c->first;
+        const int b1 = (gi + 1) * G < c->end ? (gi + 1) * G : c->end;
+        comb_cols(c->s, c->k, b0 - c->first, b1 - c->first);
+    }
+}
+
 /* The blocks of a plan with Lk = n_tokens from the history as it is and the queries q of the
  * group: the k_take best candidates. */
 static void choose(struct qp_state *s, const struct kvp_policy *p, int layer, int kvh,
@@ -349,7 +560,15 @@ static void choose(struct qp_state *s, const struct kvp_policy *p, int layer, in
 {
     struct qp_kvh *k = &s->kv[kvh];
     const int lh = layer * s->n_head_kv + kvh, W = bp->end - bp->first, P = s->cnn.k / 2;
-    rank_bounds(s, k, lh, q, bp->first, bp->end);
+    const int want = k_take + s->extra;
+    struct qp_coarse_ctx cc = {
+        .s = s, .k = k, .lh = lh, .first = bp->first, .end = bp->end, .q = q};
+    /* the candidates through the groups where they are kept (see the top of the file) */
+    bool coarse = s->groups > 0 && s->prune && want < W && coarse_prepare(&cc, want) &&
+                  coarse_top(&cc, want) == want;
+    if (!coarse)
+        rank_bounds(s, k, lh, q, bp->first, bp->end);
+    k->coarse_ok = coarse;
     k->comb_lh = lh;
     k->comb_first = bp->first;
     k->comb_w = W;
@@ -363,8 +582,8 @@ static void choose(struct qp_state *s, const struct kvp_policy *p, int layer, in
         for (int x = 0; x < W; x++)
             k->cand[nc++] = x;
     } else {
-        int want = k_take + s->extra;
-        kvp_topk_indices(k->comb, W, want, k->top, k->heap);
+        if (!coarse) /* else coarse_top left them in k->top */
+            kvp_topk_indices(k->comb, W, want, k->top, k->heap);
         for (int i = 0; i < want; i++) {
             k->cmark[k->top[i]] = 1;
             k->cand[nc++] = k->top[i];
@@ -380,6 +599,8 @@ static void choose(struct qp_state *s, const struct kvp_policy *p, int layer, in
     for (int i = 0; i < nc; i++)
         for (int c = k->cand[i] - 2 * P; c <= k->cand[i] + 2 * P; c++)
             if (c >= 0 && c < W && !k->fmark[c]) {
+                if (coarse)
+                    coarse_ensure(&cc, c); /* a neighbour in a group not visited */
                 k->fmark[c] = 1;
                 k->feat[c] = expf(k->comb[c]);
             }
@@ -410,6 +631,8 @@ static void qp_select(struct kvp_policy *p, int layer, int kvh, const float *q, 
     struct qp_kvh *k = &s->kv[kvh];
     const int lh = layer * s->n_head_kv + kvh;
     kvp_qmeta_fold(&s->meta, p->env.kv, layer, kvh, n_tokens);
+    if (s->groups > 0)
+        kvp_qmeta_group_update(&s->gmeta, &s->meta, lh, n_tokens);
     if (s->q8)
         kvp_qmeta8_update(&s->meta8, &s->meta, lh, n_tokens);
     memcpy(s->lastq + (size_t)lh * s->g * s->hd, q, (size_t)s->g * s->hd * sizeof(float));
@@ -456,14 +679,31 @@ static void qp_predict_next(struct kvp_policy *p, int layer, int kvh, int n_toke
     }
     if (k->comb_lh != lh || k->comb_first != bp.first || k->comb_w > n_cand) {
         /* select did not rank this head's blocks with this query (or the plan moved): rank */
-        rank_bounds(s, k, lh, q, bp.first, bp.end);
+        struct qp_coarse_ctx cc = {
+            .s = s, .k = k, .lh = lh, .first = bp.first, .end = bp.end, .q = q};
+        const int want = bp.k + s->extra;
+        k->coarse_ok = s->groups > 0 && want < n_cand && coarse_prepare(&cc, want);
+        if (!k->coarse_ok)
+            rank_bounds(s, k, lh, q, bp.first, bp.end);
         k->comb_lh = lh;
         k->comb_first = bp.first;
         k->comb_w = n_cand;
     }
     const int w = k->comb_w;
     int take = bp.k + s->extra + s->margin < w ? bp.k + s->extra + s->margin : w;
-    kvp_topk_indices(k->comb, w, take, k->top, k->heap);
+    struct qp_coarse_ctx cc = {.s = s, .k = k, .lh = lh, .first = bp.first, .end = bp.first + w,
+                              .q = q};
+    if (k->coarse_ok)
+        kvp_qmeta_query_prep(&s->meta, &cc.qq, q, s->g, 1.0f / sqrtf((float)s->hd));
+    if (k->coarse_ok && take < w && coarse_top(&cc, take) == take) {
+        /* the same pass as select's (its groups' feature bounds and visits kept) */
+    } else {
+        if (k->coarse_ok) { /* comb is not valid everywhere: bound every column */
+            rank_bounds(s, k, lh, q, bp.first, bp.first + w);
+            k->coarse_ok = false;
+        }
+        kvp_topk_indices(k->comb, w, take, k->top, k->heap);
+    }
     int n = 0;
     for (int i = 0; i < take; i++)
         k->chosen[n++] = bp.first + k->top[i];

@@ -41,8 +41,17 @@
  * and predict_next ranks only those plus the candidates its plan adds; share=0 ranks every
  * candidate again (the same blocks: tested).
  *
- * Memory: 2 × head_dim floats per block and (layer, KV head), 1/8 of the keys at bs = 16, and
- * one query group per (layer, KV head).
+ * Coarse-to-fine ranking (option groups=G, coarse=exact|approx, visit=V; policy/coarse_sel.h).
+ * With groups=G a second level of metadata holds, per group of G blocks, the element-wise max and
+ * min of its blocks' (kv/quest_meta.h), kept up to date at every fold. A selection then bounds the
+ * groups first, ranks them and bounds blocks only inside groups, best group first, until the next
+ * group's bound is below the k-th best block bound found (exact: the same blocks as the flat pass,
+ * ties included); coarse=approx stops after ceil(V·k/G) groups as well. groups=0 is the flat pass
+ * over every block. The prediction for the tiered store ranks through the same pass, so the
+ * groups' bounds decide what is prefetched. See docs/policies.md for the measured defaults.
+ *
+ * Memory: 2 × head_dim floats per block and (layer, KV head), 1/8 of the keys at bs = 16 (plus
+ * 1/G of that for the groups), and one query group per (layer, KV head).
  */
 #include <stddef.h>
 #include <stdlib.h>
@@ -51,6 +60,7 @@
 #include "kv/kvcache.h"
 #include "policy/policy.h"
 #include "kv/quest_meta.h"
+#include "policy/coarse_sel.h"
 
 struct quest_state {
     struct kvp_qmeta meta; /* element-wise max and min of every block's keys (quest_meta.h) */
@@ -67,7 +77,19 @@ struct quest_state {
     int *n_kept;     /* [n_layer*n_head_kv] how many, or -1 (nothing kept) */
     int *kept_first, *kept_end; /* [n_layer*n_head_kv] that select's candidate range */
     struct kvp_scratch scr;
+    /* coarse-to-fine ranking (groups > 0) */
+    int groups;            /* G blocks per group, 0: the flat pass */
+    float visit;           /* approximate mode: groups visited per group of k blocks, 0: exact */
+    struct kvp_qmeta gmeta;/* the groups' max and min */
+    float *gscore;         /* [n_head_kv][n_groups] combined group bounds */
+    int *gheap, *bheap;    /* [n_head_kv][n_groups], [n_head_kv][max_blocks] */
+    int32_t *chosen;       /* [n_head_kv][max_blocks] */
+    int n_groups;
 };
+
+/* Coarse-to-fine defaults (docs/policies.md has the measurements behind them). */
+#define KVP_QUEST_GROUPS_DEFAULT 0
+#define KVP_QUEST_VISIT_DEFAULT 4
 
 /* Candidates kept beyond the prediction's k + margin: the next step's plan may rank one more
  * block (a budget ratio grows with the context), and the kept set must hold its whole top. */
@@ -77,7 +99,12 @@ struct quest_state {
 struct quest_opts {
     int margin; /* extra candidate blocks per KV head a prediction takes */
     int share;  /* select keeps its wider ranking for predict_next */
+    int groups; /* coarse-to-fine: blocks per group (0: flat) */
+    int coarse; /* 0 exact, 1 approx */
+    float visit;/* approx: groups visited per group's worth of the k blocks */
 };
+
+static const char *const quest_coarse_names[] = {"exact", "approx", NULL};
 
 static const struct kvp_policy_opt quest_opt_table[] = {
     {.type = KVP_OPT_INT, .key = "margin", .offset = offsetof(struct quest_opts, margin),
@@ -86,8 +113,19 @@ static const struct kvp_policy_opt quest_opt_table[] = {
     {.type = KVP_OPT_INT, .key = "share", .offset = offsetof(struct quest_opts, share),
      .min = 0, .max = 1, .def = 1,
      .help = "whether select keeps its wider ranking for the prediction"},
+    {.type = KVP_OPT_INT, .key = "groups", .offset = offsetof(struct quest_opts, groups),
+     .min = 0, .max = 4096, .def = KVP_QUEST_GROUPS_DEFAULT,
+     .help = "coarse-to-fine: blocks per group of the second metadata level (0: flat pass)"},
+    {.type = KVP_OPT_CHOICE, .key = "coarse", .offset = offsetof(struct quest_opts, coarse),
+     .choices = quest_coarse_names, .def = 0,
+     .help = "coarse-to-fine mode: exact (the flat pass's blocks) or approx (visit-limited)"},
+    {.type = KVP_OPT_FLOAT, .key = "visit", .offset = offsetof(struct quest_opts, visit),
+     .min = 0.01, .max = 1 << 20, .def = KVP_QUEST_VISIT_DEFAULT,
+     .help = "coarse=approx: groups visited, as a multiple of ceil(k / groups)"},
     {0},
 };
+
+static void quest_free(struct kvp_policy *p);
 
 static int quest_init(struct kvp_policy *p, struct kvp_err *err)
 {
@@ -99,6 +137,8 @@ static int quest_init(struct kvp_policy *p, struct kvp_err *err)
         return kvp_err_set(err, KVP_ENOMEM, "quest: out of memory");
     s->margin = margin;
     s->share = share;
+    s->groups = o->groups;
+    s->visit = o->coarse == 1 ? o->visit : 0.0f;
     p->prefetch_margin = margin;
     size_t n_lh = (size_t)p->env.n_layer * p->env.n_head_kv;
     size_t mb = (size_t)(p->env.n_ctx + p->env.block_size - 1) / p->env.block_size;
@@ -134,6 +174,20 @@ static int quest_init(struct kvp_policy *p, struct kvp_err *err)
     for (size_t i = 0; i < n_lh; i++)
         s->n_kept[i] = -1;
     p->state = s;
+    if (s->groups > 0) {
+        const size_t nkv = (size_t)p->env.n_head_kv;
+        s->n_groups = (int)((mb + (size_t)s->groups - 1) / (size_t)s->groups);
+        int grc = kvp_qmeta_group_init(&s->gmeta, &s->meta, s->groups);
+        s->gscore = malloc(nkv * (size_t)s->n_groups * sizeof(float));
+        s->gheap = malloc(nkv * (size_t)s->n_groups * sizeof(int));
+        s->bheap = malloc(nkv * mb * sizeof(int));
+        s->chosen = malloc(nkv * mb * sizeof(int32_t));
+        /* the group bounds of g heads go through the scratch's per-head rows (score_blocks) */
+        if (grc < 0 || !s->gscore || !s->gheap || !s->bheap || !s->chosen) {
+            quest_free(p);
+            return kvp_err_set(err, KVP_ENOMEM, "quest: out of memory for group metadata");
+        }
+    }
     return 0;
 }
 
@@ -153,13 +207,21 @@ static void quest_free(struct kvp_policy *p)
     free(s->kept_end);
     free(s->predicting);
     kvp_scratch_free(&s->scr);
+    kvp_qmeta_free(&s->gmeta);
+    free(s->gscore);
+    free(s->gheap);
+    free(s->bheap);
+    free(s->chosen);
     free(s);
+    p->state = NULL;
 }
 
 static void quest_reset(struct kvp_policy *p)
 {
     struct quest_state *s = p->state;
     kvp_qmeta_reset(&s->meta);
+    if (s->groups > 0)
+        kvp_qmeta_reset(&s->gmeta);
     memset(s->has_q, 0, (size_t)p->env.n_layer * p->env.n_head_kv * sizeof(bool));
     memset(s->scored_end, 0, (size_t)p->env.n_layer * p->env.n_head_kv * sizeof(int));
     for (int i = 0; i < p->env.n_layer * p->env.n_head_kv; i++)
@@ -189,6 +251,10 @@ static void quest_prefill(struct kvp_policy *p, int layer, const struct kvp_pref
         kvp_qmeta_restart(&s->meta, lh);
         s->n_kept[lh] = -1; /* the prompt's query ranks afresh */
         kvp_qmeta_fold(&s->meta, p->env.kv, layer, h, obs->n_prompt);
+        if (s->groups > 0) {
+            kvp_qmeta_restart(&s->gmeta, lh);
+            kvp_qmeta_group_update(&s->gmeta, &s->meta, lh, obs->n_prompt);
+        }
         if (!obs->q_last)
             continue;
         memcpy(s->lastq + lh * gq, obs->q_last + h * gq, gq * sizeof(float));
@@ -197,8 +263,10 @@ static void quest_prefill(struct kvp_policy *p, int layer, const struct kvp_pref
     }
 }
 
-/* Combined bounds of the g queries q for blocks [b0, b1) of (layer, kvh) into s->score. */
-static void score_blocks(struct kvp_policy *p, int layer, int kvh, const float *q, int b0, int b1)
+/* Combined bounds of the g queries q (prepared in qq, or NULL) for blocks [b0, b1) of
+ * (layer, kvh) into s->score. */
+static void score_blocks_q(struct kvp_policy *p, int layer, int kvh, const float *q,
+                           const struct kvp_qmeta_query *qq, int b0, int b1)
 {
     struct quest_state *s = p->state;
     const int g = p->env.n_head / p->env.n_head_kv;
@@ -207,14 +275,72 @@ static void score_blocks(struct kvp_policy *p, int layer, int kvh, const float *
     if (n <= 0)
         return;
     /* every head's bounds in one pass, kvp_quest_bound's values bit for bit (quest_meta.h) */
-    kvp_qmeta_bounds(&s->meta, lh, q, g, 1.0f, b0, b1, ub, n);
+    if (qq)
+        kvp_qmeta_bounds_q(&s->meta, lh, qq, b0, b1, ub, n);
+    else
+        kvp_qmeta_bounds(&s->meta, lh, q, g, 1.0f, b0, b1, ub, n);
     kvp_gqa_combine(ub, g, n, n, p->p.gqa_agg, s->score + (size_t)lh * s->scr.max_blocks + b0);
+}
+
+static void score_blocks(struct kvp_policy *p, int layer, int kvh, const float *q, int b0, int b1)
+{
+    score_blocks_q(p, layer, kvh, q, NULL, b0, b1);
 }
 
 /* Whether a plan ranks anything (otherwise kvp_sel_blocks reads no score). */
 static bool plan_ranks(const struct kvp_block_plan *bp)
 {
     return !bp->all && bp->k > 0 && bp->k < bp->end - bp->first;
+}
+
+/* The k best candidates of plan bp under the g queries q, into out (ascending block ids):
+ * coarse-to-fine when groups are kept, else (or when a bound is NaN) the flat pass. The bounds of
+ * the blocks it ranked are in s->score. Returns k. */
+struct quest_rank_ctx {
+    struct kvp_policy *p;
+    int layer, kvh;
+    const float *q;
+    struct kvp_qmeta_query qq; /* q's term rows, decided once for every group visited */
+};
+
+static void quest_score_fn(void *ctx, int b0, int b1)
+{
+    struct quest_rank_ctx *c = ctx;
+    score_blocks_q(c->p, c->layer, c->kvh, c->q, &c->qq, b0, b1);
+}
+
+static int rank_top(struct kvp_policy *p, int layer, int kvh, const float *q,
+                    const struct kvp_block_plan *bp, int k, int32_t *out)
+{
+    struct quest_state *s = p->state;
+    const int lh = layer * p->env.n_head_kv + kvh, G = s->groups;
+    const size_t mb = (size_t)s->scr.max_blocks;
+    if (G > 0) {
+        const int g = p->env.n_head / p->env.n_head_kv;
+        const int g0 = bp->first / G, g1 = (bp->end - 1) / G + 1, ng = g1 - g0;
+        float *ub = kvp_scratch_f(&s->scr, kvh) + s->scr.cap; /* [g][ng] per-head bounds */
+        float *gs = s->gscore + (size_t)kvh * s->n_groups;
+        struct quest_rank_ctx ctx = {.p = p, .layer = layer, .kvh = kvh, .q = q};
+        kvp_qmeta_query_prep(&s->meta, &ctx.qq, q, g, 1.0f);
+        kvp_qmeta_bounds_q(&s->gmeta, lh, &ctx.qq, g0, g1, ub, ng);
+        kvp_gqa_combine(ub, g, ng, ng, p->p.gqa_agg, gs + g0);
+        int max_groups = 0;
+        if (s->visit > 0.0f)
+            max_groups = (int)(s->visit * (float)((k + G - 1) / G) + 0.999f);
+        int n = kvp_coarse_topk(gs, s->score + lh * mb + bp->first, G, bp->first, bp->end, k,
+                                max_groups, quest_score_fn, &ctx,
+                                s->gheap + (size_t)kvh * s->n_groups, s->bheap + (size_t)kvh * mb,
+                                out, NULL);
+        if (n >= 0)
+            return n;
+    }
+    const int n_cand = bp->end - bp->first;
+    int *top = kvp_scratch_i(&s->scr, kvh), *heap = top + n_cand;
+    score_blocks(p, layer, kvh, q, bp->first, bp->end);
+    kvp_topk_indices(s->score + lh * mb + bp->first, n_cand, k, top, heap);
+    for (int i = 0; i < k; i++)
+        out[i] = bp->first + top[i];
+    return k;
 }
 
 static void quest_select(struct kvp_policy *p, int layer, int kvh, const float *q, int n_tokens,
@@ -224,21 +350,50 @@ static void quest_select(struct kvp_policy *p, int layer, int kvh, const float *
     const int g = p->env.n_head / p->env.n_head_kv, hd = p->env.head_dim;
     const int lh = layer * p->env.n_head_kv + kvh;
     kvp_qmeta_fold(&s->meta, p->env.kv, layer, kvh, n_tokens);
+    if (s->groups > 0)
+        kvp_qmeta_group_update(&s->gmeta, &s->meta, lh, n_tokens);
     struct kvp_block_plan bp;
     kvp_block_plan(p, n_tokens, &bp);
     bool ranks = plan_ranks(&bp);
-    if (ranks)
-        score_blocks(p, layer, kvh, q, bp.first, bp.end);
     const size_t mb = (size_t)s->scr.max_blocks;
     const bool keep = s->share && s->predicting[lh];
-    s->n_kept[lh] = kvp_sel_blocks_keep(
-        &bp, s->score + lh * mb, n_tokens, p->env.block_size, sel, kvp_scratch_m(&s->scr, kvh),
-        kvp_scratch_i(&s->scr, kvh), keep ? s->margin + KEEP_SLACK : 0,
-        keep ? s->kept + lh * mb : NULL, kvp_scratch_f(&s->scr, kvh));
+    if (ranks && s->groups > 0) {
+        /* as kvp_sel_blocks_keep: the wide top, kept for the prediction, then the top k of it
+         * (the order is strict, so the same k as a top k of all) */
+        const int n_cand = bp.end - bp.first, wide = bp.k + s->margin + KEEP_SLACK;
+        int32_t *chosen = s->chosen + (size_t)kvh * mb;
+        if (keep && wide < n_cand) {
+            int32_t *kept = s->kept + lh * mb;
+            rank_top(p, layer, kvh, q, &bp, wide, kept);
+            float *val = kvp_scratch_f(&s->scr, kvh);
+            int *top = kvp_scratch_i(&s->scr, kvh), *heap = top + wide;
+            for (int i = 0; i < wide; i++)
+                val[i] = s->score[lh * mb + (size_t)kept[i]];
+            kvp_topk_indices(val, wide, bp.k, top, heap);
+            for (int i = 0; i < bp.k; i++)
+                chosen[i] = kept[top[i]];
+            s->n_kept[lh] = wide;
+        } else {
+            rank_top(p, layer, kvh, q, &bp, bp.k, chosen);
+            s->n_kept[lh] = -1;
+        }
+        kvp_sel_chosen(&bp, chosen, bp.k, n_tokens, p->env.block_size, sel,
+                       kvp_scratch_m(&s->scr, kvh));
+    } else {
+        if (ranks)
+            score_blocks(p, layer, kvh, q, bp.first, bp.end);
+        s->n_kept[lh] = kvp_sel_blocks_keep(
+            &bp, s->score + lh * mb, n_tokens, p->env.block_size, sel,
+            kvp_scratch_m(&s->scr, kvh), kvp_scratch_i(&s->scr, kvh),
+            keep ? s->margin + KEEP_SLACK : 0, keep ? s->kept + lh * mb : NULL,
+            kvp_scratch_f(&s->scr, kvh));
+    }
     s->kept_first[lh] = bp.first;
     s->kept_end[lh] = bp.end;
     memcpy(s->lastq + (size_t)lh * g * hd, q, (size_t)g * hd * sizeof(float));
     s->has_q[lh] = true;
+    /* with groups only the ranked blocks hold bounds: the prediction scores the candidates past
+     * this plan (as in the flat pass) and ranks afresh when the kept set does not serve */
     s->scored_end[lh] = ranks ? bp.end : bp.first;
 }
 
@@ -263,7 +418,10 @@ static void quest_predict_next(struct kvp_policy *p, int layer, int kvh, int n_t
     s->predicting[lh] = true;
     const size_t mb = (size_t)s->scr.max_blocks;
     const float *score = s->score + lh * mb;
-    if (plan_ranks(&bp)) {
+    /* with groups, the blocks past select's plan are scored only when its kept set serves */
+    const bool kept_serves = s->n_kept[lh] >= bp.k && s->kept_first[lh] == bp.first &&
+                             s->kept_end[lh] <= bp.end;
+    if (plan_ranks(&bp) && (s->groups == 0 || kept_serves)) {
         int from = s->scored_end[lh] > bp.first ? s->scored_end[lh] : bp.first;
         score_blocks(p, layer, kvh, s->lastq + (size_t)lh * g * hd, from, bp.end);
         if (bp.end > s->scored_end[lh])
@@ -290,6 +448,14 @@ static void quest_predict_next(struct kvp_policy *p, int layer, int kvh, int n_t
                            kvp_scratch_m(&s->scr, kvh));
             return;
         }
+    }
+    if (plan_ranks(&bp) && s->groups > 0) {
+        /* the bounds outside the kept set are not all computed: rank through the groups */
+        int32_t *chosen = s->chosen + (size_t)kvh * mb;
+        rank_top(p, layer, kvh, s->lastq + (size_t)lh * g * hd, &bp, bp.k, chosen);
+        kvp_sel_chosen(&bp, chosen, bp.k, n_tokens_next, p->env.block_size, sel,
+                       kvp_scratch_m(&s->scr, kvh));
+        return;
     }
     kvp_sel_blocks(&bp, score, n_tokens_next, p->env.block_size, sel,
                    kvp_scratch_m(&s->scr, kvh), kvp_scratch_i(&s->scr, kvh));

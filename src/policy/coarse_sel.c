@@ -1,0 +1,166 @@
+/* Coarse-to-fine block ranking (see coarse_sel.h). */
+#include "policy/coarse_sel.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Group order: larger bound first, ties to the lower group (deterministic in both modes). */
+static bool g_before(const float *gs, int a, int b)
+{
+    return gs[a] > gs[b] || (gs[a] == gs[b] && a < b);
+}
+
+static void g_sift(const float *gs, int *h, int n, int i)
+{
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && g_before(gs, h[l], h[m]))
+            m = l;
+        if (r < n && g_before(gs, h[r], h[m]))
+            m = r;
+        if (m == i)
+            return;
+        int t = h[i];
+        h[i] = h[m];
+        h[m] = t;
+        i = m;
+    }
+}
+
+int kvp_coarse_order_init(const float *gscore, int g0, int g1, int *heap)
+{
+    int n = 0;
+    for (int gi = g0; gi < g1; gi++)
+        heap[n++] = gi;
+    for (int i = n / 2 - 1; i >= 0; i--)
+        g_sift(gscore, heap, n, i);
+    return n;
+}
+
+int kvp_coarse_order_pop(const float *gscore, int *heap, int *n)
+{
+    const int gi = heap[0];
+    heap[0] = heap[--*n];
+    g_sift(gscore, heap, *n, 0);
+    return gi;
+}
+
+/* Block k-heap, root the weakest held: smaller score, and among equal scores the higher block
+ * (kvp_topk_indices' order, topk.c, so the same k blocks win). */
+static bool b_weaker(const float *s, int f, int a, int b)
+{
+    return s[a - f] < s[b - f] || (s[a - f] == s[b - f] && a > b);
+}
+
+static void b_sift(const float *s, int f, int *h, int n, int i)
+{
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && b_weaker(s, f, h[l], h[m]))
+            m = l;
+        if (r < n && b_weaker(s, f, h[r], h[m]))
+            m = r;
+        if (m == i)
+            return;
+        int t = h[i];
+        h[i] = h[m];
+        h[m] = t;
+        i = m;
+    }
+}
+
+static void b_push(const float *s, int f, int *h, int *n, int b)
+{
+    int i = (*n)++;
+    h[i] = b;
+    while (i > 0) { /* sift up: the weaker rises to the root */
+        int p = (i - 1) / 2;
+        if (!b_weaker(s, f, h[i], h[p]))
+            break;
+        int t = h[i];
+        h[i] = h[p];
+        h[p] = t;
+        i = p;
+    }
+}
+
+/* The n block ids of a (non-negative) in ascending order into out, by 8-bit radix passes between
+ * a and out (a is overwritten), as many as the largest id needs: a fraction of a comparison
+ * sort's cost at the k of long contexts. */
+static void sort_ids(int *a, int n, int32_t *out)
+{
+    int max = 0;
+    for (int i = 0; i < n; i++)
+        max = a[i] > max ? a[i] : max;
+    int *src = a, *dst = out;
+    for (int shift = 0; shift == 0 || (shift < 32 && (max >> shift) != 0); shift += 8) {
+        int count[257] = {0};
+        for (int i = 0; i < n; i++)
+            count[((src[i] >> shift) & 255) + 1]++;
+        for (int d = 0; d < 256; d++)
+            count[d + 1] += count[d];
+        for (int i = 0; i < n; i++)
+            dst[count[(src[i] >> shift) & 255]++] = src[i];
+        int *t = src;
+        src = dst;
+        dst = t;
+    }
+    if (src != out)
+        memcpy(out, src, (size_t)n * sizeof(int32_t));
+}
+
+/* The heap holds block ids; their scores are score_first[b - first] (the caller's columns). */
+#define SCORE_OF(b) score_first[(b)-first]
+
+int kvp_coarse_topk(const float *gscore, const float *score_first, int G, int first, int end, int k,
+                    int max_groups, kvp_coarse_score_fn fn, void *ctx, int *gheap, int *bheap,
+                    int32_t *out, struct kvp_coarse_stats *stats)
+{
+    struct kvp_coarse_stats st = {0, 0};
+    if (k <= 0 || end <= first) {
+        if (stats)
+            *stats = st;
+        return 0;
+    }
+    const int g0 = first / G, g1 = (end - 1) / G + 1;
+    int ng = 0;
+    for (int gi = g0; gi < g1; gi++) {
+        if (gscore[gi] != gscore[gi])
+            return -1;
+        gheap[ng++] = gi;
+    }
+    for (int i = ng / 2 - 1; i >= 0; i--)
+        g_sift(gscore, gheap, ng, i);
+    int nb = 0;
+    while (ng > 0) {
+        const int gi = gheap[0];
+        if (nb == k && gscore[gi] < SCORE_OF(bheap[0]))
+            break; /* nothing left can enter the top k */
+        if (nb == k && max_groups > 0 && st.groups >= max_groups)
+            break; /* approximate: the visit budget is spent */
+        gheap[0] = gheap[--ng];
+        g_sift(gscore, gheap, ng, 0);
+        const int b0 = gi * G > first ? gi * G : first;
+        const int b1 = (gi + 1) * G < end ? (gi + 1) * G : end;
+        fn(ctx, b0, b1);
+        st.groups++;
+        st.blocks += b1 - b0;
+        for (int b = b0; b < b1; b++) {
+            if (SCORE_OF(b) != SCORE_OF(b))
+                return -1;
+            if (nb < k)
+                b_push(score_first, first, bheap, &nb, b);
+            else if (b_weaker(score_first, first, bheap[0], b)) {
+                bheap[0] = b;
+                b_sift(score_first, first, bheap, nb, 0);
+            }
+        }
+    }
+    sort_ids(bheap, nb, out);
+    if (stats)
+        *stats = st;
+    return nb;
+}
+#undef SCORE_OF

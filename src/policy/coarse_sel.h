@@ -1,0 +1,41 @@
+/*
+ * Coarse-to-fine block ranking (coarse_sel.c): the k best candidate blocks by a score that a
+ * per-group upper bound caps, without scoring every block. Groups are visited best bound first;
+ * each visit scores the group's candidate blocks (through the caller's function, which writes
+ * score[b]) into a k-heap; the pass stops when the next group's bound is below the k-th best score
+ * so far (branch and bound): every block not scored then has a score <= that bound < the k-th, so
+ * the k chosen are the flat top-k's, under its order (larger score, ties to the lower block).
+ * A group whose bound equals the k-th best is visited (one of its blocks could tie and be lower).
+ * The approximate mode also stops after max_groups visits, once k blocks are held.
+ */
+#ifndef KVP_POLICY_COARSE_SEL_H
+#define KVP_POLICY_COARSE_SEL_H
+
+#include <stdint.h>
+
+/* Fill the scores of the blocks b in [b0, b1) (score_first[b - first], the caller's array the
+ * ranking reads). */
+typedef void (*kvp_coarse_score_fn)(void *ctx, int b0, int b1);
+
+struct kvp_coarse_stats {
+    int groups; /* groups visited */
+    int blocks; /* blocks scored */
+};
+
+/* The k best blocks of [first, end) (k <= end - first) by score_first[b - first], groups of G
+ * blocks (group i: blocks [i·G, (i + 1)·G)) bounded by gscore[i] (valid for the groups meeting
+ * [first, end)), visiting at most max_groups groups beyond what holding k blocks needs (max_groups
+ * <= 0: no limit, the exact mode). Writes the chosen block ids in ascending order to out[k]. gheap:
+ * groups meeting [first, end) ints; bheap: k ints. Returns k, or -1 when a bound or a score is
+ * NaN (the order is then not one the bound can cut: the caller ranks flat). */
+int kvp_coarse_topk(const float *gscore, const float *score_first, int G, int first, int end, int k,
+                    int max_groups, kvp_coarse_score_fn fn, void *ctx, int *gheap, int *bheap,
+                    int32_t *out, struct kvp_coarse_stats *stats);
+
+/* Groups [g0, g1) in the order of their bound gscore[i] (indexed by group id), best first, ties
+ * to the lower group: kvp_coarse_order_init builds the heap (g1 - g0 ints) and returns its size;
+ * each kvp_coarse_order_pop returns the next group and shrinks it (*n > 0). */
+int kvp_coarse_order_init(const float *gscore, int g0, int g1, int *heap);
+int kvp_coarse_order_pop(const float *gscore, int *heap, int *n);
+
+#endif

@@ -1,0 +1,548 @@
+/*
+ * Coarse-to-fine selection (policy/coarse_sel.h, the group level of kv/quest_meta.h, quest's
+ * groups/coarse/visit options and qpredictor's candidate pass):
+ *  - the ranking itself on made-up scores: the exact mode returns the flat top-k (ties to the
+ *    lower block, as kvp_topk_indices) whatever the group bounds as long as they bound their
+ *    blocks; the approximate mode returns every top-k block that lies in a group it visited (its
+ *    derived recall statement), and each visit count;
+ *  - the group metadata equals the element-wise max/min of its blocks' after appends that cross
+ *    group boundaries, a truncation (the newest block refolded) and a restart, on every KV type;
+ *  - quest with groups selects and predicts exactly what the flat pass does on every KV type, for
+ *    random and structured keys and queries (planted needles, tied blocks, zero query entries),
+ *    token by token across group boundaries, after a truncation and after a reset (what a
+ *    sequence copy or fork does to a policy), and prints the approximate mode's recall.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv/kvcache.h"
+#include "kv/quest_meta.h"
+#include "kvpred.h"
+#include "policy/coarse_sel.h"
+#include "policy/host.h"
+#include "testutil.h"
+
+static uint64_t rng_state = 99;
+
+static double urand(void) /* [0, 1) */
+{
+    rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (double)(rng_state >> 11) / 9007199254740992.0;
+}
+
+static int cur_type; /* KV type of the group of tests being run (main) */
+
+/* ---- the ranking on made-up scores ---------------------------------------------------------- */
+
+struct fake {
+    const float *src; /* the scores the callback reveals */
+    float *score;
+    unsigned char *seen;
+};
+
+static void fake_fn(void *ctx, int b0, int b1)
+{
+    struct fake *f = ctx;
+    for (int b = b0; b < b1; b++) {
+        f->score[b] = f->src[b];
+        f->seen[b] = 1;
+    }
+}
+
+/* The k best of x[first, end) by (value desc, index asc), by sorting (slow and obvious). */
+static void slow_topk(const float *x, int first, int end, int k, unsigned char *in)
+{
+    memset(in, 0, (size_t)end);
+    for (int i = 0; i < k; i++) {
+        int best = -1;
+        for (int b = first; b < end; b++)
+            if (!in[b] && (best < 0 || x[b] > x[best]))
+                best = b;
+        in[best] = 1;
+    }
+}
+
+static void test_ranking_exact_and_approx(void **state)
+{
+    (void)state;
+    enum { NB = 300 };
+    float src[NB], score[NB], gs[NB];
+    int32_t out[NB];
+    int gheap[NB], bheap[NB];
+    unsigned char want[NB], seen[NB];
+    double recall_sum = 0;
+    int recall_n = 0;
+    for (int trial = 0; trial < 400; trial++) {
+        const int G = 1 + trial % 9, first = trial % 7, end = NB - (trial % 5) * 13;
+        const int n_cand = end - first, k = 1 + (int)(urand() * (n_cand - 1));
+        for (int b = 0; b < NB; b++) /* coarse values: many exact ties */
+            src[b] = trial % 3 == 0 ? (float)(int)(urand() * 6) : (float)urand();
+        for (int gi = 0; gi * G < NB; gi++) { /* a bound >= the group's blocks, some slack */
+            float m = -INFINITY;
+            for (int b = gi * G; b < (gi + 1) * G && b < NB; b++)
+                m = src[b] > m ? src[b] : m;
+            gs[gi] = m + (trial % 2 ? (float)urand() * 0.5f : 0.0f);
+        }
+        slow_topk(src, first, end, k, want);
+        for (int approx = 0; approx < 2; approx++) {
+            struct fake f = {src, score, seen};
+            memset(seen, 0, sizeof(seen));
+            struct kvp_coarse_stats st;
+            const int max_groups = approx ? 1 + trial % 4 : 0;
+            int n = kvp_coarse_topk(gs, score + first, G, first, end, k, max_groups, fake_fn, &f,
+                                    gheap, bheap, out, &st);
+            assert_int_equal(n, k);
+            int hit = 0, in_seen = 0;
+            for (int i = 0; i < k; i++) {
+                assert_true(out[i] >= first && out[i] < end);
+                assert_true(seen[out[i]]);
+                if (i > 0)
+                    assert_true(out[i] > out[i - 1]);
+                hit += want[out[i]];
+            }
+            for (int b = first; b < end; b++)
+                in_seen += want[b] && seen[b];
+            int scored = 0;
+            for (int b = first; b < end; b++)
+                scored += seen[b];
+            assert_int_equal(st.blocks, scored);
+            if (!approx) {
+                assert_int_equal(hit, k); /* the flat top-k, ties included */
+            } else {
+                /* derived: the approximate set is the exact top-k of the blocks it scored, so
+                 * it holds every flat top-k block of a visited group */
+                assert_int_equal(hit, in_seen);
+                /* it visits no more groups than its limit, or than holding k blocks needs
+                 * (at most two partial groups at the ends of the candidates, then whole ones) */
+                const int need = (k + G - 1) / G + 2;
+                assert_true(st.groups <= (max_groups > need ? max_groups : need));
+                recall_sum += (double)hit / k;
+                recall_n++;
+            }
+        }
+    }
+    print_message("# ranking on made-up scores: approximate recall %.3f (mean of %d)\n",
+                  recall_sum / recall_n, recall_n);
+    /* NaN in a bound: the caller must rank flat */
+    for (int b = 0; b < 32; b++)
+        src[b] = (float)b;
+    gs[0] = NAN;
+    gs[1] = 100;
+    struct fake f = {src, score, seen};
+    assert_int_equal(
+        kvp_coarse_topk(gs, score, 16, 0, 32, 4, 0, fake_fn, &f, gheap, bheap, out, NULL), -1);
+}
+
+/* ---- the group metadata -----------------------------------------------------------------------
+ */
+
+static void store_random_key(struct kvp_kvcache *kv, int l, int h, int t, float amp)
+{
+    float k[64], v[64] = {0};
+    for (int d = 0; d < kv->head_dim; d++)
+        k[d] = (float)(urand() * 2 - 1) * amp;
+    kvp_kvcache_store(kv, l, h, t, k, v);
+}
+
+/* Every group of lh equals the element-wise max/min of its blocks over n tokens. */
+static void check_groups(const struct kvp_qmeta *blk, const struct kvp_qmeta *grp, int lh, int n)
+{
+    const int bs = blk->block_size, G = grp->block_size / bs, nb = (n + bs - 1) / bs;
+    for (int gi = 0; gi * G < nb; gi++)
+        for (int d = 0; d < blk->head_dim; d++) {
+            float mx = kvp_qmeta_max(blk, lh, gi * G, d), mn = kvp_qmeta_min(blk, lh, gi * G, d);
+            for (int b = gi * G; b < (gi + 1) * G && b < nb; b++) {
+                mx = fmaxf(mx, kvp_qmeta_max(blk, lh, b, d));
+                mn = fminf(mn, kvp_qmeta_min(blk, lh, b, d));
+            }
+            if (kvp_qmeta_max(grp, lh, gi, d) != mx || kvp_qmeta_min(grp, lh, gi, d) != mn)
+                print_message("group %d d %d: %g %g, want %g %g\n", gi, d,
+                              kvp_qmeta_max(grp, lh, gi, d), kvp_qmeta_min(grp, lh, gi, d), mx, mn);
+            assert_true(kvp_qmeta_max(grp, lh, gi, d) == mx);
+            assert_true(kvp_qmeta_min(grp, lh, gi, d) == mn);
+        }
+}
+
+static void test_group_metadata(void **state)
+{
+    (void)state;
+    const int bs = 8, hd = 16, n_ctx = 512, G = 4;
+    struct kvp_err err = {0};
+    struct kvp_kvcache kv;
+    assert_int_equal(kvp_kvcache_init(&kv, 1, 2, hd, bs, n_ctx, cur_type, cur_type, &err), 0);
+    assert_int_equal(kvp_kvcache_reserve(&kv, n_ctx, &err), 0);
+    struct kvp_qmeta blk, grp;
+    assert_int_equal(kvp_qmeta_init(&blk, 1, 2, n_ctx / bs, hd, bs), 0);
+    assert_int_equal(kvp_qmeta_group_init(&grp, &blk, G), 0);
+    for (int h = 0; h < 2; h++) {
+        /* a prompt, then tokens one at a time past several group boundaries, with growing
+         * magnitudes so that every append widens its group */
+        int n = 37;
+        for (int t = 0; t < n; t++)
+            store_random_key(&kv, 0, h, t, 1.0f);
+        kvp_qmeta_fold(&blk, &kv, 0, h, n);
+        kvp_qmeta_group_update(&grp, &blk, h, n);
+        check_groups(&blk, &grp, h, n);
+        for (; n < 200; n++) {
+            store_random_key(&kv, 0, h, n, 1.0f + (float)n / 50.0f);
+            kvp_qmeta_fold(&blk, &kv, 0, h, n + 1);
+            kvp_qmeta_group_update(&grp, &blk, h, n + 1);
+            check_groups(&blk, &grp, h, n + 1);
+        }
+        /* a truncation to 150 then one new small token: the newest block is refolded, and its
+         * group must shrink back (a stale group would keep the cut tokens' wide range) */
+        store_random_key(&kv, 0, h, 150, 0.01f);
+        kvp_qmeta_fold(&blk, &kv, 0, h, 151);
+        kvp_qmeta_group_update(&grp, &blk, h, 151);
+        check_groups(&blk, &grp, h, 151);
+        for (n = 151; n < 170; n++) {
+            store_random_key(&kv, 0, h, n, 0.5f);
+            kvp_qmeta_fold(&blk, &kv, 0, h, n + 1);
+            kvp_qmeta_group_update(&grp, &blk, h, n + 1);
+            check_groups(&blk, &grp, h, n + 1);
+        }
+        /* a restart (a new prompt folded from 0) */
+        for (int t = 0; t < 90; t++)
+            store_random_key(&kv, 0, h, t, 0.25f);
+        kvp_qmeta_restart(&blk, h);
+        kvp_qmeta_restart(&grp, h);
+        kvp_qmeta_fold(&blk, &kv, 0, h, 90);
+        kvp_qmeta_group_update(&grp, &blk, h, 90);
+        check_groups(&blk, &grp, h, 90);
+    }
+    kvp_qmeta_free(&grp);
+    kvp_qmeta_free(&blk);
+    kvp_kvcache_free(&kv);
+}
+
+/* ---- quest: coarse against flat ----------------------------------------------------------- */
+
+#define HD   32
+#define MAXB 1024
+
+struct qbench {
+    struct kvp_policy p;
+    struct kvp_sel sel;
+    int32_t blocks[MAXB];
+    uint64_t mask[MAXB];
+};
+
+static void qb_init(struct qbench *b, struct kvp_kvcache *kv, const char *opts, int n_ctx,
+                    float ratio)
+{
+    struct kvp_err err = {0};
+    memset(b, 0, sizeof(*b));
+    b->p.ops = kvp_policy_find("quest");
+    assert_non_null(b->p.ops);
+    b->p.p = (struct kvp_policy_params){.name = "quest",
+                                        .budget_ratio = ratio,
+                                        .sink = 16,
+                                        .local = 16,
+                                        .gqa_agg = KVP_AGG_MEAN,
+                                        .opts = opts};
+    b->p.env = (struct kvp_policy_env){.n_layer = kv->n_layer,
+                                       .n_head = 2 * kv->n_head_kv,
+                                       .n_head_kv = kv->n_head_kv,
+                                       .head_dim = HD,
+                                       .block_size = kv->block_size,
+                                       .n_ctx = n_ctx,
+                                       .kv = kv};
+    int rc = kvp_policy_start(&b->p, &err);
+    if (rc)
+        print_message("%s\n", err.msg);
+    assert_int_equal(rc, 0);
+    b->sel.blocks = b->blocks;
+    b->sel.mask = b->mask;
+}
+
+static bool sel_equal(const struct kvp_sel *a, const struct kvp_sel *b)
+{
+    if (a->n != b->n)
+        return false;
+    for (int i = 0; i < a->n; i++)
+        if (a->blocks[i] != b->blocks[i] || a->mask[i] != b->mask[i])
+            return false;
+    return true;
+}
+
+/* Selected blocks of a in b (whole candidate blocks only: masks full). */
+static int sel_overlap(const struct kvp_sel *a, const struct kvp_sel *b, int *n_a)
+{
+    int hit = 0, na = 0;
+    for (int i = 0; i < a->n; i++) {
+        na++;
+        for (int j = 0; j < b->n; j++)
+            hit += a->blocks[i] == b->blocks[j];
+    }
+    *n_a = na;
+    return hit;
+}
+
+/* Structured keys: a slow drift shared by all tokens, noise, and planted needles: blocks whose
+ * keys lie along one direction, which queries then point at; some blocks copy an earlier block
+ * exactly (tied bounds). */
+static void key_structured(float *k, int t, int style, const float *dir)
+{
+    for (int d = 0; d < HD; d++)
+        k[d] = 0.3f * sinf(0.01f * (float)t + (float)d) + 0.2f * (float)(urand() * 2 - 1);
+    if (style == 1 && t % 97 < 9)
+        for (int d = 0; d < HD; d++)
+            k[d] += 2.0f * dir[d];
+}
+
+static void make_query(float *q, int mode, const float *dir)
+{
+    for (int i = 0; i < 2 * HD; i++) {
+        q[i] = (float)(urand() * 2 - 1);
+        if (mode == 1)
+            q[i] = dir[i % HD] + 0.3f * q[i]; /* toward the needles */
+        if (mode == 2 && i % 5 == 0)
+            q[i] = 0.0f; /* zero entries: the two-product path of the bound */
+    }
+}
+
+static void test_quest_coarse_equals_flat(void **state)
+{
+    (void)state;
+    const int bs = 16, n_ctx = 8192, n_kv = 2;
+    struct kvp_err err = {0};
+    struct kvp_kvcache kv;
+    assert_int_equal(kvp_kvcache_init(&kv, 1, n_kv, HD, bs, n_ctx, cur_type, cur_type, &err), 0);
+    assert_int_equal(kvp_kvcache_reserve(&kv, n_ctx, &err), 0);
+    float dir[HD];
+    for (int d = 0; d < HD; d++)
+        dir[d] = (float)(urand() * 2 - 1);
+    const char *variants[] = {"groups=2", "groups=5", "groups=16", "groups=64",
+                              "groups=16,share=0"};
+    const int n_var = 5;
+    for (int style = 0; style < 3; style++) {
+        const float ratio = style == 2 ? 1.0f / 8 : 1.0f / 16;
+        struct qbench flat, co[5], ap;
+        qb_init(&flat, &kv, "groups=0", n_ctx, ratio);
+        for (int v = 0; v < n_var; v++)
+            qb_init(&co[v], &kv, variants[v], n_ctx, ratio);
+        qb_init(&ap, &kv, "groups=16,coarse=approx,visit=2", n_ctx, ratio);
+        int n = 1500 + style * 700;
+        float k[HD], vv[HD] = {0};
+        for (int h = 0; h < n_kv; h++)
+            for (int t = 0; t < n; t++) {
+                key_structured(k, t, style, dir);
+                if (style == 2 && (t / bs) % 11 == 3 && t >= 11 * bs) /* tied blocks */
+                    for (int d = 0; d < HD; d++)
+                        k[d] = kvp_kvcache_key_at(&kv, 0, h, t - 11 * bs, d);
+                kvp_kvcache_store(&kv, 0, h, t, k, vv);
+            }
+        struct kvp_prefill_obs ob = {.n_prompt = n};
+        flat.p.ops->on_prefill(&flat.p, 0, &ob);
+        for (int v = 0; v < n_var; v++)
+            co[v].p.ops->on_prefill(&co[v].p, 0, &ob);
+        ap.p.ops->on_prefill(&ap.p, 0, &ob);
+        long hit = 0, tot = 0, forced = 0;
+        for (int step = 0; step < 160; step++) {
+            const int h = step % n_kv;
+            if (step == 100) {
+                /* a truncation: 400 tokens cut, the next token new (the newest block refolds) */
+                n -= 400;
+            }
+            if (step == 130) {
+                /* a reset and a prefill from the cache (a sequence copy or fork) */
+                flat.p.ops->reset(&flat.p);
+                for (int v = 0; v < n_var; v++)
+                    co[v].p.ops->reset(&co[v].p);
+                ap.p.ops->reset(&ap.p);
+            }
+            for (int hh = 0; hh < n_kv; hh++) { /* the step's token, in every head */
+                key_structured(k, n, style, dir);
+                if (step % 17 == 5) /* an appended needle far out of its group's range */
+                    for (int d = 0; d < HD; d++)
+                        k[d] = 4.0f * dir[d];
+                kvp_kvcache_store(&kv, 0, hh, n, k, vv);
+            }
+            n++;
+            float q[2 * HD];
+            make_query(q, step % 3, dir);
+            flat.p.ops->select(&flat.p, 0, h, q, n, &flat.sel);
+            for (int v = 0; v < n_var; v++) {
+                co[v].p.ops->select(&co[v].p, 0, h, q, n, &co[v].sel);
+                if (!sel_equal(&flat.sel, &co[v].sel))
+                    print_message("style %d step %d %s: %d vs %d blocks\n", style, step,
+                                  variants[v], flat.sel.n, co[v].sel.n);
+                assert_true(sel_equal(&flat.sel, &co[v].sel));
+            }
+            ap.p.ops->select(&ap.p, 0, h, q, n, &ap.sel);
+            int na;
+            hit += sel_overlap(&flat.sel, &ap.sel, &na);
+            tot += na;
+            forced += 1 + 2; /* sink block 0, and the local window's one or two blocks */
+            if ((n - 16) % bs == 0 || n % bs == 0)
+                forced -= 1;
+            /* the tiered store's prediction for the next step: the same blocks too */
+            if (step % 2 == 0) {
+                flat.p.ops->predict_next(&flat.p, 0, h, n + 1, &flat.sel);
+                for (int v = 0; v < n_var; v++) {
+                    co[v].p.ops->predict_next(&co[v].p, 0, h, n + 1, &co[v].sel);
+                    assert_true(sel_equal(&flat.sel, &co[v].sel));
+                }
+            }
+        }
+        /* the forced blocks count in both; recall of the whole selection */
+        print_message("# %s style %d: approx (groups=16, visit=2) recall of flat %.4f\n",
+                      kvp_kv_type_name(cur_type), style, (double)hit / tot);
+        /* the lower bound the approximate mode has by construction: the forced blocks (sink
+         * and local window) are in both selections; the ranking's own statement (every flat
+         * block of a visited group is chosen) is checked on made-up scores above */
+        assert_true(hit >= forced);
+        kvp_policy_stop(&flat.p);
+        for (int v = 0; v < n_var; v++)
+            kvp_policy_stop(&co[v].p);
+        kvp_policy_stop(&ap.p);
+    }
+    kvp_kvcache_free(&kv);
+}
+
+/* ---- qpredictor: coarse candidates against flat ------------------------------------------ */
+
+static void qp_start(struct qbench *b, struct kvp_kvcache *kv, const char *aux, const char *opts,
+                     int n_ctx, float ratio)
+{
+    struct kvp_err err = {0};
+    memset(b, 0, sizeof(*b));
+    b->p.ops = kvp_policy_find("qpredictor");
+    assert_non_null(b->p.ops);
+    b->p.p = (struct kvp_policy_params){.name = "qpredictor",
+                                        .budget_ratio = ratio,
+                                        .sink = 16,
+                                        .local = 16,
+                                        .gqa_agg = KVP_AGG_MEAN,
+                                        .opts = opts,
+                                        .aux_path = aux};
+    b->p.env = (struct kvp_policy_env){.n_layer = kv->n_layer,
+                                       .n_head = 2 * kv->n_head_kv,
+                                       .n_head_kv = kv->n_head_kv,
+                                       .head_dim = HD,
+                                       .block_size = kv->block_size,
+                                       .n_ctx = n_ctx,
+                                       .kv = kv};
+    int rc = kvp_policy_start(&b->p, &err);
+    if (rc)
+        print_message("%s\n", err.msg);
+    assert_int_equal(rc, 0);
+    b->sel.blocks = b->blocks;
+    b->sel.mask = b->mask;
+}
+
+static void test_qpredictor_coarse_equals_flat(void **state)
+{
+    (void)state;
+    const char *src = getenv("KVP_SOURCE_DIR");
+    char aux[4096];
+    snprintf(aux, sizeof(aux), "%s/models/kvpred-default.qkvpp", src ? src : ".");
+    FILE *f = fopen(aux, "rb");
+    if (!f) {
+        print_message("# skipped: no %s\n", aux);
+        skip();
+    }
+    fclose(f);
+    const int bs = 16, n_ctx = 8192, n_kv = 2;
+    struct kvp_err err = {0};
+    struct kvp_kvcache kv;
+    assert_int_equal(kvp_kvcache_init(&kv, 1, n_kv, HD, bs, n_ctx, cur_type, cur_type, &err), 0);
+    assert_int_equal(kvp_kvcache_reserve(&kv, n_ctx, &err), 0);
+    float dir[HD];
+    for (int d = 0; d < HD; d++)
+        dir[d] = (float)(urand() * 2 - 1);
+    const char *variants[] = {"groups=4", "groups=16", "groups=16,recent=1", "groups=64"};
+    const int n_var = 4;
+    static float probs[2 * MAXB * 16];
+    for (int style = 0; style < 2; style++) {
+        const float ratio = style ? 1.0f / 8 : 1.0f / 16;
+        struct qbench flat, flat_r, co[4], ap;
+        qp_start(&flat, &kv, aux, "groups=0", n_ctx, ratio);
+        qp_start(&flat_r, &kv, aux, "groups=0,recent=1", n_ctx, ratio);
+        for (int v = 0; v < n_var; v++)
+            qp_start(&co[v], &kv, aux, variants[v], n_ctx, ratio);
+        qp_start(&ap, &kv, aux, "groups=16,coarse=approx,visit=4", n_ctx, ratio);
+        int n = 2000 + style * 900;
+        float k[HD], vv[HD] = {0};
+        for (int h = 0; h < n_kv; h++)
+            for (int t = 0; t < n; t++) {
+                key_structured(k, t, 1, dir);
+                kvp_kvcache_store(&kv, 0, h, t, k, vv);
+            }
+        struct kvp_prefill_obs ob = {.n_prompt = n};
+        struct qbench *all[7] = {&flat, &flat_r, &co[0], &co[1], &co[2], &co[3], &ap};
+        for (int i = 0; i < 7; i++)
+            all[i]->p.ops->on_prefill(&all[i]->p, 0, &ob);
+        long hit = 0, tot = 0;
+        for (int step = 0; step < 120; step++) {
+            const int h = step % n_kv;
+            if (step == 80)
+                n -= 300; /* a truncation */
+            for (int hh = 0; hh < n_kv; hh++) {
+                key_structured(k, n, 1, dir);
+                if (step % 13 == 4)
+                    for (int d = 0; d < HD; d++)
+                        k[d] = 4.0f * dir[d];
+                kvp_kvcache_store(&kv, 0, hh, n, k, vv);
+            }
+            n++;
+            float q[2 * HD];
+            make_query(q, step % 3, dir);
+            for (int i = 0; i < 7; i++)
+                all[i]->p.ops->select(&all[i]->p, 0, h, q, n, &all[i]->sel);
+            for (int v = 0; v < n_var; v++) {
+                const struct kvp_sel *ref = v == 2 ? &flat_r.sel : &flat.sel;
+                if (!sel_equal(ref, &co[v].sel))
+                    print_message("qpredictor style %d step %d %s differs\n", style, step,
+                                  variants[v]);
+                assert_true(sel_equal(ref, &co[v].sel));
+            }
+            int na;
+            hit += sel_overlap(&flat.sel, &ap.sel, &na);
+            tot += na;
+            /* the same history for all: probabilities over each one's own selection */
+            for (int i = 0; i < 7; i++) {
+                const struct kvp_sel *sl = &all[i]->sel;
+                for (int j = 0; j < 2; j++)
+                    for (int x = 0; x < sl->n * bs; x++)
+                        probs[(size_t)j * MAXB * bs + x] =
+                            (float)(((sl->blocks[x / bs] * 7 + x % bs + step) % 11) / 11.0);
+                all[i]->p.ops->on_step(&all[i]->p, 0, h, sl, probs, MAXB * bs, n);
+            }
+            if (step % 2 == 0) {
+                for (int i = 0; i < 7; i++)
+                    all[i]->p.ops->predict_next(&all[i]->p, 0, h, n + 1, &all[i]->sel);
+                for (int v = 0; v < n_var; v++)
+                    assert_true(sel_equal(v == 2 ? &flat_r.sel : &flat.sel, &co[v].sel));
+            }
+        }
+        print_message("# %s qpredictor style %d: approx (groups=16, visit=4) recall of flat "
+                      "%.4f\n",
+                      kvp_kv_type_name(cur_type), style, (double)hit / tot);
+        for (int i = 0; i < 7; i++)
+            kvp_policy_stop(&all[i]->p);
+    }
+    kvp_kvcache_free(&kv);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_group_metadata),
+        cmocka_unit_test(test_quest_coarse_equals_flat),
+        cmocka_unit_test(test_qpredictor_coarse_equals_flat),
+    };
+    const struct CMUnitTest once[] = {
+        cmocka_unit_test(test_ranking_exact_and_approx),
+    };
+    int failed = cmocka_run_group_tests(once, NULL, NULL);
+    const int types[] = {KVP_KV_F32, KVP_KV_F16, KVP_KV_BF16, KVP_KV_Q8_0};
+    for (int i = 0; i < 4; i++) {
+        cur_type = types[i];
+        printf("# KV type %s\n", kvp_kv_type_name(cur_type));
+        failed += cmocka_run_group_tests(tests, NULL, NULL);
+    }
+    return failed;
+}
