@@ -299,6 +299,16 @@ int kvp_batch_eval(kvp_engine *engine, const struct kvp_batch_item *items, int n
  * a second sequence, then append each question. */
 int kvp_seq_copy(kvp_seq *dst, kvp_seq *src, int n, struct kvp_err *err);
 
+/* Grow ctx's cache from the n_tokens it holds (a prompt prefilled for real, at least two
+ * blocks) to n tokens without a forward pass, for measuring long contexts quickly: positions
+ * n_tokens.. repeat the keys and values of positions [block_size, n_tokens), each key turned by
+ * RoPE from its source position to its new one (values copied), so the cache has the structure
+ * real keys have. The policy sees the result as the end of a prompt of n tokens (its block
+ * metadata covers all of them) without attention rows; evaluate a few real tokens after it for
+ * a policy that learns from those. Works on every KV type and tier. KVP_EUNSUPPORTED for
+ * evicting policies or evicted tokens, KVP_ERANGE past the context (src/forward/tile.c). */
+int kvp_ctx_fill_tile(kvp_ctx *ctx, int n, struct kvp_err *err);
+
 /* A new sequence of the engine with src's cache parameters and policy (policy, when not NULL:
  * the parameters src's policy was set with; NULL: no policy) holding a copy of src's tokens
  * (kvp_seq_copy's conditions). */

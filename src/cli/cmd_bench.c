@@ -17,7 +17,14 @@
  * repetition instead of truncating it (a policy may rebuild its metadata from every block after
  * a truncation, and the hot tier does not hold every block), and report the store's counters
  * per decoded token; --timeline OUT.png draws tokens 8..11 of the first repetition.
+ *
+ * Long contexts: --fill tile prefills only the first --fill-source tokens for real (the ids of
+ * --fill-text when given), grows the cache to CTX - TILE_TAIL by tiling them with the keys turned
+ * to their new positions (kvp_ctx_fill_tile), and evaluates the last TILE_TAIL tokens for real,
+ * so the cache ends as a prompt does: the policy sees real attention rows and a real last query.
+ * A 128K-token cache of SmolLM2-135M's shape fills in under a minute instead of hours.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +41,30 @@
 #include "kernels/prefill_gemm.h"
 #include "kernels/simd.h"
 #include "kernels/types.h"
+
+static const char *const fill_names[] = {"prefill", "tile", NULL};
+
+/* --fill tile: tokens evaluated for real after the tiled part (the policies' observation
+ * window, 32 by default, sees real queries) */
+#define TILE_TAIL 32
+
+/* How the cache is filled to depth before decode: a prefill of toks[0..depth), or (tile) a
+ * prefill of toks[0..src), tiling to depth - TILE_TAIL and a real prefill of the rest. */
+struct fill_plan {
+    int mode; /* 0 prefill, 1 tile */
+    long src;
+};
+
+static int fill_cache(kvp_ctx *c, const int32_t *toks, long depth, const struct fill_plan *f,
+                      float *logits, struct kvp_err *err)
+{
+    if (!f->mode || depth <= f->src + TILE_TAIL)
+        return kvp_eval(c, toks, (int)depth, logits, false, err);
+    int rc = kvp_eval(c, toks, (int)f->src, NULL, false, err);
+    if (rc < 0 || (rc = kvp_ctx_fill_tile(c, (int)(depth - TILE_TAIL), err)) < 0)
+        return rc;
+    return kvp_eval(c, toks + depth - TILE_TAIL, TILE_TAIL, logits, false, err);
+}
 
 /* --paired: decode tokens per turn of each context. Short enough that both see the same moments
  * of a shared host, long enough that switching caches costs little. */
@@ -66,8 +97,16 @@ static void help(void)
            "  --paired             tiered runs: also fill an untiered cache with the same policy\n"
            "                       and decode the two in alternating chunks of %d tokens, so\n"
            "                       both see the same host (JSON: paired)\n"
+           "  --fill F             prefill (default) or tile: prefill --fill-source tokens for\n"
+           "                       real, tile their KV to CTX - %d with the keys re-rotated to\n"
+           "                       their new positions, then prefill the last %d (long contexts\n"
+           "                       in seconds; JSON fill, fill_seconds)\n"
+           "  --fill-source N      --fill tile: tokens prefilled for real (default 4096)\n"
+           "  --fill-text FILE     --fill tile: take the prefilled tokens from this text\n"
+           "                       (default: pseudo-random token ids)\n"
            "  --json               print one JSON object\n%s\n%s",
-           cli_tier_flags_help, PAIR_CHUNK, cli_policy_flags_help(), cli_model_flags_help);
+           cli_tier_flags_help, PAIR_CHUNK, TILE_TAIL, TILE_TAIL, cli_policy_flags_help(),
+           cli_model_flags_help);
 }
 
 struct bw_job {
@@ -129,6 +168,10 @@ struct bench_opts {
     double link_gbps, link_us; /* RAM tier: the modelled link (0: off) */
     const char *timeline;      /* --timeline OUT.png */
     bool paired, json;
+    int fill_mode;             /* --fill: 0 prefill, 1 tile */
+    long fill_src;             /* --fill-source */
+    const char *fill_text;     /* --fill-text */
+    struct fill_plan fill;     /* what fills the cache, from the three above */
 };
 
 /* What a run measured, and what the printers derive it from. */
@@ -148,6 +191,7 @@ struct bench_result {
     double tcpu_ms, ram_cpu_ms, ram_tcpu_ms, cpu_ratio; /* per token (see print_json) */
     int type_k, type_v;
     double bandwidth, kv_per_token, kv_bytes, floor_tps; /* the floor and what it counts */
+    double kv_read, meta_flat, read_floor; /* bytes a step reads (print_json) and their floor */
 };
 
 /* Parse argv into o. Returns 0, 1 after printing an error, or 2 after printing the help. */
@@ -165,6 +209,9 @@ static int parse_args(struct bench_opts *o, int argc, char **argv)
         CLI_FLOAT("--link-latency-us", 0, 1e7, &o->link_us, "a latency in microseconds"),
         CLI_STR("--timeline", &o->timeline),
         CLI_BOOL("--paired", &o->paired),
+        CLI_CHOICE("--fill", fill_names, 0, &o->fill_mode, "prefill or tile"),
+        CLI_INT("--fill-source", 32, 1 << 24, &o->fill_src, "a token count of at least 32"),
+        CLI_STR("--fill-text", &o->fill_text),
         CLI_BOOL("--json", &o->json),
         {0},
     };
@@ -179,6 +226,10 @@ static int parse_args(struct bench_opts *o, int argc, char **argv)
         o->n_prefill = o->depth;
     if (o->budget_arg && !o->pp.name)
         return cli_fail("--budget needs --policy");
+    if (!o->fill_mode && o->fill_text)
+        return cli_fail("--fill-text needs --fill tile");
+    o->fill = (struct fill_plan){.mode = o->fill_mode,
+                                 .src = o->fill_src < o->depth ? o->fill_src : o->depth};
     if (o->to.tier == KVP_TIER_NONE && (o->link_gbps || o->link_us || o->timeline || o->paired))
         return cli_fail("--link-gbps, --link-latency-us, --timeline and --paired need --kv-tier");
     return cli_tier_check(&o->to, o->pp.name != NULL);
@@ -219,7 +270,7 @@ static int time_prefill(const struct bench_opts *o, kvp_ctx *ctx, const int32_t 
     kvp_ctx_reset(ctx);
     kvp_ctx_store_reset_stats(ctx);
     double t0 = kvp_time_now();
-    if (kvp_eval(ctx, toks, (int)o->depth, logits, false, err) < 0)
+    if (fill_cache(ctx, toks, o->depth, &o->fill, logits, err) < 0)
         return -1;
     r->fill_s = kvp_time_now() - t0;
     /* of the fill, the time with cold-tier transfers in flight: the prefill waits for each
@@ -248,7 +299,7 @@ static int time_decode(const struct bench_opts *o, kvp_ctx *ctx, kvp_ctx *ram,
          * truncation, and the hot tier does not hold every block */
         if (o->to.tier != KVP_TIER_NONE && k > 0) {
             kvp_ctx_reset(ctx);
-            if (kvp_eval(ctx, toks, (int)depth, logits, false, err) < 0)
+            if (fill_cache(ctx, toks, depth, &o->fill, logits, err) < 0)
                 return -1;
         } else {
             kvp_ctx_truncate(ctx, (int)depth);
@@ -339,9 +390,23 @@ static int run(const struct bench_opts *o, kvp_model *m, struct bench_result *r)
     for (long i = 0; i < cap; i++)
         toks[i] = (int32_t)(kvp_xorshift64(&x) % (uint64_t)r->in.n_vocab);
     toks[0] = kvp_token_bos(m);
+    if (o->fill_text) { /* the text's ids replace the first ones, as far as they go */
+        size_t len = 0, n_text = 0;
+        char *text = cli_read_file(o->fill_text, &len);
+        int32_t *ids = text ? cli_tokenize(m, text, len, true, &n_text) : NULL;
+        free(text);
+        if (!ids)
+            goto out;
+        size_t src = (size_t)o->fill.src;
+        memcpy(toks, ids, (n_text < src ? n_text : src) * sizeof(int32_t));
+        free(ids);
+        if (n_text < src)
+            cli_warn("--fill-text has %zu tokens; the rest of the %zu prefilled are random ids",
+                     n_text, src);
+    }
     struct kvp_err err = {0};
     if (time_prefill(o, ctx, toks, logits, r, &err) < 0 ||
-        (ram && kvp_eval(ram, toks, (int)o->depth, logits, false, &err) < 0) ||
+        (ram && fill_cache(ram, toks, o->depth, &o->fill, logits, &err) < 0) ||
         time_decode(o, ctx, ram, toks, logits, chunk_ratio, r, &err) < 0) {
         cli_fail_err(&err);
         goto out;
@@ -355,6 +420,22 @@ static int run(const struct bench_opts *o, kvp_model *m, struct bench_result *r)
     r->kv_bytes = r->kv_per_token * (double)(o->depth + o->n_decode / 2);
     const double step_bytes = (double)r->in.weight_bytes + r->kv_bytes;
     r->floor_tps = r->bandwidth > 0 ? r->bandwidth * 1e9 / step_bytes : 0;
+    /* what a step reads: the keys and values the selections let attention read (every key of
+     * a (layer, KV head) that made no selection), and the block metadata a flat bound pass
+     * reads (2 x head_dim elements per block and selecting (layer, KV head), f16 for an f16
+     * key cache, else f32: quest_meta.h); a coarse-to-fine pass reads less of it */
+    const double steps = (double)o->reps * o->n_decode;
+    double sel_tokens = 0, selects = 0;
+    kvp_ctx_policy_reads(ctx, &sel_tokens, &selects);
+    const double pairs = (double)r->in.n_layer * r->in.n_head_kv;
+    const double mean_keys = (double)o->depth + o->n_decode / 2.0;
+    const double sel_pairs = selects / steps; /* selecting (layer, KV head) pairs per step */
+    const int bs = o->mo.block_size > 0 ? (int)o->mo.block_size : 16; /* kvp_ctx_params */
+    r->kv_read = (sel_tokens / steps + (pairs - sel_pairs) * mean_keys) * r->kv_per_token / pairs;
+    r->meta_flat = sel_pairs * ceil(mean_keys / bs) * 2.0 * r->in.head_dim *
+                   (r->type_k == KVP_KV_F16 ? 2.0 : 4.0);
+    const double read_bytes = (double)r->in.weight_bytes + r->kv_read + r->meta_flat;
+    r->read_floor = r->bandwidth > 0 ? r->bandwidth * 1e9 / read_bytes : 0;
     status = 0;
 out:
     free(chunk_ratio);
@@ -432,6 +513,11 @@ static void print_json(const struct bench_opts *o, const struct bench_result *r)
     cJSON_AddNumberToObject(j, "prefill_tokens_per_s", r->pp_best);
     cJSON_AddStringToObject(j, "prefill_gemm",
                             kvp_gemm_wants(KVP_TYPE_Q8_0, 2) ? "int8" : "sgemm");
+    /* fill: prefill, or tile (fill_source_tokens prefilled for real, the cache tiled from
+     * them to ctx - 32, the last 32 prefilled); fill_seconds: the whole fill */
+    cJSON_AddStringToObject(j, "fill", fill_names[o->fill.mode]);
+    cJSON_AddNumberToObject(j, "fill_source_tokens",
+                            (double)(o->fill.mode ? o->fill.src : o->depth));
     cJSON_AddNumberToObject(j, "fill_seconds", r->fill_s);
     if (r->fill_tiered)
         cJSON_AddNumberToObject(j, "fill_transfer_seconds", r->fill_transfer_s);
@@ -457,6 +543,14 @@ static void print_json(const struct bench_opts *o, const struct bench_result *r)
     cJSON_AddNumberToObject(j, "floor_decode_tokens_per_s", r->floor_tps);
     cJSON_AddNumberToObject(j, "fraction_of_floor",
                             r->floor_tps > 0 ? r->tg_mean / r->floor_tps : 0);
+    /* kv_read_bytes_per_token: K and V bytes the selections let attention read per step
+     * (measured from the selections; dense layers and dense runs read every key);
+     * meta_flat_bytes_per_token: the block metadata a flat bound pass over every block
+     * reads per step (quest, qpredictor; a coarse-to-fine pass reads less); read_floor:
+     * bandwidth / (weights + those two), the decode rate if a step only streamed them */
+    cJSON_AddNumberToObject(j, "kv_read_bytes_per_token", r->kv_read);
+    cJSON_AddNumberToObject(j, "meta_flat_bytes_per_token", r->meta_flat);
+    cJSON_AddNumberToObject(j, "read_floor_tokens_per_s", r->read_floor);
     /* policy: the selection policy or "none" (dense attention); budget: as given (tokens,
      * or a fraction of the context), null without a policy */
     cJSON_AddStringToObject(j, "policy", o->pp.name ? o->pp.name : "none");
@@ -594,7 +688,7 @@ static void print_text(const struct bench_opts *o, const struct bench_result *r)
 
 int cmd_bench(int argc, char **argv)
 {
-    struct bench_opts o = {.n_decode = 128, .n_prefill = 512, .reps = 3,
+    struct bench_opts o = {.n_decode = 128, .n_prefill = 512, .reps = 3, .fill_src = 4096,
                            .to = CLI_TIER_OPTS_INIT};
     int rc = parse_args(&o, argc, argv);
     if (rc)
