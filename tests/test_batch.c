@@ -20,6 +20,7 @@
 
 #include "kernels/matvec.h"
 #include "kernels/simd.h"
+#include "kernels/types.h"
 #include "kvpred.h"
 #include "policy/policy.h"
 #include "testutil.h"
@@ -648,29 +649,35 @@ static void test_refusals(void **state)
     fixture_close(m, path);
 }
 
-/* The multi-vector row kernel against the mat-vec one vector at a time, bit for bit, over row
- * counts that leave every tail (1..3 rows past whole tiles), vector counts past one tile, and an
- * odd number of blocks per row (the kernels' one-block tail). */
-static void test_multi_kernel(void **state)
+/* The multi-vector row kernels against the mat-vec one vector at a time, bit for bit, for every
+ * type with one, over row counts that leave every tail (1..3 rows past whole tiles), vector
+ * counts past one tile, and (32-element types) an odd number of blocks per row (the kernels'
+ * one-block tail). */
+static void check_multi_kernel(int type, int cols)
 {
-    (void)state;
-    enum { COLS = 96, ROWS = 23, NV = 7 };
-    struct kvp_mat W = {.type = KVP_TYPE_Q8_0, .cols = COLS, .rows = ROWS,
-                        .row_bytes = COLS / 32 * 34};
+    enum { ROWS = 23, NV = 7 };
+    const struct kvp_type_traits *tt = kvp_type_traits(type);
+    size_t rb = 0;
+    assert_true(kvp_type_row_bytes(type, cols, &rb));
+    struct kvp_mat W = {.type = type, .cols = cols, .rows = ROWS, .row_bytes = rb};
     if (!kvp_matvec_has_multi(&W)) {
-        print_message("[  SKIP    ] no multi-vector kernel on this CPU\n");
-        skip();
+        print_message("type %d: no multi-vector kernel here\n", type);
+        return;
     }
-    uint8_t *w = malloc(ROWS * W.row_bytes), *xq = malloc(NV * W.row_bytes);
-    float x[COLS], ref[ROWS], *out = malloc(NV * ROWS * sizeof(float));
+    size_t xb = kvp_matvec_xq_bytes(type, cols);
+    uint8_t *w = malloc(ROWS * rb), *xq = malloc(NV * xb);
+    float *x = malloc((size_t)cols * sizeof(float)), *ref = malloc(ROWS * sizeof(float));
+    float *out = malloc(NV * ROWS * sizeof(float));
     uint64_t seed = 7;
     for (int r = 0; r < ROWS + NV; r++) {
-        for (int c = 0; c < COLS; c++) {
+        for (int c = 0; c < cols; c++) {
             seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
             x[c] = (float)((int64_t)(seed >> 33) % 2001 - 1000) / 250.0f;
         }
-        kvp_quantize_row_q8_0(x, r < ROWS ? w + r * W.row_bytes : xq + (r - ROWS) * W.row_bytes,
-                              COLS);
+        if (r < ROWS)
+            tt->from_f32(x, w + r * rb, cols);
+        else
+            kvp_matvec_prepare(type, x, cols, xq + (r - ROWS) * xb);
     }
     W.data = w;
     for (int nv = 1; nv <= NV; nv++)
@@ -679,7 +686,7 @@ static void test_multi_kernel(void **state)
                 const void *xp[NV];
                 float *yp[NV];
                 for (int j = 0; j < nv; j++) {
-                    xp[j] = xq + j * W.row_bytes;
+                    xp[j] = xq + j * xb;
                     yp[j] = out + j * ROWS;
                 }
                 kvp_matvec_rows_multi(&W, xp, nv, yp, r0, r1);
@@ -688,7 +695,17 @@ static void test_multi_kernel(void **state)
                     assert_memory_equal(ref + r0, out + j * ROWS, (size_t)(r1 - r0) * sizeof(float));
                 }
             }
-    free(w), free(xq), free(out);
+    free(w), free(xq), free(x), free(ref), free(out);
+}
+
+static void test_multi_kernel(void **state)
+{
+    (void)state;
+    check_multi_kernel(KVP_TYPE_Q8_0, 96);
+    check_multi_kernel(KVP_TYPE_Q4_0, 96);
+    check_multi_kernel(KVP_TYPE_Q5_0, 96);
+    check_multi_kernel(KVP_TYPE_Q4_K, 512);
+    check_multi_kernel(KVP_TYPE_Q6_K, 512);
 }
 
 int main(void)

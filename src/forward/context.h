@@ -19,8 +19,9 @@ struct kvp_store;
 
 #define KVP_QCHUNK 64      /* prefill attention: query rows per work item */
 /* A step that need not be exact (kvp_engine_params.exact false) sends its single tokens through
- * the batch kernels together from this many on (twice as many for weights with the
- * multi-vector mat-vec kernel; forward.c, singles_together_from). */
+ * the batch kernels together from this many on (twice as many for Q8_0 weights with the
+ * multi-vector mat-vec kernel, never for the other types with one; forward.c,
+ * singles_together_from). */
 #define KVP_SINGLES_GEMM 4
 #define KVP_TILE_ROWS 256  /* prefill: weight rows dequantized per sgemm call (fewer repacks of
                               the activations than 64: +10-20 % prefill on real shapes) */
@@ -32,7 +33,8 @@ struct kvp_thread_scratch {
     float *tile;  /* [KVP_TILE_ROWS][max_cols] dequantized weight rows */
     void *xq;     /* activation quantized for integer dot products [max_cols] */
     int xq_type;  /* the kvp_type_vec_dot_type xq holds for the current input (-1: none) */
-    bool xg_ready; /* the previous product left its input quantized in kvp_shared.xg */
+    int xg_ready; /* the previous product left its input quantized in kvp_shared.xg, for weights
+                   * with this vec_dot type (-1: it did not) */
     void *xv;     /* [n_batch] decode rows quantized for the mat-vec, xv_stride bytes apart */
     int xv_type;  /* the vec_dot type xv holds for the current vectors (-1: none) */
     const void **xvp; /* [n_batch] pointers into xv, and the outputs, of a multi-vector call */

@@ -13,6 +13,7 @@
  * Everything a layer does with the KV cache (writing K and V, selection, the tiered store,
  * decode and prefill attention, the policy's hooks) is one call, kvp_kv_layer (kv_step.h).
  */
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,7 +89,7 @@ int kvp_shared_init(const struct kvp_model *model, int n_threads, int n_batch, i
     sh->xv_stride = (max_cols * 2 + 64 + 63) & ~(size_t)63;
     sh->tile_bytes = (size_t)KVP_TILE_ROWS * max_cols * sizeof(float);
     /* the integer GEMM's quantized batch, when this CPU has the kernel */
-    if (kvp_simd()->gemm_tile &&
+    if ((kvp_simd()->gemm_tile || kvp_simd()->gemm_tile_k) &&
         !(sh->xg = kvp_alloc_aligned(kvp_gemm_xq_bytes(n_batch, (int64_t)max_cols))))
         goto fail_nomem;
     if (!sh->inv_freq || !sh->x || !sh->xn || !sh->q || !sh->k || !sh->v || !sh->att ||
@@ -292,18 +293,19 @@ static void matmul_rows(struct kvp_shared *sh, const struct kvp_mat *W, const fl
     if (sh->xg && kvp_gemm_wants(W->type, n)) {
         /* integer GEMM: the rows quantized once into the shared sh->xg, each thread its tokens;
          * every thread takes this branch for the same W and n, so all meet at the barrier */
-        if (!(same_x && ts->xg_ready)) {
+        int vt = kvp_type_vec_dot_type(W->type);
+        if (!(same_x && ts->xg_ready == vt)) {
             long t0, t1;
             kvp_split_range(n, ith, nth, &t0, &t1);
-            kvp_gemm_quantize(X, ldx, W->cols, n, t0, t1, sh->xg, ts->xq);
+            kvp_gemm_quantize(W->type, X, ldx, W->cols, n, t0, t1, sh->xg, ts->xq);
             kvp_pool_barrier(sh->pool);
         }
-        ts->xg_ready = true;
+        ts->xg_ready = vt;
         if (r0 < r1)
             kvp_gemm_rows(W, sh->xg, n, Y, ldy, accumulate, r0, r1, ts->tile, sh->tile_bytes);
         return;
     }
-    ts->xg_ready = false;
+    ts->xg_ready = -1;
     if (r0 >= r1)
         return;
     float beta = accumulate ? 1.0f : 0.0f;
@@ -422,12 +424,17 @@ static void matmul_pass(struct kvp_shared *sh, const struct kvp_mat *W, const fl
 
 /* Single rows from which a step that need not be exact sends them through the batch kernels
  * together: the integer GEMM and the dequantizing sgemm convert every weight tile per call, which
- * pays against the multi-vector mat-vec from about 8 rows (SmolLM2-135M shape, Q8_0, one thread,
- * CPU per token: 12-14 ms alone, 5.4-6.0 ms at 8 through the multi-vector kernel, 4.5 ms at 8
- * through the GEMM), against one mat-vec per row from about 4. */
+ * pays against the multi-vector mat-vec from about 8 rows where the conversion is vectorized
+ * (Q8_0; SmolLM2-135M shape, one thread, CPU per token: 12-14 ms alone, 5.4-6.0 ms at 8 through
+ * the multi-vector kernel, 4.5 ms at 8 through the GEMM), never where it goes byte by byte (the
+ * other types with a multi-vector kernel; SmolLM2-135M shape "Q4_K", i.e. Q5_0 and Q4_K
+ * matrices, 2 threads, decode: 282 tok/s at npl 4 and 247 at 8 through the multi-vector kernel,
+ * 171 at 16 through the GEMM), and against one mat-vec per row from about 4. */
 static int singles_together_from(const struct kvp_mat *W)
 {
-    return kvp_matvec_has_multi(W) ? 2 * KVP_SINGLES_GEMM : KVP_SINGLES_GEMM;
+    if (!kvp_matvec_has_multi(W))
+        return KVP_SINGLES_GEMM;
+    return W->type == KVP_TYPE_Q8_0 ? 2 * KVP_SINGLES_GEMM : INT_MAX;
 }
 
 /* A layer product over every row of the pass. */

@@ -187,17 +187,28 @@ static void bf16_row_to_f32(const char *src, float *dst, int64_t n)
     }
 }
 
+/* The table's multi-vector kernel for W's type, or NULL. */
+static void (*multi_kernel(const struct kvp_simd_ops *ops, int type))(const void *, size_t,
+                                                                       const void *const *, int,
+                                                                       int64_t, int64_t,
+                                                                       float *const *)
+{
+    if (type == KVP_TYPE_Q8_0)
+        return ops->rows_q8_0_multi;
+    return type >= 0 && type < KVP_SIMD_NTYPES ? ops->rows_q_multi[type] : NULL;
+}
+
 bool kvp_matvec_has_multi(const struct kvp_mat *W)
 {
-    return W->type == KVP_TYPE_Q8_0 && kvp_simd()->rows_q8_0_multi != NULL;
+    return multi_kernel(kvp_simd(), W->type) != NULL;
 }
 
 void kvp_matvec_rows_multi(const struct kvp_mat *W, const void *const *xq, int nv,
                            float *const *y, int64_t r0, int64_t r1)
 {
     if (r1 > r0)
-        kvp_simd()->rows_q8_0_multi((const char *)W->data + (size_t)r0 * W->row_bytes,
-                                    W->row_bytes, xq, nv, W->cols, r1 - r0, y);
+        multi_kernel(kvp_simd(), W->type)((const char *)W->data + (size_t)r0 * W->row_bytes,
+                                          W->row_bytes, xq, nv, W->cols, r1 - r0, y);
 }
 
 /* Same type contract as kvp_matvec_rows_ops; other types write NaN rows. */

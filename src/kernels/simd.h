@@ -108,6 +108,17 @@ struct kvp_simd_ops {
      * prefill_gemm.c converts byte by byte. */
     void (*gemm_convert_q8_0)(const void *w, size_t row_bytes, int64_t rows, int64_t nb,
                               int8_t *codes, float *dw, int32_t *corr);
+    /* rows_q8_0_multi's contract for the types in rows_q (bit-identical per vector to that
+     * type's rows_q kernel). NULL: kvp_matvec_rows_multi is not offered for the type. */
+    void (*rows_q_multi[KVP_SIMD_NTYPES])(const void *w, size_t row_bytes, const void *const *xq,
+                                          int nv, int64_t n, int64_t nrows, float *const *y);
+    /* Prefill's integer GEMM over a K-quant tile (sub-block scales per 32 or 16, Q4_K's mins;
+     * prefill_gemm.h): y[t][r] (+)= Σ over sub-blocks, in column order, of the sub-block's
+     * exact int32 sum times dw·dx, then (Q4_K) minus mn times the activations' block sum, each a
+     * fused multiply-add into one f32 accumulator per (token, row). The same float operations
+     * in the same order in every table, so the tables agree bit for bit. */
+    void (*gemm_tile_k)(const struct kvp_gemm_tile *tile, const void *xg, int n, float *y,
+                        int ldy, bool accumulate);
 };
 
 /* Largest of x[0..n) through the table's max, or a scalar loop when it has none. */

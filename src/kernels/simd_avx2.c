@@ -22,6 +22,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/prefill_gemm.h"
 #include "kernels/simd_internal.h"
 #include "kernels/simd_quant_x86.h"
 #include "kernels/types.h"
@@ -401,6 +402,94 @@ static float vmax(const float *x, int64_t n)
     return r;
 }
 
+/* ---- prefill's integer GEMM over a K-quant tile (prefill_gemm.h; simd.h, gemm_tile_k) ----
+ * A ymm holds one 4-byte slice of a block for 8 of a group's 16 tokens (+128: vpmaddubsw's
+ * unsigned side), the weight slice is broadcast (signed). K-quant codes are small (|code| <= 32),
+ * so a pair of products is at most 2·255·32 = 16320 and two slices' pairs still fit an int16
+ * (32640) before vpmaddwd widens them; Q8_0's codes would not, hence no gemm_tile here. Then the
+ * scalar table's float operations in its order: the tables agree bit for bit. */
+enum { KG_RB = 4 }; /* rows per pass */
+
+static inline __attribute__((always_inline)) void gemm_k8(const int8_t *codes, int64_t K,
+                                                          const float *dw, const int32_t *corr,
+                                                          const float *mn, int64_t nb,
+                                                          const uint8_t *xg, int half, float *out,
+                                                          int gr, bool q6)
+{
+    const int per = q6 ? 2 : 1, ks = 8 / per;
+    const int64_t ns = nb * per;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[KG_RB];
+    for (int r = 0; r < gr; r++)
+        acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *xb = xg + (size_t)b * KVP_GEMM_BLOCK_BYTES + 32 * half;
+        const __m256 dx = _mm256_loadu_ps((const float *)(xb + 512));
+        for (int h = 0; h < per; h++) {
+            __m256i s[KG_RB];
+            for (int r = 0; r < gr; r++)
+                s[r] = _mm256_set1_epi32(corr[r * ns + b * per + h]);
+            for (int k = h * ks; k < (h + 1) * ks; k += 2) {
+                __m256i x0 = _mm256_loadu_si256((const __m256i *)(xb + 64 * k));
+                __m256i x1 = _mm256_loadu_si256((const __m256i *)(xb + 64 * (k + 1)));
+                for (int r = 0; r < gr; r++) {
+                    int32_t w0, w1;
+                    memcpy(&w0, codes + r * K + b * 32 + 4 * k, 4);
+                    memcpy(&w1, codes + r * K + b * 32 + 4 * k + 4, 4);
+                    __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(x0, _mm256_set1_epi32(w0)),
+                                                 _mm256_maddubs_epi16(x1, _mm256_set1_epi32(w1)));
+                    s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(p, ones));
+                }
+            }
+            for (int r = 0; r < gr; r++)
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r]),
+                                         _mm256_mul_ps(_mm256_set1_ps(dw[r * ns + b * per + h]),
+                                                       dx),
+                                         acc[r]);
+        }
+        if (!q6) {
+            const __m256 xs = _mm256_loadu_ps((const float *)(xb + 576));
+            for (int r = 0; r < gr; r++)
+                acc[r] = _mm256_fnmadd_ps(_mm256_set1_ps(mn[r * nb + b]), xs, acc[r]);
+        }
+    }
+    for (int r = 0; r < gr; r++)
+        _mm256_storeu_ps(out + 8 * r, acc[r]);
+}
+
+void kvp_avx2_gemm_tile_k(const struct kvp_gemm_tile *tile, const void *xg, int n, float *y,
+                          int ldy, bool accumulate)
+{
+    const int64_t K = tile->cols, nb = K / 32, ns = K / tile->sub;
+    const bool q6 = tile->sub == 16;
+    const size_t gstride = (size_t)nb * KVP_GEMM_BLOCK_BYTES;
+    float out[KG_RB * 8];
+    for (int t0 = 0; t0 < n; t0 += 8) {
+        const uint8_t *x = (const uint8_t *)xg + (size_t)(t0 / 16) * gstride;
+        const int half = (t0 / 8) % 2;
+        for (int64_t r = 0; r < tile->rows;) {
+            int gr = tile->rows - r >= KG_RB ? KG_RB : 1;
+            const int8_t *c = tile->codes + r * K;
+            const float *d = tile->dw + r * ns, *m = tile->mn ? tile->mn + r * nb : NULL;
+            const int32_t *o = tile->corr + r * ns;
+            if (gr == KG_RB && q6)
+                gemm_k8(c, K, d, o, m, nb, x, half, out, KG_RB, true);
+            else if (gr == KG_RB)
+                gemm_k8(c, K, d, o, m, nb, x, half, out, KG_RB, false);
+            else if (q6)
+                gemm_k8(c, K, d, o, m, nb, x, half, out, 1, true);
+            else
+                gemm_k8(c, K, d, o, m, nb, x, half, out, 1, false);
+            for (int j = 0; j < 8 && t0 + j < n; j++) {
+                float *yt = y + (size_t)(t0 + j) * ldy + r;
+                for (int i = 0; i < gr; i++)
+                    yt[i] = accumulate ? yt[i] + out[8 * i + j] : out[8 * i + j];
+            }
+            r += gr;
+        }
+    }
+}
+
 const struct kvp_simd_ops kvp_simd_ops_avx2 = {
     .name = "avx2",
     .dot_f32 = dot_f32,
@@ -433,4 +522,5 @@ const struct kvp_simd_ops kvp_simd_ops_avx2 = {
             [KVP_TYPE_Q6_K] = DOT_Q6_K,
         },
     .quantize_q8_k = qx_quantize_q8_k,
+    .gemm_tile_k = kvp_avx2_gemm_tile_k,
 };

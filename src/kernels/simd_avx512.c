@@ -833,4 +833,11 @@ const struct kvp_simd_ops kvp_simd_ops_avx512vnni = {
     .gemm_tile = kvp_vnni_gemm_tile,
     .rows_q8_0_multi = kvp_vnni_rows_q8_0_multi,
     .gemm_convert_q8_0 = kvp_vnni_gemm_convert_q8_0,
+    .gemm_tile_k = kvp_vnni_gemm_tile_k,
+    .rows_q_multi =
+        {
+            [KVP_TYPE_Q4_0] = kvp_vnni_rows_q4_0_multi,
+            [KVP_TYPE_Q5_0] = kvp_vnni_rows_q5_0_multi,
+            [KVP_TYPE_Q4_K] = kvp_vnni_rows_q4_k_multi,
+        },
 };

@@ -29,9 +29,24 @@ float kvp_scalar_dot_q2_k(const void *w, const void *xq, int64_t n);
 float kvp_scalar_dot_q3_k(const void *w, const void *xq, int64_t n);
 float kvp_scalar_dot_q5_k(const void *w, const void *xq, int64_t n);
 
+/* Prefill's integer GEMM over a K-quant tile, the oracle's loops (simd_scalar.c). */
+void kvp_scalar_gemm_tile_k(const struct kvp_gemm_tile *tile, const void *xg, int n, float *y,
+                            int ldy, bool accumulate);
+/* The AVX2 one (simd_avx2.c) and the AVX-512 VNNI one (simd_vnni_avx512.c). */
+void kvp_avx2_gemm_tile_k(const struct kvp_gemm_tile *tile, const void *xg, int n, float *y,
+                          int ldy, bool accumulate);
+void kvp_vnni_gemm_tile_k(const struct kvp_gemm_tile *tile, const void *xg, int n, float *y,
+                          int ldy, bool accumulate);
+
 /* AVX-512 VNNI row kernels (simd_vnni_avx512.c): the avx512vnni table, which simd.c hands out only
  * when the CPU has VNNI. */
 void kvp_vnni_rows_q8_0_multi(const void *w, size_t row_bytes, const void *const *xq, int nv,
+                              int64_t n, int64_t nrows, float *const *y);
+void kvp_vnni_rows_q4_0_multi(const void *w, size_t row_bytes, const void *const *xq, int nv,
+                              int64_t n, int64_t nrows, float *const *y);
+void kvp_vnni_rows_q5_0_multi(const void *w, size_t row_bytes, const void *const *xq, int nv,
+                              int64_t n, int64_t nrows, float *const *y);
+void kvp_vnni_rows_q4_k_multi(const void *w, size_t row_bytes, const void *const *xq, int nv,
                               int64_t n, int64_t nrows, float *const *y);
 void kvp_vnni_gemm_convert_q8_0(const void *w, size_t row_bytes, int64_t rows, int64_t nb,
                                 int8_t *codes, float *dw, int32_t *corr);

@@ -12,6 +12,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/prefill_gemm.h"
 #include "kernels/quant.h"
 #include "kernels/types.h"
 
@@ -418,6 +419,43 @@ static float dot_q6_k(const void *w, const void *xq, int64_t n)
     return dot_k(w, xq, n, KK_Q6);
 }
 
+/* Prefill's integer GEMM over a K-quant tile (simd.h, gemm_tile_k; layouts in prefill_gemm.h):
+ * per (token, row), per sub-block in column order, the exact int32 sum of (x + 128)·code plus
+ * corr, then fmaf into one float; Q4_K's min after each block of 32. The SIMD tables do the same
+ * float operations in the same order, so they agree with this bit for bit. */
+void kvp_scalar_gemm_tile_k(const struct kvp_gemm_tile *tile, const void *xg, int n, float *y,
+                            int ldy, bool accumulate)
+{
+    const int64_t K = tile->cols, nb = K / 32, ns = K / tile->sub;
+    const int per = 32 / tile->sub; /* sub-blocks per block of 32 */
+    const size_t gstride = (size_t)nb * KVP_GEMM_BLOCK_BYTES;
+    for (int t = 0; t < n; t++) {
+        const uint8_t *gx = (const uint8_t *)xg + (size_t)(t / 16) * gstride;
+        const int j = t % 16;
+        for (int64_t r = 0; r < tile->rows; r++) {
+            const int8_t *c = tile->codes + r * K;
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *blk = gx + (size_t)b * KVP_GEMM_BLOCK_BYTES;
+                float dx, xs;
+                memcpy(&dx, blk + 512 + 4 * j, 4);
+                memcpy(&xs, blk + 576 + 4 * j, 4);
+                for (int h = 0; h < per; h++) {
+                    int64_t si = b * per + h;
+                    int32_t s = tile->corr[r * ns + si];
+                    for (int e = h * tile->sub; e < (h + 1) * tile->sub; e++)
+                        s += (int32_t)blk[64 * (e / 4) + 4 * j + e % 4] * c[b * 32 + e];
+                    acc = fmaf((float)s, tile->dw[r * ns + si] * dx, acc);
+                }
+                if (tile->mn)
+                    acc = fmaf(-tile->mn[r * nb + b], xs, acc);
+            }
+            float *out = y + (size_t)t * ldy + r;
+            *out = accumulate ? *out + acc : acc;
+        }
+    }
+}
+
 const struct kvp_simd_ops kvp_simd_ops_scalar = {
     .name = "scalar",
     .dot_f32 = dot_f32,
@@ -449,4 +487,5 @@ const struct kvp_simd_ops kvp_simd_ops_scalar = {
             [KVP_TYPE_Q6_K] = dot_q6_k,
         },
     .quantize_q8_k = kvp_quantize_row_q8_k_ref,
+    .gemm_tile_k = kvp_scalar_gemm_tile_k,
 };

@@ -324,6 +324,95 @@ void kvp_vnni_rows_q5_0(const void *w, size_t row_bytes, const void *xq, int64_t
     pair32_rows(w, row_bytes, xq, n, nrows, y, PAIR_Q5_0);
 }
 
+/* pair32_rows_nr for nr rows (1..4) against nv vectors (1..4): every (row, vector) takes that
+ * kernel's operations in its order, bit for bit, sharing a weight pair's codes and scales among
+ * the vectors and a vector's codes, offset sum and scales among the rows. Prefetches the rows
+ * after the tile at the same offsets (the next tile's, or past the caller's range, the next
+ * group's). */
+KVP_INLINE void pair32_tile(const uint8_t *w0, size_t rb, const uint8_t *const *px, int nv,
+                            int64_t nb, float *const *y, int nr, int kind)
+{
+    const size_t bs = kind == PAIR_Q4_0 ? 18 : 22;
+    const __m512i off = _mm512_set1_epi8(kind == PAIR_Q4_0 ? 8 : 16), spread = scale_spread();
+    __m512 acc[4][4];
+    for (int i = 0; i < nr; i++)
+        for (int j = 0; j < nv; j++)
+            acc[i][j] = _mm512_setzero_ps();
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        const size_t o = (size_t)b * bs;
+        struct x_pair x[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < nv; j++)
+            x[j] = x_pair_at(px[j] + (size_t)b * 34, off, spread);
+#pragma GCC unroll 4
+        for (int i = 0; i < nr; i++) {
+            const uint8_t *wb = w0 + (size_t)i * rb + o;
+            _mm_prefetch((const char *)wb + (size_t)nr * rb, _MM_HINT_T0);
+            __m512i uw = ucodes_pair(wb, kind, bs);
+            __m512 sw = q8_scale_pair(wb, bs, spread);
+#pragma GCC unroll 4
+            for (int j = 0; j < nv; j++) {
+                __m512i d = _mm512_dpbusd_epi32(x[j].base, uw, x[j].qx);
+                acc[i][j] = _mm512_fmadd_ps(_mm512_mul_ps(sw, x[j].dx), _mm512_cvtepi32_ps(d),
+                                            acc[i][j]);
+            }
+        }
+    }
+    for (int i = 0; i < nr; i++)
+        for (int j = 0; j < nv; j++) {
+            y[j][i] = hsum(acc[i][j]);
+            if (b < nb)
+                y[j][i] += (kind == PAIR_Q4_0 ? qx_dot_q4_0 : qx_dot_q5_0)(
+                    w0 + (size_t)i * rb + (size_t)b * bs, px[j] + (size_t)b * 34, 32);
+        }
+}
+
+static void pair32_multi(const void *w, size_t row_bytes, const void *const *xq, int nv,
+                         int64_t n, int64_t nrows, float *const *y, int kind)
+{
+    int64_t nb = n / 32;
+    for (int j0 = 0; j0 < nv; j0 += 4) {
+        int m = nv - j0 < 4 ? nv - j0 : 4;
+        const uint8_t *px[4];
+        float *yr[4];
+        for (int j = 0; j < m; j++)
+            px[j] = xq[j0 + j];
+        /* whole tiles of 4 rows, then single rows, as pair32_rows groups them */
+        for (int64_t r = 0; r < nrows;) {
+            int nr = nrows - r >= 4 ? 4 : 1;
+            for (int j = 0; j < m; j++)
+                yr[j] = y[j0 + j] + r;
+            const uint8_t *w0 = (const uint8_t *)w + (size_t)r * row_bytes;
+#define PAIR_TILE(NV, NR) pair32_tile(w0, row_bytes, px, NV, nb, yr, NR, kind)
+            switch (m * 8 + nr) {
+            case 36: PAIR_TILE(4, 4); break;
+            case 28: PAIR_TILE(3, 4); break;
+            case 20: PAIR_TILE(2, 4); break;
+            case 12: PAIR_TILE(1, 4); break;
+            case 33: PAIR_TILE(4, 1); break;
+            case 25: PAIR_TILE(3, 1); break;
+            case 17: PAIR_TILE(2, 1); break;
+            default: PAIR_TILE(1, 1); break;
+            }
+#undef PAIR_TILE
+            r += nr;
+        }
+    }
+}
+
+void kvp_vnni_rows_q4_0_multi(const void *w, size_t row_bytes, const void *const *xq, int nv,
+                              int64_t n, int64_t nrows, float *const *y)
+{
+    pair32_multi(w, row_bytes, xq, nv, n, nrows, y, PAIR_Q4_0);
+}
+
+void kvp_vnni_rows_q5_0_multi(const void *w, size_t row_bytes, const void *const *xq, int nv,
+                              int64_t n, int64_t nrows, float *const *y)
+{
+    pair32_multi(w, row_bytes, xq, nv, n, nrows, y, PAIR_Q5_0);
+}
+
 /* ============================== Q4_K ============================== */
 
 /* Super-block layout: f16 d, f16 dmin, 12 bytes of packed 6-bit scales and mins, 128 bytes of
@@ -407,6 +496,115 @@ void kvp_vnni_rows_q4_k(const void *w, size_t row_bytes, const void *xq, int64_t
                     &pf);
 }
 
+/* q4k_rows_nr for nr rows (1 or 2) against nv vectors (1..4), bit for bit per (row, vector):
+ * a row's nibbles, scales and mins are unpacked once for all vectors; each vector's activations
+ * are rearranged once per super-block (for all rows) into xa. */
+struct q4k_xa {
+    __m512i x[4];
+    __m128i xsum;
+    float xd;
+};
+
+KVP_INLINE void q4k_tile(const uint8_t *w0, size_t rb, const struct q4k_xa *xa, int nv, int64_t b,
+                         __m512 acc[2][4], __m128 mins[2][4], int nr, const __m512i idx[4])
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+#pragma GCC unroll 2
+    for (int i = 0; i < nr; i++) {
+        const uint8_t *wb = w0 + (size_t)i * rb + (size_t)b * Q4K_BYTES;
+        _mm_prefetch((const char *)wb + (size_t)nr * rb, _MM_HINT_T0);
+        _mm_prefetch((const char *)wb + (size_t)nr * rb + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)wb + (size_t)nr * rb + 128, _MM_HINT_T0);
+        uint8_t sc[8], m[8];
+        qx_k_scales(wb + 4, sc, m);
+        __m512i sc16 =
+            _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
+        __m512i q01 = _mm512_loadu_si512(wb + Q4K_QS);
+        __m512i q23 = _mm512_loadu_si512(wb + Q4K_QS + 64);
+        __m512i q[4] = {_mm512_and_si512(q01, m4), _mm512_and_si512(_mm512_srli_epi16(q01, 4), m4),
+                        _mm512_and_si512(q23, m4), _mm512_and_si512(_mm512_srli_epi16(q23, 4), m4)};
+        __m512i scp[4];
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++)
+            scp[k] = _mm512_permutexvar_epi16(idx[k], sc16);
+        __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)m));
+        float d = qx_f16(wb), dmin = qx_f16(wb + 2);
+#pragma GCC unroll 4
+        for (int j = 0; j < nv; j++) {
+            __m512i sum = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++)
+                sum = _mm512_dpwssd_epi32(sum, _mm512_maddubs_epi16(q[k], xa[j].x[k]), scp[k]);
+            __m128i mn = _mm_madd_epi16(m16, xa[j].xsum);
+            acc[i][j] = _mm512_fmadd_ps(_mm512_set1_ps(d * xa[j].xd), _mm512_cvtepi32_ps(sum),
+                                        acc[i][j]);
+            mins[i][j] =
+                _mm_fmadd_ps(_mm_set1_ps(dmin * xa[j].xd), _mm_cvtepi32_ps(mn), mins[i][j]);
+        }
+    }
+}
+
+void kvp_vnni_rows_q4_k_multi(const void *w, size_t row_bytes, const void *const *xq, int nv,
+                              int64_t n, int64_t nrows, float *const *y)
+{
+    static const int sub[4][2] = {{0, 2}, {1, 3}, {4, 6}, {5, 7}}; /* as q4k_rows_nr */
+    __m512i idx[4];
+    for (int k = 0; k < 4; k++)
+        idx[k] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16((short)sub[k][0])),
+                                    _mm256_set1_epi16((short)sub[k][1]), 1);
+    const int64_t nsb = n / KVP_QK_K;
+    for (int j0 = 0; j0 < nv; j0 += 4) {
+        int m = nv - j0 < 4 ? nv - j0 : 4;
+        /* rows in the grouping of kvp_vnni_rows_q4_k (fours, then ones) do not change any
+         * row's sums; here twos keep the accumulators in registers */
+        for (int64_t r = 0; r < nrows;) {
+            int nr = nrows - r >= 2 ? 2 : 1;
+            const uint8_t *w0 = (const uint8_t *)w + (size_t)r * row_bytes;
+            __m512 acc[2][4];
+            __m128 mins[2][4];
+            for (int i = 0; i < 2; i++)
+                for (int j = 0; j < 4; j++) {
+                    acc[i][j] = _mm512_setzero_ps();
+                    mins[i][j] = _mm_setzero_ps();
+                }
+            for (int64_t b = 0; b < nsb; b++) {
+                struct q4k_xa xa[4];
+                for (int j = 0; j < m; j++) {
+                    const uint8_t *xb = (const uint8_t *)xq[j0 + j] + (size_t)b * Q8K_BYTES;
+                    const uint8_t *xs = xb + QX_K_QS;
+                    for (int k = 0; k < 4; k++) {
+                        const uint8_t *p = xs + 128 * (k / 2) + 32 * (k % 2);
+                        xa[j].x[k] = _mm512_inserti64x4(
+                            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p)),
+                            _mm256_loadu_si256((const __m256i *)(p + 64)), 1);
+                    }
+                    xa[j].xsum = _mm256_cvtepi32_epi16(
+                        _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(xb + QX_K_BSUMS)),
+                                          _mm256_set1_epi16(1)));
+                    xa[j].xd = qx_f32(xb);
+                }
+#define Q4K_TILE(NV, NR) q4k_tile(w0, row_bytes, xa, NV, b, acc, mins, NR, idx)
+                switch (m * 8 + nr) {
+                case 34: Q4K_TILE(4, 2); break;
+                case 26: Q4K_TILE(3, 2); break;
+                case 18: Q4K_TILE(2, 2); break;
+                case 10: Q4K_TILE(1, 2); break;
+                case 33: Q4K_TILE(4, 1); break;
+                case 25: Q4K_TILE(3, 1); break;
+                case 17: Q4K_TILE(2, 1); break;
+                default: Q4K_TILE(1, 1); break;
+                }
+#undef Q4K_TILE
+            }
+            for (int i = 0; i < nr; i++)
+                for (int j = 0; j < m; j++)
+                    y[j0 + j][r + i] =
+                        hsum(_mm512_sub_ps(acc[i][j], _mm512_zextps128_ps512(mins[i][j])));
+            r += nr;
+        }
+    }
+}
+
 /* ============================== prefill GEMM (int8 tiles) ============================== */
 
 /* The decode recipe turned around for a batch (prefill_gemm.h has the layouts): a zmm holds one
@@ -422,51 +620,79 @@ void kvp_vnni_rows_q4_k(const void *w, size_t row_bytes, const void *xq, int64_t
  * dequantized tile through OpenBLAS sgemm. */
 enum { GEMM_RB = 4, GEMM_TB = 2 }; /* rows and token groups of the full pass */
 
+/* One pass of GEMM_RB (or 1) rows by GEMM_TB (or 1) groups of 16 tokens over the whole row.
+ * kind: KIND_PLAIN (Q8_0/Q4_0/Q5_0 tiles: one scale per 32), KIND_Q4K (one scale per 32 and the
+ * mins), KIND_Q6K (one scale per 16). Per sub-block the int32 sums start from corr and take that
+ * sub-block's slices; each is converted and added with its own scale dw·dx, and for Q4_K the min
+ * (mn times the tokens' block sums) is taken off after each block: for the K-quants the float
+ * operations of the scalar gemm_tile_k, in its order. */
+enum { KIND_PLAIN, KIND_Q4K, KIND_Q6K };
+
 KVP_INLINE void gemm_pass(const int8_t *codes, int64_t K, const float *dw, const int32_t *corr,
-                          int64_t nb, const uint8_t *xg, float *acc_out, int gr, int gt)
+                          const float *mn, int64_t nb, const uint8_t *xg, float *acc_out, int gr,
+                          int gt, int kind)
 {
-    const size_t gstride = (size_t)nb * KVP_GEMM_BLOCK_BYTES; /* bytes per group */
+    const bool q6 = kind == KIND_Q6K;
+    const size_t gstride = (size_t)nb * KVP_GEMM_BLOCK_BYTES;
+    const int per = q6 ? 2 : 1, ks = 8 / per; /* sub-blocks per block, slices per sub-block */
+    const int64_t ns = nb * per;
     __m512 acc[GEMM_RB][GEMM_TB];
     for (int r = 0; r < gr; r++)
         for (int t = 0; t < gt; t++)
             acc[r][t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *xb = xg + (size_t)b * KVP_GEMM_BLOCK_BYTES;
-        __m512i s[GEMM_RB][GEMM_TB];
-#pragma GCC unroll GEMM_RB
-        for (int r = 0; r < gr; r++) {
-            __m512i c0 = _mm512_set1_epi32(corr[r * nb + b]);
-#pragma GCC unroll GEMM_TB
-            for (int t = 0; t < gt; t++)
-                s[r][t] = c0;
-        }
-#pragma GCC unroll 8
-        for (int k = 0; k < 8; k++) {
-            __m512i x[GEMM_TB];
-#pragma GCC unroll GEMM_TB
-            for (int t = 0; t < gt; t++)
-                x[t] = _mm512_loadu_si512(xb + t * gstride + 64 * k);
-#pragma GCC unroll GEMM_RB
-            for (int r = 0; r < gr; r++) {
-                int32_t wv;
-                memcpy(&wv, codes + r * K + b * 32 + 4 * k, 4);
-                __m512i w = _mm512_set1_epi32(wv);
-#pragma GCC unroll GEMM_TB
-                for (int t = 0; t < gt; t++)
-                    s[r][t] = _mm512_dpbusd_epi32(s[r][t], x[t], w);
-            }
-        }
         __m512 dx[GEMM_TB];
 #pragma GCC unroll GEMM_TB
         for (int t = 0; t < gt; t++)
             dx[t] = _mm512_loadu_ps(xb + t * gstride + 512);
+#pragma GCC unroll 2
+        for (int h = 0; h < per; h++) {
+            __m512i s[GEMM_RB][GEMM_TB];
 #pragma GCC unroll GEMM_RB
-        for (int r = 0; r < gr; r++) {
-            __m512 d = _mm512_set1_ps(dw[r * nb + b]);
+            for (int r = 0; r < gr; r++) {
+                __m512i c0 = _mm512_set1_epi32(corr[r * ns + b * per + h]);
+#pragma GCC unroll GEMM_TB
+                for (int t = 0; t < gt; t++)
+                    s[r][t] = c0;
+            }
+#pragma GCC unroll 8
+            for (int k = h * ks; k < (h + 1) * ks; k++) {
+                __m512i x[GEMM_TB];
+#pragma GCC unroll GEMM_TB
+                for (int t = 0; t < gt; t++)
+                    x[t] = _mm512_loadu_si512(xb + t * gstride + 64 * k);
+#pragma GCC unroll GEMM_RB
+                for (int r = 0; r < gr; r++) {
+                    int32_t wv;
+                    memcpy(&wv, codes + r * K + b * 32 + 4 * k, 4);
+                    __m512i w = _mm512_set1_epi32(wv);
+#pragma GCC unroll GEMM_TB
+                    for (int t = 0; t < gt; t++)
+                        s[r][t] = _mm512_dpbusd_epi32(s[r][t], x[t], w);
+                }
+            }
+#pragma GCC unroll GEMM_RB
+            for (int r = 0; r < gr; r++) {
+                __m512 d = _mm512_set1_ps(dw[r * ns + b * per + h]);
+#pragma GCC unroll GEMM_TB
+                for (int t = 0; t < gt; t++)
+                    acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r][t]),
+                                                _mm512_mul_ps(d, dx[t]), acc[r][t]);
+            }
+        }
+        if (kind == KIND_Q4K) {
+            __m512 xs[GEMM_TB];
 #pragma GCC unroll GEMM_TB
             for (int t = 0; t < gt; t++)
-                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r][t]), _mm512_mul_ps(d, dx[t]),
-                                            acc[r][t]);
+                xs[t] = _mm512_loadu_ps(xb + t * gstride + 576);
+#pragma GCC unroll GEMM_RB
+            for (int r = 0; r < gr; r++) {
+                __m512 m = _mm512_set1_ps(mn[r * nb + b]);
+#pragma GCC unroll GEMM_TB
+                for (int t = 0; t < gt; t++)
+                    acc[r][t] = _mm512_fnmadd_ps(m, xs[t], acc[r][t]);
+            }
         }
     }
     for (int r = 0; r < gr; r++)
@@ -474,10 +700,36 @@ KVP_INLINE void gemm_pass(const int8_t *codes, int64_t K, const float *dw, const
             _mm512_storeu_ps(acc_out + (r * GEMM_TB + t) * 16, acc[r][t]);
 }
 
-void kvp_vnni_gemm_tile(const struct kvp_gemm_tile *tile, const void *xg, int n, float *y,
-                        int ldy, bool accumulate)
+/* One pass's shape and kind, as constants for the inlined kernel. */
+#define GEMM_SHAPES(KIND)                                                                          \
+    if (gr == GEMM_RB && gt == GEMM_TB)                                                            \
+        gemm_pass(c, K, d, o, m, nb, x, out, GEMM_RB, GEMM_TB, KIND);                              \
+    else if (gr == GEMM_RB)                                                                        \
+        gemm_pass(c, K, d, o, m, nb, x, out, GEMM_RB, 1, KIND);                                    \
+    else if (gt == GEMM_TB)                                                                        \
+        gemm_pass(c, K, d, o, m, nb, x, out, 1, GEMM_TB, KIND);                                    \
+    else                                                                                           \
+        gemm_pass(c, K, d, o, m, nb, x, out, 1, 1, KIND)
+
+static void gemm_pass_any(const int8_t *c, int64_t K, const float *d, const int32_t *o,
+                          const float *m, int64_t nb, const uint8_t *x, float *out, int gr, int gt,
+                          int kind)
 {
-    const int64_t K = tile->cols, nb = K / 32;
+    if (kind == KIND_Q6K) {
+        GEMM_SHAPES(KIND_Q6K);
+    } else if (kind == KIND_Q4K) {
+        GEMM_SHAPES(KIND_Q4K);
+    } else {
+        GEMM_SHAPES(KIND_PLAIN);
+    }
+}
+#undef GEMM_SHAPES
+
+/* The passes over a tile; the pass holds tokens in lanes, y is [token][row]. */
+static void gemm_tile_run(const struct kvp_gemm_tile *tile, const void *xg, int n, float *y,
+                          int ldy, bool accumulate, int kind)
+{
+    const int64_t K = tile->cols, nb = K / 32, ns = K / tile->sub;
     const int ng = (n + 15) / 16;
     const size_t gstride = (size_t)nb * KVP_GEMM_BLOCK_BYTES;
     float out[GEMM_RB * GEMM_TB * 16];
@@ -486,18 +738,8 @@ void kvp_vnni_gemm_tile(const struct kvp_gemm_tile *tile, const void *xg, int n,
         const uint8_t *x = (const uint8_t *)xg + (size_t)g * gstride;
         for (int64_t r = 0; r < tile->rows;) {
             int gr = tile->rows - r >= GEMM_RB ? GEMM_RB : 1;
-            const int8_t *c = tile->codes + r * K;
-            const float *d = tile->dw + r * nb;
-            const int32_t *o = tile->corr + r * nb;
-            if (gr == GEMM_RB && gt == GEMM_TB)
-                gemm_pass(c, K, d, o, nb, x, out, GEMM_RB, GEMM_TB);
-            else if (gr == GEMM_RB)
-                gemm_pass(c, K, d, o, nb, x, out, GEMM_RB, 1);
-            else if (gt == GEMM_TB)
-                gemm_pass(c, K, d, o, nb, x, out, 1, GEMM_TB);
-            else
-                gemm_pass(c, K, d, o, nb, x, out, 1, 1);
-            /* the pass holds tokens in lanes; y is [token][row] */
+            gemm_pass_any(tile->codes + r * K, K, tile->dw + r * ns, tile->corr + r * ns,
+                          tile->mn ? tile->mn + r * nb : NULL, nb, x, out, gr, gt, kind);
             for (int t = 0; t < gt; t++)
                 for (int j = 0; j < 16 && (g + t) * 16 + j < n; j++) {
                     float *yt = y + (size_t)((g + t) * 16 + j) * ldy + r;
@@ -510,4 +752,16 @@ void kvp_vnni_gemm_tile(const struct kvp_gemm_tile *tile, const void *xg, int n,
         }
         g += gt;
     }
+}
+
+void kvp_vnni_gemm_tile(const struct kvp_gemm_tile *tile, const void *xg, int n, float *y,
+                        int ldy, bool accumulate)
+{
+    gemm_tile_run(tile, xg, n, y, ldy, accumulate, KIND_PLAIN);
+}
+
+void kvp_vnni_gemm_tile_k(const struct kvp_gemm_tile *tile, const void *xg, int n, float *y,
+                          int ldy, bool accumulate)
+{
+    gemm_tile_run(tile, xg, n, y, ldy, accumulate, tile->sub == 16 ? KIND_Q6K : KIND_Q4K);
 }
