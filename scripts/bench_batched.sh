@@ -11,7 +11,8 @@
 # Rows: for each type, thread count (THREADS) and prompt length (NPP), REPS alternating turns of
 # kvpred dense, kvpred with quest at 1/16 (QUEST=1; the sparse-KV case), and llama.cpp (its
 # default f16 KV, no flash attention, a unified cache of NPL_max x (npp + ntg) cells), each at
-# -npl NPL. Decode rows are aggregate tokens/s over NTG generated tokens per sequence.
+# -npl NPL. Where llama-batched-bench dies of SIGILL (a peer built for another CPU) llama-server
+# stands in for it (engine "llama-server"; scripts/llama_server_bench.py says how it measures). Decode rows are aggregate tokens/s over NTG generated tokens per sequence.
 #
 # Environment: KVP (default build/kvpred), LLAMA_BIN (../shared/peers/llama.cpp/bin), OUT (synth
 # files and raw outputs, default /tmp/kvp-bench-batched), RESULTS (the bench/ prefix, default
@@ -40,6 +41,17 @@ for tool in jq "$KVP" "$LLAMA_BIN/llama-batched-bench"; do
     command -v "$tool" >/dev/null || { echo "bench_batched: $tool not found" >&2; exit 1; }
 done
 mkdir -p "$OUT" "$(dirname "$RESULTS")"
+# The peer binaries are built for another CPU: where llama-batched-bench dies of SIGILL (exit
+# 132) the static llama-server stands in (scripts/llama_server_bench.py: -np N slots, N concurrent
+# requests; its rows say engine "llama-server", stands_in_for "llama-batched-bench").
+PEER=batched-bench
+probe="$OUT/smol-L30-Q8_0.gguf"
+[ -s "$probe" ] || "$KVP" synth --shape SmolLM2-135M --layers 30 --type Q8_0 -t 2 -o "$probe"
+set +e
+"$LLAMA_BIN/llama-batched-bench" -m "$probe" -c 64 -npp 8 -ntg 1 -npl 1 -t 1 >/dev/null 2>&1
+[ $? -eq 132 ] && PEER=server
+set -e
+[ "$PEER" = server ] && echo "bench_batched: llama-batched-bench dies of SIGILL here; llama-server stands in" >&2
 RES="$RESULTS.jsonl"
 COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 MACHINE="$(uname -n) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//') $(nproc) cores"
@@ -64,7 +76,14 @@ for ty in $TYPES; do
                         --policy quest --budget 1/16 --json |
                         jq -c --arg ty "$ty" '. + {type:$ty, kv:"quest 1/16"}' | tag kvpred
                 fi
-                # (a peer built for another CPU dies of SIGILL: the row is left out, said once)
+                if [ "$PEER" = server ]; then
+                    python3 scripts/llama_server_bench.py --server "$LLAMA_BIN/llama-server" \
+                        --model "$f" --threads "$t" --log "$OUT/llama-server.log" batched \
+                        --npp "$npp" --ntg "$NTG" --npl "$NPL" |
+                        jq -c --arg ty "$ty" '. + {type:$ty, kv:"dense"}' | tag llama-server ||
+                        echo "bench_batched: llama-server failed" >&2
+                    continue
+                fi
                 "$LLAMA_BIN/llama-batched-bench" -m "$f" -c $((npl_max * (npp + NTG) + 16)) \
                     -b 2048 -ub 512 -npp "$npp" -ntg "$NTG" -npl "$NPL" -t "$t" \
                     --output-format jsonl >"$OUT/llama.out" 2>/dev/null ||
