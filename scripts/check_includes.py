@@ -4,6 +4,8 @@
 1. No two source files include each other in a loop (the graph of quoted includes).
 2. A folder under src/ includes only folders below it in LAYERS (and itself); KNOWN_UPWARD would
    list an edge that still points the other way, with the reason (it is empty).
+3. A header named *_internal.h (a part's private structs, such as struct kvp_store and struct
+   kvp_ctx) is included only from its own folder; other parts use the folder's accessors.
 
 usage: check_includes.py [SOURCE_DIR]   (exit status 1 and one line per violation)
 """
@@ -61,6 +63,8 @@ def main():
                 continue  # include/kvpred.h and system headers
             edges.append(target)
             tf = target.split(os.sep)[0]
+            if tf != folder and os.path.basename(target).endswith("_internal.h"):
+                errors.append(f"{rel}: includes {target}, private to src/{tf}")
             if tf == folder or (folder, tf) in KNOWN_UPWARD:
                 continue
             if folder not in LAYERS or tf not in LAYERS:

@@ -1,7 +1,7 @@
 #!/bin/bash
 # ctest test_include_layers: the source tree keeps docs/architecture.md's include rules
 # (scripts/check_includes.py), and the check fails on a planted include loop and on a planted
-# upward include, so it can fail.
+# upward include and on a planted include of another folder's private header, so it can fail.
 set -u
 src=$1
 py=${2:-python3}
@@ -26,5 +26,7 @@ loop() {
     printf '#include "core/err.h"\n' >>"$tmp/t/src/core/rng.h"
 }
 upward() { printf '#include "forward/context.h"\n' >>"$tmp/t/src/kv/kvcache.h"; }
+private() { printf '#include "store/store_internal.h"\n' >>"$tmp/t/src/eval/measure.c"; }
 plant "include loop" loop
 plant "is not below" upward
+plant "private to src/store" private

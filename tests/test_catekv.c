@@ -574,16 +574,16 @@ static void run_logged(kvp_model *m, const struct kvp_policy_params *pp, int bs,
         assert_int_equal(
             kvp_eval(c, ids + n_prompt + i, 1, o->logits + (size_t)i * NV, false, &err), 0);
         int Lk = n_prompt + i + 1;
+        const struct kvp_kvcache *kv = kvp_ctx_kvcache(c);
         for (int lh = 0; lh < NL * NKV; lh++) {
-            const struct kvp_sel *sel = &c->pol.sel[lh];
+            const struct kvp_sel *sel = &kvp_ctx_policy_host(c)->sel[lh];
             uint8_t *bits = lg->prompt + ((size_t)i * NL * NKV + lh) * n_prompt;
             int *count = &lg->count[i * NL * NKV + lh];
             for (int b = 0; b < sel->n; b++)
                 for (int t = 0; t < bs; t++) {
                     int tok = sel->blocks[b] * bs + t;
                     if (!((sel->mask[b] >> t) & 1) || tok >= Lk ||
-                        ((kvp_kvcache_evicted(&c->kv, lh / NKV, lh % NKV, sel->blocks[b]) >> t) &
-                         1))
+                        ((kvp_kvcache_evicted(kv, lh / NKV, lh % NKV, sel->blocks[b]) >> t) & 1))
                         continue;
                     ++*count;
                     if (tok < n_prompt)

@@ -39,7 +39,7 @@ static float *eval_all_kv(kvp_model *m, const int32_t *ids, int n, int threads, 
         assert_int_equal(kvp_eval(c, ids, n, lg, true, &err), 0);
     }
     if (kv_out) {
-        const struct kvp_kvcache *kv = &c->kv;
+        const struct kvp_kvcache *kv = kvp_ctx_kvcache(c);
         int hd = kv->head_dim, kvd = kv->n_head_kv * hd, bs = kv->block_size;
         double *o = malloc((size_t)kv->n_layer * 2 * n * kvd * sizeof(double));
         assert_non_null(o);

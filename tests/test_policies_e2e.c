@@ -87,11 +87,13 @@ static void fixture_close(kvp_model *m, char *path)
 /* Tokens a selection of the context reads: selected, before n, not evicted. */
 static int sel_tokens(const struct kvp_ctx *c, int l, int h, int n)
 {
-    const struct kvp_sel *sel = &c->pol.sel[(size_t)l * c->hp.n_head_kv + h];
-    int bs = c->kv.block_size, cnt = 0;
+    const struct kvp_kvcache *kv = kvp_ctx_kvcache_const(c);
+    const size_t lh = (size_t)l * kvp_ctx_hparams(c)->n_head_kv + h;
+    const struct kvp_sel *sel = &kvp_ctx_policy_host_const(c)->sel[lh];
+    int bs = kv->block_size, cnt = 0;
     for (int i = 0; i < sel->n; i++) {
         int b = sel->blocks[i];
-        uint64_t m = sel->mask[i] & ~kvp_kvcache_evicted(&c->kv, l, h, b);
+        uint64_t m = sel->mask[i] & ~kvp_kvcache_evicted(kv, l, h, b);
         for (int t = 0; t < bs && b * bs + t < n; t++)
             cnt += (int)((m >> t) & 1);
     }
@@ -149,7 +151,7 @@ static struct result run(kvp_model *m, const struct kvp_policy_params *pp, bool 
         if (!pp)
             continue;
         int n = n_prompt + i + 1, extra = is_prompt_policy(pp->name) ? i + 1 : 0;
-        for (int l = c->pol.dense_layers; l < mi.n_layer; l++)
+        for (int l = kvp_ctx_policy_host(c)->dense_layers; l < mi.n_layer; l++)
             for (int h = 0; h < mi.n_head_kv; h++) {
                 int cnt = sel_tokens(c, l, h, n) - extra;
                 r.sel_min = cnt < r.sel_min ? cnt : r.sel_min;
@@ -328,7 +330,7 @@ static void check_compaction(kvp_model *m, const int32_t *prompt, int n_prompt, 
                 if (kvp_ctx_set_policy(c[k], &pp, &err) != 0)
                     fail_msg("%s", err.msg);
             }
-            c[1]->kv.compact = false;
+            kvp_ctx_kvcache(c[1])->compact = false;
             size_t off_bytes = 0;
             double dmax = 0;
             for (int i = 0; i <= n_gen; i++) {
@@ -356,20 +358,21 @@ static void check_compaction(kvp_model *m, const int32_t *prompt, int n_prompt, 
                 if (a0 != a1 || dmax > 1e-4)
                     fail_msg("%s %s at %d, step %d: compaction changes the generation (token %d vs "
                              "%d, logits by %.3g)", label, names[pi], B, i, a0, a1, dmax);
-                size_t res_m, res_c, pool = kvp_kvcache_pool_bytes(&c[0]->kv);
+                size_t res_m, res_c, pool = kvp_kvcache_pool_bytes(kvp_ctx_kvcache(c[0]));
                 kvp_ctx_kv_bytes(c[2], &res_m, NULL);
                 kvp_ctx_kv_bytes(c[0], &res_c, NULL);
                 if (res_m != pool || res_c != pool)
                     fail_msg("%s %s at %d, step %d: measured %zu, accounted %zu, pool holds %zu",
                              label, names[pi], B, i, res_m, res_c, pool);
-                off_bytes = kvp_kvcache_pool_bytes(&c[1]->kv);
+                off_bytes = kvp_kvcache_pool_bytes(kvp_ctx_kvcache(c[1]));
             }
-            const struct kvp_kvcache *kv = &c[0]->kv;
+            const struct kvp_kvcache *kv = kvp_ctx_kvcache(c[0]);
             size_t blk = kvp_kvcache_block_bytes(kv), n = (size_t)n_prompt + n_gen;
             size_t per_head = (size_t)(B + kv->block_size - 1) / kv->block_size + 2;
+            const int dense = kvp_ctx_policy_host(c[0])->dense_layers;
             size_t bound = blk * mi.n_head_kv *
-                           (c[0]->pol.dense_layers * ((n + kv->block_size - 1) / kv->block_size) +
-                            (mi.n_layer - c[0]->pol.dense_layers) * per_head);
+                           (dense * ((n + kv->block_size - 1) / kv->block_size) +
+                            (mi.n_layer - dense) * per_head);
             size_t pool = kvp_kvcache_pool_bytes(kv);
             print_message("%s %-9s B=%-3d resident %7zu bytes compacted, %7zu without (%.2g)\n",
                           label, pi == 4 ? "catekv-fr" : names[pi], B, pool, off_bytes, dmax);

@@ -754,7 +754,7 @@ static struct run_out run(kvp_model *m, const struct kvp_policy_params *pp, int 
             if (!pp || l < 2)
                 continue;
             for (int kvh = 0; kvh < 2; kvh++) { /* what the step read */
-                const struct kvp_sel *sel = &c->pol.sel[l * 2 + kvh];
+                const struct kvp_sel *sel = &kvp_ctx_policy_host(c)->sel[l * 2 + kvh];
                 int count = 0;
                 bool seen[1024] = {false};
                 for (int b = 0; b < sel->n; b++)
@@ -1392,7 +1392,7 @@ static void test_qpredictor_predict_superset(void **state)
                                    .sink = 8, .local = 8, .dense_layers = 1,
                                    .opts = "margin=2,extra=1"};
     assert_int_equal(kvp_ctx_set_policy(c, &pp, &err), 0);
-    const int mb = c->kv.max_blocks, n_kv = c->hp.n_head_kv;
+    const int mb = kvp_ctx_kvcache(c)->max_blocks, n_kv = kvp_ctx_hparams(c)->n_head_kv;
     int32_t *blocks = calloc((size_t)mb, sizeof(int32_t));
     uint64_t *mask = calloc((size_t)mb, sizeof(uint64_t));
     struct kvp_sel pred = {.blocks = blocks, .mask = mask};
@@ -1404,10 +1404,12 @@ static void test_qpredictor_predict_superset(void **state)
     for (int i = 100; i < 200; i++) {
         assert_int_equal(kvp_eval(c, ids + i, 1, NULL, false, &err), 0);
         const int nt = kvp_ctx_n_tokens(c);
-        for (int l = c->hp.n_layer - 1; l >= 1; l--) /* the last layer first: its ranking is kept */
+        const struct kvp_policy_host *pol = kvp_ctx_policy_host(c);
+        /* the last layer first: its ranking is kept */
+        for (int l = kvp_ctx_hparams(c)->n_layer - 1; l >= 1; l--)
             for (int h = 0; h < n_kv; h++) {
-                const struct kvp_sel *sel = &c->pol.sel[(size_t)l * n_kv + h];
-                c->pol.p->ops->predict_next(c->pol.p, l, h, nt, &pred);
+                const struct kvp_sel *sel = &pol->sel[(size_t)l * n_kv + h];
+                pol->p->ops->predict_next(pol->p, l, h, nt, &pred);
                 int j = 0;
                 for (int b = 0; b < sel->n; b++) {
                     while (j < pred.n && pred.blocks[j] < sel->blocks[b])

@@ -162,7 +162,7 @@ static float *run_sequence(const struct run_cfg *rc, struct kvp_store_stats *sta
         print_message("ctx: %s\n", err.msg);
     assert_int_equal(rc0, 0);
     if (rc->sq_bypass)
-        kvp_store_force_sq_bypass(c->store, rc->sq_bypass);
+        kvp_store_force_sq_bypass(kvp_ctx_store(c), rc->sq_bypass);
     if (rc->quest_opts) {
         struct kvp_policy_params pp = {.name = "quest", .budget = 64, .dense_layers = 1,
                                        .opts = rc->quest_opts};
@@ -211,6 +211,14 @@ struct bare {
     struct kvp_kvcache kv;
     struct kvp_store *s;
 };
+
+/* The store's counters now (a copy). */
+static struct kvp_store_stats stats_of(const struct kvp_store *s)
+{
+    struct kvp_store_stats st;
+    kvp_store_get_stats(s, &st);
+    return st;
+}
 
 static void bare_init(struct bare *b, int tier, const char *dir, int hd, int hot_blocks)
 {
@@ -312,11 +320,12 @@ static void check_bookkeeping(int tier, const char *dir)
 {
     struct bare b;
     bare_init(&b, tier, dir, 16, 4); /* 4 slots per layer, unit = 2 heads x 2 KiB */
-    assert_int_equal(b.s->unit_bytes, 4096);
-    assert_int_equal(b.s->ppu, 2);
+    struct kvp_store_layout lay;
+    kvp_store_get_layout(b.s, &lay);
+    assert_int_equal(lay.unit_bytes, 4096);
+    assert_int_equal(lay.ppu, 2);
     bare_prefill(&b, 100); /* blocks 0..6, block 6 partial */
-    struct kvp_store_stats *st = &b.s->st;
-    memset(st, 0, sizeof(*st));
+    kvp_store_reset_stats(b.s);
     /* after prefill only the newest block is hot */
     assert_non_null(kvp_kvcache_kblock(&b.kv, 0, 0, 6));
     assert_null(kvp_kvcache_kblock(&b.kv, 0, 0, 0));
@@ -325,19 +334,19 @@ static void check_bookkeeping(int tier, const char *dir)
     struct two_sels t;
     int a[] = {0, 1}, c[] = {1, 2};
     kvp_store_acquire(b.s, 0, sels_of(&t, a, 2, c, 2), 101);
-    assert_int_equal(st->misses, 3); /* 0, 1, 2; the newest 6 is a hit */
-    assert_int_equal(st->hits, 1);
+    assert_int_equal(stats_of(b.s).misses, 3); /* 0, 1, 2; the newest 6 is a hit */
+    assert_int_equal(stats_of(b.s).hits, 1);
     for (int blk = 0; blk < 3; blk++)
         assert_true(block_ok(&b, 0, blk, 100));
     kvp_store_acquire(b.s, 0, sels_of(&t, a, 2, c, 2), 101);
-    assert_int_equal(st->misses, 3);
-    assert_int_equal(st->hits, 5);
+    assert_int_equal(stats_of(b.s).misses, 3);
+    assert_int_equal(stats_of(b.s).hits, 5);
     /* touch 0 and 2 so that 1 is the least recently used, then need 3: 1 goes */
     int a2[] = {0}, c2[] = {2};
     kvp_store_acquire(b.s, 0, sels_of(&t, a2, 1, c2, 1), 101);
     int a3[] = {3};
     kvp_store_acquire(b.s, 0, sels_of(&t, a3, 1, a3, 1), 101);
-    assert_int_equal(st->misses, 4);
+    assert_int_equal(stats_of(b.s).misses, 4);
     assert_null(kvp_kvcache_kblock(&b.kv, 0, 1, 1));
     assert_true(block_ok(&b, 0, 0, 100) && block_ok(&b, 0, 2, 100) && block_ok(&b, 0, 3, 100));
     assert_true(block_ok(&b, 0, 6, 100));
@@ -347,25 +356,25 @@ static void check_bookkeeping(int tier, const char *dir)
     /* prefetch, then the acquire of the same blocks hits */
     int p[] = {4, 5};
     kvp_store_prefetch(b.s, 1, sels_of(&t, p, 2, p, 2), 101);
-    assert_int_equal(st->prefetched, 2);
-    uint64_t miss0 = st->misses, hit0 = st->hits;
+    assert_int_equal(stats_of(b.s).prefetched, 2);
+    uint64_t miss0 = stats_of(b.s).misses, hit0 = stats_of(b.s).hits;
     kvp_store_acquire(b.s, 1, sels_of(&t, p, 2, p, 2), 101);
-    assert_int_equal(st->misses, miss0);
-    assert_int_equal(st->hits, hit0 + 3); /* 4, 5 and the newest */
+    assert_int_equal(stats_of(b.s).misses, miss0);
+    assert_int_equal(stats_of(b.s).hits, hit0 + 3); /* 4, 5 and the newest */
     assert_true(block_ok(&b, 1, 4, 100) && block_ok(&b, 1, 5, 100));
 
     /* more than the hot tier holds: the excess goes through the staging area, still correct */
     int big[] = {0, 1, 2, 3, 4, 5};
     kvp_store_acquire(b.s, 0, sels_of(&t, big, 6, big, 6), 101);
-    assert_true(st->overflow > 0);
+    assert_true(stats_of(b.s).overflow > 0);
     for (int blk = 0; blk < 7; blk++)
         assert_true(block_ok(&b, 0, blk, 100));
     kvp_store_step_end(b.s);
-    assert_int_equal(st->steps, 1);
-    assert_int_equal(st->writes, 0); /* the newest block is not full: nothing written */
+    assert_int_equal(stats_of(b.s).steps, 1);
+    assert_int_equal(stats_of(b.s).writes, 0); /* the newest block is not full: nothing written */
     if (tier == KVP_TIER_DISK) {
-        assert_int_equal(st->misaligned, 0);
-        assert_true(st->reads > 0);
+        assert_int_equal(stats_of(b.s).misaligned, 0);
+        assert_true(stats_of(b.s).reads > 0);
     }
     assert_int_equal(kvp_store_take_error(b.s, NULL), 0);
     bare_free(&b);
@@ -402,23 +411,23 @@ static void check_write_on_full(int tier, const char *dir)
     struct bare b;
     bare_init(&b, tier, dir, 16, 4);
     bare_prefill(&b, 100);
-    struct kvp_store_stats *st = &b.s->st;
-    memset(st, 0, sizeof(*st));
+    kvp_store_reset_stats(b.s);
     for (int pos = 100; pos < 111; pos++)
         bare_decode(&b, pos, NULL, 0);
-    assert_int_equal(st->writes, 0);
+    assert_int_equal(stats_of(b.s).writes, 0);
     bare_decode(&b, 111, NULL, 0); /* fills block 6 */
-    assert_int_equal(st->writes, 2);  /* one unit per layer */
+    assert_int_equal(stats_of(b.s).writes, 2);  /* one unit per layer */
     int evict[] = {0, 1, 2, 7};
     bare_decode(&b, 112, evict, 4);
     assert_null(kvp_kvcache_kblock(&b.kv, 0, 0, 6));
-    uint64_t miss0 = st->misses;
+    uint64_t miss0 = stats_of(b.s).misses;
     int again[] = {6, 7};
     bare_decode(&b, 113, again, 2);
-    assert_int_equal(st->misses, miss0 + 2); /* block 6 of both layers, from the cold tier */
+    /* block 6 of both layers, from the cold tier */
+    assert_int_equal(stats_of(b.s).misses, miss0 + 2);
     for (int l = 0; l < 2; l++)
         assert_true(block_ok(&b, l, 6, 112));
-    assert_int_equal(st->writes, 2);
+    assert_int_equal(stats_of(b.s).writes, 2);
     assert_int_equal(kvp_store_take_error(b.s, NULL), 0);
     bare_free(&b);
 }
@@ -458,24 +467,23 @@ static void check_acquire_head(int tier, const char *dir)
     struct bare b;
     bare_init(&b, tier, dir, 16, 4);
     bare_prefill(&b, 100);
-    struct kvp_store_stats *st = &b.s->st;
-    memset(st, 0, sizeof(*st));
+    kvp_store_reset_stats(b.s);
     kvp_store_step_begin(b.s, 100);
     struct two_sels t;
     int a[] = {0, 1}, c[] = {1, 2};
     struct kvp_sel *sels = sels_of(&t, a, 2, c, 2);
     kvp_store_acquire_head(b.s, 0, &sels[0], 101);
-    assert_int_equal(st->misses, tier == KVP_TIER_DISK ? 2 : 0);
+    assert_int_equal(stats_of(b.s).misses, tier == KVP_TIER_DISK ? 2 : 0);
     assert_null(kvp_kvcache_kblock(&b.kv, 0, 0, 0)); /* hidden until acquire_begin */
     assert_null(kvp_kvcache_kblock(&b.kv, 0, 0, 1));
     kvp_store_acquire(b.s, 0, sels, 101);
-    assert_int_equal(st->misses, 3); /* 0, 1, 2, each once */
-    assert_int_equal(st->hits, 1);   /* the newest block */
-    assert_int_equal(st->late, 0);
+    assert_int_equal(stats_of(b.s).misses, 3); /* 0, 1, 2, each once */
+    assert_int_equal(stats_of(b.s).hits, 1);   /* the newest block */
+    assert_int_equal(stats_of(b.s).late, 0);
     for (int blk = 0; blk < 3; blk++)
         assert_true(block_ok(&b, 0, blk, 100));
-    for (int blk = 0; blk < b.s->max_blocks; blk++)
-        assert_int_equal(b.s->pending[blk], 0);
+    for (int blk = 0; blk < b.kv.max_blocks; blk++)
+        assert_int_equal(kvp_store_pending(b.s)[blk], 0);
     kvp_store_step_end(b.s);
     bare_free(&b);
 }
@@ -565,14 +573,14 @@ static void test_sq_cpu(void **state)
     assert_int_equal(dir_entries(d), 0);
     p.kv_sq_pin = false;
     assert_int_equal(kvp_store_init(&p, &kv, 2, 2, 16, 16, kv.max_blocks, &s, &err), 0);
-    bool polls = s->st.sq_poll;
+    bool polls = stats_of(s).sq_poll;
     kvp_store_free(s);
     s = NULL;
     if (polls) {
         p.kv_sq_pin = true;
         p.kv_sq_cpu = 0;
         assert_int_equal(kvp_store_init(&p, &kv, 2, 2, 16, 16, kv.max_blocks, &s, &err), 0);
-        assert_true(s->st.sq_poll);
+        assert_true(stats_of(s).sq_poll);
         kvp_store_free(s);
     } else {
         print_message("no polling threads on this kernel: CPU 0 not tried\n");
@@ -593,10 +601,12 @@ static void padding_and_alignment(int type)
     bare_type = type;
     bare_init(&b, KVP_TIER_DISK, d, 8, 3);
     bare_type = KVP_KV_F32;
-    assert_int_equal(b.s->ppu, 2);
-    assert_int_equal(b.s->unit_bytes, 4096);
+    struct kvp_store_layout lay;
+    kvp_store_get_layout(b.s, &lay);
+    assert_int_equal(lay.ppu, 2);
+    assert_int_equal(lay.unit_bytes, 4096);
     assert_int_equal(b.kv.k_bytes, type == KVP_KV_F32 ? 512 : 192);
-    assert_int_equal((uintptr_t)b.s->hot % 4096, 0);
+    assert_int_equal((uintptr_t)lay.hot % 4096, 0);
     /* file holding no name */
     assert_int_equal(dir_entries(d), 0);
     bare_prefill(&b, 70);
@@ -606,8 +616,8 @@ static void padding_and_alignment(int type)
     kvp_store_acquire(b.s, 0, sels_of(&t, a, 2, c, 1), 71);
     assert_true(block_ok(&b, 0, 0, 70) && block_ok(&b, 0, 1, 70) && block_ok(&b, 0, 2, 70));
     kvp_store_step_end(b.s);
-    assert_int_equal(b.s->st.misaligned, 0);
-    assert_true(b.s->st.reads > 0);
+    assert_int_equal(stats_of(b.s).misaligned, 0);
+    assert_true(stats_of(b.s).reads > 0);
     bare_free(&b);
     rmdir(d);
     free(d);
@@ -958,8 +968,8 @@ static void test_quest_predict_superset(void **state)
     struct kvp_policy_params pp = {.name = "quest", .budget = 64, .dense_layers = 1,
                                    .opts = "margin=3"};
     assert_int_equal(kvp_ctx_set_policy(c, &pp, &err), 0);
-    assert_int_equal(c->pol.p->prefetch_margin, 3);
-    int mb = c->kv.max_blocks, n_kv = c->hp.n_head_kv;
+    assert_int_equal(kvp_ctx_policy_host(c)->p->prefetch_margin, 3);
+    int mb = kvp_ctx_kvcache(c)->max_blocks, n_kv = kvp_ctx_hparams(c)->n_head_kv;
     int32_t *blocks = calloc((size_t)mb, sizeof(int32_t));
     uint64_t *mask = calloc((size_t)mb, sizeof(uint64_t));
     struct kvp_sel pred = {.blocks = blocks, .mask = mask};
@@ -971,10 +981,11 @@ static void test_quest_predict_superset(void **state)
     for (int i = 120; i < 200; i++) {
         assert_int_equal(kvp_eval(c, ids + i, 1, NULL, false, &err), 0);
         int n = kvp_ctx_n_tokens(c);
-        for (int l = 1; l < c->hp.n_layer; l++)
+        const struct kvp_policy_host *pol = kvp_ctx_policy_host(c);
+        for (int l = 1; l < kvp_ctx_hparams(c)->n_layer; l++)
             for (int h = 0; h < n_kv; h++) {
-                const struct kvp_sel *sel = &c->pol.sel[(size_t)l * n_kv + h];
-                c->pol.p->ops->predict_next(c->pol.p, l, h, n, &pred);
+                const struct kvp_sel *sel = &pol->sel[(size_t)l * n_kv + h];
+                pol->p->ops->predict_next(pol->p, l, h, n, &pred);
                 int j = 0;
                 for (int k = 0; k < sel->n; k++) {
                     while (j < pred.n && pred.blocks[j] < sel->blocks[k])
@@ -1012,7 +1023,7 @@ static void test_quest_shared_ranking(void **state)
     struct kvp_policy_params pp0 = {.name = "quest", .budget_ratio = 0.25, .dense_layers = 1,
                                     .opts = opts[0]};
     assert_int_equal(kvp_ctx_set_policy(c[0], &pp0, &err), 0);
-    int mb = c[0]->kv.max_blocks, n_kv = c[0]->hp.n_head_kv;
+    int mb = kvp_ctx_kvcache(c[0])->max_blocks, n_kv = kvp_ctx_hparams(c[0])->n_head_kv;
     int32_t *blocks = calloc((size_t)4 * mb, sizeof(int32_t));
     uint64_t *mask = calloc((size_t)4 * mb, sizeof(uint64_t));
     struct kvp_sel pred[2][2];
@@ -1030,13 +1041,14 @@ static void test_quest_shared_ranking(void **state)
         for (int i = 0; i < 2; i++)
             assert_int_equal(kvp_eval(c[i], ids + t, 1, NULL, false, &err), 0);
         int n = kvp_ctx_n_tokens(c[0]);
-        for (int l = 1; l < c[0]->hp.n_layer; l++)
+        for (int l = 1; l < kvp_ctx_hparams(c[0])->n_layer; l++)
             for (int h = 0; h < n_kv; h++) {
                 /* token mode: the next step; layer mode: the step after it (no select between) */
                 for (int w = 0; w < 2; w++)
-                    for (int i = 0; i < 2; i++)
-                        c[i]->pol.p->ops->predict_next(c[i]->pol.p, l, h, n + 1 + w,
-                                                        &pred[i][w]);
+                    for (int i = 0; i < 2; i++) {
+                        struct kvp_policy *p = kvp_ctx_policy_host(c[i])->p;
+                        p->ops->predict_next(p, l, h, n + 1 + w, &pred[i][w]);
+                    }
                 for (int w = 0; w < 2; w++) {
                     assert_int_equal(pred[0][w].n, pred[1][w].n);
                     assert_memory_equal(pred[0][w].blocks, pred[1][w].blocks,
@@ -1047,7 +1059,7 @@ static void test_quest_shared_ranking(void **state)
                 }
             }
     }
-    assert_int_equal(compared, (250 - 64) * (c[0]->hp.n_layer - 1) * n_kv * 2);
+    assert_int_equal(compared, (250 - 64) * (kvp_ctx_hparams(c[0])->n_layer - 1) * n_kv * 2);
     free(blocks);
     free(mask);
     for (int i = 0; i < 2; i++)
@@ -1158,13 +1170,13 @@ static void check_fault(int kind, const char *word)
         ids[i] = (i * 5 + 1) % VOCAB;
     float lg[VOCAB];
     assert_int_equal(kvp_eval(c, ids, 150, NULL, false, &err), 0);
-    kvp_store_inject_fault(c->store, kind, 1);
+    kvp_store_inject_fault(kvp_ctx_store(c), kind, 1);
     for (int i = 0; i < 10; i++)
         assert_int_equal(kvp_eval(c, ids + 150 + i, 1, lg, false, &err), 0);
     struct kvp_store_stats st;
     kvp_ctx_store_stats(c, &st);
     assert_int_equal(st.retries, 1);
-    kvp_store_inject_faults(c->store, kind, 1, -1);
+    kvp_store_inject_faults(kvp_ctx_store(c), kind, 1, -1);
     int rc = 0;
     for (int i = 0; i < 10 && rc == 0; i++)
         rc = kvp_eval(c, ids + 160 + i, 1, lg, false, &err);
@@ -1172,7 +1184,7 @@ static void check_fault(int kind, const char *word)
     assert_int_equal(rc, KVP_EKVLOST);
     assert_non_null(strstr(err.msg, word));
     assert_int_equal(kvp_eval(c, ids + 170, 1, lg, false, &err), KVP_EKVLOST);
-    kvp_store_inject_faults(c->store, KVP_FAULT_NONE, 0, 0);
+    kvp_store_inject_faults(kvp_ctx_store(c), KVP_FAULT_NONE, 0, 0);
     int t = kvp_ctx_trusted_tokens(c);
     assert_true(t < kvp_ctx_n_tokens(c));
     kvp_ctx_truncate(c, t);

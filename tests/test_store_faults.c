@@ -245,7 +245,7 @@ static void injected(int kind, const char *word)
                 /* once: the request goes again and the decode never notices */
                 kvp_ctx *c = new_ctx(&f);
                 assert_int_equal(kvp_eval(c, ids, N_PROMPT, NULL, false, &err), 0);
-                kvp_store_inject_fault(c->store, kind, after);
+                kvp_store_inject_fault(kvp_ctx_store(c), kind, after);
                 int first_fail;
                 assert_int_equal(decode_checked(c, ref, &first_fail, &err), 0);
                 struct kvp_store_stats st;
@@ -256,7 +256,7 @@ static void injected(int kind, const char *word)
                 /* for good: every request from then on fails */
                 c = new_ctx(&f);
                 assert_int_equal(kvp_eval(c, ids, N_PROMPT, NULL, false, &err), 0);
-                kvp_store_inject_faults(c->store, kind, after, -1);
+                kvp_store_inject_faults(kvp_ctx_store(c), kind, after, -1);
                 print_message("tier %d mode %d after %d:\n", tier, modes[m], after);
                 assert_true(decode_checked(c, ref, &first_fail, &err) > 1);
                 assert_int_equal(kvp_eval(c, ids + 3, 1, NULL, false, &err), KVP_EKVLOST);
@@ -265,7 +265,7 @@ static void injected(int kind, const char *word)
                 kvp_ctx_store_stats(c, &st);
                 assert_true(st.lost_units > 0 && st.retries >= 2);
                 /* the fault has passed: truncated to what is trusted, it decodes on */
-                kvp_store_inject_faults(c->store, KVP_FAULT_NONE, 0, 0);
+                kvp_store_inject_faults(kvp_ctx_store(c), KVP_FAULT_NONE, 0, 0);
                 recover(c, true);
                 kvp_ctx_free(c);
             }
@@ -299,24 +299,24 @@ static void test_failed_write(void **state)
     kvp_ctx *c = new_ctx(&f);
     struct kvp_err err = {0};
     assert_int_equal(kvp_eval(c, ids, N_PROMPT, NULL, false, &err), 0);
-    kvp_store_inject_faults(c->store, KVP_FAULT_WRITE_EIO, 1, -1);
+    kvp_store_inject_faults(kvp_ctx_store(c), KVP_FAULT_WRITE_EIO, 1, -1);
     int first_fail;
     assert_true(decode_checked(c, ref, &first_fail, &err) > 0);
     /* the write-through of block 9 (tokens 144..159) is the first write: it starts at the end
      * of token 159's step and is collected then or at the next step */
     assert_true(first_fail == 159 || first_fail == 160);
     assert_int_equal(kvp_ctx_trusted_tokens(c), 144);
-    kvp_store_inject_faults(c->store, KVP_FAULT_NONE, 0, 0);
+    kvp_store_inject_faults(kvp_ctx_store(c), KVP_FAULT_NONE, 0, 0);
     recover(c, true);
     kvp_ctx_free(c);
     /* the same in the prompt: its writes fail, the prompt fails, nothing is read back */
     c = new_ctx(&f);
-    kvp_store_inject_faults(c->store, KVP_FAULT_WRITE_EIO, 1, -1);
+    kvp_store_inject_faults(kvp_ctx_store(c), KVP_FAULT_WRITE_EIO, 1, -1);
     assert_int_equal(kvp_eval(c, ids, N_PROMPT, NULL, false, &err), KVP_EKVLOST);
     print_message("prompt: %s\n", err.msg);
     assert_non_null(strstr(err.msg, "write of layer"));
     assert_int_equal(kvp_ctx_trusted_tokens(c), 0);
-    kvp_store_inject_faults(c->store, KVP_FAULT_NONE, 0, 0);
+    kvp_store_inject_faults(kvp_ctx_store(c), KVP_FAULT_NONE, 0, 0);
     recover(c, true);
     kvp_ctx_free(c);
     free(ref);
@@ -365,7 +365,7 @@ static void test_bit_flip_on_disk(void **state)
     struct kvp_store_stats st;
     kvp_ctx_store_stats(c, &st);
     int fd = scratch_file(d);
-    off_t off = (off_t)((size_t)2 * c->kv.max_blocks + 3) * st.unit_bytes;
+    off_t off = (off_t)((size_t)2 * kvp_ctx_kvcache(c)->max_blocks + 3) * st.unit_bytes;
     uint8_t *page = kvp_alloc_huge(4096, 4096);
     assert_int_equal(pread(fd, page, 4096, off), 4096);
     page[1000] ^= 0x10;
@@ -379,7 +379,8 @@ static void test_bit_flip_on_disk(void **state)
     recover(c, false);
     /* cut short: every unit from layer 1 on is gone (the file ends before them); the short
      * reads are caught as short, not as data */
-    assert_int_equal(ftruncate(fd, (off_t)((size_t)c->kv.max_blocks * st.unit_bytes)), 0);
+    const size_t layer_bytes = (size_t)kvp_ctx_kvcache(c)->max_blocks * st.unit_bytes;
+    assert_int_equal(ftruncate(fd, (off_t)layer_bytes), 0);
     kvp_ctx_truncate(c, N_PROMPT);
     assert_true(decode_checked(c, ref, &first_fail, &err) > 0);
     assert_int_equal(first_fail, N_PROMPT);
@@ -410,7 +411,7 @@ static void check_pread(const char *dir, const float *ref)
     kvp_ctx_store_stats(c, &st);
     assert_int_equal(st.disk_io, KVP_DISK_IO_PREAD);
     assert_int_equal(kvp_eval(c, ids, N_PROMPT, NULL, false, &err), 0);
-    kvp_store_inject_fault(c->store, KVP_FAULT_EIO, 3);
+    kvp_store_inject_fault(kvp_ctx_store(c), KVP_FAULT_EIO, 3);
     int first_fail;
     assert_int_equal(decode_checked(c, ref, &first_fail, &err), 0);
     kvp_ctx_store_stats(c, &st);
@@ -455,7 +456,7 @@ static void test_pread_path(void **state)
     assert_int_equal(kvp_eval(c, ids, N_PROMPT, NULL, false, &err), 0);
     kvp_ctx_store_stats(c, &st);
     int fd = scratch_file(d);
-    off_t off = (off_t)((size_t)1 * c->kv.max_blocks + 5) * st.unit_bytes;
+    off_t off = (off_t)((size_t)1 * kvp_ctx_kvcache(c)->max_blocks + 5) * st.unit_bytes;
     uint8_t *page = kvp_alloc_huge(4096, 4096);
     assert_int_equal(pread(fd, page, 4096, off), 4096);
     page[77] ^= 0x01;

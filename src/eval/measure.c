@@ -121,12 +121,12 @@ int kvp_measure_init(const kvp_model *model, const int32_t *tokens, const struct
     if (rc < 0)
         goto fail;
     kvp_ctx_set_measure(ms->pol, true);
-    if (!ms->pol->measure) {
+    if (!kvp_ctx_measuring(ms->pol)) {
         rc = kvp_err_set(err, KVP_ENOMEM, "measure: out of memory for dense attention rows");
         goto fail;
     }
     const int n_ctx = kvp_ctx_n_ctx(ms->pol);
-    ms->max_blocks = ms->pol->kv.max_blocks;
+    ms->max_blocks = kvp_ctx_kvcache(ms->pol)->max_blocks;
     ms->n_lh = (size_t)info.n_layer * info.n_head_kv;
     ms->tokens = malloc((size_t)total * sizeof(int32_t));
     ms->ref_logits = malloc((size_t)mp->n_decode * info.n_vocab * sizeof(float));
@@ -159,11 +159,14 @@ fail:
 static void read_set(struct kvp_measure *ms, int l, int kvh, int n_keys)
 {
     const struct kvp_ctx *c = ms->pol;
-    const int bs = c->kv.block_size, nb = (n_keys + bs - 1) / bs;
-    const size_t lh = (size_t)l * c->hp.n_head_kv + kvh;
+    const struct kvp_hparams *hp = kvp_ctx_hparams(c);
+    const struct kvp_kvcache *kv = kvp_ctx_kvcache_const(c);
+    const struct kvp_policy_host *pol = kvp_ctx_policy_host_const(c);
+    const int bs = kv->block_size, nb = (n_keys + bs - 1) / bs;
+    const size_t lh = (size_t)l * hp->n_head_kv + kvh;
     uint64_t *r = ms->read + lh * ms->max_blocks;
     const uint64_t *ev = ms->ev_before + lh * ms->max_blocks;
-    const struct kvp_sel *sel = &c->pol.sel[lh];
+    const struct kvp_sel *sel = &pol->sel[lh];
     memset(r, 0, (size_t)nb * sizeof(uint64_t));
     for (int i = 0; i < sel->n; i++) {
         int b = sel->blocks[i];
@@ -179,8 +182,12 @@ static void read_set(struct kvp_measure *ms, int l, int kvh, int n_keys)
 static void measure_layer(struct kvp_measure *ms, struct acc *a, int l, int n_keys)
 {
     const struct kvp_ctx *c = ms->pol;
-    const int bs = c->kv.block_size, n_kvh = c->hp.n_head_kv, g = c->hp.n_head / n_kvh;
-    const struct kvp_policy *p = c->pol.p;
+    const struct kvp_hparams *hp = kvp_ctx_hparams(c);
+    const struct kvp_kvcache *kv = kvp_ctx_kvcache_const(c);
+    const struct kvp_policy_host *pol = kvp_ctx_policy_host_const(c);
+    const int stride = kvp_ctx_probs_stride(c);
+    const int bs = kv->block_size, n_kvh = hp->n_head_kv, g = hp->n_head / n_kvh;
+    const struct kvp_policy *p = pol->p;
     const int budget = kvp_policy_budget(p, n_keys);
     for (int kvh = 0; kvh < n_kvh; kvh++) {
         read_set(ms, l, kvh, n_keys);
@@ -188,21 +195,21 @@ static void measure_layer(struct kvp_measure *ms, struct acc *a, int l, int n_ke
         int n_read = kvp_metric_set_size(r, n_keys, bs);
         a->read += (double)n_read / n_keys;
         a->read_n += n_read;
-        a->kept += (double)kvp_kvcache_kept(&c->kv, l, kvh, n_keys) / n_keys;
+        a->kept += (double)kvp_kvcache_kept(kv, l, kvh, n_keys) / n_keys;
         a->budget += budget < n_keys ? budget : n_keys;
         a->n_kvh += 1;
         const float *rows = kvp_ctx_dense_probs(c, l, kvh * g, NULL);
         /* oracles rank by the group's summed attention (the ranking of the mean) */
-        kvp_gqa_combine(rows, g, c->probs_stride, n_keys, KVP_AGG_SUM, ms->gsum);
+        kvp_gqa_combine(rows, g, stride, n_keys, KVP_AGG_SUM, ms->gsum);
         double ob[64], ot[64];
         kvp_oracle_block(p, ms->gsum, n_keys, ms->omask, ms->oscratch);
         for (int j = 0; j < g; j++)
-            ob[j] = kvp_metric_recovery(rows + (size_t)j * c->probs_stride, n_keys, ms->omask, bs);
+            ob[j] = kvp_metric_recovery(rows + (size_t)j * stride, n_keys, ms->omask, bs);
         kvp_oracle_token(p, ms->gsum, n_keys, ms->omask, ms->oscratch);
         for (int j = 0; j < g; j++)
-            ot[j] = kvp_metric_recovery(rows + (size_t)j * c->probs_stride, n_keys, ms->omask, bs);
+            ot[j] = kvp_metric_recovery(rows + (size_t)j * stride, n_keys, ms->omask, bs);
         for (int j = 0; j < g; j++) {
-            const float *row = rows + (size_t)j * c->probs_stride;
+            const float *row = rows + (size_t)j * stride;
             double rec = kvp_ctx_recovery(c, l, kvh * g + j);
             a->rec += rec;
             a->ob += ob[j];
@@ -220,8 +227,11 @@ static void measure_layer(struct kvp_measure *ms, struct acc *a, int l, int n_ke
 static int run_step(struct kvp_measure *ms, struct acc *a, int i, struct kvp_err *err)
 {
     struct kvp_ctx *c = ms->pol;
+    const struct kvp_hparams *hp = kvp_ctx_hparams(c);
+    const struct kvp_kvcache *kv = kvp_ctx_kvcache_const(c);
+    const struct kvp_policy_host *pol = kvp_ctx_policy_host_const(c);
     const int n = ms->n_prefill, v = ms->n_vocab;
-    memcpy(ms->ev_before, c->kv.evicted, ms->n_lh * ms->max_blocks * sizeof(uint64_t));
+    memcpy(ms->ev_before, kv->evicted, ms->n_lh * ms->max_blocks * sizeof(uint64_t));
     int rc = kvp_eval(c, ms->tokens + n + i, 1, ms->logits, false, err);
     if (rc < 0)
         return rc;
@@ -232,7 +242,7 @@ static int run_step(struct kvp_measure *ms, struct acc *a, int i, struct kvp_err
     a->top1 += kvp_metric_argmax(ref, v) == kvp_metric_argmax(ms->logits, v);
     a->nll += kvp_metric_nll(ms->logits, v, ms->tokens[n + i + 1]);
     const int n_keys = kvp_ctx_n_tokens(c);
-    for (int l = c->pol.dense_layers; l < c->hp.n_layer; l++)
+    for (int l = pol->dense_layers; l < hp->n_layer; l++)
         measure_layer(ms, a, l, n_keys);
     return 0;
 }
@@ -241,12 +251,15 @@ static void fill_result(const struct kvp_measure *ms, const struct acc *a,
                         struct kvp_measure_result *res)
 {
     const struct kvp_ctx *c = ms->pol;
+    const struct kvp_hparams *hp = kvp_ctx_hparams(c);
+    const struct kvp_kvcache *kv = kvp_ctx_kvcache_const(c);
+    const struct kvp_policy_host *pol = kvp_ctx_policy_host_const(c);
     const double steps = ms->n_decode;
     const double nq = a->n_qh > 0 ? a->n_qh : 1, nk = a->n_kvh > 0 ? a->n_kvh : 1;
-    res->p = c->pol.p->p;
-    res->p.name = c->pol.p->ops->name;
-    res->block_size = c->kv.block_size;
-    res->n_layer = c->hp.n_layer;
+    res->p = pol->p->p;
+    res->p.name = pol->p->ops->name;
+    res->block_size = kv->block_size;
+    res->n_layer = hp->n_layer;
     res->n_steps = ms->n_decode;
     /* no compressed layer (dense_layers = n_layer): everything is read, recovery is 1 */
     res->recovery = a->n_qh > 0 ? a->rec / nq : 1.0;
@@ -265,7 +278,7 @@ static void fill_result(const struct kvp_measure *ms, const struct acc *a,
     kvp_ctx_kv_bytes(c, &res->kv_resident, &res->kv_kept);
     res->kv_resident_full = ms->ref_resident;
     res->kv_kept_full = ms->ref_kept;
-    for (int l = 0; l < c->hp.n_layer; l++) {
+    for (int l = 0; l < hp->n_layer; l++) {
         res->layer_recovery[l] = a->l_n[l] > 0 ? a->l_rec[l] / a->l_n[l] : -1.0;
         res->layer_oracle_block[l] = a->l_n[l] > 0 ? a->l_ob[l] / a->l_n[l] : -1.0;
     }
@@ -276,7 +289,8 @@ int kvp_measure_run(struct kvp_measure *ms, const struct kvp_policy_params *pp,
                     struct kvp_err *err)
 {
     struct kvp_ctx *c = ms->pol;
-    const int n_layer = c->hp.n_layer;
+    const struct kvp_hparams *hp = kvp_ctx_hparams(c);
+    const int n_layer = hp->n_layer;
     struct kvp_policy_params full = {.name = "full"};
     memset(res, 0, sizeof(*res));
     int rc = kvp_ctx_set_policy(c, pp && pp->name ? pp : &full, err);
@@ -330,10 +344,12 @@ const kvp_ctx *kvp_measure_ctx(const struct kvp_measure *ms)
 const uint64_t *kvp_measure_read_mask(const struct kvp_measure *ms, int layer, int kvh)
 {
     const struct kvp_ctx *c = ms->pol;
-    if (!ms->running || !kvp_policy_sparse(&c->pol, layer) || layer >= c->hp.n_layer ||
-        kvh < 0 || kvh >= c->hp.n_head_kv)
+    const struct kvp_hparams *hp = kvp_ctx_hparams(c);
+    const struct kvp_policy_host *pol = kvp_ctx_policy_host_const(c);
+    if (!ms->running || !kvp_policy_sparse(pol, layer) || layer >= hp->n_layer ||
+        kvh < 0 || kvh >= hp->n_head_kv)
         return NULL;
-    return ms->read + ((size_t)layer * c->hp.n_head_kv + kvh) * ms->max_blocks;
+    return ms->read + ((size_t)layer * hp->n_head_kv + kvh) * ms->max_blocks;
 }
 
 const uint64_t *kvp_measure_evicted_mask(const struct kvp_measure *ms, int layer, int kvh)
@@ -346,14 +362,17 @@ void kvp_measure_shape(const struct kvp_measure *ms, int *n_layer, int *n_head, 
                        int *dense_layers, int *block_size)
 {
     const struct kvp_ctx *c = ms->pol;
+    const struct kvp_hparams *hp = kvp_ctx_hparams(c);
+    const struct kvp_kvcache *kv = kvp_ctx_kvcache_const(c);
+    const struct kvp_policy_host *pol = kvp_ctx_policy_host_const(c);
     if (n_layer)
-        *n_layer = c->hp.n_layer;
+        *n_layer = hp->n_layer;
     if (n_head)
-        *n_head = c->hp.n_head;
+        *n_head = hp->n_head;
     if (n_head_kv)
-        *n_head_kv = c->hp.n_head_kv;
+        *n_head_kv = hp->n_head_kv;
     if (dense_layers)
-        *dense_layers = c->pol.p ? c->pol.dense_layers : 0;
+        *dense_layers = pol->p ? pol->dense_layers : 0;
     if (block_size)
-        *block_size = c->kv.block_size;
+        *block_size = kv->block_size;
 }

@@ -173,7 +173,7 @@ int kvp_task_eval_run_grid(kvp_ctx *ctx, const kvp_model *m, const struct kvp_co
                     cell->accuracy += s;
                     cell->exact += s >= 1.0;
                     cell->prompt_tokens += (double)n;
-                    const struct kvp_policy *pol = ctx->pol.p;
+                    const struct kvp_policy *pol = kvp_ctx_policy_host(ctx)->p;
                     if (pol && strcmp(pol->ops->name, "full"))
                         cell->budget_tokens += kvp_policy_budget(pol, (int)n);
                     cell->seconds += kvp_time_now() - t0;

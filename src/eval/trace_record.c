@@ -40,7 +40,7 @@ int kvp_trace_record(struct kvp_trace_writer *w, kvp_ctx *ctx, const int32_t *to
                                        w->first_layer + li);
                 float *mx = w->row, *sm = w->row + nb, *ub = w->row + 2 * nb;
                 if (h % g == 0)
-                    kvp_qmeta_fold(w->meta, &ctx->kv, layer, h / g, n_keys);
+                    kvp_qmeta_fold(w->meta, kvp_ctx_kvcache(ctx), layer, h / g, n_keys);
                 kvp_qmeta_bounds(w->meta, layer * w->n_head_kv + h / g, q, 1, scale, 0, nb, ub,
                                  nb);
                 for (int j = 0; j < nb; j++) {

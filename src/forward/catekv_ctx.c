@@ -1,7 +1,7 @@
 /* CateKV on a running context (see catekv_ctx.h). */
 #include "forward/catekv_ctx.h"
 
-#include "forward/context.h"
+#include "forward/context_internal.h"
 #include "policy/catekv_profile.h"
 
 int kvp_catekv_sample_cv(kvp_ctx *ctx, const int32_t *tokens, int n, double *cv,

@@ -22,7 +22,7 @@
 
 #include "core/err.h"
 #include "core/platform.h"
-#include "forward/context.h"
+#include "forward/context_internal.h"
 #include "forward/kv_step.h"
 #include "kernels/prefill_gemm.h"
 #include "kernels/simd.h"
@@ -277,6 +277,56 @@ int kvp_ctx_n_tokens(const kvp_ctx *c)
 int kvp_ctx_n_ctx(const kvp_ctx *c)
 {
     return c->n_ctx;
+}
+
+const struct kvp_hparams *kvp_ctx_hparams(const kvp_ctx *c)
+{
+    return &c->hp;
+}
+
+struct kvp_kvcache *kvp_ctx_kvcache(kvp_ctx *c)
+{
+    return &c->kv;
+}
+
+const struct kvp_kvcache *kvp_ctx_kvcache_const(const kvp_ctx *c)
+{
+    return &c->kv;
+}
+
+struct kvp_policy_host *kvp_ctx_policy_host(kvp_ctx *c)
+{
+    return &c->pol;
+}
+
+const struct kvp_policy_host *kvp_ctx_policy_host_const(const kvp_ctx *c)
+{
+    return &c->pol;
+}
+
+int kvp_ctx_probs_stride(const kvp_ctx *c)
+{
+    return c->probs_stride;
+}
+
+struct kvp_store *kvp_ctx_store(kvp_ctx *c)
+{
+    return c->store;
+}
+
+bool kvp_ctx_has_store(const kvp_ctx *c)
+{
+    return c->store != NULL;
+}
+
+void kvp_ctx_set_n_tokens(kvp_ctx *c, int n)
+{
+    c->n_tokens = n;
+}
+
+bool kvp_ctx_measuring(const kvp_ctx *c)
+{
+    return c->measure;
 }
 
 /* ---- building blocks ---------------------------------------------------------------------- */

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "core/platform.h"
-#include "forward/context.h"
+#include "forward/context_internal.h"
 #include "forward/prefill_attention.h"
 #include "kv/attention.h"
 #include "store/store.h"

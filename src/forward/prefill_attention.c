@@ -6,7 +6,7 @@
 
 #include <cblas.h>
 
-#include "forward/context.h"
+#include "forward/context_internal.h"
 #include "kernels/simd.h"
 
 /* Keys and values [0, n) of one KV head as f32, whatever the cache's types: keys as [hd][n]

@@ -240,7 +240,7 @@ static void refresh_kv(struct srv_engine *e, struct slot *s)
  * rebuilds its block metadata from the whole cache after every piece, so it qualifies. */
 static bool piecewise_ok(const kvp_ctx *ctx)
 {
-    const struct kvp_policy *p = ctx->pol.p;
+    const struct kvp_policy *p = kvp_ctx_policy_host_const(ctx)->p;
     return !p || (!p->ops->evicting && !p->ops->wants_obs && !p->ops->wants_colsum);
 }
 

@@ -117,8 +117,8 @@ static uint64_t model_fingerprint(const char *path, const kvp_model *m)
 
 bool srv_prefix_ctx_ok(const kvp_ctx *ctx)
 {
-    const struct kvp_policy *p = ctx->pol.p;
-    return !ctx->store && !ctx->kv.external &&
+    const struct kvp_policy *p = kvp_ctx_policy_host_const(ctx)->p;
+    return !kvp_ctx_has_store(ctx) && !kvp_ctx_kvcache_const(ctx)->external &&
            (!p || (!p->ops->evicting && !p->ops->wants_obs && !p->ops->wants_colsum));
 }
 
@@ -396,7 +396,7 @@ int srv_prefix_open(const struct srv_prefix_config *cfg, struct srv_prefix **out
     if (!p)
         return kvp_err_set(err, KVP_ENOMEM, "out of memory");
     p->cfg = *cfg;
-    const struct kvp_kvcache *kv = &cfg->like->kv;
+    const struct kvp_kvcache *kv = kvp_ctx_kvcache_const(cfg->like);
     p->bs = kv->block_size;
     p->n_layer = kv->n_layer;
     p->n_head_kv = kv->n_head_kv;
@@ -555,7 +555,7 @@ void srv_prefix_put(struct srv_prefix *p, const kvp_ctx *ctx, const int32_t *ids
     }
     memcpy(e->toks, ids, (size_t)n * 4);
     e->n = n;
-    const struct kvp_kvcache *kv = &ctx->kv;
+    const struct kvp_kvcache *kv = kvp_ctx_kvcache_const(ctx);
     int nb = n / p->bs;
     for (int l = 0; l < p->n_layer; l++)
         for (int b = 0; b < nb; b++) {
@@ -637,7 +637,7 @@ int srv_prefix_load(struct srv_prefix *p, kvp_ctx *ctx, const int32_t *ids, int 
     struct kvp_err err = {0};
     int rc = kvp_kv_reserve(ctx, m, &err);
     if (rc == 0) {
-        struct kvp_kvcache *kv = &ctx->kv;
+        struct kvp_kvcache *kv = kvp_ctx_kvcache(ctx);
         int nb_e = e->n / p->bs, nb = m / p->bs;
         for (int l = 0; l < p->n_layer; l++)
             for (int b = 0; b < nb; b++) {
@@ -649,7 +649,7 @@ int srv_prefix_load(struct srv_prefix *p, kvp_ctx *ctx, const int32_t *ids, int 
                     u += p->v_bytes;
                 }
             }
-        ctx->n_tokens = m;
+        kvp_ctx_set_n_tokens(ctx, m);
         p->st.hits++;
         p->st.tokens_loaded += (uint64_t)m;
     }

@@ -24,6 +24,14 @@ void kvp_store_get_stats(const struct kvp_store *s, struct kvp_store_stats *out)
     *out = s->st;
 }
 
+void kvp_store_get_layout(const struct kvp_store *s, struct kvp_store_layout *out)
+{
+    *out = (struct kvp_store_layout){.unit_bytes = s->unit_bytes,
+                                     .ppu = s->ppu,
+                                     .max_blocks = s->max_blocks,
+                                     .hot = s->hot};
+}
+
 void kvp_store_reset_stats(struct kvp_store *s)
 {
     struct kvp_store_stats keep = s->st;

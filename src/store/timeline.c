@@ -16,8 +16,7 @@
 
 #include "image/draw.h"
 #include "image/png.h"
-#include "store/cold.h"
-#include "store/store.h"
+#include "store/store_internal.h"
 
 #define W 1600
 #define LANE_H 36

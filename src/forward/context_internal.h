@@ -1,0 +1,176 @@
+/*
+ * The inference context's insides, for src/forward only: one sequence (KV cache, policy, tier)
+ * and, through struct kvp_shared, the scratch buffers and thread pool it runs with, which a lone
+ * context owns and the sequences of an engine (kvp_engine) share. Everything the per-token loop
+ * touches is allocated once, at kvp_ctx_init / kvp_engine_init / kvp_seq_init. Other parts use
+ * forward/context.h.
+ */
+#ifndef KVP_FORWARD_CONTEXT_INTERNAL_H
+#define KVP_FORWARD_CONTEXT_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/threadpool.h"
+#include "forward/context.h"
+
+#define KVP_QCHUNK 64      /* prefill attention: query rows per work item */
+/* A step that need not be exact (kvp_engine_params.exact false) sends its single tokens through
+ * the batch kernels together from this many on (twice as many for Q8_0 weights with the
+ * multi-vector mat-vec kernel, never for the other types with one; forward.c,
+ * singles_together_from). */
+#define KVP_SINGLES_GEMM 4
+#define KVP_TILE_ROWS 256  /* prefill: weight rows dequantized per sgemm call (fewer repacks of
+                              the activations than 64: +10-20 % prefill on real shapes) */
+
+struct kvp_thread_scratch {
+    float *kc;    /* [head_dim][n_keys] keys gathered as f32 for prefill attention */
+    float *vc;    /* [n_ctx][head_dim] values gathered */
+    float *s;     /* [KVP_QCHUNK][n_ctx] prefill scores */
+    float *tile;  /* [KVP_TILE_ROWS][max_cols] dequantized weight rows */
+    void *xq;     /* activation quantized for integer dot products [max_cols] */
+    int xq_type;  /* the kvp_type_vec_dot_type xq holds for the current input (-1: none) */
+    int xg_ready; /* the previous product left its input quantized in kvp_shared.xg, for weights
+                   * with this vec_dot type (-1: it did not) */
+    void *xv;     /* [n_batch] decode rows quantized for the mat-vec, xv_stride bytes apart */
+    int xv_type;  /* the vec_dot type xv holds for the current vectors (-1: none) */
+    const void **xvp; /* [n_batch] pointers into xv, and the outputs, of a multi-vector call */
+    float **yvp;
+};
+
+/* What every sequence of an engine shares (a lone context owns one): the thread pool, the rows
+ * of the batch being evaluated and each thread's scratch. Sized for n_batch rows per step and
+ * contexts of up to n_ctx tokens. */
+struct kvp_shared {
+    const struct kvp_model *model; /* borrowed */
+    struct kvp_pool *pool;         /* owned */
+    int n_threads;
+    int n_batch;                   /* rows (tokens of all sequences) per forward pass */
+    int n_ctx;                     /* longest context the per-thread scratch serves */
+    bool exact;                    /* kvp_engine_params.exact */
+    double *inv_freq;              /* [head_dim/2] base^(-2i/hd) */
+
+    /* batch activations, [n_batch][width] row-major */
+    float *x;      /* [n_embd] residual stream */
+    float *xn;     /* [n_embd] normalised */
+    float *q;      /* [n_head*hd] */
+    float *k;      /* [n_head_kv*hd] */
+    float *v;      /* [n_head_kv*hd] */
+    float *att;    /* [n_head*hd] attention output */
+    float *gate;   /* [n_ff] */
+    float *up;     /* [n_ff] */
+    float *rope;   /* [n_batch][hd] cos/sin pairs for the rows' positions */
+    int32_t *row_tok;  /* [n_batch] token of each row */
+    int32_t *row_pos;  /* [n_batch] position of each row in its sequence */
+
+    struct kvp_thread_scratch *ts; /* owned [n_threads] */
+    size_t tile_bytes;             /* bytes of each ts[].tile */
+    size_t xv_stride;              /* bytes of one prepared vector in ts[].xv */
+    void *xg;      /* the integer GEMM's quantized rows (prefill_gemm.h), NULL when the CPU has
+                      no such kernel */
+
+    /* the running pass's plan (kvp_forward_pass), read-only inside the pool */
+    struct kvp_ctx **seqs;         /* [n_batch] the pass's sequences */
+    int n_seqs, n_rows;
+    struct kvp_row_seg *multi;     /* [n_batch + 1] rows that go through a product as one unit:
+                                      [0] every single row (they come first), for steps that
+                                      need not be exact; [1..] the multi-token pieces */
+    struct kvp_row_seg *single;    /* [n_batch] single rows, each a mat-vec of its own */
+    struct kvp_row_seg *out_multi; /* [n_batch] rows whose logits go out as one product */
+    struct kvp_row_seg *out_single;/* [n_batch] rows whose logits go out alone */
+    int n_multi, n_single, n_out_multi, n_out_single;
+};
+
+struct kvp_ctx {
+    /* ---- configuration: fixed at creation ---- */
+    const struct kvp_model *model; /* borrowed */
+    struct kvp_hparams hp;
+    struct kvp_ctx_params params;  /* as created (strings borrowed): what a fork copies */
+    int n_ctx;
+    int hot_budget;                /* kvp_ctx_params.hot_budget (tokens per layer, 0: auto) */
+
+    /* ---- what it runs with: threads and scratch (struct kvp_shared) ---- */
+    struct kvp_shared *sh;         /* owned by a lone context, the engine's for a sequence */
+    bool own_sh;
+    struct kvp_pool *pool;         /* sh->pool: where the threads of a pass meet */
+
+    /* ---- the sequence's cache ---- */
+    struct kvp_kvcache kv;         /* owned */
+    int n_tokens;                  /* tokens in the cache */
+    float *probs;  /* [n_head][probs_stride] decode attention probabilities of the last layer */
+    int probs_stride; /* n_ctx rounded up to whole blocks: score kernels write whole blocks */
+
+    /* ---- selection: the policy and its buffers (policy/host.h); pol.p NULL: dense ---- */
+    struct kvp_policy_host pol;
+
+    /* ---- the KV step's state (kv_step.c is its only reader) ---- */
+    float *sparse_probs;           /* [n_head][probs_stride] probabilities over the selection */
+    struct kvp_attn_blocks *ab;    /* [n_head_kv] sparse attention's per-block state */
+    float *ab_floats;              /* backing store of ab's float arrays */
+    int32_t *ab_idx;               /* backing store of ab's idx arrays */
+    int obs_n;                     /* rows captured in this job: min(pol.obs_window, job_end) */
+
+    /* ---- tiered KV store (src/store/store.h), NULL when every block is hot ---- */
+    struct kvp_store *store;       /* owned */
+    bool store_waits;              /* this layer's acquire has blocks in flight */
+
+    /* ---- measuring (kvp_ctx_set_measure) ---- */
+    bool measure;
+    float *dense_probs;            /* [n_layer][n_head][probs_stride] */
+    float *dense_q;                /* [n_layer][n_head][head_dim] the queries of those rows */
+    double *recovery;              /* [n_layer][n_head]; -1 when not measured */
+
+    /* ---- the job: the tokens of this sequence in the running pass ---- */
+    /* this sequence's rows of the shared batch (sh->q + row0 * q_dim, ...) */
+    float *q, *k, *v, *att;
+    int job_row0;       /* first row of the shared batch */
+    int job_n;          /* rows in this pass */
+    int job_pos0;       /* position of the first */
+    float *job_logits;
+    bool job_all_logits;
+    int job_end;        /* n_tokens after the whole job (its last pass ends here); 0: no job open
+                           between passes */
+    bool job_prefill;   /* multi-token job: call the policy's on_prefill after each layer of
+                           the last pass */
+    bool job_last;      /* this pass is the job's last */
+};
+
+/* Rows of the shared batch that go through a product as one unit: the multi-token part of a
+ * sequence (rows [row0, row0+n)), or a single row (n = 1); y: where its first output row goes
+ * (NULL: the product's own output at the same row). */
+struct kvp_row_seg {
+    int row0, n;
+    float *y;
+};
+
+/* One sequence's part of a forward pass: n tokens at positions n_tokens.., logits as kvp_eval
+ * (all rows or the last); last: the pass ends the sequence's job (kvp_job_open). */
+struct kvp_pass_item {
+    struct kvp_ctx *c;
+    const int32_t *tokens;
+    int n;
+    float *logits;
+    bool all_logits;
+    bool last;
+};
+
+/* Shared state for n_threads threads, n_batch rows and contexts of up to n_ctx tokens. */
+int kvp_shared_init(const struct kvp_model *model, int n_threads, int n_batch, int n_ctx,
+                    struct kvp_shared **out, struct kvp_err *err);
+void kvp_shared_free(struct kvp_shared *sh);
+
+/* A sequence on shared state sh (p->n_ctx <= sh->n_ctx; p->n_threads and n_batch unused). */
+int kvp_seq_setup(struct kvp_shared *sh, const struct kvp_ctx_params *p, struct kvp_ctx **out,
+                  struct kvp_err *err);
+
+/* Start a job of n tokens on c (one kvp_eval, or a prompt fed in pieces over several passes):
+ * what prompt-time policies and the store need to know about its end. */
+void kvp_job_open(struct kvp_ctx *c, int n);
+
+/* One forward pass over the items (distinct sequences of sh, reserved, jobs open, n_items >= 1,
+ * at most sh->n_batch tokens in all): weights read once for every row, attention per sequence.
+ * Advances each sequence's n_tokens; the first store error, if any. */
+int kvp_forward_pass(struct kvp_shared *sh, const struct kvp_pass_item *items, int n_items,
+                     struct kvp_err *err);
+
+#endif
