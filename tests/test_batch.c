@@ -189,19 +189,12 @@ static kvp_model *fixture(int type, char **path)
     struct kvp_test_model_spec sp = {.n_vocab = 96, .n_embd = 256, .n_layer = 4, .n_head = 4,
                                      .n_head_kv = 2, .n_ff = 256, .n_ctx = 512, .type = type,
                                      .embd_type = type, .tied = 1, .seed = 31};
-    *path = kvp_test_tmpfile(".gguf");
-    assert_int_equal(kvp_test_write_model(&sp, *path, NULL), 0);
-    kvp_model *m = NULL;
-    struct kvp_err err = {0};
-    assert_int_equal(kvp_model_open(*path, NULL, &m, &err), 0);
-    return m;
+    return kvp_test_model(&sp, path);
 }
 
 static void fixture_close(kvp_model *m, char *path)
 {
-    kvp_model_close(m);
-    remove(path);
-    free(path);
+    kvp_test_model_free(m, path);
 }
 
 static char *scratch_dir(void)

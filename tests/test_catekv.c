@@ -314,11 +314,7 @@ static kvp_model *fixture_model(char **path)
                                      .embd_type = 0,
                                      .tied = 1,
                                      .seed = 23};
-    *path = kvp_test_tmpfile(".gguf");
-    assert_int_equal(kvp_test_write_model(&sp, *path, NULL), 0);
-    kvp_model *m = NULL;
-    assert_int_equal(kvp_model_open(*path, NULL, &m, NULL), 0);
-    return m;
+    return kvp_test_model(&sp, path);
 }
 
 struct run_out {
@@ -422,9 +418,7 @@ static void test_policy_all_adaptive_is_full(void **state)
     free(cat.logits);
     free(tiny_dense.logits);
     free(tiny.logits);
-    kvp_model_close(m);
-    remove(path);
-    free(path);
+    kvp_test_model_free(m, path);
 }
 
 /* Exact kept tokens with block size 8 = c: consistent B + tail + rem + gen, adaptive
@@ -480,9 +474,7 @@ static void test_policy_memory_formula(void **state)
     free(half.logits);
     free(frac.logits);
     free(b16.logits);
-    kvp_model_close(m);
-    remove(path);
-    free(path);
+    kvp_test_model_free(m, path);
 }
 
 static void test_policy_quest(void **state)
@@ -515,9 +507,7 @@ static void test_policy_quest(void **state)
     free(full.logits);
     free(q.logits);
     free(qm.logits);
-    kvp_model_close(m);
-    remove(path);
-    free(path);
+    kvp_test_model_free(m, path);
 }
 
 /* A random-weight predictor file (H 16, conv 16/32 channels, kernel 3) for blocks of bs tokens. */
@@ -678,9 +668,7 @@ static void test_policy_adaptive_predictor(void **state)
     free(lp.count);
     free(lm.prompt);
     free(lm.count);
-    kvp_model_close(m);
-    remove(path);
-    free(path);
+    kvp_test_model_free(m, path);
     remove(p16);
     free(p16);
     remove(p8);
@@ -713,9 +701,7 @@ static void test_policy_adaptive_predictor_errors(void **state)
     kvp_ctx_free(c);
     remove(p8);
     free(p8);
-    kvp_model_close(m);
-    remove(path);
-    free(path);
+    kvp_test_model_free(m, path);
 }
 
 static void test_policy_static_profile(void **state)
@@ -755,9 +741,7 @@ static void test_policy_static_profile(void **state)
     kvp_head_profile_free(hp);
     remove(prof);
     free(prof);
-    kvp_model_close(m);
-    remove(path);
-    free(path);
+    kvp_test_model_free(m, path);
 }
 
 /* ---- profile files ------------------------------------------------------------------------ */

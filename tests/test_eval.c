@@ -230,11 +230,9 @@ static const struct kvp_test_model_spec fixture = {.n_vocab = 80,
 static void test_harness(void **state)
 {
     (void)state;
-    char *path = kvp_test_tmpfile(".gguf");
-    assert_int_equal(kvp_test_write_model(&fixture, path, NULL), 0);
-    kvp_model *m = NULL;
+    char *path;
+    kvp_model *m = kvp_test_model(&fixture, &path);
     struct kvp_err err = {0};
-    assert_int_equal(kvp_model_open(path, NULL, &m, &err), 0);
     enum { N = 160, M = 24 };
     int32_t tok[N + M + 1];
     for (int i = 0; i < N + M + 1; i++)
@@ -293,9 +291,7 @@ static void test_harness(void **state)
     assert_int_equal(kvp_measure_run(ms, &bad, NULL, NULL, &r, &err), KVP_EINVAL);
     kvp_measure_free(ms);
     kvp_measure_free(NULL);
-    kvp_model_close(m);
-    remove(path);
-    free(path);
+    kvp_test_model_free(m, path);
 }
 
 /* ---- the CLI ---- */
@@ -348,11 +344,9 @@ static const char *const json_fields[] = {"model",
 static void test_tiered_measure_equals_untiered(void **state)
 {
     (void)state;
-    char *path = kvp_test_tmpfile(".gguf");
-    assert_int_equal(kvp_test_write_model(&fixture, path, NULL), 0);
-    kvp_model *m = NULL;
+    char *path;
+    kvp_model *m = kvp_test_model(&fixture, &path);
     struct kvp_err err = {0};
-    assert_int_equal(kvp_model_open(path, NULL, &m, &err), 0);
     enum { N = 160, M = 16 };
     int32_t tok[N + M + 1];
     for (int i = 0; i < N + M + 1; i++)
@@ -393,9 +387,7 @@ static void test_tiered_measure_equals_untiered(void **state)
         }
     for (int i = 0; i < 3; i++)
         kvp_measure_result_free(&ref[i]);
-    kvp_model_close(m);
-    remove(path);
-    free(path);
+    kvp_test_model_free(m, path);
 }
 
 static void test_cli_eval_json(void **state)
@@ -563,11 +555,9 @@ static void progress_count(void *ud, long done, long total, double ppl)
 static void test_perplexity_library(void **state)
 {
     (void)state;
-    char *path = kvp_test_tmpfile(".gguf");
-    assert_int_equal(kvp_test_write_model(&fixture, path, NULL), 0);
-    kvp_model *m = NULL;
+    char *path;
+    kvp_model *m = kvp_test_model(&fixture, &path);
     struct kvp_err err = {0};
-    assert_int_equal(kvp_model_open(path, NULL, &m, &err), 0);
     enum { N = 200, CTX = 64, V = 80 };
     int32_t tok[N];
     for (int i = 0; i < N; i++)
@@ -621,9 +611,7 @@ static void test_perplexity_library(void **state)
     assert_non_null(strstr(err.msg, "fewer than one context"));
     assert_int_equal(kvp_perplexity(ctx, m, tok, N, 3, 0, NULL, NULL, &r, &err), KVP_EINVAL);
     kvp_ctx_free(ctx);
-    kvp_model_close(m);
-    remove(path);
-    free(path);
+    kvp_test_model_free(m, path);
 }
 
 /* The evaluation table's command (scripts/eval_tables.sh) on the real model and text, shortened. */

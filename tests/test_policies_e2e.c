@@ -62,12 +62,7 @@ static kvp_model *fixture_model(char **path)
     struct kvp_test_model_spec sp = {.n_vocab = 80, .n_embd = 64, .n_layer = 4, .n_head = 4,
                                      .n_head_kv = 2, .n_ff = 96, .n_ctx = 512, .type = 0,
                                      .embd_type = 0, .tied = 1, .seed = 23};
-    *path = kvp_test_tmpfile(".gguf");
-    assert_int_equal(kvp_test_write_model(&sp, *path, NULL), 0);
-    kvp_model *m = NULL;
-    struct kvp_err err = {0};
-    assert_int_equal(kvp_model_open(*path, NULL, &m, &err), 0);
-    return m;
+    return kvp_test_model(&sp, path);
 }
 
 /* Token ids for the fixture (80-token vocabulary). */
@@ -79,9 +74,7 @@ static void fixture_ids(int32_t *ids, int n)
 
 static void fixture_close(kvp_model *m, char *path)
 {
-    kvp_model_close(m);
-    remove(path);
-    free(path);
+    kvp_test_model_free(m, path);
 }
 
 /* Tokens a selection of the context reads: selected, before n, not evicted. */

@@ -16,12 +16,7 @@ static kvp_model *fixture_model(char **path)
     struct kvp_test_model_spec sp = {.n_vocab = 80, .n_embd = 64, .n_layer = 4, .n_head = 4,
                                      .n_head_kv = 2, .n_ff = 96, .n_ctx = 512, .type = 0,
                                      .embd_type = 0, .tied = 1, .seed = 11};
-    *path = kvp_test_tmpfile(".gguf");
-    assert_int_equal(kvp_test_write_model(&sp, *path, NULL), 0);
-    kvp_model *m = NULL;
-    struct kvp_err err = {0};
-    assert_int_equal(kvp_model_open(*path, NULL, &m, &err), 0);
-    return m;
+    return kvp_test_model(&sp, path);
 }
 
 /* Prefill n_prompt tokens, then decode n_dec forced tokens; logits of every decode step. */
@@ -98,9 +93,7 @@ static void test_full_and_large_budgets_match_dense(void **state)
     free(dense);
     free(f);
     free(s);
-    kvp_model_close(m);
-    remove(path);
-    free(path);
+    kvp_test_model_free(m, path);
 }
 
 static void test_streaming_frees_memory(void **state)
@@ -128,9 +121,7 @@ static void test_streaming_frees_memory(void **state)
     free(d);
     free(s);
     free(sm);
-    kvp_model_close(m);
-    remove(path);
-    free(path);
+    kvp_test_model_free(m, path);
 }
 
 /* Tokens read and selections made over n_dec decode steps after a prefill of n_prompt. */
@@ -181,9 +172,7 @@ static void test_read_counts(void **state)
     print_message("streaming-64: %.0f tokens in %.0f selections\n", tokens, selects);
     assert_true(selects == per_step * n_dec);
     assert_true(tokens == 64 * selects);
-    kvp_model_close(m);
-    remove(path);
-    free(path);
+    kvp_test_model_free(m, path);
 }
 
 static void test_unknown_policy(void **state)
@@ -199,9 +188,7 @@ static void test_unknown_policy(void **state)
     assert_int_equal(kvp_ctx_set_policy(c, &bad, &err), KVP_EINVAL);
     assert_non_null(strstr(err.msg, "streaming"));
     kvp_ctx_free(c);
-    kvp_model_close(m);
-    remove(path);
-    free(path);
+    kvp_test_model_free(m, path);
 }
 
 int main(void)

@@ -1010,12 +1010,7 @@ static int setup(void **state)
                                      .embd_type = 0,
                                      .tied = 1,
                                      .seed = 29};
-    model_path = kvp_test_tmpfile(".gguf");
-    if (kvp_test_write_model(&sp, model_path, NULL) != 0)
-        return -1;
-    struct kvp_err err = {0};
-    if (kvp_model_open(model_path, NULL, &model, &err) != 0)
-        return -1;
+    model = kvp_test_model(&sp, &model_path);
 #ifdef KVP_HAVE_HIREDIS
     return servers_up();
 #else
@@ -1030,9 +1025,7 @@ static int teardown(void **state)
     servers_down();
     free(ref);
 #endif
-    kvp_model_close(model);
-    remove(model_path);
-    free(model_path);
+    kvp_test_model_free(model, model_path);
     return 0;
 }
 

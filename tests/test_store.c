@@ -94,19 +94,14 @@ static int setup(void **state)
     struct kvp_test_model_spec sp = {.n_vocab = VOCAB, .n_embd = 64, .n_layer = 4, .n_head = 4,
                                      .n_head_kv = 2, .n_ff = 96, .n_ctx = 512, .type = 0,
                                      .embd_type = 0, .tied = 1, .seed = 23};
-    model_path = kvp_test_tmpfile(".gguf");
-    if (kvp_test_write_model(&sp, model_path, NULL) != 0)
-        return -1;
-    struct kvp_err err = {0};
-    return kvp_model_open(model_path, NULL, &model, &err);
+    model = kvp_test_model(&sp, &model_path);
+    return 0;
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    kvp_model_close(model);
-    remove(model_path);
-    free(model_path);
+    kvp_test_model_free(model, model_path);
     return 0;
 }
 

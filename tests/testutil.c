@@ -349,3 +349,26 @@ out:
     kvp_gguf_writer_free(w[1]);
     return rc;
 }
+
+#include "kvpred.h"
+
+struct kvp_model *kvp_test_model(const struct kvp_test_model_spec *spec, char **path)
+{
+    *path = kvp_test_tmpfile(".gguf");
+    assert_non_null(*path);
+    assert_int_equal(kvp_test_write_model(spec, *path, NULL), 0);
+    kvp_model *m = NULL;
+    struct kvp_err err = {0};
+    if (kvp_model_open(*path, NULL, &m, &err) < 0)
+        print_message("%s: %s\n", *path, err.msg);
+    assert_non_null(m);
+    return m;
+}
+
+void kvp_test_model_free(struct kvp_model *model, char *path)
+{
+    kvp_model_close(model);
+    if (path)
+        remove(path);
+    free(path);
+}

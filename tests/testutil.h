@@ -103,3 +103,9 @@ struct kvp_test_model_spec {
  * so both must give the same logits up to summation order. Returns 0 on success. */
 int kvp_test_write_model(const struct kvp_test_model_spec *spec, const char *path,
                          const char *deq_path);
+
+struct kvp_model;
+/* kvp_test_write_model into a fresh temporary file, then opened (both asserted): the model, and
+ * the file's path in *path. kvp_test_model_free closes the model and removes and frees the file. */
+struct kvp_model *kvp_test_model(const struct kvp_test_model_spec *spec, char **path);
+void kvp_test_model_free(struct kvp_model *model, char *path);
