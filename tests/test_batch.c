@@ -591,6 +591,77 @@ static void test_truncate_and_bytes(void **state)
     fixture_close(m, path);
 }
 
+/* A server's follow-up question: a document prefilled and answered, the answer cut off (and a
+ * few of the document's tokens, inside a block), another question prefilled after what is left,
+ * and decoded. quest keeps the block bounds below the cut (kvp_prefill_obs.first) instead of
+ * refolding them; the logits must equal those of the same tokens prefilled in one go, untiered
+ * and with most of the cache in the disk tier. */
+static void test_quest_follow_up(void **state)
+{
+    (void)state;
+    char *path;
+    kvp_model *m = fixture(KVP_TYPE_Q8_0, &path);
+    struct kvp_model_info in;
+    kvp_model_get_info(m, &in);
+    struct kvp_err err = {0};
+    char *dir = scratch_dir();
+    enum { NP = 150, CUT = 139, NQ = 20, ND = 6 }; /* CUT is inside a block of 16 */
+    int32_t doc[NP], q[NQ + ND], all[CUT + NQ];
+    for (int i = 0; i < NP; i++)
+        doc[i] = token_of(2, i, in.n_vocab);
+    for (int i = 0; i < NQ + ND; i++)
+        q[i] = token_of(6, i, in.n_vocab);
+    memcpy(all, doc, CUT * sizeof(int32_t));
+    memcpy(all + CUT, q, NQ * sizeof(int32_t));
+    size_t nv = (size_t)in.n_vocab;
+    float *got = calloc((ND + 1) * nv, sizeof(float)), *want = calloc((ND + 1) * nv, sizeof(float));
+    const int tiers[] = {KVP_TIER_NONE, KVP_TIER_DISK};
+    for (int t = 0; t < 2; t++) {
+        struct kvp_ctx_params cp = {.n_ctx = 256, .kv_tier = tiers[t], .kv_dir = dir,
+                                    .kv_syscall_submit = true, .hot_budget = tiers[t] ? 32 : 0};
+        kvp_engine *e = NULL;
+        struct kvp_engine_params ep = {.n_threads = 2, .n_ctx = 256, .exact = true};
+        assert_int_equal(kvp_engine_init(m, &ep, &e, &err), 0);
+        struct kvp_policy_params pp = policy("quest");
+        for (int ref = 0; ref < 2; ref++) {
+            kvp_seq *s = NULL;
+            assert_int_equal(kvp_seq_init(e, &cp, &s, &err), 0);
+            assert_int_equal(kvp_ctx_set_policy(s, &pp, &err), 0);
+            struct kvp_batch_item it = {.seq = s};
+            if (!ref) {
+                /* the document and a few answer tokens, then the cut */
+                it.tokens = doc, it.n = NP;
+                assert_int_equal(kvp_batch_eval(e, &it, 1, &err), 0);
+                for (int i = 0; i < 4; i++) {
+                    it = (struct kvp_batch_item){.seq = s, .tokens = q + i, .n = 1};
+                    assert_int_equal(kvp_batch_eval(e, &it, 1, &err), 0);
+                }
+                kvp_ctx_truncate(s, CUT);
+                it = (struct kvp_batch_item){.seq = s, .tokens = q, .n = NQ, .logits = got};
+            } else {
+                it = (struct kvp_batch_item){.seq = s, .tokens = all, .n = CUT + NQ,
+                                             .logits = want};
+            }
+            if (kvp_batch_eval(e, &it, 1, &err) < 0)
+                fail_msg("tier %d: %s", tiers[t], err.msg);
+            float *out = ref ? want : got;
+            for (int st = 1; st <= ND; st++) {
+                it = (struct kvp_batch_item){.seq = s, .tokens = q + NQ + st - 1, .n = 1,
+                                             .logits = out + (size_t)st * nv};
+                assert_int_equal(kvp_batch_eval(e, &it, 1, &err), 0);
+            }
+            kvp_ctx_free(s);
+        }
+        if (memcmp(got, want, (ND + 1) * nv * sizeof(float)) != 0)
+            fail_msg("tier %d: a follow-up after a cut differs from one prefill", tiers[t]);
+        kvp_engine_free(e);
+    }
+    rmdir(dir);
+    free(dir);
+    free(got), free(want);
+    fixture_close(m, path);
+}
+
 /* Steps that cannot run are refused whole, with one line naming the item. */
 static void test_refusals(void **state)
 {
@@ -710,6 +781,7 @@ int main(void)
         cmocka_unit_test(test_aux_policies),       cmocka_unit_test(test_fork_and_copy),
         cmocka_unit_test(test_truncate_and_bytes), cmocka_unit_test(test_multi_kernel),
         cmocka_unit_test(test_fast_steps),
+        cmocka_unit_test(test_quest_follow_up),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -239,6 +239,8 @@ int kvp_seq_copy(kvp_seq *dst, kvp_seq *src, int n, struct kvp_err *err)
             kvp_store_prefill_end(src->store, l, src->n_tokens, src->n_tokens, NULL, 0);
     }
     dst->n_tokens = n;
+    if (dst->pol.p && dst->pol.p->ops->on_prefill)
+        dst->pol_seen = n; /* every layer's on_prefill saw the copy */
     if (src->store && (rc = kvp_store_take_error(src->store, err)) < 0)
         return rc;
     if (dst->store && (rc = kvp_store_take_error(dst->store, err)) < 0)

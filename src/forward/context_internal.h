@@ -133,6 +133,9 @@ struct kvp_ctx {
     bool job_prefill;   /* multi-token job: call the policy's on_prefill after each layer of
                            the last pass */
     bool job_last;      /* this pass is the job's last */
+    int pol_seen;       /* leading cache tokens the policy has seen as they are now
+                           (kvp_prefill_obs.first): 0 after a reset, lowered by a truncation,
+                           the prompt's end after its on_prefill */
 };
 
 /* Rows of the shared batch that go through a product as one unit: the multi-token part of a

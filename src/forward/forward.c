@@ -256,6 +256,7 @@ void kvp_ctx_reset(kvp_ctx *c)
 {
     c->n_tokens = 0;
     c->job_end = 0;
+    c->pol_seen = 0;
     kvp_kv_clear(c);
     kvp_policy_reset(&c->pol);
 }
@@ -265,6 +266,8 @@ void kvp_ctx_truncate(kvp_ctx *c, int n)
     if (n >= 0 && n < c->n_tokens) {
         c->n_tokens = n;
         c->job_end = 0;
+        if (c->pol_seen > n)
+            c->pol_seen = n;
         kvp_kv_truncate(c, n);
     }
 }

@@ -427,12 +427,15 @@ static void prefill(struct kvp_ctx *c, int l, int ith, int nth)
         /* the prompt is complete for this layer: let the policy look at it (and evict) */
         struct kvp_prefill_obs ob = {
             .n_prompt = c->job_end,
+            .first = c->pol_seen,
             .n_obs = c->obs_n,
             .obs = c->pol.obs,
             .colsum = c->pol.colsum ? c->pol.colsum + (size_t)l * hp->n_head * c->n_ctx : NULL,
             .q_last = c->q + (size_t)(n - 1) * hp->n_head * hp->head_dim,
         };
         kvp_policy_on_prefill(&c->pol, l, &ob);
+        if (l == c->hp.n_layer - 1) /* every layer has seen the prompt */
+            c->pol_seen = c->job_end;
     }
     if (c->store)
         kvp_store_prefill_end(c->store, l, pos0, pos0 + n, first_step_prediction(c, l),

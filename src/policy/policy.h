@@ -55,9 +55,15 @@ struct kvp_policy_env {
  *                 policy asked for it); rows are env.n_ctx floats apart, the first n_prompt
  *                 are used;
  *   q_last[h]:    the query of the prompt's last token after RoPE (head_dim floats per head;
- *                 may be NULL), a stand-in for the first decode query in predict_next. */
+ *                 may be NULL), a stand-in for the first decode query in predict_next;
+ *   first:        the cache's tokens [0, first) are those the policy saw at its previous
+ *                 on_prefill or decode steps since (nothing cut them off and wrote others in
+ *                 their place), so state kept per token or block below it still holds: a prompt
+ *                 appended to a kept prefix (a server's follow-up question) need not be looked
+ *                 at from token 0 again. 0: anything may have changed. */
 struct kvp_prefill_obs {
     int n_prompt;
+    int first;
     int n_obs;
     const float *obs;      /* [n_head][n_obs][n_prompt] */
     const float *colsum;   /* [n_head][env.n_ctx] or NULL */

@@ -238,8 +238,11 @@ float kvp_quest_bound(const float *q, const float *kmax, const float *kmin, int 
     return ub;
 }
 
-/* Rebuild the layer's metadata from the prompt, and take the prompt's last query as the last
- * query, so that predict_next can rank blocks for the first decode step too. */
+/* Fold the prompt into the layer's metadata, and take the prompt's last query as the last
+ * query, so that predict_next can rank blocks for the first decode step too. Blocks wholly below
+ * obs->first still hold their keys' bounds and are kept (refolding 4096 tokens of 30 layers
+ * from the start took a quarter of a follow-up question's prefill); the block holding
+ * obs->first and all after it are folded again from their first key. */
 static void quest_prefill(struct kvp_policy *p, int layer, const struct kvp_prefill_obs *obs)
 {
     struct quest_state *s = p->state;
@@ -248,7 +251,11 @@ static void quest_prefill(struct kvp_policy *p, int layer, const struct kvp_pref
     const size_t gq = (size_t)(p->env.n_head / p->env.n_head_kv) * p->env.head_dim;
     for (int h = 0; h < p->env.n_head_kv; h++) {
         int lh = layer * p->env.n_head_kv + h;
-        kvp_qmeta_restart(&s->meta, lh);
+        int keep = obs->first / s->meta.block_size * s->meta.block_size;
+        if (keep <= 0)
+            kvp_qmeta_restart(&s->meta, lh);
+        else if (s->meta.done[lh] > keep)
+            s->meta.done[lh] = keep;
         s->n_kept[lh] = -1; /* the prompt's query ranks afresh */
         kvp_qmeta_fold(&s->meta, p->env.kv, layer, h, obs->n_prompt);
         if (s->groups > 0) {

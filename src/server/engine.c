@@ -20,6 +20,10 @@ struct slot {
     struct srv_job *job;
     int pos;            /* prompt tokens in the cache */
     int prev;           /* last token (for the piece of the next one) */
+    int32_t *gen;       /* [n_ctx] the job's generated tokens, in order */
+    int n_gen;
+    int replay;         /* generated tokens evaluated again after a loss (< n_gen: replaying) */
+    int recoveries;     /* losses of the tiered cache this job recovered from */
     double last_used;
     double pol_s0;      /* policy seconds at the job's start */
 };
@@ -28,6 +32,7 @@ struct srv_stats {
     uint64_t jobs, jobs_cancelled, jobs_failed;
     uint64_t prompt_tokens, prefill_tokens, generated_tokens;
     uint64_t prefix_hits, prefix_tokens_saved;
+    uint64_t kv_lost, kv_recomputed; /* tiered cache losses recovered from; tokens recomputed */
     double prefill_s, decode_s, policy_s;
     uint64_t kv_hot, kv_cold; /* over all slots, refreshed after each step */
     int busy;
@@ -50,6 +55,7 @@ struct srv_engine {
     struct srv_prefix *prefix; /* owned; NULL without a prefix cache */
     struct step_item *items;   /* [n_slots] the round's work (scheduler thread only) */
     int *item_rc;
+    int *item_n0;              /* [n_slots] each item's sequence length before the step */
     struct kvp_err *item_err;
     kvp_engine *kv_engine;     /* owned: the slots are its sequences, stepped together */
     struct kvp_batch_item *batch; /* [n_slots] */
@@ -279,6 +285,36 @@ static int slot_begin(struct srv_engine *e, struct slot *s, struct srv_job *j)
             reuse = 0; /* refused: the context was emptied, prefill from nothing */
         }
     }
+    /* no prefix cache for this context (a tiered one: its blocks live in the store, which only
+     * a sequence copy reads and writes) or nothing longer in it: another slot holding a longer
+     * prefix of the prompt, idle or busy, lends its KV (kvp_seq_copy, through the stores of both:
+     * the prompt tokens a slot holds are never rewritten while it runs) */
+    if (!from_cache && piecewise_ok(s->ctx)) {
+        struct slot *src = NULL;
+        int best = reuse;
+        for (int i = 0; i < e->cfg.n_slots; i++) {
+            struct slot *o = &e->slots[i];
+            if (o == s || !o->pol_key[0] || !piecewise_ok(o->ctx))
+                continue;
+            int lim = o->n_toks < j->n_prompt - 2 ? o->n_toks : j->n_prompt - 2, n = 0;
+            while (n < lim && o->toks[n] == j->ids[n])
+                n++;
+            if (n > best) {
+                best = n;
+                src = o;
+            }
+        }
+        /* a copy moves whole blocks through both stores: worth it from one block on */
+        if (src && best - reuse >= 16) {
+            struct kvp_err cerr = {0};
+            if (kvp_seq_copy(s->ctx, src->ctx, best, &cerr) == 0) {
+                reuse = from_cache = best;
+                memcpy(s->toks, j->ids, (size_t)best * sizeof(int32_t));
+            } else {
+                reuse = 0; /* the copy reset this context: prefill from nothing */
+            }
+        }
+    }
     if (!from_cache) {
         kvp_ctx_truncate(s->ctx, reuse);
         if (reuse == 0)
@@ -286,6 +322,7 @@ static int slot_begin(struct srv_engine *e, struct slot *s, struct srv_job *j)
     }
     s->n_toks = reuse;
     s->pos = reuse;
+    s->n_gen = s->replay = s->recoveries = 0;
     kvp_sampler_free(s->smp);
     s->smp = NULL;
     if (kvp_sampler_init(&j->sp, e->info.n_vocab, &s->smp, &err) < 0) {
@@ -340,6 +377,7 @@ struct step_item {
     bool prefill;
     bool last;        /* the prompt's last piece */
     int32_t tok;      /* decode: the sampled token */
+    bool replayed;    /* decode of a token generated before a loss (recover) */
     float *logits;    /* NULL: not needed (a prompt piece before the last) */
 };
 
@@ -370,6 +408,17 @@ static bool slot_plan(struct srv_engine *e, struct slot *s, int room, struct ste
         it->logits = it->last ? s->logits : NULL;
         return true;
     }
+    if (s->replay < s->n_gen) {
+        /* after a loss: the tokens already generated (and sent) are evaluated again, each as
+         * the decode step it was, so the cache and the logits are those of a run without the
+         * loss; nothing is sampled or sent until the last is back */
+        it->tok = s->gen[s->replay];
+        it->tokens = &it->tok;
+        it->n = 1;
+        it->logits = s->logits;
+        it->replayed = true;
+        return true;
+    }
     int tok = kvp_sampler_sample(s->smp, s->logits);
     if (kvp_token_is_eog(e->cfg.model, tok)) {
         slot_end(e, s, SRV_FINISH_STOP, NULL);
@@ -391,6 +440,8 @@ static bool slot_plan(struct srv_engine *e, struct slot *s, int room, struct ste
         slot_end(e, s, SRV_FINISH_LENGTH, NULL);
         return false;
     }
+    s->gen[s->n_gen++] = tok;
+    s->replay = s->n_gen;
     it->tok = tok;
     it->tokens = &it->tok;
     it->n = 1;
@@ -424,7 +475,20 @@ static void run_items(struct srv_engine *e, struct step_item *items, int n, int 
     }
     double t0 = kvp_time_now();
     struct kvp_err err = {0};
-    if (kvp_batch_eval(e->kv_engine, e->batch, n, &err) < 0) {
+    for (int i = 0; i < n; i++)
+        e->item_n0[i] = kvp_ctx_n_tokens(e->batch[i].seq);
+    int brc = kvp_batch_eval(e->kv_engine, e->batch, n, &err);
+    bool ran = brc < 0 && kvp_ctx_n_tokens(e->batch[0].seq) == e->item_n0[0] + e->batch[0].n;
+    if (brc < 0 && ran && err.code == KVP_EKVLOST) {
+        /* the step ran (every sequence moved on); the tiered ones that lost KV no longer trust
+         * all of it, the others are done and must not run again */
+        for (int i = 0; i < n; i++) {
+            kvp_seq *q = e->batch[i].seq;
+            rc[i] = kvp_ctx_trusted_tokens(q) < kvp_ctx_n_tokens(q) ? KVP_EKVLOST : 0;
+            errs[i] = err;
+        }
+    } else if (brc < 0) {
+        /* refused before anything ran: each item alone, so only the one at fault fails */
         for (int i = 0; i < n; i++)
             rc[i] = kvp_batch_eval(e->kv_engine, &e->batch[i], 1, &errs[i]);
     }
@@ -437,14 +501,61 @@ static void run_items(struct srv_engine *e, struct step_item *items, int n, int 
     pthread_mutex_unlock(&e->mu);
 }
 
+/* Losses of the tiered cache one job may recover from before it fails (each recomputes what
+ * follows the loss; a device that keeps failing should not keep a slot busy forever). */
+#define SRV_MAX_RECOVERIES 8
+
+/* The tiered cache lost KV (a cold unit failed its checksum, a read or write failed for good):
+ * the context is cut back to what it still trusts, and what followed is computed again, the
+ * rest of the prompt as prefill and then the generated tokens as decode steps, so the answer
+ * goes on as if nothing was lost (never from wrong KV, and without failing the request). */
+static void recover(struct srv_engine *e, struct slot *s)
+{
+    struct srv_job *j = s->job;
+    int n = kvp_ctx_n_tokens(s->ctx), t = kvp_ctx_trusted_tokens(s->ctx);
+    s->recoveries++;
+    if (t < j->n_prompt) {
+        /* at least two prompt tokens to prefill again, as slot_begin keeps */
+        int keep = t < j->n_prompt - 2 ? t : j->n_prompt - 2;
+        keep = keep > 0 ? keep : 0;
+        if (keep == 0)
+            kvp_ctx_reset(s->ctx);
+        else
+            kvp_ctx_truncate(s->ctx, keep);
+        s->pos = s->n_toks = keep; /* never above pos: a loss is untrusted from its call on */
+        s->replay = 0;
+        t = keep;
+    } else {
+        /* the prompt is whole: the generated tokens from the loss on are evaluated again (the
+         * token of the failed step included: its evaluation did not count) */
+        kvp_ctx_truncate(s->ctx, t);
+        s->replay = t - j->n_prompt;
+    }
+    fprintf(stderr, "kvpred serve: the KV cache lost data at token %d of %d; recomputing from "
+            "there\n", t, n);
+    pthread_mutex_lock(&e->mu);
+    e->st.kv_lost++;
+    e->st.kv_recomputed += (uint64_t)(n > t ? n - t : 0);
+    pthread_mutex_unlock(&e->mu);
+}
+
 /* After the round: move each slot past what ran, or end it on an error. */
 static void slot_after(struct srv_engine *e, const struct step_item *it, int rc,
                        const struct kvp_err *err)
 {
     struct slot *s = it->s;
     struct srv_job *j = s->job;
+    if (rc < 0 && err->code == KVP_EKVLOST && s->recoveries < SRV_MAX_RECOVERIES) {
+        recover(e, s);
+        return;
+    }
     if (rc < 0) {
         slot_end(e, s, SRV_FINISH_ERROR, err->msg);
+        return;
+    }
+    if (it->replayed) {
+        s->replay++; /* a generated token evaluated again: on to the next, or to sampling */
+        refresh_kv(e, s);
         return;
     }
     if (it->prefill) {
@@ -570,7 +681,8 @@ int srv_engine_start(const struct srv_engine_config *cfg, struct srv_engine **ou
     e->items = calloc((size_t)cfg->n_slots, sizeof(*e->items));
     e->item_rc = calloc((size_t)cfg->n_slots, sizeof(*e->item_rc));
     e->item_err = calloc((size_t)cfg->n_slots, sizeof(*e->item_err));
-    if (!e->slots || !e->queue || !e->items || !e->item_rc || !e->item_err) {
+    e->item_n0 = calloc((size_t)cfg->n_slots, sizeof(*e->item_n0));
+    if (!e->slots || !e->queue || !e->items || !e->item_rc || !e->item_err || !e->item_n0) {
         srv_engine_free(e);
         return kvp_err_set(err, KVP_ENOMEM, "out of memory");
     }
@@ -594,7 +706,8 @@ int srv_engine_start(const struct srv_engine_config *cfg, struct srv_engine **ou
         int n_ctx = kvp_ctx_n_ctx(s->ctx);
         s->logits = malloc((size_t)e->info.n_vocab * sizeof(float));
         s->toks = malloc((size_t)n_ctx * sizeof(int32_t));
-        if (!s->logits || !s->toks) {
+        s->gen = malloc((size_t)n_ctx * sizeof(int32_t));
+        if (!s->logits || !s->toks || !s->gen) {
             srv_engine_free(e);
             return kvp_err_set(err, KVP_ENOMEM, "out of memory");
         }
@@ -630,8 +743,9 @@ int srv_engine_submit(struct srv_engine *e, struct srv_job *j)
 {
     pthread_mutex_lock(&e->mu);
     if (e->stopping || e->q_len == e->cfg.max_queue) {
+        int rc = e->stopping ? SRV_SUBMIT_STOPPING : SRV_SUBMIT_FULL;
         pthread_mutex_unlock(&e->mu);
-        return -1;
+        return rc;
     }
     atomic_fetch_add(&j->refs, 1);
     e->queue[(e->q_head + e->q_len) % e->cfg.max_queue] = j;
@@ -688,6 +802,7 @@ void srv_engine_free(struct srv_engine *e)
         kvp_ctx_free(e->slots[i].ctx);
         free(e->slots[i].logits);
         free(e->slots[i].toks);
+        free(e->slots[i].gen);
     }
     srv_prefix_close(e->prefix); /* writes out what is queued for the folder */
     free(e->slots);
@@ -695,6 +810,7 @@ void srv_engine_free(struct srv_engine *e)
     free(e->items);
     free(e->item_rc);
     free(e->item_err);
+    free(e->item_n0);
     free(e->batch);
     kvp_engine_free(e->kv_engine); /* after its sequences */
     pthread_mutex_destroy(&e->mu);
@@ -779,7 +895,11 @@ size_t srv_engine_metrics(struct srv_engine *e, char *buf, size_t cap)
         "# TYPE kvpred_prefix_cache_refused_total counter\n"
         "kvpred_prefix_cache_refused_total %llu\n"
         "kvpred_prefix_cache_written_total %llu\n"
-        "kvpred_prefix_cache_persistent %d\n",
+        "kvpred_prefix_cache_persistent %d\n"
+        "# HELP kvpred_kv_lost_total Losses of a tiered KV cache recovered from by recomputing.\n"
+        "# TYPE kvpred_kv_lost_total counter\n"
+        "kvpred_kv_lost_total %llu\n"
+        "kvpred_kv_recomputed_tokens_total %llu\n",
         (unsigned long long)s.jobs, (unsigned long long)s.jobs_cancelled,
         (unsigned long long)s.jobs_failed, (unsigned long long)s.prompt_tokens,
         (unsigned long long)s.prefill_tokens, (unsigned long long)s.generated_tokens,
@@ -791,6 +911,7 @@ size_t srv_engine_metrics(struct srv_engine *e, char *buf, size_t cap)
         (unsigned long long)ps.disk_entries, (unsigned long long)ps.ram_bytes,
         (unsigned long long)ps.disk_bytes, (unsigned long long)ps.hits,
         (unsigned long long)ps.tokens_loaded, (unsigned long long)ps.refused,
-        (unsigned long long)ps.written, ps.persistent ? 1 : 0);
+        (unsigned long long)ps.written, ps.persistent ? 1 : 0, (unsigned long long)s.kv_lost,
+        (unsigned long long)s.kv_recomputed);
     return n < 0 ? 0 : (size_t)n;
 }

@@ -10,7 +10,9 @@
  * A slot remembers the prompt its cache holds; a new request is placed in the free slot whose
  * cache shares the longest prefix with its prompt (ties: the least recently used), and only the
  * rest of the prompt is prefilled. Longer prefixes kept by the prefix cache (prefix.h: other
- * slots' earlier prompts, or a previous run's) are copied in instead when they cover more. Both
+ * slots' earlier prompts, or a previous run's) are copied in instead when they cover more, and
+ * failing that, a longer prefix another slot holds (kvp_seq_copy: the only way for tiered slots,
+ * whose blocks live in their stores). All
  * need a policy that neither evicts nor reads the prompt's attention at prefill time (full,
  * quest, ...); in-slot reuse also the same policy as the slot last ran. Only prompt tokens are
  * reused, never generated ones (decode computes those under the policy's selection, so reusing
@@ -96,8 +98,10 @@ struct srv_engine;
 
 int srv_engine_start(const struct srv_engine_config *cfg, struct srv_engine **out,
                      struct kvp_err *err);
-/* Queue a job (the engine takes its own reference): 0, or -1 when the queue is full or the
- * engine is stopping. */
+/* Queue a job (the engine takes its own reference): 0; SRV_SUBMIT_FULL when every slot is taken
+ * and the queue is full (the client may retry soon); SRV_SUBMIT_STOPPING when the engine takes
+ * no more jobs. */
+enum { SRV_SUBMIT_FULL = -1, SRV_SUBMIT_STOPPING = -2 };
 int srv_engine_submit(struct srv_engine *e, struct srv_job *j);
 /* Stop taking jobs; let running ones finish for at most grace_s seconds, then cancel them;
  * join the scheduler. */

@@ -22,7 +22,7 @@
 #include "tokenizer/chat.h"
 
 /* HTTP statuses counted for /metrics */
-static const int counted_status[] = {200, 400, 401, 404, 405, 413, 500, 503};
+static const int counted_status[] = {200, 400, 401, 404, 405, 413, 429, 500, 503};
 #define N_COUNTED (sizeof(counted_status) / sizeof(counted_status[0]))
 
 struct srv_server {
@@ -38,6 +38,8 @@ struct srv_server {
     atomic_ullong id_seq;
     struct srv_limits lim;
     struct srv_defaults def;
+    double keepalive_s;    /* a stream silent this long sends an SSE comment (a third of the
+                            * connection timeout) */
 };
 
 /* One request in progress (MHD's per-connection pointer). */
@@ -80,7 +82,7 @@ static enum MHD_Result send_text(struct srv_server *s, struct MHD_Connection *c,
     if (!r)
         return MHD_NO;
     MHD_add_response_header(r, "Content-Type", type);
-    if (status == 503)
+    if (status == 429 || status == 503)
         MHD_add_response_header(r, "Retry-After", "1");
     if (status == 401)
         MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
@@ -166,9 +168,12 @@ static bool client_gone(struct MHD_Connection *c)
 }
 
 /* Wait (job->mu held) until the job has text past `sent` or has finished, checking every
- * 100 ms whether the client left; false when it did (the job is then cancelled). */
-static bool wait_job(struct srv_job *j, size_t sent, struct MHD_Connection *c)
+ * 100 ms whether the client left; WAIT_GONE when it did (the job is then cancelled). With
+ * `idle_s` > 0, WAIT_IDLE after that many seconds without either. */
+enum { WAIT_READY, WAIT_GONE, WAIT_IDLE };
+static int wait_job(struct srv_job *j, size_t sent, struct MHD_Connection *c, double idle_s)
 {
+    double until = idle_s > 0 ? kvp_time_now() + idle_s : 0;
     while (j->visible <= sent && j->finish == SRV_RUNNING) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -177,12 +182,16 @@ static bool wait_job(struct srv_job *j, size_t sent, struct MHD_Connection *c)
             ts.tv_sec++;
             ts.tv_nsec -= 1000000000;
         }
-        if (pthread_cond_timedwait(&j->cv, &j->mu, &ts) == ETIMEDOUT && client_gone(c)) {
-            srv_job_cancel(j);
-            return false;
+        if (pthread_cond_timedwait(&j->cv, &j->mu, &ts) == ETIMEDOUT) {
+            if (client_gone(c)) {
+                srv_job_cancel(j);
+                return WAIT_GONE;
+            }
+            if (until > 0 && kvp_time_now() >= until)
+                return WAIT_IDLE;
         }
     }
-    return true;
+    return WAIT_READY;
 }
 
 /* s[0..n) as valid UTF-8 for JSON (malloc'd, NUL-terminated): each maximal ill-formed
@@ -237,6 +246,10 @@ static void add_kv(cJSON *o, const struct srv_job *j)
     cJSON_AddNumberToObject(k, "read_share", j->kv.read_share);
     if (j->t_first > 0)
         cJSON_AddNumberToObject(k, "ttft_ms", (j->t_first - j->t_submit) * 1e3);
+    /* from the first generated token to the last, once finished (llama-server's
+     * timings.predicted_ms): a client can tell prefill and queueing from decode with it */
+    if (j->t_first > 0 && j->t_done > j->t_first)
+        cJSON_AddNumberToObject(k, "decode_ms", (j->t_done - j->t_first) * 1e3);
 }
 
 static void add_usage(cJSON *o, const struct srv_job *j)
@@ -273,9 +286,27 @@ static bool next_event(struct stream *st)
     st->out = NULL;
     st->out_len = st->out_off = 0;
     pthread_mutex_lock(&j->mu);
-    if (st->phase == 1 && !wait_job(j, st->sent, st->conn)) {
-        pthread_mutex_unlock(&j->mu);
-        return false;
+    if (st->phase == 1) {
+        /* A stream waits inside this callback, where libmicrohttpd sees no traffic: once its
+         * --timeout passes without a byte sent, it closes the connection as idle as soon as the
+         * callback returns, cutting a stream whose first token came late (a long prompt, or a
+         * wait for a slot) in the middle of its chunked body. An SSE comment well within the
+         * timeout keeps it alive; clients skip comments. A client that stops reading is still
+         * closed by the timeout, since nothing can be sent to it. */
+        int w = wait_job(j, st->sent, st->conn, st->s->keepalive_s);
+        if (w == WAIT_GONE) {
+            pthread_mutex_unlock(&j->mu);
+            return false;
+        }
+        if (w == WAIT_IDLE) {
+            pthread_mutex_unlock(&j->mu);
+            static const char ka[] = ": keep-alive\n\n";
+            if (!(st->out = malloc(sizeof(ka))))
+                return false;
+            memcpy(st->out, ka, sizeof(ka));
+            st->out_len = sizeof(ka) - 1;
+            return true;
+        }
     }
     const char *object = chat ? "chat.completion.chunk" : "text_completion";
     switch (st->phase) {
@@ -545,11 +576,17 @@ static enum MHD_Result complete(struct srv_server *s, struct MHD_Connection *c, 
     srv_request_free(&r);
     if (!j)
         return send_error(s, c, &e);
-    if (srv_engine_submit(s->eng, j) < 0) {
+    int sub = srv_engine_submit(s->eng, j);
+    if (sub < 0) {
         srv_job_unref(j);
-        return fail(s, c, 503, "server_error", "server_busy",
-                    "the server is busy (every slot taken and the queue full) or stopping; "
-                    "retry later");
+        /* a full queue passes (429, as OpenAI answers a rate limit: the client should retry
+         * after Retry-After); a stopping server does not come back on this process (503) */
+        if (sub == SRV_SUBMIT_FULL)
+            return fail(s, c, 429, "requests", "rate_limit_exceeded",
+                        "every slot is taken and the queue is full; retry after the "
+                        "Retry-After header's seconds");
+        return fail(s, c, 503, "server_error", "server_stopping",
+                    "the server is stopping and takes no new requests");
     }
     char id[48];
     new_id(s, kind == SRV_CHAT ? "chatcmpl" : "cmpl", id, sizeof(id));
@@ -582,7 +619,7 @@ static enum MHD_Result complete(struct srv_server *s, struct MHD_Connection *c, 
     pthread_mutex_lock(&j->mu);
     bool here = true;
     while (here && j->finish == SRV_RUNNING)
-        here = wait_job(j, j->len + 1, c);
+        here = wait_job(j, j->len + 1, c, 0) == WAIT_READY;
     if (!here || j->finish == SRV_FINISH_ERROR || j->finish == SRV_FINISH_CANCELLED) {
         char msg[256];
         snprintf(msg, sizeof(msg), "%s", j->err[0] ? j->err : "generation failed");
@@ -820,6 +857,7 @@ int srv_server_start(const struct srv_config *cfg, const kvp_model *model,
     if (!s)
         return kvp_err_set(err, KVP_ENOMEM, "out of memory");
     s->cfg = *cfg;
+    s->keepalive_s = (cfg->timeout_s > 0 ? cfg->timeout_s : 30) / 3.0;
     s->model = model;
     s->chat_fmt = model->gguf ? kvp_chat_detect_gguf(model->gguf) : KVP_CHAT_PLAIN;
     const char *base = strrchr(cfg->model_path, '/');
