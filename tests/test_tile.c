@@ -80,8 +80,8 @@ static double store_bound(int type, const double *e, int hd, int d)
  * the model's own RoPE parameters (not the engine's table); every tiled value bit for bit. */
 static void check_keys(const kvp_model *model, kvp_ctx *c, const char *what)
 {
-    const struct kvp_kvcache *kv = &c->kv;
-    const struct kvp_hparams *hp = &c->hp;
+    const struct kvp_kvcache *kv = kvp_ctx_kvcache_const(c);
+    const struct kvp_hparams *hp = kvp_ctx_hparams(c);
     const int hd = kv->head_dim, L = M - BS;
     const int stride = hp->rope_style == KVP_ROPE_NEOX ? 1 : 2;
     const int other = hp->rope_style == KVP_ROPE_NEOX ? hd / 2 : 1;

@@ -31,7 +31,7 @@
 #include <string.h>
 
 #include "core/err.h"
-#include "forward/context.h"
+#include "forward/context_internal.h"
 #include "forward/kv_step.h"
 #include "policy/host.h"
 #include "policy/policy.h"
