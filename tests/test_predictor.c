@@ -279,6 +279,11 @@ static void test_inference_matches_training(void **state)
         md = fmax(md, fabs(sc[i] - ws.y[i]));
     print_message("inference (%s) vs training forward: max diff %.3g\n", kvp_cnn_kernels()->name,
                   md);
+    /* Empirical, not derived: two implementations of one network (the inference kernels and the
+     * trainer's loops) sum each conv tap row in another order and the error passes through two
+     * ReLU layers and a softmax, for which no useful worst-case bound exists (it grows with the
+     * weights' norms). Measured 1.1e-7 under every table; any wrong tap, bias or stride moves the
+     * outputs by >= 1e-2 (a dropped CNN bias was caught here), so 1e-4 separates the two. */
     assert_true(md < 1e-4);
 
     /* every kernel table the CPU runs computes the same conv2 row */
@@ -489,6 +494,10 @@ static void test_incremental_matches_full(void **state)
     print_message("incremental vs from scratch: %d of 40 steps incremental, max rel diff %.3g\n",
                   n_inc, md);
     assert_true(n_inc >= 39); /* only the first call starts from scratch */
+    /* Empirical: the incremental pass reuses conv1 rows computed when their column was new, the
+     * scratch pass recomputes them with the slice's other columns, so the blocked kernels' sums
+     * may split differently; measured 2.1e-7 relative. A stale or shifted reused row (the bug
+     * this guards) is an O(1) error. */
     assert_true(md < 1e-5);
     kvp_cnn_inc_free(&st);
     kvp_cnn_scratch_free(&scr);
@@ -944,6 +953,9 @@ static void test_columns_match_full(void **state)
             d = fmax(d, fabs(out[c] - ws.y[c]) / (1.0 + fabs(ws.y[c])));
         print_message("H %d: per-column vs full network: max rel diff %.3g, %ld of %d conv2 rows "
                       "computed\n", H, d, computed, H * W);
+        /* Empirical, as the incremental check above: per column the kernels sum the same taps in
+         * another grouping; measured 3.5e-8 to 4.0e-8 relative. A skipped row that was not all
+         * zero, or a column offset off by one, is an O(1) error. */
         assert_true(d < 1e-5);
         if (H == 8)
             assert_true(computed < H * W); /* the all-zero rows were skipped */
