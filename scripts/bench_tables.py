@@ -486,7 +486,7 @@ SECTIONS = [
     ("Decode far past 32K tokens", long_decode,
      "2 threads, 16 decoded tokens per run, caches filled with `bench --fill tile` (a real "
      "prefill of 4096 tokens of an essay tiled with re-rotated keys, the last 32 prefilled; the "
-     "shipped model prefilled for real to 32K), taken at nice -20 under a lock beside nice-19 "
+     "shipped model's rows tiled too: its real 32K prefill, past its trained 8192, failed and is not yet explained), taken at nice -20 under a lock beside nice-19 "
      "builds of other work. KV read: what the selections let attention read; flat meta: what a "
      "flat bound pass over every block reads; read floor: bandwidth / (weights + KV read + flat "
      "meta)."),
