@@ -17,7 +17,11 @@
 # Environment: KVP (default build/kvpred), LLAMA_BIN (../shared/peers/llama.cpp/bin), OUT (synth
 # files and raw outputs, default /tmp/kvp-bench-batched), RESULTS (the bench/ prefix, default
 # bench/batched_<UTC date>), REPS (1), TYPES ("Q8_0 Q4_K"), THREADS ("1 2"), NPP ("512 4096"),
-# NTG (32), NPL (1,2,4,8,16), QUEST (1).
+# NTG (32), NPL (1,2,4,8,16), QUEST (1), FILL (copy: kvpred prefills one prompt per row and copies
+# its KV into the other sequences, which then decode tokens of their own, so a row's time goes to
+# the decode; prefill: every sequence prefills its own prompt), LOCK and TIMED_NICE (each engine's
+# turn, one command, runs under `flock LOCK nice -n TIMED_NICE`, so a shared host's lock is held
+# for one run at a time, not the whole grid).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -33,6 +37,16 @@ NPP=${NPP:-512 4096}
 NTG=${NTG:-32}
 NPL=${NPL:-1,2,4,8,16}
 QUEST=${QUEST:-1}
+FILL=${FILL:-copy}
+LOCK=${LOCK:-}
+TIMED_NICE=${TIMED_NICE:-}
+# timed CMD...: CMD under the lock and at the priority asked for
+timed() {
+    local pre=()
+    [ -n "$LOCK" ] && pre+=(flock "$LOCK")
+    [ -n "$TIMED_NICE" ] && pre+=(nice -n "$TIMED_NICE")
+    "${pre[@]}" "$@"
+}
 export LD_LIBRARY_PATH="$LLAMA_BIN${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # see bench_peers.sh: OpenBLAS's own kernel choice for the sgemm prefill path
 [ "${KEEP_BLAS_CORETYPE:-0}" = 1 ] || unset OPENBLAS_CORETYPE
@@ -69,22 +83,23 @@ for ty in $TYPES; do
     for t in $THREADS; do
         for npp in $NPP; do
             for r in $(seq "$REPS"); do
-                "$KVP" batched-bench -m "$f" -npp "$npp" -ntg "$NTG" -npl "$NPL" -t "$t" --json |
+                timed "$KVP" batched-bench -m "$f" -npp "$npp" -ntg "$NTG" -npl "$NPL" -t "$t" \
+                    --fill "$FILL" --json |
                     jq -c --arg ty "$ty" '. + {type:$ty, kv:"dense"}' | tag kvpred
                 if [ "$QUEST" = 1 ]; then
-                    "$KVP" batched-bench -m "$f" -npp "$npp" -ntg "$NTG" -npl "$NPL" -t "$t" \
-                        --policy quest --budget 1/16 --json |
+                    timed "$KVP" batched-bench -m "$f" -npp "$npp" -ntg "$NTG" -npl "$NPL" \
+                        -t "$t" --fill "$FILL" --policy quest --budget 1/16 --json |
                         jq -c --arg ty "$ty" '. + {type:$ty, kv:"quest 1/16"}' | tag kvpred
                 fi
                 if [ "$PEER" = server ]; then
-                    python3 scripts/llama_server_bench.py --server "$LLAMA_BIN/llama-server" \
+                    timed python3 scripts/llama_server_bench.py --server "$LLAMA_BIN/llama-server" \
                         --model "$f" --threads "$t" --log "$OUT/llama-server.log" batched \
                         --npp "$npp" --ntg "$NTG" --npl "$NPL" |
                         jq -c --arg ty "$ty" '. + {type:$ty, kv:"dense"}' | tag llama-server ||
                         echo "bench_batched: llama-server failed" >&2
                     continue
                 fi
-                "$LLAMA_BIN/llama-batched-bench" -m "$f" -c $((npl_max * (npp + NTG) + 16)) \
+                timed "$LLAMA_BIN/llama-batched-bench" -m "$f" -c $((npl_max * (npp + NTG) + 16)) \
                     -b 2048 -ub 512 -npp "$npp" -ntg "$NTG" -npl "$NPL" -t "$t" \
                     --output-format jsonl >"$OUT/llama.out" 2>/dev/null ||
                     echo "bench_batched: llama-batched-bench failed (exit $?)" >&2
@@ -105,9 +120,9 @@ jq -rs '
     type: .[0].type, threads: .[0].threads, npp: .[0].npp, npl: .[0].npl,
     kd: [.[] | select(.engine == "kvpred" and .kv == "dense") | .tg_tokens_per_s] | med,
     kq: [.[] | select(.engine == "kvpred" and .kv == "quest 1/16") | .tg_tokens_per_s] | med,
-    ll: [.[] | select(.engine == "llama.cpp") | .tg_tokens_per_s] | med,
+    ll: [.[] | select(.engine == "llama.cpp" or .engine == "llama-server") | .tg_tokens_per_s] | med,
     kpp: [.[] | select(.engine == "kvpred" and .kv == "dense") | .pp_tokens_per_s] | med,
-    lpp: [.[] | select(.engine == "llama.cpp") | .pp_tokens_per_s] | med}) |
+    lpp: [.[] | select(.engine == "llama.cpp" or .engine == "llama-server") | .pp_tokens_per_s] | med}) |
   sort_by([.type, .threads, .npp, .npl]) |
   (["| type | t | npp | npl | kvpred dense tg/s | kvpred quest 1/16 tg/s | llama.cpp tg/s |" +
     " dense / llama | quest / llama | kvpred pp/s | llama.cpp pp/s |",

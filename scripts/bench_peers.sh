@@ -17,6 +17,16 @@
 # each engine loads the other's quantized file (llama-quantize -> kvpred, kvpred quantize ->
 # llama-bench).
 #
+# The peer binaries are built for another CPU: where llama-bench dies of SIGILL (exit 132) the
+# static llama-server stands in for llama-bench and llama-batched-bench
+# (scripts/llama_server_bench.py: pp512 is the median of 3 /completion prompts of 512 tokens;
+# tg128 is 128 tokens generated after an 8-token prompt, tg128 @512 and the long rows after a
+# prompt of that length, in one slot), every llama.cpp row then says "peer":"llama-server", and
+# the checks that need llama-bench or llama-quantize say they were skipped. The Q4_K
+# Llama-3.2-1B-shape prefill row alone:
+#
+#   REPS=3 SHAPES=l1b TYPES=Q4_K THREADS=2 LONG="" scripts/bench_peers.sh
+#
 # Environment: KVP (kvpred binary, default build/kvpred), LLAMA_BIN (default
 # ../shared/peers/llama.cpp/bin), OUT (default /tmp/kvp-bench-peers; synth files are kept there
 # and reused), REPS (3), L1B_LAYERS (4), LONG ("4096 16384"), THREADS ("1 2"), TYPES
@@ -56,13 +66,35 @@ shape_name() { case $1 in smol) echo SmolLM2-135M ;; l1b) echo Llama-3.2-1B ;; e
 shape_layers() { case $1 in smol) echo 30 ;; l1b) echo "$L1B_LAYERS" ;; esac; }
 model_file() { echo "$OUT/$1-L$(shape_layers "$1")-$2.gguf"; }
 
-# record ENGINE SHAPE TYPE THREADS TEST TOKENS_PER_S RSS_KB
+# record ENGINE SHAPE TYPE THREADS TEST TOKENS_PER_S RSS_KB: llama.cpp rows say which tool ran
 record() {
+    local peer=null
+    [ "$1" = llama.cpp ] && peer=\"$PEER_TOOL\"
     jq -nc --arg e "$1" --arg s "$(shape_name "$2")" --arg l "$(shape_layers "$2")" --arg ty "$3" \
         --argjson t "$4" --arg test "$5" --argjson v "$6" --argjson rss "${7:-null}" \
+        --argjson peer "$peer" \
         '{engine:$e, shape:$s, layers:($l|tonumber), type:$ty, threads:$t, test:$test,
-          tokens_per_s:$v, rss_kb:$rss}' >>"$RES"
+          tokens_per_s:$v, rss_kb:$rss} + (if $peer then {peer:$peer} else {} end)' >>"$RES"
 }
+
+# server_tg FILE THREADS NPP NTG: llama-server's decode tokens/s of NTG tokens after an
+# NPP-token prompt, one slot (llama_server_bench.py batched at npl 1)
+server_tg() {
+    python3 scripts/llama_server_bench.py --server "$LLAMA_BIN/llama-server" --model "$1" \
+        --threads "$2" --log "$OUT/llama-server.log" batched --npp "$3" --ntg "$4" --npl 1 |
+        jq .tg_tokens_per_s
+}
+
+# ---- the peer: llama-bench, or llama-server where llama-bench dies of SIGILL ----
+PEER_TOOL=llama-bench
+probe=$(model_file smol Q8_0)
+[ -s "$probe" ] || "$KVP" synth --shape SmolLM2-135M --layers 30 --type Q8_0 -t 2 -o "$probe"
+set +e
+"$LLAMA_BIN/llama-bench" -m "$probe" -p 8 -n 0 -r 1 -t 1 >/dev/null 2>&1
+[ $? -eq 132 ] && PEER_TOOL=llama-server
+set -e
+[ "$PEER_TOOL" = llama-server ] &&
+    echo "bench_peers: llama-bench dies of SIGILL here; llama-server stands in" >&2
 
 # ---- files ----
 for s in $SHAPES; do
@@ -90,17 +122,30 @@ for s in $SHAPES; do
                 record kvpred "$s" "$ty" "$t" pp512 "$(jq .prefill_tokens_per_s "$OUT/kvp.json")" "$rss"
                 record kvpred "$s" "$ty" "$t" "tg128 @512" "$(jq .decode_tokens_per_s "$OUT/kvp.json")" "$rss"
                 # pp512, tg128 (0..128 cached)
-                timed "$LLAMA_BIN/llama-bench" -m "$f" -p 512 -n 128 -t "$t" -r 1 -o json \
-                    >"$OUT/llama.json" 2>/dev/null
-                record llama.cpp "$s" "$ty" "$t" pp512 \
-                    "$(jq '.[] | select(.n_prompt > 0) | .avg_ts' "$OUT/llama.json")" "$rss"
-                record llama.cpp "$s" "$ty" "$t" tg128 \
-                    "$(jq '.[] | select(.n_gen > 0) | .avg_ts' "$OUT/llama.json")" "$rss"
+                if [ "$PEER_TOOL" = llama-server ]; then
+                    timed python3 scripts/llama_server_bench.py --server "$LLAMA_BIN/llama-server" \
+                        --model "$f" --threads "$t" --log "$OUT/llama-server.log" pp --npp 512 \
+                        --reps 3 >"$OUT/llama.json"
+                    record llama.cpp "$s" "$ty" "$t" pp512 "$(jq .tokens_per_s "$OUT/llama.json")" \
+                        "$rss"
+                    record llama.cpp "$s" "$ty" "$t" tg128 "$(server_tg "$f" "$t" 8 128)"
+                else
+                    timed "$LLAMA_BIN/llama-bench" -m "$f" -p 512 -n 128 -t "$t" -r 1 -o json \
+                        >"$OUT/llama.json" 2>/dev/null
+                    record llama.cpp "$s" "$ty" "$t" pp512 \
+                        "$(jq '.[] | select(.n_prompt > 0) | .avg_ts' "$OUT/llama.json")" "$rss"
+                    record llama.cpp "$s" "$ty" "$t" tg128 \
+                        "$(jq '.[] | select(.n_gen > 0) | .avg_ts' "$OUT/llama.json")" "$rss"
+                fi
                 # tg128: 128 decoded with 1..129 cached (the 16-token prefill is not recorded)
                 timed "$KVP" bench -m "$f" -c 1 --prefill 16 -n 128 -t "$t" -r 1 --bandwidth 1 \
                     --json >"$OUT/kvp.json"
                 record kvpred "$s" "$ty" "$t" tg128 "$(jq .decode_tokens_per_s "$OUT/kvp.json")" "$rss"
                 # tg128 @512
+                if [ "$PEER_TOOL" = llama-server ]; then
+                    record llama.cpp "$s" "$ty" "$t" "tg128 @512" "$(server_tg "$f" "$t" 512 128)"
+                    continue
+                fi
                 timed "$LLAMA_BIN/llama-batched-bench" -m "$f" -c 700 -b 2048 -ub 512 -npp 512 \
                     -ntg 128 -npl 1 -t "$t" --output-format jsonl >"$OUT/llama.out" 2>/dev/null
                 grep '^{' "$OUT/llama.out" >"$OUT/llama.json"
@@ -119,13 +164,19 @@ for ctx in $LONG; do
     "$KVP" bench -m "$f" -c "$ctx" --prefill 16 -n 32 -t 2 -r 1 --bandwidth 1 --policy quest \
         --budget 1/16 --json >"$OUT/kvp.json"
     record kvpred smol Q8_0 2 "tg@$ctx quest 1/16" "$(jq .decode_tokens_per_s "$OUT/kvp.json")"
+    if [ "$PEER_TOOL" = llama-server ]; then
+        record llama.cpp smol Q8_0 2 "tg@$ctx dense" "$(server_tg "$f" 2 "$ctx" 32)"
+        continue
+    fi
     "$LLAMA_BIN/llama-batched-bench" -m "$f" -c $((ctx + 64)) -b 2048 -ub 512 -npp "$ctx" -ntg 32 \
         -npl 1 -t 2 --output-format jsonl 2>/dev/null | grep '^{' >"$OUT/llama.json"
     record llama.cpp smol Q8_0 2 "tg@$ctx dense" "$(jq .speed_tg "$OUT/llama.json")"
 done
 
 # ---- each engine loads the other's quantized file ----
-if [ -s "$(model_file smol Q8_0)" ]; then
+if [ "$PEER_TOOL" = llama-server ]; then
+    loads+=("cross-loading checks skipped: llama-bench and llama-quantize die of SIGILL here")
+elif [ -s "$(model_file smol Q8_0)" ]; then
     f16="$OUT/smol-L1-F16.gguf"
     "$KVP" synth --shape SmolLM2-135M --layers 1 --type F16 -o "$f16" >/dev/null
     "$LLAMA_BIN/llama-quantize" "$f16" "$OUT/by-llama-Q4_K_M.gguf" Q4_K_M >/dev/null 2>&1
@@ -177,4 +228,7 @@ fi # TABLE_ONLY
 } >"$OUT/table.md"
 cat "$OUT/table.md"
 for l in "${loads[@]}"; do echo "- $l"; done
+if [ "${TABLE_ONLY:-0}" != 1 ] && [ "$PEER_TOOL" = llama-server ]; then
+    echo "- llama.cpp columns: llama-server standing in for llama-bench / llama-batched-bench"
+fi
 echo "($(($(date +%s) - start)) s; reps $REPS; raw results in $RES)"

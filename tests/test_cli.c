@@ -449,6 +449,31 @@ static void test_tier_flags_shared(void **state)
     }
 }
 
+/* batched-bench --fill tile grows one prompt past the 4096 tokens it prefills (so its copies
+ * hold npp tokens each, in the disk tier here), and --serial reports its own rate and reads. */
+static void test_batched_fill_tile(void **state)
+{
+    (void)state;
+    KVP_REQUIRE_CLI(cli);
+    KVP_REQUIRE_SHARED(m, "models/stories260K.gguf");
+    char cmd[10000];
+    snprintf(cmd, sizeof(cmd),
+             "%s batched-bench -m %s -npp 4200 -ntg 2 -npl 2 --fill tile --serial --policy quest "
+             "--budget 1/16 --kv-tier disk --kv-dir /tmp --json 2>/dev/null",
+             cli, m);
+    cJSON *j = run_json(cmd);
+    assert_string_equal(cJSON_GetObjectItem(j, "fill")->valuestring, "tile");
+    assert_int_equal(cJSON_GetObjectItem(j, "npp")->valueint, 4200);
+    /* both sequences' caches, 4200 prompt tokens and the decoded ones, are in the cold tier */
+    assert_true(cJSON_GetObjectItem(j, "kv_cold_bytes")->valuedouble > 0);
+    assert_true(cJSON_GetObjectItem(j, "tg_serial_tokens_per_s")->valuedouble > 0);
+    assert_non_null(cJSON_GetObjectItem(j, "serial_cold_bytes_read_per_token"));
+    assert_non_null(cJSON_GetObjectItem(j, "cold_misses"));
+    cJSON_Delete(j);
+    snprintf(cmd, sizeof(cmd), "%s batched-bench -m %s --fill grow", cli, m);
+    kvp_test_expect_error(cmd, "--fill");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -458,6 +483,7 @@ int main(void)
         cmocka_unit_test(test_bench_paired),
         cmocka_unit_test(test_run_tiers),
         cmocka_unit_test(test_tier_flags_shared),
+        cmocka_unit_test(test_batched_fill_tile),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -13,10 +13,16 @@
  * --fill copy prefills one sequence and copies its KV into the others (kvp_seq_copy; the
  * sequences then decode different tokens): the way to fill many long contexts quickly. --serial
  * then also decodes the sequences one after another, ntg tokens each, with the same tier: the
- * aggregate a machine gets without batching.
+ * aggregate a machine gets without batching. --fill tile is copy with the one prompt grown as
+ * `bench --fill tile` grows it: TILE_SOURCE tokens prefilled for real, the cache tiled to
+ * npp - TILE_TAIL (kvp_ctx_fill_tile), the last TILE_TAIL evaluated for real; a 32K-token
+ * prompt then fills in seconds instead of the many minutes its quadratic prefill takes on two
+ * cores. --stop-before-decode stops the process (SIGSTOP) after each row's fill, so that a
+ * script can take a timing lock and raise the priority for the timed part only, then SIGCONT.
  *
  * Token ids are deterministic pseudo-random ids, different per sequence.
  */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,7 +39,13 @@
 
 #define MAX_LIST 32
 
-static const char *const fill_names[] = {"prefill", "copy", NULL};
+static const char *const fill_names[] = {"prefill", "copy", "tile", NULL};
+enum { FILL_PREFILL, FILL_COPY, FILL_TILE };
+
+/* --fill tile: tokens prefilled for real, and evaluated for real after the tiled part (the
+ * policies' observation window, 32 by default, sees real queries); as in `bench --fill tile` */
+#define TILE_SOURCE 4096
+#define TILE_TAIL 32
 
 static void help(void)
 {
@@ -47,12 +59,16 @@ static void help(void)
            "%s"
            "                       (each sequence's cache is tiered on its own)\n"
            "  --fill F             prefill (default) or copy: prefill one sequence and copy its\n"
-           "                       KV into the others\n"
+           "                       KV into the others; or tile: copy, with the one prompt\n"
+           "                       grown as bench --fill tile grows it (%d tokens prefilled,\n"
+           "                       tiled to npp - %d, the last %d evaluated)\n"
            "  --serial             also decode the sequences one after another (ntg each)\n"
+           "  --stop-before-decode stop (SIGSTOP) after each row's fill until SIGCONT, so a\n"
+           "                       script can time the decode alone under a lock\n"
            "  --json               one JSON object per row instead of the table\n"
            "Each sequence's context is npp + 2*ntg tokens (-c is not used); -b is the step's\n"
            "most tokens of all sequences.\n%s",
-           cli_tier_flags_help, cli_model_flags_help);
+           cli_tier_flags_help, TILE_SOURCE, TILE_TAIL, TILE_TAIL, cli_model_flags_help);
 }
 
 /* "1,2,4" into list; false on a bad or empty list. */
@@ -60,7 +76,7 @@ struct row {
     long npp, ntg, npl;
     double t_pp, t_tg, t_serial, t_fill_copy;
     size_t kv_resident, kv_cold;
-    uint64_t bytes_read;
+    uint64_t bytes_read, hits, misses, serial_bytes_read;
     long rss_kib;
 };
 
@@ -84,7 +100,7 @@ struct bench {
     struct kvp_ctx_params cp;
     struct kvp_policy_params *pp;
     int n_batch, fill;
-    bool serial;
+    bool serial, stop;
     int n_vocab;
 };
 
@@ -123,6 +139,13 @@ static int run_row(struct bench *b, struct row *r)
     double t0 = kvp_time_now();
     long n_prefill = b->fill ? 1 : r->npl;
     long s = 0, fed = 0;
+    if (b->fill == FILL_TILE && r->npp > TILE_SOURCE + TILE_TAIL) {
+        if (kvp_eval(seq[0], toks, TILE_SOURCE, NULL, false, &err) < 0 ||
+            kvp_ctx_fill_tile(seq[0], (int)(r->npp - TILE_TAIL), &err) < 0 ||
+            kvp_eval(seq[0], toks + r->npp - TILE_TAIL, TILE_TAIL, NULL, false, &err) < 0)
+            goto fail;
+        s = n_prefill;
+    }
     while (s < n_prefill) {
         int n = 0, rows = 0;
         while (s < n_prefill && rows < b->n_batch) {
@@ -154,6 +177,8 @@ static int run_row(struct bench *b, struct row *r)
     }
     for (long k = 0; k < r->npl; k++)
         kvp_ctx_store_reset_stats(seq[k]);
+    if (b->stop)
+        raise(SIGSTOP);
     /* decode: every sequence one token per step */
     t0 = kvp_time_now();
     for (long i = 0; i < r->ntg; i++) {
@@ -167,15 +192,19 @@ static int run_row(struct bench *b, struct row *r)
     r->t_tg = kvp_time_now() - t0;
     r->rss_kib = rss_kib();
     r->kv_resident = r->kv_cold = 0;
-    r->bytes_read = 0;
+    r->bytes_read = r->hits = r->misses = r->serial_bytes_read = 0;
     for (long k = 0; k < r->npl; k++) {
         size_t res, cold;
         kvp_seq_kv_bytes(seq[k], &res, &cold);
         r->kv_resident += res;
         r->kv_cold += cold;
         struct kvp_store_stats st;
-        if (kvp_ctx_store_stats(seq[k], &st) == 0)
+        if (kvp_ctx_store_stats(seq[k], &st) == 0) {
             r->bytes_read += st.bytes_read;
+            r->hits += st.hits;
+            r->misses += st.misses;
+        }
+        kvp_ctx_store_reset_stats(seq[k]);
     }
     if (b->serial) {
         t0 = kvp_time_now();
@@ -188,6 +217,11 @@ static int run_row(struct bench *b, struct row *r)
                     goto fail;
             }
         r->t_serial = kvp_time_now() - t0;
+        for (long k = 0; k < r->npl; k++) {
+            struct kvp_store_stats st;
+            if (kvp_ctx_store_stats(seq[k], &st) == 0)
+                r->serial_bytes_read += st.bytes_read;
+        }
     }
     rc = 0;
     goto out;
@@ -231,12 +265,18 @@ static void print_json(const struct bench *b, const struct row *r, const char *b
     cJSON_AddNumberToObject(o, "t_tg_s", r->t_tg);
     cJSON_AddNumberToObject(o, "tg_tokens_per_s", n_tg / r->t_tg);
     cJSON_AddNumberToObject(o, "tg_ms_per_token_per_seq", 1e3 * r->t_tg / r->ntg);
-    if (b->serial)
+    if (b->serial) {
         cJSON_AddNumberToObject(o, "tg_serial_tokens_per_s", n_tg / r->t_serial);
+        cJSON_AddNumberToObject(o, "serial_cold_bytes_read_per_token",
+                                (double)r->serial_bytes_read / n_tg);
+    }
     /* KV after the decode, summed over sequences: in RAM (resident) and in the cold tier */
     cJSON_AddNumberToObject(o, "kv_resident_bytes", (double)r->kv_resident);
     cJSON_AddNumberToObject(o, "kv_cold_bytes", (double)r->kv_cold);
     cJSON_AddNumberToObject(o, "cold_bytes_read_per_token", (double)r->bytes_read / n_tg);
+    /* selected (layer, block) units found hot or in flight, against fetched on demand */
+    cJSON_AddNumberToObject(o, "cold_hits", (double)r->hits);
+    cJSON_AddNumberToObject(o, "cold_misses", (double)r->misses);
     cJSON_AddNumberToObject(o, "rss_bytes", (double)r->rss_kib * 1024.0);
     char *s = cJSON_PrintUnformatted(o);
     printf("%s\n", s);
@@ -251,7 +291,7 @@ int cmd_batched_bench(int argc, char **argv)
     const char *npp_s = "128", *ntg_s = "128", *npl_s = "1,2,4,8", *budget_arg = NULL;
     struct cli_tier_opts to = CLI_TIER_OPTS_INIT;
     int fill = 0;
-    bool json = false, serial = false;
+    bool json = false, serial = false, stop = false;
     struct kvp_policy_params pp = {0};
     const struct cli_flag flags[] = {
         CLI_STR("-npp", &npp_s),
@@ -260,8 +300,9 @@ int cmd_batched_bench(int argc, char **argv)
         CLI_STR("--policy", &pp.name),
         CLI_STR("--budget", &budget_arg),
         CLI_TIER_FLAGS(&to),
-        CLI_CHOICE("--fill", fill_names, 0, &fill, "prefill or copy"),
+        CLI_CHOICE("--fill", fill_names, 0, &fill, "prefill, copy or tile"),
         CLI_BOOL("--serial", &serial),
+        CLI_BOOL("--stop-before-decode", &stop),
         CLI_BOOL("--json", &json),
         {0},
     };
@@ -320,6 +361,7 @@ int cmd_batched_bench(int argc, char **argv)
     struct row warm = {.npp = 8, .ntg = 2, .npl = 1};
     if (run_row(&b, &warm) < 0)
         status = 1;
+    b.stop = stop; /* not before the warm-up row */
     for (int i = 0; i < n_npp && !status; i++)
         for (int j = 0; j < n_ntg && !status; j++)
             for (int k = 0; k < n_npl && !status; k++) {
