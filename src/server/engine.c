@@ -26,6 +26,8 @@ struct slot {
     int recoveries;     /* losses of the tiered cache this job recovered from */
     double last_used;
     double pol_s0;      /* policy seconds at the job's start */
+    double t_lookup, t_load, t_copy; /* trace: seconds of the job's prefix lookup, load, copy */
+    int how;            /* trace: 0 slot, 1 prefix cache, 2 another slot */
 };
 
 struct srv_stats {
@@ -60,6 +62,7 @@ struct srv_engine {
     kvp_engine *kv_engine;     /* owned: the slots are its sequences, stepped together */
     struct kvp_batch_item *batch; /* [n_slots] */
     int n_batch;               /* tokens a step takes */
+    bool trace;                /* $KVPRED_SERVE_TRACE: one line per prompt with its phases */
 };
 
 /* ---- jobs ------------------------------------------------------------------------------- */
@@ -276,9 +279,17 @@ static int slot_begin(struct srv_engine *e, struct slot *s, struct srv_job *j)
     /* a longer prefix in the prefix cache is copied in instead */
     struct srv_prefix *pc = e->prefix;
     int from_cache = 0;
+    double t0 = kvp_time_now();
+    s->t_lookup = s->t_load = s->t_copy = 0;
+    s->how = 0;
     if (pc && srv_prefix_ctx_ok(s->ctx)) {
         int m = srv_prefix_match(pc, j->ids, j->n_prompt, j->n_prompt - 2, reuse);
-        if (m > 0 && srv_prefix_load(pc, s->ctx, j->ids, m) == 0) {
+        double t1 = kvp_time_now();
+        s->t_lookup = t1 - t0;
+        int lrc = m > 0 ? srv_prefix_load(pc, s->ctx, j->ids, m) : -1;
+        s->t_load = kvp_time_now() - t1;
+        s->how = m > 0 && lrc == 0 ? 1 : 0;
+        if (m > 0 && lrc == 0) {
             reuse = from_cache = m;
             memcpy(s->toks, j->ids, (size_t)m * sizeof(int32_t));
         } else if (m > 0) {
@@ -307,7 +318,11 @@ static int slot_begin(struct srv_engine *e, struct slot *s, struct srv_job *j)
         /* a copy moves whole blocks through both stores: worth it from one block on */
         if (src && best - reuse >= 16) {
             struct kvp_err cerr = {0};
-            if (kvp_seq_copy(s->ctx, src->ctx, best, &cerr) == 0) {
+            double t1 = kvp_time_now();
+            int crc = kvp_seq_copy(s->ctx, src->ctx, best, &cerr);
+            s->t_copy = kvp_time_now() - t1;
+            s->how = 2;
+            if (crc == 0) {
                 reuse = from_cache = best;
                 memcpy(s->toks, j->ids, (size_t)best * sizeof(int32_t));
             } else {
@@ -564,6 +579,14 @@ static void slot_after(struct srv_engine *e, const struct step_item *it, int rc,
         s->n_toks = s->pos;
         if (it->last && e->prefix)
             srv_prefix_put(e->prefix, s->ctx, j->ids, j->n_prompt);
+        if (it->last && e->trace)
+            fprintf(stderr,
+                    "kvpred serve: trace: prompt %d reused %d (%s) queue %.3f lookup %.3f "
+                    "load %.3f copy %.3f prefill %.3f s\n",
+                    j->n_prompt, j->kv.prefix_reused,
+                    s->how == 1 ? "prefix cache" : s->how == 2 ? "other slot" : "slot",
+                    j->t_start - j->t_submit - s->t_lookup - s->t_load - s->t_copy, s->t_lookup, s->t_load, s->t_copy,
+                    kvp_time_now() - j->t_start);
     }
     refresh_kv(e, s);
     if (it->prefill && it->last && j->max_tokens == 0)
@@ -676,6 +699,8 @@ int srv_engine_start(const struct srv_engine_config *cfg, struct srv_engine **ou
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     e->t_start = kvp_time_now();
+    const char *tr = getenv("KVPRED_SERVE_TRACE");
+    e->trace = tr && *tr && strcmp(tr, "0") != 0;
     e->slots = calloc((size_t)cfg->n_slots, sizeof(*e->slots));
     e->queue = calloc((size_t)cfg->max_queue, sizeof(*e->queue));
     e->items = calloc((size_t)cfg->n_slots, sizeof(*e->items));
@@ -752,6 +777,9 @@ int srv_engine_submit(struct srv_engine *e, struct srv_job *j)
     e->q_len++;
     pthread_cond_signal(&e->cv);
     pthread_mutex_unlock(&e->mu);
+    /* a document kept only in the folder (after a restart) is read back while the request
+     * waits for its slot, not by the scheduler when it starts */
+    srv_prefix_prefetch(e->prefix, j->ids, j->n_prompt);
     return 0;
 }
 

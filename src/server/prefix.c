@@ -28,10 +28,18 @@ struct entry {
     uint8_t *data;        /* [n_layer][n / bs] units; NULL while only on disk */
     char *path;           /* the file, or NULL */
     bool writing;         /* queued for or being written by the writer */
+    bool loading;         /* being read back from its file (by a loader or a load) */
+    bool queued;          /* in the loaders' queue */
     double last_used;
     struct entry *next;
     struct entry *wnext;  /* writer queue */
+    struct entry *lnext;  /* loader queue */
 };
+
+/* Threads that read entries back from their files ahead of their use (srv_prefix_prefetch):
+ * two, so two documents asked for at once (after a restart) are read and checked side by
+ * side instead of one after the other on the scheduler thread. */
+#define SRV_PREFIX_LOADERS 2
 
 struct srv_prefix {
     struct srv_prefix_config cfg;
@@ -43,6 +51,9 @@ struct srv_prefix {
     pthread_cond_t cv;
     struct entry *list;
     struct entry *wq_head, *wq_tail;
+    struct entry *lq_head, *lq_tail;
+    pthread_t loaders[SRV_PREFIX_LOADERS];
+    int n_loaders;
     bool quit;
     bool persistent;
     bool warned;
@@ -354,15 +365,16 @@ out:
     return e;
 }
 
-/* Read e's units from its file, each checked: 0, or -1 with *why set. */
-static int read_data(struct srv_prefix *p, struct entry *e, const char **why)
+/* Read the units of an entry of n tokens from its file, each checked as it is read: the data,
+ * or NULL with *why set. Called without the lock. */
+static uint8_t *read_data(struct srv_prefix *p, const char *path, int n, const char **why)
 {
-    size_t bytes = entry_bytes(p, e->n);
+    size_t bytes = entry_bytes(p, n);
     uint8_t *d = malloc(bytes ? bytes : 1);
-    int fd = open(e->path, O_RDONLY | O_CLOEXEC);
-    int rc = -1;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    uint8_t *rc = NULL;
     *why = "cannot read";
-    if (!d || fd < 0 || lseek(fd, HEADER_BYTES + (off_t)e->n * 4, SEEK_SET) < 0)
+    if (!d || fd < 0 || lseek(fd, HEADER_BYTES + (off_t)n * 4, SEEK_SET) < 0)
         goto out;
     size_t units = bytes / p->unit_bytes;
     for (size_t u = 0; u < units; u++) {
@@ -376,14 +388,92 @@ static int read_data(struct srv_prefix *p, struct entry *e, const char **why)
             goto out;
         }
     }
-    e->data = d;
+    rc = d;
     d = NULL;
-    rc = 0;
 out:
     if (fd >= 0)
         close(fd);
     free(d);
     return rc;
+}
+
+static void lq_remove(struct srv_prefix *p, struct entry *e)
+{
+    if (!e->queued)
+        return;
+    struct entry *prev = NULL;
+    for (struct entry *q = p->lq_head; q; prev = q, q = q->lnext)
+        if (q == e) {
+            if (prev)
+                prev->lnext = e->lnext;
+            else
+                p->lq_head = e->lnext;
+            if (p->lq_tail == e)
+                p->lq_tail = prev;
+            break;
+        }
+    e->queued = false;
+    e->lnext = NULL;
+}
+
+static void trim(struct srv_prefix *p);
+
+/* Read entry e (on disk only, not loading) back into RAM: called and returning with the lock
+ * held, which is released while reading (e->loading keeps it in the list meanwhile). 0, or -1
+ * when the file was refused (the entry is then gone: its file deleted, e freed). do_trim: keep
+ * the RAM budget now (a load copying e out trims after its copy instead). */
+static int fetch(struct srv_prefix *p, struct entry *e, bool do_trim)
+{
+    lq_remove(p, e);
+    e->loading = true;
+    char *path = strdup(e->path);
+    int n = e->n;
+    pthread_mutex_unlock(&p->mu);
+    const char *why = "out of memory";
+    uint8_t *d = path ? read_data(p, path, n, &why) : NULL;
+    pthread_mutex_lock(&p->mu);
+    free(path);
+    e->loading = false;
+    pthread_cond_broadcast(&p->cv);
+    if (!d) {
+        say("refused %s: %s; the prompt is prefilled instead", e->path, why);
+        p->st.refused++;
+        unlink(e->path);
+        p->st.disk_entries--;
+        for (struct entry **pe = &p->list; *pe; pe = &(*pe)->next)
+            if (*pe == e) {
+                *pe = e->next;
+                break;
+            }
+        entry_free(e);
+        return -1;
+    }
+    e->data = d;
+    e->last_used = kvp_time_now();
+    p->ram_used += entry_bytes(p, e->n);
+    p->st.entries++;
+    p->st.ram_bytes = p->ram_used;
+    if (do_trim)
+        trim(p);
+    return 0;
+}
+
+static void *loader_main(void *arg)
+{
+    struct srv_prefix *p = arg;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        while (!p->lq_head && !p->quit)
+            pthread_cond_wait(&p->cv, &p->mu);
+        if (p->quit)
+            break;
+        struct entry *e = p->lq_head;
+        lq_remove(p, e);
+        if (!e->data && !e->loading)
+            fetch(p, e, true);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
 }
 
 /* ---- the cache -------------------------------------------------------------------------- */
@@ -458,6 +548,11 @@ int srv_prefix_open(const struct srv_prefix_config *cfg, struct srv_prefix **out
             return kvp_err_set(err, KVP_ENOMEM, "cannot start the prefix cache's writer");
         }
         p->writer_started = true;
+        for (int i = 0; i < SRV_PREFIX_LOADERS; i++) {
+            if (pthread_create(&p->loaders[i], NULL, loader_main, p) != 0)
+                break; /* fewer loaders: reads wait longer, nothing else changes */
+            p->n_loaders++;
+        }
     }
     *out = p;
     return 0;
@@ -474,6 +569,8 @@ void srv_prefix_close(struct srv_prefix *p)
         pthread_mutex_unlock(&p->mu);
         pthread_join(p->writer, NULL);
     }
+    for (int i = 0; i < p->n_loaders; i++)
+        pthread_join(p->loaders[i], NULL);
     for (struct entry *e = p->list, *n; e; e = n) {
         n = e->next;
         entry_free(e);
@@ -601,37 +698,66 @@ int srv_prefix_match(struct srv_prefix *p, const int32_t *ids, int n, int limit,
     return best > have ? best : 0;
 }
 
+/* The entry that covers the first m tokens of ids, preferring one in RAM (lock held). */
+static struct entry *find_cover(struct srv_prefix *p, const int32_t *ids, int m)
+{
+    struct entry *e = NULL;
+    for (struct entry *q = p->list; q; q = q->next)
+        if (common_blocks(p, q, ids, m) >= m && (!e || (q->data && !e->data)))
+            e = q;
+    return e;
+}
+
+void srv_prefix_prefetch(struct srv_prefix *p, const int32_t *ids, int n)
+{
+    if (!p || n < 3)
+        return;
+    pthread_mutex_lock(&p->mu);
+    if (p->n_loaders > 0) {
+        struct entry *best = NULL;
+        int best_m = 0;
+        for (struct entry *e = p->list; e; e = e->next) {
+            int m = common_blocks(p, e, ids, n - 2);
+            if (m > best_m || (m == best_m && best && e->data && !best->data)) {
+                best = e;
+                best_m = m;
+            }
+        }
+        if (best && !best->data && !best->loading && !best->queued) {
+            best->queued = true;
+            if (p->lq_tail)
+                p->lq_tail->lnext = best;
+            else
+                p->lq_head = best;
+            p->lq_tail = best;
+            pthread_cond_broadcast(&p->cv);
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
 int srv_prefix_load(struct srv_prefix *p, kvp_ctx *ctx, const int32_t *ids, int m)
 {
     kvp_ctx_reset(ctx);
     pthread_mutex_lock(&p->mu);
-    struct entry *e = NULL, **where = NULL;
-    for (struct entry **pe = &p->list; *pe; pe = &(*pe)->next)
-        if (common_blocks(p, *pe, ids, m) >= m && (!e || ((*pe)->data && !e->data))) {
-            e = *pe;
-            where = pe;
+    struct entry *e = NULL;
+    for (;;) {
+        e = m % p->bs ? NULL : find_cover(p, ids, m);
+        if (!e || e->data)
+            break;
+        if (e->loading) {
+            /* a loader reads it now (asked for when the request arrived): wait for it */
+            pthread_cond_wait(&p->cv, &p->mu);
+            continue;
         }
-    if (!e || m % p->bs) {
-        pthread_mutex_unlock(&p->mu);
-        return -1;
-    }
-    if (!e->data) {
-        /* read it back from its file (the lock keeps others off this entry meanwhile; loads are
-         * rare next to the prefill they replace) */
-        const char *why = NULL;
-        if (read_data(p, e, &why) < 0) {
-            say("refused %s: %s; the prompt is prefilled instead", e->path, why);
-            p->st.refused++;
-            unlink(e->path);
-            p->st.disk_entries--;
-            *where = e->next;
-            entry_free(e);
+        if (fetch(p, e, false) < 0) { /* trimmed after the copy below, not before */
             pthread_mutex_unlock(&p->mu);
             return -1;
         }
-        p->ram_used += entry_bytes(p, e->n);
-        p->st.entries++;
-        p->st.ram_bytes = p->ram_used;
+    }
+    if (!e) {
+        pthread_mutex_unlock(&p->mu);
+        return -1;
     }
     e->last_used = kvp_time_now();
     struct kvp_err err = {0};

@@ -57,6 +57,11 @@ void srv_prefix_put(struct srv_prefix *p, const kvp_ctx *ctx, const int32_t *ids
  * (0: none better than `have`). */
 int srv_prefix_match(struct srv_prefix *p, const int32_t *ids, int n, int limit, int have);
 
+/* A request for ids[0..n) arrived: start reading the longest cached prefix it starts with back
+ * from its file in the background, if it is only there, so it is in RAM (or nearly) when the
+ * request gets a slot. Cheap; any thread. */
+void srv_prefix_prefetch(struct srv_prefix *p, const int32_t *ids, int n);
+
 /* Copy the cached prefix of ids of length m (from srv_prefix_match) into ctx, replacing what it
  * held. 0, or -1 when the entry is gone or refused (ctx is then empty). */
 int srv_prefix_load(struct srv_prefix *p, kvp_ctx *ctx, const int32_t *ids, int m);
