@@ -470,9 +470,117 @@ def main():
         rc = stop(p, signal.SIGINT, timeout=600)
     check(rc == 0, f"SIGINT: the server stops cleanly (exit {rc}; {p.stderr.read()[-300:]!r})")
     prefix_cache()
+    follow_up_slot()
+    prefix_cache_tiered()
     kv_lost()
     tiered_share()
     print(f"{passed} passed, 0 failed")
+
+
+def follow_up_slot():
+    """A follow-up question goes to the slot that still holds its document (two documents on
+    two slots): nothing is prefilled but the question, nothing read from the prefix cache."""
+    ctx = 2048
+    docs = [" ".join(f"Line {i}: the {w} was calm and the pass key is not here." for i in range(60))
+            for w in ("lake", "field")]
+    pol = ["--policy", "quest", "--budget", "1/8"]
+    p, port = start("-np", "2", *pol, key=None, ctx=ctx)
+    try:
+        for doc in docs:
+            curl(port, "/v1/completions", {"prompt": doc, "max_tokens": 2}, key="")
+        loads0 = metric(port, "kvpred_prefix_cache_loads_total")
+        pre0 = metric(port, "kvpred_prefill_tokens_total")
+        q = docs[0] + " Q: what was calm?"
+        got = json.loads(curl(port, "/v1/completions", {"prompt": q, "max_tokens": 8}, key=""))
+        loads1 = metric(port, "kvpred_prefix_cache_loads_total")
+        pre1 = metric(port, "kvpred_prefill_tokens_total")
+    finally:
+        stop(p)
+    want, _ = run_cli(q, 8, ctx=ctx, extra=pol)
+    u = got["usage"]
+    check(loads1 == loads0 and pre1 - pre0 == u["prompt_tokens"] - got["kvpred"]["prefix_reused"]
+          and pre1 - pre0 < 32,
+          f"a follow-up goes to the slot holding its document ({pre1 - pre0:.0f} tokens "
+          f"prefilled, prefix-cache loads {loads0:.0f} -> {loads1:.0f})")
+    check(got["choices"][0]["text"] == want, "and the answer equals kvpred run's")
+
+
+def prefix_cache_tiered():
+    """The prefix cache with tiered slots (--kv-tier disk: the blocks live in the store): a
+    document is kept in RAM and in --kv-cache-dir, read back into the store's cold tier after a
+    restart, checked like an untiered slot's (a flipped bit in a unit: refused with one line,
+    recomputed), and the answers equal kvpred run's."""
+    ctx = 2048
+    doc = " ".join(f"Line {i}: the hill was green and the pass key is not here." for i in range(60))
+    d, kd = tempfile.mkdtemp(prefix="kvpred-prefix-"), tempfile.mkdtemp(prefix="kvpred-tier-")
+    pol = ["--policy", "quest", "--budget", "1/8"]
+
+    def serve():
+        return start("-np", "2", "--kv-tier", "disk", "--kv-dir", kd, "--hot-budget", "64",
+                     "--kv-cache-dir", d, *pol, key=None, ctx=ctx)
+
+    def ask(port, q, n=8):
+        return json.loads(curl(port, "/v1/completions", {"prompt": doc + q, "max_tokens": n},
+                               key=""))
+    try:
+        p, port = serve()
+        try:
+            cold = ask(port, "", 2)
+            n_doc = cold["usage"]["prompt_tokens"]
+            # the other slot (the first still holds the document) reads it from the prefix cache
+            data = json.dumps({"prompt": doc + " Q: what else?", "max_tokens": 400,
+                               "stream": True}).encode()
+            busy = socket.create_connection(("127.0.0.1", port), timeout=600)
+            busy.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                          f"Content-Length: {len(data)}\r\n\r\n").encode() + data)
+            got = b""
+            while b"data: " not in got:
+                b = busy.recv(4096)
+                if not b:
+                    break
+                got += b
+            warm = ask(port, " Q: where?")
+            loads = metric(port, "kvpred_prefix_cache_loads_total")
+            busy.close()
+        finally:
+            rc = stop(p)
+        files = [f for f in os.listdir(d) if f.endswith(".kvpfx")]
+        want_w, _ = run_cli(doc + " Q: where?", 8, ctx=ctx, extra=pol)
+        check(rc == 0 and len(files) == 1 and loads >= 1 and
+              warm["kvpred"]["prefix_reused"] >= n_doc - 16 and warm["kvpred"]["kv_bytes_cold"] > 0
+              and warm["choices"][0]["text"] == want_w,
+              f"tiered slots: the document kept in the prefix cache and its folder ({files}), "
+              f"read into the other slot's store ({warm['kvpred']['prefix_reused']} of {n_doc} "
+              f"reused, {loads:.0f} loads), answer equal to kvpred run's")
+
+        p, port = serve()
+        again = ask(port, " Q: who?")
+        prefilled = metric(port, "kvpred_prefill_tokens_total")
+        stop(p)
+        want, _ = run_cli(doc + " Q: who?", 8, ctx=ctx, extra=pol)
+        check(again["kvpred"]["prefix_reused"] >= n_doc - 16 and prefilled < 32 and
+              again["kvpred"]["kv_bytes_cold"] > 0 and again["choices"][0]["text"] == want,
+              f"tiered slots after a restart: the prefix read back from the folder "
+              f"({prefilled:.0f} tokens prefilled), answer equal to kvpred run's")
+
+        path = os.path.join(d, files[0])
+        with open(path, "r+b") as f:
+            size = f.seek(0, 2)
+            f.seek(size * 3 // 4)
+            b = f.read(1)
+            f.seek(size * 3 // 4)
+            f.write(bytes([b[0] ^ 0x01]))
+        p, port = serve()
+        bad = ask(port, " Q: who?")
+        stop(p)
+        err = p.stderr.read()
+        check(bad["kvpred"]["prefix_reused"] == 0 and bad["choices"][0]["text"] == want and
+              err.count("refused") == 1 and "checksum" in err,
+              f"tiered slots, a flipped bit in a cached unit: refused with one line, recomputed, "
+              f"same answer ({err.strip()!r})")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+        shutil.rmtree(kd, ignore_errors=True)
 
 
 def tiered_share():

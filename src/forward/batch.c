@@ -248,6 +248,60 @@ int kvp_seq_copy(kvp_seq *dst, kvp_seq *src, int n, struct kvp_err *err)
     return 0;
 }
 
+int kvp_seq_read_kv(kvp_seq *src, int n, kvp_kv_layer_fn fn, void *arg, struct kvp_err *err)
+{
+    if (!src || !fn || n < 0 || n > src->n_tokens)
+        return kvp_err_set(err, KVP_ERANGE, "read of %d tokens from a sequence of %d", n,
+                           src ? src->n_tokens : 0);
+    int rc;
+    if ((rc = check_copyable(src, "source", err)) < 0)
+        return rc;
+    if (has_evicted(&src->kv))
+        return kvp_err_set(err, KVP_EUNSUPPORTED, "read from a cache with evicted tokens");
+    if ((rc = kvp_kv_check(src, err)) < 0) /* nothing untrusted is read */
+        return rc;
+    for (int l = 0; l < src->kv.n_layer; l++) {
+        if (src->store)
+            kvp_store_prefill_begin(src->store, l, src->n_tokens, src->n_tokens);
+        fn(arg, l, &src->kv);
+        if (src->store)
+            kvp_store_prefill_end(src->store, l, src->n_tokens, src->n_tokens, NULL, 0);
+    }
+    return src->store ? kvp_store_take_error(src->store, err) : 0;
+}
+
+int kvp_seq_write_kv(kvp_seq *dst, int n, kvp_kv_layer_fn fn, void *arg, struct kvp_err *err)
+{
+    if (!dst || !fn || n < 0 || n > dst->n_ctx)
+        return kvp_err_set(err, KVP_ERANGE, "write of %d tokens into a context of %d", n,
+                           dst ? dst->n_ctx : 0);
+    int rc;
+    if ((rc = check_copyable(dst, "destination", err)) < 0)
+        return rc;
+    kvp_ctx_reset(dst);
+    if (n == 0)
+        return 0;
+    if (!dst->store && (rc = kvp_kvcache_reserve(&dst->kv, n, err)) < 0)
+        return rc;
+    for (int l = 0; l < dst->kv.n_layer; l++) {
+        if (dst->store)
+            kvp_store_prefill_begin(dst->store, l, 0, n);
+        fn(arg, l, &dst->kv);
+        /* as kvp_seq_copy: the policy sees the prompt's end while the whole layer is visible */
+        struct kvp_prefill_obs ob = {.n_prompt = n};
+        if (dst->pol.p && dst->pol.p->ops->on_prefill)
+            kvp_policy_on_prefill(&dst->pol, l, &ob);
+        if (dst->store)
+            kvp_store_prefill_end(dst->store, l, 0, n, NULL, 0);
+    }
+    dst->n_tokens = n;
+    if (dst->pol.p && dst->pol.p->ops->on_prefill)
+        dst->pol_seen = n;
+    if (dst->store && (rc = kvp_store_take_error(dst->store, err)) < 0)
+        return rc;
+    return 0;
+}
+
 int kvp_seq_fork(kvp_engine *e, kvp_seq *src, const struct kvp_policy_params *policy,
                  kvp_seq **out, struct kvp_err *err)
 {

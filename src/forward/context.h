@@ -35,6 +35,19 @@ bool kvp_ctx_measuring(const kvp_ctx *c);
  * context now holds n tokens. */
 void kvp_ctx_set_n_tokens(kvp_ctx *c, int n);
 
+/* A prompt's KV out of or into a sequence, one layer at a time, for a cache of prompts (the
+ * server's prefix cache): fn(arg, layer, kv) is called for every layer with blocks
+ * [0, ceil(n / block size)) of each KV head addressable through kvp_kvcache_kblock/vblock (a
+ * tiered layer staged through its store, as a prompt's prefill). kvp_seq_read_kv reads the
+ * first n tokens (n <= the sequence's; the conditions of kvp_seq_copy's source: no evicted
+ * tokens, a policy that keeps nothing beyond the keys and values, the KV trusted).
+ * kvp_seq_write_kv resets the sequence and has fn write n tokens, which it then holds; the
+ * policy is shown the prompt's end as after a prefill. 0 or an error (KVP_EKVLOST: a tiered
+ * store lost data meanwhile; after a failed write the sequence must be reset). */
+typedef void (*kvp_kv_layer_fn)(void *arg, int layer, struct kvp_kvcache *kv);
+int kvp_seq_read_kv(kvp_seq *src, int n, kvp_kv_layer_fn fn, void *arg, struct kvp_err *err);
+int kvp_seq_write_kv(kvp_seq *dst, int n, kvp_kv_layer_fn fn, void *arg, struct kvp_err *err);
+
 /* kvp_ctx_set_policy with an ops table of the caller's instead of a registry entry (the seam for
  * test doubles; params->name may then be anything). */
 int kvp_ctx_set_policy_ops(kvp_ctx *c, const struct kvp_policy_ops *ops,

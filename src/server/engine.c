@@ -593,25 +593,32 @@ static void slot_after(struct srv_engine *e, const struct step_item *it, int rc,
         slot_end(e, s, SRV_FINISH_LENGTH, NULL);
 }
 
-/* The free slot for job j: the longest cached prefix of its prompt, then the least recently
- * used. */
+/* The free slot for job j. A slot whose prompt the job reuses at least half of (a follow-up
+ * to the document it holds, or an empty slot) is the best place, the longest reuse first; a
+ * slot whose document the job would mostly overwrite for a short shared start (documents that
+ * begin alike) is not, or a follow-up to that document would find it gone: failing a slot of
+ * the first kind, the least recently used one. Ties: the least recently used. */
 static struct slot *pick_slot(struct srv_engine *e, const struct srv_job *j)
 {
-    struct slot *best = NULL;
+    struct slot *best = NULL, *lru = NULL;
     int best_n = -1;
     for (int i = 0; i < e->cfg.n_slots; i++) {
         struct slot *s = &e->slots[i];
         if (s->job)
             continue;
+        if (!lru || s->last_used < lru->last_used)
+            lru = s;
         int n = 0;
         while (n < s->n_toks && n < j->n_prompt && s->toks[n] == j->ids[n])
             n++;
+        if (2 * n < s->n_toks)
+            continue;
         if (n > best_n || (n == best_n && s->last_used < best->last_used)) {
             best = s;
             best_n = n;
         }
     }
-    return best;
+    return best ? best : lru;
 }
 
 static void *scheduler(void *arg)

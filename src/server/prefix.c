@@ -13,7 +13,6 @@
 
 #include "core/platform.h"
 #include "forward/context.h"
-#include "forward/kv_step.h"
 #include "kv/kvcache.h"
 
 #define HEADER_BYTES 72
@@ -129,8 +128,33 @@ static uint64_t model_fingerprint(const char *path, const kvp_model *m)
 bool srv_prefix_ctx_ok(const kvp_ctx *ctx)
 {
     const struct kvp_policy *p = kvp_ctx_policy_host_const(ctx)->p;
-    return !kvp_ctx_has_store(ctx) && !kvp_ctx_kvcache_const(ctx)->external &&
-           (!p || (!p->ops->evicting && !p->ops->wants_obs && !p->ops->wants_colsum));
+    return !p || (!p->ops->evicting && !p->ops->wants_obs && !p->ops->wants_colsum &&
+                  !p->ops->on_step);
+}
+
+/* One layer's units between an entry's data (nb_e blocks per layer) and a cache whose blocks
+ * [0, nb) are addressable (kvp_seq_read_kv / kvp_seq_write_kv stage a tiered layer). */
+struct unit_copy {
+    const struct srv_prefix *p;
+    uint8_t *data;
+    int nb_e, nb;
+    bool to_cache;
+};
+
+static void copy_layer(void *arg, int l, struct kvp_kvcache *kv)
+{
+    const struct unit_copy *c = arg;
+    const struct srv_prefix *p = c->p;
+    for (int b = 0; b < c->nb; b++) {
+        uint8_t *u = c->data + ((size_t)l * c->nb_e + b) * p->unit_bytes;
+        for (int h = 0; h < p->n_head_kv; h++) {
+            uint8_t *k = kvp_kvcache_kblock(kv, l, h, b), *v = kvp_kvcache_vblock(kv, l, h, b);
+            memcpy(c->to_cache ? k : u, c->to_cache ? u : k, p->k_bytes);
+            u += p->k_bytes;
+            memcpy(c->to_cache ? v : u, c->to_cache ? u : v, p->v_bytes);
+            u += p->v_bytes;
+        }
+    }
 }
 
 static void entry_free(struct entry *e)
@@ -616,7 +640,7 @@ static void trim(struct srv_prefix *p)
     }
 }
 
-void srv_prefix_put(struct srv_prefix *p, const kvp_ctx *ctx, const int32_t *ids, int n_prompt)
+void srv_prefix_put(struct srv_prefix *p, kvp_ctx *ctx, const int32_t *ids, int n_prompt)
 {
     if (!p)
         return;
@@ -652,18 +676,13 @@ void srv_prefix_put(struct srv_prefix *p, const kvp_ctx *ctx, const int32_t *ids
     }
     memcpy(e->toks, ids, (size_t)n * 4);
     e->n = n;
-    const struct kvp_kvcache *kv = kvp_ctx_kvcache_const(ctx);
-    int nb = n / p->bs;
-    for (int l = 0; l < p->n_layer; l++)
-        for (int b = 0; b < nb; b++) {
-            uint8_t *u = e->data + ((size_t)l * nb + b) * p->unit_bytes;
-            for (int h = 0; h < p->n_head_kv; h++) {
-                memcpy(u, kvp_kvcache_kblock(kv, l, h, b), p->k_bytes);
-                u += p->k_bytes;
-                memcpy(u, kvp_kvcache_vblock(kv, l, h, b), p->v_bytes);
-                u += p->v_bytes;
-            }
-        }
+    struct unit_copy uc = {.p = p, .data = e->data, .nb_e = n / p->bs, .nb = n / p->bs};
+    struct kvp_err err = {0};
+    if (kvp_seq_read_kv(ctx, n, copy_layer, &uc, &err) < 0) {
+        /* a tiered store that lost data (the slot recovers on its own): nothing is kept */
+        entry_free(e);
+        return;
+    }
     pthread_mutex_lock(&p->mu);
     e->last_used = kvp_time_now();
     e->next = p->list;
@@ -761,21 +780,12 @@ int srv_prefix_load(struct srv_prefix *p, kvp_ctx *ctx, const int32_t *ids, int 
     }
     e->last_used = kvp_time_now();
     struct kvp_err err = {0};
-    int rc = kvp_kv_reserve(ctx, m, &err);
-    if (rc == 0) {
-        struct kvp_kvcache *kv = kvp_ctx_kvcache(ctx);
-        int nb_e = e->n / p->bs, nb = m / p->bs;
-        for (int l = 0; l < p->n_layer; l++)
-            for (int b = 0; b < nb; b++) {
-                const uint8_t *u = e->data + ((size_t)l * nb_e + b) * p->unit_bytes;
-                for (int h = 0; h < p->n_head_kv; h++) {
-                    memcpy(kvp_kvcache_kblock(kv, l, h, b), u, p->k_bytes);
-                    u += p->k_bytes;
-                    memcpy(kvp_kvcache_vblock(kv, l, h, b), u, p->v_bytes);
-                    u += p->v_bytes;
-                }
-            }
-        kvp_ctx_set_n_tokens(ctx, m);
+    struct unit_copy uc = {.p = p, .data = e->data, .nb_e = e->n / p->bs, .nb = m / p->bs,
+                           .to_cache = true};
+    int rc = kvp_seq_write_kv(ctx, m, copy_layer, &uc, &err);
+    if (rc < 0) {
+        kvp_ctx_reset(ctx);
+    } else {
         p->st.hits++;
         p->st.tokens_loaded += (uint64_t)m;
     }

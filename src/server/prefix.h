@@ -46,12 +46,13 @@ int srv_prefix_open(const struct srv_prefix_config *cfg, struct srv_prefix **out
 /* Write out what is still queued for the folder, stop the writer, free everything. */
 void srv_prefix_close(struct srv_prefix *p);
 
-/* Whether a context can take part (untiered, no evicting or prompt-reading policy). */
+/* Whether a context can take part (no evicting or prompt-reading policy; untiered or tiered:
+ * a tiered one's units are read and written through its store's staging area). */
 bool srv_prefix_ctx_ok(const kvp_ctx *ctx);
 
 /* Keep the first n_prompt prompt tokens of ctx (rounded down to whole blocks) unless an entry
  * already covers them. Called by the scheduler thread after the prompt is prefilled. */
-void srv_prefix_put(struct srv_prefix *p, const kvp_ctx *ctx, const int32_t *ids, int n_prompt);
+void srv_prefix_put(struct srv_prefix *p, kvp_ctx *ctx, const int32_t *ids, int n_prompt);
 
 /* The longest cached prefix of ids[0..n) in whole blocks, at most `limit` tokens: its length
  * (0: none better than `have`). */
