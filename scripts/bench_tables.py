@@ -513,9 +513,11 @@ SECTIONS = [
      "attention and `--cache-reuse 256`). Both servers in alternation under the benchmark lock "
      "at nice -20 beside nice-19 jobs, one round per client count (each its own lock hold). "
      "TTFT: request wall time minus the decode time the server reports; p50 over clients. "
-     "Aggregate: tokens of the follow-up phase over its wall time. At 8 clients llama-server's "
-     "restart phase was not run: it keeps nothing across a restart (at 4 clients its restart "
-     "TTFT was 1.4× its cold one)."),
+     "Aggregate: tokens of the follow-up phase over its wall time. llama-server's restart "
+     "phase was not run: it keeps nothing across a restart (in the 2026-12-03 18:22 run, "
+     "bench/history/, its restart TTFT at 4 clients was 1.4× its cold one). Its 8-client row "
+     "is from that run (alone it holds the lock over 10 minutes; llama-server is unchanged "
+     "since), kvpred's rows and llama-server's 4-client row from the 20:12 and 20:17 holds."),
     ("Trainer speed (bf16 path against the f32 reference)", train_speed,
      "Whole optimiser steps of the shipped shape on random tokens, f32 and bf16 alternating, "
      "medians of 3 rounds."),
