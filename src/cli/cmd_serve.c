@@ -49,13 +49,14 @@ static void help(void)
            "  --kv-cache-dir DIR   also keep cached prefixes in DIR, for the next run with the\n"
            "                       same model file and KV types (checked when read back)\n"
            "%s"
-           "                       (each slot's cache; tiered slots share prefixes by copying\n"
-           "                       from each other, the prefix cache is for untiered slots)\n"
+           "                       (each slot's cache; tiered slots too take part in the prefix\n"
+           "                       cache and --kv-cache-dir, and copy prefixes from each other)\n"
            "  --policy P           default KV selection policy (a request may choose another\n"
            "                       with \"kvpred\": {\"policy\": P, \"budget\": B}); known: %s\n"
            "  --budget B           tokens per layer and KV head, or a ratio such as 1/16\n"
            "  predictor, qpredictor and catekv find their file beside the model\n"
            "  (MODEL.kvpp, .qkvpp, .catekv-r0.2.profile) when --aux / --head-profile is not given\n"
+           "  KVPRED_SERVE_TRACE=1 in the environment logs where each prompt's time went\n"
            "%s",
            cli_model_flags_help, cli_tier_flags_help, cli_policy_names(), cli_policy_flags_help());
 }
