@@ -20,8 +20,8 @@
 # NTG (32), NPL (1,2,4,8,16), QUEST (1), FILL (copy: kvpred prefills one prompt per row and copies
 # its KV into the other sequences, which then decode tokens of their own, so a row's time goes to
 # the decode; prefill: every sequence prefills its own prompt), LOCK and TIMED_NICE (each engine's
-# turn, one command, runs under `flock LOCK nice -n TIMED_NICE`, so a shared host's lock is held
-# for one run at a time, not the whole grid).
+# turn, one command, runs under `flock LOCK` at niceness TIMED_NICE, so a shared host's lock is
+# held for one run at a time, not the whole grid).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -44,7 +44,8 @@ TIMED_NICE=${TIMED_NICE:-}
 timed() {
     local pre=()
     [ -n "$LOCK" ] && pre+=(flock "$LOCK")
-    [ -n "$TIMED_NICE" ] && pre+=(nice -n "$TIMED_NICE")
+    # nice -n adds to the caller's niceness: the difference gives TIMED_NICE itself
+    [ -n "$TIMED_NICE" ] && pre+=(nice -n "$((TIMED_NICE - $(nice)))")
     "${pre[@]}" "$@"
 }
 export LD_LIBRARY_PATH="$LLAMA_BIN${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -92,11 +93,15 @@ for ty in $TYPES; do
                         jq -c --arg ty "$ty" '. + {type:$ty, kv:"quest 1/16"}' | tag kvpred
                 fi
                 if [ "$PEER" = server ]; then
-                    timed python3 scripts/llama_server_bench.py --server "$LLAMA_BIN/llama-server" \
-                        --model "$f" --threads "$t" --log "$OUT/llama-server.log" batched \
-                        --npp "$npp" --ntg "$NTG" --npl "$NPL" |
-                        jq -c --arg ty "$ty" '. + {type:$ty, kv:"dense"}' | tag llama-server ||
-                        echo "bench_batched: llama-server failed" >&2
+                    # one server (and one lock hold) per sequence count
+                    for n in ${NPL//,/ }; do
+                        timed python3 scripts/llama_server_bench.py \
+                            --server "$LLAMA_BIN/llama-server" --model "$f" --threads "$t" \
+                            --log "$OUT/llama-server.log" batched --npp "$npp" --ntg "$NTG" \
+                            --npl "$n" |
+                            jq -c --arg ty "$ty" '. + {type:$ty, kv:"dense"}' | tag llama-server ||
+                            echo "bench_batched: llama-server failed" >&2
+                    done
                     continue
                 fi
                 timed "$LLAMA_BIN/llama-batched-bench" -m "$f" -c $((npl_max * (npp + NTG) + 16)) \

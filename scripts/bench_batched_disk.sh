@@ -28,7 +28,9 @@
 # files of the disk tier, default $TMPDIR or /tmp), NPL (16), NPP (32768), NTG (16), T (2), HOT
 # (hot-tier tokens per tiered layer, 5120: with the 2 dense layers resident, about 1/5 of the
 # KV in RAM), FILL (tile), NPL_DENSE (see above; 0 skips the dense row), ROWS ("disk dense": the
-# rows to run), LOCK, TIMED_NICE, NOTE (free text stored with each row, e.g. the host's load).
+# rows to run), DISK_FLAGS (more flags of the disk row, e.g. --kv-syscall-submit: sixteen rings'
+# polling threads on two cores), LOCK, TIMED_NICE, NOTE (free text stored with each row, e.g. the
+# host's load).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -45,6 +47,7 @@ LOCK=${LOCK:-}
 TIMED_NICE=${TIMED_NICE:-}
 NOTE=${NOTE:-}
 ROWS=${ROWS:-disk dense}
+DISK_FLAGS=${DISK_FLAGS:-}
 KV_TOKEN_BYTES=23040 # f16 K and V: 30 layers x 3 KV heads x 64 x 2 x 2 bytes
 if [ -z "${NPL_DENSE:-}" ]; then
     avail=$(awk '/MemAvailable/ {printf "%d", $2 / 1024}' /proc/meminfo)
@@ -88,7 +91,9 @@ run() {
     local name=$1
     shift
     echo "bench_batched_disk: $KVP batched-bench $*" >&2
-    "$KVP" batched-bench -m "$f" -t "$T" --json --stop-before-decode "$@" >"$OUT/disk_row.json" &
+    local row
+    row=$(mktemp "$OUT/disk_row.XXXXXX")
+    "$KVP" batched-bench -m "$f" -t "$T" --json --stop-before-decode "$@" >"$row" &
     local pid=$!
     timed "$pid"
     wait "$pid"
@@ -98,13 +103,14 @@ run() {
             echo "4096 tokens prefilled, tiled to npp - 32, the last 32 prefilled" ||
             echo "all npp tokens prefilled")), its KV copied into the others" \
         '{row:$n, date:$d, commit:$c, machine:$m, command:$cmd, fill_method:$fm, note:$note} + .' \
-        "$OUT/disk_row.json" | tee -a "$RES"
+        "$row" | tee -a "$RES"
+    rm -f "$row"
 }
 
 [[ " $ROWS " != *" disk "* ]] ||
     run "disk tier, quest 1/16" -npp "$NPP" -ntg "$NTG" -npl "$NPL" \
     --policy quest --budget 1/16 --kv-tier disk --kv-dir "$KV_DIR" --hot-budget "$HOT" \
-    --fill "$FILL" --serial
+    --fill "$FILL" --serial $DISK_FLAGS
 if [ "$NPL_DENSE" -gt 0 ] && [[ " $ROWS " == *" dense "* ]]; then
     run "dense, untiered" -npp "$NPP" -ntg "$NTG" -npl "$NPL_DENSE" --fill "$FILL" --serial
 fi

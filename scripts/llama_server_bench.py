@@ -10,12 +10,15 @@ that it stands in for the other tool. Prints one JSON line per measurement.
   pp:      prompt processing of NPP random token ids (the file's vocabulary), one /completion with
            n_predict 1 and cache_prompt false, REPS times: timings.prompt_per_second (the median
            is printed with every run's value).
-  batched: for each N in NPL a fresh server with -np N slots and N x (NPP + NTG + 16) cells, N
-           concurrent /completion requests with different NPP-token prompts, n_predict NTG,
-           ignore_eos: aggregate decode = N x NTG / the longest request's timings.predicted_ms
-           (the slots decode in the same steps), aggregate prompt = N x NPP / the longest
-           prompt_ms. Not llama-batched-bench's exact schedule (that one prefills every sequence
-           in one pass first); the nearest the server offers.
+  batched: for each N in NPL a fresh server with -np N slots and N x (NPP + NTG + 16) cells, in
+           two rounds of N concurrent /completion requests with different NPP-token prompts, the
+           i-th pinned to slot i (id_slot) with cache_prompt: first n_predict 1, which prefills
+           every slot (aggregate prompt = N x NPP / the longest prompt_ms); then the same prompts
+           with n_predict NTG, ignore_eos, which find their prompts cached and start decoding
+           together: aggregate decode = N x NTG / the longest timings.predicted_ms. In one round
+           a slot's predicted_ms would span the other slots' prefills (the server interleaves
+           them), which at NPP 4096 cuts the measured decode many times. As llama-batched-bench,
+           every sequence is prefilled before any decodes; the cache is per slot.
 
   llama_server_bench.py --server BIN --model F.gguf --threads T pp --npp 512 --reps 3
   llama_server_bench.py --server BIN --model F.gguf --threads T batched --npp 512 --ntg 64 \
@@ -120,29 +123,37 @@ def main():
             srv = Server(a.server, a.model, a.threads, n, n * (a.npp + a.ntg + 16), log)
             try:
                 post(srv.port, {"prompt": prompt(rng, 16, a.vocab), "n_predict": 1})  # warm-up
-                out = [None] * n
                 prompts = [prompt(rng, a.npp, a.vocab) for _ in range(n)]
 
-                def one(i):
-                    out[i] = post(srv.port, {"prompt": prompts[i], "n_predict": a.ntg,
-                                             "ignore_eos": True, "cache_prompt": False})
+                def round_of(n_predict):
+                    out = [None] * n
 
-                th = [threading.Thread(target=one, args=(i,)) for i in range(n)]
-                for t in th:
-                    t.start()
-                for t in th:
-                    t.join()
+                    def one(i):
+                        out[i] = post(srv.port, {"prompt": prompts[i], "n_predict": n_predict,
+                                                 "ignore_eos": True, "cache_prompt": True,
+                                                 "id_slot": i})
+
+                    th = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+                    for t in th:
+                        t.start()
+                    for t in th:
+                        t.join()
+                    return None if any(o is None for o in out) else [o["timings"] for o in out]
+
+                fill = round_of(1)
+                tm = round_of(a.ntg) if fill else None
             finally:
                 srv.close()
-            if any(o is None for o in out):
+            if not tm:
                 print(f"llama_server_bench: a request failed at npl {n}", file=sys.stderr)
                 continue
-            tm = [o["timings"] for o in out]
             pred = sum(t["predicted_n"] for t in tm)
             print(json.dumps({**base, "npp": a.npp, "ntg": a.ntg, "npl": n,
-                              "pp_tokens_per_s": n * a.npp / (max(t["prompt_ms"] for t in tm) / 1e3),
+                              "pp_tokens_per_s": n * a.npp / (max(t["prompt_ms"] for t in fill) / 1e3),
                               "tg_tokens_per_s": pred / (max(t["predicted_ms"] for t in tm) / 1e3),
-                              "predicted_n": pred}))
+                              "predicted_n": pred,
+                              "prompt_n_decode_round": max(t["prompt_n"] for t in tm),
+                              "method": "prefill round, then decode round with cached prompts"}))
 
 
 if __name__ == "__main__":
