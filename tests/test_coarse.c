@@ -229,19 +229,22 @@ struct qbench {
     uint64_t mask[MAXB];
 };
 
-static void qb_init(struct qbench *b, struct kvp_kvcache *kv, const char *opts, int n_ctx,
-                    float ratio)
+/* Start policy name (quest or qpredictor, with its aux file or NULL) over kv with its options
+ * and budget ratio: the setup every "coarse against flat" comparison shares. */
+static void policy_bench_start(struct qbench *b, const char *name, struct kvp_kvcache *kv,
+                               const char *aux, const char *opts, int n_ctx, float ratio)
 {
     struct kvp_err err = {0};
     memset(b, 0, sizeof(*b));
-    b->p.ops = kvp_policy_find("quest");
+    b->p.ops = kvp_policy_find(name);
     assert_non_null(b->p.ops);
-    b->p.p = (struct kvp_policy_params){.name = "quest",
+    b->p.p = (struct kvp_policy_params){.name = name,
                                         .budget_ratio = ratio,
                                         .sink = 16,
                                         .local = 16,
                                         .gqa_agg = KVP_AGG_MEAN,
-                                        .opts = opts};
+                                        .opts = opts,
+                                        .aux_path = aux};
     b->p.env = (struct kvp_policy_env){.n_layer = kv->n_layer,
                                        .n_head = 2 * kv->n_head_kv,
                                        .n_head_kv = kv->n_head_kv,
@@ -255,6 +258,12 @@ static void qb_init(struct qbench *b, struct kvp_kvcache *kv, const char *opts, 
     assert_int_equal(rc, 0);
     b->sel.blocks = b->blocks;
     b->sel.mask = b->mask;
+}
+
+static void qb_init(struct qbench *b, struct kvp_kvcache *kv, const char *opts, int n_ctx,
+                    float ratio)
+{
+    policy_bench_start(b, "quest", kv, NULL, opts, n_ctx, ratio);
 }
 
 static bool sel_equal(const struct kvp_sel *a, const struct kvp_sel *b)
@@ -407,30 +416,7 @@ static void test_quest_coarse_equals_flat(void **state)
 static void qp_start(struct qbench *b, struct kvp_kvcache *kv, const char *aux, const char *opts,
                      int n_ctx, float ratio)
 {
-    struct kvp_err err = {0};
-    memset(b, 0, sizeof(*b));
-    b->p.ops = kvp_policy_find("qpredictor");
-    assert_non_null(b->p.ops);
-    b->p.p = (struct kvp_policy_params){.name = "qpredictor",
-                                        .budget_ratio = ratio,
-                                        .sink = 16,
-                                        .local = 16,
-                                        .gqa_agg = KVP_AGG_MEAN,
-                                        .opts = opts,
-                                        .aux_path = aux};
-    b->p.env = (struct kvp_policy_env){.n_layer = kv->n_layer,
-                                       .n_head = 2 * kv->n_head_kv,
-                                       .n_head_kv = kv->n_head_kv,
-                                       .head_dim = HD,
-                                       .block_size = kv->block_size,
-                                       .n_ctx = n_ctx,
-                                       .kv = kv};
-    int rc = kvp_policy_start(&b->p, &err);
-    if (rc)
-        print_message("%s\n", err.msg);
-    assert_int_equal(rc, 0);
-    b->sel.blocks = b->blocks;
-    b->sel.mask = b->mask;
+    policy_bench_start(b, "qpredictor", kv, aux, opts, n_ctx, ratio);
 }
 
 static void test_qpredictor_coarse_equals_flat(void **state)

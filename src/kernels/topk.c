@@ -17,22 +17,11 @@ static int weaker(const float *x, int a, int b)
     return x[a] < x[b] || (x[a] == x[b] && a > b);
 }
 
-static void sift_down(const float *x, int *h, int n, int i)
-{
-    for (;;) {
-        int l = 2 * i + 1, r = l + 1, m = i;
-        if (l < n && weaker(x, h[l], h[m]))
-            m = l;
-        if (r < n && weaker(x, h[r], h[m]))
-            m = r;
-        if (m == i)
-            return;
-        int t = h[i];
-        h[i] = h[m];
-        h[m] = t;
-        i = m;
-    }
-}
+/* the heap of topk_heap: the weakest kept at the root */
+#define IHEAP_NAME tk_heap
+#define IHEAP_CTX const float *
+#define IHEAP_ABOVE(x, a, b) weaker(x, a, b)
+#include "kernels/index_heap.inc"
 
 static int cmp_int(const void *a, const void *b)
 {
@@ -44,12 +33,11 @@ static void topk_heap(const float *x, int n, int k, int *out, int *h)
 {
     for (int i = 0; i < k; i++)
         h[i] = i;
-    for (int i = k / 2 - 1; i >= 0; i--)
-        sift_down(x, h, k, i);
+    tk_heap_build(x, h, k);
     for (int i = k; i < n; i++)
         if (weaker(x, h[0], i)) {
             h[0] = i;
-            sift_down(x, h, k, 0);
+            tk_heap_sift(x, h, k, 0);
         }
     memcpy(out, h, (size_t)k * sizeof(int));
     qsort(out, (size_t)k, sizeof(int), cmp_int);

@@ -12,79 +12,43 @@ static bool g_before(const float *gs, int a, int b)
     return gs[a] > gs[b] || (gs[a] == gs[b] && a < b);
 }
 
-static void g_sift(const float *gs, int *h, int n, int i)
-{
-    for (;;) {
-        int l = 2 * i + 1, r = l + 1, m = i;
-        if (l < n && g_before(gs, h[l], h[m]))
-            m = l;
-        if (r < n && g_before(gs, h[r], h[m]))
-            m = r;
-        if (m == i)
-            return;
-        int t = h[i];
-        h[i] = h[m];
-        h[m] = t;
-        i = m;
-    }
-}
+#define IHEAP_NAME g_heap
+#define IHEAP_CTX const float *
+#define IHEAP_ABOVE(gs, a, b) g_before(gs, a, b)
+#include "kernels/index_heap.inc"
 
 int kvp_coarse_order_init(const float *gscore, int g0, int g1, int *heap)
 {
     int n = 0;
     for (int gi = g0; gi < g1; gi++)
         heap[n++] = gi;
-    for (int i = n / 2 - 1; i >= 0; i--)
-        g_sift(gscore, heap, n, i);
+    g_heap_build(gscore, heap, n);
     return n;
 }
 
 int kvp_coarse_order_pop(const float *gscore, int *heap, int *n)
 {
-    const int gi = heap[0];
-    heap[0] = heap[--*n];
-    g_sift(gscore, heap, *n, 0);
-    return gi;
+    return g_heap_pop(gscore, heap, n);
 }
 
 /* Block k-heap, root the weakest held: smaller score, and among equal scores the higher block
- * (kvp_topk_indices' order, topk.c, so the same k blocks win). */
-static bool b_weaker(const float *s, int f, int a, int b)
+ * (kvp_topk_indices' order, topk.c, so the same k blocks win). Scores are indexed by block id
+ * less the first candidate. */
+struct b_scores {
+    const float *s;
+    int first;
+};
+
+static bool b_weaker(struct b_scores c, int a, int b)
 {
-    return s[a - f] < s[b - f] || (s[a - f] == s[b - f] && a > b);
+    const float sa = c.s[a - c.first], sb = c.s[b - c.first];
+    return sa < sb || (sa == sb && a > b);
 }
 
-static void b_sift(const float *s, int f, int *h, int n, int i)
-{
-    for (;;) {
-        int l = 2 * i + 1, r = l + 1, m = i;
-        if (l < n && b_weaker(s, f, h[l], h[m]))
-            m = l;
-        if (r < n && b_weaker(s, f, h[r], h[m]))
-            m = r;
-        if (m == i)
-            return;
-        int t = h[i];
-        h[i] = h[m];
-        h[m] = t;
-        i = m;
-    }
-}
-
-static void b_push(const float *s, int f, int *h, int *n, int b)
-{
-    int i = (*n)++;
-    h[i] = b;
-    while (i > 0) { /* sift up: the weaker rises to the root */
-        int p = (i - 1) / 2;
-        if (!b_weaker(s, f, h[i], h[p]))
-            break;
-        int t = h[i];
-        h[i] = h[p];
-        h[p] = t;
-        i = p;
-    }
-}
+#define IHEAP_NAME b_heap
+#define IHEAP_CTX struct b_scores
+#define IHEAP_ABOVE(c, a, b) b_weaker(c, a, b)
+#include "kernels/index_heap.inc"
 
 /* The n block ids of a (non-negative) in ascending order into out, by 8-bit radix passes between
  * a and out (a is overwritten), as many as the largest id needs: a fraction of a comparison
@@ -125,14 +89,14 @@ int kvp_coarse_topk(const float *gscore, const float *score_first, int G, int fi
         return 0;
     }
     const int g0 = first / G, g1 = (end - 1) / G + 1;
+    const struct b_scores bs = {score_first, first};
     int ng = 0;
     for (int gi = g0; gi < g1; gi++) {
         if (gscore[gi] != gscore[gi])
             return -1;
         gheap[ng++] = gi;
     }
-    for (int i = ng / 2 - 1; i >= 0; i--)
-        g_sift(gscore, gheap, ng, i);
+    g_heap_build(gscore, gheap, ng);
     int nb = 0;
     while (ng > 0) {
         const int gi = gheap[0];
@@ -140,8 +104,7 @@ int kvp_coarse_topk(const float *gscore, const float *score_first, int G, int fi
             break; /* nothing left can enter the top k */
         if (nb == k && max_groups > 0 && st.groups >= max_groups)
             break; /* approximate: the visit budget is spent */
-        gheap[0] = gheap[--ng];
-        g_sift(gscore, gheap, ng, 0);
+        g_heap_pop(gscore, gheap, &ng);
         const int b0 = gi * G > first ? gi * G : first;
         const int b1 = (gi + 1) * G < end ? (gi + 1) * G : end;
         fn(ctx, b0, b1);
@@ -151,10 +114,10 @@ int kvp_coarse_topk(const float *gscore, const float *score_first, int G, int fi
             if (SCORE_OF(b) != SCORE_OF(b))
                 return -1;
             if (nb < k)
-                b_push(score_first, first, bheap, &nb, b);
-            else if (b_weaker(score_first, first, bheap[0], b)) {
+                b_heap_push(bs, bheap, &nb, b);
+            else if (b_weaker(bs, bheap[0], b)) {
                 bheap[0] = b;
-                b_sift(score_first, first, bheap, nb, 0);
+                b_heap_sift(bs, bheap, nb, 0);
             }
         }
     }
