@@ -70,7 +70,8 @@ static void test_ranking_exact_and_approx(void **state)
     enum { NB = 300 };
     float src[NB], score[NB], gs[NB];
     int32_t out[NB];
-    int gheap[NB], bheap[NB];
+    int gheap[2 * NB], bheap[KVP_COARSE_APPROX_INTS(NB)];
+    float cval[NB];
     unsigned char want[NB], seen[NB];
     double recall_sum = 0;
     int recall_n = 0;
@@ -92,7 +93,7 @@ static void test_ranking_exact_and_approx(void **state)
             struct kvp_coarse_stats st;
             const int max_groups = approx ? 1 + trial % 4 : 0;
             int n = kvp_coarse_topk(gs, score + first, G, first, end, k, max_groups, fake_fn, &f,
-                                    gheap, bheap, out, &st);
+                                    gheap, bheap, cval, out, &st);
             assert_int_equal(n, k);
             int hit = 0, in_seen = 0;
             for (int i = 0; i < k; i++) {
@@ -132,7 +133,7 @@ static void test_ranking_exact_and_approx(void **state)
     gs[1] = 100;
     struct fake f = {src, score, seen};
     assert_int_equal(
-        kvp_coarse_topk(gs, score, 16, 0, 32, 4, 0, fake_fn, &f, gheap, bheap, out, NULL), -1);
+        kvp_coarse_topk(gs, score, 16, 0, 32, 4, 0, fake_fn, &f, gheap, bheap, NULL, out, NULL), -1);
 }
 
 /* ---- the group metadata -----------------------------------------------------------------------

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/topk.h"
+
 /* Group order: larger bound first, ties to the lower group (deterministic in both modes). */
 static bool g_before(const float *gs, int a, int b)
 {
@@ -75,12 +77,70 @@ static void sort_ids(int *a, int n, int32_t *out)
         memcpy(out, src, (size_t)n * sizeof(int32_t));
 }
 
+/* The approximate mode (max_groups > 0) without a heap per block: the m best groups by bound
+ * (one vector top-k over the group bounds, ascending ids), m = max_groups or, when those hold
+ * fewer than k candidate blocks, as many more as the shortfall needs; their blocks scored in runs
+ * of adjacent groups (so the bound kernel gets several tiles per call); then one top-k over the
+ * scored blocks gathered in ascending block order, so its ties to the lower index are ties to
+ * the lower block. The result is the top k of the blocks of the first m groups of the best-first
+ * order, which is what the heap walk returns: the walk may stop before m groups, but only when
+ * no later group can place a block in the top k. Per block the heap walk cost a push or a sift
+ * with unpredictable branches, more than bounding the block. */
+static int approx_topk(const float *gscore, const float *score_first, int G, int first, int end,
+                       int k, int max_groups, kvp_coarse_score_fn fn, void *ctx, int *gwork,
+                       int *bwork, float *val, int32_t *out, struct kvp_coarse_stats *st)
+{
+    const int g0 = first / G, g1 = (end - 1) / G + 1, ng = g1 - g0;
+    int *gids = gwork, *gscr = gwork + ng;
+    int m = max_groups < ng ? max_groups : ng, n_vis = 0;
+    const int least = (k + G - 1) / G; /* whole groups holding k blocks */
+    if (m < least)
+        m = least < ng ? least : ng;
+    for (;;) {
+        kvp_topk_indices(gscore + g0, ng, m, gids, gscr);
+        n_vis = 0;
+        for (int i = 0; i < m; i++) {
+            const int gi = g0 + gids[i];
+            n_vis += ((gi + 1) * G < end ? (gi + 1) * G : end) - (gi * G > first ? gi * G : first);
+        }
+        if (n_vis >= k || m == ng)
+            break;
+        m += (k - n_vis + G - 1) / G; /* a partial group at an end fell short */
+        m = m < ng ? m : ng;
+    }
+    int *idx = bwork, *top = bwork + n_vis, *tscr = top + k, n = 0;
+    for (int i = 0; i < m;) {
+        int j = i + 1; /* a run of adjacent groups */
+        while (j < m && gids[j] == gids[j - 1] + 1)
+            j++;
+        const int gi = g0 + gids[i], gj = g0 + gids[j - 1];
+        const int b0 = gi * G > first ? gi * G : first;
+        const int b1 = (gj + 1) * G < end ? (gj + 1) * G : end;
+        fn(ctx, b0, b1);
+        for (int b = b0; b < b1; b++) {
+            const float v = score_first[b - first];
+            if (v != v)
+                return -1;
+            idx[n] = b;
+            val[n++] = v;
+        }
+        i = j;
+    }
+    st->groups = m;
+    st->blocks = n;
+    const int kk = k < n ? k : n;
+    kvp_topk_indices(val, n, kk, top, tscr);
+    for (int i = 0; i < kk; i++)
+        out[i] = idx[top[i]];
+    return kk;
+}
+
 /* The heap holds block ids; their scores are score_first[b - first] (the caller's columns). */
 #define SCORE_OF(b) score_first[(b)-first]
 
 int kvp_coarse_topk(const float *gscore, const float *score_first, int G, int first, int end, int k,
                     int max_groups, kvp_coarse_score_fn fn, void *ctx, int *gheap, int *bheap,
-                    int32_t *out, struct kvp_coarse_stats *stats)
+                    float *val, int32_t *out, struct kvp_coarse_stats *stats)
 {
     struct kvp_coarse_stats st = {0, 0};
     if (k <= 0 || end <= first) {
@@ -96,14 +156,19 @@ int kvp_coarse_topk(const float *gscore, const float *score_first, int G, int fi
             return -1;
         gheap[ng++] = gi;
     }
+    if (max_groups > 0) {
+        const int n = approx_topk(gscore, score_first, G, first, end, k, max_groups, fn, ctx,
+                                  gheap, bheap, val, out, &st);
+        if (stats)
+            *stats = st;
+        return n;
+    }
     g_heap_build(gscore, gheap, ng);
     int nb = 0;
     while (ng > 0) {
         const int gi = gheap[0];
         if (nb == k && gscore[gi] < SCORE_OF(bheap[0]))
             break; /* nothing left can enter the top k */
-        if (nb == k && max_groups > 0 && st.groups >= max_groups)
-            break; /* approximate: the visit budget is spent */
         g_heap_pop(gscore, gheap, &ng);
         const int b0 = gi * G > first ? gi * G : first;
         const int b1 = (gi + 1) * G < end ? (gi + 1) * G : end;

@@ -26,11 +26,15 @@ struct kvp_coarse_stats {
  * blocks (group i: blocks [i·G, (i + 1)·G)) bounded by gscore[i] (valid for the groups meeting
  * [first, end)), visiting at most max_groups groups beyond what holding k blocks needs (max_groups
  * <= 0: no limit, the exact mode). Writes the chosen block ids in ascending order to out[k]. gheap:
- * groups meeting [first, end) ints; bheap: k ints. Returns k, or -1 when a bound or a score is
- * NaN (the order is then not one the bound can cut: the caller ranks flat). */
+ * 2 x (groups meeting [first, end)) ints; bheap: k ints, or in the approximate mode
+ * KVP_COARSE_APPROX_INTS(end - first) ints and val end - first floats (the exact mode reads no
+ * val: NULL is fine). The approximate mode calls fn once per run of adjacent groups it visits.
+ * Returns k, or -1 when a bound or a score is NaN (the order is then not one the bound can cut:
+ * the caller ranks flat). */
+#define KVP_COARSE_APPROX_INTS(n_cand) (3 * (n_cand))
 int kvp_coarse_topk(const float *gscore, const float *score_first, int G, int first, int end, int k,
                     int max_groups, kvp_coarse_score_fn fn, void *ctx, int *gheap, int *bheap,
-                    int32_t *out, struct kvp_coarse_stats *stats);
+                    float *val, int32_t *out, struct kvp_coarse_stats *stats);
 
 /* Groups [g0, g1) in the order of their bound gscore[i] (indexed by group id), best first, ties
  * to the lower group: kvp_coarse_order_init builds the heap (g1 - g0 ints) and returns its size;

@@ -89,6 +89,7 @@ struct qp_kvh { /* scratch of one KV head */
     uint8_t *gvis;
     int *gheap, *bheap;
     int32_t *gout;   /* [max_blocks] */
+    float *cval;     /* [max_blocks] the approximate ranking's scored blocks */
     bool coarse_ok;  /* comb's ranking came from the groups (only visited columns valid) */
     int q_first, q_end; /* that ranking's candidate range */
 };
@@ -171,6 +172,7 @@ static void qp_free(struct kvp_policy *p)
             free(k->gvis);
             free(k->gheap);
             free(k->bheap);
+            free(k->cval);
             free(k->gout);
         }
     free(s->kv);
@@ -267,10 +269,12 @@ static int qp_init(struct kvp_policy *p, struct kvp_err *err)
             k->gcomb = malloc(ng * sizeof(float));
             k->mj = malloc((size_t)s->g * sizeof(float));
             k->gvis = calloc(ng, 1);
-            k->gheap = malloc(ng * sizeof(int));
-            k->bheap = malloc((size_t)mb * sizeof(int));
+            k->gheap = malloc(2 * ng * sizeof(int));
+            k->bheap = malloc(KVP_COARSE_APPROX_INTS((size_t)mb) * sizeof(int));
+            k->cval = malloc((size_t)mb * sizeof(float));
             k->gout = malloc((size_t)mb * sizeof(int32_t));
-            if (!k->gub || !k->gcomb || !k->mj || !k->gvis || !k->gheap || !k->bheap || !k->gout)
+            if (!k->gub || !k->gcomb || !k->mj || !k->gvis || !k->gheap || !k->bheap ||
+                !k->cval || !k->gout)
                 goto nomem;
         }
         if ((rc = kvp_cnn_cols_scratch_init(&k->cols, &s->cnn, s->cnn.H, mb, err)) < 0)
@@ -455,10 +459,13 @@ static void comb_cols(const struct qp_state *s, struct qp_kvh *k, int x0, int x1
     }
 }
 
+/* Blocks [b0, b1): whole groups but the ends' (a run of adjacent groups in the approximate
+ * ranking, one group in the exact one). */
 static void coarse_fn(void *ctx, int b0, int b1)
 {
     struct qp_coarse_ctx *c = ctx;
-    visit_group(c, b0 / c->s->groups);
+    for (int gi = b0 / c->s->groups; gi * c->s->groups < b1; gi++)
+        visit_group(c, gi);
     comb_cols(c->s, c->k, b0 - c->first, b1 - c->first);
 }
 
@@ -530,8 +537,8 @@ static int coarse_top(struct qp_coarse_ctx *c, int want)
     struct qp_state *s = c->s;
     struct qp_kvh *k = c->k;
     int n = kvp_coarse_topk(k->gcomb, k->comb, s->groups, c->first, c->end, want,
-                            coarse_limit(s, want), coarse_fn, c, k->gheap, k->bheap, k->gout,
-                            NULL);
+                            coarse_limit(s, want), coarse_fn, c, k->gheap, k->bheap, k->cval,
+                            k->gout, NULL);
     if (n < 0)
         return -1;
     for (int i = 0; i < n; i++)

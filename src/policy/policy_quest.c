@@ -82,7 +82,8 @@ struct quest_state {
     float visit;           /* approximate mode: groups visited per group of k blocks, 0: exact */
     struct kvp_qmeta gmeta;/* the groups' max and min */
     float *gscore;         /* [n_head_kv][n_groups] combined group bounds */
-    int *gheap, *bheap;    /* [n_head_kv][n_groups], [n_head_kv][max_blocks] */
+    int *gheap, *bheap;    /* [n_head_kv][2 n_groups], [n_head_kv][3 max_blocks] */
+    float *cval;           /* [n_head_kv][max_blocks] the approximate ranking's scored blocks */
     int32_t *chosen;       /* [n_head_kv][max_blocks] */
     int n_groups;
 };
@@ -179,11 +180,12 @@ static int quest_init(struct kvp_policy *p, struct kvp_err *err)
         s->n_groups = (int)((mb + (size_t)s->groups - 1) / (size_t)s->groups);
         int grc = kvp_qmeta_group_init(&s->gmeta, &s->meta, s->groups);
         s->gscore = malloc(nkv * (size_t)s->n_groups * sizeof(float));
-        s->gheap = malloc(nkv * (size_t)s->n_groups * sizeof(int));
-        s->bheap = malloc(nkv * mb * sizeof(int));
+        s->gheap = malloc(nkv * 2 * (size_t)s->n_groups * sizeof(int));
+        s->bheap = malloc(nkv * KVP_COARSE_APPROX_INTS(mb) * sizeof(int));
+        s->cval = malloc(nkv * mb * sizeof(float));
         s->chosen = malloc(nkv * mb * sizeof(int32_t));
         /* the group bounds of g heads go through the scratch's per-head rows (score_blocks) */
-        if (grc < 0 || !s->gscore || !s->gheap || !s->bheap || !s->chosen) {
+        if (grc < 0 || !s->gscore || !s->gheap || !s->bheap || !s->cval || !s->chosen) {
             quest_free(p);
             return kvp_err_set(err, KVP_ENOMEM, "quest: out of memory for group metadata");
         }
@@ -211,6 +213,7 @@ static void quest_free(struct kvp_policy *p)
     free(s->gscore);
     free(s->gheap);
     free(s->bheap);
+    free(s->cval);
     free(s->chosen);
     free(s);
     p->state = NULL;
@@ -336,8 +339,9 @@ static int rank_top(struct kvp_policy *p, int layer, int kvh, const float *q,
             max_groups = (int)(s->visit * (float)((k + G - 1) / G) + 0.999f);
         int n = kvp_coarse_topk(gs, s->score + lh * mb + bp->first, G, bp->first, bp->end, k,
                                 max_groups, quest_score_fn, &ctx,
-                                s->gheap + (size_t)kvh * s->n_groups, s->bheap + (size_t)kvh * mb,
-                                out, NULL);
+                                s->gheap + (size_t)kvh * 2 * s->n_groups,
+                                s->bheap + (size_t)kvh * KVP_COARSE_APPROX_INTS(mb),
+                                s->cval + (size_t)kvh * mb, out, NULL);
         if (n >= 0)
             return n;
     }
