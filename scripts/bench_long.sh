@@ -11,7 +11,9 @@
 #   scripts/bench_long.sh [BUILD_DIR] PART...
 #     sparse   dense and every POLICIES entry at every budget, each context, each shape
 #     disk     the disk tier with token prefetch paired (bench --paired) against RAM sparse,
-#              quest and qpredictor at DISK_BUDGET, contexts DISK_CTXS
+#              quest and qpredictor at DISK_BUDGET, contexts DISK_CTXS, the hot tier capped at
+#              1/HOT_FRAC of the KV (--hot-budget ctx/HOT_FRAC tokens per layer: a unit holds
+#              every KV head of a block, so that is 1/HOT_FRAC of the layer's KV)
 #     peer     llama.cpp's llama-server dense at PEER_CTX on the SmolLM2-135M shape, alternating
 #              with kvpred dense and quest at 1/16 (llama-server is the peer that runs on hosts
 #              where llama-bench dies of an illegal instruction)
@@ -23,9 +25,15 @@
 #        (/tmp/kvp-long: the synth files), DISK_CTXS (131072), DISK_BUDGET (1/32), KV_DIR
 #        (/tmp), PEER_CTX (32768), PEER_BIN (../shared/peers/llama.cpp/bin), PORT (18080),
 #        WRAP (a prefix for every timed command, e.g. "flock LOCK nice -n -20" on a shared host),
-#        SERVER_PREFIX (the same for llama-server's process, e.g. "nice -n -20")
-# Each record gets label, shape, part and note fields; stamp the file afterwards with
-# `scripts/bench_tables.py --stamp OUT` (date, commit, machine).
+#        SERVER_PREFIX (the same for llama-server's process, e.g. "nice -n -20"), HOT_FRAC (8),
+#        NOTE (how the host was: "nice -20, loaded host" by default; say "idle host" when it was)
+# Each record gets label, shape, part and note fields, and date, commit and machine at the end
+# (`scripts/bench_tables.py --stamp OUT`).
+#
+# The 128K rows of the SmolLM2-135M shape, each command under 10 minutes on a 2-core host:
+#   SHAPES=smol135m CTXS=131072 scripts/bench_long.sh build sparse   (dense, quest and
+#       qpredictor at 1/16 1/32 1/64: 7 rows, a tiled fill of ~35 s each)
+#   scripts/bench_long.sh build disk                                  (2 paired rows)
 set -euo pipefail
 BUILD=${1:-build}
 shift || true
@@ -50,7 +58,8 @@ PEER_CTX=${PEER_CTX:-32768}
 PEER_BIN=${PEER_BIN:-../shared/peers/llama.cpp/bin}
 PORT=${PORT:-18080}
 REAL_MAX=${REAL_MAX:-32768}
-NOTE=${NOTE:-"2 threads; taken at nice -20 under a shared lock beside nice-19 compile jobs"}
+HOT_FRAC=${HOT_FRAC:-8}
+NOTE=${NOTE:-"2 threads; nice -20, loaded host (a shared lock, beside nice-19 compile jobs)"}
 # shellcheck disable=SC2206
 WRAP=(${WRAP:-})
 mkdir -p "$DIR"
@@ -92,7 +101,7 @@ run() { # part shape label flags...: one bench run, one JSON line appended to OU
         "${TEXTF[@]}" "$@" 2>/dev/null) || { echo "FAILED: $shape $label $*" >&2; return 0; }
     jq -c --arg p "$part" --arg s "$shape" --arg l "$label" --arg n "$NOTE" \
         '. + {part: $p, shape: $s, label: $l, note: $n}' <<< "$line" >> "$OUT"
-    jq -r '"\(.shape) ctx \(.ctx) \(.label) \(.budget // "-"): \(.decode_tokens_per_s * 100 | round / 100) tok/s, policy_share \(.policy_share // 0 | . * 1000 | round / 1000), fill \(.fill_seconds | round) s"' \
+    jq -r '"\(.shape) ctx \(.ctx) \(.label) \(.budget // "-"): \(.decode_tokens_per_s * 100 | round / 100) tok/s, policy_share \(.policy_share // 0 | . * 1000 | round / 1000), fill \(.fill_seconds | round) s" + (if .paired then ", paired ratio \(.paired.ratio_median * 100 | round / 100), hit rate \(.store.hit_rate * 1000 | round / 1000), hot \(.store.hot_bytes / .store.cold_bytes * 1000 | round / 1000) of the KV" else "" end)' \
         <<< "$(tail -n 1 "$OUT")" >&2
 }
 
@@ -120,7 +129,8 @@ part_disk() {
         for p in "${pols[@]}"; do
             # shellcheck disable=SC2046,SC2086
             run disk smol135m "${p%%=*}" -c "$c" $(fill_flags smol135m "$c") ${p#*=} \
-                --budget "$DISK_BUDGET" --kv-tier disk --kv-dir "$KV_DIR" --prefetch token --paired
+                --budget "$DISK_BUDGET" --kv-tier disk --kv-dir "$KV_DIR" --prefetch token --paired \
+                --hot-budget $((c / HOT_FRAC))
         done
     done
 }
@@ -170,3 +180,4 @@ print(json.dumps({'prompt': [random.randrange(3, 512) for _ in range($n_prompt)]
 for part in $PARTS; do
     "part_$part"
 done
+python3 "$(dirname "$0")/bench_tables.py" --stamp "$OUT"

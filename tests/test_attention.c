@@ -309,6 +309,71 @@ static void early_blocks_same_bits(void)
     kvp_kvcache_free(c);
 }
 
+/* The parts pass (blocks reduced in ranges, as threads of a pool do, then folded) gives the
+ * single call's bits: every cut of the selection into two ranges, the later range reduced
+ * first, alone and after an early pass over a subset of the blocks; a selection longer than
+ * the room for it is refused. */
+static void parts_same_bits(void)
+{
+    struct fixture f;
+    fixture_init(&f);
+    struct kvp_kvcache *c = &f.c;
+    const struct kvp_sel sel = f.sel;
+    struct blocks_buf plain, parts;
+    blocks_init(&plain, 0);
+    blocks_init(&parts, sel.n);
+    float *pf = calloc((size_t)sel.n * G * (HD + 1), sizeof(float));
+    assert_non_null(pf);
+    parts.ab.po = pf;
+    parts.ab.pl = pf + (size_t)sel.n * G * HD;
+    parts.ab.pcap = sel.n;
+    float q[G * HD], out0[G * HD], out1[G * HD], p0[G * CTX], p1[G * CTX];
+    for (int i = 0; i < G * HD; i++)
+        q[i] = 2.0f * urand();
+    int tried = 0;
+    for (int h = 0; h < NKV; h++) {
+        kvp_attn_sparse_group(c, 0, h, q, G, NKEYS, &sel, p0, CTX, &plain.ab, out0);
+        for (int set = 0; set < 4; set++) /* no early pass, then blocks {0}, {1, 3}, {4} hot */
+            for (int cut = 0; cut <= sel.n; cut++) {
+                static const unsigned hot[4] = {0, 1, 0xA, 0x10};
+                uint8_t pending[CTX / BS];
+                memset(pending, 1, sizeof(pending));
+                for (int i = 0; i < sel.n; i++)
+                    pending[sel.blocks[i]] = !((hot[set] >> i) & 1);
+                memset(p1, 0xff, sizeof(p1)); /* NaN: every probability must be written */
+                assert_true(kvp_attn_sparse_parts_fit(c, 0, h, NKEYS, &sel, &parts.ab));
+                if (set)
+                    kvp_attn_sparse_early(c, 0, h, q, G, NKEYS, &sel, pending, p1, CTX, &parts.ab);
+                kvp_attn_sparse_part(c, 0, h, q, G, NKEYS, &sel, cut, sel.n, p1, CTX, &parts.ab);
+                kvp_attn_sparse_part(c, 0, h, q, G, NKEYS, &sel, 0, cut, p1, CTX, &parts.ab);
+                parts.ab.parts = true;
+                kvp_attn_sparse_group(c, 0, h, q, G, NKEYS, &sel, p1, CTX, &parts.ab, out1);
+                assert_false(parts.ab.parts);
+                assert_int_equal(parts.ab.n, 0);
+                assert_memory_equal(out0, out1, sizeof(out0));
+                for (int j = 0; j < G; j++)
+                    assert_memory_equal(p0 + j * CTX, p1 + j * CTX, sel.n * BS * sizeof(float));
+                tried++;
+            }
+    }
+    assert_int_equal(tried, NKV * 4 * (sel.n + 1));
+    parts.ab.pcap = sel.n - 1;
+    assert_false(kvp_attn_sparse_parts_fit(c, 0, 0, NKEYS, &sel, &parts.ab));
+    free(pf);
+    blocks_free(&parts);
+    blocks_free(&plain);
+    kvp_kvcache_free(c);
+}
+
+static void test_parts_same_bits(void **state)
+{
+    (void)state;
+    for (int i = 0; i < N_TYPES; i++) {
+        cur_type = all_types[i];
+        parts_same_bits();
+    }
+}
+
 static void test_early_blocks_same_bits(void **state)
 {
     (void)state;
@@ -656,6 +721,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matches_float64), cmocka_unit_test(test_early_blocks_same_bits),
+        cmocka_unit_test(test_parts_same_bits),
         cmocka_unit_test(test_types_vs_f32),    cmocka_unit_test(test_simd_vs_scalar),
         cmocka_unit_test(test_group_kernels),   cmocka_unit_test(test_group_vs_single_heads),
         cmocka_unit_test(test_everything_is_dense),

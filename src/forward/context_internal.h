@@ -8,6 +8,7 @@
 #ifndef KVP_FORWARD_CONTEXT_INTERNAL_H
 #define KVP_FORWARD_CONTEXT_INTERNAL_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -81,6 +82,15 @@ struct kvp_shared {
     int n_multi, n_single, n_out_multi, n_out_single;
 };
 
+/* One KV head's share of an untiered sparse layer's parts pass (kv_step.c): its selector
+ * publishes the selection's size (ready: n blocks, or -1 when the parts pass cannot take it),
+ * every thread then claims chunks of its blocks with next. */
+struct kvp_attn_claim {
+    atomic_int ready; /* 0: not selected yet; 1 + sel->n; -1: reduced by its own thread */
+    atomic_int next;  /* the first block index not claimed yet */
+    char pad[56];     /* one cache line each: the claims of different KV heads do not collide */
+};
+
 struct kvp_ctx {
     /* ---- configuration: fixed at creation ---- */
     const struct kvp_model *model; /* borrowed */
@@ -108,6 +118,7 @@ struct kvp_ctx {
     struct kvp_attn_blocks *ab;    /* [n_head_kv] sparse attention's per-block state */
     float *ab_floats;              /* backing store of ab's float arrays */
     int32_t *ab_idx;               /* backing store of ab's idx arrays */
+    struct kvp_attn_claim *claim;  /* [n_head_kv] untiered decode: the parts pass's work queue */
     int obs_n;                     /* rows captured in this job: min(pol.obs_window, job_end) */
 
     /* ---- tiered KV store (src/store/store.h), NULL when every block is hot ---- */

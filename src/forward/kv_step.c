@@ -1,6 +1,7 @@
 /* The KV step: one call per layer for the forward pass (see kv_step.h). */
 #include "forward/kv_step.h"
 
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -119,9 +120,25 @@ static int hot_blocks_for(const struct kvp_ctx *c)
     return n > c->kv.max_blocks ? c->kv.max_blocks : (int)n;
 }
 
+/* Blocks one KV head's selection may hold for sparse attention's parts pass (kv/attention.h:
+ * every selected block of a layer spread over the pool): the budget's blocks, two partial ones
+ * at the window edges and the policy's prefetch margin, twice over for the policies whose
+ * selections run past the budget (sinks, windows, extra candidates); a selection beyond it is
+ * reduced by its group's own thread instead (same bits, slower). */
+static int part_blocks_for(const struct kvp_ctx *c)
+{
+    const int bs = c->kv.block_size;
+    if (!c->pol.p || kvp_pool_size(c->pool) < 2)
+        return 0;
+    const long b = kvp_policy_budget(c->pol.p, c->n_ctx);
+    long n = 2 * ((b + bs - 1) / bs + 2 + c->pol.p->prefetch_margin) + 16;
+    return n > c->kv.max_blocks ? c->kv.max_blocks : (int)n;
+}
+
 /* Sparse attention's per-block state (kv/attention.h) for each KV head. With a tiered store the
  * early pass keeps up to one tiered layer's hot slots of reduced blocks per KV head (no more
- * blocks of a selection can be hot at once); without one it keeps none. */
+ * blocks of a selection can be hot at once); without one it keeps none. The parts pass keeps
+ * part_blocks_for blocks by selection index. */
 static int alloc_attn_blocks(struct kvp_ctx *c)
 {
     const int n_kv = c->hp.n_head_kv, g = c->hp.n_head / n_kv, hd = c->hp.head_dim;
@@ -129,10 +146,18 @@ static int alloc_attn_blocks(struct kvp_ctx *c)
     int cap = c->store ? hot_blocks_for(c) + 1 : 0;
     if (cap > mb)
         cap = mb;
-    size_t per = (size_t)g * mb + (size_t)g * hd + g + (size_t)g * cap * hd + (size_t)cap * g;
+    const int pcap = part_blocks_for(c);
+    size_t per = (size_t)g * mb + (size_t)g * hd + g + (size_t)g * cap * hd + (size_t)cap * g +
+                 (size_t)pcap * g * hd + (size_t)pcap * g;
     c->ab = calloc((size_t)n_kv, sizeof(*c->ab));
     c->ab_floats = kvp_alloc_aligned((size_t)n_kv * per * sizeof(float));
     c->ab_idx = calloc((size_t)n_kv * (cap ? cap : 1), sizeof(int32_t));
+    if (pcap > 0 && !c->store && !(c->claim = kvp_alloc_aligned((size_t)n_kv * sizeof(*c->claim))))
+        return -1;
+    for (int h = 0; c->claim && h < n_kv; h++) {
+        atomic_init(&c->claim[h].ready, 0);
+        atomic_init(&c->claim[h].next, 0);
+    }
     if (!c->ab || !c->ab_floats || !c->ab_idx)
         return -1;
     for (int h = 0; h < n_kv; h++) {
@@ -143,9 +168,12 @@ static int alloc_attn_blocks(struct kvp_ctx *c)
         ab->tmp = f += (size_t)g * mb;
         ab->tmp_l = f += (size_t)g * hd;
         ab->o = f += g;
-        ab->lsum = f + (size_t)g * cap * hd;
+        ab->lsum = f += (size_t)g * cap * hd;
+        ab->po = f += (size_t)cap * g;
+        ab->pl = f + (size_t)pcap * g * hd;
         ab->idx = c->ab_idx + (size_t)h * cap;
         ab->cap = cap;
+        ab->pcap = pcap;
     }
     return 0;
 }
@@ -156,6 +184,8 @@ void kvp_kv_release(struct kvp_ctx *c)
     free(c->ab);
     kvp_free_aligned(c->ab_floats);
     free(c->ab_idx);
+    kvp_free_aligned(c->claim);
+    c->claim = NULL;
     c->sparse_probs = NULL;
     c->ab = NULL;
     c->ab_floats = NULL;
@@ -277,6 +307,143 @@ static void attend(struct kvp_ctx *c, int l, bool selected, int ith, int nth)
     }
 }
 
+/* The end of KV head kvh's sparse attention after a parts pass (parts: its blocks were reduced
+ * there; else its own thread reduces them now): the fold in selection order, the measurement on
+ * an untiered cache and on_step, as attend. */
+static void fold_group(struct kvp_ctx *c, int l, int kvh, bool parts)
+{
+    const int hd = c->hp.head_dim, g = c->hp.n_head / c->hp.n_head_kv;
+    size_t first = (size_t)kvh * g;
+    struct kvp_sel *sel = kvp_policy_sel(&c->pol, l, kvh);
+    float *sp = c->sparse_probs + first * c->probs_stride;
+    c->ab[kvh].parts = parts;
+    kvp_attn_sparse_group(&c->kv, l, kvh, c->q + first * hd, g, c->job_pos0 + 1, sel, sp,
+                          c->probs_stride, &c->ab[kvh], c->att + first * hd);
+    if (c->measure && !c->store)
+        measure_group(c, l, kvh, sel);
+    kvp_policy_on_step(&c->pol, l, kvh, sp, c->probs_stride, c->job_pos0 + 1);
+}
+
+/* Sparse attention of layer l, whose selections are made, with the selected blocks of every KV
+ * head spread evenly over the pool (a KV head per thread leaves threads idle whenever the KV
+ * heads do not divide among them: 3 on 2 threads wait a third of the time), then each group
+ * folded in selection order by its own thread (the bits of one thread: kv/attention.h), with
+ * the measurement and on_step as attend. False, with nothing done, when a selection does not
+ * fit the parts pass; every thread decides alike from the same selections. */
+static bool attend_parts(struct kvp_ctx *c, int l, int ith, int nth)
+{
+    const int hd = c->hp.head_dim, n_kv = c->hp.n_head_kv, g = c->hp.n_head / n_kv;
+    const int n_keys = c->job_pos0 + 1;
+    if (nth < 2 || !c->ab || c->ab[0].pcap == 0)
+        return false;
+    long total = 0;
+    for (int h = 0; h < n_kv; h++) {
+        const struct kvp_sel *sel = kvp_policy_sel(&c->pol, l, h);
+        if (!kvp_attn_sparse_parts_fit(&c->kv, l, h, n_keys, sel, &c->ab[h]))
+            return false;
+        total += sel->n;
+    }
+    long a, b;
+    kvp_split_range(total, ith, nth, &a, &b);
+    for (long h = 0, base = 0; h < n_kv && base < b; h++) {
+        const struct kvp_sel *sel = kvp_policy_sel(&c->pol, l, (int)h);
+        long lo = a > base ? a - base : 0, hi = b - base < sel->n ? b - base : sel->n;
+        if (lo < hi)
+            kvp_attn_sparse_part(&c->kv, l, (int)h, c->q + (size_t)h * g * hd, g, n_keys, sel,
+                                 (int)lo, (int)hi, c->sparse_probs + (size_t)h * g * c->probs_stride,
+                                 c->probs_stride, &c->ab[h]);
+        base += sel->n;
+    }
+    kvp_pool_barrier(c->pool);
+    long h0, h1;
+    kvp_split_range(n_kv, ith, nth, &h0, &h1);
+    for (long kvh = h0; kvh < h1; kvh++)
+        fold_group(c, l, (int)kvh, true);
+    return true;
+}
+
+/* Blocks per claim of the parts pass: a few microseconds of work, so the claims' atomics cost
+ * nothing beside it and the last claims even out the threads' ends. */
+#define CLAIM_CHUNK 8
+
+/* Spin politely while another thread selects: PAUSE, then yield the core on an oversubscribed
+ * host (a selector that is not running cannot be waited for by spinning). */
+static void claim_relax(int spins)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    if (spins < 2000) {
+        __builtin_ia32_pause();
+        return;
+    }
+#endif
+    if (spins >= 64)
+        sched_yield();
+}
+
+/* Reduce chunks of every selected KV head's blocks until none is left unclaimed, waiting for
+ * the KV heads other threads are still selecting. */
+static void claim_parts(struct kvp_ctx *c, int l)
+{
+    const int hd = c->hp.head_dim, n_kv = c->hp.n_head_kv, g = c->hp.n_head / n_kv;
+    const int n_keys = c->job_pos0 + 1;
+    for (int spins = 0;; spins++) {
+        bool waiting = false;
+        for (int h = 0; h < n_kv; h++) {
+            struct kvp_attn_claim *cl = &c->claim[h];
+            int r = atomic_load_explicit(&cl->ready, memory_order_acquire);
+            waiting |= r == 0;
+            if (r <= 0)
+                continue;
+            const struct kvp_sel *sel = kvp_policy_sel(&c->pol, l, h);
+            while (atomic_load_explicit(&cl->next, memory_order_relaxed) < r - 1) {
+                int i = atomic_fetch_add_explicit(&cl->next, CLAIM_CHUNK, memory_order_relaxed);
+                if (i >= r - 1)
+                    break;
+                kvp_attn_sparse_part(&c->kv, l, h, c->q + (size_t)h * g * hd, g, n_keys, sel, i,
+                                     i + CLAIM_CHUNK, c->sparse_probs + (size_t)h * g * c->probs_stride,
+                                     c->probs_stride, &c->ab[h]);
+                spins = 0;
+            }
+        }
+        if (!waiting)
+            return;
+        claim_relax(spins);
+    }
+}
+
+/* An untiered sparse layer. Each thread selects its KV heads and publishes each selection at
+ * once; every thread then reduces chunks of the published selections' blocks (claim_parts), so
+ * a thread whose selections end first reduces the others' blocks instead of waiting for them
+ * (3 KV heads on 2 threads: one thread selects twice as long as the other), and the blocks of
+ * every KV head are spread evenly. After a barrier each thread folds its KV heads in selection
+ * order (the bits of one thread: kv/attention.h), measures and runs on_step as attend. */
+static void decode_untiered(struct kvp_ctx *c, int l, int ith, int nth)
+{
+    if (nth < 2 || !kvp_policy_sparse(&c->pol, l) || !c->claim || c->ab[0].pcap == 0) {
+        attend(c, l, false, ith, nth);
+        return;
+    }
+    const int hd = c->hp.head_dim, g = c->hp.n_head / c->hp.n_head_kv;
+    const int n_keys = c->job_pos0 + 1;
+    long h0, h1;
+    kvp_split_range(c->hp.n_head_kv, ith, nth, &h0, &h1);
+    for (long h = h0; h < h1; h++) {
+        struct kvp_sel *sel =
+            kvp_policy_select(&c->pol, l, (int)h, c->q + (size_t)h * g * hd, n_keys);
+        bool fit = kvp_attn_sparse_parts_fit(&c->kv, l, (int)h, n_keys, sel, &c->ab[h]);
+        atomic_store_explicit(&c->claim[h].next, 0, memory_order_relaxed);
+        atomic_store_explicit(&c->claim[h].ready, fit ? 1 + sel->n : -1, memory_order_release);
+    }
+    claim_parts(c, l);
+    kvp_pool_barrier(c->pool);
+    for (long kvh = h0; kvh < h1; kvh++) {
+        bool parts = atomic_load_explicit(&c->claim[kvh].ready, memory_order_relaxed) > 0;
+        /* every thread is past its claims (the barrier): the next layer starts from nothing */
+        atomic_store_explicit(&c->claim[kvh].ready, 0, memory_order_relaxed);
+        fold_group(c, l, (int)kvh, parts);
+    }
+}
+
 /* The early part of this thread's KV heads' sparse attention, over the selected blocks that are
  * already hot (pending: the store's per-block wait state). */
 static void attend_hot(struct kvp_ctx *c, int l, const uint8_t *pending, int ith, int nth)
@@ -331,7 +498,7 @@ static void decode(struct kvp_ctx *c, int l, int ith, int nth)
     const int n_keys = c->job_pos0 + 1, n_layer = c->hp.n_layer;
     const bool sparse = kvp_policy_sparse(&c->pol, l);
     if (!st) {
-        attend(c, l, false, ith, nth);
+        decode_untiered(c, l, ith, nth);
         return;
     }
     const int mode = kvp_store_mode(st);
@@ -387,7 +554,8 @@ static void decode(struct kvp_ctx *c, int l, int ith, int nth)
             kvp_store_acquire_wait(st);
         kvp_pool_barrier(c->pool);
     }
-    attend(c, l, sparse, ith, nth);
+    if (!sparse || !attend_parts(c, l, ith, nth))
+        attend(c, l, sparse, ith, nth);
     if (sparse && c->measure)
         measure_tiered(c, l, ith, nth);
     if (!predicts)

@@ -17,6 +17,7 @@
 #ifndef KVP_KV_ATTENTION_H
 #define KVP_KV_ATTENTION_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "kv/kvcache.h"
@@ -45,6 +46,12 @@ struct kvp_attn_blocks {
     float *lsum;      /* [cap][g] exp-sums */
     int32_t *idx;     /* [cap] their selection indices, ascending */
     int n, cap;
+    /* blocks reduced by kvp_attn_sparse_part, by selection index (pcap 0: that pass is off) */
+    float *po;        /* [pcap][g][hd] value sums */
+    float *pl;        /* [pcap][g] exp-sums */
+    int pcap;
+    bool parts;       /* set by the caller once kvp_attn_sparse_part reduced every block:
+                         kvp_attn_sparse_group folds from po, pl (and clears it) */
 };
 
 /* Sparse attention over a selection: probs[j][i*bs + t] for selected block i (0 for tokens not
@@ -59,5 +66,21 @@ void kvp_attn_sparse_group(const struct kvp_kvcache *kv, int l, int kvh, const f
 void kvp_attn_sparse_early(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
                            int n_keys, const struct kvp_sel *sel, const uint8_t *pending,
                            float *probs, int probs_stride, struct kvp_attn_blocks *ab);
+
+/* Reduce selected blocks [i0, i1) of sel (those the early pass did not already reduce) into
+ * ab->po / ab->pl at their selection index, scores into probs; needs sel->n <= ab->pcap.
+ * Calls for disjoint ranges of one selection may run on different threads at once (each
+ * writes only its blocks' rows of probs, bmax, po and pl), so one group's blocks can be spread
+ * over a pool. Once every block of [0, sel->n) is reduced (the calls joined), one caller sets
+ * ab->parts and kvp_attn_sparse_group folds them in selection order, with the bits of the
+ * single-threaded call. Nothing is done for a selection that does not fit
+ * (kvp_attn_sparse_parts_fit). */
+void kvp_attn_sparse_part(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
+                          int n_keys, const struct kvp_sel *sel, int i0, int i1, float *probs,
+                          int probs_stride, struct kvp_attn_blocks *ab);
+
+/* Whether kvp_attn_sparse_part can take sel (it fits ab and is not the dense road). */
+bool kvp_attn_sparse_parts_fit(const struct kvp_kvcache *kv, int l, int kvh, int n_keys,
+                               const struct kvp_sel *sel, const struct kvp_attn_blocks *ab);
 
 #endif
