@@ -590,13 +590,16 @@ SECTIONS = [
      "document with a question, then 3 follow-up questions after it, then one more after a "
      "server restart (kvpred with `--kv-cache-dir`, quest at 1/16; llama-server with its default "
      "attention and `--cache-reuse 256`). Both servers in alternation under the benchmark lock "
-     "at nice -20 beside nice-19 jobs, one round per client count (each its own lock hold). "
+     "at nice -20, one round per client count (each its own lock hold; the 4-client hold "
+     "beside nice-19 jobs, the 8-client one on an idle host). "
      "TTFT: request wall time minus the decode time the server reports; p50 over clients. "
      "Aggregate: tokens of the follow-up phase over its wall time. llama-server's restart "
      "phase was not run: it keeps nothing across a restart (in the 2026-12-03 18:22 run, "
      "bench/history/, its restart TTFT at 4 clients was 1.4× its cold one). Its 8-client row "
      "is from that run (alone it holds the lock over 10 minutes; llama-server is unchanged "
-     "since), kvpred's rows and llama-server's 4-client row from the 20:12 and 20:17 holds."),
+     "since; on the idle host its 8-client run had not finished after 19 minutes and was "
+     "stopped), the 4-client rows from the 20:12 hold, kvpred's 8-client row from the idle "
+     "22:05 one."),
     ("Trainer speed (bf16 path against the f32 reference)", train_speed,
      "Whole optimiser steps of the shipped shape on random tokens, f32 and bf16 alternating, "
      "medians of 3 rounds."),
