@@ -57,6 +57,28 @@ def stop(p, sig=signal.SIGTERM, timeout=120):
         return None
 
 
+def send_stream(port, body):
+    """Send a streamed /v1/completions request on a raw socket and leave it open (it keeps its
+    slot busy until closed or read to the end); returns the socket."""
+    data = json.dumps({**body, "stream": True}).encode()
+    sk = socket.create_connection(("127.0.0.1", port), timeout=600)
+    sk.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                f"Content-Length: {len(data)}\r\n\r\n").encode() + data)
+    return sk
+
+
+def until_first_event(sk):
+    """Read a stream until its first SSE event has come (the request holds a slot); returns
+    what was read."""
+    got = b""
+    while b"data: " not in got:
+        b = sk.recv(4096)
+        if not b:
+            break
+        got += b
+    return got
+
+
 def http(port, method, path, body=None, key=KEY, headers=None, timeout=60):
     """One request on a fresh socket, HTTP/1.0 style (Connection: close); returns (status,
     headers text, body bytes)."""
@@ -399,13 +421,8 @@ def main():
             check(False, f"waited {limit} s for {what}")
 
         def open_stream(body):
-            """Send a streamed request on a raw socket; returns it once the first event came."""
-            data = json.dumps({**body, "stream": True,
-                               "stream_options": {"include_usage": True}}).encode()
-            sk = socket.create_connection(("127.0.0.1", port), timeout=600)
-            sk.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-                        f"Content-Length: {len(data)}\r\n\r\n").encode() + data)
-            return sk
+            """A streamed request on a raw socket that asks for its usage counts."""
+            return send_stream(port, {**body, "stream_options": {"include_usage": True}})
 
         def read_stream(sk, out=b""):
             """The rest of a stream: (text, ended with [DONE], completion tokens, raw body)."""
@@ -528,17 +545,8 @@ def prefix_cache_tiered():
             cold = ask(port, "", 2)
             n_doc = cold["usage"]["prompt_tokens"]
             # the other slot (the first still holds the document) reads it from the prefix cache
-            data = json.dumps({"prompt": doc + " Q: what else?", "max_tokens": 400,
-                               "stream": True}).encode()
-            busy = socket.create_connection(("127.0.0.1", port), timeout=600)
-            busy.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-                          f"Content-Length: {len(data)}\r\n\r\n").encode() + data)
-            got = b""
-            while b"data: " not in got:
-                b = busy.recv(4096)
-                if not b:
-                    break
-                got += b
+            busy = send_stream(port, {"prompt": doc + " Q: what else?", "max_tokens": 400})
+            until_first_event(busy)
             warm = ask(port, " Q: where?")
             loads = metric(port, "kvpred_prefix_cache_loads_total")
             busy.close()
@@ -599,17 +607,8 @@ def tiered_share():
                                     {"prompt": doc + " Q: where?", "max_tokens": 4}, key=""))
             n_doc = first["usage"]["prompt_tokens"]
             # a long answer about the same document keeps the slot that holds it busy
-            data = json.dumps({"prompt": doc + " Q: what else?", "max_tokens": 1500,
-                               "stream": True}).encode()
-            busy = socket.create_connection(("127.0.0.1", port), timeout=600)
-            busy.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-                          f"Content-Length: {len(data)}\r\n\r\n").encode() + data)
-            got = b""
-            while b"data: " not in got:
-                b = busy.recv(4096)
-                if not b:
-                    break
-                got += b
+            busy = send_stream(port, {"prompt": doc + " Q: what else?", "max_tokens": 1500})
+            until_first_event(busy)
             q = doc + " Q: who?"
             other = json.loads(curl(port, "/v1/completions", {"prompt": q, "max_tokens": 8},
                                     key=""))
