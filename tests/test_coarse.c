@@ -109,6 +109,30 @@ static void test_ranking_exact_and_approx(void **state)
             for (int b = first; b < end; b++)
                 scored += seen[b];
             assert_int_equal(st.blocks, scored);
+            if (approx) {
+                /* the groups themselves: the m best by bound (ties to the lower group), m the
+                 * limit or as many as holding k blocks needs, in ascending order */
+                const int g0 = first / G, ng = (end - 1) / G + 1 - g0;
+                int gids[NB], work[NB], nb = -1;
+                unsigned char gwant[NB];
+                const int m = kvp_coarse_pick(gs, G, first, end, k, max_groups, gids, work, &nb);
+                slow_topk(gs, g0, g0 + ng, m, gwant);
+                int held = 0;
+                for (int i = 0; i < m; i++) {
+                    assert_true(gwant[gids[i]]);
+                    if (i > 0)
+                        assert_true(gids[i] > gids[i - 1]);
+                    const int lo = gids[i] * G > first ? gids[i] * G : first;
+                    const int hi = (gids[i] + 1) * G < end ? (gids[i] + 1) * G : end;
+                    held += hi - lo;
+                }
+                assert_int_equal(nb, held);
+                assert_true(m >= (max_groups < ng ? max_groups : ng));
+                assert_true(held >= k || m == ng);
+                /* beyond the limit only what holding k needs (two partial groups at most) */
+                const int need = (k + G - 1) / G + 2;
+                assert_true(m <= (max_groups > need ? max_groups : need));
+            }
             if (!approx) {
                 assert_int_equal(hit, k); /* the flat top-k, ties included */
             } else {
@@ -324,12 +348,15 @@ static void test_quest_coarse_equals_flat(void **state)
     float dir[HD];
     for (int d = 0; d < HD; d++)
         dir[d] = (float)(urand() * 2 - 1);
-    const char *variants[] = {"groups=2", "groups=5", "groups=16", "groups=64",
-                              "groups=16,share=0"};
-    const int n_var = 5;
+    /* the approximate mode visiting every group must be the flat pass too: its ranking is then
+     * the top k of every block, gathered in block order */
+    const char *variants[] = {"groups=2",          "groups=5",
+                              "groups=16",         "groups=64",
+                              "groups=16,share=0", "groups=16,coarse=approx,visit=100000"};
+    const int n_var = 6;
     for (int style = 0; style < 3; style++) {
         const float ratio = style == 2 ? 1.0f / 8 : 1.0f / 16;
-        struct qbench flat, co[5], ap;
+        struct qbench flat, co[6], ap;
         qb_init(&flat, &kv, "groups=0", n_ctx, ratio);
         for (int v = 0; v < n_var; v++)
             qb_init(&co[v], &kv, variants[v], n_ctx, ratio);
@@ -440,12 +467,19 @@ static void test_qpredictor_coarse_equals_flat(void **state)
     float dir[HD];
     for (int d = 0; d < HD; d++)
         dir[d] = (float)(urand() * 2 - 1);
-    const char *variants[] = {"groups=4", "groups=16", "groups=16,recent=1", "groups=64"};
-    const int n_var = 4;
+    /* the shared approximate pass visiting every group: M_j is then each head's largest bound,
+     * the feature the flat one and the candidates its top k + extra (the flat selection) */
+    const char *variants[] = {"groups=4",
+                              "groups=16",
+                              "groups=16,recent=1",
+                              "groups=64",
+                              "groups=16,coarse=approx,visit=100000",
+                              "groups=5,coarse=approx,visit=100000"};
+    const int n_var = 6;
     static float probs[2 * MAXB * 16];
     for (int style = 0; style < 2; style++) {
         const float ratio = style ? 1.0f / 8 : 1.0f / 16;
-        struct qbench flat, flat_r, co[4], ap;
+        struct qbench flat, flat_r, co[6], ap;
         qp_start(&flat, &kv, aux, "groups=0", n_ctx, ratio);
         qp_start(&flat_r, &kv, aux, "groups=0,recent=1", n_ctx, ratio);
         for (int v = 0; v < n_var; v++)
@@ -459,8 +493,10 @@ static void test_qpredictor_coarse_equals_flat(void **state)
                 kvp_kvcache_store(&kv, 0, h, t, k, vv);
             }
         struct kvp_prefill_obs ob = {.n_prompt = n};
-        struct qbench *all[7] = {&flat, &flat_r, &co[0], &co[1], &co[2], &co[3], &ap};
-        for (int i = 0; i < 7; i++)
+        struct qbench *all[9] = {&flat,  &flat_r, &co[0], &co[1], &co[2],
+                                 &co[3], &co[4],  &co[5], &ap};
+        const int n_all = 9;
+        for (int i = 0; i < n_all; i++)
             all[i]->p.ops->on_prefill(&all[i]->p, 0, &ob);
         long hit = 0, tot = 0;
         for (int step = 0; step < 120; step++) {
@@ -477,7 +513,7 @@ static void test_qpredictor_coarse_equals_flat(void **state)
             n++;
             float q[2 * HD];
             make_query(q, step % 3, dir);
-            for (int i = 0; i < 7; i++)
+            for (int i = 0; i < n_all; i++)
                 all[i]->p.ops->select(&all[i]->p, 0, h, q, n, &all[i]->sel);
             for (int v = 0; v < n_var; v++) {
                 const struct kvp_sel *ref = v == 2 ? &flat_r.sel : &flat.sel;
@@ -490,7 +526,7 @@ static void test_qpredictor_coarse_equals_flat(void **state)
             hit += sel_overlap(&flat.sel, &ap.sel, &na);
             tot += na;
             /* the same history for all: probabilities over each one's own selection */
-            for (int i = 0; i < 7; i++) {
+            for (int i = 0; i < n_all; i++) {
                 const struct kvp_sel *sl = &all[i]->sel;
                 for (int j = 0; j < 2; j++)
                     for (int x = 0; x < sl->n * bs; x++)
@@ -499,7 +535,7 @@ static void test_qpredictor_coarse_equals_flat(void **state)
                 all[i]->p.ops->on_step(&all[i]->p, 0, h, sl, probs, MAXB * bs, n);
             }
             if (step % 2 == 0) {
-                for (int i = 0; i < 7; i++)
+                for (int i = 0; i < n_all; i++)
                     all[i]->p.ops->predict_next(&all[i]->p, 0, h, n + 1, &all[i]->sel);
                 for (int v = 0; v < n_var; v++)
                     assert_true(sel_equal(v == 2 ? &flat_r.sel : &flat.sel, &co[v].sel));
@@ -508,7 +544,7 @@ static void test_qpredictor_coarse_equals_flat(void **state)
         print_message("# %s qpredictor style %d: approx (groups=16, visit=4) recall of flat "
                       "%.4f\n",
                       kvp_kv_type_name(cur_type), style, (double)hit / tot);
-        for (int i = 0; i < 7; i++)
+        for (int i = 0; i < n_all; i++)
             kvp_policy_stop(&all[i]->p);
     }
     kvp_kvcache_free(&kv);

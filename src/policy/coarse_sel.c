@@ -77,27 +77,16 @@ static void sort_ids(int *a, int n, int32_t *out)
         memcpy(out, src, (size_t)n * sizeof(int32_t));
 }
 
-/* The approximate mode (max_groups > 0) without a heap per block: the m best groups by bound
- * (one vector top-k over the group bounds, ascending ids), m = max_groups or, when those hold
- * fewer than k candidate blocks, as many more as the shortfall needs; their blocks scored in runs
- * of adjacent groups (so the bound kernel gets several tiles per call); then one top-k over the
- * scored blocks gathered in ascending block order, so its ties to the lower index are ties to
- * the lower block. The result is the top k of the blocks of the first m groups of the best-first
- * order, which is what the heap walk returns: the walk may stop before m groups, but only when
- * no later group can place a block in the top k. Per block the heap walk cost a push or a sift
- * with unpredictable branches, more than bounding the block. */
-static int approx_topk(const float *gscore, const float *score_first, int G, int first, int end,
-                       int k, int max_groups, kvp_coarse_score_fn fn, void *ctx, int *gwork,
-                       int *bwork, float *val, int32_t *out, struct kvp_coarse_stats *st)
+int kvp_coarse_pick(const float *gscore, int G, int first, int end, int k, int max_groups,
+                    int *gids, int *work, int *n_blocks)
 {
     const int g0 = first / G, g1 = (end - 1) / G + 1, ng = g1 - g0;
-    int *gids = gwork, *gscr = gwork + ng;
     int m = max_groups < ng ? max_groups : ng, n_vis = 0;
     const int least = (k + G - 1) / G; /* whole groups holding k blocks */
     if (m < least)
         m = least < ng ? least : ng;
     for (;;) {
-        kvp_topk_indices(gscore + g0, ng, m, gids, gscr);
+        kvp_topk_indices(gscore + g0, ng, m, gids, work);
         n_vis = 0;
         for (int i = 0; i < m; i++) {
             const int gi = g0 + gids[i];
@@ -108,12 +97,32 @@ static int approx_topk(const float *gscore, const float *score_first, int G, int
         m += (k - n_vis + G - 1) / G; /* a partial group at an end fell short */
         m = m < ng ? m : ng;
     }
+    for (int i = 0; i < m; i++)
+        gids[i] += g0;
+    *n_blocks = n_vis;
+    return m;
+}
+
+/* The approximate mode (max_groups > 0) without a heap per block: the groups of kvp_coarse_pick;
+ * their blocks scored in runs of adjacent groups (so the bound kernel gets several tiles per
+ * call); then one top-k over the scored blocks gathered in ascending block order, so its ties to
+ * the lower index are ties to the lower block. The result is the top k of the blocks of the first
+ * m groups of the best-first order, which is what the heap walk returns: the walk may stop before
+ * m groups, but only when no later group can place a block in the top k. Per block the heap walk
+ * cost a push or a sift with unpredictable branches, more than bounding the block. */
+static int approx_topk(const float *gscore, const float *score_first, int G, int first, int end,
+                       int k, int max_groups, kvp_coarse_score_fn fn, void *ctx, int *gwork,
+                       int *bwork, float *val, int32_t *out, struct kvp_coarse_stats *st)
+{
+    const int ng = (end - 1) / G + 1 - first / G;
+    int *gids = gwork, n_vis = 0;
+    const int m = kvp_coarse_pick(gscore, G, first, end, k, max_groups, gids, gwork + ng, &n_vis);
     int *idx = bwork, *top = bwork + n_vis, *tscr = top + k, n = 0;
     for (int i = 0; i < m;) {
         int j = i + 1; /* a run of adjacent groups */
         while (j < m && gids[j] == gids[j - 1] + 1)
             j++;
-        const int gi = g0 + gids[i], gj = g0 + gids[j - 1];
+        const int gi = gids[i], gj = gids[j - 1];
         const int b0 = gi * G > first ? gi * G : first;
         const int b1 = (gj + 1) * G < end ? (gj + 1) * G : end;
         fn(ctx, b0, b1);

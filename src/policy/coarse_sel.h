@@ -36,6 +36,14 @@ int kvp_coarse_topk(const float *gscore, const float *score_first, int G, int fi
                     int max_groups, kvp_coarse_score_fn fn, void *ctx, int *gheap, int *bheap,
                     float *val, int32_t *out, struct kvp_coarse_stats *stats);
 
+/* The approximate mode's groups: the m best of the groups meeting [first, end) by gscore[i]
+ * (indexed by group id; one vector top-k, ties to the lower group), m = max_groups or, when those
+ * hold fewer than k candidate blocks, as many more as the shortfall needs (at most all of them).
+ * Their ids, ascending, into gids; work: as many ints as groups meet [first, end). Returns m and
+ * in *n_blocks the candidate blocks they hold (>= k unless every group is taken). */
+int kvp_coarse_pick(const float *gscore, int G, int first, int end, int k, int max_groups,
+                    int *gids, int *work, int *n_blocks);
+
 /* Groups [g0, g1) in the order of their bound gscore[i] (indexed by group id), best first, ties
  * to the lower group: kvp_coarse_order_init builds the heap (g1 - g0 ints) and returns its size;
  * each kvp_coarse_order_pop returns the next group and shrinks it (*n > 0). */
