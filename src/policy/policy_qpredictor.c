@@ -44,8 +44,9 @@
  * a group's feature bound is then max_j(group bound_j − M_j), >= its blocks' features (every step
  * monotone); the k + extra best features come from the same branch and bound over groups, and
  * the CNN's neighbourhoods outside the visited groups are bounded on demand. So in the exact mode
- * the candidates, their features and the selection are the flat pass's; coarse=approx stops
- * both searches after ceil(V·(k + extra)/G) groups. The tiered store's prediction takes its
+ * the candidates, their features and the selection are the flat pass's; coarse=approx ranks
+ * the groups once for all heads and bounds the best ceil(V·(k + extra)/G) of them (see
+ * approx_prepare below). The tiered store's prediction takes its
  * k + extra + margin from the same pass (the groups' feature bounds of select, kept).
  *
  * Threading: state per (layer, KV head), scratch per KV head (layers run one after another).
