@@ -21,8 +21,10 @@
 #include "kernels/matvec.h"
 #include "kernels/simd.h"
 #include "kernels/types.h"
+#include "forward/context.h"
 #include "kvpred.h"
 #include "policy/policy.h"
+#include "store/store.h"
 #include "testutil.h"
 
 enum { NSEQ = 4, PIECE = 48, MAXSTEP = 64 };
@@ -772,6 +774,170 @@ static void test_multi_kernel(void **state)
     check_multi_kernel(KVP_TYPE_Q6_K, 512);
 }
 
+/* ---- cold reads of several sequences in flight together --------------------------------------- */
+
+enum { NCOLD = 4, COLD_PROMPT = 150, COLD_DEC = 6, COLD_FAULT_STEP = 2 };
+
+struct cold_run {
+    float *lg;         /* [NCOLD][COLD_DEC][n_vocab] */
+    int n_dec[NCOLD];  /* decode steps whose logits were written */
+    int together;      /* steps in which two or more sequences read cold units */
+    int lost_step;     /* the step the faulty sequence's call failed, or -1 */
+    int overlapped;    /* steps in which a sequence's cold read of a layer was submitted before
+                          the sequence ahead of it in the step finished waiting for that layer */
+};
+
+/* Whether b submitted a cold read of some layer before a's last wait for that layer ended
+ * (the events of one step, store.h). */
+static bool reads_overlap(const struct kvp_store *a, const struct kvp_store *b)
+{
+    const struct kvp_store_event *ea, *eb;
+    int na = kvp_store_events(a, &ea), nb = kvp_store_events(b, &eb);
+    for (int i = 0; i < na; i++) {
+        if (ea[i].kind != KVP_EV_WAIT || ea[i].layer < 0)
+            continue;
+        for (int j = 0; j < nb; j++)
+            if (eb[j].kind == KVP_EV_READ && eb[j].layer == ea[i].layer && eb[j].t0 < ea[i].t1)
+                return true;
+    }
+    return false;
+}
+
+/* The sequences in mask, each with its own disk tier and a hot tier of two blocks, prefill their
+ * own prompts and then decode COLD_DEC tokens in the same steps. With faulty >= 0, that
+ * sequence's cold tier fails every request from step COLD_FAULT_STEP on; it is then left out of
+ * the steps that follow. */
+static void cold_schedule(kvp_model *m, const char *dir, int prefetch, unsigned mask, int faulty,
+                          struct cold_run *r)
+{
+    struct kvp_model_info in;
+    kvp_model_get_info(m, &in);
+    struct kvp_err err = {0};
+    kvp_engine *e = NULL;
+    struct kvp_engine_params ep = {.n_threads = 2, .n_batch = 256, .n_ctx = 256, .exact = true};
+    assert_int_equal(kvp_engine_init(m, &ep, &e, &err), 0);
+    struct kvp_ctx_params cp = {.n_ctx = 256, .kv_tier = KVP_TIER_DISK, .kv_dir = dir,
+                                .kv_syscall_submit = true, .hot_budget = 32,
+                                .prefetch = prefetch};
+    struct kvp_policy_params pp = policy("quest");
+    kvp_seq *seq[NCOLD] = {0};
+    int32_t toks[NCOLD][COLD_PROMPT + 8 * NCOLD + COLD_DEC];
+    int np[NCOLD];
+    memset(r, 0, sizeof(*r));
+    r->lost_step = -1;
+    r->lg = calloc((size_t)NCOLD * COLD_DEC * in.n_vocab, sizeof(float));
+    assert_non_null(r->lg);
+    for (int s = 0; s < NCOLD; s++) {
+        if (!(mask >> s & 1))
+            continue;
+        np[s] = COLD_PROMPT + 8 * s; /* different lengths, different tokens */
+        for (int i = 0; i < np[s] + COLD_DEC; i++)
+            toks[s][i] = token_of(s, i, in.n_vocab);
+        assert_int_equal(kvp_seq_init(e, &cp, &seq[s], &err), 0);
+        assert_int_equal(kvp_ctx_set_policy(seq[s], &pp, &err), 0);
+        struct kvp_batch_item it = {.seq = seq[s], .tokens = toks[s], .n = np[s]};
+        if (kvp_batch_eval(e, &it, 1, &err) < 0)
+            fail_msg("prompt %d: %s", s, err.msg);
+    }
+    for (int step = 0; step < COLD_DEC; step++) {
+        struct kvp_batch_item items[NCOLD];
+        uint64_t misses[NCOLD] = {0};
+        int n = 0;
+        for (int s = 0; s < NCOLD; s++) {
+            if (!(mask >> s & 1) || (s == faulty && r->lost_step >= 0))
+                continue;
+            struct kvp_store_stats st;
+            assert_int_equal(kvp_ctx_store_stats(seq[s], &st), 0);
+            misses[s] = st.misses;
+            if (s == faulty && step == COLD_FAULT_STEP)
+                kvp_store_inject_faults(kvp_ctx_store(seq[s]), KVP_FAULT_EIO, 1, -1);
+            kvp_ctx_store_timeline(seq[s], true);
+            items[n++] = (struct kvp_batch_item){
+                .seq = seq[s], .tokens = toks[s] + np[s] + step, .n = 1,
+                .logits = r->lg + ((size_t)s * COLD_DEC + step) * in.n_vocab};
+        }
+        int rc = kvp_batch_eval(e, items, n, &err);
+        if (rc < 0) {
+            /* only the faulty sequence may fail, once, and say that its KV was lost */
+            if (faulty < 0 || step != COLD_FAULT_STEP)
+                fail_msg("step %d: %s", step, err.msg);
+            assert_int_equal(rc, KVP_EKVLOST);
+            r->lost_step = step;
+            /* it refuses from now on, alone too, and nothing of it is used */
+            struct kvp_batch_item it = {.seq = seq[faulty], .tokens = toks[faulty], .n = 1};
+            assert_int_equal(kvp_batch_eval(e, &it, 1, &err), KVP_EKVLOST);
+        }
+        int reading = 0, prev = -1;
+        bool overlap = false;
+        for (int s = 0; s < NCOLD; s++) {
+            if (!(mask >> s & 1) || (s == faulty && r->lost_step >= 0))
+                continue;
+            struct kvp_store_stats st;
+            assert_int_equal(kvp_ctx_store_stats(seq[s], &st), 0);
+            reading += st.misses > misses[s];
+            r->n_dec[s]++;
+            if (prev >= 0)
+                overlap |= reads_overlap(kvp_ctx_store(seq[prev]), kvp_ctx_store(seq[s]));
+            prev = s;
+        }
+        for (int s = 0; s < NCOLD; s++)
+            if (seq[s])
+                kvp_ctx_store_timeline(seq[s], false);
+        r->together += reading >= 2;
+        r->overlapped += overlap;
+    }
+    for (int s = 0; s < NCOLD; s++)
+        kvp_ctx_free(seq[s]);
+    kvp_engine_free(e);
+}
+
+/* A step of several sequences starts every sequence's cold reads of a layer before it waits for
+ * any (kv_step.h, kvp_kv_layers): each sequence's logits must still be those it gets alone, bit
+ * for bit, in every prefetch mode; and a sequence whose cold tier fails in such a step reports
+ * KVP_EKVLOST while the others' logits stay those they get alone. */
+static void test_cold_reads_together(void **state)
+{
+    (void)state;
+    char *path;
+    kvp_model *m = fixture(KVP_TYPE_Q8_0, &path);
+    struct kvp_model_info in;
+    kvp_model_get_info(m, &in);
+    char *dir = scratch_dir();
+    const int modes[] = {KVP_PREFETCH_NONE, KVP_PREFETCH_LAYER, KVP_PREFETCH_TOKEN};
+    const size_t per = (size_t)COLD_DEC * in.n_vocab;
+    for (int k = 0; k < 3; k++)
+        for (int faulty = -1; faulty < 1; faulty++) {
+            struct cold_run all, one;
+            cold_schedule(m, dir, modes[k], (1u << NCOLD) - 1, faulty, &all);
+            /* the hot tier of two blocks makes the sequences read cold units in the same steps */
+            assert_true(all.together >= COLD_DEC / 2);
+            /* and a later sequence's reads were in flight before an earlier one had waited for
+             * its own (one sequence after another, they would start only after) */
+            assert_true(all.overlapped >= all.together / 2);
+            print_message("prefetch %d, faulty %d: %d steps of %d with cold reads of several "
+                          "sequences, %d with them in flight together\n",
+                          modes[k], faulty, all.together, COLD_DEC, all.overlapped);
+            if (faulty >= 0)
+                assert_int_equal(all.lost_step, COLD_FAULT_STEP);
+            for (int s = 0; s < NCOLD; s++) {
+                cold_schedule(m, dir, modes[k], 1u << s, -1, &one);
+                assert_int_equal(one.n_dec[s], COLD_DEC);
+                /* the faulty one: the steps before its fault; the others: every step */
+                int n = s == faulty ? COLD_FAULT_STEP : COLD_DEC;
+                assert_int_equal(all.n_dec[s], s == faulty ? COLD_FAULT_STEP : COLD_DEC);
+                if (memcmp(one.lg + s * per, all.lg + s * per,
+                           (size_t)n * in.n_vocab * sizeof(float)) != 0)
+                    fail_msg("prefetch %d, faulty %d: sequence %d in a batch differs from alone",
+                             modes[k], faulty, s);
+                free(one.lg);
+            }
+            free(all.lg);
+        }
+    rmdir(dir);
+    free(dir);
+    fixture_close(m, path);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -781,7 +947,7 @@ int main(void)
         cmocka_unit_test(test_aux_policies),       cmocka_unit_test(test_fork_and_copy),
         cmocka_unit_test(test_truncate_and_bytes), cmocka_unit_test(test_multi_kernel),
         cmocka_unit_test(test_fast_steps),
-        cmocka_unit_test(test_quest_follow_up),
+        cmocka_unit_test(test_quest_follow_up),    cmocka_unit_test(test_cold_reads_together),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -595,8 +595,7 @@ static void forward_worker(void *arg, int ith, int nth)
          * a lone sequence's threads store the tokens they rotated, several need them all */
         if (sh->n_seqs > 1)
             kvp_pool_barrier(sh->pool);
-        for (int s = 0; s < sh->n_seqs; s++)
-            kvp_kv_layer(sh->seqs[s], l, ith, nth);
+        kvp_kv_layers(sh->seqs, sh->n_seqs, l, ith, nth);
         kvp_pool_barrier(sh->pool);
 
         kvp_split_range(D, ith, nth, &r0, &r1);

@@ -491,16 +491,15 @@ static void measure_tiered(struct kvp_ctx *c, int l, int ith, int nth)
         kvp_store_hide_cold(c->store, l, n_keys);
 }
 
-/* Decode attention of layer l: select -> fetch -> attend -> on_step -> predict/prefetch. */
-static void decode(struct kvp_ctx *c, int l, int ith, int nth)
+/* Decode attention of layer l on a tiered cache, first half: select -> start the reads of the
+ * misses (the store's acquire_begin). Nothing waits for a read here, so a step of several
+ * sequences starts every sequence's reads of the layer before it waits for any
+ * (kvp_kv_layers). */
+static void decode_start(struct kvp_ctx *c, int l, int ith, int nth)
 {
-    struct kvp_store *st = c->store; /* NULL: every block is hot, nothing to fetch */
+    struct kvp_store *st = c->store;
     const int n_keys = c->job_pos0 + 1, n_layer = c->hp.n_layer;
     const bool sparse = kvp_policy_sparse(&c->pol, l);
-    if (!st) {
-        decode_untiered(c, l, ith, nth);
-        return;
-    }
     const int mode = kvp_store_mode(st);
     /* layer mode: layer l+1's predicted blocks start reading while this layer computes */
     if (mode == KVP_PREFETCH_LAYER && l + 1 < n_layer && kvp_policy_sparse(&c->pol, l + 1)) {
@@ -536,6 +535,16 @@ static void decode(struct kvp_ctx *c, int l, int ith, int nth)
             kvp_store_acquire_begin(st, l, sparse ? kvp_policy_sel(&c->pol, l, 0) : NULL, n_keys);
     }
     kvp_pool_barrier(c->pool);
+}
+
+/* Second half: attend -> on_step -> predict/prefetch, attending to the blocks already hot while
+ * the misses decode_start began are read. */
+static void decode_finish(struct kvp_ctx *c, int l, int ith, int nth)
+{
+    struct kvp_store *st = c->store;
+    const int n_keys = c->job_pos0 + 1;
+    const bool sparse = kvp_policy_sparse(&c->pol, l);
+    const int mode = kvp_store_mode(st);
     /* token mode predicts after the step (none follows the context's last position, and its
      * plan would not fit the buffers) */
     const bool predicts = mode == KVP_PREFETCH_TOKEN && sparse && n_keys < c->n_ctx;
@@ -565,6 +574,17 @@ static void decode(struct kvp_ctx *c, int l, int ith, int nth)
         predict(c, l, n_keys + 1, ith, nth, true);
     if (ith == 0)
         kvp_store_prefetch(st, l, kvp_policy_next(&c->pol, l, 0), n_keys + 1);
+}
+
+/* Decode attention of layer l: select -> fetch -> attend -> on_step -> predict/prefetch. */
+static void decode(struct kvp_ctx *c, int l, int ith, int nth)
+{
+    if (!c->store) { /* every block is hot, nothing to fetch */
+        decode_untiered(c, l, ith, nth);
+        return;
+    }
+    decode_start(c, l, ith, nth);
+    decode_finish(c, l, ith, nth);
 }
 
 /* ---- prefill --------------------------------------------------------------------------------- */
@@ -612,26 +632,60 @@ static void prefill(struct kvp_ctx *c, int l, int ith, int nth)
 
 /* ---- the layer ------------------------------------------------------------------------------- */
 
+/* K and V of the batch's tokens into the cache (this thread's tokens, as RoPE split them). */
+static void write_kv(struct kvp_ctx *c, int l, int ith, int nth)
+{
+    const int hd = c->hp.head_dim, kv_dim = c->hp.n_head_kv * hd;
+    long t0, t1;
+    kvp_split_range(c->job_n, ith, nth, &t0, &t1);
+    for (long i = t0; i < t1; i++)
+        for (int h = 0; h < c->hp.n_head_kv; h++)
+            kvp_kvcache_store(&c->kv, l, h, c->job_pos0 + (int)i, c->k + i * kv_dim + h * hd,
+                              c->v + i * kv_dim + h * hd);
+}
+
 void kvp_kv_layer(struct kvp_ctx *c, int l, int ith, int nth)
 {
-    const int n = c->job_n, pos0 = c->job_pos0, hd = c->hp.head_dim;
-    const int kv_dim = c->hp.n_head_kv * hd;
+    const int n = c->job_n, pos0 = c->job_pos0;
     if (n > 1 && c->store) { /* stage the layer's whole KV for prefill attention */
         if (ith == 0)
             kvp_store_prefill_begin(c->store, l, pos0, pos0 + n);
         kvp_pool_barrier(c->pool);
     }
-    long t0, t1;
-    kvp_split_range(n, ith, nth, &t0, &t1); /* this thread's tokens, as RoPE split them */
-    for (long i = t0; i < t1; i++)
-        for (int h = 0; h < c->hp.n_head_kv; h++)
-            kvp_kvcache_store(&c->kv, l, h, pos0 + (int)i, c->k + i * kv_dim + h * hd,
-                              c->v + i * kv_dim + h * hd);
+    write_kv(c, l, ith, nth);
     kvp_pool_barrier(c->pool);
     if (n == 1)
         decode(c, l, ith, nth);
     else
         prefill(c, l, ith, nth);
+}
+
+/* A decode step of a tiered cache: its reads are split from its waits (kvp_kv_layers). */
+static bool tiered_decode(const struct kvp_ctx *c)
+{
+    return c->job_n == 1 && c->store;
+}
+
+void kvp_kv_layers(struct kvp_ctx *const *cs, int n_cs, int l, int ith, int nth)
+{
+    /* Every tiered decoding sequence writes its token and starts its misses' reads first, so the
+     * device holds all of them at once; one sequence's reads in flight at a time would leave
+     * the step waiting for each sequence's misses in turn. Each sequence's attention still reads
+     * only its own cache and buffers, so the order changes no bit of it. */
+    for (int s = 0; s < n_cs; s++) {
+        struct kvp_ctx *c = cs[s];
+        if (!tiered_decode(c))
+            continue;
+        write_kv(c, l, ith, nth);
+        kvp_pool_barrier(c->pool);
+        decode_start(c, l, ith, nth);
+    }
+    for (int s = 0; s < n_cs; s++) {
+        if (tiered_decode(cs[s]))
+            decode_finish(cs[s], l, ith, nth);
+        else
+            kvp_kv_layer(cs[s], l, ith, nth);
+    }
 }
 
 /* ---- the tiered store's statistics and timeline (kvpred.h) ---------------------------------- */

@@ -54,6 +54,12 @@ void kvp_store_record_timeline(struct kvp_store *s, bool on)
     s->ev_on = on && s->ev;
 }
 
+int kvp_store_events(const struct kvp_store *s, const struct kvp_store_event **ev)
+{
+    *ev = s->ev;
+    return s->ev ? s->n_ev : 0;
+}
+
 void kvp_store_set_note(struct kvp_store *s, const char *fmt, ...)
 {
     va_list ap;

@@ -265,6 +265,8 @@ void kvp_store_force_sq_bypass(struct kvp_store *s, int mode);
 void kvp_store_get_stats(const struct kvp_store *s, struct kvp_store_stats *out);
 void kvp_store_reset_stats(struct kvp_store *s);
 void kvp_store_record_timeline(struct kvp_store *s, bool on);
+/* The events recorded since the timeline was turned on (*ev; returns how many), for tests. */
+int kvp_store_events(const struct kvp_store *s, const struct kvp_store_event **ev);
 
 /* Timeline drawing (timeline.c). */
 int kvp_store_timeline_png(const struct kvp_store *s, const char *path, struct kvp_err *err);
