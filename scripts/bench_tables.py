@@ -484,7 +484,9 @@ def batched_disk():
             io = ("syscall submission" if "--kv-syscall-submit" in r["command"]
                   else "polling thread per ring")
             io += ", prefetch none" if "--prefetch none" in r["command"] else ", token prefetch"
-        rows.append([r["kv_tier"], io, kv, r["npl"], r["npp"], r["ntg"],
+        host = "idle" if "host otherwise idle" in r.get("note", "") else "loaded"
+        rps = r.get("cold_reads_per_token", 0) * r["tg_tokens_per_s"]
+        rows.append([r["commit"], host, r["kv_tier"], io, kv, r["npl"], r["npp"], r["ntg"],
                      fmt(r["tg_tokens_per_s"], 1), fmt(ser, 1),
                      fmt(r["tg_tokens_per_s"] / ser, 2) + "×" if ser else "",
                      fmt(r["kv_resident_bytes"] / gib, 2), fmt(r["kv_cold_bytes"] / gib, 2),
@@ -492,10 +494,12 @@ def batched_disk():
                      fmt(r["cold_bytes_read_per_token"] / 2 ** 20, 1),
                      fmt(r.get("serial_cold_bytes_read_per_token", float("nan")) / 2 ** 20, 1),
                      fmt(100 * r["cold_hits"] / (r["cold_hits"] + r["cold_misses"]), 0) + " %"
-                     if r.get("cold_hits", 0) + r.get("cold_misses", 0) else ""])
-    head = ["tier", "disk I/O", "KV", "npl", "npp", "ntg", "batched tg tok/s", "one after another tok/s",
+                     if r.get("cold_hits", 0) + r.get("cold_misses", 0) else "",
+                     fmt(rps, 0) if rps else ""])
+    head = ["commit", "host", "tier", "disk I/O", "KV", "npl", "npp", "ntg", "batched tg tok/s", "one after another tok/s",
             "batched ÷ serial", "KV in RAM GiB", "KV cold GiB", "RSS GiB",
-            "MiB read / token (batched)", "MiB read / token (serial)", "hot-tier hits"]
+            "MiB read / token (batched)", "MiB read / token (serial)", "hot-tier hits",
+            "cold reads / s"]
     cmds = sorted({r["command"] for r in recs})
     return table(head, rows), provenance(recs, name, "scripts/bench_batched_disk.sh (" +
                                          "; ".join(cmds) + ")")
@@ -542,7 +546,10 @@ SECTIONS = [
      "prefilled, its KV copied into every sequence; then each sequence decodes tokens of its own, "
      "all in one step each (batched), then the same number one sequence after another with the "
      "same tier (serial). Only the decode is timed, under the benchmark lock at nice -20 beside "
-     "other work's nice-19 jobs (host load 20-40 on 2 cores; the fill ran outside the lock). "
+     "other work's nice-19 jobs (host load 20-40 on 2 cores; the fill ran outside the lock), "
+     "except where the host column says idle (nothing else running but the fill's own jobs). "
+     "Cold reads / s: read requests of the cold tiers per second of the batched decode, to hold "
+     "against the disk's random-read rate (`build/disk_qd`, docs/batched.md). "
      "Hot-tier hits: selected (layer, block) units found hot or in flight in the batched decode; "
      "the random-weight model's queries change from token to token, so its selections do too."),
     ("Prefill against llama-server (llama-bench dies of SIGILL here)", peers_server,

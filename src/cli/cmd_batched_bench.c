@@ -77,6 +77,7 @@ struct row {
     double t_pp, t_tg, t_serial, t_fill_copy;
     size_t kv_resident, kv_cold;
     uint64_t bytes_read, hits, misses, serial_bytes_read;
+    uint64_t reads, serial_reads; /* cold-tier read requests (a request may span units) */
     long rss_kib;
 };
 
@@ -193,6 +194,7 @@ static int run_row(struct bench *b, struct row *r)
     r->rss_kib = rss_kib();
     r->kv_resident = r->kv_cold = 0;
     r->bytes_read = r->hits = r->misses = r->serial_bytes_read = 0;
+    r->reads = r->serial_reads = 0;
     for (long k = 0; k < r->npl; k++) {
         size_t res, cold;
         kvp_seq_kv_bytes(seq[k], &res, &cold);
@@ -201,6 +203,7 @@ static int run_row(struct bench *b, struct row *r)
         struct kvp_store_stats st;
         if (kvp_ctx_store_stats(seq[k], &st) == 0) {
             r->bytes_read += st.bytes_read;
+            r->reads += st.reads;
             r->hits += st.hits;
             r->misses += st.misses;
         }
@@ -219,8 +222,10 @@ static int run_row(struct bench *b, struct row *r)
         r->t_serial = kvp_time_now() - t0;
         for (long k = 0; k < r->npl; k++) {
             struct kvp_store_stats st;
-            if (kvp_ctx_store_stats(seq[k], &st) == 0)
+            if (kvp_ctx_store_stats(seq[k], &st) == 0) {
                 r->serial_bytes_read += st.bytes_read;
+                r->serial_reads += st.reads;
+            }
         }
     }
     rc = 0;
@@ -269,11 +274,14 @@ static void print_json(const struct bench *b, const struct row *r, const char *b
         cJSON_AddNumberToObject(o, "tg_serial_tokens_per_s", n_tg / r->t_serial);
         cJSON_AddNumberToObject(o, "serial_cold_bytes_read_per_token",
                                 (double)r->serial_bytes_read / n_tg);
+        cJSON_AddNumberToObject(o, "serial_cold_reads_per_token", (double)r->serial_reads / n_tg);
     }
     /* KV after the decode, summed over sequences: in RAM (resident) and in the cold tier */
     cJSON_AddNumberToObject(o, "kv_resident_bytes", (double)r->kv_resident);
     cJSON_AddNumberToObject(o, "kv_cold_bytes", (double)r->kv_cold);
     cJSON_AddNumberToObject(o, "cold_bytes_read_per_token", (double)r->bytes_read / n_tg);
+    /* read requests: with the rate, the device's requests per second (its random-read limit) */
+    cJSON_AddNumberToObject(o, "cold_reads_per_token", (double)r->reads / n_tg);
     /* selected (layer, block) units found hot or in flight, against fetched on demand */
     cJSON_AddNumberToObject(o, "cold_hits", (double)r->hits);
     cJSON_AddNumberToObject(o, "cold_misses", (double)r->misses);
