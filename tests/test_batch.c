@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "kernels/matvec.h"
+#include "kernels/quant.h"
 #include "kernels/simd.h"
 #include "kernels/types.h"
 #include "forward/context.h"
@@ -715,6 +716,26 @@ static void test_refusals(void **state)
     fixture_close(m, path);
 }
 
+/* rows random rows of W's type (uniform in [-4, 4] before quantizing) into w and nv random
+ * vectors prepared for it into xq; x is cols floats of scratch. */
+static void random_rows(int type, int cols, int rows, int nv, uint64_t seed, float *x, uint8_t *w,
+                        uint8_t *xq)
+{
+    const struct kvp_type_traits *tt = kvp_type_traits(type);
+    size_t rb = 0, xb = kvp_matvec_xq_bytes(type, cols);
+    assert_true(kvp_type_row_bytes(type, cols, &rb));
+    for (int r = 0; r < rows + nv; r++) {
+        for (int c = 0; c < cols; c++) {
+            seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+            x[c] = (float)((int64_t)(seed >> 33) % 2001 - 1000) / 250.0f;
+        }
+        if (r < rows)
+            tt->from_f32(x, w + r * rb, cols);
+        else
+            kvp_matvec_prepare(type, x, cols, xq + (r - rows) * xb);
+    }
+}
+
 /* The multi-vector row kernels against the mat-vec one vector at a time, bit for bit, for every
  * type with one, over row counts that leave every tail (1..3 rows past whole tiles), vector
  * counts past one tile, and (32-element types) an odd number of blocks per row (the kernels'
@@ -722,7 +743,6 @@ static void test_refusals(void **state)
 static void check_multi_kernel(int type, int cols)
 {
     enum { ROWS = 23, NV = 7 };
-    const struct kvp_type_traits *tt = kvp_type_traits(type);
     size_t rb = 0;
     assert_true(kvp_type_row_bytes(type, cols, &rb));
     struct kvp_mat W = {.type = type, .cols = cols, .rows = ROWS, .row_bytes = rb};
@@ -734,17 +754,7 @@ static void check_multi_kernel(int type, int cols)
     uint8_t *w = malloc(ROWS * rb), *xq = malloc(NV * xb);
     float *x = malloc((size_t)cols * sizeof(float)), *ref = malloc(ROWS * sizeof(float));
     float *out = malloc(NV * ROWS * sizeof(float));
-    uint64_t seed = 7;
-    for (int r = 0; r < ROWS + NV; r++) {
-        for (int c = 0; c < cols; c++) {
-            seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
-            x[c] = (float)((int64_t)(seed >> 33) % 2001 - 1000) / 250.0f;
-        }
-        if (r < ROWS)
-            tt->from_f32(x, w + r * rb, cols);
-        else
-            kvp_matvec_prepare(type, x, cols, xq + (r - ROWS) * xb);
-    }
+    random_rows(type, cols, ROWS, NV, 7, x, w, xq);
     W.data = w;
     for (int nv = 1; nv <= NV; nv++)
         for (int r0 = 0; r0 < 4; r0++)
@@ -938,6 +948,163 @@ static void test_cold_reads_together(void **state)
     fixture_close(m, path);
 }
 
+/* The exact value (in double) of one row's dot with one prepared vector, as the kernels split it:
+ * per 32-element block b, dw_b·dx_b·Σ q·x (q the code as the block's integer sum takes it) minus,
+ * for Q4_K, dmin·m·dx·Σ x; and *T, the sum of the terms' magnitudes (per element), which the
+ * rounding bound below scales. Decoded from the formats (../shared/docs/formats.md §4), not
+ * through any kernel. */
+static double exact_dot(int type, const uint8_t *row, const uint8_t *xq, int cols, double *T)
+{
+    double e = 0.0, t = 0.0;
+    for (int b = 0; b < cols / 32; b++) {
+        int q[32];
+        double dw, mw = 0.0, dx;
+        const int8_t *xs;
+        if (type == KVP_TYPE_Q4_K) {
+            const struct kvp_block_q4_k *blk = (const void *)(row + (size_t)(b / 8) * 144);
+            const struct kvp_block_q8_k *xb = (const void *)(xq + (size_t)(b / 8) * 292);
+            uint8_t sc[8], mn[8];
+            kvp_k_scales_unpack(blk->scales, sc, mn);
+            int s = b % 8;
+            dw = (double)kvp_f16_to_f32(blk->d) * sc[s];
+            mw = (double)kvp_f16_to_f32(blk->dmin) * mn[s];
+            for (int i = 0; i < 32; i++)
+                q[i] = s % 2 ? blk->qs[32 * (s / 2) + i] >> 4 : blk->qs[32 * (s / 2) + i] & 15;
+            dx = xb->d;
+            xs = xb->qs + 32 * s;
+        } else {
+            const struct kvp_block_q8_0 *xb = (const void *)(xq + (size_t)b * 34);
+            dx = kvp_f16_to_f32(xb->d);
+            xs = xb->qs;
+            if (type == KVP_TYPE_Q8_0) {
+                const struct kvp_block_q8_0 *blk = (const void *)(row + (size_t)b * 34);
+                dw = kvp_f16_to_f32(blk->d);
+                for (int i = 0; i < 32; i++)
+                    q[i] = blk->qs[i];
+            } else if (type == KVP_TYPE_Q4_0) {
+                const struct kvp_block_q4_0 *blk = (const void *)(row + (size_t)b * 18);
+                dw = kvp_f16_to_f32(blk->d);
+                for (int i = 0; i < 16; i++) {
+                    q[i] = (blk->qs[i] & 15) - 8;
+                    q[i + 16] = (blk->qs[i] >> 4) - 8;
+                }
+            } else {
+                const struct kvp_block_q5_0 *blk = (const void *)(row + (size_t)b * 22);
+                uint32_t h = (uint32_t)blk->qh[0] | (uint32_t)blk->qh[1] << 8 |
+                             (uint32_t)blk->qh[2] << 16 | (uint32_t)blk->qh[3] << 24;
+                dw = kvp_f16_to_f32(blk->d);
+                for (int i = 0; i < 16; i++) {
+                    q[i] = ((blk->qs[i] & 15) | (int)((h >> i) & 1) << 4) - 16;
+                    q[i + 16] = ((blk->qs[i] >> 4) | (int)((h >> (i + 16)) & 1) << 4) - 16;
+                }
+            }
+        }
+        long sqx = 0, sx = 0, aqx = 0, ax = 0;
+        for (int i = 0; i < 32; i++) {
+            sqx += (long)q[i] * xs[i];
+            sx += xs[i];
+            aqx += labs((long)q[i] * xs[i]);
+            ax += labs((long)xs[i]);
+        }
+        e += dw * dx * (double)sqx - mw * dx * (double)sx;
+        t += fabs(dw * dx) * (double)aqx + fabs(mw * dx) * (double)ax;
+    }
+    *T = t;
+    return e;
+}
+
+/* Whether y is the dot within the rounding of a kernel whose blocks go through at most `steps`
+ * float operations each (a product's scale, the convert of the exact int32 sum, the fused adds
+ * of the blocks or of lane partials and their horizontal sum): the usual bound
+ * γ_n = n·u / (1 - n·u), u = 2^-24, times the sum of the terms' magnitudes. */
+static bool dot_within(float y, double e, double T, int steps)
+{
+    double u = ldexp(1.0, -24), g = steps * u / (1.0 - steps * u);
+    return fabs((double)y - e) <= g * T;
+}
+
+/* The lanes kernels (weight rows in the SIMD lanes, fast steps) against the exact dot and against
+ * the mat-vec one vector at a time, for every type with one, over row counts with every tail of a
+ * 16-row tile, vector counts past one pass of 16, odd block counts and rows longer than one
+ * column chunk of 64 blocks; accumulating and not. A kernel that drops a block fails the check. */
+static void check_lanes_kernel(int type, int cols)
+{
+    enum { ROWS = 37, NV = 19 };
+    size_t rb = 0;
+    assert_true(kvp_type_row_bytes(type, cols, &rb));
+    struct kvp_mat W = {.type = type, .cols = cols, .rows = ROWS, .row_bytes = rb};
+    if (!kvp_matvec_has_lanes(&W)) {
+        print_message("type %d: no lanes kernel in table %s\n", type, kvp_simd()->name);
+        return;
+    }
+    size_t xb = kvp_matvec_xq_bytes(type, cols);
+    uint8_t *w = malloc(ROWS * rb), *xq = malloc(NV * xb);
+    float *x = malloc((size_t)cols * sizeof(float)), *ref = malloc(ROWS * sizeof(float));
+    float *out = malloc(NV * ROWS * sizeof(float));
+    double *e = malloc(NV * ROWS * sizeof(double)), *T = malloc(NV * ROWS * sizeof(double));
+    random_rows(type, cols, ROWS, NV, 11, x, w, xq);
+    W.data = w;
+    for (int j = 0; j < NV; j++)
+        for (int r = 0; r < ROWS; r++)
+            e[j * ROWS + r] = exact_dot(type, w + r * rb, xq + j * xb, cols, &T[j * ROWS + r]);
+    /* lanes: per block a scale product, the fused add (Q4_K: and the mins' product and add);
+     * the single-vector kernels: lane partials, their adds and the horizontal sum */
+    const int nb = cols / 32, lanes_steps = 2 * nb + 4, single_steps = 2 * nb + 24;
+    for (int acc = 0; acc < 2; acc++)
+        for (int nv = 1; nv <= NV; nv += nv < 4 ? 1 : 5)
+            for (int r0 = 0; r0 < 2; r0++)
+                for (int r1 = r0 + 1; r1 <= ROWS; r1 += r1 < 18 ? 1 : 7) {
+                    const void *xp[NV];
+                    float *yp[NV];
+                    for (int j = 0; j < nv; j++) {
+                        xp[j] = xq + j * xb;
+                        yp[j] = out + j * ROWS;
+                        for (int r = 0; r < ROWS; r++)
+                            out[j * ROWS + r] = acc ? 0.5f * (float)r : 0.0f;
+                    }
+                    kvp_matvec_rows_lanes(&W, xp, nv, yp, r0, r1, acc);
+                    for (int j = 0; j < nv; j++) {
+                        kvp_matvec_rows(&W, NULL, xp[j], ref, r0, r1);
+                        for (int r = r0; r < r1; r++) {
+                            /* accumulating adds the dot to 0.5·i after the sum: one rounding */
+                            float y = out[j * ROWS + r - r0], base = acc ? 0.5f * (float)(r - r0)
+                                                                         : 0.0f;
+                            double ee = e[j * ROWS + r], tt2 = T[j * ROWS + r];
+                            assert_true(dot_within(y, ee + base, tt2 + fabs(ee) + base,
+                                                   lanes_steps + 1));
+                            assert_true(dot_within(ref[r], ee, tt2, single_steps));
+                        }
+                        /* beyond r1 nothing was written */
+                        for (int r = r1 - r0; r < ROWS; r++)
+                            assert_true(out[j * ROWS + r] == (acc ? 0.5f * (float)r : 0.0f));
+                    }
+                }
+    /* a planted bug: a result that lacks one block's term fails the check */
+    int bad = 0;
+    for (int r = 0; r < ROWS; r++) {
+        const void *xp[1] = {xq};
+        float y1, *yp[1] = {&y1};
+        kvp_matvec_rows_lanes(&W, xp, 1, yp, r, r + 1, false);
+        /* drop the first block: its exact term, from a one-block view of the row and vector */
+        double t1, e1 = exact_dot(type, w + r * rb, xq, 32, &t1);
+        bad += !dot_within(y1 - (float)e1, e[r], T[r], lanes_steps);
+    }
+    assert_true(bad > ROWS / 2);
+    free(w), free(xq), free(x), free(ref), free(out), free(e), free(T);
+}
+
+static void test_lanes_kernel(void **state)
+{
+    (void)state;
+    check_lanes_kernel(KVP_TYPE_Q8_0, 96);
+    check_lanes_kernel(KVP_TYPE_Q8_0, 2144); /* 67 blocks: two column chunks */
+    check_lanes_kernel(KVP_TYPE_Q4_0, 96);
+    check_lanes_kernel(KVP_TYPE_Q5_0, 96);
+    check_lanes_kernel(KVP_TYPE_Q5_0, 2080);
+    check_lanes_kernel(KVP_TYPE_Q4_K, 512);
+    check_lanes_kernel(KVP_TYPE_Q4_K, 2304); /* 72 sub-blocks: two chunks */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -946,6 +1113,7 @@ int main(void)
         cmocka_unit_test(test_kv_types),           cmocka_unit_test(test_tiers),
         cmocka_unit_test(test_aux_policies),       cmocka_unit_test(test_fork_and_copy),
         cmocka_unit_test(test_truncate_and_bytes), cmocka_unit_test(test_multi_kernel),
+        cmocka_unit_test(test_lanes_kernel),
         cmocka_unit_test(test_fast_steps),
         cmocka_unit_test(test_quest_follow_up),    cmocka_unit_test(test_cold_reads_together),
     };

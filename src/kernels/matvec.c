@@ -211,6 +211,19 @@ void kvp_matvec_rows_multi(const struct kvp_mat *W, const void *const *xq, int n
                                           W->row_bytes, xq, nv, W->cols, r1 - r0, y);
 }
 
+bool kvp_matvec_has_lanes(const struct kvp_mat *W)
+{
+    return W->type >= 0 && W->type < KVP_SIMD_NTYPES && kvp_simd()->rows_q_lanes[W->type];
+}
+
+void kvp_matvec_rows_lanes(const struct kvp_mat *W, const void *const *xq, int nv,
+                           float *const *y, int64_t r0, int64_t r1, bool accumulate)
+{
+    if (r1 > r0)
+        kvp_simd()->rows_q_lanes[W->type]((const char *)W->data + (size_t)r0 * W->row_bytes,
+                                          W->row_bytes, xq, nv, W->cols, r1 - r0, y, accumulate);
+}
+
 /* Same type contract as kvp_matvec_rows_ops; other types write NaN rows. */
 void kvp_mat_dequant_rows(const struct kvp_mat *W, float *dst, int64_t r0, int64_t r1)
 {

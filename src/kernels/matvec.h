@@ -51,6 +51,19 @@ bool kvp_matvec_has_multi(const struct kvp_mat *W);
 void kvp_matvec_rows_multi(const struct kvp_mat *W, const void *const *xq, int nv,
                            float *const *y, int64_t r0, int64_t r1);
 
+/* Whether this CPU has a kernel for W's type that puts weight rows in the SIMD lanes
+ * (kvp_matvec_rows_lanes). */
+bool kvp_matvec_has_lanes(const struct kvp_mat *W);
+
+/* y[j][r - r0] (+= when accumulate) = dot(row r of W, the vector prepared in xq[j]) for j < nv
+ * and r in [r0, r1), the rows read once for all: kvp_matvec_rows_multi's contract except that a
+ * result may differ from kvp_matvec_rows's by float rounding (the blocks are added in another
+ * order; simd.h, rows_q_lanes). Only when kvp_matvec_has_lanes. Not on the decode path yet: its
+ * per-tile conversion (a 16-row transpose) costs about three vectors' products, and in a batched
+ * step (rows split over threads) it measured slower than the multi-vector kernel and the GEMM. */
+void kvp_matvec_rows_lanes(const struct kvp_mat *W, const void *const *xq, int nv,
+                           float *const *y, int64_t r0, int64_t r1, bool accumulate);
+
 /* Dequantize rows [r0, r1) of W into dst ([r1-r0][cols] floats). */
 void kvp_mat_dequant_rows(const struct kvp_mat *W, float *dst, int64_t r0, int64_t r1);
 

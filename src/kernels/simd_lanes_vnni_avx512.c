@@ -1,0 +1,363 @@
+/*
+ * Decode rows of a batched step with weight rows in the lanes (AVX-512 VNNI; the avx512vnni
+ * table's rows_q_lanes, simd.h). For steps that need not be bit-identical to the single-vector
+ * kernels (an engine that is not exact).
+ *
+ * Why: the multi-vector kernels of simd_vnni_avx512.c keep the single-vector layout, a zmm holds
+ * 64 codes of one row, so every (row, vector, block pair) needs its own int-to-float conversion,
+ * scale multiply and fused add after its one vpdpbusd: four instructions per 64 products, and
+ * more where the codes are unpacked per vector. Here 16 rows are turned once into a tile where a
+ * zmm holds four consecutive codes of each of the 16 rows (a 16 × 16 dword transpose of two
+ * blocks of each row), so one vpdpbusd with four activation bytes broadcast from memory adds four
+ * products into each of 16 rows: eight of them finish a 32-element block for 16 rows with no
+ * horizontal sum, and the float work (one convert, one multiply, one fused add, plus one for
+ * Q4_K's mins) is shared by the 16 rows. The tile (unpacking 4- and 5-bit codes, making them
+ * unsigned, the transpose, the scales as floats) is built once per 16 rows and block chunk and
+ * serves every vector.
+ *
+ * Signedness: vpdpbusd multiplies unsigned by signed bytes; the tile holds unsigned codes (Q8_0
+ * with the sign bit flipped, i.e. + 128; Q4_0, Q5_0 and Q4_K as stored, 0..15 or 0..31) and the
+ * activations stay signed. The offset (128, 8, 16; 0 for Q4_K) times the block's activation sum
+ * is the int32 sum's starting value, so each block's sum is the exact Σ code·x; Q4_K's mins
+ * (dmin·m per sub-block) are taken off against the sub-block's activation sum in float.
+ *
+ * Rounding: per row and vector the blocks are added in column order, each as one fused
+ * multiply-add of the exact int32 sum (|sum| < 2^24, so its conversion is exact) by dw·dx; so a
+ * result differs from the single-vector kernel's (which adds per-lane partial sums in another
+ * order) only by float rounding, within the bound tests/test_batch.c derives.
+ */
+#include <immintrin.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels/quant.h"
+#include "kernels/simd_internal.h"
+#include "kernels/simd_pairs_avx512.h"
+#include "kernels/simd_quant_x86.h"
+#include "kernels/types.h"
+
+#define LN_INLINE static inline __attribute__((always_inline))
+
+enum {
+    LN_ROWS = 16, /* rows per tile: one per lane */
+    LN_CB = 64,   /* 32-element blocks per chunk: the tile of 16 rows is 32 KiB */
+    LN_NV = 16,   /* vectors per pass (the accumulators stay in registers) */
+};
+
+/* What the rows of a tile need from one vector's 32-element block: its codes (broadcast four at
+ * a time), the starting value -offset·Σx, its scale and (Q4_K) scale · Σx for the mins. */
+struct ln_x {
+    int32_t q[8];
+    int32_t corr;
+    float dx;
+    float ms;
+    int32_t pad;
+};
+
+/* One chunk's tile: codes[b][k] holds bytes 4k..4k+3 of block b of each of the 16 rows (lane i
+ * is row i), dw[b] the rows' block scales, mw[b] (Q4_K) their mins' scales dmin·m. */
+struct ln_tile {
+    __m512i codes[LN_CB][8];
+    __m512 dw[LN_CB];
+    __m512 mw[LN_CB];
+};
+
+enum { LN_Q8_0, LN_Q4_0, LN_Q5_0, LN_Q4_K };
+
+/* The 16 × 16 dword transpose: r[c] becomes dword c of every input row (lane i = row i). */
+LN_INLINE void transpose16(__m512i r[16])
+{
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int h = 0; h < 16; h += 8)
+        for (int i = 0; i < 4; i++) {
+            t[h + i] = _mm512_shuffle_i32x4(r[h + i], r[h + i + 4], 0x88);
+            t[h + i + 4] = _mm512_shuffle_i32x4(r[h + i], r[h + i + 4], 0xdd);
+        }
+    for (int i = 0; i < 8; i++) {
+        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+    }
+}
+
+/* Bytes of a type's row per 32-element block (Q4_K: per super-block of 256). */
+LN_INLINE size_t ln_block_bytes(int kind)
+{
+    return kind == LN_Q8_0 ? 34 : kind == LN_Q4_0 ? 18 : kind == LN_Q5_0 ? 22 : 144;
+}
+
+/* Unsigned codes of 32-element blocks b and b+1 (b even) of a row, in one zmm in element
+ * order; `two` false: block b only (the upper half zero). */
+LN_INLINE __m512i ln_codes(const uint8_t *row, int64_t b, bool two, int kind)
+{
+    if (kind == LN_Q4_K) { /* b even: sub-blocks b, b+1 are one 32-byte run's low, high nibbles */
+        const uint8_t *qs = row + (size_t)(b / 8) * 144 + 16 + 16 * (size_t)(b % 8);
+        __m256i c = _mm256_loadu_si256((const __m256i *)qs);
+        const __m256i m4 = _mm256_set1_epi8(0x0F);
+        return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(c, m4)),
+                                  _mm256_and_si256(_mm256_srli_epi16(c, 4), m4), 1);
+    }
+    const size_t bs = ln_block_bytes(kind);
+    const uint8_t *wb = row + (size_t)b * bs;
+    if (kind == LN_Q8_0) {
+        __m256i lo = _mm256_loadu_si256((const __m256i *)(wb + 2));
+        if (!two)
+            return _mm512_zextsi256_si512(lo);
+        return _mm512_inserti64x4(_mm512_castsi256_si512(lo),
+                                  _mm256_loadu_si256((const __m256i *)(wb + 34 + 2)), 1);
+    }
+    if (two)
+        return ucodes_pair(wb, kind == LN_Q4_0 ? PAIR_Q4_0 : PAIR_Q5_0, bs);
+    /* the last odd block: ucodes_pair would read past it, so one block by hand */
+    __m128i a = _mm_loadu_si128((const __m128i *)(wb + (kind == LN_Q4_0 ? 2 : 6)));
+    __m256i lo = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(a, 4), a),
+                                  _mm256_set1_epi8(0x0F));
+    if (kind == LN_Q5_0) {
+        uint32_t h;
+        memcpy(&h, wb + 2, 4);
+        lo = _mm256_mask_add_epi8(lo, (__mmask32)h, lo, _mm256_set1_epi8(0x10));
+    }
+    return _mm512_zextsi256_si512(lo);
+}
+
+/* The tile of rows w0 .. w0 + nr - 1 (nr <= 16; missing rows are zero) over blocks
+ * [b0, b0 + nbc). NR is nr where it is a constant 16 (whole tiles), else 0. */
+LN_INLINE void ln_convert(const uint8_t *w0, size_t rb, int nr, int64_t b0, int nbc,
+                          struct ln_tile *t, int kind, int NR)
+{
+    if (NR)
+        nr = NR;
+    /* the scales: one gather of the 16 rows' f16 block scales per block (4 bytes from each
+     * block's start, the low two the scale); Q4_K's per sub-block by row, once per super-block */
+    const __mmask16 live = (__mmask16)((1u << nr) - 1);
+    if (kind != LN_Q4_K && rb > (size_t)(INT32_MAX / 16)) { /* offsets past a gather's int32 */
+        for (int b = 0; b < nbc; b++)
+            for (int i = 0; i < 16; i++)
+                ((float *)&t->dw[b])[i] =
+                    i < nr ? qx_f16(w0 + (size_t)i * rb + (size_t)(b0 + b) * ln_block_bytes(kind))
+                           : 0.0f;
+    } else if (kind != LN_Q4_K) {
+        const __m512i vidx = _mm512_mullo_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32((int)rb));
+        const size_t bs = ln_block_bytes(kind);
+        for (int b = 0; b < nbc; b++) {
+            __m512i g = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, vidx,
+                                                    w0 + (size_t)(b0 + b) * bs, 1);
+            t->dw[b] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
+        }
+    } else {
+        float *dw = (float *)t->dw, *mw = (float *)t->mw;
+        for (int i = 0; i < 16; i++)
+            for (int sb = 0; sb < nbc / 8; sb++) {
+                const uint8_t *blk = w0 + (size_t)i * rb + (size_t)(b0 / 8 + sb) * 144;
+                uint8_t sc[8], mn[8];
+                float dd = 0.0f, dm = 0.0f;
+                memset(sc, 0, 8), memset(mn, 0, 8);
+                if (i < nr) {
+                    kvp_k_scales_unpack(blk + 4, sc, mn);
+                    dd = qx_f16(blk), dm = qx_f16(blk + 2);
+                }
+                for (int s = 0; s < 8; s++) {
+                    dw[(sb * 8 + s) * 16 + i] = dd * sc[s];
+                    mw[(sb * 8 + s) * 16 + i] = dm * mn[s];
+                }
+            }
+    }
+    const __m512i flip = _mm512_set1_epi8((char)(kind == LN_Q8_0 ? 0x80 : 0));
+    for (int b = 0; b < nbc; b += 2) {
+        const bool two = b + 1 < nbc;
+        __m512i r[16];
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++)
+            r[i] = i < nr ? ln_codes(w0 + (size_t)i * rb, b0 + b, two, kind)
+                          : _mm512_set1_epi8((char)(kind == LN_Q8_0 ? 0x80 : 0));
+        transpose16(r);
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++)
+            _mm512_store_si512(&t->codes[b][k], _mm512_xor_si512(r[k], flip));
+        if (two)
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++)
+                _mm512_store_si512(&t->codes[b + 1][k], _mm512_xor_si512(r[8 + k], flip));
+    }
+}
+
+/* One vector's blocks [b0, b0 + nbc) as struct ln_x. */
+LN_INLINE void ln_prep(const uint8_t *xq, int64_t b0, int nbc, struct ln_x *out, int kind)
+{
+    const int off = kind == LN_Q8_0 ? 128 : kind == LN_Q4_0 ? 8 : kind == LN_Q5_0 ? 16 : 0;
+    for (int b = 0; b < nbc; b++) {
+        int64_t g = b0 + b;
+        const uint8_t *codes;
+        int32_t sum;
+        if (kind == LN_Q4_K) {
+            const uint8_t *xb = xq + (size_t)(g / 8) * sizeof(struct kvp_block_q8_k);
+            int s = (int)(g % 8);
+            codes = xb + QX_K_QS + 32 * s;
+            int16_t bs[2];
+            memcpy(bs, xb + QX_K_BSUMS + 4 * s, 4);
+            sum = bs[0] + bs[1];
+            out[b].dx = qx_f32(xb);
+            out[b].ms = out[b].dx * (float)sum;
+        } else {
+            const uint8_t *xb = xq + (size_t)g * 34;
+            codes = xb + 2;
+            __m256i c = _mm256_loadu_si256((const __m256i *)codes);
+            __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), c);
+            __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+            __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+            h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+            h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+            sum = _mm_cvtsi128_si32(h);
+            out[b].dx = qx_f16(xb);
+            out[b].ms = 0.0f;
+        }
+        memcpy(out[b].q, codes, 32);
+        out[b].corr = -off * sum;
+        out[b].pad = 0;
+    }
+}
+
+/* acc[j] += the chunk's blocks of the tile against vector j's prepared blocks xp[j]; NV is nv
+ * as a constant, so that the accumulators stay in registers through the chunk. */
+LN_INLINE void ln_compute(const struct ln_tile *t, int nbc, const struct ln_x *const *xp,
+                          __m512 *accm, bool mins, int NV)
+{
+    __m512 acc[LN_NV];
+    for (int j = 0; j < NV; j++)
+        acc[j] = accm[j];
+    for (int b = 0; b < nbc; b++) {
+        __m512i w[8];
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++)
+            w[k] = _mm512_load_si512(&t->codes[b][k]);
+        const __m512 dw = t->dw[b];
+#pragma GCC unroll 16
+        for (int j = 0; j < NV; j++) {
+            const struct ln_x *x = &xp[j][b];
+            /* two chains of four, so that few vectors do not wait on vpdpbusd's latency; the
+             * activation bytes broadcast from memory */
+            const int32_t *q = x->q;
+            __m512i s0 = _mm512_set1_epi32(x->corr), s1 = _mm512_setzero_si512();
+            s0 = _mm512_dpbusd_epi32(s0, w[0], _mm512_set1_epi32(q[0]));
+            s1 = _mm512_dpbusd_epi32(s1, w[1], _mm512_set1_epi32(q[1]));
+            s0 = _mm512_dpbusd_epi32(s0, w[2], _mm512_set1_epi32(q[2]));
+            s1 = _mm512_dpbusd_epi32(s1, w[3], _mm512_set1_epi32(q[3]));
+            s0 = _mm512_dpbusd_epi32(s0, w[4], _mm512_set1_epi32(q[4]));
+            s1 = _mm512_dpbusd_epi32(s1, w[5], _mm512_set1_epi32(q[5]));
+            s0 = _mm512_dpbusd_epi32(s0, w[6], _mm512_set1_epi32(q[6]));
+            s1 = _mm512_dpbusd_epi32(s1, w[7], _mm512_set1_epi32(q[7]));
+            __m512 s = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+            acc[j] = _mm512_fmadd_ps(s, _mm512_mul_ps(dw, _mm512_set1_ps(x->dx)), acc[j]);
+            if (mins)
+                acc[j] = _mm512_fnmadd_ps(t->mw[b], _mm512_set1_ps(x->ms), acc[j]);
+        }
+    }
+    for (int j = 0; j < NV; j++)
+        accm[j] = acc[j];
+}
+
+/* ln_compute for nv (1..8) vectors; more go in eights. */
+static void ln_compute_any(const struct ln_tile *t, int nbc, const struct ln_x *const *xp, int nv,
+                           __m512 *acc, bool mins)
+{
+    for (int j0 = 0; j0 < nv; j0 += 8) {
+        int m = nv - j0 < 8 ? nv - j0 : 8;
+        const struct ln_x *const *x = xp + j0;
+        __m512 *a = acc + j0;
+#define LN_CASE(NV)                                                                                \
+    case NV:                                                                                       \
+        if (mins)                                                                                  \
+            ln_compute(t, nbc, x, a, true, NV);                                                    \
+        else                                                                                       \
+            ln_compute(t, nbc, x, a, false, NV);                                                   \
+        break
+        switch (m) {
+            LN_CASE(1); LN_CASE(2); LN_CASE(3); LN_CASE(4);
+            LN_CASE(5); LN_CASE(6); LN_CASE(7); default: LN_CASE(8);
+        }
+#undef LN_CASE
+    }
+}
+
+/* The tile's conversion for one kind, whole (16 rows) or not. */
+static void ln_convert_any(const uint8_t *w0, size_t rb, int nr, int64_t b0, int nbc,
+                           struct ln_tile *t, int kind)
+{
+#define LN_KIND(K)                                                                                 \
+    case K:                                                                                        \
+        if (nr == LN_ROWS)                                                                         \
+            ln_convert(w0, rb, nr, b0, nbc, t, K, LN_ROWS);                                        \
+        else                                                                                       \
+            ln_convert(w0, rb, nr, b0, nbc, t, K, 0);                                              \
+        break
+    switch (kind) {
+        LN_KIND(LN_Q8_0); LN_KIND(LN_Q4_0); LN_KIND(LN_Q5_0); default: LN_KIND(LN_Q4_K);
+    }
+#undef LN_KIND
+}
+
+static void ln_run(const void *w, size_t row_bytes, const void *const *xq, int nv, int64_t n,
+                   int64_t nrows, float *const *y, bool accumulate, int kind)
+{
+    _Alignas(64) struct ln_tile tile;
+    struct ln_x prep[LN_NV][LN_CB];
+    const int64_t nb = n / 32;
+    const bool once = nb <= LN_CB;
+    for (int j0 = 0; j0 < nv; j0 += LN_NV) {
+        int m = nv - j0 < LN_NV ? nv - j0 : LN_NV;
+        const struct ln_x *xp[LN_NV];
+        for (int j = 0; j < m; j++) {
+            if (once)
+                ln_prep((const uint8_t *)xq[j0 + j], 0, (int)nb, prep[j], kind);
+            xp[j] = prep[j];
+        }
+        for (int64_t r = 0; r < nrows; r += LN_ROWS) {
+            int nr = nrows - r < LN_ROWS ? (int)(nrows - r) : LN_ROWS;
+            const uint8_t *w0 = (const uint8_t *)w + (size_t)r * row_bytes;
+            __m512 acc[LN_NV];
+            for (int j = 0; j < m; j++)
+                acc[j] = _mm512_setzero_ps();
+            for (int64_t b0 = 0; b0 < nb; b0 += LN_CB) {
+                int nbc = nb - b0 < LN_CB ? (int)(nb - b0) : LN_CB;
+                if (!once)
+                    for (int j = 0; j < m; j++)
+                        ln_prep((const uint8_t *)xq[j0 + j], b0, nbc, prep[j], kind);
+                ln_convert_any(w0, row_bytes, nr, b0, nbc, &tile, kind);
+                ln_compute_any(&tile, nbc, xp, m, acc, kind == LN_Q4_K);
+            }
+            const __mmask16 mk = (__mmask16)((1u << nr) - 1);
+            for (int j = 0; j < m; j++) {
+                float *yj = y[j0 + j] + r;
+                __m512 v = acc[j];
+                if (accumulate)
+                    v = _mm512_add_ps(_mm512_maskz_loadu_ps(mk, yj), v);
+                _mm512_mask_storeu_ps(yj, mk, v);
+            }
+        }
+    }
+}
+
+/* The table's entries, one per kind. */
+#define LN_ENTRY(NAME, KIND)                                                                       \
+    void NAME(const void *w, size_t row_bytes, const void *const *xq, int nv, int64_t n,          \
+              int64_t nrows, float *const *y, bool accumulate)                                     \
+    {                                                                                              \
+        ln_run(w, row_bytes, xq, nv, n, nrows, y, accumulate, KIND);                               \
+    }
+LN_ENTRY(kvp_lanes_rows_q8_0, LN_Q8_0)
+LN_ENTRY(kvp_lanes_rows_q4_0, LN_Q4_0)
+LN_ENTRY(kvp_lanes_rows_q5_0, LN_Q5_0)
+LN_ENTRY(kvp_lanes_rows_q4_k, LN_Q4_K)
+#undef LN_ENTRY
