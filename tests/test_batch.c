@@ -285,12 +285,13 @@ static void check_many(kvp_model *m, int type)
     free(lg[0]), free(lg[1]);
 }
 
-/* Fast engines, dense, for the integer GEMM's type and a K-quant. */
+/* Fast engines, dense, for the integer GEMM's type, a K-quant and the other types whose weights
+ * a fast engine packs in lanes. */
 static void test_fast_steps(void **state)
 {
     (void)state;
-    const int types[] = {KVP_TYPE_Q8_0, KVP_TYPE_Q4_K};
-    for (size_t t = 0; t < 2; t++) {
+    const int types[] = {KVP_TYPE_Q8_0, KVP_TYPE_Q4_K, KVP_TYPE_Q5_0, KVP_TYPE_Q4_0};
+    for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++) {
         char *path;
         kvp_model *m = fixture(types[t], &path);
         struct setup su = {.cp = {.n_ctx = 512}, .n_threads = 2};
@@ -1023,17 +1024,19 @@ static bool dot_within(float y, double e, double T, int steps)
     return fabs((double)y - e) <= g * T;
 }
 
-/* The lanes kernels (weight rows in the SIMD lanes, fast steps) against the exact dot and against
- * the mat-vec one vector at a time, for every type with one, over row counts with every tail of a
- * 16-row tile, vector counts past one pass of 16, odd block counts and rows longer than one
- * column chunk of 64 blocks; accumulating and not. A kernel that drops a block fails the check. */
+/* The lanes kernels (weights packed once with rows in the SIMD lanes, fast steps) against the
+ * exact dot and against the mat-vec one vector at a time, for every type with one, over row
+ * counts with every tail of a 16-row tile, ranges that start inside a tile, vector counts past
+ * one pass of 16, odd block counts and rows longer than one column chunk of 64 blocks;
+ * accumulating and not; the matrix packed in two pieces, as two threads pack it. A kernel that
+ * drops a block fails the check. */
 static void check_lanes_kernel(int type, int cols)
 {
     enum { ROWS = 37, NV = 19 };
     size_t rb = 0;
     assert_true(kvp_type_row_bytes(type, cols, &rb));
     struct kvp_mat W = {.type = type, .cols = cols, .rows = ROWS, .row_bytes = rb};
-    if (!kvp_matvec_has_lanes(&W)) {
+    if (!kvp_lanes_has(type)) {
         print_message("type %d: no lanes kernel in table %s\n", type, kvp_simd()->name);
         return;
     }
@@ -1044,6 +1047,11 @@ static void check_lanes_kernel(int type, int cols)
     double *e = malloc(NV * ROWS * sizeof(double)), *T = malloc(NV * ROWS * sizeof(double));
     random_rows(type, cols, ROWS, NV, 11, x, w, xq);
     W.data = w;
+    struct kvp_lanes P;
+    assert_int_equal(kvp_lanes_init(&P, &W), 0);
+    assert_true(P.bytes == kvp_lanes_bytes(&W) && kvp_lanes_tiles(&P) == (ROWS + 15) / 16);
+    kvp_lanes_pack(&P, &W, 0, 1);
+    kvp_lanes_pack(&P, &W, 1, kvp_lanes_tiles(&P));
     for (int j = 0; j < NV; j++)
         for (int r = 0; r < ROWS; r++)
             e[j * ROWS + r] = exact_dot(type, w + r * rb, xq + j * xb, cols, &T[j * ROWS + r]);
@@ -1052,8 +1060,8 @@ static void check_lanes_kernel(int type, int cols)
     const int nb = cols / 32, lanes_steps = 2 * nb + 4, single_steps = 2 * nb + 24;
     for (int acc = 0; acc < 2; acc++)
         for (int nv = 1; nv <= NV; nv += nv < 4 ? 1 : 5)
-            for (int r0 = 0; r0 < 2; r0++)
-                for (int r1 = r0 + 1; r1 <= ROWS; r1 += r1 < 18 ? 1 : 7) {
+            for (int r0 = 0; r0 < 18; r0 += r0 ? 16 : 1) /* 0, 1, 17 */
+                for (int r1 = r0 + 1; r1 <= ROWS; r1++) {
                     const void *xp[NV];
                     float *yp[NV];
                     for (int j = 0; j < nv; j++) {
@@ -1062,7 +1070,7 @@ static void check_lanes_kernel(int type, int cols)
                         for (int r = 0; r < ROWS; r++)
                             out[j * ROWS + r] = acc ? 0.5f * (float)r : 0.0f;
                     }
-                    kvp_matvec_rows_lanes(&W, xp, nv, yp, r0, r1, acc);
+                    kvp_lanes_rows(&P, xp, nv, yp, r0, r1, acc);
                     for (int j = 0; j < nv; j++) {
                         kvp_matvec_rows(&W, NULL, xp[j], ref, r0, r1);
                         for (int r = r0; r < r1; r++) {
@@ -1084,12 +1092,13 @@ static void check_lanes_kernel(int type, int cols)
     for (int r = 0; r < ROWS; r++) {
         const void *xp[1] = {xq};
         float y1, *yp[1] = {&y1};
-        kvp_matvec_rows_lanes(&W, xp, 1, yp, r, r + 1, false);
+        kvp_lanes_rows(&P, xp, 1, yp, r, r + 1, false);
         /* drop the first block: its exact term, from a one-block view of the row and vector */
         double t1, e1 = exact_dot(type, w + r * rb, xq, 32, &t1);
         bad += !dot_within(y1 - (float)e1, e[r], T[r], lanes_steps);
     }
     assert_true(bad > ROWS / 2);
+    kvp_lanes_free(&P);
     free(w), free(xq), free(x), free(ref), free(out), free(e), free(T);
 }
 

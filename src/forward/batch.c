@@ -57,6 +57,7 @@ int kvp_engine_init(const kvp_model *model, const struct kvp_engine_params *para
         return rc;
     }
     e->sh->exact = p.exact;
+    e->sh->pack = true;
     *out = e;
     return 0;
 }

@@ -15,12 +15,19 @@
 #include "core/threadpool.h"
 #include "forward/context.h"
 
+struct kvp_lanes;
+
 #define KVP_QCHUNK 64      /* prefill attention: query rows per work item */
 /* A step that need not be exact (kvp_engine_params.exact false) sends its single tokens through
  * the batch kernels together from this many on (twice as many for Q8_0 weights with the
  * multi-vector mat-vec kernel, never for the other types with one; forward.c,
  * singles_together_from). */
 #define KVP_SINGLES_GEMM 4
+/* From this many single tokens an engine that need not be exact packs the layer weights once
+ * with their rows in the SIMD lanes (kvp_shared.lanes) and runs the singles on them (forward.c,
+ * pack_weights), where the CPU has the kernel for the type */
+#define KVP_SINGLES_LANES 2
+#define KVP_PACK_PER_LAYER 7 /* wq, wk, wv, wo, w_gate, w_up, w_down */
 #define KVP_TILE_ROWS 256  /* prefill: weight rows dequantized per sgemm call (fewer repacks of
                               the activations than 64: +10-20 % prefill on real shapes) */
 
@@ -69,6 +76,14 @@ struct kvp_shared {
     size_t xv_stride;              /* bytes of one prepared vector in ts[].xv */
     void *xg;      /* the integer GEMM's quantized rows (prefill_gemm.h), NULL when the CPU has
                       no such kernel */
+    bool pack;     /* an engine's: may pack the weights (a lone context's single sequence never
+                      does, and never pays the memory) */
+    bool pack_tried;               /* pack_weights ran (if it failed: steps run without) */
+    struct kvp_lanes *lanes;       /* owned [n_layer * KVP_PACK_PER_LAYER + 1] or NULL: the
+                                      layer matrices, then the classifier, packed in lanes (matvec.h) on the engine's first
+                                      step with KVP_SINGLES_LANES singles that need not be exact;
+                                      entries with mem NULL: no kernel for the type */
+    size_t lanes_bytes;            /* their total */
 
     /* the running pass's plan (kvp_forward_pass), read-only inside the pool */
     struct kvp_ctx **seqs;         /* [n_batch] the pass's sequences */

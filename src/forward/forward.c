@@ -37,6 +37,8 @@ static float *falloc(size_t n)
 }
 
 /* Widest input of any product: activations are quantized or tiled at this width. */
+static void free_packed(struct kvp_shared *sh);
+
 static size_t max_cols_of(const struct kvp_hparams *hp)
 {
     size_t q_dim = (size_t)hp->n_head * hp->head_dim;
@@ -149,6 +151,7 @@ void kvp_shared_free(struct kvp_shared *sh)
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         kvp_free_aligned(bufs[i]);
     kvp_free_aligned(sh->xg);
+    free_packed(sh);
     free(sh->inv_freq);
     free(sh->row_tok);
     free(sh->row_pos);
@@ -332,6 +335,88 @@ bool kvp_ctx_measuring(const kvp_ctx *c)
     return c->measure;
 }
 
+/* ---- weights packed in lanes ------------------------------------------------------------- */
+
+/* Matrix k of layer l (k < KVP_PACK_PER_LAYER), or the classifier (l == n_layer, k == 0): the
+ * order of sh->lanes. */
+static const struct kvp_mat *layer_mat(const struct kvp_model *m, int l, int k)
+{
+    if (l == m->hp.n_layer)
+        return &m->output;
+    const struct kvp_layer_weights *L = &m->layers[l];
+    const struct kvp_mat *mats[KVP_PACK_PER_LAYER] = {&L->wq,     &L->wk,   &L->wv,    &L->wo,
+                                                      &L->w_gate, &L->w_up, &L->w_down};
+    return mats[k];
+}
+
+static size_t n_packable(const struct kvp_model *m)
+{
+    return (size_t)m->hp.n_layer * KVP_PACK_PER_LAYER + 1;
+}
+
+/* Matrix k of layer l packed in lanes (l == n_layer: the classifier), or NULL (not packed: the
+ * mat-vec kernels' paths). */
+static const struct kvp_lanes *packed(const struct kvp_shared *sh, int l, int k)
+{
+    if (!sh->lanes)
+        return NULL;
+    const struct kvp_lanes *P = &sh->lanes[(size_t)l * KVP_PACK_PER_LAYER + k];
+    return P->mem ? P : NULL;
+}
+
+/* Each thread packs its share of every packed matrix's tiles. */
+static void pack_worker(void *arg, int ith, int nth)
+{
+    struct kvp_shared *sh = arg;
+    const struct kvp_model *m = sh->model;
+    for (size_t i = 0; i < n_packable(m); i++) {
+        struct kvp_lanes *P = &sh->lanes[i];
+        if (!P->mem)
+            continue;
+        long t0, t1;
+        kvp_split_range((long)kvp_lanes_tiles(P), ith, nth, &t0, &t1);
+        int l = (int)(i / KVP_PACK_PER_LAYER), k = (int)(i % KVP_PACK_PER_LAYER);
+        kvp_lanes_pack(P, layer_mat(m, l, k), t0, t1);
+    }
+}
+
+static void free_packed(struct kvp_shared *sh)
+{
+    if (!sh->lanes)
+        return;
+    for (size_t i = 0; i < n_packable(sh->model); i++)
+        kvp_lanes_free(&sh->lanes[i]);
+    free(sh->lanes);
+    sh->lanes = NULL;
+    sh->lanes_bytes = 0;
+}
+
+/* Pack every layer matrix whose type has a lanes kernel, once, on an engine's first step with
+ * KVP_SINGLES_LANES single tokens that need not be exact (before the pool runs that step, so no
+ * thread reads sh->lanes while it is made). Why once: turning 16 rows into a lanes tile costs
+ * about three vectors' products, which per call made the kernel lose to the multi-vector
+ * mat-vec and the GEMM; packed, a step's singles cost one weight read plus a few microseconds
+ * per vector (docs/kernels.md). Out of memory is not an error: steps run without. */
+static void pack_weights(struct kvp_shared *sh)
+{
+    const struct kvp_model *m = sh->model;
+    sh->pack_tried = true;
+    if (!(sh->lanes = calloc(n_packable(m), sizeof(*sh->lanes))))
+        return;
+    for (size_t i = 0; i < n_packable(m); i++) {
+        const struct kvp_mat *W =
+            layer_mat(m, (int)(i / KVP_PACK_PER_LAYER), (int)(i % KVP_PACK_PER_LAYER));
+        if (!kvp_lanes_bytes(W))
+            continue;
+        if (kvp_lanes_init(&sh->lanes[i], W) < 0) {
+            free_packed(sh);
+            return;
+        }
+        sh->lanes_bytes += sh->lanes[i].bytes;
+    }
+    kvp_pool_run(sh->pool, pack_worker, sh);
+}
+
 /* ---- building blocks ---------------------------------------------------------------------- */
 
 /* Y[i][r] (+)= dot(W row r, X[i]) for the rows [r0, r1) this thread owns, i < n, n >= 2 (the
@@ -386,11 +471,22 @@ static long rows_per_group(const struct kvp_mat *W)
     return g > 8 ? g : 8;
 }
 
+/* Single rows from which a step that need not be exact runs them on W packed in lanes: from 2
+ * where the type has no multi-vector kernel (Q8_0; SmolLM2-135M shape, 2 threads, decode at 2
+ * sequences 181-189 tok/s against 139-147 without, nice -20 on a loaded host), from 4 where it
+ * has one (the "Q4_K" file's Q5_0 and Q4_K matrices: 186 against 316 at 2 sequences, 311
+ * against 306 at 4, 390 against 313 at 8). */
+static int lanes_from(const struct kvp_mat *W)
+{
+    return kvp_matvec_has_multi(W) ? 2 * KVP_SINGLES_LANES : KVP_SINGLES_LANES;
+}
+
 /* The single rows segs[0..n) against rows [r0, r1) of W: each is the decode mat-vec of one token,
  * bit for bit (same quantized activations, same kernel per row), with the weight rows read from
  * memory once for all of them. Activations are quantized into this thread's ts->xv, reused when
  * same_x and the vec_dot type matches (the mat-vec's own reuse rule). */
-static void matvec_multi(struct kvp_shared *sh, const struct kvp_mat *W, const float *X, int ldx,
+static void matvec_multi(struct kvp_shared *sh, const struct kvp_mat *W,
+                         const struct kvp_lanes *P, const float *X, int ldx,
                          const struct kvp_row_seg *segs, int n, float *Y, int ldy,
                          bool accumulate, bool same_x, long r0, long r1, int ith)
 {
@@ -407,6 +503,16 @@ static void matvec_multi(struct kvp_shared *sh, const struct kvp_mat *W, const f
         for (int j = 0; j < n; j++)
             kvp_matvec_prepare(W->type, X + (size_t)segs[j].row0 * ldx, W->cols,
                                xv + (size_t)j * sh->xv_stride);
+    if (P && !sh->exact && n >= lanes_from(W) && vt >= 0) {
+        /* weights packed in lanes (a step that need not be exact): every vector in one call
+         * over this thread's rows, the accumulating products added in place */
+        for (int j = 0; j < n; j++) {
+            ts->xvp[j] = xv + (size_t)j * sh->xv_stride;
+            ts->yvp[j] = (segs[j].y ? segs[j].y : Y + (size_t)segs[j].row0 * ldy) + r0;
+        }
+        kvp_lanes_rows(P, ts->xvp, n, ts->yvp, r0, r1, accumulate);
+        return;
+    }
     long group = n == 1 ? r1 - r0 : rows_per_group(W);
     /* a kernel that loads each row once for all vectors; accumulating products collect a
      * group's outputs of up to `chunk` vectors in the tile first */
@@ -455,7 +561,8 @@ static void matvec_multi(struct kvp_shared *sh, const struct kvp_mat *W, const f
 /* One product of the pass: each multi-token sequence through the batch kernels exactly as it
  * would run alone, then every single row together through matvec_multi. Rows [r0, r1) of W are
  * this thread's. */
-static void matmul_pass(struct kvp_shared *sh, const struct kvp_mat *W, const float *X, int ldx,
+static void matmul_pass(struct kvp_shared *sh, const struct kvp_mat *W,
+                        const struct kvp_lanes *P, const float *X, int ldx,
                         const struct kvp_row_seg *multi, int n_multi,
                         const struct kvp_row_seg *single, int n_single, float *Y, int ldy,
                         bool accumulate, bool same_x, long r0, long r1, int ith, int nth)
@@ -472,7 +579,7 @@ static void matmul_pass(struct kvp_shared *sh, const struct kvp_mat *W, const fl
         matmul_rows(sh, W, X + (size_t)s->row0 * ldx, s->n, ldx, y, ldy, accumulate, reuse, r0,
                     r1, ith, nth);
     }
-    matvec_multi(sh, W, X, ldx, single, n_single, Y, ldy, accumulate, same_x, r0, r1, ith);
+    matvec_multi(sh, W, P, X, ldx, single, n_single, Y, ldy, accumulate, same_x, r0, r1, ith);
 }
 
 /* Single rows from which a step that need not be exact sends them through the batch kernels
@@ -491,15 +598,15 @@ static int singles_together_from(const struct kvp_mat *W)
 }
 
 /* A layer product over every row of the pass. */
-static void matmul(struct kvp_shared *sh, const struct kvp_mat *W, const float *X, int ldx,
-                   float *Y, int ldy, bool accumulate, bool same_x, long r0, long r1, int ith,
-                   int nth)
+static void matmul(struct kvp_shared *sh, const struct kvp_mat *W, const struct kvp_lanes *P,
+                   const float *X, int ldx, float *Y, int ldy, bool accumulate, bool same_x,
+                   long r0, long r1, int ith, int nth)
 {
-    if (!sh->exact && sh->n_single >= singles_together_from(W))
-        matmul_pass(sh, W, X, ldx, sh->multi, sh->n_multi + 1, NULL, 0, Y, ldy, accumulate,
+    if (!sh->exact && !P && sh->n_single >= singles_together_from(W))
+        matmul_pass(sh, W, NULL, X, ldx, sh->multi, sh->n_multi + 1, NULL, 0, Y, ldy, accumulate,
                     same_x, r0, r1, ith, nth);
     else
-        matmul_pass(sh, W, X, ldx, sh->multi + 1, sh->n_multi, sh->single, sh->n_single, Y,
+        matmul_pass(sh, W, P, X, ldx, sh->multi + 1, sh->n_multi, sh->single, sh->n_single, Y,
                     ldy, accumulate, same_x, r0, r1, ith, nth);
 }
 
@@ -578,12 +685,15 @@ static void forward_worker(void *arg, int ith, int nth)
 
         long r0, r1;
         kvp_split_range(q_dim, ith, nth, &r0, &r1);
-        matmul(sh, &L->wq, sh->xn, D, sh->q, q_dim, false, false, r0, r1, ith, nth);
+        matmul(sh, &L->wq, packed(sh, l, 0),
+               sh->xn, D, sh->q, q_dim, false, false, r0, r1, ith, nth);
         add_bias(sh->q, n, q_dim, L->bq, r0, r1);
         kvp_split_range(kv_dim, ith, nth, &r0, &r1);
-        matmul(sh, &L->wk, sh->xn, D, sh->k, kv_dim, false, true, r0, r1, ith, nth);
+        matmul(sh, &L->wk, packed(sh, l, 1),
+               sh->xn, D, sh->k, kv_dim, false, true, r0, r1, ith, nth);
         add_bias(sh->k, n, kv_dim, L->bk, r0, r1);
-        matmul(sh, &L->wv, sh->xn, D, sh->v, kv_dim, false, true, r0, r1, ith, nth);
+        matmul(sh, &L->wv, packed(sh, l, 2),
+               sh->xn, D, sh->v, kv_dim, false, true, r0, r1, ith, nth);
         add_bias(sh->v, n, kv_dim, L->bv, r0, r1);
         kvp_pool_barrier(sh->pool);
 
@@ -599,7 +709,8 @@ static void forward_worker(void *arg, int ith, int nth)
         kvp_pool_barrier(sh->pool);
 
         kvp_split_range(D, ith, nth, &r0, &r1);
-        matmul(sh, &L->wo, sh->att, q_dim, sh->x, D, true, false, r0, r1, ith, nth);
+        matmul(sh, &L->wo, packed(sh, l, 3),
+               sh->att, q_dim, sh->x, D, true, false, r0, r1, ith, nth);
         add_bias(sh->x, n, D, L->bo, r0, r1);
         kvp_pool_barrier(sh->pool);
 
@@ -610,8 +721,10 @@ static void forward_worker(void *arg, int ith, int nth)
         /* gate and up: each thread owns the same rows of both, so SwiGLU needs no barrier */
         long f0, f1;
         kvp_split_range(hp->n_ff, ith, nth, &f0, &f1);
-        matmul(sh, &L->w_gate, sh->xn, D, sh->gate, hp->n_ff, false, false, f0, f1, ith, nth);
-        matmul(sh, &L->w_up, sh->xn, D, sh->up, hp->n_ff, false, true, f0, f1, ith, nth);
+        matmul(sh, &L->w_gate, packed(sh, l, 4),
+               sh->xn, D, sh->gate, hp->n_ff, false, false, f0, f1, ith, nth);
+        matmul(sh, &L->w_up, packed(sh, l, 5),
+               sh->xn, D, sh->up, hp->n_ff, false, true, f0, f1, ith, nth);
         for (int i = 0; i < n; i++) {
             float *g = sh->gate + (size_t)i * hp->n_ff, *u = sh->up + (size_t)i * hp->n_ff;
             for (long j = f0; j < f1; j++)
@@ -620,7 +733,8 @@ static void forward_worker(void *arg, int ith, int nth)
         kvp_pool_barrier(sh->pool);
 
         kvp_split_range(D, ith, nth, &r0, &r1);
-        matmul(sh, &L->w_down, sh->gate, hp->n_ff, sh->x, D, true, false, r0, r1, ith, nth);
+        matmul(sh, &L->w_down, packed(sh, l, 6),
+               sh->gate, hp->n_ff, sh->x, D, true, false, r0, r1, ith, nth);
         kvp_pool_barrier(sh->pool);
         for (int s = 0; s < sh->n_seqs; s++)
             kvp_kv_layer_done(sh->seqs[s], l, t_layer, ith);
@@ -640,8 +754,9 @@ static void forward_worker(void *arg, int ith, int nth)
     kvp_pool_barrier(sh->pool);
     long r0, r1;
     kvp_split_range((long)m->output.rows, ith, nth, &r0, &r1);
-    matmul_pass(sh, &m->output, sh->xn, D, sh->out_multi, sh->n_out_multi, sh->out_single,
-                sh->n_out_single, NULL, hp->n_vocab, false, false, r0, r1, ith, nth);
+    matmul_pass(sh, &m->output, packed(sh, hp->n_layer, 0), sh->xn, D, sh->out_multi,
+                sh->n_out_multi, sh->out_single, sh->n_out_single, NULL, hp->n_vocab, false,
+                false, r0, r1, ith, nth);
 }
 
 void kvp_job_open(struct kvp_ctx *c, int n)
@@ -703,6 +818,8 @@ int kvp_forward_pass(struct kvp_shared *sh, const struct kvp_pass_item *items, i
     }
     row = row_multi;
     sh->n_rows = row;
+    if (sh->pack && !sh->pack_tried && !sh->exact && n_single >= KVP_SINGLES_LANES)
+        pack_weights(sh);
     for (int i = 0; i < n_items; i++)
         kvp_kv_batch_begin(items[i].c);
     kvp_pool_run(sh->pool, forward_worker, sh);

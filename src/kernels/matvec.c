@@ -17,8 +17,10 @@
 #include <assert.h>
 #include <math.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <string.h>
 
+#include "core/platform.h"
 #include "kernels/quant.h"
 #include "kernels/simd.h"
 #include "kernels/types.h"
@@ -211,17 +213,59 @@ void kvp_matvec_rows_multi(const struct kvp_mat *W, const void *const *xq, int n
                                           W->row_bytes, xq, nv, W->cols, r1 - r0, y);
 }
 
-bool kvp_matvec_has_lanes(const struct kvp_mat *W)
+bool kvp_lanes_has(int type)
 {
-    return W->type >= 0 && W->type < KVP_SIMD_NTYPES && kvp_simd()->rows_q_lanes[W->type];
+    const struct kvp_simd_ops *ops = kvp_simd();
+    return type >= 0 && type < KVP_SIMD_NTYPES && ops->lanes_pack[type] && ops->lanes_rows[type];
 }
 
-void kvp_matvec_rows_lanes(const struct kvp_mat *W, const void *const *xq, int nv,
-                           float *const *y, int64_t r0, int64_t r1, bool accumulate)
+size_t kvp_lanes_bytes(const struct kvp_mat *W)
+{
+    if (!kvp_lanes_has(W->type) || W->rows <= 0 || W->cols <= 0 || W->cols % 32 ||
+        (W->type == KVP_TYPE_Q4_K && W->cols % KVP_QK_K))
+        return 0;
+    /* per tile of 16 rows and block of 32: 8 zmm of codes and one of scales (Q4_K: and one of
+     * mins' scales) */
+    size_t tile = (size_t)(W->cols / 32) * 64 * (W->type == KVP_TYPE_Q4_K ? 10 : 9);
+    size_t tiles = (size_t)((W->rows + 15) / 16);
+    return tiles > SIZE_MAX / tile ? 0 : tiles * tile;
+}
+
+int kvp_lanes_init(struct kvp_lanes *P, const struct kvp_mat *W)
+{
+    memset(P, 0, sizeof(*P));
+    size_t bytes = kvp_lanes_bytes(W);
+    if (bytes == 0 || !(P->mem = kvp_alloc_aligned(bytes)))
+        return -1;
+    P->bytes = bytes;
+    P->type = W->type;
+    P->rows = W->rows;
+    P->cols = W->cols;
+    return 0;
+}
+
+int64_t kvp_lanes_tiles(const struct kvp_lanes *P)
+{
+    return (P->rows + 15) / 16;
+}
+
+void kvp_lanes_pack(struct kvp_lanes *P, const struct kvp_mat *W, int64_t t0, int64_t t1)
+{
+    if (t0 < t1)
+        kvp_simd()->lanes_pack[P->type](W->data, W->row_bytes, W->cols, W->rows, t0, t1, P->mem);
+}
+
+void kvp_lanes_free(struct kvp_lanes *P)
+{
+    kvp_free_aligned(P->mem);
+    memset(P, 0, sizeof(*P));
+}
+
+void kvp_lanes_rows(const struct kvp_lanes *P, const void *const *xq, int nv, float *const *y,
+                    int64_t r0, int64_t r1, bool accumulate)
 {
     if (r1 > r0)
-        kvp_simd()->rows_q_lanes[W->type]((const char *)W->data + (size_t)r0 * W->row_bytes,
-                                          W->row_bytes, xq, nv, W->cols, r1 - r0, y, accumulate);
+        kvp_simd()->lanes_rows[P->type](P->mem, P->cols, xq, nv, r0, r1, y, accumulate);
 }
 
 /* Same type contract as kvp_matvec_rows_ops; other types write NaN rows. */

@@ -51,18 +51,42 @@ bool kvp_matvec_has_multi(const struct kvp_mat *W);
 void kvp_matvec_rows_multi(const struct kvp_mat *W, const void *const *xq, int nv,
                            float *const *y, int64_t r0, int64_t r1);
 
-/* Whether this CPU has a kernel for W's type that puts weight rows in the SIMD lanes
- * (kvp_matvec_rows_lanes). */
-bool kvp_matvec_has_lanes(const struct kvp_mat *W);
+/* W packed once with its weight rows in the SIMD lanes, for the decode rows of batched steps
+ * (simd.h, lanes_pack / lanes_rows; AVX-512 VNNI: Q8_0, Q4_0, Q5_0, Q4_K). Per tile of 16 rows
+ * (the last padded with zero rows) and block of 32 columns: 512 bytes of codes, 64 of f32
+ * scales, and 64 of the mins' scales for Q4_K; so 1.125 bytes per weight (Q4_K 1.25) against
+ * 1.0625 / 0.5625 / 0.6875 / 0.5625 in the file. Turning 16 rows into such a tile costs about
+ * three vectors' products, so it is done once per matrix (kvp_lanes_pack), not per call. */
+struct kvp_lanes {
+    void *mem;       /* owned; NULL: not packed */
+    size_t bytes;
+    int type;
+    int64_t rows, cols;
+};
 
-/* y[j][r - r0] (+= when accumulate) = dot(row r of W, the vector prepared in xq[j]) for j < nv
- * and r in [r0, r1), the rows read once for all: kvp_matvec_rows_multi's contract except that a
- * result may differ from kvp_matvec_rows's by float rounding (the blocks are added in another
- * order; simd.h, rows_q_lanes). Only when kvp_matvec_has_lanes. Not on the decode path yet: its
- * per-tile conversion (a 16-row transpose) costs about three vectors' products, and in a batched
- * step (rows split over threads) it measured slower than the multi-vector kernel and the GEMM. */
-void kvp_matvec_rows_lanes(const struct kvp_mat *W, const void *const *xq, int nv,
-                           float *const *y, int64_t r0, int64_t r1, bool accumulate);
+/* Whether this CPU's table packs and runs the type in lanes. */
+bool kvp_lanes_has(int type);
+
+/* Bytes of W packed (0: no kernel for its type, or a shape it cannot take). */
+size_t kvp_lanes_bytes(const struct kvp_mat *W);
+
+/* Allocate P for W: 0, or -1 (no kernel, bad shape, out of memory; P zeroed). */
+int kvp_lanes_init(struct kvp_lanes *P, const struct kvp_mat *W);
+
+/* Tiles of 16 rows of P; kvp_lanes_pack fills tiles [t0, t1) of W into P (threads may fill
+ * disjoint ranges at once). */
+int64_t kvp_lanes_tiles(const struct kvp_lanes *P);
+void kvp_lanes_pack(struct kvp_lanes *P, const struct kvp_mat *W, int64_t t0, int64_t t1);
+
+void kvp_lanes_free(struct kvp_lanes *P);
+
+/* y[j][r - r0] (+= when accumulate) = dot(row r of the packed W, the vector prepared in xq[j])
+ * for j < nv and r in [r0, r1) (any rows: a tile the range cuts is computed and stored in part):
+ * kvp_matvec_rows_multi's contract except that a result may differ from kvp_matvec_rows's by
+ * float rounding (the blocks are added in another order), so only for steps that need not be
+ * exact. */
+void kvp_lanes_rows(const struct kvp_lanes *P, const void *const *xq, int nv, float *const *y,
+                    int64_t r0, int64_t r1, bool accumulate);
 
 /* Dequantize rows [r0, r1) of W into dst ([r1-r0][cols] floats). */
 void kvp_mat_dequant_rows(const struct kvp_mat *W, float *dst, int64_t r0, int64_t r1);

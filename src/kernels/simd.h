@@ -120,14 +120,19 @@ struct kvp_simd_ops {
     void (*gemm_tile_k)(const struct kvp_gemm_tile *tile, const void *xg, int n, float *y,
                         int ldy, bool accumulate);
     /* The decode rows of a batched step that need not be bit-identical to rows_q8_0 / rows_q
-     * (an engine that is not exact): y[j][r] (+= when accumulate) the dot of row r with the
-     * vector prepared in xq[j], for j < nv, r < nrows, indexed by the GGUF type id (Q8_0
-     * included). Each block's integer sum is exact; the blocks are added in column order per
-     * (row, vector), so a result differs from the single-vector kernel's by float rounding only.
-     * NULL: the type has none in this table (kvp_matvec_has_lanes). */
-    void (*rows_q_lanes[KVP_SIMD_NTYPES])(const void *w, size_t row_bytes, const void *const *xq,
-                                          int nv, int64_t n, int64_t nrows, float *const *y,
-                                          bool accumulate);
+     * (an engine that is not exact), on weights packed once with weight rows in the lanes
+     * (matvec.h, struct kvp_lanes), indexed by the GGUF type id (Q8_0 included). lanes_pack:
+     * tiles [t0, t1) of 16 rows of the nrows × n matrix w into dst, the packed matrix's base
+     * (kvp_lanes_bytes' layout). lanes_rows: y[j][r - r0] (+= when accumulate) the dot of row
+     * r with the vector prepared in xq[j], for j < nv and r in [r0, r1). Each block's integer
+     * sum is exact; the blocks are added in column order per (row, vector), so a result differs
+     * from the single-vector kernel's by float rounding only. NULL: the type has none in this
+     * table (kvp_lanes_has). */
+    void (*lanes_pack[KVP_SIMD_NTYPES])(const void *w, size_t row_bytes, int64_t n, int64_t nrows,
+                                        int64_t t0, int64_t t1, void *dst);
+    void (*lanes_rows[KVP_SIMD_NTYPES])(const void *packed, int64_t n, const void *const *xq,
+                                        int nv, int64_t r0, int64_t r1, float *const *y,
+                                        bool accumulate);
 };
 
 /* Largest of x[0..n) through the table's max, or a scalar loop when it has none. */

@@ -840,7 +840,14 @@ const struct kvp_simd_ops kvp_simd_ops_avx512vnni = {
             [KVP_TYPE_Q5_0] = kvp_vnni_rows_q5_0_multi,
             [KVP_TYPE_Q4_K] = kvp_vnni_rows_q4_k_multi,
         },
-    .rows_q_lanes =
+    .lanes_pack =
+        {
+            [KVP_TYPE_Q8_0] = kvp_lanes_rows_q8_0_pack,
+            [KVP_TYPE_Q4_0] = kvp_lanes_rows_q4_0_pack,
+            [KVP_TYPE_Q5_0] = kvp_lanes_rows_q5_0_pack,
+            [KVP_TYPE_Q4_K] = kvp_lanes_rows_q4_k_pack,
+        },
+    .lanes_rows =
         {
             [KVP_TYPE_Q8_0] = kvp_lanes_rows_q8_0,
             [KVP_TYPE_Q4_0] = kvp_lanes_rows_q4_0,

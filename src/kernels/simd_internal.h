@@ -58,15 +58,24 @@ void kvp_vnni_rows_q5_0(const void *w, size_t row_bytes, const void *xq, int64_t
                         float *y);
 void kvp_vnni_rows_q4_k(const void *w, size_t row_bytes, const void *xq, int64_t n, int64_t nrows,
                         float *y);
-/* Weight rows in the lanes (simd_lanes_vnni_avx512.c): the avx512vnni table's rows_q_lanes. */
-void kvp_lanes_rows_q8_0(const void *w, size_t row_bytes, const void *const *xq, int nv,
-                         int64_t n, int64_t nrows, float *const *y, bool accumulate);
-void kvp_lanes_rows_q4_0(const void *w, size_t row_bytes, const void *const *xq, int nv,
-                         int64_t n, int64_t nrows, float *const *y, bool accumulate);
-void kvp_lanes_rows_q5_0(const void *w, size_t row_bytes, const void *const *xq, int nv,
-                         int64_t n, int64_t nrows, float *const *y, bool accumulate);
-void kvp_lanes_rows_q4_k(const void *w, size_t row_bytes, const void *const *xq, int nv,
-                         int64_t n, int64_t nrows, float *const *y, bool accumulate);
+/* Weight rows in the lanes (simd_lanes_vnni_avx512.c): the avx512vnni table's lanes_pack and
+ * lanes_rows. */
+void kvp_lanes_rows_q8_0_pack(const void *w, size_t row_bytes, int64_t n, int64_t nrows,
+                              int64_t t0, int64_t t1, void *dst);
+void kvp_lanes_rows_q8_0(const void *packed, int64_t n, const void *const *xq, int nv, int64_t r0,
+                         int64_t r1, float *const *y, bool accumulate);
+void kvp_lanes_rows_q4_0_pack(const void *w, size_t row_bytes, int64_t n, int64_t nrows,
+                              int64_t t0, int64_t t1, void *dst);
+void kvp_lanes_rows_q4_0(const void *packed, int64_t n, const void *const *xq, int nv, int64_t r0,
+                         int64_t r1, float *const *y, bool accumulate);
+void kvp_lanes_rows_q5_0_pack(const void *w, size_t row_bytes, int64_t n, int64_t nrows,
+                              int64_t t0, int64_t t1, void *dst);
+void kvp_lanes_rows_q5_0(const void *packed, int64_t n, const void *const *xq, int nv, int64_t r0,
+                         int64_t r1, float *const *y, bool accumulate);
+void kvp_lanes_rows_q4_k_pack(const void *w, size_t row_bytes, int64_t n, int64_t nrows,
+                              int64_t t0, int64_t t1, void *dst);
+void kvp_lanes_rows_q4_k(const void *packed, int64_t n, const void *const *xq, int nv, int64_t r0,
+                         int64_t r1, float *const *y, bool accumulate);
 /* Prefill's integer GEMM over a tile (prefill_gemm.h), in the avx512vnni table. */
 void kvp_vnni_gemm_tile(const struct kvp_gemm_tile *tile, const void *xg, int n, float *y, int ldy,
                         bool accumulate);

@@ -55,15 +55,34 @@ struct ln_x {
     int32_t pad;
 };
 
-/* One chunk's tile: codes[b][k] holds bytes 4k..4k+3 of block b of each of the 16 rows (lane i
- * is row i), dw[b] the rows' block scales, mw[b] (Q4_K) their mins' scales dmin·m. */
+enum { LN_Q8_0, LN_Q4_0, LN_Q5_0, LN_Q4_K };
+
+/* A view of 16 rows' packed blocks (from the chunk's first): codes[b][k] holds bytes 4k..4k+3 of
+ * block b of each of the 16 rows (lane i is row i), dw[b] the rows' block scales, mw[b] (Q4_K)
+ * their mins' scales dmin·m. A packed matrix (kvp_lanes_pack) is, per tile of 16 rows, the codes
+ * of all its blocks, then dw of all, then (Q4_K) mw of all: ln_tile_bytes per tile. */
 struct ln_tile {
-    __m512i codes[LN_CB][8];
-    __m512 dw[LN_CB];
-    __m512 mw[LN_CB];
+    __m512i (*codes)[8];
+    __m512 *dw;
+    __m512 *mw;
 };
 
-enum { LN_Q8_0, LN_Q4_0, LN_Q5_0, LN_Q4_K };
+/* Bytes of one packed tile of 16 rows of n columns. */
+LN_INLINE size_t ln_tile_bytes(int64_t n, int kind)
+{
+    return (size_t)(n / 32) * 64 * (kind == LN_Q4_K ? 10 : 9);
+}
+
+/* The view of tile base's blocks from b0 on. */
+LN_INLINE struct ln_tile ln_view(const void *base, int64_t n, int64_t b0, int kind)
+{
+    const int64_t nb = n / 32;
+    __m512i(*codes)[8] = (__m512i(*)[8])base;
+    __m512 *dw = (__m512 *)(codes + nb);
+    struct ln_tile t = {codes + b0, dw + b0, kind == LN_Q4_K ? dw + nb + b0 : NULL};
+    return t;
+}
+
 
 /* The 16 × 16 dword transpose: r[c] becomes dword c of every input row (lane i = row i). */
 LN_INLINE void transpose16(__m512i r[16])
@@ -133,7 +152,7 @@ LN_INLINE __m512i ln_codes(const uint8_t *row, int64_t b, bool two, int kind)
 /* The tile of rows w0 .. w0 + nr - 1 (nr <= 16; missing rows are zero) over blocks
  * [b0, b0 + nbc). NR is nr where it is a constant 16 (whole tiles), else 0. */
 LN_INLINE void ln_convert(const uint8_t *w0, size_t rb, int nr, int64_t b0, int nbc,
-                          struct ln_tile *t, int kind, int NR)
+                          const struct ln_tile *t, int kind, int NR)
 {
     if (NR)
         nr = NR;
@@ -154,7 +173,7 @@ LN_INLINE void ln_convert(const uint8_t *w0, size_t rb, int nr, int64_t b0, int 
         for (int b = 0; b < nbc; b++) {
             __m512i g = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, vidx,
                                                     w0 + (size_t)(b0 + b) * bs, 1);
-            t->dw[b] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
+            _mm512_storeu_ps(&t->dw[b], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g)));
         }
     } else {
         float *dw = (float *)t->dw, *mw = (float *)t->mw;
@@ -185,11 +204,11 @@ LN_INLINE void ln_convert(const uint8_t *w0, size_t rb, int nr, int64_t b0, int 
         transpose16(r);
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++)
-            _mm512_store_si512(&t->codes[b][k], _mm512_xor_si512(r[k], flip));
+            _mm512_storeu_si512(&t->codes[b][k], _mm512_xor_si512(r[k], flip));
         if (two)
 #pragma GCC unroll 8
             for (int k = 0; k < 8; k++)
-                _mm512_store_si512(&t->codes[b + 1][k], _mm512_xor_si512(r[8 + k], flip));
+                _mm512_storeu_si512(&t->codes[b + 1][k], _mm512_xor_si512(r[8 + k], flip));
     }
 }
 
@@ -241,8 +260,8 @@ LN_INLINE void ln_compute(const struct ln_tile *t, int nbc, const struct ln_x *c
         __m512i w[8];
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++)
-            w[k] = _mm512_load_si512(&t->codes[b][k]);
-        const __m512 dw = t->dw[b];
+            w[k] = _mm512_loadu_si512(&t->codes[b][k]);
+        const __m512 dw = _mm512_loadu_ps(&t->dw[b]);
 #pragma GCC unroll 16
         for (int j = 0; j < NV; j++) {
             const struct ln_x *x = &xp[j][b];
@@ -261,7 +280,8 @@ LN_INLINE void ln_compute(const struct ln_tile *t, int nbc, const struct ln_x *c
             __m512 s = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
             acc[j] = _mm512_fmadd_ps(s, _mm512_mul_ps(dw, _mm512_set1_ps(x->dx)), acc[j]);
             if (mins)
-                acc[j] = _mm512_fnmadd_ps(t->mw[b], _mm512_set1_ps(x->ms), acc[j]);
+                acc[j] = _mm512_fnmadd_ps(_mm512_loadu_ps(&t->mw[b]), _mm512_set1_ps(x->ms),
+                                          acc[j]);
         }
     }
     for (int j = 0; j < NV; j++)
@@ -293,7 +313,7 @@ static void ln_compute_any(const struct ln_tile *t, int nbc, const struct ln_x *
 
 /* The tile's conversion for one kind, whole (16 rows) or not. */
 static void ln_convert_any(const uint8_t *w0, size_t rb, int nr, int64_t b0, int nbc,
-                           struct ln_tile *t, int kind)
+                           const struct ln_tile *t, int kind)
 {
 #define LN_KIND(K)                                                                                 \
     case K:                                                                                        \
@@ -308,12 +328,33 @@ static void ln_convert_any(const uint8_t *w0, size_t rb, int nr, int64_t b0, int
 #undef LN_KIND
 }
 
-static void ln_run(const void *w, size_t row_bytes, const void *const *xq, int nv, int64_t n,
-                   int64_t nrows, float *const *y, bool accumulate, int kind)
+/* Tiles [t0, t1) of the nrows × n matrix w packed into dst (the whole matrix's packed base):
+ * each tile's blocks converted in chunks of LN_CB, rows past nrows zero. */
+static void ln_pack(const void *w, size_t row_bytes, int64_t n, int64_t nrows, int64_t t0,
+                    int64_t t1, void *dst, int kind)
 {
-    _Alignas(64) struct ln_tile tile;
+    const int64_t nb = n / 32;
+    const size_t tb = ln_tile_bytes(n, kind);
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t r = t * LN_ROWS;
+        int nr = nrows - r < LN_ROWS ? (int)(nrows - r) : LN_ROWS;
+        const uint8_t *w0 = (const uint8_t *)w + (size_t)r * row_bytes;
+        for (int64_t b0 = 0; b0 < nb; b0 += LN_CB) {
+            int nbc = nb - b0 < LN_CB ? (int)(nb - b0) : LN_CB;
+            struct ln_tile v = ln_view((uint8_t *)dst + (size_t)t * tb, n, b0, kind);
+            ln_convert_any(w0, row_bytes, nr, b0, nbc, &v, kind);
+        }
+    }
+}
+
+/* y[j][r - r0] (+)= rows [r0, r1) of the packed matrix against the nv prepared vectors xq[j]. A
+ * tile that the range cuts is computed whole and stored for the range's rows only. */
+static void ln_run(const void *packed, int64_t n, const void *const *xq, int nv, int64_t r0,
+                   int64_t r1, float *const *y, bool accumulate, int kind)
+{
     struct ln_x prep[LN_NV][LN_CB];
     const int64_t nb = n / 32;
+    const size_t tb = ln_tile_bytes(n, kind);
     const bool once = nb <= LN_CB;
     for (int j0 = 0; j0 < nv; j0 += LN_NV) {
         int m = nv - j0 < LN_NV ? nv - j0 : LN_NV;
@@ -323,9 +364,11 @@ static void ln_run(const void *w, size_t row_bytes, const void *const *xq, int n
                 ln_prep((const uint8_t *)xq[j0 + j], 0, (int)nb, prep[j], kind);
             xp[j] = prep[j];
         }
-        for (int64_t r = 0; r < nrows; r += LN_ROWS) {
-            int nr = nrows - r < LN_ROWS ? (int)(nrows - r) : LN_ROWS;
-            const uint8_t *w0 = (const uint8_t *)w + (size_t)r * row_bytes;
+        for (int64_t t = r0 / LN_ROWS; t * LN_ROWS < r1; t++) {
+            const int64_t ta = t * LN_ROWS;
+            const int lo = ta < r0 ? (int)(r0 - ta) : 0;
+            const int hi = r1 - ta < LN_ROWS ? (int)(r1 - ta) : LN_ROWS;
+            const uint8_t *base = (const uint8_t *)packed + (size_t)t * tb;
             __m512 acc[LN_NV];
             for (int j = 0; j < m; j++)
                 acc[j] = _mm512_setzero_ps();
@@ -334,12 +377,13 @@ static void ln_run(const void *w, size_t row_bytes, const void *const *xq, int n
                 if (!once)
                     for (int j = 0; j < m; j++)
                         ln_prep((const uint8_t *)xq[j0 + j], b0, nbc, prep[j], kind);
-                ln_convert_any(w0, row_bytes, nr, b0, nbc, &tile, kind);
-                ln_compute_any(&tile, nbc, xp, m, acc, kind == LN_Q4_K);
+                struct ln_tile v = ln_view(base, n, b0, kind);
+                ln_compute_any(&v, nbc, xp, m, acc, kind == LN_Q4_K);
             }
-            const __mmask16 mk = (__mmask16)((1u << nr) - 1);
+            /* lanes lo..hi-1 are rows ta+lo .. ta+hi-1, stored at y + ta - r0 */
+            const __mmask16 mk = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
             for (int j = 0; j < m; j++) {
-                float *yj = y[j0 + j] + r;
+                float *yj = y[j0 + j] + (ta - r0);
                 __m512 v = acc[j];
                 if (accumulate)
                     v = _mm512_add_ps(_mm512_maskz_loadu_ps(mk, yj), v);
@@ -351,10 +395,15 @@ static void ln_run(const void *w, size_t row_bytes, const void *const *xq, int n
 
 /* The table's entries, one per kind. */
 #define LN_ENTRY(NAME, KIND)                                                                       \
-    void NAME(const void *w, size_t row_bytes, const void *const *xq, int nv, int64_t n,          \
-              int64_t nrows, float *const *y, bool accumulate)                                     \
+    void NAME##_pack(const void *w, size_t row_bytes, int64_t n, int64_t nrows, int64_t t0,       \
+                     int64_t t1, void *dst)                                                        \
     {                                                                                              \
-        ln_run(w, row_bytes, xq, nv, n, nrows, y, accumulate, KIND);                               \
+        ln_pack(w, row_bytes, n, nrows, t0, t1, dst, KIND);                                        \
+    }                                                                                              \
+    void NAME(const void *packed, int64_t n, const void *const *xq, int nv, int64_t r0,          \
+              int64_t r1, float *const *y, bool accumulate)                                        \
+    {                                                                                              \
+        ln_run(packed, n, xq, nv, r0, r1, y, accumulate, KIND);                                    \
     }
 LN_ENTRY(kvp_lanes_rows_q8_0, LN_Q8_0)
 LN_ENTRY(kvp_lanes_rows_q4_0, LN_Q4_0)
