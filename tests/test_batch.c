@@ -62,7 +62,12 @@ struct setup {
     bool has_policy;
     int n_threads;
     bool fast; /* an engine that is not exact (kvp_engine_params.exact false) */
+    bool has_mix; /* each sequence its own policy: mix[s] (NULL: dense), not pp */
+    const char *mix[NSEQ];
+    unsigned disk; /* bit s: sequence s on the disk tier (in cp.kv_dir), the others in RAM */
 };
+
+static struct kvp_policy_params policy(const char *name);
 
 static void run_free(struct run *r)
 {
@@ -101,11 +106,16 @@ static void run_schedule(kvp_model *m, const struct setup *su, unsigned mask, st
             if (!(mask >> s & 1) || done[s] || step < SCHED[s].join)
                 continue;
             if (!seq[s]) {
-                int rc = kvp_seq_init(e, &su->cp, &seq[s], &err);
+                struct kvp_ctx_params cp = su->cp;
+                if (su->disk >> s & 1)
+                    cp.kv_tier = KVP_TIER_DISK;
+                int rc = kvp_seq_init(e, &cp, &seq[s], &err);
                 if (rc < 0)
                     fail_msg("seq_init: %s", err.msg);
-                if (su->has_policy && kvp_ctx_set_policy(seq[s], &su->pp, &err) < 0)
-                    fail_msg("set_policy %s: %s", su->pp.name, err.msg);
+                struct kvp_policy_params pp = su->has_mix ? policy(su->mix[s]) : su->pp;
+                if ((su->has_policy || (su->has_mix && su->mix[s])) &&
+                    kvp_ctx_set_policy(seq[s], &pp, &err) < 0)
+                    fail_msg("set_policy %s: %s", pp.name, err.msg);
             }
             int np = SCHED[s].n_prompt, total = np + SCHED[s].n_dec;
             int take = fed[s] < np ? (np - fed[s] < PIECE ? np - fed[s] : PIECE) : 1;
@@ -387,6 +397,33 @@ static void test_tiers(void **state)
                                .pp = policy(ops->name), .has_policy = true, .n_threads = 2};
             char what[96];
             snprintf(what, sizeof(what), "tier %d, policy %s", tiers[t], ops->name);
+            check_setup(m, &su, what);
+        }
+    rmdir(dir);
+    free(dir);
+    fixture_close(m, path);
+}
+
+/* Sequences with different policies in one step (dense and sparse layers, evicting and not),
+ * some on the disk tier beside untiered ones, on 2 and 3 threads (2 KV heads: the pairs of
+ * (sequence, KV head) do not divide among 3): the untiered single tokens of a step share one
+ * work queue (kv_step.c, kvp_kv_step), so this is where one sequence could disturb another. */
+static void test_mixed(void **state)
+{
+    (void)state;
+    char *path;
+    kvp_model *m = fixture(KVP_TYPE_Q8_0, &path);
+    char *dir = scratch_dir();
+    for (int nt = 2; nt <= 3; nt++)
+        for (int tiered = 0; tiered < 2; tiered++) {
+            struct setup su = {.cp = {.n_ctx = 512, .kv_dir = dir, .prefetch = KVP_PREFETCH_TOKEN,
+                                      .kv_syscall_submit = true},
+                               .n_threads = nt, .has_mix = true,
+                               .mix = {"quest", NULL, tiered ? "quest" : "streaming", "quest"},
+                               .disk = tiered ? 0x6u : 0};
+            char what[96];
+            snprintf(what, sizeof(what), "mixed policies, %s, %d threads",
+                     tiered ? "two on disk" : "untiered", nt);
             check_setup(m, &su, what);
         }
     rmdir(dir);
@@ -903,7 +940,7 @@ static void cold_schedule(kvp_model *m, const char *dir, int prefetch, unsigned 
 }
 
 /* A step of several sequences starts every sequence's cold reads of a layer before it waits for
- * any (kv_step.h, kvp_kv_layers): each sequence's logits must still be those it gets alone, bit
+ * any (kv_step.c, ungrouped_layers): each sequence's logits must still be those it gets alone, bit
  * for bit, in every prefetch mode; and a sequence whose cold tier fails in such a step reports
  * KVP_EKVLOST while the others' logits stay those they get alone. */
 static void test_cold_reads_together(void **state)
@@ -1125,6 +1162,7 @@ int main(void)
         cmocka_unit_test(test_lanes_kernel),
         cmocka_unit_test(test_fast_steps),
         cmocka_unit_test(test_quest_follow_up),    cmocka_unit_test(test_cold_reads_together),
+        cmocka_unit_test(test_mixed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -95,6 +95,11 @@ struct kvp_shared {
     struct kvp_row_seg *out_multi; /* [n_batch] rows whose logits go out as one product */
     struct kvp_row_seg *out_single;/* [n_batch] rows whose logits go out alone */
     int n_multi, n_single, n_out_multi, n_out_single;
+    /* the next (sequence, KV head) pair of a layer's grouped decode (kv_step.c, kvp_kv_step),
+     * on a cache line of its own: every thread takes pairs from it */
+    char pad_[64];
+    atomic_int pair_next;
+    char pad2_[64];
 };
 
 /* One KV head's share of an untiered sparse layer's parts pass (kv_step.c): its selector

@@ -11,7 +11,8 @@
  * once per input) or else OpenBLAS sgemm on dequantized tiles (single-threaded per call); each
  * pool thread owns a slice of the output rows. A single token uses the SIMD mat-vec.
  * Everything a layer does with the KV cache (writing K and V, selection, the tiered store,
- * decode and prefill attention, the policy's hooks) is one call, kvp_kv_layer (kv_step.h).
+ * decode and prefill attention, the policy's hooks) is one call per layer for all the pass's
+ * sequences, kvp_kv_step (kv_step.h).
  */
 #include <limits.h>
 #include <math.h>
@@ -86,6 +87,7 @@ int kvp_shared_init(const struct kvp_model *model, int n_threads, int n_batch, i
     sh->out_multi = calloc(nb, sizeof(*sh->out_multi));
     sh->out_single = calloc(nb, sizeof(*sh->out_single));
     sh->ts = calloc((size_t)n_threads, sizeof(*sh->ts));
+    atomic_init(&sh->pair_next, 0);
     /* one decode row's activations quantized for the mat-vec (Q8_0 or Q8_K: under 2 bytes per
      * column), whole cache lines apart */
     sh->xv_stride = (max_cols * 2 + 64 + 63) & ~(size_t)63;
@@ -701,11 +703,8 @@ static void forward_worker(void *arg, int ith, int nth)
             rope_apply(sh->q + i * q_dim, hp->n_head, hd, sh->rope + i * hd, hp->rope_style);
             rope_apply(sh->k + i * kv_dim, hp->n_head_kv, hd, sh->rope + i * hd, hp->rope_style);
         }
-        /* K and V into each sequence's cache, attention into its rows of sh->att (kv_step.h);
-         * a lone sequence's threads store the tokens they rotated, several need them all */
-        if (sh->n_seqs > 1)
-            kvp_pool_barrier(sh->pool);
-        kvp_kv_layers(sh->seqs, sh->n_seqs, l, ith, nth);
+        /* K and V into each sequence's cache, attention into its rows of sh->att (kv_step.h) */
+        kvp_kv_step(sh, l, ith, nth);
         kvp_pool_barrier(sh->pool);
 
         kvp_split_range(D, ith, nth, &r0, &r1);

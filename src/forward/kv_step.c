@@ -276,35 +276,39 @@ static void measure_group(struct kvp_ctx *c, int l, int kvh, const struct kvp_se
                         c->kv.block_size);
 }
 
-/* Attention of this thread's KV heads: dense on dense layers; on sparse ones the selection
- * (made here unless `selected`: a tiered layer selected before fetching), sparse attention,
- * the measurement when measuring on an untiered cache (the tiered one measures after, once
- * the cold tier is visible) and on_step. */
-static void attend(struct kvp_ctx *c, int l, bool selected, int ith, int nth)
+/* Attention of KV head kvh: dense on a dense layer; on a sparse one the selection (made here
+ * unless `selected`: a tiered layer selected before fetching), sparse attention, the measurement
+ * when measuring on an untiered cache (the tiered one measures after, once the cold tier is
+ * visible) and on_step. */
+static void attend_head(struct kvp_ctx *c, int l, int kvh, bool selected)
 {
     const int hd = c->hp.head_dim, g = c->hp.n_head / c->hp.n_head_kv;
     const int n_keys = c->job_pos0 + 1;
-    const bool sparse = kvp_policy_sparse(&c->pol, l);
+    size_t first = (size_t)kvh * g; /* first query head of the group */
+    const float *qg = c->q + first * hd;
+    float *out = c->att + first * hd;
+    if (!kvp_policy_sparse(&c->pol, l)) {
+        kvp_attn_dense_group(&c->kv, l, kvh, qg, g, n_keys, c->probs + first * c->probs_stride,
+                             c->probs_stride, out);
+        return;
+    }
+    struct kvp_sel *sel = selected ? kvp_policy_sel(&c->pol, l, kvh)
+                                   : kvp_policy_select(&c->pol, l, kvh, qg, n_keys);
+    float *sp = c->sparse_probs + first * c->probs_stride;
+    kvp_attn_sparse_group(&c->kv, l, kvh, qg, g, n_keys, sel, sp, c->probs_stride, &c->ab[kvh],
+                          out);
+    if (c->measure && !c->store)
+        measure_group(c, l, kvh, sel);
+    kvp_policy_on_step(&c->pol, l, kvh, sp, c->probs_stride, n_keys);
+}
+
+/* attend_head for this thread's KV heads. */
+static void attend(struct kvp_ctx *c, int l, bool selected, int ith, int nth)
+{
     long h0, h1;
     kvp_split_range(c->hp.n_head_kv, ith, nth, &h0, &h1);
-    for (long kvh = h0; kvh < h1; kvh++) {
-        size_t first = (size_t)kvh * g; /* first query head of the group */
-        const float *qg = c->q + first * hd;
-        float *out = c->att + first * hd;
-        if (!sparse) {
-            kvp_attn_dense_group(&c->kv, l, (int)kvh, qg, g, n_keys,
-                                 c->probs + first * c->probs_stride, c->probs_stride, out);
-            continue;
-        }
-        struct kvp_sel *sel = selected ? kvp_policy_sel(&c->pol, l, (int)kvh)
-                                       : kvp_policy_select(&c->pol, l, (int)kvh, qg, n_keys);
-        float *sp = c->sparse_probs + first * c->probs_stride;
-        kvp_attn_sparse_group(&c->kv, l, (int)kvh, qg, g, n_keys, sel, sp, c->probs_stride,
-                              &c->ab[kvh], out);
-        if (c->measure && !c->store)
-            measure_group(c, l, (int)kvh, sel);
-        kvp_policy_on_step(&c->pol, l, (int)kvh, sp, c->probs_stride, n_keys);
-    }
+    for (long kvh = h0; kvh < h1; kvh++)
+        attend_head(c, l, (int)kvh, selected);
 }
 
 /* The end of KV head kvh's sparse attention after a parts pass (parts: its blocks were reduced
@@ -380,29 +384,51 @@ static void claim_relax(int spins)
         sched_yield();
 }
 
-/* Reduce chunks of every selected KV head's blocks until none is left unclaimed, waiting for
- * the KV heads other threads are still selecting. */
-static void claim_parts(struct kvp_ctx *c, int l)
+/* Whether a single untiered token of c takes layer l's parts pass: a sparse layer with the
+ * claims' queue (two threads or more: part_blocks_for). Every thread decides alike. */
+static bool claims(const struct kvp_ctx *c, int l)
 {
-    const int hd = c->hp.head_dim, n_kv = c->hp.n_head_kv, g = c->hp.n_head / n_kv;
-    const int n_keys = c->job_pos0 + 1;
+    return c->claim && kvp_policy_sparse(&c->pol, l);
+}
+
+/* Whether c's part of the running pass is one token on an untiered cache: such sequences'
+ * layers run together (kvp_kv_step); the others one after another (kvp_kv_layer). */
+static bool grouped(const struct kvp_ctx *c)
+{
+    return c->job_n == 1 && !c->store;
+}
+
+/* Reduce chunks of the published selections' blocks of every grouped sequence of seqs[0..n)
+ * that takes the parts pass, until none is left unclaimed, waiting for the KV heads other
+ * threads are still selecting. */
+static void claim_parts(struct kvp_ctx *const *seqs, int n, int l)
+{
     for (int spins = 0;; spins++) {
         bool waiting = false;
-        for (int h = 0; h < n_kv; h++) {
-            struct kvp_attn_claim *cl = &c->claim[h];
-            int r = atomic_load_explicit(&cl->ready, memory_order_acquire);
-            waiting |= r == 0;
-            if (r <= 0)
+        for (int s = 0; s < n; s++) {
+            struct kvp_ctx *c = seqs[s];
+            if (!grouped(c) || !claims(c, l))
                 continue;
-            const struct kvp_sel *sel = kvp_policy_sel(&c->pol, l, h);
-            while (atomic_load_explicit(&cl->next, memory_order_relaxed) < r - 1) {
-                int i = atomic_fetch_add_explicit(&cl->next, CLAIM_CHUNK, memory_order_relaxed);
-                if (i >= r - 1)
-                    break;
-                kvp_attn_sparse_part(&c->kv, l, h, c->q + (size_t)h * g * hd, g, n_keys, sel, i,
-                                     i + CLAIM_CHUNK, c->sparse_probs + (size_t)h * g * c->probs_stride,
-                                     c->probs_stride, &c->ab[h]);
-                spins = 0;
+            const int hd = c->hp.head_dim, n_kv = c->hp.n_head_kv, g = c->hp.n_head / n_kv;
+            const int n_keys = c->job_pos0 + 1;
+            for (int h = 0; h < n_kv; h++) {
+                struct kvp_attn_claim *cl = &c->claim[h];
+                int r = atomic_load_explicit(&cl->ready, memory_order_acquire);
+                waiting |= r == 0;
+                if (r <= 0)
+                    continue;
+                const struct kvp_sel *sel = kvp_policy_sel(&c->pol, l, h);
+                while (atomic_load_explicit(&cl->next, memory_order_relaxed) < r - 1) {
+                    int i = atomic_fetch_add_explicit(&cl->next, CLAIM_CHUNK,
+                                                      memory_order_relaxed);
+                    if (i >= r - 1)
+                        break;
+                    kvp_attn_sparse_part(&c->kv, l, h, c->q + (size_t)h * g * hd, g, n_keys, sel,
+                                         i, i + CLAIM_CHUNK,
+                                         c->sparse_probs + (size_t)h * g * c->probs_stride,
+                                         c->probs_stride, &c->ab[h]);
+                    spins = 0;
+                }
             }
         }
         if (!waiting)
@@ -411,37 +437,21 @@ static void claim_parts(struct kvp_ctx *c, int l)
     }
 }
 
-/* An untiered sparse layer. Each thread selects its KV heads and publishes each selection at
- * once; every thread then reduces chunks of the published selections' blocks (claim_parts), so
- * a thread whose selections end first reduces the others' blocks instead of waiting for them
- * (3 KV heads on 2 threads: one thread selects twice as long as the other), and the blocks of
- * every KV head are spread evenly. After a barrier each thread folds its KV heads in selection
- * order (the bits of one thread: kv/attention.h), measures and runs on_step as attend. */
-static void decode_untiered(struct kvp_ctx *c, int l, int ith, int nth)
+/* The start of (grouped sequence c, KV head h): dense attention on a dense layer; on a sparse
+ * one the selection, published at once for the parts pass, or (no parts pass) the whole of
+ * attend_head. */
+static void pair_start(struct kvp_ctx *c, int l, int h)
 {
-    if (nth < 2 || !kvp_policy_sparse(&c->pol, l) || !c->claim || c->ab[0].pcap == 0) {
-        attend(c, l, false, ith, nth);
+    if (!claims(c, l)) {
+        attend_head(c, l, h, false);
         return;
     }
     const int hd = c->hp.head_dim, g = c->hp.n_head / c->hp.n_head_kv;
     const int n_keys = c->job_pos0 + 1;
-    long h0, h1;
-    kvp_split_range(c->hp.n_head_kv, ith, nth, &h0, &h1);
-    for (long h = h0; h < h1; h++) {
-        struct kvp_sel *sel =
-            kvp_policy_select(&c->pol, l, (int)h, c->q + (size_t)h * g * hd, n_keys);
-        bool fit = kvp_attn_sparse_parts_fit(&c->kv, l, (int)h, n_keys, sel, &c->ab[h]);
-        atomic_store_explicit(&c->claim[h].next, 0, memory_order_relaxed);
-        atomic_store_explicit(&c->claim[h].ready, fit ? 1 + sel->n : -1, memory_order_release);
-    }
-    claim_parts(c, l);
-    kvp_pool_barrier(c->pool);
-    for (long kvh = h0; kvh < h1; kvh++) {
-        bool parts = atomic_load_explicit(&c->claim[kvh].ready, memory_order_relaxed) > 0;
-        /* every thread is past its claims (the barrier): the next layer starts from nothing */
-        atomic_store_explicit(&c->claim[kvh].ready, 0, memory_order_relaxed);
-        fold_group(c, l, (int)kvh, parts);
-    }
+    struct kvp_sel *sel = kvp_policy_select(&c->pol, l, h, c->q + (size_t)h * g * hd, n_keys);
+    bool fit = kvp_attn_sparse_parts_fit(&c->kv, l, h, n_keys, sel, &c->ab[h]);
+    atomic_store_explicit(&c->claim[h].next, 0, memory_order_relaxed);
+    atomic_store_explicit(&c->claim[h].ready, fit ? 1 + sel->n : -1, memory_order_release);
 }
 
 /* The early part of this thread's KV heads' sparse attention, over the selected blocks that are
@@ -494,7 +504,7 @@ static void measure_tiered(struct kvp_ctx *c, int l, int ith, int nth)
 /* Decode attention of layer l on a tiered cache, first half: select -> start the reads of the
  * misses (the store's acquire_begin). Nothing waits for a read here, so a step of several
  * sequences starts every sequence's reads of the layer before it waits for any
- * (kvp_kv_layers). */
+ * (ungrouped_layers). */
 static void decode_start(struct kvp_ctx *c, int l, int ith, int nth)
 {
     struct kvp_store *st = c->store;
@@ -579,8 +589,9 @@ static void decode_finish(struct kvp_ctx *c, int l, int ith, int nth)
 /* Decode attention of layer l: select -> fetch -> attend -> on_step -> predict/prefetch. */
 static void decode(struct kvp_ctx *c, int l, int ith, int nth)
 {
-    if (!c->store) { /* every block is hot, nothing to fetch */
-        decode_untiered(c, l, ith, nth);
+    if (!c->store) { /* every block is hot, nothing to fetch (a lone call: kvp_kv_step
+                        groups these) */
+        attend(c, l, false, ith, nth);
         return;
     }
     decode_start(c, l, ith, nth);
@@ -660,13 +671,17 @@ void kvp_kv_layer(struct kvp_ctx *c, int l, int ith, int nth)
         prefill(c, l, ith, nth);
 }
 
-/* A decode step of a tiered cache: its reads are split from its waits (kvp_kv_layers). */
+/* A decode step of a tiered cache: its reads are split from its waits (ungrouped_layers). */
 static bool tiered_decode(const struct kvp_ctx *c)
 {
     return c->job_n == 1 && c->store;
 }
 
-void kvp_kv_layers(struct kvp_ctx *const *cs, int n_cs, int l, int ith, int nth)
+/* kvp_kv_layer for each sequence of cs[0..n_cs) that kvp_kv_step does not group: the decoding
+ * ones with a tiered store first write their token and start their misses' reads, all of them,
+ * and only then attend (and wait) one after another, so the reads of every sequence are in
+ * flight together. Each sequence's results are those of kvp_kv_layer. */
+static void ungrouped_layers(struct kvp_ctx *const *cs, int n_cs, int l, int ith, int nth)
 {
     /* Every tiered decoding sequence writes its token and starts its misses' reads first, so the
      * device holds all of them at once; one sequence's reads in flight at a time would leave
@@ -683,8 +698,78 @@ void kvp_kv_layers(struct kvp_ctx *const *cs, int n_cs, int l, int ith, int nth)
     for (int s = 0; s < n_cs; s++) {
         if (tiered_decode(cs[s]))
             decode_finish(cs[s], l, ith, nth);
-        else
+        else if (!grouped(cs[s]))
             kvp_kv_layer(cs[s], l, ith, nth);
+    }
+}
+
+/* The pass's layer l (kv_step.h). The grouped sequences (one untiered token each) write the K
+ * and V rows their threads rotated (no barrier before), meet once, and then every (sequence,
+ * KV head) pair is taken from one queue by whichever thread is free: dense attention, or a
+ * selection published for the parts pass; every thread then reduces chunks of every published
+ * selection (claim_parts), and after one barrier the pairs are folded in selection order, each
+ * by one thread. Per layer that is two barriers however many sequences share the step, where
+ * one sequence after another took two per sequence and left a thread idle whenever the KV heads
+ * did not divide among the threads. Each pair's arithmetic is the lone sequence's (a pair's
+ * attention does not depend on the thread that runs it, the parts are folded in selection
+ * order: kv/attention.h), so the bits do not depend on what shares the step. */
+void kvp_kv_step(struct kvp_shared *sh, int l, int ith, int nth)
+{
+    struct kvp_ctx *const *seqs = sh->seqs;
+    const int n = sh->n_seqs;
+    long t0, t1;
+    kvp_split_range(sh->n_rows, ith, nth, &t0, &t1); /* the rows this thread rotated */
+    bool others = false, any = false, parts = false;
+    for (int s = 0; s < n; s++) {
+        struct kvp_ctx *c = seqs[s];
+        if (!grouped(c)) {
+            others = true;
+            continue;
+        }
+        any = true;
+        parts |= claims(c, l);
+        if (c->job_row0 < t0 || c->job_row0 >= t1)
+            continue;
+        const int hd = c->hp.head_dim;
+        for (int h = 0; h < c->hp.n_head_kv; h++)
+            kvp_kvcache_store(&c->kv, l, h, c->job_pos0, c->k + h * hd, c->v + h * hd);
+    }
+    if (others) {
+        /* a lone sequence's threads store the tokens they rotated, several need them all */
+        if (n > 1)
+            kvp_pool_barrier(sh->pool);
+        ungrouped_layers(seqs, n, l, ith, nth);
+    }
+    if (!any)
+        return;
+    /* every thread is past the previous layer's queue (the pass's barriers since) */
+    if (ith == 0)
+        atomic_store_explicit(&sh->pair_next, 0, memory_order_relaxed);
+    kvp_pool_barrier(sh->pool);
+    const int n_kv = sh->model->hp.n_head_kv;
+    const int pairs = n * n_kv;
+    for (;;) {
+        int i = atomic_fetch_add_explicit(&sh->pair_next, 1, memory_order_relaxed);
+        if (i >= pairs)
+            break;
+        if (grouped(seqs[i / n_kv]))
+            pair_start(seqs[i / n_kv], l, i % n_kv);
+    }
+    if (!parts)
+        return;
+    claim_parts(seqs, n, l);
+    kvp_pool_barrier(sh->pool);
+    long p0, p1;
+    kvp_split_range(pairs, ith, nth, &p0, &p1);
+    for (long i = p0; i < p1; i++) {
+        struct kvp_ctx *c = seqs[i / n_kv];
+        const int h = (int)(i % n_kv);
+        if (!grouped(c) || !claims(c, l))
+            continue;
+        bool reduced = atomic_load_explicit(&c->claim[h].ready, memory_order_relaxed) > 0;
+        /* every thread is past its claims (the barrier): the next layer starts from nothing */
+        atomic_store_explicit(&c->claim[h].ready, 0, memory_order_relaxed);
+        fold_group(c, l, h, reduced);
     }
 }
 

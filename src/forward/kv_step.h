@@ -30,6 +30,7 @@
 #include "kvpred.h"
 
 struct kvp_ctx;
+struct kvp_shared;
 struct kvp_policy_ops;
 
 /* The cache (and the tiered store when p->kv_tier asks for one) of a new context. */
@@ -61,11 +62,11 @@ int kvp_kv_batch_end(struct kvp_ctx *c, struct kvp_err *err);
 /* Layer l of the running batch, inside the pool (every thread calls it): c->k and c->v (after
  * RoPE) go into the cache, and c->q's attention over the cache goes to c->att. */
 void kvp_kv_layer(struct kvp_ctx *c, int l, int ith, int nth);
-/* kvp_kv_layer for each of the n sequences of a step, cs[0..n): the decoding ones with a tiered
- * store first write their token and start their misses' reads, all of them, and only then
- * attend (and wait) one after another, so the reads of every sequence are in flight together.
- * Each sequence's results are those of kvp_kv_layer. */
-void kvp_kv_layers(struct kvp_ctx *const *cs, int n, int l, int ith, int nth);
+/* Layer l of the running pass for all its sequences (sh->seqs), inside the pool (every thread
+ * calls it after RoPE of its rows): kvp_kv_layer's work for each, with the sequences that
+ * decode one token on an untiered cache run together (kv_step.c: one queue of (sequence, KV
+ * head) pairs for all of them, two barriers a layer), bit for bit as each alone. */
+void kvp_kv_step(struct kvp_shared *sh, int l, int ith, int nth);
 /* The layer ended (t0: when it started on worker 0): the store's timeline. */
 void kvp_kv_layer_done(struct kvp_ctx *c, int l, double t0, int ith);
 
