@@ -595,7 +595,10 @@ def tiered_share():
     """Tiered slots share prefixes: a document prefilled in one slot (busy with another question
     about it) is copied into the other slot for a third question instead of prefilled again,
     and the answer is still kvpred run's."""
-    ctx = 4096
+    # The long answer must outlast the third request (a copy and 8 tokens) on a loaded host: at
+    # ctx 8192 it may run ~6400 tokens (greedy, this prompt: no end-of-text before max_tokens),
+    # ~4x the tokens of ctx 4096, where a busy CI host once let it finish first.
+    ctx = 8192
     doc = " ".join(f"Line {i}: the road was long and the pass key is not here." for i in range(80))
     d = tempfile.mkdtemp(prefix="kvpred-tier-")
     pol = ["--policy", "quest", "--budget", "1/8"]
@@ -607,7 +610,8 @@ def tiered_share():
                                     {"prompt": doc + " Q: where?", "max_tokens": 4}, key=""))
             n_doc = first["usage"]["prompt_tokens"]
             # a long answer about the same document keeps the slot that holds it busy
-            busy = send_stream(port, {"prompt": doc + " Q: what else?", "max_tokens": 1500})
+            busy = send_stream(port, {"prompt": doc + " Q: what else?",
+                                      "max_tokens": ctx - n_doc - 64})
             until_first_event(busy)
             q = doc + " Q: who?"
             other = json.loads(curl(port, "/v1/completions", {"prompt": q, "max_tokens": 8},
