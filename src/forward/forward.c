@@ -37,9 +37,9 @@ static float *falloc(size_t n)
     return kvp_alloc_aligned(n * sizeof(float));
 }
 
-/* Widest input of any product: activations are quantized or tiled at this width. */
 static void free_packed(struct kvp_shared *sh);
 
+/* Widest input of any product: activations are quantized or tiled at this width. */
 static size_t max_cols_of(const struct kvp_hparams *hp)
 {
     size_t q_dim = (size_t)hp->n_head * hp->head_dim;
@@ -339,10 +339,11 @@ bool kvp_ctx_measuring(const kvp_ctx *c)
 
 /* ---- weights packed in lanes ------------------------------------------------------------- */
 
-/* Matrix k of layer l (k < KVP_PACK_PER_LAYER), or the classifier (l == n_layer, k == 0): the
- * order of sh->lanes. */
-static const struct kvp_mat *layer_mat(const struct kvp_model *m, int l, int k)
+/* Entry i of sh->lanes: matrix i % KVP_PACK_PER_LAYER of layer i / KVP_PACK_PER_LAYER, or the
+ * classifier (the last entry). */
+static const struct kvp_mat *pack_mat(const struct kvp_model *m, size_t i)
 {
+    const int l = (int)(i / KVP_PACK_PER_LAYER), k = (int)(i % KVP_PACK_PER_LAYER);
     if (l == m->hp.n_layer)
         return &m->output;
     const struct kvp_layer_weights *L = &m->layers[l];
@@ -377,8 +378,7 @@ static void pack_worker(void *arg, int ith, int nth)
             continue;
         long t0, t1;
         kvp_split_range((long)kvp_lanes_tiles(P), ith, nth, &t0, &t1);
-        int l = (int)(i / KVP_PACK_PER_LAYER), k = (int)(i % KVP_PACK_PER_LAYER);
-        kvp_lanes_pack(P, layer_mat(m, l, k), t0, t1);
+        kvp_lanes_pack(P, pack_mat(m, i), t0, t1);
     }
 }
 
@@ -398,7 +398,7 @@ static void free_packed(struct kvp_shared *sh)
  * thread reads sh->lanes while it is made). Why once: turning 16 rows into a lanes tile costs
  * about three vectors' products, which per call made the kernel lose to the multi-vector
  * mat-vec and the GEMM; packed, a step's singles cost one weight read plus a few microseconds
- * per vector (docs/kernels.md). Out of memory is not an error: steps run without. */
+ * per vector (docs/batched.md, "Exact or fast steps"). Out of memory is not an error: steps run without. */
 static void pack_weights(struct kvp_shared *sh)
 {
     const struct kvp_model *m = sh->model;
@@ -406,8 +406,7 @@ static void pack_weights(struct kvp_shared *sh)
     if (!(sh->lanes = calloc(n_packable(m), sizeof(*sh->lanes))))
         return;
     for (size_t i = 0; i < n_packable(m); i++) {
-        const struct kvp_mat *W =
-            layer_mat(m, (int)(i / KVP_PACK_PER_LAYER), (int)(i % KVP_PACK_PER_LAYER));
+        const struct kvp_mat *W = pack_mat(m, i);
         if (!kvp_lanes_bytes(W))
             continue;
         if (kvp_lanes_init(&sh->lanes[i], W) < 0) {

@@ -392,7 +392,7 @@ static bool claims(const struct kvp_ctx *c, int l)
 }
 
 /* Whether c's part of the running pass is one token on an untiered cache: such sequences'
- * layers run together (kvp_kv_step); the others one after another (kvp_kv_layer). */
+ * layers run together (kvp_kv_step); the others one after another (ungrouped_layers). */
 static bool grouped(const struct kvp_ctx *c)
 {
     return c->job_n == 1 && !c->store;
@@ -586,18 +586,6 @@ static void decode_finish(struct kvp_ctx *c, int l, int ith, int nth)
         kvp_store_prefetch(st, l, kvp_policy_next(&c->pol, l, 0), n_keys + 1);
 }
 
-/* Decode attention of layer l: select -> fetch -> attend -> on_step -> predict/prefetch. */
-static void decode(struct kvp_ctx *c, int l, int ith, int nth)
-{
-    if (!c->store) { /* every block is hot, nothing to fetch (a lone call: kvp_kv_step
-                        groups these) */
-        attend(c, l, false, ith, nth);
-        return;
-    }
-    decode_start(c, l, ith, nth);
-    decode_finish(c, l, ith, nth);
-}
-
 /* ---- prefill --------------------------------------------------------------------------------- */
 
 /* At the end of a prompt (its last micro-batch, after on_prefill of layer l): the first decode
@@ -655,7 +643,9 @@ static void write_kv(struct kvp_ctx *c, int l, int ith, int nth)
                               c->v + i * kv_dim + h * hd);
 }
 
-void kvp_kv_layer(struct kvp_ctx *c, int l, int ith, int nth)
+/* Layer l of a prompt piece (c->job_n tokens, not one: single tokens are decode steps, run by
+ * kvp_kv_step together or by ungrouped_layers' two halves). */
+static void prefill_layer(struct kvp_ctx *c, int l, int ith, int nth)
 {
     const int n = c->job_n, pos0 = c->job_pos0;
     if (n > 1 && c->store) { /* stage the layer's whole KV for prefill attention */
@@ -665,10 +655,7 @@ void kvp_kv_layer(struct kvp_ctx *c, int l, int ith, int nth)
     }
     write_kv(c, l, ith, nth);
     kvp_pool_barrier(c->pool);
-    if (n == 1)
-        decode(c, l, ith, nth);
-    else
-        prefill(c, l, ith, nth);
+    prefill(c, l, ith, nth);
 }
 
 /* A decode step of a tiered cache: its reads are split from its waits (ungrouped_layers). */
@@ -677,10 +664,10 @@ static bool tiered_decode(const struct kvp_ctx *c)
     return c->job_n == 1 && c->store;
 }
 
-/* kvp_kv_layer for each sequence of cs[0..n_cs) that kvp_kv_step does not group: the decoding
- * ones with a tiered store first write their token and start their misses' reads, all of them,
- * and only then attend (and wait) one after another, so the reads of every sequence are in
- * flight together. Each sequence's results are those of kvp_kv_layer. */
+/* Layer l for each sequence of cs[0..n_cs) that kvp_kv_step does not group: the decoding ones
+ * with a tiered store first write their token and start their misses' reads, all of them, and
+ * only then attend (and wait) one after another, so the reads of every sequence are in flight
+ * together; prompt pieces run prefill_layer. Each sequence's results are those it gets alone. */
 static void ungrouped_layers(struct kvp_ctx *const *cs, int n_cs, int l, int ith, int nth)
 {
     /* Every tiered decoding sequence writes its token and starts its misses' reads first, so the
@@ -699,7 +686,7 @@ static void ungrouped_layers(struct kvp_ctx *const *cs, int n_cs, int l, int ith
         if (tiered_decode(cs[s]))
             decode_finish(cs[s], l, ith, nth);
         else if (!grouped(cs[s]))
-            kvp_kv_layer(cs[s], l, ith, nth);
+            prefill_layer(cs[s], l, ith, nth);
     }
 }
 

@@ -1,7 +1,7 @@
 /*
  * The KV step: everything the forward pass does with the KV cache, behind one call per layer.
  *
- * Per decode step and layer, kvp_kv_layer owns the whole sequence
+ * Per decode step and layer, kvp_kv_step owns the whole sequence
  *
  *     write K,V -> select -> fetch -> attend -> on_step -> predict / prefetch
  *
@@ -59,11 +59,9 @@ int kvp_kv_check(const struct kvp_ctx *c, struct kvp_err *err);
 void kvp_kv_batch_begin(struct kvp_ctx *c);
 int kvp_kv_batch_end(struct kvp_ctx *c, struct kvp_err *err);
 
-/* Layer l of the running batch, inside the pool (every thread calls it): c->k and c->v (after
- * RoPE) go into the cache, and c->q's attention over the cache goes to c->att. */
-void kvp_kv_layer(struct kvp_ctx *c, int l, int ith, int nth);
 /* Layer l of the running pass for all its sequences (sh->seqs), inside the pool (every thread
- * calls it after RoPE of its rows): kvp_kv_layer's work for each, with the sequences that
+ * calls it after RoPE of its rows): for each sequence, c->k and c->v go into the cache and
+ * c->q's attention over the cache goes to c->att, with the sequences that
  * decode one token on an untiered cache run together (kv_step.c: one queue of (sequence, KV
  * head) pairs for all of them, two barriers a layer), bit for bit as each alone. */
 void kvp_kv_step(struct kvp_shared *sh, int l, int ith, int nth);

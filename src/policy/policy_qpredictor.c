@@ -478,6 +478,18 @@ static int coarse_limit(const struct qp_state *s, int want)
     return (int)(s->visit * (float)((want + s->groups - 1) / s->groups) + 0.999f);
 }
 
+/* Group i's feature bound: the largest, over the g query heads, of its bound (gub, ng groups a
+ * head) minus that head's largest bound M_j (mj). */
+static float group_gap(const struct qp_kvh *k, int g, int ng, int i)
+{
+    float cg = k->gub[i] - k->mj[0];
+    for (int j = 1; j < g; j++) {
+        const float v = k->gub[(size_t)j * ng + i] - k->mj[j];
+        cg = v > cg ? v : cg;
+    }
+    return cg;
+}
+
 /* The exact mode: each head's largest bound over [first, end), M_j, by branch and bound over its
  * groups' bounds (gub, columns from group g0); then every group's feature bound into gcomb. False
  * on a NaN (the caller ranks flat). */
@@ -518,11 +530,7 @@ static bool coarse_prepare(struct qp_coarse_ctx *c)
         k->mj[j] = best;
     }
     for (int i = 0; i < ng; i++) {
-        float cg = k->gub[i] - k->mj[0];
-        for (int j = 1; j < s->g; j++) {
-            const float v = k->gub[(size_t)j * ng + i] - k->mj[j];
-            cg = v > cg ? v : cg;
-        }
+        const float cg = group_gap(k, s->g, ng, i);
         if (cg != cg)
             return false;
         k->gcomb[g0 + i] = cg;
@@ -619,14 +627,8 @@ static bool approx_prepare(struct qp_coarse_ctx *c, int want)
             mx = gj[i] > mx ? gj[i] : mx;
         k->mj[j] = mx;
     }
-    for (int i = 0; i < ng; i++) {
-        float cg = k->gub[i] - k->mj[0];
-        for (int j = 1; j < s->g; j++) {
-            const float v = k->gub[(size_t)j * ng + i] - k->mj[j];
-            cg = v > cg ? v : cg;
-        }
-        k->gcomb[g0 + i] = cg;
-    }
+    for (int i = 0; i < ng; i++)
+        k->gcomb[g0 + i] = group_gap(k, s->g, ng, i);
     int nb, *gids = k->gheap;
     const int m = kvp_coarse_pick(k->gcomb, G, c->first, c->end, want, coarse_limit(s, want),
                                   gids, k->gheap + ng, &nb);
