@@ -14,6 +14,11 @@
 # Last, the dense untiered cache at NPL_DENSE sequences (default: the largest of 16, 8, 4, 2, 1
 # whose KV takes at most half of MemAvailable).
 #
+# ROWS may also name "ram": the disk row's sequences and policy with every cache in RAM (no tier),
+# at NPL sequences where their KV fits in three quarters of MemAvailable (else the largest count
+# that does, NPL_RAM). Its batched-over-serial ratio is what batching gains when no read waits on
+# a device: the ceiling of the disk row's ratio, since the tier adds work to both sides.
+#
 # Only the decode is timed. LOCK=FILE takes that file's flock for each row's decode only (the
 # fill runs before, outside it: kvpred stops itself after the fill, --stop-before-decode), and
 # TIMED_NICE=N renices every thread of kvpred to N for that part, e.g. on a shared host:
@@ -27,10 +32,10 @@
 # Environment: KVP (build/kvpred), OUT (synth file, /tmp/kvp-bench-batched), KV_DIR (scratch
 # files of the disk tier, default $TMPDIR or /tmp), NPL (16), NPP (32768), NTG (16), T (2), HOT
 # (hot-tier tokens per tiered layer, 5120: with the 2 dense layers resident, about 1/5 of the
-# KV in RAM), FILL (tile), NPL_DENSE (see above; 0 skips the dense row), ROWS ("disk dense": the
-# rows to run), DISK_FLAGS (more flags of the disk row, e.g. --kv-syscall-submit: sixteen rings'
-# polling threads on two cores), LOCK, TIMED_NICE, NOTE (free text stored with each row, e.g. the
-# host's load).
+# KV in RAM), FILL (tile), NPL_DENSE (see above; 0 skips the dense row), NPL_RAM (see "ram"),
+# ROWS ("disk dense"; add "ram" for the RAM ceiling row), DISK_FLAGS (more flags of the disk row,
+# e.g. --kv-syscall-submit: sixteen rings' polling threads on two cores), LOCK, TIMED_NICE, NOTE
+# (free text stored with each row, e.g. the host's load).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -55,6 +60,17 @@ if [ -z "${NPL_DENSE:-}" ]; then
     for n in 16 8 4 2 1; do
         if [ $((n * (NPP + 2 * NTG) * KV_TOKEN_BYTES / 1048576)) -le $((avail / 2)) ]; then
             NPL_DENSE=$n
+            break
+        fi
+    done
+fi
+if [ -z "${NPL_RAM:-}" ]; then
+    avail=$(awk '/MemAvailable/ {printf "%d", $2 / 1024}' /proc/meminfo)
+    NPL_RAM=0
+    for n in "$NPL" 16 8 4 2 1; do
+        if [ "$n" -le "$NPL" ] &&
+            [ $((n * (NPP + 2 * NTG) * KV_TOKEN_BYTES / 1048576)) -le $((avail * 3 / 4)) ]; then
+            NPL_RAM=$n
             break
         fi
     done
@@ -111,6 +127,10 @@ run() {
     run "disk tier, quest 1/16" -npp "$NPP" -ntg "$NTG" -npl "$NPL" \
     --policy quest --budget 1/16 --kv-tier disk --kv-dir "$KV_DIR" --hot-budget "$HOT" \
     --fill "$FILL" --serial $DISK_FLAGS
+if [ "$NPL_RAM" -gt 0 ] && [[ " $ROWS " == *" ram "* ]]; then
+    run "untiered, quest 1/16 (RAM ceiling)" -npp "$NPP" -ntg "$NTG" -npl "$NPL_RAM" \
+        --policy quest --budget 1/16 --fill "$FILL" --serial
+fi
 if [ "$NPL_DENSE" -gt 0 ] && [[ " $ROWS " == *" dense "* ]]; then
     run "dense, untiered" -npp "$NPP" -ntg "$NTG" -npl "$NPL_DENSE" --fill "$FILL" --serial
 fi

@@ -107,8 +107,10 @@ def span(xs, nd=3):
 
 # ---- the tables ------------------------------------------------------------------------------
 
-def peers(headline=False):
-    name = "peers_llamacpp.jsonl"
+def peers(headline=False, name="peers_llamacpp.jsonl",
+          command="OUT=/tmp/kvp-bench-peers scripts/bench_peers.sh"):
+    if not os.path.exists(os.path.join(BENCH, name)):
+        return "(no data yet)\n", ""
     recs = load(name)
     by = collections.defaultdict(list)
     for r in recs:
@@ -138,7 +140,7 @@ def peers(headline=False):
             fmt(ratio, 2) + "×", " / ".join(fmt(x, 2) + "×" for x in per_run)])
     head = ["shape (layers)", "type", "test", "threads", "kvpred tok/s", "llama.cpp tok/s",
             "ratio", "ratio run 1 / run 2"]
-    return table(head, rows), provenance(recs, name, "OUT=/tmp/kvp-bench-peers scripts/bench_peers.sh")
+    return table(head, rows), provenance(recs, name, command)
 
 
 def retrieval():
@@ -428,9 +430,11 @@ def serving():
         "--clients C --slots 4 --ctx 6144 --doc-tokens 4096 --followups 3 --max-tokens 64 "
         "--threads 2 --rounds 1 [--no-restart llama at 8] --out bench/serve_smollm2.jsonl")
 
-def batched():
+def batched(name="batched.jsonl",
+            cmd="scripts/bench_batched.sh (kvpred batched-bench -npp N -ntg N -npl 1,2,4,8,16 -t 2 "
+                "--fill copy; llama-server standing in for llama-batched-bench, which dies of SIGILL "
+                "on this CPU: scripts/llama_server_bench.py)"):
     """bench/batched.jsonl: kvpred batched-bench (and the llama.cpp peer that ran) per npl."""
-    name = "batched.jsonl"
     if not os.path.exists(os.path.join(BENCH, name)):
         return "(no data yet)\n", ""
     recs = load(name)
@@ -462,15 +466,11 @@ def batched():
         rows.append([eng, ty, kv, th, npp, ntg] + cells + [ratio, vs])
     head = ["engine", "type", "KV", "threads", "npp", "ntg"] + [f"npl {n} tg tok/s" for n in npls] \
         + ["npl 8 ÷ npl 1", "npl 8 ÷ peer's best npl"]
-    cmd = ("scripts/bench_batched.sh (kvpred batched-bench -npp N -ntg N -npl 1,2,4,8,16 -t 2 "
-           "--fill copy; llama-server standing in for llama-batched-bench, which dies of SIGILL "
-           "on this CPU: scripts/llama_server_bench.py)")
     return table(head, rows), provenance(recs, name, cmd)
 
 
-def batched_disk():
+def batched_disk(name="batched_disk.jsonl"):
     """bench/batched_disk.jsonl: many long contexts on the disk tier (bench_batched_disk.sh)."""
-    name = "batched_disk.jsonl"
     if not os.path.exists(os.path.join(BENCH, name)):
         return "(no data yet)\n", ""
     recs = load(name)
@@ -531,6 +531,24 @@ SECTIONS = [
      "column the ratio of each run). pp512: prefill of 512 tokens; tg128: decode of 128 tokens "
      "from an empty cache; tg128 @512: with 512 tokens cached; decode @16384 / @4096: with that "
      "many cached, the quest rows against llama.cpp's dense decode."),
+    ("Against llama.cpp on an Intel Xeon", lambda: peers(
+        name="peers_xeon.jsonl",
+        command="REPS=1 SHAPES=l1b TYPES=Q4_K THREADS=2 LONG=\"\" scripts/bench_peers.sh; "
+                "REPS=1 SHAPES=smol TYPES=Q8_0 THREADS=2 LONG=32768 scripts/bench_peers.sh"),
+     "The same script on an Intel Xeon VM (2 vCPUs, AVX-512 with VNNI, BF16 and FP16, AMX, 480 "
+     "MiB of L3), where llama.cpp's own llama-bench and llama-batched-bench run (with its AMX "
+     "kernels). One rep per row, each row's `note` says whether the host was idle. The 32768 "
+     "rows: a real prefill of 32768 tokens each (llama-batched-bench's took ~20 minutes on the "
+     "loaded host), then 32 decoded tokens."),
+    ("Many sequences at once on an Intel Xeon", lambda: batched(
+        name="batched_xeon.jsonl",
+        cmd="scripts/bench_batched.sh with llama.cpp's own llama-batched-bench (see each "
+            "record's command)"),
+     "As the next section, on the Intel Xeon VM above, idle host, one alternating run."),
+    ("Many long contexts on an Intel Xeon", lambda: batched_disk(name="batched_disk_xeon.jsonl"),
+     "As \"Many long contexts on the disk tier\" below, on the Intel Xeon VM, plus the RAM "
+     "ceiling row: the same sequences and policy with every cache in RAM, batched against one "
+     "after another."),
     ("Many sequences at once (aggregate decode)", batched,
      "SmolLM2-135M shape (`kvpred synth`, vocabulary 512), each row's decode aggregate over all "
      "sequences (tokens/s), medians of its runs, taken at nice -20 beside nice-19 compile jobs "
