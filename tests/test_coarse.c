@@ -158,6 +158,23 @@ static void test_ranking_exact_and_approx(void **state)
     struct fake f = {src, score, seen};
     assert_int_equal(
         kvp_coarse_topk(gs, score, 16, 0, 32, 4, 0, fake_fn, &f, gheap, bheap, NULL, out, NULL), -1);
+    /* the approximate limit: visit groups per group of k, and at least the floor's blocks */
+    assert_int_equal(kvp_coarse_limit(4.0f, 0, 16, 252), 64);
+    assert_int_equal(kvp_coarse_limit(4.0f, 1024, 16, 30), 64);
+    assert_int_equal(kvp_coarse_limit(4.0f, 1000, 16, 30), 63);
+    assert_int_equal(kvp_coarse_limit(4.0f, 16, 16, 30), 8);
+    assert_int_equal(kvp_coarse_limit(0.5f, 0, 16, 1), 1);
+    assert_int_equal(kvp_coarse_limit(1.0f, 1 << 30, 4096, 1), (1 << 30) / 4096);
+    for (int gi = 0; gi < 75; gi++)
+        gs[gi] = 1000.0f - (float)gi;
+    for (int b = 0; b < NB; b++)
+        src[b] = (float)urand();
+    struct kvp_coarse_stats st;
+    memset(seen, 0, sizeof(seen));
+    assert_int_equal(kvp_coarse_topk(gs, score, 4, 0, NB, 4, kvp_coarse_limit(1.0f, 48, 4, 4),
+                                     fake_fn, &f, gheap, bheap, cval, out, &st),
+                     4);
+    assert_int_equal(st.blocks, 48); /* 12 groups of 4, not the 1 that visit=1 takes */
 }
 
 /* ---- the group metadata -----------------------------------------------------------------------
@@ -350,17 +367,24 @@ static void test_quest_coarse_equals_flat(void **state)
         dir[d] = (float)(urand() * 2 - 1);
     /* the approximate mode visiting every group must be the flat pass too: its ranking is then
      * the top k of every block, gathered in block order */
-    const char *variants[] = {"groups=2",          "groups=5",
-                              "groups=16",         "groups=64",
-                              "groups=16,share=0", "groups=16,coarse=approx,visit=100000"};
-    const int n_var = 6;
+    /* and up to `floor` candidates (default 1024 blocks, more than these contexts hold) the
+     * approximate mode is the flat pass whatever visit says */
+    const char *variants[] = {"groups=2",
+                              "groups=5",
+                              "groups=16",
+                              "groups=64",
+                              "groups=16,share=0",
+                              "groups=16,coarse=approx,visit=100000,floor=0",
+                              "groups=16,coarse=approx,visit=1",
+                              "groups=8,coarse=approx,visit=0.5,floor=400"};
+    const int n_var = 8;
     for (int style = 0; style < 3; style++) {
         const float ratio = style == 2 ? 1.0f / 8 : 1.0f / 16;
-        struct qbench flat, co[6], ap;
+        struct qbench flat, co[8], ap;
         qb_init(&flat, &kv, "groups=0", n_ctx, ratio);
         for (int v = 0; v < n_var; v++)
             qb_init(&co[v], &kv, variants[v], n_ctx, ratio);
-        qb_init(&ap, &kv, "groups=16,coarse=approx,visit=2", n_ctx, ratio);
+        qb_init(&ap, &kv, "groups=16,coarse=approx,visit=2,floor=0", n_ctx, ratio);
         int n = 1500 + style * 700;
         float k[HD], vv[HD] = {0};
         for (int h = 0; h < n_kv; h++)
@@ -473,18 +497,20 @@ static void test_qpredictor_coarse_equals_flat(void **state)
                               "groups=16",
                               "groups=16,recent=1",
                               "groups=64",
-                              "groups=16,coarse=approx,visit=100000",
-                              "groups=5,coarse=approx,visit=100000"};
-    const int n_var = 6;
+                              "groups=16,coarse=approx,visit=100000,floor=0",
+                              "groups=5,coarse=approx,visit=100000,floor=0",
+                              "groups=16,coarse=approx,visit=1",
+                              "groups=8,coarse=approx,visit=0.5,floor=400"};
+    const int n_var = 8;
     static float probs[2 * MAXB * 16];
     for (int style = 0; style < 2; style++) {
         const float ratio = style ? 1.0f / 8 : 1.0f / 16;
-        struct qbench flat, flat_r, co[6], ap;
+        struct qbench flat, flat_r, co[8], ap;
         qp_start(&flat, &kv, aux, "groups=0", n_ctx, ratio);
         qp_start(&flat_r, &kv, aux, "groups=0,recent=1", n_ctx, ratio);
         for (int v = 0; v < n_var; v++)
             qp_start(&co[v], &kv, aux, variants[v], n_ctx, ratio);
-        qp_start(&ap, &kv, aux, "groups=16,coarse=approx,visit=4", n_ctx, ratio);
+        qp_start(&ap, &kv, aux, "groups=16,coarse=approx,visit=4,floor=0", n_ctx, ratio);
         int n = 2000 + style * 900;
         float k[HD], vv[HD] = {0};
         for (int h = 0; h < n_kv; h++)
@@ -493,9 +519,9 @@ static void test_qpredictor_coarse_equals_flat(void **state)
                 kvp_kvcache_store(&kv, 0, h, t, k, vv);
             }
         struct kvp_prefill_obs ob = {.n_prompt = n};
-        struct qbench *all[9] = {&flat,  &flat_r, &co[0], &co[1], &co[2],
-                                 &co[3], &co[4],  &co[5], &ap};
-        const int n_all = 9;
+        struct qbench *all[11] = {&flat,  &flat_r, &co[0], &co[1], &co[2], &co[3],
+                                  &co[4], &co[5],  &co[6], &co[7], &ap};
+        const int n_all = 11;
         for (int i = 0; i < n_all; i++)
             all[i]->p.ops->on_prefill(&all[i]->p, 0, &ob);
         long hit = 0, tot = 0;

@@ -44,6 +44,17 @@ int kvp_coarse_topk(const float *gscore, const float *score_first, int G, int fi
 int kvp_coarse_pick(const float *gscore, int G, int first, int end, int k, int max_groups,
                     int *gids, int *work, int *n_blocks);
 
+/* The approximate mode's max_groups for a top of k in groups of G blocks: ceil(visit · ceil(k /
+ * G)) groups, and at least the ceil(floor / G) that bound floor blocks. Up to floor candidates
+ * that is every group, and the callers rank flat (the same blocks: the approximate pass visiting
+ * every group is the flat pass, tested; and no cost saved by the groups' bounds). */
+static inline int kvp_coarse_limit(float visit, int floor, int G, int k)
+{
+    const int v = (int)(visit * (float)((k + G - 1) / G) + 0.999f);
+    const int f = (int)(((long long)floor + G - 1) / G);
+    return v > f ? v : f;
+}
+
 /* Groups [g0, g1) in the order of their bound gscore[i] (indexed by group id), best first, ties
  * to the lower group: kvp_coarse_order_init builds the heap (g1 - g0 ints) and returns its size;
  * each kvp_coarse_order_pop returns the next group and shrinks it (*n > 0). */

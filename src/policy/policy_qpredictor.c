@@ -36,7 +36,8 @@
  * [128: at 32768 tokens the paired disk/RAM ratio was 1.16-1.20x with 64 (hit rate 97.2 %)
  * and 1.08-1.14x with 128 (99.1 %), three alternating pairs each, for ~6 % more hot tier];
  * q8=0|1 the bound pass over an 8-bit copy of the metadata (quest_meta8.h) [0]; groups=G,
- * coarse=exact|approx, visit=V the candidate pass coarse-to-fine, as quest's (below) [0: flat].
+ * coarse=exact|approx, visit=V, floor=N the candidate pass coarse-to-fine, as quest's (below)
+ * [0: flat; floor 1024 blocks].
  *
  * Coarse-to-fine candidates (groups=G > 0, prune=1, q8=0; policy/coarse_sel.h). The feature
  * needs each head's largest bound over the candidates, M_j: the groups' bounds per head are
@@ -45,8 +46,9 @@
  * monotone); the k + extra best features come from the same branch and bound over groups, and
  * the CNN's neighbourhoods outside the visited groups are bounded on demand. So in the exact mode
  * the candidates, their features and the selection are the flat pass's; coarse=approx ranks
- * the groups once for all heads and bounds the best ceil(V·(k + extra)/G) of them (see
- * approx_prepare below). The tiered store's prediction takes its
+ * the groups once for all heads and bounds the best ceil(V·(k + extra)/G) of them, and at least
+ * the ceil(N/G) that hold `floor` blocks; up to N candidate blocks it ranks flat (see
+ * approx_prepare below and quest's notes). The tiered store's prediction takes its
  * k + extra + margin from the same pass (the groups' feature bounds of select, kept).
  *
  * Threading: state per (layer, KV head), scratch per KV head (layers run one after another).
@@ -104,6 +106,7 @@ struct qp_state {
     int extra, prune, margin, recent, q8;
     int groups;          /* coarse-to-fine candidates: blocks per group (0: flat) */
     float visit;         /* approx: groups visited per group's worth of candidates (0: exact) */
+    int floor_blocks;    /* approx: blocks bounded at least (option floor) */
     struct kvp_qmeta gmeta;
     int n_groups;
     float *lastq;         /* [n_layer * n_head_kv][g][hd] the last query (select or prompt) */
@@ -115,6 +118,7 @@ struct qp_state {
 struct qp_opts {
     int extra, prune, recent, margin, q8, groups, coarse;
     float visit;
+    int floor;
 };
 
 static const char *const qp_coarse_names[] = {"exact", "approx", NULL};
@@ -141,6 +145,9 @@ static const struct kvp_policy_opt qp_opt_table[] = {
     {.type = KVP_OPT_FLOAT, .key = "visit", .offset = offsetof(struct qp_opts, visit),
      .min = 0.01, .max = 1 << 20, .def = 4,
      .help = "coarse=approx: groups visited, as a multiple of ceil((k + extra) / groups)"},
+    {.type = KVP_OPT_INT, .key = "floor", .offset = offsetof(struct qp_opts, floor), .min = 0,
+     .max = 1 << 30, .def = 1024,
+     .help = "coarse=approx: blocks bounded at least (the flat pass up to this many candidates)"},
     {0},
 };
 
@@ -203,6 +210,7 @@ static int qp_init(struct kvp_policy *p, struct kvp_err *err)
     s->q8 = o->q8;
     s->groups = o->groups;
     s->visit = o->coarse == 1 ? o->visit : 0.0f;
+    s->floor_blocks = o->floor;
     int rc;
     if (!p->p.aux_path || !*p->p.aux_path) {
         rc = kvp_err_set(err, KVP_EINVAL,
@@ -475,7 +483,14 @@ static int coarse_limit(const struct qp_state *s, int want)
 {
     if (s->visit <= 0.0f)
         return 0;
-    return (int)(s->visit * (float)((want + s->groups - 1) / s->groups) + 0.999f);
+    return kvp_coarse_limit(s->visit, s->floor_blocks, s->groups, want);
+}
+
+/* Whether candidates [first, end) rank through the groups: the approximate mode ranks flat up
+ * to `floor` candidates (its floor of blocks bounded would visit every group anyway). */
+static bool coarse_pays(const struct qp_state *s, int first, int end)
+{
+    return s->visit <= 0.0f || end - first > s->floor_blocks;
 }
 
 /* Group i's feature bound: the largest, over the g query heads, of its bound (gub, ng groups a
@@ -697,7 +712,7 @@ static void choose(struct qp_state *s, const struct kvp_policy *p, int layer, in
         .s = s, .k = k, .lh = lh, .first = bp->first, .end = bp->end, .q = q};
     /* the candidates through the groups where they are kept (see the top of the file) */
     bool coarse = false;
-    if (s->groups > 0 && s->prune && want < W)
+    if (s->groups > 0 && s->prune && want < W && coarse_pays(s, bp->first, bp->end))
         coarse = s->visit > 0.0f ? approx_prepare(&cc, want) && approx_top(&cc, want) == want
                                  : coarse_prepare(&cc) && coarse_top(&cc, want) == want;
     if (!coarse)
@@ -818,6 +833,7 @@ static void qp_predict_next(struct kvp_policy *p, int layer, int kvh, int n_toke
             .s = s, .k = k, .lh = lh, .first = bp.first, .end = bp.end, .q = q};
         const int want = bp.k + s->extra;
         k->coarse_ok = s->groups > 0 && want < n_cand &&
+                       coarse_pays(s, bp.first, bp.end) &&
                        (s->visit > 0.0f ? approx_prepare(&cc, want) : coarse_prepare(&cc));
         if (!k->coarse_ok)
             rank_bounds(s, k, lh, q, bp.first, bp.end);

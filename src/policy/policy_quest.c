@@ -46,9 +46,13 @@
  * min of its blocks' (kv/quest_meta.h), kept up to date at every fold. A selection then bounds the
  * groups first, ranks them and bounds blocks only inside groups, best group first, until the next
  * group's bound is below the k-th best block bound found (exact: the same blocks as the flat pass,
- * ties included); coarse=approx stops after ceil(V·k/G) groups as well. groups=0 is the flat pass
- * over every block. The prediction for the tiered store ranks through the same pass, so the
- * groups' bounds decide what is prefetched. See docs/policies.md for the measured defaults.
+ * ties included); coarse=approx stops after ceil(V·k/G) groups as well, but visits at least the
+ * ceil(N/G) groups that hold floor=N blocks (1024 by default), so that up to N candidate blocks it
+ * is the flat pass (ranked flat): at the contexts a model is trained on the pass costs little
+ * next to the step, and bounds over groups of 256 tokens lose needles there (docs/policies.md).
+ * groups=0 is the flat pass over every block. The prediction for the tiered store ranks through
+ * the same pass, so the groups' bounds decide what is prefetched. See docs/policies.md for the
+ * measured defaults.
  *
  * Memory: 2 × head_dim floats per block and (layer, KV head), 1/8 of the keys at bs = 16 (plus
  * 1/G of that for the groups), and one query group per (layer, KV head).
@@ -80,6 +84,7 @@ struct quest_state {
     /* coarse-to-fine ranking (groups > 0) */
     int groups;            /* G blocks per group, 0: the flat pass */
     float visit;           /* approximate mode: groups visited per group of k blocks, 0: exact */
+    int floor_blocks;      /* approximate mode: blocks bounded at least (option floor) */
     struct kvp_qmeta gmeta;/* the groups' max and min */
     float *gscore;         /* [n_head_kv][n_groups] combined group bounds */
     int *gheap, *bheap;    /* [n_head_kv][2 n_groups], [n_head_kv][3 max_blocks] */
@@ -91,6 +96,7 @@ struct quest_state {
 /* Coarse-to-fine defaults (docs/policies.md has the measurements behind them). */
 #define KVP_QUEST_GROUPS_DEFAULT 0
 #define KVP_QUEST_VISIT_DEFAULT 4
+#define KVP_QUEST_FLOOR_DEFAULT 1024
 
 /* Candidates kept beyond the prediction's k + margin: the next step's plan may rank one more
  * block (a budget ratio grows with the context), and the kept set must hold its whole top. */
@@ -103,6 +109,7 @@ struct quest_opts {
     int groups; /* coarse-to-fine: blocks per group (0: flat) */
     int coarse; /* 0 exact, 1 approx */
     float visit;/* approx: groups visited per group's worth of the k blocks */
+    int floor;  /* approx: blocks bounded at least */
 };
 
 static const char *const quest_coarse_names[] = {"exact", "approx", NULL};
@@ -123,6 +130,9 @@ static const struct kvp_policy_opt quest_opt_table[] = {
     {.type = KVP_OPT_FLOAT, .key = "visit", .offset = offsetof(struct quest_opts, visit),
      .min = 0.01, .max = 1 << 20, .def = KVP_QUEST_VISIT_DEFAULT,
      .help = "coarse=approx: groups visited, as a multiple of ceil(k / groups)"},
+    {.type = KVP_OPT_INT, .key = "floor", .offset = offsetof(struct quest_opts, floor),
+     .min = 0, .max = 1 << 30, .def = KVP_QUEST_FLOOR_DEFAULT,
+     .help = "coarse=approx: blocks bounded at least (the flat pass up to this many candidates)"},
     {0},
 };
 
@@ -140,6 +150,7 @@ static int quest_init(struct kvp_policy *p, struct kvp_err *err)
     s->share = share;
     s->groups = o->groups;
     s->visit = o->coarse == 1 ? o->visit : 0.0f;
+    s->floor_blocks = o->floor;
     p->prefetch_margin = margin;
     size_t n_lh = (size_t)p->env.n_layer * p->env.n_head_kv;
     size_t mb = (size_t)(p->env.n_ctx + p->env.block_size - 1) / p->env.block_size;
@@ -325,7 +336,11 @@ static int rank_top(struct kvp_policy *p, int layer, int kvh, const float *q,
     struct quest_state *s = p->state;
     const int lh = layer * p->env.n_head_kv + kvh, G = s->groups;
     const size_t mb = (size_t)s->scr.max_blocks;
-    if (G > 0) {
+    int max_groups = 0;
+    if (G > 0 && s->visit > 0.0f)
+        max_groups = kvp_coarse_limit(s->visit, s->floor_blocks, G, k);
+    /* up to `floor` candidates the approximate pass is the flat one (ranked flat) */
+    if (G > 0 && (max_groups == 0 || bp->end - bp->first > s->floor_blocks)) {
         const int g = p->env.n_head / p->env.n_head_kv;
         const int g0 = bp->first / G, g1 = (bp->end - 1) / G + 1, ng = g1 - g0;
         float *ub = kvp_scratch_f(&s->scr, kvh) + s->scr.cap; /* [g][ng] per-head bounds */
@@ -334,9 +349,6 @@ static int rank_top(struct kvp_policy *p, int layer, int kvh, const float *q,
         kvp_qmeta_query_prep(&s->meta, &ctx.qq, q, g, 1.0f);
         kvp_qmeta_bounds_q(&s->gmeta, lh, &ctx.qq, g0, g1, ub, ng);
         kvp_gqa_combine(ub, g, ng, ng, p->p.gqa_agg, gs + g0);
-        int max_groups = 0;
-        if (s->visit > 0.0f)
-            max_groups = (int)(s->visit * (float)((k + G - 1) / G) + 0.999f);
         int n = kvp_coarse_topk(gs, s->score + lh * mb + bp->first, G, bp->first, bp->end, k,
                                 max_groups, quest_score_fn, &ctx,
                                 s->gheap + (size_t)kvh * 2 * s->n_groups,
