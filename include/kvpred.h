@@ -259,6 +259,12 @@ int kvp_engine_init(const kvp_model *model, const struct kvp_engine_params *para
                     kvp_engine **out, struct kvp_err *err);
 void kvp_engine_free(kvp_engine *engine);
 
+/* Bytes of the weights the engine has packed for batched steps (docs/batched.md): 0 until its
+ * first step with a few decode tokens that need not be exact, which packs them once (so an
+ * engine that never batches never pays that memory), and 0 where the CPU has no kernel for the
+ * weights' type. */
+size_t kvp_engine_packed_bytes(const kvp_engine *engine);
+
 /* A new, empty sequence of the engine with these cache parameters (n_threads and n_batch are
  * the engine's and ignored here; n_ctx 0: the engine's n_ctx, larger: KVP_EINVAL). Attach a
  * policy with kvp_ctx_set_policy; free with kvp_ctx_free. */

@@ -6,9 +6,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
+#include "kernels/matvec.h"
+#include "kernels/types.h"
 #include "testutil.h"
 
 /* The project's default model (models/ under $KVP_SOURCE_DIR, else the current folder). */
@@ -474,6 +477,39 @@ static void test_batched_fill_tile(void **state)
     kvp_test_expect_error(cmd, "--fill");
 }
 
+/* batched-bench's warm-up row has as many sequences as its largest row, so that the weights a
+ * batched step packs once are packed there and no row's decode time counts it; with one
+ * sequence per row nothing is packed (the memory stays unspent). The model: one SmolLM2 layer
+ * in Q8_0, a type with a lanes kernel where the CPU has one. */
+static void test_batched_warmup_packs(void **state)
+{
+    (void)state;
+    KVP_REQUIRE_CLI(cli);
+    char *path = kvp_test_tmpfile(".gguf"), cmd[10000];
+    snprintf(cmd, sizeof(cmd),
+             "%s synth --shape SmolLM2-135M --layers 1 --type Q8_0 -o %s >/dev/null 2>&1", cli,
+             path);
+    assert_int_equal(system(cmd), 0);
+    const bool packs = kvp_lanes_has(KVP_TYPE_Q8_0);
+    for (int npl = 1; npl <= 2; npl++) {
+        snprintf(cmd, sizeof(cmd),
+                 "%s batched-bench -m %s -npp 8 -ntg 2 -npl %d -t 2 --json 2>/dev/null", cli, path,
+                 npl);
+        cJSON *j = run_json(cmd);
+        double packed = cJSON_GetObjectItem(j, "warmup_packed_bytes")->valuedouble;
+        print_message("npl %d: %.0f bytes packed in the warm-up (%s)\n", npl, packed,
+                      cJSON_GetObjectItem(j, "simd")->valuestring);
+        assert_true(cJSON_GetObjectItem(j, "t_warmup_s")->valuedouble > 0);
+        if (npl == 1 || !packs)
+            assert_true(packed == 0);
+        else
+            assert_true(packed > 0);
+        cJSON_Delete(j);
+    }
+    unlink(path);
+    free(path);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -484,6 +520,7 @@ int main(void)
         cmocka_unit_test(test_run_tiers),
         cmocka_unit_test(test_tier_flags_shared),
         cmocka_unit_test(test_batched_fill_tile),
+        cmocka_unit_test(test_batched_warmup_packs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -71,6 +71,11 @@ void kvp_engine_free(kvp_engine *e)
     free(e);
 }
 
+size_t kvp_engine_packed_bytes(const kvp_engine *e)
+{
+    return e && e->sh->lanes ? e->sh->lanes_bytes : 0;
+}
+
 int kvp_seq_init(kvp_engine *e, const struct kvp_ctx_params *params, kvp_seq **out,
                  struct kvp_err *err)
 {
