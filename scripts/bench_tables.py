@@ -78,8 +78,11 @@ def provenance(recs, name, command):
     commits = sorted({r.get("commit", "?") for r in recs})
     m = recs[0].get("machine", {})
     when = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
+    # the benchmark scripts write the machine as one line of text, the stamped files as fields
+    where = m if isinstance(m, str) else \
+        f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores, {m.get('flags', '?')}"
     return (f"Data: `bench/{name}` (committed {when} UTC, {', '.join(commits)}); machine: "
-            f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores, {m.get('flags', '?')}.\n"
+            f"{where}.\n"
             f"Remake: `{command}`\n")
 
 
