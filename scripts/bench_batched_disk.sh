@@ -54,27 +54,22 @@ NOTE=${NOTE:-}
 ROWS=${ROWS:-disk dense}
 DISK_FLAGS=${DISK_FLAGS:-}
 KV_TOKEN_BYTES=23040 # f16 K and V: 30 layers x 3 KV heads x 64 x 2 x 2 bytes
-if [ -z "${NPL_DENSE:-}" ]; then
+# largest_fitting MAX NUM DEN: the largest of MAX, 16, 8, 4, 2, 1 (at most MAX) whose sequences'
+# KV takes at most NUM/DEN of MemAvailable, or 0
+largest_fitting() {
+    local avail n
     avail=$(awk '/MemAvailable/ {printf "%d", $2 / 1024}' /proc/meminfo)
-    NPL_DENSE=0
-    for n in 16 8 4 2 1; do
-        if [ $((n * (NPP + 2 * NTG) * KV_TOKEN_BYTES / 1048576)) -le $((avail / 2)) ]; then
-            NPL_DENSE=$n
-            break
+    for n in "$1" 16 8 4 2 1; do
+        if [ "$n" -le "$1" ] &&
+            [ $((n * (NPP + 2 * NTG) * KV_TOKEN_BYTES / 1048576)) -le $((avail * $2 / $3)) ]; then
+            echo "$n"
+            return
         fi
     done
-fi
-if [ -z "${NPL_RAM:-}" ]; then
-    avail=$(awk '/MemAvailable/ {printf "%d", $2 / 1024}' /proc/meminfo)
-    NPL_RAM=0
-    for n in "$NPL" 16 8 4 2 1; do
-        if [ "$n" -le "$NPL" ] &&
-            [ $((n * (NPP + 2 * NTG) * KV_TOKEN_BYTES / 1048576)) -le $((avail * 3 / 4)) ]; then
-            NPL_RAM=$n
-            break
-        fi
-    done
-fi
+    echo 0
+}
+NPL_DENSE=${NPL_DENSE:-$(largest_fitting 16 1 2)}
+NPL_RAM=${NPL_RAM:-$(largest_fitting "$NPL" 3 4)}
 RES=bench/batched_disk_$(date -u +%Y%m%dT%H%M%SZ).jsonl
 COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 MACHINE="$(uname -n) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//') $(nproc) cores $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)"

@@ -11,6 +11,7 @@
 #ifndef KVP_POLICY_COARSE_SEL_H
 #define KVP_POLICY_COARSE_SEL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 /* Fill the scores of the blocks b in [b0, b1) (score_first[b - first], the caller's array the
@@ -53,6 +54,19 @@ static inline int kvp_coarse_limit(float visit, int floor, int G, int k)
     const int v = (int)(visit * (float)((k + G - 1) / G) + 0.999f);
     const int f = (int)(((long long)floor + G - 1) / G);
     return v > f ? v : f;
+}
+
+/* The `floor` option's default, in blocks (16384 tokens at bs = 16): at the contexts a model is
+ * trained on the flat pass costs little next to the step, and group bounds lose needles there
+ * (docs/policies.md). */
+#define KVP_COARSE_FLOOR_DEFAULT 1024
+
+/* Whether n_cand candidates rank through the groups: always in the exact mode (visit <= 0);
+ * in the approximate one only past `floor` candidates, below which it would visit every group
+ * and the callers rank flat. */
+static inline bool kvp_coarse_pays(float visit, int floor, int n_cand)
+{
+    return visit <= 0.0f || n_cand > floor;
 }
 
 /* Groups [g0, g1) in the order of their bound gscore[i] (indexed by group id), best first, ties

@@ -146,7 +146,7 @@ static const struct kvp_policy_opt qp_opt_table[] = {
      .min = 0.01, .max = 1 << 20, .def = 4,
      .help = "coarse=approx: groups visited, as a multiple of ceil((k + extra) / groups)"},
     {.type = KVP_OPT_INT, .key = "floor", .offset = offsetof(struct qp_opts, floor), .min = 0,
-     .max = 1 << 30, .def = 1024,
+     .max = 1 << 30, .def = KVP_COARSE_FLOOR_DEFAULT,
      .help = "coarse=approx: blocks bounded at least (the flat pass up to this many candidates)"},
     {0},
 };
@@ -486,11 +486,10 @@ static int coarse_limit(const struct qp_state *s, int want)
     return kvp_coarse_limit(s->visit, s->floor_blocks, s->groups, want);
 }
 
-/* Whether candidates [first, end) rank through the groups: the approximate mode ranks flat up
- * to `floor` candidates (its floor of blocks bounded would visit every group anyway). */
+/* Whether candidates [first, end) rank through the groups (kvp_coarse_pays). */
 static bool coarse_pays(const struct qp_state *s, int first, int end)
 {
-    return s->visit <= 0.0f || end - first > s->floor_blocks;
+    return kvp_coarse_pays(s->visit, s->floor_blocks, end - first);
 }
 
 /* Group i's feature bound: the largest, over the g query heads, of its bound (gub, ng groups a

@@ -96,7 +96,6 @@ struct quest_state {
 /* Coarse-to-fine defaults (docs/policies.md has the measurements behind them). */
 #define KVP_QUEST_GROUPS_DEFAULT 0
 #define KVP_QUEST_VISIT_DEFAULT 4
-#define KVP_QUEST_FLOOR_DEFAULT 1024
 
 /* Candidates kept beyond the prediction's k + margin: the next step's plan may rank one more
  * block (a budget ratio grows with the context), and the kept set must hold its whole top. */
@@ -131,7 +130,7 @@ static const struct kvp_policy_opt quest_opt_table[] = {
      .min = 0.01, .max = 1 << 20, .def = KVP_QUEST_VISIT_DEFAULT,
      .help = "coarse=approx: groups visited, as a multiple of ceil(k / groups)"},
     {.type = KVP_OPT_INT, .key = "floor", .offset = offsetof(struct quest_opts, floor),
-     .min = 0, .max = 1 << 30, .def = KVP_QUEST_FLOOR_DEFAULT,
+     .min = 0, .max = 1 << 30, .def = KVP_COARSE_FLOOR_DEFAULT,
      .help = "coarse=approx: blocks bounded at least (the flat pass up to this many candidates)"},
     {0},
 };
@@ -336,11 +335,9 @@ static int rank_top(struct kvp_policy *p, int layer, int kvh, const float *q,
     struct quest_state *s = p->state;
     const int lh = layer * p->env.n_head_kv + kvh, G = s->groups;
     const size_t mb = (size_t)s->scr.max_blocks;
-    int max_groups = 0;
-    if (G > 0 && s->visit > 0.0f)
-        max_groups = kvp_coarse_limit(s->visit, s->floor_blocks, G, k);
-    /* up to `floor` candidates the approximate pass is the flat one (ranked flat) */
-    if (G > 0 && (max_groups == 0 || bp->end - bp->first > s->floor_blocks)) {
+    if (G > 0 && kvp_coarse_pays(s->visit, s->floor_blocks, bp->end - bp->first)) {
+        const int max_groups =
+            s->visit > 0.0f ? kvp_coarse_limit(s->visit, s->floor_blocks, G, k) : 0;
         const int g = p->env.n_head / p->env.n_head_kv;
         const int g0 = bp->first / G, g1 = (bp->end - 1) / G + 1, ng = g1 - g0;
         float *ub = kvp_scratch_f(&s->scr, kvh) + s->scr.cap; /* [g][ng] per-head bounds */
