@@ -35,64 +35,6 @@ static void group_accum(const struct kvp_kv_kernels *vk, const float *p, size_t 
                     hd, bs, n, out + (size_t)j * os, os);
 }
 
-/* kvp_attn_dense_group; norm_probs: also leave the probabilities normalised when out is given. */
-static void dense_group(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
-                        int n_keys, float *probs, int probs_stride, float *out, bool norm_probs)
-{
-    const struct kvp_simd_ops *ops = kvp_simd();
-    const int hd = kv->head_dim, bs = kv->block_size;
-    const int n_blocks = (n_keys + bs - 1) / bs;
-    const float scale = 1.0f / sqrtf((float)hd);
-
-    /* scores: blocks outer so each key block is loaded once for the whole group; a block
-     * without storage (a tiered store's cold block seen from a policy) reads as absent */
-    for (int b = 0; b < n_blocks; b++) {
-        const uint8_t *kt = kvp_kvcache_kblock(kv, l, kvh, b);
-        if (kt) {
-            group_scores(kv->kk, q, g, kt, hd, bs, scale, probs + (size_t)b * bs,
-                         (size_t)probs_stride);
-            continue;
-        }
-        for (int j = 0; j < g; j++)
-            for (int t = 0; t < bs; t++)
-                probs[(size_t)j * probs_stride + (size_t)b * bs + t] = -INFINITY;
-    }
-    /* softmax; when an output is wanted the probabilities stay unnormalised and the output is
-     * scaled once instead (one pass over n_keys fewer: this loop is the long-context hot spot) */
-    float inv[64];
-    for (int j = 0; j < g; j++) {
-        float *p = probs + (size_t)j * probs_stride;
-        float mx = kvp_simd_max(ops, p, n_keys);
-        inv[j] = 1.0f / ops->exp_sum(p, n_keys, mx);
-        if (!out)
-            for (int t = 0; t < n_keys; t++)
-                p[t] *= inv[j];
-    }
-    if (!out)
-        return;
-    memset(out, 0, (size_t)g * hd * sizeof(float));
-    for (int b = 0; b < n_blocks; b++) {
-        const uint8_t *vb = kvp_kvcache_vblock(kv, l, kvh, b);
-        if (!vb)
-            continue;
-        int nt = n_keys - b * bs < bs ? n_keys - b * bs : bs;
-        group_accum(kv->vk, probs + (size_t)b * bs, (size_t)probs_stride, g, vb, hd, bs, nt, out,
-                    (size_t)hd);
-    }
-    for (int j = 0; j < g; j++)
-        for (int d = 0; d < hd; d++)
-            out[(size_t)j * hd + d] *= inv[j];
-    for (int j = 0; norm_probs && j < g; j++)
-        for (int t = 0; t < n_keys; t++)
-            probs[(size_t)j * probs_stride + t] *= inv[j];
-}
-
-void kvp_attn_dense_group(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
-                          int n_keys, float *probs, int probs_stride, float *out)
-{
-    dense_group(kv, l, kvh, q, g, n_keys, probs, probs_stride, out, false);
-}
-
 /* Ask for the keys and values of a selected block ahead of the one being reduced: selected
  * blocks are scattered (in a tiered store's hot tier, one 4 KiB unit each), so the hardware
  * prefetchers, which stay within a page and follow strides, cannot run ahead across them, and a
@@ -119,6 +61,72 @@ static inline __attribute__((always_inline)) void prefetch_kv(const struct kvp_k
 {
     prefetch_block(kvp_kvcache_kblock(kv, l, kvh, b), kv->k_bytes);
     prefetch_block(kvp_kvcache_vblock(kv, l, kvh, b), kv->v_bytes);
+}
+
+/* kvp_attn_dense_group; norm_probs: also leave the probabilities normalised when out is given. */
+static void dense_group(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
+                        int n_keys, float *probs, int probs_stride, float *out, bool norm_probs)
+{
+    const struct kvp_simd_ops *ops = kvp_simd();
+    const int hd = kv->head_dim, bs = kv->block_size;
+    const int n_blocks = (n_keys + bs - 1) / bs;
+    const float scale = 1.0f / sqrtf((float)hd);
+
+    /* scores: blocks outer so each key block is loaded once for the whole group; a block
+     * without storage (a tiered store's cold block seen from a policy) reads as absent */
+    for (int b = 0; b < PF_AHEAD && b < n_blocks; b++)
+        prefetch_block(kvp_kvcache_kblock(kv, l, kvh, b), kv->k_bytes);
+    for (int b = 0; b < n_blocks; b++) {
+        const uint8_t *kt = kvp_kvcache_kblock(kv, l, kvh, b);
+        if (b + PF_AHEAD < n_blocks) /* a layer's KV heads interleave: blocks are pages apart */
+            prefetch_block(kvp_kvcache_kblock(kv, l, kvh, b + PF_AHEAD), kv->k_bytes);
+        if (kt) {
+            group_scores(kv->kk, q, g, kt, hd, bs, scale, probs + (size_t)b * bs,
+                         (size_t)probs_stride);
+            continue;
+        }
+        for (int j = 0; j < g; j++)
+            for (int t = 0; t < bs; t++)
+                probs[(size_t)j * probs_stride + (size_t)b * bs + t] = -INFINITY;
+    }
+    /* softmax; when an output is wanted the probabilities stay unnormalised and the output is
+     * scaled once instead (one pass over n_keys fewer: this loop is the long-context hot spot) */
+    float inv[64];
+    for (int j = 0; j < g; j++) {
+        float *p = probs + (size_t)j * probs_stride;
+        float mx = kvp_simd_max(ops, p, n_keys);
+        inv[j] = 1.0f / ops->exp_sum(p, n_keys, mx);
+        if (!out)
+            for (int t = 0; t < n_keys; t++)
+                p[t] *= inv[j];
+    }
+    if (!out)
+        return;
+    memset(out, 0, (size_t)g * hd * sizeof(float));
+    for (int b = 0; b < PF_AHEAD && b < n_blocks; b++)
+        prefetch_block(kvp_kvcache_vblock(kv, l, kvh, b), kv->v_bytes);
+    for (int b = 0; b < n_blocks; b++) {
+        const uint8_t *vb = kvp_kvcache_vblock(kv, l, kvh, b);
+        if (b + PF_AHEAD < n_blocks)
+            prefetch_block(kvp_kvcache_vblock(kv, l, kvh, b + PF_AHEAD), kv->v_bytes);
+        if (!vb)
+            continue;
+        int nt = n_keys - b * bs < bs ? n_keys - b * bs : bs;
+        group_accum(kv->vk, probs + (size_t)b * bs, (size_t)probs_stride, g, vb, hd, bs, nt, out,
+                    (size_t)hd);
+    }
+    for (int j = 0; j < g; j++)
+        for (int d = 0; d < hd; d++)
+            out[(size_t)j * hd + d] *= inv[j];
+    for (int j = 0; norm_probs && j < g; j++)
+        for (int t = 0; t < n_keys; t++)
+            probs[(size_t)j * probs_stride + t] *= inv[j];
+}
+
+void kvp_attn_dense_group(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
+                          int n_keys, float *probs, int probs_stride, float *out)
+{
+    dense_group(kv, l, kvh, q, g, n_keys, probs, probs_stride, out, false);
 }
 
 /* Whether selected block i of sel may be read for keys [0, n_keys), and which of its tokens
