@@ -473,13 +473,15 @@ static long rows_per_group(const struct kvp_mat *W)
 }
 
 /* Single rows from which a step that need not be exact runs them on W packed in lanes: from 2
- * where the type has no multi-vector kernel (Q8_0; SmolLM2-135M shape, 2 threads, decode at 2
- * sequences 181-189 tok/s against 139-147 without, nice -20 on a loaded host), from 4 where it
- * has one (the "Q4_K" file's Q5_0 and Q4_K matrices: 186 against 316 at 2 sequences, 311
- * against 306 at 4, 390 against 313 at 8). */
+ * where the type has no multi-vector kernel, from 8 where it has one, which reads each weight
+ * row once for up to four vectors at a time and is bit for bit the mat-vec. SmolLM2-135M shape,
+ * -npp 512, 2 threads, Xeon, tok/s at 4 and 8 sequences: Q8_0 multi 397-433 and 400-403 against
+ * lanes 354-364 and 464-485; the "Q4_K" file (Q5_0 and Q4_K matrices) 403-408 and 389-395
+ * against 350-364 and 462-474. Past four vectors the multi kernel reads the rows again for each
+ * four, and the lanes' one read wins. */
 static int lanes_from(const struct kvp_mat *W)
 {
-    return kvp_matvec_has_multi(W) ? 2 * KVP_SINGLES_LANES : KVP_SINGLES_LANES;
+    return kvp_matvec_has_multi(W) ? 4 * KVP_SINGLES_LANES : KVP_SINGLES_LANES;
 }
 
 /* The single rows segs[0..n) against rows [r0, r1) of W: each is the decode mat-vec of one token,

@@ -163,7 +163,7 @@ void kvp_vnni_rows_q8_0(const void *w, size_t row_bytes, const void *xq, int64_t
  * the tile shares is the loads and conversions: a weight pair's unsigned codes and scales serve
  * every vector, a vector's codes, offset sum and scales serve every row. */
 KVP_INLINE void q8_tile(const uint8_t *w0, size_t rb, const uint8_t *const *px, int nv,
-                        int64_t nb, float *const *y, int nr)
+                        int64_t nb, float *const *y, int nr, const struct kvp_pf_plan *pf)
 {
     const __m512i flip = _mm512_set1_epi8((char)0x80), spread = scale_spread();
     __m512 acc[4][4];
@@ -173,6 +173,7 @@ KVP_INLINE void q8_tile(const uint8_t *w0, size_t rb, const uint8_t *const *px, 
     int64_t b = 0;
     for (; b + 2 <= nb; b += 2) {
         size_t o = (size_t)b * 34;
+        kvp_pf_step(pf, w0, rb, nr, o, 68, o + 64, 1);
         struct x_pair x[4];
 #pragma GCC unroll 4
         for (int j = 0; j < nv; j++)
@@ -216,6 +217,10 @@ void kvp_vnni_rows_q8_0_multi(const void *w, size_t row_bytes, const void *const
                               int64_t n, int64_t nrows, float *const *y)
 {
     int64_t nb = n / KVP_QK8_0;
+    /* the callers pass a few rows at a time (a group of rows, all vectors, then the next): the
+     * plan is on whatever this call's size, as the pass over the whole matrix would have it */
+    struct kvp_pf_plan pf = kvp_pf_plan(nrows, row_bytes, pf_rows(row_bytes, 4));
+    pf.on = true;
     for (int j0 = 0; j0 < nv; j0 += 4) {
         int m = nv - j0 < 4 ? nv - j0 : 4;
         const uint8_t *px[4];
@@ -230,14 +235,14 @@ void kvp_vnni_rows_q8_0_multi(const void *w, size_t row_bytes, const void *const
             /* a constant vector count (and row count for whole tiles), so the accumulators
              * stay in registers */
             switch (m * 8 + (nr == 4 ? 4 : 0)) {
-            case 36: q8_tile(w0, row_bytes, px, 4, nb, yr, 4); break;
-            case 28: q8_tile(w0, row_bytes, px, 3, nb, yr, 4); break;
-            case 20: q8_tile(w0, row_bytes, px, 2, nb, yr, 4); break;
-            case 12: q8_tile(w0, row_bytes, px, 1, nb, yr, 4); break;
-            case 32: q8_tile(w0, row_bytes, px, 4, nb, yr, nr); break;
-            case 24: q8_tile(w0, row_bytes, px, 3, nb, yr, nr); break;
-            case 16: q8_tile(w0, row_bytes, px, 2, nb, yr, nr); break;
-            default: q8_tile(w0, row_bytes, px, 1, nb, yr, nr); break;
+            case 36: q8_tile(w0, row_bytes, px, 4, nb, yr, 4, &pf); break;
+            case 28: q8_tile(w0, row_bytes, px, 3, nb, yr, 4, &pf); break;
+            case 20: q8_tile(w0, row_bytes, px, 2, nb, yr, 4, &pf); break;
+            case 12: q8_tile(w0, row_bytes, px, 1, nb, yr, 4, &pf); break;
+            case 32: q8_tile(w0, row_bytes, px, 4, nb, yr, nr, &pf); break;
+            case 24: q8_tile(w0, row_bytes, px, 3, nb, yr, nr, &pf); break;
+            case 16: q8_tile(w0, row_bytes, px, 2, nb, yr, nr, &pf); break;
+            default: q8_tile(w0, row_bytes, px, 1, nb, yr, nr, &pf); break;
             }
         }
     }
