@@ -10,7 +10,8 @@
 # (kvpred bench, llama-bench); tg128, decode of 128 tokens from an almost empty cache (kvpred
 # bench -c 1 --prefill 16, llama-bench's tg128 from an empty one); tg128 @512, decode of 128
 # tokens with 512 already cached (kvpred bench -c 512, llama-batched-bench -npp 512); decode with
-# LONG tokens cached at 2 threads on the SmolLM2-135M Q8_0 file (kvpred dense and quest at 1/16,
+# LONG tokens cached at 2 threads on the SmolLM2-135M Q8_0 file (kvpred dense, quest at 1/16, and
+# quest at 1/16 with every layer sparse and the coarse pass,
 # llama.cpp's llama-batched-bench with its default f16 KV cache, no flash attention); peak RSS
 # (/usr/bin/time) of the short runs. Models: SmolLM2-135M (all 30 layers) and Llama-3.2-1B cut to
 # L1B_LAYERS layers, each in Q8_0 and Q4_K, vocabulary 512 (synth's default). Also checks that
@@ -164,6 +165,12 @@ for ctx in $LONG; do
     "$KVP" bench -m "$f" -c "$ctx" --prefill 16 -n 32 -t 2 -r 1 --bandwidth 1 --policy quest \
         --budget 1/16 --json >"$OUT/kvp.json"
     record kvpred smol Q8_0 2 "tg@$ctx quest 1/16" "$(jq .decode_tokens_per_s "$OUT/kvp.json")"
+    # every layer sparse, groups ranked first (docs/policies.md, "Coarse-to-fine")
+    "$KVP" bench -m "$f" -c "$ctx" --prefill 16 -n 32 -t 2 -r 1 --bandwidth 1 --policy quest \
+        --budget 1/16 --dense-layers 0 --policy-opts groups=16,coarse=approx,visit=4 \
+        --json >"$OUT/kvp.json"
+    record kvpred smol Q8_0 2 "tg@$ctx quest 1/16, no dense layers, coarse" \
+        "$(jq .decode_tokens_per_s "$OUT/kvp.json")"
     if [ "$PEER_TOOL" = llama-server ]; then
         record llama.cpp smol Q8_0 2 "tg@$ctx dense" "$(server_tg "$f" 2 "$ctx" 32)"
         continue
