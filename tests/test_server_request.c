@@ -105,6 +105,11 @@ static void test_refusals(void **state)
          "kvpred.budget"},
         {SRV_COMPLETION, "{\"prompt\": \"a\", \"kvpred\": {\"budget\": -1}}", 400,
          "kvpred.budget"},
+        /* ratios that are 0 once stored as a float (a fuzzer's find) */
+        {SRV_COMPLETION, "{\"prompt\": \"a\", \"kvpred\": {\"budget\": \"1e-68\"}}", 400,
+         "kvpred.budget"},
+        {SRV_COMPLETION, "{\"prompt\": \"a\", \"kvpred\": {\"budget\": 1e-68}}", 400,
+         "kvpred.budget"},
         {SRV_CHAT, "{\"messages\": []}", 400, "messages"},
         {SRV_CHAT, "{\"messages\": [{\"role\": \"user\"}]}", 400, "messages"},
         {SRV_CHAT, "{\"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}", 400, "messages"},

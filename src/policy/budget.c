@@ -49,7 +49,8 @@ bool kvp_budget_parse(const char *s, int *budget, float *ratio)
     char *end;
     errno = 0;
     double r = strtod(s, &end);
-    if (errno || *end || !isfinite(r) || r <= 0.0 || r > 1.0)
+    /* a ratio that rounds to 0 as a float (1e-68) is refused with the others below (0, 1] */
+    if (errno || *end || !isfinite(r) || r <= 0.0 || r > 1.0 || !((float)r > 0.0f))
         return false;
     *ratio = (float)r;
     return true;
