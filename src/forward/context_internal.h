@@ -79,9 +79,10 @@ struct kvp_shared {
     bool pack;     /* an engine's: may pack the weights (a lone context's single sequence never
                       does, and never pays the memory) */
     bool pack_tried;               /* pack_weights ran (if it failed: steps run without) */
+    int pack_from;                 /* singles from which a step packs (0: not computed yet) */
     struct kvp_lanes *lanes;       /* owned [n_layer * KVP_PACK_PER_LAYER + 1] or NULL: the
                                       layer matrices, then the classifier, packed in lanes (matvec.h) on the engine's first
-                                      step with KVP_SINGLES_LANES singles that need not be exact;
+                                      step with pack_from singles that need not be exact;
                                       entries with mem NULL: no kernel for the type */
     size_t lanes_bytes;            /* their total */
 
