@@ -393,22 +393,6 @@ static void free_packed(struct kvp_shared *sh)
     sh->lanes_bytes = 0;
 }
 
-static int lanes_from(const struct kvp_mat *W);
-
-/* Single tokens from which a step uses the packed weights: the fewest any packable matrix runs
- * its lanes from (lanes_from), so an engine whose steps never reach it (a server of 4 slots on
- * Q8_0 weights) never spends the memory. */
-static int pack_from(const struct kvp_model *m)
-{
-    int from = INT_MAX;
-    for (size_t i = 0; i < n_packable(m); i++) {
-        const struct kvp_mat *W = pack_mat(m, i);
-        if (kvp_lanes_bytes(W) && lanes_from(W) < from)
-            from = lanes_from(W);
-    }
-    return from;
-}
-
 /* Pack every layer matrix whose type has a lanes kernel, once, on an engine's first step with
  * pack_from single tokens that need not be exact (before the pool runs that step, so no
  * thread reads sh->lanes while it is made). Why once: turning 16 rows into a lanes tile costs
@@ -498,6 +482,20 @@ static long rows_per_group(const struct kvp_mat *W)
 static int lanes_from(const struct kvp_mat *W)
 {
     return kvp_matvec_has_multi(W) ? 4 * KVP_SINGLES_LANES : KVP_SINGLES_LANES;
+}
+
+/* Single tokens from which a step uses the packed weights: the fewest any packable matrix runs
+ * its lanes from (lanes_from), so an engine whose steps never reach it (a server of 4 slots on
+ * Q8_0 weights) never spends the memory. */
+static int pack_from(const struct kvp_model *m)
+{
+    int from = INT_MAX;
+    for (size_t i = 0; i < n_packable(m); i++) {
+        const struct kvp_mat *W = pack_mat(m, i);
+        if (kvp_lanes_bytes(W) && lanes_from(W) < from)
+            from = lanes_from(W);
+    }
+    return from;
 }
 
 /* The single rows segs[0..n) against rows [r0, r1) of W: each is the decode mat-vec of one token,
@@ -834,12 +832,12 @@ int kvp_forward_pass(struct kvp_shared *sh, const struct kvp_pass_item *items, i
     }
     row = row_multi;
     sh->n_rows = row;
-    if (sh->pack && !sh->pack_tried && !sh->exact && n_single >= KVP_SINGLES_LANES &&
-        !sh->pack_from)
-        sh->pack_from = pack_from(sh->model);
-    if (sh->pack && !sh->pack_tried && !sh->exact && n_single >= KVP_SINGLES_LANES &&
-        n_single >= sh->pack_from)
-        pack_weights(sh);
+    if (sh->pack && !sh->pack_tried && !sh->exact && n_single >= KVP_SINGLES_LANES) {
+        if (!sh->pack_from)
+            sh->pack_from = pack_from(sh->model);
+        if (n_single >= sh->pack_from)
+            pack_weights(sh);
+    }
     for (int i = 0; i < n_items; i++)
         kvp_kv_batch_begin(items[i].c);
     kvp_pool_run(sh->pool, forward_worker, sh);

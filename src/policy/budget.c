@@ -49,9 +49,13 @@ bool kvp_budget_parse(const char *s, int *budget, float *ratio)
     char *end;
     errno = 0;
     double r = strtod(s, &end);
-    /* a ratio that rounds to 0 as a float (1e-68) is refused with the others below (0, 1] */
-    if (errno || *end || !isfinite(r) || r <= 0.0 || r > 1.0 || !((float)r > 0.0f))
+    if (errno || *end || !kvp_budget_ratio_ok(r))
         return false;
     *ratio = (float)r;
     return true;
+}
+
+bool kvp_budget_ratio_ok(double r)
+{
+    return isfinite(r) && r > 0.0 && r <= 1.0 && (float)r > 0.0f;
 }

@@ -10,4 +10,8 @@
  * (signs, spaces, trailing text, zero). */
 bool kvp_budget_parse(const char *s, int *budget, float *ratio);
 
+/* Whether r is a ratio the grammar accepts: finite, in (0, 1], and not 0 once stored as a float
+ * (1e-68 is). For budgets that arrive as numbers rather than text (the server's JSON). */
+bool kvp_budget_ratio_ok(double r);
+
 #endif

@@ -228,7 +228,7 @@ static int parse_extension(const cJSON *root, struct srv_request *r, struct srv_
             ok = true;
             if (json_int(b, 1, 1 << 30, &v) && d > 1.0)
                 r->budget = (int)v;
-            else if (isfinite(d) && d > 0.0 && d <= 1.0 && (float)d > 0.0f) /* not 0 as float */
+            else if (kvp_budget_ratio_ok(d))
                 r->budget_ratio = (float)d;
             else
                 ok = false;
