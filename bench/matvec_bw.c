@@ -1,7 +1,8 @@
 /*
  * matvec_bw: how close the decode mat-vec kernels come to the machine's read bandwidth.
  *
- *   build/matvec_bw [--threads N] [--mib M] [--reps R] TYPE:COLS ...   (one JSON line each)
+ *   build/matvec_bw [--threads N] [--mib M] [--reps R] [--lanes NV] TYPE:COLS ...
+ *                                                                      (one JSON line each)
  *
  * For each TYPE:COLS (TYPE a GGUF weight type name such as Q8_0, Q4_K, F16) it fills a matrix of
  * about M MiB (default 128, well past the last-level cache) with random codes and f16 scales,
@@ -11,6 +12,12 @@
  * pairing each mat-vec with the read right before it keeps the ratio meaningful on a host whose
  * speed drifts. Ratios near 1 mean the kernel runs at the bandwidth; the README's kernel section
  * quotes this tool's output.
+ *
+ * --lanes NV measures a batched step's kernel instead: the matrix packed with its rows in the lanes
+ * (kvp_lanes_pack, where the CPU's table has it for the type), NV vectors at once through
+ * kvp_lanes_rows, paired with a plain read of the packed bytes. It adds the packed size and
+ * file_gb_s, the file's bytes over the kernel's time (what the packed layout makes of the model's
+ * weights; against read_gb_s it says how far a layout is from streaming the file once).
  */
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -38,6 +45,10 @@ struct job {
     size_t bytes;
     uint64_t sink[64];
     int read; /* 1: plain read, 0: mat-vec */
+    const struct kvp_lanes *P; /* --lanes: the packed matrix and NV vectors */
+    const void *const *xqs;
+    float *const *ys;
+    int nv;
 };
 
 /* The floor: every byte read once, 256 bytes a step (AVX-512 loads where the CPU has them). */
@@ -92,6 +103,12 @@ static void worker(void *arg, int ith, int nth)
         j->sink[ith * 8] += read_bytes(j->buf + (size_t)b * 256, (size_t)(e - b) * 256);
         return;
     }
+    if (j->P) { /* whole tiles per thread, as the forward pass splits them */
+        kvp_split_range((long)kvp_lanes_tiles(j->P), ith, nth, &b, &e);
+        int64_t r1 = e * 16 < j->W->rows ? e * 16 : j->W->rows;
+        kvp_lanes_rows(j->P, j->xqs, j->nv, j->ys, b * 16, r1, false);
+        return;
+    }
     kvp_split_range((long)j->W->rows, ith, nth, &b, &e);
     kvp_matvec_rows(j->W, j->x, j->xq, j->y, b, e);
 }
@@ -108,7 +125,8 @@ static double median(double *v, int n)
     return v[n / 2];
 }
 
-static int run_one(struct kvp_pool *pool, int n_threads, const char *spec, size_t mib, int reps)
+static int run_one(struct kvp_pool *pool, int n_threads, const char *spec, size_t mib, int reps,
+                   int nv)
 {
     char name[32];
     const char *colon = strchr(spec, ':');
@@ -159,7 +177,37 @@ static int run_one(struct kvp_pool *pool, int n_threads, const char *spec, size_
     kvp_matvec_prepare(type, x, cols, xq);
     struct kvp_mat W = {.type = type, .cols = cols, .rows = rows, .row_bytes = rb, .data = w};
     struct job j = {.W = &W, .x = x, .xq = xq, .y = y, .buf = w, .bytes = bytes / 256 * 256};
-    double rd[MAX_REPS], mv[MAX_REPS], ratio[MAX_REPS];
+    struct kvp_lanes P = {0};
+    const void *xqs[64];
+    float *ys[64] = {0};
+    size_t timed = bytes; /* the bytes the kernel reads */
+    if (nv > 0) {
+        if (kvp_lanes_init(&P, &W) < 0) {
+            fprintf(stderr, "matvec_bw: no lanes kernel for %s:%ld on this CPU\n", name, cols);
+            kvp_free_aligned(w);
+            free(x), free(y), free(xq);
+            return -1;
+        }
+        kvp_lanes_pack(&P, &W, 0, kvp_lanes_tiles(&P));
+        int ok = 1;
+        for (int v = 0; v < nv; v++) {
+            xqs[v] = xq;
+            ok &= (ys[v] = malloc((size_t)rows * sizeof(float))) != NULL;
+        }
+        if (!ok) {
+            fprintf(stderr, "matvec_bw: out of memory for %d outputs\n", nv);
+            for (int v = 0; v < nv; v++)
+                free(ys[v]);
+            kvp_lanes_free(&P);
+            kvp_free_aligned(w);
+            free(x), free(y), free(xq);
+            return -1;
+        }
+        j.P = &P, j.xqs = xqs, j.ys = ys, j.nv = nv;
+        j.buf = P.mem, j.bytes = P.bytes / 256 * 256;
+        timed = P.bytes;
+    }
+    double rd[MAX_REPS], mv[MAX_REPS], ratio[MAX_REPS], file[MAX_REPS];
     for (int r = -1; r < reps; r++) { /* r = -1 warms up */
         j.read = 1;
         double t0 = kvp_time_now();
@@ -171,14 +219,24 @@ static int run_one(struct kvp_pool *pool, int n_threads, const char *spec, size_
         if (r < 0)
             continue;
         rd[r] = (double)j.bytes / (t1 - t0) / 1e9;
-        mv[r] = (double)bytes / (t2 - t1) / 1e9;
+        mv[r] = (double)timed / (t2 - t1) / 1e9;
         ratio[r] = mv[r] / rd[r];
+        file[r] = (double)bytes / (t2 - t1) / 1e9;
     }
     printf("{\"type\":\"%s\",\"cols\":%ld,\"rows\":%lld,\"row_bytes\":%zu,\"threads\":%d,"
-           "\"reps\":%d,\"matvec_gb_s\":%.2f,\"read_gb_s\":%.2f,\"ratio\":%.3f}\n",
-           kvp_type_name(type), cols, (long long)rows, rb, n_threads, reps, median(mv, reps), median(rd, reps),
-           median(ratio, reps));
+           "\"reps\":%d,",
+           kvp_type_name(type), cols, (long long)rows, rb, n_threads, reps);
+    if (nv > 0)
+        printf("\"lanes_vectors\":%d,\"packed_bytes\":%zu,\"file_bytes\":%zu,\"lanes_gb_s\":%.2f,"
+               "\"file_gb_s\":%.2f,",
+               nv, P.bytes, bytes, median(mv, reps), median(file, reps));
+    else
+        printf("\"matvec_gb_s\":%.2f,", median(mv, reps));
+    printf("\"read_gb_s\":%.2f,\"ratio\":%.3f}\n", median(rd, reps), median(ratio, reps));
     fflush(stdout);
+    for (int v = 0; v < nv; v++)
+        free(ys[v]);
+    kvp_lanes_free(&P);
     kvp_free_aligned(w);
     free(x), free(y), free(xq);
     return 0;
@@ -186,7 +244,7 @@ static int run_one(struct kvp_pool *pool, int n_threads, const char *spec, size_
 
 int main(int argc, char **argv)
 {
-    int n_threads = 1, reps = 21, first = 1;
+    int n_threads = 1, reps = 21, first = 1, nv = 0;
     size_t mib = 128;
     for (; first + 1 < argc && argv[first][0] == '-'; first += 2) {
         char *end = NULL;
@@ -199,13 +257,16 @@ int main(int argc, char **argv)
             mib = (size_t)v;
         else if (strcmp(argv[first], "--reps") == 0 && v >= 1 && v <= MAX_REPS)
             reps = (int)v;
+        else if (strcmp(argv[first], "--lanes") == 0 && v >= 1 && v <= 64)
+            nv = (int)v;
         else {
             fprintf(stderr, "matvec_bw: bad option %s %s\n", argv[first], argv[first + 1]);
             return 2;
         }
     }
     if (first >= argc) {
-        fprintf(stderr, "usage: matvec_bw [--threads N] [--mib M] [--reps R] TYPE:COLS ...\n");
+        fprintf(stderr,
+                "usage: matvec_bw [--threads N] [--mib M] [--reps R] [--lanes NV] TYPE:COLS ...\n");
         return 2;
     }
     struct kvp_pool *pool = NULL;
@@ -215,7 +276,7 @@ int main(int argc, char **argv)
     }
     int rc = 0;
     for (int i = first; i < argc; i++)
-        if (run_one(pool, n_threads, argv[i], mib, reps) < 0)
+        if (run_one(pool, n_threads, argv[i], mib, reps, nv) < 0)
             rc = 1;
     kvp_pool_free(pool);
     return rc;

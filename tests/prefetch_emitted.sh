@@ -1,15 +1,17 @@
 #!/bin/bash
 # ctest test_prefetch_emitted: the kernels that read scattered memory (the sparse attention's
-# selected blocks, quest's metadata tiles, the mat-vec rows) still contain their software
-# prefetches after optimisation. A compiler may drop them without a word: GCC 12's modref pass
-# found that a static helper whose only effect was a prefetch had no side effect and removed its
-# calls, which cost the sparse attention at 131072 tokens 15-20% of its decode speed before the
-# helpers were forced inline. Arguments: the library's objects (one ;-separated list, CMake's
-# $<TARGET_OBJECTS>). Exit 77 (skipped) without objdump or on an architecture not listed here.
+# selected blocks, quest's metadata tiles, the mat-vec rows, the batched steps' packed weight
+# rows) still contain their software prefetches after optimisation. A compiler may drop them
+# without a word: GCC 12's modref pass found that a static helper whose only effect was a
+# prefetch had no side effect and removed its calls, which cost the sparse attention at 131072
+# tokens 15-20% of its decode speed before the helpers were forced inline. Arguments: the
+# library's objects (one ;-separated list, CMake's $<TARGET_OBJECTS>). Exit 77 (skipped) without
+# objdump or on an architecture not listed here.
 set -u
 command -v objdump >/dev/null || { echo "objdump not found: skipped"; exit 77; }
 IFS=';' read -ra objs <<<"$1"
-want=(kv/attention.c kv/quest_meta_avx512.c kernels/simd_vnni_avx512.c)
+want=(kv/attention.c kv/quest_meta_avx512.c kernels/simd_vnni_avx512.c
+      kernels/simd_lanes_vnni_avx512.c)
 fail=0
 for w in "${want[@]}"; do
     obj=

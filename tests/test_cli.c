@@ -479,9 +479,9 @@ static void test_batched_fill_tile(void **state)
 
 /* batched-bench's warm-up row has as many sequences as its largest row, so that the weights a
  * batched step packs once are packed there and no row's decode time counts it; a row too small
- * for the packed kernels (one sequence; fewer than 8 where the type has a multi-vector kernel,
- * forward.c's lanes_from) packs nothing (the memory stays unspent). The model: one SmolLM2
- * layer in Q8_0, a type with a lanes kernel where the CPU has one. */
+ * for the packed kernels (one sequence, context_internal.h's KVP_SINGLES_LANES) packs nothing
+ * (the memory stays unspent). The model: one SmolLM2 layer in Q8_0, a type with a lanes kernel
+ * where the CPU has one. */
 static void test_batched_warmup_packs(void **state)
 {
     (void)state;
@@ -492,8 +492,7 @@ static void test_batched_warmup_packs(void **state)
              path);
     assert_int_equal(system(cmd), 0);
     const bool lanes = kvp_lanes_has(KVP_TYPE_Q8_0);
-    const struct kvp_mat q8 = {.type = KVP_TYPE_Q8_0};
-    const int from = kvp_matvec_has_multi(&q8) ? 8 : 2;
+    const int from = 2;
     const int npls[] = {1, 2, 4, 8};
     for (size_t i = 0; i < sizeof(npls) / sizeof(npls[0]); i++) {
         const int npl = npls[i];

@@ -25,7 +25,14 @@ struct kvp_lanes;
 #define KVP_SINGLES_GEMM 4
 /* From this many single tokens an engine that need not be exact packs the layer weights once
  * with their rows in the SIMD lanes (kvp_shared.lanes) and runs the singles on them (forward.c,
- * pack_weights), where the CPU has the kernel for the type */
+ * pack_weights), where the CPU has the kernel for the type. From 2 for every type: until the
+ * lanes kernel prefetched its tiles and read the 4- and 5-bit types at their own size, the
+ * multi-vector kernels (each weight row read once for up to four vectors, bit for bit the
+ * mat-vec) won from 2 to 7 sequences where a type has them. Now, SmolLM2-135M shape, -npp 512,
+ * Xeon, tok/s multi -> lanes: 2 threads, Q8_0 at 2 / 3 / 4 / 6 sequences 305-351 / 346-394 /
+ * 464-478 / 451-457 -> 353-377 / 403-435 / 530-560 / 567-596, the "Q4_K" file (Q5_0 and Q4_K
+ * matrices) 343-364 / 397-402 / 460-464 / 425-441 -> 599-622 / 687-720 / 781 / 711-838; 1 thread
+ * at 2 and 4, Q8_0 159 / 222 -> 172 / 230, the "Q4_K" file 192 / 231 -> 323 / 385. */
 #define KVP_SINGLES_LANES 2
 #define KVP_PACK_PER_LAYER 7 /* wq, wk, wv, wo, w_gate, w_up, w_down */
 #define KVP_TILE_ROWS 256  /* prefill: weight rows dequantized per sgemm call (fewer repacks of
@@ -79,10 +86,10 @@ struct kvp_shared {
     bool pack;     /* an engine's: may pack the weights (a lone context's single sequence never
                       does, and never pays the memory) */
     bool pack_tried;               /* pack_weights ran (if it failed: steps run without) */
-    int pack_from;                 /* singles from which a step packs (0: not computed yet) */
     struct kvp_lanes *lanes;       /* owned [n_layer * KVP_PACK_PER_LAYER + 1] or NULL: the
-                                      layer matrices, then the classifier, packed in lanes (matvec.h) on the engine's first
-                                      step with pack_from singles that need not be exact;
+                                      layer matrices, then the classifier, packed in lanes
+                                      (matvec.h) on the engine's first step with
+                                      KVP_SINGLES_LANES singles that need not be exact;
                                       entries with mem NULL: no kernel for the type */
     size_t lanes_bytes;            /* their total */
 

@@ -394,7 +394,7 @@ static void free_packed(struct kvp_shared *sh)
 }
 
 /* Pack every layer matrix whose type has a lanes kernel, once, on an engine's first step with
- * pack_from single tokens that need not be exact (before the pool runs that step, so no
+ * KVP_SINGLES_LANES single tokens that need not be exact (before the pool runs that step, so no
  * thread reads sh->lanes while it is made). Why once: turning 16 rows into a lanes tile costs
  * about three vectors' products, which per call made the kernel lose to the multi-vector
  * mat-vec and the GEMM; packed, a step's singles cost one weight read plus a few microseconds
@@ -472,32 +472,6 @@ static long rows_per_group(const struct kvp_mat *W)
     return g > 8 ? g : 8;
 }
 
-/* Single rows from which a step that need not be exact runs them on W packed in lanes: from 2
- * where the type has no multi-vector kernel, from 8 where it has one, which reads each weight
- * row once for up to four vectors at a time and is bit for bit the mat-vec. SmolLM2-135M shape,
- * -npp 512, 2 threads, Xeon, tok/s at 4 and 8 sequences: Q8_0 multi 397-433 and 400-403 against
- * lanes 354-364 and 464-485; the "Q4_K" file (Q5_0 and Q4_K matrices) 403-408 and 389-395
- * against 350-364 and 462-474. Past four vectors the multi kernel reads the rows again for each
- * four, and the lanes' one read wins. */
-static int lanes_from(const struct kvp_mat *W)
-{
-    return kvp_matvec_has_multi(W) ? 4 * KVP_SINGLES_LANES : KVP_SINGLES_LANES;
-}
-
-/* Single tokens from which a step uses the packed weights: the fewest any packable matrix runs
- * its lanes from (lanes_from), so an engine whose steps never reach it (a server of 4 slots on
- * Q8_0 weights) never spends the memory. */
-static int pack_from(const struct kvp_model *m)
-{
-    int from = INT_MAX;
-    for (size_t i = 0; i < n_packable(m); i++) {
-        const struct kvp_mat *W = pack_mat(m, i);
-        if (kvp_lanes_bytes(W) && lanes_from(W) < from)
-            from = lanes_from(W);
-    }
-    return from;
-}
-
 /* The single rows segs[0..n) against rows [r0, r1) of W: each is the decode mat-vec of one token,
  * bit for bit (same quantized activations, same kernel per row), with the weight rows read from
  * memory once for all of them. Activations are quantized into this thread's ts->xv, reused when
@@ -520,7 +494,7 @@ static void matvec_multi(struct kvp_shared *sh, const struct kvp_mat *W,
         for (int j = 0; j < n; j++)
             kvp_matvec_prepare(W->type, X + (size_t)segs[j].row0 * ldx, W->cols,
                                xv + (size_t)j * sh->xv_stride);
-    if (P && !sh->exact && n >= lanes_from(W) && vt >= 0) {
+    if (P && !sh->exact && n >= KVP_SINGLES_LANES && vt >= 0) {
         /* weights packed in lanes (a step that need not be exact): every vector in one call
          * over this thread's rows, the accumulating products added in place */
         for (int j = 0; j < n; j++) {
@@ -832,12 +806,8 @@ int kvp_forward_pass(struct kvp_shared *sh, const struct kvp_pass_item *items, i
     }
     row = row_multi;
     sh->n_rows = row;
-    if (sh->pack && !sh->pack_tried && !sh->exact && n_single >= KVP_SINGLES_LANES) {
-        if (!sh->pack_from)
-            sh->pack_from = pack_from(sh->model);
-        if (n_single >= sh->pack_from)
-            pack_weights(sh);
-    }
+    if (sh->pack && !sh->pack_tried && !sh->exact && n_single >= KVP_SINGLES_LANES)
+        pack_weights(sh);
     for (int i = 0; i < n_items; i++)
         kvp_kv_batch_begin(items[i].c);
     kvp_pool_run(sh->pool, forward_worker, sh);

@@ -23,6 +23,7 @@
 #include "core/platform.h"
 #include "kernels/quant.h"
 #include "kernels/simd.h"
+#include "kernels/simd_internal.h"
 #include "kernels/types.h"
 
 size_t kvp_matvec_xq_bytes(int type, int64_t cols)
@@ -224,11 +225,8 @@ size_t kvp_lanes_bytes(const struct kvp_mat *W)
     if (!kvp_lanes_has(W->type) || W->rows <= 0 || W->cols <= 0 || W->cols % 32 ||
         (W->type == KVP_TYPE_Q4_K && W->cols % KVP_QK_K))
         return 0;
-    /* per tile of 16 rows and block of 32: 8 zmm of codes and one of scales (Q4_K: and one of
-     * mins' scales) */
-    size_t tile = (size_t)(W->cols / 32) * 64 * (W->type == KVP_TYPE_Q4_K ? 10 : 9);
-    size_t tiles = (size_t)((W->rows + 15) / 16);
-    return tiles > SIZE_MAX / tile ? 0 : tiles * tile;
+    size_t tile = kvp_lanes_tile_bytes(W->type, W->cols), tiles = (size_t)((W->rows + 15) / 16);
+    return tile == 0 || tiles > SIZE_MAX / tile ? 0 : tiles * tile;
 }
 
 int kvp_lanes_init(struct kvp_lanes *P, const struct kvp_mat *W)

@@ -8,6 +8,7 @@
 #define KVP_KERNELS_SIMD_INTERNAL_H
 
 #include "kernels/simd.h"
+#include "kernels/types.h"
 
 extern const struct kvp_simd_ops kvp_simd_ops_scalar;
 extern const struct kvp_simd_ops kvp_simd_ops_avx2;
@@ -59,7 +60,28 @@ void kvp_vnni_rows_q5_0(const void *w, size_t row_bytes, const void *xq, int64_t
 void kvp_vnni_rows_q4_k(const void *w, size_t row_bytes, const void *xq, int64_t n, int64_t nrows,
                         float *y);
 /* Weight rows in the lanes (simd_lanes_vnni_avx512.c): the avx512vnni table's lanes_pack and
- * lanes_rows. */
+ * lanes_rows. A packed matrix is a run of tiles of 16 rows; a tile holds its 32-element blocks'
+ * codes (Q8_0: 512 bytes a block; the 4- and 5-bit types: 256 bytes of nibble pairs), for Q5_0
+ * their fifth bits (64 bytes a block), then their scales (the 16 rows' f16 scales, 32 bytes a
+ * block; Q4_K: 6-bit scales and mins, 32 bytes a block, and f16 d and dmin, 64 bytes a
+ * super-block). So a packed matrix is the file's size (Q4_K: + 1/36) plus the padding of the last
+ * tile. Bytes of one tile of n columns (rounded up to 64, so every tile starts a cache line): */
+static inline size_t kvp_lanes_tile_bytes(int type, int64_t n)
+{
+    const size_t nb = (size_t)(n / 32);
+    if (n <= 0 || nb > SIZE_MAX / 1024)
+        return 0;
+    size_t b;
+    switch (type) {
+    case KVP_TYPE_Q8_0: b = nb * (512 + 32); break;
+    case KVP_TYPE_Q4_0: b = nb * (256 + 32); break;
+    case KVP_TYPE_Q5_0: b = nb * (256 + 64 + 32); break;
+    case KVP_TYPE_Q4_K: b = nb * (256 + 32) + nb / 8 * 64; break;
+    default: return 0;
+    }
+    return (b + 63) / 64 * 64;
+}
+
 void kvp_lanes_rows_q8_0_pack(const void *w, size_t row_bytes, int64_t n, int64_t nrows,
                               int64_t t0, int64_t t1, void *dst);
 void kvp_lanes_rows_q8_0(const void *packed, int64_t n, const void *const *xq, int nv, int64_t r0,
