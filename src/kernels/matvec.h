@@ -53,10 +53,10 @@ void kvp_matvec_rows_multi(const struct kvp_mat *W, const void *const *xq, int n
 
 /* W packed once with its weight rows in the SIMD lanes, for the decode rows of batched steps
  * (simd.h, lanes_pack / lanes_rows; AVX-512 VNNI: Q8_0, Q4_0, Q5_0, Q4_K). Per tile of 16 rows
- * (the last padded with zero rows) and block of 32 columns: 512 bytes of codes, 64 of f32
- * scales, and 64 of the mins' scales for Q4_K; so 1.125 bytes per weight (Q4_K 1.25) against
- * 1.0625 / 0.5625 / 0.6875 / 0.5625 in the file. Turning 16 rows into such a tile costs about
- * three vectors' products, so it is done once per matrix (kvp_lanes_pack), not per call. */
+ * (the last padded with zero rows): the codes of its 32-column blocks laid out for the lanes, then
+ * their scales, as many bytes as the rows take in the file (Q4_K: 1/36 more; the layout is at
+ * kvp_lanes_tile_bytes, simd_internal.h). Turning 16 rows into such a tile costs about three
+ * vectors' products, so it is done once per matrix (kvp_lanes_pack), not per call. */
 struct kvp_lanes {
     void *mem;       /* owned; NULL: not packed */
     size_t bytes;
