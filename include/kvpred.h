@@ -157,6 +157,12 @@ struct kvp_ctx_params {
     /* element types of the cached keys and values (enum kvp_kv_type) [KVP_KV_F16, as llama.cpp] */
     int type_k;
     int type_v;
+    /* true: decode reads the weights as the file has them. false (the default): where the CPU
+       has the kernel (AVX-512 VNNI; Q8_0, Q4_0, Q5_0 and Q4_K matrices), the first decode step
+       packs them once into a copy laid out for the SIMD lanes, as many bytes as they take in the
+       file, which decode reads 1.3-1.4x faster (docs/batched.md); prefill keeps reading the
+       file's. A sequence of an engine follows kvp_engine_params.no_pack instead. */
+    bool no_pack;
 };
 
 /* Element type of the KV cache (kvp_ctx_params.type_k / type_v). Keys and values are stored in
@@ -210,6 +216,11 @@ int kvp_ctx_init(const kvp_model *model, const struct kvp_ctx_params *params, kv
                  struct kvp_err *err);
 void kvp_ctx_free(kvp_ctx *ctx);
 
+/* Pack the weights for decode now rather than at the first decode token (kvp_ctx_params.no_pack;
+ * a sequence of an engine packs the engine's). Returns the bytes of the packed copy, 0 with
+ * no_pack or where the CPU has no kernel for the weights' type. */
+size_t kvp_ctx_pack_weights(kvp_ctx *ctx);
+
 /* Forget every cached token. */
 void kvp_ctx_reset(kvp_ctx *ctx);
 /* Drop every cached token at position >= n (n <= the current count). */
@@ -253,17 +264,21 @@ struct kvp_engine_params {
                       false (faster): the decode tokens of a step go through the batch kernels
                       together once there are a few of them, and then differ from a lone step's
                       by float summation order only, as prefill differs from decode */
+    bool no_pack;  /* kvp_ctx_params.no_pack, for all of the engine's sequences */
 };
 
 int kvp_engine_init(const kvp_model *model, const struct kvp_engine_params *params,
                     kvp_engine **out, struct kvp_err *err);
 void kvp_engine_free(kvp_engine *engine);
 
-/* Bytes of the weights the engine has packed for batched steps (docs/batched.md): 0 until its
- * first step with a few decode tokens that need not be exact, which packs them once (so an
- * engine that never batches never pays that memory), and 0 where the CPU has no kernel for the
- * weights' type. */
+/* Bytes of the weights the engine has packed for decode (docs/batched.md): 0 until its first
+ * step with a decode token, which packs them once (so an engine that only prefills never pays
+ * that memory), and 0 with no_pack or where the CPU has no kernel for the weights' type. */
 size_t kvp_engine_packed_bytes(const kvp_engine *engine);
+/* Pack them now rather than at the first decode token (a server before its first request, a
+ * benchmark before its timed steps); nothing with no_pack or where already packed. Returns the
+ * bytes packed (kvp_engine_packed_bytes). */
+size_t kvp_engine_pack_weights(kvp_engine *engine);
 
 /* A new, empty sequence of the engine with these cache parameters (n_threads and n_batch are
  * the engine's and ignored here; n_ctx 0: the engine's n_ctx, larger: KVP_EINVAL). Attach a

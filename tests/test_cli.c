@@ -477,11 +477,10 @@ static void test_batched_fill_tile(void **state)
     kvp_test_expect_error(cmd, "--fill");
 }
 
-/* batched-bench's warm-up row has as many sequences as its largest row, so that the weights a
- * batched step packs once are packed there and no row's decode time counts it; a row too small
- * for the packed kernels (one sequence, context_internal.h's KVP_SINGLES_LANES) packs nothing
- * (the memory stays unspent). The model: one SmolLM2 layer in Q8_0, a type with a lanes kernel
- * where the CPU has one. */
+/* batched-bench's warm-up row decodes, so that the weights a step packs once (from its first
+ * decode token, context_internal.h's KVP_SINGLES_LANES) are packed there and no row's decode
+ * time counts it; with --no-pack nothing is packed (the memory stays unspent). The model: one
+ * SmolLM2 layer in Q8_0, a type with a lanes kernel where the CPU has one. */
 static void test_batched_warmup_packs(void **state)
 {
     (void)state;
@@ -492,24 +491,25 @@ static void test_batched_warmup_packs(void **state)
              path);
     assert_int_equal(system(cmd), 0);
     const bool lanes = kvp_lanes_has(KVP_TYPE_Q8_0);
-    const int from = 2;
-    const int npls[] = {1, 2, 4, 8};
-    for (size_t i = 0; i < sizeof(npls) / sizeof(npls[0]); i++) {
-        const int npl = npls[i];
-        snprintf(cmd, sizeof(cmd),
-                 "%s batched-bench -m %s -npp 8 -ntg 2 -npl %d -t 2 --json 2>/dev/null", cli, path,
-                 npl);
-        cJSON *j = run_json(cmd);
-        double packed = cJSON_GetObjectItem(j, "warmup_packed_bytes")->valuedouble;
-        print_message("npl %d: %.0f bytes packed in the warm-up (%s)\n", npl, packed,
-                      cJSON_GetObjectItem(j, "simd")->valuestring);
-        assert_true(cJSON_GetObjectItem(j, "t_warmup_s")->valuedouble > 0);
-        if (lanes && npl >= from)
-            assert_true(packed > 0);
-        else
-            assert_true(packed == 0);
-        cJSON_Delete(j);
-    }
+    const int npls[] = {1, 2, 8};
+    for (int no_pack = 0; no_pack < 2; no_pack++)
+        for (size_t i = 0; i < sizeof(npls) / sizeof(npls[0]); i++) {
+            const int npl = npls[i];
+            snprintf(cmd, sizeof(cmd),
+                     "%s batched-bench -m %s -npp 8 -ntg 2 -npl %d -t 2 --json%s 2>/dev/null", cli,
+                     path, npl, no_pack ? " --no-pack" : "");
+            cJSON *j = run_json(cmd);
+            double packed = cJSON_GetObjectItem(j, "warmup_packed_bytes")->valuedouble;
+            print_message("npl %d%s: %.0f bytes packed in the warm-up (%s)\n", npl,
+                          no_pack ? ", --no-pack" : "", packed,
+                          cJSON_GetObjectItem(j, "simd")->valuestring);
+            assert_true(cJSON_GetObjectItem(j, "t_warmup_s")->valuedouble > 0);
+            if (lanes && !no_pack)
+                assert_true(packed > 0);
+            else
+                assert_true(packed == 0);
+            cJSON_Delete(j);
+        }
     unlink(path);
     free(path);
 }

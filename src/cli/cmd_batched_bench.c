@@ -360,7 +360,7 @@ int cmd_batched_bench(int argc, char **argv)
     b.cp.type_v = b.cp.type_v ? b.cp.type_v : KVP_KV_F16;
     struct kvp_err err = {0};
     struct kvp_engine_params ep = {.n_threads = (int)mo.n_threads, .n_batch = b.n_batch,
-                                   .n_ctx = (int)max_ctx};
+                                   .n_ctx = (int)max_ctx, .no_pack = mo.no_pack};
     if (kvp_engine_init(m, &ep, &b.e, &err) < 0) {
         kvp_model_close(m);
         return cli_fail_err(&err);

@@ -183,6 +183,7 @@ struct bench_result {
     double tg_mean, tg_best;   /* decode tokens/s, mean and best of the repetitions */
     double cpu_ms;             /* process CPU time per decoded token */
     double pol_ms, pol_cpu_ms; /* time and CPU time in the policy's hooks per token */
+    size_t packed_bytes;       /* the weights packed for decode (kvp_ctx_pack_weights) */
     size_t kv_resident;        /* untiered: KV bytes in the blocks held after the last step */
     bool tiered;               /* the store's counters in ss */
     struct kvp_store_stats ss;
@@ -292,6 +293,10 @@ static int time_decode(const struct bench_opts *o, kvp_ctx *ctx, kvp_ctx *ram,
     double decode_tcpu = 0, ram_cpu = 0, ram_tcpu = 0; /* --paired: CPU of each side */
     long n_ratio = 0;
     long tl0 = n_decode >= 12 ? 8 : 0, tl1 = tl0 + 4 < n_decode ? tl0 + 4 : n_decode;
+    /* the weights are packed for decode before the clock runs, not by the first timed token */
+    r->packed_bytes = kvp_ctx_pack_weights(ctx);
+    if (ram)
+        kvp_ctx_pack_weights(ram);
     kvp_ctx_store_reset_stats(ctx);
     kvp_ctx_policy_reset_seconds(ctx);
     for (long k = 0; k < reps; k++) {
@@ -505,6 +510,7 @@ static void print_json(const struct bench_opts *o, const struct bench_result *r)
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "model", r->in.name);
     cJSON_AddStringToObject(j, "simd", kvp_simd()->name);
+    cJSON_AddNumberToObject(j, "packed_bytes", (double)r->packed_bytes);
     cJSON_AddNumberToObject(j, "threads", (double)o->mo.n_threads);
     cJSON_AddNumberToObject(j, "ctx", (double)o->depth);
     cJSON_AddNumberToObject(j, "n_decode", (double)o->n_decode);

@@ -83,7 +83,11 @@ const char *cli_model_flags_help =
     "  --block N            KV block size in tokens (default 16)\n"
     "  -b, --batch N        prefill micro-batch (default 512)\n"
     "  -ctk, --cache-type-k T  KV cache key type: f32, f16, bf16, q8_0 (default f16)\n"
-    "  -ctv, --cache-type-v T  KV cache value type: f32, f16, bf16, q8_0 (default f16)\n";
+    "  -ctv, --cache-type-v T  KV cache value type: f32, f16, bf16, q8_0 (default f16)\n"
+    "  --no-pack            decode from the weights as the file has them; by default, on\n"
+    "                       AVX-512 VNNI, the first decode token packs Q8_0/Q4_0/Q5_0/Q4_K\n"
+    "                       weights once into a copy for the SIMD lanes (as large as they\n"
+    "                       are in the file), which decode reads 1.3-1.4x faster\n";
 
 /* enum kvp_kv_type names from index 1 (0 is the default) */
 static const char *const kv_type_choices[] = {"", "f32", "f16", "bf16", "q8_0", NULL};
@@ -207,6 +211,7 @@ int cli_model_flag(struct cli_model_opts *o, int argc, char **argv, int *i)
                    "f32, f16, bf16 or q8_0"),
         CLI_CHOICE("-ctv|--cache-type-v", kv_type_choices, KVP_KV_F32, &o->type_v,
                    "f32, f16, bf16 or q8_0"),
+        CLI_BOOL("--no-pack", &o->no_pack),
         {0},
     };
     return cli_parse_flags(flags, argc, argv, i);
@@ -277,6 +282,7 @@ struct kvp_ctx_params cli_ctx_params(const struct cli_model_opts *o, long n_ctx)
         .n_batch = (int)o->n_batch,
         .type_k = o->type_k,
         .type_v = o->type_v,
+        .no_pack = o->no_pack,
     };
 }
 

@@ -57,7 +57,7 @@ int kvp_engine_init(const kvp_model *model, const struct kvp_engine_params *para
         return rc;
     }
     e->sh->exact = p.exact;
-    e->sh->pack = true;
+    e->sh->pack = !p.no_pack;
     *out = e;
     return 0;
 }
@@ -74,6 +74,11 @@ void kvp_engine_free(kvp_engine *e)
 size_t kvp_engine_packed_bytes(const kvp_engine *e)
 {
     return e && e->sh->lanes ? e->sh->lanes_bytes : 0;
+}
+
+size_t kvp_engine_pack_weights(kvp_engine *e)
+{
+    return e ? kvp_shared_pack(e->sh) : 0;
 }
 
 int kvp_seq_init(kvp_engine *e, const struct kvp_ctx_params *params, kvp_seq **out,

@@ -23,17 +23,21 @@ struct kvp_lanes;
  * multi-vector mat-vec kernel, never for the other types with one; forward.c,
  * singles_together_from). */
 #define KVP_SINGLES_GEMM 4
-/* From this many single tokens an engine that need not be exact packs the layer weights once
- * with their rows in the SIMD lanes (kvp_shared.lanes) and runs the singles on them (forward.c,
- * pack_weights), where the CPU has the kernel for the type. From 2 for every type: until the
- * lanes kernel prefetched its tiles and read the 4- and 5-bit types at their own size, the
- * multi-vector kernels (each weight row read once for up to four vectors, bit for bit the
- * mat-vec) won from 2 to 7 sequences where a type has them. Now, SmolLM2-135M shape, -npp 512,
- * Xeon, tok/s multi -> lanes: 2 threads, Q8_0 at 2 / 3 / 4 / 6 sequences 305-351 / 346-394 /
- * 464-478 / 451-457 -> 353-377 / 403-435 / 530-560 / 567-596, the "Q4_K" file (Q5_0 and Q4_K
- * matrices) 343-364 / 397-402 / 460-464 / 425-441 -> 599-622 / 687-720 / 781 / 711-838; 1 thread
- * at 2 and 4, Q8_0 159 / 222 -> 172 / 230, the "Q4_K" file 192 / 231 -> 323 / 385. */
-#define KVP_SINGLES_LANES 2
+/* From this many single tokens a step packs the layer weights once with their rows in the SIMD
+ * lanes (kvp_shared.lanes; unless no_pack) and runs its single tokens on them (forward.c,
+ * pack_weights), where the CPU has the kernel for the type: from the first decode token, in a
+ * lone context and in an engine, exact or not (a vector's results in the lanes kernel do not
+ * depend on the other vectors). Until the lanes kernel prefetched its tiles and read the 4- and
+ * 5-bit types at their own size, the mat-vec (one sequence) and the multi-vector kernels (each
+ * weight row read once for up to four vectors) won up to 7 sequences. Now, SmolLM2-135M shape,
+ * -npp 512, Xeon, tok/s mat-vec or multi -> lanes: 2 threads, Q8_0 at 1 / 2 / 3 / 4 / 6
+ * sequences 184-202 / 305-351 / 346-394 / 464-478 / 451-457 -> 255-264 / 353-377 / 403-435 /
+ * 530-560 / 567-596, the "Q4_K" file (Q5_0 and Q4_K matrices) 287-294 / 343-364 / 397-402 /
+ * 460-464 / 425-441 -> 402-417 / 599-622 / 687-720 / 781 / 711-838; 1 thread at 2 and 4, Q8_0
+ * 159 / 222 -> 172 / 230, the "Q4_K" file 192 / 231 -> 323 / 385. Why: the row-major mat-vec
+ * kernels are bound by their arithmetic (a Q5_0 matrix in the L2, one thread: 16 GB/s, the lanes
+ * kernel for one vector 44; build/matvec_bw). */
+#define KVP_SINGLES_LANES 1
 #define KVP_PACK_PER_LAYER 7 /* wq, wk, wv, wo, w_gate, w_up, w_down */
 #define KVP_TILE_ROWS 256  /* prefill: weight rows dequantized per sgemm call (fewer repacks of
                               the activations than 64: +10-20 % prefill on real shapes) */
@@ -83,14 +87,13 @@ struct kvp_shared {
     size_t xv_stride;              /* bytes of one prepared vector in ts[].xv */
     void *xg;      /* the integer GEMM's quantized rows (prefill_gemm.h), NULL when the CPU has
                       no such kernel */
-    bool pack;     /* an engine's: may pack the weights (a lone context's single sequence never
-                      does, and never pays the memory) */
+    bool pack;     /* may pack the weights (not no_pack) */
     bool pack_tried;               /* pack_weights ran (if it failed: steps run without) */
     struct kvp_lanes *lanes;       /* owned [n_layer * KVP_PACK_PER_LAYER + 1] or NULL: the
                                       layer matrices, then the classifier, packed in lanes
-                                      (matvec.h) on the engine's first step with
-                                      KVP_SINGLES_LANES singles that need not be exact;
-                                      entries with mem NULL: no kernel for the type */
+                                      (matvec.h) on the first step with KVP_SINGLES_LANES
+                                      single tokens; entries with mem NULL: no kernel for the
+                                      type */
     size_t lanes_bytes;            /* their total */
 
     /* the running pass's plan (kvp_forward_pass), read-only inside the pool */
@@ -101,8 +104,12 @@ struct kvp_shared {
                                       need not be exact; [1..] the multi-token pieces */
     struct kvp_row_seg *single;    /* [n_batch] single rows, each a mat-vec of its own */
     struct kvp_row_seg *out_multi; /* [n_batch] rows whose logits go out as one product */
-    struct kvp_row_seg *out_single;/* [n_batch] rows whose logits go out alone */
-    int n_multi, n_single, n_out_multi, n_out_single;
+    struct kvp_row_seg *out_single;/* [n_batch] rows whose logits go out alone: first the
+                                      n_out_decode decode tokens', then the last rows of
+                                      prompt pieces, which always go through the mat-vec, not
+                                      the packed weights, so that their logits do not depend
+                                      on whether another sequence's token packed them */
+    int n_multi, n_single, n_out_multi, n_out_single, n_out_decode;
     /* the next (sequence, KV head) pair of a layer's grouped decode (kv_step.c, kvp_kv_step),
      * on a cache line of its own: every thread takes pairs from it */
     char pad_[64];
@@ -200,6 +207,8 @@ struct kvp_pass_item {
 int kvp_shared_init(const struct kvp_model *model, int n_threads, int n_batch, int n_ctx,
                     struct kvp_shared **out, struct kvp_err *err);
 void kvp_shared_free(struct kvp_shared *sh);
+/* Pack the weights now if sh may and has not yet (forward.c, pack_weights): the bytes packed. */
+size_t kvp_shared_pack(struct kvp_shared *sh);
 
 /* A sequence on shared state sh (p->n_ctx <= sh->n_ctx; p->n_threads and n_batch unused). */
 int kvp_seq_setup(struct kvp_shared *sh, const struct kvp_ctx_params *p, struct kvp_ctx **out,

@@ -227,6 +227,7 @@ int kvp_ctx_init(const kvp_model *model, const struct kvp_ctx_params *params, kv
     int rc = kvp_shared_init(model, p.n_threads, p.n_batch, p.n_ctx, &sh, err);
     if (rc < 0)
         return rc;
+    sh->pack = !p.no_pack;
     if ((rc = kvp_seq_setup(sh, &p, out, err)) < 0) {
         kvp_shared_free(sh);
         return rc;
@@ -393,12 +394,12 @@ static void free_packed(struct kvp_shared *sh)
     sh->lanes_bytes = 0;
 }
 
-/* Pack every layer matrix whose type has a lanes kernel, once, on an engine's first step with
- * KVP_SINGLES_LANES single tokens that need not be exact (before the pool runs that step, so no
- * thread reads sh->lanes while it is made). Why once: turning 16 rows into a lanes tile costs
- * about three vectors' products, which per call made the kernel lose to the multi-vector
- * mat-vec and the GEMM; packed, a step's singles cost one weight read plus a few microseconds
- * per vector (docs/batched.md, "Exact or fast steps"). Out of memory is not an error: steps run without. */
+/* Pack every layer matrix whose type has a lanes kernel, once, on the first step with a decode
+ * token (before the pool runs that step, so no thread reads sh->lanes while it is made). Why
+ * once: turning 16 rows into a lanes tile costs about three vectors' products, which per call
+ * made the kernel lose to the mat-vec and the GEMM; packed, a step's decode tokens cost one read
+ * of the packed weights plus a few microseconds per token (docs/batched.md, "Exact or fast
+ * steps"). Out of memory is not an error: steps run without. */
 static void pack_weights(struct kvp_shared *sh)
 {
     const struct kvp_model *m = sh->model;
@@ -416,6 +417,18 @@ static void pack_weights(struct kvp_shared *sh)
         sh->lanes_bytes += sh->lanes[i].bytes;
     }
     kvp_pool_run(sh->pool, pack_worker, sh);
+}
+
+size_t kvp_shared_pack(struct kvp_shared *sh)
+{
+    if (sh->pack && !sh->pack_tried)
+        pack_weights(sh);
+    return sh->lanes ? sh->lanes_bytes : 0;
+}
+
+size_t kvp_ctx_pack_weights(kvp_ctx *c)
+{
+    return c ? kvp_shared_pack(c->sh) : 0;
 }
 
 /* ---- building blocks ---------------------------------------------------------------------- */
@@ -494,9 +507,11 @@ static void matvec_multi(struct kvp_shared *sh, const struct kvp_mat *W,
         for (int j = 0; j < n; j++)
             kvp_matvec_prepare(W->type, X + (size_t)segs[j].row0 * ldx, W->cols,
                                xv + (size_t)j * sh->xv_stride);
-    if (P && !sh->exact && n >= KVP_SINGLES_LANES && vt >= 0) {
-        /* weights packed in lanes (a step that need not be exact): every vector in one call
-         * over this thread's rows, the accumulating products added in place */
+    if (P && n >= KVP_SINGLES_LANES && vt >= 0) {
+        /* weights packed in lanes: every vector in one call over this thread's rows, the
+         * accumulating products added in place. Exact steps too: a vector's results do not
+         * depend on the others in the call nor on the rows a thread owns, so a sequence gets
+         * in any step what it gets alone. */
         for (int j = 0; j < n; j++) {
             ts->xvp[j] = xv + (size_t)j * sh->xv_stride;
             ts->yvp[j] = (segs[j].y ? segs[j].y : Y + (size_t)segs[j].row0 * ldy) + r0;
@@ -743,8 +758,11 @@ static void forward_worker(void *arg, int ith, int nth)
     long r0, r1;
     kvp_split_range((long)m->output.rows, ith, nth, &r0, &r1);
     matmul_pass(sh, &m->output, packed(sh, hp->n_layer, 0), sh->xn, D, sh->out_multi,
-                sh->n_out_multi, sh->out_single, sh->n_out_single, NULL, hp->n_vocab, false,
+                sh->n_out_multi, sh->out_single, sh->n_out_decode, NULL, hp->n_vocab, false,
                 false, r0, r1, ith, nth);
+    matvec_multi(sh, &m->output, NULL, sh->xn, D, sh->out_single + sh->n_out_decode,
+                 sh->n_out_single - sh->n_out_decode, NULL, hp->n_vocab, false, false, r0, r1,
+                 ith);
 }
 
 void kvp_job_open(struct kvp_ctx *c, int n)
@@ -800,13 +818,18 @@ int kvp_forward_pass(struct kvp_shared *sh, const struct kvp_pass_item *items, i
             sh->single[sh->n_single++] = seg;
         if (it->logits && it->all_logits && it->n > 1)
             sh->out_multi[sh->n_out_multi++] = (struct kvp_row_seg){r, it->n, it->logits};
-        else if (it->logits)
-            sh->out_single[sh->n_out_single++] =
-                (struct kvp_row_seg){r + it->n - 1, 1, it->logits};
+        else if (it->logits && it->n == 1)
+            sh->out_single[sh->n_out_single++] = (struct kvp_row_seg){r, 1, it->logits};
     }
+    /* then the last rows of prompt pieces that want only those logits (see n_out_decode) */
+    sh->n_out_decode = sh->n_out_single;
+    for (int i = 0; i < n_items; i++)
+        if (items[i].logits && !items[i].all_logits && items[i].n > 1)
+            sh->out_single[sh->n_out_single++] = (struct kvp_row_seg){
+                items[i].c->job_row0 + items[i].n - 1, 1, items[i].logits};
     row = row_multi;
     sh->n_rows = row;
-    if (sh->pack && !sh->pack_tried && !sh->exact && n_single >= KVP_SINGLES_LANES)
+    if (sh->pack && !sh->pack_tried && n_single >= KVP_SINGLES_LANES)
         pack_weights(sh);
     for (int i = 0; i < n_items; i++)
         kvp_kv_batch_begin(items[i].c);

@@ -720,13 +720,16 @@ int srv_engine_start(const struct srv_engine_config *cfg, struct srv_engine **ou
     }
     e->batch = calloc((size_t)cfg->n_slots, sizeof(*e->batch));
     struct kvp_engine_params ep = {.n_threads = cfg->cp.n_threads, .n_batch = cfg->cp.n_batch,
-                                   .n_ctx = cfg->cp.n_ctx, .exact = true};
+                                   .n_ctx = cfg->cp.n_ctx, .exact = true,
+                                   .no_pack = cfg->cp.no_pack};
     int erc = e->batch ? kvp_engine_init(cfg->model, &ep, &e->kv_engine, err)
                        : kvp_err_set(err, KVP_ENOMEM, "out of memory");
     if (erc < 0) {
         srv_engine_free(e);
         return erc;
     }
+    /* the weights packed for decode now, so that no request's first token waits for it */
+    kvp_engine_pack_weights(e->kv_engine);
     e->n_batch = cfg->cp.n_batch > 0 ? cfg->cp.n_batch : 512;
     for (int i = 0; i < cfg->n_slots; i++) {
         struct slot *s = &e->slots[i];
