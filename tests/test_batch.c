@@ -1095,6 +1095,14 @@ static void check_lanes_kernel(int type, int cols)
     /* lanes: per block a scale product, the fused add (Q4_K: and the mins' product and add);
      * the single-vector kernels: lane partials, their adds and the horizontal sum */
     const int nb = cols / 32, lanes_steps = 2 * nb + 4, single_steps = 2 * nb + 24;
+    /* each vector alone over every row: what it must get, bit for bit, in any call (exact
+     * engines run decode tokens through this kernel, whatever else shares the step) */
+    float *lone = malloc(NV * ROWS * sizeof(float));
+    for (int j = 0; j < NV; j++) {
+        const void *xp1[1] = {xq + j * xb};
+        float *yp1[1] = {lone + j * ROWS};
+        kvp_lanes_rows(&P, xp1, 1, yp1, 0, ROWS, false);
+    }
     for (int acc = 0; acc < 2; acc++)
         for (int nv = 1; nv <= NV; nv += nv < 4 ? 1 : 5)
             for (int r0 = 0; r0 < 18; r0 += r0 ? 16 : 1) /* 0, 1, 17 */
@@ -1118,6 +1126,8 @@ static void check_lanes_kernel(int type, int cols)
                             assert_true(dot_within(y, ee + base, tt2 + fabs(ee) + base,
                                                    lanes_steps + 1));
                             assert_true(dot_within(ref[r], ee, tt2, single_steps));
+                            assert_true(y == (acc ? base + lone[j * ROWS + r]
+                                                  : lone[j * ROWS + r]));
                         }
                         /* beyond r1 nothing was written */
                         for (int r = r1 - r0; r < ROWS; r++)
@@ -1136,7 +1146,7 @@ static void check_lanes_kernel(int type, int cols)
     }
     assert_true(bad > ROWS / 2);
     kvp_lanes_free(&P);
-    free(w), free(xq), free(x), free(ref), free(out), free(e), free(T);
+    free(w), free(xq), free(x), free(ref), free(out), free(e), free(T), free(lone);
 }
 
 static void test_lanes_kernel(void **state)

@@ -83,8 +83,8 @@ void kvp_lanes_free(struct kvp_lanes *P);
 /* y[j][r - r0] (+= when accumulate) = dot(row r of the packed W, the vector prepared in xq[j])
  * for j < nv and r in [r0, r1) (any rows: a tile the range cuts is computed and stored in part):
  * kvp_matvec_rows_multi's contract except that a result may differ from kvp_matvec_rows's by
- * float rounding (the blocks are added in another order), so only for steps that need not be
- * exact. */
+ * float rounding (the blocks are added in another order); it depends neither on the other
+ * vectors nor on r0 and r1. */
 void kvp_lanes_rows(const struct kvp_lanes *P, const void *const *xq, int nv, float *const *y,
                     int64_t r0, int64_t r1, bool accumulate);
 

@@ -119,8 +119,9 @@ struct kvp_simd_ops {
      * in the same order in every table, so the tables agree bit for bit. */
     void (*gemm_tile_k)(const struct kvp_gemm_tile *tile, const void *xg, int n, float *y,
                         int ldy, bool accumulate);
-    /* The decode rows of a batched step that need not be bit-identical to rows_q8_0 / rows_q
-     * (an engine that is not exact), on weights packed once with weight rows in the lanes
+    /* Decode rows (one vector or many; results that may differ from rows_q8_0 / rows_q by
+     * float rounding but not with the other vectors or rows), on weights packed once with
+     * weight rows in the lanes
      * (matvec.h, struct kvp_lanes), indexed by the GGUF type id (Q8_0 included). lanes_pack:
      * tiles [t0, t1) of 16 rows of the nrows × n matrix w into dst, the packed matrix's base
      * (kvp_lanes_bytes' layout). lanes_rows: y[j][r - r0] (+= when accumulate) the dot of row

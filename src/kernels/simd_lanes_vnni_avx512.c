@@ -1,19 +1,19 @@
 /*
- * Decode rows of a batched step with weight rows in the lanes (AVX-512 VNNI; the avx512vnni
- * table's rows_q_lanes, simd.h). For steps that need not be bit-identical to the single-vector
- * kernels (an engine that is not exact).
+ * Decode rows with weight rows in the lanes (AVX-512 VNNI; the avx512vnni table's lanes_pack and
+ * lanes_rows, simd.h): every decode token where the CPU has this table, one sequence or many
+ * (forward.c, KVP_SINGLES_LANES).
  *
- * Why: the multi-vector kernels of simd_vnni_avx512.c keep the single-vector layout, a zmm holds
- * 64 codes of one row, so every (row, vector, block pair) needs its own int-to-float conversion,
- * scale multiply and fused add after its one vpdpbusd: four instructions per 64 products, and
- * more where the codes are unpacked per vector. Here 16 rows are turned once into a tile where a
- * zmm holds four consecutive codes of each of the 16 rows (a 16 × 16 dword transpose of two
- * blocks of each row), so one vpdpbusd with four activation bytes broadcast from memory adds four
- * products into each of 16 rows: eight of them finish a 32-element block for 16 rows with no
- * horizontal sum, and the float work (one convert, one multiply, one fused add, plus one for
- * Q4_K's mins) is shared by the 16 rows. The tile (unpacking 4- and 5-bit codes, making them
- * unsigned, the transpose, the scales as floats) is built once per 16 rows and block chunk and
- * serves every vector.
+ * Why: the row-by-row kernels of simd_vnni_avx512.c (one vector, or several in the multi-vector
+ * ones) keep the file's layout, a zmm holds 64 codes of one row, so every (row, vector, block
+ * pair) needs its own int-to-float conversion, scale multiply, fused add and in the end a
+ * horizontal sum: their arithmetic, not the memory, binds them. Here 16 rows are turned once
+ * into a tile where a zmm holds four consecutive codes of each of the 16 rows (a 16 × 16 dword
+ * transpose of two blocks of each row), so one vpdpbusd with four activation bytes broadcast
+ * from memory adds four products into each of 16 rows: eight of them finish a 32-element block
+ * for 16 rows with no horizontal sum, and the float work (one convert, one multiply, one fused
+ * add, plus one for Q4_K's mins) is shared by the 16 rows. The tile (the transpose, codes made
+ * unsigned, 4- and 5-bit codes kept as nibbles and bit masks) is built once per matrix
+ * (kvp_lanes_pack) and serves every call and vector.
  *
  * Signedness: vpdpbusd multiplies unsigned by signed bytes; the tile holds unsigned codes (Q8_0
  * with the sign bit flipped, i.e. + 128; Q4_0, Q5_0 and Q4_K as stored, 0..15 or 0..31) and the
@@ -24,7 +24,10 @@
  * Rounding: per row and vector the blocks are added in column order, each as one fused
  * multiply-add of the exact int32 sum (|sum| < 2^24, so its conversion is exact) by dw·dx; so a
  * result differs from the single-vector kernel's (which adds per-lane partial sums in another
- * order) only by float rounding, within the bound tests/test_batch.c derives.
+ * order) only by float rounding, within the bound tests/test_batch.c derives. A vector's
+ * results depend neither on the other vectors of a call nor on the rows asked for (a tile the
+ * range cuts is computed whole), so exact steps may use it: a sequence gets the same logits in
+ * any step.
  */
 #include <immintrin.h>
 #include <stdbool.h>
@@ -494,16 +497,28 @@ LN_INLINE void ln_pack(const void *w, size_t row_bytes, int64_t n, int64_t nrows
     }
 }
 
+/* Tiles per group where a row's blocks take more than one chunk (see ln_run). */
+enum { LN_TG = 8 };
+
 /* y[j][r - r0] (+)= rows [r0, r1) of the packed matrix against the nv prepared vectors xq[j]. A
- * tile that the range cuts is computed whole and stored for the range's rows only. */
+ * tile that the range cuts is computed whole and stored for the range's rows only. The vectors'
+ * blocks are prepared once per call where a row is at most one chunk (LN_CB blocks); longer rows
+ * (a down projection of 8192 columns) go a group of LN_TG tiles at a time, chunk by chunk, so
+ * that a chunk's blocks are prepared once per group instead of once per tile (preparing them for
+ * every tile doubled the arithmetic of one vector), each tile's sums kept between chunks; the
+ * blocks of each (row, vector) are still added in column order, so the results are the same. */
 LN_INLINE void ln_run(const void *packed, int64_t n, const void *const *xq, int nv, int64_t r0,
-                   int64_t r1, float *const *y, bool accumulate, int kind)
+                      int64_t r1, float *const *y, bool accumulate, int kind)
 {
     struct ln_x prep[LN_NV][LN_CB];
     const int64_t nb = n / 32;
-    const size_t tb = kvp_lanes_tile_bytes(ln_type(kind), n);
+    const size_t tb = kvp_lanes_tile_bytes(ln_type(kind), n), cb = ln_code_bytes(kind);
     const bool once = nb <= LN_CB;
-    struct ln_pf pf = {NULL, (tb + (size_t)nb - 1) / (size_t)nb};
+    const int tg = once ? 1 : LN_TG;
+    const int64_t t_first = r0 / LN_ROWS, t_end = (r1 + LN_ROWS - 1) / LN_ROWS;
+    /* one chunk: the cursor runs LN_PF_AHEAD through the tiles in address order; more: it
+     * runs through the (tile, chunk) computed next, that region's codes */
+    struct ln_pf pf = {NULL, once ? (tb + (size_t)nb - 1) / (size_t)nb : cb};
     for (int j0 = 0; j0 < nv; j0 += LN_NV) {
         int m = nv - j0 < LN_NV ? nv - j0 : LN_NV;
         const struct ln_x *xp[LN_NV];
@@ -512,32 +527,44 @@ LN_INLINE void ln_run(const void *packed, int64_t n, const void *const *xq, int 
                 ln_prep((const uint8_t *)xq[j0 + j], 0, (int)nb, prep[j], kind);
             xp[j] = prep[j];
         }
-        for (int64_t t = r0 / LN_ROWS; t * LN_ROWS < r1; t++) {
-            const int64_t ta = t * LN_ROWS;
-            const int lo = ta < r0 ? (int)(r0 - ta) : 0;
-            const int hi = r1 - ta < LN_ROWS ? (int)(r1 - ta) : LN_ROWS;
-            const uint8_t *base = (const uint8_t *)packed + (size_t)t * tb;
-            if (pf.cur < (const char *)base + LN_PF_AHEAD) /* the first tile, or a slow cursor */
-                pf.cur = (const char *)base + LN_PF_AHEAD;
-            __m512 acc[LN_NV];
-            for (int j = 0; j < m; j++)
-                acc[j] = _mm512_setzero_ps();
+        for (int64_t g = t_first; g < t_end; g += tg) {
+            const int gn = t_end - g < tg ? (int)(t_end - g) : tg;
+            __m512 acc[LN_TG][LN_NV];
+            for (int i = 0; i < gn; i++)
+                for (int j = 0; j < m; j++)
+                    acc[i][j] = _mm512_setzero_ps();
             for (int64_t b0 = 0; b0 < nb; b0 += LN_CB) {
                 int nbc = nb - b0 < LN_CB ? (int)(nb - b0) : LN_CB;
                 if (!once)
                     for (int j = 0; j < m; j++)
                         ln_prep((const uint8_t *)xq[j0 + j], b0, nbc, prep[j], kind);
-                struct ln_tile v = ln_view(base, n, b0, kind);
-                ln_compute_any(&v, nbc, xp, m, acc, &pf, kind);
+                for (int i = 0; i < gn; i++) {
+                    const uint8_t *base = (const uint8_t *)packed + (size_t)(g + i) * tb;
+                    if (once) {
+                        if (pf.cur < (const char *)base + LN_PF_AHEAD) /* a slow cursor */
+                            pf.cur = (const char *)base + LN_PF_AHEAD;
+                    } else { /* the next tile of the group, else the next chunk or group */
+                        int64_t nt = i + 1 < gn ? g + i + 1 : b0 + LN_CB < nb ? g : g + gn;
+                        int64_t nc = i + 1 < gn ? b0 : b0 + LN_CB < nb ? b0 + LN_CB : 0;
+                        pf.cur = (const char *)packed + (size_t)nt * tb + (size_t)nc * cb;
+                    }
+                    struct ln_tile v = ln_view(base, n, b0, kind);
+                    ln_compute_any(&v, nbc, xp, m, acc[i], &pf, kind);
+                }
             }
-            /* lanes lo..hi-1 are rows ta+lo .. ta+hi-1, stored at y + ta - r0 */
-            const __mmask16 mk = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
-            for (int j = 0; j < m; j++) {
-                float *yj = y[j0 + j] + (ta - r0);
-                __m512 v = acc[j];
-                if (accumulate)
-                    v = _mm512_add_ps(_mm512_maskz_loadu_ps(mk, yj), v);
-                _mm512_mask_storeu_ps(yj, mk, v);
+            for (int i = 0; i < gn; i++) {
+                /* lanes lo..hi-1 are rows ta+lo .. ta+hi-1, stored at y + ta - r0 */
+                const int64_t ta = (g + i) * LN_ROWS;
+                const int lo = ta < r0 ? (int)(r0 - ta) : 0;
+                const int hi = r1 - ta < LN_ROWS ? (int)(r1 - ta) : LN_ROWS;
+                const __mmask16 mk = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+                for (int j = 0; j < m; j++) {
+                    float *yj = y[j0 + j] + (ta - r0);
+                    __m512 v = acc[i][j];
+                    if (accumulate)
+                        v = _mm512_add_ps(_mm512_maskz_loadu_ps(mk, yj), v);
+                    _mm512_mask_storeu_ps(yj, mk, v);
+                }
             }
         }
     }
