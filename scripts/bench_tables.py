@@ -536,8 +536,7 @@ SECTIONS = [
      "many cached, the quest rows against llama.cpp's dense decode."),
     ("Against llama.cpp on an Intel Xeon", lambda: peers(
         name="peers_xeon.jsonl",
-        command="REPS=1 SHAPES=l1b TYPES=Q4_K THREADS=2 LONG=\"\" scripts/bench_peers.sh; "
-                "REPS=1 SHAPES=smol TYPES=Q8_0 THREADS=2 LONG=32768 scripts/bench_peers.sh"),
+        command="REPS=1 LONG=32768 scripts/bench_peers.sh"),
      "The same script on an Intel Xeon VM (2 vCPUs, AVX-512 with VNNI, BF16 and FP16, AMX, 480 "
      "MiB of L3), where llama.cpp's own llama-bench and llama-batched-bench run (with its AMX "
      "kernels). One rep per row, each row's `note` says whether the host was idle. The 32768 "
