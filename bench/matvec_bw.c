@@ -181,27 +181,19 @@ static int run_one(struct kvp_pool *pool, int n_threads, const char *spec, size_
     const void *xqs[64];
     float *ys[64] = {0};
     size_t timed = bytes; /* the bytes the kernel reads */
+    int rc = -1;
     if (nv > 0) {
         if (kvp_lanes_init(&P, &W) < 0) {
             fprintf(stderr, "matvec_bw: no lanes kernel for %s:%ld on this CPU\n", name, cols);
-            kvp_free_aligned(w);
-            free(x), free(y), free(xq);
-            return -1;
+            goto out;
         }
         kvp_lanes_pack(&P, &W, 0, kvp_lanes_tiles(&P));
-        int ok = 1;
         for (int v = 0; v < nv; v++) {
             xqs[v] = xq;
-            ok &= (ys[v] = malloc((size_t)rows * sizeof(float))) != NULL;
-        }
-        if (!ok) {
-            fprintf(stderr, "matvec_bw: out of memory for %d outputs\n", nv);
-            for (int v = 0; v < nv; v++)
-                free(ys[v]);
-            kvp_lanes_free(&P);
-            kvp_free_aligned(w);
-            free(x), free(y), free(xq);
-            return -1;
+            if (!(ys[v] = malloc((size_t)rows * sizeof(float)))) {
+                fprintf(stderr, "matvec_bw: out of memory for %d outputs\n", nv);
+                goto out;
+            }
         }
         j.P = &P, j.xqs = xqs, j.ys = ys, j.nv = nv;
         j.buf = P.mem, j.bytes = P.bytes / 256 * 256;
@@ -234,12 +226,14 @@ static int run_one(struct kvp_pool *pool, int n_threads, const char *spec, size_
         printf("\"matvec_gb_s\":%.2f,", median(mv, reps));
     printf("\"read_gb_s\":%.2f,\"ratio\":%.3f}\n", median(rd, reps), median(ratio, reps));
     fflush(stdout);
+    rc = 0;
+out:
     for (int v = 0; v < nv; v++)
         free(ys[v]);
     kvp_lanes_free(&P);
     kvp_free_aligned(w);
     free(x), free(y), free(xq);
-    return 0;
+    return rc;
 }
 
 int main(int argc, char **argv)

@@ -829,8 +829,8 @@ int kvp_forward_pass(struct kvp_shared *sh, const struct kvp_pass_item *items, i
                 items[i].c->job_row0 + items[i].n - 1, 1, items[i].logits};
     row = row_multi;
     sh->n_rows = row;
-    if (sh->pack && !sh->pack_tried && n_single >= KVP_SINGLES_LANES)
-        pack_weights(sh);
+    if (n_single >= KVP_SINGLES_LANES)
+        kvp_shared_pack(sh);
     for (int i = 0; i < n_items; i++)
         kvp_kv_batch_begin(items[i].c);
     kvp_pool_run(sh->pool, forward_worker, sh);
