@@ -122,6 +122,7 @@ void kvp_kvcache_clear(struct kvp_kvcache *c)
     memset(c->compact_limit, 0, n_lh * sizeof(int32_t)); /* every slot is its position again */
     /* pop order 0, 1, 2, ...: physical blocks fill the pool front to back */
     c->n_free = c->n_pool;
+    c->reserved_blocks = 0;
     for (int i = 0; i < c->n_pool; i++)
         c->free_stack[i] = c->n_pool - 1 - i;
 }
@@ -169,6 +170,9 @@ void kvp_kvcache_truncate(struct kvp_kvcache *c, int n_tokens)
 {
     int bs = c->block_size;
     int first_gone = (n_tokens + bs - 1) / bs; /* blocks wholly past the end */
+    /* the block holding the cut may have been freed fully evicted and now holds live tokens */
+    if (c->reserved_blocks > n_tokens / bs)
+        c->reserved_blocks = n_tokens / bs;
     for (int lh = 0; lh < c->n_layer * c->n_head_kv; lh++) {
         int32_t *tab = c->table + (size_t)lh * c->max_blocks;
         uint64_t *ev = c->evicted + (size_t)lh * c->max_blocks;
@@ -205,7 +209,7 @@ int kvp_kvcache_reserve(struct kvp_kvcache *c, int n_tokens, struct kvp_err *err
     for (int lh = 0; lh < c->n_layer * c->n_head_kv; lh++) {
         int32_t *tab = c->table + (size_t)lh * c->max_blocks;
         uint64_t *ev = c->evicted + (size_t)lh * c->max_blocks;
-        for (int b = 0; b < n_blocks; b++) {
+        for (int b = c->reserved_blocks; b < n_blocks; b++) {
             if (tab[b] >= 0 || (ev[b] & full_mask(c)) == full_mask(c))
                 continue; /* present, or freed after full eviction */
             if (c->n_free == 0)
@@ -213,6 +217,10 @@ int kvp_kvcache_reserve(struct kvp_kvcache *c, int n_tokens, struct kvp_err *err
             tab[b] = c->free_stack[--c->n_free];
         }
     }
+    /* below n_blocks a block only leaves the table fully evicted (which it stays) or by a
+     * truncate, which lowers this mark */
+    if (n_blocks > c->reserved_blocks)
+        c->reserved_blocks = n_blocks;
     return 0;
 }
 

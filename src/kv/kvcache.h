@@ -70,6 +70,9 @@ struct kvp_kvcache {
     int32_t *released;     /* owned [n_layer*n_head_kv]: logical blocks fully evicted */
     int32_t *free_stack;   /* owned [n_pool] */
     int n_free;
+    int reserved_blocks;   /* logical blocks [0, this) of every (layer, KV head) are backed or
+                              fully evicted: reserve starts there (a decode step's reserve then
+                              visits one block per (layer, KV head), not the whole context) */
     bool release;          /* give fully evicted blocks back to the pool */
     bool compact;          /* kvp_kvcache_compact is on (the default; off to compare runs) */
     int32_t *compact_limit;/* owned [n_layer*n_head_kv]: largest limit compacted so far (cut
