@@ -161,6 +161,89 @@ static void test_mask_add_range(void **state)
     }
 }
 
+/* kvp_sel_chosen (the forced ranges, the chosen blocks and the budget's fill below the local
+ * window) against a token-by-token marking, over random plans and chosen sets: ascending ones
+ * (the short path that never touches the blocks between them), shuffled ones and short ones (the
+ * pass over every block's mask). */
+static void test_sel_chosen_against_tokens(void **state)
+{
+    (void)state;
+    enum { MAXT = 2048, MAXB = MAXT };
+    static int32_t chosen[MAXB], sblocks[MAXB], pool[MAXB];
+    static uint64_t smask[MAXB], scratch[MAXB];
+    static unsigned char want[MAXT], blk_full[MAXB];
+    const int sizes[] = {4, 16, 64};
+    for (int it = 0; it < 3000; it++) {
+        const int bs = sizes[it % 3];
+        const int n = 1 + (int)(urand() * (MAXT - 1));
+        const int nb = (n + bs - 1) / bs;
+        struct kvp_block_plan bp = {.n_blocks = nb};
+        bp.sink = (int)(urand() * (n < 100 ? n : 100));
+        int ls = bp.sink + (int)(urand() * (n - bp.sink + 1));
+        if (urand() < 0.7)
+            ls = ls / bs * bs; /* the window moved down to a block boundary */
+        bp.local_start = ls;
+        bp.first = (bp.sink + bs - 1) / bs;
+        bp.end = ls / bs > bp.first ? ls / bs : bp.first;
+        const int n_cand = bp.end - bp.first;
+        bp.k = (int)(urand() * (n_cand + 1));
+        bp.left = urand() < 0.8 ? (int)(urand() * bs) : (int)(urand() * 4 * bs);
+        /* k distinct candidates (a partial shuffle), sometimes fewer, sometimes out of order */
+        for (int i = 0; i < n_cand; i++)
+            pool[i] = bp.first + i;
+        for (int i = 0; i < bp.k; i++) {
+            int j = i + (int)(urand() * (n_cand - i));
+            int32_t t = pool[i];
+            pool[i] = pool[j];
+            pool[j] = t;
+        }
+        int n_chosen = bp.k > 0 && urand() < 0.1 ? bp.k - 1 : bp.k;
+        memcpy(chosen, pool, (size_t)n_chosen * sizeof(int32_t));
+        if (urand() < 0.75) /* ascending (insertion sort: k is small enough here) */
+            for (int i = 1; i < n_chosen; i++)
+                for (int j = i; j > 0 && chosen[j] < chosen[j - 1]; j--) {
+                    int32_t t = chosen[j];
+                    chosen[j] = chosen[j - 1];
+                    chosen[j - 1] = t;
+                }
+        /* the reference: tokens marked one by one */
+        memset(want, 0, (size_t)n);
+        for (int t = 0; t < bp.sink; t++)
+            want[t] = 1;
+        for (int t = ls; t < n; t++)
+            want[t] = 1;
+        for (int i = 0; i < n_chosen; i++)
+            for (int t = chosen[i] * bs; t < (chosen[i] + 1) * bs && t < n; t++)
+                want[t] = 1;
+        for (int b = 0; b < nb; b++) {
+            blk_full[b] = 1;
+            for (int t = b * bs; t < (b + 1) * bs; t++)
+                blk_full[b] &= t < n && want[t];
+        }
+        int left = bp.left + (n_chosen < bp.k ? (bp.k - n_chosen) * bs : 0);
+        for (int t = ls - 1; t >= bp.sink && left > 0; t--)
+            if (!blk_full[t / bs] && !want[t]) {
+                want[t] = 1;
+                left--;
+            }
+        struct kvp_sel sel = {.blocks = sblocks, .mask = smask};
+        kvp_sel_chosen(&bp, chosen, n_chosen, n, bs, &sel, scratch);
+        int w = 0;
+        for (int b = 0; b < nb; b++) {
+            uint64_t m = 0;
+            for (int t = b * bs; t < (b + 1) * bs && t < n; t++)
+                m |= (uint64_t)want[t] << (t - b * bs);
+            if (!m)
+                continue;
+            assert_true(w < sel.n);
+            assert_int_equal(sel.blocks[w], b);
+            assert_true(sel.mask[w] == m);
+            w++;
+        }
+        assert_int_equal(sel.n, w);
+    }
+}
+
 static void test_topk_ties_to_lower_index(void **state)
 {
     (void)state;
@@ -693,6 +776,7 @@ int main(void)
         cmocka_unit_test(test_block_budget_semantics),
         cmocka_unit_test(test_token_budget_semantics),
         cmocka_unit_test(test_mask_add_range),
+        cmocka_unit_test(test_sel_chosen_against_tokens),
         cmocka_unit_test(test_quest_bound_and_selection),
         cmocka_unit_test(test_snapkv_scores_and_keep_set),
         cmocka_unit_test(test_h2o_accumulation_and_eviction),

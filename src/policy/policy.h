@@ -209,14 +209,16 @@ int kvp_sel_blocks_keep(const struct kvp_block_plan *bp, const float *score, int
 /* The forced ranges of a plan plus the candidate blocks chosen[0..n_chosen) (any order), and
  * the budget they leave on the tokens right below the local window that no chosen block holds.
  * kvp_sel_blocks and kvp_sel_blocks_keep end here, so every block policy reads the same number
- * of tokens at the same budget. */
+ * of tokens at the same budget. masks: [n_blocks] scratch (ascending chosen blocks, all k of
+ * the plan, take a path that does not touch it: its cost is then that of the chosen blocks,
+ * not of the context). */
 void kvp_sel_chosen(const struct kvp_block_plan *bp, const int32_t *chosen, int n_chosen,
                     int n_tokens, int bs, struct kvp_sel *sel, uint64_t *masks);
 
 /* The block oracle's selection: of every selection the plan allows (k whole candidate blocks
  * and the fill kvp_sel_chosen adds), the one with the largest sum of score[t] (per token, e.g.
  * the true attention), so no block policy reading as many tokens recovers more. masks:
- * [n_blocks]; bscore: [n_blocks] floats; iscratch: 3 * (end - first) ints. */
+ * [n_blocks], left holding the selection's mask of every block; bscore: [n_blocks] floats; iscratch: 3 * (end - first) ints. */
 void kvp_sel_best(const struct kvp_block_plan *bp, const float *score, int n_tokens, int bs,
                   struct kvp_sel *sel, uint64_t *masks, float *bscore, int *iscratch);
 

@@ -139,8 +139,106 @@ static void fill_left(const struct kvp_block_plan *bp, int n_chosen, int bs, uin
     }
 }
 
-void kvp_sel_chosen(const struct kvp_block_plan *bp, const int32_t *chosen, int n_chosen,
-                    int n_tokens, int bs, struct kvp_sel *sel, uint64_t *masks)
+/* Blocks and masks of the forced ranges and the fill that kvp_sel_chosen's short path collects
+ * besides the chosen blocks (a sink and a local window of up to 16 blocks each, the fill's few). */
+#define SEL_EXTRA_MAX 48
+
+struct sel_extra {
+    int n;
+    int32_t block[SEL_EXTRA_MAX];
+    uint64_t mask[SEL_EXTRA_MAX];
+};
+
+/* Tokens [begin, end) into the list, one entry per block; false when it is full. */
+static bool extra_add_range(struct sel_extra *x, int begin, int end, int bs)
+{
+    if (begin < 0)
+        begin = 0;
+    while (begin < end) {
+        const int o = begin % bs, n = end - begin < bs - o ? end - begin : bs - o;
+        if (x->n == SEL_EXTRA_MAX)
+            return false;
+        x->block[x->n] = begin / bs;
+        x->mask[x->n++] = (n == 64 ? ~0ULL : (1ULL << n) - 1) << o;
+        begin += n;
+    }
+    return true;
+}
+
+/* kvp_sel_chosen without a pass over every block of the context: chosen ascending, all k of
+ * the plan, and a fill under one block. The forced ranges and the fill are a few blocks, so the
+ * selection is the chosen blocks merged with them; at 131072 tokens the mask pass cleared and
+ * scanned 8192 words per (layer, KV head) and step to place a few hundred. False when the case
+ * is not one of these (the caller takes the mask pass; the result is the same). */
+static bool sel_chosen_short(const struct kvp_block_plan *bp, const int32_t *chosen, int n_chosen,
+                             int n_tokens, int bs, struct kvp_sel *sel)
+{
+    if (n_chosen != bp->k || bp->left >= bs)
+        return false;
+    for (int i = 1; i < n_chosen; i++)
+        if (chosen[i] <= chosen[i - 1])
+            return false;
+    struct sel_extra x = {.n = 0};
+    if (!extra_add_range(&x, 0, bp->sink, bs) ||
+        !extra_add_range(&x, bp->local_start, n_tokens, bs))
+        return false;
+    /* the fill, as fill_left walks it: down from the block below the local window, over the
+     * chosen blocks (full), taking the top of each other block between the sink and the window */
+    const uint64_t full = block_full_mask(bs);
+    int left = bp->left, ci = n_chosen - 1;
+    for (int b = (bp->local_start - 1) / bs; b >= 0 && left > 0 && bp->local_start > 0; b--) {
+        while (ci >= 0 && chosen[ci] > b)
+            ci--;
+        if (ci >= 0 && chosen[ci] == b)
+            continue;
+        uint64_t have = 0; /* what the forced ranges already hold of b */
+        for (int i = 0; i < x.n; i++)
+            have |= x.block[i] == b ? x.mask[i] : 0;
+        if (have == full)
+            continue;
+        const int hi = bp->local_start < (b + 1) * bs ? bp->local_start : (b + 1) * bs;
+        const int lo = bp->sink > b * bs ? bp->sink : b * bs;
+        const int n = hi - lo < left ? hi - lo : left;
+        if (n <= 0)
+            continue;
+        if (!extra_add_range(&x, hi - n, hi, bs))
+            return false;
+        left -= n;
+    }
+    /* the few extra entries by block (insertion sort), one per block, then merged with chosen */
+    for (int i = 1; i < x.n; i++)
+        for (int j = i; j > 0 && x.block[j] < x.block[j - 1]; j--) {
+            int32_t tb = x.block[j];
+            uint64_t tm = x.mask[j];
+            x.block[j] = x.block[j - 1];
+            x.mask[j] = x.mask[j - 1];
+            x.block[j - 1] = tb;
+            x.mask[j - 1] = tm;
+        }
+    int n = 0, xi = 0, c = 0;
+    while (xi < x.n || c < n_chosen) {
+        const bool take_x = c == n_chosen || (xi < x.n && x.block[xi] <= chosen[c]);
+        const int32_t b = take_x ? x.block[xi] : chosen[c];
+        uint64_t m = 0;
+        while (xi < x.n && x.block[xi] == b)
+            m |= x.mask[xi++];
+        if (c < n_chosen && chosen[c] == b) {
+            m |= full;
+            c++;
+        }
+        if (m) {
+            sel->blocks[n] = b;
+            sel->mask[n++] = m;
+        }
+    }
+    sel->n = n;
+    return true;
+}
+
+/* kvp_sel_chosen through a mask per block of the context, left in masks (the block oracle of
+ * the measurements reads them). */
+static void sel_chosen_masks(const struct kvp_block_plan *bp, const int32_t *chosen, int n_chosen,
+                             int n_tokens, int bs, struct kvp_sel *sel, uint64_t *masks)
 {
     memset(masks, 0, (size_t)bp->n_blocks * sizeof(uint64_t));
     kvp_mask_add_range(masks, 0, bp->sink, bs);
@@ -149,6 +247,13 @@ void kvp_sel_chosen(const struct kvp_block_plan *bp, const int32_t *chosen, int 
         masks[chosen[i]] = block_full_mask(bs);
     fill_left(bp, n_chosen, bs, masks);
     kvp_sel_from_masks(sel, masks, bp->n_blocks);
+}
+
+void kvp_sel_chosen(const struct kvp_block_plan *bp, const int32_t *chosen, int n_chosen,
+                    int n_tokens, int bs, struct kvp_sel *sel, uint64_t *masks)
+{
+    if (!sel_chosen_short(bp, chosen, n_chosen, n_tokens, bs, sel))
+        sel_chosen_masks(bp, chosen, n_chosen, n_tokens, bs, sel, masks);
 }
 
 void kvp_sel_best(const struct kvp_block_plan *bp, const float *score, int n_tokens, int bs,
@@ -208,7 +313,7 @@ void kvp_sel_best(const struct kvp_block_plan *bp, const float *score, int n_tok
         for (int i = 0; i < kk; i++)
             chosen[n++] = bp->first + out[i];
     }
-    kvp_sel_chosen(bp, chosen, n, n_tokens, bs, sel, masks);
+    sel_chosen_masks(bp, chosen, n, n_tokens, bs, sel, masks);
 }
 
 int kvp_sel_blocks_keep(const struct kvp_block_plan *bp, const float *score, int n_tokens, int bs,
