@@ -10,7 +10,10 @@
  *  - quest with groups selects and predicts exactly what the flat pass does on every KV type, for
  *    random and structured keys and queries (planted needles, tied blocks, zero query entries),
  *    token by token across group boundaries, after a truncation and after a reset (what a
- *    sequence copy or fork does to a policy), and prints the approximate mode's recall.
+ *    sequence copy or fork does to a policy), and prints the approximate mode's recall;
+ *  - quest's q8=1: visiting every group it selects the top blocks of the 8-bit bounds of every
+ *    block (a reference built here from the cache), below the floor it is the flat exact pass,
+ *    and its recall of the flat pass is printed beside the f16 approximate mode's.
  */
 #include <math.h>
 #include <stdio.h>
@@ -19,6 +22,8 @@
 
 #include "kv/kvcache.h"
 #include "kv/quest_meta.h"
+#include "kv/quest_meta8.h"
+#include "kernels/topk.h"
 #include "kvpred.h"
 #include "policy/coarse_sel.h"
 #include "policy/host.h"
@@ -92,7 +97,7 @@ static void test_ranking_exact_and_approx(void **state)
             memset(seen, 0, sizeof(seen));
             struct kvp_coarse_stats st;
             const int max_groups = approx ? 1 + trial % 4 : 0;
-            int n = kvp_coarse_topk(gs, score + first, G, first, end, k, max_groups, fake_fn, &f,
+            int n = kvp_coarse_topk(gs, score + first, G, first, end, k, max_groups, fake_fn, NULL, &f,
                                     gheap, bheap, cval, out, &st);
             assert_int_equal(n, k);
             int hit = 0, in_seen = 0;
@@ -157,7 +162,7 @@ static void test_ranking_exact_and_approx(void **state)
     gs[1] = 100;
     struct fake f = {src, score, seen};
     assert_int_equal(
-        kvp_coarse_topk(gs, score, 16, 0, 32, 4, 0, fake_fn, &f, gheap, bheap, NULL, out, NULL), -1);
+        kvp_coarse_topk(gs, score, 16, 0, 32, 4, 0, fake_fn, NULL, &f, gheap, bheap, NULL, out, NULL), -1);
     /* the approximate limit: visit groups per group of k, and at least the floor's blocks */
     assert_int_equal(kvp_coarse_limit(4.0f, 0, 16, 252), 64);
     assert_int_equal(kvp_coarse_limit(4.0f, 1024, 16, 30), 64);
@@ -172,7 +177,7 @@ static void test_ranking_exact_and_approx(void **state)
     struct kvp_coarse_stats st;
     memset(seen, 0, sizeof(seen));
     assert_int_equal(kvp_coarse_topk(gs, score, 4, 0, NB, 4, kvp_coarse_limit(1.0f, 48, 4, 4),
-                                     fake_fn, &f, gheap, bheap, cval, out, &st),
+                                     fake_fn, NULL, &f, gheap, bheap, cval, out, &st),
                      4);
     assert_int_equal(st.blocks, 48); /* 12 groups of 4, not the 1 that visit=1 takes */
 }
@@ -463,6 +468,154 @@ static void test_quest_coarse_equals_flat(void **state)
     kvp_kvcache_free(&kv);
 }
 
+/* ---- quest q8=1: the approximate pass over the 8-bit copies ---------------------------------- */
+
+/* What quest's approximate pass with q8=1 selects, built here from the cache: an exact fold, its
+ * groups of G blocks, 8-bit copies of both; the groups ranked by the mean over the g heads of
+ * their 8-bit bounds, the visit's groups picked (kvp_coarse_pick, max_groups; 0: every group),
+ * and the plan's k best of their blocks by the mean of the blocks' 8-bit bounds. */
+static void q8_reference(struct kvp_policy *p, const struct kvp_kvcache *kv, int h, const float *q,
+                         int n, int G, int max_groups, struct kvp_sel *sel)
+{
+    const int g = p->env.n_head / p->env.n_head_kv, mb = kv->max_blocks;
+    struct kvp_qmeta m, gm;
+    struct kvp_qmeta8 m8, gm8;
+    assert_int_equal(kvp_qmeta_init(&m, 1, kv->n_head_kv, mb, HD, kv->block_size), 0);
+    assert_int_equal(kvp_qmeta_group_init(&gm, &m, G), 0);
+    assert_int_equal(kvp_qmeta8_init(&m8, &m), 0);
+    assert_int_equal(kvp_qmeta8_init(&gm8, &gm), 0);
+    kvp_qmeta_fold(&m, kv, 0, h, n);
+    kvp_qmeta_group_update(&gm, &m, h, n);
+    kvp_qmeta8_update(&m8, &m, h, n);
+    kvp_qmeta8_update(&gm8, &gm, h, n);
+    struct kvp_block_plan bp;
+    kvp_block_plan(p, n, &bp);
+    static float ub[4 * MAXB], comb[MAXB], gcomb[MAXB], val[MAXB];
+    static int top[MAXB], scr[MAXB], gids[MAXB], idx[MAXB];
+    static int32_t chosen[MAXB];
+    static uint64_t masks[MAXB];
+    const int g0 = bp.first / G, g1 = (bp.end - 1) / G + 1, ng = g1 - g0;
+    kvp_qmeta8_bounds(&gm8, h, q, g, 1.0f, g0, g1, ub, ng);
+    kvp_gqa_combine(ub, g, ng, ng, KVP_AGG_MEAN, gcomb + g0);
+    int nb;
+    const int m_g = kvp_coarse_pick(gcomb, G, bp.first, bp.end, bp.k, max_groups > 0 ? max_groups : ng,
+                                    gids, scr, &nb);
+    const int nc = bp.end - bp.first;
+    kvp_qmeta8_bounds(&m8, h, q, g, 1.0f, bp.first, bp.end, ub, nc);
+    kvp_gqa_combine(ub, g, nc, nc, KVP_AGG_MEAN, comb);
+    int nv = 0;
+    for (int i = 0; i < m_g; i++)
+        for (int b = gids[i] * G; b < (gids[i] + 1) * G; b++)
+            if (b >= bp.first && b < bp.end) {
+                idx[nv] = b;
+                val[nv++] = comb[b - bp.first];
+            }
+    kvp_topk_indices(val, nv, bp.k, top, scr);
+    for (int i = 0; i < bp.k; i++)
+        chosen[i] = idx[top[i]];
+    kvp_sel_chosen(&bp, chosen, bp.k, n, kv->block_size, sel, masks);
+    kvp_qmeta8_free(&gm8);
+    kvp_qmeta8_free(&m8);
+    kvp_qmeta_free(&gm);
+    kvp_qmeta_free(&m);
+}
+
+static void test_quest_q8(void **state)
+{
+    (void)state;
+    const int bs = 16, n_ctx = 8192, n_kv = 2;
+    struct kvp_err err = {0};
+    struct kvp_kvcache kv;
+    assert_int_equal(kvp_kvcache_init(&kv, 1, n_kv, HD, bs, n_ctx, cur_type, cur_type, &err), 0);
+    assert_int_equal(kvp_kvcache_reserve(&kv, n_ctx, &err), 0);
+    float dir[HD];
+    for (int d = 0; d < HD; d++)
+        dir[d] = (float)(urand() * 2 - 1);
+    /* q8 needs the approximate pass: refused otherwise, with one clear error */
+    {
+        const char *bad[] = {"q8=1", "groups=16,q8=1", "groups=16,coarse=exact,q8=1"};
+        for (int i = 0; i < 3; i++) {
+            struct kvp_policy p = {.ops = kvp_policy_find("quest")};
+            p.p = (struct kvp_policy_params){.name = "quest", .budget_ratio = 1.0f / 16,
+                                             .sink = 16, .local = 16, .opts = bad[i]};
+            p.env = (struct kvp_policy_env){.n_layer = 1, .n_head = 2 * n_kv, .n_head_kv = n_kv,
+                                            .head_dim = HD, .block_size = bs, .n_ctx = n_ctx,
+                                            .kv = &kv};
+            assert_int_equal(kvp_policy_start(&p, &err), KVP_EINVAL);
+            assert_non_null(strstr(err.msg, "q8=1"));
+        }
+    }
+    for (int style = 0; style < 3; style++) {
+        const float ratio = style == 2 ? 1.0f / 8 : 1.0f / 16;
+        struct qbench flat, all8, below, ap, ap8;
+        qb_init(&flat, &kv, "groups=0", n_ctx, ratio);
+        qb_init(&all8, &kv, "groups=16,coarse=approx,visit=100000,floor=0,q8=1", n_ctx, ratio);
+        qb_init(&below, &kv, "groups=16,coarse=approx,visit=1,q8=1", n_ctx, ratio);
+        /* share=0: a select ranks for its own k (with share=1, once predictions run, it ranks
+         * the k + margin it keeps for them, which visits more groups) */
+        qb_init(&ap, &kv, "groups=16,coarse=approx,visit=2,floor=0,share=0", n_ctx, ratio);
+        qb_init(&ap8, &kv, "groups=16,coarse=approx,visit=2,floor=0,q8=1,share=0", n_ctx, ratio);
+        struct qbench *all[] = {&flat, &all8, &below, &ap, &ap8};
+        int n = 1500 + style * 700;
+        float k[HD], vv[HD] = {0};
+        for (int h = 0; h < n_kv; h++)
+            for (int t = 0; t < n; t++) {
+                key_structured(k, t, style, dir);
+                kvp_kvcache_store(&kv, 0, h, t, k, vv);
+            }
+        struct kvp_prefill_obs ob = {.n_prompt = n};
+        for (int i = 0; i < 5; i++)
+            all[i]->p.ops->on_prefill(&all[i]->p, 0, &ob);
+        long hit = 0, hit8 = 0, tot = 0;
+        struct qbench ref;
+        memset(&ref, 0, sizeof(ref));
+        ref.sel.blocks = ref.blocks;
+        ref.sel.mask = ref.mask;
+        for (int step = 0; step < 120; step++) {
+            const int h = step % n_kv;
+            if (step == 60)
+                n -= 300; /* a truncation: the newest block and group requantized */
+            if (step == 90)
+                for (int i = 0; i < 5; i++) /* a reset: the prompt folded again */
+                    all[i]->p.ops->reset(&all[i]->p);
+            for (int hh = 0; hh < n_kv; hh++) {
+                key_structured(k, n, style, dir);
+                if (step % 13 == 4)
+                    for (int d = 0; d < HD; d++)
+                        k[d] = 4.0f * dir[d];
+                kvp_kvcache_store(&kv, 0, hh, n, k, vv);
+            }
+            n++;
+            float q[2 * HD];
+            make_query(q, step % 3, dir);
+            for (int i = 0; i < 5; i++)
+                all[i]->p.ops->select(&all[i]->p, 0, h, q, n, &all[i]->sel);
+            q8_reference(&all8.p, &kv, h, q, n, 16, 0, &ref.sel);
+            assert_true(sel_equal(&ref.sel, &all8.sel));
+            struct kvp_block_plan bp;
+            kvp_block_plan(&ap8.p, n, &bp);
+            q8_reference(&ap8.p, &kv, h, q, n, 16, kvp_coarse_limit(2.0f, 0, 16, bp.k),
+                         &ref.sel);
+            assert_true(sel_equal(&ref.sel, &ap8.sel));
+            assert_true(sel_equal(&flat.sel, &below.sel));
+            int na;
+            hit += sel_overlap(&flat.sel, &ap.sel, &na);
+            hit8 += sel_overlap(&flat.sel, &ap8.sel, &na);
+            tot += na;
+            if (step % 2 == 0) /* predictions run (ASan watches) and hold their k blocks */
+                for (int i = 1; i < 5; i++) {
+                    all[i]->p.ops->predict_next(&all[i]->p, 0, h, n + 1, &all[i]->sel);
+                    assert_true(all[i]->sel.n > 0);
+                }
+        }
+        print_message("# %s style %d: approx visit=2 recall of flat %.4f, with q8=1 %.4f\n",
+                      kvp_kv_type_name(cur_type), style, (double)hit / tot, (double)hit8 / tot);
+        for (int i = 0; i < 5; i++)
+            kvp_policy_stop(&all[i]->p);
+    }
+    kvp_kvcache_free(&kv);
+}
+
 /* ---- qpredictor: coarse candidates against flat ------------------------------------------ */
 
 static void qp_start(struct qbench *b, struct kvp_kvcache *kv, const char *aux, const char *opts,
@@ -505,12 +658,18 @@ static void test_qpredictor_coarse_equals_flat(void **state)
     static float probs[2 * MAXB * 16];
     for (int style = 0; style < 2; style++) {
         const float ratio = style ? 1.0f / 8 : 1.0f / 16;
-        struct qbench flat, flat_r, co[8], ap;
+        struct qbench flat, flat_r, co[8], ap, flat8, co8, ap8;
         qp_start(&flat, &kv, aux, "groups=0", n_ctx, ratio);
         qp_start(&flat_r, &kv, aux, "groups=0,recent=1", n_ctx, ratio);
         for (int v = 0; v < n_var; v++)
             qp_start(&co[v], &kv, aux, variants[v], n_ctx, ratio);
         qp_start(&ap, &kv, aux, "groups=16,coarse=approx,visit=4,floor=0", n_ctx, ratio);
+        /* q8=1: the approximate pass over 8-bit copies of both levels, visiting every group,
+         * is the flat pass over the 8-bit copy */
+        qp_start(&flat8, &kv, aux, "groups=0,q8=1", n_ctx, ratio);
+        qp_start(&co8, &kv, aux, "groups=16,coarse=approx,visit=100000,floor=0,q8=1", n_ctx,
+                 ratio);
+        qp_start(&ap8, &kv, aux, "groups=16,coarse=approx,visit=4,floor=0,q8=1", n_ctx, ratio);
         int n = 2000 + style * 900;
         float k[HD], vv[HD] = {0};
         for (int h = 0; h < n_kv; h++)
@@ -519,12 +678,12 @@ static void test_qpredictor_coarse_equals_flat(void **state)
                 kvp_kvcache_store(&kv, 0, h, t, k, vv);
             }
         struct kvp_prefill_obs ob = {.n_prompt = n};
-        struct qbench *all[11] = {&flat,  &flat_r, &co[0], &co[1], &co[2], &co[3],
-                                  &co[4], &co[5],  &co[6], &co[7], &ap};
-        const int n_all = 11;
+        struct qbench *all[14] = {&flat,  &flat_r, &co[0], &co[1], &co[2], &co[3], &co[4],
+                                  &co[5], &co[6],  &co[7], &ap,    &flat8, &co8,   &ap8};
+        const int n_all = 14;
         for (int i = 0; i < n_all; i++)
             all[i]->p.ops->on_prefill(&all[i]->p, 0, &ob);
-        long hit = 0, tot = 0;
+        long hit = 0, hit8 = 0, tot = 0;
         for (int step = 0; step < 120; step++) {
             const int h = step % n_kv;
             if (step == 80)
@@ -548,8 +707,10 @@ static void test_qpredictor_coarse_equals_flat(void **state)
                                   variants[v]);
                 assert_true(sel_equal(ref, &co[v].sel));
             }
+            assert_true(sel_equal(&flat8.sel, &co8.sel));
             int na;
             hit += sel_overlap(&flat.sel, &ap.sel, &na);
+            hit8 += sel_overlap(&flat.sel, &ap8.sel, &na);
             tot += na;
             /* the same history for all: probabilities over each one's own selection */
             for (int i = 0; i < n_all; i++) {
@@ -565,11 +726,12 @@ static void test_qpredictor_coarse_equals_flat(void **state)
                     all[i]->p.ops->predict_next(&all[i]->p, 0, h, n + 1, &all[i]->sel);
                 for (int v = 0; v < n_var; v++)
                     assert_true(sel_equal(v == 2 ? &flat_r.sel : &flat.sel, &co[v].sel));
+                assert_true(sel_equal(&flat8.sel, &co8.sel));
             }
         }
         print_message("# %s qpredictor style %d: approx (groups=16, visit=4) recall of flat "
-                      "%.4f\n",
-                      kvp_kv_type_name(cur_type), style, (double)hit / tot);
+                      "%.4f, with q8=1 %.4f\n",
+                      kvp_kv_type_name(cur_type), style, (double)hit / tot, (double)hit8 / tot);
         for (int i = 0; i < n_all; i++)
             kvp_policy_stop(&all[i]->p);
     }
@@ -581,6 +743,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_group_metadata),
         cmocka_unit_test(test_quest_coarse_equals_flat),
+        cmocka_unit_test(test_quest_q8),
         cmocka_unit_test(test_qpredictor_coarse_equals_flat),
     };
     const struct CMUnitTest once[] = {

@@ -159,6 +159,21 @@ static void tile_scalar(const uint8_t *tile, int hd4, const uint32_t *pq, const 
 
 #define HEADS 4 /* heads per kernel call */
 
+/* Heads [j0, j0 + G) of a packed query over blocks [b0, b1): whole tiles straight into out,
+ * the ends through a tile's worth of room. */
+static void run_heads(const struct kvp_qmeta8 *q, int lh, const uint32_t *pq, const uint32_t *nq,
+                      const float *cs, int G, int b0, int b1, float *out, int stride, tile_fn fn)
+{
+    for (int t = b0 / T; t * T < b1; t++) {
+        const int lo = t * T > b0 ? t * T : b0, hi = (t + 1) * T < b1 ? (t + 1) * T : b1;
+        float o[HEADS * T];
+        fn(tile_of(q, lh, t), q->hd4, pq, nq, G, cs, o);
+        for (int j = 0; j < G; j++)
+            memcpy(out + (size_t)j * stride + (lo - b0), o + j * T + (lo - t * T),
+                   (size_t)(hi - lo) * sizeof(float));
+    }
+}
+
 static void run(const struct kvp_qmeta8 *q, int lh, const float *qv, int g, float scale, int b0,
                 int b1, float *out, int stride, tile_fn fn)
 {
@@ -170,14 +185,7 @@ static void run(const struct kvp_qmeta8 *q, int lh, const float *qv, int g, floa
         for (int j = 0; j < G; j++)
             cs[j] = pack_query(qv + (size_t)(j0 + j) * q->head_dim, q->head_dim, hd4,
                                pq + (size_t)j * hd4, nq + (size_t)j * hd4) * scale;
-        for (int t = b0 / T; t * T < b1; t++) {
-            const int lo = t * T > b0 ? t * T : b0, hi = (t + 1) * T < b1 ? (t + 1) * T : b1;
-            float o[HEADS * T];
-            fn(tile_of(q, lh, t), hd4, pq, nq, G, cs, o);
-            for (int j = 0; j < G; j++)
-                memcpy(out + (size_t)(j0 + j) * stride + (lo - b0), o + j * T + (lo - t * T),
-                       (size_t)(hi - lo) * sizeof(float));
-        }
+        run_heads(q, lh, pq, nq, cs, G, b0, b1, out + (size_t)j0 * stride, stride, fn);
     }
 }
 
@@ -207,4 +215,36 @@ void kvp_qmeta8_bounds(const struct kvp_qmeta8 *q, int lh, const float *qv, int 
     pthread_once(&once, pick);
     if (b1 > b0)
         run(q, lh, qv, g, scale, b0, b1, out, stride, tile_best);
+}
+
+int kvp_qmeta8_query_prep(const struct kvp_qmeta8 *q, struct kvp_qmeta8_query *qq,
+                          const float *qv, int g, float scale)
+{
+    if (g > KVP_QMETA_SEL_HEADS)
+        return -1;
+    qq->g = g;
+    for (int j = 0; j < g; j++)
+        qq->cs[j] = pack_query(qv + (size_t)j * q->head_dim, q->head_dim, q->hd4,
+                               qq->pq + (size_t)j * q->hd4, qq->nq + (size_t)j * q->hd4) * scale;
+    return 0;
+}
+
+void kvp_qmeta8_bounds_q(const struct kvp_qmeta8 *q, int lh, const struct kvp_qmeta8_query *qq,
+                         int b0, int b1, float *out, int stride)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, pick);
+    for (int j0 = 0; b1 > b0 && j0 < qq->g; j0 += HEADS)
+        run_heads(q, lh, qq->pq + (size_t)j0 * q->hd4, qq->nq + (size_t)j0 * q->hd4, qq->cs + j0,
+                  qq->g - j0 < HEADS ? qq->g - j0 : HEADS, b0, b1, out + (size_t)j0 * stride,
+                  stride, tile_best);
+}
+
+void kvp_qmeta8_prefetch(const struct kvp_qmeta8 *q, int lh, int b0, int b1)
+{
+    for (int t = b0 / T; t * T < b1; t++) {
+        const char *tile = (const char *)tile_of(q, lh, t);
+        for (size_t o = 0; o < q->tile_bytes; o += 64)
+            __builtin_prefetch(tile + o);
+    }
 }

@@ -45,6 +45,23 @@ void kvp_qmeta8_update(struct kvp_qmeta8 *q, const struct kvp_qmeta *m, int lh, 
 /* As kvp_qmeta_bounds: out[j·stride + b - b0] = bound8(q[j], block b) · scale, b in [b0, b1). */
 void kvp_qmeta8_bounds(const struct kvp_qmeta8 *q, int lh, const float *qv, int g, float scale,
                        int b0, int b1, float *out, int stride);
+/* The same in two steps, for callers that bound many ranges with one query (quest's
+ * coarse-to-fine pass): the query packed once (at most KVP_QMETA_SEL_HEADS heads), then the
+ * bounds of a range, equal to kvp_qmeta8_bounds' to the bit. qq works with any kvp_qmeta8 of the
+ * same head_dim (the block level and the group level). */
+struct kvp_qmeta8_query {
+    int g;
+    uint32_t pq[KVP_QMETA_SEL_HEADS * 64], nq[KVP_QMETA_SEL_HEADS * 64]; /* [g][hd4] */
+    float cs[KVP_QMETA_SEL_HEADS]; /* each head's step times the scale */
+};
+/* 0, or -1 when g > KVP_QMETA_SEL_HEADS (use kvp_qmeta8_bounds). */
+int kvp_qmeta8_query_prep(const struct kvp_qmeta8 *q, struct kvp_qmeta8_query *qq,
+                          const float *qv, int g, float scale);
+void kvp_qmeta8_bounds_q(const struct kvp_qmeta8 *q, int lh, const struct kvp_qmeta8_query *qq,
+                         int b0, int b1, float *out, int stride);
+/* Ask for the tiles holding blocks [b0, b1) of lh (as kvp_qmeta_prefetch). */
+void kvp_qmeta8_prefetch(const struct kvp_qmeta8 *q, int lh, int b0, int b1);
+
 /* The scalar loop (the reference the SIMD kernel is tested against). */
 void kvp_qmeta8_bounds_scalar(const struct kvp_qmeta8 *q, int lh, const float *qv, int g,
                               float scale, int b0, int b1, float *out, int stride);

@@ -110,18 +110,31 @@ int kvp_coarse_pick(const float *gscore, int G, int first, int end, int k, int m
  * m groups of the best-first order, which is what the heap walk returns: the walk may stop before
  * m groups, but only when no later group can place a block in the top k. Per block the heap walk
  * cost a push or a sift with unpredictable branches, more than bounding the block. */
+void kvp_coarse_fetch_until(const int *gids, int m, int until, int G, int first, int end,
+                            kvp_coarse_fetch_fn fetch, void *ctx, int *cursor)
+{
+    until = until < m ? until : m;
+    for (; fetch && *cursor < until; ++*cursor) {
+        const int gi = gids[*cursor];
+        fetch(ctx, gi * G > first ? gi * G : first, (gi + 1) * G < end ? (gi + 1) * G : end);
+    }
+}
+
 static int approx_topk(const float *gscore, const float *score_first, int G, int first, int end,
-                       int k, int max_groups, kvp_coarse_score_fn fn, void *ctx, int *gwork,
-                       int *bwork, float *val, int32_t *out, struct kvp_coarse_stats *st)
+                       int k, int max_groups, kvp_coarse_score_fn fn, kvp_coarse_fetch_fn fetch,
+                       void *ctx, int *gwork, int *bwork, float *val, int32_t *out,
+                       struct kvp_coarse_stats *st)
 {
     const int ng = (end - 1) / G + 1 - first / G;
     int *gids = gwork, n_vis = 0;
     const int m = kvp_coarse_pick(gscore, G, first, end, k, max_groups, gids, gwork + ng, &n_vis);
-    int *idx = bwork, *top = bwork + n_vis, *tscr = top + k, n = 0;
+    int *idx = bwork, *top = bwork + n_vis, *tscr = top + k, n = 0, fetched = 0;
     for (int i = 0; i < m;) {
         int j = i + 1; /* a run of adjacent groups */
         while (j < m && gids[j] == gids[j - 1] + 1)
             j++;
+        kvp_coarse_fetch_until(gids, m, j + KVP_COARSE_FETCH_AHEAD, G, first, end, fetch, ctx,
+                               &fetched);
         const int gi = gids[i], gj = gids[j - 1];
         const int b0 = gi * G > first ? gi * G : first;
         const int b1 = (gj + 1) * G < end ? (gj + 1) * G : end;
@@ -148,8 +161,9 @@ static int approx_topk(const float *gscore, const float *score_first, int G, int
 #define SCORE_OF(b) score_first[(b)-first]
 
 int kvp_coarse_topk(const float *gscore, const float *score_first, int G, int first, int end, int k,
-                    int max_groups, kvp_coarse_score_fn fn, void *ctx, int *gheap, int *bheap,
-                    float *val, int32_t *out, struct kvp_coarse_stats *stats)
+                    int max_groups, kvp_coarse_score_fn fn, kvp_coarse_fetch_fn fetch, void *ctx,
+                    int *gheap, int *bheap, float *val, int32_t *out,
+                    struct kvp_coarse_stats *stats)
 {
     struct kvp_coarse_stats st = {0, 0};
     if (k <= 0 || end <= first) {
@@ -166,8 +180,8 @@ int kvp_coarse_topk(const float *gscore, const float *score_first, int G, int fi
         gheap[ng++] = gi;
     }
     if (max_groups > 0) {
-        const int n = approx_topk(gscore, score_first, G, first, end, k, max_groups, fn, ctx,
-                                  gheap, bheap, val, out, &st);
+        const int n = approx_topk(gscore, score_first, G, first, end, k, max_groups, fn, fetch,
+                                  ctx, gheap, bheap, val, out, &st);
         if (stats)
             *stats = st;
         return n;

@@ -17,6 +17,10 @@
 /* Fill the scores of the blocks b in [b0, b1) (score_first[b - first], the caller's array the
  * ranking reads). */
 typedef void (*kvp_coarse_score_fn)(void *ctx, int b0, int b1);
+/* Ask for what scoring blocks [b0, b1) will read (the approximate mode calls it a few groups
+ * ahead of their scoring: the groups it visits are scattered, and their metadata is not in the
+ * caches at long context). */
+typedef void (*kvp_coarse_fetch_fn)(void *ctx, int b0, int b1);
 
 struct kvp_coarse_stats {
     int groups; /* groups visited */
@@ -29,13 +33,25 @@ struct kvp_coarse_stats {
  * <= 0: no limit, the exact mode). Writes the chosen block ids in ascending order to out[k]. gheap:
  * 2 x (groups meeting [first, end)) ints; bheap: k ints, or in the approximate mode
  * KVP_COARSE_APPROX_INTS(end - first) ints and val end - first floats (the exact mode reads no
- * val: NULL is fine). The approximate mode calls fn once per run of adjacent groups it visits.
+ * val: NULL is fine). The approximate mode calls fn once per run of adjacent groups it visits,
+ * and fetch (when not NULL) for each group KVP_COARSE_FETCH_AHEAD groups before its run.
  * Returns k, or -1 when a bound or a score is NaN (the order is then not one the bound can cut:
  * the caller ranks flat). */
 #define KVP_COARSE_APPROX_INTS(n_cand) (3 * (n_cand))
 int kvp_coarse_topk(const float *gscore, const float *score_first, int G, int first, int end, int k,
-                    int max_groups, kvp_coarse_score_fn fn, void *ctx, int *gheap, int *bheap,
-                    float *val, int32_t *out, struct kvp_coarse_stats *stats);
+                    int max_groups, kvp_coarse_score_fn fn, kvp_coarse_fetch_fn fetch, void *ctx,
+                    int *gheap, int *bheap, float *val, int32_t *out,
+                    struct kvp_coarse_stats *stats);
+
+/* Groups fetched ahead of the one being scored (kvp_coarse_fetch_fn): at head_dim 64 a group of
+ * 16 blocks is one 4 KB metadata tile, so two are 128 lines in flight, about what one core keeps
+ * outstanding, while one group's bounds take about a memory round trip. */
+#define KVP_COARSE_FETCH_AHEAD 2
+
+/* Fetch groups gids[*cursor ..] up to (not including) index `until` of the m ids (ascending),
+ * each clipped to [first, end), and move *cursor on: the approximate visits' prefetch. */
+void kvp_coarse_fetch_until(const int *gids, int m, int until, int G, int first, int end,
+                            kvp_coarse_fetch_fn fetch, void *ctx, int *cursor);
 
 /* The approximate mode's groups: the m best of the groups meeting [first, end) by gscore[i]
  * (indexed by group id; one vector top-k, ties to the lower group), m = max_groups or, when those

@@ -39,7 +39,8 @@
  * coarse=exact|approx, visit=V, floor=N the candidate pass coarse-to-fine, as quest's (below)
  * [0: flat; floor 1024 blocks].
  *
- * Coarse-to-fine candidates (groups=G > 0, prune=1, q8=0; policy/coarse_sel.h). The feature
+ * Coarse-to-fine candidates (groups=G > 0, prune=1; q8=1 with coarse=approx only, which then
+ * bounds groups and blocks from 8-bit copies of both levels; policy/coarse_sel.h). The feature
  * needs each head's largest bound over the candidates, M_j: the groups' bounds per head are
  * visited best first until the next one cannot beat the largest block bound found (exact), and
  * a group's feature bound is then max_j(group bound_j − M_j), >= its blocks' features (every step
@@ -108,6 +109,7 @@ struct qp_state {
     float visit;         /* approx: groups visited per group's worth of candidates (0: exact) */
     int floor_blocks;    /* approx: blocks bounded at least (option floor) */
     struct kvp_qmeta gmeta;
+    struct kvp_qmeta8 gmeta8; /* q8=1 with groups: the groups' 8-bit copy */
     int n_groups;
     float *lastq;         /* [n_layer * n_head_kv][g][hd] the last query (select or prompt) */
     bool *has_q;          /* [n_layer * n_head_kv] */
@@ -138,7 +140,8 @@ static const struct kvp_policy_opt qp_opt_table[] = {
      .help = "bound pass over 8-bit metadata (conservative ranges, u8 query; 0: exact bounds)"},
     {.type = KVP_OPT_INT, .key = "groups", .offset = offsetof(struct qp_opts, groups), .min = 0,
      .max = 4096, .def = 0,
-     .help = "coarse-to-fine candidates: blocks per group (0: flat pass; needs q8=0, prune=1)"},
+     .help = "coarse-to-fine candidates: blocks per group (0: flat pass; needs prune=1, and "
+             "coarse=approx with q8=1)"},
     {.type = KVP_OPT_CHOICE, .key = "coarse", .offset = offsetof(struct qp_opts, coarse),
      .choices = qp_coarse_names, .def = 0,
      .help = "coarse-to-fine mode: exact (the flat candidates) or approx (visit-limited)"},
@@ -188,6 +191,7 @@ static void qp_free(struct kvp_policy *p)
     free(s->has_q);
     kvp_hist_free(&s->hist);
     kvp_qmeta8_free(&s->meta8);
+    kvp_qmeta8_free(&s->gmeta8);
     kvp_qmeta_free(&s->gmeta);
     kvp_qmeta_free(&s->meta);
     kvp_cnn_free(&s->cnn);
@@ -258,10 +262,10 @@ static int qp_init(struct kvp_policy *p, struct kvp_err *err)
                          e->head_dim);
         goto fail;
     }
-    if (s->groups > 0 && (s->q8 || !s->prune)) {
+    if (s->groups > 0 && (!s->prune || (s->q8 && s->visit <= 0.0f))) {
         rc = kvp_err_set(err, KVP_EINVAL,
-                         "qpredictor: groups=%d needs the exact bounds and pruned candidates "
-                         "(q8=0, prune=1)",
+                         "qpredictor: groups=%d needs pruned candidates (prune=1), and with "
+                         "q8=1 coarse=approx (the exact mode needs the exact bounds)",
                          s->groups);
         goto fail;
     }
@@ -269,6 +273,13 @@ static int qp_init(struct kvp_policy *p, struct kvp_err *err)
         s->n_groups = (mb + s->groups - 1) / s->groups;
         if (kvp_qmeta_group_init(&s->gmeta, &s->meta, s->groups) < 0)
             goto nomem;
+        if (s->q8 && (s->g > KVP_QMETA_SEL_HEADS || kvp_qmeta8_init(&s->gmeta8, &s->gmeta) < 0)) {
+            rc = kvp_err_set(err, KVP_EINVAL,
+                             "qpredictor: q8=1 with groups needs at most %d query heads a KV "
+                             "head, and memory",
+                             KVP_QMETA_SEL_HEADS);
+            goto fail;
+        }
     }
     for (int h = 0; h < e->n_head_kv; h++) {
         struct qp_kvh *k = &s->kv[h];
@@ -327,6 +338,8 @@ static void qp_reset(struct kvp_policy *p)
         kvp_qmeta_reset(&s->gmeta);
     if (s->q8)
         kvp_qmeta8_reset(&s->meta8);
+    if (s->q8 && s->groups > 0)
+        kvp_qmeta8_reset(&s->gmeta8);
     memset(s->has_q, 0, (size_t)p->env.n_layer * s->n_head_kv * sizeof(bool));
     for (int h = 0; h < s->n_head_kv; h++)
         s->kv[h].comb_lh = -1;
@@ -356,6 +369,10 @@ static void qp_prefill(struct kvp_policy *p, int layer, const struct kvp_prefill
         if (s->q8) {
             kvp_qmeta8_restart(&s->meta8, lh);
             kvp_qmeta8_update(&s->meta8, &s->meta, lh, n);
+        }
+        if (s->q8 && s->groups > 0) {
+            kvp_qmeta8_restart(&s->gmeta8, lh);
+            kvp_qmeta8_update(&s->gmeta8, &s->gmeta, lh, n);
         }
         if (obs->q_last) {
             size_t gq = (size_t)g * s->hd;
@@ -437,8 +454,44 @@ struct qp_coarse_ctx {
     struct qp_kvh *k;
     int lh, first, end;
     const float *q;
-    struct kvp_qmeta_query qq; /* q's term rows (scaled by 1/√d), decided once */
+    struct kvp_qmeta_query qq;   /* q's term rows (scaled by 1/√d), decided once */
+    struct kvp_qmeta8_query qq8; /* q8=1: q packed once (scaled by 1/√d) */
 };
+
+/* A context for ranking [first, end) of lh under q; the prepared queries (12 KB) are left
+ * alone until query_prep fills them. */
+static void coarse_ctx_init(struct qp_coarse_ctx *c, struct qp_state *s, struct qp_kvh *k, int lh,
+                            int first, int end, const float *q)
+{
+    c->s = s;
+    c->k = k;
+    c->lh = lh;
+    c->first = first;
+    c->end = end;
+    c->q = q;
+}
+
+/* q's prepared forms for the bounds of this ranking (exact or 8-bit). */
+static void coarse_query_prep(struct qp_coarse_ctx *c)
+{
+    const float scale = 1.0f / sqrtf((float)c->s->hd);
+    if (c->s->q8)
+        kvp_qmeta8_query_prep(&c->s->meta8, &c->qq8, c->q, c->s->g, scale); /* g checked */
+    else
+        kvp_qmeta_query_prep(&c->s->meta, &c->qq, c->q, c->s->g, scale);
+}
+
+/* Every head's bounds of blocks [b0, b1), or with groups of groups [b0, b1), into out (heads
+ * stride apart), from the exact tiles or the 8-bit copies (q8). */
+static void coarse_bounds(const struct qp_coarse_ctx *c, bool groups, int b0, int b1, float *out,
+                          int stride)
+{
+    const struct qp_state *s = c->s;
+    if (s->q8)
+        kvp_qmeta8_bounds_q(groups ? &s->gmeta8 : &s->meta8, c->lh, &c->qq8, b0, b1, out, stride);
+    else
+        kvp_qmeta_bounds_q(groups ? &s->gmeta : &s->meta, c->lh, &c->qq, b0, b1, out, stride);
+}
 
 /* The bounds of group gi's candidate columns, once per ranking. */
 static void visit_group(struct qp_coarse_ctx *c, int gi)
@@ -449,8 +502,7 @@ static void visit_group(struct qp_coarse_ctx *c, int gi)
     const int G = c->s->groups;
     const int b0 = gi * G > c->first ? gi * G : c->first;
     const int b1 = (gi + 1) * G < c->end ? (gi + 1) * G : c->end;
-    kvp_qmeta_bounds_q(&c->s->meta, c->lh, &c->qq, b0, b1, k->ub + (b0 - c->first),
-                       c->s->max_blocks);
+    coarse_bounds(c, false, b0, b1, k->ub + (b0 - c->first), c->s->max_blocks);
     k->gvis[gi] = 1;
 }
 
@@ -512,10 +564,9 @@ static bool coarse_prepare(struct qp_coarse_ctx *c)
     struct qp_state *s = c->s;
     struct qp_kvh *k = c->k;
     const int G = s->groups, g0 = c->first / G, g1 = (c->end - 1) / G + 1, ng = g1 - g0;
-    const float scale = 1.0f / sqrtf((float)s->hd);
     memset(k->gvis + g0, 0, (size_t)ng);
-    kvp_qmeta_query_prep(&s->meta, &c->qq, c->q, s->g, scale);
-    kvp_qmeta_bounds_q(&s->gmeta, c->lh, &c->qq, g0, g1, k->gub, ng);
+    coarse_query_prep(c); /* the exact bounds: q8 is refused with the exact mode */
+    coarse_bounds(c, true, g0, g1, k->gub, ng);
     for (int i = 0; i < s->g * ng; i++)
         if (k->gub[i] != k->gub[i])
             return false;
@@ -559,7 +610,7 @@ static int coarse_top(struct qp_coarse_ctx *c, int want)
     struct qp_state *s = c->s;
     struct qp_kvh *k = c->k;
     int n = kvp_coarse_topk(k->gcomb, k->comb, s->groups, c->first, c->end, want, 0, coarse_fn,
-                            c, k->gheap, k->bheap, k->cval, k->gout, NULL);
+                            NULL, c, k->gheap, k->bheap, k->cval, k->gout, NULL);
     if (n < 0)
         return -1;
     for (int i = 0; i < n; i++)
@@ -595,12 +646,24 @@ static void coarse_ensure(struct qp_coarse_ctx *c, int x)
  * columns in a group not visited are bounded besides (coarse_ensure), their feature capped at 1
  * (their bound may exceed the M_j of the visited blocks). */
 
+static void approx_fetch(void *ctx, int b0, int b1)
+{
+    const struct qp_coarse_ctx *c = ctx;
+    if (c->k->gvis[b0 / c->s->groups])
+        return;
+    if (c->s->q8)
+        kvp_qmeta8_prefetch(&c->s->meta8, c->lh, b0, b1);
+    else
+        kvp_qmeta_prefetch(&c->s->meta, c->lh, b0, b1);
+}
+
 /* Bounds of every head and the feature over the groups gids[0, m) (ascending), run by run;
  * groups visited before are skipped. */
 static void approx_visit(struct qp_coarse_ctx *c, const int *gids, int m, bool comb)
 {
     struct qp_kvh *k = c->k;
     const int G = c->s->groups;
+    int fetched = 0;
     for (int i = 0; i < m;) {
         if (k->gvis[gids[i]]) {
             i++;
@@ -609,10 +672,11 @@ static void approx_visit(struct qp_coarse_ctx *c, const int *gids, int m, bool c
         int j = i + 1; /* a run of adjacent groups not visited yet */
         while (j < m && gids[j] == gids[j - 1] + 1 && !k->gvis[gids[j]])
             j++;
+        kvp_coarse_fetch_until(gids, m, j + KVP_COARSE_FETCH_AHEAD, G, c->first, c->end,
+                               approx_fetch, c, &fetched);
         const int b0 = gids[i] * G > c->first ? gids[i] * G : c->first;
         const int b1 = (gids[j - 1] + 1) * G < c->end ? (gids[j - 1] + 1) * G : c->end;
-        kvp_qmeta_bounds_q(&c->s->meta, c->lh, &c->qq, b0, b1, k->ub + (b0 - c->first),
-                           c->s->max_blocks);
+        coarse_bounds(c, false, b0, b1, k->ub + (b0 - c->first), c->s->max_blocks);
         for (int x = i; x < j; x++)
             k->gvis[gids[x]] = 1;
         if (comb)
@@ -629,8 +693,8 @@ static bool approx_prepare(struct qp_coarse_ctx *c, int want)
     struct qp_kvh *k = c->k;
     const int G = s->groups, g0 = c->first / G, g1 = (c->end - 1) / G + 1, ng = g1 - g0;
     memset(k->gvis + g0, 0, (size_t)ng);
-    kvp_qmeta_query_prep(&s->meta, &c->qq, c->q, s->g, 1.0f / sqrtf((float)s->hd));
-    kvp_qmeta_bounds_q(&s->gmeta, c->lh, &c->qq, g0, g1, k->gub, ng);
+    coarse_query_prep(c);
+    coarse_bounds(c, true, g0, g1, k->gub, ng);
     for (int i = 0; i < s->g * ng; i++)
         if (k->gub[i] != k->gub[i])
             return false;
@@ -707,8 +771,8 @@ static void choose(struct qp_state *s, const struct kvp_policy *p, int layer, in
     struct qp_kvh *k = &s->kv[kvh];
     const int lh = layer * s->n_head_kv + kvh, W = bp->end - bp->first, P = s->cnn.k / 2;
     const int want = k_take + s->extra;
-    struct qp_coarse_ctx cc = {
-        .s = s, .k = k, .lh = lh, .first = bp->first, .end = bp->end, .q = q};
+    struct qp_coarse_ctx cc;
+    coarse_ctx_init(&cc, s, k, lh, bp->first, bp->end, q);
     /* the candidates through the groups where they are kept (see the top of the file) */
     bool coarse = false;
     if (s->groups > 0 && s->prune && want < W && coarse_pays(s, bp->first, bp->end))
@@ -784,6 +848,8 @@ static void qp_select(struct kvp_policy *p, int layer, int kvh, const float *q, 
         kvp_qmeta_group_update(&s->gmeta, &s->meta, lh, n_tokens);
     if (s->q8)
         kvp_qmeta8_update(&s->meta8, &s->meta, lh, n_tokens);
+    if (s->q8 && s->groups > 0)
+        kvp_qmeta8_update(&s->gmeta8, &s->gmeta, lh, n_tokens);
     memcpy(s->lastq + (size_t)lh * s->g * s->hd, q, (size_t)s->g * s->hd * sizeof(float));
     s->has_q[lh] = true;
     k->comb_lh = -1; /* choose() below sets it when this step ranks */
@@ -828,8 +894,8 @@ static void qp_predict_next(struct kvp_policy *p, int layer, int kvh, int n_toke
     }
     if (k->comb_lh != lh || k->comb_first != bp.first || k->comb_w > n_cand) {
         /* select did not rank this head's blocks with this query (or the plan moved): rank */
-        struct qp_coarse_ctx cc = {
-            .s = s, .k = k, .lh = lh, .first = bp.first, .end = bp.end, .q = q};
+        struct qp_coarse_ctx cc;
+        coarse_ctx_init(&cc, s, k, lh, bp.first, bp.end, q);
         const int want = bp.k + s->extra;
         k->coarse_ok = s->groups > 0 && want < n_cand &&
                        coarse_pays(s, bp.first, bp.end) &&
@@ -842,10 +908,10 @@ static void qp_predict_next(struct kvp_policy *p, int layer, int kvh, int n_toke
     }
     const int w = k->comb_w;
     int take = bp.k + s->extra + s->margin < w ? bp.k + s->extra + s->margin : w;
-    struct qp_coarse_ctx cc = {.s = s, .k = k, .lh = lh, .first = bp.first, .end = bp.first + w,
-                              .q = q};
+    struct qp_coarse_ctx cc;
+    coarse_ctx_init(&cc, s, k, lh, bp.first, bp.first + w, q);
     if (k->coarse_ok)
-        kvp_qmeta_query_prep(&s->meta, &cc.qq, q, s->g, 1.0f / sqrtf((float)s->hd));
+        coarse_query_prep(&cc);
     if (k->coarse_ok && take < w &&
         (s->visit > 0.0f ? approx_top(&cc, take) : coarse_top(&cc, take)) == take) {
         /* the same pass as select's (its groups' feature bounds and visits kept) */

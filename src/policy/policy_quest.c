@@ -64,6 +64,7 @@
 #include "kv/kvcache.h"
 #include "policy/policy.h"
 #include "kv/quest_meta.h"
+#include "kv/quest_meta8.h"
 #include "policy/coarse_sel.h"
 
 struct quest_state {
@@ -91,6 +92,9 @@ struct quest_state {
     float *cval;           /* [n_head_kv][max_blocks] the approximate ranking's scored blocks */
     int32_t *chosen;       /* [n_head_kv][max_blocks] */
     int n_groups;
+    /* q8=1: the approximate pass ranks through 8-bit copies of both levels (quest_meta8.h) */
+    bool q8;
+    struct kvp_qmeta8 meta8, gmeta8;
 };
 
 /* Coarse-to-fine defaults (docs/policies.md has the measurements behind them). */
@@ -109,6 +113,7 @@ struct quest_opts {
     int coarse; /* 0 exact, 1 approx */
     float visit;/* approx: groups visited per group's worth of the k blocks */
     int floor;  /* approx: blocks bounded at least */
+    int q8;     /* approx: bound through 8-bit copies of the metadata */
 };
 
 static const char *const quest_coarse_names[] = {"exact", "approx", NULL};
@@ -132,6 +137,10 @@ static const struct kvp_policy_opt quest_opt_table[] = {
     {.type = KVP_OPT_INT, .key = "floor", .offset = offsetof(struct quest_opts, floor),
      .min = 0, .max = 1 << 30, .def = KVP_COARSE_FLOOR_DEFAULT,
      .help = "coarse=approx: blocks bounded at least (the flat pass up to this many candidates)"},
+    {.type = KVP_OPT_INT, .key = "q8", .offset = offsetof(struct quest_opts, q8), .min = 0,
+     .max = 1, .def = 0,
+     .help = "coarse=approx: rank through 8-bit copies of the block and group bounds (half the "
+             "bytes, bounds widened by their rounding)"},
     {0},
 };
 
@@ -150,7 +159,12 @@ static int quest_init(struct kvp_policy *p, struct kvp_err *err)
     s->groups = o->groups;
     s->visit = o->coarse == 1 ? o->visit : 0.0f;
     s->floor_blocks = o->floor;
+    s->q8 = o->q8 != 0;
     p->prefetch_margin = margin;
+    if (s->q8 && (o->groups == 0 || o->coarse != 1)) {
+        free(s);
+        return kvp_err_set(err, KVP_EINVAL, "quest: q8=1 needs groups=G and coarse=approx");
+    }
     size_t n_lh = (size_t)p->env.n_layer * p->env.n_head_kv;
     size_t mb = (size_t)(p->env.n_ctx + p->env.block_size - 1) / p->env.block_size;
     int meta_rc = kvp_qmeta_init(&s->meta, p->env.n_layer, p->env.n_head_kv, (int)mb,
@@ -199,6 +213,14 @@ static int quest_init(struct kvp_policy *p, struct kvp_err *err)
             quest_free(p);
             return kvp_err_set(err, KVP_ENOMEM, "quest: out of memory for group metadata");
         }
+        if (s->q8 && (g > KVP_QMETA_SEL_HEADS || kvp_qmeta8_init(&s->meta8, &s->meta) < 0 ||
+                      kvp_qmeta8_init(&s->gmeta8, &s->gmeta) < 0)) {
+            quest_free(p);
+            return kvp_err_set(err, KVP_EINVAL,
+                               "quest: q8=1 needs head_dim <= 256, at most %d query heads a KV "
+                               "head, and memory for the 8-bit metadata",
+                               KVP_QMETA_SEL_HEADS);
+        }
     }
     return 0;
 }
@@ -220,6 +242,8 @@ static void quest_free(struct kvp_policy *p)
     free(s->predicting);
     kvp_scratch_free(&s->scr);
     kvp_qmeta_free(&s->gmeta);
+    kvp_qmeta8_free(&s->meta8);
+    kvp_qmeta8_free(&s->gmeta8);
     free(s->gscore);
     free(s->gheap);
     free(s->bheap);
@@ -235,6 +259,10 @@ static void quest_reset(struct kvp_policy *p)
     kvp_qmeta_reset(&s->meta);
     if (s->groups > 0)
         kvp_qmeta_reset(&s->gmeta);
+    if (s->q8) {
+        kvp_qmeta8_reset(&s->meta8);
+        kvp_qmeta8_reset(&s->gmeta8);
+    }
     memset(s->has_q, 0, (size_t)p->env.n_layer * p->env.n_head_kv * sizeof(bool));
     memset(s->scored_end, 0, (size_t)p->env.n_layer * p->env.n_head_kv * sizeof(int));
     for (int i = 0; i < p->env.n_layer * p->env.n_head_kv; i++)
@@ -275,6 +303,16 @@ static void quest_prefill(struct kvp_policy *p, int layer, const struct kvp_pref
             kvp_qmeta_restart(&s->gmeta, lh);
             kvp_qmeta_group_update(&s->gmeta, &s->meta, lh, obs->n_prompt);
         }
+        if (s->q8) {
+            /* the kept blocks' 8-bit copies stand; the groups are redone, as above */
+            if (keep <= 0)
+                kvp_qmeta8_restart(&s->meta8, lh);
+            else if (s->meta8.done[lh] > keep)
+                s->meta8.done[lh] = keep;
+            kvp_qmeta8_update(&s->meta8, &s->meta, lh, obs->n_prompt);
+            kvp_qmeta8_restart(&s->gmeta8, lh);
+            kvp_qmeta8_update(&s->gmeta8, &s->gmeta, lh, obs->n_prompt);
+        }
         if (!obs->q_last)
             continue;
         memcpy(s->lastq + lh * gq, obs->q_last + h * gq, gq * sizeof(float));
@@ -283,10 +321,12 @@ static void quest_prefill(struct kvp_policy *p, int layer, const struct kvp_pref
     }
 }
 
-/* Combined bounds of the g queries q (prepared in qq, or NULL) for blocks [b0, b1) of
- * (layer, kvh) into s->score. */
+/* Combined bounds of the g queries q (prepared in qq or, with q8, qq8; or NULL) for blocks
+ * [b0, b1) of (layer, kvh) into s->score: from the 8-bit copy when q8 (the option, for a plan
+ * that ranks through the groups), else the exact tiles. */
 static void score_blocks_q(struct kvp_policy *p, int layer, int kvh, const float *q,
-                           const struct kvp_qmeta_query *qq, int b0, int b1)
+                           const struct kvp_qmeta_query *qq, const struct kvp_qmeta8_query *qq8,
+                           bool q8, int b0, int b1)
 {
     struct quest_state *s = p->state;
     const int g = p->env.n_head / p->env.n_head_kv;
@@ -294,17 +334,30 @@ static void score_blocks_q(struct kvp_policy *p, int layer, int kvh, const float
     float *ub = kvp_scratch_f(&s->scr, kvh) + s->scr.cap; /* [g][n] per-head bounds */
     if (n <= 0)
         return;
-    /* every head's bounds in one pass, kvp_quest_bound's values bit for bit (quest_meta.h) */
-    if (qq)
+    /* every head's bounds in one pass, kvp_quest_bound's values bit for bit (quest_meta.h), or
+     * the 8-bit copy's (q8: one scoring for every block a selection compares) */
+    if (q8 && qq8)
+        kvp_qmeta8_bounds_q(&s->meta8, lh, qq8, b0, b1, ub, n);
+    else if (q8)
+        kvp_qmeta8_bounds(&s->meta8, lh, q, g, 1.0f, b0, b1, ub, n);
+    else if (qq)
         kvp_qmeta_bounds_q(&s->meta, lh, qq, b0, b1, ub, n);
     else
         kvp_qmeta_bounds(&s->meta, lh, q, g, 1.0f, b0, b1, ub, n);
     kvp_gqa_combine(ub, g, n, n, p->p.gqa_agg, s->score + (size_t)lh * s->scr.max_blocks + b0);
 }
 
-static void score_blocks(struct kvp_policy *p, int layer, int kvh, const float *q, int b0, int b1)
+static void score_blocks(struct kvp_policy *p, int layer, int kvh, const float *q, bool q8, int b0,
+                         int b1)
 {
-    score_blocks_q(p, layer, kvh, q, NULL, b0, b1);
+    score_blocks_q(p, layer, kvh, q, NULL, NULL, q8, b0, b1);
+}
+
+/* Whether a plan's candidates rank through the groups' approximate pass, and with q8 through
+ * the 8-bit copies (below the floor the flat pass ranks them, over the exact tiles). */
+static bool plan_q8(const struct quest_state *s, const struct kvp_block_plan *bp)
+{
+    return s->q8 && kvp_coarse_pays(s->visit, s->floor_blocks, bp->end - bp->first);
 }
 
 /* Whether a plan ranks anything (otherwise kvp_sel_blocks reads no score). */
@@ -320,13 +373,26 @@ struct quest_rank_ctx {
     struct kvp_policy *p;
     int layer, kvh;
     const float *q;
-    struct kvp_qmeta_query qq; /* q's term rows, decided once for every group visited */
+    struct kvp_qmeta_query qq;   /* q's term rows, decided once for every group visited */
+    struct kvp_qmeta8_query qq8; /* q8: q packed once */
 };
 
 static void quest_score_fn(void *ctx, int b0, int b1)
 {
     struct quest_rank_ctx *c = ctx;
-    score_blocks_q(c->p, c->layer, c->kvh, c->q, &c->qq, b0, b1);
+    const struct quest_state *s = c->p->state;
+    score_blocks_q(c->p, c->layer, c->kvh, c->q, &c->qq, &c->qq8, s->q8, b0, b1);
+}
+
+static void quest_fetch_fn(void *ctx, int b0, int b1)
+{
+    struct quest_rank_ctx *c = ctx;
+    const struct quest_state *s = c->p->state;
+    const int lh = c->layer * c->p->env.n_head_kv + c->kvh;
+    if (s->q8)
+        kvp_qmeta8_prefetch(&s->meta8, lh, b0, b1);
+    else
+        kvp_qmeta_prefetch(&s->meta, lh, b0, b1);
 }
 
 static int rank_top(struct kvp_policy *p, int layer, int kvh, const float *q,
@@ -342,12 +408,21 @@ static int rank_top(struct kvp_policy *p, int layer, int kvh, const float *q,
         const int g0 = bp->first / G, g1 = (bp->end - 1) / G + 1, ng = g1 - g0;
         float *ub = kvp_scratch_f(&s->scr, kvh) + s->scr.cap; /* [g][ng] per-head bounds */
         float *gs = s->gscore + (size_t)kvh * s->n_groups;
-        struct quest_rank_ctx ctx = {.p = p, .layer = layer, .kvh = kvh, .q = q};
-        kvp_qmeta_query_prep(&s->meta, &ctx.qq, q, g, 1.0f);
-        kvp_qmeta_bounds_q(&s->gmeta, lh, &ctx.qq, g0, g1, ub, ng);
+        struct quest_rank_ctx ctx; /* fields one by one: the prepared queries are 12 KB */
+        ctx.p = p;
+        ctx.layer = layer;
+        ctx.kvh = kvh;
+        ctx.q = q;
+        if (s->q8) {
+            kvp_qmeta8_query_prep(&s->meta8, &ctx.qq8, q, g, 1.0f); /* g checked at init */
+            kvp_qmeta8_bounds_q(&s->gmeta8, lh, &ctx.qq8, g0, g1, ub, ng);
+        } else {
+            kvp_qmeta_query_prep(&s->meta, &ctx.qq, q, g, 1.0f);
+            kvp_qmeta_bounds_q(&s->gmeta, lh, &ctx.qq, g0, g1, ub, ng);
+        }
         kvp_gqa_combine(ub, g, ng, ng, p->p.gqa_agg, gs + g0);
         int n = kvp_coarse_topk(gs, s->score + lh * mb + bp->first, G, bp->first, bp->end, k,
-                                max_groups, quest_score_fn, &ctx,
+                                max_groups, quest_score_fn, quest_fetch_fn, &ctx,
                                 s->gheap + (size_t)kvh * 2 * s->n_groups,
                                 s->bheap + (size_t)kvh * KVP_COARSE_APPROX_INTS(mb),
                                 s->cval + (size_t)kvh * mb, out, NULL);
@@ -356,7 +431,7 @@ static int rank_top(struct kvp_policy *p, int layer, int kvh, const float *q,
     }
     const int n_cand = bp->end - bp->first;
     int *top = kvp_scratch_i(&s->scr, kvh), *heap = top + n_cand;
-    score_blocks(p, layer, kvh, q, bp->first, bp->end);
+    score_blocks(p, layer, kvh, q, false, bp->first, bp->end);
     kvp_topk_indices(s->score + lh * mb + bp->first, n_cand, k, top, heap);
     for (int i = 0; i < k; i++)
         out[i] = bp->first + top[i];
@@ -372,6 +447,10 @@ static void quest_select(struct kvp_policy *p, int layer, int kvh, const float *
     kvp_qmeta_fold(&s->meta, p->env.kv, layer, kvh, n_tokens);
     if (s->groups > 0)
         kvp_qmeta_group_update(&s->gmeta, &s->meta, lh, n_tokens);
+    if (s->q8) {
+        kvp_qmeta8_update(&s->meta8, &s->meta, lh, n_tokens);
+        kvp_qmeta8_update(&s->gmeta8, &s->gmeta, lh, n_tokens);
+    }
     struct kvp_block_plan bp;
     kvp_block_plan(p, n_tokens, &bp);
     bool ranks = plan_ranks(&bp);
@@ -401,7 +480,7 @@ static void quest_select(struct kvp_policy *p, int layer, int kvh, const float *
                        kvp_scratch_m(&s->scr, kvh));
     } else {
         if (ranks)
-            score_blocks(p, layer, kvh, q, bp.first, bp.end);
+            score_blocks(p, layer, kvh, q, false, bp.first, bp.end);
         s->n_kept[lh] = kvp_sel_blocks_keep(
             &bp, s->score + lh * mb, n_tokens, p->env.block_size, sel,
             kvp_scratch_m(&s->scr, kvh), kvp_scratch_i(&s->scr, kvh),
@@ -443,7 +522,8 @@ static void quest_predict_next(struct kvp_policy *p, int layer, int kvh, int n_t
                              s->kept_end[lh] <= bp.end;
     if (plan_ranks(&bp) && (s->groups == 0 || kept_serves)) {
         int from = s->scored_end[lh] > bp.first ? s->scored_end[lh] : bp.first;
-        score_blocks(p, layer, kvh, s->lastq + (size_t)lh * g * hd, from, bp.end);
+        score_blocks(p, layer, kvh, s->lastq + (size_t)lh * g * hd, plan_q8(s, &bp), from,
+                     bp.end);
         if (bp.end > s->scored_end[lh])
             s->scored_end[lh] = bp.end;
         /* With the ranking select kept (same query, candidates [first, kept_end)), the top k
