@@ -359,17 +359,24 @@ static void make_query(float *q, int mode, const float *dir)
     }
 }
 
+/* One layer of n_kv KV heads of cur_type, reserved for n_ctx tokens, and a random direction the
+ * structured keys' needles and the queries share. */
+static void coarse_cache(struct kvp_kvcache *kv, int bs, int n_ctx, int n_kv, float *dir)
+{
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_kvcache_init(kv, 1, n_kv, HD, bs, n_ctx, cur_type, cur_type, &err), 0);
+    assert_int_equal(kvp_kvcache_reserve(kv, n_ctx, &err), 0);
+    for (int d = 0; d < HD; d++)
+        dir[d] = (float)(urand() * 2 - 1);
+}
+
 static void test_quest_coarse_equals_flat(void **state)
 {
     (void)state;
     const int bs = 16, n_ctx = 8192, n_kv = 2;
-    struct kvp_err err = {0};
     struct kvp_kvcache kv;
-    assert_int_equal(kvp_kvcache_init(&kv, 1, n_kv, HD, bs, n_ctx, cur_type, cur_type, &err), 0);
-    assert_int_equal(kvp_kvcache_reserve(&kv, n_ctx, &err), 0);
     float dir[HD];
-    for (int d = 0; d < HD; d++)
-        dir[d] = (float)(urand() * 2 - 1);
+    coarse_cache(&kv, bs, n_ctx, n_kv, dir);
     /* the approximate mode visiting every group must be the flat pass too: its ranking is then
      * the top k of every block, gathered in block order */
     /* and up to `floor` candidates (default 1024 blocks, more than these contexts hold) the
@@ -524,15 +531,12 @@ static void test_quest_q8(void **state)
 {
     (void)state;
     const int bs = 16, n_ctx = 8192, n_kv = 2;
-    struct kvp_err err = {0};
     struct kvp_kvcache kv;
-    assert_int_equal(kvp_kvcache_init(&kv, 1, n_kv, HD, bs, n_ctx, cur_type, cur_type, &err), 0);
-    assert_int_equal(kvp_kvcache_reserve(&kv, n_ctx, &err), 0);
     float dir[HD];
-    for (int d = 0; d < HD; d++)
-        dir[d] = (float)(urand() * 2 - 1);
+    coarse_cache(&kv, bs, n_ctx, n_kv, dir);
     /* q8 needs the approximate pass: refused otherwise, with one clear error */
     {
+        struct kvp_err err = {0};
         const char *bad[] = {"q8=1", "groups=16,q8=1", "groups=16,coarse=exact,q8=1"};
         for (int i = 0; i < 3; i++) {
             struct kvp_policy p = {.ops = kvp_policy_find("quest")};
@@ -637,13 +641,9 @@ static void test_qpredictor_coarse_equals_flat(void **state)
     }
     fclose(f);
     const int bs = 16, n_ctx = 8192, n_kv = 2;
-    struct kvp_err err = {0};
     struct kvp_kvcache kv;
-    assert_int_equal(kvp_kvcache_init(&kv, 1, n_kv, HD, bs, n_ctx, cur_type, cur_type, &err), 0);
-    assert_int_equal(kvp_kvcache_reserve(&kv, n_ctx, &err), 0);
     float dir[HD];
-    for (int d = 0; d < HD; d++)
-        dir[d] = (float)(urand() * 2 - 1);
+    coarse_cache(&kv, bs, n_ctx, n_kv, dir);
     /* the shared approximate pass visiting every group: M_j is then each head's largest bound,
      * the feature the flat one and the candidates its top k + extra (the flat selection) */
     const char *variants[] = {"groups=4",
