@@ -244,6 +244,37 @@ static void test_sel_chosen_against_tokens(void **state)
     }
 }
 
+/* kvp_gqa_combine (vectorized) against the element-by-element loop, to the bit: sum, mean and
+ * max over 1-8 heads, lengths around the vector width, NaNs, signed zeros and ties. */
+static void test_gqa_combine_bits(void **state)
+{
+    (void)state;
+    enum { MAXN = 70, MAXG = 8 };
+    float rows[MAXG * (MAXN + 3)], got[MAXN], want[MAXN];
+    const int aggs[] = {KVP_AGG_SUM, KVP_AGG_MEAN, KVP_AGG_MAX};
+    const int gs[] = {1, 2, 3, 4, 8};
+    for (int it = 0; it < 400; it++) {
+        const int g = gs[it % 5], n = (it * 7) % (MAXN + 1), stride = n + it % 3;
+        for (int i = 0; i < g * stride; i++) {
+            const double u = urand();
+            rows[i] = u < 0.05 ? NAN : u < 0.1 ? -0.0f : u < 0.2 ? 1.0f : (float)(urand() * 8 - 4);
+        }
+        for (int a = 0; a < 3; a++) {
+            const int agg = aggs[a];
+            for (int i = 0; i < n; i++) {
+                float o = rows[i];
+                for (int j = 1; j < g; j++) {
+                    const float r = rows[(size_t)j * stride + i];
+                    o = agg == KVP_AGG_MAX ? (r > o ? r : o) : o + r;
+                }
+                want[i] = agg == KVP_AGG_MEAN && g > 1 ? o / (float)g : o;
+            }
+            kvp_gqa_combine(rows, g, stride, n, agg, got);
+            assert_memory_equal(got, want, (size_t)n * sizeof(float));
+        }
+    }
+}
+
 static void test_topk_ties_to_lower_index(void **state)
 {
     (void)state;
@@ -777,6 +808,7 @@ int main(void)
         cmocka_unit_test(test_token_budget_semantics),
         cmocka_unit_test(test_mask_add_range),
         cmocka_unit_test(test_sel_chosen_against_tokens),
+        cmocka_unit_test(test_gqa_combine_bits),
         cmocka_unit_test(test_quest_bound_and_selection),
         cmocka_unit_test(test_snapkv_scores_and_keep_set),
         cmocka_unit_test(test_h2o_accumulation_and_eviction),
