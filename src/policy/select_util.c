@@ -71,9 +71,10 @@ typedef int32_t gqa_mask __attribute__((vector_size(64)));
 #define GQA_W 16
 
 /* Each element is the scalar loop's: the same additions in the same order, the same comparison
- * (a NaN row value keeps out), the same division. */
-KVP_X86_CLONES void kvp_gqa_combine(const float *rows, int g, int stride, int n, int agg,
-                                    float *out)
+ * (a NaN row value keeps out), the same division. Static: clang links the clones of a static
+ * function only (an exported one left its symbol undefined in the fuzzing build). */
+KVP_X86_CLONES static void gqa_combine(const float *rows, int g, int stride, int n, int agg,
+                                       float *out)
 {
     memcpy(out, rows, (size_t)n * sizeof(float));
     const int nv = n / GQA_W * GQA_W;
@@ -105,6 +106,11 @@ KVP_X86_CLONES void kvp_gqa_combine(const float *rows, int g, int stride, int n,
         for (int i = nv; i < n; i++)
             out[i] /= fg;
     }
+}
+
+void kvp_gqa_combine(const float *rows, int g, int stride, int n, int agg, float *out)
+{
+    gqa_combine(rows, g, stride, n, agg, out);
 }
 
 /* ---- forced windows, block plans, token keep sets ------------------------------------------ */
