@@ -39,6 +39,12 @@ void kvp_sel_all(struct kvp_sel *sel, int n_tokens, int block_size)
     sel->n = nb;
 }
 
+/* The bits of tokens [o, o + n) of a block (n <= 64 - o). */
+static uint64_t token_bits(int o, int n)
+{
+    return (n == 64 ? ~0ULL : (1ULL << n) - 1) << o;
+}
+
 void kvp_mask_add_range(uint64_t *masks, int begin, int end, int block_size)
 {
     if (begin < 0)
@@ -46,7 +52,7 @@ void kvp_mask_add_range(uint64_t *masks, int begin, int end, int block_size)
     while (begin < end) { /* one word per block, not one bit per token */
         const int o = begin % block_size;
         const int n = end - begin < block_size - o ? end - begin : block_size - o;
-        masks[begin / block_size] |= (n == 64 ? ~0ULL : (1ULL << n) - 1) << o;
+        masks[begin / block_size] |= token_bits(o, n);
         begin += n;
     }
 }
@@ -152,24 +158,55 @@ void kvp_block_plan(const struct kvp_policy *p, int n_tokens, struct kvp_block_p
     bp->all = budget >= n_tokens;
 }
 
-/* The budget the whole blocks leave (bs - 1 tokens at most when k blocks are chosen) on the
- * tokens right below the local window that no chosen block holds, as a token-granular local
- * window would read them: from the top of the highest block not chosen, downwards. */
-static void fill_left(const struct kvp_block_plan *bp, int n_chosen, int bs, uint64_t *masks)
+/* The budget the whole blocks leave (left tokens: bs - 1 at most when k blocks are chosen) on
+ * the tokens right below the local window that no chosen block holds, as a token-granular local
+ * window would read them: from the top of the highest block not chosen, downwards. The walk is
+ * the rule; where the selection is kept is the caller's: is_full(ctx, b) says block b is taken
+ * whole already (chosen), take(ctx, lo, hi) adds tokens [lo, hi) (false: no room, the walk
+ * stops and returns false). */
+static bool fill_walk(const struct kvp_block_plan *bp, int left, int bs,
+                      bool (*is_full)(void *ctx, int b), bool (*take)(void *ctx, int lo, int hi),
+                      void *ctx)
 {
-    int left = bp->left + (n_chosen < bp->k ? (bp->k - n_chosen) * bs : 0);
-    const uint64_t full = block_full_mask(bs);
     for (int b = (bp->local_start - 1) / bs; b >= 0 && left > 0 && bp->local_start > 0; b--) {
-        if (masks[b] == full)
-            continue; /* chosen */
+        if (is_full(ctx, b))
+            continue;
         const int hi = bp->local_start < (b + 1) * bs ? bp->local_start : (b + 1) * bs;
         const int lo = bp->sink > b * bs ? bp->sink : b * bs;
         const int n = hi - lo < left ? hi - lo : left;
         if (n <= 0)
             continue;
-        kvp_mask_add_range(masks, hi - n, hi, bs);
+        if (!take(ctx, hi - n, hi))
+            return false;
         left -= n;
     }
+    return true;
+}
+
+/* The fill over a mask per block of the context. */
+struct fill_masks {
+    uint64_t *masks;
+    int bs;
+};
+
+static bool masks_full(void *ctx, int b)
+{
+    const struct fill_masks *f = ctx;
+    return f->masks[b] == block_full_mask(f->bs);
+}
+
+static bool masks_take(void *ctx, int lo, int hi)
+{
+    const struct fill_masks *f = ctx;
+    kvp_mask_add_range(f->masks, lo, hi, f->bs);
+    return true;
+}
+
+static void fill_left(const struct kvp_block_plan *bp, int n_chosen, int bs, uint64_t *masks)
+{
+    struct fill_masks f = {masks, bs};
+    fill_walk(bp, bp->left + (n_chosen < bp->k ? (bp->k - n_chosen) * bs : 0), bs, masks_full,
+              masks_take, &f);
 }
 
 /* Blocks and masks of the forced ranges and the fill that kvp_sel_chosen's short path collects
@@ -192,10 +229,38 @@ static bool extra_add_range(struct sel_extra *x, int begin, int end, int bs)
         if (x->n == SEL_EXTRA_MAX)
             return false;
         x->block[x->n] = begin / bs;
-        x->mask[x->n++] = (n == 64 ? ~0ULL : (1ULL << n) - 1) << o;
+        x->mask[x->n++] = token_bits(o, n);
         begin += n;
     }
     return true;
+}
+
+/* The fill over the short path's list: chosen (ascending) walked down from its top as the fill
+ * walks the blocks down, the forced entries looked up in the list. */
+struct fill_short {
+    struct sel_extra *x;
+    const int32_t *chosen;
+    int ci; /* the highest chosen block not above the block the walk is at */
+    int bs;
+};
+
+static bool short_full(void *ctx, int b)
+{
+    struct fill_short *f = ctx;
+    while (f->ci >= 0 && f->chosen[f->ci] > b)
+        f->ci--;
+    if (f->ci >= 0 && f->chosen[f->ci] == b)
+        return true;
+    uint64_t have = 0; /* what the forced ranges already hold of b */
+    for (int i = 0; i < f->x->n; i++)
+        have |= f->x->block[i] == b ? f->x->mask[i] : 0;
+    return have == block_full_mask(f->bs);
+}
+
+static bool short_take(void *ctx, int lo, int hi)
+{
+    struct fill_short *f = ctx;
+    return extra_add_range(f->x, lo, hi, f->bs);
 }
 
 /* kvp_sel_chosen without a pass over every block of the context: chosen ascending, all k of
@@ -215,29 +280,10 @@ static bool sel_chosen_short(const struct kvp_block_plan *bp, const int32_t *cho
     if (!extra_add_range(&x, 0, bp->sink, bs) ||
         !extra_add_range(&x, bp->local_start, n_tokens, bs))
         return false;
-    /* the fill, as fill_left walks it: down from the block below the local window, over the
-     * chosen blocks (full), taking the top of each other block between the sink and the window */
+    struct fill_short f = {&x, chosen, n_chosen - 1, bs};
+    if (!fill_walk(bp, bp->left, bs, short_full, short_take, &f))
+        return false;
     const uint64_t full = block_full_mask(bs);
-    int left = bp->left, ci = n_chosen - 1;
-    for (int b = (bp->local_start - 1) / bs; b >= 0 && left > 0 && bp->local_start > 0; b--) {
-        while (ci >= 0 && chosen[ci] > b)
-            ci--;
-        if (ci >= 0 && chosen[ci] == b)
-            continue;
-        uint64_t have = 0; /* what the forced ranges already hold of b */
-        for (int i = 0; i < x.n; i++)
-            have |= x.block[i] == b ? x.mask[i] : 0;
-        if (have == full)
-            continue;
-        const int hi = bp->local_start < (b + 1) * bs ? bp->local_start : (b + 1) * bs;
-        const int lo = bp->sink > b * bs ? bp->sink : b * bs;
-        const int n = hi - lo < left ? hi - lo : left;
-        if (n <= 0)
-            continue;
-        if (!extra_add_range(&x, hi - n, hi, bs))
-            return false;
-        left -= n;
-    }
     /* the few extra entries by block (insertion sort), one per block, then merged with chosen */
     for (int i = 1; i < x.n; i++)
         for (int j = i; j > 0 && x.block[j] < x.block[j - 1]; j--) {
