@@ -298,17 +298,6 @@ void kvp_qmeta_bounds_q(const struct kvp_qmeta *m, int lh, const struct kvp_qmet
         bounds_run(m, lh, qq, b0, b1, out, stride, f16_tile_best);
 }
 
-void kvp_qmeta_prefetch(const struct kvp_qmeta *m, int lh, int b0, int b1)
-{
-    const size_t bytes = (size_t)m->head_dim * 2 * KVP_QMETA_TILE *
-                         (m->half[lh] ? sizeof(uint16_t) : sizeof(float));
-    for (int t = b0 / KVP_QMETA_TILE; t * KVP_QMETA_TILE < b1; t++) {
-        const char *tile = kvp_qmeta_tile(m, lh, t);
-        for (size_t o = 0; o < bytes; o += 64)
-            __builtin_prefetch(tile + o);
-    }
-}
-
 void kvp_qmeta_bounds(const struct kvp_qmeta *m, int lh, const float *q, int g, float scale,
                       int b0, int b1, float *out, int stride)
 {

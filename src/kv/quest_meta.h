@@ -102,11 +102,6 @@ void kvp_qmeta_query_prep(const struct kvp_qmeta *m, struct kvp_qmeta_query *qq,
 void kvp_qmeta_bounds_q(const struct kvp_qmeta *m, int lh, const struct kvp_qmeta_query *qq,
                         int b0, int b1, float *out, int stride);
 
-/* Ask for the tiles holding blocks [b0, b1) of lh (prefetch): the approximate coarse-to-fine
- * pass bounds scattered groups of blocks, which no hardware prefetcher anticipates, and at long
- * context their tiles are in memory, not in a cache (the KV reads evicted them). */
-void kvp_qmeta_prefetch(const struct kvp_qmeta *m, int lh, int b0, int b1);
-
 /* Internal (quest_meta_avx512.c): G <= 4 heads' scaled bounds over n_tiles consecutive f16
  * tiles, each term from the row sel[j][d] (0: max, KVP_QMETA_TILE: min), head j's bound of
  * block 16·t + i of the run into out[j·ostride + 16·t + i]. */

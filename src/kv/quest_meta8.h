@@ -59,7 +59,9 @@ int kvp_qmeta8_query_prep(const struct kvp_qmeta8 *q, struct kvp_qmeta8_query *q
                           const float *qv, int g, float scale);
 void kvp_qmeta8_bounds_q(const struct kvp_qmeta8 *q, int lh, const struct kvp_qmeta8_query *qq,
                          int b0, int b1, float *out, int stride);
-/* Ask for the tiles holding blocks [b0, b1) of lh (as kvp_qmeta_prefetch). */
+/* Ask for the tiles holding blocks [b0, b1) of lh (prefetch): the approximate coarse-to-fine
+ * pass bounds scattered groups of blocks, which no hardware prefetcher anticipates, and at long
+ * context their tiles are in memory, not in a cache (the KV reads evicted them). */
 void kvp_qmeta8_prefetch(const struct kvp_qmeta8 *q, int lh, int b0, int b1);
 
 /* The scalar loop (the reference the SIMD kernel is tested against). */

@@ -103,13 +103,6 @@ int kvp_coarse_pick(const float *gscore, int G, int first, int end, int k, int m
     return m;
 }
 
-/* The approximate mode (max_groups > 0) without a heap per block: the groups of kvp_coarse_pick;
- * their blocks scored in runs of adjacent groups (so the bound kernel gets several tiles per
- * call); then one top-k over the scored blocks gathered in ascending block order, so its ties to
- * the lower index are ties to the lower block. The result is the top k of the blocks of the first
- * m groups of the best-first order, which is what the heap walk returns: the walk may stop before
- * m groups, but only when no later group can place a block in the top k. Per block the heap walk
- * cost a push or a sift with unpredictable branches, more than bounding the block. */
 void kvp_coarse_fetch_until(const int *gids, int m, int until, int G, int first, int end,
                             kvp_coarse_fetch_fn fetch, void *ctx, int *cursor)
 {
@@ -120,6 +113,13 @@ void kvp_coarse_fetch_until(const int *gids, int m, int until, int G, int first,
     }
 }
 
+/* The approximate mode (max_groups > 0) without a heap per block: the groups of kvp_coarse_pick;
+ * their blocks scored in runs of adjacent groups (so the bound kernel gets several tiles per
+ * call); then one top-k over the scored blocks gathered in ascending block order, so its ties to
+ * the lower index are ties to the lower block. The result is the top k of the blocks of the first
+ * m groups of the best-first order, which is what the heap walk returns: the walk may stop before
+ * m groups, but only when no later group can place a block in the top k. Per block the heap walk
+ * cost a push or a sift with unpredictable branches, more than bounding the block. */
 static int approx_topk(const float *gscore, const float *score_first, int G, int first, int end,
                        int k, int max_groups, kvp_coarse_score_fn fn, kvp_coarse_fetch_fn fetch,
                        void *ctx, int *gwork, int *bwork, float *val, int32_t *out,

@@ -44,8 +44,9 @@ int kvp_coarse_topk(const float *gscore, const float *score_first, int G, int fi
                     struct kvp_coarse_stats *stats);
 
 /* Groups fetched ahead of the one being scored (kvp_coarse_fetch_fn): at head_dim 64 a group of
- * 16 blocks is one 4 KB metadata tile, so two are 128 lines in flight, about what one core keeps
- * outstanding, while one group's bounds take about a memory round trip. */
+ * 16 blocks is one 2112-byte tile of the 8-bit metadata (quest_meta8.h; the callers fetch only
+ * those: with the 4 KB f16 tiles fetching gained nothing), so two are ~66 lines in flight while
+ * one group's bounds take about a memory round trip. */
 #define KVP_COARSE_FETCH_AHEAD 2
 
 /* Fetch groups gids[*cursor ..] up to (not including) index `until` of the m ids (ascending),

@@ -646,15 +646,12 @@ static void coarse_ensure(struct qp_coarse_ctx *c, int x)
  * columns in a group not visited are bounded besides (coarse_ensure), their feature capped at 1
  * (their bound may exceed the M_j of the visited blocks). */
 
+/* q8: the 8-bit tiles of a group to come, unless visited (as quest's, only the 8-bit ones). */
 static void approx_fetch(void *ctx, int b0, int b1)
 {
     const struct qp_coarse_ctx *c = ctx;
-    if (c->k->gvis[b0 / c->s->groups])
-        return;
-    if (c->s->q8)
+    if (!c->k->gvis[b0 / c->s->groups])
         kvp_qmeta8_prefetch(&c->s->meta8, c->lh, b0, b1);
-    else
-        kvp_qmeta_prefetch(&c->s->meta, c->lh, b0, b1);
 }
 
 /* Bounds of every head and the feature over the groups gids[0, m) (ascending), run by run;
@@ -673,7 +670,7 @@ static void approx_visit(struct qp_coarse_ctx *c, const int *gids, int m, bool c
         while (j < m && gids[j] == gids[j - 1] + 1 && !k->gvis[gids[j]])
             j++;
         kvp_coarse_fetch_until(gids, m, j + KVP_COARSE_FETCH_AHEAD, G, c->first, c->end,
-                               approx_fetch, c, &fetched);
+                               c->s->q8 ? approx_fetch : NULL, c, &fetched);
         const int b0 = gids[i] * G > c->first ? gids[i] * G : c->first;
         const int b1 = (gids[j - 1] + 1) * G < c->end ? (gids[j - 1] + 1) * G : c->end;
         coarse_bounds(c, false, b0, b1, k->ub + (b0 - c->first), c->s->max_blocks);

@@ -384,15 +384,13 @@ static void quest_score_fn(void *ctx, int b0, int b1)
     score_blocks_q(c->p, c->layer, c->kvh, c->q, &c->qq, &c->qq8, s->q8, b0, b1);
 }
 
+/* q8: the 8-bit tiles of the groups to come (with the f16 tiles fetching ahead gained nothing:
+ * docs/policies.md, so those are not fetched). */
 static void quest_fetch_fn(void *ctx, int b0, int b1)
 {
     struct quest_rank_ctx *c = ctx;
     const struct quest_state *s = c->p->state;
-    const int lh = c->layer * c->p->env.n_head_kv + c->kvh;
-    if (s->q8)
-        kvp_qmeta8_prefetch(&s->meta8, lh, b0, b1);
-    else
-        kvp_qmeta_prefetch(&s->meta, lh, b0, b1);
+    kvp_qmeta8_prefetch(&s->meta8, c->layer * c->p->env.n_head_kv + c->kvh, b0, b1);
 }
 
 static int rank_top(struct kvp_policy *p, int layer, int kvh, const float *q,
@@ -422,7 +420,7 @@ static int rank_top(struct kvp_policy *p, int layer, int kvh, const float *q,
         }
         kvp_gqa_combine(ub, g, ng, ng, p->p.gqa_agg, gs + g0);
         int n = kvp_coarse_topk(gs, s->score + lh * mb + bp->first, G, bp->first, bp->end, k,
-                                max_groups, quest_score_fn, quest_fetch_fn, &ctx,
+                                max_groups, quest_score_fn, s->q8 ? quest_fetch_fn : NULL, &ctx,
                                 s->gheap + (size_t)kvh * 2 * s->n_groups,
                                 s->bheap + (size_t)kvh * KVP_COARSE_APPROX_INTS(mb),
                                 s->cval + (size_t)kvh * mb, out, NULL);
