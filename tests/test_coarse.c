@@ -348,6 +348,21 @@ static void key_structured(float *k, int t, int style, const float *dir)
             k[d] += 2.0f * dir[d];
 }
 
+/* The token at position n in every one of the n_kv heads: a structured key of the style, or, as a
+ * needle, a key far out of its group's range along dir. */
+static void append_token(struct kvp_kvcache *kv, int n_kv, int n, int style, const float *dir,
+                         bool needle)
+{
+    float k[HD], vv[HD] = {0};
+    for (int h = 0; h < n_kv; h++) {
+        key_structured(k, n, style, dir);
+        if (needle)
+            for (int d = 0; d < HD; d++)
+                k[d] = 4.0f * dir[d];
+        kvp_kvcache_store(kv, 0, h, n, k, vv);
+    }
+}
+
 static void make_query(float *q, int mode, const float *dir)
 {
     for (int i = 0; i < 2 * HD; i++) {
@@ -426,13 +441,7 @@ static void test_quest_coarse_equals_flat(void **state)
                     co[v].p.ops->reset(&co[v].p);
                 ap.p.ops->reset(&ap.p);
             }
-            for (int hh = 0; hh < n_kv; hh++) { /* the step's token, in every head */
-                key_structured(k, n, style, dir);
-                if (step % 17 == 5) /* an appended needle far out of its group's range */
-                    for (int d = 0; d < HD; d++)
-                        k[d] = 4.0f * dir[d];
-                kvp_kvcache_store(&kv, 0, hh, n, k, vv);
-            }
+            append_token(&kv, n_kv, n, style, dir, step % 17 == 5); /* the step's token */
             n++;
             float q[2 * HD];
             make_query(q, step % 3, dir);
@@ -582,13 +591,7 @@ static void test_quest_q8(void **state)
             if (step == 90)
                 for (int i = 0; i < 5; i++) /* a reset: the prompt folded again */
                     all[i]->p.ops->reset(&all[i]->p);
-            for (int hh = 0; hh < n_kv; hh++) {
-                key_structured(k, n, style, dir);
-                if (step % 13 == 4)
-                    for (int d = 0; d < HD; d++)
-                        k[d] = 4.0f * dir[d];
-                kvp_kvcache_store(&kv, 0, hh, n, k, vv);
-            }
+            append_token(&kv, n_kv, n, style, dir, step % 13 == 4);
             n++;
             float q[2 * HD];
             make_query(q, step % 3, dir);
@@ -688,13 +691,7 @@ static void test_qpredictor_coarse_equals_flat(void **state)
             const int h = step % n_kv;
             if (step == 80)
                 n -= 300; /* a truncation */
-            for (int hh = 0; hh < n_kv; hh++) {
-                key_structured(k, n, 1, dir);
-                if (step % 13 == 4)
-                    for (int d = 0; d < HD; d++)
-                        k[d] = 4.0f * dir[d];
-                kvp_kvcache_store(&kv, 0, hh, n, k, vv);
-            }
+            append_token(&kv, n_kv, n, 1, dir, step % 13 == 4);
             n++;
             float q[2 * HD];
             make_query(q, step % 3, dir);
