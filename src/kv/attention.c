@@ -41,10 +41,19 @@ static void group_accum(const struct kvp_kv_kernels *vk, const float *p, size_t 
  * block reduced straight from DRAM spends most of its time waiting. PF_AHEAD blocks ahead and
  * whole (up to PF_MAX bytes of each): one block's reduction (~0.3-0.5 us for 16 f16 tokens of 3
  * query heads) is shorter than a DRAM round trip with the lines of a whole block in flight.
+ * Into the L2 only (PF_LOCALITY 1: prefetcht2 on x86): a prefetch into the L1 holds one of its
+ * few fill buffers until the line arrives, so the reads in flight were capped there and the
+ * prefetch instructions themselves stalled (a profile of 8 sequences' dense attention at 512
+ * tokens put a third of its samples on them); the L2 takes more at once and is one short hop
+ * from the L1 when the kernel reads the line. On the Intel Xeon VM, alternating against the L1
+ * hint 2 blocks ahead: dense decode at 16384 tokens 31.5 -> 34.2 tok/s, batched-bench Q4_K
+ * -npl 8 -npp 512 745 -> 800 (8 ahead; 2 and 4 ahead in between); quest's sparse decode at
+ * 131072 tokens unchanged.
  * Forced inline: as plain static functions GCC 12 compiled them to nothing (its modref pass saw
  * no side effect in a function that only prefetches and dropped the calls), and the sparse
  * attention ran 15-20% slower at 131072 tokens (tests/prefetch_emitted.sh keeps watch). */
-#define PF_AHEAD 2
+#define PF_AHEAD    8
+#define PF_LOCALITY 1
 #define PF_MAX   4096
 static inline __attribute__((always_inline)) void prefetch_block(const uint8_t *p, size_t n)
 {
@@ -52,7 +61,7 @@ static inline __attribute__((always_inline)) void prefetch_block(const uint8_t *
         return;
     size_t bytes = n < PF_MAX ? n : PF_MAX;
     for (size_t o = 0; o < bytes; o += 64)
-        __builtin_prefetch((const char *)p + o);
+        __builtin_prefetch((const char *)p + o, 0, PF_LOCALITY);
 }
 
 /* Both the keys and the values of block b (prefetch_block). */
