@@ -507,6 +507,32 @@ static void test_incremental_matches_full(void **state)
 
 /* ---- history -------------------------------------------------------------------------------- */
 
+/* kvp_hist_block_max (eight lanes) against the one chain of compares it replaces, to the bit:
+ * rows of every length 0..40 mixing NaNs, signed zeros, negatives, ties and positives. A lane
+ * maximum that let a -0 or a NaN through, or a tail left out, fails it. */
+static void test_block_max_lanes(void **state)
+{
+    (void)state;
+    uint64_t r = 99;
+    const float pick[] = {0.0f, -0.0f, -1.0f, NAN, 0.25f, 0.25f, 1e-30f, 3.0f};
+    float p[40];
+    for (int trial = 0; trial < 4000; trial++) {
+        const int n = trial % 41;
+        for (int t = 0; t < n; t++) {
+            r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+            const unsigned u = (unsigned)(r >> 33);
+            p[t] = u % 3 == 0 ? pick[(u >> 2) % 8] : (float)((u >> 4) % 1000) / 997.0f - 0.3f;
+        }
+        float ref = 0.0f;
+        for (int t = 0; t < n; t++)
+            ref = p[t] > ref ? p[t] : ref;
+        const float got = kvp_hist_block_max(p, n);
+        uint32_t a, b;
+        memcpy(&a, &ref, 4), memcpy(&b, &got, 4);
+        assert_int_equal(a, b);
+    }
+}
+
 static void test_history_rules(void **state)
 {
     (void)state;
@@ -1560,6 +1586,7 @@ int main(void)
         cmocka_unit_test(test_column_kernels_match_rows),
         cmocka_unit_test(test_incremental_matches_full),
         cmocka_unit_test(test_history_rules),
+        cmocka_unit_test(test_block_max_lanes),
         cmocka_unit_test(test_predictor_file),
         cmocka_unit_test(test_policy_end_to_end),
         cmocka_unit_test(test_columns_match_full),

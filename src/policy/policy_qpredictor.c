@@ -447,6 +447,38 @@ static void rank_bounds(struct qp_state *s, struct qp_kvh *k, int lh, const floa
     group_feature(k->ub, s->g, s->max_blocks, end - first, k->comb);
 }
 
+/* *mx (in: the running maximum) raised to the largest of u[0..n), "larger, else the kept one"
+ * lane by lane as in group_feature (so the same value up to the sign of a zero); false when one
+ * of them is a NaN. The approximate pass takes each head's maximum over ~1000 bounds a step, which
+ * as one chain of compares waited on each compare's latency. */
+KVP_X86_CLONES static bool max_no_nan(const float *u, int n, float *mx)
+{
+    typedef float v16 __attribute__((vector_size(64)));
+    typedef int32_t i16 __attribute__((vector_size(64)));
+    const int n16 = n / 16 * 16;
+    v16 m = (v16){0} + *mx, x;
+    i16 bad = (i16){0};
+    for (int i = 0; i < n16; i += 16) {
+        memcpy(&x, u + i, sizeof(x));
+        bad |= x != x;
+        i16 gt = x > m;
+        m = (v16)((gt & (i16)x) | (~gt & (i16)m));
+    }
+    float r = *mx;
+    for (int l = 0; l < 16; l++) {
+        if (bad[l])
+            return false;
+        r = m[l] > r ? m[l] : r;
+    }
+    for (int i = n16; i < n; i++) {
+        if (u[i] != u[i])
+            return false;
+        r = u[i] > r ? u[i] : r;
+    }
+    *mx = r;
+    return true;
+}
+
 /* ---- coarse-to-fine candidates (see the top of the file) ---- */
 
 struct qp_coarse_ctx {
@@ -692,15 +724,10 @@ static bool approx_prepare(struct qp_coarse_ctx *c, int want)
     memset(k->gvis + g0, 0, (size_t)ng);
     coarse_query_prep(c);
     coarse_bounds(c, true, g0, g1, k->gub, ng);
-    for (int i = 0; i < s->g * ng; i++)
-        if (k->gub[i] != k->gub[i])
-            return false;
     for (int j = 0; j < s->g; j++) { /* each head's best group bound */
-        const float *gj = k->gub + (size_t)j * ng;
-        float mx = gj[0];
-        for (int i = 1; i < ng; i++)
-            mx = gj[i] > mx ? gj[i] : mx;
-        k->mj[j] = mx;
+        k->mj[j] = -INFINITY;
+        if (!max_no_nan(k->gub + (size_t)j * ng, ng, &k->mj[j]))
+            return false;
     }
     for (int i = 0; i < ng; i++)
         k->gcomb[g0 + i] = group_gap(k, s->g, ng, i);
@@ -714,11 +741,8 @@ static bool approx_prepare(struct qp_coarse_ctx *c, int want)
             const int b0 = gids[i] * G > c->first ? gids[i] * G : c->first;
             const int b1 = (gids[i] + 1) * G < c->end ? (gids[i] + 1) * G : c->end;
             const float *u = k->ub + (size_t)j * s->max_blocks - c->first;
-            for (int b = b0; b < b1; b++) {
-                if (u[b] != u[b])
-                    return false;
-                mx = u[b] > mx ? u[b] : mx;
-            }
+            if (!max_no_nan(u + b0, b1 - b0, &mx))
+                return false;
         }
         k->mj[j] = mx;
     }

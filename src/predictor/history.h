@@ -70,12 +70,24 @@ static inline bool kvp_hist_is_calibration(int step, int M)
     return M > 0 && step > 0 && step % M == 0;
 }
 
-/* The largest of p[0..n), or 0 when all are below it (a block's pooled value). */
+/* The largest of p[0..n), or 0 when all are below it (a block's pooled value).
+ * In eight lanes, each the running maximum of every eighth value, then the lanes' maximum: one
+ * chain of compares was a latency chain (qpredictor pools 3 heads x every selected block per
+ * step). The same bits as the one chain m = p[t] > m ? p[t] : m from m = +0: that takes only
+ * values above +0 (never a NaN, a -0 or a negative), so both give the largest positive value, or
+ * +0 when there is none (tests/test_predictor.c, test_block_max_lanes). */
 static inline float kvp_hist_block_max(const float *p, int n)
 {
+    float lane[8] = {0};
+    int t = 0;
+    for (; t + 8 <= n; t += 8)
+        for (int i = 0; i < 8; i++)
+            lane[i] = p[t + i] > lane[i] ? p[t + i] : lane[i];
     float m = 0.0f;
-    for (int t = 0; t < n; t++)
+    for (; t < n; t++)
         m = p[t] > m ? p[t] : m;
+    for (int i = 0; i < 8; i++)
+        m = lane[i] > m ? lane[i] : m;
     return m;
 }
 
