@@ -447,33 +447,40 @@ static void rank_bounds(struct qp_state *s, struct qp_kvh *k, int lh, const floa
     group_feature(k->ub, s->g, s->max_blocks, end - first, k->comb);
 }
 
-/* *mx (in: the running maximum) raised to the largest of u[0..n), "larger, else the kept one"
- * lane by lane as in group_feature (so the same value up to the sign of a zero); false when one
- * of them is a NaN. The approximate pass takes each head's maximum over ~1000 bounds a step, which
- * as one chain of compares waited on each compare's latency. */
-KVP_X86_CLONES static bool max_no_nan(const float *u, int n, float *mx)
+/* *mx (in: the running maximum) raised to the largest of u[b] over the blocks b of groups gids[0,
+ * m) (group i: blocks [i·G, (i + 1)·G) clipped to [first, end)), or of u[0, end) when gids is
+ * NULL; "larger, else the kept one" in 16 lanes kept across the groups, as in group_feature (so the
+ * same value up to the sign of a zero); false when one of them is a NaN. The approximate pass
+ * takes each head's maximum over ~1000 bounds a step, which as one chain of compares waited on
+ * each compare's latency. */
+KVP_X86_CLONES static bool max_no_nan(const float *u, const int *gids, int m, int G, int first,
+                                      int end, float *mx)
 {
     typedef float v16 __attribute__((vector_size(64)));
     typedef int32_t i16 __attribute__((vector_size(64)));
-    const int n16 = n / 16 * 16;
-    v16 m = (v16){0} + *mx, x;
+    v16 acc = (v16){0} + *mx, x;
     i16 bad = (i16){0};
-    for (int i = 0; i < n16; i += 16) {
-        memcpy(&x, u + i, sizeof(x));
-        bad |= x != x;
-        i16 gt = x > m;
-        m = (v16)((gt & (i16)x) | (~gt & (i16)m));
-    }
     float r = *mx;
+    for (int i = 0; i < (gids ? m : 1); i++) {
+        const int b0 = !gids ? 0 : gids[i] * G > first ? gids[i] * G : first;
+        const int b1 = !gids ? end : (gids[i] + 1) * G < end ? (gids[i] + 1) * G : end;
+        int b = b0;
+        for (; b + 16 <= b1; b += 16) {
+            memcpy(&x, u + b, sizeof(x));
+            bad |= x != x;
+            i16 gt = x > acc;
+            acc = (v16)((gt & (i16)x) | (~gt & (i16)acc));
+        }
+        for (; b < b1; b++) {
+            if (u[b] != u[b])
+                return false;
+            r = u[b] > r ? u[b] : r;
+        }
+    }
     for (int l = 0; l < 16; l++) {
         if (bad[l])
             return false;
-        r = m[l] > r ? m[l] : r;
-    }
-    for (int i = n16; i < n; i++) {
-        if (u[i] != u[i])
-            return false;
-        r = u[i] > r ? u[i] : r;
+        r = acc[l] > r ? acc[l] : r;
     }
     *mx = r;
     return true;
@@ -726,7 +733,7 @@ static bool approx_prepare(struct qp_coarse_ctx *c, int want)
     coarse_bounds(c, true, g0, g1, k->gub, ng);
     for (int j = 0; j < s->g; j++) { /* each head's best group bound */
         k->mj[j] = -INFINITY;
-        if (!max_no_nan(k->gub + (size_t)j * ng, ng, &k->mj[j]))
+        if (!max_no_nan(k->gub + (size_t)j * ng, NULL, 0, 0, 0, ng, &k->mj[j]))
             return false;
     }
     for (int i = 0; i < ng; i++)
@@ -736,15 +743,10 @@ static bool approx_prepare(struct qp_coarse_ctx *c, int want)
                                   gids, k->gheap + ng, &nb);
     approx_visit(c, gids, m, false);
     for (int j = 0; j < s->g; j++) { /* M_j over the blocks bounded */
-        float mx = -INFINITY;
-        for (int i = 0; i < m; i++) {
-            const int b0 = gids[i] * G > c->first ? gids[i] * G : c->first;
-            const int b1 = (gids[i] + 1) * G < c->end ? (gids[i] + 1) * G : c->end;
-            const float *u = k->ub + (size_t)j * s->max_blocks - c->first;
-            if (!max_no_nan(u + b0, b1 - b0, &mx))
-                return false;
-        }
-        k->mj[j] = mx;
+        k->mj[j] = -INFINITY;
+        if (!max_no_nan(k->ub + (size_t)j * s->max_blocks - c->first, gids, m, G, c->first,
+                        c->end, &k->mj[j]))
+            return false;
     }
     for (int i = 0; i < m; i++) {
         const int b0 = gids[i] * G > c->first ? gids[i] * G : c->first;
