@@ -90,7 +90,7 @@ int kvp_coarse_pick(const float *gscore, int G, int first, int end, int k, int m
         n_vis = 0;
         for (int i = 0; i < m; i++) {
             const int gi = g0 + gids[i];
-            n_vis += ((gi + 1) * G < end ? (gi + 1) * G : end) - (gi * G > first ? gi * G : first);
+            n_vis += kvp_coarse_hi(gi, G, end) - kvp_coarse_lo(gi, G, first);
         }
         if (n_vis >= k || m == ng)
             break;
@@ -109,7 +109,7 @@ void kvp_coarse_fetch_until(const int *gids, int m, int until, int G, int first,
     until = until < m ? until : m;
     for (; fetch && *cursor < until; ++*cursor) {
         const int gi = gids[*cursor];
-        fetch(ctx, gi * G > first ? gi * G : first, (gi + 1) * G < end ? (gi + 1) * G : end);
+        fetch(ctx, kvp_coarse_lo(gi, G, first), kvp_coarse_hi(gi, G, end));
     }
 }
 
@@ -136,8 +136,7 @@ static int approx_topk(const float *gscore, const float *score_first, int G, int
         kvp_coarse_fetch_until(gids, m, j + KVP_COARSE_FETCH_AHEAD, G, first, end, fetch, ctx,
                                &fetched);
         const int gi = gids[i], gj = gids[j - 1];
-        const int b0 = gi * G > first ? gi * G : first;
-        const int b1 = (gj + 1) * G < end ? (gj + 1) * G : end;
+        const int b0 = kvp_coarse_lo(gi, G, first), b1 = kvp_coarse_hi(gj, G, end);
         fn(ctx, b0, b1);
         for (int b = b0; b < b1; b++) {
             const float v = score_first[b - first];
@@ -193,8 +192,7 @@ int kvp_coarse_topk(const float *gscore, const float *score_first, int G, int fi
         if (nb == k && gscore[gi] < SCORE_OF(bheap[0]))
             break; /* nothing left can enter the top k */
         g_heap_pop(gscore, gheap, &ng);
-        const int b0 = gi * G > first ? gi * G : first;
-        const int b1 = (gi + 1) * G < end ? (gi + 1) * G : end;
+        const int b0 = kvp_coarse_lo(gi, G, first), b1 = kvp_coarse_hi(gi, G, end);
         fn(ctx, b0, b1);
         st.groups++;
         st.blocks += b1 - b0;

@@ -78,6 +78,17 @@ static inline int kvp_coarse_limit(float visit, int floor, int G, int k)
  * (docs/policies.md). */
 #define KVP_COARSE_FLOOR_DEFAULT 1024
 
+/* The first block of group gi (blocks [gi·G, (gi + 1)·G)) within [first, ..), and the end of
+ * group gi within [.., end): a group's (or a run of groups') blocks clipped to the candidates. */
+static inline int kvp_coarse_lo(int gi, int G, int first)
+{
+    return gi * G > first ? gi * G : first;
+}
+static inline int kvp_coarse_hi(int gi, int G, int end)
+{
+    return (gi + 1) * G < end ? (gi + 1) * G : end;
+}
+
 /* Whether n_cand candidates rank through the groups: always in the exact mode (visit <= 0);
  * in the approximate one only past `floor` candidates, below which it would visit every group
  * and the callers rank flat. */

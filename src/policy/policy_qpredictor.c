@@ -448,11 +448,11 @@ static void rank_bounds(struct qp_state *s, struct qp_kvh *k, int lh, const floa
 }
 
 /* *mx (in: the running maximum) raised to the largest of u[b] over the blocks b of groups gids[0,
- * m) (group i: blocks [i·G, (i + 1)·G) clipped to [first, end)), or of u[0, end) when gids is
- * NULL; "larger, else the kept one" in 16 lanes kept across the groups, as in group_feature (so the
- * same value up to the sign of a zero); false when one of them is a NaN. The approximate pass
- * takes each head's maximum over ~1000 bounds a step, which as one chain of compares waited on
- * each compare's latency. */
+ * m) (group i: blocks [i·G, (i + 1)·G) clipped to [first, end); a whole row of n is the one
+ * group 0 with G = end = n); "larger, else the kept one" in 16 lanes kept across the groups, as in
+ * group_feature (so the same value up to the sign of a zero); false when one of them is a NaN.
+ * The approximate pass takes each head's maximum over ~1000 bounds a step, which as one chain of
+ * compares waited on each compare's latency. */
 KVP_X86_CLONES static bool max_no_nan(const float *u, const int *gids, int m, int G, int first,
                                       int end, float *mx)
 {
@@ -461,10 +461,9 @@ KVP_X86_CLONES static bool max_no_nan(const float *u, const int *gids, int m, in
     v16 acc = (v16){0} + *mx, x;
     i16 bad = (i16){0};
     float r = *mx;
-    for (int i = 0; i < (gids ? m : 1); i++) {
-        const int b0 = !gids ? 0 : gids[i] * G > first ? gids[i] * G : first;
-        const int b1 = !gids ? end : (gids[i] + 1) * G < end ? (gids[i] + 1) * G : end;
-        int b = b0;
+    for (int i = 0; i < m; i++) {
+        const int b1 = kvp_coarse_hi(gids[i], G, end);
+        int b = kvp_coarse_lo(gids[i], G, first);
         for (; b + 16 <= b1; b += 16) {
             memcpy(&x, u + b, sizeof(x));
             bad |= x != x;
@@ -539,8 +538,7 @@ static void visit_group(struct qp_coarse_ctx *c, int gi)
     if (k->gvis[gi])
         return;
     const int G = c->s->groups;
-    const int b0 = gi * G > c->first ? gi * G : c->first;
-    const int b1 = (gi + 1) * G < c->end ? (gi + 1) * G : c->end;
+    const int b0 = kvp_coarse_lo(gi, G, c->first), b1 = kvp_coarse_hi(gi, G, c->end);
     coarse_bounds(c, false, b0, b1, k->ub + (b0 - c->first), c->s->max_blocks);
     k->gvis[gi] = 1;
 }
@@ -621,8 +619,7 @@ static bool coarse_prepare(struct qp_coarse_ctx *c)
             if (found && k->gcomb[gi] <= best)
                 break; /* no block of this group or a later one has a larger bound */
             visit_group(c, gi);
-            const int b0 = gi * G > c->first ? gi * G : c->first;
-            const int b1 = (gi + 1) * G < c->end ? (gi + 1) * G : c->end;
+            const int b0 = kvp_coarse_lo(gi, G, c->first), b1 = kvp_coarse_hi(gi, G, c->end);
             for (int b = b0; b < b1; b++) {
                 const float v = k->ub[(size_t)j * s->max_blocks + (b - c->first)];
                 if (v != v)
@@ -664,8 +661,7 @@ static void coarse_ensure(struct qp_coarse_ctx *c, int x)
     if (!c->k->gvis[gi]) {
         visit_group(c, gi);
         const int G = c->s->groups;
-        const int b0 = gi * G > c->first ? gi * G : c->first;
-        const int b1 = (gi + 1) * G < c->end ? (gi + 1) * G : c->end;
+        const int b0 = kvp_coarse_lo(gi, G, c->first), b1 = kvp_coarse_hi(gi, G, c->end);
         comb_cols(c->s, c->k, b0 - c->first, b1 - c->first);
     }
 }
@@ -710,8 +706,8 @@ static void approx_visit(struct qp_coarse_ctx *c, const int *gids, int m, bool c
             j++;
         kvp_coarse_fetch_until(gids, m, j + KVP_COARSE_FETCH_AHEAD, G, c->first, c->end,
                                c->s->q8 ? approx_fetch : NULL, c, &fetched);
-        const int b0 = gids[i] * G > c->first ? gids[i] * G : c->first;
-        const int b1 = (gids[j - 1] + 1) * G < c->end ? (gids[j - 1] + 1) * G : c->end;
+        const int b0 = kvp_coarse_lo(gids[i], G, c->first);
+        const int b1 = kvp_coarse_hi(gids[j - 1], G, c->end);
         coarse_bounds(c, false, b0, b1, k->ub + (b0 - c->first), c->s->max_blocks);
         for (int x = i; x < j; x++)
             k->gvis[gids[x]] = 1;
@@ -731,9 +727,10 @@ static bool approx_prepare(struct qp_coarse_ctx *c, int want)
     memset(k->gvis + g0, 0, (size_t)ng);
     coarse_query_prep(c);
     coarse_bounds(c, true, g0, g1, k->gub, ng);
+    static const int whole_row = 0;
     for (int j = 0; j < s->g; j++) { /* each head's best group bound */
         k->mj[j] = -INFINITY;
-        if (!max_no_nan(k->gub + (size_t)j * ng, NULL, 0, 0, 0, ng, &k->mj[j]))
+        if (!max_no_nan(k->gub + (size_t)j * ng, &whole_row, 1, ng, 0, ng, &k->mj[j]))
             return false;
     }
     for (int i = 0; i < ng; i++)
@@ -749,8 +746,7 @@ static bool approx_prepare(struct qp_coarse_ctx *c, int want)
             return false;
     }
     for (int i = 0; i < m; i++) {
-        const int b0 = gids[i] * G > c->first ? gids[i] * G : c->first;
-        const int b1 = (gids[i] + 1) * G < c->end ? (gids[i] + 1) * G : c->end;
+        const int b0 = kvp_coarse_lo(gids[i], G, c->first), b1 = kvp_coarse_hi(gids[i], G, c->end);
         comb_cols(s, k, b0 - c->first, b1 - c->first);
     }
     return true;
@@ -771,8 +767,7 @@ static int approx_top(struct qp_coarse_ctx *c, int want)
     approx_visit(c, gids, m, true);
     int *idx = k->bheap, *scr = k->bheap + mb, *top = k->bheap + 2 * mb, n = 0;
     for (int i = 0; i < m; i++) {
-        const int b0 = gids[i] * G > c->first ? gids[i] * G : c->first;
-        const int b1 = (gids[i] + 1) * G < c->end ? (gids[i] + 1) * G : c->end;
+        const int b0 = kvp_coarse_lo(gids[i], G, c->first), b1 = kvp_coarse_hi(gids[i], G, c->end);
         for (int b = b0; b < b1; b++) {
             idx[n] = b - c->first;
             k->cval[n++] = k->comb[b - c->first];
