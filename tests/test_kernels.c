@@ -125,6 +125,32 @@ static void report_worst(const char *what)
 
 /* ============================== scalars ============================== */
 
+/* kvp_calloc_huge: zeroed over its whole size, writable to its last byte, 2 MiB aligned from one
+ * huge page up (so THP can back it), and freed without touching what it handed out. */
+static void test_calloc_huge(void **state)
+{
+    (void)state;
+    const size_t huge = (size_t)2 << 20;
+    const size_t sizes[] = {1, 63, 4095, 4096, 100000, huge - 1, huge, huge + 1, 5 * huge + 4097};
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        const size_t n = sizes[i];
+        uint8_t *p = kvp_calloc_huge(n);
+        assert_non_null(p);
+        assert_int_equal((uintptr_t)p % 64, 0);
+        if (n >= huge)
+            assert_int_equal((uintptr_t)p % huge, 0);
+        for (size_t j = 0; j < n; j += 4093)
+            assert_int_equal(p[j], 0);
+        assert_int_equal(p[n - 1], 0);
+        memset(p, 0xA5, n);
+        assert_int_equal(p[n - 1], 0xA5);
+        kvp_free_huge(p);
+    }
+    assert_null(kvp_calloc_huge(0));
+    assert_null(kvp_calloc_huge(SIZE_MAX));
+    kvp_free_huge(NULL);
+}
+
 static void test_f16_values(void **state)
 {
     (void)state;
@@ -893,6 +919,7 @@ int main(int argc, char **argv)
     if (argc > 1 && strcmp(argv[1], "--print-simd") == 0)
         return print_simd();
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_calloc_huge),
         cmocka_unit_test(test_f16_values),   cmocka_unit_test(test_f16_round_trip),
         cmocka_unit_test(test_bf16),         cmocka_unit_test(test_q8_0_quantize),
         cmocka_unit_test(test_dot_float),    cmocka_unit_test(test_dot_q8_0),

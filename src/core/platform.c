@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -105,6 +106,70 @@ void *kvp_alloc_huge(size_t size, size_t align)
             madvise((void *)a, e - a, MADV_HUGEPAGE);
     }
     return p;
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+#define KVP_HUGE_BY_MMAP 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KVP_HUGE_BY_MMAP 0
+#endif
+#endif
+#ifndef KVP_HUGE_BY_MMAP
+#define KVP_HUGE_BY_MMAP 1
+#endif
+
+/* What kvp_free_huge needs, kept in the 64 bytes before the aligned pointer (inside the mapping's
+ * alignment slack, which is at least 2 MiB). */
+struct huge_head {
+    void *base;
+    size_t len;
+};
+
+void *kvp_calloc_huge(size_t size)
+{
+    if (size == 0)
+        return NULL;
+#if KVP_HUGE_BY_MMAP
+    /* below one huge page: plain pages after a page for the head (a huge page would commit
+     * 2 MiB for a few KB of a small model's tables) */
+    const size_t huge = (size_t)2 << 20, page = 4096;
+    if (size > SIZE_MAX - 2 * huge)
+        return NULL;
+    const bool big = size >= huge;
+    size_t span = big ? (size + huge - 1) & ~(huge - 1) : size, len = span + (big ? huge : page);
+    void *base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED)
+        return NULL;
+    uintptr_t p = big ? ((uintptr_t)base + 64 + huge - 1) & ~(uintptr_t)(huge - 1)
+                      : (uintptr_t)base + page;
+    struct huge_head head = {base, len};
+    memcpy((void *)(p - 64), &head, sizeof(head));
+    if (big)
+        madvise((void *)p, span, MADV_HUGEPAGE); /* advice only: plain pages where THP is off */
+    return (void *)p;
+#else
+    const size_t align = size >= ((size_t)2 << 20) ? (size_t)2 << 20 : 64;
+    if (size > SIZE_MAX - align)
+        return NULL;
+    void *p = aligned_alloc(align, (size + align - 1) & ~(align - 1));
+    if (p)
+        memset(p, 0, size);
+    return p;
+#endif
+}
+
+void kvp_free_huge(void *p)
+{
+    if (!p)
+        return;
+#if KVP_HUGE_BY_MMAP
+    struct huge_head head;
+    memcpy(&head, (const uint8_t *)p - 64, sizeof(head));
+    munmap(head.base, head.len);
+#else
+    free(p);
+#endif
 }
 
 int kvp_cpu_features(void)

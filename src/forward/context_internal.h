@@ -95,6 +95,7 @@ struct kvp_shared {
                                       single tokens; entries with mem NULL: no kernel for the
                                       type */
     size_t lanes_bytes;            /* their total */
+    void *lanes_arena;             /* owned: every entry's mem, one huge-page allocation */
 
     /* the running pass's plan (kvp_forward_pass), read-only inside the pool */
     struct kvp_ctx **seqs;         /* [n_batch] the pass's sequences */

@@ -229,16 +229,30 @@ size_t kvp_lanes_bytes(const struct kvp_mat *W)
     return tile == 0 || tiles > SIZE_MAX / tile ? 0 : tiles * tile;
 }
 
-int kvp_lanes_init(struct kvp_lanes *P, const struct kvp_mat *W)
+int kvp_lanes_init_at(struct kvp_lanes *P, const struct kvp_mat *W, void *mem)
 {
     memset(P, 0, sizeof(*P));
     size_t bytes = kvp_lanes_bytes(W);
-    if (bytes == 0 || !(P->mem = kvp_alloc_aligned(bytes)))
+    if (bytes == 0 || !mem)
         return -1;
+    P->mem = mem;
     P->bytes = bytes;
     P->type = W->type;
     P->rows = W->rows;
     P->cols = W->cols;
+    P->borrowed = true;
+    return 0;
+}
+
+int kvp_lanes_init(struct kvp_lanes *P, const struct kvp_mat *W)
+{
+    size_t bytes = kvp_lanes_bytes(W);
+    void *mem = bytes ? kvp_alloc_aligned(bytes) : NULL;
+    if (kvp_lanes_init_at(P, W, mem) < 0) {
+        kvp_free_aligned(mem);
+        return -1;
+    }
+    P->borrowed = false;
     return 0;
 }
 
@@ -255,7 +269,8 @@ void kvp_lanes_pack(struct kvp_lanes *P, const struct kvp_mat *W, int64_t t0, in
 
 void kvp_lanes_free(struct kvp_lanes *P)
 {
-    kvp_free_aligned(P->mem);
+    if (!P->borrowed)
+        kvp_free_aligned(P->mem);
     memset(P, 0, sizeof(*P));
 }
 

@@ -58,10 +58,11 @@ void kvp_matvec_rows_multi(const struct kvp_mat *W, const void *const *xq, int n
  * kvp_lanes_tile_bytes, simd_internal.h). Turning 16 rows into such a tile costs about three
  * vectors' products, so it is done once per matrix (kvp_lanes_pack), not per call. */
 struct kvp_lanes {
-    void *mem;       /* owned; NULL: not packed */
+    void *mem;       /* NULL: not packed; owned unless borrowed */
     size_t bytes;
     int type;
     int64_t rows, cols;
+    bool borrowed;   /* mem is the caller's (kvp_lanes_init_at) */
 };
 
 /* Whether this CPU's table packs and runs the type in lanes. */
@@ -72,6 +73,11 @@ size_t kvp_lanes_bytes(const struct kvp_mat *W);
 
 /* Allocate P for W: 0, or -1 (no kernel, bad shape, out of memory; P zeroed). */
 int kvp_lanes_init(struct kvp_lanes *P, const struct kvp_mat *W);
+
+/* As kvp_lanes_init, into mem (kvp_lanes_bytes(W) bytes, 64-byte aligned), which the caller owns
+ * and kvp_lanes_free leaves alone: one allocation for a whole model's matrices can sit on huge
+ * pages, where a matrix of its own (a few hundred KB to a few MB) mostly cannot. */
+int kvp_lanes_init_at(struct kvp_lanes *P, const struct kvp_mat *W, void *mem);
 
 /* Tiles of 16 rows of P; kvp_lanes_pack fills tiles [t0, t1) of W into P (threads may fill
  * disjoint ranges at once). */

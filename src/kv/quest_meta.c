@@ -25,8 +25,9 @@ int kvp_qmeta_init(struct kvp_qmeta *m, int n_layer, int n_head_kv, int max_bloc
     m->block_size = block_size;
     m->n_tiles = (max_blocks + KVP_QMETA_TILE - 1) / KVP_QMETA_TILE;
     size_t n = (size_t)m->n_lh * m->n_tiles * head_dim * 2 * KVP_QMETA_TILE;
-    /* zeroed: a tile's blocks beyond the folded ones are computed (never returned) */
-    m->tiles = calloc(n ? n : 1, sizeof(float));
+    /* zeroed: a tile's blocks beyond the folded ones are computed (never returned); on huge
+     * pages: a selection reads a few KB in each of hundreds of places */
+    m->tiles = n <= SIZE_MAX / sizeof(float) ? kvp_calloc_huge((n ? n : 1) * sizeof(float)) : NULL;
     m->done = calloc((size_t)(m->n_lh ? m->n_lh : 1), sizeof(int));
     m->half = calloc((size_t)(m->n_lh ? m->n_lh : 1), 1);
     if (!m->tiles || !m->done || !m->half) {
@@ -40,7 +41,7 @@ void kvp_qmeta_free(struct kvp_qmeta *m)
 {
     if (!m)
         return;
-    free(m->tiles);
+    kvp_free_huge(m->tiles);
     free(m->done);
     free(m->half);
     memset(m, 0, sizeof(*m));
