@@ -170,6 +170,8 @@ static void test_bad_input(void **state)
         {"quantize a --type Q8_0", "an output file is required"},
         {"synth --shape SmolLM2-135M --layers 0 -o x", "--layers: '0' is not a layer count"},
         {"info --bogus", "info: unknown flag '--bogus'"},
+        /* batched-bench sizes its contexts from -npp and -ntg: a -c would be silently ignored */
+        {"batched-bench -c 100 -npp 8", "-c: batched-bench sizes each sequence's context"},
         /* every comma-separated integer list is read by one parser: an empty item is refused */
         {"train-predictor d -o p --channels 4,,8", "--channels: '4,,8' is not C1,C2"},
         {"train-predictor d -o p --budgets 16,64,", "--budgets: '16,64,' is not a list"},
@@ -428,6 +430,12 @@ static void test_tier_flags_shared(void **state)
                 print_message("%s --help lacks %s\n", cmds[c], flags[f]);
             assert_non_null(strstr(out, flags[f]));
         }
+        /* one meaning of -c per command: bench's own (the decode depth) replaces the shared
+         * one, batched-bench has none */
+        const char *ctx = strstr(out, "-c, --ctx");
+        assert_true(c == 2 ? ctx == NULL : ctx != NULL);
+        if (ctx)
+            assert_null(strstr(ctx + 1, "-c, --ctx"));
         free(out);
     }
     snprintf(cmd, sizeof(cmd),

@@ -66,9 +66,10 @@ static void help(void)
            "  --stop-before-decode stop (SIGSTOP) after each row's fill until SIGCONT, so a\n"
            "                       script can time the decode alone under a lock\n"
            "  --json               one JSON object per row instead of the table\n"
-           "Each sequence's context is npp + 2*ntg tokens (-c is not used); -b is the step's\n"
-           "most tokens of all sequences.\n%s",
-           cli_tier_flags_help, TILE_SOURCE, TILE_TAIL, TILE_TAIL, cli_model_flags_help);
+           "Each sequence's context is npp + 2*ntg tokens, so there is no -c; -b is the\n"
+           "step's most tokens of all sequences.\n%s",
+           cli_tier_flags_help, TILE_SOURCE, TILE_TAIL, TILE_TAIL,
+           cli_model_flags_help_sans_ctx);
 }
 
 /* "1,2,4" into list; false on a bad or empty list. */
@@ -334,6 +335,8 @@ int cmd_batched_bench(int argc, char **argv)
         return cli_fail("-npl: '%s' is not a list of sequence counts (1..4096)", npl_s);
     if (budget_arg && !pp.name)
         return cli_fail("--budget needs --policy");
+    if (mo.n_ctx > 0)
+        return cli_fail("-c: batched-bench sizes each sequence's context itself (npp + 2*ntg)");
     if (cli_tier_check(&to, pp.name != NULL))
         return 1;
     if (mo.n_threads <= 0)

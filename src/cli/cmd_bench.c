@@ -106,7 +106,7 @@ static void help(void)
            "                       (default: pseudo-random token ids)\n"
            "  --json               print one JSON object\n%s\n%s",
            cli_tier_flags_help, PAIR_CHUNK, TILE_TAIL, TILE_TAIL, cli_policy_flags_help(),
-           cli_model_flags_help);
+           cli_model_flags_help_sans_ctx);
 }
 
 struct bw_job {

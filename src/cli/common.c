@@ -74,20 +74,24 @@ bool cli_parse_float(const char *s, double min, double max, double *out)
 
 /* ---- model and context flags ---- */
 
-const char *cli_model_flags_help =
-    "  -m, --model PATH     model file: GGUF, or a llama2.c checkpoint (default: the shipped\n"
-    "                       model, else ../shared/models/stories260K.gguf)\n"
+#define MODEL_FLAGS_HEAD                                                                           \
+    "  -m, --model PATH     model file: GGUF, or a llama2.c checkpoint (default: the shipped\n"    \
+    "                       model, else ../shared/models/stories260K.gguf)\n"                      \
     "  --tokenizer PATH     llama2.c tokenizer.bin (needed for llama2.c checkpoints)\n"
-    "  -c, --ctx N          context length in tokens (default: the model's)\n"
-    "  -t, --threads N      threads (default 1)\n"
-    "  --block N            KV block size in tokens (default 16)\n"
-    "  -b, --batch N        prefill micro-batch (default 512)\n"
-    "  -ctk, --cache-type-k T  KV cache key type: f32, f16, bf16, q8_0 (default f16)\n"
-    "  -ctv, --cache-type-v T  KV cache value type: f32, f16, bf16, q8_0 (default f16)\n"
-    "  --no-pack            decode from the weights as the file has them; by default, on\n"
-    "                       AVX-512 VNNI, the first decode token packs Q8_0/Q4_0/Q5_0/Q4_K\n"
-    "                       weights once into a copy for the SIMD lanes (as large as they\n"
-    "                       are in the file), which decode reads 1.3-1.4x faster\n";
+#define MODEL_FLAGS_CTX "  -c, --ctx N          context length in tokens (default: the model's)\n"
+#define MODEL_FLAGS_TAIL                                                                           \
+    "  -t, --threads N      threads (default 1)\n"                                                 \
+    "  --block N            KV block size in tokens (default 16)\n"                                \
+    "  -b, --batch N        prefill micro-batch (default 512)\n"                                   \
+    "  -ctk, --cache-type-k T  KV cache key type: f32, f16, bf16, q8_0 (default f16)\n"            \
+    "  -ctv, --cache-type-v T  KV cache value type: f32, f16, bf16, q8_0 (default f16)\n"          \
+    "  --no-pack            decode from the weights as the file has them; by default, on\n"        \
+    "                       AVX-512 VNNI, the first decode token packs Q8_0/Q4_0/Q5_0/Q4_K\n"      \
+    "                       weights once into a copy for the SIMD lanes (as large as they\n"       \
+    "                       are in the file), which decode reads 1.3-1.4x faster\n"
+
+const char *cli_model_flags_help = MODEL_FLAGS_HEAD MODEL_FLAGS_CTX MODEL_FLAGS_TAIL;
+const char *cli_model_flags_help_sans_ctx = MODEL_FLAGS_HEAD MODEL_FLAGS_TAIL;
 
 /* enum kvp_kv_type names from index 1 (0 is the default) */
 static const char *const kv_type_choices[] = {"", "f32", "f16", "bf16", "q8_0", NULL};

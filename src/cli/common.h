@@ -44,8 +44,10 @@ struct kvp_ctx_params cli_ctx_params(const struct cli_model_opts *o, long n_ctx)
  * it is not; return -1 after printing an error for a bad value. */
 int cli_model_flag(struct cli_model_opts *o, int argc, char **argv, int *i);
 
-/* Help text for the shared flags. */
+/* Help text for the shared flags; _sans_ctx leaves -c out, for commands that give it their own
+ * meaning or size the context themselves. */
 extern const char *cli_model_flags_help;
+extern const char *cli_model_flags_help_sans_ctx;
 
 /* Open the model named by o (or the default model). Prints the error and returns NULL. */
 kvp_model *cli_open_model(const struct cli_model_opts *o);
