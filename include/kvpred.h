@@ -74,10 +74,13 @@ typedef struct kvp_model kvp_model;
 
 struct kvp_model_params {
     const char *tokenizer_path; /* llama2.c checkpoints only: tokenizer.bin (NULL: none) */
+    bool no_mmap;               /* GGUF: read the file into memory on huge pages instead of
+                                   mapping it (decode from unpacked weights ~5% faster; private
+                                   memory as large as the file) */
 };
 
 /* Open a model file. GGUF is recognised by its magic; anything else is read as a llama2.c
- * checkpoint. Weights stay in the read-only mapping. */
+ * checkpoint. Weights stay in the read-only mapping (or, no_mmap, the copy). */
 int kvp_model_open(const char *path, const struct kvp_model_params *params, kvp_model **out,
                    struct kvp_err *err);
 void kvp_model_close(kvp_model *model);

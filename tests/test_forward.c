@@ -882,6 +882,40 @@ static void test_architectures(void **state)
     check_against_oracle(&k, "llama with key_length 32 and biases");
 }
 
+/* ---- --no-mmap: the model read into memory decodes as the mapped one, bit for bit ---- */
+
+static void test_no_mmap(void **state)
+{
+    (void)state;
+    struct kvp_test_model_spec sp = {.n_vocab = 96, .n_embd = 64, .n_layer = 2, .n_head = 4,
+                                     .n_head_kv = 2, .n_ff = 96, .n_ctx = 64, .type = 8,
+                                     .embd_type = 8, .tied = 0, .seed = 33};
+    char *p = kvp_test_tmpfile(".gguf");
+    assert_int_equal(kvp_test_write_model(&sp, p, NULL), 0);
+    struct kvp_err err = {0};
+    kvp_model *mapped = NULL, *copied = NULL;
+    struct kvp_model_params copy = {.no_mmap = true};
+    assert_int_equal(kvp_model_open(p, NULL, &mapped, &err), 0);
+    assert_int_equal(kvp_model_open(p, &copy, &copied, &err), 0);
+    int32_t ids[24];
+    for (int i = 0; i < 24; i++)
+        ids[i] = (i * 7 + 3) % sp.n_vocab;
+    float *a = eval_all(mapped, ids, 24, 2, 8, true, KVP_KV_F32);
+    float *b = eval_all(copied, ids, 24, 2, 8, true, KVP_KV_F32);
+    assert_memory_equal(a, b, (size_t)24 * sp.n_vocab * sizeof(float));
+    free(a);
+    free(b);
+    kvp_model_close(mapped);
+    kvp_model_close(copied);
+    /* the same one error for a file that is not there, read or mapped */
+    kvp_model *none = NULL;
+    assert_int_equal(kvp_model_open("/nonexistent/x.gguf", &copy, &none, &err), KVP_EIO);
+    assert_non_null(strstr(err.msg, "cannot open"));
+    assert_null(none);
+    remove(p);
+    free(p);
+}
+
 /* ---- errors ---- */
 
 static void test_eval_errors(void **state)
@@ -923,6 +957,7 @@ int main(void)
         cmocka_unit_test(test_golden_greedy),
         cmocka_unit_test(test_types),
         cmocka_unit_test(test_architectures),
+        cmocka_unit_test(test_no_mmap),
         cmocka_unit_test(test_eval_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -88,7 +88,10 @@ bool cli_parse_float(const char *s, double min, double max, double *out)
     "  --no-pack            decode from the weights as the file has them; by default, on\n"        \
     "                       AVX-512 VNNI, the first decode token packs Q8_0/Q4_0/Q5_0/Q4_K\n"      \
     "                       weights once into a copy for the SIMD lanes (as large as they\n"       \
-    "                       are in the file), which decode reads 1.3-1.4x faster\n"
+    "                       are in the file), which decode reads 1.3-1.4x faster\n"                \
+    "  --no-mmap            GGUF: read the model into memory on huge pages instead of\n"           \
+    "                       mapping it; decode from weights that are not packed runs ~5%\n"        \
+    "                       faster, at the cost of private memory as large as the file\n"
 
 const char *cli_model_flags_help = MODEL_FLAGS_HEAD MODEL_FLAGS_CTX MODEL_FLAGS_TAIL;
 const char *cli_model_flags_help_sans_ctx = MODEL_FLAGS_HEAD MODEL_FLAGS_TAIL;
@@ -216,6 +219,7 @@ int cli_model_flag(struct cli_model_opts *o, int argc, char **argv, int *i)
         CLI_CHOICE("-ctv|--cache-type-v", kv_type_choices, KVP_KV_F32, &o->type_v,
                    "f32, f16, bf16 or q8_0"),
         CLI_BOOL("--no-pack", &o->no_pack),
+        CLI_BOOL("--no-mmap", &o->no_mmap),
         {0},
     };
     return cli_parse_flags(flags, argc, argv, i);
@@ -238,7 +242,7 @@ kvp_model *cli_open_model(const struct cli_model_opts *o)
             return NULL;
         }
     }
-    struct kvp_model_params mp = {.tokenizer_path = o->tokenizer_path};
+    struct kvp_model_params mp = {.tokenizer_path = o->tokenizer_path, .no_mmap = o->no_mmap};
     struct kvp_err err = {0};
     kvp_model *m = NULL;
     if (kvp_model_open(path, &mp, &m, &err) < 0) {

@@ -35,6 +35,7 @@ struct cli_model_opts {
     long n_batch;               /* -b */
     int type_k, type_v;         /* -ctk / -ctv: enum kvp_kv_type (0: the default, f16) */
     bool no_pack;               /* --no-pack */
+    bool no_mmap;               /* --no-mmap */
 };
 
 /* The context parameters the shared flags give (n_ctx overrides o->n_ctx when > 0). */

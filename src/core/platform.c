@@ -14,6 +14,37 @@
 
 int kvp_file_map(const char *path, struct kvp_file_map *m, struct kvp_err *err)
 {
+    return kvp_file_load(path, false, m, err);
+}
+
+/* Read the size bytes of fd into m (on huge pages). */
+static int copy_file(int fd, size_t size, const char *path, struct kvp_file_map *m,
+                     struct kvp_err *err)
+{
+    uint8_t *h = kvp_alloc_huge(size, (size_t)2 << 20);
+    if (!h)
+        return kvp_err_set(err, KVP_ENOMEM, "%s: cannot allocate %zu MiB to read it into", path,
+                           size >> 20);
+    for (size_t got = 0; got < size;) {
+        ssize_t r = pread(fd, h + got, size - got, (off_t)got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            int e = errno;
+            free(h);
+            return r < 0 ? kvp_err_set(err, KVP_EIO, "%s: cannot read: %s", path, strerror(e))
+                         : kvp_err_set(err, KVP_EIO, "%s: shorter than its size", path);
+        }
+        got += (size_t)r;
+    }
+    m->heap = h;
+    m->data = h;
+    m->size = size;
+    return 0;
+}
+
+int kvp_file_load(const char *path, bool copy, struct kvp_file_map *m, struct kvp_err *err)
+{
     memset(m, 0, sizeof(*m));
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
@@ -31,6 +62,15 @@ int kvp_file_map(const char *path, struct kvp_file_map *m, struct kvp_err *err)
     if (st.st_size == 0) {
         close(fd);
         return 0;
+    }
+    if ((uint64_t)st.st_size > SIZE_MAX) {
+        close(fd);
+        return kvp_err_set(err, KVP_EIO, "%s: too large for this address space", path);
+    }
+    if (copy) {
+        int rc = copy_file(fd, (size_t)st.st_size, path, m, err);
+        close(fd);
+        return rc;
     }
     void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     int e = errno;

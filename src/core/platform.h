@@ -5,6 +5,7 @@
 #ifndef KVP_CORE_PLATFORM_H
 #define KVP_CORE_PLATFORM_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -19,6 +20,11 @@ struct kvp_file_map {
 
 /* Map path read-only. Empty files map to data = NULL, size = 0. */
 int kvp_file_map(const char *path, struct kvp_file_map *m, struct kvp_err *err);
+
+/* As kvp_file_map, or with copy, read the whole file into memory on huge pages (kvp_alloc_huge)
+ * instead: a decode step streams the weights, and a file mapping is on 4 KiB pages, each a TLB
+ * miss (docs/performance.md). The copy is private memory as large as the file. */
+int kvp_file_load(const char *path, bool copy, struct kvp_file_map *m, struct kvp_err *err);
 void kvp_file_unmap(struct kvp_file_map *m);
 
 /* Monotonic wall-clock seconds. */

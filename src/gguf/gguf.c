@@ -604,10 +604,15 @@ int kvp_gguf_open_memory(const void *buf, size_t size, struct kvp_gguf **out, st
 /* Map path and open it; errors are prefixed with the path. */
 int kvp_gguf_open(const char *path, struct kvp_gguf **out, struct kvp_err *err)
 {
+    return kvp_gguf_load(path, false, out, err);
+}
+
+int kvp_gguf_load(const char *path, bool copy, struct kvp_gguf **out, struct kvp_err *err)
+{
     if (!path || !out)
         return kvp_err_set(err, KVP_EINVAL, "gguf: invalid arguments");
     struct kvp_file_map map;
-    int rc = kvp_file_map(path, &map, err);
+    int rc = kvp_file_load(path, copy, &map, err);
     if (rc < 0)
         return rc;
     struct kvp_gguf *g = NULL;

@@ -72,6 +72,8 @@ struct kvp_gguf {
 
 /* Open and validate a GGUF file. Every failure names the field and the problem. */
 int kvp_gguf_open(const char *path, struct kvp_gguf **out, struct kvp_err *err);
+/* As kvp_gguf_open; copy: read the file into memory instead of mapping it (kvp_file_load). */
+int kvp_gguf_load(const char *path, bool copy, struct kvp_gguf **out, struct kvp_err *err);
 /* Same, over a caller's buffer (borrowed: must outlive the handle). Used by tests and fuzzing. */
 int kvp_gguf_open_memory(const void *buf, size_t size, struct kvp_gguf **out, struct kvp_err *err);
 void kvp_gguf_close(struct kvp_gguf *g);

@@ -373,7 +373,7 @@ int kvp_model_open(const char *path, const struct kvp_model_params *params, kvp_
     struct kvp_model *m = NULL;
     if (is_gguf) {
         struct kvp_gguf *g;
-        rc = kvp_gguf_open(path, &g, err);
+        rc = kvp_gguf_load(path, params && params->no_mmap, &g, err);
         if (rc < 0)
             return kvp_err_prefix(err, "%s", path);
         rc = kvp_model_from_gguf(g, &m, err);
