@@ -130,7 +130,7 @@ static void report_worst(const char *what)
 static void test_calloc_huge(void **state)
 {
     (void)state;
-    const size_t huge = (size_t)2 << 20;
+    const size_t huge = KVP_HUGE_PAGE;
     const size_t sizes[] = {1, 63, 4095, 4096, 100000, huge - 1, huge, huge + 1, 5 * huge + 4097};
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
         const size_t n = sizes[i];

@@ -21,7 +21,7 @@ int kvp_file_map(const char *path, struct kvp_file_map *m, struct kvp_err *err)
 static int copy_file(int fd, size_t size, const char *path, struct kvp_file_map *m,
                      struct kvp_err *err)
 {
-    uint8_t *h = kvp_alloc_huge(size, (size_t)2 << 20);
+    uint8_t *h = kvp_alloc_huge(size, KVP_HUGE_PAGE);
     if (!h)
         return kvp_err_set(err, KVP_ENOMEM, "%s: cannot allocate %zu MiB to read it into", path,
                            size >> 20);
@@ -138,7 +138,7 @@ void *kvp_alloc_huge(size_t size, size_t align)
     void *p = aligned_alloc(align, rounded);
     /* advice on the page-aligned span; where THP is off or refused, plain pages (why it
      * matters, measured on the tiered store: docs/store.md) */
-    const uintptr_t page = 4096, huge = 2u << 20;
+    const uintptr_t page = 4096, huge = KVP_HUGE_PAGE;
     if (p && rounded >= huge) {
         uintptr_t a = ((uintptr_t)p + page - 1) & ~(page - 1);
         uintptr_t e = ((uintptr_t)p + rounded) & ~(page - 1);
@@ -173,7 +173,7 @@ void *kvp_calloc_huge(size_t size)
 #if KVP_HUGE_BY_MMAP
     /* below one huge page: plain pages after a page for the head (a huge page would commit
      * 2 MiB for a few KB of a small model's tables) */
-    const size_t huge = (size_t)2 << 20, page = 4096;
+    const size_t huge = KVP_HUGE_PAGE, page = 4096;
     if (size > SIZE_MAX - 2 * huge)
         return NULL;
     const bool big = size >= huge;
@@ -189,7 +189,7 @@ void *kvp_calloc_huge(size_t size)
         madvise((void *)p, span, MADV_HUGEPAGE); /* advice only: plain pages where THP is off */
     return (void *)p;
 #else
-    const size_t align = size >= ((size_t)2 << 20) ? (size_t)2 << 20 : 64;
+    const size_t align = size >= KVP_HUGE_PAGE ? KVP_HUGE_PAGE : 64;
     if (size > SIZE_MAX - align)
         return NULL;
     void *p = aligned_alloc(align, (size + align - 1) & ~(align - 1));

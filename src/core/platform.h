@@ -38,6 +38,10 @@ double kvp_thread_cpu_time(void);
 void *kvp_alloc_aligned(size_t size);
 void kvp_free_aligned(void *p);
 
+/* The transparent huge page size the allocations below align to and advise (x86-64 and
+ * aarch64 with 4 KiB base pages). */
+#define KVP_HUGE_PAGE ((size_t)2 << 20)
+
 /* align-byte aligned allocation (align a power of two >= 64, size rounded up to a multiple of
  * it) for large buffers read in scattered blocks, the KV cache and the tiered store's tiers:
  * the kernel is asked to back them with transparent huge pages, so that the hundreds of

@@ -397,7 +397,8 @@ static void free_packed(struct kvp_shared *sh)
     sh->lanes_bytes = 0;
 }
 
-/* Where matrix i's tiles start in the arena: page-aligned, so no two matrices share a line. */
+/* Where matrix i's tiles start in the arena: each matrix on a 4 KiB page of its own, where the
+ * L2 streamer starts afresh. */
 static size_t arena_step(size_t bytes)
 {
     return (bytes + 4095) & ~(size_t)4095;
@@ -428,7 +429,7 @@ static void pack_weights(struct kvp_shared *sh)
         }
         total += b;
     }
-    if (total == 0 || !(sh->lanes_arena = kvp_alloc_huge(total, (size_t)2 << 20))) {
+    if (total == 0 || !(sh->lanes_arena = kvp_alloc_huge(total, KVP_HUGE_PAGE))) {
         free_packed(sh);
         return;
     }

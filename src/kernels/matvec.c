@@ -229,30 +229,32 @@ size_t kvp_lanes_bytes(const struct kvp_mat *W)
     return tile == 0 || tiles > SIZE_MAX / tile ? 0 : tiles * tile;
 }
 
-int kvp_lanes_init_at(struct kvp_lanes *P, const struct kvp_mat *W, void *mem)
+/* P describing W packed into mem (borrowed: the caller's); -1 with P zeroed when W cannot be
+ * packed or there is no mem. */
+static int lanes_set(struct kvp_lanes *P, const struct kvp_mat *W, void *mem, bool borrowed)
 {
     memset(P, 0, sizeof(*P));
     size_t bytes = kvp_lanes_bytes(W);
     if (bytes == 0 || !mem)
         return -1;
-    P->mem = mem;
-    P->bytes = bytes;
-    P->type = W->type;
-    P->rows = W->rows;
-    P->cols = W->cols;
-    P->borrowed = true;
+    *P = (struct kvp_lanes){.mem = mem, .bytes = bytes, .type = W->type, .rows = W->rows,
+                            .cols = W->cols, .borrowed = borrowed};
     return 0;
+}
+
+int kvp_lanes_init_at(struct kvp_lanes *P, const struct kvp_mat *W, void *mem)
+{
+    return lanes_set(P, W, mem, true);
 }
 
 int kvp_lanes_init(struct kvp_lanes *P, const struct kvp_mat *W)
 {
     size_t bytes = kvp_lanes_bytes(W);
     void *mem = bytes ? kvp_alloc_aligned(bytes) : NULL;
-    if (kvp_lanes_init_at(P, W, mem) < 0) {
+    if (lanes_set(P, W, mem, false) < 0) {
         kvp_free_aligned(mem);
         return -1;
     }
-    P->borrowed = false;
     return 0;
 }
 
