@@ -27,7 +27,8 @@
 #        WRAP (a prefix for every timed command, e.g. "flock LOCK nice -n -20" on a shared host),
 #        SERVER_PREFIX (the same for llama-server's process, e.g. "nice -n -20"), HOT_FRAC (8),
 #        NOTE (how the host was: "nice -20, loaded host" by default; say "idle host" when it was)
-# Each record gets label, shape, part and note fields, and date, commit and machine at the end
+# Each record gets label, shape, part, note and command (the bench invocation) fields, and
+# date, commit and machine at the end
 # (`scripts/bench_tables.py --stamp OUT`).
 #
 # The 128K rows of the SmolLM2-135M shape, each command under 10 minutes on a 2-core host:
@@ -100,7 +101,8 @@ run() { # part shape label flags...: one bench run, one JSON line appended to OU
     line=$("${WRAP[@]}" "$KVP" bench -m "$m" -t "$THREADS" -n "$N" -r 1 --prefill 16 --json \
         "${TEXTF[@]}" "$@" 2>/dev/null) || { echo "FAILED: $shape $label $*" >&2; return 0; }
     jq -c --arg p "$part" --arg s "$shape" --arg l "$label" --arg n "$NOTE" \
-        '. + {part: $p, shape: $s, label: $l, note: $n}' <<< "$line" >> "$OUT"
+        --arg c "kvpred bench -m $m -t $THREADS -n $N -r 1 --prefill 16 --json ${TEXTF[*]} $*" \
+        '. + {part: $p, shape: $s, label: $l, note: $n, command: $c}' <<< "$line" >> "$OUT"
     jq -r '"\(.shape) ctx \(.ctx) \(.label) \(.budget // "-"): \(.decode_tokens_per_s * 100 | round / 100) tok/s, policy_share \(.policy_share // 0 | . * 1000 | round / 1000), fill \(.fill_seconds | round) s" + (if .paired then ", paired ratio \(.paired.ratio_median * 100 | round / 100), hit rate \(.store.hit_rate * 1000 | round / 1000), hot \(.store.hot_bytes / .store.cold_bytes * 1000 | round / 1000) of the KV" else "" end)' \
         <<< "$(tail -n 1 "$OUT")" >&2
 }
