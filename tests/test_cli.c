@@ -356,6 +356,36 @@ static void test_bench_paired(void **state)
     cJSON_Delete(j);
 }
 
+/* `bench --fill-text` gives a plain prefill its tokens too (the whole depth, random ids past the
+ * text's end, said on stderr) and gives --fill tile its --fill-source tokens. */
+static void test_bench_fill_text(void **state)
+{
+    (void)state;
+    KVP_REQUIRE_CLI(cli);
+    char model[4096], cmd[10000];
+    default_model(model, sizeof(model));
+    char *txt = kvp_test_tmpfile(".txt");
+    assert_non_null(txt);
+    const char *words = "Once upon a time there was a small cat.";
+    assert_int_equal(kvp_test_write_file(txt, words, strlen(words)), 0);
+    const char *fills[] = {"", "--fill prefill", "--fill tile --fill-source 48"};
+    const char *want[] = {"the rest of the 96 prefilled are random ids",
+                          "the rest of the 96 prefilled are random ids",
+                          "the rest of the 48 prefilled are random ids"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(cmd, sizeof(cmd), "%s bench -m %s -c 96 -n 2 -r 1 --prefill 8 %s --fill-text %s",
+                 cli, model, fills[i], txt);
+        char *out = NULL;
+        assert_int_equal(kvp_test_run(cmd, &out, 1), 0);
+        if (!strstr(out, want[i]))
+            print_message("%s printed:\n%s\n", cmd, out);
+        assert_non_null(strstr(out, want[i]));
+        free(out);
+    }
+    remove(txt);
+    free(txt);
+}
+
 /* `run` takes the tier flags: the text generated with the KV cache in the RAM or disk tier (both
  * disk IO paths, a hot tier smaller than the selection's reach) is the untiered text; a bad IO
  * path and a missing directory are refused; `bench --json` names the disk tier's IO path. */
@@ -529,6 +559,7 @@ int main(void)
         cmocka_unit_test(test_generation),     cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_prompt_too_long),  cmocka_unit_test(test_prompt_command),
         cmocka_unit_test(test_bench_paired),
+        cmocka_unit_test(test_bench_fill_text),
         cmocka_unit_test(test_run_tiers),
         cmocka_unit_test(test_tier_flags_shared),
         cmocka_unit_test(test_batched_fill_tile),

@@ -19,7 +19,7 @@
  * per decoded token; --timeline OUT.png draws tokens 8..11 of the first repetition.
  *
  * Long contexts: --fill tile prefills only the first --fill-source tokens for real (the ids of
- * --fill-text when given), grows the cache to CTX - TILE_TAIL by tiling them with the keys turned
+ * --fill-text when given, as for a plain prefill), grows the cache to CTX - TILE_TAIL by tiling them with the keys turned
  * to their new positions (kvp_ctx_fill_tile), and evaluates the last TILE_TAIL tokens for real,
  * so the cache ends as a prompt does: the policy sees real attention rows and a real last query.
  * A 128K-token cache of SmolLM2-135M's shape fills in under a minute instead of hours.
@@ -102,8 +102,9 @@ static void help(void)
            "                       their new positions, then prefill the last %d (long contexts\n"
            "                       in seconds; JSON fill, fill_seconds)\n"
            "  --fill-source N      --fill tile: tokens prefilled for real (default 4096)\n"
-           "  --fill-text FILE     --fill tile: take the prefilled tokens from this text\n"
-           "                       (default: pseudo-random token ids)\n"
+           "  --fill-text FILE     take the tokens prefilled for real from this text (--fill\n"
+           "                       prefill: the whole depth; tile: the --fill-source tokens),\n"
+           "                       pseudo-random ids past its end (default: all pseudo-random)\n"
            "  --json               print one JSON object\n%s\n%s",
            cli_tier_flags_help, PAIR_CHUNK, TILE_TAIL, TILE_TAIL, cli_policy_flags_help(),
            cli_model_flags_help_sans_ctx);
@@ -227,8 +228,6 @@ static int parse_args(struct bench_opts *o, int argc, char **argv)
         o->n_prefill = o->depth;
     if (o->budget_arg && !o->pp.name)
         return cli_fail("--budget needs --policy");
-    if (!o->fill_mode && o->fill_text)
-        return cli_fail("--fill-text needs --fill tile");
     o->fill = (struct fill_plan){.mode = o->fill_mode,
                                  .src = o->fill_src < o->depth ? o->fill_src : o->depth};
     if (o->to.tier == KVP_TIER_NONE && (o->link_gbps || o->link_us || o->timeline || o->paired))
@@ -402,7 +401,8 @@ static int run(const struct bench_opts *o, kvp_model *m, struct bench_result *r)
         free(text);
         if (!ids)
             goto out;
-        size_t src = (size_t)o->fill.src;
+        /* the tokens a fill evaluates for real: all of the depth, or tile's source */
+        size_t src = (size_t)(o->fill.mode ? o->fill.src : o->depth);
         memcpy(toks, ids, (n_text < src ? n_text : src) * sizeof(int32_t));
         free(ids);
         if (n_text < src)
