@@ -717,6 +717,92 @@ static void test_everything_is_dense(void **state)
     blocks_free(&early);
 }
 
+/* Dense attention past one chunk (kv/attention.h): the chunks computed apart, in any order, and
+ * folded by kvp_attn_dense_merge give kvp_attn_dense_group's bits (what lets a decode step spread
+ * them over threads); a selection of everything gives them too, with its probabilities
+ * normalised; and the output is within the block road's bound (attn_bound above: a chunk is a
+ * run of blocks folded once, so the road folds fewer times) of a float64 evaluation. Three
+ * chunks, the last one short and ending in a partial block. */
+enum { LONG_KEYS = 2 * KVP_ATTN_CHUNK_BLOCKS * BS + 1000, LONG_CTX = LONG_KEYS + BS };
+
+static void dense_chunks_one_type(void)
+{
+    struct kvp_kvcache c;
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_kvcache_init(&c, 1, 1, HD, BS, LONG_CTX, cur_type, cur_type, &err), 0);
+    assert_int_equal(kvp_kvcache_reserve(&c, LONG_KEYS, &err), 0);
+    for (int p = 0; p < LONG_KEYS; p++) {
+        float k[HD], v[HD];
+        for (int d = 0; d < HD; d++) {
+            k[d] = 3.0f * urand();
+            v[d] = urand();
+        }
+        kvp_kvcache_store(&c, 0, 0, p, k, v);
+    }
+    const int nc = kvp_attn_dense_chunks(LONG_KEYS, BS), nb = (LONG_KEYS + BS - 1) / BS;
+    assert_int_equal(nc, 3);
+    static float q[G * HD], out[G * HD], out2[G * HD], probs[G * LONG_CTX], ps[G * LONG_CTX];
+    static float st[3 * G * (HD + 2)], bmax[G * LONG_CTX / BS];
+    for (int i = 0; i < G * HD; i++)
+        q[i] = urand();
+    kvp_attn_dense_group(&c, 0, 0, q, G, LONG_KEYS, probs, LONG_CTX, out);
+    const size_t sf = kvp_attn_state_floats(G, HD);
+    for (int i = nc - 1; i >= 0; i--)
+        kvp_attn_dense_chunk(&c, 0, 0, q, G, LONG_KEYS, i, probs, LONG_CTX, st + i * sf);
+    kvp_attn_dense_merge(st, nc, G, HD, out2);
+    assert_memory_equal(out, out2, sizeof(out));
+    /* everything selected: the same output, and normalised probabilities */
+    static int32_t blocks[LONG_CTX / BS];
+    static uint64_t mask[LONG_CTX / BS];
+    for (int i = 0; i < nb; i++)
+        blocks[i] = i, mask[i] = ~0ULL;
+    struct kvp_sel all = {.n = nb, .blocks = blocks, .mask = mask};
+    struct kvp_attn_blocks ab = {.bmax = bmax, .bmax_stride = LONG_CTX / BS};
+    kvp_attn_sparse_group(&c, 0, 0, q, G, LONG_KEYS, &all, ps, LONG_CTX, &ab, out2);
+    assert_memory_equal(out, out2, sizeof(out));
+    for (int j = 0; j < G; j++) {
+        /* float64: scores, their bound (attn_bound's terms), probabilities, output */
+        static double s[LONG_KEYS];
+        double mx = -INFINITY, emax = 0, dmax = 0, sum = 0, o[HD] = {0}, pv[HD] = {0};
+        const double scale = 1 / sqrt((double)HD);
+        for (int t = 0; t < LONG_KEYS; t++) {
+            double dot = 0, a = 0;
+            for (int d = 0; d < HD; d++) {
+                double k = kvp_kvcache_key_at(&c, 0, 0, t, d);
+                dot += q[j * HD + d] * k, a += fabs(q[j * HD + d] * k);
+            }
+            s[t] = dot * scale;
+            emax = fmax(emax, kvp_test_gamma(HD + 1) * scale * a);
+            mx = fmax(mx, s[t]);
+        }
+        for (int t = 0; t < LONG_KEYS; t++)
+            dmax = fmax(dmax, mx - s[t]), sum += exp(s[t] - mx);
+        const double eps_p = expm1(2 * (2 * emax + U32 * dmax)) + 16 * U32 +
+                             kvp_test_gamma(LONG_KEYS + 2);
+        for (int t = 0; t < LONG_KEYS; t++) {
+            double p = exp(s[t] - mx) / sum;
+            assert_true(fabs(p - ps[j * LONG_CTX + t]) <= eps_p * p);
+            const uint8_t *vb = kvp_kvcache_vblock(&c, 0, 0, t / BS);
+            for (int d = 0; d < HD; d++) {
+                double v = kvp_kv_value_at(c.type_v, vb, HD, BS, t % BS, d);
+                o[d] += p * v, pv[d] += p * fabs(v);
+            }
+        }
+        for (int d = 0; d < HD; d++)
+            assert_true(fabs(o[d] - out[j * HD + d]) <= (eps_p + kvp_test_gamma(LONG_KEYS + 1)) * pv[d]);
+    }
+    kvp_kvcache_free(&c);
+}
+
+static void test_dense_chunks(void **state)
+{
+    (void)state;
+    for (int i = 0; i < N_TYPES; i++) {
+        cur_type = all_types[i];
+        dense_chunks_one_type();
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -725,6 +811,7 @@ int main(void)
         cmocka_unit_test(test_types_vs_f32),    cmocka_unit_test(test_simd_vs_scalar),
         cmocka_unit_test(test_group_kernels),   cmocka_unit_test(test_group_vs_single_heads),
         cmocka_unit_test(test_everything_is_dense),
+        cmocka_unit_test(test_dense_chunks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

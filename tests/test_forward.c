@@ -882,6 +882,51 @@ static void test_architectures(void **state)
     check_against_oracle(&k, "llama with key_length 32 and biases");
 }
 
+/* ---- dense decode past one attention chunk, spread over the pool ---- */
+
+/* Past 2048 tokens (one chunk of KVP_ATTN_CHUNK_BLOCKS blocks of 16) a decode step spreads each
+ * dense KV head's chunks over the threads and folds their states in chunk order
+ * (kv/attention.h); three KV heads, so one thread per head would leave one of two idle. One and
+ * two threads give the same logits, bit for bit, and so does a tiered cache, whose steps take
+ * the chunks one after another (kvp_attn_dense_group). */
+static void test_long_dense_threads(void **state)
+{
+    (void)state;
+    enum { N_PROMPT = 2 * 2048 + 300, N_DEC = 3 };
+    struct kvp_test_model_spec sp = {.n_vocab = 64, .n_embd = 48, .n_layer = 2, .n_head = 6,
+                                     .n_head_kv = 3, .n_ff = 64, .n_ctx = N_PROMPT + N_DEC,
+                                     .type = KVP_TYPE_F32, .embd_type = KVP_TYPE_F32,
+                                     .seed = 77};
+    char *path = NULL;
+    kvp_model *m = kvp_test_model(&sp, &path);
+    static int32_t ids[N_PROMPT + N_DEC];
+    for (int i = 0; i < N_PROMPT + N_DEC; i++)
+        ids[i] = (i * 29 + 3 + i / 7) % sp.n_vocab;
+    float *lg[3];
+    for (int t = 0; t < 3; t++) {
+        /* 2: a tiered cache (RAM tier), whose decode steps take its KV heads one after another,
+         * each its chunks in order */
+        struct kvp_ctx_params cp = {.n_ctx = N_PROMPT + N_DEC, .n_threads = t ? 2 : 1,
+                                    .kv_tier = t == 2 ? KVP_TIER_RAM : KVP_TIER_NONE};
+        kvp_ctx *c = NULL;
+        struct kvp_err err = {0};
+        assert_int_equal(kvp_ctx_init(m, &cp, &c, &err), 0);
+        lg[t] = malloc((size_t)N_DEC * sp.n_vocab * sizeof(float));
+        assert_non_null(lg[t]);
+        assert_int_equal(kvp_eval(c, ids, N_PROMPT, lg[t], false, &err), 0);
+        for (int i = 0; i < N_DEC; i++)
+            assert_int_equal(kvp_eval(c, ids + N_PROMPT + i, 1, lg[t] + (size_t)i * sp.n_vocab,
+                                      false, &err),
+                             0);
+        kvp_ctx_free(c);
+    }
+    assert_memory_equal(lg[0], lg[1], (size_t)N_DEC * sp.n_vocab * sizeof(float));
+    assert_memory_equal(lg[0], lg[2], (size_t)N_DEC * sp.n_vocab * sizeof(float));
+    for (int t = 0; t < 3; t++)
+        free(lg[t]);
+    kvp_test_model_free(m, path);
+}
+
 /* ---- --no-mmap: the model read into memory decodes as the mapped one, bit for bit ---- */
 
 static void test_no_mmap(void **state)
@@ -958,6 +1003,7 @@ int main(void)
         cmocka_unit_test(test_types),
         cmocka_unit_test(test_architectures),
         cmocka_unit_test(test_no_mmap),
+        cmocka_unit_test(test_long_dense_threads),
         cmocka_unit_test(test_eval_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -145,6 +145,10 @@ struct kvp_ctx {
     int n_tokens;                  /* tokens in the cache */
     float *probs;  /* [n_head][probs_stride] decode attention probabilities of the last layer */
     int probs_stride; /* n_ctx rounded up to whole blocks: score kernels write whole blocks */
+    /* [n_head_kv][dchunk_max] states of dense attention's chunks (kv/attention.h), which a
+     * decode step spreads over the pool (kv_step.c); NULL when the context is one chunk */
+    float *dchunk;
+    int dchunk_max;
 
     /* ---- selection: the policy and its buffers (policy/host.h); pol.p NULL: dense ---- */
     struct kvp_policy_host pol;

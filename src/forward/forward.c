@@ -29,6 +29,7 @@
 #include "kernels/prefill_gemm.h"
 #include "kernels/simd.h"
 #include "kernels/types.h"
+#include "kv/attention.h"
 #include "policy/host.h"
 
 /* ---- setup -------------------------------------------------------------------------------- */
@@ -193,7 +194,12 @@ int kvp_seq_setup(struct kvp_shared *sh, const struct kvp_ctx_params *params, st
         goto fail;
     c->probs_stride = c->kv.max_blocks * c->kv.block_size;
     c->probs = falloc((size_t)hp->n_head * c->probs_stride);
-    if (!c->probs) {
+    const int g = hp->n_head / hp->n_head_kv;
+    c->dchunk_max = (c->kv.max_blocks + KVP_ATTN_CHUNK_BLOCKS - 1) / KVP_ATTN_CHUNK_BLOCKS;
+    if (c->dchunk_max > 1 && kvp_attn_chunked(g, hp->head_dim))
+        c->dchunk = falloc((size_t)hp->n_head_kv * c->dchunk_max *
+                           kvp_attn_state_floats(g, hp->head_dim));
+    if (!c->probs || (c->dchunk_max > 1 && kvp_attn_chunked(g, hp->head_dim) && !c->dchunk)) {
         rc = kvp_err_set(err, KVP_ENOMEM, "cannot allocate buffers for context %d", p.n_ctx);
         goto fail;
     }
@@ -249,6 +255,7 @@ void kvp_ctx_free(kvp_ctx *c)
     if (!c)
         return;
     kvp_free_aligned(c->probs);
+    kvp_free_aligned(c->dchunk);
     free_policy(c);
     kvp_free_aligned(c->dense_probs);
     free(c->dense_q);

@@ -398,6 +398,25 @@ static bool grouped(const struct kvp_ctx *c)
     return c->job_n == 1 && !c->store;
 }
 
+/* The work items of each KV head of a grouped sequence c in layer l's queue: one, or on a dense
+ * layer past one chunk of keys, one per chunk (kv/attention.h: their states are folded after
+ * the queue, with the bits of kvp_attn_dense_group). Every thread decides alike. */
+static int head_items(const struct kvp_ctx *c, int l)
+{
+    if (!c->dchunk || kvp_policy_sparse(&c->pol, l))
+        return 1;
+    return kvp_attn_dense_chunks(c->job_pos0 + 1, c->kv.block_size);
+}
+
+/* Chunk `chunk` of (grouped sequence c, KV head h)'s dense attention into its state. */
+static void dense_chunk_item(struct kvp_ctx *c, int l, int h, int chunk)
+{
+    const int hd = c->hp.head_dim, g = c->hp.n_head / c->hp.n_head_kv;
+    float *st = c->dchunk + ((size_t)h * c->dchunk_max + chunk) * kvp_attn_state_floats(g, hd);
+    kvp_attn_dense_chunk(&c->kv, l, h, c->q + (size_t)h * g * hd, g, c->job_pos0 + 1, chunk,
+                         c->probs + (size_t)h * g * c->probs_stride, c->probs_stride, st);
+}
+
 /* Reduce chunks of the published selections' blocks of every grouped sequence of seqs[0..n)
  * that takes the parts pass, until none is left unclaimed, waiting for the KV heads other
  * threads are still selecting. */
@@ -735,23 +754,52 @@ void kvp_kv_step(struct kvp_shared *sh, int l, int ith, int nth)
     kvp_pool_barrier(sh->pool);
     const int n_kv = sh->model->hp.n_head_kv;
     const int pairs = n * n_kv;
+    /* the queue: each pair, or each chunk of a long dense pair, taken by whichever thread is
+     * free (sequence s's items start at the sum of the items before it) */
+    int items = 0;
+    bool chunked = false;
+    for (int s = 0; s < n; s++) {
+        const int k = grouped(seqs[s]) ? head_items(seqs[s], l) : 1;
+        items += n_kv * k;
+        chunked |= k > 1;
+    }
     for (;;) {
         int i = atomic_fetch_add_explicit(&sh->pair_next, 1, memory_order_relaxed);
-        if (i >= pairs)
+        if (i >= items)
             break;
-        if (grouped(seqs[i / n_kv]))
-            pair_start(seqs[i / n_kv], l, i % n_kv);
+        int s = 0, k = grouped(seqs[0]) ? head_items(seqs[0], l) : 1;
+        while (i >= n_kv * k) {
+            i -= n_kv * k;
+            s++;
+            k = grouped(seqs[s]) ? head_items(seqs[s], l) : 1;
+        }
+        if (!grouped(seqs[s]))
+            continue;
+        if (k > 1)
+            dense_chunk_item(seqs[s], l, i / k, i % k);
+        else
+            pair_start(seqs[s], l, i);
     }
-    if (!parts)
+    if (!parts && !chunked)
         return;
-    claim_parts(seqs, n, l);
+    if (parts)
+        claim_parts(seqs, n, l);
     kvp_pool_barrier(sh->pool);
     long p0, p1;
     kvp_split_range(pairs, ith, nth, &p0, &p1);
     for (long i = p0; i < p1; i++) {
         struct kvp_ctx *c = seqs[i / n_kv];
         const int h = (int)(i % n_kv);
-        if (!grouped(c) || !claims(c, l))
+        if (!grouped(c))
+            continue;
+        if (head_items(c, l) > 1) { /* fold the chunks' states in chunk order */
+            const int hd = c->hp.head_dim, g = c->hp.n_head / n_kv;
+            kvp_attn_dense_merge(c->dchunk + (size_t)h * c->dchunk_max *
+                                                 kvp_attn_state_floats(g, hd),
+                                 head_items(c, l), g, hd, c->att + (size_t)h * g * hd);
+            continue;
+        }
+        if (!claims(c, l))
             continue;
         bool reduced = atomic_load_explicit(&c->claim[h].ready, memory_order_relaxed) > 0;
         /* every thread is past its claims (the barrier): the next layer starts from nothing */

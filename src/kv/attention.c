@@ -72,6 +72,140 @@ static inline __attribute__((always_inline)) void prefetch_kv(const struct kvp_k
     prefetch_block(kvp_kvcache_vblock(kv, l, kvh, b), kv->v_bytes);
 }
 
+void kvp_attn_dense_chunk(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
+                          int n_keys, int chunk, float *probs, int probs_stride, float *st)
+{
+    const struct kvp_simd_ops *ops = kvp_simd();
+    const int hd = kv->head_dim, bs = kv->block_size;
+    const int n_blocks = (n_keys + bs - 1) / bs;
+    const int b0 = chunk * KVP_ATTN_CHUNK_BLOCKS;
+    const int b1 = b0 + KVP_ATTN_CHUNK_BLOCKS < n_blocks ? b0 + KVP_ATTN_CHUNK_BLOCKS : n_blocks;
+    const int k0 = b0 * bs, nk = (b1 * bs < n_keys ? b1 * bs : n_keys) - k0;
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *m = st, *sum = st + g, *o = st + 2 * g;
+
+    /* scores, as dense_group's: blocks outer, a block without storage reads as absent */
+    for (int b = b0; b < b0 + PF_AHEAD && b < b1; b++)
+        prefetch_block(kvp_kvcache_kblock(kv, l, kvh, b), kv->k_bytes);
+    for (int b = b0; b < b1; b++) {
+        const uint8_t *kt = kvp_kvcache_kblock(kv, l, kvh, b);
+        if (b + PF_AHEAD < b1)
+            prefetch_block(kvp_kvcache_kblock(kv, l, kvh, b + PF_AHEAD), kv->k_bytes);
+        if (kt) {
+            group_scores(kv->kk, q, g, kt, hd, bs, scale, probs + (size_t)b * bs,
+                         (size_t)probs_stride);
+            continue;
+        }
+        for (int j = 0; j < g; j++)
+            for (int t = 0; t < bs; t++)
+                probs[(size_t)j * probs_stride + (size_t)b * bs + t] = -INFINITY;
+    }
+    /* the chunk's softmax state: unnormalised exp(score - m) in probs, their sum */
+    for (int j = 0; j < g; j++) {
+        float *p = probs + (size_t)j * probs_stride + k0;
+        m[j] = kvp_simd_max(ops, p, nk);
+        if (m[j] == -INFINITY) { /* every key of the chunk absent: it weighs nothing */
+            memset(p, 0, (size_t)nk * sizeof(float));
+            sum[j] = 0.0f;
+            continue;
+        }
+        sum[j] = ops->exp_sum(p, nk, m[j]);
+    }
+    memset(o, 0, (size_t)g * hd * sizeof(float));
+    for (int b = b0; b < b0 + PF_AHEAD && b < b1; b++)
+        prefetch_block(kvp_kvcache_vblock(kv, l, kvh, b), kv->v_bytes);
+    for (int b = b0; b < b1; b++) {
+        const uint8_t *vb = kvp_kvcache_vblock(kv, l, kvh, b);
+        if (b + PF_AHEAD < b1)
+            prefetch_block(kvp_kvcache_vblock(kv, l, kvh, b + PF_AHEAD), kv->v_bytes);
+        if (!vb)
+            continue;
+        int nt = n_keys - b * bs < bs ? n_keys - b * bs : bs;
+        group_accum(kv->vk, probs + (size_t)b * bs, (size_t)probs_stride, g, vb, hd, bs, nt, o,
+                    (size_t)hd);
+    }
+}
+
+/* run <- run folded with the next chunk's state cur (both kvp_attn_state_floats(g, hd)): per
+ * head the larger maximum, and both sums and value sums scaled to it. A chunk with no key
+ * present changes nothing. */
+static void fold_state(float *run, const float *cur, int g, int hd)
+{
+    for (int j = 0; j < g; j++) {
+        const float mc = cur[j], mr = run[j];
+        float *o = run + 2 * g + (size_t)j * hd;
+        const float *oc = cur + 2 * g + (size_t)j * hd;
+        if (mc == -INFINITY)
+            continue;
+        if (mr == -INFINITY) {
+            run[j] = mc;
+            run[g + j] = cur[g + j];
+            memcpy(o, oc, (size_t)hd * sizeof(float));
+            continue;
+        }
+        const float mx = mr > mc ? mr : mc, a = expf(mr - mx), b = expf(mc - mx);
+        run[j] = mx;
+        run[g + j] = run[g + j] * a + cur[g + j] * b;
+        for (int d = 0; d < hd; d++)
+            o[d] = o[d] * a + oc[d] * b;
+    }
+}
+
+/* The output of a folded state: each head's value sum over its sum. */
+static void finish_state(const float *st, int g, int hd, float *out)
+{
+    for (int j = 0; j < g; j++) {
+        const float inv = 1.0f / st[g + j];
+        for (int d = 0; d < hd; d++)
+            out[(size_t)j * hd + d] = st[2 * g + (size_t)j * hd + d] * inv;
+    }
+}
+
+void kvp_attn_dense_merge(float *st, int n, int g, int hd, float *out)
+{
+    const size_t sf = kvp_attn_state_floats(g, hd);
+    for (int i = 1; i < n; i++)
+        fold_state(st, st + (size_t)i * sf, g, hd);
+    finish_state(st, g, hd, out);
+}
+
+/* kvp_attn_dense_group with an output: its chunks one after another, each folded into the
+ * first as kvp_attn_dense_merge folds them. With cmax ([g][cmax_stride], room for a maximum per
+ * chunk) the probabilities are left normalised too: each chunk's exp(score - its maximum)
+ * scaled by exp(its maximum - the overall one) / the overall sum (up to one chunk: by 1 / sum,
+ * as the single softmax did). */
+static void dense_chunked(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
+                          int n_keys, float *probs, int probs_stride, float *out, float *cmax,
+                          int cmax_stride)
+{
+    float run[KVP_ATTN_STATE_MAX], cur[KVP_ATTN_STATE_MAX];
+    const int hd = kv->head_dim, bs = kv->block_size;
+    const int nc = kvp_attn_dense_chunks(n_keys, bs);
+    for (int i = 0; i < nc; i++) {
+        float *st = i ? cur : run;
+        kvp_attn_dense_chunk(kv, l, kvh, q, g, n_keys, i, probs, probs_stride, st);
+        for (int j = 0; cmax && j < g; j++)
+            cmax[(size_t)j * cmax_stride + i] = st[j];
+        if (i)
+            fold_state(run, cur, g, hd);
+    }
+    finish_state(run, g, hd, out);
+    for (int j = 0; cmax && j < g; j++) {
+        const float inv = 1.0f / run[g + j];
+        for (int i = 0; i < nc; i++) {
+            const float mc = cmax[(size_t)j * cmax_stride + i];
+            const float f = mc == -INFINITY ? 0.0f : expf(mc - run[j]) * inv;
+            const int k0 = i * KVP_ATTN_CHUNK_BLOCKS * bs;
+            const int k1 = (i + 1) * KVP_ATTN_CHUNK_BLOCKS * bs < n_keys
+                               ? (i + 1) * KVP_ATTN_CHUNK_BLOCKS * bs
+                               : n_keys;
+            float *p = probs + (size_t)j * probs_stride;
+            for (int t = k0; t < k1; t++)
+                p[t] *= f;
+        }
+    }
+}
+
 /* kvp_attn_dense_group; norm_probs: also leave the probabilities normalised when out is given. */
 static void dense_group(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
                         int n_keys, float *probs, int probs_stride, float *out, bool norm_probs)
@@ -135,7 +269,10 @@ static void dense_group(const struct kvp_kvcache *kv, int l, int kvh, const floa
 void kvp_attn_dense_group(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
                           int n_keys, float *probs, int probs_stride, float *out)
 {
-    dense_group(kv, l, kvh, q, g, n_keys, probs, probs_stride, out, false);
+    if (out && kvp_attn_chunked(g, kv->head_dim))
+        dense_chunked(kv, l, kvh, q, g, n_keys, probs, probs_stride, out, NULL, 0);
+    else
+        dense_group(kv, l, kvh, q, g, n_keys, probs, probs_stride, out, false);
 }
 
 /* Whether selected block i of sel may be read for keys [0, n_keys), and which of its tokens
@@ -303,7 +440,11 @@ void kvp_attn_sparse_group(const struct kvp_kvcache *kv, int l, int kvh, const f
     if (sel_is_everything(kv, l, kvh, n_keys, sel)) {
         ab->n = 0;
         ab->parts = false;
-        dense_group(kv, l, kvh, q, g, n_keys, probs, probs_stride, out, true);
+        if (kvp_attn_chunked(g, hd) && ab->bmax_stride >= kvp_attn_dense_chunks(n_keys, bs))
+            dense_chunked(kv, l, kvh, q, g, n_keys, probs, probs_stride, out, ab->bmax,
+                          ab->bmax_stride);
+        else
+            dense_group(kv, l, kvh, q, g, n_keys, probs, probs_stride, out, true);
         for (int j = 0; j < g; j++) /* the tail of the last block was not read */
             memset(probs + (size_t)j * probs_stride + n_keys, 0,
                    (size_t)(sel->n * bs - n_keys) * sizeof(float));

@@ -30,6 +30,47 @@
 void kvp_attn_dense_group(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
                           int n_keys, float *probs, int probs_stride, float *out);
 
+/* With an output (and the probabilities left as scratch) dense attention runs in chunks of
+ * KVP_ATTN_CHUNK_BLOCKS blocks: each chunk's softmax state (per head its largest score m, its
+ * sum of exp(score - m) and the value sum weighted by those) is computed on its own, and the
+ * states are folded in chunk order. So a long context's chunks can be spread over threads
+ * (kvp_attn_dense_chunk, then kvp_attn_dense_merge; a KV head per thread leaves one of two
+ * threads idle a third of the time on three KV heads) with the bits of kvp_attn_dense_group,
+ * which runs the same chunks one after another. Up to one chunk (2048 tokens at bs = 16) it
+ * computes what the single softmax did, bit for bit. Groups whose state is larger than
+ * KVP_ATTN_STATE_MAX floats keep the single softmax (kvp_attn_chunked). */
+#define KVP_ATTN_CHUNK_BLOCKS 128
+#define KVP_ATTN_STATE_MAX    4352
+
+/* Floats of one chunk's state for g heads of hd dimensions: [g] maxima, [g] sums, [g][hd]. */
+static inline size_t kvp_attn_state_floats(int g, int hd)
+{
+    return (size_t)g * (size_t)(hd + 2);
+}
+
+/* Whether a group of g heads of hd dimensions runs its dense attention in chunks. */
+static inline bool kvp_attn_chunked(int g, int hd)
+{
+    return kvp_attn_state_floats(g, hd) <= KVP_ATTN_STATE_MAX;
+}
+
+/* The chunks of a dense attention over n_keys tokens in blocks of bs. */
+static inline int kvp_attn_dense_chunks(int n_keys, int bs)
+{
+    const int nb = (n_keys + bs - 1) / bs;
+    return (nb + KVP_ATTN_CHUNK_BLOCKS - 1) / KVP_ATTN_CHUNK_BLOCKS;
+}
+
+/* Chunk `chunk` of the dense attention of kvp_attn_dense_group: its scores into probs (the
+ * chunk's columns only, so chunks of one group may run on different threads) and its state into
+ * st (kvp_attn_state_floats(g, head_dim)). */
+void kvp_attn_dense_chunk(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
+                          int n_keys, int chunk, float *probs, int probs_stride, float *st);
+
+/* Fold the n states st[0..n) (each kvp_attn_state_floats(g, hd) apart, in chunk order; st[0] is
+ * overwritten) and write the output out [g][hd]. */
+void kvp_attn_dense_merge(float *st, int n, int g, int hd, float *out);
+
 /* Per-block softmax state of sparse attention for one KV head group. Each selected block is
  * reduced on its own (its max score, the exp-sum and the exp-weighted value sum against that
  * max) and the blocks are then folded in selection order, so the output does not depend on
