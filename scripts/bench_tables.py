@@ -224,8 +224,8 @@ def policy_share():
                        "--prefill 16 --policy P --budget 1/16 --aux FILE --json"))
 
 
-def long_decode():
-    name = "long_decode.jsonl"
+def long_decode(name="long_decode.jsonl",
+                command="WRAP=\"flock LOCK nice -n -20\" scripts/bench_long.sh build sparse disk peer"):
     recs = load(name)
     last = collections.OrderedDict()  # the latest record of each run (re-runs supersede)
     for r in recs:
@@ -246,13 +246,14 @@ def long_decode():
         rows.append([layers.get(k[1], k[1]), k[2], k[3], r.get("budget") or "—", fmt(tps, 2),
                      fmt(tps / d["decode_tokens_per_s"], 1) + "×" if d else "—",
                      fmt(r.get("policy_share", float("nan")), 3),
+                     fmt(r.get("policy_cpu_share", float("nan")), 3),
                      fmt(r.get("policy_ms_per_token", float("nan")), 2),
                      mb(r["weight_bytes"]), mb(r.get("kv_read_bytes_per_token", float("nan"))),
                      mb(r.get("meta_flat_bytes_per_token", float("nan"))),
                      fmt(r.get("read_floor_tokens_per_s", float("nan")), 1),
                      f"{r.get('fill', 'prefill')} {fmt(r['fill_seconds'], 0)} s"])
     out = table(["model", "ctx", "policy", "budget", "decode tok/s", "÷ dense", "policy_share",
-                 "hooks ms/token", "weights MB", "KV read MB/token", "flat meta MB/token",
+                 "policy_cpu_share", "hooks ms/token", "weights MB", "KV read MB/token", "flat meta MB/token",
                  "read floor tok/s", "fill"], rows)
     disk = [(k, r) for k, r in last.items() if k[0] == "disk"]
     if disk:
@@ -276,8 +277,7 @@ def long_decode():
                 for k, r in peer]
         out += "\nAgainst llama.cpp (`llama-server`, dense, f16 KV, one alternating run):\n\n" + table(
             ["model", "ctx", "engine / policy", "budget", "decode tok/s", "÷ llama.cpp"], rows)
-    return out, provenance(recs, name, "WRAP=\"flock LOCK nice -n -20\" scripts/bench_long.sh build "
-                           "sparse disk peer")
+    return out, provenance(recs, name, command)
 
 
 def store_paired(headline=False):
@@ -589,10 +589,23 @@ SECTIONS = [
     ("Policy time per token", policy_share,
      "The shipped model, 1 thread, budget 1/16, idle host, current binary (alternating with an "
      "older one, whose rows the file keeps as `binary`)."),
+    ("Decode far past 32K tokens on an Intel Xeon", lambda: long_decode(
+        name="long_decode_xeon.jsonl",
+        command="OUT=bench/long_decode_xeon.jsonl scripts/bench_long_matrix.sh build"),
+     "The same script on the Intel Xeon VM, idle host, nice -20, at one commit: 2 threads, 16 "
+     "decoded tokens per run, caches filled with `bench --fill tile` (a real prefill of 4096 "
+     "tokens of an essay tiled with re-rotated keys, the last 32 prefilled; the shipped model "
+     "prefilled for real up to 32768 tokens). `quest`: the default (flat pass, the first two "
+     "layers dense); \"no dense layers\": `--dense-layers 0`; \"approx q8\": the coarse-to-fine "
+     "pass `--policy-opts groups=16,coarse=approx,visit=4,q8=1`. policy_share: the selection "
+     "hooks' thread time, summed over the KV heads the two threads select side by side, over "
+     "the wall time of a step (so up to 2); policy_cpu_share: their CPU time over the step's. "
+     "Each record's `command` is its bench invocation."),
     ("Decode far past 32K tokens", long_decode,
      "2 threads, 16 decoded tokens per run, caches filled with `bench --fill tile` (a real "
      "prefill of 4096 tokens of an essay tiled with re-rotated keys, the last 32 prefilled; the "
-     "shipped model's rows tiled too: its real 32K prefill, past its trained 8192, failed and is not yet explained), taken at nice -20 under a lock beside nice-19 "
+     "shipped model's rows tiled too: its real 32K prefill failed because `bench` then refused "
+     "`--fill-text` without `--fill tile`, which the script passed), taken at nice -20 under a lock beside nice-19 "
      "builds of other work. KV read: what the selections let attention read; flat meta: what a "
      "flat bound pass over every block reads; read floor: bandwidth / (weights + KV read + flat "
      "meta)."),
