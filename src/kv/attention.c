@@ -72,6 +72,51 @@ static inline __attribute__((always_inline)) void prefetch_kv(const struct kvp_k
     prefetch_block(kvp_kvcache_vblock(kv, l, kvh, b), kv->v_bytes);
 }
 
+/* Scores of blocks [b0, b1) for the g heads into probs (their columns), keys prefetched
+ * PF_AHEAD blocks ahead within the range; a block without storage (a tiered store's cold block
+ * seen from a policy) reads as absent. Blocks outer, so each key block is loaded once for the
+ * whole group. */
+static void range_scores(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
+                         int b0, int b1, float scale, float *probs, int probs_stride)
+{
+    const int hd = kv->head_dim, bs = kv->block_size;
+    for (int b = b0; b < b0 + PF_AHEAD && b < b1; b++)
+        prefetch_block(kvp_kvcache_kblock(kv, l, kvh, b), kv->k_bytes);
+    for (int b = b0; b < b1; b++) {
+        const uint8_t *kt = kvp_kvcache_kblock(kv, l, kvh, b);
+        if (b + PF_AHEAD < b1) /* a layer's KV heads interleave: blocks are pages apart */
+            prefetch_block(kvp_kvcache_kblock(kv, l, kvh, b + PF_AHEAD), kv->k_bytes);
+        if (kt) {
+            group_scores(kv->kk, q, g, kt, hd, bs, scale, probs + (size_t)b * bs,
+                         (size_t)probs_stride);
+            continue;
+        }
+        for (int j = 0; j < g; j++)
+            for (int t = 0; t < bs; t++)
+                probs[(size_t)j * probs_stride + (size_t)b * bs + t] = -INFINITY;
+    }
+}
+
+/* out [g][hd] += the value blocks [b0, b1) weighted by probs (keys past n_keys not read),
+ * prefetched as range_scores does. */
+static void range_values(const struct kvp_kvcache *kv, int l, int kvh, const float *probs,
+                         int probs_stride, int g, int b0, int b1, int n_keys, float *out)
+{
+    const int hd = kv->head_dim, bs = kv->block_size;
+    for (int b = b0; b < b0 + PF_AHEAD && b < b1; b++)
+        prefetch_block(kvp_kvcache_vblock(kv, l, kvh, b), kv->v_bytes);
+    for (int b = b0; b < b1; b++) {
+        const uint8_t *vb = kvp_kvcache_vblock(kv, l, kvh, b);
+        if (b + PF_AHEAD < b1)
+            prefetch_block(kvp_kvcache_vblock(kv, l, kvh, b + PF_AHEAD), kv->v_bytes);
+        if (!vb)
+            continue;
+        int nt = n_keys - b * bs < bs ? n_keys - b * bs : bs;
+        group_accum(kv->vk, probs + (size_t)b * bs, (size_t)probs_stride, g, vb, hd, bs, nt, out,
+                    (size_t)hd);
+    }
+}
+
 void kvp_attn_dense_chunk(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
                           int n_keys, int chunk, float *probs, int probs_stride, float *st)
 {
@@ -84,22 +129,7 @@ void kvp_attn_dense_chunk(const struct kvp_kvcache *kv, int l, int kvh, const fl
     const float scale = 1.0f / sqrtf((float)hd);
     float *m = st, *sum = st + g, *o = st + 2 * g;
 
-    /* scores, as dense_group's: blocks outer, a block without storage reads as absent */
-    for (int b = b0; b < b0 + PF_AHEAD && b < b1; b++)
-        prefetch_block(kvp_kvcache_kblock(kv, l, kvh, b), kv->k_bytes);
-    for (int b = b0; b < b1; b++) {
-        const uint8_t *kt = kvp_kvcache_kblock(kv, l, kvh, b);
-        if (b + PF_AHEAD < b1)
-            prefetch_block(kvp_kvcache_kblock(kv, l, kvh, b + PF_AHEAD), kv->k_bytes);
-        if (kt) {
-            group_scores(kv->kk, q, g, kt, hd, bs, scale, probs + (size_t)b * bs,
-                         (size_t)probs_stride);
-            continue;
-        }
-        for (int j = 0; j < g; j++)
-            for (int t = 0; t < bs; t++)
-                probs[(size_t)j * probs_stride + (size_t)b * bs + t] = -INFINITY;
-    }
+    range_scores(kv, l, kvh, q, g, b0, b1, scale, probs, probs_stride);
     /* the chunk's softmax state: unnormalised exp(score - m) in probs, their sum */
     for (int j = 0; j < g; j++) {
         float *p = probs + (size_t)j * probs_stride + k0;
@@ -112,18 +142,7 @@ void kvp_attn_dense_chunk(const struct kvp_kvcache *kv, int l, int kvh, const fl
         sum[j] = ops->exp_sum(p, nk, m[j]);
     }
     memset(o, 0, (size_t)g * hd * sizeof(float));
-    for (int b = b0; b < b0 + PF_AHEAD && b < b1; b++)
-        prefetch_block(kvp_kvcache_vblock(kv, l, kvh, b), kv->v_bytes);
-    for (int b = b0; b < b1; b++) {
-        const uint8_t *vb = kvp_kvcache_vblock(kv, l, kvh, b);
-        if (b + PF_AHEAD < b1)
-            prefetch_block(kvp_kvcache_vblock(kv, l, kvh, b + PF_AHEAD), kv->v_bytes);
-        if (!vb)
-            continue;
-        int nt = n_keys - b * bs < bs ? n_keys - b * bs : bs;
-        group_accum(kv->vk, probs + (size_t)b * bs, (size_t)probs_stride, g, vb, hd, bs, nt, o,
-                    (size_t)hd);
-    }
+    range_values(kv, l, kvh, probs, probs_stride, g, b0, b1, n_keys, o);
 }
 
 /* run <- run folded with the next chunk's state cur (both kvp_attn_state_floats(g, hd)): per
@@ -215,23 +234,7 @@ static void dense_group(const struct kvp_kvcache *kv, int l, int kvh, const floa
     const int n_blocks = (n_keys + bs - 1) / bs;
     const float scale = 1.0f / sqrtf((float)hd);
 
-    /* scores: blocks outer so each key block is loaded once for the whole group; a block
-     * without storage (a tiered store's cold block seen from a policy) reads as absent */
-    for (int b = 0; b < PF_AHEAD && b < n_blocks; b++)
-        prefetch_block(kvp_kvcache_kblock(kv, l, kvh, b), kv->k_bytes);
-    for (int b = 0; b < n_blocks; b++) {
-        const uint8_t *kt = kvp_kvcache_kblock(kv, l, kvh, b);
-        if (b + PF_AHEAD < n_blocks) /* a layer's KV heads interleave: blocks are pages apart */
-            prefetch_block(kvp_kvcache_kblock(kv, l, kvh, b + PF_AHEAD), kv->k_bytes);
-        if (kt) {
-            group_scores(kv->kk, q, g, kt, hd, bs, scale, probs + (size_t)b * bs,
-                         (size_t)probs_stride);
-            continue;
-        }
-        for (int j = 0; j < g; j++)
-            for (int t = 0; t < bs; t++)
-                probs[(size_t)j * probs_stride + (size_t)b * bs + t] = -INFINITY;
-    }
+    range_scores(kv, l, kvh, q, g, 0, n_blocks, scale, probs, probs_stride);
     /* softmax; when an output is wanted the probabilities stay unnormalised and the output is
      * scaled once instead (one pass over n_keys fewer: this loop is the long-context hot spot) */
     float inv[64];
@@ -246,18 +249,7 @@ static void dense_group(const struct kvp_kvcache *kv, int l, int kvh, const floa
     if (!out)
         return;
     memset(out, 0, (size_t)g * hd * sizeof(float));
-    for (int b = 0; b < PF_AHEAD && b < n_blocks; b++)
-        prefetch_block(kvp_kvcache_vblock(kv, l, kvh, b), kv->v_bytes);
-    for (int b = 0; b < n_blocks; b++) {
-        const uint8_t *vb = kvp_kvcache_vblock(kv, l, kvh, b);
-        if (b + PF_AHEAD < n_blocks)
-            prefetch_block(kvp_kvcache_vblock(kv, l, kvh, b + PF_AHEAD), kv->v_bytes);
-        if (!vb)
-            continue;
-        int nt = n_keys - b * bs < bs ? n_keys - b * bs : bs;
-        group_accum(kv->vk, probs + (size_t)b * bs, (size_t)probs_stride, g, vb, hd, bs, nt, out,
-                    (size_t)hd);
-    }
+    range_values(kv, l, kvh, probs, probs_stride, g, 0, n_blocks, n_keys, out);
     for (int j = 0; j < g; j++)
         for (int d = 0; d < hd; d++)
             out[(size_t)j * hd + d] *= inv[j];
