@@ -194,12 +194,14 @@ int kvp_seq_setup(struct kvp_shared *sh, const struct kvp_ctx_params *params, st
         goto fail;
     c->probs_stride = c->kv.max_blocks * c->kv.block_size;
     c->probs = falloc((size_t)hp->n_head * c->probs_stride);
+    /* the chunk states of dense decode spread over the pool: only where a context has chunks */
     const int g = hp->n_head / hp->n_head_kv;
-    c->dchunk_max = (c->kv.max_blocks + KVP_ATTN_CHUNK_BLOCKS - 1) / KVP_ATTN_CHUNK_BLOCKS;
-    if (c->dchunk_max > 1 && kvp_attn_chunked(g, hp->head_dim))
+    c->dchunk_max = kvp_attn_dense_chunks(c->probs_stride, c->kv.block_size);
+    const bool chunks = c->dchunk_max > 1 && kvp_attn_chunked(g, hp->head_dim);
+    if (chunks)
         c->dchunk = falloc((size_t)hp->n_head_kv * c->dchunk_max *
                            kvp_attn_state_floats(g, hp->head_dim));
-    if (!c->probs || (c->dchunk_max > 1 && kvp_attn_chunked(g, hp->head_dim) && !c->dchunk)) {
+    if (!c->probs || (chunks && !c->dchunk)) {
         rc = kvp_err_set(err, KVP_ENOMEM, "cannot allocate buffers for context %d", p.n_ctx);
         goto fail;
     }

@@ -398,12 +398,13 @@ static bool grouped(const struct kvp_ctx *c)
     return c->job_n == 1 && !c->store;
 }
 
-/* The work items of each KV head of a grouped sequence c in layer l's queue: one, or on a dense
- * layer past one chunk of keys, one per chunk (kv/attention.h: their states are folded after
- * the queue, with the bits of kvp_attn_dense_group). Every thread decides alike. */
+/* The work items of each KV head of sequence c in layer l's queue: one, or for a grouped
+ * sequence on a dense layer past one chunk of keys, one per chunk (kv/attention.h: their states
+ * are folded after the queue, with the bits of kvp_attn_dense_group). Every thread decides
+ * alike. */
 static int head_items(const struct kvp_ctx *c, int l)
 {
-    if (!c->dchunk || kvp_policy_sparse(&c->pol, l))
+    if (!grouped(c) || !c->dchunk || kvp_policy_sparse(&c->pol, l))
         return 1;
     return kvp_attn_dense_chunks(c->job_pos0 + 1, c->kv.block_size);
 }
@@ -759,7 +760,7 @@ void kvp_kv_step(struct kvp_shared *sh, int l, int ith, int nth)
     int items = 0;
     bool chunked = false;
     for (int s = 0; s < n; s++) {
-        const int k = grouped(seqs[s]) ? head_items(seqs[s], l) : 1;
+        const int k = head_items(seqs[s], l);
         items += n_kv * k;
         chunked |= k > 1;
     }
@@ -767,11 +768,10 @@ void kvp_kv_step(struct kvp_shared *sh, int l, int ith, int nth)
         int i = atomic_fetch_add_explicit(&sh->pair_next, 1, memory_order_relaxed);
         if (i >= items)
             break;
-        int s = 0, k = grouped(seqs[0]) ? head_items(seqs[0], l) : 1;
+        int s = 0, k = head_items(seqs[0], l);
         while (i >= n_kv * k) {
             i -= n_kv * k;
-            s++;
-            k = grouped(seqs[s]) ? head_items(seqs[s], l) : 1;
+            k = head_items(seqs[++s], l);
         }
         if (!grouped(seqs[s]))
             continue;
@@ -790,16 +790,15 @@ void kvp_kv_step(struct kvp_shared *sh, int l, int ith, int nth)
     for (long i = p0; i < p1; i++) {
         struct kvp_ctx *c = seqs[i / n_kv];
         const int h = (int)(i % n_kv);
-        if (!grouped(c))
-            continue;
-        if (head_items(c, l) > 1) { /* fold the chunks' states in chunk order */
+        const int k = head_items(c, l);
+        if (k > 1) { /* fold the chunks' states in chunk order */
             const int hd = c->hp.head_dim, g = c->hp.n_head / n_kv;
             kvp_attn_dense_merge(c->dchunk + (size_t)h * c->dchunk_max *
                                                  kvp_attn_state_floats(g, hd),
-                                 head_items(c, l), g, hd, c->att + (size_t)h * g * hd);
+                                 k, g, hd, c->att + (size_t)h * g * hd);
             continue;
         }
-        if (!claims(c, l))
+        if (!grouped(c) || !claims(c, l))
             continue;
         bool reduced = atomic_load_explicit(&c->claim[h].ready, memory_order_relaxed) > 0;
         /* every thread is past its claims (the barrier): the next layer starts from nothing */

@@ -117,15 +117,22 @@ static void range_values(const struct kvp_kvcache *kv, int l, int kvh, const flo
     }
 }
 
+/* The keys [*k0, *k1) of chunk `chunk` of n_keys in blocks of bs. */
+static void chunk_keys(int n_keys, int bs, int chunk, int *k0, int *k1)
+{
+    const int span = KVP_ATTN_CHUNK_BLOCKS * bs;
+    *k0 = chunk * span;
+    *k1 = *k0 + span < n_keys ? *k0 + span : n_keys;
+}
+
 void kvp_attn_dense_chunk(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
                           int n_keys, int chunk, float *probs, int probs_stride, float *st)
 {
     const struct kvp_simd_ops *ops = kvp_simd();
     const int hd = kv->head_dim, bs = kv->block_size;
-    const int n_blocks = (n_keys + bs - 1) / bs;
-    const int b0 = chunk * KVP_ATTN_CHUNK_BLOCKS;
-    const int b1 = b0 + KVP_ATTN_CHUNK_BLOCKS < n_blocks ? b0 + KVP_ATTN_CHUNK_BLOCKS : n_blocks;
-    const int k0 = b0 * bs, nk = (b1 * bs < n_keys ? b1 * bs : n_keys) - k0;
+    int k0, k1;
+    chunk_keys(n_keys, bs, chunk, &k0, &k1);
+    const int b0 = k0 / bs, b1 = (k1 + bs - 1) / bs, nk = k1 - k0;
     const float scale = 1.0f / sqrtf((float)hd);
     float *m = st, *sum = st + g, *o = st + 2 * g;
 
@@ -145,29 +152,33 @@ void kvp_attn_dense_chunk(const struct kvp_kvcache *kv, int l, int kvh, const fl
     range_values(kv, l, kvh, probs, probs_stride, g, b0, b1, n_keys, o);
 }
 
-/* run <- run folded with the next chunk's state cur (both kvp_attn_state_floats(g, hd)): per
- * head the larger maximum, and both sums and value sums scaled to it. A chunk with no key
- * present changes nothing. */
+/* Fold one block's state (max m, exp-sum ls, value sum o) into the running one (M, L, O). */
+static void merge_block(float *M, float *L, float *O, float m, float ls, const float *o, int hd)
+{
+    if (ls == 0.0f)
+        return;
+    if (m > *M) {
+        float c = expf(*M - m); /* 0 for the first block (M = -inf) */
+        for (int d = 0; d < hd; d++)
+            O[d] = O[d] * c + o[d];
+        *L = *L * c + ls;
+        *M = m;
+        return;
+    }
+    float c = expf(m - *M);
+    for (int d = 0; d < hd; d++)
+        O[d] += c * o[d];
+    *L += c * ls;
+}
+
+/* run <- run folded with the next chunk's state cur (both kvp_attn_state_floats(g, hd)), head by
+ * head as sparse attention folds its blocks (merge_block): a chunk with no key present changes
+ * nothing. */
 static void fold_state(float *run, const float *cur, int g, int hd)
 {
-    for (int j = 0; j < g; j++) {
-        const float mc = cur[j], mr = run[j];
-        float *o = run + 2 * g + (size_t)j * hd;
-        const float *oc = cur + 2 * g + (size_t)j * hd;
-        if (mc == -INFINITY)
-            continue;
-        if (mr == -INFINITY) {
-            run[j] = mc;
-            run[g + j] = cur[g + j];
-            memcpy(o, oc, (size_t)hd * sizeof(float));
-            continue;
-        }
-        const float mx = mr > mc ? mr : mc, a = expf(mr - mx), b = expf(mc - mx);
-        run[j] = mx;
-        run[g + j] = run[g + j] * a + cur[g + j] * b;
-        for (int d = 0; d < hd; d++)
-            o[d] = o[d] * a + oc[d] * b;
-    }
+    for (int j = 0; j < g; j++)
+        merge_block(&run[j], &run[g + j], run + 2 * g + (size_t)j * hd, cur[j], cur[g + j],
+                    cur + 2 * g + (size_t)j * hd, hd);
 }
 
 /* The output of a folded state: each head's value sum over its sum. */
@@ -214,10 +225,8 @@ static void dense_chunked(const struct kvp_kvcache *kv, int l, int kvh, const fl
         for (int i = 0; i < nc; i++) {
             const float mc = cmax[(size_t)j * cmax_stride + i];
             const float f = mc == -INFINITY ? 0.0f : expf(mc - run[j]) * inv;
-            const int k0 = i * KVP_ATTN_CHUNK_BLOCKS * bs;
-            const int k1 = (i + 1) * KVP_ATTN_CHUNK_BLOCKS * bs < n_keys
-                               ? (i + 1) * KVP_ATTN_CHUNK_BLOCKS * bs
-                               : n_keys;
+            int k0, k1;
+            chunk_keys(n_keys, bs, i, &k0, &k1);
             float *p = probs + (size_t)j * probs_stride;
             for (int t = k0; t < k1; t++)
                 p[t] *= f;
@@ -404,24 +413,6 @@ void kvp_attn_sparse_part(const struct kvp_kvcache *kv, int l, int kvh, const fl
     }
 }
 
-/* Fold one block's state (max m, exp-sum ls, value sum o) into the running one (M, L, O). */
-static void merge_block(float *M, float *L, float *O, float m, float ls, const float *o, int hd)
-{
-    if (ls == 0.0f)
-        return;
-    if (m > *M) {
-        float c = expf(*M - m); /* 0 for the first block (M = -inf) */
-        for (int d = 0; d < hd; d++)
-            O[d] = O[d] * c + o[d];
-        *L = *L * c + ls;
-        *M = m;
-        return;
-    }
-    float c = expf(m - *M);
-    for (int d = 0; d < hd; d++)
-        O[d] += c * o[d];
-    *L += c * ls;
-}
 
 void kvp_attn_sparse_group(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
                            int n_keys, const struct kvp_sel *sel, float *probs, int probs_stride,
