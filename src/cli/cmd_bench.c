@@ -19,9 +19,10 @@
  * per decoded token; --timeline OUT.png draws tokens 8..11 of the first repetition.
  *
  * Long contexts: --fill tile prefills only the first --fill-source tokens for real (the ids of
- * --fill-text when given, as for a plain prefill), grows the cache to CTX - TILE_TAIL by tiling them with the keys turned
- * to their new positions (kvp_ctx_fill_tile), and evaluates the last TILE_TAIL tokens for real,
- * so the cache ends as a prompt does: the policy sees real attention rows and a real last query.
+ * --fill-text when given, as for a plain prefill), grows the cache to CTX - TILE_TAIL by tiling
+ * them with the keys turned to their new positions (kvp_ctx_fill_tile), and evaluates the last
+ * TILE_TAIL tokens for real, so the cache ends as a prompt does: the policy sees real attention
+ * rows and a real last query.
  * A 128K-token cache of SmolLM2-135M's shape fills in under a minute instead of hours.
  */
 #include <math.h>
@@ -54,6 +55,12 @@ struct fill_plan {
     int mode; /* 0 prefill, 1 tile */
     long src;
 };
+
+/* The leading tokens a fill evaluates for real: all of the depth, or tile's source. */
+static long fill_real_tokens(const struct fill_plan *f, long depth)
+{
+    return f->mode ? f->src : depth;
+}
 
 static int fill_cache(kvp_ctx *c, const int32_t *toks, long depth, const struct fill_plan *f,
                       float *logits, struct kvp_err *err)
@@ -401,8 +408,7 @@ static int run(const struct bench_opts *o, kvp_model *m, struct bench_result *r)
         free(text);
         if (!ids)
             goto out;
-        /* the tokens a fill evaluates for real: all of the depth, or tile's source */
-        size_t src = (size_t)(o->fill.mode ? o->fill.src : o->depth);
+        size_t src = (size_t)fill_real_tokens(&o->fill, o->depth);
         memcpy(toks, ids, (n_text < src ? n_text : src) * sizeof(int32_t));
         free(ids);
         if (n_text < src)
@@ -522,8 +528,7 @@ static void print_json(const struct bench_opts *o, const struct bench_result *r)
     /* fill: prefill, or tile (fill_source_tokens prefilled for real, the cache tiled from
      * them to ctx - 32, the last 32 prefilled); fill_seconds: the whole fill */
     cJSON_AddStringToObject(j, "fill", fill_names[o->fill.mode]);
-    cJSON_AddNumberToObject(j, "fill_source_tokens",
-                            (double)(o->fill.mode ? o->fill.src : o->depth));
+    cJSON_AddNumberToObject(j, "fill_source_tokens", (double)fill_real_tokens(&o->fill, o->depth));
     cJSON_AddNumberToObject(j, "fill_seconds", r->fill_s);
     if (r->fill_tiered)
         cJSON_AddNumberToObject(j, "fill_transfer_seconds", r->fill_transfer_s);
