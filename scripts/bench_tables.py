@@ -253,8 +253,8 @@ def long_decode(name="long_decode.jsonl",
                      fmt(r.get("read_floor_tokens_per_s", float("nan")), 1),
                      f"{r.get('fill', 'prefill')} {fmt(r['fill_seconds'], 0)} s"])
     out = table(["model", "ctx", "policy", "budget", "decode tok/s", "÷ dense", "policy_share",
-                 "policy_cpu_share", "hooks ms/token", "weights MB", "KV read MB/token", "flat meta MB/token",
-                 "read floor tok/s", "fill"], rows)
+                 "policy_cpu_share", "hooks ms/token", "weights MB", "KV read MB/token",
+                 "flat meta MB/token", "read floor tok/s", "fill"], rows)
     disk = [(k, r) for k, r in last.items() if k[0] == "disk"]
     if disk:
         rows = []
@@ -605,8 +605,8 @@ SECTIONS = [
      "2 threads, 16 decoded tokens per run, caches filled with `bench --fill tile` (a real "
      "prefill of 4096 tokens of an essay tiled with re-rotated keys, the last 32 prefilled; the "
      "shipped model's rows tiled too: its real 32K prefill failed because `bench` then refused "
-     "`--fill-text` without `--fill tile`, which the script passed), taken at nice -20 under a lock beside nice-19 "
-     "builds of other work. KV read: what the selections let attention read; flat meta: what a "
+     "`--fill-text` without `--fill tile`, which the script passed), taken at nice -20 under a "
+     "lock beside nice-19 builds of other work. KV read: what the selections let attention read; flat meta: what a "
      "flat bound pass over every block reads; read floor: bandwidth / (weights + KV read + flat "
      "meta)."),
     ("Tiered store: disk against RAM", store_paired,
