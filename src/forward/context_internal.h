@@ -116,6 +116,10 @@ struct kvp_shared {
     char pad_[64];
     atomic_int pair_next;
     char pad2_[64];
+    /* the next work item of a prompt piece's prefill attention (prefill_attention.c), reset by
+     * worker 0 before the barrier that precedes each layer's attention */
+    atomic_int prefill_next;
+    char pad3_[64];
 };
 
 /* One KV head's share of an untiered sparse layer's parts pass (kv_step.c): its selector

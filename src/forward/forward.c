@@ -90,6 +90,7 @@ int kvp_shared_init(const struct kvp_model *model, int n_threads, int n_batch, i
     sh->out_single = calloc(nb, sizeof(*sh->out_single));
     sh->ts = calloc((size_t)n_threads, sizeof(*sh->ts));
     atomic_init(&sh->pair_next, 0);
+    atomic_init(&sh->prefill_next, 0);
     /* one decode row's activations quantized for the mat-vec (Q8_0 or Q8_K: under 2 bytes per
      * column), whole cache lines apart */
     sh->xv_stride = (max_cols * 2 + 64 + 63) & ~(size_t)63;

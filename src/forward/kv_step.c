@@ -673,6 +673,8 @@ static void prefill_layer(struct kvp_ctx *c, int l, int ith, int nth)
             kvp_store_prefill_begin(c->store, l, pos0, pos0 + n);
         kvp_pool_barrier(c->pool);
     }
+    if (ith == 0) /* every thread is past the previous attention's queue (its barrier) */
+        atomic_store_explicit(&c->sh->prefill_next, 0, memory_order_relaxed);
     write_kv(c, l, ith, nth);
     kvp_pool_barrier(c->pool);
     prefill(c, l, ith, nth);

@@ -22,7 +22,12 @@ static void gather_kv(const struct kvp_kvcache *kv, int l, int kvh, int n, float
     }
 }
 
-/* Attention of nq queries starting at batch row qs for query head h, keys [0, n_keys). */
+/* Attention of nq queries starting at batch row qs for query head h, keys [0, n_keys). Each row
+ * of scores is exponentiated in place but left unnormalised: the value product sums the
+ * unnormalised weights and its hd outputs are divided by the row's sum afterwards, which scales
+ * hd numbers a row instead of every visible key (at 12288 tokens the per-key scaling and a
+ * scalar max were 30 % of the prefill's samples). The column sums and the observed rows, which
+ * want the probabilities themselves, scale as they copy. */
 static void prefill_head(struct kvp_ctx *c, int l, int h, int qs, int nq, int n_keys,
                          struct kvp_thread_scratch *ts)
 {
@@ -31,50 +36,56 @@ static void prefill_head(struct kvp_ctx *c, int l, int h, int qs, int nq, int n_
     const float scale = 1.0f / sqrtf((float)hd);
     const float *qp = c->q + (size_t)qs * q_dim + (size_t)h * hd;
     const int obs_first = c->job_end - c->obs_n; /* first observed query position */
+    float inv[KVP_QCHUNK];
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, n_keys, hd, scale, qp, q_dim,
                 ts->kc, n_keys, 0.0f, ts->s, n_keys);
     for (int i = 0; i < nq; i++) {
         float *row = ts->s + (size_t)i * n_keys;
         int pos = pos0 + qs + i;
         int visible = pos + 1; /* causal: keys 0 .. own position */
-        float mx = -INFINITY;
-        for (int t = 0; t < visible; t++)
-            mx = row[t] > mx ? row[t] : mx;
-        float inv = 1.0f / ops->exp_sum(row, visible, mx);
-        for (int t = 0; t < visible; t++)
-            row[t] *= inv;
+        inv[i] = 1.0f / ops->exp_sum(row, visible, ops->max(row, visible));
         memset(row + visible, 0, (size_t)(n_keys - visible) * sizeof(float));
-        if (c->pol.colsum) {
-            float *cs = c->pol.colsum + ((size_t)l * c->hp.n_head + h) * c->n_ctx;
-            for (int t = 0; t < visible; t++)
-                cs[t] += row[t];
-        }
+        if (c->pol.colsum)
+            ops->axpy(inv[i], row, c->pol.colsum + ((size_t)l * c->hp.n_head + h) * c->n_ctx,
+                      visible);
         if (c->pol.obs && pos >= obs_first) {
             float *o = c->pol.obs + ((size_t)h * c->obs_n + (pos - obs_first)) * c->job_end;
-            memcpy(o, row, (size_t)visible * sizeof(float));
+            for (int t = 0; t < visible; t++)
+                o[t] = row[t] * inv[i];
             memset(o + visible, 0, (size_t)(c->job_end - visible) * sizeof(float));
         }
     }
+    float *out = c->att + (size_t)qs * q_dim + (size_t)h * hd;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, n_keys, 1.0f, ts->s, n_keys,
-                ts->vc, hd, 0.0f, c->att + (size_t)qs * q_dim + (size_t)h * hd, q_dim);
+                ts->vc, hd, 0.0f, out, q_dim);
+    for (int i = 0; i < nq; i++)
+        for (int d = 0; d < hd; d++)
+            out[(size_t)i * q_dim + d] *= inv[i];
 }
 
 void kvp_attn_prefill_layer(struct kvp_ctx *c, int l, int ith, int nth)
 {
     struct kvp_thread_scratch *ts = &c->sh->ts[ith];
-    const int n = c->job_n, pos0 = c->job_pos0;
-    const int g = c->hp.n_head / c->hp.n_head_kv;
+    const int n = c->job_n, pos0 = c->job_pos0, n_kv = c->hp.n_head_kv;
+    const int g = c->hp.n_head / n_kv;
     const int n_chunks = (n + KVP_QCHUNK - 1) / KVP_QCHUNK;
-    /* work items: (KV head, chunk), each covering the g query heads of the group so one gather
-     * serves g heads. With column sums, one item is a whole KV head so that no two threads add
-     * into the same sums. */
-    const int per_item = c->pol.colsum ? n_chunks : 1;
-    long w0, w1;
-    kvp_split_range((long)c->hp.n_head_kv * n_chunks / per_item, ith, nth, &w0, &w1);
-    for (long w = w0; w < w1; w++) {
-        for (int k = 0; k < per_item; k++) {
-            long item = w * per_item + k;
-            int kvh = (int)(item / n_chunks), chunk = (int)(item % n_chunks);
+    (void)nth;
+    /* Work items: (KV head, chunk of KVP_QCHUNK queries), each covering the g query heads of
+     * the group so one gather serves g heads, taken from one queue by whichever thread is free,
+     * the last chunks (the most keys: causal) first and the short ones last, so the threads end
+     * together. Split in fixed shares, a head's chunks cost 1, 2, .. in keys and KV heads that
+     * do not divide among the threads (3 on 2) left one thread waiting up to a quarter of the
+     * attention. With column sums, one item is a whole KV head so that no two threads add into
+     * the same sums. An item's arithmetic does not depend on the thread that runs it. */
+    const bool whole = c->pol.colsum != NULL;
+    const int items = whole ? n_kv : n_kv * n_chunks;
+    for (;;) {
+        const int w = atomic_fetch_add_explicit(&c->sh->prefill_next, 1, memory_order_relaxed);
+        if (w >= items)
+            break;
+        const int kvh = whole ? w : w % n_kv;
+        const int c0 = whole ? 0 : n_chunks - 1 - w / n_kv, c1 = whole ? n_chunks : c0 + 1;
+        for (int chunk = c0; chunk < c1; chunk++) {
             int qs = chunk * KVP_QCHUNK;
             int nq = n - qs < KVP_QCHUNK ? n - qs : KVP_QCHUNK;
             int n_keys = pos0 + qs + nq; /* keys visible to the chunk's last query */
