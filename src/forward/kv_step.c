@@ -276,6 +276,12 @@ static void measure_group(struct kvp_ctx *c, int l, int kvh, const struct kvp_se
                         c->kv.block_size);
 }
 
+/* Whether nothing reads a step's sparse probabilities: no policy step hook, no measurement. */
+static bool probs_unread(const struct kvp_ctx *c)
+{
+    return !c->measure && !kvp_policy_has_on_step(&c->pol);
+}
+
 /* Attention of KV head kvh: dense on a dense layer; on a sparse one the selection (made here
  * unless `selected`: a tiered layer selected before fetching), sparse attention, the measurement
  * when measuring on an untiered cache (the tiered one measures after, once the cold tier is
@@ -295,6 +301,7 @@ static void attend_head(struct kvp_ctx *c, int l, int kvh, bool selected)
     struct kvp_sel *sel = selected ? kvp_policy_sel(&c->pol, l, kvh)
                                    : kvp_policy_select(&c->pol, l, kvh, qg, n_keys);
     float *sp = c->sparse_probs + first * c->probs_stride;
+    c->ab[kvh].skip_probs = probs_unread(c);
     kvp_attn_sparse_group(&c->kv, l, kvh, qg, g, n_keys, sel, sp, c->probs_stride, &c->ab[kvh],
                           out);
     if (c->measure && !c->store)
@@ -321,6 +328,7 @@ static void fold_group(struct kvp_ctx *c, int l, int kvh, bool parts)
     struct kvp_sel *sel = kvp_policy_sel(&c->pol, l, kvh);
     float *sp = c->sparse_probs + first * c->probs_stride;
     c->ab[kvh].parts = parts;
+    c->ab[kvh].skip_probs = probs_unread(c);
     kvp_attn_sparse_group(&c->kv, l, kvh, c->q + first * hd, g, c->job_pos0 + 1, sel, sp,
                           c->probs_stride, &c->ab[kvh], c->att + first * hd);
     if (c->measure && !c->store)

@@ -93,10 +93,12 @@ struct kvp_attn_blocks {
     int pcap;
     bool parts;       /* set by the caller once kvp_attn_sparse_part reduced every block:
                          kvp_attn_sparse_group folds from po, pl (and clears it) */
+    bool skip_probs;  /* set by the caller when nothing reads probs after kvp_attn_sparse_group
+                         (no policy step hook, no measurement): they are left unnormalised */
 };
 
 /* Sparse attention over a selection: probs[j][i*bs + t] for selected block i (0 for tokens not
- * read), out [g][hd]. Evicted tokens and tokens >= n_keys are never read. Blocks that
+ * read; scratch when ab->skip_probs), out [g][hd]. Evicted tokens and tokens >= n_keys are never read. Blocks that
  * kvp_attn_sparse_early reduced into ab are taken from there (and ab is emptied). */
 void kvp_attn_sparse_group(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
                            int n_keys, const struct kvp_sel *sel, float *probs, int probs_stride,
