@@ -527,6 +527,26 @@ def peers_server():
         recs, name, "REPS=3 SHAPES=l1b TYPES=Q4_K THREADS=2 LONG=\"\" scripts/bench_peers.sh")
 
 
+def prefill_long(name="prefill_long.jsonl"):
+    if not os.path.exists(os.path.join(BENCH, name)):
+        return "(no data yet)\n", ""
+    recs = load(name)
+    by = collections.defaultdict(list)
+    for r in recs:
+        key = "kvpred" if r["engine"] == "kvpred" else \
+            ("llama fa" if r.get("flash_attn") else "llama")
+        by[(r["prompt_tokens"], key)].append(r["prefill_tokens_per_s"])
+    rows = []
+    for n in sorted({k[0] for k in by}):
+        kv, ll, fa = by.get((n, "kvpred"), []), by.get((n, "llama"), []), by.get((n, "llama fa"), [])
+        ratio = med(kv) / med(ll) if kv and ll else float("nan")
+        rows.append([n, span(kv, 1), span(ll, 1), span(fa, 1), fmt(ratio, 2) + "×"])
+    head = ["prompt tokens", "kvpred tok/s", "llama.cpp tok/s", "llama.cpp, flash attention",
+            "ratio (medians, no flash attention)"]
+    return table(head, rows), provenance(
+        recs, name, "scripts/bench_prefill_long.sh build (each record has its command)")
+
+
 SECTIONS = [
     ("Speed against llama.cpp", peers,
      "Random-weight files with real shapes (`kvpred synth`), both engines on the same files in "
@@ -542,6 +562,11 @@ SECTIONS = [
      "kernels). One rep per row, each row's `note` says whether the host was idle. The 32768 "
      "rows: a real prefill of 32768 tokens each (llama-batched-bench's took ~20 minutes on the "
      "loaded host), then 32 decoded tokens."),
+    ("Prefill of long prompts on an Intel Xeon", prefill_long,
+     "SmolLM2-135M shape (`kvpred synth`, Q8_0), 2 threads, the Intel Xeon VM above, idle "
+     "host, kvpred `bench --prefill N` and llama-bench `-p N -n 0` in alternation (one prompt "
+     "per run; the span of the runs). Attention grows with the square of the prompt, so it is "
+     "most of the work at these lengths; llama.cpp with its default f16 KV cache."),
     ("Many sequences at once on an Intel Xeon", lambda: batched(
         name="batched_xeon.jsonl",
         cmd="scripts/bench_batched.sh with llama.cpp's own llama-batched-bench (see each "
