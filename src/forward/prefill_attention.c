@@ -43,7 +43,7 @@ static void prefill_head(struct kvp_ctx *c, int l, int h, int qs, int nq, int n_
         float *row = ts->s + (size_t)i * n_keys;
         int pos = pos0 + qs + i;
         int visible = pos + 1; /* causal: keys 0 .. own position */
-        inv[i] = 1.0f / ops->exp_sum(row, visible, ops->max(row, visible));
+        inv[i] = 1.0f / ops->exp_sum(row, visible, kvp_simd_max(ops, row, visible));
         memset(row + visible, 0, (size_t)(n_keys - visible) * sizeof(float));
         if (c->pol.colsum)
             ops->axpy(inv[i], row, c->pol.colsum + ((size_t)l * c->hp.n_head + h) * c->n_ctx,
