@@ -630,11 +630,11 @@ static const struct kvp_sel *first_step_prediction(struct kvp_ctx *c, int l)
     return kvp_policy_next(&c->pol, l, 0);
 }
 
-static void prefill(struct kvp_ctx *c, int l, int ith, int nth)
+static void prefill(struct kvp_ctx *c, int l, int ith)
 {
     const struct kvp_hparams *hp = &c->hp;
     const int n = c->job_n, pos0 = c->job_pos0;
-    kvp_attn_prefill_layer(c, l, ith, nth);
+    kvp_attn_prefill_layer(c, l, ith);
     kvp_pool_barrier(c->pool);
     if (ith != 0)
         return;
@@ -685,7 +685,7 @@ static void prefill_layer(struct kvp_ctx *c, int l, int ith, int nth)
         atomic_store_explicit(&c->sh->prefill_next, 0, memory_order_relaxed);
     write_kv(c, l, ith, nth);
     kvp_pool_barrier(c->pool);
-    prefill(c, l, ith, nth);
+    prefill(c, l, ith);
 }
 
 /* A decode step of a tiered cache: its reads are split from its waits (ungrouped_layers). */

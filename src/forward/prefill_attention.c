@@ -63,13 +63,12 @@ static void prefill_head(struct kvp_ctx *c, int l, int h, int qs, int nq, int n_
             out[(size_t)i * q_dim + d] *= inv[i];
 }
 
-void kvp_attn_prefill_layer(struct kvp_ctx *c, int l, int ith, int nth)
+void kvp_attn_prefill_layer(struct kvp_ctx *c, int l, int ith)
 {
     struct kvp_thread_scratch *ts = &c->sh->ts[ith];
     const int n = c->job_n, pos0 = c->job_pos0, n_kv = c->hp.n_head_kv;
     const int g = c->hp.n_head / n_kv;
     const int n_chunks = (n + KVP_QCHUNK - 1) / KVP_QCHUNK;
-    (void)nth;
     /* Work items: (KV head, chunk of KVP_QCHUNK queries), each covering the g query heads of
      * the group so one gather serves g heads, taken from one queue by whichever thread is free,
      * the last chunks (the most keys: causal) first and the short ones last, so the threads end

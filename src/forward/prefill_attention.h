@@ -9,7 +9,9 @@
 
 struct kvp_ctx;
 
-/* Causal attention of the job's batch (ctx->q rows) for layer l into ctx->att. */
-void kvp_attn_prefill_layer(struct kvp_ctx *c, int l, int ith, int nth);
+/* Causal attention of the job's batch (ctx->q rows) for layer l into ctx->att. Every thread of
+ * the pool calls it (ith: its scratch) and takes work items from the shared queue
+ * c->sh->prefill_next, which the caller resets to 0 before a barrier that precedes the call. */
+void kvp_attn_prefill_layer(struct kvp_ctx *c, int l, int ith);
 
 #endif
