@@ -365,6 +365,71 @@ static void parts_same_bits(void)
     kvp_kvcache_free(c);
 }
 
+/* The blocks' largest probabilities the fold leaves with block_max: to the bit the largest of
+ * the normalised probabilities of each selected block (0 where nothing was read: the fixture's
+ * evicted and masked tokens, and an all-masked block), whether the token probabilities are
+ * normalised beside them or skipped, with the output unchanged; and on the dense road (a
+ * selection of everything) the same from its probabilities. */
+static void block_max_is_probs_max(void)
+{
+    struct fixture f;
+    fixture_init(&f);
+    struct kvp_kvcache *c = &f.c;
+    struct kvp_sel sel = f.sel;
+    sel.mask[1] = 0; /* nothing of block 2 read */
+    const int nb = (NKEYS + BS - 1) / BS;
+    int32_t every[CTX / BS];
+    uint64_t whole[CTX / BS];
+    for (int i = 0; i < nb; i++)
+        every[i] = i, whole[i] = ~0ULL;
+    const struct kvp_sel all = {.n = nb, .blocks = every, .mask = whole};
+    struct blocks_buf plain, bm;
+    blocks_init(&plain, 0);
+    blocks_init(&bm, 0);
+    static float q[G * HD], out0[G * HD], out1[G * HD], p0[G * CTX], p1[G * CTX];
+    for (int i = 0; i < G * HD; i++)
+        q[i] = 2.0f * urand();
+    for (int h = 0; h < NKV; h++)
+        for (int road = 0; road < 2; road++) {
+            const struct kvp_sel *sl = road ? &all : &sel;
+            kvp_attn_sparse_group(c, 0, h, q, G, NKEYS, sl, p0, CTX, &plain.ab, out0);
+            for (int skip = 0; skip < 2; skip++) {
+                bm.ab.block_max = true;
+                bm.ab.skip_probs = skip;
+                memset(bm.f, 0xff, (size_t)G * bm.ab.bmax_stride * sizeof(float));
+                kvp_attn_sparse_group(c, 0, h, q, G, NKEYS, sl, p1, CTX, &bm.ab, out1);
+                assert_memory_equal(out0, out1, sizeof(out0));
+                for (int j = 0; j < G; j++)
+                    for (int i = 0; i < sl->n; i++) {
+                        float m = 0.0f;
+                        for (int t = 0; t < BS; t++)
+                            m = p0[j * CTX + i * BS + t] > m ? p0[j * CTX + i * BS + t] : m;
+                        const float got = bm.f[(size_t)j * bm.ab.bmax_stride + i];
+                        if (memcmp(&m, &got, sizeof(m)) != 0)
+                            print_message("head %d road %d skip %d block %d: %a, probs %a\n", j,
+                                          road, skip, i, got, m);
+                        assert_memory_equal(&m, &got, sizeof(m));
+                        if (!road && i == 1)
+                            assert_true(got == 0.0f);
+                        if (!road && i != 1 && h == 0)
+                            assert_true(got > 0.0f);
+                    }
+            }
+        }
+    blocks_free(&bm);
+    blocks_free(&plain);
+    kvp_kvcache_free(c);
+}
+
+static void test_block_max(void **state)
+{
+    (void)state;
+    for (int i = 0; i < N_TYPES; i++) {
+        cur_type = all_types[i];
+        block_max_is_probs_max();
+    }
+}
+
 static void test_parts_same_bits(void **state)
 {
     (void)state;
@@ -807,7 +872,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matches_float64), cmocka_unit_test(test_early_blocks_same_bits),
-        cmocka_unit_test(test_parts_same_bits),
+        cmocka_unit_test(test_parts_same_bits), cmocka_unit_test(test_block_max),
         cmocka_unit_test(test_types_vs_f32),    cmocka_unit_test(test_simd_vs_scalar),
         cmocka_unit_test(test_group_kernels),   cmocka_unit_test(test_group_vs_single_heads),
         cmocka_unit_test(test_everything_is_dense),

@@ -716,6 +716,15 @@ static void test_qpredictor_coarse_equals_flat(void **state)
                     for (int x = 0; x < sl->n * bs; x++)
                         probs[(size_t)j * MAXB * bs + x] =
                             (float)(((sl->blocks[x / bs] * 7 + x % bs + step) % 11) / 11.0);
+                if (all[i]->p.ops->step_block_max) /* each block's largest, in place */
+                    for (int j = 0; j < 2; j++)
+                        for (int b = 0; b < sl->n; b++) {
+                            const float *pb = probs + (size_t)j * MAXB * bs + (size_t)b * bs;
+                            float m = 0.0f;
+                            for (int t = 0; t < bs; t++)
+                                m = pb[t] > m ? pb[t] : m;
+                            probs[(size_t)j * MAXB * bs + b] = m; /* b <= b * bs: read before */
+                        }
                 all[i]->p.ops->on_step(&all[i]->p, 0, h, sl, probs, MAXB * bs, n);
             }
             if (step % 2 == 0) {

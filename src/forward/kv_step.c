@@ -276,10 +276,30 @@ static void measure_group(struct kvp_ctx *c, int l, int kvh, const struct kvp_se
                         c->kv.block_size);
 }
 
-/* Whether nothing reads a step's sparse probabilities: no policy step hook, no measurement. */
+/* Whether nothing reads a step's sparse probabilities token by token: no measurement, and no
+ * policy step hook or one that reads the blocks' largest only. */
 static bool probs_unread(const struct kvp_ctx *c)
 {
-    return !c->measure && !kvp_policy_has_on_step(&c->pol);
+    return !c->measure &&
+           (!kvp_policy_has_on_step(&c->pol) || kvp_policy_step_block_max(&c->pol));
+}
+
+/* What the attention of KV head kvh leaves for the sparse fold to skip or keep (above). */
+static void fold_needs(struct kvp_ctx *c, int kvh)
+{
+    c->ab[kvh].skip_probs = probs_unread(c);
+    c->ab[kvh].block_max = kvp_policy_step_block_max(&c->pol);
+}
+
+/* on_step of (l, kvh) after its sparse attention: the token probabilities sp, or the blocks'
+ * largest that the fold left in the KV head's block state. */
+static void step_hook(struct kvp_ctx *c, int l, int kvh, const float *sp)
+{
+    const struct kvp_attn_blocks *ab = &c->ab[kvh];
+    if (ab->block_max)
+        kvp_policy_on_step(&c->pol, l, kvh, ab->bmax, ab->bmax_stride, c->job_pos0 + 1);
+    else
+        kvp_policy_on_step(&c->pol, l, kvh, sp, c->probs_stride, c->job_pos0 + 1);
 }
 
 /* Attention of KV head kvh: dense on a dense layer; on a sparse one the selection (made here
@@ -301,12 +321,12 @@ static void attend_head(struct kvp_ctx *c, int l, int kvh, bool selected)
     struct kvp_sel *sel = selected ? kvp_policy_sel(&c->pol, l, kvh)
                                    : kvp_policy_select(&c->pol, l, kvh, qg, n_keys);
     float *sp = c->sparse_probs + first * c->probs_stride;
-    c->ab[kvh].skip_probs = probs_unread(c);
+    fold_needs(c, kvh);
     kvp_attn_sparse_group(&c->kv, l, kvh, qg, g, n_keys, sel, sp, c->probs_stride, &c->ab[kvh],
                           out);
     if (c->measure && !c->store)
         measure_group(c, l, kvh, sel);
-    kvp_policy_on_step(&c->pol, l, kvh, sp, c->probs_stride, n_keys);
+    step_hook(c, l, kvh, sp);
 }
 
 /* attend_head for this thread's KV heads. */
@@ -328,12 +348,12 @@ static void fold_group(struct kvp_ctx *c, int l, int kvh, bool parts)
     struct kvp_sel *sel = kvp_policy_sel(&c->pol, l, kvh);
     float *sp = c->sparse_probs + first * c->probs_stride;
     c->ab[kvh].parts = parts;
-    c->ab[kvh].skip_probs = probs_unread(c);
+    fold_needs(c, kvh);
     kvp_attn_sparse_group(&c->kv, l, kvh, c->q + first * hd, g, c->job_pos0 + 1, sel, sp,
                           c->probs_stride, &c->ab[kvh], c->att + first * hd);
     if (c->measure && !c->store)
         measure_group(c, l, kvh, sel);
-    kvp_policy_on_step(&c->pol, l, kvh, sp, c->probs_stride, c->job_pos0 + 1);
+    step_hook(c, l, kvh, sp);
 }
 
 /* Sparse attention of layer l, whose selections are made, with the selected blocks of every KV

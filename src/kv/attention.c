@@ -424,6 +424,21 @@ void kvp_attn_sparse_part(const struct kvp_kvcache *kv, int l, int kvh, const fl
 }
 
 
+/* bmax[j·stride + i] = the largest of probs[j][i·bs + t] (probabilities: 0 when all are 0), for
+ * the dense road, whose probabilities are normalised as they are computed. */
+static void block_max_of_probs(const float *probs, int probs_stride, int g, int n, int bs,
+                               float *bmax, int stride)
+{
+    for (int j = 0; j < g; j++)
+        for (int i = 0; i < n; i++) {
+            const float *p = probs + (size_t)j * probs_stride + (size_t)i * bs;
+            float m = 0.0f;
+            for (int t = 0; t < bs; t++)
+                m = p[t] > m ? p[t] : m;
+            bmax[(size_t)j * stride + i] = m;
+        }
+}
+
 void kvp_attn_sparse_group(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
                            int n_keys, const struct kvp_sel *sel, float *probs, int probs_stride,
                            struct kvp_attn_blocks *ab, float *out)
@@ -441,6 +456,8 @@ void kvp_attn_sparse_group(const struct kvp_kvcache *kv, int l, int kvh, const f
         for (int j = 0; j < g; j++) /* the tail of the last block was not read */
             memset(probs + (size_t)j * probs_stride + n_keys, 0,
                    (size_t)(sel->n * bs - n_keys) * sizeof(float));
+        if (ab->block_max)
+            block_max_of_probs(probs, probs_stride, g, sel->n, bs, ab->bmax, ab->bmax_stride);
         return;
     }
     float M[64], L[64];
@@ -477,24 +494,32 @@ void kvp_attn_sparse_group(const struct kvp_kvcache *kv, int l, int kvh, const f
     }
     ab->n = 0;
     ab->parts = false;
-    /* normalise: out /= L, and e_t of block i becomes e_t * exp(bmax_i - M) / L (when read:
-     * for quest at 131072 tokens that was a third of the fold, which one thread does per pair) */
+    /* normalise: out /= L, and e_t of block i becomes e_t * f_i, f_i = exp(bmax_i - M) / L
+     * (when read: for quest at 131072 tokens that was a third of the fold, which one thread does
+     * per pair). A block's largest e_t is exp(0) = 1 exactly in every table's exp, and the others
+     * are below it, so f_i is the block's largest probability to the bit (block_max). */
     for (int j = 0; j < g; j++) {
         float *p = probs + (size_t)j * probs_stride;
+        float *c = ab->bmax + (size_t)j * ab->bmax_stride;
         if (L[j] == 0.0f) { /* nothing readable: attention output stays 0 */
             if (!ab->skip_probs)
                 memset(p, 0, (size_t)sel->n * bs * sizeof(float));
+            if (ab->block_max)
+                memset(c, 0, (size_t)sel->n * sizeof(float));
             continue;
         }
         float inv = 1.0f / L[j];
         for (int d = 0; d < hd; d++)
             out[(size_t)j * hd + d] *= inv;
+        if (ab->skip_probs && !ab->block_max)
+            continue;
+        ops->exp_sum(c, sel->n, M[j]);
+        for (int i = 0; i < sel->n; i++)
+            c[i] *= inv;
         if (ab->skip_probs)
             continue;
-        float *c = ab->bmax + (size_t)j * ab->bmax_stride;
-        ops->exp_sum(c, sel->n, M[j]);
         for (int i = 0; i < sel->n; i++) {
-            float f = c[i] * inv;
+            const float f = c[i];
             for (int t = 0; t < bs; t++)
                 p[(size_t)i * bs + t] *= f;
         }

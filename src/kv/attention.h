@@ -95,6 +95,11 @@ struct kvp_attn_blocks {
                          kvp_attn_sparse_group folds from po, pl (and clears it) */
     bool skip_probs;  /* set by the caller when nothing reads probs after kvp_attn_sparse_group
                          (no policy step hook, no measurement): they are left unnormalised */
+    bool block_max;   /* set by the caller: kvp_attn_sparse_group leaves in bmax[j·bmax_stride
+                         + i] the largest probability head j gave a token of selected block i (0
+                         where none was read), equal to the bits of the largest of probs[j][i·bs
+                         + t] when those are normalised (a step hook that needs no more than
+                         that, with skip_probs, costs no pass over every token) */
 };
 
 /* Sparse attention over a selection: probs[j][i*bs + t] for selected block i (0 for tokens not

@@ -196,6 +196,11 @@ bool kvp_policy_has_on_step(const struct kvp_policy_host *h)
     return h->p && h->p->ops->on_step;
 }
 
+bool kvp_policy_step_block_max(const struct kvp_policy_host *h)
+{
+    return kvp_policy_has_on_step(h) && h->p->ops->step_block_max;
+}
+
 void kvp_policy_on_step(struct kvp_policy_host *h, int layer, int kvh, const float *probs,
                         int probs_stride, int n_tokens)
 {

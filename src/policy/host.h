@@ -83,6 +83,9 @@ struct kvp_sel *kvp_policy_select(struct kvp_policy_host *h, int layer, int kvh,
 void kvp_policy_on_step(struct kvp_policy_host *h, int layer, int kvh, const float *probs,
                         int probs_stride, int n_tokens);
 bool kvp_policy_has_on_step(const struct kvp_policy_host *h);
+/* Whether on_step reads the selected blocks' largest probabilities rather than every token's
+ * (kvp_policy_ops.step_block_max). */
+bool kvp_policy_step_block_max(const struct kvp_policy_host *h);
 /* The predicted next selection of (layer, kvh) for a step with n_tokens_next keys into
  * kvp_policy_next: predict_next, or the last selection of the same (layer, KV head). */
 void kvp_policy_predict(struct kvp_policy_host *h, int layer, int kvh, int n_tokens_next);

@@ -94,6 +94,11 @@ struct kvp_policy_ops {
     bool block_plan;            /* selects k blocks of kvp_block_plan through kvp_sel_chosen:
                                    reads as many tokens as the block oracle, which bounds its
                                    recovery (test_eval checks it for every such policy) */
+    bool step_block_max;        /* on_step reads each selected block's largest probability
+                                   only: its probs[j·probs_stride + i] is the largest
+                                   probability query head j gave a token of selected block i
+                                   (0 where none was read), i < sel->n, which the attention has
+                                   without normalising every token's */
     /* Its options (options.h): the table every way of setting them reads, and the bytes of
      * the block the table's KVP_OPT_BLOCK rows live in (0: none). */
     const struct kvp_policy_opt *opts;
@@ -111,7 +116,8 @@ struct kvp_policy_ops {
     void (*select)(struct kvp_policy *p, int layer, int kvh, const float *q, int n_tokens,
                    struct kvp_sel *sel);
     /* After attention of (layer, kvh): probs[j][i*bs + t] is the probability query head j of the
-     * group gave token blocks[i]*bs + t (0 for tokens not read). May evict. */
+     * group gave token blocks[i]*bs + t (0 for tokens not read); with step_block_max,
+     * probs[j][i] the largest of block blocks[i]'s. May evict. */
     void (*on_step)(struct kvp_policy *p, int layer, int kvh, const struct kvp_sel *sel,
                     const float *probs, int probs_stride, int n_tokens);
     /* Optional, for the tiered store's prefetching (src/store/store.h, ../shared/docs/methods.md

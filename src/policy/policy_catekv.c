@@ -509,4 +509,5 @@ const struct kvp_policy_ops kvp_policy_catekv = {
     .on_prefill = catekv_prefill,
     .select = catekv_select,
     .on_step = catekv_step,
+    .step_block_max = true, /* the predictor's history rows only */
 };

@@ -102,6 +102,7 @@ const struct kvp_policy_ops kvp_policy_predictor = {
             "(needs aux_path = predictor file)",
     .wants_obs = true,
     .needs_aux = true,
+    .step_block_max = true,
     .opts = kvp_predsel_opt_table,
     .opts_size = sizeof(struct kvp_predsel_opts),
     .init = pred_init,

@@ -955,13 +955,13 @@ static void qp_step(struct kvp_policy *p, int layer, int kvh, const struct kvp_s
     struct qp_kvh *k = &s->kv[kvh];
     const int bs = p->env.block_size, nb = (n_tokens + bs - 1) / bs;
     /* the group's block max of the step's probabilities on the blocks read (zero elsewhere),
-     * as kvp_hist_pool_sparse and a max over the heads would give, straight into the ring */
+     * as kvp_hist_pool_sparse and a max over the heads would give, straight into the ring;
+     * probs holds the blocks' largest already (step_block_max) */
     for (int i = 0; i < sel->n; i++) {
-        float m = 0.0f;
-        for (int j = 0; j < s->g; j++) {
-            const float mj =
-                kvp_hist_block_max(probs + (size_t)j * probs_stride + (size_t)i * bs, bs);
-            m = j == 0 || mj > m ? mj : m;
+        float m = probs[i];
+        for (int j = 1; j < s->g; j++) {
+            const float mj = probs[(size_t)j * probs_stride + i];
+            m = mj > m ? mj : m;
         }
         k->row[i] = m;
     }
@@ -975,6 +975,7 @@ const struct kvp_policy_ops kvp_policy_qpredictor = {
             "block bounds scores candidate blocks (needs aux_path = a --query predictor file)",
     .wants_obs = true,
     .needs_aux = true,
+    .step_block_max = true,
     .init = qp_init,
     .free = qp_free,
     .reset = qp_reset,

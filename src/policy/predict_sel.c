@@ -403,7 +403,7 @@ void kvp_predsel_step(struct kvp_predsel *s, const struct kvp_policy *p, int lay
     int nb = 0;
     for (int j = 0; j < g; j++) {
         const float *pr = probs + (size_t)j * probs_stride;
-        nb = kvp_hist_pool_sparse(pr, sel->blocks, sel->n, n_tokens, bs, k->row);
+        nb = kvp_hist_scatter_sparse(pr, sel->blocks, sel->n, n_tokens, bs, k->row);
         if (k->calib_now)
             kvp_hist_pool_dense(k->dense + (size_t)j * s->dstride, n_tokens, bs, k->drow);
         if (!s->o.hist_kv) {

@@ -62,7 +62,8 @@ void kvp_predsel_predict_next(struct kvp_predsel *ps, const struct kvp_policy *p
                               int kvh, int n_tokens_next, struct kvp_sel *sel);
 
 /* After the attention of a step selected by kvp_predsel_select: append the step's pooled row
- * (the dense one on calibration steps) to the histories of (layer, kvh). */
+ * (the dense one on calibration steps) to the histories of (layer, kvh). probs: the selected
+ * blocks' largest probabilities, [j][i] (the policies set step_block_max). */
 void kvp_predsel_step(struct kvp_predsel *ps, const struct kvp_policy *p, int layer, int kvh,
                       const struct kvp_sel *sel, const float *probs, int probs_stride,
                       int n_tokens);

@@ -138,6 +138,20 @@ int kvp_hist_pool_sparse(const float *probs, const int32_t *blocks, int n_sel, i
     return nb;
 }
 
+int kvp_hist_scatter_sparse(const float *bmax, const int32_t *blocks, int n_sel, int n_keys, int bs,
+                            float *out)
+{
+    int nb = (n_keys + bs - 1) / bs;
+    memset(out, 0, (size_t)nb * sizeof(float));
+    for (int i = 0; i < n_sel; i++) {
+        int b = blocks[i];
+        if (b < 0 || b >= nb)
+            continue;
+        out[b] = bmax[i] > 0.0f ? bmax[i] : 0.0f; /* kvp_hist_block_max starts at 0 */
+    }
+    return nb;
+}
+
 bool kvp_hist_step(struct kvp_hist *h, int s, int step, int M, const float *sparse_row,
                    const float *dense_row, int n_cols)
 {

@@ -101,6 +101,12 @@ int kvp_hist_pool_dense(const float *probs, int n_keys, int bs, float *out);
 int kvp_hist_pool_sparse(const float *probs, const int32_t *blocks, int n_sel, int n_keys, int bs,
                          float *out);
 
+/* The same row from the selected blocks' largest probabilities bmax[i] (what the attention
+ * hands a policy with step_block_max): equal to kvp_hist_pool_sparse over the probabilities
+ * they are the largest of. Returns the column count. */
+int kvp_hist_scatter_sparse(const float *bmax, const int32_t *blocks, int n_sel, int n_keys, int bs,
+                            float *out);
+
 /* One decode step of series s: append dense_row on calibration steps, else sparse_row (both
  * pooled, n_cols columns). Returns true when the dense row was used. */
 bool kvp_hist_step(struct kvp_hist *h, int s, int step, int M, const float *sparse_row,
