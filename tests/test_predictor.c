@@ -988,6 +988,15 @@ static void test_columns_match_full(void **state)
         kvp_cnn_forward_cols(&n, &in, some, n_some, &cs, out); /* candidates only: the same */
         for (int i = 0; i < n_some; i++)
             assert_true(fabs(out[i] - ws.y[some[i]]) / (1.0 + fabs(ws.y[some[i]])) < 1e-5);
+        /* in another order (the columns' slots are then looked up, not taken in order): the
+         * same scores to the bit */
+        int mixed[] = {39, 0, 21, 7, 40, 1, 20};
+        float out2[64];
+        kvp_cnn_forward_cols(&n, &in, mixed, n_some, &cs, out2);
+        for (int i = 0; i < n_some; i++)
+            for (int j = 0; j < n_some; j++)
+                if (mixed[i] == some[j])
+                    assert_memory_equal(&out2[i], &out[j], sizeof(float));
         kvp_cnn_cols_scratch_free(&cs);
         kvp_tr_ws_free(&ws);
         kvp_cnn_free(&n);

@@ -686,10 +686,17 @@ static int first_busy_row(const struct kvp_cnn_input *in, int c0, int c1)
     c0 = c0 < 0 ? 0 : c0;
     c1 = c1 >= in->W ? in->W - 1 : c1;
     for (int r = 0; r < in->n_rows; r++) {
+        /* the values' bits or-ed, sign bit dropped: non-zero exactly when some value != 0.0f
+         * (NaN included), with no compare or branch per column (most neighbourhoods are zero) */
         const float *row = in->rows[r] + in->col0;
-        for (int c = c0; c <= c1; c++)
-            if (row[c] != 0.0f)
-                return r;
+        uint32_t bits = 0;
+        for (int c = c0; c <= c1; c++) {
+            uint32_t b;
+            memcpy(&b, row + c, sizeof(b));
+            bits |= b;
+        }
+        if (bits & 0x7fffffffu)
+            return r;
     }
     return in->n_rows;
 }
@@ -891,13 +898,28 @@ long kvp_cnn_forward_cols(const struct kvp_cnn *n, const struct kvp_cnn_input *i
     float *op[COLS_BATCH];
     long computed = 0;
     int n_used = 0, nb = 0;
-    /* the conv1 columns the candidates need, in a slot each */
-    for (int i = 0; i < n_cols; i++)
-        for (int c = cols[i] - p; c <= cols[i] + p; c++)
-            if (c >= 0 && c < W && s->slot[c] < 0) {
+    /* the conv1 columns the candidates need, in a slot each; candidates in ascending order
+     * (the policies') take the columns past the previous neighbourhood's end without looking
+     * their slots up (a branch per column that did not predict) */
+    bool ascending = true;
+    for (int i = 1; i < n_cols && ascending; i++)
+        ascending = cols[i] > cols[i - 1];
+    for (int i = 0, next = 0; i < n_cols; i++)
+        if (ascending) {
+            int c = cols[i] - p > next ? cols[i] - p : next;
+            c = c < 0 ? 0 : c;
+            for (; c <= cols[i] + p && c < W; c++) {
                 s->slot[c] = n_used;
                 s->used[n_used++] = c;
             }
+            next = c > next ? c : next;
+        } else {
+            for (int c = cols[i] - p; c <= cols[i] + p; c++)
+                if (c >= 0 && c < W && s->slot[c] < 0) {
+                    s->slot[c] = n_used;
+                    s->used[n_used++] = c;
+                }
+        }
     /* conv1: columns inside the slice read the history rows in place, COLS_BATCH per call; a
      * column at the border reads a zero-padded copy of its neighbourhood */
     for (int r = 0; r < R; r++)
@@ -964,16 +986,29 @@ long kvp_cnn_forward_cols(const struct kvp_cnn *n, const struct kvp_cnn_input *i
                 computed += R - lo2;
             }
         }
-        /* score_of's sums, the candidates' chains side by side (one alone is c2 dependent
-         * adds) */
-        float y[COLS_BATCH];
+        /* score_of's sums, four candidates' chains side by side in registers (one alone is c2
+         * dependent adds; an array of them indexed by candidate stayed in memory, a store and
+         * a reload per term) */
         const float inv = 1.0f / (float)R;
-        for (int i = 0; i < ng; i++)
-            y[i] = n->b3[0];
-        for (int co = 0; co < n->c2; co++)
-            for (int i = 0; i < ng; i++)
-                y[i] += n->w3[co] * (s->csum[(size_t)i * cp2 + co] * inv);
-        memcpy(scores + g0, y, (size_t)ng * sizeof(float));
+        int i = 0;
+        for (; i + 4 <= ng; i += 4) {
+            const float *s0 = s->csum + (size_t)i * cp2, *s1 = s0 + cp2, *s2 = s1 + cp2,
+                        *s3 = s2 + cp2;
+            float y0 = n->b3[0], y1 = y0, y2 = y0, y3 = y0;
+            for (int co = 0; co < n->c2; co++) {
+                const float w = n->w3[co];
+                y0 += w * (s0[co] * inv);
+                y1 += w * (s1[co] * inv);
+                y2 += w * (s2[co] * inv);
+                y3 += w * (s3[co] * inv);
+            }
+            scores[g0 + i] = y0;
+            scores[g0 + i + 1] = y1;
+            scores[g0 + i + 2] = y2;
+            scores[g0 + i + 3] = y3;
+        }
+        for (; i < ng; i++)
+            scores[g0 + i] = score_of(n, s->csum + (size_t)i * cp2, R);
     }
     for (int i = 0; i < n_used; i++)
         s->slot[s->used[i]] = -1;
