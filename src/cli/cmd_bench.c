@@ -2,9 +2,13 @@
  * `kvpred bench`: prefill and decode speed, and the memory-bandwidth floor they are compared to.
  *
  * Prefill: P tokens (default 512, at most CTX) from an empty cache, best of R runs. Decode: the
- * cache is filled with CTX tokens first (timed, "fill"), then N tokens are decoded one at a time;
- * this repeats R times from the same filled cache (the cache is truncated back to CTX), and the
- * mean and best rates are reported. Token ids are deterministic pseudo-random ids.
+ * cache is filled with CTX tokens first (timed, "fill"), one token is decoded untimed (the
+ * warm-up, as llama-bench's: the first step after a fill touches memory the fill did not, such as
+ * a policy's metadata tile for the new block, 8-40 ms of page faults at 131072 tokens, which
+ * would be spread over the timed tokens; its time is reported as warmup_ms), then N tokens are
+ * decoded one at a time; this repeats R times from the same filled cache (the cache is truncated
+ * back to CTX), and the mean and best rates are reported. Token ids are deterministic
+ * pseudo-random ids.
  *
  * The floor: a decode step must read every weight byte and the whole KV cache once, so
  * floor tokens/s = bandwidth / (weight bytes + KV bytes at CTX), with the bandwidth measured here
@@ -15,7 +19,8 @@
  * --prefetch dense|none|layer|token; --link-gbps/--link-latency-us make a RAM cold tier behave
  * like a link of that bandwidth and latency. Tiered runs re-fill the cache before every
  * repetition instead of truncating it (a policy may rebuild its metadata from every block after
- * a truncation, and the hot tier does not hold every block), and report the store's counters
+ * a truncation, and the hot tier does not hold every block), take no warm-up token for the same
+ * reason (their first timed token pays what it pays), and report the store's counters
  * per decoded token; --timeline OUT.png draws tokens 8..11 of the first repetition.
  *
  * Long contexts: --fill tile prefills only the first --fill-source tokens for real (the ids of
@@ -87,7 +92,8 @@ static void help(void)
 {
     printf("usage: kvpred bench [-m MODEL] -c CTX -n N [-t T] [--json]\n\n"
            "  -c, --ctx N          tokens already in the cache when decode is timed\n"
-           "  -n N                 decode tokens per run (default 128)\n"
+           "  -n N                 decode tokens per run (default 128), timed after one\n"
+           "                       untimed warm-up token (untiered runs; warmup_ms)\n"
            "  --prefill N          prefill tokens timed from an empty cache (default 512)\n"
            "  -r, --reps N         repetitions (default 3)\n"
            "  --bandwidth GBPS     memory bandwidth for the floor (default: measured)\n"
@@ -192,6 +198,7 @@ struct bench_result {
     double cpu_ms;             /* process CPU time per decoded token */
     double pol_ms, pol_cpu_ms; /* time and CPU time in the policy's hooks per token */
     size_t packed_bytes;       /* the weights packed for decode (kvp_ctx_pack_weights) */
+    double warmup_ms;          /* the untimed warm-up token (-1: none, tiered) */
     size_t kv_resident;        /* untiered: KV bytes in the blocks held after the last step */
     bool tiered;               /* the store's counters in ss */
     struct kvp_store_stats ss;
@@ -303,6 +310,14 @@ static int time_decode(const struct bench_opts *o, kvp_ctx *ctx, kvp_ctx *ram,
     r->packed_bytes = kvp_ctx_pack_weights(ctx);
     if (ram)
         kvp_ctx_pack_weights(ram);
+    /* one untimed token (see the top of the file); the first repetition truncates it away */
+    r->warmup_ms = -1;
+    if (o->to.tier == KVP_TIER_NONE && n_decode > 0) {
+        const double tw = kvp_time_now();
+        if (kvp_eval(ctx, toks + depth, 1, logits, false, err) < 0)
+            return -1;
+        r->warmup_ms = (kvp_time_now() - tw) * 1e3;
+    }
     kvp_ctx_store_reset_stats(ctx);
     kvp_ctx_policy_reset_seconds(ctx);
     for (long k = 0; k < reps; k++) {
@@ -517,6 +532,11 @@ static void print_json(const struct bench_opts *o, const struct bench_result *r)
     cJSON_AddStringToObject(j, "model", r->in.name);
     cJSON_AddStringToObject(j, "simd", kvp_simd()->name);
     cJSON_AddNumberToObject(j, "packed_bytes", (double)r->packed_bytes);
+    /* the untimed decode token before the timed ones (null: none, a tiered run) */
+    if (r->warmup_ms >= 0)
+        cJSON_AddNumberToObject(j, "warmup_ms", r->warmup_ms);
+    else
+        cJSON_AddNullToObject(j, "warmup_ms");
     cJSON_AddNumberToObject(j, "threads", (double)o->mo.n_threads);
     cJSON_AddNumberToObject(j, "ctx", (double)o->depth);
     cJSON_AddNumberToObject(j, "n_decode", (double)o->n_decode);
