@@ -321,8 +321,8 @@ static int qp_init(struct kvp_policy *p, struct kvp_err *err)
         k->masks = malloc((size_t)mb * sizeof(uint64_t));
         k->rows = malloc((size_t)s->cnn.H * sizeof(*k->rows));
         k->comb_lh = -1;
-        if (!k->ub || !k->comb || !k->feat || !k->fval || !k->fcol || !k->fmark || !k->cmark || !k->row ||
-            !k->grow || !k->cscore || !k->cand || !k->top || !k->heap || !k->chosen ||
+        if (!k->ub || !k->comb || !k->feat || !k->fval || !k->fcol || !k->fmark || !k->cmark ||
+            !k->row || !k->grow || !k->cscore || !k->cand || !k->top || !k->heap || !k->chosen ||
             !k->masks || !k->rows)
             goto nomem;
     }
@@ -984,7 +984,7 @@ static void qp_step(struct kvp_policy *p, int layer, int kvh, const struct kvp_s
     struct qp_kvh *k = &s->kv[kvh];
     const int bs = p->env.block_size, nb = (n_tokens + bs - 1) / bs;
     /* the group's block max of the step's probabilities on the blocks read (zero elsewhere),
-     * as kvp_hist_pool_sparse and a max over the heads would give, straight into the ring;
+     * as kvp_hist_scatter_sparse and a max over the heads would give, straight into the ring;
      * probs holds the blocks' largest already (step_block_max) */
     for (int i = 0; i < sel->n; i++) {
         float m = probs[i];

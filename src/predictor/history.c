@@ -124,20 +124,6 @@ int kvp_hist_pool_dense(const float *probs, int n_keys, int bs, float *out)
     return nb;
 }
 
-int kvp_hist_pool_sparse(const float *probs, const int32_t *blocks, int n_sel, int n_keys, int bs,
-                         float *out)
-{
-    int nb = (n_keys + bs - 1) / bs;
-    memset(out, 0, (size_t)nb * sizeof(float));
-    for (int i = 0; i < n_sel; i++) {
-        int b = blocks[i];
-        if (b < 0 || b >= nb)
-            continue;
-        out[b] = kvp_hist_block_max(probs + (size_t)i * bs, bs);
-    }
-    return nb;
-}
-
 int kvp_hist_scatter_sparse(const float *bmax, const int32_t *blocks, int n_sel, int n_keys, int bs,
                             float *out)
 {

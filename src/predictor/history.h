@@ -95,15 +95,10 @@ static inline float kvp_hist_block_max(const float *p, int n)
  * Returns the column count. */
 int kvp_hist_pool_dense(const float *probs, int n_keys, int bs, float *out);
 
-/* Block-max-pool a sparse row: probs[i*bs + t] for the i-th of n_sel selected blocks blocks[i]
- * (the framework's layout), zero on every other block; n_keys keys in all. Returns the column
- * count. */
-int kvp_hist_pool_sparse(const float *probs, const int32_t *blocks, int n_sel, int n_keys, int bs,
-                         float *out);
-
-/* The same row from the selected blocks' largest probabilities bmax[i] (what the attention
- * hands a policy with step_block_max): equal to kvp_hist_pool_sparse over the probabilities
- * they are the largest of. Returns the column count. */
+/* A sparse step's block-max-pooled row: bmax[i], the largest probability of the i-th of n_sel
+ * selected blocks blocks[i] (what the attention hands a policy with step_block_max, equal to
+ * kvp_hist_block_max over the block's probabilities; negative and NaN count as 0, as there), zero
+ * on every other block; n_keys keys in all. Returns the column count. */
 int kvp_hist_scatter_sparse(const float *bmax, const int32_t *blocks, int n_sel, int n_keys, int bs,
                             float *out);
 
