@@ -11,9 +11,10 @@
 #   scripts/bench_long.sh [BUILD_DIR] PART...
 #     sparse   dense and every POLICIES entry at every budget, each context, each shape
 #     disk     the disk tier with token prefetch paired (bench --paired) against RAM sparse,
-#              quest and qpredictor at DISK_BUDGET, contexts DISK_CTXS, the hot tier capped at
-#              1/HOT_FRAC of the KV (--hot-budget ctx/HOT_FRAC tokens per layer: a unit holds
-#              every KV head of a block, so that is 1/HOT_FRAC of the layer's KV)
+#              quest and qpredictor at DISK_BUDGET, contexts DISK_CTXS, shapes DISK_SHAPES,
+#              the hot tier capped at 1/HOT_FRAC of the KV (--hot-budget ctx/HOT_FRAC tokens
+#              per layer: a unit holds every KV head of a block, so that is 1/HOT_FRAC of the
+#              layer's KV)
 #     peer     llama.cpp's llama-server dense at PEER_CTX on the SmolLM2-135M shape, alternating
 #              with kvpred dense and quest at 1/16 (llama-server is the peer that runs on hosts
 #              where llama-bench dies of an illegal instruction)
@@ -22,7 +23,8 @@
 #        POLICIES (";"-separated "label=bench flags" entries, default flat quest and qpredictor;
 #        add e.g. "quest coarse=--policy quest --policy-opts ..." ), FILL_SOURCE (4096),
 #        FILL_TEXT (../shared/data/pg_essays/worked.txt when present), L1B_LAYERS (16), DIR
-#        (/tmp/kvp-long: the synth files), DISK_CTXS (131072), DISK_BUDGET (1/32), KV_DIR
+#        (/tmp/kvp-long: the synth files), DISK_CTXS (131072), DISK_SHAPES (smol135m: the shapes
+#        of the disk part), DISK_BUDGET (1/32), KV_DIR
 #        (/tmp), PEER_CTX (32768), PEER_BIN (../shared/peers/llama.cpp/bin), PORT (18080),
 #        WRAP (a prefix for every timed command, e.g. "flock LOCK nice -n -20" on a shared host),
 #        SERVER_PREFIX (the same for llama-server's process, e.g. "nice -n -20"), HOT_FRAC (8),
@@ -53,6 +55,7 @@ FILL_TEXT=${FILL_TEXT:-../shared/data/pg_essays/worked.txt}
 L1B_LAYERS=${L1B_LAYERS:-16}
 DIR=${DIR:-/tmp/kvp-long}
 DISK_CTXS=${DISK_CTXS:-131072}
+DISK_SHAPES=${DISK_SHAPES:-smol135m}
 DISK_BUDGET=${DISK_BUDGET:-1/32}
 KV_DIR=${KV_DIR:-/tmp}
 PEER_CTX=${PEER_CTX:-32768}
@@ -125,14 +128,16 @@ part_sparse() {
 }
 
 part_disk() {
-    make_model smol135m
-    for c in $DISK_CTXS; do
-        IFS=';' read -ra pols <<< "$POLICIES"
-        for p in "${pols[@]}"; do
-            # shellcheck disable=SC2046,SC2086
-            run disk smol135m "${p%%=*}" -c "$c" $(fill_flags smol135m "$c") ${p#*=} \
-                --budget "$DISK_BUDGET" --kv-tier disk --kv-dir "$KV_DIR" --prefetch token --paired \
-                --hot-budget $((c / HOT_FRAC))
+    for s in $DISK_SHAPES; do
+        make_model "$s"
+        for c in $DISK_CTXS; do
+            IFS=';' read -ra pols <<< "$POLICIES"
+            for p in "${pols[@]}"; do
+                # shellcheck disable=SC2046,SC2086
+                run disk "$s" "${p%%=*}" -c "$c" $(fill_flags "$s" "$c") ${p#*=} \
+                    --budget "$DISK_BUDGET" --kv-tier disk --kv-dir "$KV_DIR" --prefetch token \
+                    --paired --hot-budget $((c / HOT_FRAC))
+            done
         done
     done
 }
