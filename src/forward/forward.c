@@ -635,11 +635,21 @@ static void matmul_pass(struct kvp_shared *sh, const struct kvp_mat *W,
  * the multi-vector kernel, 4.5 ms at 8 through the GEMM), never where it goes byte by byte (the
  * other types with a multi-vector kernel; SmolLM2-135M shape "Q4_K", i.e. Q5_0 and Q4_K
  * matrices, 2 threads, decode: 282 tok/s at npl 4 and 247 at 8 through the multi-vector kernel,
- * 171 at 16 through the GEMM), and against one mat-vec per row from about 4. */
+ * 171 at 16 through the GEMM). Against one mat-vec per row (tables without a multi-vector
+ * kernel) the table says from how many (its singles_gemm_* fields, measured there): on AVX2 and
+ * plain AVX-512 the byte-by-byte conversion lost to the mat-vec up to 16 rows (81 against 202
+ * tok/s at 4), so 4 for every type sent a server's few slots down the slowest road. */
 static int singles_together_from(const struct kvp_mat *W)
 {
-    if (!kvp_matvec_has_multi(W))
-        return KVP_SINGLES_GEMM;
+    if (!kvp_matvec_has_multi(W)) {
+        const struct kvp_simd_ops *ops = kvp_simd();
+        const bool quant = W->type != KVP_TYPE_F32 && W->type != KVP_TYPE_F16 &&
+                           W->type != KVP_TYPE_BF16;
+        int from = W->type == KVP_TYPE_Q8_0 ? ops->singles_gemm_q8_0
+                 : quant                    ? ops->singles_gemm_quant
+                                            : 0;
+        return from > 0 ? from : KVP_SINGLES_GEMM;
+    }
     return W->type == KVP_TYPE_Q8_0 ? 2 * KVP_SINGLES_GEMM : INT_MAX;
 }
 

@@ -134,6 +134,13 @@ struct kvp_simd_ops {
     void (*lanes_rows[KVP_SIMD_NTYPES])(const void *packed, int64_t n, const void *const *xq,
                                         int nv, int64_t r0, int64_t r1, float *const *y,
                                         bool accumulate);
+
+    /* Where the table has no multi-vector row kernel for a type: from how many single decode
+     * rows of a step that need not be exact the batch kernels (the integer GEMM, or sgemm over
+     * dequantized tiles) beat one mat-vec per row, for Q8_0 and for the other quantized types;
+     * 0: forward.c's default. Measured per table (docs/batched.md, "Tables without multi-vector
+     * kernels"). */
+    int singles_gemm_q8_0, singles_gemm_quant;
 };
 
 /* Largest of x[0..n) through the table's max, or a scalar loop when it has none. */
