@@ -250,7 +250,7 @@ static void test_weight_types(void **state)
  * type's batch path) against each alone on an exact one, within check_fast's bounds. */
 static void check_many(kvp_model *m, int type)
 {
-    enum { NS = 20, NP = 6, ND = 4 };
+    enum { NS = 40, NP = 6, ND = 4 };
     struct kvp_model_info in;
     kvp_model_get_info(m, &in);
     size_t nv = (size_t)in.n_vocab;

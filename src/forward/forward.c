@@ -567,6 +567,17 @@ static void matvec_multi(struct kvp_shared *sh, const struct kvp_mat *W,
     const int chunk = accumulate ? (int)(tile_floats / group < n ? tile_floats / group : n) : n;
     for (long a = r0; a < r1; a += group) {
         long b = a + group < r1 ? a + group : r1;
+        if (!multi && n > 1) {
+            /* the next group's rows while the vectors take this one: the row kernels do not
+             * prefetch within calls this small, and each group's first pass waited on memory
+             * (plain AVX-512, the Q4_K file's Q4_K matrices and the rest of its Q5_0 ones, two
+             * sequences: 195-196 -> 215-224 tok/s in aggregate) */
+            const char *p0 = (const char *)W->data + (size_t)b * W->row_bytes;
+            const char *p1 = (const char *)W->data +
+                             (size_t)(b + group < r1 ? b + group : r1) * W->row_bytes;
+            for (const char *p = p0; p < p1; p += 64)
+                __builtin_prefetch(p, 0, 3);
+        }
         if (multi && chunk > 0) {
             for (int j0 = 0; j0 < n; j0 += chunk) {
                 int m = n - j0 < chunk ? n - j0 : chunk;
@@ -635,21 +646,23 @@ static void matmul_pass(struct kvp_shared *sh, const struct kvp_mat *W,
  * the multi-vector kernel, 4.5 ms at 8 through the GEMM), never where it goes byte by byte (the
  * other types with a multi-vector kernel; SmolLM2-135M shape "Q4_K", i.e. Q5_0 and Q4_K
  * matrices, 2 threads, decode: 282 tok/s at npl 4 and 247 at 8 through the multi-vector kernel,
- * 171 at 16 through the GEMM). Against one mat-vec per row (tables without a multi-vector
- * kernel) the table says from how many (its singles_gemm_* fields, measured there): on AVX2 and
- * plain AVX-512 the byte-by-byte conversion lost to the mat-vec up to 16 rows (81 against 202
- * tok/s at 4), so 4 for every type sent a server's few slots down the slowest road. */
+ * 171 at 16 through the GEMM), and against one mat-vec per row from about 4. A table that
+ * measured its own crossover says so (singles_gemm_* in struct kvp_simd_ops): on AVX2 and plain
+ * AVX-512 the byte-by-byte conversion lost to the row kernels up to 16 rows and more (81 against
+ * 202 tok/s at 4), so 4 for every type sent a few sequences down the slowest road. */
 static int singles_together_from(const struct kvp_mat *W)
 {
-    if (!kvp_matvec_has_multi(W)) {
-        const struct kvp_simd_ops *ops = kvp_simd();
-        const bool quant = W->type != KVP_TYPE_F32 && W->type != KVP_TYPE_F16 &&
-                           W->type != KVP_TYPE_BF16;
-        int from = W->type == KVP_TYPE_Q8_0 ? ops->singles_gemm_q8_0
-                 : quant                    ? ops->singles_gemm_quant
-                                            : 0;
-        return from > 0 ? from : KVP_SINGLES_GEMM;
-    }
+    const struct kvp_simd_ops *ops = kvp_simd();
+    const bool multi = kvp_matvec_has_multi(W);
+    const bool quant = W->type != KVP_TYPE_F32 && W->type != KVP_TYPE_F16 &&
+                       W->type != KVP_TYPE_BF16;
+    int from = W->type == KVP_TYPE_Q8_0 ? ops->singles_gemm_q8_0
+             : quant                    ? ops->singles_gemm_quant
+                                        : 0;
+    if (from > 0)
+        return from;
+    if (!multi)
+        return KVP_SINGLES_GEMM;
     return W->type == KVP_TYPE_Q8_0 ? 2 * KVP_SINGLES_GEMM : INT_MAX;
 }
 

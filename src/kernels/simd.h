@@ -135,10 +135,10 @@ struct kvp_simd_ops {
                                         int nv, int64_t r0, int64_t r1, float *const *y,
                                         bool accumulate);
 
-    /* Where the table has no multi-vector row kernel for a type: from how many single decode
-     * rows of a step that need not be exact the batch kernels (the integer GEMM, or sgemm over
-     * dequantized tiles) beat one mat-vec per row, for Q8_0 and for the other quantized types;
-     * 0: forward.c's default. Measured per table (docs/batched.md, "Tables without multi-vector
+    /* From how many single decode rows of a step that need not be exact the batch kernels (the
+     * integer GEMM, or sgemm over dequantized tiles) beat the table's row kernels (multi-vector
+     * where it has one, else one mat-vec per row), for Q8_0 and for the other quantized types;
+     * 0: forward.c's default. Measured per table (docs/batched.md, "Tables without lanes
      * kernels"). */
     int singles_gemm_q8_0, singles_gemm_quant;
 };

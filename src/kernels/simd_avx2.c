@@ -167,6 +167,159 @@ static void rows_q8_0(const void *w, size_t row_bytes, const void *xq, int64_t n
         y[r] = dot_q8_0((const uint8_t *)w + (size_t)r * row_bytes, xq, n);
 }
 
+/* Rows r0..r0+3 against NV (1 or 2) vectors: y[j][r0 + i] = rows_q8_0's result for row i and
+ * vector j, bit for bit (each (row, vector) accumulator takes q8_block_dot and the same fused
+ * multiply-add per block in column order, and the same hsum4). What the tile shares is the
+ * weight block's load and |w|, so the weights stream once for every vector instead of once per
+ * vector from the L1. */
+KVP_INLINE void q8_multi_tile4(const uint8_t *w0, size_t rb, const uint8_t *const *px, int64_t nb,
+                               float *const *y, int64_t r0, const int NV)
+{
+    __m256 acc[4][2];
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < NV; j++)
+            acc[i][j] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const size_t o = (size_t)b * 34;
+        __m256i qx[2];
+        float dx[2];
+        for (int j = 0; j < NV; j++) {
+            qx[j] = _mm256_loadu_si256((const __m256i *)(px[j] + o + 2));
+            dx[j] = f16_at(px[j] + o);
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            const uint8_t *wb = w0 + (size_t)i * rb + o;
+            const __m256i qw = _mm256_loadu_si256((const __m256i *)(wb + 2));
+            const __m256i aw = _mm256_sign_epi8(qw, qw);
+            const float dw = f16_at(wb);
+#pragma GCC unroll 2
+            for (int j = 0; j < NV; j++) {
+                __m256i sx = _mm256_sign_epi8(qx[j], qw);
+                __m256i p32 = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx),
+                                                _mm256_set1_epi16(1));
+                acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx[j]), _mm256_cvtepi32_ps(p32),
+                                            acc[i][j]);
+            }
+        }
+    }
+    for (int j = 0; j < NV; j++)
+        _mm_storeu_ps(y[j] + r0, hsum4(acc[0][j], acc[1][j], acc[2][j], acc[3][j]));
+}
+
+/* rows_q8_0 for nv vectors, each result bit-identical to rows_q8_0's for that vector alone: the
+ * same groups of four rows from the call's first (two vectors per pass over a group, whose 136
+ * bytes a block stay in the L1 between passes), the rows past the last group through dot_q8_0. */
+static void rows_q8_0_multi(const void *w, size_t row_bytes, const void *const *xq, int nv,
+                            int64_t n, int64_t nrows, float *const *y)
+{
+    const int64_t nb = n / KVP_QK8_0;
+    int64_t r = 0;
+    for (; r + 4 <= nrows; r += 4) {
+        const uint8_t *w0 = (const uint8_t *)w + (size_t)r * row_bytes;
+        /* the rows two tiles ahead (past this call's last rows too: the caller's next group
+         * follows, and a prefetch never faults). Without it the rows streamed from memory at
+         * the hardware prefetcher's pace, one tile's reads and products after the other: two
+         * sequences decoded at 172-182 tok/s in aggregate against one's 200-210, with it
+         * 294-309 (SmolLM2-135M shape Q8_0, 2 threads; 4 and 32 rows ahead no better) */
+        const char *ahead = (const char *)w0 + 8 * row_bytes;
+        for (const char *a = ahead; a < ahead + 4 * row_bytes; a += 64)
+            _mm_prefetch(a, _MM_HINT_T0);
+        for (int j = 0; j < nv; j += 2) {
+            const uint8_t *px[2] = {xq[j], j + 1 < nv ? xq[j + 1] : NULL};
+            float *const yj[2] = {y[j], j + 1 < nv ? y[j + 1] : NULL};
+            if (j + 1 < nv)
+                q8_multi_tile4(w0, row_bytes, px, nb, yj, r, 2);
+            else
+                q8_multi_tile4(w0, row_bytes, px, nb, yj, r, 1);
+        }
+    }
+    for (; r < nrows; r++)
+        for (int j = 0; j < nv; j++)
+            y[j][r] = dot_q8_0((const uint8_t *)w + (size_t)r * row_bytes, xq[j], n);
+}
+
+/* The signed codes of a Q4_0 or Q5_0 block as qx_block32 forms them. */
+KVP_INLINE __m256i q32_codes(const uint8_t *wb, int kind)
+{
+    if (kind == QX_Q4_0)
+        return _mm256_sub_epi8(qx_nibbles(wb + 2), _mm256_set1_epi8(8));
+    return _mm256_or_si256(qx_nibbles(wb + 6),
+                           _mm256_andnot_si256(qx_bits(wb + 2), _mm256_set1_epi8(-16)));
+}
+
+/* One Q4_0 / Q5_0 row against NV (1..4) vectors: out[j] = qx_dot32 of the row with vector j,
+ * bit for bit (each vector keeps qx_dot32's two accumulators, even and odd blocks, the same
+ * operations per block and the same final sums); the codes are unpacked once per block for all
+ * the vectors, which is most of a block's work for one vector. */
+KVP_INLINE void q32_row_multi(const uint8_t *w, const uint8_t *const *px, int64_t nb,
+                              size_t bytes, int kind, float *out, const int NV)
+{
+    __m256 acc[2][4];
+    for (int h = 0; h < 2; h++)
+        for (int j = 0; j < NV; j++)
+            acc[h][j] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const int h = (int)(b & 1); /* an odd last block is even: a0, as in qx_dot32 */
+        const uint8_t *wb = w + (size_t)b * bytes;
+        const __m256i q = q32_codes(wb, kind), aq = _mm256_sign_epi8(q, q);
+        const float dw = qx_f16(wb);
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; j++) {
+            const uint8_t *xb = px[j] + (size_t)b * 34;
+            __m256i sx = _mm256_sign_epi8(qx_load(xb + 2), q);
+            __m256i p32 = _mm256_madd_epi16(_mm256_maddubs_epi16(aq, sx), _mm256_set1_epi16(1));
+            acc[h][j] = _mm256_fmadd_ps(_mm256_set1_ps(dw * qx_f16(xb)), _mm256_cvtepi32_ps(p32),
+                                        acc[h][j]);
+        }
+    }
+    const __m256 z = _mm256_setzero_ps();
+    for (int j = 0; j < NV; j++)
+        out[j] = qx_hsum(_mm256_add_ps(_mm256_add_ps(acc[0][j], acc[1][j]), _mm256_add_ps(z, z)));
+}
+
+/* rows_q_multi for Q4_0 and Q5_0 (the table's row kernel for them is qx_dot32 per row): each
+ * result bit-identical to that vector's alone; rows prefetched eight ahead as rows_q8_0_multi. */
+KVP_INLINE void q32_rows_multi(const void *w, size_t row_bytes, const void *const *xq, int nv,
+                               int64_t n, int64_t nrows, float *const *y, int kind)
+{
+    const int64_t nb = n / 32;
+    const size_t bytes = kind == QX_Q4_0 ? 18 : 22;
+    for (int64_t r = 0; r < nrows; r++) {
+        const uint8_t *wr = (const uint8_t *)w + (size_t)r * row_bytes;
+        const char *ahead = (const char *)wr + 8 * row_bytes;
+        for (const char *a = ahead; a < ahead + row_bytes; a += 64)
+            _mm_prefetch(a, _MM_HINT_T0);
+        for (int j0 = 0; j0 < nv; j0 += 4) {
+            const int m = nv - j0 < 4 ? nv - j0 : 4;
+            const uint8_t *px[4];
+            float out[4];
+            for (int j = 0; j < m; j++)
+                px[j] = xq[j0 + j];
+            switch (m) {
+            case 4: q32_row_multi(wr, px, nb, bytes, kind, out, 4); break;
+            case 3: q32_row_multi(wr, px, nb, bytes, kind, out, 3); break;
+            case 2: q32_row_multi(wr, px, nb, bytes, kind, out, 2); break;
+            default: q32_row_multi(wr, px, nb, bytes, kind, out, 1); break;
+            }
+            for (int j = 0; j < m; j++)
+                y[j0 + j][r] = out[j];
+        }
+    }
+}
+
+static void rows_q4_0_multi(const void *w, size_t row_bytes, const void *const *xq, int nv,
+                            int64_t n, int64_t nrows, float *const *y)
+{
+    q32_rows_multi(w, row_bytes, xq, nv, n, nrows, y, QX_Q4_0);
+}
+
+static void rows_q5_0_multi(const void *w, size_t row_bytes, const void *const *xq, int nv,
+                            int64_t n, int64_t nrows, float *const *y)
+{
+    q32_rows_multi(w, row_bytes, xq, nv, n, nrows, y, QX_Q5_0);
+}
+
 /* Bit-identical to kvp_quantize_row_q8_0_ref: the same max (max is exact in any order), the same
  * f32 division and reciprocal, the same f32 product x*id, and vcvtps2dq rounds with the current
  * MXCSR mode exactly as lrintf does with the current mode (nearest-even by default). Values are
@@ -505,6 +658,7 @@ const struct kvp_simd_ops kvp_simd_ops_avx2 = {
     .rows_f16 = rows_f16,
     .rows_bf16 = rows_bf16,
     .rows_q8_0 = rows_q8_0,
+    .rows_q8_0_multi = rows_q8_0_multi,
     .quantize_q8_0 = quantize_q8_0,
     .dequant_f16 = dequant_f16,
     .dequant_q8_0 = dequant_q8_0,
@@ -523,10 +677,15 @@ const struct kvp_simd_ops kvp_simd_ops_avx2 = {
         },
     .quantize_q8_k = qx_quantize_q8_k,
     .gemm_tile_k = kvp_avx2_gemm_tile_k,
-    /* SmolLM2-135M shape, 2 threads, aggregate decode, batch kernels against a mat-vec per row:
-     * Q8_0 (dequantized for sgemm) 190 / 193 / 285 / 418 tok/s against 205 / 262 / 295 / 355 at
-     * 4 / 8 / 16 / 24 rows; the Q5_0 and Q4_K file 80 / 118 / 188 / 274 against 128 / 177 / 200
-     * / 227 */
-    .singles_gemm_q8_0 = 16,
-    .singles_gemm_quant = 20,
+    .rows_q_multi =
+        {
+            [KVP_TYPE_Q4_0] = rows_q4_0_multi,
+            [KVP_TYPE_Q5_0] = rows_q5_0_multi,
+        },
+    /* SmolLM2-135M shape, 2 threads, aggregate decode tok/s, the batch kernels against the
+     * multi-vector row kernels above (docs/batched.md): Q8_0 343 / 439 / 465 against 410 / 423 /
+     * 440 at 16 / 24 / 32 rows; the Q5_0 and Q4_K file 203 / 276 / 308 / 423 against 352 / 350 /
+     * 359 / 352 at 16 / 24 / 32 / 48 */
+    .singles_gemm_q8_0 = 24,
+    .singles_gemm_quant = 40,
 };
