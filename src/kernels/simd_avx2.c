@@ -320,6 +320,76 @@ static void rows_q5_0_multi(const void *w, size_t row_bytes, const void *const *
     q32_rows_multi(w, row_bytes, xq, nv, n, nrows, y, QX_Q5_0);
 }
 
+/* One Q4_K row against NV (1 or 2) vectors: out[j] = qx_dot_q4_k of the row with vector j, bit
+ * for bit (the integer sums of a super-block are exact in any order; the float operations are
+ * qx_dot_k45's, in its order). A super-block's scales, mins and nibbles are unpacked once for
+ * the vectors. */
+KVP_INLINE void k4_row_multi(const uint8_t *w, const uint8_t *const *px, int64_t nsb, float *out,
+                             const int NV)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256 acc[2], mins[2];
+    for (int j = 0; j < NV; j++)
+        acc[j] = mins[j] = _mm256_setzero_ps();
+    for (int64_t sb = 0; sb < nsb; sb++) {
+        const uint8_t *wb = w + (size_t)sb * 144;
+        uint8_t sc[8], m[8];
+        qx_k_scales(wb + 4, sc, m);
+        const float dw = qx_f16(wb), dm = qx_f16(wb + 2);
+        __m256i lo[4], hi[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            __m256i q = qx_load(wb + 16 + 32 * c);
+            lo[c] = _mm256_and_si256(q, m4);
+            hi[c] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        }
+#pragma GCC unroll 2
+        for (int j = 0; j < NV; j++) {
+            const uint8_t *xb = px[j] + (size_t)sb * 292, *xqs = xb + QX_K_QS;
+            const float xd = qx_f32(xb);
+            __m256i sum = _mm256_setzero_si256();
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                __m256i p0 = _mm256_maddubs_epi16(lo[c], qx_load(xqs + 64 * c));
+                __m256i p1 = _mm256_maddubs_epi16(hi[c], qx_load(xqs + 64 * c + 32));
+                sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p0, _mm256_set1_epi16(sc[2 * c])));
+                sum = _mm256_add_epi32(sum,
+                                       _mm256_madd_epi16(p1, _mm256_set1_epi16(sc[2 * c + 1])));
+            }
+            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(dw * xd), _mm256_cvtepi32_ps(sum), acc[j]);
+            mins[j] = _mm256_fmadd_ps(_mm256_set1_ps(dm * xd),
+                                      _mm256_cvtepi32_ps(qx_k_mins(m, xb)), mins[j]);
+        }
+    }
+    for (int j = 0; j < NV; j++)
+        out[j] = qx_hsum(_mm256_sub_ps(acc[j], mins[j]));
+}
+
+/* rows_q_multi for Q4_K (the table's row kernel is qx_dot_q4_k per row), rows prefetched eight
+ * ahead as rows_q8_0_multi. */
+static void rows_q4_k_multi(const void *w, size_t row_bytes, const void *const *xq, int nv,
+                            int64_t n, int64_t nrows, float *const *y)
+{
+    const int64_t nsb = n / KVP_QK_K;
+    for (int64_t r = 0; r < nrows; r++) {
+        const uint8_t *wr = (const uint8_t *)w + (size_t)r * row_bytes;
+        const char *ahead = (const char *)wr + 8 * row_bytes;
+        for (const char *a = ahead; a < ahead + row_bytes; a += 64)
+            _mm_prefetch(a, _MM_HINT_T0);
+        for (int j = 0; j < nv; j += 2) {
+            const uint8_t *px[2] = {xq[j], j + 1 < nv ? xq[j + 1] : NULL};
+            float out[2];
+            if (j + 1 < nv)
+                k4_row_multi(wr, px, nsb, out, 2);
+            else
+                k4_row_multi(wr, px, nsb, out, 1);
+            y[j][r] = out[0];
+            if (j + 1 < nv)
+                y[j + 1][r] = out[1];
+        }
+    }
+}
+
 /* Bit-identical to kvp_quantize_row_q8_0_ref: the same max (max is exact in any order), the same
  * f32 division and reciprocal, the same f32 product x*id, and vcvtps2dq rounds with the current
  * MXCSR mode exactly as lrintf does with the current mode (nearest-even by default). Values are
@@ -681,11 +751,13 @@ const struct kvp_simd_ops kvp_simd_ops_avx2 = {
         {
             [KVP_TYPE_Q4_0] = rows_q4_0_multi,
             [KVP_TYPE_Q5_0] = rows_q5_0_multi,
+            [KVP_TYPE_Q4_K] = rows_q4_k_multi,
         },
-    /* SmolLM2-135M shape, 2 threads, aggregate decode tok/s, the batch kernels against the
-     * multi-vector row kernels above (docs/batched.md): Q8_0 343 / 439 / 465 against 410 / 423 /
-     * 440 at 16 / 24 / 32 rows; the Q5_0 and Q4_K file 203 / 276 / 308 / 423 against 352 / 350 /
-     * 359 / 352 at 16 / 24 / 32 / 48 */
+    /* 2 threads, aggregate decode tok/s, the batch kernels against the multi-vector row kernels
+     * above (docs/batched.md): SmolLM2-135M shape Q8_0 343 / 439 / 465 against 410 / 423 / 440
+     * at 16 / 24 / 32 rows, its Q5_0 and Q4_K file 292 / 320 / 421 against 359 / 348 / 349 at
+     * 24 / 32 / 48; Llama-3.2-1B shape (4 layers) Q4_K 221 / 270 / 322 against 289 / 292 / 287
+     * at 16 / 32 / 48 */
     .singles_gemm_q8_0 = 24,
     .singles_gemm_quant = 40,
 };
