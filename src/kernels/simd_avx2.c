@@ -390,6 +390,90 @@ static void rows_q4_k_multi(const void *w, size_t row_bytes, const void *const *
     }
 }
 
+/* One Q6_K row against NV (1 or 2) vectors: out[j] = qx_dot_q6_k of the row with vector j, bit
+ * for bit (exact integer sums; qx_dot_q6_k's float operations per vector, in its order). The
+ * 6-bit codes of each half super-block are assembled once for the vectors. */
+KVP_INLINE void k6_row_multi(const uint8_t *w, const uint8_t *const *px, int64_t nsb, float *out,
+                             const int NV)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x30);
+    __m256 acc[2];
+    float corr[2];
+    for (int j = 0; j < NV; j++) {
+        acc[j] = _mm256_setzero_ps();
+        corr[j] = 0.0f;
+    }
+    for (int64_t sb = 0; sb < nsb; sb++) {
+        const uint8_t *wb = w + (size_t)sb * 210;
+        const int8_t *S = (const int8_t *)(wb + 192);
+        __m256i sum[2];
+        for (int j = 0; j < NV; j++)
+            sum[j] = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            __m256i L0 = qx_load(wb + 64 * h), L1 = qx_load(wb + 64 * h + 32);
+            __m256i Q = qx_load(wb + 128 + 32 * h);
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(L0, m4),
+                                   _mm256_and_si256(_mm256_slli_epi16(Q, 4), m2));
+            q[1] = _mm256_or_si256(_mm256_and_si256(L1, m4),
+                                   _mm256_and_si256(_mm256_slli_epi16(Q, 2), m2));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L0, 4), m4),
+                                   _mm256_and_si256(Q, m2));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L1, 4), m4),
+                                   _mm256_and_si256(_mm256_srli_epi16(Q, 2), m2));
+#pragma GCC unroll 2
+            for (int j = 0; j < NV; j++) {
+                const uint8_t *xb = px[j] + (size_t)sb * 292;
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) {
+                    __m256i p =
+                        _mm256_maddubs_epi16(q[k], qx_load(xb + QX_K_QS + 128 * h + 32 * k));
+                    sum[j] = _mm256_add_epi32(
+                        sum[j], qx_scale2(p, S[8 * h + 2 * k], S[8 * h + 2 * k + 1]));
+                }
+            }
+        }
+        for (int j = 0; j < NV; j++) {
+            const uint8_t *xb = px[j] + (size_t)sb * 292;
+            float dd = qx_f16(wb + 208) * qx_f32(xb);
+            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(dd), _mm256_cvtepi32_ps(sum[j]), acc[j]);
+            int16_t bs[16];
+            qx_bsums(xb, bs);
+            int32_t c = 0;
+            for (int t = 0; t < 16; t++)
+                c += S[t] * bs[t];
+            corr[j] += dd * (float)(32 * c);
+        }
+    }
+    for (int j = 0; j < NV; j++)
+        out[j] = qx_hsum(acc[j]) - corr[j];
+}
+
+/* rows_q_multi for Q6_K (the table's row kernel is qx_dot_q6_k per row), rows prefetched eight
+ * ahead as rows_q8_0_multi. */
+static void rows_q6_k_multi(const void *w, size_t row_bytes, const void *const *xq, int nv,
+                            int64_t n, int64_t nrows, float *const *y)
+{
+    const int64_t nsb = n / KVP_QK_K;
+    for (int64_t r = 0; r < nrows; r++) {
+        const uint8_t *wr = (const uint8_t *)w + (size_t)r * row_bytes;
+        const char *ahead = (const char *)wr + 8 * row_bytes;
+        for (const char *a = ahead; a < ahead + row_bytes; a += 64)
+            _mm_prefetch(a, _MM_HINT_T0);
+        for (int j = 0; j < nv; j += 2) {
+            const uint8_t *px[2] = {xq[j], j + 1 < nv ? xq[j + 1] : NULL};
+            float out[2];
+            if (j + 1 < nv)
+                k6_row_multi(wr, px, nsb, out, 2);
+            else
+                k6_row_multi(wr, px, nsb, out, 1);
+            y[j][r] = out[0];
+            if (j + 1 < nv)
+                y[j + 1][r] = out[1];
+        }
+    }
+}
+
 /* Bit-identical to kvp_quantize_row_q8_0_ref: the same max (max is exact in any order), the same
  * f32 division and reciprocal, the same f32 product x*id, and vcvtps2dq rounds with the current
  * MXCSR mode exactly as lrintf does with the current mode (nearest-even by default). Values are
@@ -752,6 +836,7 @@ const struct kvp_simd_ops kvp_simd_ops_avx2 = {
             [KVP_TYPE_Q4_0] = rows_q4_0_multi,
             [KVP_TYPE_Q5_0] = rows_q5_0_multi,
             [KVP_TYPE_Q4_K] = rows_q4_k_multi,
+            [KVP_TYPE_Q6_K] = rows_q6_k_multi,
         },
     /* 2 threads, aggregate decode tok/s, the batch kernels against the multi-vector row kernels
      * above (docs/batched.md): SmolLM2-135M shape Q8_0 343 / 439 / 465 against 410 / 423 / 440
