@@ -365,38 +365,12 @@ KVP_INLINE void k4_row_multi(const uint8_t *w, const uint8_t *const *px, int64_t
         out[j] = qx_hsum(_mm256_sub_ps(acc[j], mins[j]));
 }
 
-/* rows_q_multi for Q4_K (the table's row kernel is qx_dot_q4_k per row), rows prefetched eight
- * ahead as rows_q8_0_multi. */
-static void rows_q4_k_multi(const void *w, size_t row_bytes, const void *const *xq, int nv,
-                            int64_t n, int64_t nrows, float *const *y)
-{
-    const int64_t nsb = n / KVP_QK_K;
-    for (int64_t r = 0; r < nrows; r++) {
-        const uint8_t *wr = (const uint8_t *)w + (size_t)r * row_bytes;
-        const char *ahead = (const char *)wr + 8 * row_bytes;
-        for (const char *a = ahead; a < ahead + row_bytes; a += 64)
-            _mm_prefetch(a, _MM_HINT_T0);
-        for (int j = 0; j < nv; j += 2) {
-            const uint8_t *px[2] = {xq[j], j + 1 < nv ? xq[j + 1] : NULL};
-            float out[2];
-            if (j + 1 < nv)
-                k4_row_multi(wr, px, nsb, out, 2);
-            else
-                k4_row_multi(wr, px, nsb, out, 1);
-            y[j][r] = out[0];
-            if (j + 1 < nv)
-                y[j + 1][r] = out[1];
-        }
-    }
-}
-
 /* One Q6_K row against NV (1 or 2) vectors: out[j] = qx_dot_q6_k of the row with vector j, bit
  * for bit (exact integer sums; qx_dot_q6_k's float operations per vector, in its order). The
  * 6-bit codes of each half super-block are assembled once for the vectors. */
 KVP_INLINE void k6_row_multi(const uint8_t *w, const uint8_t *const *px, int64_t nsb, float *out,
                              const int NV)
 {
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x30);
     __m256 acc[2];
     float corr[2];
     for (int j = 0; j < NV; j++) {
@@ -410,17 +384,8 @@ KVP_INLINE void k6_row_multi(const uint8_t *w, const uint8_t *const *px, int64_t
         for (int j = 0; j < NV; j++)
             sum[j] = _mm256_setzero_si256();
         for (int h = 0; h < 2; h++) {
-            __m256i L0 = qx_load(wb + 64 * h), L1 = qx_load(wb + 64 * h + 32);
-            __m256i Q = qx_load(wb + 128 + 32 * h);
             __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(L0, m4),
-                                   _mm256_and_si256(_mm256_slli_epi16(Q, 4), m2));
-            q[1] = _mm256_or_si256(_mm256_and_si256(L1, m4),
-                                   _mm256_and_si256(_mm256_slli_epi16(Q, 2), m2));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L0, 4), m4),
-                                   _mm256_and_si256(Q, m2));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L1, 4), m4),
-                                   _mm256_and_si256(_mm256_srli_epi16(Q, 2), m2));
+            qx_q6_codes(wb, h, q);
 #pragma GCC unroll 2
             for (int j = 0; j < NV; j++) {
                 const uint8_t *xb = px[j] + (size_t)sb * 292;
@@ -449,10 +414,11 @@ KVP_INLINE void k6_row_multi(const uint8_t *w, const uint8_t *const *px, int64_t
         out[j] = qx_hsum(acc[j]) - corr[j];
 }
 
-/* rows_q_multi for Q6_K (the table's row kernel is qx_dot_q6_k per row), rows prefetched eight
+/* rows_q_multi for the K-quants with a kernel above (the table's row kernels for them are
+ * qx_dot_q4_k and qx_dot_q6_k per row): vectors two at a time per row, rows prefetched eight
  * ahead as rows_q8_0_multi. */
-static void rows_q6_k_multi(const void *w, size_t row_bytes, const void *const *xq, int nv,
-                            int64_t n, int64_t nrows, float *const *y)
+KVP_INLINE void k_rows_multi(const void *w, size_t row_bytes, const void *const *xq, int nv,
+                             int64_t n, int64_t nrows, float *const *y, int type)
 {
     const int64_t nsb = n / KVP_QK_K;
     for (int64_t r = 0; r < nrows; r++) {
@@ -461,17 +427,34 @@ static void rows_q6_k_multi(const void *w, size_t row_bytes, const void *const *
         for (const char *a = ahead; a < ahead + row_bytes; a += 64)
             _mm_prefetch(a, _MM_HINT_T0);
         for (int j = 0; j < nv; j += 2) {
-            const uint8_t *px[2] = {xq[j], j + 1 < nv ? xq[j + 1] : NULL};
+            const int m = j + 1 < nv ? 2 : 1;
+            const uint8_t *px[2] = {xq[j], m == 2 ? xq[j + 1] : NULL};
             float out[2];
-            if (j + 1 < nv)
+            /* constant vector counts, so the accumulators stay in registers */
+            if (type == KVP_TYPE_Q4_K && m == 2)
+                k4_row_multi(wr, px, nsb, out, 2);
+            else if (type == KVP_TYPE_Q4_K)
+                k4_row_multi(wr, px, nsb, out, 1);
+            else if (m == 2)
                 k6_row_multi(wr, px, nsb, out, 2);
             else
                 k6_row_multi(wr, px, nsb, out, 1);
-            y[j][r] = out[0];
-            if (j + 1 < nv)
-                y[j + 1][r] = out[1];
+            for (int i = 0; i < m; i++)
+                y[j + i][r] = out[i];
         }
     }
+}
+
+static void rows_q4_k_multi(const void *w, size_t row_bytes, const void *const *xq, int nv,
+                            int64_t n, int64_t nrows, float *const *y)
+{
+    k_rows_multi(w, row_bytes, xq, nv, n, nrows, y, KVP_TYPE_Q4_K);
+}
+
+static void rows_q6_k_multi(const void *w, size_t row_bytes, const void *const *xq, int nv,
+                            int64_t n, int64_t nrows, float *const *y)
+{
+    k_rows_multi(w, row_bytes, xq, nv, n, nrows, y, KVP_TYPE_Q6_K);
 }
 
 /* Bit-identical to kvp_quantize_row_q8_0_ref: the same max (max is exact in any order), the same

@@ -273,11 +273,24 @@ static inline float qx_dot_q5_k(const void *w, const void *xq, int64_t n)
     return qx_dot_k45(w, xq, n, 1);
 }
 
+/* Q6_K: the 6-bit codes (0..63) of half h of super-block wb, 32 elements a vector. */
+KVP_QINLINE void qx_q6_codes(const uint8_t *wb, int h, __m256i q[4])
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x30);
+    __m256i L0 = qx_load(wb + 64 * h), L1 = qx_load(wb + 64 * h + 32);
+    __m256i Q = qx_load(wb + 128 + 32 * h);
+    q[0] = _mm256_or_si256(_mm256_and_si256(L0, m4), _mm256_and_si256(_mm256_slli_epi16(Q, 4), m2));
+    q[1] = _mm256_or_si256(_mm256_and_si256(L1, m4), _mm256_and_si256(_mm256_slli_epi16(Q, 2), m2));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L0, 4), m4),
+                           _mm256_and_si256(Q, m2));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L1, 4), m4),
+                           _mm256_and_si256(_mm256_srli_epi16(Q, 2), m2));
+}
+
 /* Q6_K: codes 0..63 (the -32 offset is applied through bsums). */
 static inline float qx_dot_q6_k(const void *w, const void *xq, int64_t n)
 {
     const uint8_t *pw = w, *px = xq;
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x30);
     __m256 acc = _mm256_setzero_ps();
     float corr = 0.0f;
     for (int64_t b = 0; b < n / KVP_QK_K; b++) {
@@ -285,17 +298,8 @@ static inline float qx_dot_q6_k(const void *w, const void *xq, int64_t n)
         const int8_t *S = (const int8_t *)(wb + 192);
         __m256i sum = _mm256_setzero_si256();
         for (int h = 0; h < 2; h++) {
-            __m256i L0 = qx_load(wb + 64 * h), L1 = qx_load(wb + 64 * h + 32);
-            __m256i Q = qx_load(wb + 128 + 32 * h);
             __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(L0, m4),
-                                   _mm256_and_si256(_mm256_slli_epi16(Q, 4), m2));
-            q[1] = _mm256_or_si256(_mm256_and_si256(L1, m4),
-                                   _mm256_and_si256(_mm256_slli_epi16(Q, 2), m2));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L0, 4), m4),
-                                   _mm256_and_si256(Q, m2));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L1, 4), m4),
-                                   _mm256_and_si256(_mm256_srli_epi16(Q, 2), m2));
+            qx_q6_codes(wb, h, q);
             for (int k = 0; k < 4; k++) {
                 __m256i p = _mm256_maddubs_epi16(q[k], qx_load(xb + QX_K_QS + 128 * h + 32 * k));
                 sum = _mm256_add_epi32(sum, qx_scale2(p, S[8 * h + 2 * k], S[8 * h + 2 * k + 1]));
