@@ -654,8 +654,7 @@ static int singles_together_from(const struct kvp_mat *W)
 {
     const struct kvp_simd_ops *ops = kvp_simd();
     const bool multi = kvp_matvec_has_multi(W);
-    const bool quant = W->type != KVP_TYPE_F32 && W->type != KVP_TYPE_F16 &&
-                       W->type != KVP_TYPE_BF16;
+    const bool quant = kvp_type_vec_dot_type(W->type) != KVP_TYPE_F32;
     int from = W->type == KVP_TYPE_Q8_0 ? ops->singles_gemm_q8_0
              : quant                    ? ops->singles_gemm_quant
                                         : 0;

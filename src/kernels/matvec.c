@@ -118,7 +118,7 @@ static void rows_one_chunk(const struct kvp_simd_ops *ops, const struct kvp_mat 
 void kvp_matvec_rows_ops(const struct kvp_simd_ops *ops, const struct kvp_mat *W, const float *x,
                          const void *xq, float *y, int64_t r0, int64_t r1)
 {
-    bool quant = W->type != KVP_TYPE_F32 && W->type != KVP_TYPE_F16 && W->type != KVP_TYPE_BF16;
+    bool quant = kvp_type_vec_dot_type(W->type) != KVP_TYPE_F32;
     bool own = ops->rows_prefetch && (!quant || W->type == KVP_TYPE_Q8_0 ||
                                       (W->type >= 0 && W->type < KVP_SIMD_NTYPES &&
                                        ops->rows_q[W->type]));

@@ -116,13 +116,9 @@ KVP_INLINE float f16_at(const void *p)
 /* Eight int32 partial sums of one block pair's 32 products, as floats (exact: |Σ| < 2^24). */
 KVP_INLINE __m256 q8_block_dot(const uint8_t *wb, const uint8_t *xb)
 {
-    __m256i qw = _mm256_loadu_si256((const __m256i *)(wb + 2));
-    __m256i qx = _mm256_loadu_si256((const __m256i *)(xb + 2));
-    __m256i aw = _mm256_sign_epi8(qw, qw);      /* |w|, read as unsigned (so -128 -> 128) */
-    __m256i sx = _mm256_sign_epi8(qx, qw);      /* x with w's sign; 0 where w == 0 */
-    __m256i p16 = _mm256_maddubs_epi16(aw, sx); /* |pair| <= 2*128*127, no saturation */
-    __m256i p32 = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
-    return _mm256_cvtepi32_ps(p32);
+    /* |w| read as unsigned (so -128 -> 128) times x with w's sign: |pair| <= 2*128*127, no
+     * saturation */
+    return _mm256_cvtepi32_ps(qx_dot_i8(qx_load(wb + 2), qx_load(xb + 2)));
 }
 
 static float dot_q8_0(const void *w, const void *xq, int64_t n)
@@ -167,6 +163,18 @@ static void rows_q8_0(const void *w, size_t row_bytes, const void *xq, int64_t n
         y[r] = dot_q8_0((const uint8_t *)w + (size_t)r * row_bytes, xq, n);
 }
 
+/* The multi-vector row kernels' prefetch: the `rows` rows eight rows past row w (past the call's
+ * last rows too: the caller's next group follows, and a prefetch never faults). Without it the
+ * rows streamed at the hardware prefetcher's pace, one tile's reads and products after the
+ * other: two sequences decoded at 172-182 tok/s in aggregate against one's 200-210, with it
+ * 294-309 (SmolLM2-135M shape Q8_0, 2 threads; 4 and 32 rows ahead no better). */
+KVP_INLINE void prefetch_rows_ahead(const uint8_t *w, size_t row_bytes, int rows)
+{
+    const char *ahead = (const char *)w + 8 * row_bytes;
+    for (const char *a = ahead; a < ahead + (size_t)rows * row_bytes; a += 64)
+        _mm_prefetch(a, _MM_HINT_T0);
+}
+
 /* Rows r0..r0+3 against NV (1 or 2) vectors: y[j][r0 + i] = rows_q8_0's result for row i and
  * vector j, bit for bit (each (row, vector) accumulator takes q8_block_dot and the same fused
  * multiply-add per block in column order, and the same hsum4). What the tile shares is the
@@ -184,23 +192,19 @@ KVP_INLINE void q8_multi_tile4(const uint8_t *w0, size_t rb, const uint8_t *cons
         __m256i qx[2];
         float dx[2];
         for (int j = 0; j < NV; j++) {
-            qx[j] = _mm256_loadu_si256((const __m256i *)(px[j] + o + 2));
+            qx[j] = qx_load(px[j] + o + 2);
             dx[j] = f16_at(px[j] + o);
         }
 #pragma GCC unroll 4
         for (int i = 0; i < 4; i++) {
             const uint8_t *wb = w0 + (size_t)i * rb + o;
-            const __m256i qw = _mm256_loadu_si256((const __m256i *)(wb + 2));
-            const __m256i aw = _mm256_sign_epi8(qw, qw);
+            const __m256i qw = qx_load(wb + 2), aw = _mm256_sign_epi8(qw, qw);
             const float dw = f16_at(wb);
 #pragma GCC unroll 2
-            for (int j = 0; j < NV; j++) {
-                __m256i sx = _mm256_sign_epi8(qx[j], qw);
-                __m256i p32 = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx),
-                                                _mm256_set1_epi16(1));
-                acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx[j]), _mm256_cvtepi32_ps(p32),
+            for (int j = 0; j < NV; j++)
+                acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx[j]),
+                                            _mm256_cvtepi32_ps(qx_dot_i8_abs(aw, qw, qx[j])),
                                             acc[i][j]);
-            }
         }
     }
     for (int j = 0; j < NV; j++)
@@ -217,14 +221,7 @@ static void rows_q8_0_multi(const void *w, size_t row_bytes, const void *const *
     int64_t r = 0;
     for (; r + 4 <= nrows; r += 4) {
         const uint8_t *w0 = (const uint8_t *)w + (size_t)r * row_bytes;
-        /* the rows two tiles ahead (past this call's last rows too: the caller's next group
-         * follows, and a prefetch never faults). Without it the rows streamed from memory at
-         * the hardware prefetcher's pace, one tile's reads and products after the other: two
-         * sequences decoded at 172-182 tok/s in aggregate against one's 200-210, with it
-         * 294-309 (SmolLM2-135M shape Q8_0, 2 threads; 4 and 32 rows ahead no better) */
-        const char *ahead = (const char *)w0 + 8 * row_bytes;
-        for (const char *a = ahead; a < ahead + 4 * row_bytes; a += 64)
-            _mm_prefetch(a, _MM_HINT_T0);
+        prefetch_rows_ahead(w0, row_bytes, 4);
         for (int j = 0; j < nv; j += 2) {
             const uint8_t *px[2] = {xq[j], j + 1 < nv ? xq[j + 1] : NULL};
             float *const yj[2] = {y[j], j + 1 < nv ? y[j + 1] : NULL};
@@ -267,8 +264,7 @@ KVP_INLINE void q32_row_multi(const uint8_t *w, const uint8_t *const *px, int64_
 #pragma GCC unroll 4
         for (int j = 0; j < NV; j++) {
             const uint8_t *xb = px[j] + (size_t)b * 34;
-            __m256i sx = _mm256_sign_epi8(qx_load(xb + 2), q);
-            __m256i p32 = _mm256_madd_epi16(_mm256_maddubs_epi16(aq, sx), _mm256_set1_epi16(1));
+            __m256i p32 = qx_dot_i8_abs(aq, q, qx_load(xb + 2));
             acc[h][j] = _mm256_fmadd_ps(_mm256_set1_ps(dw * qx_f16(xb)), _mm256_cvtepi32_ps(p32),
                                         acc[h][j]);
         }
@@ -276,48 +272,6 @@ KVP_INLINE void q32_row_multi(const uint8_t *w, const uint8_t *const *px, int64_
     const __m256 z = _mm256_setzero_ps();
     for (int j = 0; j < NV; j++)
         out[j] = qx_hsum(_mm256_add_ps(_mm256_add_ps(acc[0][j], acc[1][j]), _mm256_add_ps(z, z)));
-}
-
-/* rows_q_multi for Q4_0 and Q5_0 (the table's row kernel for them is qx_dot32 per row): each
- * result bit-identical to that vector's alone; rows prefetched eight ahead as rows_q8_0_multi. */
-KVP_INLINE void q32_rows_multi(const void *w, size_t row_bytes, const void *const *xq, int nv,
-                               int64_t n, int64_t nrows, float *const *y, int kind)
-{
-    const int64_t nb = n / 32;
-    const size_t bytes = kind == QX_Q4_0 ? 18 : 22;
-    for (int64_t r = 0; r < nrows; r++) {
-        const uint8_t *wr = (const uint8_t *)w + (size_t)r * row_bytes;
-        const char *ahead = (const char *)wr + 8 * row_bytes;
-        for (const char *a = ahead; a < ahead + row_bytes; a += 64)
-            _mm_prefetch(a, _MM_HINT_T0);
-        for (int j0 = 0; j0 < nv; j0 += 4) {
-            const int m = nv - j0 < 4 ? nv - j0 : 4;
-            const uint8_t *px[4];
-            float out[4];
-            for (int j = 0; j < m; j++)
-                px[j] = xq[j0 + j];
-            switch (m) {
-            case 4: q32_row_multi(wr, px, nb, bytes, kind, out, 4); break;
-            case 3: q32_row_multi(wr, px, nb, bytes, kind, out, 3); break;
-            case 2: q32_row_multi(wr, px, nb, bytes, kind, out, 2); break;
-            default: q32_row_multi(wr, px, nb, bytes, kind, out, 1); break;
-            }
-            for (int j = 0; j < m; j++)
-                y[j0 + j][r] = out[j];
-        }
-    }
-}
-
-static void rows_q4_0_multi(const void *w, size_t row_bytes, const void *const *xq, int nv,
-                            int64_t n, int64_t nrows, float *const *y)
-{
-    q32_rows_multi(w, row_bytes, xq, nv, n, nrows, y, QX_Q4_0);
-}
-
-static void rows_q5_0_multi(const void *w, size_t row_bytes, const void *const *xq, int nv,
-                            int64_t n, int64_t nrows, float *const *y)
-{
-    q32_rows_multi(w, row_bytes, xq, nv, n, nrows, y, QX_Q5_0);
 }
 
 /* One Q4_K row against NV (1 or 2) vectors: out[j] = qx_dot_q4_k of the row with vector j, bit
@@ -414,48 +368,68 @@ KVP_INLINE void k6_row_multi(const uint8_t *w, const uint8_t *const *px, int64_t
         out[j] = qx_hsum(acc[j]) - corr[j];
 }
 
-/* rows_q_multi for the K-quants with a kernel above (the table's row kernels for them are
- * qx_dot_q4_k and qx_dot_q6_k per row): vectors two at a time per row, rows prefetched eight
- * ahead as rows_q8_0_multi. */
-KVP_INLINE void k_rows_multi(const void *w, size_t row_bytes, const void *const *xq, int nv,
-                             int64_t n, int64_t nrows, float *const *y, int type)
+/* One row of GGUF type `type` (Q4_0, Q5_0, Q4_K or Q6_K) against m vectors through that type's
+ * kernel above, the count passed as a constant so that the accumulators stay in registers. */
+KVP_INLINE void row_multi(int type, const uint8_t *wr, const uint8_t *const *px, int64_t n,
+                          float *out, int m)
 {
-    const int64_t nsb = n / KVP_QK_K;
+    if (type == KVP_TYPE_Q4_K || type == KVP_TYPE_Q6_K) {
+        const int64_t nsb = n / KVP_QK_K;
+        if (type == KVP_TYPE_Q4_K && m == 2)
+            k4_row_multi(wr, px, nsb, out, 2);
+        else if (type == KVP_TYPE_Q4_K)
+            k4_row_multi(wr, px, nsb, out, 1);
+        else if (m == 2)
+            k6_row_multi(wr, px, nsb, out, 2);
+        else
+            k6_row_multi(wr, px, nsb, out, 1);
+        return;
+    }
+    const int kind = type == KVP_TYPE_Q4_0 ? QX_Q4_0 : QX_Q5_0;
+    const size_t bytes = type == KVP_TYPE_Q4_0 ? 18 : 22;
+    switch (m) {
+    case 4: q32_row_multi(wr, px, n / 32, bytes, kind, out, 4); break;
+    case 3: q32_row_multi(wr, px, n / 32, bytes, kind, out, 3); break;
+    case 2: q32_row_multi(wr, px, n / 32, bytes, kind, out, 2); break;
+    default: q32_row_multi(wr, px, n / 32, bytes, kind, out, 1); break;
+    }
+}
+
+/* rows_q_multi for the types with a row kernel above (the table's row kernel for each is its
+ * qx_dot_* per row), so each result is bit-identical to that vector's alone: row by row, the
+ * vectors four at a time (the K-quants two: their unpacked codes take more registers), rows
+ * prefetched eight ahead. */
+KVP_INLINE void rows_multi(const void *w, size_t row_bytes, const void *const *xq, int nv,
+                           int64_t n, int64_t nrows, float *const *y, int type)
+{
+    const int per = type == KVP_TYPE_Q4_K || type == KVP_TYPE_Q6_K ? 2 : 4;
     for (int64_t r = 0; r < nrows; r++) {
         const uint8_t *wr = (const uint8_t *)w + (size_t)r * row_bytes;
-        const char *ahead = (const char *)wr + 8 * row_bytes;
-        for (const char *a = ahead; a < ahead + row_bytes; a += 64)
-            _mm_prefetch(a, _MM_HINT_T0);
-        for (int j = 0; j < nv; j += 2) {
-            const int m = j + 1 < nv ? 2 : 1;
-            const uint8_t *px[2] = {xq[j], m == 2 ? xq[j + 1] : NULL};
-            float out[2];
-            /* constant vector counts, so the accumulators stay in registers */
-            if (type == KVP_TYPE_Q4_K && m == 2)
-                k4_row_multi(wr, px, nsb, out, 2);
-            else if (type == KVP_TYPE_Q4_K)
-                k4_row_multi(wr, px, nsb, out, 1);
-            else if (m == 2)
-                k6_row_multi(wr, px, nsb, out, 2);
-            else
-                k6_row_multi(wr, px, nsb, out, 1);
-            for (int i = 0; i < m; i++)
-                y[j + i][r] = out[i];
+        prefetch_rows_ahead(wr, row_bytes, 1);
+        for (int j0 = 0; j0 < nv; j0 += per) {
+            const int m = nv - j0 < per ? nv - j0 : per;
+            const uint8_t *px[4];
+            float out[4];
+            for (int j = 0; j < m; j++)
+                px[j] = xq[j0 + j];
+            row_multi(type, wr, px, n, out, m);
+            for (int j = 0; j < m; j++)
+                y[j0 + j][r] = out[j];
         }
     }
 }
 
-static void rows_q4_k_multi(const void *w, size_t row_bytes, const void *const *xq, int nv,
-                            int64_t n, int64_t nrows, float *const *y)
-{
-    k_rows_multi(w, row_bytes, xq, nv, n, nrows, y, KVP_TYPE_Q4_K);
-}
-
-static void rows_q6_k_multi(const void *w, size_t row_bytes, const void *const *xq, int nv,
-                            int64_t n, int64_t nrows, float *const *y)
-{
-    k_rows_multi(w, row_bytes, xq, nv, n, nrows, y, KVP_TYPE_Q6_K);
-}
+#define ROWS_MULTI_ENTRY(NAME, TYPE)                                                               \
+    static void NAME(const void *w, size_t row_bytes, const void *const *xq, int nv, int64_t n,  \
+                     int64_t nrows, float *const *y)                                               \
+    {                                                                                              \
+        rows_multi(w, row_bytes, xq, nv, n, nrows, y, TYPE);                                       \
+    }
+ROWS_MULTI_ENTRY(rows_q4_0_multi, KVP_TYPE_Q4_0)
+ROWS_MULTI_ENTRY(rows_q5_0_multi, KVP_TYPE_Q5_0)
+ROWS_MULTI_ENTRY(rows_q4_k_multi, KVP_TYPE_Q4_K)
+ROWS_MULTI_ENTRY(rows_q6_k_multi, KVP_TYPE_Q6_K)
+#undef ROWS_MULTI_ENTRY
 
 /* Bit-identical to kvp_quantize_row_q8_0_ref: the same max (max is exact in any order), the same
  * f32 division and reciprocal, the same f32 product x*id, and vcvtps2dq rounds with the current

@@ -59,11 +59,18 @@ KVP_QINLINE __m256i qx_load(const void *p)
     return _mm256_loadu_si256((const __m256i *)p);
 }
 
+/* qx_dot_i8 with |a| (aa = sign(a, a)) given, for codes that several activation vectors
+ * share: |a| as unsigned bytes times b with a's sign moved onto it. */
+KVP_QINLINE __m256i qx_dot_i8_abs(__m256i aa, __m256i a, __m256i b)
+{
+    __m256i p16 = _mm256_maddubs_epi16(aa, _mm256_sign_epi8(b, a));
+    return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+}
+
 /* Signed codes a (any int8) times activations b (no -128): eight int32 partial sums. */
 KVP_QINLINE __m256i qx_dot_i8(__m256i a, __m256i b)
 {
-    __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
-    return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+    return qx_dot_i8_abs(_mm256_sign_epi8(a, a), a, b);
 }
 
 /* Unsigned codes a (0..127) times signed activations b: eight int32 partial sums. */
