@@ -430,6 +430,72 @@ double kvp_ctx_recovery(const kvp_ctx *ctx, int layer, int head);
  * tokens themselves (kept). */
 void kvp_ctx_kv_bytes(const kvp_ctx *ctx, size_t *resident, size_t *kept);
 
+/* ---- prefill attention -------------------------------------------------------------------- */
+
+/* How a prompt's queries attend to the keys before them (docs/prefill.md). Dense reads every
+ * earlier key; the block-sparse policies read, for each KV head and block of 64 queries, the
+ * sink, a local window and the key blocks an estimate ranks highest, up to a budget. They differ
+ * only in the estimate. */
+enum kvp_prefill_policy {
+    KVP_PREFILL_DENSE = 0,   /* every earlier key (the default) */
+    KVP_PREFILL_POOLED = 1,  /* mean query of the block · mean key of each key block (the
+                                recommended sparse estimate: "sparse" names it) */
+    KVP_PREFILL_BOUND = 2,   /* mean query's upper bound over each key block's element-wise key
+                                max and min (quest's bound) */
+    KVP_PREFILL_STRIDED = 3, /* exact scores of every 16th query of the block against every
+                                key, summed per key block (dearer: it reads every key) */
+    KVP_PREFILL_COUNT
+};
+
+struct kvp_prefill_params {
+    int policy;          /* enum kvp_prefill_policy */
+    int budget;          /* keys one query block may read, sink and window included (0: from
+                            budget_ratio) */
+    double budget_ratio; /* that budget as a fraction of the keys the block sees [1/16] */
+    double threshold;    /* stop adding key blocks once the estimate's attention mass they and
+                            the forced ones cover reaches this, in (0, 1] (0: off: the whole
+                            budget) */
+    int block;           /* tokens per key block the estimate ranks, a multiple of the cache's
+                            block size [64] */
+    int sink;            /* leading tokens every query reads [64; < 0: none] */
+    int window;          /* tokens before a query block that it always reads [256; < 0: none] */
+    int dense_tail;      /* the last tokens of a kvp_eval's prompt (the question) attend
+                            densely [256; < 0: none] */
+    int min_keys;        /* a query block that sees fewer keys reads them all (the crossover
+                            below which sparse does not pay) [4096; < 0: 0] */
+};
+
+/* Names of the policies ("dense", "pooled", "bound", "strided"), NULL past the end; parse gives
+ * the policy of a name or of "sparse" (the recommended estimate), -1 for an unknown one. */
+const char *kvp_prefill_policy_name(int policy);
+int kvp_prefill_policy_parse(const char *name);
+/* The policy that "sparse" names. */
+#define KVP_PREFILL_SPARSE KVP_PREFILL_POOLED
+
+/* Set how later prompts attend (NULL: dense). Allocates the estimate's per-block statistics
+ * (for pooled: one f32 head vector per block of 64 keys and (layer, KV head), 1/64 of an f32
+ * cache's keys; bound twice that). KVP_EINVAL for a value out of range. Resets the stats. */
+int kvp_ctx_set_prefill(kvp_ctx *ctx, const struct kvp_prefill_params *params,
+                        struct kvp_err *err);
+
+/* What the prompts since the last reset did, summed over prompt pieces. keys_read / keys_seen
+ * is the density: the keys gathered over the keys the query blocks could see (1 for dense). */
+struct kvp_prefill_stats {
+    double estimate_s;   /* thread-seconds spent estimating and on the block statistics */
+    double attention_s;  /* thread-seconds in prefill attention (estimate excluded) */
+    double keys_read, keys_seen; /* summed over layers, KV heads and query blocks */
+    uint64_t tokens;     /* prompt tokens through prefill attention (pieces of > 1 token) */
+};
+void kvp_ctx_prefill_stats(const kvp_ctx *ctx, struct kvp_prefill_stats *stats);
+/* The density of layer l since the reset (keys read / keys seen), -1 when no prompt ran. */
+double kvp_ctx_prefill_density(const kvp_ctx *ctx, int layer);
+void kvp_ctx_prefill_reset_stats(kvp_ctx *ctx);
+
+/* Called by kvp_eval after each piece of a prompt of more than one piece (n_batch tokens): done
+ * of total tokens evaluated. NULL turns it off. Runs on the caller's thread, between pieces. */
+typedef void (*kvp_progress_fn)(void *user, int done, int total);
+void kvp_ctx_set_progress(kvp_ctx *ctx, kvp_progress_fn fn, void *user);
+
 /* ---- tiered KV store ---------------------------------------------------------------------- */
 
 /* Counters of the tiered store since the last kvp_ctx_store_reset_stats. A unit is one

@@ -17,6 +17,7 @@
 #include "core/err.h"
 #include "forward/context_internal.h"
 #include "forward/kv_step.h"
+#include "forward/sparse_prefill.h"
 #include "policy/host.h"
 #include "policy/policy.h"
 #include "store/store.h"
@@ -250,6 +251,7 @@ int kvp_seq_copy(kvp_seq *dst, kvp_seq *src, int n, struct kvp_err *err)
             kvp_store_prefill_end(src->store, l, src->n_tokens, src->n_tokens, NULL, 0);
     }
     dst->n_tokens = n;
+    kvp_spf_forget(dst->spf, 0);
     if (dst->pol.p && dst->pol.p->ops->on_prefill)
         dst->pol_seen = n; /* every layer's on_prefill saw the copy */
     if (src->store && (rc = kvp_store_take_error(src->store, err)) < 0)
@@ -306,6 +308,7 @@ int kvp_seq_write_kv(kvp_seq *dst, int n, kvp_kv_layer_fn fn, void *arg, struct 
             kvp_store_prefill_end(dst->store, l, 0, n, NULL, 0);
     }
     dst->n_tokens = n;
+    kvp_spf_forget(dst->spf, 0);
     if (dst->pol.p && dst->pol.p->ops->on_prefill)
         dst->pol_seen = n;
     if (dst->store && (rc = kvp_store_take_error(dst->store, err)) < 0)

@@ -16,6 +16,7 @@
 #include "forward/context.h"
 
 struct kvp_lanes;
+struct kvp_spf;
 
 #define KVP_QCHUNK 64      /* prefill attention: query rows per work item */
 /* A step that need not be exact (kvp_engine_params.exact false) sends its single tokens through
@@ -164,6 +165,11 @@ struct kvp_ctx {
     int32_t *ab_idx;               /* backing store of ab's idx arrays */
     struct kvp_attn_claim *claim;  /* [n_head_kv] untiered decode: the parts pass's work queue */
     int obs_n;                     /* rows captured in this job: min(pol.obs_window, job_end) */
+
+    /* ---- prefill attention: sparse_prefill.h (NULL: dense, uncounted), the progress callback */
+    struct kvp_spf *spf;
+    kvp_progress_fn progress;
+    void *progress_user;
 
     /* ---- tiered KV store (src/store/store.h), NULL when every block is hot ---- */
     struct kvp_store *store;       /* owned */

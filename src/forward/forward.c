@@ -26,6 +26,7 @@
 #include "core/platform.h"
 #include "forward/context_internal.h"
 #include "forward/kv_step.h"
+#include "forward/sparse_prefill.h"
 #include "kernels/prefill_gemm.h"
 #include "kernels/simd.h"
 #include "kernels/types.h"
@@ -259,6 +260,7 @@ void kvp_ctx_free(kvp_ctx *c)
         return;
     kvp_free_aligned(c->probs);
     kvp_free_aligned(c->dchunk);
+    kvp_spf_free(c->spf);
     free_policy(c);
     kvp_free_aligned(c->dense_probs);
     free(c->dense_q);
@@ -274,6 +276,7 @@ void kvp_ctx_reset(kvp_ctx *c)
     c->n_tokens = 0;
     c->job_end = 0;
     c->pol_seen = 0;
+    kvp_spf_forget(c->spf, 0);
     kvp_kv_clear(c);
     kvp_policy_reset(&c->pol);
 }
@@ -285,6 +288,7 @@ void kvp_ctx_truncate(kvp_ctx *c, int n)
         c->job_end = 0;
         if (c->pol_seen > n)
             c->pol_seen = n;
+        kvp_spf_forget(c->spf, n);
         kvp_kv_truncate(c, n);
     }
 }
@@ -341,6 +345,7 @@ bool kvp_ctx_has_store(const kvp_ctx *c)
 
 void kvp_ctx_set_n_tokens(kvp_ctx *c, int n)
 {
+    kvp_spf_forget(c->spf, 0); /* the caller wrote every block */
     c->n_tokens = n;
 }
 
@@ -957,6 +962,8 @@ int kvp_eval(kvp_ctx *c, const int32_t *tokens, int n, float *logits, bool all_l
             c->job_end = 0;
             return rc;
         }
+        if (c->progress && nb < n)
+            c->progress(c->progress_user, done, n);
     }
     return 0;
 }

@@ -7,28 +7,43 @@
 #include <cblas.h>
 
 #include "forward/context_internal.h"
+#include "core/platform.h"
+#include "core/threadpool.h"
+#include "forward/sparse_prefill.h"
 #include "kernels/simd.h"
 
-/* Keys and values [0, n) of one KV head as f32, whatever the cache's types: keys as [hd][n]
- * (the blocks' transposed rows side by side), values as contiguous [n][hd] rows. */
-static void gather_kv(const struct kvp_kvcache *kv, int l, int kvh, int n, float *kc, float *vc)
+/* Keys and values of the runs of one KV head (n_cols keys in all) as f32, whatever the cache's
+ * types: keys as [hd][n_cols] (the blocks' transposed rows side by side, in run order), values as
+ * contiguous [n_cols][hd] rows. Runs start on cache blocks; one run [0, n) is the dense gather. */
+static void gather_kv(const struct kvp_kvcache *kv, int l, int kvh,
+                      const struct kvp_key_run *runs, int n_runs, int n_cols, float *kc,
+                      float *vc)
 {
     const int hd = kv->head_dim, bs = kv->block_size;
-    for (int b = 0; b * bs < n; b++) {
-        int nt = n - b * bs < bs ? n - b * bs : bs;
-        kv->kk->k_rows(kvp_kvcache_kblock(kv, l, kvh, b), hd, bs, nt, kc + (size_t)b * bs,
-                       (size_t)n);
-        kv->vk->v_rows(kvp_kvcache_vblock(kv, l, kvh, b), hd, bs, nt, vc + (size_t)b * bs * hd);
+    int col = 0;
+    for (int r = 0; r < n_runs; r++) {
+        const int end = runs[r].start + runs[r].n;
+        for (int t = runs[r].start; t < end; t += bs) {
+            const int nt = end - t < bs ? end - t : bs;
+            kv->kk->k_rows(kvp_kvcache_kblock(kv, l, kvh, t / bs), hd, bs, nt, kc + col,
+                           (size_t)n_cols);
+            kv->vk->v_rows(kvp_kvcache_vblock(kv, l, kvh, t / bs), hd, bs, nt,
+                           vc + (size_t)col * hd);
+            col += nt;
+        }
     }
 }
 
-/* Attention of nq queries starting at batch row qs for query head h, keys [0, n_keys). Each row
- * of scores is exponentiated in place but left unnormalised: the value product sums the
- * unnormalised weights and its hd outputs are divided by the row's sum afterwards, which scales
- * hd numbers a row instead of every visible key (at 12288 tokens the per-key scaling and a
- * scalar max were 30 % of the prefill's samples). The column sums and the observed rows, which
- * want the probabilities themselves, scale as they copy. */
+/* Attention of nq queries starting at batch row qs for query head h over the gathered keys of
+ * the runs (n_cols of the n_keys the last query sees; the runs end at n_keys, so the keys a
+ * query must not see are the last ones gathered). Each row of scores is exponentiated in place
+ * but left unnormalised: the value product sums the unnormalised weights and its hd outputs are
+ * divided by the row's sum afterwards, which scales hd numbers a row instead of every visible
+ * key (at 12288 tokens the per-key scaling and a scalar max were 30 % of the prefill's samples).
+ * The column sums and the observed rows, which want the probabilities themselves, scale as they
+ * copy, each run to its keys' positions (keys not read have probability 0). */
 static void prefill_head(struct kvp_ctx *c, int l, int h, int qs, int nq, int n_keys,
+                         const struct kvp_key_run *runs, int n_runs, int n_cols,
                          struct kvp_thread_scratch *ts)
 {
     const struct kvp_simd_ops *ops = kvp_simd();
@@ -37,26 +52,33 @@ static void prefill_head(struct kvp_ctx *c, int l, int h, int qs, int nq, int n_
     const float *qp = c->q + (size_t)qs * q_dim + (size_t)h * hd;
     const int obs_first = c->job_end - c->obs_n; /* first observed query position */
     float inv[KVP_QCHUNK];
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, n_keys, hd, scale, qp, q_dim,
-                ts->kc, n_keys, 0.0f, ts->s, n_keys);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, n_cols, hd, scale, qp, q_dim,
+                ts->kc, n_cols, 0.0f, ts->s, n_cols);
     for (int i = 0; i < nq; i++) {
-        float *row = ts->s + (size_t)i * n_keys;
+        float *row = ts->s + (size_t)i * n_cols;
         int pos = pos0 + qs + i;
-        int visible = pos + 1; /* causal: keys 0 .. own position */
+        int visible = n_cols - (n_keys - (pos + 1)); /* causal: keys up to its own position */
         inv[i] = 1.0f / ops->exp_sum(row, visible, kvp_simd_max(ops, row, visible));
-        memset(row + visible, 0, (size_t)(n_keys - visible) * sizeof(float));
-        if (c->pol.colsum)
-            ops->axpy(inv[i], row, c->pol.colsum + ((size_t)l * c->hp.n_head + h) * c->n_ctx,
-                      visible);
+        memset(row + visible, 0, (size_t)(n_cols - visible) * sizeof(float));
+        if (c->pol.colsum) {
+            float *cs = c->pol.colsum + ((size_t)l * c->hp.n_head + h) * c->n_ctx;
+            for (int r = 0, col = 0; r < n_runs && col < visible; col += runs[r++].n) {
+                int n = visible - col < runs[r].n ? visible - col : runs[r].n;
+                ops->axpy(inv[i], row + col, cs + runs[r].start, n);
+            }
+        }
         if (c->pol.obs && pos >= obs_first) {
             float *o = c->pol.obs + ((size_t)h * c->obs_n + (pos - obs_first)) * c->job_end;
-            for (int t = 0; t < visible; t++)
-                o[t] = row[t] * inv[i];
-            memset(o + visible, 0, (size_t)(c->job_end - visible) * sizeof(float));
+            memset(o, 0, (size_t)c->job_end * sizeof(float));
+            for (int r = 0, col = 0; r < n_runs && col < visible; col += runs[r++].n) {
+                int n = visible - col < runs[r].n ? visible - col : runs[r].n;
+                for (int t = 0; t < n; t++)
+                    o[runs[r].start + t] = row[col + t] * inv[i];
+            }
         }
     }
     float *out = c->att + (size_t)qs * q_dim + (size_t)h * hd;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, n_keys, 1.0f, ts->s, n_keys,
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, n_cols, 1.0f, ts->s, n_cols,
                 ts->vc, hd, 0.0f, out, q_dim);
     for (int i = 0; i < nq; i++)
         for (int d = 0; d < hd; d++)
@@ -66,9 +88,21 @@ static void prefill_head(struct kvp_ctx *c, int l, int h, int qs, int nq, int n_
 void kvp_attn_prefill_layer(struct kvp_ctx *c, int l, int ith)
 {
     struct kvp_thread_scratch *ts = &c->sh->ts[ith];
+    struct kvp_spf *spf = c->spf;
     const int n = c->job_n, pos0 = c->job_pos0, n_kv = c->hp.n_head_kv;
     const int g = c->hp.n_head / n_kv;
     const int n_chunks = (n + KVP_QCHUNK - 1) / KVP_QCHUNK;
+    if (spf && l == 0 && ith == 0)
+        kvp_spf_count_tokens(spf, n);
+    if (kvp_spf_needs_fold(spf, c)) {
+        /* the estimate's per-block statistics of the blocks this piece wrote, every thread a
+         * share, complete before any block is ranked */
+        const int nth = c->sh->n_threads;
+        kvp_spf_fold(spf, c, l, ith, nth);
+        kvp_pool_barrier(c->pool);
+        if (ith == 0)
+            kvp_spf_folded(spf, c, l);
+    }
     /* Work items: (KV head, chunk of KVP_QCHUNK queries), each covering the g query heads of
      * the group so one gather serves g heads, taken from one queue by whichever thread is free,
      * the last chunks (the most keys: causal) first and the short ones last, so the threads end
@@ -85,12 +119,22 @@ void kvp_attn_prefill_layer(struct kvp_ctx *c, int l, int ith)
         const int kvh = whole ? w : w % n_kv;
         const int c0 = whole ? 0 : n_chunks - 1 - w / n_kv, c1 = whole ? n_chunks : c0 + 1;
         for (int chunk = c0; chunk < c1; chunk++) {
+            const double t0 = spf ? kvp_time_now() : 0;
             int qs = chunk * KVP_QCHUNK;
             int nq = n - qs < KVP_QCHUNK ? n - qs : KVP_QCHUNK;
             int n_keys = pos0 + qs + nq; /* keys visible to the chunk's last query */
-            gather_kv(&c->kv, l, kvh, n_keys, ts->kc, ts->vc);
+            struct kvp_key_run all = {0, n_keys};
+            const struct kvp_key_run *runs = &all;
+            int n_runs = 1, n_cols = n_keys;
+            double est = 0;
+            if (spf)
+                n_runs = kvp_spf_select(spf, c, l, kvh, qs, nq, n_keys, ith, ts, &runs, &n_cols,
+                                        &est);
+            gather_kv(&c->kv, l, kvh, runs, n_runs, n_cols, ts->kc, ts->vc);
             for (int j = 0; j < g; j++)
-                prefill_head(c, l, kvh * g + j, qs, nq, n_keys, ts);
+                prefill_head(c, l, kvh * g + j, qs, nq, n_keys, runs, n_runs, n_cols, ts);
+            if (spf)
+                kvp_spf_count(spf, ith, l, est, kvp_time_now() - t0 - est, n_cols, n_keys);
         }
     }
 }

@@ -33,6 +33,7 @@
 #include "core/err.h"
 #include "forward/context_internal.h"
 #include "forward/kv_step.h"
+#include "forward/sparse_prefill.h"
 #include "policy/host.h"
 #include "policy/policy.h"
 #include "store/store.h"
@@ -138,6 +139,7 @@ int kvp_ctx_fill_tile(kvp_ctx *c, int n, struct kvp_err *err)
     }
     free(kb), free(kr), free(cs);
     c->n_tokens = n;
+    kvp_spf_forget(c->spf, 0);
     if (c->store && (rc = kvp_store_take_error(c->store, err)) < 0)
         return rc;
     return 0;

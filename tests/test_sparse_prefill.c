@@ -1,0 +1,341 @@
+/*
+ * Block-sparse prefill attention (src/forward/sparse_prefill.c, docs/prefill.md):
+ *   - at a budget that covers every key, each estimate's path gives the dense prefill's logits bit
+ *     for bit, on every KV type, with one and two threads, with a policy that wants the column
+ *     sums and observation rows, over several prompt pieces;
+ *   - every choice holds the sink, the local window (the block's own keys included) and at most
+ *     the budget, and the prompt's tail and the blocks below min_keys read every key;
+ *   - on the shipped model, each estimate's picks hold more of the dense attention than a random
+ *     pick of as many blocks would in expectation (a wrong sign or a broken bound does not);
+ *   - the shipped model still finds its passkeys after a prefill with the default sparse
+ *     settings.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "forward/context.h"
+#include "forward/sparse_prefill.h"
+#include "kvpred.h"
+#include "tasks/corpus.h"
+#include "tasks/tasks.h"
+#include "testutil.h"
+
+enum { N_PROMPT = 1500, CTX = 1600, BATCH = 256 };
+
+static kvp_model *fixture(char **path)
+{
+    /* head_dim 32, 2 KV heads of 4 query heads (GQA) */
+    struct kvp_test_model_spec sp = {.n_vocab = 96, .n_embd = 128, .n_layer = 2, .n_head = 4,
+                                     .n_head_kv = 2, .n_ff = 128, .n_ctx = CTX,
+                                     .type = KVP_TYPE_F32, .embd_type = KVP_TYPE_F32,
+                                     .tied = 1, .seed = 11, .rope_base = 10000.0f};
+    return kvp_test_model(&sp, path);
+}
+
+static void prompt_ids(int32_t *ids, int n, int vocab)
+{
+    for (int i = 0; i < n; i++)
+        ids[i] = (i * 37 + 5 + i / 11) % vocab;
+}
+
+struct observed {
+    int calls;
+    int bad;
+    const struct kvp_prefill_params *p; /* resolved as the library does */
+    int job_end;
+};
+
+/* Every choice: ascending disjoint runs on key blocks, ending at n_keys, holding the sink and
+ * the window, within the budget (or only the forced blocks when they exceed it); never in the
+ * dense tail or below min_keys. */
+static void check_choice(void *user, int l, int kvh, int p0, int nq, int n_keys,
+                         const struct kvp_key_run *runs, int n_runs)
+{
+    (void)l, (void)kvh;
+    struct observed *o = user;
+    const struct kvp_prefill_params *p = o->p;
+    const int B = p->block;
+    o->calls++;
+    int cols = 0, prev_end = -1;
+    bool bad = n_runs < 1 || runs[n_runs - 1].start + runs[n_runs - 1].n != n_keys;
+    for (int r = 0; r < n_runs && !bad; r++) {
+        bad |= runs[r].start % B != 0 || runs[r].n <= 0 || runs[r].start <= prev_end;
+        prev_end = runs[r].start + runs[r].n;
+        cols += runs[r].n;
+    }
+    /* covered(a, b): keys [a, b) lie in the runs */
+    for (int k = 0; k < n_keys && !bad; k++) {
+        const bool must = k < p->sink || k >= p0 - p->window;
+        if (!must)
+            continue;
+        bool in = false;
+        for (int r = 0; r < n_runs; r++)
+            in |= k >= runs[r].start && k < runs[r].start + runs[r].n;
+        bad |= !in;
+    }
+    const int want = p->budget > 0 ? p->budget : (int)(p->budget_ratio * n_keys + 0.999999);
+    const int forced_u = (p->sink + B - 1) / B + (n_keys + B - 1) / B -
+                         (p0 - p->window > 0 ? p0 - p->window : 0) / B;
+    const int max_u = (want + B - 1) / B > forced_u ? (want + B - 1) / B : forced_u;
+    bad |= cols > max_u * B;
+    bad |= p0 + nq - 1 >= o->job_end - p->dense_tail || n_keys < p->min_keys;
+    if (bad && !o->bad)
+        print_message("bad choice: layer %d head %d p0 %d n_keys %d, %d runs, %d keys\n", l, kvh,
+                      p0, n_keys, n_runs, cols);
+    o->bad += bad;
+}
+
+static float *prefill_logits(kvp_model *m, const int32_t *ids, int type, int threads,
+                             const char *policy, const struct kvp_prefill_params *pp,
+                             struct observed *obs)
+{
+    struct kvp_model_info info;
+    kvp_model_get_info(m, &info);
+    struct kvp_ctx_params cp = {.n_ctx = CTX, .n_threads = threads, .n_batch = BATCH,
+                                .type_k = type, .type_v = type};
+    kvp_ctx *c = NULL;
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_ctx_init(m, &cp, &c, &err), 0);
+    if (policy) {
+        struct kvp_policy_params pol = {.name = policy, .budget = 256};
+        assert_int_equal(kvp_ctx_set_policy(c, &pol, &err), 0);
+    }
+    if (pp) {
+        assert_int_equal(kvp_ctx_set_prefill(c, pp, &err), 0);
+        if (obs)
+            kvp_spf_set_observer(kvp_ctx_spf(c), check_choice, obs);
+    }
+    float *lg = malloc((size_t)N_PROMPT * info.n_vocab * sizeof(float));
+    assert_non_null(lg);
+    assert_int_equal(kvp_eval(c, ids, N_PROMPT, lg, true, &err), 0);
+    if (pp) {
+        struct kvp_prefill_stats st;
+        kvp_ctx_prefill_stats(c, &st);
+        assert_true(st.tokens == N_PROMPT);
+        assert_true(st.keys_read > 0 && st.keys_read <= st.keys_seen);
+    }
+    kvp_ctx_free(c);
+    return lg;
+}
+
+/* ---- density 1: the dense bits ---- */
+
+static void test_density_one_is_dense(void **state)
+{
+    (void)state;
+    char *path = NULL;
+    kvp_model *m = fixture(&path);
+    struct kvp_model_info info;
+    kvp_model_get_info(m, &info);
+    static int32_t ids[N_PROMPT];
+    prompt_ids(ids, N_PROMPT, info.n_vocab);
+    const size_t bytes = (size_t)N_PROMPT * info.n_vocab * sizeof(float);
+    const int types[] = {KVP_KV_F32, KVP_KV_F16, KVP_KV_BF16, KVP_KV_Q8_0};
+    /* h2o wants column sums of every row (whole-head work items), snapkv observation rows */
+    const char *policies[] = {NULL, "h2o", "snapkv"};
+    for (int ti = 0; ti < 4; ti++)
+        for (int pi = 0; pi < 3; pi++)
+            for (int threads = 1; threads <= 2; threads++) {
+                if ((ti > 0 || threads > 1) && pi > 0)
+                    continue; /* the policies' buffers once, on f32 with one thread */
+                float *dense = prefill_logits(m, ids, types[ti], threads, policies[pi], NULL,
+                                              NULL);
+                for (int est = KVP_PREFILL_POOLED; est < KVP_PREFILL_COUNT; est++) {
+                    /* every block within the budget; sparse from the first block on, no tail */
+                    struct kvp_prefill_params pp = {.policy = est, .budget_ratio = 1,
+                                                    .min_keys = -1, .dense_tail = -1,
+                                                    .window = -1, .sink = -1, .block = 32};
+                    struct kvp_prefill_params res = pp;
+                    res.sink = res.window = res.dense_tail = res.min_keys = 0;
+                    res.budget_ratio = 1;
+                    res.block = 32;
+                    struct observed obs = {.p = &res, .job_end = N_PROMPT};
+                    float *sp = prefill_logits(m, ids, types[ti], threads, policies[pi], &pp,
+                                               &obs);
+                    print_message("kv %s, %d thread(s), policy %s, estimate %s: %d choices\n",
+                                  kvp_kv_type_name(types[ti]), threads,
+                                  policies[pi] ? policies[pi] : "none",
+                                  kvp_prefill_policy_name(est), obs.calls);
+                    assert_true(obs.calls > 0); /* the sparse path ran */
+                    assert_int_equal(obs.bad, 0);
+                    assert_memory_equal(dense, sp, bytes);
+                    free(sp);
+                }
+                free(dense);
+            }
+    kvp_test_model_free(m, path);
+}
+
+/* ---- the mask ---- */
+
+static void test_choice_holds_sink_window_budget(void **state)
+{
+    (void)state;
+    char *path = NULL;
+    kvp_model *m = fixture(&path);
+    struct kvp_model_info info;
+    kvp_model_get_info(m, &info);
+    static int32_t ids[N_PROMPT];
+    prompt_ids(ids, N_PROMPT, info.n_vocab);
+    for (int est = KVP_PREFILL_POOLED; est < KVP_PREFILL_COUNT; est++)
+        for (int thr = 0; thr < 2; thr++) {
+            struct kvp_prefill_params pp = {.policy = est, .budget_ratio = 0.25,
+                                            .threshold = thr ? 0.9 : 0, .block = 32,
+                                            .sink = 40, .window = 100, .dense_tail = 200,
+                                            .min_keys = 300};
+            struct observed obs = {.p = &pp, .job_end = N_PROMPT};
+            free(prefill_logits(m, ids, KVP_KV_F16, 1, NULL, &pp, &obs));
+            print_message("estimate %s, threshold %g: %d sparse choices\n",
+                          kvp_prefill_policy_name(est), pp.threshold, obs.calls);
+            assert_true(obs.calls > 0);
+            assert_int_equal(obs.bad, 0);
+        }
+    kvp_test_model_free(m, path);
+}
+
+/* ---- the shipped model ---- */
+
+static kvp_model *shipped(void)
+{
+    static char path[4096];
+    const char *src = getenv("KVP_SOURCE_DIR");
+    snprintf(path, sizeof(path), "%s/models/kvpred-default.gguf", src ? src : ".");
+    kvp_model *model = NULL;
+    struct kvp_err err = {0};
+    /* the model is part of the repository: missing or unreadable is a failure */
+    if (kvp_model_open(path, NULL, &model, &err) < 0)
+        fail_msg("%s: %s", path, err.msg);
+    return model;
+}
+
+static int count_tokens(void *ud, const char *text, size_t len, size_t *n_tok)
+{
+    int rc = kvp_tokenize(ud, text, len, true, NULL, 0, n_tok, NULL);
+    return rc == KVP_ERANGE ? 0 : rc;
+}
+
+/* A retrieval prompt of about n tokens (the evaluation's passkey task), tokenized. */
+static int32_t *task_prompt(const kvp_model *m, int n, float depth, uint64_t seed, size_t *n_ids,
+                            char *want, size_t want_cap)
+{
+    struct kvp_corpus *c = NULL;
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_corpus_passkey_only(&c, &err), 0);
+    struct kvp_task_req req = {.task = KVP_TASK_PASSKEY, .seed = KVP_EVAL_SEED_BIT | seed,
+                               .target_tokens = n, .depth = depth, .count = count_tokens,
+                               .ud = (void *)m};
+    struct kvp_task_text tt;
+    assert_int_equal(kvp_task_render_eval(c, &req, &tt, &err), 0);
+    int32_t *ids = malloc((size_t)(n + 64) * sizeof(int32_t));
+    assert_non_null(ids);
+    assert_int_equal(kvp_tokenize(m, tt.prompt, strlen(tt.prompt), true, ids, (size_t)n + 64,
+                                  n_ids, &err),
+                     0);
+    if (want)
+        snprintf(want, want_cap, "%.*s", (int)strcspn(tt.refs, "\n"), tt.refs);
+    kvp_task_text_free(&tt);
+    kvp_corpus_free(c);
+    return ids;
+}
+
+/* The estimate's picks against the dense attention, every layer of the shipped model at 1/8:
+ * more than a random pick of as many blocks holds in expectation, layer by layer. */
+static void test_estimates_beat_random(void **state)
+{
+    (void)state;
+    kvp_model *m = shipped();
+    size_t n = 0;
+    int32_t *ids = task_prompt(m, 3000, 0.5f, 4242, &n, NULL, 0);
+    struct kvp_model_info info;
+    kvp_model_get_info(m, &info);
+    for (int est = KVP_PREFILL_POOLED; est < KVP_PREFILL_COUNT; est++) {
+        struct kvp_ctx_params cp = {.n_ctx = 4096, .n_threads = 2};
+        kvp_ctx *c = NULL;
+        struct kvp_err err = {0};
+        assert_int_equal(kvp_ctx_init(m, &cp, &c, &err), 0);
+        /* a small window, so that most of the budget is the estimate's */
+        struct kvp_prefill_params pp = {.policy = est, .budget_ratio = 0.125, .min_keys = 1024,
+                                        .window = 64, .dense_tail = -1};
+        assert_int_equal(kvp_ctx_set_prefill(c, &pp, &err), 0);
+        kvp_spf_measure(kvp_ctx_spf(c), true);
+        assert_int_equal(kvp_eval(c, ids, (int)n, NULL, false, &err), 0);
+        for (int l = 0; l < info.n_layer; l++) {
+            double rec = 0, rnd = 0;
+            assert_int_equal(kvp_spf_recovery(kvp_ctx_spf(c), l, &rec, &rnd), 0);
+            print_message("estimate %s, layer %d: density %.3f, recovery %.3f, random %.3f\n",
+                          kvp_prefill_policy_name(est), l, kvp_ctx_prefill_density(c, l), rec,
+                          rnd);
+            assert_true(rec > rnd);
+        }
+        kvp_ctx_free(c);
+    }
+    free(ids);
+    kvp_model_close(m);
+}
+
+/* Passkeys at 8192 tokens (depths 10, 50 and 90 %) after a prefill with the default sparse
+ * settings, answered greedily from the full cache. */
+static void test_passkey_after_sparse_prefill(void **state)
+{
+    (void)state;
+    kvp_model *m = shipped();
+    struct kvp_model_info info;
+    kvp_model_get_info(m, &info);
+    const float depths[] = {0.1f, 0.5f, 0.9f};
+    for (int i = 0; i < 3; i++) {
+        char want[48];
+        size_t n = 0;
+        int32_t *ids = task_prompt(m, 8192 - 16, depths[i], 3000 + (uint64_t)i, &n, want,
+                                   sizeof(want));
+        struct kvp_ctx_params cp = {.n_ctx = 8192, .n_threads = 2};
+        kvp_ctx *c = NULL;
+        struct kvp_err err = {0};
+        assert_int_equal(kvp_ctx_init(m, &cp, &c, &err), 0);
+        struct kvp_prefill_params pp = {.policy = KVP_PREFILL_SPARSE};
+        assert_int_equal(kvp_ctx_set_prefill(c, &pp, &err), 0);
+        float *logits = malloc((size_t)info.n_vocab * sizeof(float));
+        assert_non_null(logits);
+        assert_int_equal(kvp_eval(c, ids, (int)n, logits, false, &err), 0);
+        struct kvp_prefill_stats st;
+        kvp_ctx_prefill_stats(c, &st);
+        char out[64] = "";
+        size_t len = 0;
+        int prev = ids[n - 1];
+        for (int step = 0; step < 8; step++) {
+            int best = 0;
+            for (int v = 1; v < info.n_vocab; v++)
+                best = logits[v] > logits[best] ? v : best;
+            char piece[32];
+            size_t k = kvp_token_to_piece(m, prev, best, piece, sizeof(piece));
+            if (kvp_token_is_eog(m, best) || memchr(piece, '\n', k))
+                break;
+            if (len + k < sizeof(out)) {
+                memcpy(out + len, piece, k);
+                out[len += k] = 0;
+            }
+            int32_t tok = best;
+            assert_int_equal(kvp_eval(c, &tok, 1, logits, false, &err), 0);
+            prev = best;
+        }
+        print_message("%zu tokens, depth %.0f%%, density %.3f, key %s: '%s'\n", n,
+                      100 * depths[i], st.keys_read / st.keys_seen, want, out);
+        assert_true(st.keys_read < st.keys_seen); /* it was sparse */
+        assert_non_null(strstr(out, want));
+        free(logits);
+        free(ids);
+        kvp_ctx_free(c);
+    }
+    kvp_model_close(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_density_one_is_dense),
+        cmocka_unit_test(test_choice_holds_sink_window_budget),
+        cmocka_unit_test(test_estimates_beat_random),
+        cmocka_unit_test(test_passkey_after_sparse_prefill),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
