@@ -132,6 +132,8 @@ size_t kvp_token_to_piece(const kvp_model *model, int prev, int token, char *buf
 
 typedef struct kvp_ctx kvp_ctx;
 
+struct kvp_prefill_params; /* below: prefill attention */
+
 struct kvp_ctx_params {
     int n_ctx;        /* KV capacity in tokens (0: the model's training context) */
     int n_threads;    /* worker threads including the caller (0: 1) */
@@ -166,6 +168,8 @@ struct kvp_ctx_params {
        file, which decode reads 1.3-1.4x faster (docs/batched.md); prefill keeps reading the
        file's. A sequence of an engine follows kvp_engine_params.no_pack instead. */
     bool no_pack;
+    /* how prompts attend (kvp_ctx_set_prefill at creation; copied) [NULL: dense] */
+    const struct kvp_prefill_params *prefill;
 };
 
 /* Element type of the KV cache (kvp_ctx_params.type_k / type_v). Keys and values are stored in

@@ -2,6 +2,7 @@
  * and one refusal (status, parameter) per kind of bad field. The HTTP side is test_server.py. */
 #include <string.h>
 
+#include "kvpred.h"
 #include "server/request.h"
 #include "testutil.h"
 
@@ -47,6 +48,16 @@ static void test_completion_fields(void **state)
     assert_int_equal(parse("{\"prompt\": \"x\", \"kvpred\": {\"budget\": 0.25}}", SRV_COMPLETION,
                            &r, &e), 0);
     assert_true(r.budget == 0 && r.budget_ratio == 0.25f);
+    srv_request_free(&r);
+    /* prefill attention: a policy by name ("sparse": the recommended one) and its budget */
+    assert_int_equal(parse("{\"prompt\": \"x\", \"kvpred\": {\"prefill_policy\": \"sparse\", "
+                           "\"prefill_budget\": \"1/16\"}}", SRV_COMPLETION, &r, &e), 0);
+    assert_true(r.prefill_policy == KVP_PREFILL_SPARSE && r.has_prefill_budget &&
+                r.prefill_budget == 0 && r.prefill_budget_ratio == 1.0f / 16);
+    srv_request_free(&r);
+    assert_int_equal(parse("{\"prompt\": \"x\", \"kvpred\": {\"prefill_budget\": 2048}}",
+                           SRV_COMPLETION, &r, &e), 0);
+    assert_true(r.prefill_policy == -1 && r.prefill_budget == 2048);
     srv_request_free(&r);
 }
 
@@ -110,6 +121,12 @@ static void test_refusals(void **state)
          "kvpred.budget"},
         {SRV_COMPLETION, "{\"prompt\": \"a\", \"kvpred\": {\"budget\": 1e-68}}", 400,
          "kvpred.budget"},
+        {SRV_COMPLETION, "{\"prompt\": \"a\", \"kvpred\": {\"prefill_policy\": \"sparsest\"}}",
+         400, "kvpred.prefill_policy"},
+        {SRV_COMPLETION, "{\"prompt\": \"a\", \"kvpred\": {\"prefill_policy\": \"dense\", "
+                         "\"prefill_budget\": 0.5}}", 400, "kvpred.prefill_budget"},
+        {SRV_COMPLETION, "{\"prompt\": \"a\", \"kvpred\": {\"prefill_budget\": 0}}", 400,
+         "kvpred.prefill_budget"},
         {SRV_CHAT, "{\"messages\": []}", 400, "messages"},
         {SRV_CHAT, "{\"messages\": [{\"role\": \"user\"}]}", 400, "messages"},
         {SRV_CHAT, "{\"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}", 400, "messages"},

@@ -329,6 +329,50 @@ static void test_passkey_after_sparse_prefill(void **state)
     kvp_model_close(m);
 }
 
+/* ---- the switch on the command line ---- */
+
+static void test_cli_switch(void **state)
+{
+    (void)state;
+    KVP_REQUIRE_CLI(cli);
+    char cmd[4096], *out = NULL;
+    /* bench --help names every policy and the recommended one */
+    snprintf(cmd, sizeof(cmd), "%s bench --help", cli);
+    assert_int_equal(kvp_test_run(cmd, &out, 0), 0);
+    assert_non_null(strstr(out, "--prefill-policy"));
+    assert_non_null(strstr(out, "--prefill-budget"));
+    assert_non_null(strstr(out, "sparse\n                       (recommended: pooled)"));
+    for (int i = 0; i < KVP_PREFILL_COUNT; i++)
+        assert_non_null(strstr(out, kvp_prefill_policy_name(i)));
+    free(out);
+    const char *cmds[] = {"run", "bench", "eval --tokens-from-seed 1", "eval --task passkey",
+                          "batched-bench", "serve"};
+    for (int i = 0; i < 6; i++) {
+        snprintf(cmd, sizeof(cmd), "%s %s --prefill-budget 1/8 2>&1", cli, cmds[i]);
+        kvp_test_expect_error(cmd, "need a sparse --prefill-policy");
+        snprintf(cmd, sizeof(cmd), "%s %s --prefill-policy sparsest 2>&1", cli, cmds[i]);
+        kvp_test_expect_error(cmd, "--prefill-policy");
+    }
+    /* the JSON says what the prefill did */
+    const char *src = getenv("KVP_SOURCE_DIR");
+    snprintf(cmd, sizeof(cmd),
+             "%s bench -m %s/models/kvpred-default.gguf --prefill 1500 -c 1600 -n 2 -r 1 --json "
+             "--prefill-policy sparse --prefill-budget 1/8 --prefill-min-keys 512 "
+             "--prefill-tail 64",
+             cli, src ? src : ".");
+    assert_int_equal(kvp_test_run(cmd, &out, 0), 0);
+    assert_non_null(strstr(out, "\"prefill_policy\":\"pooled\""));
+    assert_non_null(strstr(out, "\"prefill_budget\":\"1/8\""));
+    assert_non_null(strstr(out, "\"prefill_density_layers\":["));
+    assert_non_null(strstr(out, "\"prefill_estimate_s\":"));
+    assert_non_null(strstr(out, "\"prefill_attention_s\":"));
+    const char *d = strstr(out, "\"prefill_density\":");
+    assert_non_null(d);
+    const double density = strtod(d + strlen("\"prefill_density\":"), NULL);
+    assert_true(density > 0 && density < 1);
+    free(out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -336,6 +380,7 @@ int main(void)
         cmocka_unit_test(test_choice_holds_sink_window_budget),
         cmocka_unit_test(test_estimates_beat_random),
         cmocka_unit_test(test_passkey_after_sparse_prefill),
+        cmocka_unit_test(test_cli_switch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

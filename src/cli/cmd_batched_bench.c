@@ -31,6 +31,7 @@
 
 #include "cli/cli.h"
 #include "cli/common.h"
+#include "cli/prefill_opts.h"
 #include "cli/tier_opts.h"
 #include "core/platform.h"
 #include "core/rng.h"
@@ -65,10 +66,11 @@ static void help(void)
            "  --serial             also decode the sequences one after another (ntg each)\n"
            "  --stop-before-decode stop (SIGSTOP) after each row's fill until SIGCONT, so a\n"
            "                       script can time the decode alone under a lock\n"
-           "  --json               one JSON object per row instead of the table\n"
+           "  --json               one JSON object per row instead of the table\n%s"
+           "                       (every sequence's prompt; JSON: the first sequence's)\n"
            "Each sequence's context is npp + 2*ntg tokens, so there is no -c; -b is the\n"
            "step's most tokens of all sequences.\n%s",
-           cli_tier_flags_help, TILE_SOURCE, TILE_TAIL, TILE_TAIL,
+           cli_tier_flags_help, TILE_SOURCE, TILE_TAIL, TILE_TAIL, cli_prefill_flags_help,
            cli_model_flags_help_sans_ctx);
 }
 
@@ -80,6 +82,7 @@ struct row {
     uint64_t bytes_read, hits, misses, serial_bytes_read;
     uint64_t reads, serial_reads; /* cold-tier read requests (a request may span units) */
     long rss_kib;
+    struct cli_prefill_report pf; /* the first sequence's prompt attention */
 };
 
 /* Resident set of this process in KiB (VmRSS), or -1. */
@@ -101,9 +104,10 @@ struct bench {
     kvp_engine *e;
     struct kvp_ctx_params cp;
     struct kvp_policy_params *pp;
+    const struct cli_prefill_opts *pf;
     int n_batch, fill;
     bool serial, stop;
-    int n_vocab;
+    int n_vocab, n_layer;
     double t_warmup;             /* the warm-up row, seconds */
     size_t warmup_packed_bytes;  /* weights packed by the end of it */
 };
@@ -137,6 +141,8 @@ static int run_row(struct bench *b, struct row *r)
         if (kvp_seq_init(b->e, &cp, &seq[s], &err) < 0 ||
             (b->pp->name && kvp_ctx_set_policy(seq[s], b->pp, &err) < 0))
             goto fail;
+        if (cli_prefill_apply(b->pf, seq[s]))
+            goto out;
     }
     /* prefill: whole prompts packed into steps of at most n_batch tokens, a prompt longer than
      * that in pieces */
@@ -231,6 +237,7 @@ static int run_row(struct bench *b, struct row *r)
             }
         }
     }
+    cli_prefill_take(seq[0], b->n_layer, &r->pf);
     rc = 0;
     goto out;
 fail:
@@ -264,6 +271,7 @@ static void print_json(const struct bench *b, const struct row *r, const char *b
     cJSON_AddStringToObject(o, "kv_type_k", kvp_kv_type_name(b->cp.type_k));
     cJSON_AddStringToObject(o, "kv_type_v", kvp_kv_type_name(b->cp.type_v));
     cJSON_AddStringToObject(o, "fill", fill_names[b->fill]);
+    cli_prefill_json(o, b->pf, &r->pf);
     /* the warm-up row before every row (its sequences as many as the largest row's): what a
      * batched engine makes once, such as the packed weights, is made there, outside the rows */
     cJSON_AddNumberToObject(o, "t_warmup_s", b->t_warmup);
@@ -305,6 +313,7 @@ int cmd_batched_bench(int argc, char **argv)
     struct cli_model_opts mo = {0};
     const char *npp_s = "128", *ntg_s = "128", *npl_s = "1,2,4,8", *budget_arg = NULL;
     struct cli_tier_opts to = CLI_TIER_OPTS_INIT;
+    struct cli_prefill_opts pf = CLI_PREFILL_OPTS_INIT;
     int fill = 0;
     bool json = false, serial = false, stop = false;
     struct kvp_policy_params pp = {0};
@@ -315,6 +324,7 @@ int cmd_batched_bench(int argc, char **argv)
         CLI_STR("--policy", &pp.name),
         CLI_STR("--budget", &budget_arg),
         CLI_TIER_FLAGS(&to),
+        CLI_PREFILL_FLAGS(&pf),
         CLI_CHOICE("--fill", fill_names, 0, &fill, "prefill, copy or tile"),
         CLI_BOOL("--serial", &serial),
         CLI_BOOL("--stop-before-decode", &stop),
@@ -337,7 +347,7 @@ int cmd_batched_bench(int argc, char **argv)
         return cli_fail("--budget needs --policy");
     if (mo.n_ctx > 0)
         return cli_fail("-c: batched-bench sizes each sequence's context itself (npp + 2*ntg)");
-    if (cli_tier_check(&to, pp.name != NULL))
+    if (cli_tier_check(&to, pp.name != NULL) || cli_prefill_check(&pf))
         return 1;
     if (mo.n_threads <= 0)
         mo.n_threads = 1;
@@ -354,7 +364,8 @@ int cmd_batched_bench(int argc, char **argv)
     struct kvp_model_info in;
     kvp_model_get_info(m, &in);
     struct kvp_ctx_params shared = cli_ctx_params(&mo, max_ctx);
-    struct bench b = {.m = m, .pp = &pp, .fill = fill, .serial = serial, .n_vocab = in.n_vocab,
+    struct bench b = {.m = m, .pp = &pp, .pf = &pf, .fill = fill, .serial = serial, .n_vocab = in.n_vocab,
+                      .n_layer = in.n_layer,
                       .n_batch = mo.n_batch > 0 ? (int)mo.n_batch : 512};
     b.cp = (struct kvp_ctx_params){.block_size = shared.block_size, .type_k = shared.type_k,
                                    .type_v = shared.type_v};

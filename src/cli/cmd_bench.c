@@ -40,6 +40,7 @@
 #include "cli/cli.h"
 #include "cli/common.h"
 #include "cli/measure_opts.h"
+#include "cli/prefill_opts.h"
 #include "cli/tier_opts.h"
 #include "core/platform.h"
 #include "core/rng.h"
@@ -118,8 +119,9 @@ static void help(void)
            "  --fill-text FILE     take the tokens prefilled for real from this text (--fill\n"
            "                       prefill: the whole depth; tile: the --fill-source tokens),\n"
            "                       pseudo-random ids past its end (default: all pseudo-random)\n"
-           "  --json               print one JSON object\n%s\n%s",
-           cli_tier_flags_help, PAIR_CHUNK, TILE_TAIL, TILE_TAIL, cli_policy_flags_help(),
+           "  --json               print one JSON object\n%s%s\n%s",
+           cli_tier_flags_help, PAIR_CHUNK, TILE_TAIL, TILE_TAIL, cli_prefill_flags_help,
+           cli_policy_flags_help(),
            cli_model_flags_help_sans_ctx);
 }
 
@@ -179,6 +181,7 @@ struct bench_opts {
     long depth;       /* tokens in the cache when decode is timed (-c; default 512) */
     double bandwidth; /* GB/s for the floor (0: measure it) */
     struct cli_tier_opts to;
+    struct cli_prefill_opts pf;
     double link_gbps, link_us; /* RAM tier: the modelled link (0: off) */
     const char *timeline;      /* --timeline OUT.png */
     bool paired, json;
@@ -192,6 +195,7 @@ struct bench_opts {
 struct bench_result {
     struct kvp_model_info in;
     double pp_best, fill_s;    /* prefill tokens/s (best run); seconds to fill to depth */
+    struct cli_prefill_report pf; /* what the best prefill run's attention did */
     bool fill_tiered;          /* fill_transfer_s is the tier's */
     double fill_transfer_s;    /* of the fill, the time with cold-tier transfers in flight */
     double tg_mean, tg_best;   /* decode tokens/s, mean and best of the repetitions */
@@ -221,6 +225,7 @@ static int parse_args(struct bench_opts *o, int argc, char **argv)
         CLI_STR("--policy", &o->pp.name),
         CLI_STR("--budget", &o->budget_arg),
         CLI_TIER_FLAGS(&o->to),
+        CLI_PREFILL_FLAGS(&o->pf),
         CLI_FLOAT("--link-gbps", 0.001, 1e6, &o->link_gbps, "a positive GB/s value"),
         CLI_FLOAT("--link-latency-us", 0, 1e7, &o->link_us, "a latency in microseconds"),
         CLI_STR("--timeline", &o->timeline),
@@ -246,6 +251,8 @@ static int parse_args(struct bench_opts *o, int argc, char **argv)
                                  .src = o->fill_src < o->depth ? o->fill_src : o->depth};
     if (o->to.tier == KVP_TIER_NONE && (o->link_gbps || o->link_us || o->timeline || o->paired))
         return cli_fail("--link-gbps, --link-latency-us, --timeline and --paired need --kv-tier");
+    if (cli_prefill_check(&o->pf))
+        return 1;
     return cli_tier_check(&o->to, o->pp.name != NULL);
 }
 
@@ -266,6 +273,10 @@ static kvp_ctx *bench_ctx(const kvp_model *m, const struct bench_opts *o, long c
         kvp_ctx_free(c);
         return NULL;
     }
+    if (c && cli_prefill_apply(&o->pf, c)) {
+        kvp_ctx_free(c);
+        return NULL;
+    }
     return c;
 }
 
@@ -275,10 +286,13 @@ static int time_prefill(const struct bench_opts *o, kvp_ctx *ctx, const int32_t 
 {
     for (long k = 0; k < o->reps; k++) {
         kvp_ctx_reset(ctx);
+        kvp_ctx_prefill_reset_stats(ctx);
         double t0 = kvp_time_now();
         if (kvp_eval(ctx, toks, (int)o->n_prefill, logits, false, err) < 0)
             return -1;
         double rate = o->n_prefill / (kvp_time_now() - t0);
+        if (rate > r->pp_best)
+            cli_prefill_take(ctx, r->in.n_layer, &r->pf);
         r->pp_best = rate > r->pp_best ? rate : r->pp_best;
     }
     kvp_ctx_reset(ctx);
@@ -543,6 +557,8 @@ static void print_json(const struct bench_opts *o, const struct bench_result *r)
     cJSON_AddNumberToObject(j, "reps", (double)o->reps);
     cJSON_AddNumberToObject(j, "prefill_tokens", (double)o->n_prefill);
     cJSON_AddNumberToObject(j, "prefill_tokens_per_s", r->pp_best);
+    /* of that prefill: policy, density, estimate and attention thread-seconds */
+    cli_prefill_json(j, &o->pf, &r->pf);
     cJSON_AddStringToObject(j, "prefill_gemm",
                             kvp_gemm_wants(KVP_TYPE_Q8_0, 2) ? "int8" : "sgemm");
     /* fill: prefill, or tile (fill_source_tokens prefilled for real, the cache tiled from
@@ -688,6 +704,10 @@ static void print_text(const struct bench_opts *o, const struct bench_result *r)
            kvp_kv_type_name(r->type_v), r->kv_per_token);
     printf("prefill  %6ld tokens: %10.1f tokens/s (best of %ld)\n", o->n_prefill, r->pp_best,
            o->reps);
+    if (r->pf.st.keys_seen > 0)
+        printf("         %s attention, density %.3f: %.3f thread-s attention, %.3f estimate\n",
+               kvp_prefill_policy_name(o->pf.p.policy), r->pf.st.keys_read / r->pf.st.keys_seen,
+               r->pf.st.attention_s, r->pf.st.estimate_s);
     printf("fill     %6ld tokens: %10.3f s", o->depth, r->fill_s);
     if (r->fill_tiered)
         printf(" (%.3f s with cold-tier transfers in flight)", r->fill_transfer_s);
@@ -720,7 +740,7 @@ static void print_text(const struct bench_opts *o, const struct bench_result *r)
 int cmd_bench(int argc, char **argv)
 {
     struct bench_opts o = {.n_decode = 128, .n_prefill = 512, .reps = 3, .fill_src = 4096,
-                           .to = CLI_TIER_OPTS_INIT};
+                           .to = CLI_TIER_OPTS_INIT, .pf = CLI_PREFILL_OPTS_INIT};
     int rc = parse_args(&o, argc, argv);
     if (rc)
         return rc == 2 ? 0 : 1;

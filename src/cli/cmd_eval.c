@@ -72,6 +72,7 @@
 #include "cli/cli.h"
 #include "cli/common.h"
 #include "cli/measure_opts.h"
+#include "cli/prefill_opts.h"
 #include "cli/tier_opts.h"
 #include "eval/measure.h"
 #include "policy/policy.h"
@@ -98,11 +99,13 @@ static void help(void)
            "%s"
            "                       (measured on tiered stores, the numbers equal the untiered\n"
            "                       ones; evicting policies are refused, and left out of 'all')\n"
+           "%s"
+           "                       (the measured context's prompt; the reference is dense)\n"
            "  --seed S             seed of random policies (default 0)\n"
            "  --task T             retrieval accuracy on RULER-style prompts instead (see\n"
            "                       kvpred eval --task passkey --help)\n%s",
            cli_model_flags_help, cli_policy_names(), cli_tier_flags_help,
-           cli_policy_flags_help());
+           cli_prefill_flags_help, cli_policy_flags_help());
 }
 
 struct eval_opts {
@@ -113,6 +116,7 @@ struct eval_opts {
     long n_prefill, n_decode, retention_k;
     bool json;
     struct cli_tier_opts to; /* the measured contexts' cache */
+    struct cli_prefill_opts pf; /* the measured context's prefill attention */
 };
 
 /* --policy all: without --aux, not the policies that need a file; tiered, not the evicting ones
@@ -136,12 +140,13 @@ static int parse_args(struct eval_opts *o, int argc, char **argv)
         CLI_INT("--retention-k", 1, 1 << 20, &o->retention_k, "a positive count"),
         CLI_BOOL("--json", &o->json),
         CLI_TIER_FLAGS(&o->to),
+        CLI_PREFILL_FLAGS(&o->pf),
         {0},
     };
     int rc = cli_parse_measure_command("eval", &o->mo, &o->pp, &o->src, flags, help, argc, argv);
     if (rc)
         return rc;
-    if (cli_tier_check(&o->to, true))
+    if (cli_tier_check(&o->to, true) || cli_prefill_check(&o->pf))
         return 1;
     return cli_grid_parse(&o->grid, policy_list, budget_list, all_keep, o);
 }
@@ -200,7 +205,7 @@ static cJSON *layer_array(const double *v, int n)
 }
 
 static void json_row(const struct eval_opts *o, const char *model_name, const char *budget,
-                     const struct kvp_measure_result *r)
+                     const struct kvp_measure_result *r, const struct cli_prefill_report *pf)
 {
     cJSON *j = cJSON_CreateObject();
     if (!j)
@@ -275,6 +280,8 @@ static void json_row(const struct eval_opts *o, const char *model_name, const ch
     cJSON_AddNumberToObject(j, "kv_resident_bytes_full", (double)r->kv_resident_full);
     cJSON_AddNumberToObject(j, "kv_kept_bytes_full", (double)r->kv_kept_full);
     cJSON_AddNumberToObject(j, "seconds", r->seconds);
+    /* the measured context's prompt attention (the reference's is dense) */
+    cli_prefill_json(j, &o->pf, pf);
     char *s = cJSON_PrintUnformatted(j);
     if (s)
         printf("%s\n", s);
@@ -302,6 +309,7 @@ static int run_all(const struct eval_opts *o, struct kvp_measure *ms, const char
             pg.budget = label;
             struct kvp_measure_result r;
             struct kvp_err err = {0};
+            kvp_ctx_prefill_reset_stats(kvp_measure_policy_ctx(ms));
             if (kvp_measure_run(ms, &pp, progress_step, &pg, &r, &err) < 0) {
                 if (pg.on)
                     fprintf(stderr, "\r\033[K");
@@ -317,8 +325,11 @@ static int run_all(const struct eval_opts *o, struct kvp_measure *ms, const char
             }
             table_row(tf, pp.name, label, &r);
             fflush(tf);
-            if (o->json)
-                json_row(o, model_name, label, &r);
+            if (o->json) {
+                struct cli_prefill_report pf;
+                cli_prefill_take(kvp_measure_ctx(ms), r.n_layer, &pf);
+                json_row(o, model_name, label, &r, &pf);
+            }
             kvp_measure_result_free(&r);
         }
     }
@@ -332,7 +343,8 @@ int cmd_eval(int argc, char **argv)
                           .n_prefill = 256,
                           .n_decode = 256,
                           .retention_k = 32,
-                          .to = CLI_TIER_OPTS_INIT};
+                          .to = CLI_TIER_OPTS_INIT,
+                          .pf = CLI_PREFILL_OPTS_INIT};
     int rc = parse_args(&o, argc, argv);
     if (rc) {
         cli_grid_free(&o.grid);
@@ -367,6 +379,8 @@ int cmd_eval(int argc, char **argv)
         cli_fail_err(&err);
         goto out;
     }
+    if (cli_prefill_apply(&o.pf, kvp_measure_policy_ctx(ms)))
+        goto out;
     status = run_all(&o, ms, info.name);
 out:
     kvp_measure_free(ms);

@@ -48,6 +48,7 @@
 #include "cli/cli.h"
 #include "cli/common.h"
 #include "cli/measure_opts.h"
+#include "cli/prefill_opts.h"
 #include "eval/heatmap.h"
 #include "eval/task_eval.h"
 #include "tasks/corpus.h"
@@ -79,8 +80,10 @@ static void help(void)
            "                     policy x budget side by side (a row per policy)\n"
            "  --filler PATH      filler text file or directory (default\n"
            "                     $KVP_SHARED_DIR/data/pg_essays; passkey: its noise line,\n"
-           "                     or this text, the needle on a line of its own, when given)\n%s",
-           cli_model_flags_help, cli_policy_names(), cli_policy_flags_help());
+           "                     or this text, the needle on a line of its own, when given)\n"
+           "%s%s",
+           cli_model_flags_help, cli_policy_names(), cli_prefill_flags_help,
+           cli_policy_flags_help());
 }
 
 struct task_opts {
@@ -93,6 +96,8 @@ struct task_opts {
     struct cli_grid grid;        /* --policy x --budget */
     bool json;
     const char *heatmap, *filler;
+    struct cli_prefill_opts pf;
+    struct cli_prefill_report pf_report; /* the whole grid's prompts */
 };
 
 static int parse_args(struct task_opts *o, int argc, char **argv)
@@ -111,6 +116,7 @@ static int parse_args(struct task_opts *o, int argc, char **argv)
         CLI_STR("--heatmap", &o->heatmap),
         CLI_STR("--filler", &o->filler),
         CLI_BOOL("--json", &o->json),
+        CLI_PREFILL_FLAGS(&o->pf),
         {0},
     };
     const struct cli_command cmd = {
@@ -132,6 +138,8 @@ static int parse_args(struct task_opts *o, int argc, char **argv)
     if ((o->ti = kvp_task_eval_index(task)) < 0)
         return cli_fail("eval: --task '%s' is not one of passkey, niah_single, niah_multikey, "
                         "niah_multivalue, niah_multiquery, vt", task ? task : "");
+    if (cli_prefill_check(&o->pf))
+        return 1;
     return cli_grid_parse(&o->grid, policy_list, budget_list, NULL, NULL);
 }
 
@@ -167,6 +175,8 @@ static void json_cell(const struct task_opts *o, const char *model_name,
      * that only reads a subset (quest, or CateKV's adaptive heads) holds the whole cache. */
     cJSON_AddNumberToObject(j, "kv_resident_bytes", cell->kv_resident_bytes);
     cJSON_AddNumberToObject(j, "kv_kept_bytes", cell->kv_kept_bytes);
+    /* the prompts' attention: the settings, and density and times over the whole grid */
+    cli_prefill_json(j, &o->pf, &o->pf_report);
     char *s = cJSON_PrintUnformatted(j);
     if (s)
         printf("%s\n", s);
@@ -306,7 +316,8 @@ static int make_runs(const struct task_opts *o, struct kvp_task_eval_run **out)
 
 int cmd_eval_tasks(int argc, char **argv)
 {
-    struct task_opts o = {.pp = {.gqa_agg = KVP_AGG_MEAN}, .samples = 4, .seed = 42};
+    struct task_opts o = {.pp = {.gqa_agg = KVP_AGG_MEAN}, .samples = 4, .seed = 42,
+                          .pf = CLI_PREFILL_OPTS_INIT};
     static const long def_len[] = {512, 1024, 2048}, def_depth[] = {0, 25, 50, 75, 100};
     o.n_len = 3;
     memcpy(o.lengths, def_len, sizeof(def_len));
@@ -339,7 +350,8 @@ int cmd_eval_tasks(int argc, char **argv)
     const struct kvp_task_eval_grid g = {.ti = o.ti, .lengths = o.lengths, .depths = o.depths,
                                          .n_len = o.n_len, .n_depth = o.n_depth,
                                          .samples = o.samples, .seed = (uint64_t)o.seed};
-    if (!(ctx = cli_open_ctx(m, &o.mo, kvp_task_eval_ctx_tokens(&g))))
+    if (!(ctx = cli_open_ctx(m, &o.mo, kvp_task_eval_ctx_tokens(&g))) ||
+        cli_prefill_apply(&o.pf, ctx))
         goto out;
     struct kvp_model_info info;
     kvp_model_get_info(m, &info);
@@ -353,6 +365,7 @@ int cmd_eval_tasks(int argc, char **argv)
         cli_fail("eval: %s", err.msg);
         goto out;
     }
+    cli_prefill_take(ctx, info.n_layer, &o.pf_report);
     print_table(&o, runs, n_runs, info.name);
     for (int k = 0; o.json && k < n_runs; k++)
         for (int li = 0; li < o.n_len; li++)

@@ -6,6 +6,7 @@
 #include "cli/cli.h"
 #include "cli/common.h"
 #include "cli/measure_opts.h"
+#include "cli/prefill_opts.h"
 #include "cli/tier_opts.h"
 #include "core/platform.h"
 #include "server/server.h"
@@ -33,8 +34,8 @@ static void help(void)
            "  --ignore-eos         keep generating after an end-of-generation token\n"
            "  --policy P           KV selection policy (default full); known: %s\n"
            "  --budget B           tokens per layer and KV head, or a ratio such as 1/16\n"
-           "                       (default: all); random policies use --seed\n%s%s",
-           cli_model_flags_help, cli_policy_names(), cli_tier_flags_help,
+           "                       (default: all); random policies use --seed\n%s%s%s",
+           cli_model_flags_help, cli_policy_names(), cli_tier_flags_help, cli_prefill_flags_help,
            cli_policy_flags_help());
 }
 
@@ -48,6 +49,7 @@ int cmd_run(int argc, char **argv)
     bool no_bos = false, ignore_eos = false, chat = false;
     struct kvp_policy_params pp = {.gqa_agg = KVP_AGG_MEAN};
     struct cli_tier_opts to = CLI_TIER_OPTS_INIT;
+    struct cli_prefill_opts pf = CLI_PREFILL_OPTS_INIT;
     const struct cli_flag flags[] = {
         CLI_STR("-p|--prompt", &prompt),
         CLI_STR("-f|--file", &prompt_file),
@@ -66,6 +68,7 @@ int cmd_run(int argc, char **argv)
         CLI_STR("--policy", &pp.name),
         CLI_STR("--budget", &budget),
         CLI_TIER_FLAGS(&to),
+        CLI_PREFILL_FLAGS(&pf),
         {0},
     };
     int rc = cli_parse_policy_command("run", &mo, &pp, &budget, flags, help, argc, argv);
@@ -73,7 +76,7 @@ int cmd_run(int argc, char **argv)
         return rc == 2 ? 0 : 1;
     if (prompt && prompt_file)
         return cli_fail("run: give either -p or -f, not both");
-    if (cli_tier_check(&to, pp.name != NULL))
+    if (cli_tier_check(&to, pp.name != NULL) || cli_prefill_check(&pf))
         return 1;
     /* predictor, qpredictor and catekv without their file take the one beside the model */
     char aux[4096];
@@ -159,6 +162,8 @@ int cmd_run(int argc, char **argv)
         cli_fail_err(&err);
         goto out;
     }
+    if (cli_prefill_apply(&pf, ctx))
+        goto out;
     struct kvp_sampler_params sp = {.temperature = (float)temp, .top_k = (int)top_k,
                                     .top_p = (float)top_p, .repeat_penalty = (float)repeat_penalty,
                                     .repeat_last_n = (int)repeat_last_n, .seed = (uint64_t)seed};
@@ -216,6 +221,15 @@ int cmd_run(int argc, char **argv)
                     "%.1f ms (%.0f tok/s), KV resident %zu bytes (%s)\n",
             n_prompt, (t1 - t0) * 1e3, n_prompt / (t1 - t0), generated, (t2 - t1) * 1e3,
             generated / (t2 - t1 > 0 ? t2 - t1 : 1e-9), kv_resident, pp.name ? pp.name : "full");
+    if (pf.p.policy != KVP_PREFILL_DENSE) {
+        struct kvp_prefill_stats ps;
+        kvp_ctx_prefill_stats(ctx, &ps);
+        fprintf(stderr, "kvpred: prefill %s, density %.3f, attention %.2f thread-s, estimate "
+                        "%.3f\n",
+                kvp_prefill_policy_name(pf.p.policy),
+                ps.keys_seen > 0 ? ps.keys_read / ps.keys_seen : 1.0, ps.attention_s,
+                ps.estimate_s);
+    }
     if (pp.name && steps > 0) {
         /* KV read per decode step: what the selections let attention read, plus every key of
          * each (layer, KV head) that made no selection (dense layers, or no policy at all) */

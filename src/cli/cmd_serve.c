@@ -9,6 +9,7 @@
 #include "cli/cli.h"
 #include "cli/common.h"
 #include "cli/measure_opts.h"
+#include "cli/prefill_opts.h"
 #include "cli/tier_opts.h"
 #include "server/server.h"
 
@@ -57,8 +58,12 @@ static void help(void)
            "  predictor, qpredictor and catekv find their file beside the model\n"
            "  (MODEL.kvpp, .qkvpp, .catekv-r0.2.profile) when --aux / --head-profile is not given\n"
            "  KVPRED_SERVE_TRACE=1 in the environment logs where each prompt's time went\n"
+           "%s"
+           "                       (the default; a request may choose with \"kvpred\":\n"
+           "                       {\"prefill_policy\": P, \"prefill_budget\": B})\n"
            "%s",
-           cli_model_flags_help, cli_tier_flags_help, cli_policy_names(), cli_policy_flags_help());
+           cli_model_flags_help, cli_tier_flags_help, cli_policy_names(), cli_prefill_flags_help,
+           cli_policy_flags_help());
 }
 
 int cmd_serve(int argc, char **argv)
@@ -71,6 +76,7 @@ int cmd_serve(int argc, char **argv)
     long timeout = 30, cache_mib = 1024;
     const char *cache_dir = NULL;
     struct cli_tier_opts to = CLI_TIER_OPTS_INIT;
+    struct cli_prefill_opts pf = CLI_PREFILL_OPTS_INIT;
     struct kvp_policy_params pp = {.gqa_agg = KVP_AGG_MEAN};
     const struct cli_flag flags[] = {
         CLI_STR("--host", &host),
@@ -92,12 +98,14 @@ int cmd_serve(int argc, char **argv)
         CLI_TIER_FLAGS(&to),
         CLI_STR("--policy", &pp.name),
         CLI_STR("--budget", &budget),
+        CLI_PREFILL_FLAGS(&pf),
         {0},
     };
     int rc = cli_parse_policy_command("serve", &mo, &pp, &budget, flags, help, argc, argv);
     if (rc)
         return rc == 2 ? 0 : 1;
-    if (cli_tier_check(&to, true)) /* no warning without --policy: requests may name one */
+    if (cli_tier_check(&to, true) || /* no warning without --policy: requests may name one */
+        cli_prefill_check(&pf))
         return 1;
     if (!api_key)
         api_key = getenv("KVPRED_API_KEY");
@@ -133,6 +141,7 @@ int cmd_serve(int argc, char **argv)
         .seed = (unsigned long long)seed,
     };
     cli_tier_apply(&to, &cfg.cp);
+    cfg.cp.prefill = &pf.p;
     if (cfg.max_queue < 1)
         cfg.max_queue = 1;
     int n_ctx = cfg.cp.n_ctx > 0 ? cfg.cp.n_ctx : info.n_ctx_train;

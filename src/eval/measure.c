@@ -341,6 +341,11 @@ const kvp_ctx *kvp_measure_ctx(const struct kvp_measure *ms)
     return ms->pol;
 }
 
+kvp_ctx *kvp_measure_policy_ctx(struct kvp_measure *ms)
+{
+    return ms->pol;
+}
+
 const uint64_t *kvp_measure_read_mask(const struct kvp_measure *ms, int layer, int kvh)
 {
     const struct kvp_ctx *c = ms->pol;

@@ -89,6 +89,8 @@ void kvp_measure_result_free(struct kvp_measure_result *res);
 
 /* The policy context of the run in progress (borrowed; for step callbacks). */
 const kvp_ctx *kvp_measure_ctx(const struct kvp_measure *ms);
+/* The same context, to configure (its prefill attention: kvp_ctx_set_prefill) between runs. */
+kvp_ctx *kvp_measure_policy_ctx(struct kvp_measure *ms);
 
 /* Tokens the last decode step read for (layer, KV head), as per-block masks over
  * ceil(n_keys / block_size) blocks, or NULL for a dense layer or outside a run. */

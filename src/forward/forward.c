@@ -212,6 +212,9 @@ int kvp_seq_setup(struct kvp_shared *sh, const struct kvp_ctx_params *params, st
                                          .block_size = c->kv.block_size, .n_ctx = c->n_ctx,
                                          .kv = &c->kv};
     c->pol.dense_layers = hp->n_layer;
+    if (p.prefill && (rc = kvp_spf_set(c, &c->spf, p.prefill, err)) < 0)
+        goto fail;
+    c->params.prefill = NULL; /* borrowed only here: a fork starts dense */
     *out = c;
     return 0;
 

@@ -17,6 +17,7 @@ struct slot {
     int32_t *toks;      /* the prompt tokens the cache holds, in order */
     int n_toks;
     char pol_key[512];  /* the policy the context runs ("" before the first job) */
+    char pf_key[128];   /* and its prefill attention (prefill_key) */
     struct srv_job *job;
     int pos;            /* prompt tokens in the cache */
     int prev;           /* last token (for the piece of the next one) */
@@ -63,9 +64,18 @@ struct srv_engine {
     struct kvp_batch_item *batch; /* [n_slots] */
     int n_batch;               /* tokens a step takes */
     bool trace;                /* $KVPRED_SERVE_TRACE: one line per prompt with its phases */
+    struct kvp_prefill_params pf_default; /* the server's prefill attention (cfg.cp.prefill) */
+    char pf_default_key[128];
 };
 
 /* ---- jobs ------------------------------------------------------------------------------- */
+
+void srv_job_set_prefill(struct srv_job *j, const struct srv_request *r)
+{
+    j->prefill_policy = r->prefill_policy;
+    j->prefill_budget = r->has_prefill_budget ? r->prefill_budget : 0;
+    j->prefill_budget_ratio = r->has_prefill_budget ? r->prefill_budget_ratio : 0;
+}
 
 struct srv_job *srv_job_new(const int32_t *ids, int n)
 {
@@ -83,6 +93,7 @@ struct srv_job *srv_job_new(const int32_t *ids, int n)
     }
     memcpy(j->ids, ids, (size_t)n * sizeof(int32_t));
     j->n_prompt = n;
+    j->prefill_policy = -1;
     atomic_init(&j->refs, 1);
     atomic_init(&j->cancel, false);
     pthread_mutex_init(&j->mu, NULL);
@@ -243,6 +254,29 @@ static void refresh_kv(struct srv_engine *e, struct slot *s)
     pthread_mutex_unlock(&j->mu);
 }
 
+/* The job's prefill attention: the server's, with the request's policy and budget over it. */
+static struct kvp_prefill_params job_prefill(const struct srv_engine *e, const struct srv_job *j)
+{
+    struct kvp_prefill_params p = e->pf_default;
+    if (j->prefill_policy >= 0 && j->prefill_policy != p.policy) {
+        /* another policy: none of the server's tuning carries over */
+        p = (struct kvp_prefill_params){.policy = j->prefill_policy};
+    }
+    if (j->prefill_budget > 0 || j->prefill_budget_ratio > 0) {
+        p.budget = j->prefill_budget;
+        p.budget_ratio = j->prefill_budget_ratio;
+    }
+    if (p.policy == KVP_PREFILL_DENSE) /* a budget means nothing to dense attention */
+        p = (struct kvp_prefill_params){0};
+    return p;
+}
+
+static void prefill_key(const struct kvp_prefill_params *p, char *key, size_t cap)
+{
+    snprintf(key, cap, "%d|%d|%.9g|%.9g|%d|%d|%d|%d|%d", p->policy, p->budget, p->budget_ratio,
+             p->threshold, p->block, p->sink, p->window, p->dense_tail, p->min_keys);
+}
+
 /* Whether the slot's policy gives the same cache and answer when a prompt is prefilled in
  * pieces (a cached prefix, then chunks) as in one call: not when it evicts, or when it reads the
  * prompt's attention rows or column sums at prefill time (those cover only the piece). quest
@@ -258,8 +292,19 @@ static int slot_begin(struct srv_engine *e, struct slot *s, struct srv_job *j)
 {
     struct kvp_err err = {0};
     const struct kvp_policy_params *pp = job_policy(e, j);
-    char key[sizeof(s->pol_key)];
+    char key[sizeof(s->pol_key)], pf_key[sizeof(s->pf_key)];
     policy_key(pp, key, sizeof(key));
+    const struct kvp_prefill_params pf = job_prefill(e, j);
+    prefill_key(&pf, pf_key, sizeof(pf_key));
+    /* a prompt prefilled with other prefill attention left other keys and values: start over */
+    if (strcmp(pf_key, s->pf_key) != 0) {
+        s->pol_key[0] = 0;
+        if (kvp_ctx_set_prefill(s->ctx, &pf, &err) < 0) {
+            job_finish(j, SRV_FINISH_ERROR, err.msg);
+            return -1;
+        }
+        snprintf(s->pf_key, sizeof(s->pf_key), "%s", pf_key);
+    }
     int reuse = 0;
     if (strcmp(key, s->pol_key) != 0) {
         s->pol_key[0] = 0;
@@ -282,7 +327,8 @@ static int slot_begin(struct srv_engine *e, struct slot *s, struct srv_job *j)
     double t0 = kvp_time_now();
     s->t_lookup = s->t_load = s->t_copy = 0;
     s->how = 0;
-    if (pc && srv_prefix_ctx_ok(s->ctx)) {
+    /* the prefix cache holds prompts prefilled with the server's prefill attention */
+    if (pc && srv_prefix_ctx_ok(s->ctx) && !strcmp(pf_key, e->pf_default_key)) {
         int m = srv_prefix_match(pc, j->ids, j->n_prompt, j->n_prompt - 2, reuse);
         double t1 = kvp_time_now();
         s->t_lookup = t1 - t0;
@@ -305,7 +351,7 @@ static int slot_begin(struct srv_engine *e, struct slot *s, struct srv_job *j)
         int best = reuse;
         for (int i = 0; i < e->cfg.n_slots; i++) {
             struct slot *o = &e->slots[i];
-            if (o == s || !o->pol_key[0] || !piecewise_ok(o->ctx))
+            if (o == s || !o->pol_key[0] || !piecewise_ok(o->ctx) || strcmp(o->pf_key, pf_key))
                 continue;
             int lim = o->n_toks < j->n_prompt - 2 ? o->n_toks : j->n_prompt - 2, n = 0;
             while (n < lim && o->toks[n] == j->ids[n])
@@ -577,7 +623,7 @@ static void slot_after(struct srv_engine *e, const struct step_item *it, int rc,
         memcpy(s->toks + s->pos, it->tokens, (size_t)it->n * sizeof(int32_t));
         s->pos += it->n;
         s->n_toks = s->pos;
-        if (it->last && e->prefix)
+        if (it->last && e->prefix && !strcmp(s->pf_key, e->pf_default_key))
             srv_prefix_put(e->prefix, s->ctx, j->ids, j->n_prompt);
         if (it->last && e->trace)
             fprintf(stderr,
@@ -702,6 +748,10 @@ int srv_engine_start(const struct srv_engine_config *cfg, struct srv_engine **ou
     if (!e)
         return kvp_err_set(err, KVP_ENOMEM, "out of memory");
     e->cfg = *cfg;
+    if (cfg->cp.prefill)
+        e->pf_default = *cfg->cp.prefill;
+    e->cfg.cp.prefill = &e->pf_default;
+    prefill_key(&e->pf_default, e->pf_default_key, sizeof(e->pf_default_key));
     kvp_model_get_info(cfg->model, &e->info);
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
@@ -754,6 +804,7 @@ int srv_engine_start(const struct srv_engine_config *cfg, struct srv_engine **ou
             }
         }
         policy_key(cfg->pol, s->pol_key, sizeof(s->pol_key));
+        prefill_key(&e->pf_default, s->pf_key, sizeof(s->pf_key));
     }
     if (cfg->cache_ram > 0) {
         struct srv_prefix_config pc = {.model_path = cfg->model_path, .model = cfg->model,

@@ -59,6 +59,11 @@ struct srv_job {
     bool has_policy;          /* use pol instead of the server's policy */
     struct kvp_policy_params pol;
     char *pol_name;           /* owned copy behind pol.name */
+    /* the request's prefill attention (srv_job_set_prefill): policy (-1: the server's) and
+     * budget (keys, or 0 with a ratio; both 0: the policy's default) */
+    int prefill_policy;
+    int prefill_budget;
+    float prefill_budget_ratio;
 
     atomic_bool cancel;
     atomic_int refs;
@@ -80,6 +85,9 @@ struct srv_job {
 /* A job for ids[0..n) (copied); NULL when out of memory. The caller holds one reference. */
 struct srv_job *srv_job_new(const int32_t *ids, int n);
 void srv_job_unref(struct srv_job *j);
+/* The request's kvpred.prefill_policy and prefill_budget into the job (the server's when the
+ * request gives none). */
+void srv_job_set_prefill(struct srv_job *j, const struct srv_request *r);
 void srv_job_cancel(struct srv_job *j);
 
 struct srv_engine_config {

@@ -194,6 +194,23 @@ static bool policy_known(const char *name)
     return false;
 }
 
+/* A budget: a count (> 1), a ratio in (0, 1] or a fraction string ("1/16"). */
+static bool budget_value(const cJSON *b, int *count, float *ratio)
+{
+    if (cJSON_IsString(b))
+        return kvp_budget_parse(b->valuestring, count, ratio);
+    if (!cJSON_IsNumber(b))
+        return false;
+    long long v;
+    if (json_int(b, 1, 1 << 30, &v) && b->valuedouble > 1.0)
+        *count = (int)v;
+    else if (kvp_budget_ratio_ok(b->valuedouble))
+        *ratio = (float)b->valuedouble;
+    else
+        return false;
+    return true;
+}
+
 static int parse_extension(const cJSON *root, struct srv_request *r, struct srv_error *e)
 {
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(root, "kvpred");
@@ -203,9 +220,10 @@ static int parse_extension(const cJSON *root, struct srv_request *r, struct srv_
         return BAD(e, "kvpred", "'kvpred' must be an object {\"policy\": ..., \"budget\": ...}");
     const cJSON *f;
     cJSON_ArrayForEach(f, x) {
-        if (strcmp(f->string, "policy") && strcmp(f->string, "budget"))
-            return BAD(e, "kvpred", "kvpred.%.40s: unknown field (known: policy, budget)",
-                       f->string);
+        if (strcmp(f->string, "policy") && strcmp(f->string, "budget") &&
+            strcmp(f->string, "prefill_policy") && strcmp(f->string, "prefill_budget"))
+            return BAD(e, "kvpred", "kvpred.%.40s: unknown field (known: policy, budget, "
+                       "prefill_policy, prefill_budget)", f->string);
     }
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(x, "policy");
     if (p && !cJSON_IsNull(p)) {
@@ -219,26 +237,27 @@ static int parse_extension(const cJSON *root, struct srv_request *r, struct srv_
     }
     const cJSON *b = cJSON_GetObjectItemCaseSensitive(x, "budget");
     if (b && !cJSON_IsNull(b)) {
-        bool ok;
-        if (cJSON_IsString(b)) {
-            ok = kvp_budget_parse(b->valuestring, &r->budget, &r->budget_ratio);
-        } else if (cJSON_IsNumber(b)) {
-            long long v;
-            double d = b->valuedouble;
-            ok = true;
-            if (json_int(b, 1, 1 << 30, &v) && d > 1.0)
-                r->budget = (int)v;
-            else if (kvp_budget_ratio_ok(d))
-                r->budget_ratio = (float)d;
-            else
-                ok = false;
-        } else {
-            ok = false;
-        }
-        if (!ok)
+        if (!budget_value(b, &r->budget, &r->budget_ratio))
             return BAD(e, "kvpred.budget", "kvpred.budget must be a token count (256), a ratio "
                        "in (0, 1] (0.0625) or a fraction (\"1/16\")");
         r->has_budget = true;
+    }
+    const cJSON *pp = cJSON_GetObjectItemCaseSensitive(x, "prefill_policy");
+    if (pp && !cJSON_IsNull(pp)) {
+        if (!cJSON_IsString(pp) ||
+            (r->prefill_policy = kvp_prefill_policy_parse(pp->valuestring)) < 0)
+            return BAD(e, "kvpred.prefill_policy", "kvpred.prefill_policy must be one of "
+                       "dense, sparse, pooled, bound, strided");
+    }
+    const cJSON *pb = cJSON_GetObjectItemCaseSensitive(x, "prefill_budget");
+    if (pb && !cJSON_IsNull(pb)) {
+        if (!budget_value(pb, &r->prefill_budget, &r->prefill_budget_ratio))
+            return BAD(e, "kvpred.prefill_budget", "kvpred.prefill_budget must be a key count "
+                       "(256), a ratio in (0, 1] (0.0625) or a fraction (\"1/16\")");
+        if (r->prefill_policy == KVP_PREFILL_DENSE)
+            return BAD(e, "kvpred.prefill_budget", "kvpred.prefill_budget needs a sparse "
+                       "prefill_policy");
+        r->has_prefill_budget = true;
     }
     return 0;
 }
@@ -330,6 +349,7 @@ int srv_request_parse(const char *body, size_t len, int kind, const struct srv_l
     memset(e, 0, sizeof(*e));
     r->kind = kind;
     r->max_tokens = -1;
+    r->prefill_policy = -1;
     r->temperature = def->temperature;
     r->top_p = def->top_p;
     r->top_k = def->top_k;

@@ -13,7 +13,8 @@
  *   seed         integer >= 0                  stop   string or array of at most 4 strings
  *   stream       bool; stream_options.include_usage bool
  *   n            1 if given
- *   kvpred       {"policy": NAME, "budget": "1/16" | 0.0625 | 256} (the extension field)
+ *   kvpred       {"policy": NAME, "budget": "1/16" | 0.0625 | 256, "prefill_policy": NAME,
+ *                 "prefill_budget": as budget} (the extension field)
  * A refusal fills struct srv_error with the HTTP status, the OpenAI error type, the offending
  * parameter and one line.
  */
@@ -60,6 +61,10 @@ struct srv_request {
     bool has_budget;
     int budget;          /* tokens, or 0 with budget_ratio in (0, 1] */
     float budget_ratio;
+    int prefill_policy;  /* enum kvp_prefill_policy; -1: the server's prefill */
+    bool has_prefill_budget; /* with a sparse prefill_policy (or the server's) */
+    int prefill_budget;  /* keys per query block, or 0 with prefill_budget_ratio */
+    float prefill_budget_ratio;
 };
 
 struct srv_error {
