@@ -119,7 +119,10 @@ static void help(void)
            "  --fill-text FILE     take the tokens prefilled for real from this text (--fill\n"
            "                       prefill: the whole depth; tile: the --fill-source tokens),\n"
            "                       pseudo-random ids past its end (default: all pseudo-random)\n"
-           "  --json               print one JSON object\n%s%s\n%s",
+           "  --json               print one JSON object\n"
+           "  --prefill-only       time the --prefill repetitions alone: no fill to -c, no\n"
+           "                       decode (long prompts; JSON: the prefill's fields)\n"
+           "%s%s\n%s",
            cli_tier_flags_help, PAIR_CHUNK, TILE_TAIL, TILE_TAIL, cli_prefill_flags_help,
            cli_policy_flags_help(),
            cli_model_flags_help_sans_ctx);
@@ -185,6 +188,7 @@ struct bench_opts {
     double link_gbps, link_us; /* RAM tier: the modelled link (0: off) */
     const char *timeline;      /* --timeline OUT.png */
     bool paired, json;
+    bool prefill_only;         /* --prefill-only: the prefill repetitions, no fill nor decode */
     int fill_mode;             /* --fill: 0 prefill, 1 tile */
     long fill_src;             /* --fill-source */
     const char *fill_text;     /* --fill-text */
@@ -234,6 +238,7 @@ static int parse_args(struct bench_opts *o, int argc, char **argv)
         CLI_INT("--fill-source", 32, 1 << 24, &o->fill_src, "a token count of at least 32"),
         CLI_STR("--fill-text", &o->fill_text),
         CLI_BOOL("--json", &o->json),
+        CLI_BOOL("--prefill-only", &o->prefill_only),
         {0},
     };
     int rc = cli_parse_policy_command("bench", &o->mo, &o->pp, &o->budget_arg, flags, help, argc,
@@ -295,6 +300,8 @@ static int time_prefill(const struct bench_opts *o, kvp_ctx *ctx, const int32_t 
             cli_prefill_take(ctx, r->in.n_layer, &r->pf);
         r->pp_best = rate > r->pp_best ? rate : r->pp_best;
     }
+    if (o->prefill_only)
+        return 0;
     kvp_ctx_reset(ctx);
     kvp_ctx_store_reset_stats(ctx);
     double t0 = kvp_time_now();
@@ -445,6 +452,17 @@ static int run(const struct bench_opts *o, kvp_model *m, struct bench_result *r)
                      n_text, src);
     }
     struct kvp_err err = {0};
+    if (o->prefill_only) {
+        r->type_k = kvp_ctx_kv_type_k(ctx);
+        r->type_v = kvp_ctx_kv_type_v(ctx);
+        r->kv_per_token =
+            (double)kvp_kv_bytes_per_token(m, r->type_k, r->type_v, (int)o->mo.block_size);
+        if (time_prefill(o, ctx, toks, logits, r, &err) < 0)
+            cli_fail_err(&err);
+        else
+            status = 0;
+        goto out;
+    }
     if (time_prefill(o, ctx, toks, logits, r, &err) < 0 ||
         (ram && fill_cache(ram, toks, o->depth, &o->fill, logits, &err) < 0) ||
         time_decode(o, ctx, ram, toks, logits, chunk_ratio, r, &err) < 0) {
@@ -545,6 +563,19 @@ static void print_json(const struct bench_opts *o, const struct bench_result *r)
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "model", r->in.name);
     cJSON_AddStringToObject(j, "simd", kvp_simd()->name);
+    if (o->prefill_only) { /* what was timed: the prefill */
+        cJSON_AddNumberToObject(j, "threads", (double)o->mo.n_threads);
+        cJSON_AddNumberToObject(j, "reps", (double)o->reps);
+        cJSON_AddBoolToObject(j, "prefill_only", true);
+        cJSON_AddNumberToObject(j, "prefill_tokens", (double)o->n_prefill);
+        cJSON_AddNumberToObject(j, "prefill_tokens_per_s", r->pp_best);
+        cli_prefill_json(j, &o->pf, &r->pf);
+        char *s = cJSON_PrintUnformatted(j);
+        printf("%s\n", s);
+        cJSON_free(s);
+        cJSON_Delete(j);
+        return;
+    }
     cJSON_AddNumberToObject(j, "packed_bytes", (double)r->packed_bytes);
     /* the untimed decode token before the timed ones (null: none, a tiered run) */
     if (r->warmup_ms >= 0)
@@ -708,6 +739,8 @@ static void print_text(const struct bench_opts *o, const struct bench_result *r)
         printf("         %s attention, density %.3f: %.3f thread-s attention, %.3f estimate\n",
                kvp_prefill_policy_name(o->pf.p.policy), r->pf.st.keys_read / r->pf.st.keys_seen,
                r->pf.st.attention_s, r->pf.st.estimate_s);
+    if (o->prefill_only)
+        return;
     printf("fill     %6ld tokens: %10.3f s", o->depth, r->fill_s);
     if (r->fill_tiered)
         printf(" (%.3f s with cold-tier transfers in flight)", r->fill_transfer_s);
