@@ -194,6 +194,71 @@ static void test_choice_holds_sink_window_budget(void **state)
     kvp_test_model_free(m, path);
 }
 
+/* ---- inside the batched step ---- */
+
+/* Two sequences of an engine prefill their prompts in pieces of 128 tokens side by side in steps
+ * of 256, each with its own sparse settings: each gets the logits a lone context with the same
+ * settings and pieces gets, bit for bit (kvp_engine_params.exact). */
+static void test_batched_step(void **state)
+{
+    (void)state;
+    enum { PIECE = 128 };
+    char *path = NULL;
+    kvp_model *m = fixture(&path);
+    struct kvp_model_info info;
+    kvp_model_get_info(m, &info);
+    static int32_t ids[2][N_PROMPT];
+    prompt_ids(ids[0], N_PROMPT, info.n_vocab);
+    for (int i = 0; i < N_PROMPT; i++)
+        ids[1][i] = (ids[0][i] * 7 + 3) % info.n_vocab;
+    const struct kvp_prefill_params pp[2] = {
+        {.policy = KVP_PREFILL_POOLED, .budget_ratio = 0.25, .block = 32, .min_keys = 300},
+        {.policy = KVP_PREFILL_BOUND, .budget = 256, .threshold = 0.8, .min_keys = 200,
+         .dense_tail = -1},
+    };
+    struct kvp_err err = {0};
+    float *alone[2], *batched[2];
+    for (int s = 0; s < 2; s++) {
+        struct kvp_ctx_params cp = {.n_ctx = CTX, .n_threads = 2, .n_batch = PIECE,
+                                    .prefill = &pp[s]};
+        kvp_ctx *c = NULL;
+        assert_int_equal(kvp_ctx_init(m, &cp, &c, &err), 0);
+        alone[s] = malloc((size_t)info.n_vocab * sizeof(float));
+        batched[s] = malloc((size_t)info.n_vocab * sizeof(float));
+        assert_int_equal(kvp_eval(c, ids[s], N_PROMPT, alone[s], false, &err), 0);
+        struct kvp_prefill_stats st;
+        kvp_ctx_prefill_stats(c, &st);
+        assert_true(st.keys_read < st.keys_seen);
+        kvp_ctx_free(c);
+    }
+    struct kvp_engine_params ep = {.n_threads = 2, .n_batch = 2 * PIECE, .n_ctx = CTX,
+                                   .exact = true};
+    kvp_engine *e = NULL;
+    assert_int_equal(kvp_engine_init(m, &ep, &e, &err), 0);
+    kvp_seq *seq[2];
+    for (int s = 0; s < 2; s++) {
+        struct kvp_ctx_params cp = {.n_ctx = CTX, .prefill = &pp[s]};
+        assert_int_equal(kvp_seq_init(e, &cp, &seq[s], &err), 0);
+    }
+    for (int done = 0; done < N_PROMPT; done += PIECE) {
+        const int n = N_PROMPT - done < PIECE ? N_PROMPT - done : PIECE;
+        struct kvp_batch_item it[2];
+        for (int s = 0; s < 2; s++)
+            it[s] = (struct kvp_batch_item){.seq = seq[s], .tokens = ids[s] + done, .n = n,
+                                            .prompt_rest = N_PROMPT - done - n,
+                                            .logits = batched[s]};
+        assert_int_equal(kvp_batch_eval(e, it, 2, &err), 0);
+    }
+    for (int s = 0; s < 2; s++) {
+        assert_memory_equal(alone[s], batched[s], (size_t)info.n_vocab * sizeof(float));
+        kvp_ctx_free(seq[s]);
+        free(alone[s]);
+        free(batched[s]);
+    }
+    kvp_engine_free(e);
+    kvp_test_model_free(m, path);
+}
+
 /* ---- the shipped model ---- */
 
 static kvp_model *shipped(void)
@@ -378,6 +443,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_density_one_is_dense),
         cmocka_unit_test(test_choice_holds_sink_window_budget),
+        cmocka_unit_test(test_batched_step),
         cmocka_unit_test(test_estimates_beat_random),
         cmocka_unit_test(test_passkey_after_sparse_prefill),
         cmocka_unit_test(test_cli_switch),

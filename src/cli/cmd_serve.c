@@ -59,8 +59,7 @@ static void help(void)
            "  (MODEL.kvpp, .qkvpp, .catekv-r0.2.profile) when --aux / --head-profile is not given\n"
            "  KVPRED_SERVE_TRACE=1 in the environment logs where each prompt's time went\n"
            "%s"
-           "                       (the default; a request may choose with \"kvpred\":\n"
-           "                       {\"prefill_policy\": P, \"prefill_budget\": B})\n"
+           "                       (every slot's prompts)\n"
            "%s",
            cli_model_flags_help, cli_tier_flags_help, cli_policy_names(), cli_prefill_flags_help,
            cli_policy_flags_help());
