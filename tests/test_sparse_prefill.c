@@ -259,6 +259,56 @@ static void test_batched_step(void **state)
     kvp_test_model_free(m, path);
 }
 
+/* ---- a tiered store ---- */
+
+/* With a RAM cold tier every prompt piece stages the layer's blocks for prefill attention; a
+ * sparse prefill stages only the blocks its query blocks chose (and those its fold and writes
+ * touch). The logits are the untiered sparse prefill's, bit for bit, and the cold tier is read
+ * less than by a dense prefill. */
+static void test_tiered_reads_chosen_blocks(void **state)
+{
+    (void)state;
+    char *path = NULL;
+    kvp_model *m = fixture(&path);
+    struct kvp_model_info info;
+    kvp_model_get_info(m, &info);
+    static int32_t ids[N_PROMPT];
+    prompt_ids(ids, N_PROMPT, info.n_vocab);
+    const size_t bytes = (size_t)N_PROMPT * info.n_vocab * sizeof(float);
+    const struct kvp_prefill_params sparse = {.policy = KVP_PREFILL_POOLED, .budget_ratio = 0.25,
+                                              .block = 32, .min_keys = 300, .window = 64};
+    /* quest on every layer, so that every layer is tiered */
+    const struct kvp_policy_params quest = {.name = "quest", .budget = 128, .dense_layers = -1};
+    float *lg[3];
+    uint64_t read[3] = {0};
+    for (int k = 0; k < 3; k++) { /* untiered sparse, tiered sparse, tiered dense */
+        struct kvp_ctx_params cp = {.n_ctx = CTX, .n_threads = 2, .n_batch = BATCH,
+                                    .kv_tier = k ? KVP_TIER_RAM : KVP_TIER_NONE,
+                                    .hot_budget = 256, /* a small hot tier: tiered layers */
+                                    .prefill = k < 2 ? &sparse : NULL};
+        kvp_ctx *c = NULL;
+        struct kvp_err err = {0};
+        assert_int_equal(kvp_ctx_init(m, &cp, &c, &err), 0);
+        assert_int_equal(kvp_ctx_set_policy(c, &quest, &err), 0);
+        kvp_ctx_store_reset_stats(c);
+        lg[k] = malloc(bytes);
+        assert_non_null(lg[k]);
+        assert_int_equal(kvp_eval(c, ids, N_PROMPT, lg[k], true, &err), 0);
+        struct kvp_store_stats st;
+        if (k)
+            assert_int_equal(kvp_ctx_store_stats(c, &st), 0);
+        read[k] = k ? st.bytes_read : 0;
+        kvp_ctx_free(c);
+    }
+    print_message("cold-tier bytes read in the prefill: sparse %llu, dense %llu\n",
+                  (unsigned long long)read[1], (unsigned long long)read[2]);
+    assert_memory_equal(lg[0], lg[1], bytes);
+    assert_true(read[1] < read[2]);
+    for (int k = 0; k < 3; k++)
+        free(lg[k]);
+    kvp_test_model_free(m, path);
+}
+
 /* ---- the shipped model ---- */
 
 static kvp_model *shipped(void)
@@ -444,6 +494,7 @@ int main(void)
         cmocka_unit_test(test_density_one_is_dense),
         cmocka_unit_test(test_choice_holds_sink_window_budget),
         cmocka_unit_test(test_batched_step),
+        cmocka_unit_test(test_tiered_reads_chosen_blocks),
         cmocka_unit_test(test_estimates_beat_random),
         cmocka_unit_test(test_passkey_after_sparse_prefill),
         cmocka_unit_test(test_cli_switch),

@@ -8,6 +8,7 @@
 #include "core/platform.h"
 #include "forward/context_internal.h"
 #include "forward/prefill_attention.h"
+#include "forward/sparse_prefill.h"
 #include "kv/attention.h"
 #include "store/store.h"
 
@@ -696,9 +697,11 @@ static void write_kv(struct kvp_ctx *c, int l, int ith, int nth)
 static void prefill_layer(struct kvp_ctx *c, int l, int ith, int nth)
 {
     const int n = c->job_n, pos0 = c->job_pos0;
-    if (n > 1 && c->store) { /* stage the layer's whole KV for prefill attention */
+    if (n > 1 && c->store) { /* stage the layer's KV for prefill attention (a sparse prefill's
+                                * in part: sparse_prefill.h) */
         if (ith == 0)
-            kvp_store_prefill_begin(c->store, l, pos0, pos0 + n);
+            kvp_store_prefill_begin_some(c->store, l, pos0, pos0 + n,
+                                         kvp_spf_stage_first(c->spf, c, l));
         kvp_pool_barrier(c->pool);
     }
     if (ith == 0) /* every thread is past the previous attention's queue (its barrier) */

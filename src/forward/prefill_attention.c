@@ -103,6 +103,16 @@ void kvp_attn_prefill_layer(struct kvp_ctx *c, int l, int ith)
         if (ith == 0)
             kvp_spf_folded(spf, c, l);
     }
+    const bool planned = kvp_spf_staged(spf);
+    if (planned) {
+        /* a tiered store staged the layer in part: every item's choice first, then the blocks
+         * chosen are loaded, then attention */
+        kvp_spf_plan(spf, c, l, ith, c->sh->n_threads, ts);
+        kvp_pool_barrier(c->pool);
+        if (ith == 0)
+            kvp_spf_plan_load(spf, c, l);
+        kvp_pool_barrier(c->pool);
+    }
     /* Work items: (KV head, chunk of KVP_QCHUNK queries), each covering the g query heads of
      * the group so one gather serves g heads, taken from one queue by whichever thread is free,
      * the last chunks (the most keys: causal) first and the short ones last, so the threads end
@@ -127,7 +137,9 @@ void kvp_attn_prefill_layer(struct kvp_ctx *c, int l, int ith)
             const struct kvp_key_run *runs = &all;
             int n_runs = 1, n_cols = n_keys;
             double est = 0;
-            if (spf)
+            if (planned)
+                n_runs = kvp_spf_planned(spf, kvh, chunk, n_chunks, &runs, &n_cols, &est);
+            else if (spf)
                 n_runs = kvp_spf_select(spf, c, l, kvh, qs, nq, n_keys, ith, ts, &runs, &n_cols,
                                         &est);
             gather_kv(&c->kv, l, kvh, runs, n_runs, n_cols, ts->kc, ts->vc);

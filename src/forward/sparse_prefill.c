@@ -13,6 +13,7 @@
 #include "core/threadpool.h"
 #include "forward/context_internal.h"
 #include "kernels/simd.h"
+#include "store/store.h"
 
 #define SPF_STRIDE 16 /* the strided estimate scores every 16th query of a block */
 
@@ -59,6 +60,14 @@ struct kvp_spf {
     float *stats;    /* [n_layer][n_kv][max_units][sdim]; NULL when the estimate needs none */
     int *done;       /* [n_layer] tokens whose blocks are folded */
     struct spf_thread *thr; /* [n_threads] */
+    /* a tiered store's prefill (kvp_spf_stage_first): the blocks loaded, and each item's
+     * choice made before its attention, so that only the blocks chosen are read */
+    bool staged;            /* this layer's blocks were staged in part */
+    uint8_t *need, *loaded; /* [max_blocks] */
+    int plan_items;         /* n_kv * chunks of a piece of n_batch tokens */
+    struct kvp_key_run *plan_runs; /* [plan_items][max_units] */
+    int *plan_n, *plan_cols;       /* [plan_items] */
+    double *plan_est;              /* [plan_items] */
     bool measure;           /* kvp_spf_measure */
     kvp_spf_observer observer;
     void *observer_user;
@@ -91,6 +100,12 @@ void kvp_spf_free(struct kvp_spf *s)
     free(s->thr);
     free(s->stats);
     free(s->done);
+    free(s->need);
+    free(s->loaded);
+    free(s->plan_runs);
+    free(s->plan_n);
+    free(s->plan_cols);
+    free(s->plan_est);
     free(s);
 }
 
@@ -153,6 +168,15 @@ int kvp_spf_set(struct kvp_ctx *c, struct kvp_spf **out, const struct kvp_prefil
               (s->thr = calloc((size_t)s->n_threads, sizeof(*s->thr)));
     if (ok && s->sdim)
         ok = (s->stats = malloc((size_t)s->n_layer * s->n_kv * U * s->sdim * sizeof(float)));
+    if (ok && s->sdim && c->store) { /* the estimate reads no keys: plan the tiered reads */
+        const size_t mb = (size_t)c->kv.max_blocks;
+        s->plan_items = s->n_kv * ((c->sh->n_batch + KVP_QCHUNK - 1) / KVP_QCHUNK);
+        const size_t it = (size_t)s->plan_items;
+        ok = (s->need = malloc(mb)) && (s->loaded = malloc(mb)) &&
+             (s->plan_runs = malloc(it * U * sizeof(*s->plan_runs))) &&
+             (s->plan_n = malloc(it * sizeof(int))) && (s->plan_cols = malloc(it * sizeof(int))) &&
+             (s->plan_est = malloc(it * sizeof(double)));
+    }
     for (int i = 0; ok && i < s->n_threads; i++) {
         struct spf_thread *t = &s->thr[i];
         ok = (t->qbar = malloc(g * hd * sizeof(float))) &&
@@ -497,6 +521,79 @@ int kvp_spf_select(struct kvp_spf *s, struct kvp_ctx *c, int l, int kvh, int qs,
     if (s->observer)
         s->observer(s->observer_user, l, kvh, p0, nq, n_keys, t->runs, n);
     return n;
+}
+
+/* ---- a tiered store's prefill ------------------------------------------------------------------ */
+
+const uint8_t *kvp_spf_stage_first(struct kvp_spf *s, const struct kvp_ctx *c, int l)
+{
+    if (!s || !s->need || s->measure) { /* measuring reads every key */
+        if (s)
+            s->staged = false;
+        return NULL;
+    }
+    const int bs = c->kv.block_size, pos0 = c->job_pos0;
+    const int nb_old = (pos0 + bs - 1) / bs;
+    /* the fold reads from the first token not folded, rounded down to its key block; the
+     * piece writes into the block at pos0: both are loaded now */
+    const int from = s->done[l] < pos0 ? s->done[l] : pos0;
+    const int b0 = from / s->block * s->block / bs;
+    for (int b = 0; b < nb_old; b++)
+        s->need[b] = s->loaded[b] = b >= b0;
+    s->staged = true;
+    return s->need;
+}
+
+bool kvp_spf_staged(const struct kvp_spf *s)
+{
+    return s && s->staged;
+}
+
+void kvp_spf_plan(struct kvp_spf *s, struct kvp_ctx *c, int l, int ith, int nth,
+                  struct kvp_thread_scratch *ts)
+{
+    const int n = c->job_n, n_chunks = (n + KVP_QCHUNK - 1) / KVP_QCHUNK;
+    const long items = (long)s->n_kv * n_chunks;
+    long i0, i1;
+    kvp_split_range(items, ith, nth, &i0, &i1);
+    for (long i = i0; i < i1; i++) {
+        const int kvh = (int)(i / n_chunks), chunk = (int)(i % n_chunks);
+        const int qs = chunk * KVP_QCHUNK, nq = n - qs < KVP_QCHUNK ? n - qs : KVP_QCHUNK;
+        const struct kvp_key_run *runs;
+        int cols;
+        double est;
+        const int nr = kvp_spf_select(s, c, l, kvh, qs, nq, c->job_pos0 + qs + nq, ith, ts,
+                                      &runs, &cols, &est);
+        memcpy(s->plan_runs + (size_t)i * s->max_units, runs, (size_t)nr * sizeof(*runs));
+        s->plan_n[i] = nr;
+        s->plan_cols[i] = cols;
+        s->plan_est[i] = est;
+    }
+}
+
+void kvp_spf_plan_load(struct kvp_spf *s, struct kvp_ctx *c, int l)
+{
+    const int bs = c->kv.block_size, nb_old = (c->job_pos0 + bs - 1) / bs;
+    const int items = s->n_kv * ((c->job_n + KVP_QCHUNK - 1) / KVP_QCHUNK);
+    memset(s->need, 0, (size_t)nb_old);
+    for (int i = 0; i < items; i++)
+        for (int r = 0; r < s->plan_n[i]; r++) {
+            const struct kvp_key_run *run = s->plan_runs + (size_t)i * s->max_units + r;
+            const int e = (run->start + run->n + bs - 1) / bs;
+            for (int b = run->start / bs; b < e && b < nb_old; b++)
+                s->need[b] = !s->loaded[b];
+        }
+    kvp_store_prefill_load(c->store, l, nb_old, s->need);
+}
+
+int kvp_spf_planned(const struct kvp_spf *s, int kvh, int chunk, int n_chunks,
+                    const struct kvp_key_run **runs, int *n_cols, double *est_s)
+{
+    const size_t i = (size_t)kvh * n_chunks + chunk;
+    *runs = s->plan_runs + i * s->max_units;
+    *n_cols = s->plan_cols[i];
+    *est_s = s->plan_est[i];
+    return s->plan_n[i];
 }
 
 /* ---- counters -------------------------------------------------------------------------------- */

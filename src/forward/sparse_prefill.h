@@ -14,6 +14,7 @@
 #define KVP_FORWARD_SPARSE_PREFILL_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "kvpred.h"
 
@@ -50,6 +51,21 @@ void kvp_spf_folded(struct kvp_spf *s, const struct kvp_ctx *c, int l);
 int kvp_spf_select(struct kvp_spf *s, struct kvp_ctx *c, int l, int kvh, int qs, int nq,
                    int n_keys, int ith, struct kvp_thread_scratch *ts,
                    const struct kvp_key_run **runs, int *n_cols, double *est_s);
+
+/* A tiered store's prefill, where the estimate reads no keys (pooled, bound): the layer's blocks
+ * are staged in two steps. kvp_spf_stage_first (one thread, before kvp_store_prefill_begin_some)
+ * gives the blocks to load first (those the fold and the piece's writes touch), or NULL to load
+ * everything (no store plan: dense, strided). After the fold, kvp_spf_plan (every thread, then a
+ * barrier) makes every item's choice, kvp_spf_plan_load (one thread, then a barrier) loads the
+ * blocks they chose, and each item takes its choice from kvp_spf_planned. kvp_spf_staged: this
+ * layer was staged so. */
+const uint8_t *kvp_spf_stage_first(struct kvp_spf *s, const struct kvp_ctx *c, int l);
+bool kvp_spf_staged(const struct kvp_spf *s);
+void kvp_spf_plan(struct kvp_spf *s, struct kvp_ctx *c, int l, int ith, int nth,
+                  struct kvp_thread_scratch *ts);
+void kvp_spf_plan_load(struct kvp_spf *s, struct kvp_ctx *c, int l);
+int kvp_spf_planned(const struct kvp_spf *s, int kvh, int chunk, int n_chunks,
+                    const struct kvp_key_run **runs, int *n_cols, double *est_s);
 
 /* Counters of thread ith: seconds estimating and attending, keys read and seen in layer l. */
 void kvp_spf_count(struct kvp_spf *s, int ith, int l, double est_s, double attn_s, double read,

@@ -664,11 +664,11 @@ void kvp_store_force_sq_bypass(struct kvp_store *s, int mode)
 /* Start reading every block of layer below nb that is not hot from the cold tier into its
  * staging slot, in runs (staging slots are consecutive like the cold units, so a run of cold
  * blocks travels as one request of at most MAX_RUN units). */
-static void read_cold_to_staging(struct kvp_store *s, int layer, int nb)
+static void read_cold_to_staging(struct kvp_store *s, int layer, int nb, const uint8_t *need)
 {
     int run0 = -1;
     for (int b = 0; b <= nb; b++) {
-        bool cold = b < nb && *res_of(s, layer, b) < 0;
+        bool cold = b < nb && *res_of(s, layer, b) < 0 && (!need || need[b]);
         if (cold && run0 < 0)
             run0 = b;
         if (run0 >= 0 && (!cold || b - run0 == MAX_RUN)) {
@@ -678,7 +678,21 @@ static void read_cold_to_staging(struct kvp_store *s, int layer, int nb)
     }
 }
 
-void kvp_store_prefill_begin(struct kvp_store *s, int layer, int pos0, int end)
+/* Blocks [0, nb) of the layer that need[b] names (NULL: all) into their staging slots: hot copies
+ * as they are, the rest from the cold tier. */
+static void stage_old(struct kvp_store *s, int layer, int nb, const uint8_t *need)
+{
+    read_cold_to_staging(s, layer, nb, need);
+    for (int b = 0; b < nb; b++) {
+        int sl = *res_of(s, layer, b);
+        if (sl >= 0 && (!need || need[b]))
+            memcpy(slot_ptr(s, s->stage0 + b), slot_ptr(s, sl), s->unit_bytes);
+    }
+    kvp_store_drain(s);
+}
+
+void kvp_store_prefill_begin_some(struct kvp_store *s, int layer, int pos0, int end,
+                                  const uint8_t *need)
 {
     if (identity_layer(s, layer))
         return;
@@ -687,14 +701,18 @@ void kvp_store_prefill_begin(struct kvp_store *s, int layer, int pos0, int end)
     int nb_old = (pos0 + s->bs - 1) / s->bs, nb_end = (end + s->bs - 1) / s->bs;
     for (int b = 0; b < nb_end; b++)
         kvp_res_set_table(s, layer, b, s->stage0 + b);
-    /* what the layer holds already: hot copies as they are, the rest from the cold tier */
-    read_cold_to_staging(s, layer, nb_old);
-    for (int b = 0; b < nb_old; b++) {
-        int sl = *res_of(s, layer, b);
-        if (sl >= 0)
-            memcpy(slot_ptr(s, s->stage0 + b), slot_ptr(s, sl), s->unit_bytes);
-    }
-    kvp_store_drain(s);
+    stage_old(s, layer, nb_old, need);
+}
+
+void kvp_store_prefill_begin(struct kvp_store *s, int layer, int pos0, int end)
+{
+    kvp_store_prefill_begin_some(s, layer, pos0, end, NULL);
+}
+
+void kvp_store_prefill_load(struct kvp_store *s, int layer, int nb, const uint8_t *need)
+{
+    if (!identity_layer(s, layer))
+        stage_old(s, layer, nb, need);
 }
 
 void kvp_store_prefill_end(struct kvp_store *s, int layer, int pos0, int end,
@@ -968,7 +986,7 @@ static void load_cold(struct kvp_store *s, int layer, int n_keys)
     int nb = (n_keys + s->bs - 1) / s->bs;
     /* every block that is not hot, from the cold tier into its staging slot, and the table
      * points there; the next acquire_begin points it back (clear_overflow) */
-    read_cold_to_staging(s, layer, nb);
+    read_cold_to_staging(s, layer, nb, NULL);
     for (int b = 0; b < nb; b++)
         if (*res_of(s, layer, b) < 0) {
             s->ovf[s->n_ovf++] = b;

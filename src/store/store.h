@@ -163,6 +163,14 @@ void kvp_store_truncate(struct kvp_store *s, int n);
  * next[0..n_kv) of the first decode step (n_keys_next keys), end also copies those blocks
  * into free hot slots from the staging area, so that step does not start cold. */
 void kvp_store_prefill_begin(struct kvp_store *s, int layer, int pos0, int end);
+/* The same for a sparse prefill, which reads only some of the blocks the layer holds: begin_some
+ * loads only the blocks b < ceil(pos0 / block size) with need[b] set (the rest of the staging
+ * area stays as it was: the piece must not read it), prefill_load loads more of them later
+ * (blocks b < nb with need[b], none loaded before: a block the piece has written into must not
+ * be loaded again). */
+void kvp_store_prefill_begin_some(struct kvp_store *s, int layer, int pos0, int end,
+                                  const uint8_t *need);
+void kvp_store_prefill_load(struct kvp_store *s, int layer, int nb, const uint8_t *need);
 void kvp_store_prefill_end(struct kvp_store *s, int layer, int pos0, int end,
                            const struct kvp_sel *next, int n_keys_next);
 
