@@ -320,22 +320,24 @@ static void mass_from_logits(const struct kvp_spf *s, struct spf_thread *t, int 
     }
 }
 
+/* The logits of every key block for each head of the group: one product of the g mean queries
+ * with the blocks' mean keys (pooled), or two with the blocks' maxima and minima (bound:
+ * Σ_d max(q_d M_d, q_d m_d) takes the max where q_d > 0 and the min where q_d < 0). */
 static void estimate_pooled(const struct kvp_spf *s, const struct kvp_ctx *c, int l, int kvh,
                             int U, int n_keys, struct spf_thread *t)
 {
-    const struct kvp_simd_ops *ops = kvp_simd();
-    const int hd = s->hd;
+    (void)c;
+    const int hd = s->hd, g = s->g, ld = s->sdim;
     const float scale = 1.0f / sqrtf((float)hd);
-    for (int j = 0; j < s->g; j++) {
-        float *m = t->mass + (size_t)j * s->max_units;
-        for (int u = 0; u < U; u++) {
-            const float *st = unit_stats(s, l, kvh, u);
-            if (s->p.policy == KVP_PREFILL_POOLED)
-                m[u] = scale * ops->dot_f32(st, t->qbar + (size_t)j * hd, hd);
-            else /* Σ_d max(q_d M_d, q_d m_d): positive q_d take the max, negative the min */
-                m[u] = scale * (ops->dot_f32(st, t->qpos + (size_t)j * hd, hd) +
-                                ops->dot_f32(st + hd, t->qneg + (size_t)j * hd, hd));
-        }
+    const float *st = unit_stats(s, l, kvh, 0);
+    if (s->p.policy == KVP_PREFILL_POOLED) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g, U, hd, scale, t->qbar, hd, st,
+                    ld, 0.0f, t->mass, s->max_units);
+    } else {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g, U, hd, scale, t->qpos, hd, st,
+                    ld, 0.0f, t->mass, s->max_units);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g, U, hd, scale, t->qneg, hd,
+                    st + hd, ld, 1.0f, t->mass, s->max_units);
     }
     mass_from_logits(s, t, U, n_keys);
 }
