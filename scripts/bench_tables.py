@@ -547,6 +547,72 @@ def prefill_long(name="prefill_long.jsonl"):
         recs, name, "scripts/bench_prefill_long.sh build (each record has its command)")
 
 
+def prefill_sparse(name="prefill_sparse.jsonl"):
+    if not os.path.exists(os.path.join(BENCH, name)):
+        return "(no data yet: `scripts/bench_prefill_sparse.sh`)\n", ""
+    recs = load(name)
+    by = collections.defaultdict(list)
+    for r in recs:
+        if r["engine"] == "kvpred":
+            key = "dense" if r["policy"] == "dense" else "sparse"
+        else:
+            key = "llama fa" if r.get("flash_attn") else "llama"
+        by[(r["prompt_tokens"], key)].append(r)
+    rows = []
+    for n in sorted({k[0] for k in by}):
+        d, sp = by.get((n, "dense"), []), by.get((n, "sparse"), [])
+        ll = [r["prefill_tokens_per_s"] for r in by.get((n, "llama"), []) + by.get((n, "llama fa"), [])]
+        rate = lambda rs: [r["prefill_tokens_per_s"] for r in rs]
+        share = lambda rs, f: [r[f] for r in rs if r.get(f) is not None]
+        best_ll = max(ll) if ll else float("nan")
+        rows.append([n, span(rate(d), 1), span(share(d, "attention_share"), 2),
+                     span(rate(sp), 1), ", ".join(sorted({str(r.get("budget")) for r in sp})) or "—",
+                     span(share(sp, "density"), 3), span(share(sp, "attention_share"), 2),
+                     span(share(sp, "estimate_share"), 3),
+                     span(rate(by.get((n, "llama"), [])), 1),
+                     span(rate(by.get((n, "llama fa"), [])), 1),
+                     fmt(med(rate(sp)) / med(rate(d)), 2) + "×" if d and sp else "—",
+                     fmt(med(rate(sp)) / best_ll, 2) + "×" if sp and ll else "—",
+                     fmt(n / med(rate(sp)), 0) if sp else "—"])
+    head = ["prompt tokens", "dense tok/s", "dense attention share", "sparse tok/s", "budget",
+            "density", "sparse attention share", "estimate / attention",
+            "llama.cpp tok/s", "llama.cpp, flash attention", "sparse / dense",
+            "sparse / llama.cpp best", "sparse seconds"]
+    return table(head, rows), provenance(
+        recs, name, "scripts/bench_prefill_sparse.sh build (each record has its command)")
+
+
+def prefill_sparse_quality(name="prefill_sparse_quality.jsonl"):
+    if not os.path.exists(os.path.join(BENCH, name)):
+        return "(no data yet: `scripts/quality_prefill_sparse.sh`)\n", ""
+    recs = load(name)
+    acc = collections.defaultdict(lambda: [0.0, 0])
+    dens = {}
+    for r in recs:
+        if "task" not in r:
+            continue
+        k = (r["task"], r["length"], r["policy"] + " " + r["budget"], r["prefill_arm"])
+        acc[k][0] += r["accuracy"] * r["samples"]
+        acc[k][1] += r["samples"]
+        if r["prefill_arm"] == "sparse":
+            dens[k[:3]] = r.get("prefill_density")
+    rows = []
+    for k in sorted({k[:3] for k in acc}):
+        dn, sp = acc.get(k + ("dense",)), acc.get(k + ("sparse",))
+        a = lambda v: 100 * v[0] / v[1] if v and v[1] else float("nan")
+        rows.append([k[0], k[1], k[2], fmt(dens.get(k), 3), fmt(a(dn), 1), fmt(a(sp), 1),
+                     fmt(a(sp) - a(dn), 1), (dn or [0, 0])[1]])
+    head = ["task", "tokens", "decode", "sparse density", "dense prefill %", "sparse prefill %",
+            "points", "prompts"]
+    kl = [[r.get("prefill_budget"), fmt(r.get("prefill_density"), 3), f"{r['kl']:.2e}",
+           fmt(r["ppl_ratio"], 4)] for r in recs if "task" not in r]
+    out = table(head, rows)
+    if kl:
+        out += "\nHeld-out text after a sparse prefill (the reference dense):\n\n" + table(
+            ["prefill budget", "density", "KL", "perplexity ratio"], kl)
+    return out, provenance(recs, name, "scripts/quality_prefill_sparse.sh build")
+
+
 SECTIONS = [
     ("Speed against llama.cpp", peers,
      "Random-weight files with real shapes (`kvpred synth`), both engines on the same files in "
@@ -567,6 +633,17 @@ SECTIONS = [
      "host, kvpred `bench --prefill N` and llama-bench `-p N -n 0` in alternation (one prompt "
      "per run; the span of the runs). Attention grows with the square of the prompt, so it is "
      "most of the work at these lengths; llama.cpp with its default f16 KV cache."),
+    ("Block-sparse prefill of long prompts", prefill_sparse,
+     "SmolLM2-135M shape (`kvpred synth`, Q8_0, random weights), 2 threads, real text prompts "
+     "(the essays, tokenized; no tile fill), kvpred dense and sparse (`--prefill-policy sparse "
+     "--prefill-budget B`) and llama-bench `-p N -n 0` without and with flash attention, in "
+     "alternation per length (docs/prefill.md). Attention share: attention thread-seconds over "
+     "threads × the prefill's seconds; estimate / attention: the sparse estimate's thread time "
+     "over the attention's."),
+    ("Retrieval after a block-sparse prefill (the shipped model)", prefill_sparse_quality,
+     "`kvpred eval --task` after a dense and after a sparse prefill (default sparse settings), "
+     "each decoded with the full cache and with quest; accuracy over depths 0-100 %, greedy, "
+     "exact match. Density: the sparse prefill's keys read over keys seen at that length."),
     ("Many sequences at once on an Intel Xeon", lambda: batched(
         name="batched_xeon.jsonl",
         cmd="scripts/bench_batched.sh with llama.cpp's own llama-batched-bench (see each "
