@@ -124,8 +124,8 @@ static int resolve(struct kvp_prefill_params *p, int cache_bs, struct kvp_err *e
                            p->threshold);
     if (p->budget == 0 && p->budget_ratio == 0)
         p->budget_ratio = 1.0 / 16;
-    if (p->block == 0)
-        p->block = 64 > cache_bs ? 64 : cache_bs;
+    if (p->block == 0) /* the smallest multiple of the cache's blocks from 64 keys on */
+        p->block = (64 + cache_bs - 1) / cache_bs * cache_bs;
     if (p->block < 0 || p->block > (1 << 16) || p->block % cache_bs != 0)
         return kvp_err_set(err, KVP_EINVAL,
                            "prefill block %d is not a multiple of the cache's block size %d",
