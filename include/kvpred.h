@@ -466,7 +466,7 @@ struct kvp_prefill_params {
     int dense_tail;      /* the last tokens of a kvp_eval's prompt (the question) attend
                             densely [256; < 0: none] */
     int min_keys;        /* a query block that sees fewer keys reads them all (the crossover
-                            below which sparse does not pay) [4096; < 0: 0] */
+                            below which sparse does not pay) [2048; < 0: 0] */
 };
 
 /* Names of the policies ("dense", "pooled", "bound", "strided"), NULL past the end; parse gives

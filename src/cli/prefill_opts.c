@@ -21,7 +21,7 @@ const char *cli_prefill_flags_help =
     "                       count or a ratio of the keys it sees (1/16, 0.0625; default 1/16)\n"
     "  --prefill-threshold X stop adding key blocks once they hold this share of the\n"
     "                       estimated attention (0 < X <= 1; default off: the whole budget)\n"
-    "  --prefill-min-keys N query blocks that see fewer keys read them all (default 4096,\n"
+    "  --prefill-min-keys N query blocks that see fewer keys read them all (default 2048,\n"
     "                       where sparse starts to pay)\n"
     "  --prefill-tail N     the prompt's last N tokens (the question) attend densely (256)\n"
     "  --prefill-window N   keys before a query block it always reads (256)\n"

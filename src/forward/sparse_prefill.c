@@ -134,7 +134,7 @@ static int resolve(struct kvp_prefill_params *p, int cache_bs, struct kvp_err *e
     p->sink = p->sink == 0 ? 64 : p->sink < 0 ? 0 : p->sink;
     p->window = p->window == 0 ? 256 : p->window < 0 ? 0 : p->window;
     p->dense_tail = p->dense_tail == 0 ? 256 : p->dense_tail < 0 ? 0 : p->dense_tail;
-    p->min_keys = p->min_keys == 0 ? 4096 : p->min_keys < 0 ? 0 : p->min_keys;
+    p->min_keys = p->min_keys == 0 ? 2048 : p->min_keys < 0 ? 0 : p->min_keys;
     return 0;
 }
 
