@@ -194,6 +194,41 @@ static void test_choice_holds_sink_window_budget(void **state)
     kvp_test_model_free(m, path);
 }
 
+/* ---- bad settings ---- */
+
+static void test_refusals(void **state)
+{
+    (void)state;
+    char *path = NULL;
+    kvp_model *m = fixture(&path);
+    struct kvp_ctx_params cp = {.n_ctx = 512, .block_size = 48};
+    kvp_ctx *c = NULL;
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_ctx_init(m, &cp, &c, &err), 0);
+    const struct kvp_prefill_params bad[] = {
+        {.policy = KVP_PREFILL_COUNT},
+        {.policy = -1},
+        {.policy = KVP_PREFILL_POOLED, .budget = -1},
+        {.policy = KVP_PREFILL_POOLED, .budget_ratio = 1.5},
+        {.policy = KVP_PREFILL_POOLED, .threshold = -0.1},
+        {.policy = KVP_PREFILL_POOLED, .block = 64}, /* not a multiple of 48 */
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        err = (struct kvp_err){0};
+        assert_int_equal(kvp_ctx_set_prefill(c, &bad[i], &err), KVP_EINVAL);
+        assert_true(err.msg[0] != 0);
+    }
+    /* the default key block is the first multiple of 48 from 64 on */
+    const struct kvp_prefill_params ok = {.policy = KVP_PREFILL_POOLED};
+    assert_int_equal(kvp_ctx_set_prefill(c, &ok, &err), 0);
+    assert_int_equal(kvp_ctx_set_prefill(c, NULL, &err), 0); /* back to dense */
+    assert_int_equal(kvp_prefill_policy_parse("sparse"), KVP_PREFILL_SPARSE);
+    assert_int_equal(kvp_prefill_policy_parse("Pooled"), -1);
+    assert_null(kvp_prefill_policy_name(KVP_PREFILL_COUNT));
+    kvp_ctx_free(c);
+    kvp_test_model_free(m, path);
+}
+
 /* ---- inside the batched step ---- */
 
 /* Two sequences of an engine prefill their prompts in pieces of 128 tokens side by side in steps
@@ -493,6 +528,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_density_one_is_dense),
         cmocka_unit_test(test_choice_holds_sink_window_budget),
+        cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_batched_step),
         cmocka_unit_test(test_tiered_reads_chosen_blocks),
         cmocka_unit_test(test_estimates_beat_random),
