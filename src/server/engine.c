@@ -55,6 +55,7 @@ struct srv_engine {
     struct srv_stats st;
     double t_start;
     struct srv_prefix *prefix; /* owned; NULL without a prefix cache */
+    struct srv_pstore *pstore; /* owned; NULL without --prefix-store */
     struct step_item *items;   /* [n_slots] the round's work (scheduler thread only) */
     int *item_rc;
     int *item_n0;              /* [n_slots] each item's sequence length before the step */
@@ -282,11 +283,17 @@ static int slot_begin(struct srv_engine *e, struct slot *s, struct srv_job *j)
     double t0 = kvp_time_now();
     s->t_lookup = s->t_load = s->t_copy = 0;
     s->how = 0;
-    if (pc && srv_prefix_ctx_ok(s->ctx)) {
+    if ((pc || e->pstore) && srv_prefix_ctx_ok(s->ctx)) {
         int m = srv_prefix_match(pc, j->ids, j->n_prompt, j->n_prompt - 2, reuse);
         double t1 = kvp_time_now();
         s->t_lookup = t1 - t0;
-        int lrc = m > 0 ? srv_prefix_load(pc, s->ctx, j->ids, m) : -1;
+        /* the store shared with other servers, when it holds more (read since the request came) */
+        int ms = srv_pstore_load(e->pstore, s->ctx, j->ids, j->n_prompt, m > reuse ? m : reuse);
+        int lrc = m > 0 && ms == 0 ? srv_prefix_load(pc, s->ctx, j->ids, m) : -1;
+        if (ms != 0) {
+            m = ms > 0 ? ms : 1; /* -1: the context was emptied, as by a refused load */
+            lrc = ms > 0 ? 0 : -1;
+        }
         s->t_load = kvp_time_now() - t1;
         s->how = m > 0 && lrc == 0 ? 1 : 0;
         if (m > 0 && lrc == 0) {
@@ -579,6 +586,8 @@ static void slot_after(struct srv_engine *e, const struct step_item *it, int rc,
         s->n_toks = s->pos;
         if (it->last && e->prefix)
             srv_prefix_put(e->prefix, s->ctx, j->ids, j->n_prompt);
+        if (it->last)
+            srv_pstore_put(e->pstore, s->ctx, j->ids, j->n_prompt);
         if (it->last && e->trace)
             fprintf(stderr,
                     "kvpred serve: trace: prompt %d reused %d (%s) queue %.3f lookup %.3f "
@@ -765,6 +774,16 @@ int srv_engine_start(const struct srv_engine_config *cfg, struct srv_engine **ou
             return rc;
         }
     }
+    if (cfg->prefix_store) {
+        struct srv_pstore_config sc = {
+            .url = cfg->prefix_store, .like = e->slots[0].ctx, .min_tokens = 32,
+            .fingerprint = srv_prefix_fingerprint(cfg->model_path, cfg->model)};
+        int rc = srv_pstore_open(&sc, &e->pstore, err);
+        if (rc < 0) {
+            srv_engine_free(e);
+            return rc;
+        }
+    }
     if (pthread_create(&e->thread, NULL, scheduler, e) != 0) {
         srv_engine_free(e);
         return kvp_err_set(err, KVP_ENOMEM, "serve: cannot start the scheduler thread");
@@ -790,6 +809,9 @@ int srv_engine_submit(struct srv_engine *e, struct srv_job *j)
     /* a document kept only in the folder (after a restart) is read back while the request
      * waits for its slot, not by the scheduler when it starts */
     srv_prefix_prefetch(e->prefix, j->ids, j->n_prompt);
+    if (e->pstore) /* the shared store too, for more than this server holds */
+        srv_pstore_prefetch(e->pstore, j->ids, j->n_prompt,
+                            srv_prefix_match(e->prefix, j->ids, j->n_prompt, j->n_prompt - 2, 0));
     return 0;
 }
 
@@ -843,6 +865,7 @@ void srv_engine_free(struct srv_engine *e)
         free(e->slots[i].gen);
     }
     srv_prefix_close(e->prefix); /* writes out what is queued for the folder */
+    srv_pstore_close(e->pstore);  /* and for the shared store */
     free(e->slots);
     free(e->queue);
     free(e->items);
@@ -951,5 +974,8 @@ size_t srv_engine_metrics(struct srv_engine *e, char *buf, size_t cap)
         (unsigned long long)ps.tokens_loaded, (unsigned long long)ps.refused,
         (unsigned long long)ps.written, ps.persistent ? 1 : 0, (unsigned long long)s.kv_lost,
         (unsigned long long)s.kv_recomputed);
-    return n < 0 ? 0 : (size_t)n;
+    if (n < 0)
+        return 0;
+    size_t at = (size_t)n < cap ? (size_t)n : cap;
+    return (size_t)n + srv_pstore_metrics(e->pstore, buf + at, cap - at);
 }

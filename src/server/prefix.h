@@ -46,6 +46,10 @@ int srv_prefix_open(const struct srv_prefix_config *cfg, struct srv_prefix **out
 /* Write out what is still queued for the folder, stop the writer, free everything. */
 void srv_prefix_close(struct srv_prefix *p);
 
+/* The model file's identity (its size, first and last 64 KiB, shapes): what keys the folder's
+ * files and the shared prefix store's blocks (prefix_store.h). */
+uint64_t srv_prefix_fingerprint(const char *path, const kvp_model *m);
+
 /* Whether a context can take part (no evicting or prompt-reading policy; untiered or tiered:
  * a tiered one's units are read and written through its store's staging area). */
 bool srv_prefix_ctx_ok(const kvp_ctx *ctx);
