@@ -54,6 +54,7 @@ size_t srv_pstore_metrics(struct srv_pstore *ps, char *buf, size_t cap)
 #define RETRY_S         5.0      /* an unreachable store is tried again after this */
 #define MIN_GAIN        256      /* tokens a prompt must add to what is stored to be stored */
 #define KNOWN_CAP       (1 << 16)
+#define REPAIRS         16       /* blocks found damaged or evicted inside a stored prefix */
 #define DEFAULT_TTL_S   86400
 #define DEFAULT_TIMEOUT_MS 2000
 static const char MAGIC[8] = {'K', 'V', 'P', 'S', 'B', 'L', 'K', '1'};
@@ -116,6 +117,8 @@ struct srv_pstore {
     size_t wq_bytes;
     uint64_t *known; /* open addressing: chain keys known to be stored (0 empty, 1 deleted) */
     int known_used;
+    u128 repair[REPAIRS]; /* ring: a put starting at one of these writes it whatever it adds */
+    int repair_next;
     bool up;
     double retry_at;
     bool quit;
@@ -200,6 +203,25 @@ static void known_set(struct srv_pstore *ps, u128 k, bool stored)
         ps->known_used++;
     }
     ps->known[free_at] = v;
+}
+
+/* A block missing inside a stored prefix (refused, evicted while later blocks stay): unlike the
+ * end of a document, which a follow-up question extends by a few tokens, it is worth a write
+ * however short the rest of the prompt (lock held). */
+static void repair_note(struct srv_pstore *ps, u128 k)
+{
+    ps->repair[ps->repair_next] = k;
+    ps->repair_next = (ps->repair_next + 1) % REPAIRS;
+}
+
+static bool repair_take(struct srv_pstore *ps, u128 k)
+{
+    for (int i = 0; i < REPAIRS; i++)
+        if (ps->repair[i] == k) {
+            ps->repair[i] = 0;
+            return true;
+        }
+    return false;
 }
 
 /* ---- availability ----------------------------------------------------------------------- */
@@ -379,8 +401,10 @@ static void on_ignore(void *arg, int i, redisReply *r)
 {
 }
 
-/* Look f up and read the longest stored prefix of it (without the lock). */
-static void do_fetch(struct srv_pstore *ps, struct pfx_redis *rc, struct fetch *f)
+/* Look f up and read the longest stored prefix of it (without the lock). The keys of the blocks
+ * read are left in *touch (*n_touch of them) for their expiry to be renewed after f is done. */
+static void do_fetch(struct srv_pstore *ps, struct pfx_redis *rc, struct fetch *f, char **touch,
+                     int *n_touch)
 {
     int nb = f->n / ps->bs;
     double t0 = kvp_time_now();
@@ -389,8 +413,6 @@ static void do_fetch(struct srv_pstore *ps, struct pfx_redis *rc, struct fetch *
     struct pfx_cmd *cmds = calloc((size_t)nb, sizeof(*cmds));
     uint8_t *flags = calloc((size_t)nb, 1);
     const char **why = calloc((size_t)nb, sizeof(*why));
-    char ttl[24];
-    snprintf(ttl, sizeof(ttl), "%lld", (long long)ps->ttl_s * 1000);
     if (!chain || !keys || !cmds || !flags || !why)
         goto out;
     make_chain(ps, f->ids, nb, chain);
@@ -416,8 +438,14 @@ static void do_fetch(struct srv_pstore *ps, struct pfx_redis *rc, struct fetch *
     ps->st.errors += (uint64_t)bt.errors;
     for (int b = 0; b < run; b++)
         known_set(ps, chain[b], true);
-    if (run < nb)
+    if (run < nb) {
         known_set(ps, chain[run], false);
+        bool later = false;
+        for (int b = run + 1; b < nb; b++)
+            later = later || flags[b];
+        if (later)
+            repair_note(ps, chain[run]);
+    }
     pthread_mutex_unlock(&ps->mu);
     if (run * ps->bs <= f->have)
         goto out;
@@ -434,9 +462,10 @@ static void do_fetch(struct srv_pstore *ps, struct pfx_redis *rc, struct fetch *
     for (int lo = 0; lo < run; lo += per) {
         int cnt = run - lo < per ? run - lo : per;
         for (int b = lo; b < lo + cnt; b++)
-            cmds[b] = (struct pfx_cmd){.argc = 4,
-                                       .argv = {"GETEX", keys + (size_t)b * (KEY_LEN + 1), "PX", ttl},
-                                       .len = {5, KEY_LEN, 2, strlen(ttl)}};
+            /* GET, not GETEX: a replica serves only reads (a master that died) */
+            cmds[b] = (struct pfx_cmd){.argc = 2,
+                                       .argv = {"GET", keys + (size_t)b * (KEY_LEN + 1)},
+                                       .len = {3, KEY_LEN}};
         bt.base = lo;
         pfx_redis_run(rc, cmds + lo, cnt, true, on_get, &bt);
         bool whole = true;
@@ -466,8 +495,10 @@ static void do_fetch(struct srv_pstore *ps, struct pfx_redis *rc, struct fetch *
     ps->st.errors += (uint64_t)bt.errors;
     ps->st.refused += (uint64_t)n_bad;
     ps->st.missing += cut < run && !why[cut] && !bt.errors;
-    if (cut < run)
+    if (cut < run) {
         known_set(ps, chain[cut], false);
+        repair_note(ps, chain[cut]);
+    }
     pthread_mutex_unlock(&ps->mu);
     f->m = cut * ps->bs;
     if (f->m <= f->have) {
@@ -475,12 +506,30 @@ static void do_fetch(struct srv_pstore *ps, struct pfx_redis *rc, struct fetch *
         f->data = NULL;
         f->m = 0;
     }
+    *touch = keys;
+    *n_touch = cut;
+    keys = NULL;
 out:
     free(chain);
     free(keys);
     free(cmds);
     free(flags);
     free(why);
+}
+
+static void renew(struct srv_pstore *ps, struct pfx_redis *rc, const char *keys, int n)
+{
+    struct pfx_cmd *cmds = n > 0 ? calloc((size_t)n, sizeof(*cmds)) : NULL;
+    if (!cmds)
+        return;
+    char ttl[24];
+    snprintf(ttl, sizeof(ttl), "%lld", (long long)ps->ttl_s * 1000);
+    for (int b = 0; b < n; b++)
+        cmds[b] = (struct pfx_cmd){.argc = 3,
+                                   .argv = {"PEXPIRE", keys + (size_t)b * (KEY_LEN + 1), ttl},
+                                   .len = {7, KEY_LEN, strlen(ttl)}};
+    pfx_redis_run(rc, cmds, n, false, on_ignore, NULL);
+    free(cmds);
 }
 
 static void *reader_main(void *arg)
@@ -503,11 +552,19 @@ static void *reader_main(void *arg)
         f->state = FETCH_RUNNING;
         bool go = rc && usable(ps);
         pthread_mutex_unlock(&ps->mu);
+        char *touch = NULL;
+        int n_touch = 0;
         if (go)
-            do_fetch(ps, rc, f);
+            do_fetch(ps, rc, f, &touch, &n_touch);
         pthread_mutex_lock(&ps->mu);
         f->state = FETCH_DONE;
         pthread_cond_broadcast(&ps->cv);
+        pthread_mutex_unlock(&ps->mu);
+        /* the blocks just read expire ttl_s from now: renewed once the request has them (a
+         * write, so on the masters only, and it may wait for a failover) */
+        renew(ps, rc, touch, n_touch);
+        free(touch);
+        pthread_mutex_lock(&ps->mu);
     }
     pthread_mutex_unlock(&ps->mu);
     pfx_redis_free(rc);
@@ -887,7 +944,8 @@ void srv_pstore_put(struct srv_pstore *ps, kvp_ctx *ctx, const int32_t *ids, int
     size_t bytes = (size_t)ps->n_layer * (size_t)(nb - first) * ps->unit_bytes;
     bool skip = !usable(ps) || first == nb ||
                 /* a follow-up question after a stored document: not worth a write */
-                (first > 0 && (nb - first) * ps->bs < MIN_GAIN);
+                (first > 0 && (nb - first) * ps->bs < MIN_GAIN &&
+                 !repair_take(ps, chain[first + 1]));
     if (!skip && ps->wq_bytes + bytes > WRITE_QUEUE_MAX) {
         ps->st.dropped++;
         skip = true;

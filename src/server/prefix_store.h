@@ -23,7 +23,8 @@
  * its prompt in one pipelined batch (the miss cost: one round trip), then GETs the blocks of
  * the longest present run, pipelined, while the request waits for a slot. Writes (SET NX with
  * an expiry, so two servers writing the same document leave one copy and a crashed server
- * nothing forever) are made by a writer thread of their own; reads renew the expiry (GETEX).
+ * nothing forever) are made by a writer thread of their own; a read renews the expiry of the
+ * blocks it used (PEXPIRE, after the request has them).
  *
  * Faults: an unreachable cluster turns the store off with one log line (and the metric
  * kvpred_prefix_store_up 0); it is tried again every few seconds and said once when it is back.
