@@ -218,6 +218,16 @@ static bool refresh(struct pfx_redis *c)
     return false;
 }
 
+bool pfx_redis_connect(struct pfx_redis *c)
+{
+    if (!c->mapped && !refresh(c))
+        return false;
+    for (int i = 0; i < c->n_nodes; i++)
+        if (c->nodes[i].master < 0)
+            node_connect(c, i); /* the masters: a replica is connected when it is needed */
+    return true;
+}
+
 /* Where command i goes this round: its slot's master, or for a read one of its replicas when
  * the master cannot be reached; -1 when none can. */
 static int target(struct pfx_redis *c, const struct pfx_cmd *cmd, bool reads)

@@ -44,6 +44,10 @@ typedef void (*pfx_reply_fn)(void *arg, int i, redisReply *r);
 struct pfx_redis *pfx_redis_new(const char *seeds, int timeout_ms, char *why, size_t why_cap);
 void pfx_redis_free(struct pfx_redis *c);
 
+/* Connect to the nodes and learn the slot map now, so the first batch does not pay for it:
+ * whether a node answered. */
+bool pfx_redis_connect(struct pfx_redis *c);
+
 /* Run cmds[0..n) and hand each reply to fn. Returns how many failed for good; n when no node
  * could be reached at all (why says the latest failure). */
 int pfx_redis_run(struct pfx_redis *c, struct pfx_cmd *cmds, int n, bool reads, pfx_reply_fn fn,

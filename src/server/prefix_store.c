@@ -538,6 +538,11 @@ static void *reader_main(void *arg)
     char why[256];
     struct pfx_redis *rc = pfx_redis_new(ps->seeds, ps->timeout_ms, why, sizeof(why));
     pthread_mutex_lock(&ps->mu);
+    bool up = ps->up;
+    pthread_mutex_unlock(&ps->mu);
+    if (rc && up)
+        pfx_redis_connect(rc); /* the first request's lookup does not wait for connections */
+    pthread_mutex_lock(&ps->mu);
     for (;;) {
         struct fetch *f = NULL;
         while (!ps->quit) {
