@@ -211,13 +211,18 @@ def start(url, *extra):
 
 
 def stop(p):
+    """SIGTERM; the server must exit 0 with no sanitizer report (ASan builds): its stderr."""
     p.send_signal(signal.SIGTERM)
     try:
-        p.wait(120)
+        rc = p.wait(120)
     except subprocess.TimeoutExpired:
         p.kill()
-        p.wait()
-    return p.stderr.read()
+        rc = p.wait()
+    err = p.stderr.read()
+    if rc != 0 or "Sanitizer" in err or "runtime error:" in err:
+        print(f"FAIL: the server exited {rc}: {err[-3000:]}", flush=True)
+        sys.exit(1)
+    return err
 
 
 def ask(port, prompt, n=8):

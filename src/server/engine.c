@@ -302,6 +302,8 @@ static int slot_begin(struct srv_engine *e, struct slot *s, struct srv_job *j)
         } else if (m > 0) {
             reuse = 0; /* refused: the context was emptied, prefill from nothing */
         }
+    } else {
+        srv_pstore_forget(e->pstore, j->ids, j->n_prompt); /* read for nothing */
     }
     /* no prefix cache for this context (a tiered one: its blocks live in the store, which only
      * a sequence copy reads and writes) or nothing longer in it: another slot holding a longer

@@ -103,7 +103,7 @@ struct pfx_redis *pfx_redis_new(const char *seeds, int timeout_ms, char *why, si
 static void node_drop(struct pfx_redis *c, int i, const char *what)
 {
     struct node *nd = &c->nodes[i];
-    snprintf(c->why, sizeof(c->why), "%s:%d: %s", nd->host, nd->port, what);
+    snprintf(c->why, sizeof(c->why), "%.127s:%d: %.100s", nd->host, nd->port, what);
     if (nd->ctx)
         redisFree(nd->ctx);
     nd->ctx = NULL;
@@ -122,7 +122,7 @@ static bool node_connect(struct pfx_redis *c, int i)
     struct timeval tv = {.tv_sec = c->timeout_ms / 1000, .tv_usec = (c->timeout_ms % 1000) * 1000};
     redisContext *ctx = redisConnectWithTimeout(nd->host, nd->port, tv);
     if (!ctx || ctx->err) {
-        snprintf(c->why, sizeof(c->why), "%s:%d: %s", nd->host, nd->port,
+        snprintf(c->why, sizeof(c->why), "%.127s:%d: %.100s", nd->host, nd->port,
                  ctx ? ctx->errstr : "out of memory");
         if (ctx)
             redisFree(ctx);
@@ -205,7 +205,7 @@ static bool refresh(struct pfx_redis *c)
             }
             ok = true;
         } else {
-            snprintf(c->why, sizeof(c->why), "%s:%d: CLUSTER SLOTS: %s", c->nodes[i].host,
+            snprintf(c->why, sizeof(c->why), "%.127s:%d: CLUSTER SLOTS: %.80s", c->nodes[i].host,
                      c->nodes[i].port, r->type == REDIS_REPLY_ERROR ? r->str : "odd reply");
         }
         freeReplyObject(r);

@@ -33,6 +33,9 @@ int srv_pstore_load(struct srv_pstore *ps, kvp_ctx *ctx, const int32_t *ids, int
 {
     return 0;
 }
+void srv_pstore_forget(struct srv_pstore *ps, const int32_t *ids, int n)
+{
+}
 void srv_pstore_put(struct srv_pstore *ps, kvp_ctx *ctx, const int32_t *ids, int n)
 {
 }
@@ -48,7 +51,8 @@ size_t srv_pstore_metrics(struct srv_pstore *ps, char *buf, size_t cap)
 #define KEY_LEN         (6 + 32) /* the prefix and 128 bits in hex */
 #define READERS         2        /* fetch threads: two documents asked for at once side by side */
 #define MAX_FETCHES     32       /* lookups queued or done and not yet taken */
-#define FETCH_MAX_AGE_S 300.0    /* a fetch nobody took (the request went away) is dropped */
+#define FETCH_MAX_AGE_S 60.0     /* a fetch nobody took (the request went away) is dropped */
+#define FETCH_BYTES_MAX ((size_t)4 << 30)  /* read and not yet taken: beyond, reads wait */
 #define CHUNK_BYTES     ((size_t)64 << 20) /* values per pipelined batch: bounds the buffers */
 #define WRITE_QUEUE_MAX ((size_t)2 << 30)  /* bytes waiting for the writer before puts are dropped */
 #define RETRY_S         5.0      /* an unreachable store is tried again after this */
@@ -82,9 +86,11 @@ struct fetch {
     int n;        /* tokens looked up: whole blocks */
     int have;     /* the server held this much when it was asked: no read unless longer */
     int state;
+    bool abandoned; /* its request needs it no more: the reader frees it when done */
     int m;        /* tokens read and checked (data holds them) */
     int nb_e;     /* blocks per layer in data */
     uint8_t *data;/* [n_layer][nb_e] units */
+    size_t data_bytes; /* counted in fetch_bytes */
     double t_made;
     struct fetch *next;
 };
@@ -115,6 +121,7 @@ struct srv_pstore {
     int n_fetches;
     struct write *wq_head, *wq_tail;
     size_t wq_bytes;
+    size_t fetch_bytes; /* data of fetches read and not yet taken */
     uint64_t *known; /* open addressing: chain keys known to be stored (0 empty, 1 deleted) */
     int known_used;
     u128 repair[REPAIRS]; /* ring: a put starting at one of these writes it whatever it adds */
@@ -361,6 +368,17 @@ static void copy_layer(void *arg, int l, struct kvp_kvcache *kv)
 
 /* ---- the reader threads ----------------------------------------------------------------- */
 
+/* (lock held) */
+static void fetch_free(struct srv_pstore *ps, struct fetch *f)
+{
+    if (!f)
+        return;
+    ps->fetch_bytes -= f->data_bytes;
+    free(f->ids);
+    free(f->data);
+    free(f);
+}
+
 struct batch {
     struct srv_pstore *ps;
     const u128 *chain;
@@ -450,7 +468,15 @@ static void do_fetch(struct srv_pstore *ps, struct pfx_redis *rc, struct fetch *
     if (run * ps->bs <= f->have)
         goto out;
     /* read the run's blocks, pipelined, a bounded batch at a time */
-    f->data = malloc((size_t)ps->n_layer * (size_t)run * ps->unit_bytes);
+    size_t bytes = (size_t)ps->n_layer * (size_t)run * ps->unit_bytes;
+    pthread_mutex_lock(&ps->mu);
+    bool room = ps->fetch_bytes + bytes <= FETCH_BYTES_MAX;
+    ps->fetch_bytes += room ? bytes : 0;
+    pthread_mutex_unlock(&ps->mu);
+    if (!room) /* reads nobody has taken yet fill the bound: this prompt is prefilled */
+        goto out;
+    f->data = malloc(bytes);
+    f->data_bytes = bytes;
     if (!f->data)
         goto out;
     f->nb_e = run;
@@ -499,13 +525,15 @@ static void do_fetch(struct srv_pstore *ps, struct pfx_redis *rc, struct fetch *
         known_set(ps, chain[cut], false);
         repair_note(ps, chain[cut]);
     }
-    pthread_mutex_unlock(&ps->mu);
     f->m = cut * ps->bs;
     if (f->m <= f->have) {
         free(f->data);
         f->data = NULL;
         f->m = 0;
+        ps->fetch_bytes -= f->data_bytes;
+        f->data_bytes = 0;
     }
+    pthread_mutex_unlock(&ps->mu);
     *touch = keys;
     *n_touch = cut;
     keys = NULL;
@@ -563,6 +591,8 @@ static void *reader_main(void *arg)
             do_fetch(ps, rc, f, &touch, &n_touch);
         pthread_mutex_lock(&ps->mu);
         f->state = FETCH_DONE;
+        if (f->abandoned)
+            fetch_free(ps, f); /* already out of the list */
         pthread_cond_broadcast(&ps->cv);
         pthread_mutex_unlock(&ps->mu);
         /* the blocks just read expire ttl_s from now: renewed once the request has them (a
@@ -786,15 +816,6 @@ int srv_pstore_open(const struct srv_pstore_config *cfg, struct srv_pstore **out
     return 0;
 }
 
-static void fetch_free(struct fetch *f)
-{
-    if (!f)
-        return;
-    free(f->ids);
-    free(f->data);
-    free(f);
-}
-
 void srv_pstore_close(struct srv_pstore *ps)
 {
     if (!ps)
@@ -809,7 +830,7 @@ void srv_pstore_close(struct srv_pstore *ps)
         pthread_join(ps->readers[i], NULL);
     for (struct fetch *f = ps->fetches, *n; f; f = n) {
         n = f->next;
-        fetch_free(f);
+        fetch_free(ps, f);
     }
     for (struct write *w = ps->wq_head, *n; w; w = n) {
         n = w->next;
@@ -838,6 +859,18 @@ static struct fetch **find_fetch(struct srv_pstore *ps, const int32_t *ids, int 
     return NULL;
 }
 
+/* The fetch at *pf is of no use (lock held): out of the list, freed now or by its reader. */
+static void drop_fetch(struct srv_pstore *ps, struct fetch **pf)
+{
+    struct fetch *f = *pf;
+    *pf = f->next;
+    ps->n_fetches--;
+    if (f->state == FETCH_RUNNING)
+        f->abandoned = true;
+    else
+        fetch_free(ps, f);
+}
+
 /* Queue a fetch of ids[0..n) (lock held): it, or NULL when out of memory or too many. */
 static struct fetch *add_fetch(struct srv_pstore *ps, const int32_t *ids, int n, int have)
 {
@@ -846,9 +879,7 @@ static struct fetch *add_fetch(struct srv_pstore *ps, const int32_t *ids, int n,
     for (struct fetch **pf = &ps->fetches; *pf;) {
         struct fetch *f = *pf;
         if (f->state == FETCH_DONE && now - f->t_made > FETCH_MAX_AGE_S) {
-            *pf = f->next;
-            fetch_free(f);
-            ps->n_fetches--;
+            drop_fetch(ps, pf);
         } else {
             pf = &f->next;
         }
@@ -893,10 +924,18 @@ int srv_pstore_load(struct srv_pstore *ps, kvp_ctx *ctx, const int32_t *ids, int
     if (!ps)
         return 0;
     int lim = lookup_len(ps, n);
-    if (lim < ps->min_tokens || lim <= have)
+    if (lim < ps->min_tokens)
         return 0;
     pthread_mutex_lock(&ps->mu);
     struct fetch **pf = find_fetch(ps, ids, lim), *f = pf ? *pf : NULL;
+    if (lim <= have) {
+        /* the slot holds as much already (a follow-up in the slot of its document): what was
+         * looked up for it when it arrived goes */
+        if (pf)
+            drop_fetch(ps, pf);
+        pthread_mutex_unlock(&ps->mu);
+        return 0;
+    }
     if (!f && usable(ps))
         f = add_fetch(ps, ids, lim, have);
     if (!f) {
@@ -926,8 +965,21 @@ int srv_pstore_load(struct srv_pstore *ps, kvp_ctx *ctx, const int32_t *ids, int
         }
         pthread_mutex_unlock(&ps->mu);
     }
-    fetch_free(f);
+    pthread_mutex_lock(&ps->mu);
+    fetch_free(ps, f);
+    pthread_mutex_unlock(&ps->mu);
     return rc < 0 ? -1 : m > have ? m : 0;
+}
+
+void srv_pstore_forget(struct srv_pstore *ps, const int32_t *ids, int n)
+{
+    if (!ps)
+        return;
+    pthread_mutex_lock(&ps->mu);
+    struct fetch **pf = find_fetch(ps, ids, lookup_len(ps, n));
+    if (pf)
+        drop_fetch(ps, pf);
+    pthread_mutex_unlock(&ps->mu);
 }
 
 void srv_pstore_put(struct srv_pstore *ps, kvp_ctx *ctx, const int32_t *ids, int n_prompt)

@@ -65,6 +65,10 @@ void srv_pstore_prefetch(struct srv_pstore *ps, const int32_t *ids, int n, int h
  * untouched), -1 when a copy failed (ctx emptied). */
 int srv_pstore_load(struct srv_pstore *ps, kvp_ctx *ctx, const int32_t *ids, int n, int have);
 
+/* The request for ids[0..n) will not load from the store (its slot's policy cannot take a
+ * prefix): what was read for it goes. */
+void srv_pstore_forget(struct srv_pstore *ps, const int32_t *ids, int n);
+
 /* ctx holds the prompt ids[0..n) prefilled: store its whole blocks not yet known to be stored
  * (copied out now, written by the writer thread). */
 void srv_pstore_put(struct srv_pstore *ps, kvp_ctx *ctx, const int32_t *ids, int n);
