@@ -303,6 +303,13 @@ def main():
         check(False, f"the server starts with a store that is not there: {err}")
     pc = int(line.split()[1])
     r1, r2 = ask(pc, doc + q), ask(pc, doc + " Q: where?")
+    bad = [subprocess.run([KVPRED, "serve", "-m", MODEL, "--port", "0", "--prefix-store", u],
+                          capture_output=True, text=True, timeout=120)
+           for u in ("http://127.0.0.1:1", "redis://127.0.0.1", "redis://127.0.0.1:1?ttl_s=x",
+                     "redis://127.0.0.1:1?colour=red")]
+    check(all(b.returncode != 0 and "--prefix-store" in b.stderr for b in bad),
+          "a bad store URL (scheme, port, option value, unknown option): refused at start with "
+          f"one message ({bad[1].stderr.strip()!r})")
     up = metric(pc, "kvpred_prefix_store_up")
     err = stop(c)
     check(text(r1) == want and r2["kvpred"]["prefix_reused"] > 0 and up == 0 and
