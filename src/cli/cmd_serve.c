@@ -49,6 +49,11 @@ static void help(void)
            "                       (default 1024; 0: no prefix cache beyond each slot's own)\n"
            "  --kv-cache-dir DIR   also keep cached prefixes in DIR, for the next run with the\n"
            "                       same model file and KV types (checked when read back)\n"
+           "  --prefix-store redis://HOST:PORT[,HOST:PORT...][?ttl_s=N&timeout_ms=N]\n"
+           "                       also keep cached prefixes in a Redis Cluster (or one Redis\n"
+           "                       server) shared by every server of the same model file and\n"
+           "                       KV types: a document prefilled by one is copied in by all\n"
+           "                       (blocks expire ttl_s after their last use, default 86400)\n"
            "%s"
            "                       (each slot's cache; tiered slots too take part in the prefix\n"
            "                       cache and --kv-cache-dir, and copy prefixes from each other)\n"
@@ -73,7 +78,7 @@ int cmd_serve(int argc, char **argv)
          n_predict = 128, top_k = 40, seed = 42;
     double temp = 0.0, top_p = 0.95, grace = 10.0;
     long timeout = 30, cache_mib = 1024;
-    const char *cache_dir = NULL;
+    const char *cache_dir = NULL, *prefix_store = NULL;
     struct cli_tier_opts to = CLI_TIER_OPTS_INIT;
     struct cli_prefill_opts pf = CLI_PREFILL_OPTS_INIT;
     struct kvp_policy_params pp = {.gqa_agg = KVP_AGG_MEAN};
@@ -93,6 +98,7 @@ int cmd_serve(int argc, char **argv)
         CLI_FLOAT("--grace", 0.0, 3600.0, &grace, "seconds in 0..3600"),
         CLI_INT("--timeout", 1, 3600, &timeout, "seconds in 1..3600"),
         CLI_STR("--kv-cache-dir", &cache_dir),
+        CLI_STR("--prefix-store", &prefix_store),
         CLI_INT("--cache-ram", 0, 1L << 22, &cache_mib, "MiB in 0..2^22"),
         CLI_TIER_FLAGS(&to),
         CLI_STR("--policy", &pp.name),
@@ -132,6 +138,7 @@ int cmd_serve(int argc, char **argv)
         .timeout_s = (int)timeout,
         .cache_ram = (size_t)cache_mib << 20,
         .cache_dir = cache_dir,
+        .prefix_store = prefix_store,
         .cp = cli_ctx_params(&mo, 0),
         .pol = pp.name ? &pp : NULL,
         .temperature = temp,

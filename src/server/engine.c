@@ -56,6 +56,7 @@ struct srv_engine {
     struct srv_stats st;
     double t_start;
     struct srv_prefix *prefix; /* owned; NULL without a prefix cache */
+    struct srv_pstore *pstore; /* owned; NULL without --prefix-store */
     struct step_item *items;   /* [n_slots] the round's work (scheduler thread only) */
     int *item_rc;
     int *item_n0;              /* [n_slots] each item's sequence length before the step */
@@ -327,12 +328,19 @@ static int slot_begin(struct srv_engine *e, struct slot *s, struct srv_job *j)
     double t0 = kvp_time_now();
     s->t_lookup = s->t_load = s->t_copy = 0;
     s->how = 0;
-    /* the prefix cache holds prompts prefilled with the server's prefill attention */
-    if (pc && srv_prefix_ctx_ok(s->ctx) && !strcmp(pf_key, e->pf_default_key)) {
+    /* the prefix cache and the shared store hold prompts prefilled with the server's prefill
+     * attention only */
+    if ((pc || e->pstore) && srv_prefix_ctx_ok(s->ctx) && !strcmp(pf_key, e->pf_default_key)) {
         int m = srv_prefix_match(pc, j->ids, j->n_prompt, j->n_prompt - 2, reuse);
         double t1 = kvp_time_now();
         s->t_lookup = t1 - t0;
-        int lrc = m > 0 ? srv_prefix_load(pc, s->ctx, j->ids, m) : -1;
+        /* the store shared with other servers, when it holds more (read since the request came) */
+        int ms = srv_pstore_load(e->pstore, s->ctx, j->ids, j->n_prompt, m > reuse ? m : reuse);
+        int lrc = m > 0 && ms == 0 ? srv_prefix_load(pc, s->ctx, j->ids, m) : -1;
+        if (ms != 0) {
+            m = ms > 0 ? ms : 1; /* -1: the context was emptied, as by a refused load */
+            lrc = ms > 0 ? 0 : -1;
+        }
         s->t_load = kvp_time_now() - t1;
         s->how = m > 0 && lrc == 0 ? 1 : 0;
         if (m > 0 && lrc == 0) {
@@ -341,6 +349,8 @@ static int slot_begin(struct srv_engine *e, struct slot *s, struct srv_job *j)
         } else if (m > 0) {
             reuse = 0; /* refused: the context was emptied, prefill from nothing */
         }
+    } else {
+        srv_pstore_forget(e->pstore, j->ids, j->n_prompt); /* read for nothing */
     }
     /* no prefix cache for this context (a tiered one: its blocks live in the store, which only
      * a sequence copy reads and writes) or nothing longer in it: another slot holding a longer
@@ -625,6 +635,8 @@ static void slot_after(struct srv_engine *e, const struct step_item *it, int rc,
         s->n_toks = s->pos;
         if (it->last && e->prefix && !strcmp(s->pf_key, e->pf_default_key))
             srv_prefix_put(e->prefix, s->ctx, j->ids, j->n_prompt);
+        if (it->last && !strcmp(s->pf_key, e->pf_default_key))
+            srv_pstore_put(e->pstore, s->ctx, j->ids, j->n_prompt);
         if (it->last && e->trace)
             fprintf(stderr,
                     "kvpred serve: trace: prompt %d reused %d (%s) queue %.3f lookup %.3f "
@@ -806,11 +818,24 @@ int srv_engine_start(const struct srv_engine_config *cfg, struct srv_engine **ou
         policy_key(cfg->pol, s->pol_key, sizeof(s->pol_key));
         prefill_key(&e->pf_default, s->pf_key, sizeof(s->pf_key));
     }
+    /* a cache filled by a sparse prefill is not a dense one's: other files and store keys */
+    const char *pf_variant = e->pf_default.policy == KVP_PREFILL_DENSE ? NULL : e->pf_default_key;
     if (cfg->cache_ram > 0) {
         struct srv_prefix_config pc = {.model_path = cfg->model_path, .model = cfg->model,
                                        .like = e->slots[0].ctx, .ram_bytes = cfg->cache_ram,
-                                       .dir = cfg->cache_dir, .min_tokens = 32};
+                                       .dir = cfg->cache_dir, .min_tokens = 32,
+                                       .variant = pf_variant};
         int rc = srv_prefix_open(&pc, &e->prefix, err);
+        if (rc < 0) {
+            srv_engine_free(e);
+            return rc;
+        }
+    }
+    if (cfg->prefix_store) {
+        struct srv_pstore_config sc = {
+            .url = cfg->prefix_store, .like = e->slots[0].ctx, .min_tokens = 32,
+            .fingerprint = srv_prefix_fingerprint(cfg->model_path, cfg->model, pf_variant)};
+        int rc = srv_pstore_open(&sc, &e->pstore, err);
         if (rc < 0) {
             srv_engine_free(e);
             return rc;
@@ -841,6 +866,9 @@ int srv_engine_submit(struct srv_engine *e, struct srv_job *j)
     /* a document kept only in the folder (after a restart) is read back while the request
      * waits for its slot, not by the scheduler when it starts */
     srv_prefix_prefetch(e->prefix, j->ids, j->n_prompt);
+    if (e->pstore) /* the shared store too, for more than this server holds */
+        srv_pstore_prefetch(e->pstore, j->ids, j->n_prompt,
+                            srv_prefix_match(e->prefix, j->ids, j->n_prompt, j->n_prompt - 2, 0));
     return 0;
 }
 
@@ -894,6 +922,7 @@ void srv_engine_free(struct srv_engine *e)
         free(e->slots[i].gen);
     }
     srv_prefix_close(e->prefix); /* writes out what is queued for the folder */
+    srv_pstore_close(e->pstore);  /* and for the shared store */
     free(e->slots);
     free(e->queue);
     free(e->items);
@@ -1002,5 +1031,8 @@ size_t srv_engine_metrics(struct srv_engine *e, char *buf, size_t cap)
         (unsigned long long)ps.tokens_loaded, (unsigned long long)ps.refused,
         (unsigned long long)ps.written, ps.persistent ? 1 : 0, (unsigned long long)s.kv_lost,
         (unsigned long long)s.kv_recomputed);
-    return n < 0 ? 0 : (size_t)n;
+    if (n < 0)
+        return 0;
+    size_t at = (size_t)n < cap ? (size_t)n : cap;
+    return (size_t)n + srv_pstore_metrics(e->pstore, buf + at, cap - at);
 }

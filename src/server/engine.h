@@ -29,6 +29,7 @@
 
 #include "kvpred.h"
 #include "server/prefix.h"
+#include "server/prefix_store.h"
 #include "server/request.h"
 
 enum srv_finish {
@@ -100,6 +101,7 @@ struct srv_engine_config {
     size_t cache_ram;
     const char *cache_dir;
     const char *model_path;              /* the model file's fingerprint keys the folder */
+    const char *prefix_store;            /* redis://... shared by servers (NULL: none) */
 };
 
 struct srv_engine;

@@ -874,6 +874,7 @@ int srv_server_start(const struct srv_config *cfg, const kvp_model *model,
                                    .pol = cfg->pol, .max_queue = cfg->max_queue,
                                    .cache_ram = cfg->cache_ram, .cache_dir = cfg->cache_dir,
                                    .model_path = cfg->model_path};
+    ec.prefix_store = cfg->prefix_store;
     int rc = srv_engine_start(&ec, &s->eng, err);
     if (rc < 0) {
         free(s);

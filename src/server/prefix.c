@@ -97,9 +97,11 @@ static uint64_t get_u64(const uint8_t *b)
 /* The model file's identity: its size, its first and last 64 KiB and its shapes. Reading the
  * whole file would cost seconds for a large model at every start; a changed file that keeps its
  * size, head and tail is not a case this guards against. */
-static uint64_t model_fingerprint(const char *path, const kvp_model *m)
+uint64_t srv_prefix_fingerprint(const char *path, const kvp_model *m, const char *variant)
 {
     uint64_t h = FNV0;
+    if (variant && variant[0])
+        h = fnv(h, variant, strlen(variant));
     struct kvp_model_info info;
     kvp_model_get_info(m, &info);
     int shape[] = {info.n_vocab, info.n_embd, info.n_layer, info.n_head, info.n_head_kv,
@@ -520,7 +522,7 @@ int srv_prefix_open(const struct srv_prefix_config *cfg, struct srv_prefix **out
     p->k_bytes = kv->k_bytes;
     p->v_bytes = kv->v_bytes;
     p->unit_bytes = (size_t)p->n_head_kv * (p->k_bytes + p->v_bytes);
-    p->fingerprint = model_fingerprint(cfg->model_path, cfg->model);
+    p->fingerprint = srv_prefix_fingerprint(cfg->model_path, cfg->model, cfg->variant);
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
     if (cfg->dir) {

@@ -37,6 +37,10 @@ struct srv_prefix_config {
     size_t ram_bytes;         /* RAM budget of the entries' data */
     const char *dir;          /* NULL: no persistence */
     int min_tokens;           /* shorter prompts are not kept */
+    const char *variant;      /* what else the cached KV depends on, hashed into the
+                                 fingerprint: the server's sparse prefill settings (a sparse
+                                 prefill leaves other keys and values than a dense one); NULL
+                                 for a dense prefill */
 };
 
 /* 0, or an error only when out of memory: a folder that cannot be made, listed or later
@@ -45,6 +49,11 @@ int srv_prefix_open(const struct srv_prefix_config *cfg, struct srv_prefix **out
                     struct kvp_err *err);
 /* Write out what is still queued for the folder, stop the writer, free everything. */
 void srv_prefix_close(struct srv_prefix *p);
+
+/* The model file's identity (its size, first and last 64 KiB, shapes) and the variant of the
+ * cached KV (srv_prefix_config.variant, NULL: dense prefill): what keys the folder's files and
+ * the shared prefix store's blocks (prefix_store.h). */
+uint64_t srv_prefix_fingerprint(const char *path, const kvp_model *m, const char *variant);
 
 /* Whether a context can take part (no evicting or prompt-reading policy; untiered or tiered:
  * a tiered one's units are read and written through its store's staging area). */

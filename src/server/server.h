@@ -25,6 +25,7 @@ struct srv_config {
     int timeout_s;            /* a connection silent this long is closed [30] */
     size_t cache_ram;         /* prefix cache RAM budget in bytes (0: none) */
     const char *cache_dir;    /* prefix cache folder (NULL: not persistent) */
+    const char *prefix_store; /* redis://HOST:PORT[,...] shared by servers (NULL: none) */
     struct kvp_ctx_params cp; /* per slot */
     const struct kvp_policy_params *pol; /* the server's policy (NULL: full) */
     double temperature, top_p;/* sampling defaults (kvpred run's) */
