@@ -798,8 +798,8 @@ static void setup_multi(const struct kvp_corpus *c, struct kvp_rng *r, int nq,
         ti->asked[k] = k < nq;
         if (pk)
             snprintf(ti->needle[k], sizeof(ti->needle[k]),
-                     "The pass key of the %s box is %s. Remember it. %s is the pass key of the "
-                     "%s box.", keys[k], vals[k], vals[k], keys[k]);
+                     "The pass key of the %.15s box is %.15s. Remember it. %.15s is the pass key "
+                     "of the %.15s box.", keys[k], vals[k], vals[k], keys[k]);
         else
             snprintf(ti->needle[k], sizeof(ti->needle[k]),
                      "One of the special magic numbers for %.47s is: %.47s.", keys[k], vals[k]);
