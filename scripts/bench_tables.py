@@ -698,7 +698,9 @@ SECTIONS = [
      "the order asked. keep: the document prefilled once, the cache truncated back to it before "
      "each question (an evicting policy's evictions stay); recompute: document and question "
      "prefilled anew for each question. The column \"kvpred serve does\" says which of the "
-     "two the server does for the policy. The pass keys are named by colour, a form the shipped model never "
+     "two the server does for the policy. On the niah tasks full and quest ran in keep mode only: for "
+     "them the two modes give the same answers (tests/test_multi_question.c; the passkey rows "
+     "show it). 10 documents per task: one answer is 10 points. The pass keys are named by colour, a form the shipped model never "
      "trained on: its full-cache passkey row measures that, not the policies."),
     ("Trainer speed (bf16 path against the f32 reference)", train_speed,
      "Whole optimiser steps of the shipped shape on random tokens, f32 and bf16 alternating, "
