@@ -20,6 +20,7 @@
 #              where llama-bench dies of an illegal instruction)
 #   env: SHAPES ("smol135m llama1b default"), CTXS ("32768 65536 131072"), BUDGETS ("1/16 1/32
 #        1/64"), N (decode tokens, 16), THREADS (2), OUT (bench/long_decode.jsonl, appended),
+#        DEFAULT_MODEL (the file of the shape "default", models/kvpred-default.gguf),
 #        POLICIES (";"-separated "label=bench flags" entries, default flat quest and qpredictor;
 #        add e.g. "quest coarse=--policy quest --policy-opts ..." ), FILL_SOURCE (4096),
 #        FILL_TEXT (../shared/data/pg_essays/worked.txt when present), L1B_LAYERS (16), DIR
@@ -72,7 +73,7 @@ TEXTF=()
 
 model_of() { # shape -> model file (made once with kvpred synth)
     case $1 in
-    default) echo models/kvpred-default.gguf ;;
+    default) echo "${DEFAULT_MODEL:-models/kvpred-default.gguf}" ;;
     smol135m) echo "$DIR/smol135m-q8_0.gguf" ;;
     llama1b) echo "$DIR/llama1b-q8_0.gguf" ;;
     *) echo "unknown shape $1" >&2; exit 2 ;;

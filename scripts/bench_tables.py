@@ -380,6 +380,32 @@ def acceptance():
             provenance(recs, name, "scripts/eval_acceptance.sh build"))
 
 
+def multi_question(name="multi_question_kvpred-default_8192.jsonl"):
+    recs = load(name)
+    tasks, rows = [], collections.OrderedDict()
+    for r in recs:
+        if r["task"] not in tasks:
+            tasks.append(r["task"])
+        row = rows.setdefault((r["policy"], r["budget"], r["follow_up"]),
+                              {"server": r["server_follow_up"], "acc": {}})
+        row["acc"].setdefault(r["task"], {})[r["question"]] = r["accuracy"]
+    out = []
+    for (pol, budget, follow), v in rows.items():
+        cells = []
+        for t in tasks:
+            qs = v["acc"].get(t, {})
+            cells.append(" / ".join(fmt(100 * qs[q], 0) for q in sorted(qs)) if qs else "—")
+        out.append([pol, budget, follow, v["server"]] + cells)
+    docs = sorted({r["documents"] for r in recs})
+    nq = sorted({r["questions"] for r in recs})
+    lengths = sorted({r["length"] for r in recs})
+    return (table(["policy", "budget", "follow-up", "kvpred serve does"]
+                  + [f"{t}: q1 / … / q{nq[-1]} (%)" for t in tasks], out),
+            provenance(recs, name, "scripts/eval_multi_question.sh build (LENGTHS=%s DOCS=%s "
+                       "QUESTIONS=%s)" % (",".join(map(str, lengths)),
+                                          ",".join(map(str, docs)), ",".join(map(str, nq)))))
+
+
 def train_speed():
     rows, provs = [], []
     for name, label, env in (("train_speed_idle.json", "OPENBLAS_CORETYPE=Haswell",
@@ -742,6 +768,17 @@ SECTIONS = [
      "since; on the idle host its 8-client run had not finished after 19 minutes and was "
      "stopped), the 4-client rows from the 20:12 hold, kvpred's 8-client row from the idle "
      "22:05 one."),
+    ("Several questions on one document", multi_question,
+     "`kvpred eval --task T --questions 4` on the shipped model at 8192 tokens (docs/"
+     "evaluation.md): each document holds 4 needles with different keys at spread depths and "
+     "is asked 4 questions in turn, each about another needle; accuracy per question index, in "
+     "the order asked. keep: the document prefilled once, the cache truncated back to it before "
+     "each question (an evicting policy's evictions stay); recompute: document and question "
+     "prefilled anew for each question. The column \"kvpred serve does\" says which of the "
+     "two the server does for the policy. On the niah tasks full and quest ran in keep mode only: for "
+     "them the two modes give the same answers (tests/test_multi_question.c; the passkey rows "
+     "show it). 10 documents per task: one answer is 10 points. The pass keys are named by colour, a form the shipped model never "
+     "trained on: its full-cache passkey row measures that, not the policies."),
     ("Trainer speed (bf16 path against the f32 reference)", train_speed,
      "Whole optimiser steps of the shipped shape on random tokens, f32 and bf16 alternating, "
      "medians of 3 rounds."),

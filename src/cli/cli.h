@@ -24,6 +24,8 @@ int cmd_train_lm(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 /* `kvpred eval --task T`: RULER-style retrieval accuracy (cmd_eval_tasks.c). */
 int cmd_eval_tasks(int argc, char **argv);
+/* `kvpred eval --task T --questions N`: several questions on one document (cmd_eval_multi.c). */
+int cmd_eval_multi(int argc, char **argv);
 int cmd_prompt(int argc, char **argv);
 int cmd_viz(int argc, char **argv);
 int cmd_profile_heads(int argc, char **argv);

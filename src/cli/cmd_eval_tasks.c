@@ -24,6 +24,8 @@
  *   budget_ratio    number  the ratio when the budget was given as one, else 0
  *   budget_tokens   number  the mean budget in tokens per (layer, KV head) at the prompts'
  *                           lengths (the library's one rule, kvp_budget_tokens); 0 for full
+ *   read_tokens     number  the mean tokens a decode step read per compressed (layer, KV head)
+ *                           through the policy's selections (full attention: the cached tokens)
  *   length          int     the target length L in tokens
  *   depth           int     needle depth in percent
  *   samples         int     prompts in the cell
@@ -81,6 +83,8 @@ static void help(void)
            "  --filler PATH      filler text file or directory (default\n"
            "                     $KVP_SHARED_DIR/data/pg_essays; passkey: its noise line,\n"
            "                     or this text, the needle on a line of its own, when given)\n"
+           "  --questions N      several questions on one document instead (see\n"
+           "                     kvpred eval --task passkey --questions 4 --help)\n"
            "%s%s",
            cli_model_flags_help, cli_policy_names(), cli_prefill_flags_help,
            cli_policy_flags_help());
@@ -161,6 +165,7 @@ static void json_cell(const struct task_opts *o, const char *model_name,
     cJSON_AddStringToObject(j, "budget", r->label);
     cJSON_AddNumberToObject(j, "budget_ratio", r->pp.budget > 0 ? 0.0 : r->pp.budget_ratio);
     cJSON_AddNumberToObject(j, "budget_tokens", cell->budget_tokens);
+    cJSON_AddNumberToObject(j, "read_tokens", cell->read_tokens);
     cJSON_AddNumberToObject(j, "length", (double)o->lengths[li]);
     cJSON_AddNumberToObject(j, "depth", (double)o->depths[di]);
     cJSON_AddNumberToObject(j, "samples", (double)o->samples);

@@ -3,12 +3,18 @@
  * the same task, seed, length, depth and sample index, so a failure in a table can be looked at
  * (or fed to another engine), and scripts need no prompt generator of their own (the demo's pass
  * key comes from here). --answer prints the reference strings instead, one per line.
+ * --questions N prints document I of `eval --task T --questions N` as one JSON object instead:
+ * {"document": text, "questions": [...], "references": [...], "depths": [...]}, questions in
+ * the order they are asked.
  */
 #include <stdio.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "cli/cli.h"
 #include "cli/common.h"
+#include "eval/multi_question.h"
 #include "eval/task_eval.h"
 #include "tasks/corpus.h"
 #include "tasks/tasks.h"
@@ -29,15 +35,47 @@ static void help(void)
            "  --filler PATH   filler text file or directory (default ../shared/data/pg_essays;\n"
            "                  passkey: its noise line, or this text when given)\n"
            "  --answer        print the reference answers, one per line, instead\n"
+           "  --questions N   print document I of `eval --task T --questions N` (passkey,\n"
+           "                  niah_single, niah_multikey) as one JSON object instead: its\n"
+           "                  document, questions (in the order asked), references and depths\n"
            "%s",
            cli_model_flags_help);
+}
+
+/* Document `sample` of `eval --task --questions n` as one JSON object on stdout. */
+static int print_multi(const struct kvp_corpus *c, const kvp_model *m, int ti, uint64_t seed,
+                       long sample, long length, int n)
+{
+    struct kvp_mq_doc d;
+    struct kvp_err err = {0};
+    if (kvp_mq_doc_make(c, m, ti, seed, sample, length, n, &d, &err) < 0)
+        return cli_fail("prompt: length %ld: %s", length, err.msg);
+    cJSON *j = cJSON_CreateObject();
+    cJSON *q = j ? cJSON_AddArrayToObject(j, "questions") : NULL;
+    cJSON *r = j ? cJSON_AddArrayToObject(j, "references") : NULL;
+    cJSON *dp = j ? cJSON_AddArrayToObject(j, "depths") : NULL;
+    char *s = NULL;
+    if (q && r && dp && cJSON_AddStringToObject(j, "document", d.text.document)) {
+        for (int i = 0; i < d.n_questions; i++) {
+            cJSON_AddItemToArray(q, cJSON_CreateString(d.text.question[i]));
+            cJSON_AddItemToArray(r, cJSON_CreateString(d.text.ref[i]));
+            cJSON_AddItemToArray(dp, cJSON_CreateNumber(d.text.depth[i]));
+        }
+        s = cJSON_PrintUnformatted(j);
+    }
+    if (s)
+        printf("%s\n", s);
+    cJSON_free(s);
+    cJSON_Delete(j);
+    kvp_mq_doc_free(&d);
+    return s ? 0 : cli_fail("prompt: out of memory");
 }
 
 int cmd_prompt(int argc, char **argv)
 {
     struct cli_model_opts mo = {0};
     const char *task = NULL, *filler = NULL;
-    long length = 0, depth = 50, seed = 42, sample = 0;
+    long length = 0, depth = 50, seed = 42, sample = 0, questions = 0;
     bool answer = false;
     const struct cli_flag flags[] = {
         CLI_STR("--task", &task),
@@ -47,6 +85,7 @@ int cmd_prompt(int argc, char **argv)
         CLI_INT("--sample", 0, 1L << 40, &sample, "a sample index"),
         CLI_STR("--filler", &filler),
         CLI_BOOL("--answer", &answer),
+        CLI_INT("--questions", 1, KVP_TASK_MAX_QUESTIONS, &questions, "a count in 1..8"),
         {0},
     };
     const struct cli_command cmd = {.name = "prompt", .mo = &mo, .flags = flags, .help = help};
@@ -73,7 +112,9 @@ int cmd_prompt(int argc, char **argv)
     struct kvp_task_text tt;
     struct kvp_err err = {0};
     int status = 0;
-    if (kvp_task_eval_prompt(c, m, ti, (uint64_t)seed, sample, length, depth, &tt, &err) < 0) {
+    if (questions > 0)
+        status = print_multi(c, m, ti, (uint64_t)seed, sample, length, (int)questions);
+    else if (kvp_task_eval_prompt(c, m, ti, (uint64_t)seed, sample, length, depth, &tt, &err) < 0) {
         status = cli_fail("prompt: length %ld: %s", length, err.msg);
     } else {
         fputs(answer ? tt.refs : tt.prompt, stdout);

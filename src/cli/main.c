@@ -12,10 +12,14 @@ struct command {
     const char *help;
 };
 
-/* `eval` is two commands behind one name: KV measurement (cmd_eval.c) and, with --task,
- * retrieval accuracy (cmd_eval_tasks.c). */
+/* `eval` is three commands behind one name: KV measurement (cmd_eval.c), with --task retrieval
+ * accuracy (cmd_eval_tasks.c), and with --questions too several questions on one document
+ * (cmd_eval_multi.c). */
 static int eval_dispatch(int argc, char **argv)
 {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--questions"))
+            return cmd_eval_multi(argc, argv);
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--task"))
             return cmd_eval_tasks(argc, argv);

@@ -87,16 +87,11 @@ long kvp_task_eval_ctx_tokens(const struct kvp_task_eval_grid *g)
     return max_len + kinds[g->ti].max_new + 1;
 }
 
-/* Prefill ids with the context's policy, then decode greedily up to max_new tokens into pred
- * (cap bytes), stopping at an end-of-generation token or a newline. */
-static int decode_greedy(const kvp_model *m, kvp_ctx *ctx, const int32_t *ids, int n, int max_new,
+int kvp_task_eval_decode(const kvp_model *m, kvp_ctx *ctx, int32_t prev, int max_new,
                          float *logits, int n_vocab, char *pred, size_t cap, struct kvp_err *err)
 {
     size_t k = 0;
     pred[0] = 0;
-    if (kvp_eval(ctx, ids, n, logits, false, err) < 0)
-        return err->code;
-    int prev = ids[n - 1];
     for (int step = 0; step < max_new; step++) {
         int32_t tok = kvp_metric_argmax(logits, n_vocab); /* ties go to the lower id */
         if (kvp_token_is_eog(m, tok))
@@ -119,6 +114,17 @@ static int decode_greedy(const kvp_model *m, kvp_ctx *ctx, const int32_t *ids, i
         prev = tok;
     }
     return 0;
+}
+
+/* Prefill ids with the context's policy, then decode greedily up to max_new tokens into pred
+ * (cap bytes), stopping at an end-of-generation token or a newline. */
+static int decode_greedy(const kvp_model *m, kvp_ctx *ctx, const int32_t *ids, int n, int max_new,
+                         float *logits, int n_vocab, char *pred, size_t cap, struct kvp_err *err)
+{
+    pred[0] = 0;
+    if (kvp_eval(ctx, ids, n, logits, false, err) < 0)
+        return err->code;
+    return kvp_task_eval_decode(m, ctx, ids[n - 1], max_new, logits, n_vocab, pred, cap, err);
 }
 
 int kvp_task_eval_run_grid(kvp_ctx *ctx, const kvp_model *m, const struct kvp_corpus *c,
@@ -177,6 +183,11 @@ int kvp_task_eval_run_grid(kvp_ctx *ctx, const kvp_model *m, const struct kvp_co
                     if (pol && strcmp(pol->ops->name, "full"))
                         cell->budget_tokens += kvp_policy_budget(pol, (int)n);
                     cell->seconds += kvp_time_now() - t0;
+                    double rtok = 0.0, rsel = 0.0;
+                    kvp_ctx_policy_reads(ctx, &rtok, &rsel);
+                    int steps = kvp_ctx_n_tokens(ctx) - (int)n + 1;
+                    cell->read_tokens +=
+                        rsel > 0 ? rtok / rsel : (double)n + (double)(steps - 1) / 2.0;
                     size_t resident, kept;
                     kvp_ctx_kv_bytes(ctx, &resident, &kept);
                     cell->kv_resident_bytes += (double)resident;
@@ -196,6 +207,7 @@ int kvp_task_eval_run_grid(kvp_ctx *ctx, const kvp_model *m, const struct kvp_co
             cell->exact /= ns;
             cell->prompt_tokens /= ns;
             cell->budget_tokens /= ns;
+            cell->read_tokens /= ns;
             cell->kv_resident_bytes /= ns;
             cell->kv_kept_bytes /= ns;
         }

@@ -61,6 +61,13 @@ int kvp_task_eval_prompt(const struct kvp_corpus *c, const kvp_model *m, int ti,
                          long i, long length, long depth, struct kvp_task_text *tt,
                          struct kvp_err *err);
 
+/* The answer after a prompt whose last token is prev and whose next-token logits (n_vocab floats)
+ * are in logits: greedy decoding on ctx for at most max_new tokens into pred (cap bytes,
+ * NUL-terminated), stopping at an end-of-generation token or at the first newline after the
+ * first token (the newline left out). logits is overwritten. */
+int kvp_task_eval_decode(const kvp_model *m, kvp_ctx *ctx, int32_t prev, int max_new,
+                         float *logits, int n_vocab, char *pred, size_t cap, struct kvp_err *err);
+
 /* One grid cell's figures: sums while the grid runs, then means over the samples. */
 struct kvp_task_eval_cell {
     double accuracy;          /* mean string_match_all in [0, 1] */
@@ -69,6 +76,9 @@ struct kvp_task_eval_cell {
     double budget_tokens;     /* mean budget in tokens per (layer, KV head) at the prompt's
                                  length (kvp_budget_tokens); 0 for dense attention */
     double seconds;           /* wall time of the cell (all samples) */
+    double read_tokens;       /* mean tokens a decode step read per compressed (layer, KV head)
+                                 through the policy's selections; full attention: the cached
+                                 tokens (the prompt and half the answer, on average) */
     double kv_resident_bytes; /* mean KV bytes in the physical blocks held after the answer */
     double kv_kept_bytes;     /* mean bytes of the live tokens themselves */
 };

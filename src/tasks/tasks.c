@@ -96,7 +96,7 @@ void kvp_task_mix_default(struct kvp_task_mix *mix)
  * Landmark/Quest layout); PASSKEY_TEXT: the same layout with sentences instead of noise lines. */
 enum hay_kind { HAY_TEXT, HAY_NOISE, HAY_NEEDLE, HAY_PASSKEY, HAY_PASSKEY_TEXT };
 
-#define MAX_NEEDLES 8
+#define MAX_NEEDLES 12 /* KVP_TASK_MAX_QUESTIONS asked needles and 3 distractors */
 
 /* Everything random about a task instance except the haystack length. */
 struct task_inst {
@@ -739,6 +739,219 @@ void kvp_task_text_free(struct kvp_task_text *t)
     free(t->prompt);
     free(t->answer);
     free(t->refs);
+    memset(t, 0, sizeof(*t));
+}
+
+/* =============================== several questions on one document ============================ */
+
+/* The names of the pass keys of a multi-question document: colours the noise line never uses
+ * (it says green, blue and yellow), one token or two each. */
+static const char *const key_colours[KVP_TASK_MAX_QUESTIONS] = {
+    "red", "orange", "purple", "silver", "golden", "pink", "brown", "white",
+};
+
+/* The needles, questions and answers of a multi-question document (kvp_task_render_multi):
+ * needle k < nq is asked by question order^-1(k); the rest are distractors. Questions go into
+ * out (asked order), the needles into ti sorted by depth. */
+static void setup_multi(const struct kvp_corpus *c, struct kvp_rng *r, int nq,
+                        struct task_inst *ti, struct kvp_task_multi *out, char quest[][320])
+{
+    bool pk = ti->task == KVP_TASK_PASSKEY;
+    int nd = ti->task == KVP_TASK_NIAH_MULTIKEY_1 ? 3 : 0;
+    char keys[MAX_NEEDLES][48], vals[MAX_NEEDLES][48];
+    int colour[KVP_TASK_MAX_QUESTIONS];
+    for (int i = 0; i < KVP_TASK_MAX_QUESTIONS; i++)
+        colour[i] = i;
+    for (int i = KVP_TASK_MAX_QUESTIONS - 1; i > 0; i--) {
+        int j = (int)kvp_rng_below(r, (uint64_t)i + 1), t = colour[i];
+        colour[i] = colour[j];
+        colour[j] = t;
+    }
+    /* keys and values all distinct, so each question has exactly one needle that answers it */
+    for (int k = 0; k < nq + nd; k++) {
+        bool dup;
+        do {
+            if (pk) {
+                snprintf(keys[k], sizeof(keys[k]), "%s", key_colours[colour[k]]);
+                int ndig = kvp_rng_below(r, 4) ? 5 : 4 + (int)kvp_rng_below(r, 4);
+                long lo = 1;
+                for (int i = 1; i < ndig; i++)
+                    lo *= 10;
+                snprintf(vals[k], sizeof(vals[k]), "%ld",
+                         lo + (long)kvp_rng_below(r, (uint64_t)(lo * 9)));
+            } else {
+                rand_key(c, r, false, keys[k]);
+                rand_value(r, false, vals[k]);
+            }
+            dup = false;
+            for (int j = 0; j < k; j++)
+                dup |= !strcmp(keys[j], keys[k]) || !strcmp(vals[j], vals[k]) ||
+                        strstr(vals[j], vals[k]) || strstr(vals[k], vals[j]);
+        } while (dup);
+    }
+    /* depths: asked needle k within the k-th of nq equal slices, distractors anywhere */
+    int owner[MAX_NEEDLES];
+    ti->n_needles = nq + nd;
+    for (int k = 0; k < nq + nd; k++) {
+        owner[k] = k < nq ? k : -1;
+        ti->depth[k] = k < nq ? ((float)k + kvp_rng_uniform(r)) / (float)nq : kvp_rng_uniform(r);
+        ti->asked[k] = k < nq;
+        if (pk)
+            snprintf(ti->needle[k], sizeof(ti->needle[k]),
+                     "The pass key of the %.15s box is %.15s. Remember it. %.15s is the pass key "
+                     "of the %.15s box.", keys[k], vals[k], vals[k], keys[k]);
+        else
+            snprintf(ti->needle[k], sizeof(ti->needle[k]),
+                     "One of the special magic numbers for %.47s is: %.47s.", keys[k], vals[k]);
+    }
+    for (int i = 1; i < ti->n_needles; i++)
+        for (int j = i; j > 0 && ti->depth[j] < ti->depth[j - 1]; j--) {
+            char tmp[256];
+            memcpy(tmp, ti->needle[j], sizeof(tmp));
+            memcpy(ti->needle[j], ti->needle[j - 1], sizeof(tmp));
+            memcpy(ti->needle[j - 1], tmp, sizeof(tmp));
+            float d = ti->depth[j];
+            ti->depth[j] = ti->depth[j - 1];
+            ti->depth[j - 1] = d;
+            bool a = ti->asked[j];
+            ti->asked[j] = ti->asked[j - 1];
+            ti->asked[j - 1] = a;
+            int o = owner[j];
+            owner[j] = owner[j - 1];
+            owner[j - 1] = o;
+        }
+    /* the order of the questions: a random permutation of the asked needles */
+    int order[KVP_TASK_MAX_QUESTIONS];
+    for (int q = 0; q < nq; q++)
+        order[q] = q;
+    for (int i = nq - 1; i > 0; i--) {
+        int j = (int)kvp_rng_below(r, (uint64_t)i + 1), t = order[i];
+        order[i] = order[j];
+        order[j] = t;
+    }
+    out->n_questions = nq;
+    out->n_needles = ti->n_needles;
+    for (int q = 0; q < nq; q++) {
+        int k = order[q];
+        for (int i = 0; i < ti->n_needles; i++)
+            if (owner[i] == k)
+                out->depth[q] = ti->depth[i];
+        snprintf(out->ref[q], sizeof(out->ref[q]), "%s", vals[k]);
+        snprintf(out->key[q], sizeof(out->key[q]), "%s", keys[k]);
+        if (pk)
+            snprintf(quest[q], 320, "\nWhat is the pass key of the %s box? The pass key of the %s "
+                     "box is", keys[k], keys[k]);
+        else
+            snprintf(quest[q], 320,
+                     "\nWhat is the special magic number for %s mentioned in the provided text? "
+                     "The special magic number for %s mentioned in the provided text is",
+                     keys[k], keys[k]);
+    }
+    if (pk)
+        snprintf(ti->head, sizeof(ti->head),
+                 "There is an important info hidden inside a lot of irrelevant text. Find it and "
+                 "memorize them. I will quiz you about the important information there.\n");
+    else
+        snprintf(ti->head, sizeof(ti->head),
+                 "A special magic number is hidden within the following text. Make sure to "
+                 "memorize it. I will quiz you about the number afterwards.\n");
+}
+
+int kvp_task_render_multi(const struct kvp_corpus *c, const struct kvp_task_req *req,
+                          int n_questions, struct kvp_task_multi *out, struct kvp_err *err)
+{
+    memset(out, 0, sizeof(*out));
+    if (req->task != KVP_TASK_PASSKEY && req->task != KVP_TASK_NIAH_SINGLE_2 &&
+        req->task != KVP_TASK_NIAH_MULTIKEY_1)
+        return kvp_err_set(err, KVP_EINVAL, "task %s has no multi-question form",
+                           kvp_task_name(req->task));
+    if (n_questions < 1 || n_questions > KVP_TASK_MAX_QUESTIONS)
+        return kvp_err_set(err, KVP_EINVAL, "%d questions: 1 to %d", n_questions,
+                           KVP_TASK_MAX_QUESTIONS);
+    if (!req->count || !kvp_task_seed_ok(req->seed, true))
+        return kvp_err_set(err, KVP_EINVAL, "multi-question document: a token counter and an "
+                           "evaluation seed are needed");
+    if (req->task != KVP_TASK_PASSKEY && c->n_words < 2)
+        return kvp_err_set(err, KVP_EINVAL, "%s needs a filler with words for its keys",
+                           kvp_task_name(req->task));
+    struct task_inst *ti = calloc(1, sizeof(*ti));
+    char(*quest)[320] = calloc(KVP_TASK_MAX_QUESTIONS, sizeof(*quest));
+    struct sbuf b = {0};
+    int rc = 0;
+    if (!ti || !quest) {
+        rc = kvp_err_set(err, KVP_ENOMEM, "task");
+        goto out;
+    }
+    struct kvp_rng r;
+    kvp_rng_seed(&r, req->seed);
+    ti->task = req->task;
+    /* the haystack draws (first sentence, distractor seed) as every evaluation prompt makes them */
+    setup_task(c, &r, true, KVP_EDGE_FRAC_DEFAULT, ti);
+    ti->n_needles = 0;
+    ti->hay = req->task == KVP_TASK_PASSKEY ? (req->prose ? HAY_PASSKEY_TEXT : HAY_PASSKEY)
+                                            : HAY_TEXT;
+    setup_multi(c, &r, n_questions, ti, out, quest);
+    /* size the haystack with the longest question after it */
+    size_t longest = 0;
+    for (int q = 0; q < n_questions; q++) {
+        size_t t = 0;
+        if (req->count(req->ud, quest[q], strlen(quest[q]), &t) < 0) {
+            rc = kvp_err_set(err, KVP_EINVAL, "cannot count the tokens of a question");
+            goto out;
+        }
+        if (q == 0 || t > longest) {
+            longest = t;
+            snprintf(ti->tail, sizeof(ti->tail), "%s", quest[q]);
+        }
+    }
+    struct tok_counter tc = {.count = req->count, .ud = req->ud};
+    long n = fit_haystack(c, &tc, ti, req->target_tokens, true, &b);
+    for (int k = 0; n >= 0 && k < 16; k++) { /* as kvp_task_render_eval: the largest that fits */
+        long t = prompt_tokens(c, &tc, ti, n + 1, true, &b);
+        if (t < 0 || t > req->target_tokens)
+            break;
+        n++;
+    }
+    if (n < 0) {
+        rc = kvp_err_set(err, KVP_ERANGE, "%s with %d questions does not fit in %d tokens",
+                         kvp_task_name(req->task), n_questions, req->target_tokens);
+        goto out;
+    }
+    ti->tail[0] = 0;
+    build_prompt(c, ti, n, true, &b);
+    out->n_units = n;
+    for (int q = 0; q < n_questions; q++) {
+        char ans[64];
+        snprintf(ans, sizeof(ans), " %s.", out->ref[q]);
+        out->question[q] = strdup(quest[q]);
+        out->answer[q] = strdup(ans);
+        if (!out->question[q] || !out->answer[q])
+            b.oom = true;
+    }
+    if (b.oom) {
+        rc = kvp_err_set(err, KVP_ENOMEM, "task text");
+        goto out;
+    }
+    out->document = b.p;
+    b.p = NULL;
+out:
+    free(b.p);
+    free(quest);
+    free(ti);
+    if (rc < 0)
+        kvp_task_multi_free(out);
+    return rc;
+}
+
+void kvp_task_multi_free(struct kvp_task_multi *t)
+{
+    if (!t)
+        return;
+    free(t->document);
+    for (int q = 0; q < KVP_TASK_MAX_QUESTIONS; q++) {
+        free(t->question[q]);
+        free(t->answer[q]);
+    }
     memset(t, 0, sizeof(*t));
 }
 

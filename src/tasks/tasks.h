@@ -169,4 +169,41 @@ int kvp_task_render_eval(const struct kvp_corpus *c, const struct kvp_task_req *
                          struct kvp_task_text *out, struct kvp_err *err);
 void kvp_task_text_free(struct kvp_task_text *t);
 
+/* Several questions on one document (`kvpred eval --task T --questions N`): one haystack holding
+ * N needles with different keys at spread depths (needle k at a uniform draw within the k-th of
+ * N equal slices of the haystack), and N questions, each about a different needle, asked in a
+ * random order (so a question's index says nothing about its needle's depth). Tasks:
+ *   passkey          N pass keys, each named by a colour ("The pass key of the red box is
+ *                    71234. Remember it. 71234 is the pass key of the red box."), noise filler
+ *                    (or the corpus's sentences with req->prose);
+ *   niah_single_2    N needles of niah_single_2's form (word key, 7-digit number), text filler;
+ *   niah_multikey_1  the same plus 3 distractor needles of other keys, never asked.
+ * The head is the task's own (the single-needle wording niah_multikey_1 trained with). The
+ * document (head and haystack) ends where every question begins ("
+What is ..."), so a server
+ * holding the document appends each question to it. target_tokens bounds the document plus its
+ * longest question (tokens of req->count, BOS included), so each single question's prompt fits
+ * as `eval --task` sizes one. req->depth is not used. */
+#define KVP_TASK_MAX_QUESTIONS 8
+
+struct kvp_task_multi {
+    char *document;                           /* owned: head and haystack */
+    int n_questions;
+    char *question[KVP_TASK_MAX_QUESTIONS];   /* owned: question and answer prefix, in the order
+                                                 they are asked */
+    char *answer[KVP_TASK_MAX_QUESTIONS];     /* owned: the answer text training uses */
+    char ref[KVP_TASK_MAX_QUESTIONS][48];     /* the reference string of each question */
+    char key[KVP_TASK_MAX_QUESTIONS][48];     /* the key each question names */
+    float depth[KVP_TASK_MAX_QUESTIONS];      /* the asked needle's fraction of the haystack */
+    int n_needles;                            /* needles in the haystack, distractors included */
+    long n_units;                             /* haystack units */
+};
+
+/* Render one multi-question document (passkey, niah_single_2 or niah_multikey_1; 1 <=
+ * n_questions <= KVP_TASK_MAX_QUESTIONS); *out is zeroed first and must be freed with
+ * kvp_task_multi_free. The seed must be of the evaluation range. */
+int kvp_task_render_multi(const struct kvp_corpus *c, const struct kvp_task_req *req,
+                          int n_questions, struct kvp_task_multi *out, struct kvp_err *err);
+void kvp_task_multi_free(struct kvp_task_multi *t);
+
 #endif

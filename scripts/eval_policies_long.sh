@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# The policy tables at long contexts (docs/evaluation.md): retrieval accuracy of every policy at
+# 1/16, 1/32 and 1/64 of the prompt, with the tokens each actually read per decode step
+# (read_tokens, from the policy's selections), at 16384 and 32768 tokens, 50 prompts per task
+# (5 depths x 10) of passkey, niah_single and niah_multikey. One JSON line per (task, policy
+# variant, budget, length, depth) into OUT, stamped with date, commit and machine, and a
+# markdown table per length beside it. Needs ../shared (the Paul Graham essays) and python3.
+#   scripts/eval_policies_long.sh [BUILD_DIR]
+# Environment:
+#   MODEL      the model (default models/kvpred-default.gguf, whose retrieval falls off past its
+#              trained 8192 tokens: run it on a model trained for 32K); QKVPP, KVPP, PROFILE
+#              (qpredictor's file, the published predictor's, CateKV's head profile r 0.4)
+#              default to the files beside it: retrain them for the model first
+#   LENGTHS    default "16384 32768"; BUDGETS default 1/16,1/32,1/64
+#   TASKS      default "passkey niah_single niah_multikey"; SAMPLES per depth, default 10
+#   VARIANTS   space-separated variant names (default all of: full oracle quest quest_c2f
+#              qpredictor predictor catekv snapkv pyramidkv h2o streaming)
+#   C2F        quest's coarse-to-fine options (default groups=16,coarse=approx,visit=4)
+#   EXTRA      flags added to every run (e.g. the sparse prefill's, where it has landed)
+#   SEED       default 7; JOBS parallel jobs of one thread, default 2; NICE default 5
+#   OUT        default bench/policies_long_MODELNAME.jsonl (replaced)
+# Every record gets a `variant` field (quest_c2f is quest with C2F, its policy field says quest)
+# and the exact `command`. Cost: at 32768 tokens a prefill of a 1M-parameter model takes tens of
+# CPU seconds and every variant x budget prefills every prompt again: the defaults are 3 tasks x
+# 2 lengths x 31 runs x 50 prompts (about 9300 prefills), CPU days on 2 cores; cut VARIANTS,
+# BUDGETS or SAMPLES for a first look. A check on a tiny run:
+#   LENGTHS=512 SAMPLES=1 BUDGETS=1/16 TASKS=passkey OUT=/tmp/p.jsonl scripts/eval_policies_long.sh
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+kvp="$(realpath "${1:-build}")/kvpred"
+m="${MODEL:-models/kvpred-default.gguf}"
+qkvpp="${QKVPP:-${m%.gguf}.qkvpp}"
+kvpp="${KVPP:-${m%.gguf}.kvpp}"
+profile="${PROFILE:-${m%.gguf}.catekv-r0.4.profile}"
+name="$(basename "${m%.gguf}")"
+out="${OUT:-bench/policies_long_${name}.jsonl}"
+c2f="${C2F:-groups=16,coarse=approx,visit=4}"
+read -r -a lengths <<< "${LENGTHS:-16384 32768}"
+read -r -a tasks <<< "${TASKS:-passkey niah_single niah_multikey}"
+read -r -a variants <<< "${VARIANTS:-full oracle quest quest_c2f qpredictor predictor catekv snapkv pyramidkv h2o streaming}"
+budgets="${BUDGETS:-1/16,1/32,1/64}"
+lens="$(printf '%s\n' "${lengths[@]}" | paste -sd, -)"
+parts="$(mktemp -d)"
+trap 'rm -rf "$parts"' EXIT
+
+# the flags of a variant
+flags_of() {
+    case "$1" in
+    full) echo "--policy full" ;;
+    oracle) echo "--policy oracle" ;;
+    quest) echo "--policy quest" ;;
+    quest_c2f) echo "--policy quest --policy-opts $c2f" ;;
+    qpredictor) echo "--policy qpredictor --aux $qkvpp" ;;
+    predictor) echo "--policy predictor --aux $kvpp" ;;
+    catekv) echo "--policy catekv --head-profile $profile" ;;
+    snapkv | pyramidkv | h2o | streaming) echo "--policy $1" ;;
+    *) echo "unknown variant $1" >&2; return 2 ;;
+    esac
+}
+
+run_one() { # task variant: one eval over every length, depth and budget
+    local task="$1" variant="$2" f
+    f="$(flags_of "$variant")"
+    # shellcheck disable=SC2086
+    local cmd=(eval -m "$m" -t 1 --task "$task" --lengths "$lens" --depths 0,25,50,75,100
+               --samples "${SAMPLES:-10}" --seed "${SEED:-7}" --budget "$budgets" $f ${EXTRA:-}
+               --json)
+    nice -n "${NICE:-5}" "$kvp" "${cmd[@]}" 2> "$parts/$task.$variant.txt" |
+        python3 -c '
+import json, sys
+variant, command = sys.argv[1], sys.argv[2]
+for line in sys.stdin:
+    r = json.loads(line)
+    r["variant"], r["command"] = variant, command
+    print(json.dumps(r))' "$variant" "kvpred ${cmd[*]}" > "$parts/$task.$variant.jsonl"
+}
+export -f run_one flags_of
+export kvp m qkvpp kvpp profile c2f lens budgets parts SAMPLES SEED EXTRA NICE
+for task in "${tasks[@]}"; do
+    for v in "${variants[@]}"; do
+        flags_of "$v" > /dev/null
+        echo "$task $v"
+    done
+done | xargs -P "${JOBS:-2}" -L 1 bash -c 'run_one "$@"' _
+cat "$parts"/*.txt >&2
+: > "$out"
+for task in "${tasks[@]}"; do
+    for v in "${variants[@]}"; do
+        cat "$parts/$task.$v.jsonl" >> "$out"
+    done
+done
+python3 scripts/bench_tables.py --stamp "$out"
+
+# a table per length: accuracy per (variant, budget) and task over the depths, and the mean
+# tokens read per decode step
+for len in "${lengths[@]}"; do
+    python3 - "$out" "$len" > "${out%.jsonl}_$len.md" <<'EOF'
+import json, sys
+from collections import OrderedDict
+length = int(sys.argv[2])
+cells, tasks = OrderedDict(), []
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if r["length"] != length:
+        continue
+    if r["task"] not in tasks:
+        tasks.append(r["task"])
+    c = cells.setdefault((r["variant"], r["budget"]), {})
+    c.setdefault(r["task"], []).append((r["accuracy"], r["samples"], r["read_tokens"]))
+print("| variant | budget | " + " | ".join(tasks) + " | tokens read per step |")
+print("|---|---|" + "---|" * len(tasks) + "---|")
+for (variant, budget), c in cells.items():
+    accs, reads = [], []
+    for t in tasks:
+        v = c.get(t)
+        if not v:
+            accs.append("–")
+            continue
+        n = sum(s for _, s, _ in v)
+        accs.append("%.1f %% (%d)" % (100.0 * sum(a * s for a, s, _ in v) / n, n))
+        reads += [rd for _, _, rd in v]
+    print("| %s | %s | %s | %.0f |" % (variant, budget, " | ".join(accs),
+                                       sum(reads) / len(reads) if reads else 0))
+EOF
+    echo "== $len tokens"
+    cat "${out%.jsonl}_$len.md"
+done
