@@ -67,7 +67,8 @@ struct kvp_shared {
     int n_batch;                   /* rows (tokens of all sequences) per forward pass */
     int n_ctx;                     /* longest context the per-thread scratch serves */
     bool exact;                    /* kvp_engine_params.exact */
-    double *inv_freq;              /* [head_dim/2] base^(-2i/hd) */
+    double *inv_freq;              /* [head_dim/2] angle per position of each pair (rope.h) */
+    double rope_mscale;            /* cos and sin are multiplied by it (YaRN; else 1) */
 
     /* batch activations, [n_batch][width] row-major */
     float *x;      /* [n_embd] residual stream */

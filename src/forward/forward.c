@@ -30,6 +30,7 @@
 #include "kernels/simd.h"
 #include "kernels/types.h"
 #include "kv/attention.h"
+#include "model/rope.h"
 #include "policy/host.h"
 
 /* ---- setup -------------------------------------------------------------------------------- */
@@ -118,12 +119,9 @@ int kvp_shared_init(const struct kvp_model *model, int n_threads, int n_batch, i
         if (!s->kc || !s->vc || !s->s || !s->tile || !s->xq || !s->xv || !s->xvp || !s->yvp)
             goto fail_nomem;
     }
-    for (int i = 0; i < hp->head_dim / 2; i++) {
-        /* θ_i = pos · base^(−2i/d) · freq_scale / ff_i (../shared/docs/formats.md §3.4, §3.5) */
-        sh->inv_freq[i] = pow((double)hp->rope_base, -2.0 * i / hp->head_dim) * hp->rope_freq_scale;
-        if (model->rope_freqs)
-            sh->inv_freq[i] /= model->rope_freqs[i];
-    }
+    /* θ_i = pos · inv_freq_i: base^(−2i/d), scaled (linear, YaRN) and divided by a file's
+     * frequency factors (model/rope.h) */
+    kvp_rope_freqs(model, n_ctx, sh->inv_freq, &sh->rope_mscale);
     /* each pool thread calls sgemm on its own slice: keep OpenBLAS itself single-threaded */
     openblas_set_num_threads(1);
     *out = sh;
@@ -688,6 +686,14 @@ static void rmsnorm(float *out, const float *x, const float *w, int n, float eps
         out[i] = x[i] * scale * w[i];
 }
 
+/* Qwen3's and Gemma 3's q/k norm: each head of vec normalised on its own, in place, with the
+ * same weights for every head. */
+static void head_rmsnorm(float *vec, int n_heads, int hd, const float *w, float eps)
+{
+    for (int h = 0; h < n_heads; h++)
+        rmsnorm(vec + (size_t)h * hd, vec + (size_t)h * hd, w, hd, eps);
+}
+
 /* Rotate every head in vec (n_heads heads of hd) by the angles in cs: pairs (2i, 2i+1) for NORM,
  * (i, i + hd/2) for NEOX. */
 static void rope_apply(float *vec, int n_heads, int hd, const float *cs, int style)
@@ -738,8 +744,8 @@ static void forward_worker(void *arg, int ith, int nth)
         double pos = (double)sh->row_pos[i];
         for (int j = 0; j < hd / 2; j++) {
             double th = pos * sh->inv_freq[j];
-            sh->rope[i * hd + 2 * j] = (float)cos(th);
-            sh->rope[i * hd + 2 * j + 1] = (float)sin(th);
+            sh->rope[i * hd + 2 * j] = (float)(cos(th) * sh->rope_mscale);
+            sh->rope[i * hd + 2 * j + 1] = (float)(sin(th) * sh->rope_mscale);
         }
     }
     kvp_pool_barrier(sh->pool);
@@ -766,6 +772,10 @@ static void forward_worker(void *arg, int ith, int nth)
         kvp_pool_barrier(sh->pool);
 
         for (long i = t0; i < t1; i++) {
+            if (L->q_norm) {
+                head_rmsnorm(sh->q + i * q_dim, hp->n_head, hd, L->q_norm, hp->norm_eps);
+                head_rmsnorm(sh->k + i * kv_dim, hp->n_head_kv, hd, L->k_norm, hp->norm_eps);
+            }
             rope_apply(sh->q + i * q_dim, hp->n_head, hd, sh->rope + i * hd, hp->rope_style);
             rope_apply(sh->k + i * kv_dim, hp->n_head_kv, hd, sh->rope + i * hd, hp->rope_style);
         }

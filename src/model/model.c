@@ -1,5 +1,5 @@
 /*
- * Model loading: GGUF (architecture `llama`) and llama2.c checkpoints into struct kvp_model.
+ * Model loading: GGUF (architectures `llama`, `qwen2`, `qwen3`) and llama2.c checkpoints into struct kvp_model.
  *
  * Every tensor the forward pass reads is looked up by its GGUF name, and its type and shape are
  * checked against the hyperparameters before any pointer into the file is kept, so the forward
@@ -106,6 +106,61 @@ static int bind_vec(const struct kvp_gguf *g, const char *name, int64_t n, const
     return 0;
 }
 
+/* RoPE scaling (rope.scaling.*, as llama.cpp's converter writes it): "linear" (or an older
+ * scale_linear key) multiplies every angle by 1/factor; "yarn" mixes scaled and unscaled angles
+ * per dimension and scales cos and sin (model/rope.h). Other types (longrope without its
+ * factor tensors, ...) are refused rather than silently run wrong. */
+static int load_rope_scaling(const struct kvp_gguf *g, const char *arch, struct kvp_hparams *hp,
+                             struct kvp_err *err)
+{
+    char key[128];
+    hp->rope_freq_scale = 1.0f;
+    hp->rope_scaling = KVP_ROPE_SCALING_NONE;
+    hp->n_ctx_orig = hp->n_ctx_train;
+    hp->rope_attn_factor = 1.0f;
+    hp->yarn_beta_fast = 32.0f; /* llama.cpp's defaults (not stored in most files) */
+    hp->yarn_beta_slow = 1.0f;
+    const char *stype = NULL;
+    size_t slen = 0;
+    snprintf(key, sizeof(key), "%s.rope.scaling.type", arch);
+    bool has_type = kvp_gguf_get_str(g, key, &stype, &slen, NULL) == 0;
+    double factor = 0;
+    snprintf(key, sizeof(key), "%s.rope.scaling.factor", arch);
+    if (kvp_gguf_get_float(g, key, &factor, NULL) != 0) {
+        snprintf(key, sizeof(key), "%s.rope.scale_linear", arch);
+        kvp_gguf_get_float(g, key, &factor, NULL);
+    }
+    bool none = has_type && slen == 4 && !memcmp(stype, "none", 4);
+    bool linear = !has_type || (slen == 6 && !memcmp(stype, "linear", 6));
+    bool yarn = has_type && slen == 4 && !memcmp(stype, "yarn", 4);
+    if (none || factor == 0.0 || (factor == 1.0 && !yarn))
+        return 0;
+    if (!linear && !yarn)
+        return kvp_err_set(err, KVP_EUNSUPPORTED, "RoPE scaling type '%.*s' is not supported",
+                           (int)(slen < 32 ? slen : 32), stype);
+    if (!(factor > 0 && factor < 1e6))
+        return kvp_err_set(err, KVP_EFORMAT, "bad RoPE scaling factor %g", factor);
+    hp->rope_freq_scale = (float)(1.0 / factor);
+    hp->rope_scaling = linear ? KVP_ROPE_SCALING_LINEAR : KVP_ROPE_SCALING_YARN;
+    if (linear)
+        return 0;
+    int rc;
+    if ((rc = get_hparam(g, arch, "rope.scaling.original_context_length", false, hp->n_ctx_train,
+                         1, 1 << 24, &hp->n_ctx_orig, err)) < 0 ||
+        (rc = get_fparam(g, arch, "rope.scaling.attn_factor", false, 1.0, 1e-3, 1e3,
+                         &hp->rope_attn_factor, err)) < 0 ||
+        (rc = get_fparam(g, arch, "rope.scaling.yarn_beta_fast", false, 32.0, 1e-3, 1e6,
+                         &hp->yarn_beta_fast, err)) < 0 ||
+        (rc = get_fparam(g, arch, "rope.scaling.yarn_beta_slow", false, 1.0, 1e-3, 1e6,
+                         &hp->yarn_beta_slow, err)) < 0)
+        return rc;
+    double log_mul = 0;
+    snprintf(key, sizeof(key), "%s.rope.scaling.yarn_log_multiplier", arch);
+    if (kvp_gguf_get_float(g, key, &log_mul, NULL) == 0 && log_mul != 0.0)
+        return kvp_err_set(err, KVP_EUNSUPPORTED, "YaRN with a log multiplier is not supported");
+    return 0;
+}
+
 static int load_gguf_hparams(const struct kvp_gguf *g, struct kvp_model *m, struct kvp_err *err)
 {
     const char *arch;
@@ -116,9 +171,17 @@ static int load_gguf_hparams(const struct kvp_gguf *g, struct kvp_model *m, stru
         alen = sizeof(m->arch) - 1;
     memcpy(m->arch, arch, alen);
     m->arch[alen] = 0;
-    if (strcmp(m->arch, "llama") != 0 && strcmp(m->arch, "qwen2") != 0)
+    static const struct {
+        const char *name;
+        int id;
+    } archs[] = {{"llama", KVP_ARCH_LLAMA}, {"qwen2", KVP_ARCH_QWEN2}, {"qwen3", KVP_ARCH_QWEN3}};
+    m->hp.arch_id = -1;
+    for (size_t i = 0; i < sizeof(archs) / sizeof(archs[0]); i++)
+        if (strcmp(m->arch, archs[i].name) == 0)
+            m->hp.arch_id = archs[i].id;
+    if (m->hp.arch_id < 0)
         return kvp_err_set(err, KVP_EUNSUPPORTED,
-                           "architecture '%s' is not supported (supported: llama, qwen2)",
+                           "architecture '%s' is not supported (supported: llama, qwen2, qwen3)",
                            m->arch);
     const char *name;
     size_t nlen;
@@ -174,31 +237,12 @@ static int load_gguf_hparams(const struct kvp_gguf *g, struct kvp_model *m, stru
                    err) ||
         get_fparam(g, m->arch, "rope.freq_base", false, 10000.0, 1e-3, 1e12, &hp->rope_base, err))
         return err ? err->code : KVP_EFORMAT;
-    /* RoPE scaling: "linear" (or an older scale_linear key) divides positions by the factor;
-     * YaRN and longrope are refused rather than silently run wrong */
-    hp->rope_freq_scale = 1.0f;
-    const char *stype = NULL;
-    size_t slen = 0;
-    snprintf(key, sizeof(key), "%s.rope.scaling.type", m->arch);
-    bool has_type = kvp_gguf_get_str(g, key, &stype, &slen, NULL) == 0;
-    double factor = 0;
-    snprintf(key, sizeof(key), "%s.rope.scaling.factor", m->arch);
-    if (kvp_gguf_get_float(g, key, &factor, NULL) != 0) {
-        snprintf(key, sizeof(key), "%s.rope.scale_linear", m->arch);
-        kvp_gguf_get_float(g, key, &factor, NULL);
-    }
-    bool none = has_type && slen == 4 && !memcmp(stype, "none", 4);
-    bool linear = !has_type || (slen == 6 && !memcmp(stype, "linear", 6));
-    if (!none && factor != 0.0 && factor != 1.0) {
-        if (!linear)
-            return kvp_err_set(err, KVP_EUNSUPPORTED, "RoPE scaling type '%.*s' is not supported",
-                               (int)(slen < 32 ? slen : 32), stype);
-        if (!(factor > 0 && factor < 1e6))
-            return kvp_err_set(err, KVP_EFORMAT, "bad RoPE scaling factor %g", factor);
-        hp->rope_freq_scale = (float)(1.0 / factor);
-    }
-    /* qwen2 rotates split halves; llama files were permuted by the converter to adjacent pairs */
-    hp->rope_style = strcmp(m->arch, "qwen2") == 0 ? KVP_ROPE_NEOX : KVP_ROPE_NORM;
+    int rc = load_rope_scaling(g, m->arch, hp, err);
+    if (rc < 0)
+        return rc;
+    /* qwen2 and qwen3 rotate split halves; llama files were permuted by the converter to
+     * adjacent pairs */
+    hp->rope_style = hp->arch_id == KVP_ARCH_LLAMA ? KVP_ROPE_NORM : KVP_ROPE_NEOX;
     return 0;
 }
 
@@ -245,7 +289,11 @@ static int bind_gguf_weights(const struct kvp_gguf *g, struct kvp_model *m, stru
             bind_mat(g, NAME("ffn_up.weight"), hp->n_embd, hp->n_ff, &L->w_up, err) ||
             bind_mat(g, NAME("ffn_down.weight"), hp->n_ff, hp->n_embd, &L->w_down, err))
             return err ? err->code : KVP_EFORMAT;
-        bool qwen2 = strcmp(m->arch, "qwen2") == 0;
+        bool qwen2 = hp->arch_id == KVP_ARCH_QWEN2;
+        if (hp->arch_id == KVP_ARCH_QWEN3 &&
+            (bind_vec(g, NAME("attn_q_norm.weight"), hp->head_dim, &L->q_norm, err) ||
+             bind_vec(g, NAME("attn_k_norm.weight"), hp->head_dim, &L->k_norm, err)))
+            return err ? err->code : KVP_EFORMAT;
         if ((qwen2 || kvp_gguf_find_tensor(g, NAME("attn_q.bias"))) &&
             (bind_vec(g, NAME("attn_q.bias"), q_dim, &L->bq, err) ||
              bind_vec(g, NAME("attn_k.bias"), kv_dim, &L->bk, err) ||
@@ -331,6 +379,9 @@ static int model_from_llama2c(struct kvp_llama2c *c, const char *path, struct kv
     hp->rope_base = 10000.0f;
     hp->rope_style = KVP_ROPE_NORM;
     hp->rope_freq_scale = 1.0f;
+    hp->arch_id = KVP_ARCH_LLAMA;
+    hp->n_ctx_orig = hp->n_ctx_train;
+    hp->rope_attn_factor = 1.0f;
     int64_t d = hp->n_embd, kv = (int64_t)hp->n_head_kv * hp->head_dim, f = hp->n_ff;
     m->tok_embd = f32_mat(c->tok_embd, hp->n_vocab, d);
     m->output = f32_mat(c->wcls, hp->n_vocab, d);

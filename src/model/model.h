@@ -18,7 +18,22 @@ struct kvp_vocab;
 
 enum kvp_rope_style {
     KVP_ROPE_NORM = 0, /* adjacent pairs (x[2i], x[2i+1]): GGUF llama, llama2.c */
-    KVP_ROPE_NEOX = 2, /* split halves (x[i], x[i+d/2]): qwen2 */
+    KVP_ROPE_NEOX = 2, /* split halves (x[i], x[i+d/2]): qwen2, qwen3 */
+};
+
+/* The architectures the loader accepts (general.architecture). */
+enum kvp_arch {
+    KVP_ARCH_LLAMA = 0,
+    KVP_ARCH_QWEN2, /* q/k/v biases, NEOX RoPE */
+    KVP_ARCH_QWEN3, /* per-head RMS norm of q and k before RoPE, NEOX RoPE */
+};
+
+/* How the RoPE angles are stretched for contexts beyond the trained one (rope.scaling.type). */
+enum kvp_rope_scaling {
+    KVP_ROPE_SCALING_NONE = 0,
+    KVP_ROPE_SCALING_LINEAR, /* every angle times rope_freq_scale */
+    KVP_ROPE_SCALING_YARN,   /* per-dimension mix of scaled and unscaled angles, and cos/sin
+                                scaled by an attention factor (model/rope.h) */
 };
 
 struct kvp_hparams {
@@ -34,6 +49,12 @@ struct kvp_hparams {
     float rope_base;
     int rope_style; /* enum kvp_rope_style */
     float rope_freq_scale; /* linear RoPE scaling: angles are multiplied by it (1 = none) */
+    int arch_id;           /* enum kvp_arch */
+    int rope_scaling;      /* enum kvp_rope_scaling */
+    int n_ctx_orig;        /* rope.scaling.original_context_length (YaRN's ramp; default
+                              n_ctx_train) */
+    float rope_attn_factor; /* rope.scaling.attn_factor (1 when absent) */
+    float yarn_beta_fast, yarn_beta_slow; /* YaRN ramp ends, in rotations over n_ctx_orig */
 };
 
 struct kvp_layer_weights {
@@ -47,6 +68,7 @@ struct kvp_layer_weights {
     struct kvp_mat w_up;     /* [n_ff][n_embd] */
     struct kvp_mat w_down;   /* [n_embd][n_ff] */
     const float *bq, *bk, *bv, *bo; /* optional biases [q_dim], [kv_dim], [kv_dim], [n_embd] */
+    const float *q_norm, *k_norm;   /* qwen3: per-head RMS norm weights [head_dim], or NULL */
 };
 
 struct kvp_model {

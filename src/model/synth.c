@@ -29,13 +29,29 @@
  * num_key_value_heads, intermediate_size, vocab_size, max_position_embeddings, rope_theta,
  * rms_norm_eps, tie_word_embeddings). Llama 3.x's rope scaling (rope_freqs) is not written: it
  * changes no shape and no cost. */
+#define SHAPE(nm, ar, d, nl, nh, nkv, hd, ff, nv, ctx, base, eps, tie)                         \
+    .name = nm, .arch = ar, .n_embd = d, .n_layer = nl, .n_head = nh, .n_head_kv = nkv,            \
+    .head_dim = hd, .n_ff = ff, .n_vocab = nv, .n_ctx = ctx, .rope_base = base, .norm_eps = eps,   \
+    .tied = tie
 static const struct kvp_synth_shape shapes[] = {
-    {"SmolLM2-135M", "llama", 576, 30, 9, 3, 64, 1536, 49152, 8192, 100000.0f, 1e-5f, true},
-    {"Qwen2.5-0.5B", "qwen2", 896, 24, 14, 2, 64, 4864, 151936, 32768, 1000000.0f, 1e-6f, true},
-    {"Llama-3.2-1B", "llama", 2048, 16, 32, 8, 64, 8192, 128256, 131072, 500000.0f, 1e-5f, true},
-    {"Llama-3.1-8B", "llama", 4096, 32, 32, 8, 128, 14336, 128256, 131072, 500000.0f, 1e-5f,
-     false},
+    {SHAPE("SmolLM2-135M", "llama", 576, 30, 9, 3, 64, 1536, 49152, 8192, 100000.0f, 1e-5f, true)},
+    {SHAPE("Qwen2.5-0.5B", "qwen2", 896, 24, 14, 2, 64, 4864, 151936, 32768, 1000000.0f, 1e-6f,
+           true)},
+    {SHAPE("Llama-3.2-1B", "llama", 2048, 16, 32, 8, 64, 8192, 128256, 131072, 500000.0f, 1e-5f,
+           true)},
+    {SHAPE("Llama-3.1-8B", "llama", 4096, 32, 32, 8, 128, 14336, 128256, 131072, 500000.0f, 1e-5f,
+           false)},
+    /* Qwen's model card extends Qwen2.5 to 128K by adding rope_scaling {"type": "yarn",
+     * "factor": 4.0, "original_max_position_embeddings": 32768} to config.json */
+    {SHAPE("Qwen2.5-0.5B-YaRN", "qwen2", 896, 24, 14, 2, 64, 4864, 151936, 131072, 1000000.0f,
+           1e-6f, true),
+     .rope_scaling = "yarn", .rope_factor = 4.0f, .n_ctx_orig = 32768},
+    {SHAPE("Qwen3-0.6B", "qwen3", 1024, 28, 16, 8, 128, 3072, 151936, 40960, 1000000.0f, 1e-6f,
+           true)},
+    {SHAPE("Qwen3-1.7B", "qwen3", 2048, 28, 16, 8, 128, 6144, 151936, 40960, 1000000.0f, 1e-6f,
+           true)},
 };
+#undef SHAPE
 #define N_SHAPES (int)(sizeof(shapes) / sizeof(shapes[0]))
 
 const struct kvp_synth_shape *kvp_synth_find_shape(const char *name)
@@ -71,6 +87,7 @@ struct gen_job {
     uint64_t seed;
     int tensor;
     float a;        /* half-width of the uniform distribution; 0: all ones (norm weights) */
+    float mean;     /* added to every value drawn (a > 0) */
     int64_t cols, rows;
     size_t row_bytes;
     uint8_t *out;   /* [rows][row_bytes] */
@@ -89,6 +106,8 @@ static void gen_rows(void *ctx, int ith, int nth)
                 row[i] = 1.0f;
         else
             fill_row(j->seed, j->tensor, r, j->a, row, j->cols);
+        for (int64_t i = 0; j->a != 0.0f && j->mean != 0.0f && i < j->cols; i++)
+            row[i] += j->mean;
         j->dst->from_f32(row, j->out + (size_t)r * j->row_bytes, j->cols);
     }
 }
@@ -102,10 +121,11 @@ struct synth {
     uint64_t bytes;
 };
 
-/* Add a tensor of rows × cols (rows == 0: a vector of cols) with values uniform of standard
- * deviation sd (0: all ones). Matrices take the requested type (or its fallback), vectors F32. */
-static int add_tensor(struct synth *S, const char *name, int64_t cols, int64_t rows, double sd,
-                      struct kvp_err *err)
+/* Add a tensor of rows × cols (rows == 0: a vector of cols) with values uniform of mean `mean`
+ * and standard deviation sd (sd 0: all ones). Matrices take the requested type (or its
+ * fallback), vectors F32. */
+static int add_tensor_mean(struct synth *S, const char *name, int64_t cols, int64_t rows,
+                           double mean, double sd, struct kvp_err *err)
 {
     int type = rows > 0 ? kvp_quantize_pick_type(S->p->type, cols) : KVP_TYPE_F32;
     const struct kvp_type_traits *tt = kvp_type_traits(type);
@@ -114,6 +134,7 @@ static int add_tensor(struct synth *S, const char *name, int64_t cols, int64_t r
                         .seed = S->p->seed,
                         .tensor = S->n_bufs,
                         .a = (float)(sd * sqrt(3.0)),
+                        .mean = (float)mean,
                         .cols = cols,
                         .rows = rows > 0 ? rows : 1};
     size_t total;
@@ -147,6 +168,12 @@ static int add_tensor(struct synth *S, const char *name, int64_t cols, int64_t r
     return 0;
 }
 
+static int add_tensor(struct synth *S, const char *name, int64_t cols, int64_t rows, double sd,
+                      struct kvp_err *err)
+{
+    return add_tensor_mean(S, name, cols, rows, 0.0, sd, err);
+}
+
 static int add_layer(struct synth *S, const struct kvp_synth_shape *s, int l, int n_layer,
                      struct kvp_err *err)
 {
@@ -165,19 +192,25 @@ static int add_layer(struct synth *S, const struct kvp_synth_shape *s, int l, in
         {"attn_q.bias", q_dim, -1, 0.02},
         {"attn_k.bias", kv_dim, -1, 0.02},
         {"attn_v.bias", kv_dim, -1, 0.02},
+        {"attn_q_norm.weight", s->head_dim, -2, 0.0},
+        {"attn_k_norm.weight", s->head_dim, -2, 0.0},
         {"attn_output.weight", q_dim, D, resid / sqrt((double)q_dim)},
         {"ffn_norm.weight", D, 0, 0.0},
         {"ffn_gate.weight", D, F, 1.0 / sqrt((double)D)},
         {"ffn_up.weight", D, F, 1.0 / sqrt((double)D)},
         {"ffn_down.weight", F, D, resid / sqrt((double)F)},
     };
-    bool bias = strcmp(s->arch, "qwen2") == 0;
+    bool bias = strcmp(s->arch, "qwen2") == 0, qk_norm = strcmp(s->arch, "qwen3") == 0;
     for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
-        if (t[i].rows < 0 && !bias)
+        if ((t[i].rows == -1 && !bias) || (t[i].rows == -2 && !qk_norm))
             continue;
         char name[KVP_GGUF_NAME_MAX];
         snprintf(name, sizeof(name), "blk.%d.%s", l, t[i].what);
-        int rc = add_tensor(S, name, t[i].cols, t[i].rows < 0 ? 0 : t[i].rows, t[i].sd, err);
+        /* weights of exactly 1 would hide a norm applied with the wrong weights: the q/k norms
+         * get weights around 1 instead */
+        bool around1 = t[i].rows == -2;
+        int rc = add_tensor_mean(S, name, t[i].cols, t[i].rows < 0 ? 0 : t[i].rows,
+                                 around1 ? 1.0 : 0.0, around1 ? 0.2 : t[i].sd, err);
         if (rc < 0)
             return rc;
     }
@@ -213,6 +246,13 @@ static int add_metadata(struct synth *S, const struct kvp_synth_shape *s, int n_
         (rc = kvp_gguf_writer_set_u32(w, "general.file_type", kvp_quantize_ftype(S->p->type))) <
             0)
         return rc;
+    if (s->rope_scaling) {
+        snprintf(key, sizeof(key), "%s.rope.scaling.type", s->arch);
+        if ((rc = kvp_gguf_writer_set_str(w, key, s->rope_scaling)) < 0 ||
+            (rc = ARCH_F32("rope.scaling.factor", s->rope_factor)) < 0 ||
+            (rc = ARCH_U32("rope.scaling.original_context_length", (uint32_t)s->n_ctx_orig)) < 0)
+            return rc;
+    }
 #undef ARCH_U32
 #undef ARCH_F32
     const struct kvp_type_traits *tt = kvp_type_traits(S->p->type);

@@ -17,12 +17,17 @@
 /* A real model's shape (its config.json, as llama.cpp's converter writes it to GGUF). */
 struct kvp_synth_shape {
     const char *name; /* "SmolLM2-135M" */
-    const char *arch; /* "llama" or "qwen2" (q/k/v biases) */
+    const char *arch; /* "llama", "qwen2" (q/k/v biases) or "qwen3" (q/k norms) */
     int n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff;
     int n_vocab;   /* the real vocabulary (kvp_synth_params.n_vocab may ask for it) */
     int n_ctx;     /* context_length */
     float rope_base, norm_eps;
     bool tied;     /* no output.weight: the embedding is the classifier */
+    /* RoPE scaling as the model's config.json declares it: NULL (none), "linear" or "yarn",
+     * with its factor and the original context length (rope.scaling.*) */
+    const char *rope_scaling;
+    float rope_factor;
+    int n_ctx_orig;
 };
 
 /* The shape called name (case-insensitive), or NULL. */

@@ -1,0 +1,485 @@
+/*
+ * The architectures beyond llama (qwen2 with YaRN, qwen3, ...) on random-weight files of their
+ * real shapes' structure (`kvpred synth`, fewer layers and narrower), checked three ways:
+ *
+ *  - against a float64 reference of each architecture written here from its description (one
+ *    scalar loop per operation, nothing shared with src/ but the weight decoding), within a
+ *    rounding error bound derived by Monte Carlo arithmetic (the method of test_forward.c's
+ *    oracle: every f32 operation kvpred performs perturbed by an independent relative error in
+ *    [-u, u], the bound 10 standard deviations over 10 runs plus kvpred's final rounding);
+ *  - the reference with a planted defect (a q/k norm skipped, YaRN ignored) must fall far
+ *    outside that bound, so the comparison can fail;
+ *  - for the architectures llama.cpp's llama-logits knows, its f32-KV logits on the same file
+ *    and text are within 4 of the same bound of the reference (test_forward.c's empirical
+ *    allowance for another engine's f32 arithmetic), so the reference is the function llama.cpp
+ *    computes, not only kvpred's reading of the description.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "kernels/matvec.h"
+#include "kernels/prefill_gemm.h"
+#include "kernels/types.h"
+#include "kvpred.h"
+#include "model/model.h"
+#include "model/synth.h"
+#include "testutil.h"
+
+#define MCA_RUNS 10
+#define MCA_LAMBDA 10.0
+#define U32 0x1p-24
+#define N_VOCAB 400
+
+static const char *const TEXT = "The quick brown fox jumps over the lazy dog again.";
+
+/* ---- Monte Carlo arithmetic (see test_forward.c for the derivation) ---- */
+
+struct mca {
+    uint64_t s;
+};
+
+static double mca_xi(struct mca *r) /* uniform in [-1, 1) */
+{
+    r->s ^= r->s >> 12;
+    r->s ^= r->s << 25;
+    r->s ^= r->s >> 27;
+    return (double)((r->s * 0x2545F4914F6CDD1Dull) >> 11) * 0x1p-52 - 1.0;
+}
+
+/* x as an f32 operation of relative accuracy k·u may have left it */
+static double P(struct mca *r, double x, double k)
+{
+    return r ? x * (1 + k * U32 * mca_xi(r)) : x;
+}
+
+/* Σ a[c]·b[c·sb] as an f32 dot may have left it (products and running sums each rounded) */
+static double dot64(struct mca *r, const double *a, const double *b, size_t sb, int n)
+{
+    double s = 0, v = 0;
+    for (int c = 0; c < n; c++) {
+        double p = a[c] * b[(size_t)c * sb];
+        s += p;
+        v += p * p + s * s;
+    }
+    return r ? s + U32 * sqrt(v) * mca_xi(r) : s;
+}
+
+/* ---- the reference ---- */
+
+/* What the reference leaves out on purpose, to show the comparison can fail. */
+enum defect { DEFECT_NONE, DEFECT_NO_Q_NORM, DEFECT_NO_YARN };
+
+/* Which products quantize their input to 8 bits, as kvpred does for a quantized weight type
+ * (decode's mat-vec; in a multi-token pass the integer GEMM, when it takes the type). */
+struct quant_model {
+    bool prefill;
+    int n_rows;
+};
+
+static double *mat64(const struct kvp_mat *w)
+{
+    float *row = malloc((size_t)w->cols * sizeof(float));
+    double *o = malloc((size_t)(w->rows * w->cols) * sizeof(double));
+    for (int64_t r = 0; r < w->rows; r++) {
+        kvp_mat_dequant_rows(w, row, r, r + 1);
+        for (int64_t c = 0; c < w->cols; c++)
+            o[r * w->cols + c] = row[c];
+    }
+    free(row);
+    return o;
+}
+
+/* y = W x; x moved within half an 8-bit step (and the block scale's f16 rounding) where kvpred
+ * quantizes it */
+static void mv64(const double *W, const struct kvp_mat *w, const double *x, double *y,
+                 const struct quant_model *qm, struct mca *r)
+{
+    int rows = (int)w->rows, cols = (int)w->cols;
+    int vt = kvp_type_vec_dot_type(w->type);
+    double *xq = NULL;
+    if (r && w->type != KVP_TYPE_F32 && vt != KVP_TYPE_F32 &&
+        (!qm->prefill || kvp_gemm_wants(w->type, qm->n_rows))) {
+        int bs = vt == KVP_TYPE_Q8_K ? 256 : 32;
+        xq = malloc((size_t)cols * sizeof(double));
+        for (int b = 0; b < cols; b += bs) {
+            double a = 0;
+            for (int c = b; c < b + bs; c++)
+                a = fmax(a, fabs(x[c]));
+            double d = a / 127, f = vt == KVP_TYPE_Q8_0 ? 1 + 0x1p-11 * mca_xi(r) : 1;
+            for (int c = b; c < b + bs; c++)
+                xq[c] = (x[c] + d / 2 * mca_xi(r)) * f;
+        }
+        x = xq;
+    }
+    for (int i = 0; i < rows; i++)
+        y[i] = dot64(r, W + (size_t)i * cols, x, 1, cols);
+    free(xq);
+}
+
+/* RMS norm: the sum of squares in double, the scale rounded to f32, two products */
+static void rms64(double *o, const double *x, const float *w, int n, double eps, struct mca *r)
+{
+    double ss = 0;
+    for (int i = 0; i < n; i++)
+        ss += x[i] * x[i];
+    double sc = P(r, 1.0 / sqrt(ss / n + eps), 1);
+    for (int i = 0; i < n; i++)
+        o[i] = P(r, P(r, x[i] * sc, 1) * w[i], 1);
+}
+
+/* The angle per position of each dimension pair and the factor on cos and sin, from the
+ * architecture's description: θ_i = base^(-2i/d); linear scaling multiplies it by 1/s; YaRN
+ * (Peng et al. 2023, as llama.cpp's rope.scaling keys parameterise it) keeps the pairs that turn
+ * more than β_fast = 32 times over the original context L unscaled, divides those that turn
+ * fewer than β_slow = 1 times by s, ramps linearly between the pair indices
+ * floor(d·ln(L/(2π·32))/(2 ln base)) and ceil(d·ln(L/(2π))/(2 ln base)), and multiplies cos
+ * and sin by 1 + 0.1·ln s. */
+static void ref_angles(const kvp_model *m, double *theta, double *mscale, enum defect defect)
+{
+    const struct kvp_hparams *hp = &m->hp;
+    int d = hp->head_dim;
+    double s = 1.0 / hp->rope_freq_scale;
+    *mscale = 1;
+    bool yarn = hp->rope_scaling == KVP_ROPE_SCALING_YARN && defect != DEFECT_NO_YARN;
+    double lo = 0, hi = 0;
+    if (yarn) {
+        double L = hp->n_ctx_orig, b = hp->rope_base;
+        lo = fmax(0, floor(d * log(L / (2 * M_PI * 32)) / (2 * log(b))));
+        hi = fmin(d - 1, ceil(d * log(L / (2 * M_PI)) / (2 * log(b))));
+        *mscale = hp->rope_attn_factor * (1 + 0.1 * log(s));
+    }
+    for (int i = 0; i < d / 2; i++) {
+        double t = pow(hp->rope_base, -2.0 * i / d);
+        if (yarn) {
+            double ramp = fmin(1, fmax(0, (i - lo) / fmax(hi - lo, 0.001)));
+            t = t / s * ramp + t * (1 - ramp);
+        } else if (hp->rope_scaling != KVP_ROPE_SCALING_NONE && defect != DEFECT_NO_YARN) {
+            t /= s;
+        }
+        if (m->rope_freqs)
+            t /= m->rope_freqs[i];
+        theta[i] = t;
+    }
+}
+
+static void rope64(double *v, int nh, int hd, int pos, const kvp_model *m, const double *theta,
+                   double mscale, struct mca *r)
+{
+    bool neox = m->hp.rope_style == KVP_ROPE_NEOX;
+    for (int h = 0; h < nh; h++)
+        for (int i = 0; i < hd / 2; i++) {
+            double th = pos * theta[i];
+            double c = P(r, cos(th) * mscale, 1), s = P(r, sin(th) * mscale, 1);
+            double *a = v + h * hd + (neox ? i : 2 * i), *b = a + (neox ? hd / 2 : 1);
+            double x0 = *a, x1 = *b;
+            *a = P(r, P(r, x0 * c, 1) - P(r, x1 * s, 1), 1);
+            *b = P(r, P(r, x0 * s, 1) + P(r, x1 * c, 1), 1);
+        }
+}
+
+static void addb(double *y, const float *b, int n, struct mca *r)
+{
+    for (int i = 0; b && i < n; i++)
+        y[i] = P(r, y[i] + b[i], 1);
+}
+
+/* Logits of every position of ids, [n][n_vocab]. */
+static double *reference(const kvp_model *m, const int32_t *ids, int n, enum defect defect,
+                         const struct quant_model *qm, struct mca *r)
+{
+    const struct kvp_hparams *hp = &m->hp;
+    int D = hp->n_embd, hd = hp->head_dim, H = hp->n_head, KV = hp->n_head_kv, F = hp->n_ff;
+    int qd = H * hd, kvd = KV * hd, g = H / KV, V = hp->n_vocab;
+    double *emb = mat64(&m->tok_embd), *out = mat64(&m->output);
+    double *x = calloc((size_t)n * D, 8), *h = malloc(D * 8), *q = malloc((size_t)n * qd * 8);
+    double *k = malloc((size_t)n * kvd * 8), *v = malloc((size_t)n * kvd * 8);
+    double *att = malloc(qd * 8), *o = malloc(D * 8), *gt = malloc(F * 8), *up = malloc(F * 8);
+    double *sc = malloc((size_t)n * 8), *lg = malloc((size_t)n * V * 8);
+    double *theta = malloc(hd / 2 * 8), mscale;
+    ref_angles(m, theta, &mscale, defect);
+    const double scale = P(r, 1.0 / P(r, sqrt((double)hd), 1), 1);
+    for (int i = 0; i < n; i++)
+        memcpy(x + (size_t)i * D, emb + (size_t)ids[i] * D, D * 8);
+    for (int l = 0; l < hp->n_layer; l++) {
+        const struct kvp_layer_weights *L = &m->layers[l];
+        double *wq = mat64(&L->wq), *wk = mat64(&L->wk), *wv = mat64(&L->wv);
+        double *wo = mat64(&L->wo), *w1 = mat64(&L->w_gate), *w3 = mat64(&L->w_up);
+        double *w2 = mat64(&L->w_down);
+        for (int i = 0; i < n; i++) {
+            double *qi = q + (size_t)i * qd, *ki = k + (size_t)i * kvd, *vi = v + (size_t)i * kvd;
+            rms64(h, x + (size_t)i * D, L->attn_norm, D, hp->norm_eps, r);
+            mv64(wq, &L->wq, h, qi, qm, r);
+            mv64(wk, &L->wk, h, ki, qm, r);
+            mv64(wv, &L->wv, h, vi, qm, r);
+            addb(qi, L->bq, qd, r);
+            addb(ki, L->bk, kvd, r);
+            addb(vi, L->bv, kvd, r);
+            /* Qwen3: every head of q and of k RMS-normalised on its own before RoPE */
+            if (hp->arch_id == KVP_ARCH_QWEN3) {
+                assert_non_null(L->q_norm);
+                for (int hh = 0; hh < H && defect != DEFECT_NO_Q_NORM; hh++)
+                    rms64(qi + hh * hd, qi + hh * hd, L->q_norm, hd, hp->norm_eps, r);
+                for (int hh = 0; hh < KV; hh++)
+                    rms64(ki + hh * hd, ki + hh * hd, L->k_norm, hd, hp->norm_eps, r);
+            }
+            rope64(qi, H, hd, i, m, theta, mscale, r);
+            rope64(ki, KV, hd, i, m, theta, mscale, r);
+        }
+        for (int i = 0; i < n; i++) {
+            for (int hh = 0; hh < H; hh++) {
+                const double *qi = q + (size_t)i * qd + hh * hd;
+                int kh = hh / g;
+                double mx = -1e300, sum = 0;
+                for (int t = 0; t <= i; t++) {
+                    sc[t] = P(r, dot64(r, qi, k + (size_t)t * kvd + kh * hd, 1, hd) * scale, 1);
+                    mx = fmax(mx, sc[t]);
+                }
+                for (int t = 0; t <= i; t++) /* exp within 8u of the exp of its argument */
+                    sum = P(r, sum + (sc[t] = P(r, exp(P(r, sc[t] - mx, 1)), 8)), 1);
+                double inv = P(r, 1 / sum, 1);
+                for (int t = 0; t <= i; t++)
+                    sc[t] = P(r, sc[t] * inv, 1);
+                for (int d = 0; d < hd; d++)
+                    att[hh * hd + d] = dot64(r, sc, v + kh * hd + d, kvd, i + 1);
+            }
+            mv64(wo, &L->wo, att, o, qm, r);
+            for (int d = 0; d < D; d++)
+                x[(size_t)i * D + d] = P(r, x[(size_t)i * D + d] + o[d], 1);
+            addb(x + (size_t)i * D, L->bo, D, r);
+            rms64(h, x + (size_t)i * D, L->ffn_norm, D, hp->norm_eps, r);
+            mv64(w1, &L->w_gate, h, gt, qm, r);
+            mv64(w3, &L->w_up, h, up, qm, r);
+            for (int f = 0; f < F; f++) /* SwiGLU: g / (1 + exp(-g)) * u, exp within 2u */
+                gt[f] = P(r, P(r, gt[f] / P(r, 1 + P(r, exp(-gt[f]), 2), 1), 1) * up[f], 1);
+            mv64(w2, &L->w_down, gt, o, qm, r);
+            for (int d = 0; d < D; d++)
+                x[(size_t)i * D + d] = P(r, x[(size_t)i * D + d] + o[d], 1);
+        }
+        free(wq), free(wk), free(wv), free(wo), free(w1), free(w3), free(w2);
+    }
+    for (int i = 0; i < n; i++) {
+        rms64(h, x + (size_t)i * D, m->output_norm, D, hp->norm_eps, r);
+        mv64(out, &m->output, h, lg + (size_t)i * V, qm, r);
+    }
+    free(emb), free(out), free(x), free(h), free(q), free(k), free(v), free(att), free(o);
+    free(gt), free(up), free(sc), free(theta);
+    return lg;
+}
+
+/* The exact logits and in *bound how far kvpred's may be from each: MCA_LAMBDA standard
+ * deviations of the perturbed runs (at least the row's pooled one) plus u·|logit|. */
+static double *reference_bounded(const kvp_model *m, const int32_t *ids, int n,
+                                 const struct quant_model *qm, double **bound)
+{
+    size_t nl = (size_t)n * m->hp.n_vocab;
+    double *exact = reference(m, ids, n, DEFECT_NONE, qm, NULL);
+    double *var = calloc(nl, 8);
+    for (int run = 0; run < MCA_RUNS; run++) {
+        struct mca r = {.s = 0x9E3779B97F4A7C15ull * (run + 1)};
+        double *p = reference(m, ids, n, DEFECT_NONE, qm, &r);
+        for (size_t i = 0; i < nl; i++)
+            var[i] += (p[i] - exact[i]) * (p[i] - exact[i]) / MCA_RUNS;
+        free(p);
+    }
+    int V = m->hp.n_vocab;
+    for (int i = 0; i < n; i++) {
+        double *vr = var + (size_t)i * V, pooled = 0;
+        for (int j = 0; j < V; j++)
+            pooled += vr[j] / V;
+        for (int j = 0; j < V; j++)
+            vr[j] = MCA_LAMBDA * sqrt(fmax(vr[j], pooled)) + U32 * fabs(exact[(size_t)i * V + j]);
+    }
+    *bound = var;
+    return exact;
+}
+
+static double bound_ratio_f(const float *got, const double *want, const double *bound, size_t n)
+{
+    double q = 0;
+    for (size_t i = 0; i < n; i++)
+        q = fmax(q, fabs(got[i] - want[i]) / bound[i]);
+    return q;
+}
+
+static double bound_ratio_d(const double *got, const double *want, const double *bound, size_t n)
+{
+    double q = 0;
+    for (size_t i = 0; i < n; i++)
+        q = fmax(q, fabs(got[i] - want[i]) / bound[i]);
+    return q;
+}
+
+/* ---- kvpred and llama.cpp ---- */
+
+/* kvpred's logits of every position, f32 KV cache: prefill on 2 threads or decode on 1. */
+static float *kvpred_logits(kvp_model *m, const int32_t *ids, int n, bool decode)
+{
+    struct kvp_ctx_params cp = {.n_ctx = 64, .n_threads = decode ? 1 : 2, .block_size = 16,
+                                .type_k = KVP_KV_F32, .type_v = KVP_KV_F32};
+    kvp_ctx *c = NULL;
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_ctx_init(m, &cp, &c, &err), 0);
+    int V = m->hp.n_vocab;
+    float *lg = malloc((size_t)n * V * sizeof(float));
+    if (decode)
+        for (int i = 0; i < n; i++)
+            assert_int_equal(kvp_eval(c, ids + i, 1, lg + (size_t)i * V, false, &err), 0);
+    else
+        assert_int_equal(kvp_eval(c, ids, n, lg, true, &err), 0);
+    kvp_ctx_free(c);
+    return lg;
+}
+
+/* llama.cpp's f32-KV logits of TEXT on the model at path, or NULL when the peer is absent
+ * (outside CI: the caller skips that part; under CI=true that fails). Checks that llama.cpp
+ * tokenized TEXT to ids. */
+static double *llama_logits(const char *path, const int32_t *ids, int n)
+{
+    const char *bin = kvp_test_shared("peers/llama.cpp/bin/llama-logits");
+    if (!bin) {
+        const char *ci = getenv("CI");
+        assert_false(ci && strcmp(ci, "true") == 0); /* CI must have the peer */
+        print_message("../shared/peers/llama.cpp/bin/llama-logits not found: llama.cpp part "
+                      "skipped\n");
+        return NULL;
+    }
+    char *tf = kvp_test_tmpfile(".txt");
+    assert_int_equal(kvp_test_write_file(tf, TEXT, strlen(TEXT)), 0);
+    char cmd[8192];
+    snprintf(cmd, sizeof(cmd), "'%s' '%s' '%s' %d f32 2>/dev/null", bin, path, tf, n);
+    char *out = NULL;
+    assert_int_equal(kvp_test_run(cmd, &out, 0), 0);
+    cJSON *j = cJSON_Parse(out);
+    assert_non_null(j);
+    const cJSON *tok = cJSON_GetObjectItem(j, "tokens"), *lg = cJSON_GetObjectItem(j, "logits");
+    assert_int_equal(cJSON_GetArraySize(tok), n);
+    for (int i = 0; i < n; i++)
+        assert_int_equal(cJSON_GetArrayItem(tok, i)->valueint, ids[i]);
+    int V = cJSON_GetArraySize(cJSON_GetArrayItem(lg, 0));
+    double *o = malloc((size_t)n * V * sizeof(double));
+    for (int i = 0; i < n; i++) {
+        const cJSON *row = cJSON_GetArrayItem(lg, i);
+        assert_int_equal(cJSON_GetArraySize(row), V);
+        int c = 0;
+        for (const cJSON *e = row->child; e; e = e->next)
+            o[(size_t)i * V + c++] = e->valuedouble;
+    }
+    cJSON_Delete(j);
+    free(out);
+    remove(tf);
+    free(tf);
+    return o;
+}
+
+/* A real shape's structure, narrower: n_embd, n_ff and the head counts divided by div (head_dim,
+ * GQA group, the q width against n_embd, norms, biases and RoPE kept), two layers. */
+static struct kvp_synth_shape reduced(const char *name, int div)
+{
+    const struct kvp_synth_shape *s = kvp_synth_find_shape(name);
+    assert_non_null(s);
+    struct kvp_synth_shape r = *s;
+    assert_true(s->n_head % div == 0 && s->n_head_kv % div == 0 && s->n_embd % div == 0 &&
+                s->n_ff % div == 0);
+    r.n_embd /= div;
+    r.n_ff /= div;
+    r.n_head /= div;
+    r.n_head_kv /= div;
+    return r;
+}
+
+struct arch_case {
+    const char *shape;
+    int div;
+    enum defect defect;  /* a defect the comparison must catch */
+    bool llama_cpp;      /* llama-logits knows the architecture */
+};
+
+static void check_case(const struct arch_case *ac, int type)
+{
+    struct kvp_synth_shape s = reduced(ac->shape, ac->div);
+    char *path = kvp_test_tmpfile(".gguf");
+    struct kvp_synth_params p = {.type = type, .n_layer = 2, .n_vocab = N_VOCAB, .seed = 11,
+                                 .n_threads = 2};
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_synth_write(&s, &p, path, NULL, &err), 0);
+    kvp_model *m = NULL;
+    assert_int_equal(kvp_model_open(path, NULL, &m, &err), 0);
+    int32_t ids[64];
+    size_t nt = 0;
+    assert_int_equal(kvp_tokenize(m, TEXT, strlen(TEXT), true, ids, 64, &nt, &err), 0);
+    int n = (int)nt;
+    assert_true(n >= 8);
+    size_t nl = (size_t)n * N_VOCAB;
+
+    /* F32 weights: prefill and decode compute the same f32 function, one reference serves both;
+     * a quantized type's activations are quantized on decode's path and, where the integer GEMM
+     * takes the type, on prefill's */
+    double *bound = NULL, *truth = NULL;
+    for (int decode = 0; decode < 2; decode++) {
+        struct quant_model qm = {.prefill = !decode, .n_rows = decode ? 1 : n};
+        if (!truth || type != KVP_TYPE_F32) {
+            free(truth), free(bound);
+            truth = reference_bounded(m, ids, n, &qm, &bound);
+        }
+        float *lg = kvpred_logits(m, ids, n, decode);
+        double ratio = bound_ratio_f(lg, truth, bound, nl);
+        double bmax = 0, lmax = 0;
+        for (size_t i = 0; i < nl; i++)
+            bmax = fmax(bmax, bound[i]), lmax = fmax(lmax, fabs(truth[i]));
+        double *bad = reference(m, ids, n, ac->defect, &qm, NULL);
+        double bad_ratio = bound_ratio_d(bad, truth, bound, nl);
+        print_message("%s %s %s: |kvpred - reference| at most %.3g of the bound (largest bound "
+                      "%.3g, largest logit %.3g); the reference with the planted defect is %.3g "
+                      "of it\n", ac->shape, kvp_type_name(type), decode ? "decode" : "prefill",
+                      ratio, bmax, lmax, bad_ratio);
+        assert_true(ratio <= 1);
+        /* the defect fails the comparison: with f32 arithmetic by orders of magnitude (measured
+         * 5e4-7e4), against 8-bit activations' wider bound by a few times (measured 5.5-6.6) */
+        assert_true(bad_ratio > (type == KVP_TYPE_F32 ? 100 : 2));
+        if (ac->llama_cpp && !decode && type == KVP_TYPE_F32) {
+            double *ll = llama_logits(path, ids, n);
+            if (ll) {
+                double lr = bound_ratio_d(ll, truth, bound, nl);
+                print_message("%s: llama.cpp f32-KV logits within %.3g of the bound of the "
+                              "reference\n", ac->shape, lr);
+                assert_true(lr <= 4);
+                free(ll);
+            }
+        }
+        free(bad);
+        free(lg);
+    }
+    free(truth);
+    free(bound);
+    kvp_model_close(m);
+    remove(path);
+    free(path);
+}
+
+static void test_qwen2_yarn(void **state)
+{
+    (void)state;
+    struct arch_case ac = {"Qwen2.5-0.5B-YaRN", 2, DEFECT_NO_YARN, true};
+    check_case(&ac, KVP_TYPE_F32);
+}
+
+static void test_qwen3(void **state)
+{
+    (void)state;
+    struct arch_case ac = {"Qwen3-0.6B", 8, DEFECT_NO_Q_NORM, false};
+    check_case(&ac, KVP_TYPE_F32);
+    check_case(&ac, KVP_TYPE_Q8_0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_qwen2_yarn),
+        cmocka_unit_test(test_qwen3),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
