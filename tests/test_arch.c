@@ -71,7 +71,16 @@ static double dot64(struct mca *r, const double *a, const double *b, size_t sb, 
 /* ---- the reference ---- */
 
 /* What the reference leaves out on purpose, to show the comparison can fail. */
-enum defect { DEFECT_NONE, DEFECT_NO_Q_NORM, DEFECT_NO_YARN };
+enum defect {
+    DEFECT_NONE,
+    DEFECT_NO_Q_NORM,       /* qwen3's q norm skipped */
+    DEFECT_NO_YARN,         /* RoPE scaling ignored */
+    DEFECT_LONGROPE_SWAPPED /* LongRoPE's other factor set */
+};
+
+/* The context llama-logits evaluates in (it prints n_ctx = 512): LongRoPE picks its factors by
+ * the context's size, so the comparison with it runs kvpred at the same. */
+#define LLAMA_LOGITS_CTX 512
 
 /* Which products quantize their input to 8 bits, as kvpred does for a quantized weight type
  * (decode's mat-vec; in a multi-token pass the integer GEMM, when it takes the type). */
@@ -138,12 +147,23 @@ static void rms64(double *o, const double *x, const float *w, int n, double eps,
  * fewer than β_slow = 1 times by s, ramps linearly between the pair indices
  * floor(d·ln(L/(2π·32))/(2 ln base)) and ceil(d·ln(L/(2π))/(2 ln base)), and multiplies cos
  * and sin by 1 + 0.1·ln s. */
-static void ref_angles(const kvp_model *m, double *theta, double *mscale, enum defect defect)
+static void ref_angles(const kvp_model *m, int n_ctx, double *theta, double *mscale,
+                       enum defect defect)
 {
     const struct kvp_hparams *hp = &m->hp;
     int d = hp->head_dim;
     double s = 1.0 / hp->rope_freq_scale;
     *mscale = 1;
+    /* LongRoPE (Phi-3): each pair's frequency divided by its factor, the long set when the
+     * context exceeds the original one; cos and sin times the file's attention factor */
+    const float *factors = m->rope_freqs;
+    if (m->rope_factors_short) {
+        bool is_long = n_ctx > hp->n_ctx_orig;
+        if (defect == DEFECT_LONGROPE_SWAPPED)
+            is_long = !is_long;
+        factors = is_long ? m->rope_factors_long : m->rope_factors_short;
+        *mscale = hp->rope_attn_factor;
+    }
     bool yarn = hp->rope_scaling == KVP_ROPE_SCALING_YARN && defect != DEFECT_NO_YARN;
     double lo = 0, hi = 0;
     if (yarn) {
@@ -160,8 +180,8 @@ static void ref_angles(const kvp_model *m, double *theta, double *mscale, enum d
         } else if (hp->rope_scaling != KVP_ROPE_SCALING_NONE && defect != DEFECT_NO_YARN) {
             t /= s;
         }
-        if (m->rope_freqs)
-            t /= m->rope_freqs[i];
+        if (factors)
+            t /= factors[i];
         theta[i] = t;
     }
 }
@@ -188,8 +208,8 @@ static void addb(double *y, const float *b, int n, struct mca *r)
 }
 
 /* Logits of every position of ids, [n][n_vocab]. */
-static double *reference(const kvp_model *m, const int32_t *ids, int n, enum defect defect,
-                         const struct quant_model *qm, struct mca *r)
+static double *reference(const kvp_model *m, const int32_t *ids, int n, int n_ctx,
+                         enum defect defect, const struct quant_model *qm, struct mca *r)
 {
     const struct kvp_hparams *hp = &m->hp;
     int D = hp->n_embd, hd = hp->head_dim, H = hp->n_head, KV = hp->n_head_kv, F = hp->n_ff;
@@ -200,7 +220,7 @@ static double *reference(const kvp_model *m, const int32_t *ids, int n, enum def
     double *att = malloc(qd * 8), *o = malloc(D * 8), *gt = malloc(F * 8), *up = malloc(F * 8);
     double *sc = malloc((size_t)n * 8), *lg = malloc((size_t)n * V * 8);
     double *theta = malloc(hd / 2 * 8), mscale;
-    ref_angles(m, theta, &mscale, defect);
+    ref_angles(m, n_ctx, theta, &mscale, defect);
     const double scale = P(r, 1.0 / P(r, sqrt((double)hd), 1), 1);
     for (int i = 0; i < n; i++)
         memcpy(x + (size_t)i * D, emb + (size_t)ids[i] * D, D * 8);
@@ -272,15 +292,15 @@ static double *reference(const kvp_model *m, const int32_t *ids, int n, enum def
 
 /* The exact logits and in *bound how far kvpred's may be from each: MCA_LAMBDA standard
  * deviations of the perturbed runs (at least the row's pooled one) plus u·|logit|. */
-static double *reference_bounded(const kvp_model *m, const int32_t *ids, int n,
+static double *reference_bounded(const kvp_model *m, const int32_t *ids, int n, int n_ctx,
                                  const struct quant_model *qm, double **bound)
 {
     size_t nl = (size_t)n * m->hp.n_vocab;
-    double *exact = reference(m, ids, n, DEFECT_NONE, qm, NULL);
+    double *exact = reference(m, ids, n, n_ctx, DEFECT_NONE, qm, NULL);
     double *var = calloc(nl, 8);
     for (int run = 0; run < MCA_RUNS; run++) {
         struct mca r = {.s = 0x9E3779B97F4A7C15ull * (run + 1)};
-        double *p = reference(m, ids, n, DEFECT_NONE, qm, &r);
+        double *p = reference(m, ids, n, n_ctx, DEFECT_NONE, qm, &r);
         for (size_t i = 0; i < nl; i++)
             var[i] += (p[i] - exact[i]) * (p[i] - exact[i]) / MCA_RUNS;
         free(p);
@@ -316,9 +336,9 @@ static double bound_ratio_d(const double *got, const double *want, const double 
 /* ---- kvpred and llama.cpp ---- */
 
 /* kvpred's logits of every position, f32 KV cache: prefill on 2 threads or decode on 1. */
-static float *kvpred_logits(kvp_model *m, const int32_t *ids, int n, bool decode)
+static float *kvpred_logits(kvp_model *m, const int32_t *ids, int n, int n_ctx, bool decode)
 {
-    struct kvp_ctx_params cp = {.n_ctx = 64, .n_threads = decode ? 1 : 2, .block_size = 16,
+    struct kvp_ctx_params cp = {.n_ctx = n_ctx, .n_threads = decode ? 1 : 2, .block_size = 16,
                                 .type_k = KVP_KV_F32, .type_v = KVP_KV_F32};
     kvp_ctx *c = NULL;
     struct kvp_err err = {0};
@@ -394,13 +414,18 @@ static struct kvp_synth_shape reduced(const char *name, int div)
 struct arch_case {
     const char *shape;
     int div;
+    int n_ctx_orig;      /* replaces the shape's original context (LongRoPE), 0: kept */
     enum defect defect;  /* a defect the comparison must catch */
     bool llama_cpp;      /* llama-logits knows the architecture */
 };
 
-static void check_case(const struct arch_case *ac, int type)
+/* The shape ac narrowed, written in type, against the reference in a context of n_ctx tokens
+ * (and against llama.cpp where it knows the architecture and runs the same context). */
+static void check_case(const struct arch_case *ac, int type, int n_ctx)
 {
     struct kvp_synth_shape s = reduced(ac->shape, ac->div);
+    if (ac->n_ctx_orig)
+        s.n_ctx_orig = ac->n_ctx_orig;
     char *path = kvp_test_tmpfile(".gguf");
     struct kvp_synth_params p = {.type = type, .n_layer = 2, .n_vocab = N_VOCAB, .seed = 11,
                                  .n_threads = 2};
@@ -423,24 +448,24 @@ static void check_case(const struct arch_case *ac, int type)
         struct quant_model qm = {.prefill = !decode, .n_rows = decode ? 1 : n};
         if (!truth || type != KVP_TYPE_F32) {
             free(truth), free(bound);
-            truth = reference_bounded(m, ids, n, &qm, &bound);
+            truth = reference_bounded(m, ids, n, n_ctx, &qm, &bound);
         }
-        float *lg = kvpred_logits(m, ids, n, decode);
+        float *lg = kvpred_logits(m, ids, n, n_ctx, decode);
         double ratio = bound_ratio_f(lg, truth, bound, nl);
         double bmax = 0, lmax = 0;
         for (size_t i = 0; i < nl; i++)
             bmax = fmax(bmax, bound[i]), lmax = fmax(lmax, fabs(truth[i]));
-        double *bad = reference(m, ids, n, ac->defect, &qm, NULL);
+        double *bad = reference(m, ids, n, n_ctx, ac->defect, &qm, NULL);
         double bad_ratio = bound_ratio_d(bad, truth, bound, nl);
-        print_message("%s %s %s: |kvpred - reference| at most %.3g of the bound (largest bound "
+        print_message("%s %s %s, context %d: |kvpred - reference| at most %.3g of the bound (largest bound "
                       "%.3g, largest logit %.3g); the reference with the planted defect is %.3g "
-                      "of it\n", ac->shape, kvp_type_name(type), decode ? "decode" : "prefill",
+                      "of it\n", ac->shape, kvp_type_name(type), decode ? "decode" : "prefill", n_ctx,
                       ratio, bmax, lmax, bad_ratio);
         assert_true(ratio <= 1);
         /* the defect fails the comparison: with f32 arithmetic by orders of magnitude (measured
          * 5e4-7e4), against 8-bit activations' wider bound by a few times (measured 5.5-6.6) */
         assert_true(bad_ratio > (type == KVP_TYPE_F32 ? 100 : 2));
-        if (ac->llama_cpp && !decode && type == KVP_TYPE_F32) {
+        if (ac->llama_cpp && !decode && type == KVP_TYPE_F32 && n_ctx == LLAMA_LOGITS_CTX) {
             double *ll = llama_logits(path, ids, n);
             if (ll) {
                 double lr = bound_ratio_d(ll, truth, bound, nl);
@@ -463,16 +488,27 @@ static void check_case(const struct arch_case *ac, int type)
 static void test_qwen2_yarn(void **state)
 {
     (void)state;
-    struct arch_case ac = {"Qwen2.5-0.5B-YaRN", 2, DEFECT_NO_YARN, true};
-    check_case(&ac, KVP_TYPE_F32);
+    struct arch_case ac = {"Qwen2.5-0.5B-YaRN", 2, 0, DEFECT_NO_YARN, true};
+    check_case(&ac, KVP_TYPE_F32, LLAMA_LOGITS_CTX);
 }
 
 static void test_qwen3(void **state)
 {
     (void)state;
-    struct arch_case ac = {"Qwen3-0.6B", 8, DEFECT_NO_Q_NORM, false};
-    check_case(&ac, KVP_TYPE_F32);
-    check_case(&ac, KVP_TYPE_Q8_0);
+    struct arch_case ac = {"Qwen3-0.6B", 8, 0, DEFECT_NO_Q_NORM, false};
+    check_case(&ac, KVP_TYPE_F32, 64);
+    check_case(&ac, KVP_TYPE_Q8_0, 64);
+}
+
+/* Phi-3.5-mini's structure with an original context of 256 tokens, so that a context of 64
+ * takes the short factors and one of 512 (llama-logits') the long ones. */
+static void test_phi3(void **state)
+{
+    (void)state;
+    struct arch_case ac = {"Phi-3.5-mini", 8, 256, DEFECT_LONGROPE_SWAPPED, true};
+    check_case(&ac, KVP_TYPE_F32, 64);
+    check_case(&ac, KVP_TYPE_F32, LLAMA_LOGITS_CTX);
+    check_case(&ac, KVP_TYPE_Q8_0, LLAMA_LOGITS_CTX);
 }
 
 int main(void)
@@ -480,6 +516,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_qwen2_yarn),
         cmocka_unit_test(test_qwen3),
+        cmocka_unit_test(test_phi3),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

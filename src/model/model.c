@@ -1,5 +1,5 @@
 /*
- * Model loading: GGUF (architectures `llama`, `qwen2`, `qwen3`) and llama2.c checkpoints into struct kvp_model.
+ * Model loading: GGUF (architectures `llama`, `qwen2`, `qwen3`, `phi3`) and llama2.c checkpoints into struct kvp_model.
  *
  * Every tensor the forward pass reads is looked up by its GGUF name, and its type and shape are
  * checked against the hyperparameters before any pointer into the file is kept, so the forward
@@ -87,6 +87,28 @@ static int bind_mat(const struct kvp_gguf *g, const char *name, int64_t cols, in
     return 0;
 }
 
+/* A fused weight (phi3's attn_qkv: q, k, v rows one after the other; its ffn_up: gate rows then
+ * up rows) bound as views of consecutive rows: rows are quantized one by one, so each part is an
+ * ordinary matrix of its own. c may be NULL (two parts). */
+static int bind_fused(const struct kvp_gguf *g, const char *name, int64_t cols, int64_t rows_a,
+                      int64_t rows_bc, struct kvp_mat *a, struct kvp_mat *b, struct kvp_mat *c,
+                      struct kvp_err *err)
+{
+    struct kvp_mat all;
+    int rc = bind_mat(g, name, cols, rows_a + rows_bc * (c ? 2 : 1), &all, err);
+    if (rc < 0)
+        return rc;
+    struct kvp_mat *parts[3] = {a, b, c};
+    int64_t rows[3] = {rows_a, rows_bc, rows_bc}, r0 = 0;
+    for (int i = 0; i < 3 && parts[i]; i++) {
+        *parts[i] = all;
+        parts[i]->rows = rows[i];
+        parts[i]->data = (const uint8_t *)all.data + (size_t)r0 * all.row_bytes;
+        r0 += rows[i];
+    }
+    return 0;
+}
+
 /* Look up a 1-D F32 vector of length n (norm weights are always F32). */
 static int bind_vec(const struct kvp_gguf *g, const char *name, int64_t n, const float **out,
                     struct kvp_err *err)
@@ -130,6 +152,13 @@ static int load_rope_scaling(const struct kvp_gguf *g, const char *arch, struct 
         snprintf(key, sizeof(key), "%s.rope.scale_linear", arch);
         kvp_gguf_get_float(g, key, &factor, NULL);
     }
+    /* read for LongRoPE (phi3 files declare no type) as well as YaRN */
+    int rc;
+    if ((rc = get_hparam(g, arch, "rope.scaling.original_context_length", false, hp->n_ctx_train,
+                         1, 1 << 24, &hp->n_ctx_orig, err)) < 0 ||
+        (rc = get_fparam(g, arch, "rope.scaling.attn_factor", false, 1.0, 1e-3, 1e3,
+                         &hp->rope_attn_factor, err)) < 0)
+        return rc;
     bool none = has_type && slen == 4 && !memcmp(stype, "none", 4);
     bool linear = !has_type || (slen == 6 && !memcmp(stype, "linear", 6));
     bool yarn = has_type && slen == 4 && !memcmp(stype, "yarn", 4);
@@ -144,12 +173,7 @@ static int load_rope_scaling(const struct kvp_gguf *g, const char *arch, struct 
     hp->rope_scaling = linear ? KVP_ROPE_SCALING_LINEAR : KVP_ROPE_SCALING_YARN;
     if (linear)
         return 0;
-    int rc;
-    if ((rc = get_hparam(g, arch, "rope.scaling.original_context_length", false, hp->n_ctx_train,
-                         1, 1 << 24, &hp->n_ctx_orig, err)) < 0 ||
-        (rc = get_fparam(g, arch, "rope.scaling.attn_factor", false, 1.0, 1e-3, 1e3,
-                         &hp->rope_attn_factor, err)) < 0 ||
-        (rc = get_fparam(g, arch, "rope.scaling.yarn_beta_fast", false, 32.0, 1e-3, 1e6,
+    if ((rc = get_fparam(g, arch, "rope.scaling.yarn_beta_fast", false, 32.0, 1e-3, 1e6,
                          &hp->yarn_beta_fast, err)) < 0 ||
         (rc = get_fparam(g, arch, "rope.scaling.yarn_beta_slow", false, 1.0, 1e-3, 1e6,
                          &hp->yarn_beta_slow, err)) < 0)
@@ -174,14 +198,15 @@ static int load_gguf_hparams(const struct kvp_gguf *g, struct kvp_model *m, stru
     static const struct {
         const char *name;
         int id;
-    } archs[] = {{"llama", KVP_ARCH_LLAMA}, {"qwen2", KVP_ARCH_QWEN2}, {"qwen3", KVP_ARCH_QWEN3}};
+    } archs[] = {{"llama", KVP_ARCH_LLAMA}, {"qwen2", KVP_ARCH_QWEN2}, {"qwen3", KVP_ARCH_QWEN3},
+                  {"phi3", KVP_ARCH_PHI3}};
     m->hp.arch_id = -1;
     for (size_t i = 0; i < sizeof(archs) / sizeof(archs[0]); i++)
         if (strcmp(m->arch, archs[i].name) == 0)
             m->hp.arch_id = archs[i].id;
     if (m->hp.arch_id < 0)
         return kvp_err_set(err, KVP_EUNSUPPORTED,
-                           "architecture '%s' is not supported (supported: llama, qwen2, qwen3)",
+                           "architecture '%s' is not supported (supported: llama, qwen2, qwen3, phi3)",
                            m->arch);
     const char *name;
     size_t nlen;
@@ -243,6 +268,15 @@ static int load_gguf_hparams(const struct kvp_gguf *g, struct kvp_model *m, stru
     /* qwen2 and qwen3 rotate split halves; llama files were permuted by the converter to
      * adjacent pairs */
     hp->rope_style = hp->arch_id == KVP_ARCH_LLAMA ? KVP_ROPE_NORM : KVP_ROPE_NEOX;
+    /* a sliding window on every layer (some phi3 files declare one longer than any context)
+     * is only run where it cannot take effect */
+    int window = 0;
+    if (hp->arch_id == KVP_ARCH_PHI3 &&
+        get_hparam(g, m->arch, "attention.sliding_window", false, 0, 0, INT32_MAX, &window, err))
+        return err ? err->code : KVP_EFORMAT;
+    if (window > 0 && window < hp->n_ctx_train)
+        return kvp_err_set(err, KVP_EUNSUPPORTED,
+                           "a sliding window of %d tokens on every layer is not supported", window);
     return 0;
 }
 
@@ -272,6 +306,13 @@ static int bind_gguf_weights(const struct kvp_gguf *g, struct kvp_model *m, stru
     if (kvp_gguf_find_tensor(g, "rope_freqs.weight") &&
         bind_vec(g, "rope_freqs.weight", hp->head_dim / 2, &m->rope_freqs, err))
         return err ? err->code : KVP_EFORMAT;
+    /* LongRoPE (phi3): one set of frequency factors for contexts up to the original length, one
+     * beyond; both or neither */
+    if ((kvp_gguf_find_tensor(g, "rope_factors_short.weight") ||
+         kvp_gguf_find_tensor(g, "rope_factors_long.weight")) &&
+        (bind_vec(g, "rope_factors_short.weight", hp->head_dim / 2, &m->rope_factors_short, err) ||
+         bind_vec(g, "rope_factors_long.weight", hp->head_dim / 2, &m->rope_factors_long, err)))
+        return err ? err->code : KVP_EFORMAT;
     m->layers = calloc((size_t)hp->n_layer, sizeof(*m->layers));
     if (!m->layers)
         return kvp_err_set(err, KVP_ENOMEM, "out of memory for %d layers", hp->n_layer);
@@ -279,14 +320,20 @@ static int bind_gguf_weights(const struct kvp_gguf *g, struct kvp_model *m, stru
         struct kvp_layer_weights *L = &m->layers[l];
         char nm[KVP_GGUF_NAME_MAX];
 #define NAME(s) (snprintf(nm, sizeof(nm), "blk.%d.%s", l, s), nm)
+        bool fused = hp->arch_id == KVP_ARCH_PHI3;
         if (bind_vec(g, NAME("attn_norm.weight"), hp->n_embd, &L->attn_norm, err) ||
-            bind_mat(g, NAME("attn_q.weight"), hp->n_embd, q_dim, &L->wq, err) ||
-            bind_mat(g, NAME("attn_k.weight"), hp->n_embd, kv_dim, &L->wk, err) ||
-            bind_mat(g, NAME("attn_v.weight"), hp->n_embd, kv_dim, &L->wv, err) ||
+            (fused ? bind_fused(g, NAME("attn_qkv.weight"), hp->n_embd, q_dim, kv_dim, &L->wq,
+                                &L->wk, &L->wv, err)
+                   : bind_mat(g, NAME("attn_q.weight"), hp->n_embd, q_dim, &L->wq, err) ||
+                         bind_mat(g, NAME("attn_k.weight"), hp->n_embd, kv_dim, &L->wk, err) ||
+                         bind_mat(g, NAME("attn_v.weight"), hp->n_embd, kv_dim, &L->wv, err)) ||
             bind_mat(g, NAME("attn_output.weight"), q_dim, hp->n_embd, &L->wo, err) ||
             bind_vec(g, NAME("ffn_norm.weight"), hp->n_embd, &L->ffn_norm, err) ||
-            bind_mat(g, NAME("ffn_gate.weight"), hp->n_embd, hp->n_ff, &L->w_gate, err) ||
-            bind_mat(g, NAME("ffn_up.weight"), hp->n_embd, hp->n_ff, &L->w_up, err) ||
+            (fused ? bind_fused(g, NAME("ffn_up.weight"), hp->n_embd, hp->n_ff, hp->n_ff,
+                                &L->w_gate, &L->w_up, NULL, err)
+                   : bind_mat(g, NAME("ffn_gate.weight"), hp->n_embd, hp->n_ff, &L->w_gate,
+                              err) ||
+                         bind_mat(g, NAME("ffn_up.weight"), hp->n_embd, hp->n_ff, &L->w_up, err)) ||
             bind_mat(g, NAME("ffn_down.weight"), hp->n_ff, hp->n_embd, &L->w_down, err))
             return err ? err->code : KVP_EFORMAT;
         bool qwen2 = hp->arch_id == KVP_ARCH_QWEN2;

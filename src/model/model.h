@@ -26,6 +26,7 @@ enum kvp_arch {
     KVP_ARCH_LLAMA = 0,
     KVP_ARCH_QWEN2, /* q/k/v biases, NEOX RoPE */
     KVP_ARCH_QWEN3, /* per-head RMS norm of q and k before RoPE, NEOX RoPE */
+    KVP_ARCH_PHI3,  /* fused QKV and gate-up weights, LongRoPE factors, NEOX RoPE */
 };
 
 /* How the RoPE angles are stretched for contexts beyond the trained one (rope.scaling.type). */
@@ -80,6 +81,8 @@ struct kvp_model {
     struct kvp_mat output;           /* [n_vocab][n_embd]; equals tok_embd when tied */
     bool tied_output;
     const float *rope_freqs;          /* [head_dim/2] Llama 3.1 frequency factors, or NULL */
+    const float *rope_factors_short;  /* [head_dim/2] LongRoPE factors for contexts up to */
+    const float *rope_factors_long;   /* n_ctx_orig tokens and beyond (phi3), or NULL */
     struct kvp_layer_weights *layers; /* owned [n_layer] */
     struct kvp_vocab *vocab;          /* owned; may be NULL for a checkpoint without tokenizer */
     struct kvp_gguf *gguf;            /* owned when loaded from GGUF */

@@ -22,12 +22,19 @@ static double yarn_pair(int d, int n_ctx_orig, double beta, double base)
 
 void kvp_rope_freqs(const struct kvp_model *m, int n_ctx, double *inv_freq, double *mscale)
 {
-    (void)n_ctx;
     const struct kvp_hparams *hp = &m->hp;
+    /* LongRoPE: the long factors once the context exceeds the original one, as llama.cpp picks
+     * them (by the context's size, not the position), cos and sin times attn_factor */
+    const float *factors = m->rope_freqs;
+    if (m->rope_factors_short) {
+        factors = n_ctx > hp->n_ctx_orig ? m->rope_factors_long : m->rope_factors_short;
+        *mscale = hp->rope_attn_factor;
+    }
     const int d = hp->head_dim;
     double lo = 0, hi = 0;
     const bool yarn = hp->rope_scaling == KVP_ROPE_SCALING_YARN;
-    *mscale = 1.0;
+    if (!m->rope_factors_short)
+        *mscale = 1.0;
     if (yarn) {
         lo = floor(yarn_pair(d, hp->n_ctx_orig, hp->yarn_beta_fast, hp->rope_base));
         hi = ceil(yarn_pair(d, hp->n_ctx_orig, hp->yarn_beta_slow, hp->rope_base));
@@ -45,7 +52,7 @@ void kvp_rope_freqs(const struct kvp_model *m, int n_ctx, double *inv_freq, doub
             scale = hp->rope_freq_scale * (1.0 - keep) + keep;
         }
         inv_freq[i] = base_freq * scale;
-        if (m->rope_freqs)
-            inv_freq[i] /= m->rope_freqs[i];
+        if (factors)
+            inv_freq[i] /= factors[i];
     }
 }

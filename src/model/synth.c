@@ -46,6 +46,12 @@ static const struct kvp_synth_shape shapes[] = {
     {SHAPE("Qwen2.5-0.5B-YaRN", "qwen2", 896, 24, 14, 2, 64, 4864, 151936, 131072, 1000000.0f,
            1e-6f, true),
      .rope_scaling = "yarn", .rope_factor = 4.0f, .n_ctx_orig = 32768},
+    /* Phi-3.5-mini: LongRoPE from 4096 to 131072 tokens (rope_scaling.short_factor and
+     * long_factor, 48 each); fused attn_qkv and gate-up in GGUF; a sliding window longer than
+     * any context (llama.cpp requires the key) */
+    {SHAPE("Phi-3.5-mini", "phi3", 3072, 32, 32, 32, 96, 8192, 32064, 131072, 10000.0f, 1e-5f,
+           false),
+     .rope_scaling = "longrope", .n_ctx_orig = 4096, .sliding_window = 262144},
     {SHAPE("Qwen3-0.6B", "qwen3", 1024, 28, 16, 8, 128, 3072, 151936, 40960, 1000000.0f, 1e-6f,
            true)},
     {SHAPE("Qwen3-1.7B", "qwen3", 2048, 28, 16, 8, 128, 6144, 151936, 40960, 1000000.0f, 1e-6f,
@@ -174,43 +180,64 @@ static int add_tensor(struct synth *S, const char *name, int64_t cols, int64_t r
     return add_tensor_mean(S, name, cols, rows, 0.0, sd, err);
 }
 
+/* Which architectures have a tensor (bits of enum tensor_when). */
+enum tensor_when {
+    T_ALL = 1,      /* every architecture */
+    T_SPLIT = 2,    /* separate q, k, v and gate, up (all but phi3) */
+    T_FUSED = 4,    /* phi3's attn_qkv and gate-up ffn_up */
+    T_BIAS = 8,     /* qwen2's q/k/v biases */
+    T_QK_NORM = 16, /* qwen3's per-head q/k norms */
+};
+
+static unsigned arch_tensors(const char *arch)
+{
+    if (strcmp(arch, "phi3") == 0)
+        return T_ALL | T_FUSED;
+    if (strcmp(arch, "qwen2") == 0)
+        return T_ALL | T_SPLIT | T_BIAS;
+    if (strcmp(arch, "qwen3") == 0)
+        return T_ALL | T_SPLIT | T_QK_NORM;
+    return T_ALL | T_SPLIT;
+}
+
 static int add_layer(struct synth *S, const struct kvp_synth_shape *s, int l, int n_layer,
                      struct kvp_err *err)
 {
     int64_t D = s->n_embd, q_dim = (int64_t)s->n_head * s->head_dim;
     int64_t kv_dim = (int64_t)s->n_head_kv * s->head_dim, F = s->n_ff;
-    double resid = 1.0 / sqrt(2.0 * n_layer);
-    struct {
+    double resid = 1.0 / sqrt(2.0 * n_layer), in_sd = 1.0 / sqrt((double)D);
+    /* rows 0: a vector of cols. Norm weights: all ones (sd 0), except the q/k norms, drawn
+     * around 1, since weights of exactly 1 would hide a norm applied with the wrong ones. */
+    const struct {
         const char *what;
         int64_t cols, rows;
-        double sd;
+        double mean, sd;
+        unsigned when;
     } t[] = {
-        {"attn_norm.weight", D, 0, 0.0},
-        {"attn_q.weight", D, q_dim, 1.0 / sqrt((double)D)},
-        {"attn_k.weight", D, kv_dim, 1.0 / sqrt((double)D)},
-        {"attn_v.weight", D, kv_dim, 1.0 / sqrt((double)D)},
-        {"attn_q.bias", q_dim, -1, 0.02},
-        {"attn_k.bias", kv_dim, -1, 0.02},
-        {"attn_v.bias", kv_dim, -1, 0.02},
-        {"attn_q_norm.weight", s->head_dim, -2, 0.0},
-        {"attn_k_norm.weight", s->head_dim, -2, 0.0},
-        {"attn_output.weight", q_dim, D, resid / sqrt((double)q_dim)},
-        {"ffn_norm.weight", D, 0, 0.0},
-        {"ffn_gate.weight", D, F, 1.0 / sqrt((double)D)},
-        {"ffn_up.weight", D, F, 1.0 / sqrt((double)D)},
-        {"ffn_down.weight", F, D, resid / sqrt((double)F)},
+        {"attn_norm.weight", D, 0, 0, 0.0, T_ALL},
+        {"attn_q.weight", D, q_dim, 0, in_sd, T_SPLIT},
+        {"attn_k.weight", D, kv_dim, 0, in_sd, T_SPLIT},
+        {"attn_v.weight", D, kv_dim, 0, in_sd, T_SPLIT},
+        {"attn_qkv.weight", D, q_dim + 2 * kv_dim, 0, in_sd, T_FUSED},
+        {"attn_q.bias", q_dim, 0, 0, 0.02, T_BIAS},
+        {"attn_k.bias", kv_dim, 0, 0, 0.02, T_BIAS},
+        {"attn_v.bias", kv_dim, 0, 0, 0.02, T_BIAS},
+        {"attn_q_norm.weight", s->head_dim, 0, 1.0, 0.2, T_QK_NORM},
+        {"attn_k_norm.weight", s->head_dim, 0, 1.0, 0.2, T_QK_NORM},
+        {"attn_output.weight", q_dim, D, 0, resid / sqrt((double)q_dim), T_ALL},
+        {"ffn_norm.weight", D, 0, 0, 0.0, T_ALL},
+        {"ffn_gate.weight", D, F, 0, in_sd, T_SPLIT},
+        {"ffn_up.weight", D, F, 0, in_sd, T_SPLIT},
+        {"ffn_up.weight", D, 2 * F, 0, in_sd, T_FUSED}, /* gate rows, then up rows */
+        {"ffn_down.weight", F, D, 0, resid / sqrt((double)F), T_ALL},
     };
-    bool bias = strcmp(s->arch, "qwen2") == 0, qk_norm = strcmp(s->arch, "qwen3") == 0;
+    unsigned has = arch_tensors(s->arch);
     for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
-        if ((t[i].rows == -1 && !bias) || (t[i].rows == -2 && !qk_norm))
+        if (!(t[i].when & has))
             continue;
         char name[KVP_GGUF_NAME_MAX];
         snprintf(name, sizeof(name), "blk.%d.%s", l, t[i].what);
-        /* weights of exactly 1 would hide a norm applied with the wrong weights: the q/k norms
-         * get weights around 1 instead */
-        bool around1 = t[i].rows == -2;
-        int rc = add_tensor_mean(S, name, t[i].cols, t[i].rows < 0 ? 0 : t[i].rows,
-                                 around1 ? 1.0 : 0.0, around1 ? 0.2 : t[i].sd, err);
+        int rc = add_tensor_mean(S, name, t[i].cols, t[i].rows, t[i].mean, t[i].sd, err);
         if (rc < 0)
             return rc;
     }
@@ -246,7 +273,17 @@ static int add_metadata(struct synth *S, const struct kvp_synth_shape *s, int n_
         (rc = kvp_gguf_writer_set_u32(w, "general.file_type", kvp_quantize_ftype(S->p->type))) <
             0)
         return rc;
-    if (s->rope_scaling) {
+    if (s->sliding_window > 0 &&
+        (rc = ARCH_U32("attention.sliding_window", (uint32_t)s->sliding_window)) < 0)
+        return rc;
+    if (s->rope_scaling && strcmp(s->rope_scaling, "longrope") == 0) {
+        /* as llama.cpp's converter writes Phi-3.5: no type, the original context and the
+         * attention factor sqrt(1 + ln(context / original) / ln(original)) */
+        double f = sqrt(1.0 + log((double)s->n_ctx / s->n_ctx_orig) / log((double)s->n_ctx_orig));
+        if ((rc = ARCH_U32("rope.scaling.original_context_length", (uint32_t)s->n_ctx_orig)) < 0 ||
+            (rc = ARCH_F32("rope.scaling.attn_factor", (float)f)) < 0)
+            return rc;
+    } else if (s->rope_scaling) {
         snprintf(key, sizeof(key), "%s.rope.scaling.type", s->arch);
         if ((rc = kvp_gguf_writer_set_str(w, key, s->rope_scaling)) < 0 ||
             (rc = ARCH_F32("rope.scaling.factor", s->rope_factor)) < 0 ||
@@ -261,9 +298,21 @@ static int add_metadata(struct synth *S, const struct kvp_synth_shape *s, int n_
     return rc;
 }
 
-/* <unk>, <s>, </s>, the 256 byte tokens, then single characters and letter pairs (with and
+/* The control tokens of a family's chat format, which its real vocabulary has and which
+ * llama.cpp looks up by text when it loads the architecture (phi3's <|end|>). */
+static const char *const *arch_specials(const char *arch)
+{
+    static const char *const phi3[] = {"<|endoftext|>", "<|end|>", "<|user|>", "<|assistant|>",
+                                       "<|system|>", NULL};
+    if (strcmp(arch, "phi3") == 0)
+        return phi3;
+    return NULL;
+}
+
+/* <unk>, <s>, </s>, the 256 byte tokens, the architecture's control tokens, then single characters and letter pairs (with and
  * without the U+2581 space mark) up to n tokens; scores favour earlier (shorter) pieces. */
-static int make_vocab(int n, struct kvp_vocab **out, struct kvp_err *err)
+static int make_vocab(int n, const char *const *specials, struct kvp_vocab **out,
+                      struct kvp_err *err)
 {
     char (*text)[16] = calloc((size_t)n, sizeof(*text));
     const char **texts = calloc((size_t)n, sizeof(*texts));
@@ -287,6 +336,10 @@ static int make_vocab(int n, struct kvp_vocab **out, struct kvp_err *err)
     for (int b = 0; b < 256; b++) {
         snprintf(text[i], 16, "<0x%02X>", b);
         types[i++] = KVP_TOKEN_BYTE;
+    }
+    for (int k = 0; specials && specials[k] && i < n; k++) {
+        snprintf(text[i], 16, "%s", specials[k]);
+        types[i++] = KVP_TOKEN_CONTROL;
     }
     /* then "▁", "▁x", "x", "▁xy", "xy", "▁xyz", ... in a fixed order until n */
     long k = -1;
@@ -355,7 +408,7 @@ int kvp_synth_write(const struct kvp_synth_shape *s, const struct kvp_synth_para
     struct synth S = {.p = p};
     struct kvp_vocab *v = NULL;
     int rc;
-    if ((rc = make_vocab(p->n_vocab, &v, err)) < 0)
+    if ((rc = make_vocab(p->n_vocab, arch_specials(s->arch), &v, err)) < 0)
         return rc;
     if ((rc = kvp_pool_init(p->n_threads > 0 ? p->n_threads : 1, &S.pool, err)) < 0)
         goto out_vocab;
@@ -367,6 +420,14 @@ int kvp_synth_write(const struct kvp_synth_shape *s, const struct kvp_synth_para
     }
     double emb_sd = 1.0 / sqrt((double)s->n_embd); /* tied: logits of unit size too */
     if ((rc = add_tensor(&S, "token_embd.weight", s->n_embd, p->n_vocab, emb_sd, err)) < 0)
+        goto out_writer;
+    /* LongRoPE's factors divide each pair's frequency: short ones near 1, long ones larger
+     * (the real ones grow from 1 to tens over the pairs) */
+    if (s->rope_scaling && strcmp(s->rope_scaling, "longrope") == 0 &&
+        ((rc = add_tensor_mean(&S, "rope_factors_short.weight", s->head_dim / 2, 0, 1.0, 0.05,
+                               err)) < 0 ||
+         (rc = add_tensor_mean(&S, "rope_factors_long.weight", s->head_dim / 2, 0, 4.0, 1.0,
+                               err)) < 0))
         goto out_writer;
     for (int l = 0; l < n_layer; l++)
         if ((rc = add_layer(&S, s, l, n_layer, err)) < 0)
