@@ -1,5 +1,6 @@
 /*
- * Model loading: GGUF (architectures `llama`, `qwen2`, `qwen3`, `phi3`) and llama2.c checkpoints into struct kvp_model.
+ * Model loading: GGUF (architectures `llama`, `qwen2`, `qwen3`, `phi3`, `gemma2`,
+ * `gemma3`) and llama2.c checkpoints into struct kvp_model.
  *
  * Every tensor the forward pass reads is looked up by its GGUF name, and its type and shape are
  * checked against the hyperparameters before any pointer into the file is kept, so the forward
@@ -7,6 +8,7 @@
  */
 #include "model/model.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -185,6 +187,35 @@ static int load_rope_scaling(const struct kvp_gguf *g, const char *arch, struct 
     return 0;
 }
 
+/* Gemma 2 and 3 (llama.cpp's keys; the converter already stores Gemma's RMS norm weights as
+ * 1 + w, so they multiply as everywhere else). Gemma 2 alternates local and global layers, the
+ * even ones local; Gemma 3 has five local layers to each global one, a RoPE base of 10000 on
+ * the local ones (llama.cpp's constant; rope.freq_base is the global layers'), q/k norms and
+ * no soft-capping. Query scale: 1/sqrt(head_dim), except Gemma 2 27B (46 layers), whose
+ * query_pre_attn_scalar is n_embd / n_head (llama.cpp picks it by the layer count too). */
+static int load_gemma(const struct kvp_gguf *g, const char *arch, struct kvp_hparams *hp,
+                      struct kvp_err *err)
+{
+    int rc;
+    bool g2 = hp->arch_id == KVP_ARCH_GEMMA2;
+    hp->embd_scale = true;
+    hp->gelu = true;
+    hp->swa_period = g2 ? 2 : 6;
+    if ((rc = get_hparam(g, arch, "attention.sliding_window", true, 0, 1, 1 << 24, &hp->n_swa,
+                         err)) < 0)
+        return rc;
+    if (g2 && ((rc = get_fparam(g, arch, "attn_logit_softcapping", false, 0.0, 0.0, 1e6,
+                                &hp->attn_softcap, err)) < 0 ||
+               (rc = get_fparam(g, arch, "final_logit_softcapping", false, 0.0, 0.0, 1e6,
+                                &hp->final_softcap, err)) < 0))
+        return rc;
+    if (!g2)
+        hp->rope_base_local = 10000.0f;
+    if (g2 && hp->n_layer == 46)
+        hp->attn_scale = (float)(1.0 / sqrt((double)hp->n_embd / hp->n_head));
+    return 0;
+}
+
 static int load_gguf_hparams(const struct kvp_gguf *g, struct kvp_model *m, struct kvp_err *err)
 {
     const char *arch;
@@ -199,14 +230,16 @@ static int load_gguf_hparams(const struct kvp_gguf *g, struct kvp_model *m, stru
         const char *name;
         int id;
     } archs[] = {{"llama", KVP_ARCH_LLAMA}, {"qwen2", KVP_ARCH_QWEN2}, {"qwen3", KVP_ARCH_QWEN3},
-                  {"phi3", KVP_ARCH_PHI3}};
+                  {"phi3", KVP_ARCH_PHI3},   {"gemma2", KVP_ARCH_GEMMA2},
+                  {"gemma3", KVP_ARCH_GEMMA3}};
     m->hp.arch_id = -1;
     for (size_t i = 0; i < sizeof(archs) / sizeof(archs[0]); i++)
         if (strcmp(m->arch, archs[i].name) == 0)
             m->hp.arch_id = archs[i].id;
     if (m->hp.arch_id < 0)
         return kvp_err_set(err, KVP_EUNSUPPORTED,
-                           "architecture '%s' is not supported (supported: llama, qwen2, qwen3, phi3)",
+                           "architecture '%s' is not supported "
+                           "(supported: llama, qwen2, qwen3, phi3, gemma2, gemma3)",
                            m->arch);
     const char *name;
     size_t nlen;
@@ -268,6 +301,13 @@ static int load_gguf_hparams(const struct kvp_gguf *g, struct kvp_model *m, stru
     /* qwen2 and qwen3 rotate split halves; llama files were permuted by the converter to
      * adjacent pairs */
     hp->rope_style = hp->arch_id == KVP_ARCH_LLAMA ? KVP_ROPE_NORM : KVP_ROPE_NEOX;
+    hp->attn_scale = (float)(1.0 / sqrt((double)hp->head_dim));
+    hp->rope_base_local = hp->rope_base;
+    if (hp->arch_id == KVP_ARCH_GEMMA2 || hp->arch_id == KVP_ARCH_GEMMA3) {
+        if ((rc = load_gemma(g, m->arch, hp, err)) < 0)
+            return rc;
+        return 0;
+    }
     /* a sliding window on every layer (some phi3 files declare one longer than any context)
      * is only run where it cannot take effect */
     int window = 0;
@@ -337,7 +377,13 @@ static int bind_gguf_weights(const struct kvp_gguf *g, struct kvp_model *m, stru
             bind_mat(g, NAME("ffn_down.weight"), hp->n_ff, hp->n_embd, &L->w_down, err))
             return err ? err->code : KVP_EFORMAT;
         bool qwen2 = hp->arch_id == KVP_ARCH_QWEN2;
-        if (hp->arch_id == KVP_ARCH_QWEN3 &&
+        bool gemma = hp->arch_id == KVP_ARCH_GEMMA2 || hp->arch_id == KVP_ARCH_GEMMA3;
+        if (gemma &&
+            (bind_vec(g, NAME("post_attention_norm.weight"), hp->n_embd, &L->attn_post_norm,
+                      err) ||
+             bind_vec(g, NAME("post_ffw_norm.weight"), hp->n_embd, &L->ffn_post_norm, err)))
+            return err ? err->code : KVP_EFORMAT;
+        if ((hp->arch_id == KVP_ARCH_QWEN3 || hp->arch_id == KVP_ARCH_GEMMA3) &&
             (bind_vec(g, NAME("attn_q_norm.weight"), hp->head_dim, &L->q_norm, err) ||
              bind_vec(g, NAME("attn_k_norm.weight"), hp->head_dim, &L->k_norm, err)))
             return err ? err->code : KVP_EFORMAT;
@@ -427,6 +473,8 @@ static int model_from_llama2c(struct kvp_llama2c *c, const char *path, struct kv
     hp->rope_style = KVP_ROPE_NORM;
     hp->rope_freq_scale = 1.0f;
     hp->arch_id = KVP_ARCH_LLAMA;
+    hp->attn_scale = (float)(1.0 / sqrt((double)hp->head_dim));
+    hp->rope_base_local = hp->rope_base;
     hp->n_ctx_orig = hp->n_ctx_train;
     hp->rope_attn_factor = 1.0f;
     int64_t d = hp->n_embd, kv = (int64_t)hp->n_head_kv * hp->head_dim, f = hp->n_ff;

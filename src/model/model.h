@@ -27,6 +27,10 @@ enum kvp_arch {
     KVP_ARCH_QWEN2, /* q/k/v biases, NEOX RoPE */
     KVP_ARCH_QWEN3, /* per-head RMS norm of q and k before RoPE, NEOX RoPE */
     KVP_ARCH_PHI3,  /* fused QKV and gate-up weights, LongRoPE factors, NEOX RoPE */
+    KVP_ARCH_GEMMA2, /* sliding window on alternate layers, soft-capped scores and logits,
+                        post-norms, embedding times sqrt(n_embd), GELU */
+    KVP_ARCH_GEMMA3, /* gemma2 without soft-capping, 5 local : 1 global layers, q/k norms,
+                        a RoPE base of its own for the local layers */
 };
 
 /* How the RoPE angles are stretched for contexts beyond the trained one (rope.scaling.type). */
@@ -56,6 +60,18 @@ struct kvp_hparams {
                               n_ctx_train) */
     float rope_attn_factor; /* rope.scaling.attn_factor (1 when absent) */
     float yarn_beta_fast, yarn_beta_slow; /* YaRN ramp ends, in rotations over n_ctx_orig */
+    /* Gemma (zero / false elsewhere) */
+    int n_swa;             /* attention.sliding_window: a local layer's query sees this many
+                              positions, its own included */
+    int swa_period;        /* layer l is local unless (l + 1) % swa_period == 0 (gemma3: 6);
+                              2: layer l is local when l is even (gemma2); 0: no local layers */
+    float rope_base_local; /* RoPE base of the local layers (gemma3: 10000; else rope_base) */
+    float attn_softcap;    /* scores s -> c·tanh(s / c) before the softmax (0: none) */
+    float final_softcap;   /* the same on the logits */
+    float attn_scale;      /* scores are q·k times this (1/sqrt(head_dim) unless the model
+                              says otherwise) */
+    bool embd_scale;       /* embeddings times sqrt(n_embd) */
+    bool gelu;             /* the gate goes through GELU (tanh form) instead of SiLU */
 };
 
 struct kvp_layer_weights {
@@ -70,7 +86,19 @@ struct kvp_layer_weights {
     struct kvp_mat w_down;   /* [n_embd][n_ff] */
     const float *bq, *bk, *bv, *bo; /* optional biases [q_dim], [kv_dim], [kv_dim], [n_embd] */
     const float *q_norm, *k_norm;   /* qwen3: per-head RMS norm weights [head_dim], or NULL */
+    const float *attn_post_norm;    /* Gemma: RMS norm of the attention output [n_embd], NULL */
+    const float *ffn_post_norm;     /* Gemma: RMS norm of the feed-forward output, or NULL */
 };
+
+/* Whether layer l of a model with these hyperparameters attends within a sliding window. */
+static inline bool kvp_layer_is_local(const struct kvp_hparams *hp, int l)
+{
+    if (hp->n_swa <= 0 || hp->swa_period <= 0)
+        return false;
+    if (hp->swa_period == 2)
+        return l % 2 == 0;
+    return (l + 1) % hp->swa_period != 0;
+}
 
 struct kvp_model {
     char arch[32];

@@ -20,9 +20,16 @@ static double yarn_pair(int d, int n_ctx_orig, double beta, double base)
     return d * log(n_ctx_orig / (beta * 2.0 * M_PI)) / (2.0 * log(base));
 }
 
-void kvp_rope_freqs(const struct kvp_model *m, int n_ctx, double *inv_freq, double *mscale)
+void kvp_rope_freqs(const struct kvp_model *m, int n_ctx, bool local, double *inv_freq,
+                    double *mscale)
 {
     const struct kvp_hparams *hp = &m->hp;
+    if (local) {
+        for (int i = 0; i < hp->head_dim / 2; i++)
+            inv_freq[i] = pow((double)hp->rope_base_local, -2.0 * i / hp->head_dim);
+        *mscale = 1.0;
+        return;
+    }
     /* LongRoPE: the long factors once the context exceeds the original one, as llama.cpp picks
      * them (by the context's size, not the position), cos and sin times attn_factor */
     const float *factors = m->rope_freqs;

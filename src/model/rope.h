@@ -10,7 +10,8 @@
 #include "model/model.h"
 
 /* inv_freq[head_dim / 2] and *mscale (cos and sin are multiplied by it) for contexts of n_ctx
- * tokens. */
-void kvp_rope_freqs(const struct kvp_model *m, int n_ctx, double *inv_freq, double *mscale);
+ * tokens; local: the sliding-window layers' own (Gemma 3: rope_base_local, no scaling). */
+void kvp_rope_freqs(const struct kvp_model *m, int n_ctx, bool local, double *inv_freq,
+                    double *mscale);
 
 #endif

@@ -52,6 +52,16 @@ static const struct kvp_synth_shape shapes[] = {
     {SHAPE("Phi-3.5-mini", "phi3", 3072, 32, 32, 32, 96, 8192, 32064, 131072, 10000.0f, 1e-5f,
            false),
      .rope_scaling = "longrope", .n_ctx_orig = 4096, .sliding_window = 262144},
+    /* Gemma 2 2B: local (4096-token window) and global layers alternate, scores capped at 50
+     * and logits at 30 (attn_logit_softcapping, final_logit_softcapping) */
+    {SHAPE("Gemma-2-2B", "gemma2", 2304, 26, 8, 4, 256, 9216, 256000, 8192, 10000.0f, 1e-6f,
+           true),
+     .sliding_window = 4096, .attn_softcap = 50.0f, .final_softcap = 30.0f},
+    /* Gemma 3 1B: five local layers (512-token window, RoPE base 10000) to each global one
+     * (base 1e6) */
+    {SHAPE("Gemma-3-1B", "gemma3", 1152, 26, 4, 1, 256, 6912, 262144, 32768, 1000000.0f, 1e-6f,
+           true),
+     .sliding_window = 512},
     {SHAPE("Qwen3-0.6B", "qwen3", 1024, 28, 16, 8, 128, 3072, 151936, 40960, 1000000.0f, 1e-6f,
            true)},
     {SHAPE("Qwen3-1.7B", "qwen3", 2048, 28, 16, 8, 128, 6144, 151936, 40960, 1000000.0f, 1e-6f,
@@ -186,7 +196,8 @@ enum tensor_when {
     T_SPLIT = 2,    /* separate q, k, v and gate, up (all but phi3) */
     T_FUSED = 4,    /* phi3's attn_qkv and gate-up ffn_up */
     T_BIAS = 8,     /* qwen2's q/k/v biases */
-    T_QK_NORM = 16, /* qwen3's per-head q/k norms */
+    T_QK_NORM = 16, /* qwen3's and gemma3's per-head q/k norms */
+    T_POST_NORM = 32, /* Gemma's norms of the attention and feed-forward outputs */
 };
 
 static unsigned arch_tensors(const char *arch)
@@ -197,6 +208,10 @@ static unsigned arch_tensors(const char *arch)
         return T_ALL | T_SPLIT | T_BIAS;
     if (strcmp(arch, "qwen3") == 0)
         return T_ALL | T_SPLIT | T_QK_NORM;
+    if (strcmp(arch, "gemma2") == 0)
+        return T_ALL | T_SPLIT | T_POST_NORM;
+    if (strcmp(arch, "gemma3") == 0)
+        return T_ALL | T_SPLIT | T_QK_NORM | T_POST_NORM;
     return T_ALL | T_SPLIT;
 }
 
@@ -230,6 +245,8 @@ static int add_layer(struct synth *S, const struct kvp_synth_shape *s, int l, in
         {"ffn_up.weight", D, F, 0, in_sd, T_SPLIT},
         {"ffn_up.weight", D, 2 * F, 0, in_sd, T_FUSED}, /* gate rows, then up rows */
         {"ffn_down.weight", F, D, 0, resid / sqrt((double)F), T_ALL},
+        {"post_attention_norm.weight", D, 0, 1.0, 0.2, T_POST_NORM},
+        {"post_ffw_norm.weight", D, 0, 1.0, 0.2, T_POST_NORM},
     };
     unsigned has = arch_tensors(s->arch);
     for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
@@ -237,7 +254,11 @@ static int add_layer(struct synth *S, const struct kvp_synth_shape *s, int l, in
             continue;
         char name[KVP_GGUF_NAME_MAX];
         snprintf(name, sizeof(name), "blk.%d.%s", l, t[i].what);
-        int rc = add_tensor_mean(S, name, t[i].cols, t[i].rows, t[i].mean, t[i].sd, err);
+        /* Gemma files store every norm weight as 1 + w (the converter adds the 1): all of
+         * them around 1, so that a norm applied with the wrong convention shows */
+        bool norm_around1 = (has & T_POST_NORM) && t[i].rows == 0 && t[i].sd == 0.0;
+        int rc = add_tensor_mean(S, name, t[i].cols, t[i].rows, norm_around1 ? 1.0 : t[i].mean,
+                                 norm_around1 ? 0.2 : t[i].sd, err);
         if (rc < 0)
             return rc;
     }
@@ -273,6 +294,9 @@ static int add_metadata(struct synth *S, const struct kvp_synth_shape *s, int n_
         (rc = kvp_gguf_writer_set_u32(w, "general.file_type", kvp_quantize_ftype(S->p->type))) <
             0)
         return rc;
+    if (s->attn_softcap > 0 && ((rc = ARCH_F32("attn_logit_softcapping", s->attn_softcap)) < 0 ||
+                                (rc = ARCH_F32("final_logit_softcapping", s->final_softcap)) < 0))
+        return rc;
     if (s->sliding_window > 0 &&
         (rc = ARCH_U32("attention.sliding_window", (uint32_t)s->sliding_window)) < 0)
         return rc;
@@ -304,8 +328,11 @@ static const char *const *arch_specials(const char *arch)
 {
     static const char *const phi3[] = {"<|endoftext|>", "<|end|>", "<|user|>", "<|assistant|>",
                                        "<|system|>", NULL};
+    static const char *const gemma[] = {"<start_of_turn>", "<end_of_turn>", NULL};
     if (strcmp(arch, "phi3") == 0)
         return phi3;
+    if (strncmp(arch, "gemma", 5) == 0)
+        return gemma;
     return NULL;
 }
 
