@@ -981,6 +981,13 @@ int kvp_forward_pass(struct kvp_shared *sh, const struct kvp_pass_item *items, i
     sh->n_rows = row;
     if (n_single >= KVP_SINGLES_LANES)
         kvp_shared_pack(sh);
+    for (int i = 0; i < n_items; i++) {
+        /* sliding-window layers map this pass's blocks onto their rings */
+        int rc = kvp_kvcache_ring_advance(&items[i].c->kv, items[i].c->n_tokens + items[i].n,
+                                          err);
+        if (rc < 0)
+            return rc;
+    }
     for (int i = 0; i < n_items; i++)
         kvp_kv_batch_begin(items[i].c);
     kvp_pool_run(sh->pool, forward_worker, sh);

@@ -13,9 +13,33 @@
 
 /* ---- lifetime ------------------------------------------------------------------------------ */
 
+/* The cache of a model with sliding-window layers: each of them a ring of its window
+ * (kvcache.h), untiered only. */
+static int kvp_kv_init_windowed(struct kvp_ctx *c, const struct kvp_ctx_params *p,
+                                struct kvp_err *err)
+{
+    const struct kvp_hparams *hp = &c->hp;
+    if (p->kv_tier != KVP_TIER_NONE)
+        return kvp_err_set(err, KVP_EUNSUPPORTED,
+                           "%s: a tiered KV cache is not supported with sliding-window layers",
+                           c->model->arch);
+    int *window = calloc((size_t)hp->n_layer, sizeof(int));
+    if (!window)
+        return kvp_err_set(err, KVP_ENOMEM, "out of memory");
+    for (int l = 0; l < hp->n_layer; l++)
+        window[l] = kvp_layer_is_local(hp, l) ? hp->n_swa : 0;
+    int rc = kvp_kvcache_init_windowed(&c->kv, hp->n_layer, hp->n_head_kv, hp->head_dim,
+                                       p->block_size, p->n_ctx, p->type_k, p->type_v, window,
+                                       c->sh->n_batch, err);
+    free(window);
+    return rc;
+}
+
 int kvp_kv_init(struct kvp_ctx *c, const struct kvp_ctx_params *p, struct kvp_err *err)
 {
     const struct kvp_hparams *hp = &c->hp;
+    if (hp->n_swa > 0) /* sliding-window layers keep a ring of their window */
+        return kvp_kv_init_windowed(c, p, err);
     if (p->kv_tier == KVP_TIER_NONE)
         return kvp_kvcache_init(&c->kv, hp->n_layer, hp->n_head_kv, hp->head_dim, p->block_size,
                                 p->n_ctx, p->type_k, p->type_v, err);
