@@ -513,7 +513,45 @@ struct arch_case {
 
 /* The shape ac narrowed, written in type, against the reference in a context of n_ctx tokens
  * (and against llama.cpp where it knows the architecture and runs the same context). */
+/* Requantize the F32 file at path with llama.cpp's llama-quantize to qtype ("Q8_0", "Q4_K"),
+ * in place; false when the peer is absent (outside CI). */
+static bool llama_quantize(const char *path, const char *qtype)
+{
+    const char *bin = kvp_test_shared("peers/llama.cpp/bin/llama-quantize");
+    if (!bin) {
+        const char *ci = getenv("CI");
+        assert_false(ci && strcmp(ci, "true") == 0);
+        print_message("../shared/peers/llama.cpp/bin/llama-quantize not found: skipped\n");
+        return false;
+    }
+    char *q = kvp_test_tmpfile(".gguf"), cmd[8192];
+    snprintf(cmd, sizeof(cmd), "'%s' '%s' '%s' %s 2 2>&1 && mv '%s' '%s'", bin, path, q, qtype,
+             q, path);
+    char *out = NULL;
+    int rc = kvp_test_run(cmd, &out, 1);
+    if (rc != 0)
+        print_message("%s\n", out ? out : "");
+    assert_int_equal(rc, 0);
+    free(out);
+    free(q);
+    return true;
+}
+
+static void check_case_file(const struct arch_case *ac, int type, int n_ctx, const char *lq);
+
 static void check_case(const struct arch_case *ac, int type, int n_ctx)
+{
+    check_case_file(ac, type, n_ctx, NULL);
+}
+
+/* The case with its F32 file requantized by llama-quantize to lq (decode only: the mat-vec
+ * path, every layer's types as llama.cpp chose them). */
+static void check_llama_quantized(const struct arch_case *ac, const char *lq)
+{
+    check_case_file(ac, KVP_TYPE_F32, 64, lq);
+}
+
+static void check_case_file(const struct arch_case *ac, int type, int n_ctx, const char *lq)
 {
     struct kvp_synth_shape s = reduced(ac->shape, ac->div, ac->head_div);
     if (ac->n_ctx_orig)
@@ -526,8 +564,19 @@ static void check_case(const struct arch_case *ac, int type, int n_ctx)
                                  .n_threads = 2};
     struct kvp_err err = {0};
     assert_int_equal(kvp_synth_write(&s, &p, path, NULL, &err), 0);
+    if (lq && !llama_quantize(path, lq)) {
+        remove(path);
+        free(path);
+        return;
+    }
     kvp_model *m = NULL;
     assert_int_equal(kvp_model_open(path, NULL, &m, &err), 0);
+    if (lq) {
+        struct kvp_model_info in;
+        kvp_model_get_info(m, &in);
+        type = in.weight_type; /* the most common matrix type: not F32 */
+        assert_int_not_equal(type, KVP_TYPE_F32);
+    }
     int32_t ids[64];
     size_t nt = 0;
     assert_int_equal(kvp_tokenize(m, TEXT, strlen(TEXT), true, ids, 64, &nt, &err), 0);
@@ -539,7 +588,7 @@ static void check_case(const struct arch_case *ac, int type, int n_ctx)
      * a quantized type's activations are quantized on decode's path and, where the integer GEMM
      * takes the type, on prefill's */
     double *bound = NULL, *truth = NULL;
-    for (int decode = 0; decode < 2; decode++) {
+    for (int decode = lq ? 1 : 0; decode < 2; decode++) {
         struct quant_model qm = {.prefill = !decode, .n_rows = decode ? 1 : n};
         if (!truth || type != KVP_TYPE_F32) {
             free(truth), free(bound);
@@ -552,9 +601,10 @@ static void check_case(const struct arch_case *ac, int type, int n_ctx)
             bmax = fmax(bmax, bound[i]), lmax = fmax(lmax, fabs(truth[i]));
         double *bad = reference(m, ids, n, n_ctx, ac->defect, &qm, NULL);
         double bad_ratio = bound_ratio_d(bad, truth, bound, nl);
-        print_message("%s %s %s, context %d: |kvpred - reference| at most %.3g of the bound (largest bound "
+        print_message("%s %s%s %s, context %d: |kvpred - reference| at most %.3g of the bound (largest bound "
                       "%.3g, largest logit %.3g); the reference with the planted defect is %.3g "
-                      "of it\n", ac->shape, kvp_type_name(type), decode ? "decode" : "prefill", n_ctx,
+                      "of it\n", ac->shape, kvp_type_name(type), lq ? " (llama-quantize)" : "",
+                      decode ? "decode" : "prefill", n_ctx,
                       ratio, bmax, lmax, bad_ratio);
         assert_true(ratio <= 1);
         /* the defect fails the comparison: with f32 arithmetic by orders of magnitude (measured
@@ -695,6 +745,31 @@ static void test_gemma3(void **state)
     check_case(&ac, KVP_TYPE_Q8_0, 64);
 }
 
+/* Files quantized by llama.cpp's quantizer (Q8_0, and Q4_K_M: Q4_K with Q6_K for some
+ * tensors, and its fallbacks where rows are not a multiple of 256) load, with the types
+ * llama.cpp picked per tensor, and match the reference on their dequantized weights within the
+ * bound of 8-bit activations. The peer's quantizer predates qwen3 and gemma3: their K-quant
+ * files come from kvpred's own quantizer (the same block formats). */
+static void test_quantized(void **state)
+{
+    (void)state;
+    static const struct arch_case by_llama[] = {
+        {"Phi-3.5-mini", 8, 8, 2, 256, 0, DEFECT_LONGROPE_SWAPPED, false},
+        /* rows of 256 and 1024: Q4_K_M's own blocks (Q4_K, Q6_K) */
+        {"Gemma-2-2B", 9, 4, 2, 0, 5, DEFECT_WINDOW_OFF_BY_ONE, false},
+    };
+    for (size_t i = 0; i < sizeof(by_llama) / sizeof(by_llama[0]); i++) {
+        check_llama_quantized(&by_llama[i], "Q8_0");
+        check_llama_quantized(&by_llama[i], "Q4_K");
+    }
+    static const struct arch_case by_kvpred[] = {
+        {"Qwen3-0.6B", 8, 8, 2, 0, 0, DEFECT_NO_Q_NORM, false},
+        {"Gemma-3-1B", 9, 2, 6, 0, 5, DEFECT_WINDOW_OFF_BY_ONE, false},
+    };
+    for (size_t i = 0; i < sizeof(by_kvpred) / sizeof(by_kvpred[0]); i++)
+        check_case(&by_kvpred[i], KVP_TYPE_Q4_K, 64);
+}
+
 /* Gemma 3 1B's layer pattern (22 local layers with a window of 512, 4 global) at 32768 tokens,
  * filled in passes of 512 as a long prompt is: every local layer holds at most its ring (the
  * window plus a pass, rounded to blocks, plus 2) and still every block its window needs, the
@@ -748,6 +823,7 @@ int main(void)
         cmocka_unit_test(test_gemma2),
         cmocka_unit_test(test_gemma3),
         cmocka_unit_test(test_window_ring_32k),
+        cmocka_unit_test(test_quantized),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
