@@ -770,6 +770,50 @@ static void test_quantized(void **state)
         check_case(&by_kvpred[i], KVP_TYPE_Q4_K, 64);
 }
 
+/* A file of each family without a chat template formats a prompt in its family's format, and
+ * the family's control tokens (which the synthetic vocabulary carries for phi3 and Gemma) are
+ * single tokens when special tokens are parsed. */
+static void test_chat_families(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *shape, *marker, *control;
+    } fam[] = {
+        {"Qwen3-0.6B", "<|im_start|>user\nhi<|im_end|>", NULL},
+        {"Phi-3.5-mini", "<|user|>\nhi<|end|>", "<|end|>"},
+        {"Gemma-2-2B", "<start_of_turn>user\nhi<end_of_turn>", "<end_of_turn>"},
+        {"Gemma-3-1B", "<start_of_turn>user\nhi<end_of_turn>", "<start_of_turn>"},
+    };
+    for (size_t i = 0; i < sizeof(fam) / sizeof(fam[0]); i++) {
+        struct kvp_synth_shape s = reduced(fam[i].shape, 1, 1);
+        s.n_embd = 64, s.n_ff = 64, s.n_head = 1, s.n_head_kv = 1, s.head_dim = 64;
+        char *path = kvp_test_tmpfile(".gguf");
+        struct kvp_synth_params p = {.type = KVP_TYPE_F32, .n_layer = 1, .n_vocab = N_VOCAB,
+                                     .seed = 1, .n_threads = 1};
+        struct kvp_err err = {0};
+        assert_int_equal(kvp_synth_write(&s, &p, path, NULL, &err), 0);
+        kvp_model *m = NULL;
+        assert_int_equal(kvp_model_open(path, NULL, &m, &err), 0);
+        char *text = NULL;
+        size_t len = 0;
+        assert_int_equal(kvp_chat_prompt(m, NULL, NULL, "hi", &text, &len, &err), 0);
+        print_message("%s: %s\n", fam[i].shape, text);
+        assert_non_null(strstr(text, fam[i].marker));
+        if (fam[i].control) {
+            int32_t ids[8];
+            size_t n = 0;
+            assert_int_equal(kvp_tokenize_special(m, fam[i].control, strlen(fam[i].control),
+                                                  false, true, ids, 8, &n, &err),
+                             0);
+            assert_int_equal(n, 1);
+        }
+        free(text);
+        kvp_model_close(m);
+        remove(path);
+        free(path);
+    }
+}
+
 /* Gemma 3 1B's layer pattern (22 local layers with a window of 512, 4 global) at 32768 tokens,
  * filled in passes of 512 as a long prompt is: every local layer holds at most its ring (the
  * window plus a pass, rounded to blocks, plus 2) and still every block its window needs, the
@@ -824,6 +868,7 @@ int main(void)
         cmocka_unit_test(test_gemma3),
         cmocka_unit_test(test_window_ring_32k),
         cmocka_unit_test(test_quantized),
+        cmocka_unit_test(test_chat_families),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -662,6 +662,23 @@ int kvp_tokenize_special(const kvp_model *m, const char *text, size_t len, bool 
     return kvp_vocab_encode(m->vocab, text, len, add_bos, parse_special, ids, cap, n_out, err);
 }
 
+/* The chat format each family's instruction-tuned models use (their templates' form). */
+static int family_chat_format(int arch_id)
+{
+    switch (arch_id) {
+    case KVP_ARCH_QWEN2:
+    case KVP_ARCH_QWEN3:
+        return KVP_CHAT_CHATML;
+    case KVP_ARCH_PHI3:
+        return KVP_CHAT_PHI3;
+    case KVP_ARCH_GEMMA2:
+    case KVP_ARCH_GEMMA3:
+        return KVP_CHAT_GEMMA;
+    default:
+        return KVP_CHAT_PLAIN;
+    }
+}
+
 int kvp_chat_prompt(const kvp_model *m, const char *format_name, const char *system,
                     const char *user, char **text, size_t *len, struct kvp_err *err)
 {
@@ -672,6 +689,10 @@ int kvp_chat_prompt(const kvp_model *m, const char *format_name, const char *sys
             return kvp_err_set(err, KVP_EINVAL, "unknown chat format '%s'", format_name);
     } else {
         fmt = m->gguf ? kvp_chat_detect_gguf(m->gguf) : KVP_CHAT_PLAIN;
+        /* a file without a template (converted or synthetic): its family's format */
+        if (fmt == KVP_CHAT_PLAIN && m->gguf &&
+            kvp_gguf_find_key(m->gguf, "tokenizer.chat_template") < 0)
+            fmt = family_chat_format(m->hp.arch_id);
     }
     struct kvp_chat_msg msgs[2];
     size_t n = 0;
