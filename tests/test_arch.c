@@ -252,8 +252,9 @@ static double *reference(const kvp_model *m, const int32_t *ids, int n, int n_ct
     ref_angles(m, n_ctx, false, theta, &mscale, defect);
     ref_angles(m, n_ctx, true, theta_loc, &mscale_loc, defect);
     const bool gemma = hp->arch_id == KVP_ARCH_GEMMA2 || hp->arch_id == KVP_ARCH_GEMMA3;
-    /* Gemma 2 27B's query scale is 1/sqrt(n_embd / n_head), every other model's 1/sqrt(hd) */
-    const double qk = hp->arch_id == KVP_ARCH_GEMMA2 && hp->n_layer == 46
+    /* the Gemma 27B models' query scale is 1/sqrt(n_embd / n_head), every other's 1/sqrt(hd) */
+    const double qk = (hp->arch_id == KVP_ARCH_GEMMA2 && hp->n_layer == 46) ||
+                              (hp->arch_id == KVP_ARCH_GEMMA3 && hp->n_layer == 62)
                           ? (double)D / H : (double)hd;
     const double scale = P(r, 1.0 / P(r, sqrt(qk), 1), 1);
     const double acap = hp->arch_id == KVP_ARCH_GEMMA2 && defect != DEFECT_NO_SOFTCAP

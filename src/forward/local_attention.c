@@ -18,7 +18,10 @@
 
 bool kvp_local_attn_wants(const struct kvp_hparams *hp, int l)
 {
-    return hp->attn_softcap > 0 || kvp_layer_is_local(hp, l);
+    /* the KV step's kernels scale scores by 1/sqrt(head_dim): another scale runs here too */
+    const float usual = 1.0f / sqrtf((float)hp->head_dim); /* a rounding apart at most */
+    return hp->attn_softcap > 0 || kvp_layer_is_local(hp, l) ||
+           fabsf(hp->attn_scale - usual) > 1e-6f * usual;
 }
 
 /* First position a query at pos sees in layer l. */

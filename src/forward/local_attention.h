@@ -1,7 +1,8 @@
 /*
  * Attention of the layers the KV step (kv_step.h) does not run: sliding-window layers (Gemma's
  * local layers: a query at position p sees positions p - n_swa + 1 .. p) and layers whose
- * scores are soft-capped (Gemma 2: s -> c·tanh(s / c) before the softmax). Dense over the
+ * scores are soft-capped (Gemma 2: s -> c·tanh(s / c) before the softmax) or scaled otherwise
+ * than by 1/sqrt(head_dim) (the Gemma 27B models). Dense over the
  * visible keys, prefill and decode alike, for every sequence of the pass; no policy selects on
  * these layers (a local layer's keys are bounded by its window anyway).
  */

@@ -191,8 +191,9 @@ static int load_rope_scaling(const struct kvp_gguf *g, const char *arch, struct 
  * 1 + w, so they multiply as everywhere else). Gemma 2 alternates local and global layers, the
  * even ones local; Gemma 3 has five local layers to each global one, a RoPE base of 10000 on
  * the local ones (llama.cpp's constant; rope.freq_base is the global layers'), q/k norms and
- * no soft-capping. Query scale: 1/sqrt(head_dim), except Gemma 2 27B (46 layers), whose
- * query_pre_attn_scalar is n_embd / n_head (llama.cpp picks it by the layer count too). */
+ * no soft-capping. Query scale: 1/sqrt(head_dim), except the 27B models (Gemma 2: 46 layers,
+ * Gemma 3: 62), whose query_pre_attn_scalar is n_embd / n_head (llama.cpp picks it by the layer
+ * count too). */
 static int load_gemma(const struct kvp_gguf *g, const char *arch, struct kvp_hparams *hp,
                       struct kvp_err *err)
 {
@@ -211,7 +212,7 @@ static int load_gemma(const struct kvp_gguf *g, const char *arch, struct kvp_hpa
         return rc;
     if (!g2)
         hp->rope_base_local = 10000.0f;
-    if (g2 && hp->n_layer == 46)
+    if ((g2 && hp->n_layer == 46) || (!g2 && hp->n_layer == 62)) /* Gemma 2 / Gemma 3 27B */
         hp->attn_scale = (float)(1.0 / sqrt((double)hp->n_embd / hp->n_head));
     return 0;
 }
