@@ -29,6 +29,7 @@
 #include "kvpred.h"
 #include "model/model.h"
 #include "model/synth.h"
+#include "policy/policy.h"
 #include "testutil.h"
 
 #define MCA_RUNS 10
@@ -815,6 +816,90 @@ static void test_chat_families(void **state)
     }
 }
 
+/* quest with its select and on_step recording the layers they are called for */
+static const struct kvp_policy_ops *rec_inner;
+static unsigned long long rec_layers;
+
+static void rec_select(struct kvp_policy *p, int layer, int kvh, const float *q, int n_tokens,
+                       struct kvp_sel *sel)
+{
+    __atomic_or_fetch(&rec_layers, 1ull << layer, __ATOMIC_RELAXED);
+    rec_inner->select(p, layer, kvh, q, n_tokens, sel);
+}
+
+static void rec_on_step(struct kvp_policy *p, int layer, int kvh, const struct kvp_sel *sel,
+                        const float *probs, int probs_stride, int n_tokens)
+{
+    __atomic_or_fetch(&rec_layers, 1ull << layer, __ATOMIC_RELAXED);
+    if (rec_inner->on_step)
+        rec_inner->on_step(p, layer, kvh, sel, probs, probs_stride, n_tokens);
+}
+
+/* Gemma 3 (six layers: 0-4 local, 5 global, window 5): a selection policy (quest) is called on
+ * the global layer only, its decode logits are finite, and with a budget of the whole context
+ * equal the dense ones within the f32 bound's order (same keys, another summation); policies
+ * that evict are refused with one error, and Gemma 2 (soft-capped global layers) takes full
+ * attention only. */
+static void test_policy_global_layers(void **state)
+{
+    (void)state;
+    struct kvp_synth_shape s = reduced("Gemma-3-1B", 9, 2);
+    s.sliding_window = 5;
+    char *path = kvp_test_tmpfile(".gguf");
+    struct kvp_synth_params p = {.type = KVP_TYPE_F32, .n_layer = 6, .n_vocab = N_VOCAB,
+                                 .seed = 11, .n_threads = 2};
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_synth_write(&s, &p, path, NULL, &err), 0);
+    kvp_model *m = NULL;
+    assert_int_equal(kvp_model_open(path, NULL, &m, &err), 0);
+    int32_t ids[64];
+    size_t nt = 0;
+    assert_int_equal(kvp_tokenize(m, TEXT, strlen(TEXT), true, ids, 64, &nt, &err), 0);
+    int n = (int)nt;
+    float *dense = kvpred_logits(m, ids, n, 64, true);
+    rec_inner = kvp_policy_find("quest");
+    assert_non_null(rec_inner);
+    struct kvp_policy_ops ops = *rec_inner;
+    ops.select = rec_select;
+    ops.on_step = rec_on_step;
+    struct kvp_ctx_params cp = {.n_ctx = 64, .n_threads = 1, .block_size = 4,
+                                .type_k = KVP_KV_F32, .type_v = KVP_KV_F32};
+    float *lg = malloc((size_t)N_VOCAB * sizeof(float));
+    for (int pass = 0; pass < 2; pass++) {
+        /* a budget of 8 tokens, then of the whole context */
+        struct kvp_policy_params pp = {.budget = pass ? 64 : 8, .sink = 2, .local = 2,
+                                       .dense_layers = -1};
+        kvp_ctx *c = NULL;
+        assert_int_equal(kvp_ctx_init(m, &cp, &c, &err), 0);
+        assert_int_equal(kvp_ctx_set_policy_ops(c, &ops, &pp, &err), 0);
+        rec_layers = 0;
+        double worst = 0;
+        for (int i = 0; i < n; i++) {
+            assert_int_equal(kvp_eval(c, ids + i, 1, lg, false, &err), 0);
+            for (int j = 0; j < N_VOCAB; j++) {
+                assert_true(isfinite(lg[j]));
+                worst = fmax(worst, fabs(lg[j] - dense[(size_t)i * N_VOCAB + j]));
+            }
+        }
+        print_message("quest budget %d on Gemma 3's layers: layers selected 0x%llx, max |quest "
+                      "- dense| %.3g\n", pp.budget, rec_layers, worst);
+        assert_true(rec_layers == 1ull << 5); /* the global layer alone */
+        if (pass)
+            assert_true(worst < 1e-4);
+        kvp_ctx_free(c);
+    }
+    kvp_ctx *c = NULL;
+    assert_int_equal(kvp_ctx_init(m, &cp, &c, &err), 0);
+    struct kvp_policy_params snap = {.name = "snapkv", .budget = 8};
+    assert_int_equal(kvp_ctx_set_policy(c, &snap, &err), KVP_EUNSUPPORTED);
+    kvp_ctx_free(c);
+    free(lg);
+    free(dense);
+    kvp_model_close(m);
+    remove(path);
+    free(path);
+}
+
 /* Gemma 3 1B's layer pattern (22 local layers with a window of 512, 4 global) at 32768 tokens,
  * filled in passes of 512 as a long prompt is: every local layer holds at most its ring (the
  * window plus a pass, rounded to blocks, plus 2) and still every block its window needs, the
@@ -870,6 +955,7 @@ int main(void)
         cmocka_unit_test(test_window_ring_32k),
         cmocka_unit_test(test_quantized),
         cmocka_unit_test(test_chat_families),
+        cmocka_unit_test(test_policy_global_layers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1068,13 +1068,23 @@ int kvp_ctx_set_policy_ops(kvp_ctx *c, const struct kvp_policy_ops *ops,
         return rc;
     if (!ops && !(ops = kvp_policy_lookup(params->name, err)))
         return KVP_EINVAL;
-    /* the layers of local_attention.h have no policy hooks yet: a model with any of them runs
-     * dense ("full") only */
-    for (int l = 0; l < c->hp.n_layer; l++)
-        if (kvp_local_attn_wants(&c->hp, l) && strcmp(ops->name, "full") != 0)
-            return kvp_err_set(err, KVP_EUNSUPPORTED,
-                               "policy %s: %s models (sliding-window or soft-capped layers) run "
-                               "with full attention only", ops->name, c->model->arch);
+    /* The layers of local_attention.h have no policy hooks: a sliding-window layer needs no
+     * selection (its keys are bounded by the window), so a policy selects on the global layers
+     * only (Gemma 3). Models whose global layers attend there too (soft-capped or otherwise
+     * scaled scores: Gemma 2, the 27B models) run dense ("full") only, and policies that evict
+     * or watch the prompt's attention, which would also have to see the local layers, are
+     * refused on any model with local layers. */
+    bool local_only = true, any_local = false;
+    for (int l = 0; l < c->hp.n_layer; l++) {
+        any_local |= kvp_local_attn_wants(&c->hp, l);
+        local_only &= !kvp_local_attn_wants(&c->hp, l) || kvp_layer_is_local(&c->hp, l);
+    }
+    if (any_local && strcmp(ops->name, "full") != 0 &&
+        (!local_only || ops->evicting || ops->wants_obs || ops->wants_colsum))
+        return kvp_err_set(err, KVP_EUNSUPPORTED,
+                           "policy %s: on %s (sliding-window or soft-capped layers) only "
+                           "non-evicting selection policies run%s", ops->name, c->model->arch,
+                           local_only ? "" : "; this model takes full attention only");
     if ((rc = kvp_kv_accepts(c, ops, err)) < 0)
         return rc;
     rc = kvp_policy_host_set(&c->pol, ops, params, &c->pol.env, kvp_kv_wants_predictions(c), err);

@@ -7,6 +7,7 @@
 
 #include "core/platform.h"
 #include "forward/context_internal.h"
+#include "forward/local_attention.h"
 #include "forward/prefill_attention.h"
 #include "kv/attention.h"
 #include "store/store.h"
@@ -674,6 +675,15 @@ static const struct kvp_sel *first_step_prediction(struct kvp_ctx *c, int l)
     return kvp_policy_next(&c->pol, l, 0);
 }
 
+/* The last layer this step runs (sliding-window layers attend in local_attention.c). */
+static int last_kv_step_layer(const struct kvp_hparams *hp)
+{
+    int l = hp->n_layer - 1;
+    while (l > 0 && kvp_local_attn_wants(hp, l))
+        l--;
+    return l;
+}
+
 static void prefill(struct kvp_ctx *c, int l, int ith)
 {
     const struct kvp_hparams *hp = &c->hp;
@@ -693,7 +703,7 @@ static void prefill(struct kvp_ctx *c, int l, int ith)
             .q_last = c->q + (size_t)(n - 1) * hp->n_head * hp->head_dim,
         };
         kvp_policy_on_prefill(&c->pol, l, &ob);
-        if (l == c->hp.n_layer - 1) /* every layer has seen the prompt */
+        if (l == last_kv_step_layer(&c->hp)) /* every layer has seen the prompt */
             c->pol_seen = c->job_end;
     }
     if (c->store)
