@@ -230,7 +230,10 @@ size_t kvp_ctx_pack_weights(kvp_ctx *ctx);
 
 /* Forget every cached token. */
 void kvp_ctx_reset(kvp_ctx *ctx);
-/* Drop every cached token at position >= n (n <= the current count). */
+/* Drop every cached token at position >= n (n <= the current count). On a model with
+ * sliding-window layers, whose rings have already given up the keys a cut that far back would
+ * need, it drops every token instead (kvp_ctx_n_tokens() then says 0): evaluating from the cut
+ * would read keys that are gone. */
 void kvp_ctx_truncate(kvp_ctx *ctx, int n);
 /* Tokens currently in the cache (the position of the next token). */
 int kvp_ctx_n_tokens(const kvp_ctx *ctx);

@@ -7,6 +7,7 @@
 #include "cli/cli.h"
 #include "cli/common.h"
 #include "kernels/types.h"
+#include "kv/kvcache.h"
 #include "model/model.h"
 #include "tokenizer/vocab.h"
 
@@ -16,7 +17,8 @@ static void help(void)
            "[-ctv T] [--json]\n\n"
            "Show architecture, shapes, tensor types, tokenizer and memory needs.\n"
            "KV memory is for keys and values of the types -ctk / -ctv (default f16) at context\n"
-           "CTX (default: the model's), block padding included.\n");
+           "CTX (default: the model's), block padding included. Sliding-window layers (Gemma)\n"
+           "hold a ring of their window plus one batch of 512 tokens, whatever the context.\n");
 }
 
 int cmd_info(int argc, char **argv)
@@ -37,6 +39,18 @@ int cmd_info(int argc, char **argv)
     double kv_per_token =
         (double)kvp_kv_bytes_per_token(m, mo.type_k, mo.type_v, (int)mo.block_size);
     const char *tk = kvp_kv_type_name(mo.type_k), *tv = kvp_kv_type_name(mo.type_v);
+    /* each layer holds kv_per_layer bytes a token; a sliding-window layer at most its ring */
+    double kv_per_layer = kv_per_token / in.n_layer;
+    int n_local = 0, bs = mo.block_size > 0 ? (int)mo.block_size : 16;
+    for (int l = 0; l < in.n_layer; l++)
+        n_local += kvp_layer_is_local(&m->hp, l);
+    long max_blocks = (n_ctx + bs - 1) / bs;
+    long ring_tokens = n_local ? (long)kvp_kvcache_ring_blocks(m->hp.n_swa, 512, bs,
+                                                               (int)max_blocks) * bs
+                               : 0;
+    double kv_at_ctx = kv_per_layer * ((double)(in.n_layer - n_local) * (double)n_ctx +
+                                       (double)n_local * (double)(ring_tokens < n_ctx ? ring_tokens
+                                                                                      : n_ctx));
     const char *tok_model = "none";
     int n_tokens = 0;
     if (m->vocab) {
@@ -83,7 +97,12 @@ int cmd_info(int argc, char **argv)
         cJSON_AddStringToObject(o, "kv_type_v", tv);
         cJSON_AddNumberToObject(o, "kv_bytes_per_token", kv_per_token);
         cJSON_AddNumberToObject(o, "n_ctx", (double)n_ctx);
-        cJSON_AddNumberToObject(o, "kv_bytes_at_ctx", kv_per_token * (double)n_ctx);
+        cJSON_AddNumberToObject(o, "kv_bytes_at_ctx", kv_at_ctx);
+        cJSON_AddNumberToObject(o, "kv_bytes_per_token_per_layer", kv_per_layer);
+        cJSON_AddNumberToObject(o, "n_global_layers", in.n_layer - n_local);
+        cJSON_AddNumberToObject(o, "n_local_layers", n_local);
+        cJSON_AddNumberToObject(o, "sliding_window", n_local ? m->hp.n_swa : 0);
+        cJSON_AddNumberToObject(o, "local_ring_tokens", (double)ring_tokens);
         char *s = cJSON_Print(o);
         printf("%s\n", s);
         cJSON_free(s);
@@ -101,7 +120,13 @@ int cmd_info(int argc, char **argv)
         printf("feed-forward   %d\n", in.n_ff);
         printf("context        %d (training)\n", in.n_ctx_train);
         printf("rms_norm_eps   %g\n", in.norm_eps);
-        printf("rope           adjacent pairs, base %g\n", in.rope_base);
+        printf("rope           %s, base %g%s\n",
+               m->hp.rope_style == KVP_ROPE_NEOX ? "split halves" : "adjacent pairs",
+               in.rope_base,
+               m->hp.rope_scaling == KVP_ROPE_SCALING_YARN     ? ", YaRN"
+               : m->hp.rope_scaling == KVP_ROPE_SCALING_LINEAR ? ", linear scaling"
+               : m->rope_factors_short                         ? ", LongRoPE"
+                                                               : "");
         printf("output         %s\n", in.tied_output ? "tied to token_embd" : "separate");
         printf("matrix types  ");
         for (int t = 0; t < KVP_TYPE_COUNT; t++)
@@ -110,7 +135,14 @@ int cmd_info(int argc, char **argv)
         printf("\n");
         printf("tokenizer      %s, %d tokens\n", tok_model, n_tokens);
         printf("KV cache       %.0f bytes/token (K %s, V %s), %.2f MiB at context %ld\n",
-               kv_per_token, tk, tv, kv_per_token * (double)n_ctx / 1048576.0, n_ctx);
+               n_local ? kv_per_layer * (in.n_layer - n_local) : kv_per_token, tk, tv,
+               kv_at_ctx / 1048576.0, n_ctx);
+        if (n_local)
+            printf("KV per layer   %.0f bytes/token; %d global layers grow with the context, %d "
+                   "sliding-window layers (window %d) hold at most %ld tokens each (%.2f MiB at "
+                   "context %ld where dense layers would take %.2f MiB)\n",
+                   kv_per_layer, in.n_layer - n_local, n_local, m->hp.n_swa, ring_tokens,
+                   kv_at_ctx / 1048576.0, n_ctx, kv_per_token * (double)n_ctx / 1048576.0);
     }
     kvp_model_close(m);
     return 0;

@@ -68,7 +68,9 @@ struct kvp_shared {
     int n_batch;                   /* rows (tokens of all sequences) per forward pass */
     int n_ctx;                     /* longest context the per-thread scratch serves */
     bool exact;                    /* kvp_engine_params.exact */
-    double *inv_freq;              /* [head_dim/2] base^(-2i/hd) */
+    double *inv_freq;              /* [head_dim/2] angle per position of each pair (rope.h) */
+    double rope_mscale;            /* cos and sin are multiplied by it (YaRN; else 1) */
+    double *inv_freq_local;        /* [head_dim/2] the local layers' own (Gemma 3), or NULL */
 
     /* batch activations, [n_batch][width] row-major */
     float *x;      /* [n_embd] residual stream */
@@ -80,6 +82,7 @@ struct kvp_shared {
     float *gate;   /* [n_ff] */
     float *up;     /* [n_ff] */
     float *rope;   /* [n_batch][hd] cos/sin pairs for the rows' positions */
+    float *rope_local; /* the same for the local layers when inv_freq_local, else NULL */
     int32_t *row_tok;  /* [n_batch] token of each row */
     int32_t *row_pos;  /* [n_batch] position of each row in its sequence */
 

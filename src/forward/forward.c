@@ -26,11 +26,13 @@
 #include "core/platform.h"
 #include "forward/context_internal.h"
 #include "forward/kv_step.h"
+#include "forward/local_attention.h"
 #include "forward/sparse_prefill.h"
 #include "kernels/prefill_gemm.h"
 #include "kernels/simd.h"
 #include "kernels/types.h"
 #include "kv/attention.h"
+#include "model/rope.h"
 #include "policy/host.h"
 
 /* ---- setup -------------------------------------------------------------------------------- */
@@ -119,11 +121,16 @@ int kvp_shared_init(const struct kvp_model *model, int n_threads, int n_batch, i
         if (!s->kc || !s->vc || !s->s || !s->tile || !s->xq || !s->xv || !s->xvp || !s->yvp)
             goto fail_nomem;
     }
-    for (int i = 0; i < hp->head_dim / 2; i++) {
-        /* θ_i = pos · base^(−2i/d) · freq_scale / ff_i (../shared/docs/formats.md §3.4, §3.5) */
-        sh->inv_freq[i] = pow((double)hp->rope_base, -2.0 * i / hp->head_dim) * hp->rope_freq_scale;
-        if (model->rope_freqs)
-            sh->inv_freq[i] /= model->rope_freqs[i];
+    /* θ_i = pos · inv_freq_i: base^(−2i/d), scaled (linear, YaRN) and divided by a file's
+     * frequency factors (model/rope.h) */
+    kvp_rope_freqs(model, n_ctx, false, sh->inv_freq, &sh->rope_mscale);
+    if (hp->n_swa > 0 && hp->rope_base_local != hp->rope_base) {
+        double mscale_local;
+        sh->inv_freq_local = calloc((size_t)hp->head_dim / 2, sizeof(double));
+        sh->rope_local = falloc(nb * hp->head_dim);
+        if (!sh->inv_freq_local || !sh->rope_local)
+            goto fail_nomem;
+        kvp_rope_freqs(model, n_ctx, true, sh->inv_freq_local, &mscale_local);
     }
     /* each pool thread calls sgemm on its own slice: keep OpenBLAS itself single-threaded */
     openblas_set_num_threads(1);
@@ -159,6 +166,8 @@ void kvp_shared_free(struct kvp_shared *sh)
     kvp_free_aligned(sh->xg);
     free_packed(sh);
     free(sh->inv_freq);
+    free(sh->inv_freq_local);
+    kvp_free_aligned(sh->rope_local);
     free(sh->row_tok);
     free(sh->row_pos);
     free(sh->seqs);
@@ -286,6 +295,10 @@ void kvp_ctx_reset(kvp_ctx *c)
 
 void kvp_ctx_truncate(kvp_ctx *c, int n)
 {
+    if (n >= 0 && n < c->n_tokens && !c->store && !kvp_kvcache_truncate_keeps(&c->kv, n)) {
+        kvp_ctx_reset(c); /* a sliding-window ring no longer holds what the cut would need */
+        return;
+    }
     if (n >= 0 && n < c->n_tokens) {
         c->n_tokens = n;
         c->job_end = 0;
@@ -696,6 +709,41 @@ static void rmsnorm(float *out, const float *x, const float *w, int n, float eps
         out[i] = x[i] * scale * w[i];
 }
 
+/* Gemma's post-norms: x[i] += rmsnorm(y[i]) · w for the rows [t0, t1). */
+static void post_norm_add(float *x, float *y, const float *w, int D, float eps, long t0, long t1)
+{
+    for (long i = t0; i < t1; i++) {
+        rmsnorm(y + i * D, y + i * D, w, D, eps);
+        for (int d = 0; d < D; d++)
+            x[i * D + d] += y[i * D + d];
+    }
+}
+
+/* g[j] = GELU(g[j]) · u[j], GELU in its tanh form (Gemma's gelu_pytorch_tanh). */
+static void gelu_mul(float *g, const float *u, long n)
+{
+    const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
+    for (long j = 0; j < n; j++) {
+        float x = g[j];
+        g[j] = 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x))) * u[j];
+    }
+}
+
+/* Soft-capping: v -> cap · tanh(v / cap). */
+static void softcap(float *v, long n, float cap)
+{
+    for (long j = 0; j < n; j++)
+        v[j] = cap * tanhf(v[j] / cap);
+}
+
+/* Qwen3's and Gemma 3's q/k norm: each head of vec normalised on its own, in place, with the
+ * same weights for every head. */
+static void head_rmsnorm(float *vec, int n_heads, int hd, const float *w, float eps)
+{
+    for (int h = 0; h < n_heads; h++)
+        rmsnorm(vec + (size_t)h * hd, vec + (size_t)h * hd, w, hd, eps);
+}
+
 /* Rotate every head in vec (n_heads heads of hd) by the angles in cs: pairs (2i, 2i+1) for NORM,
  * (i, i + hd/2) for NEOX. */
 static void rope_apply(float *vec, int n_heads, int hd, const float *cs, int style)
@@ -743,11 +791,19 @@ static void forward_worker(void *arg, int ith, int nth)
         const uint8_t *row = (const uint8_t *)m->tok_embd.data +
                              (size_t)sh->row_tok[i] * m->tok_embd.row_bytes;
         et->to_f32(row, sh->x + i * D, D);
+        if (hp->embd_scale) /* Gemma: embeddings times sqrt(n_embd) */
+            for (int d = 0; d < D; d++)
+                sh->x[i * D + d] *= sqrtf((float)D);
         double pos = (double)sh->row_pos[i];
         for (int j = 0; j < hd / 2; j++) {
             double th = pos * sh->inv_freq[j];
-            sh->rope[i * hd + 2 * j] = (float)cos(th);
-            sh->rope[i * hd + 2 * j + 1] = (float)sin(th);
+            sh->rope[i * hd + 2 * j] = (float)(cos(th) * sh->rope_mscale);
+            sh->rope[i * hd + 2 * j + 1] = (float)(sin(th) * sh->rope_mscale);
+        }
+        for (int j = 0; sh->rope_local && j < hd / 2; j++) {
+            double th = pos * sh->inv_freq_local[j];
+            sh->rope_local[i * hd + 2 * j] = (float)cos(th);
+            sh->rope_local[i * hd + 2 * j + 1] = (float)sin(th);
         }
     }
     kvp_pool_barrier(sh->pool);
@@ -773,18 +829,36 @@ static void forward_worker(void *arg, int ith, int nth)
         add_bias(sh->v, n, kv_dim, L->bv, r0, r1);
         kvp_pool_barrier(sh->pool);
 
+        const float *cs = sh->rope_local && kvp_layer_is_local(hp, l) ? sh->rope_local
+                                                                      : sh->rope;
         for (long i = t0; i < t1; i++) {
-            rope_apply(sh->q + i * q_dim, hp->n_head, hd, sh->rope + i * hd, hp->rope_style);
-            rope_apply(sh->k + i * kv_dim, hp->n_head_kv, hd, sh->rope + i * hd, hp->rope_style);
+            if (L->q_norm) {
+                head_rmsnorm(sh->q + i * q_dim, hp->n_head, hd, L->q_norm, hp->norm_eps);
+                head_rmsnorm(sh->k + i * kv_dim, hp->n_head_kv, hd, L->k_norm, hp->norm_eps);
+            }
+            rope_apply(sh->q + i * q_dim, hp->n_head, hd, cs + i * hd, hp->rope_style);
+            rope_apply(sh->k + i * kv_dim, hp->n_head_kv, hd, cs + i * hd, hp->rope_style);
         }
-        /* K and V into each sequence's cache, attention into its rows of sh->att (kv_step.h) */
-        kvp_kv_step(sh, l, ith, nth);
+        /* K and V into each sequence's cache, attention into its rows of sh->att (kv_step.h;
+         * sliding-window and soft-capped layers: local_attention.h) */
+        if (kvp_local_attn_wants(hp, l))
+            kvp_local_attn_layer(sh, l, ith, nth);
+        else
+            kvp_kv_step(sh, l, ith, nth);
         kvp_pool_barrier(sh->pool);
 
         kvp_split_range(D, ith, nth, &r0, &r1);
-        matmul(sh, &L->wo, packed(sh, l, 3),
-               sh->att, q_dim, sh->x, D, true, false, r0, r1, ith, nth);
-        add_bias(sh->x, n, D, L->bo, r0, r1);
+        if (L->attn_post_norm) {
+            /* Gemma: the attention output is normalised before it joins the residual */
+            matmul(sh, &L->wo, packed(sh, l, 3),
+                   sh->att, q_dim, sh->xn, D, false, false, r0, r1, ith, nth);
+            kvp_pool_barrier(sh->pool);
+            post_norm_add(sh->x, sh->xn, L->attn_post_norm, D, hp->norm_eps, t0, t1);
+        } else {
+            matmul(sh, &L->wo, packed(sh, l, 3),
+                   sh->att, q_dim, sh->x, D, true, false, r0, r1, ith, nth);
+            add_bias(sh->x, n, D, L->bo, r0, r1);
+        }
         kvp_pool_barrier(sh->pool);
 
         for (long i = t0; i < t1; i++)
@@ -800,14 +874,24 @@ static void forward_worker(void *arg, int ith, int nth)
                sh->xn, D, sh->up, hp->n_ff, false, true, f0, f1, ith, nth);
         for (int i = 0; i < n; i++) {
             float *g = sh->gate + (size_t)i * hp->n_ff, *u = sh->up + (size_t)i * hp->n_ff;
-            for (long j = f0; j < f1; j++)
-                g[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+            if (hp->gelu)
+                gelu_mul(g + f0, u + f0, f1 - f0);
+            else
+                for (long j = f0; j < f1; j++)
+                    g[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
         }
         kvp_pool_barrier(sh->pool);
 
         kvp_split_range(D, ith, nth, &r0, &r1);
-        matmul(sh, &L->w_down, packed(sh, l, 6),
-               sh->gate, hp->n_ff, sh->x, D, true, false, r0, r1, ith, nth);
+        if (L->ffn_post_norm) {
+            matmul(sh, &L->w_down, packed(sh, l, 6),
+                   sh->gate, hp->n_ff, sh->xn, D, false, false, r0, r1, ith, nth);
+            kvp_pool_barrier(sh->pool);
+            post_norm_add(sh->x, sh->xn, L->ffn_post_norm, D, hp->norm_eps, t0, t1);
+        } else {
+            matmul(sh, &L->w_down, packed(sh, l, 6),
+                   sh->gate, hp->n_ff, sh->x, D, true, false, r0, r1, ith, nth);
+        }
         kvp_pool_barrier(sh->pool);
         for (int s = 0; s < sh->n_seqs; s++)
             kvp_kv_layer_done(sh->seqs[s], l, t_layer, ith);
@@ -833,6 +917,14 @@ static void forward_worker(void *arg, int ith, int nth)
     matvec_multi(sh, &m->output, NULL, sh->xn, D, sh->out_single + sh->n_out_decode,
                  sh->n_out_single - sh->n_out_decode, NULL, hp->n_vocab, false, false, r0, r1,
                  ith);
+    /* Gemma 2's logit soft-capping, on the classifier rows this thread computed */
+    if (hp->final_softcap > 0)
+        for (int i = 0; i < sh->n_out_multi + sh->n_out_single; i++) {
+            const struct kvp_row_seg *s = i < sh->n_out_multi ? &sh->out_multi[i]
+                                                              : &sh->out_single[i - sh->n_out_multi];
+            for (int j = 0; j < s->n; j++)
+                softcap(s->y + (size_t)j * hp->n_vocab + r0, r1 - r0, hp->final_softcap);
+        }
 }
 
 void kvp_job_open(struct kvp_ctx *c, int n)
@@ -901,6 +993,13 @@ int kvp_forward_pass(struct kvp_shared *sh, const struct kvp_pass_item *items, i
     sh->n_rows = row;
     if (n_single >= KVP_SINGLES_LANES)
         kvp_shared_pack(sh);
+    for (int i = 0; i < n_items; i++) {
+        /* sliding-window layers map this pass's blocks onto their rings */
+        int rc = kvp_kvcache_ring_advance(&items[i].c->kv, items[i].c->n_tokens + items[i].n,
+                                          err);
+        if (rc < 0)
+            return rc;
+    }
     for (int i = 0; i < n_items; i++)
         kvp_kv_batch_begin(items[i].c);
     kvp_pool_run(sh->pool, forward_worker, sh);
@@ -983,6 +1082,23 @@ int kvp_ctx_set_policy_ops(kvp_ctx *c, const struct kvp_policy_ops *ops,
         return rc;
     if (!ops && !(ops = kvp_policy_lookup(params->name, err)))
         return KVP_EINVAL;
+    /* The layers of local_attention.h have no policy hooks: a sliding-window layer needs no
+     * selection (its keys are bounded by the window), so a policy selects on the global layers
+     * only (Gemma 3). Models whose global layers attend there too (soft-capped or otherwise
+     * scaled scores: Gemma 2, the 27B models) run dense ("full") only, and policies that evict
+     * or watch the prompt's attention, which would also have to see the local layers, are
+     * refused on any model with local layers. */
+    bool local_only = true, any_local = false;
+    for (int l = 0; l < c->hp.n_layer; l++) {
+        any_local |= kvp_local_attn_wants(&c->hp, l);
+        local_only &= !kvp_local_attn_wants(&c->hp, l) || kvp_layer_is_local(&c->hp, l);
+    }
+    if (any_local && strcmp(ops->name, "full") != 0 &&
+        (!local_only || ops->evicting || ops->wants_obs || ops->wants_colsum))
+        return kvp_err_set(err, KVP_EUNSUPPORTED,
+                           "policy %s: on %s (sliding-window or soft-capped layers) only "
+                           "non-evicting selection policies run%s", ops->name, c->model->arch,
+                           local_only ? "" : "; this model takes full attention only");
     if ((rc = kvp_kv_accepts(c, ops, err)) < 0)
         return rc;
     rc = kvp_policy_host_set(&c->pol, ops, params, &c->pol.env, kvp_kv_wants_predictions(c), err);

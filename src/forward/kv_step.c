@@ -7,6 +7,7 @@
 
 #include "core/platform.h"
 #include "forward/context_internal.h"
+#include "forward/local_attention.h"
 #include "forward/prefill_attention.h"
 #include "forward/sparse_prefill.h"
 #include "kv/attention.h"
@@ -14,9 +15,33 @@
 
 /* ---- lifetime ------------------------------------------------------------------------------ */
 
+/* The cache of a model with sliding-window layers: each of them a ring of its window
+ * (kvcache.h), untiered only. */
+static int kvp_kv_init_windowed(struct kvp_ctx *c, const struct kvp_ctx_params *p,
+                                struct kvp_err *err)
+{
+    const struct kvp_hparams *hp = &c->hp;
+    if (p->kv_tier != KVP_TIER_NONE)
+        return kvp_err_set(err, KVP_EUNSUPPORTED,
+                           "%s: a tiered KV cache is not supported with sliding-window layers",
+                           c->model->arch);
+    int *window = calloc((size_t)hp->n_layer, sizeof(int));
+    if (!window)
+        return kvp_err_set(err, KVP_ENOMEM, "out of memory");
+    for (int l = 0; l < hp->n_layer; l++)
+        window[l] = kvp_layer_is_local(hp, l) ? hp->n_swa : 0;
+    int rc = kvp_kvcache_init_windowed(&c->kv, hp->n_layer, hp->n_head_kv, hp->head_dim,
+                                       p->block_size, p->n_ctx, p->type_k, p->type_v, window,
+                                       c->sh->n_batch, err);
+    free(window);
+    return rc;
+}
+
 int kvp_kv_init(struct kvp_ctx *c, const struct kvp_ctx_params *p, struct kvp_err *err)
 {
     const struct kvp_hparams *hp = &c->hp;
+    if (hp->n_swa > 0) /* sliding-window layers keep a ring of their window */
+        return kvp_kv_init_windowed(c, p, err);
     if (p->kv_tier == KVP_TIER_NONE)
         return kvp_kvcache_init(&c->kv, hp->n_layer, hp->n_head_kv, hp->head_dim, p->block_size,
                                 p->n_ctx, p->type_k, p->type_v, err);
@@ -651,6 +676,15 @@ static const struct kvp_sel *first_step_prediction(struct kvp_ctx *c, int l)
     return kvp_policy_next(&c->pol, l, 0);
 }
 
+/* The last layer this step runs (sliding-window layers attend in local_attention.c). */
+static int last_kv_step_layer(const struct kvp_hparams *hp)
+{
+    int l = hp->n_layer - 1;
+    while (l > 0 && kvp_local_attn_wants(hp, l))
+        l--;
+    return l;
+}
+
 static void prefill(struct kvp_ctx *c, int l, int ith)
 {
     const struct kvp_hparams *hp = &c->hp;
@@ -670,7 +704,7 @@ static void prefill(struct kvp_ctx *c, int l, int ith)
             .q_last = c->q + (size_t)(n - 1) * hp->n_head * hp->head_dim,
         };
         kvp_policy_on_prefill(&c->pol, l, &ob);
-        if (l == c->hp.n_layer - 1) /* every layer has seen the prompt */
+        if (l == last_kv_step_layer(&c->hp)) /* every layer has seen the prompt */
             c->pol_seen = c->job_end;
     }
     if (c->store)

@@ -9,7 +9,7 @@
 
 static int kvcache_init(struct kvp_kvcache *c, int n_layer, int n_head_kv, int head_dim,
                         int block_size, int n_ctx, int type_k, int type_v, bool external,
-                        struct kvp_err *err)
+                        const int *window, int n_batch, struct kvp_err *err)
 {
     memset(c, 0, sizeof(*c));
     if (block_size < 1 || block_size > KVP_MAX_BLOCK_SIZE)
@@ -39,6 +39,25 @@ static int kvcache_init(struct kvp_kvcache *c, int n_layer, int n_head_kv, int h
         !kvp_mul_ok(n_tab, c->k_bytes, &k_all) || !kvp_mul_ok(n_tab, c->v_bytes, &v_all))
         return kvp_err_set(err, KVP_ENOMEM, "KV cache size overflows");
     c->n_pool = external ? 0 : (int)n_tab;
+    if (window && !external) {
+        /* a windowed layer's heads hold their ring only (kvcache.h) */
+        c->ring = calloc((size_t)n_layer, sizeof(int32_t));
+        c->ring_end = calloc((size_t)n_layer, sizeof(int32_t));
+        if (!c->ring || !c->ring_end) {
+            kvp_kvcache_free(c);
+            return kvp_err_set(err, KVP_ENOMEM, "out of memory");
+        }
+        size_t pool = 0;
+        for (int l = 0; l < n_layer; l++) {
+            if (window[l] > 0)
+                c->ring[l] = kvp_kvcache_ring_blocks(window[l], n_batch, block_size,
+                                                     c->max_blocks);
+            pool += (size_t)n_head_kv * (c->ring[l] ? (size_t)c->ring[l] : (size_t)c->max_blocks);
+        }
+        c->n_pool = (int)pool;
+        if (!kvp_mul_ok(pool, c->k_bytes, &k_all) || !kvp_mul_ok(pool, c->v_bytes, &v_all))
+            return kvp_err_set(err, KVP_ENOMEM, "KV cache size overflows");
+    }
     if (!external) {
         c->k_pool = kvp_alloc_huge(k_all, 64);
         c->v_pool = kvp_alloc_huge(v_all, 64);
@@ -74,7 +93,7 @@ int kvp_kvcache_init(struct kvp_kvcache *c, int n_layer, int n_head_kv, int head
                      int block_size, int n_ctx, int type_k, int type_v, struct kvp_err *err)
 {
     return kvcache_init(c, n_layer, n_head_kv, head_dim, block_size, n_ctx, type_k, type_v,
-                        false, err);
+                        false, NULL, 0, err);
 }
 
 int kvp_kvcache_init_external(struct kvp_kvcache *c, int n_layer, int n_head_kv, int head_dim,
@@ -82,7 +101,48 @@ int kvp_kvcache_init_external(struct kvp_kvcache *c, int n_layer, int n_head_kv,
                               struct kvp_err *err)
 {
     return kvcache_init(c, n_layer, n_head_kv, head_dim, block_size, n_ctx, type_k, type_v,
-                        true, err);
+                        true, NULL, 0, err);
+}
+
+int kvp_kvcache_init_windowed(struct kvp_kvcache *c, int n_layer, int n_head_kv, int head_dim,
+                              int block_size, int n_ctx, int type_k, int type_v,
+                              const int *window, int n_batch, struct kvp_err *err)
+{
+    return kvcache_init(c, n_layer, n_head_kv, head_dim, block_size, n_ctx, type_k, type_v,
+                        false, window, n_batch > 0 ? n_batch : 1, err);
+}
+
+int kvp_kvcache_ring_advance(struct kvp_kvcache *c, int n_tokens, struct kvp_err *err)
+{
+    if (!c->ring)
+        return 0;
+    int n_blocks = (n_tokens + c->block_size - 1) / c->block_size;
+    if (n_blocks > c->max_blocks)
+        n_blocks = c->max_blocks;
+    for (int l = 0; l < c->n_layer; l++) {
+        const int R = c->ring[l];
+        if (!R || c->ring_end[l] >= n_blocks)
+            continue;
+        for (int h = 0; h < c->n_head_kv; h++) {
+            int lh = kvp_kvcache_lh(c, l, h);
+            int32_t *tab = c->table + (size_t)lh * c->max_blocks;
+            for (int b = c->ring_end[l]; b < n_blocks; b++) {
+                if (tab[b] >= 0)
+                    continue;
+                if (b >= R && tab[b - R] >= 0) { /* the block no query sees any more */
+                    tab[b] = tab[b - R];
+                    tab[b - R] = -1;
+                    c->released[lh]++;
+                } else { /* the live blocks stay within [b - R + 1, b]: the pool has room */
+                    if (c->n_free == 0)
+                        return kvp_err_set(err, KVP_ENOMEM, "KV block pool exhausted");
+                    tab[b] = c->free_stack[--c->n_free];
+                }
+            }
+        }
+        c->ring_end[l] = n_blocks;
+    }
+    return 0;
 }
 
 void kvp_kvcache_attach(struct kvp_kvcache *c, int layer, struct kvp_kvpool pool)
@@ -106,6 +166,8 @@ void kvp_kvcache_free(struct kvp_kvcache *c)
     free(c->compact_limit);
     free(c->pos);
     free(c->pools);
+    free(c->ring);
+    free(c->ring_end);
     pthread_mutex_destroy(&c->pool_lock);
     memset(c, 0, sizeof(*c));
 }
@@ -120,6 +182,8 @@ void kvp_kvcache_clear(struct kvp_kvcache *c)
     memset(c->n_evicted, 0, n_lh * sizeof(int32_t));
     memset(c->released, 0, n_lh * sizeof(int32_t));
     memset(c->compact_limit, 0, n_lh * sizeof(int32_t)); /* every slot is its position again */
+    if (c->ring_end)
+        memset(c->ring_end, 0, (size_t)c->n_layer * sizeof(int32_t));
     /* pop order 0, 1, 2, ...: physical blocks fill the pool front to back */
     c->n_free = c->n_pool;
     c->reserved_blocks = 0;
@@ -166,6 +230,26 @@ static void truncate_compacted(struct kvp_kvcache *c, int lh, int n_tokens)
     c->compact_limit[lh] = lim < n_tokens ? lim : n_tokens;
 }
 
+bool kvp_kvcache_truncate_keeps(const struct kvp_kvcache *c, int n_tokens)
+{
+    if (!c->ring)
+        return true;
+    int last = (n_tokens + c->block_size - 1) / c->block_size; /* blocks holding [0, n_tokens) */
+    for (int l = 0; l < c->n_layer; l++) {
+        if (!c->ring[l])
+            continue;
+        int lo = last > c->ring[l] ? last - c->ring[l] : 0;
+        int hi = last < c->ring_end[l] ? last : c->ring_end[l];
+        for (int h = 0; h < c->n_head_kv; h++) {
+            const int32_t *tab = c->table + ((size_t)l * c->n_head_kv + h) * c->max_blocks;
+            for (int b = lo; b < hi; b++)
+                if (tab[b] < 0)
+                    return false;
+        }
+    }
+    return true;
+}
+
 void kvp_kvcache_truncate(struct kvp_kvcache *c, int n_tokens)
 {
     int bs = c->block_size;
@@ -184,6 +268,16 @@ void kvp_kvcache_truncate(struct kvp_kvcache *c, int n_tokens)
             ev[b] &= keep;
             if (b >= first_gone && tab[b] >= 0)
                 free_block(c, &tab[b]);
+        }
+        if (c->ring && c->ring[lh / c->n_head_kv]) {
+            /* a ring: the blocks it released below the cut stay released */
+            int l = lh / c->n_head_kv, rel = 0;
+            if (c->ring_end[l] > first_gone)
+                c->ring_end[l] = first_gone;
+            for (int b = 0; b < c->ring_end[l]; b++)
+                rel += tab[b] < 0;
+            c->released[lh] = rel;
+            continue;
         }
         /* fully evicted blocks stay freed only below the cut; those truncate_compacted emptied
          * are freed now (a full block lies wholly below the cut: nothing is written there) */
@@ -209,6 +303,8 @@ int kvp_kvcache_reserve(struct kvp_kvcache *c, int n_tokens, struct kvp_err *err
     for (int lh = 0; lh < c->n_layer * c->n_head_kv; lh++) {
         int32_t *tab = c->table + (size_t)lh * c->max_blocks;
         uint64_t *ev = c->evicted + (size_t)lh * c->max_blocks;
+        if (c->ring && c->ring[lh / c->n_head_kv])
+            continue; /* mapped pass by pass (kvp_kvcache_ring_advance) */
         for (int b = c->reserved_blocks; b < n_blocks; b++) {
             if (tab[b] >= 0 || (ev[b] & full_mask(c)) == full_mask(c))
                 continue; /* present, or freed after full eviction */

@@ -80,6 +80,9 @@ struct kvp_kvcache {
     int32_t *pos;          /* owned [n_layer*n_head_kv][max_blocks*block_size]: position of the
                               token in each slot, valid below compact_limit (NULL when external) */
     pthread_mutex_t pool_lock; /* evictions of different heads run on different threads */
+    int32_t *ring;         /* owned [n_layer] or NULL: blocks of a sliding-window layer's ring
+                              per KV head (0: a global layer; see kvp_kvcache_init_windowed) */
+    int32_t *ring_end;     /* owned [n_layer]: logical blocks [0, this) mapped by ring_advance */
 };
 
 /* type_k, type_v: enum kvp_kv_type (KVP_KV_DEFAULT: f16). */
@@ -94,6 +97,32 @@ int kvp_kvcache_init_external(struct kvp_kvcache *c, int n_layer, int n_head_kv,
                               int block_size, int n_ctx, int type_k, int type_v,
                               struct kvp_err *err);
 
+/* Same as kvp_kvcache_init, for a model whose layer l attends within a window of window[l]
+ * positions (0: a global layer). Such a layer keeps a ring: logical block b takes over the
+ * physical block of block b - R, which no query can see any more, so it holds at most R blocks
+ * per KV head, R = ceil((window + n_batch) / block_size) + 2 (a pass of up to n_batch tokens
+ * writes its tokens before its first query reads back to window - 1 positions earlier), and
+ * the pool holds exactly that for it. Its blocks are mapped by kvp_kvcache_ring_advance before
+ * each pass, never by reserve; a block that left the ring counts as released (memory
+ * accounting). Truncating such a cache below the oldest position its rings still hold loses
+ * those positions: tokens evaluated again after that see zeros for them. */
+int kvp_kvcache_init_windowed(struct kvp_kvcache *c, int n_layer, int n_head_kv, int head_dim,
+                              int block_size, int n_ctx, int type_k, int type_v,
+                              const int *window, int n_batch, struct kvp_err *err);
+
+/* Blocks of a windowed layer's ring per KV head (see kvp_kvcache_init_windowed). */
+static inline int kvp_kvcache_ring_blocks(int window, int n_batch, int block_size, int max_blocks)
+{
+    long r = ((long)window + n_batch + block_size - 1) / block_size + 2;
+    return r < max_blocks ? (int)r : max_blocks;
+}
+
+/* Map the blocks of positions [0, n_tokens) of every windowed layer (kvp_kvcache_init_windowed),
+ * releasing the blocks that fall out of the ring. Before a pass that ends at n_tokens; cheap (a
+ * few table entries per layer), never allocates. KVP_ENOMEM only if the pool was not sized for
+ * passes this long (a cache shared beyond its n_batch). */
+int kvp_kvcache_ring_advance(struct kvp_kvcache *c, int n_tokens, struct kvp_err *err);
+
 /* External caches: where layer's physical blocks are (struct kvp_kvpool; the memory is
  * borrowed, valid until the next attach or kvp_kvcache_free). */
 void kvp_kvcache_attach(struct kvp_kvcache *c, int layer, struct kvp_kvpool pool);
@@ -104,6 +133,11 @@ void kvp_kvcache_clear(struct kvp_kvcache *c);
 /* Forget positions >= n_tokens (after a truncate); blocks past the end go back to the pool, and
  * tokens of such positions that compaction moved below n_tokens are evicted. */
 void kvp_kvcache_truncate(struct kvp_kvcache *c, int n_tokens);
+/* Whether truncating to n_tokens keeps what tokens evaluated after the cut will read: false when
+ * a sliding-window layer's ring released a block among the ring's worth of blocks before the cut
+ * (a ring spans at least the window, so this never misses a needed key; it may refuse a cut a
+ * narrower window would allow). Always true without rings. */
+bool kvp_kvcache_truncate_keeps(const struct kvp_kvcache *c, int n_tokens);
 
 /* Make sure physical blocks exist for positions [0, n_tokens) of every (layer, KV head) that has
  * not released them. KVP_ENOMEM when the pool is exhausted. Single-threaded; called before a

@@ -1,5 +1,6 @@
 /*
- * Model loading: GGUF (architecture `llama`) and llama2.c checkpoints into struct kvp_model.
+ * Model loading: GGUF (architectures `llama`, `qwen2`, `qwen3`, `phi3`, `gemma2`,
+ * `gemma3`) and llama2.c checkpoints into struct kvp_model.
  *
  * Every tensor the forward pass reads is looked up by its GGUF name, and its type and shape are
  * checked against the hyperparameters before any pointer into the file is kept, so the forward
@@ -7,6 +8,7 @@
  */
 #include "model/model.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,6 +89,28 @@ static int bind_mat(const struct kvp_gguf *g, const char *name, int64_t cols, in
     return 0;
 }
 
+/* A fused weight (phi3's attn_qkv: q, k, v rows one after the other; its ffn_up: gate rows then
+ * up rows) bound as views of consecutive rows: rows are quantized one by one, so each part is an
+ * ordinary matrix of its own. c may be NULL (two parts). */
+static int bind_fused(const struct kvp_gguf *g, const char *name, int64_t cols, int64_t rows_a,
+                      int64_t rows_bc, struct kvp_mat *a, struct kvp_mat *b, struct kvp_mat *c,
+                      struct kvp_err *err)
+{
+    struct kvp_mat all;
+    int rc = bind_mat(g, name, cols, rows_a + rows_bc * (c ? 2 : 1), &all, err);
+    if (rc < 0)
+        return rc;
+    struct kvp_mat *parts[3] = {a, b, c};
+    int64_t rows[3] = {rows_a, rows_bc, rows_bc}, r0 = 0;
+    for (int i = 0; i < 3 && parts[i]; i++) {
+        *parts[i] = all;
+        parts[i]->rows = rows[i];
+        parts[i]->data = (const uint8_t *)all.data + (size_t)r0 * all.row_bytes;
+        r0 += rows[i];
+    }
+    return 0;
+}
+
 /* Look up a 1-D F32 vector of length n (norm weights are always F32). */
 static int bind_vec(const struct kvp_gguf *g, const char *name, int64_t n, const float **out,
                     struct kvp_err *err)
@@ -106,6 +130,93 @@ static int bind_vec(const struct kvp_gguf *g, const char *name, int64_t n, const
     return 0;
 }
 
+/* RoPE scaling (rope.scaling.*, as llama.cpp's converter writes it): "linear" (or an older
+ * scale_linear key) multiplies every angle by 1/factor; "yarn" mixes scaled and unscaled angles
+ * per dimension and scales cos and sin (model/rope.h). Other types (longrope without its
+ * factor tensors, ...) are refused rather than silently run wrong. */
+static int load_rope_scaling(const struct kvp_gguf *g, const char *arch, struct kvp_hparams *hp,
+                             struct kvp_err *err)
+{
+    char key[128];
+    hp->rope_freq_scale = 1.0f;
+    hp->rope_scaling = KVP_ROPE_SCALING_NONE;
+    hp->n_ctx_orig = hp->n_ctx_train;
+    hp->rope_attn_factor = 1.0f;
+    hp->yarn_beta_fast = 32.0f; /* llama.cpp's defaults (not stored in most files) */
+    hp->yarn_beta_slow = 1.0f;
+    const char *stype = NULL;
+    size_t slen = 0;
+    snprintf(key, sizeof(key), "%s.rope.scaling.type", arch);
+    bool has_type = kvp_gguf_get_str(g, key, &stype, &slen, NULL) == 0;
+    double factor = 0;
+    snprintf(key, sizeof(key), "%s.rope.scaling.factor", arch);
+    if (kvp_gguf_get_float(g, key, &factor, NULL) != 0) {
+        snprintf(key, sizeof(key), "%s.rope.scale_linear", arch);
+        kvp_gguf_get_float(g, key, &factor, NULL);
+    }
+    /* read for LongRoPE (phi3 files declare no type) as well as YaRN */
+    int rc;
+    if ((rc = get_hparam(g, arch, "rope.scaling.original_context_length", false, hp->n_ctx_train,
+                         1, 1 << 24, &hp->n_ctx_orig, err)) < 0 ||
+        (rc = get_fparam(g, arch, "rope.scaling.attn_factor", false, 1.0, 1e-3, 1e3,
+                         &hp->rope_attn_factor, err)) < 0)
+        return rc;
+    bool none = has_type && slen == 4 && !memcmp(stype, "none", 4);
+    bool linear = !has_type || (slen == 6 && !memcmp(stype, "linear", 6));
+    bool yarn = has_type && slen == 4 && !memcmp(stype, "yarn", 4);
+    if (none || factor == 0.0 || (factor == 1.0 && !yarn))
+        return 0;
+    if (!linear && !yarn)
+        return kvp_err_set(err, KVP_EUNSUPPORTED, "RoPE scaling type '%.*s' is not supported",
+                           (int)(slen < 32 ? slen : 32), stype);
+    if (!(factor > 0 && factor < 1e6))
+        return kvp_err_set(err, KVP_EFORMAT, "bad RoPE scaling factor %g", factor);
+    hp->rope_freq_scale = (float)(1.0 / factor);
+    hp->rope_scaling = linear ? KVP_ROPE_SCALING_LINEAR : KVP_ROPE_SCALING_YARN;
+    if (linear)
+        return 0;
+    if ((rc = get_fparam(g, arch, "rope.scaling.yarn_beta_fast", false, 32.0, 1e-3, 1e6,
+                         &hp->yarn_beta_fast, err)) < 0 ||
+        (rc = get_fparam(g, arch, "rope.scaling.yarn_beta_slow", false, 1.0, 1e-3, 1e6,
+                         &hp->yarn_beta_slow, err)) < 0)
+        return rc;
+    double log_mul = 0;
+    snprintf(key, sizeof(key), "%s.rope.scaling.yarn_log_multiplier", arch);
+    if (kvp_gguf_get_float(g, key, &log_mul, NULL) == 0 && log_mul != 0.0)
+        return kvp_err_set(err, KVP_EUNSUPPORTED, "YaRN with a log multiplier is not supported");
+    return 0;
+}
+
+/* Gemma 2 and 3 (llama.cpp's keys; the converter already stores Gemma's RMS norm weights as
+ * 1 + w, so they multiply as everywhere else). Gemma 2 alternates local and global layers, the
+ * even ones local; Gemma 3 has five local layers to each global one, a RoPE base of 10000 on
+ * the local ones (llama.cpp's constant; rope.freq_base is the global layers'), q/k norms and
+ * no soft-capping. Query scale: 1/sqrt(head_dim), except the 27B models (Gemma 2: 46 layers,
+ * Gemma 3: 62), whose query_pre_attn_scalar is n_embd / n_head (llama.cpp picks it by the layer
+ * count too). */
+static int load_gemma(const struct kvp_gguf *g, const char *arch, struct kvp_hparams *hp,
+                      struct kvp_err *err)
+{
+    int rc;
+    bool g2 = hp->arch_id == KVP_ARCH_GEMMA2;
+    hp->embd_scale = true;
+    hp->gelu = true;
+    hp->swa_period = g2 ? 2 : 6;
+    if ((rc = get_hparam(g, arch, "attention.sliding_window", true, 0, 1, 1 << 24, &hp->n_swa,
+                         err)) < 0)
+        return rc;
+    if (g2 && ((rc = get_fparam(g, arch, "attn_logit_softcapping", false, 0.0, 0.0, 1e6,
+                                &hp->attn_softcap, err)) < 0 ||
+               (rc = get_fparam(g, arch, "final_logit_softcapping", false, 0.0, 0.0, 1e6,
+                                &hp->final_softcap, err)) < 0))
+        return rc;
+    if (!g2)
+        hp->rope_base_local = 10000.0f;
+    if ((g2 && hp->n_layer == 46) || (!g2 && hp->n_layer == 62)) /* Gemma 2 / Gemma 3 27B */
+        hp->attn_scale = (float)(1.0 / sqrt((double)hp->n_embd / hp->n_head));
+    return 0;
+}
+
 static int load_gguf_hparams(const struct kvp_gguf *g, struct kvp_model *m, struct kvp_err *err)
 {
     const char *arch;
@@ -116,9 +227,20 @@ static int load_gguf_hparams(const struct kvp_gguf *g, struct kvp_model *m, stru
         alen = sizeof(m->arch) - 1;
     memcpy(m->arch, arch, alen);
     m->arch[alen] = 0;
-    if (strcmp(m->arch, "llama") != 0 && strcmp(m->arch, "qwen2") != 0)
+    static const struct {
+        const char *name;
+        int id;
+    } archs[] = {{"llama", KVP_ARCH_LLAMA}, {"qwen2", KVP_ARCH_QWEN2}, {"qwen3", KVP_ARCH_QWEN3},
+                  {"phi3", KVP_ARCH_PHI3},   {"gemma2", KVP_ARCH_GEMMA2},
+                  {"gemma3", KVP_ARCH_GEMMA3}};
+    m->hp.arch_id = -1;
+    for (size_t i = 0; i < sizeof(archs) / sizeof(archs[0]); i++)
+        if (strcmp(m->arch, archs[i].name) == 0)
+            m->hp.arch_id = archs[i].id;
+    if (m->hp.arch_id < 0)
         return kvp_err_set(err, KVP_EUNSUPPORTED,
-                           "architecture '%s' is not supported (supported: llama, qwen2)",
+                           "architecture '%s' is not supported "
+                           "(supported: llama, qwen2, qwen3, phi3, gemma2, gemma3)",
                            m->arch);
     const char *name;
     size_t nlen;
@@ -174,31 +296,28 @@ static int load_gguf_hparams(const struct kvp_gguf *g, struct kvp_model *m, stru
                    err) ||
         get_fparam(g, m->arch, "rope.freq_base", false, 10000.0, 1e-3, 1e12, &hp->rope_base, err))
         return err ? err->code : KVP_EFORMAT;
-    /* RoPE scaling: "linear" (or an older scale_linear key) divides positions by the factor;
-     * YaRN and longrope are refused rather than silently run wrong */
-    hp->rope_freq_scale = 1.0f;
-    const char *stype = NULL;
-    size_t slen = 0;
-    snprintf(key, sizeof(key), "%s.rope.scaling.type", m->arch);
-    bool has_type = kvp_gguf_get_str(g, key, &stype, &slen, NULL) == 0;
-    double factor = 0;
-    snprintf(key, sizeof(key), "%s.rope.scaling.factor", m->arch);
-    if (kvp_gguf_get_float(g, key, &factor, NULL) != 0) {
-        snprintf(key, sizeof(key), "%s.rope.scale_linear", m->arch);
-        kvp_gguf_get_float(g, key, &factor, NULL);
+    int rc = load_rope_scaling(g, m->arch, hp, err);
+    if (rc < 0)
+        return rc;
+    /* qwen2 and qwen3 rotate split halves; llama files were permuted by the converter to
+     * adjacent pairs */
+    hp->rope_style = hp->arch_id == KVP_ARCH_LLAMA ? KVP_ROPE_NORM : KVP_ROPE_NEOX;
+    hp->attn_scale = (float)(1.0 / sqrt((double)hp->head_dim));
+    hp->rope_base_local = hp->rope_base;
+    if (hp->arch_id == KVP_ARCH_GEMMA2 || hp->arch_id == KVP_ARCH_GEMMA3) {
+        if ((rc = load_gemma(g, m->arch, hp, err)) < 0)
+            return rc;
+        return 0;
     }
-    bool none = has_type && slen == 4 && !memcmp(stype, "none", 4);
-    bool linear = !has_type || (slen == 6 && !memcmp(stype, "linear", 6));
-    if (!none && factor != 0.0 && factor != 1.0) {
-        if (!linear)
-            return kvp_err_set(err, KVP_EUNSUPPORTED, "RoPE scaling type '%.*s' is not supported",
-                               (int)(slen < 32 ? slen : 32), stype);
-        if (!(factor > 0 && factor < 1e6))
-            return kvp_err_set(err, KVP_EFORMAT, "bad RoPE scaling factor %g", factor);
-        hp->rope_freq_scale = (float)(1.0 / factor);
-    }
-    /* qwen2 rotates split halves; llama files were permuted by the converter to adjacent pairs */
-    hp->rope_style = strcmp(m->arch, "qwen2") == 0 ? KVP_ROPE_NEOX : KVP_ROPE_NORM;
+    /* a sliding window on every layer (some phi3 files declare one longer than any context)
+     * is only run where it cannot take effect */
+    int window = 0;
+    if (hp->arch_id == KVP_ARCH_PHI3 &&
+        get_hparam(g, m->arch, "attention.sliding_window", false, 0, 0, INT32_MAX, &window, err))
+        return err ? err->code : KVP_EFORMAT;
+    if (window > 0 && window < hp->n_ctx_train)
+        return kvp_err_set(err, KVP_EUNSUPPORTED,
+                           "a sliding window of %d tokens on every layer is not supported", window);
     return 0;
 }
 
@@ -228,6 +347,13 @@ static int bind_gguf_weights(const struct kvp_gguf *g, struct kvp_model *m, stru
     if (kvp_gguf_find_tensor(g, "rope_freqs.weight") &&
         bind_vec(g, "rope_freqs.weight", hp->head_dim / 2, &m->rope_freqs, err))
         return err ? err->code : KVP_EFORMAT;
+    /* LongRoPE (phi3): one set of frequency factors for contexts up to the original length, one
+     * beyond; both or neither */
+    if ((kvp_gguf_find_tensor(g, "rope_factors_short.weight") ||
+         kvp_gguf_find_tensor(g, "rope_factors_long.weight")) &&
+        (bind_vec(g, "rope_factors_short.weight", hp->head_dim / 2, &m->rope_factors_short, err) ||
+         bind_vec(g, "rope_factors_long.weight", hp->head_dim / 2, &m->rope_factors_long, err)))
+        return err ? err->code : KVP_EFORMAT;
     m->layers = calloc((size_t)hp->n_layer, sizeof(*m->layers));
     if (!m->layers)
         return kvp_err_set(err, KVP_ENOMEM, "out of memory for %d layers", hp->n_layer);
@@ -235,17 +361,33 @@ static int bind_gguf_weights(const struct kvp_gguf *g, struct kvp_model *m, stru
         struct kvp_layer_weights *L = &m->layers[l];
         char nm[KVP_GGUF_NAME_MAX];
 #define NAME(s) (snprintf(nm, sizeof(nm), "blk.%d.%s", l, s), nm)
+        bool fused = hp->arch_id == KVP_ARCH_PHI3;
         if (bind_vec(g, NAME("attn_norm.weight"), hp->n_embd, &L->attn_norm, err) ||
-            bind_mat(g, NAME("attn_q.weight"), hp->n_embd, q_dim, &L->wq, err) ||
-            bind_mat(g, NAME("attn_k.weight"), hp->n_embd, kv_dim, &L->wk, err) ||
-            bind_mat(g, NAME("attn_v.weight"), hp->n_embd, kv_dim, &L->wv, err) ||
+            (fused ? bind_fused(g, NAME("attn_qkv.weight"), hp->n_embd, q_dim, kv_dim, &L->wq,
+                                &L->wk, &L->wv, err)
+                   : bind_mat(g, NAME("attn_q.weight"), hp->n_embd, q_dim, &L->wq, err) ||
+                         bind_mat(g, NAME("attn_k.weight"), hp->n_embd, kv_dim, &L->wk, err) ||
+                         bind_mat(g, NAME("attn_v.weight"), hp->n_embd, kv_dim, &L->wv, err)) ||
             bind_mat(g, NAME("attn_output.weight"), q_dim, hp->n_embd, &L->wo, err) ||
             bind_vec(g, NAME("ffn_norm.weight"), hp->n_embd, &L->ffn_norm, err) ||
-            bind_mat(g, NAME("ffn_gate.weight"), hp->n_embd, hp->n_ff, &L->w_gate, err) ||
-            bind_mat(g, NAME("ffn_up.weight"), hp->n_embd, hp->n_ff, &L->w_up, err) ||
+            (fused ? bind_fused(g, NAME("ffn_up.weight"), hp->n_embd, hp->n_ff, hp->n_ff,
+                                &L->w_gate, &L->w_up, NULL, err)
+                   : bind_mat(g, NAME("ffn_gate.weight"), hp->n_embd, hp->n_ff, &L->w_gate,
+                              err) ||
+                         bind_mat(g, NAME("ffn_up.weight"), hp->n_embd, hp->n_ff, &L->w_up, err)) ||
             bind_mat(g, NAME("ffn_down.weight"), hp->n_ff, hp->n_embd, &L->w_down, err))
             return err ? err->code : KVP_EFORMAT;
-        bool qwen2 = strcmp(m->arch, "qwen2") == 0;
+        bool qwen2 = hp->arch_id == KVP_ARCH_QWEN2;
+        bool gemma = hp->arch_id == KVP_ARCH_GEMMA2 || hp->arch_id == KVP_ARCH_GEMMA3;
+        if (gemma &&
+            (bind_vec(g, NAME("post_attention_norm.weight"), hp->n_embd, &L->attn_post_norm,
+                      err) ||
+             bind_vec(g, NAME("post_ffw_norm.weight"), hp->n_embd, &L->ffn_post_norm, err)))
+            return err ? err->code : KVP_EFORMAT;
+        if ((hp->arch_id == KVP_ARCH_QWEN3 || hp->arch_id == KVP_ARCH_GEMMA3) &&
+            (bind_vec(g, NAME("attn_q_norm.weight"), hp->head_dim, &L->q_norm, err) ||
+             bind_vec(g, NAME("attn_k_norm.weight"), hp->head_dim, &L->k_norm, err)))
+            return err ? err->code : KVP_EFORMAT;
         if ((qwen2 || kvp_gguf_find_tensor(g, NAME("attn_q.bias"))) &&
             (bind_vec(g, NAME("attn_q.bias"), q_dim, &L->bq, err) ||
              bind_vec(g, NAME("attn_k.bias"), kv_dim, &L->bk, err) ||
@@ -331,6 +473,11 @@ static int model_from_llama2c(struct kvp_llama2c *c, const char *path, struct kv
     hp->rope_base = 10000.0f;
     hp->rope_style = KVP_ROPE_NORM;
     hp->rope_freq_scale = 1.0f;
+    hp->arch_id = KVP_ARCH_LLAMA;
+    hp->attn_scale = (float)(1.0 / sqrt((double)hp->head_dim));
+    hp->rope_base_local = hp->rope_base;
+    hp->n_ctx_orig = hp->n_ctx_train;
+    hp->rope_attn_factor = 1.0f;
     int64_t d = hp->n_embd, kv = (int64_t)hp->n_head_kv * hp->head_dim, f = hp->n_ff;
     m->tok_embd = f32_mat(c->tok_embd, hp->n_vocab, d);
     m->output = f32_mat(c->wcls, hp->n_vocab, d);
@@ -516,6 +663,23 @@ int kvp_tokenize_special(const kvp_model *m, const char *text, size_t len, bool 
     return kvp_vocab_encode(m->vocab, text, len, add_bos, parse_special, ids, cap, n_out, err);
 }
 
+/* The chat format each family's instruction-tuned models use (their templates' form). */
+static int family_chat_format(int arch_id)
+{
+    switch (arch_id) {
+    case KVP_ARCH_QWEN2:
+    case KVP_ARCH_QWEN3:
+        return KVP_CHAT_CHATML;
+    case KVP_ARCH_PHI3:
+        return KVP_CHAT_PHI3;
+    case KVP_ARCH_GEMMA2:
+    case KVP_ARCH_GEMMA3:
+        return KVP_CHAT_GEMMA;
+    default:
+        return KVP_CHAT_PLAIN;
+    }
+}
+
 int kvp_chat_prompt(const kvp_model *m, const char *format_name, const char *system,
                     const char *user, char **text, size_t *len, struct kvp_err *err)
 {
@@ -526,6 +690,10 @@ int kvp_chat_prompt(const kvp_model *m, const char *format_name, const char *sys
             return kvp_err_set(err, KVP_EINVAL, "unknown chat format '%s'", format_name);
     } else {
         fmt = m->gguf ? kvp_chat_detect_gguf(m->gguf) : KVP_CHAT_PLAIN;
+        /* a file without a template (converted or synthetic): its family's format */
+        if (fmt == KVP_CHAT_PLAIN && m->gguf &&
+            kvp_gguf_find_key(m->gguf, "tokenizer.chat_template") < 0)
+            fmt = family_chat_format(m->hp.arch_id);
     }
     struct kvp_chat_msg msgs[2];
     size_t n = 0;

@@ -29,13 +29,45 @@
  * num_key_value_heads, intermediate_size, vocab_size, max_position_embeddings, rope_theta,
  * rms_norm_eps, tie_word_embeddings). Llama 3.x's rope scaling (rope_freqs) is not written: it
  * changes no shape and no cost. */
+#define SHAPE(nm, ar, d, nl, nh, nkv, hd, ff, nv, ctx, base, eps, tie)                         \
+    .name = nm, .arch = ar, .n_embd = d, .n_layer = nl, .n_head = nh, .n_head_kv = nkv,            \
+    .head_dim = hd, .n_ff = ff, .n_vocab = nv, .n_ctx = ctx, .rope_base = base, .norm_eps = eps,   \
+    .tied = tie
 static const struct kvp_synth_shape shapes[] = {
-    {"SmolLM2-135M", "llama", 576, 30, 9, 3, 64, 1536, 49152, 8192, 100000.0f, 1e-5f, true},
-    {"Qwen2.5-0.5B", "qwen2", 896, 24, 14, 2, 64, 4864, 151936, 32768, 1000000.0f, 1e-6f, true},
-    {"Llama-3.2-1B", "llama", 2048, 16, 32, 8, 64, 8192, 128256, 131072, 500000.0f, 1e-5f, true},
-    {"Llama-3.1-8B", "llama", 4096, 32, 32, 8, 128, 14336, 128256, 131072, 500000.0f, 1e-5f,
-     false},
+    {SHAPE("SmolLM2-135M", "llama", 576, 30, 9, 3, 64, 1536, 49152, 8192, 100000.0f, 1e-5f, true)},
+    {SHAPE("Qwen2.5-0.5B", "qwen2", 896, 24, 14, 2, 64, 4864, 151936, 32768, 1000000.0f, 1e-6f,
+           true)},
+    {SHAPE("Llama-3.2-1B", "llama", 2048, 16, 32, 8, 64, 8192, 128256, 131072, 500000.0f, 1e-5f,
+           true)},
+    {SHAPE("Llama-3.1-8B", "llama", 4096, 32, 32, 8, 128, 14336, 128256, 131072, 500000.0f, 1e-5f,
+           false)},
+    /* Qwen's model card extends Qwen2.5 to 128K by adding rope_scaling {"type": "yarn",
+     * "factor": 4.0, "original_max_position_embeddings": 32768} to config.json */
+    {SHAPE("Qwen2.5-0.5B-YaRN", "qwen2", 896, 24, 14, 2, 64, 4864, 151936, 131072, 1000000.0f,
+           1e-6f, true),
+     .rope_scaling = "yarn", .rope_factor = 4.0f, .n_ctx_orig = 32768},
+    /* Phi-3.5-mini: LongRoPE from 4096 to 131072 tokens (rope_scaling.short_factor and
+     * long_factor, 48 each); fused attn_qkv and gate-up in GGUF; a sliding window longer than
+     * any context (llama.cpp requires the key) */
+    {SHAPE("Phi-3.5-mini", "phi3", 3072, 32, 32, 32, 96, 8192, 32064, 131072, 10000.0f, 1e-5f,
+           false),
+     .rope_scaling = "longrope", .n_ctx_orig = 4096, .sliding_window = 262144},
+    /* Gemma 2 2B: local (4096-token window) and global layers alternate, scores capped at 50
+     * and logits at 30 (attn_logit_softcapping, final_logit_softcapping) */
+    {SHAPE("Gemma-2-2B", "gemma2", 2304, 26, 8, 4, 256, 9216, 256000, 8192, 10000.0f, 1e-6f,
+           true),
+     .sliding_window = 4096, .attn_softcap = 50.0f, .final_softcap = 30.0f},
+    /* Gemma 3 1B: five local layers (512-token window, RoPE base 10000) to each global one
+     * (base 1e6) */
+    {SHAPE("Gemma-3-1B", "gemma3", 1152, 26, 4, 1, 256, 6912, 262144, 32768, 1000000.0f, 1e-6f,
+           true),
+     .sliding_window = 512},
+    {SHAPE("Qwen3-0.6B", "qwen3", 1024, 28, 16, 8, 128, 3072, 151936, 40960, 1000000.0f, 1e-6f,
+           true)},
+    {SHAPE("Qwen3-1.7B", "qwen3", 2048, 28, 16, 8, 128, 6144, 151936, 40960, 1000000.0f, 1e-6f,
+           true)},
 };
+#undef SHAPE
 #define N_SHAPES (int)(sizeof(shapes) / sizeof(shapes[0]))
 
 const struct kvp_synth_shape *kvp_synth_find_shape(const char *name)
@@ -71,6 +103,7 @@ struct gen_job {
     uint64_t seed;
     int tensor;
     float a;        /* half-width of the uniform distribution; 0: all ones (norm weights) */
+    float mean;     /* added to every value drawn (a > 0) */
     int64_t cols, rows;
     size_t row_bytes;
     uint8_t *out;   /* [rows][row_bytes] */
@@ -89,6 +122,8 @@ static void gen_rows(void *ctx, int ith, int nth)
                 row[i] = 1.0f;
         else
             fill_row(j->seed, j->tensor, r, j->a, row, j->cols);
+        for (int64_t i = 0; j->a != 0.0f && j->mean != 0.0f && i < j->cols; i++)
+            row[i] += j->mean;
         j->dst->from_f32(row, j->out + (size_t)r * j->row_bytes, j->cols);
     }
 }
@@ -102,10 +137,11 @@ struct synth {
     uint64_t bytes;
 };
 
-/* Add a tensor of rows × cols (rows == 0: a vector of cols) with values uniform of standard
- * deviation sd (0: all ones). Matrices take the requested type (or its fallback), vectors F32. */
-static int add_tensor(struct synth *S, const char *name, int64_t cols, int64_t rows, double sd,
-                      struct kvp_err *err)
+/* Add a tensor of rows × cols (rows == 0: a vector of cols) with values uniform of mean `mean`
+ * and standard deviation sd (sd 0: all ones). Matrices take the requested type (or its
+ * fallback), vectors F32. */
+static int add_tensor_mean(struct synth *S, const char *name, int64_t cols, int64_t rows,
+                           double mean, double sd, struct kvp_err *err)
 {
     int type = rows > 0 ? kvp_quantize_pick_type(S->p->type, cols) : KVP_TYPE_F32;
     const struct kvp_type_traits *tt = kvp_type_traits(type);
@@ -114,6 +150,7 @@ static int add_tensor(struct synth *S, const char *name, int64_t cols, int64_t r
                         .seed = S->p->seed,
                         .tensor = S->n_bufs,
                         .a = (float)(sd * sqrt(3.0)),
+                        .mean = (float)mean,
                         .cols = cols,
                         .rows = rows > 0 ? rows : 1};
     size_t total;
@@ -147,37 +184,81 @@ static int add_tensor(struct synth *S, const char *name, int64_t cols, int64_t r
     return 0;
 }
 
+static int add_tensor(struct synth *S, const char *name, int64_t cols, int64_t rows, double sd,
+                      struct kvp_err *err)
+{
+    return add_tensor_mean(S, name, cols, rows, 0.0, sd, err);
+}
+
+/* Which architectures have a tensor (bits of enum tensor_when). */
+enum tensor_when {
+    T_ALL = 1,      /* every architecture */
+    T_SPLIT = 2,    /* separate q, k, v and gate, up (all but phi3) */
+    T_FUSED = 4,    /* phi3's attn_qkv and gate-up ffn_up */
+    T_BIAS = 8,     /* qwen2's q/k/v biases */
+    T_QK_NORM = 16, /* qwen3's and gemma3's per-head q/k norms */
+    T_POST_NORM = 32, /* Gemma's norms of the attention and feed-forward outputs */
+};
+
+static unsigned arch_tensors(const char *arch)
+{
+    if (strcmp(arch, "phi3") == 0)
+        return T_ALL | T_FUSED;
+    if (strcmp(arch, "qwen2") == 0)
+        return T_ALL | T_SPLIT | T_BIAS;
+    if (strcmp(arch, "qwen3") == 0)
+        return T_ALL | T_SPLIT | T_QK_NORM;
+    if (strcmp(arch, "gemma2") == 0)
+        return T_ALL | T_SPLIT | T_POST_NORM;
+    if (strcmp(arch, "gemma3") == 0)
+        return T_ALL | T_SPLIT | T_QK_NORM | T_POST_NORM;
+    return T_ALL | T_SPLIT;
+}
+
 static int add_layer(struct synth *S, const struct kvp_synth_shape *s, int l, int n_layer,
                      struct kvp_err *err)
 {
     int64_t D = s->n_embd, q_dim = (int64_t)s->n_head * s->head_dim;
     int64_t kv_dim = (int64_t)s->n_head_kv * s->head_dim, F = s->n_ff;
-    double resid = 1.0 / sqrt(2.0 * n_layer);
-    struct {
+    double resid = 1.0 / sqrt(2.0 * n_layer), in_sd = 1.0 / sqrt((double)D);
+    /* rows 0: a vector of cols. Norm weights: all ones (sd 0), except the q/k norms, drawn
+     * around 1, since weights of exactly 1 would hide a norm applied with the wrong ones. */
+    const struct {
         const char *what;
         int64_t cols, rows;
-        double sd;
+        double mean, sd;
+        unsigned when;
     } t[] = {
-        {"attn_norm.weight", D, 0, 0.0},
-        {"attn_q.weight", D, q_dim, 1.0 / sqrt((double)D)},
-        {"attn_k.weight", D, kv_dim, 1.0 / sqrt((double)D)},
-        {"attn_v.weight", D, kv_dim, 1.0 / sqrt((double)D)},
-        {"attn_q.bias", q_dim, -1, 0.02},
-        {"attn_k.bias", kv_dim, -1, 0.02},
-        {"attn_v.bias", kv_dim, -1, 0.02},
-        {"attn_output.weight", q_dim, D, resid / sqrt((double)q_dim)},
-        {"ffn_norm.weight", D, 0, 0.0},
-        {"ffn_gate.weight", D, F, 1.0 / sqrt((double)D)},
-        {"ffn_up.weight", D, F, 1.0 / sqrt((double)D)},
-        {"ffn_down.weight", F, D, resid / sqrt((double)F)},
+        {"attn_norm.weight", D, 0, 0, 0.0, T_ALL},
+        {"attn_q.weight", D, q_dim, 0, in_sd, T_SPLIT},
+        {"attn_k.weight", D, kv_dim, 0, in_sd, T_SPLIT},
+        {"attn_v.weight", D, kv_dim, 0, in_sd, T_SPLIT},
+        {"attn_qkv.weight", D, q_dim + 2 * kv_dim, 0, in_sd, T_FUSED},
+        {"attn_q.bias", q_dim, 0, 0, 0.02, T_BIAS},
+        {"attn_k.bias", kv_dim, 0, 0, 0.02, T_BIAS},
+        {"attn_v.bias", kv_dim, 0, 0, 0.02, T_BIAS},
+        {"attn_q_norm.weight", s->head_dim, 0, 1.0, 0.2, T_QK_NORM},
+        {"attn_k_norm.weight", s->head_dim, 0, 1.0, 0.2, T_QK_NORM},
+        {"attn_output.weight", q_dim, D, 0, resid / sqrt((double)q_dim), T_ALL},
+        {"ffn_norm.weight", D, 0, 0, 0.0, T_ALL},
+        {"ffn_gate.weight", D, F, 0, in_sd, T_SPLIT},
+        {"ffn_up.weight", D, F, 0, in_sd, T_SPLIT},
+        {"ffn_up.weight", D, 2 * F, 0, in_sd, T_FUSED}, /* gate rows, then up rows */
+        {"ffn_down.weight", F, D, 0, resid / sqrt((double)F), T_ALL},
+        {"post_attention_norm.weight", D, 0, 1.0, 0.2, T_POST_NORM},
+        {"post_ffw_norm.weight", D, 0, 1.0, 0.2, T_POST_NORM},
     };
-    bool bias = strcmp(s->arch, "qwen2") == 0;
+    unsigned has = arch_tensors(s->arch);
     for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
-        if (t[i].rows < 0 && !bias)
+        if (!(t[i].when & has))
             continue;
         char name[KVP_GGUF_NAME_MAX];
         snprintf(name, sizeof(name), "blk.%d.%s", l, t[i].what);
-        int rc = add_tensor(S, name, t[i].cols, t[i].rows < 0 ? 0 : t[i].rows, t[i].sd, err);
+        /* Gemma files store every norm weight as 1 + w (the converter adds the 1): all of
+         * them around 1, so that a norm applied with the wrong convention shows */
+        bool norm_around1 = (has & T_POST_NORM) && t[i].rows == 0 && t[i].sd == 0.0;
+        int rc = add_tensor_mean(S, name, t[i].cols, t[i].rows, norm_around1 ? 1.0 : t[i].mean,
+                                 norm_around1 ? 0.2 : t[i].sd, err);
         if (rc < 0)
             return rc;
     }
@@ -213,6 +294,26 @@ static int add_metadata(struct synth *S, const struct kvp_synth_shape *s, int n_
         (rc = kvp_gguf_writer_set_u32(w, "general.file_type", kvp_quantize_ftype(S->p->type))) <
             0)
         return rc;
+    if (s->attn_softcap > 0 && ((rc = ARCH_F32("attn_logit_softcapping", s->attn_softcap)) < 0 ||
+                                (rc = ARCH_F32("final_logit_softcapping", s->final_softcap)) < 0))
+        return rc;
+    if (s->sliding_window > 0 &&
+        (rc = ARCH_U32("attention.sliding_window", (uint32_t)s->sliding_window)) < 0)
+        return rc;
+    if (s->rope_scaling && strcmp(s->rope_scaling, "longrope") == 0) {
+        /* as llama.cpp's converter writes Phi-3.5: no type, the original context and the
+         * attention factor sqrt(1 + ln(context / original) / ln(original)) */
+        double f = sqrt(1.0 + log((double)s->n_ctx / s->n_ctx_orig) / log((double)s->n_ctx_orig));
+        if ((rc = ARCH_U32("rope.scaling.original_context_length", (uint32_t)s->n_ctx_orig)) < 0 ||
+            (rc = ARCH_F32("rope.scaling.attn_factor", (float)f)) < 0)
+            return rc;
+    } else if (s->rope_scaling) {
+        snprintf(key, sizeof(key), "%s.rope.scaling.type", s->arch);
+        if ((rc = kvp_gguf_writer_set_str(w, key, s->rope_scaling)) < 0 ||
+            (rc = ARCH_F32("rope.scaling.factor", s->rope_factor)) < 0 ||
+            (rc = ARCH_U32("rope.scaling.original_context_length", (uint32_t)s->n_ctx_orig)) < 0)
+            return rc;
+    }
 #undef ARCH_U32
 #undef ARCH_F32
     const struct kvp_type_traits *tt = kvp_type_traits(S->p->type);
@@ -221,9 +322,24 @@ static int add_metadata(struct synth *S, const struct kvp_synth_shape *s, int n_
     return rc;
 }
 
-/* <unk>, <s>, </s>, the 256 byte tokens, then single characters and letter pairs (with and
+/* The control tokens of a family's chat format, which its real vocabulary has and which
+ * llama.cpp looks up by text when it loads the architecture (phi3's <|end|>). */
+static const char *const *arch_specials(const char *arch)
+{
+    static const char *const phi3[] = {"<|endoftext|>", "<|end|>", "<|user|>", "<|assistant|>",
+                                       "<|system|>", NULL};
+    static const char *const gemma[] = {"<start_of_turn>", "<end_of_turn>", NULL};
+    if (strcmp(arch, "phi3") == 0)
+        return phi3;
+    if (strncmp(arch, "gemma", 5) == 0)
+        return gemma;
+    return NULL;
+}
+
+/* <unk>, <s>, </s>, the 256 byte tokens, the architecture's control tokens, then single characters and letter pairs (with and
  * without the U+2581 space mark) up to n tokens; scores favour earlier (shorter) pieces. */
-static int make_vocab(int n, struct kvp_vocab **out, struct kvp_err *err)
+static int make_vocab(int n, const char *const *specials, struct kvp_vocab **out,
+                      struct kvp_err *err)
 {
     char (*text)[16] = calloc((size_t)n, sizeof(*text));
     const char **texts = calloc((size_t)n, sizeof(*texts));
@@ -247,6 +363,10 @@ static int make_vocab(int n, struct kvp_vocab **out, struct kvp_err *err)
     for (int b = 0; b < 256; b++) {
         snprintf(text[i], 16, "<0x%02X>", b);
         types[i++] = KVP_TOKEN_BYTE;
+    }
+    for (int k = 0; specials && specials[k] && i < n; k++) {
+        snprintf(text[i], 16, "%s", specials[k]);
+        types[i++] = KVP_TOKEN_CONTROL;
     }
     /* then "▁", "▁x", "x", "▁xy", "xy", "▁xyz", ... in a fixed order until n */
     long k = -1;
@@ -315,7 +435,7 @@ int kvp_synth_write(const struct kvp_synth_shape *s, const struct kvp_synth_para
     struct synth S = {.p = p};
     struct kvp_vocab *v = NULL;
     int rc;
-    if ((rc = make_vocab(p->n_vocab, &v, err)) < 0)
+    if ((rc = make_vocab(p->n_vocab, arch_specials(s->arch), &v, err)) < 0)
         return rc;
     if ((rc = kvp_pool_init(p->n_threads > 0 ? p->n_threads : 1, &S.pool, err)) < 0)
         goto out_vocab;
@@ -327,6 +447,14 @@ int kvp_synth_write(const struct kvp_synth_shape *s, const struct kvp_synth_para
     }
     double emb_sd = 1.0 / sqrt((double)s->n_embd); /* tied: logits of unit size too */
     if ((rc = add_tensor(&S, "token_embd.weight", s->n_embd, p->n_vocab, emb_sd, err)) < 0)
+        goto out_writer;
+    /* LongRoPE's factors divide each pair's frequency: short ones near 1, long ones larger
+     * (the real ones grow from 1 to tens over the pairs) */
+    if (s->rope_scaling && strcmp(s->rope_scaling, "longrope") == 0 &&
+        ((rc = add_tensor_mean(&S, "rope_factors_short.weight", s->head_dim / 2, 0, 1.0, 0.05,
+                               err)) < 0 ||
+         (rc = add_tensor_mean(&S, "rope_factors_long.weight", s->head_dim / 2, 0, 4.0, 1.0,
+                               err)) < 0))
         goto out_writer;
     for (int l = 0; l < n_layer; l++)
         if ((rc = add_layer(&S, s, l, n_layer, err)) < 0)

@@ -17,12 +17,20 @@
 /* A real model's shape (its config.json, as llama.cpp's converter writes it to GGUF). */
 struct kvp_synth_shape {
     const char *name; /* "SmolLM2-135M" */
-    const char *arch; /* "llama" or "qwen2" (q/k/v biases) */
+    const char *arch; /* "llama", "qwen2" (q/k/v biases), "qwen3" (q/k norms), "phi3" (fused),
+                         "gemma2", "gemma3" (post-norms, sliding windows) */
     int n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff;
     int n_vocab;   /* the real vocabulary (kvp_synth_params.n_vocab may ask for it) */
     int n_ctx;     /* context_length */
     float rope_base, norm_eps;
     bool tied;     /* no output.weight: the embedding is the classifier */
+    /* RoPE scaling as the model's config.json declares it: NULL (none), "linear", "yarn" or
+     * "longrope" (factor tensors), with its factor and the original context length */
+    const char *rope_scaling;
+    float rope_factor;
+    int n_ctx_orig;
+    int sliding_window; /* attention.sliding_window, 0: none written */
+    float attn_softcap, final_softcap; /* Gemma 2's soft-capping (0: none written) */
 };
 
 /* The shape called name (case-insensitive), or NULL. */

@@ -388,6 +388,8 @@ static int slot_begin(struct srv_engine *e, struct slot *s, struct srv_job *j)
     }
     if (!from_cache) {
         kvp_ctx_truncate(s->ctx, reuse);
+        if (kvp_ctx_n_tokens(s->ctx) < reuse)
+            reuse = 0; /* a sliding-window model's rings no longer held the cut: start over */
         if (reuse == 0)
             kvp_ctx_reset(s->ctx);
     }
