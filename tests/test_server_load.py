@@ -307,7 +307,9 @@ def half_open():
 
 def slow():
     ctx = 4096
-    p, port = start("-np", "2", "--send-timeout", "3", ctx=ctx)
+    # the late reader must start reading within --send-timeout (however slow the host or the
+    # build); the reader that never reads gets a server of 3 s below
+    p, port = start("-np", "2", "--send-timeout", "600", ctx=ctx)
     try:
         # greedy on this prompt runs to max_tokens without an end-of-text
         prompt = " ".join(f"Line {i}: the road was long and the pass key is not here."
@@ -352,6 +354,10 @@ def slow():
         text, done = sse_text(dechunk(out.partition(b"\r\n\r\n")[2]).decode())
         check(done and text == want_long, "the late reader gets the whole answer, equal to "
               "kvpred run's")
+    finally:
+        stop(p)
+    p, port = start("-np", "2", "--send-timeout", "3", ctx=ctx)
+    try:
         # a reader that never reads is cut after --send-timeout (3 s), counted
         s = open_stream(port, body, rcvbuf=4096)
         m = wait_for(port, lambda m: m['kvpred_http_timeouts_total{stage="send"}'] >= 1,
