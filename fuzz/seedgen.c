@@ -19,6 +19,9 @@
  *   server_request/ request bodies of `kvpred serve` (endpoint byte, then the JSON): completions
  *                 and chat, streamed, with stop strings, text parts, the kvpred extension,
  *                 and some wrong types.
+ *   server_http/  raw HTTP for the server at the socket (a behaviour byte, then the bytes):
+ *                 each endpoint, a chunked body, pipelined requests, a huge Content-Length,
+ *                 a client that vanishes.
  * All values are fixed, so the corpus is the same on every run.
  */
 #include <stdio.h>
@@ -348,6 +351,33 @@ static int server_request_seeds(const char *dir)
     return 0;
 }
 
+/* Raw HTTP for fuzz_server_http: byte 0 the client's behaviour (fuzz_server_http.c), then the
+ * bytes on the wire. */
+static int server_http_seeds(const char *dir)
+{
+    static const char *const seeds[] = {
+        "\x00GET /health HTTP/1.1\r\nHost: x\r\n\r\n",
+        "\x00GET /metrics HTTP/1.1\r\nHost: x\r\n\r\nGET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n",
+        ("\x00POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+         "Content-Length: 47\r\n\r\n{\"prompt\": \"Once upon a time\", \"max_tokens\": 3}"),
+        ("\x01POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+         "41\r\n{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"stream\": true}\r\n"
+         "0\r\n\r\n"),
+        ("\x03POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 54\r\n\r\n"
+         "{\"prompt\": \"Once upon a time\", \"stream\": true, \"n\": 1}"),
+        "\x02POST /completions HTTP/1.0\r\nContent-Length: 99999999999\r\n\r\n{",
+        "\x04GET / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\nExpect: 100-continue\r\n\r\n",
+        "\x00" "DELETE /v1/completions?x=1 HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\n\r\n",
+    };
+    for (size_t i = 0; i < sizeof(seeds) / sizeof(seeds[0]); i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "http%zu", i);
+        if (fz_write_file(dir, name, seeds[i], 1 + strlen(seeds[i] + 1)) < 0)
+            return -1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -356,7 +386,8 @@ int main(int argc, char **argv)
     }
     static const uint8_t spm_flags[] = {0, 1, 2, 3}, bpe_flags[] = {0, 1, 6, 7, 10, 15};
     const char *names[] = {"gguf", "llama2c", "predictor", "trace", "head_profile",
-                           "spm", "bpe", "chat", "policy_opts", "corpus_json", "server_request"};
+                           "spm", "bpe", "chat", "policy_opts", "corpus_json", "server_request",
+                           "server_http"};
     mkdir(argv[1], 0755);
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         char sub[4096];
@@ -372,7 +403,8 @@ int main(int argc, char **argv)
                  : i == 7 ? chat_seeds(sub)
                  : i == 8 ? policy_opts_seeds(sub)
                  : i == 9 ? corpus_json_seeds(sub)
-                          : server_request_seeds(sub);
+                 : i == 10 ? server_request_seeds(sub)
+                          : server_http_seeds(sub);
         if (rc < 0) {
             fprintf(stderr, "seedgen: cannot write the %s seeds to %s\n", names[i], sub);
             return 1;

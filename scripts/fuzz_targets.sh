@@ -3,7 +3,7 @@
 
 # Every target; its seeds are in SEEDS/<name without fuzz_>.
 FUZZ_TARGETS=(fuzz_gguf fuzz_llama2c fuzz_predictor fuzz_trace fuzz_head_profile fuzz_spm fuzz_bpe
-              fuzz_chat fuzz_policy_opts fuzz_corpus_json fuzz_server_request)
+              fuzz_chat fuzz_policy_opts fuzz_corpus_json fuzz_server_request fuzz_server_http)
 
 # libFuzzer flags of one target (ROOT the checkout): input size limit (files need room, texts stay
 # short so each input runs fast), per-input timeout, memory limit, and the target's dictionary

@@ -640,6 +640,50 @@ static void test_stalled_server(void **state)
 
 /* maxmemory reached with noeviction: the writes of the prompt are refused, one error naming OOM;
  * what was written is deleted with the context. */
+/* A bit flipped in Redis in the first, a middle and the last unit of one read is caught: with
+ * every block read at each step (dense prefetch, no policy), the first decode step after the
+ * prompt (200 tokens, blocks of 16) reads each layer's blocks 0..11 in one request (block 12,
+ * the newest, is being written). Each flip (the last byte of the unit's value, written back
+ * with SET) gets a fresh context; the step fails with KVP_EKVLOST and the KV is trusted up to
+ * the flipped block's first token. */
+static void test_bit_flip_in_redis(void **state)
+{
+    (void)state;
+    REQUIRE_REDIS();
+    static const int blocks[] = {0, 5, 11};
+    for (size_t k = 0; k < sizeof(blocks) / sizeof(blocks[0]); k++) {
+        struct kvp_ctx_params cp = base_params(single_url);
+        cp.prefetch = KVP_PREFETCH_DENSE;
+        cp.hot_budget = 0;
+        kvp_ctx *c = NULL;
+        struct kvp_err err = {0};
+        assert_int_equal(kvp_ctx_init(model, &cp, &c, &err), 0);
+        assert_int_equal(kvp_eval(c, token_ids(), N_PROMPT, NULL, false, &err), 0);
+        redisReply *keys = cmd(single.port, "KEYS kvp:*:1:%d", blocks[k]);
+        assert_non_null(keys);
+        assert_int_equal(keys->type, REDIS_REPLY_ARRAY);
+        assert_int_equal(keys->elements, 1);
+        const char *key = keys->element[0]->str;
+        redisReply *v = cmd(single.port, "GET %s", key);
+        assert_true(v && v->type == REDIS_REPLY_STRING && v->len > 0);
+        v->str[v->len - 1] ^= 0x20;
+        const char *argv[] = {"SET", key, v->str};
+        const size_t lens[] = {3, strlen(key), v->len};
+        redisReply *r = cmdv(single.port, 3, argv, lens);
+        assert_true(r && r->type == REDIS_REPLY_STATUS);
+        freeReplyObject(r);
+        freeReplyObject(v);
+        freeReplyObject(keys);
+        float lg[VOCAB];
+        int rc = kvp_eval(c, token_ids() + N_PROMPT, 1, lg, false, &err);
+        print_message("block %d flipped: %s\n", blocks[k], rc < 0 ? err.msg : "not caught");
+        assert_int_equal(rc, KVP_EKVLOST);
+        assert_int_equal(kvp_ctx_trusted_tokens(c), blocks[k] * 16);
+        kvp_ctx_free(c);
+    }
+    assert_int_equal(dbsize(&single), 0);
+}
+
 static void test_maxmemory(void **state)
 {
     (void)state;
@@ -1037,6 +1081,7 @@ int main(void)
         cmocka_unit_test(test_wrong_urls),
         cmocka_unit_test(test_silent_server),
         cmocka_unit_test(test_single_equal),
+        cmocka_unit_test(test_bit_flip_in_redis),
         cmocka_unit_test(test_maxmemory),
         cmocka_unit_test(test_stalled_server),
         cmocka_unit_test(test_cluster_equal),

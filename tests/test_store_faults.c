@@ -393,6 +393,48 @@ static void test_bit_flip_on_disk(void **state)
     free(d);
 }
 
+/* A bit flipped in the first, a middle and the last unit of one read is caught wherever it
+ * lands: after the prompt (150 tokens, blocks of 16) the dense mode reads each layer's blocks
+ * 0..8 in one request (block 9, the newest, is being written), so blocks 0, 4 and 8 of layer 1
+ * are the first, a middle and the last unit that one check loops over. Each flip gets a fresh
+ * context; the KV is trusted up to the flipped block's first token. */
+static void test_bit_flip_read_ends(void **state)
+{
+    (void)state;
+    char *d = scratch_dir();
+    float *ref = reference(false);
+    static const int blocks[] = {0, 4, 8};
+    uint8_t *page = kvp_alloc_huge(4096, 4096);
+    for (size_t k = 0; k < sizeof(blocks) / sizeof(blocks[0]); k++) {
+        struct cfg f = {.tier = KVP_TIER_DISK, .prefetch = KVP_PREFETCH_DENSE, .dir = d};
+        kvp_ctx *c = new_ctx(&f);
+        struct kvp_err err = {0};
+        assert_int_equal(kvp_eval(c, ids, N_PROMPT, NULL, false, &err), 0);
+        struct kvp_store_stats st;
+        kvp_ctx_store_stats(c, &st);
+        int fd = scratch_file(d);
+        off_t off = (off_t)((size_t)1 * kvp_ctx_kvcache(c)->max_blocks + (size_t)blocks[k]) *
+                    st.unit_bytes;
+        /* the unit's last page, its last byte: the far end of the far end */
+        off += (off_t)st.unit_bytes - 4096;
+        assert_int_equal(pread(fd, page, 4096, off), 4096);
+        page[4095] ^= 0x80;
+        assert_int_equal(pwrite(fd, page, 4096, off), 4096);
+        int first_fail;
+        assert_true(decode_checked(c, ref, &first_fail, &err) > 0);
+        assert_int_equal(first_fail, N_PROMPT);
+        kvp_ctx_store_stats(c, &st);
+        assert_true(st.bad_checksums >= 1 && st.lost_units >= 1);
+        assert_int_equal(kvp_ctx_trusted_tokens(c), blocks[k] * 16);
+        close(fd);
+        kvp_ctx_free(c);
+    }
+    kvp_free_aligned(page);
+    free(ref);
+    rmdir(d);
+    free(d);
+}
+
 /* ======================================== IO paths ======================================== */
 
 /* The pread path gives the untiered logits, loses nothing, and survives a fault once. */
@@ -559,6 +601,7 @@ int main(void)
         cmocka_unit_test(test_injected_short),
         cmocka_unit_test(test_failed_write),
         cmocka_unit_test(test_bit_flip_on_disk),
+        cmocka_unit_test(test_bit_flip_read_ends),
         cmocka_unit_test(test_pread_path),
         cmocka_unit_test(test_io_uring_refused),
     };

@@ -44,7 +44,15 @@ static void help(void)
            "                       sampling defaults of requests that give none (kvpred run's:\n"
            "                       0 = greedy, 40, 0.95, 42)\n"
            "  --grace S            seconds requests in flight get to finish on shutdown (10)\n"
-           "  --timeout S          close a connection that sends nothing for S seconds (30)\n"
+           "  --timeout S          close a connection that sends nothing for S seconds while\n"
+           "                       its request arrives, or between requests (5)\n"
+           "  --send-timeout S     cut an answer its client takes nothing of for S seconds;\n"
+           "                       a request waiting for a slot or its tokens is not cut (60)\n"
+           "  --max-connections N  open connections (1024; 16 more are kept for /health and\n"
+           "                       /metrics only); more are closed at once\n"
+           "  --max-client-connections N\n"
+           "                       open connections from one address (64; 0: no limit)\n"
+           "  --http-threads N     threads that serve every connection, event-driven (4)\n"
            "  --cache-ram MIB      RAM for cached prompt prefixes, least recently used out\n"
            "                       (default 1024; 0: no prefix cache beyond each slot's own)\n"
            "  --kv-cache-dir DIR   also keep cached prefixes in DIR, for the next run with the\n"
@@ -77,7 +85,8 @@ int cmd_serve(int argc, char **argv)
     long port = 8080, n_slots = 2, queue = -1, max_body = 8 << 20, max_tokens = 0,
          n_predict = 128, top_k = 40, seed = 42;
     double temp = 0.0, top_p = 0.95, grace = 10.0;
-    long timeout = 30, cache_mib = 1024;
+    long timeout = 5, send_timeout = 60, max_conn = 1024, max_client_conn = 64, http_threads = 4,
+         cache_mib = 1024;
     const char *cache_dir = NULL, *prefix_store = NULL;
     struct cli_tier_opts to = CLI_TIER_OPTS_INIT;
     struct cli_prefill_opts pf = CLI_PREFILL_OPTS_INIT;
@@ -97,6 +106,10 @@ int cmd_serve(int argc, char **argv)
         CLI_INT("--seed", 0, 0x7fffffffffffffffL, &seed, "a non-negative integer"),
         CLI_FLOAT("--grace", 0.0, 3600.0, &grace, "seconds in 0..3600"),
         CLI_INT("--timeout", 1, 3600, &timeout, "seconds in 1..3600"),
+        CLI_INT("--send-timeout", 1, 3600, &send_timeout, "seconds in 1..3600"),
+        CLI_INT("--max-connections", 1, 1 << 20, &max_conn, "a count in 1..2^20"),
+        CLI_INT("--max-client-connections", 0, 1 << 20, &max_client_conn, "a count in 0..2^20"),
+        CLI_INT("--http-threads", 1, 64, &http_threads, "a count in 1..64"),
         CLI_STR("--kv-cache-dir", &cache_dir),
         CLI_STR("--prefix-store", &prefix_store),
         CLI_INT("--cache-ram", 0, 1L << 22, &cache_mib, "MiB in 0..2^22"),
@@ -136,6 +149,10 @@ int cmd_serve(int argc, char **argv)
         .max_body = (size_t)max_body,
         .default_max_tokens = (int)n_predict,
         .timeout_s = (int)timeout,
+        .send_timeout_s = (int)send_timeout,
+        .max_conn = (int)max_conn,
+        .max_client_conn = (int)max_client_conn,
+        .http_threads = (int)http_threads,
         .cache_ram = (size_t)cache_mib << 20,
         .cache_dir = cache_dir,
         .prefix_store = prefix_store,

@@ -122,6 +122,14 @@ void srv_job_cancel(struct srv_job *j)
     atomic_store(&j->cancel, true);
 }
 
+/* Wake whoever waits on the job's output (j->mu held). */
+static void job_changed(struct srv_job *j)
+{
+    pthread_cond_broadcast(&j->cv);
+    if (j->on_change)
+        j->on_change(j->on_change_arg);
+}
+
 static void job_finish(struct srv_job *j, int finish, const char *msg)
 {
     pthread_mutex_lock(&j->mu);
@@ -134,7 +142,7 @@ static void job_finish(struct srv_job *j, int finish, const char *msg)
             snprintf(j->err, sizeof(j->err), "%s", msg);
         j->t_done = kvp_time_now();
     }
-    pthread_cond_broadcast(&j->cv);
+    job_changed(j);
     pthread_mutex_unlock(&j->mu);
 }
 
@@ -202,7 +210,7 @@ static bool job_append(struct srv_job *j, const char *piece, size_t n)
         size_t v = utf8_whole(j->text, j->len - hold);
         j->visible = v > j->visible ? v : j->visible;
     }
-    pthread_cond_broadcast(&j->cv);
+    job_changed(j);
     pthread_mutex_unlock(&j->mu);
     return stopped;
 }
@@ -424,7 +432,8 @@ static void slot_end(struct srv_engine *e, struct slot *s, int finish, const cha
 {
     struct srv_job *j = s->job;
     double pol = kvp_ctx_policy_seconds(s->ctx) - s->pol_s0;
-    job_finish(j, finish, msg);
+    /* counted before the client is told: one that has its answer sees the slot free in
+     * /metrics (an event-driven server answers it before this thread would get here) */
     pthread_mutex_lock(&e->mu);
     e->st.jobs++;
     e->st.jobs_cancelled += finish == SRV_FINISH_CANCELLED;
@@ -432,6 +441,7 @@ static void slot_end(struct srv_engine *e, struct slot *s, int finish, const cha
     e->st.policy_s += pol > 0 ? pol : 0;
     e->st.busy--;
     pthread_mutex_unlock(&e->mu);
+    job_finish(j, finish, msg);
     srv_job_unref(j);
     s->job = NULL;
     s->last_used = kvp_time_now();

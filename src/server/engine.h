@@ -66,6 +66,11 @@ struct srv_job {
     int prefill_budget;
     float prefill_budget_ratio;
 
+    /* called (job->mu held, so it must not block or lock) after every change to the output
+     * below; set before submit. The HTTP side wakes the connection waiting on the job with it. */
+    void (*on_change)(void *arg);
+    void *on_change_arg;
+
     atomic_bool cancel;
     atomic_int refs;
 

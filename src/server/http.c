@@ -9,17 +9,27 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "core/platform.h"
 #include "model/model.h"
+#include "server/conns.h"
 #include "server/engine.h"
 #include "server/page.h"
 #include "server/request.h"
 #include "server/server.h"
+#include "server/waiter.h"
 #include "tokenizer/chat.h"
+
+/* connections beyond --max-connections kept to answer /health and /metrics */
+#define MONITOR_RESERVE 16
+
+/* Where a client was when it left before its answer ended (kvpred_http_clients_gone_total). */
+enum { GONE_QUEUED, GONE_PREFILL, GONE_GENERATING, N_GONE };
+static const char *const gone_stage[N_GONE] = {"queued", "prefill", "generating"};
 
 /* HTTP statuses counted for /metrics */
 static const int counted_status[] = {200, 400, 401, 404, 405, 413, 429, 500, 503};
@@ -39,14 +49,25 @@ struct srv_server {
     struct srv_limits lim;
     struct srv_defaults def;
     double keepalive_s;    /* a stream silent this long sends an SSE comment (a third of the
-                            * connection timeout) */
+                            * shorter timeout) */
+    struct srv_conns *conns;
+    struct srv_waiter *waiter;
+    atomic_int answering;  /* requests with a job, from submit until their answer is sent */
+    atomic_ullong gone[N_GONE];
 };
 
-/* One request in progress (MHD's per-connection pointer). */
+/* One request in progress (MHD's per-request pointer). */
 struct conn {
     char *body;
     size_t len, cap;
     bool too_large;
+    bool answering;        /* counted in srv_server.answering */
+    /* a non-streamed answer waiting for its job (the connection parked meanwhile) */
+    struct srv_job *job;
+    int kind;
+    char id[48];
+    long long created;
+    struct srv_wait wait;
 };
 
 /* A streamed answer: the response callback's state. */
@@ -62,6 +83,8 @@ struct stream {
     size_t sent;         /* bytes of job->text sent */
     char *out;           /* formatted event not yet handed to MHD */
     size_t out_len, out_off;
+    double t_out;        /* when the last event was formatted (kvp_time_now) */
+    struct srv_wait wait;
 };
 
 /* ---- small helpers ---------------------------------------------------------------------- */
@@ -82,6 +105,8 @@ static enum MHD_Result send_text(struct srv_server *s, struct MHD_Connection *c,
     if (!r)
         return MHD_NO;
     MHD_add_response_header(r, "Content-Type", type);
+    if (srv_conns_over_limit(c)) /* a monitoring place: free it for the next check */
+        MHD_add_response_header(r, "Connection", "close");
     if (status == 429 || status == 503)
         MHD_add_response_header(r, "Retry-After", "1");
     if (status == 401)
@@ -153,45 +178,6 @@ static bool authorized(const struct srv_server *s, struct MHD_Connection *c)
     for (size_t i = 0; i < kl; i++)
         diff |= (unsigned char)key[i] ^ (unsigned char)(i < gl ? given[i] : 0);
     return diff == 0;
-}
-
-/* True when the client has closed its side (EOF or reset on the socket). */
-static bool client_gone(struct MHD_Connection *c)
-{
-    const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (!ci)
-        return true;
-    char b;
-    ssize_t n = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
-}
-
-/* Wait (job->mu held) until the job has text past `sent` or has finished, checking every
- * 100 ms whether the client left; WAIT_GONE when it did (the job is then cancelled). With
- * `idle_s` > 0, WAIT_IDLE after that many seconds without either. */
-enum { WAIT_READY, WAIT_GONE, WAIT_IDLE };
-static int wait_job(struct srv_job *j, size_t sent, struct MHD_Connection *c, double idle_s)
-{
-    double until = idle_s > 0 ? kvp_time_now() + idle_s : 0;
-    while (j->visible <= sent && j->finish == SRV_RUNNING) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 100 * 1000 * 1000;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
-        if (pthread_cond_timedwait(&j->cv, &j->mu, &ts) == ETIMEDOUT) {
-            if (client_gone(c)) {
-                srv_job_cancel(j);
-                return WAIT_GONE;
-            }
-            if (until > 0 && kvp_time_now() >= until)
-                return WAIT_IDLE;
-        }
-    }
-    return WAIT_READY;
 }
 
 /* s[0..n) as valid UTF-8 for JSON (malloc'd, NUL-terminated): each maximal ill-formed
@@ -275,8 +261,12 @@ static cJSON *envelope(const struct srv_server *s, const char *id, long long cre
 
 /* ---- streaming -------------------------------------------------------------------------- */
 
-/* Format the next SSE event into st->out; false at the end of the stream. */
-static bool next_event(struct stream *st)
+/* What next_event made. */
+enum { EV_END, EV_DATA, EV_WAIT };
+
+/* Format the next SSE event into st->out: EV_DATA; EV_WAIT when the job has nothing new yet;
+ * EV_END at the end of the stream (or out of memory). */
+static int next_event(struct stream *st)
 {
     struct srv_job *j = st->job;
     bool chat = st->kind == SRV_CHAT;
@@ -285,28 +275,23 @@ static bool next_event(struct stream *st)
     free(st->out);
     st->out = NULL;
     st->out_len = st->out_off = 0;
+    if (st->wait.due && st->phase == 1) {
+        /* Nothing for a while (a long prompt, or a wait for a slot): an SSE comment, which
+         * clients skip, shows the client and any proxy between that the answer is alive, and
+         * restarts libmicrohttpd's timeout, which runs again from the resume on. */
+        st->wait.due = false;
+        static const char ka[] = ": keep-alive\n\n";
+        if (!(st->out = malloc(sizeof(ka))))
+            return EV_END;
+        memcpy(st->out, ka, sizeof(ka));
+        st->out_len = sizeof(ka) - 1;
+        st->t_out = kvp_time_now();
+        return EV_DATA;
+    }
     pthread_mutex_lock(&j->mu);
-    if (st->phase == 1) {
-        /* A stream waits inside this callback, where libmicrohttpd sees no traffic: once its
-         * --timeout passes without a byte sent, it closes the connection as idle as soon as the
-         * callback returns, cutting a stream whose first token came late (a long prompt, or a
-         * wait for a slot) in the middle of its chunked body. An SSE comment well within the
-         * timeout keeps it alive; clients skip comments. A client that stops reading is still
-         * closed by the timeout, since nothing can be sent to it. */
-        int w = wait_job(j, st->sent, st->conn, st->s->keepalive_s);
-        if (w == WAIT_GONE) {
-            pthread_mutex_unlock(&j->mu);
-            return false;
-        }
-        if (w == WAIT_IDLE) {
-            pthread_mutex_unlock(&j->mu);
-            static const char ka[] = ": keep-alive\n\n";
-            if (!(st->out = malloc(sizeof(ka))))
-                return false;
-            memcpy(st->out, ka, sizeof(ka));
-            st->out_len = sizeof(ka) - 1;
-            return true;
-        }
+    if (st->phase == 1 && j->visible <= st->sent && j->finish == SRV_RUNNING) {
+        pthread_mutex_unlock(&j->mu);
+        return EV_WAIT;
     }
     const char *object = chat ? "chat.completion.chunk" : "text_completion";
     switch (st->phase) {
@@ -380,16 +365,16 @@ static bool next_event(struct stream *st)
         pthread_mutex_unlock(&j->mu);
         st->out = strdup("data: [DONE]\n\n");
         st->out_len = st->out ? strlen(st->out) : 0;
-        return st->out != NULL;
+        return st->out ? EV_DATA : EV_END;
     default:
         pthread_mutex_unlock(&j->mu);
-        return false;
+        return EV_END;
     }
     pthread_mutex_unlock(&j->mu);
     txt = o ? cJSON_PrintUnformatted(o) : NULL;
     cJSON_Delete(o);
     if (!txt)
-        return false;
+        return EV_END;
     size_t tl = strlen(txt);
     st->out = malloc(tl + 9);
     if (st->out) {
@@ -399,24 +384,65 @@ static bool next_event(struct stream *st)
         st->out_len = tl + 8;
     }
     free(txt);
-    return st->out != NULL;
+    st->t_out = kvp_time_now();
+    return st->out ? EV_DATA : EV_END;
 }
 
+/* libmicrohttpd asks for more of the stream when the socket can take it: the next event, or
+ * nothing for now (the connection then parks until the job has more, a keep-alive is due or the
+ * client has gone). */
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
     struct stream *st = cls;
-    if (st->out_off == st->out_len && !next_event(st))
-        return st->phase == 5 ? MHD_CONTENT_READER_END_OF_STREAM
-                              : MHD_CONTENT_READER_END_WITH_ERROR;
+    (void)pos;
+    if (st->wait.gone)
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+    if (st->out_off == st->out_len) {
+        int ev = next_event(st);
+        if (ev == EV_WAIT) {
+            st->wait = (struct srv_wait){.conn = st->conn, .job = st->job, .after = st->sent,
+                                         .keepalive_at = st->t_out + st->s->keepalive_s};
+            if (!srv_waiter_park(st->s->waiter, &st->wait))
+                return MHD_CONTENT_READER_END_WITH_ERROR; /* stopping */
+            return 0;
+        }
+        if (ev == EV_END)
+            return st->phase == 5 ? MHD_CONTENT_READER_END_OF_STREAM
+                                  : MHD_CONTENT_READER_END_WITH_ERROR;
+    }
     size_t n = st->out_len - st->out_off < max ? st->out_len - st->out_off : max;
     memcpy(buf, st->out + st->out_off, n);
     st->out_off += n;
     return (ssize_t)n;
 }
 
+/* Where a job stands, for kvpred_http_clients_gone_total (job->mu held). */
+static int job_stage(const struct srv_job *j)
+{
+    return j->n_gen > 0 ? GONE_GENERATING : j->t_start > 0 ? GONE_PREFILL : GONE_QUEUED;
+}
+
+/* The waiter found a parked client gone (its lock held; it cancelled the job). */
+static void on_gone(void *cls, struct srv_job *j)
+{
+    struct srv_server *s = cls;
+    pthread_mutex_lock(&j->mu);
+    int stage = job_stage(j);
+    pthread_mutex_unlock(&j->mu);
+    atomic_fetch_add(&s->gone[stage], 1);
+}
+
 static void stream_free(void *cls)
 {
     struct stream *st = cls;
+    if (!st->wait.gone) {
+        /* a stream that ends before its job: libmicrohttpd lost the client while sending */
+        pthread_mutex_lock(&st->job->mu);
+        int stage = st->job->finish == SRV_RUNNING ? job_stage(st->job) : -1;
+        pthread_mutex_unlock(&st->job->mu);
+        if (stage >= 0)
+            atomic_fetch_add(&st->s->gone[stage], 1);
+    }
     srv_job_cancel(st->job); /* a no-op once it finished; frees the slot if the client left */
     srv_job_unref(st->job);
     free(st->out);
@@ -545,6 +571,7 @@ static struct srv_job *make_job(struct srv_server *s, const struct srv_request *
             j->pol_name = both;
         }
     }
+    srv_job_set_prefill(j, r); /* the request's prefill attention, if it names one */
     return j;
 }
 
@@ -554,8 +581,53 @@ static void new_id(struct srv_server *s, const char *prefix, char *id, size_t ca
     snprintf(id, cap, "%s-%llx%06llx", prefix, (unsigned long long)time(NULL), n & 0xffffff);
 }
 
+/* The non-streamed answer of a finished job (cs->job; the connection was resumed). */
+static enum MHD_Result answer(struct srv_server *s, struct MHD_Connection *c, struct conn *cs)
+{
+    struct srv_job *j = cs->job;
+    if (cs->wait.gone)
+        return MHD_NO; /* the client left: close */
+    pthread_mutex_lock(&j->mu);
+    if (j->finish == SRV_RUNNING) {
+        /* resumed before the end: the waiter is stopping, and the engine has stopped too */
+        pthread_mutex_unlock(&j->mu);
+        return fail(s, c, 503, "server_error", "server_stopping",
+                    "the server is stopping and takes no new requests");
+    }
+    if (j->finish == SRV_FINISH_ERROR || j->finish == SRV_FINISH_CANCELLED) {
+        char msg[256];
+        snprintf(msg, sizeof(msg), "%s", j->err[0] ? j->err : "generation failed");
+        int finish = j->finish;
+        pthread_mutex_unlock(&j->mu);
+        if (finish == SRV_FINISH_CANCELLED) /* by the server: it is stopping */
+            return fail(s, c, 503, "server_error", "server_stopping", msg);
+        return fail(s, c, 500, "server_error", NULL, msg);
+    }
+    int kind = cs->kind;
+    cJSON *o = envelope(s, cs->id, cs->created,
+                        kind == SRV_CHAT ? "chat.completion" : "text_completion");
+    cJSON *ch = cJSON_AddArrayToObject(o, "choices"), *c0 = cJSON_CreateObject();
+    cJSON_AddItemToArray(ch, c0);
+    cJSON_AddNumberToObject(c0, "index", 0);
+    char *text = utf8_clean(j->text, j->visible);
+    if (kind == SRV_CHAT) {
+        cJSON *m = cJSON_AddObjectToObject(c0, "message");
+        cJSON_AddStringToObject(m, "role", "assistant");
+        cJSON_AddStringToObject(m, "content", text ? text : "");
+    } else {
+        cJSON_AddStringToObject(c0, "text", text ? text : "");
+        cJSON_AddNullToObject(c0, "logprobs");
+    }
+    free(text);
+    cJSON_AddStringToObject(c0, "finish_reason", finish_name(j->finish));
+    add_usage(o, j);
+    add_kv(o, j);
+    pthread_mutex_unlock(&j->mu);
+    return send_json(s, c, 200, o);
+}
+
 static enum MHD_Result complete(struct srv_server *s, struct MHD_Connection *c, int kind,
-                                const struct conn *cs)
+                                struct conn *cs)
 {
     struct srv_request r;
     struct srv_error e;
@@ -576,6 +648,8 @@ static enum MHD_Result complete(struct srv_server *s, struct MHD_Connection *c, 
     srv_request_free(&r);
     if (!j)
         return send_error(s, c, &e);
+    j->on_change = srv_waiter_wake;
+    j->on_change_arg = s->waiter;
     int sub = srv_engine_submit(s->eng, j);
     if (sub < 0) {
         srv_job_unref(j);
@@ -588,9 +662,15 @@ static enum MHD_Result complete(struct srv_server *s, struct MHD_Connection *c, 
         return fail(s, c, 503, "server_error", "server_stopping",
                     "the server is stopping and takes no new requests");
     }
-    char id[48];
-    new_id(s, kind == SRV_CHAT ? "chatcmpl" : "cmpl", id, sizeof(id));
-    long long created = (long long)time(NULL);
+    cs->answering = true;
+    atomic_fetch_add(&s->answering, 1);
+    /* from here the connection waits parked (no timeout runs) or sends its answer, which a
+     * client may take more slowly than it sent its request */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT,
+                              (unsigned)s->cfg.send_timeout_s);
+    new_id(s, kind == SRV_CHAT ? "chatcmpl" : "cmpl", cs->id, sizeof(cs->id));
+    cs->created = (long long)time(NULL);
+    cs->kind = kind;
     if (stream) {
         struct stream *st = calloc(1, sizeof(*st));
         if (!st) {
@@ -599,9 +679,9 @@ static enum MHD_Result complete(struct srv_server *s, struct MHD_Connection *c, 
             return fail(s, c, 500, "server_error", NULL, "out of memory");
         }
         *st = (struct stream){.s = s, .job = j, .conn = c, .kind = kind,
-                              .include_usage = usage, .created = created,
-                              .phase = kind == SRV_CHAT ? 0 : 1};
-        snprintf(st->id, sizeof(st->id), "%s", id);
+                              .include_usage = usage, .created = cs->created,
+                              .phase = kind == SRV_CHAT ? 0 : 1, .t_out = kvp_time_now()};
+        snprintf(st->id, sizeof(st->id), "%s", cs->id);
         struct MHD_Response *resp = MHD_create_response_from_callback(
             MHD_SIZE_UNKNOWN, 16384, stream_read, st, stream_free);
         if (!resp) {
@@ -615,43 +695,15 @@ static enum MHD_Result complete(struct srv_server *s, struct MHD_Connection *c, 
         count_status(s, 200);
         return rc;
     }
-    /* not streamed: wait here (this connection's own thread) for the whole answer */
-    pthread_mutex_lock(&j->mu);
-    bool here = true;
-    while (here && j->finish == SRV_RUNNING)
-        here = wait_job(j, j->len + 1, c, 0) == WAIT_READY;
-    if (!here || j->finish == SRV_FINISH_ERROR || j->finish == SRV_FINISH_CANCELLED) {
-        char msg[256];
-        snprintf(msg, sizeof(msg), "%s", j->err[0] ? j->err : "generation failed");
-        int finish = j->finish;
-        pthread_mutex_unlock(&j->mu);
-        srv_job_unref(j);
-        if (!here)
-            return MHD_NO; /* the client left: close */
-        if (finish == SRV_FINISH_CANCELLED) /* by the server: it is stopping */
-            return fail(s, c, 503, "server_error", "server_stopping", msg);
-        return fail(s, c, 500, "server_error", NULL, msg);
+    /* not streamed: park the connection until the whole answer is there (answer()) */
+    cs->job = j;
+    cs->wait = (struct srv_wait){.conn = c, .job = j, .after = SIZE_MAX};
+    if (!srv_waiter_park(s->waiter, &cs->wait)) {
+        srv_job_cancel(j);
+        return fail(s, c, 503, "server_error", "server_stopping",
+                    "the server is stopping and takes no new requests");
     }
-    cJSON *o = envelope(s, id, created, kind == SRV_CHAT ? "chat.completion" : "text_completion");
-    cJSON *ch = cJSON_AddArrayToObject(o, "choices"), *c0 = cJSON_CreateObject();
-    cJSON_AddItemToArray(ch, c0);
-    cJSON_AddNumberToObject(c0, "index", 0);
-    char *text = utf8_clean(j->text, j->visible);
-    if (kind == SRV_CHAT) {
-        cJSON *m = cJSON_AddObjectToObject(c0, "message");
-        cJSON_AddStringToObject(m, "role", "assistant");
-        cJSON_AddStringToObject(m, "content", text ? text : "");
-    } else {
-        cJSON_AddStringToObject(c0, "text", text ? text : "");
-        cJSON_AddNullToObject(c0, "logprobs");
-    }
-    free(text);
-    cJSON_AddStringToObject(c0, "finish_reason", finish_name(j->finish));
-    add_usage(o, j);
-    add_kv(o, j);
-    pthread_mutex_unlock(&j->mu);
-    srv_job_unref(j);
-    return send_json(s, c, 200, o);
+    return MHD_YES;
 }
 
 /* ---- the other endpoints ---------------------------------------------------------------- */
@@ -679,30 +731,66 @@ static enum MHD_Result models(struct srv_server *s, struct MHD_Connection *c)
 
 static enum MHD_Result metrics(struct srv_server *s, struct MHD_Connection *c)
 {
-    size_t cap = 16384;
+    size_t cap = 32768;
     char *buf = malloc(cap);
     if (!buf)
         return fail(s, c, 500, "server_error", NULL, "out of memory");
+    /* each part writes snprintf-style; a part that did not fit is cut where the buffer ends */
     size_t n = srv_engine_metrics(s->eng, buf, cap);
-    if (n >= cap)
-        n = cap - 1;
-    n += (size_t)snprintf(buf + n, cap - n,
+#define ROOM (n < cap ? cap - n : 0)
+#define AT (n < cap ? buf + n : NULL)
+    n += srv_conns_metrics(s->conns, AT, ROOM);
+    n += (size_t)snprintf(AT, ROOM,
                           "# HELP kvpred_http_requests_total HTTP answers by status.\n"
                           "# TYPE kvpred_http_requests_total counter\n");
-    for (size_t i = 0; i <= N_COUNTED && n < cap; i++) {
+    for (size_t i = 0; i <= N_COUNTED; i++) {
         char code[16];
         if (i < N_COUNTED)
             snprintf(code, sizeof(code), "%d", counted_status[i]);
         else
             snprintf(code, sizeof(code), "other");
-        n += (size_t)snprintf(buf + n, cap - n, "kvpred_http_requests_total{code=\"%s\"} %llu\n",
+        n += (size_t)snprintf(AT, ROOM, "kvpred_http_requests_total{code=\"%s\"} %llu\n",
                               code, (unsigned long long)atomic_load(&s->status_count[i]));
     }
+    n += (size_t)snprintf(AT, ROOM,
+                          "# HELP kvpred_http_parked Connections waiting, without a thread, "
+                          "for a slot, a prefill or their next token.\n"
+                          "# TYPE kvpred_http_parked gauge\n"
+                          "kvpred_http_parked %zu\n"
+                          "# HELP kvpred_http_clients_gone_total Clients that left before their "
+                          "answer ended, by where their request was.\n"
+                          "# TYPE kvpred_http_clients_gone_total counter\n",
+                          srv_waiter_parked(s->waiter));
+    for (int i = 0; i < N_GONE; i++)
+        n += (size_t)snprintf(AT, ROOM, "kvpred_http_clients_gone_total{stage=\"%s\"} %llu\n",
+                              gone_stage[i], (unsigned long long)atomic_load(&s->gone[i]));
+#undef ROOM
+#undef AT
     if (n >= cap)
         n = cap - 1;
     enum MHD_Result rc = send_text(s, c, 200, "text/plain; version=0.0.4", buf, n);
     free(buf);
     return rc;
+}
+
+/* The one place the body limit is checked: the Content-Length announced, and the bytes as they
+ * come (a chunked body has no length up front). */
+static bool body_fits(const struct srv_server *s, unsigned long long n)
+{
+    return n <= s->lim.max_body;
+}
+
+static enum MHD_Result too_large(struct srv_server *s, struct MHD_Connection *c)
+{
+    char msg[160];
+    snprintf(msg, sizeof(msg), "the request body is larger than the limit of %zu bytes",
+             s->lim.max_body);
+    return fail(s, c, 413, "invalid_request_error", "request_too_large", msg);
+}
+
+static bool is_monitoring(const char *url)
+{
+    return !strcmp(url, "/health") || !strcmp(url, "/metrics");
 }
 
 static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url,
@@ -711,30 +799,35 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
 {
     struct srv_server *s = cls;
     struct conn *cs = *con_cls;
+    (void)version;
     if (!cs) {
         /* first call: headers only */
         cs = calloc(1, sizeof(*cs));
         if (!cs)
             return MHD_NO;
         *con_cls = cs;
+        srv_conns_request_begin(c);
+        if (srv_conns_over_limit(c) && !is_monitoring(url))
+            return fail(s, c, 503, "server_error", "too_many_connections",
+                        "the server has as many connections open as it takes; retry after the "
+                        "Retry-After header's seconds");
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         if (cl) {
             char *end;
             errno = 0;
             unsigned long long v = strtoull(cl, &end, 10);
-            if (errno || *end || v > s->lim.max_body) {
+            if (errno || *end || !body_fits(s, v)) {
                 cs->too_large = true;
-                char msg[160];
-                snprintf(msg, sizeof(msg), "the request body is larger than the limit of %zu "
-                         "bytes", s->lim.max_body);
-                return fail(s, c, 413, "invalid_request_error", "request_too_large", msg);
+                return too_large(s, c);
             }
         }
         return MHD_YES;
     }
+    if (cs->job) /* resumed: the answer is ready, or the client left */
+        return answer(s, c, cs);
     if (*upload_size > 0) {
         if (!cs->too_large) {
-            if (cs->len + *upload_size > s->lim.max_body) {
+            if (!body_fits(s, (unsigned long long)cs->len + *upload_size)) {
                 cs->too_large = true;
             } else {
                 if (cs->len + *upload_size + 1 > cs->cap) {
@@ -754,12 +847,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         *upload_size = 0;
         return MHD_YES;
     }
-    if (cs->too_large) {
-        char msg[160];
-        snprintf(msg, sizeof(msg), "the request body is larger than the limit of %zu bytes",
-                 s->lim.max_body);
-        return fail(s, c, 413, "invalid_request_error", "request_too_large", msg);
-    }
+    if (cs->too_large)
+        return too_large(s, c);
     bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
     bool post = !strcmp(method, "POST");
     if (!strcmp(url, "/health")) {
@@ -806,8 +895,27 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
                       enum MHD_RequestTerminationCode toe)
 {
+    struct srv_server *s = cls;
     struct conn *cs = *con_cls;
+    int stage = -1;
+    if (toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED) {
+        /* with a response queued, the client stopped taking it; else its request never came */
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(c, MHD_CONNECTION_INFO_HTTP_STATUS);
+        stage = ci || (cs && cs->answering) ? SRV_TIMEOUT_SEND : SRV_TIMEOUT_RECEIVE;
+    }
+    srv_conns_request_end(s->conns, c, stage);
     if (cs) {
+        if (cs->answering) {
+            /* the next request on this connection arrives under the receive timeout again */
+            MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT,
+                                      (unsigned)s->cfg.timeout_s);
+            atomic_fetch_sub(&s->answering, 1);
+        }
+        if (cs->job) {
+            srv_job_cancel(cs->job); /* a no-op once it finished */
+            srv_job_unref(cs->job);
+        }
         free(cs->body);
         free(cs);
         *con_cls = NULL;
@@ -849,15 +957,55 @@ bool srv_policy_default_file(const char *model_path, struct kvp_policy_params *p
     return true;
 }
 
+/* Raise the open-files limit to what the connections need beside the model, stores and
+ * prefix files (a soft limit of 1024 is common); false if the hard limit is lower. */
+static bool room_for_files(rlim_t need, rlim_t *have)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return true; /* cannot tell: let accept() report it */
+    *have = rl.rlim_max;
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need) {
+        if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < need)
+            return false;
+        rl.rlim_cur = need;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+            return false;
+    }
+    return true;
+}
+
+static void server_free(struct srv_server *s)
+{
+    srv_waiter_free(s->waiter);
+    srv_engine_free(s->eng);
+    srv_conns_free(s->conns);
+    free(s);
+}
+
 int srv_server_start(const struct srv_config *cfg, const kvp_model *model,
                      struct srv_server **out, struct kvp_err *err)
 {
     *out = NULL;
+    int timeout = cfg->timeout_s > 0 ? cfg->timeout_s : 5;
+    int send_timeout = cfg->send_timeout_s > 0 ? cfg->send_timeout_s : 60;
+    unsigned max_conn = cfg->max_conn > 0 ? (unsigned)cfg->max_conn : 1024;
+    unsigned threads = cfg->http_threads > 0 ? (unsigned)cfg->http_threads : 4;
+    /* the connections, libmicrohttpd's own descriptors, and room for the model, the stores,
+     * the prefix folder and the log */
+    rlim_t need = (rlim_t)max_conn + MONITOR_RESERVE + 4 * threads + 256, have = 0;
+    if (!room_for_files(need, &have))
+        return kvp_err_set(err, KVP_EINVAL, "serve: --max-connections %u needs %llu open files; "
+                           "the limit is %llu (ulimit -n)", max_conn, (unsigned long long)need,
+                           (unsigned long long)have);
     struct srv_server *s = calloc(1, sizeof(*s));
     if (!s)
         return kvp_err_set(err, KVP_ENOMEM, "out of memory");
     s->cfg = *cfg;
-    s->keepalive_s = (cfg->timeout_s > 0 ? cfg->timeout_s : 30) / 3.0;
+    s->cfg.timeout_s = timeout;
+    s->cfg.send_timeout_s = send_timeout;
+    /* a stream with nothing to send for a third of the shorter timeout sends a comment */
+    s->keepalive_s = (timeout < send_timeout ? timeout : send_timeout) / 3.0;
     s->model = model;
     s->chat_fmt = model->gguf ? kvp_chat_detect_gguf(model->gguf) : KVP_CHAT_PLAIN;
     const char *base = strrchr(cfg->model_path, '/');
@@ -870,6 +1018,15 @@ int srv_server_start(const struct srv_config *cfg, const kvp_model *model,
                                  .max_messages = 256};
     s->def = (struct srv_defaults){.temperature = cfg->temperature, .top_p = cfg->top_p,
                                    .top_k = cfg->top_k, .seed = cfg->seed};
+    struct srv_conn_limits cl = {.max_conn = max_conn, .reserve = MONITOR_RESERVE,
+                                 .per_client = cfg->max_client_conn > 0
+                                                   ? (unsigned)cfg->max_client_conn : 0,
+                                 .recv_timeout_s = timeout};
+    s->conns = srv_conns_new(&cl);
+    if (!s->conns || srv_waiter_start(on_gone, s, &s->waiter) < 0) {
+        server_free(s);
+        return kvp_err_set(err, KVP_ENOMEM, "serve: cannot start the connection waiter");
+    }
     struct srv_engine_config ec = {.model = model, .n_slots = cfg->n_slots, .cp = cfg->cp,
                                    .pol = cfg->pol, .max_queue = cfg->max_queue,
                                    .cache_ram = cfg->cache_ram, .cache_dir = cfg->cache_dir,
@@ -877,7 +1034,7 @@ int srv_server_start(const struct srv_config *cfg, const kvp_model *model,
     ec.prefix_store = cfg->prefix_store;
     int rc = srv_engine_start(&ec, &s->eng, err);
     if (rc < 0) {
-        free(s);
+        server_free(s);
         return rc;
     }
     struct kvp_model_info info;
@@ -890,26 +1047,28 @@ int srv_server_start(const struct srv_config *cfg, const kvp_model *model,
     snprintf(port, sizeof(port), "%d", cfg->port);
     int g = getaddrinfo(cfg->host, port, &hints, &ai);
     if (g != 0 || !ai) {
-        srv_engine_free(s->eng);
-        free(s);
+        server_free(s);
         return kvp_err_set(err, KVP_EINVAL, "serve: cannot resolve host '%s': %s", cfg->host,
                            gai_strerror(g));
     }
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
-                     MHD_USE_ITC | MHD_USE_POLL;
+    /* Event-driven: a few threads poll every connection with epoll, so an open connection costs
+     * a socket and a little memory, not a thread; a request never blocks one (it parks). */
+    unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME;
     if (ai->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
-    /* connections: the slots, the queue and a few for health checks and metrics */
-    unsigned limit = (unsigned)(cfg->n_slots + cfg->max_queue + 16);
-    s->d = MHD_start_daemon(flags, 0, NULL, NULL, handler, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-                            MHD_OPTION_CONNECTION_LIMIT, limit,
-                            MHD_OPTION_CONNECTION_TIMEOUT,
-                            (unsigned)(cfg->timeout_s > 0 ? cfg->timeout_s : 30),
+    /* conns.c enforces the limits (and counts what it refuses); libmicrohttpd's own limit is
+     * per thread, so each thread may hold them all */
+    unsigned mhd_limit = (max_conn + MONITOR_RESERVE) * threads;
+    s->d = MHD_start_daemon(flags, 0, srv_conns_accept, s->conns, handler, s,
+                            MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+                            MHD_OPTION_THREAD_POOL_SIZE, threads,
+                            MHD_OPTION_CONNECTION_LIMIT, mhd_limit,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)timeout,
+                            MHD_OPTION_NOTIFY_CONNECTION, srv_conns_notify, s->conns,
                             MHD_OPTION_NOTIFY_COMPLETED, completed, s, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!s->d) {
-        srv_engine_free(s->eng);
-        free(s);
+        server_free(s);
         return kvp_err_set(err, KVP_EIO, "serve: cannot listen on %s:%d (in use, or no such "
                            "address)", cfg->host, cfg->port);
     }
@@ -931,8 +1090,14 @@ void srv_server_stop(struct srv_server *s, double grace_s)
     int lfd = MHD_quiesce_daemon(s->d); /* no new connections; the socket is ours to close */
     if (lfd >= 0)
         close(lfd);
+    /* the waiter keeps resuming connections while the engine finishes what it has */
     srv_engine_stop(s->eng, grace_s);
-    MHD_stop_daemon(s->d); /* answers in flight are complete or cancelled by now */
-    srv_engine_free(s->eng);
-    free(s);
+    /* every job has ended: let their answers reach the clients (a client that takes nothing is
+     * cut when this bound passes) */
+    double until = kvp_time_now() + 5;
+    while (atomic_load(&s->answering) > 0 && kvp_time_now() < until)
+        nanosleep(&(struct timespec){.tv_nsec = 10 * 1000 * 1000}, NULL);
+    srv_waiter_stop(s->waiter); /* nothing may stay suspended when libmicrohttpd stops */
+    MHD_stop_daemon(s->d);
+    server_free(s);
 }

@@ -1,6 +1,7 @@
 /*
- * `kvpred serve`'s HTTP side: libmicrohttpd parses HTTP (one thread per connection, so a
- * request may wait for its answer where it stands), cJSON writes the answers, engine.h
+ * `kvpred serve`'s HTTP side: libmicrohttpd parses HTTP on a few event-driven threads (epoll),
+ * a request that waits for its answer parks its connection (waiter.h) instead of holding a
+ * thread, conns.h limits and counts the connections, cJSON writes the answers, engine.h
  * generates. Endpoints: POST /v1/completions and /v1/chat/completions (stream or not),
  * GET /v1/models, /health, /metrics and / (the page). docs/server.md describes them.
  */
@@ -22,7 +23,12 @@ struct srv_config {
     size_t max_body;          /* request body bytes */
     int max_tokens;           /* largest max_tokens; also the default cap */
     int default_max_tokens;   /* when a request gives none */
-    int timeout_s;            /* a connection silent this long is closed [30] */
+    int timeout_s;            /* a connection that sends nothing this long while its request
+                               * arrives, or between requests, is closed [5] */
+    int send_timeout_s;       /* an answer the client takes nothing of this long is cut [60] */
+    int max_conn;             /* open connections [1024] */
+    int max_client_conn;      /* open connections from one address (0: no limit) [64] */
+    int http_threads;         /* libmicrohttpd's event threads [4] */
     size_t cache_ram;         /* prefix cache RAM budget in bytes (0: none) */
     const char *cache_dir;    /* prefix cache folder (NULL: not persistent) */
     const char *prefix_store; /* redis://HOST:PORT[,...] shared by servers (NULL: none) */
