@@ -766,11 +766,11 @@ static void check_type(int type, int embd_type, int tied, int n_head_kv)
     /* The F32 model holds the dequantized weights exactly, so the oracle on it computes the
      * function kvpred computes with the quantized model, and its bound (oracle_core) adds what
      * kvpred does differently per weight type: decode quantizes the activations of every
-     * quantized type to 8 bits (Q8_0 for the 32-element types, Q8_K for the K-quants); prefill
-     * dequantizes the weights to F32 for sgemm (f32 rounding only) unless the CPU has the
-     * integer GEMM for the type (kernels/prefill_gemm.h), which quantizes each token as decode
-     * does. (That the integer GEMM and decode agree more closely than that, product by product,
-     * is test_prefill_gemm's check.) */
+     * quantized type to 8 bits (Q8_0 for the 32-element types, Q8_K for the K-quants), and so
+     * does prefill, through the integer GEMM (kernels/prefill_gemm.h) or decode's own row
+     * kernels; only with KVP_PREFILL=sgemm does prefill dequantize the weights to F32 for sgemm
+     * (f32 rounding only). (That the integer GEMM and decode agree more closely than that,
+     * product by product, is test_prefill_gemm's check.) */
     struct err_model em_pre = {.types = mq, .prefill = true, .n_rows = 40};
     struct err_model em_dec = {.types = mq, .prefill = false, .n_rows = 1};
     double *b_pre = NULL, *b_dec = NULL;
@@ -779,7 +779,8 @@ static void check_type(int type, int embd_type, int tied, int n_head_kv)
     bool same = true;
     for (int t = 0; t < 2; t++) {
         int ty = t ? embd_type : type;
-        same &= kvp_type_traits(ty)->blck_size == 1 || kvp_gemm_wants(ty, 40);
+        same &= kvp_type_traits(ty)->blck_size == 1 || kvp_gemm_wants(ty, 40) ||
+                !kvp_gemm_sgemm_forced();
     }
     double *t_pre = same ? t_dec : oracle_bounded(mf, ids, 40, &em_pre, NULL, NULL, &b_pre);
     if (same)

@@ -544,7 +544,9 @@ static void print_json(const struct bench_opts *o, const struct bench_result *r)
     cJSON_AddNumberToObject(j, "prefill_tokens", (double)o->n_prefill);
     cJSON_AddNumberToObject(j, "prefill_tokens_per_s", r->pp_best);
     cJSON_AddStringToObject(j, "prefill_gemm",
-                            kvp_gemm_wants(KVP_TYPE_Q8_0, 2) ? "int8" : "sgemm");
+                            kvp_gemm_wants(KVP_TYPE_Q8_0, 2) ? "int8"
+                            : kvp_gemm_sgemm_forced()        ? "sgemm"
+                                                             : "rows");
     /* fill: prefill, or tile (fill_source_tokens prefilled for real, the cache tiled from
      * them to ctx - 32, the last 32 prefilled); fill_seconds: the whole fill */
     cJSON_AddStringToObject(j, "fill", fill_names[o->fill.mode]);

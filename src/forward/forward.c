@@ -1,5 +1,5 @@
 /*
- * Forward pass of the `llama` architecture (../shared/docs/formats.md §3.3): batched prefill and
+ * Forward pass of the `llama` architecture (docs/formats.md §3.3): batched prefill and
  * single-token decode over the block-paged KV cache.
  *
  * One call to kvp_eval runs as a single thread-pool region: every thread walks the same sequence
@@ -119,7 +119,7 @@ int kvp_shared_init(const struct kvp_model *model, int n_threads, int n_batch, i
             goto fail_nomem;
     }
     for (int i = 0; i < hp->head_dim / 2; i++) {
-        /* θ_i = pos · base^(−2i/d) · freq_scale / ff_i (../shared/docs/formats.md §3.4, §3.5) */
+        /* θ_i = pos · base^(−2i/d) · freq_scale / ff_i (docs/formats.md §3.4, §3.5) */
         sh->inv_freq[i] = pow((double)hp->rope_base, -2.0 * i / hp->head_dim) * hp->rope_freq_scale;
         if (model->rope_freqs)
             sh->inv_freq[i] /= model->rope_freqs[i];
@@ -473,6 +473,11 @@ size_t kvp_ctx_pack_weights(kvp_ctx *c)
 
 /* ---- building blocks ---------------------------------------------------------------------- */
 
+static void matvec_multi(struct kvp_shared *sh, const struct kvp_mat *W,
+                         const struct kvp_lanes *P, const float *X, int ldx,
+                         const struct kvp_row_seg *segs, int n, float *Y, int ldy,
+                         bool accumulate, bool same_x, long r0, long r1, int ith);
+
 /* Y[i][r] (+)= dot(W row r, X[i]) for the rows [r0, r1) this thread owns, i < n, n >= 2 (the
  * multi-token rows of one sequence). same_x: X is the input of this thread's previous call,
  * unchanged (K and V after Q, up after gate), so a batch through the integer GEMM reuses its
@@ -498,6 +503,17 @@ static void matmul_rows(struct kvp_shared *sh, const struct kvp_mat *W, const fl
         return;
     }
     ts->xg_ready = -1;
+    if (kvp_matvec_xq_bytes(W->type, W->cols) > 0 && !kvp_gemm_sgemm_forced()) {
+        /* quantized weights without the integer GEMM: kvpred's own row kernels, token by token
+         * as decode runs them, so a token's products do not depend on how many tokens share
+         * the call. OpenBLAS's sgemm makes no such promise (its Haswell kernel rounds the rows
+         * of a call's last partial tile differently from full tiles), and a prompt prefilled
+         * in two pieces differed from one prefill wherever it ran. Float weights keep sgemm.
+         * The sequence's rows overwrite xv: the single rows that follow prepare theirs again. */
+        matvec_multi(sh, W, NULL, X, ldx, NULL, n, Y, ldy, accumulate, false, r0, r1, ith);
+        ts->xv_type = -1;
+        return;
+    }
     if (r0 >= r1)
         return;
     float beta = accumulate ? 1.0f : 0.0f;
@@ -525,7 +541,19 @@ static long rows_per_group(const struct kvp_mat *W)
     return g > 8 ? g : 8;
 }
 
-/* The single rows segs[0..n) against rows [r0, r1) of W: each is the decode mat-vec of one token,
+/* Row j of a product's rows: segs[j], or with segs NULL the j-th row of one contiguous batch. */
+static int seg_row(const struct kvp_row_seg *segs, int j)
+{
+    return segs ? segs[j].row0 : j;
+}
+
+static float *seg_out(const struct kvp_row_seg *segs, int j, float *Y, int ldy)
+{
+    return segs && segs[j].y ? segs[j].y : Y + (size_t)seg_row(segs, j) * ldy;
+}
+
+/* The single rows segs[0..n) (NULL: rows 0..n of X) against rows [r0, r1) of W: each is the
+ * decode mat-vec of one token,
  * bit for bit (same quantized activations, same kernel per row), with the weight rows read from
  * memory once for all of them. Activations are quantized into this thread's ts->xv, reused when
  * same_x and the vec_dot type matches (the mat-vec's own reuse rule). */
@@ -545,7 +573,7 @@ static void matvec_multi(struct kvp_shared *sh, const struct kvp_mat *W,
     uint8_t *xv = ts->xv;
     if (vt >= 0 && !reuse)
         for (int j = 0; j < n; j++)
-            kvp_matvec_prepare(W->type, X + (size_t)segs[j].row0 * ldx, W->cols,
+            kvp_matvec_prepare(W->type, X + (size_t)seg_row(segs, j) * ldx, W->cols,
                                xv + (size_t)j * sh->xv_stride);
     if (P && n >= KVP_SINGLES_LANES && vt >= 0) {
         /* weights packed in lanes: every vector in one call over this thread's rows, the
@@ -554,7 +582,7 @@ static void matvec_multi(struct kvp_shared *sh, const struct kvp_mat *W,
          * in any step what it gets alone. */
         for (int j = 0; j < n; j++) {
             ts->xvp[j] = xv + (size_t)j * sh->xv_stride;
-            ts->yvp[j] = (segs[j].y ? segs[j].y : Y + (size_t)segs[j].row0 * ldy) + r0;
+            ts->yvp[j] = seg_out(segs, j, Y, ldy) + r0;
         }
         kvp_lanes_rows(P, ts->xvp, n, ts->yvp, r0, r1, accumulate);
         return;
@@ -582,17 +610,15 @@ static void matvec_multi(struct kvp_shared *sh, const struct kvp_mat *W,
             for (int j0 = 0; j0 < n; j0 += chunk) {
                 int m = n - j0 < chunk ? n - j0 : chunk;
                 for (int j = 0; j < m; j++) {
-                    const struct kvp_row_seg *sg = &segs[j0 + j];
                     ts->xvp[j] = xv + (size_t)(j0 + j) * sh->xv_stride;
                     ts->yvp[j] = accumulate ? ts->tile + (size_t)j * group
-                                 : (sg->y ? sg->y : Y + (size_t)sg->row0 * ldy) + a;
+                                            : seg_out(segs, j0 + j, Y, ldy) + a;
                 }
                 kvp_matvec_rows_multi(W, ts->xvp, m, ts->yvp, a, b);
                 if (!accumulate)
                     continue;
                 for (int j = 0; j < m; j++) {
-                    const struct kvp_row_seg *sg = &segs[j0 + j];
-                    float *y = sg->y ? sg->y : Y + (size_t)sg->row0 * ldy;
+                    float *y = seg_out(segs, j0 + j, Y, ldy);
                     for (long r = a; r < b; r++)
                         y[r] += ts->tile[(size_t)j * group + (r - a)];
                 }
@@ -600,9 +626,9 @@ static void matvec_multi(struct kvp_shared *sh, const struct kvp_mat *W,
             continue;
         }
         for (int j = 0; j < n; j++) {
-            const float *x = X + (size_t)segs[j].row0 * ldx;
+            const float *x = X + (size_t)seg_row(segs, j) * ldx;
             const void *xq = vt >= 0 ? xv + (size_t)j * sh->xv_stride : NULL;
-            float *y = segs[j].y ? segs[j].y : Y + (size_t)segs[j].row0 * ldy;
+            float *y = seg_out(segs, j, Y, ldy);
             if (!accumulate) {
                 kvp_matvec_rows(W, x, xq, y, a, b);
                 continue;

@@ -53,6 +53,10 @@ struct kvp_gemm_tile {
  * (the CPU has the kernel, the type converts, KVP_PREFILL is not "sgemm"). */
 bool kvp_gemm_wants(int type, int n);
 
+/* Whether KVP_PREFILL=sgemm asks prefill to keep the dequantize + OpenBLAS sgemm path (the
+ * reference some tests compare with) where it would otherwise run kvpred's own kernels. */
+bool kvp_gemm_sgemm_forced(void);
+
 /* Bytes of the quantized activations of n tokens of cols columns (cols a multiple of 32). */
 size_t kvp_gemm_xq_bytes(int n, int64_t cols);
 
