@@ -20,19 +20,6 @@
 
 /* ============================== Helpers ======================================================= */
 
-static int32_t *encode(const struct kvp_vocab *v, const char *text, size_t len, bool add_special,
-                       bool parse_special, size_t *n)
-{
-    struct kvp_err err = {0};
-    size_t cap = len + 16;
-    int32_t *ids = malloc(cap * sizeof(*ids));
-    assert_non_null(ids);
-    int rc = kvp_vocab_encode(v, text, len, add_special, parse_special, ids, cap, n, &err);
-    if (rc)
-        fail_msg("encode: %s", err.msg);
-    return ids;
-}
-
 /* Concatenated pieces of ids; heap string with its length in *len. */
 static char *decode(const struct kvp_vocab *v, const int32_t *ids, size_t n, size_t *len)
 {
@@ -45,25 +32,6 @@ static char *decode(const struct kvp_vocab *v, const int32_t *ids, size_t n, siz
     *len = o;
     return s;
 }
-
-static void expect_ids(const struct kvp_vocab *v, const char *text, bool parse_special,
-                       const int32_t *want, size_t n_want)
-{
-    size_t n;
-    int32_t *ids = encode(v, text, strlen(text), false, parse_special, &n);
-    if (n != n_want)
-        fail_msg("'%s': %zu ids, expected %zu", text, n, n_want);
-    for (size_t i = 0; i < n; i++)
-        if (ids[i] != want[i])
-            fail_msg("'%s': id %zu is %d, expected %d", text, i, ids[i], want[i]);
-    free(ids);
-}
-
-#define EXPECT(v, text, ps, ...)                                                                   \
-    do {                                                                                           \
-        const int32_t w_[] = {__VA_ARGS__};                                                        \
-        expect_ids(v, text, ps, w_, sizeof(w_) / sizeof(w_[0]));                                   \
-    } while (0)
 
 /* Description of a hand-made gpt2 vocabulary written to GGUF with the writer. NULL pre or
  * merges leave the key out; n_types < 0 leaves token_type out. */
@@ -372,13 +340,13 @@ static void test_merge_rank(void **state)
     struct tiny t = {"gpt-2", tiny_toks, TINY_N, tiny_types, TINY_N, m1, 4, -1, false};
     struct kvp_vocab *v = tiny_vocab(&t);
     assert_int_equal(kvp_vocab_kind(v), KVP_VOCAB_BPE);
-    EXPECT(v, "abc", false, 7);
-    EXPECT(v, "ab", false, 5);
-    EXPECT(v, "abd", false, 5, 3); /* no rule makes abd */
-    EXPECT(v, "cab", false, 2, 5);
+    KVP_EXPECT_IDS(v, "abc", false, 7);
+    KVP_EXPECT_IDS(v, "ab", false, 5);
+    KVP_EXPECT_IDS(v, "abd", false, 5, 3); /* no rule makes abd */
+    KVP_EXPECT_IDS(v, "cab", false, 2, 5);
     /* " ab": Ġ a b → Ġ ab; "Ġ ab" is rank 3 → Ġab */
-    EXPECT(v, " ab", false, 8);
-    EXPECT(v, "a b", false, 0, 4, 1); /* " b" is a word: Ġ b, no rule */
+    KVP_EXPECT_IDS(v, " ab", false, 8);
+    KVP_EXPECT_IDS(v, "a b", false, 0, 4, 1); /* " b" is a word: Ġ b, no rule */
     kvp_vocab_free(v);
 
     /* "a b" first: abc → ab + c, and "ab c" does not exist */
@@ -386,9 +354,9 @@ static void test_merge_rank(void **state)
     t.merges = m2;
     t.n_merges = 3;
     v = tiny_vocab(&t);
-    EXPECT(v, "abc", false, 5, 2);
-    EXPECT(v, "bc", false, 6);
-    EXPECT(v, " ab", false, 4, 5); /* no Ġ ab rule now */
+    KVP_EXPECT_IDS(v, "abc", false, 5, 2);
+    KVP_EXPECT_IDS(v, "bc", false, 6);
+    KVP_EXPECT_IDS(v, " ab", false, 4, 5); /* no Ġ ab rule now */
     kvp_vocab_free(v);
 
     /* ties go left: aaa → aa a; aaaa → aa aa → aaaa; aaaaa → aaaa a */
@@ -396,10 +364,10 @@ static void test_merge_rank(void **state)
     t.merges = m3;
     t.n_merges = 2;
     v = tiny_vocab(&t);
-    EXPECT(v, "aaa", false, 10, 0);
-    EXPECT(v, "aaaa", false, 11);
-    EXPECT(v, "aaaaa", false, 11, 0);
-    EXPECT(v, "aaaaaa", false, 11, 10);
+    KVP_EXPECT_IDS(v, "aaa", false, 10, 0);
+    KVP_EXPECT_IDS(v, "aaaa", false, 11);
+    KVP_EXPECT_IDS(v, "aaaaa", false, 11, 0);
+    KVP_EXPECT_IDS(v, "aaaaaa", false, 11, 10);
     kvp_vocab_free(v);
 }
 
@@ -410,15 +378,15 @@ static void test_whole_word(void **state)
     /* llama-bpe ignores merges for a word that is a token: abd stays whole */
     struct tiny t = {"llama-bpe", tiny_toks, TINY_N, tiny_types, TINY_N, m, 1, -1, false};
     struct kvp_vocab *v = tiny_vocab(&t);
-    EXPECT(v, "abd", false, 9);
-    EXPECT(v, "abc", false, 7); /* abc is a token too */
-    EXPECT(v, "abca", false, 5, 2, 0);
+    KVP_EXPECT_IDS(v, "abd", false, 9);
+    KVP_EXPECT_IDS(v, "abc", false, 7); /* abc is a token too */
+    KVP_EXPECT_IDS(v, "abca", false, 5, 2, 0);
     kvp_vocab_free(v);
     /* qwen2 splits the same way but always merges */
     t.pre = "qwen2";
     v = tiny_vocab(&t);
-    EXPECT(v, "abd", false, 5, 3);
-    EXPECT(v, "abc", false, 5, 2);
+    KVP_EXPECT_IDS(v, "abd", false, 5, 3);
+    KVP_EXPECT_IDS(v, "abc", false, 5, 2);
     kvp_vocab_free(v);
 }
 
@@ -429,10 +397,10 @@ static void test_special_and_defaults(void **state)
     struct tiny t = {"gpt-2", tiny_toks, TINY_N, tiny_types, TINY_N, m, 1, -1, false};
     struct kvp_vocab *v = tiny_vocab(&t);
     /* user-defined always, control only with parse_special; no space prefix after either */
-    EXPECT(v, "ab<x>ab", false, 5, 13, 5);
-    EXPECT(v, "ab<|eot|>", true, 5, 12);
+    KVP_EXPECT_IDS(v, "ab<x>ab", false, 5, 13, 5);
+    KVP_EXPECT_IDS(v, "ab<|eot|>", true, 5, 12);
     size_t n;
-    int32_t *ids = encode(v, "a<|eot|>", 8, false, false, &n);
+    int32_t *ids = kvp_test_encode(v, "a<|eot|>", 8, false, false, &n);
     for (size_t i = 0; i < n; i++) /* raw text: its bytes, which this vocabulary mostly lacks */
         assert_int_not_equal(ids[i], 12);
     free(ids);
@@ -440,7 +408,7 @@ static void test_special_and_defaults(void **state)
     assert_int_equal(kvp_vocab_bos(v), 11);
     assert_int_equal(kvp_vocab_eos(v), 11);
     assert_false(kvp_vocab_add_bos(v));
-    ids = encode(v, "ab", 2, true, false, &n);
+    ids = kvp_test_encode(v, "ab", 2, true, false, &n);
     assert_int_equal(n, 1);
     free(ids);
     /* decoding: byte-mapped back, control silent, user-defined verbatim */
@@ -459,7 +427,7 @@ static void test_special_and_defaults(void **state)
     t.pre = "llama-bpe";
     v = tiny_vocab(&t);
     assert_true(kvp_vocab_add_bos(v));
-    ids = encode(v, "ab", 2, true, false, &n);
+    ids = kvp_test_encode(v, "ab", 2, true, false, &n);
     assert_int_equal(n, 2);
     assert_int_equal(ids[0], 11);
     free(ids);
@@ -489,7 +457,7 @@ static void test_eog_by_text(void **state)
     assert_false(kvp_vocab_is_eog(v, 0));
     assert_false(kvp_vocab_is_eog(v, 4));
     assert_false(kvp_vocab_is_eog(v, -1));
-    EXPECT(v, "a<|eot_id|>", true, 0, 2);
+    KVP_EXPECT_IDS(v, "a<|eot_id|>", true, 0, 2);
     kvp_vocab_free(v);
 }
 
@@ -517,7 +485,7 @@ static struct kvp_vocab *full_byte_vocab(const char *pre)
 static void roundtrip(const struct kvp_vocab *v, const char *text, size_t len)
 {
     size_t n, dn;
-    int32_t *ids = encode(v, text, len, false, false, &n);
+    int32_t *ids = kvp_test_encode(v, text, len, false, false, &n);
     char *back = decode(v, ids, n, &dn);
     if (dn != len || memcmp(back, text, len) != 0)
         fail_msg("round trip of %zu bytes gave %zu bytes", len, dn);
@@ -600,8 +568,8 @@ static void test_roundtrip_tiny(void **state)
     }
     /* merges do happen: " the" is one token */
     struct kvp_vocab *v = full_byte_vocab("gpt-2");
-    EXPECT(v, " the", false, 258);
-    EXPECT(v, "    ", false, 260, 260);
+    KVP_EXPECT_IDS(v, " the", false, 258);
+    KVP_EXPECT_IDS(v, "    ", false, 260, 260);
     kvp_vocab_free(v);
 }
 
@@ -738,9 +706,9 @@ static void test_gpt2_vectors(void **state)
     assert_int_equal(failed, 0);
 
     /* special tokens: <|endoftext|> is control, so only parse_special matches it */
-    EXPECT(v, "Hello<|endoftext|>", true, 15496, 50256);
+    KVP_EXPECT_IDS(v, "Hello<|endoftext|>", true, 15496, 50256);
     size_t n;
-    int32_t *ids = encode(v, "<|endoftext|>", 13, false, false, &n);
+    int32_t *ids = kvp_test_encode(v, "<|endoftext|>", 13, false, false, &n);
     assert_true(n > 1);
     free(ids);
     free(inp);
@@ -748,7 +716,7 @@ static void test_gpt2_vectors(void **state)
     kvp_vocab_free(v);
 }
 
-/* decode(encode(x)) == x on the real GPT-2 vocabulary, for random and malformed input. */
+/* decode(kvp_test_encode(x)) == x on the real GPT-2 vocabulary, for random and malformed input. */
 static void test_gpt2_roundtrip(void **state)
 {
     (void)state;

@@ -21,19 +21,6 @@
 /* ============================== Helpers ======================================================= */
 
 /* Encode into a heap array (caller frees); fails the test on error. */
-static int32_t *encode(const struct kvp_vocab *v, const char *text, size_t len, bool add_special,
-                       bool parse_special, size_t *n)
-{
-    struct kvp_err err = {0};
-    size_t cap = 3 * len + 16;
-    int32_t *ids = malloc(cap * sizeof(*ids));
-    assert_non_null(ids);
-    int rc = kvp_vocab_encode(v, text, len, add_special, parse_special, ids, cap, n, &err);
-    if (rc)
-        fail_msg("encode: %s", err.msg);
-    return ids;
-}
-
 /* Decode ids as a streaming client would (prev = previous id, -1 first). Heap string. */
 static char *decode(const struct kvp_vocab *v, const int32_t *ids, size_t n, int first_prev)
 {
@@ -97,7 +84,7 @@ static void check_reference(const struct kvp_vocab *v)
     assert_non_null(ref);
     assert_int_equal(n_ref, 256);
     size_t n;
-    int32_t *ids = encode(v, text, len, true, false, &n);
+    int32_t *ids = kvp_test_encode(v, text, len, true, false, &n);
     assert_true(n >= n_ref);
     for (size_t i = 0; i < n_ref; i++)
         if (ids[i] != ref[i])
@@ -130,27 +117,27 @@ static void test_tok512_basics(void **state)
     (void)p;
     struct kvp_vocab *v = load_tokbin("models/llama2c/tok512.bin", 512);
     size_t n;
-    int32_t *ids = encode(v, "", 0, true, false, &n);
+    int32_t *ids = kvp_test_encode(v, "", 0, true, false, &n);
     assert_int_equal(n, 1);
     assert_int_equal(ids[0], 1);
     free(ids);
-    ids = encode(v, "", 0, false, false, &n);
+    ids = kvp_test_encode(v, "", 0, false, false, &n);
     assert_int_equal(n, 0);
     free(ids);
     /* a newline is the byte token <0x0A> = 3 + 10 (docs/formats.md §5.2, tok512 layout
      * §6.3) */
-    ids = encode(v, "a\nb", 3, false, false, &n);
+    ids = kvp_test_encode(v, "a\nb", 3, false, false, &n);
     bool found = false;
     for (size_t i = 0; i < n; i++)
         found |= ids[i] == 13;
     assert_true(found);
     free(ids);
     /* BOS text is not special unless asked */
-    ids = encode(v, "<s>", 3, false, true, &n);
+    ids = kvp_test_encode(v, "<s>", 3, false, true, &n);
     assert_int_equal(n, 1);
     assert_int_equal(ids[0], 1);
     free(ids);
-    ids = encode(v, "<s>", 3, false, false, &n);
+    ids = kvp_test_encode(v, "<s>", 3, false, false, &n);
     assert_true(n > 1);
     free(ids);
     /* decoding: BOS and EOS print nothing, byte tokens their byte */
@@ -177,7 +164,7 @@ static void test_tok512_basics(void **state)
     kvp_vocab_free(v);
 }
 
-/* decode(golden ids) == golden text, and decode(encode(text)) == text. */
+/* decode(golden ids) == golden text, and decode(kvp_test_encode(text)) == text. */
 static void test_golden_roundtrip(void **state)
 {
     (void)state;
@@ -205,7 +192,7 @@ static void test_golden_roundtrip(void **state)
         free(s);
         free(ids);
         size_t m;
-        ids = encode(v, text, strlen(text), true, false, &m);
+        ids = kvp_test_encode(v, text, strlen(text), true, false, &m);
         assert_int_equal(ids[0], 1);
         s = decode(v, ids, m, -1);
         assert_string_equal(s, text);
@@ -264,25 +251,6 @@ static struct kvp_vocab *tiny_vocab(int n_extra, const char *const *extra, const
     return v;
 }
 
-static void expect_ids(const struct kvp_vocab *v, const char *text, bool parse_special,
-                       const int32_t *want, size_t n_want)
-{
-    size_t n;
-    int32_t *ids = encode(v, text, strlen(text), false, parse_special, &n);
-    if (n != n_want)
-        fail_msg("'%s': %zu ids, expected %zu", text, n, n_want);
-    for (size_t i = 0; i < n; i++)
-        if (ids[i] != want[i])
-            fail_msg("'%s': id %zu is %d, expected %d", text, i, ids[i], want[i]);
-    free(ids);
-}
-
-#define EXPECT(v, text, ps, ...)                                                                   \
-    do {                                                                                           \
-        const int32_t w_[] = {__VA_ARGS__};                                                        \
-        expect_ids(v, text, ps, w_, sizeof(w_) / sizeof(w_[0]));                                   \
-    } while (0)
-
 static void test_merge_priority(void **state)
 {
     (void)state;
@@ -291,15 +259,15 @@ static void test_merge_priority(void **state)
     const float sc[] = {0, 0, 0, 0, -5, -1};
     struct kvp_vocab *v = tiny_vocab(6, ex, sc, NULL);
     /* "bc" scores higher than "ab", so it merges first and "ab" never forms */
-    EXPECT(v, "abc", false, 259, 260, 264);
-    EXPECT(v, "ab", false, 259, 263);
+    KVP_EXPECT_IDS(v, "abc", false, 259, 260, 264);
+    KVP_EXPECT_IDS(v, "ab", false, 259, 263);
     kvp_vocab_free(v);
 
     /* add "abc" (-0.5): a + bc -> abc after the first merge */
     const char *ex2[] = {MARK, "a", "b", "c", "ab", "bc", "abc"};
     const float sc2[] = {0, 0, 0, 0, -5, -1, -0.5f};
     v = tiny_vocab(7, ex2, sc2, NULL);
-    EXPECT(v, "abc", false, 259, 265);
+    KVP_EXPECT_IDS(v, "abc", false, 259, 265);
     /* with "ab" preferred instead, "abc" is reached via ab + c? No: "abc" needs a pair; ab+c
        concatenates to "abc" too, so the result is the same token */
     kvp_vocab_free(v);
@@ -308,8 +276,8 @@ static void test_merge_priority(void **state)
     const char *ex3[] = {MARK, "a", "b", MARK "a", "ab"};
     const float sc3[] = {0, 0, 0, -1, -2};
     v = tiny_vocab(5, ex3, sc3, NULL);
-    EXPECT(v, "ab", false, 262, 261);
-    EXPECT(v, "b a", false, 259, 261, 262);
+    KVP_EXPECT_IDS(v, "ab", false, 262, 261);
+    KVP_EXPECT_IDS(v, "b a", false, 259, 261, 262);
     kvp_vocab_free(v);
 }
 
@@ -320,15 +288,15 @@ static void test_merge_ties(void **state)
     const char *ex[] = {MARK, "a", "b", "c", "ab", "bc"};
     const float sc[] = {0, 0, 0, 0, -1, -1};
     struct kvp_vocab *v = tiny_vocab(6, ex, sc, NULL);
-    EXPECT(v, "abc", false, 259, 263, 262);
-    EXPECT(v, "bcab", false, 259, 264, 263);
+    KVP_EXPECT_IDS(v, "abc", false, 259, 263, 262);
+    KVP_EXPECT_IDS(v, "bcab", false, 259, 264, 263);
     /* "aaa": pairs (0,1) and (1,2) tie; the left one wins, leaving "aa" + "a" */
     kvp_vocab_free(v);
     const char *ex2[] = {MARK, "a", "aa"};
     const float sc2[] = {0, 0, -1};
     v = tiny_vocab(3, ex2, sc2, NULL);
-    EXPECT(v, "aaa", false, 259, 261, 260);
-    EXPECT(v, "aaaa", false, 259, 261, 261);
+    KVP_EXPECT_IDS(v, "aaa", false, 259, 261, 260);
+    KVP_EXPECT_IDS(v, "aaaa", false, 259, 261, 261);
     kvp_vocab_free(v);
 }
 
@@ -339,12 +307,12 @@ static void test_byte_fallback(void **state)
     const float sc[] = {0, 0};
     struct kvp_vocab *v = tiny_vocab(2, ex, sc, NULL);
     /* unknown characters become one byte token per UTF-8 byte: id = 3 + byte */
-    EXPECT(v, "a\n", false, 259, 260, 3 + 0x0A);
-    EXPECT(v, "\xc3\xa9", false, 259, 3 + 0xC3, 3 + 0xA9); /* é */
-    EXPECT(v, "\t", false, 259, 3 + 0x09);
+    KVP_EXPECT_IDS(v, "a\n", false, 259, 260, 3 + 0x0A);
+    KVP_EXPECT_IDS(v, "\xc3\xa9", false, 259, 3 + 0xC3, 3 + 0xA9); /* é */
+    KVP_EXPECT_IDS(v, "\t", false, 259, 3 + 0x09);
     /* decoding the bytes gives back the character */
     size_t n;
-    int32_t *ids = encode(v, "a\xc3\xa9\n", 4, true, false, &n);
+    int32_t *ids = kvp_test_encode(v, "a\xc3\xa9\n", 4, true, false, &n);
     char *s = decode(v, ids, n, -1);
     assert_string_equal(s, "a\xc3\xa9\n");
     free(s);
@@ -355,7 +323,7 @@ static void test_byte_fallback(void **state)
     const char *ex2[] = {"a"};
     const float sc2[] = {0};
     v = tiny_vocab(1, ex2, sc2, NULL);
-    EXPECT(v, "a", false, 3 + 0xE2, 3 + 0x96, 3 + 0x81, 259);
+    KVP_EXPECT_IDS(v, "a", false, 3 + 0xE2, 3 + 0x96, 3 + 0x81, 259);
     kvp_vocab_free(v);
 }
 
@@ -366,11 +334,11 @@ static void test_invalid_utf8(void **state)
     const float sc[] = {0, 0};
     struct kvp_vocab *v = tiny_vocab(2, ex, sc, NULL);
     /* a stray continuation byte, a lone 0xFF, and a character cut short at the end */
-    EXPECT(v, "a\x80", false, 259, 260, 3 + 0x80);
-    EXPECT(v, "\xff" "a", false, 259, 3 + 0xFF, 260);
-    EXPECT(v, "a\xe2\x96", false, 259, 260, 3 + 0xE2, 3 + 0x96);
+    KVP_EXPECT_IDS(v, "a\x80", false, 259, 260, 3 + 0x80);
+    KVP_EXPECT_IDS(v, "\xff" "a", false, 259, 3 + 0xFF, 260);
+    KVP_EXPECT_IDS(v, "a\xe2\x96", false, 259, 260, 3 + 0xE2, 3 + 0x96);
     /* a lead byte swallows the next bytes as one symbol even when they are not continuations */
-    EXPECT(v, "\xe2" "aa", false, 259, 3 + 0xE2, 3 + 'a', 3 + 'a');
+    KVP_EXPECT_IDS(v, "\xe2" "aa", false, 259, 3 + 0xE2, 3 + 'a', 3 + 'a');
     kvp_vocab_free(v);
 }
 
@@ -384,16 +352,16 @@ static void test_special_partition(void **state)
                           KVP_TOKEN_USER_DEFINED, KVP_TOKEN_USER_DEFINED, KVP_TOKEN_CONTROL};
     struct kvp_vocab *v = tiny_vocab(6, ex, sc, ty);
     /* user-defined always match, longest first; text after a special gets the space prefix */
-    EXPECT(v, "a<tag>b", false, 259, 260, 263, 259, 261);
-    EXPECT(v, "a<tb", false, 259, 260, 262, 259, 261);
-    EXPECT(v, "<tag><t", false, 263, 262);
+    KVP_EXPECT_IDS(v, "a<tag>b", false, 259, 260, 263, 259, 261);
+    KVP_EXPECT_IDS(v, "a<tb", false, 259, 260, 262, 259, 261);
+    KVP_EXPECT_IDS(v, "<tag><t", false, 263, 262);
     /* control tokens only with parse_special */
-    EXPECT(v, "a<ctl>", true, 259, 260, 264);
-    EXPECT(v, "<s>a", true, 1, 259, 260);
-    EXPECT(v, "a<s>", false, 259, 260, 3 + '<', 3 + 's', 3 + '>');
+    KVP_EXPECT_IDS(v, "a<ctl>", true, 259, 260, 264);
+    KVP_EXPECT_IDS(v, "<s>a", true, 1, 259, 260);
+    KVP_EXPECT_IDS(v, "a<s>", false, 259, 260, 3 + '<', 3 + 's', 3 + '>');
     /* add_special puts BOS first */
     size_t n;
-    int32_t *ids = encode(v, "<s>", 3, true, true, &n);
+    int32_t *ids = kvp_test_encode(v, "<s>", 3, true, true, &n);
     assert_int_equal(n, 2);
     assert_int_equal(ids[0], 1);
     assert_int_equal(ids[1], 1);
@@ -532,8 +500,8 @@ static void test_write_reload(void **state)
     assert_true(kvp_vocab_add_bos(r));
     const char *text = "Once upon a time, there was a little girl.\nShe said \"hi\" \xc3\xa9!";
     size_t n1, n2;
-    int32_t *a = encode(v, text, strlen(text), true, false, &n1);
-    int32_t *b = encode(r, text, strlen(text), true, false, &n2);
+    int32_t *a = kvp_test_encode(v, text, strlen(text), true, false, &n1);
+    int32_t *b = kvp_test_encode(r, text, strlen(text), true, false, &n2);
     assert_int_equal(n1, n2);
     assert_memory_equal(a, b, n1 * sizeof(*a));
     free(a);

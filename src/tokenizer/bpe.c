@@ -255,17 +255,6 @@ static size_t put(char *buf, size_t cap, size_t o, const char *src, size_t n)
 }
 
 /* Hex digit value, or -1. */
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    return -1;
-}
-
 /* See vocab_impl.h. */
 size_t kvp_bpe_piece(const struct kvp_vocab *v, int token, char *buf, size_t cap)
 {
@@ -280,8 +269,8 @@ size_t kvp_bpe_piece(const struct kvp_vocab *v, int token, char *buf, size_t cap
         return put(buf, cap, 0, t, n);
     case KVP_TOKEN_BYTE:
         if (n == 6 && t[0] == '<' && t[1] == '0' && t[2] == 'x' && t[5] == '>' &&
-            hexval(t[3]) >= 0 && hexval(t[4]) >= 0) {
-            char c = (char)(hexval(t[3]) * 16 + hexval(t[4]));
+            kvp_hex_digit(t[3]) >= 0 && kvp_hex_digit(t[4]) >= 0) {
+            char c = (char)(kvp_hex_digit(t[3]) * 16 + kvp_hex_digit(t[4]));
             return put(buf, cap, 0, &c, 1);
         }
         break;

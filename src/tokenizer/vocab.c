@@ -466,7 +466,7 @@ int kvp_vocab_type(const struct kvp_vocab *v, int token)
 
 /* ============================== Decoding ====================================================== */
 
-static int hex_digit(char c)
+int kvp_hex_digit(char c)
 {
     if (c >= '0' && c <= '9')
         return c - '0';
@@ -500,7 +500,7 @@ size_t kvp_vocab_piece(const struct kvp_vocab *v, int prev, int token, char *buf
     size_t n = v->len[token];
     switch (v->type[token]) {
     case KVP_TOKEN_BYTE: {
-        int hi = n == 6 ? hex_digit(t[3]) : -1, lo = n == 6 ? hex_digit(t[4]) : -1;
+        int hi = n == 6 ? kvp_hex_digit(t[3]) : -1, lo = n == 6 ? kvp_hex_digit(t[4]) : -1;
         if (hi < 0 || lo < 0)
             return put(buf, cap, 0, t, n);
         char c = (char)(hi * 16 + lo);

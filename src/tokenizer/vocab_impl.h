@@ -102,4 +102,7 @@ int kvp_bpe_rank(const struct kvp_vocab *v, int left, int right, int *result);
  * Returns 0 or KVP_ENOMEM. */
 int kvp_vocab_finish(struct kvp_vocab *v, struct kvp_err *err);
 
+/* The value of hex digit c (0-9, A-F, a-f), or -1: byte tokens are spelled <0xXX>. */
+int kvp_hex_digit(char c);
+
 #endif
