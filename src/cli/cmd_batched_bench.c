@@ -36,6 +36,7 @@
 #include "core/rng.h"
 #include "kernels/simd.h"
 #include "kernels/types.h"
+#include "kvpred_lab.h"
 
 #define MAX_LIST 32
 

@@ -31,6 +31,7 @@
 #include "kernels/types.h"
 #include "kv/attention.h"
 #include "policy/host.h"
+#include "kvpred_lab.h"
 
 /* ---- setup -------------------------------------------------------------------------------- */
 

@@ -10,6 +10,7 @@
 #include "forward/prefill_attention.h"
 #include "kv/attention.h"
 #include "store/store.h"
+#include "kvpred_lab.h"
 
 /* ---- lifetime ------------------------------------------------------------------------------ */
 
