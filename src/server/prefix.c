@@ -14,6 +14,7 @@
 #include "core/platform.h"
 #include "forward/context.h"
 #include "kv/kvcache.h"
+#include "server/bytes.h"
 
 #define HEADER_BYTES 72
 /* tokens a prompt must add to the longest cached prefix it starts with to be kept itself */
@@ -73,26 +74,6 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n)
 }
 #define FNV0 14695981039346656037ULL
 
-static void put_u32(uint8_t *b, uint32_t v)
-{
-    memcpy(b, &v, 4);
-}
-static void put_u64(uint8_t *b, uint64_t v)
-{
-    memcpy(b, &v, 8);
-}
-static uint32_t get_u32(const uint8_t *b)
-{
-    uint32_t v;
-    memcpy(&v, b, 4);
-    return v;
-}
-static uint64_t get_u64(const uint8_t *b)
-{
-    uint64_t v;
-    memcpy(&v, b, 8);
-    return v;
-}
 
 /* The model file's identity: its size, its first and last 64 KiB and its shapes. Reading the
  * whole file would cost seconds for a large model at every start; a changed file that keeps its
@@ -187,18 +168,18 @@ static void header_fill(const struct srv_prefix *p, const struct entry *e, uint8
 {
     memset(h, 0, HEADER_BYTES);
     memcpy(h, MAGIC, 8);
-    put_u32(h + 8, FILE_VERSION);
-    put_u32(h + 12, (uint32_t)e->n);
-    put_u64(h + 16, p->fingerprint);
-    put_u32(h + 24, (uint32_t)p->type_k);
-    put_u32(h + 28, (uint32_t)p->type_v);
-    put_u32(h + 32, (uint32_t)p->bs);
-    put_u32(h + 36, (uint32_t)p->n_layer);
-    put_u32(h + 40, (uint32_t)p->n_head_kv);
-    put_u32(h + 44, (uint32_t)p->head_dim);
-    put_u64(h + 48, p->unit_bytes);
-    put_u64(h + 56, fnv(FNV0, e->toks, (size_t)e->n * sizeof(int32_t)));
-    put_u64(h + 64, fnv(FNV0, h, 64));
+    srv_put_u32(h + 8, FILE_VERSION);
+    srv_put_u32(h + 12, (uint32_t)e->n);
+    srv_put_u64(h + 16, p->fingerprint);
+    srv_put_u32(h + 24, (uint32_t)p->type_k);
+    srv_put_u32(h + 28, (uint32_t)p->type_v);
+    srv_put_u32(h + 32, (uint32_t)p->bs);
+    srv_put_u32(h + 36, (uint32_t)p->n_layer);
+    srv_put_u32(h + 40, (uint32_t)p->n_head_kv);
+    srv_put_u32(h + 44, (uint32_t)p->head_dim);
+    srv_put_u64(h + 48, p->unit_bytes);
+    srv_put_u64(h + 56, fnv(FNV0, e->toks, (size_t)e->n * sizeof(int32_t)));
+    srv_put_u64(h + 64, fnv(FNV0, h, 64));
 }
 
 static bool write_all(int fd, const void *buf, size_t n)
@@ -259,7 +240,7 @@ static char *write_entry(struct srv_prefix *p, const struct entry *e, int *err_n
     for (size_t u = 0; ok && u < units; u++) {
         const uint8_t *d = e->data + u * p->unit_bytes;
         uint8_t sum[8];
-        put_u64(sum, fnv(FNV0, d, p->unit_bytes));
+        srv_put_u64(sum, fnv(FNV0, d, p->unit_bytes));
         ok = write_all(fd, d, p->unit_bytes) && write_all(fd, sum, 8);
     }
     *err_no = ok ? 0 : errno;
@@ -339,29 +320,29 @@ static struct entry *read_index(struct srv_prefix *p, const char *path, const ch
         *why = "truncated header";
         goto out;
     }
-    if (memcmp(h, MAGIC, 8) || get_u32(h + 8) != FILE_VERSION) {
+    if (memcmp(h, MAGIC, 8) || srv_get_u32(h + 8) != FILE_VERSION) {
         *why = "not a prefix file of this version";
         *foreign = true;
         goto out;
     }
-    if (get_u64(h + 64) != fnv(FNV0, h, 64)) {
+    if (srv_get_u64(h + 64) != fnv(FNV0, h, 64)) {
         *why = "header checksum mismatch";
         goto out;
     }
-    if (get_u64(h + 16) != p->fingerprint) {
+    if (srv_get_u64(h + 16) != p->fingerprint) {
         *why = "made with another model file";
         *foreign = true;
         goto out;
     }
-    if ((int)get_u32(h + 24) != p->type_k || (int)get_u32(h + 28) != p->type_v ||
-        (int)get_u32(h + 32) != p->bs || (int)get_u32(h + 36) != p->n_layer ||
-        (int)get_u32(h + 40) != p->n_head_kv || (int)get_u32(h + 44) != p->head_dim ||
-        get_u64(h + 48) != p->unit_bytes) {
+    if ((int)srv_get_u32(h + 24) != p->type_k || (int)srv_get_u32(h + 28) != p->type_v ||
+        (int)srv_get_u32(h + 32) != p->bs || (int)srv_get_u32(h + 36) != p->n_layer ||
+        (int)srv_get_u32(h + 40) != p->n_head_kv || (int)srv_get_u32(h + 44) != p->head_dim ||
+        srv_get_u64(h + 48) != p->unit_bytes) {
         *why = "another KV type, block size or shape";
         *foreign = true;
         goto out;
     }
-    uint32_t n = get_u32(h + 12);
+    uint32_t n = srv_get_u32(h + 12);
     if (n == 0 || n % (uint32_t)p->bs || n > (1u << 24)) {
         *why = "bad token count";
         goto out;
@@ -381,7 +362,7 @@ static struct entry *read_index(struct srv_prefix *p, const char *path, const ch
     }
     e->n = (int)n;
     if (!read_all(fd, e->toks, (size_t)n * 4) ||
-        fnv(FNV0, e->toks, (size_t)n * 4) != get_u64(h + 56)) {
+        fnv(FNV0, e->toks, (size_t)n * 4) != srv_get_u64(h + 56)) {
         *why = "token ids do not match their checksum";
         entry_free(e);
         e = NULL;
@@ -409,7 +390,7 @@ static uint8_t *read_data(struct srv_prefix *p, const char *path, int n, const c
             *why = "truncated";
             goto out;
         }
-        if (get_u64(sum) != fnv(FNV0, d + u * p->unit_bytes, p->unit_bytes)) {
+        if (srv_get_u64(sum) != fnv(FNV0, d + u * p->unit_bytes, p->unit_bytes)) {
             *why = "a unit does not match its checksum";
             goto out;
         }

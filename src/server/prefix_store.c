@@ -11,6 +11,7 @@
 #include "core/platform.h"
 #include "forward/context.h"
 #include "kv/kvcache.h"
+#include "server/bytes.h"
 #include "server/prefix.h"
 #include "server/prefix_redis.h"
 
@@ -261,26 +262,6 @@ static bool usable(const struct srv_pstore *ps)
 
 /* ---- values ----------------------------------------------------------------------------- */
 
-static void put_u32(uint8_t *b, uint32_t v)
-{
-    memcpy(b, &v, 4);
-}
-static void put_u64(uint8_t *b, uint64_t v)
-{
-    memcpy(b, &v, 8);
-}
-static uint32_t get_u32(const uint8_t *b)
-{
-    uint32_t v;
-    memcpy(&v, b, 4);
-    return v;
-}
-static uint64_t get_u64(const uint8_t *b)
-{
-    uint64_t v;
-    memcpy(&v, b, 8);
-    return v;
-}
 
 /* Block b's value into out (value_bytes): units from data ([n_layer][nb_d] units, the block at
  * column col). */
@@ -289,20 +270,20 @@ static void value_fill(const struct srv_pstore *ps, int b, u128 key, u128 parent
 {
     memset(out, 0, 64);
     memcpy(out, MAGIC, 8);
-    put_u32(out + 8, VALUE_VERSION);
-    put_u32(out + 12, (uint32_t)b);
-    put_u32(out + 16, (uint32_t)ps->n_layer);
-    put_u32(out + 20, (uint32_t)ps->bs);
+    srv_put_u32(out + 8, VALUE_VERSION);
+    srv_put_u32(out + 12, (uint32_t)b);
+    srv_put_u32(out + 16, (uint32_t)ps->n_layer);
+    srv_put_u32(out + 20, (uint32_t)ps->bs);
     memcpy(out + 24, &key, 16);
     memcpy(out + 40, &parent, 16);
-    put_u64(out + 56, ps->unit_bytes);
+    srv_put_u64(out + 56, ps->unit_bytes);
     memcpy(out + 64, toks, (size_t)ps->bs * 4);
-    put_u64(out + ps->hdr_bytes - 8, kvp_checksum(out, ps->hdr_bytes - 8));
+    srv_put_u64(out + ps->hdr_bytes - 8, kvp_checksum(out, ps->hdr_bytes - 8));
     uint8_t *u = out + ps->hdr_bytes;
     for (int l = 0; l < ps->n_layer; l++) {
         const uint8_t *src = data + ((size_t)l * (size_t)nb_d + (size_t)col) * ps->unit_bytes;
         memcpy(u, src, ps->unit_bytes);
-        put_u64(u + ps->unit_bytes, kvp_checksum(src, ps->unit_bytes));
+        srv_put_u64(u + ps->unit_bytes, kvp_checksum(src, ps->unit_bytes));
         u += ps->unit_bytes + 8;
     }
 }
@@ -315,22 +296,22 @@ static const char *value_check(const struct srv_pstore *ps, const uint8_t *v, si
 {
     if (len != ps->value_bytes)
         return "wrong length";
-    if (memcmp(v, MAGIC, 8) || get_u32(v + 8) != VALUE_VERSION)
+    if (memcmp(v, MAGIC, 8) || srv_get_u32(v + 8) != VALUE_VERSION)
         return "not a block of this version";
-    if (get_u64(v + ps->hdr_bytes - 8) != kvp_checksum(v, ps->hdr_bytes - 8))
+    if (srv_get_u64(v + ps->hdr_bytes - 8) != kvp_checksum(v, ps->hdr_bytes - 8))
         return "header checksum mismatch";
     u128 k, p;
     memcpy(&k, v + 24, 16);
     memcpy(&p, v + 40, 16);
-    if (get_u32(v + 12) != (uint32_t)b || k != key || p != parent ||
-        get_u32(v + 16) != (uint32_t)ps->n_layer || get_u32(v + 20) != (uint32_t)ps->bs ||
-        get_u64(v + 56) != ps->unit_bytes)
+    if (srv_get_u32(v + 12) != (uint32_t)b || k != key || p != parent ||
+        srv_get_u32(v + 16) != (uint32_t)ps->n_layer || srv_get_u32(v + 20) != (uint32_t)ps->bs ||
+        srv_get_u64(v + 56) != ps->unit_bytes)
         return "another block under this key";
     if (memcmp(v + 64, toks, (size_t)ps->bs * 4))
         return "other token ids under this key";
     const uint8_t *u = v + ps->hdr_bytes;
     for (int l = 0; l < ps->n_layer; l++) {
-        if (get_u64(u + ps->unit_bytes) != kvp_checksum(u, ps->unit_bytes))
+        if (srv_get_u64(u + ps->unit_bytes) != kvp_checksum(u, ps->unit_bytes))
             return "a unit does not match its checksum";
         memcpy(data + ((size_t)l * (size_t)nb_d + (size_t)b) * ps->unit_bytes, u,
                ps->unit_bytes);
@@ -783,12 +764,12 @@ int srv_pstore_open(const struct srv_pstore_config *cfg, struct srv_pstore **out
     /* the chain's seed: what makes one server's blocks another's (model, types, layout) */
     uint8_t id[64] = {0};
     memcpy(id, MAGIC, 8);
-    put_u64(id + 8, cfg->fingerprint);
+    srv_put_u64(id + 8, cfg->fingerprint);
     int layout[] = {VALUE_VERSION, ps->type_k, ps->type_v, ps->bs, ps->n_layer, ps->n_head_kv,
                     ps->head_dim};
     for (int i = 0; i < 7; i++)
-        put_u32(id + 16 + 4 * i, (uint32_t)layout[i]);
-    put_u64(id + 44, ps->unit_bytes);
+        srv_put_u32(id + 16 + 4 * i, (uint32_t)layout[i]);
+    srv_put_u64(id + 44, ps->unit_bytes);
     ps->seed = fnv128(FNV128_0, id, sizeof(id));
     /* one command now, so that a cluster that is not there is said at start */
     ps->up = true;
