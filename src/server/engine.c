@@ -755,6 +755,31 @@ static struct slot *pick_slot(struct srv_engine *e, const struct srv_job *j)
     return best ? best : lru;
 }
 
+/* Whether job j's read from the shared store is still running: the job waits in the queue,
+ * since starting it would leave the scheduler, and so every slot, waiting for the store. */
+static bool store_pending(struct srv_engine *e, const struct srv_job *j)
+{
+    return e->pstore && srv_pstore_pending(e->pstore, j->ids, j->n_prompt);
+}
+
+/* A queued job that can start now (e->mu held). */
+static bool startable(struct srv_engine *e)
+{
+    for (int k = 0; k < e->q_len; k++)
+        if (!store_pending(e, e->queue[(e->q_head + k) % e->cfg.max_queue]))
+            return true;
+    return false;
+}
+
+/* The shared store finished a read: a job held back for it may start. */
+static void store_ready(void *arg)
+{
+    struct srv_engine *e = arg;
+    pthread_mutex_lock(&e->mu);
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
 static void *scheduler(void *arg)
 {
     struct srv_engine *e = arg;
@@ -763,26 +788,37 @@ static void *scheduler(void *arg)
         int busy = 0;
         for (int i = 0; i < e->cfg.n_slots; i++)
             busy += e->slots[i].job != NULL;
-        while (busy == 0 && e->q_len == 0 && !e->quit)
+        /* idle until a job can start: one whose read from the shared store runs waits in the
+         * queue (store_ready wakes this thread when it is done) */
+        while (busy == 0 && !e->quit && !startable(e))
             pthread_cond_wait(&e->cv, &e->mu);
         if (busy == 0 && e->q_len == 0 && e->quit) {
             pthread_mutex_unlock(&e->mu);
             break;
         }
-        /* hand queued jobs to free slots, first come first served */
+        /* hand queued jobs to free slots, first come first served among those that can start;
+         * the others keep their order in the queue */
         struct srv_job *start[64];
         struct slot *where[64];
-        int n_start = 0;
-        while (e->q_len > 0 && busy < e->cfg.n_slots && n_start < 64) {
-            struct srv_job *j = e->queue[e->q_head];
-            struct slot *s = pick_slot(e, j);
-            e->q_head = (e->q_head + 1) % e->cfg.max_queue;
-            e->q_len--;
-            s->job = j;
-            start[n_start] = j;
-            where[n_start++] = s;
-            busy++;
-            e->st.busy++;
+        int n_start = 0, kept = 0, n_queued = e->q_len;
+        for (int k = 0; k < n_queued; k++) {
+            struct srv_job *j = e->queue[(e->q_head + k) % e->cfg.max_queue];
+            if (busy < e->cfg.n_slots && n_start < 64 && !store_pending(e, j)) {
+                struct slot *s = pick_slot(e, j);
+                s->job = j;
+                start[n_start] = j;
+                where[n_start++] = s;
+                busy++;
+                e->st.busy++;
+            } else {
+                e->queue[(e->q_head + kept++) % e->cfg.max_queue] = j;
+            }
+        }
+        e->q_len = kept;
+        if (busy == 0 && n_start == 0) {
+            /* every queued job waits for the store (or the engine quits with nothing left) */
+            pthread_mutex_unlock(&e->mu);
+            continue;
         }
         pthread_mutex_unlock(&e->mu);
         for (int k = 0; k < n_start; k++)
@@ -910,7 +946,8 @@ int srv_engine_start(const struct srv_engine_config *cfg, struct srv_engine **ou
     if (cfg->prefix_store) {
         struct srv_pstore_config sc = {
             .url = cfg->prefix_store, .like = e->slots[0].ctx, .min_tokens = 32,
-            .fingerprint = srv_prefix_fingerprint(cfg->model_path, cfg->model, pf_variant)};
+            .fingerprint = srv_prefix_fingerprint(cfg->model_path, cfg->model, pf_variant),
+            .on_ready = store_ready, .on_ready_arg = e};
         int rc = srv_pstore_open(&sc, &e->pstore, err);
         if (rc < 0) {
             srv_engine_free(e);
@@ -928,10 +965,22 @@ int srv_engine_start(const struct srv_engine_config *cfg, struct srv_engine **ou
 
 int srv_engine_submit(struct srv_engine *e, struct srv_job *j)
 {
+    /* The shared store's read starts before the job is queued, so the scheduler sees it running
+     * (srv_pstore_pending) and never starts the job while the store still answers; only jobs
+     * prefilled with the server's own prefill attention can use what it reads. */
+    struct kvp_prefill_params pf = job_prefill(e, j);
+    char pf_key[sizeof(e->pf_default_key)];
+    prefill_key(&pf, pf_key, sizeof(pf_key));
+    bool from_store = e->pstore && !strcmp(pf_key, e->pf_default_key);
+    if (from_store) /* for more than this server holds */
+        srv_pstore_prefetch(e->pstore, j->ids, j->n_prompt,
+                            srv_prefix_match(e->prefix, j->ids, j->n_prompt, j->n_prompt - 2, 0));
     pthread_mutex_lock(&e->mu);
     if (e->stopping || e->q_len == e->cfg.max_queue) {
         int rc = e->stopping ? SRV_SUBMIT_STOPPING : SRV_SUBMIT_FULL;
         pthread_mutex_unlock(&e->mu);
+        if (from_store)
+            srv_pstore_forget(e->pstore, j->ids, j->n_prompt);
         return rc;
     }
     atomic_fetch_add(&j->refs, 1);
@@ -942,9 +991,6 @@ int srv_engine_submit(struct srv_engine *e, struct srv_job *j)
     /* a document kept only in the folder (after a restart) is read back while the request
      * waits for its slot, not by the scheduler when it starts */
     srv_prefix_prefetch(e->prefix, j->ids, j->n_prompt);
-    if (e->pstore) /* the shared store too, for more than this server holds */
-        srv_pstore_prefetch(e->pstore, j->ids, j->n_prompt,
-                            srv_prefix_match(e->prefix, j->ids, j->n_prompt, j->n_prompt - 2, 0));
     return 0;
 }
 

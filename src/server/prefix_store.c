@@ -30,6 +30,10 @@ void srv_pstore_close(struct srv_pstore *ps)
 void srv_pstore_prefetch(struct srv_pstore *ps, const int32_t *ids, int n, int have)
 {
 }
+bool srv_pstore_pending(struct srv_pstore *ps, const int32_t *ids, int n)
+{
+    return false;
+}
 int srv_pstore_load(struct srv_pstore *ps, kvp_ctx *ctx, const int32_t *ids, int n, int have)
 {
     return 0;
@@ -133,6 +137,8 @@ struct srv_pstore {
     pthread_t readers[READERS], writer;
     int n_readers;
     bool writer_started;
+    void (*on_ready)(void *arg);
+    void *on_ready_arg;
     struct pstats st;
 };
 
@@ -576,6 +582,8 @@ static void *reader_main(void *arg)
             fetch_free(ps, f); /* already out of the list */
         pthread_cond_broadcast(&ps->cv);
         pthread_mutex_unlock(&ps->mu);
+        if (ps->on_ready) /* the request may start now */
+            ps->on_ready(ps->on_ready_arg);
         /* the blocks just read expire ttl_s from now: renewed once the request has them (a
          * write, so on the masters only, and it may wait for a failover) */
         renew(ps, rc, touch, n_touch);
@@ -750,6 +758,8 @@ int srv_pstore_open(const struct srv_pstore_config *cfg, struct srv_pstore **out
     }
     const struct kvp_kvcache *kv = kvp_ctx_kvcache_const(cfg->like);
     ps->min_tokens = cfg->min_tokens;
+    ps->on_ready = cfg->on_ready;
+    ps->on_ready_arg = cfg->on_ready_arg;
     ps->bs = kv->block_size;
     ps->n_layer = kv->n_layer;
     ps->n_head_kv = kv->n_head_kv;
@@ -900,6 +910,20 @@ void srv_pstore_prefetch(struct srv_pstore *ps, const int32_t *ids, int n, int h
     pthread_mutex_unlock(&ps->mu);
 }
 
+bool srv_pstore_pending(struct srv_pstore *ps, const int32_t *ids, int n)
+{
+    if (!ps)
+        return false;
+    int lim = lookup_len(ps, n);
+    if (lim < ps->min_tokens)
+        return false;
+    pthread_mutex_lock(&ps->mu);
+    struct fetch **pf = find_fetch(ps, ids, lim);
+    bool pending = pf && (*pf)->state != FETCH_DONE;
+    pthread_mutex_unlock(&ps->mu);
+    return pending;
+}
+
 int srv_pstore_load(struct srv_pstore *ps, kvp_ctx *ctx, const int32_t *ids, int n, int have)
 {
     if (!ps)
@@ -909,24 +933,16 @@ int srv_pstore_load(struct srv_pstore *ps, kvp_ctx *ctx, const int32_t *ids, int
         return 0;
     pthread_mutex_lock(&ps->mu);
     struct fetch **pf = find_fetch(ps, ids, lim), *f = pf ? *pf : NULL;
-    if (lim <= have) {
-        /* the slot holds as much already (a follow-up in the slot of its document): what was
-         * looked up for it when it arrived goes */
+    /* the slot holds as much already (a follow-up in the slot of its document), or the read is
+     * not done (the scheduler starts a request once it is, so only a request that came while
+     * the store was off, or found the fetch list full, gets here without one): nothing from the
+     * store, and what was looked up for it goes */
+    if (!f || lim <= have || f->state != FETCH_DONE) {
         if (pf)
             drop_fetch(ps, pf);
         pthread_mutex_unlock(&ps->mu);
         return 0;
     }
-    if (!f && usable(ps))
-        f = add_fetch(ps, ids, lim, have);
-    if (!f) {
-        pthread_mutex_unlock(&ps->mu);
-        return 0;
-    }
-    while (f->state != FETCH_DONE)
-        pthread_cond_wait(&ps->cv, &ps->mu);
-    for (pf = &ps->fetches; *pf != f; pf = &(*pf)->next)
-        ;
     *pf = f->next;
     ps->n_fetches--;
     pthread_mutex_unlock(&ps->mu);
