@@ -3,15 +3,48 @@ free loopback port, raw HTTP on a fresh socket (so that the tests see exactly wh
 sends, chunking, SSE comments and all), /metrics as a dict, the text of an answer streamed or
 not, and `kvpred run`'s answer to compare with.
 
-Imported by tests/test_server_*.py (beside it) and scripts/soak_server.py (which puts this
-folder on its path). Nothing here checks anything: each caller says what must hold.
+Imported by tests/test_server_*.py (beside it), scripts/soak_server.py and
+scripts/bench_serve_ttft.py (which put this folder on their path). `check` counts and reports
+what a test says must hold; `run_parts` is a test's main.
 """
 import json
+import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+
+
+_passed = 0
+
+
+def check(cond, what):
+    """One checked statement: "ok: ..." or "FAIL: ..." and exit 1."""
+    global _passed
+    if not cond:
+        print(f"FAIL: {what}", flush=True)
+        sys.exit(1)
+    _passed += 1
+    print(f"ok: {what}", flush=True)
+
+
+def passed():
+    return _passed
+
+
+def run_parts(parts, namespace, model):
+    """A test's main: skip (exit 77) without the model outside CI, fail without it under
+    CI=true; run each named part (a function in namespace), timed; print the count."""
+    if not os.path.exists(model):
+        check(os.environ.get("CI") != "true", f"no model at {model}")
+        print("skipped: no model at", model)
+        sys.exit(77)
+    for part in parts:
+        t0 = time.time()
+        namespace[part]()
+        print(f"-- {part}: {time.time() - t0:.1f} s", flush=True)
+    print(f"{_passed} passed, 0 failed")
 
 
 def start(kvpred, model, *extra, ctx=None):
@@ -100,14 +133,9 @@ def metrics(port, timeout=120):
     return out
 
 
-def answer_text(raw, chat=False, stream=False):
-    """The generated text of an answer's body (bytes or str); for a stream None when it has no
-    `data: [DONE]`. SSE comments (lines starting with ':') are skipped, as clients do."""
-    if isinstance(raw, bytes):
-        raw = raw.decode()
-    if not stream:
-        j = json.loads(raw)
-        return j["choices"][0]["message"]["content"] if chat else j["choices"][0]["text"]
+def sse_text(raw, chat=False):
+    """A stream's generated text and whether it ended with `data: [DONE]`. SSE comments (lines
+    starting with ':') are skipped, as clients do."""
     text, done = "", False
     for ev in raw.split("\n\n"):
         if not ev.startswith("data: "):
@@ -117,6 +145,18 @@ def answer_text(raw, chat=False, stream=False):
             continue
         for c in json.loads(ev[6:]).get("choices", []):
             text += (c.get("delta", {}).get("content") or "") if chat else c.get("text", "")
+    return text, done
+
+
+def answer_text(raw, chat=False, stream=False):
+    """The generated text of an answer's body (bytes or str); for a stream None when it has no
+    `data: [DONE]`."""
+    if isinstance(raw, bytes):
+        raw = raw.decode()
+    if not stream:
+        j = json.loads(raw)
+        return j["choices"][0]["message"]["content"] if chat else j["choices"][0]["text"]
+    text, done = sse_text(raw, chat)
     return text if done else None
 
 

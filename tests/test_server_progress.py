@@ -23,19 +23,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import serve_client as sc  # noqa: E402
+from serve_client import check  # noqa: E402
 
 KVPRED, SRC = sys.argv[1], sys.argv[2]
 CTX = 3072
-passed = 0
-
-
-def check(cond, what):
-    global passed
-    if not cond:
-        print(f"FAIL: {what}", flush=True)
-        sys.exit(1)
-    passed += 1
-    print(f"ok: {what}", flush=True)
 
 
 def slot0(m, name):
@@ -86,7 +77,7 @@ def main():
                   f"the server stops cleanly (exit {rc})" + ("" if rc == 0 else err[-2000:]))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{passed} passed, 0 failed")
+    print(f"{sc.passed()} passed, 0 failed")
 
 
 def run(port):
