@@ -21,21 +21,15 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import serve_client as sc  # noqa: E402
+from serve_client import check  # noqa: E402
+
 KVPRED, SRC = sys.argv[1], sys.argv[2]
 MODEL = os.path.join(SRC, "models", "kvpred-default.gguf")
 CTX = 4096
 BS = 16              # KV block size (the default): the store keeps whole blocks
 NODE_TIMEOUT_MS = 3000
-passed = 0
-
-
-def check(cond, what):
-    global passed
-    if not cond:
-        print(f"FAIL: {what}", flush=True)
-        sys.exit(1)
-    passed += 1
-    print(f"ok: {what}", flush=True)
 
 
 def skip(why):
@@ -200,26 +194,13 @@ class Cluster:
 # ---- the server -----------------------------------------------------------------------------
 
 def start(url, *extra):
-    args = [KVPRED, "serve", "-m", MODEL, "--port", "0", "-c", str(CTX), "--timeout", "3",
-            "--prefix-store", url, *extra]
-    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = p.stdout.readline()
-    if not line.startswith("listening "):
-        print("server did not start:", line, p.stderr.read())
-        sys.exit(1)
-    return p, int(line.split()[1])
+    return sc.start(KVPRED, MODEL, "--timeout", "3", "--prefix-store", url, *extra, ctx=CTX)
 
 
 def stop(p):
     """SIGTERM; the server must exit 0 with no sanitizer report (ASan builds): its stderr."""
-    p.send_signal(signal.SIGTERM)
-    try:
-        rc = p.wait(120)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        rc = p.wait()
-    err = p.stderr.read()
-    if rc != 0 or "Sanitizer" in err or "runtime error:" in err:
+    rc, err = sc.stop(p)
+    if rc != 0 or sc.sanitizer_report(err):
         print(f"FAIL: the server exited {rc}: {err[-3000:]}", flush=True)
         sys.exit(1)
     return err
@@ -549,7 +530,7 @@ def main():
                 p.kill()
         cl.close()
 
-    print(f"{passed} passed, 0 failed")
+    print(f"{sc.passed()} passed, 0 failed")
 
 
 main()
