@@ -502,6 +502,11 @@ void kvp_ctx_prefill_reset_stats(kvp_ctx *ctx);
  * of total tokens evaluated. NULL turns it off. Runs on the caller's thread, between pieces. */
 typedef void (*kvp_progress_fn)(void *user, int done, int total);
 void kvp_ctx_set_progress(kvp_ctx *ctx, kvp_progress_fn fn, void *user);
+/* The tokens in the cache, counting a piece that kvp_eval or kvp_batch_eval is evaluating now
+ * by the layers it has done (a 512-token piece halfway through the layers counts 256): for a
+ * progress report polled from ANOTHER thread (it reads one atomic counter, updated once per
+ * layer), where the callback above runs only between pieces on the caller's thread. */
+double kvp_ctx_progress_tokens(const kvp_ctx *ctx);
 
 /* ---- tiered KV store ---------------------------------------------------------------------- */
 

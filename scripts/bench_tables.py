@@ -794,7 +794,7 @@ def render():
            "results are in `history/` (kept for reference, not read here). How each benchmark "
            "works and what its fields mean: `docs/cli.md`, `docs/performance.md`, "
            "`docs/store.md`, `docs/policies.md`; result files not tabled here are described "
-           "where they are used (`serve_smoke.*`: `docs/server.md`).\n"]
+           "where they are used (`serve_smoke.*`, `serve_ttft*`: `docs/server.md`).\n"]
     for title, fn, intro in SECTIONS:
         tab, prov = fn()
         out += [f"## {title}\n", intro + "\n", tab, prov]

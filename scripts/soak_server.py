@@ -39,6 +39,8 @@ import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+import serve_client as sc  # noqa: E402
 CTX = 4096
 CLIENTS = 16
 SAMPLE = 10.0
@@ -53,63 +55,13 @@ def document(k):
 
 
 def http(port, method, path, body=None, timeout=300):
-    data = None if body is None else json.dumps(body).encode()
-    h = [f"{method} {path} HTTP/1.1", "Host: x", "Connection: close"]
-    if data is not None:
-        h += ["Content-Type: application/json", f"Content-Length: {len(data)}"]
-    try:
-        s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-        s.sendall(("\r\n".join(h) + "\r\n\r\n").encode() + (data or b""))
-        out = b""
-        while (b := s.recv(65536)):
-            out += b
-        s.close()
-    except OSError as e:
-        return 0, str(e).encode()
-    head, _, rest = out.partition(b"\r\n\r\n")
-    if not head:
-        return 0, b"closed without an answer"
-    if b"chunked" in head.lower():
-        rest = dechunk(rest)
-    return int(head.split()[1]), rest
-
-
-def dechunk(b):
-    out = b""
-    while b:
-        size, _, b = b.partition(b"\r\n")
-        try:
-            n = int(size.split(b";")[0], 16)
-        except ValueError:
-            break
-        if n == 0:
-            break
-        out += b[:n]
-        b = b[n + 2:]
-    return out
-
-
-def answer_text(raw, chat, stream):
-    if not stream:
-        j = json.loads(raw)
-        return j["choices"][0]["message"]["content"] if chat else j["choices"][0]["text"]
-    text, done = "", False
-    for ev in raw.decode().split("\n\n"):
-        if not ev.startswith("data: "):
-            continue
-        if ev[6:] == "[DONE]":
-            done = True
-            continue
-        for c in json.loads(ev[6:]).get("choices", []):
-            text += (c.get("delta", {}).get("content") or "") if chat else c.get("text", "")
-    return text if done else None
+    """(status, body), or (0, the error) when the connection failed."""
+    st, head, rest = sc.http(port, method, path, body, timeout)
+    return st, (rest if st else head.encode())
 
 
 def run_cli(kvpred, model, prompt, n, chat=False):
-    out = subprocess.run([kvpred, "run", "-m", model, "-c", str(CTX), "-p", prompt, "-n", str(n),
-                          "--temp", "0"] + (["--chat"] if chat else []),
-                         capture_output=True, timeout=600).stdout
-    return out if chat else out[len(prompt.encode()):-1].decode("utf-8", "replace")
+    return sc.run_cli(kvpred, model, prompt, n, CTX, chat)
 
 
 def proc_stats(pid):
@@ -169,14 +121,8 @@ def main():
     kv_dir = tempfile.mkdtemp(prefix="kvpred-soak-")
     # a prefix cache smaller than the documents: entries are evicted and read back from the
     # folder all along, not only filled once
-    p = subprocess.Popen([a.kvpred, "serve", "-m", a.model, "--port", "0", "-c", str(CTX),
-                          "-np", "4", "--queue", "16", "--cache-ram", "32", "--kv-cache-dir",
-                          kv_dir, "--timeout", "5"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = p.stdout.readline()
-    if not line.startswith("listening "):
-        sys.exit(f"soak_server: the server did not start: {line} {p.stderr.read()}")
-    port = int(line.split()[1])
+    p, port = sc.start(a.kvpred, a.model, "-np", "4", "--queue", "16", "--cache-ram", "32",
+                       "--kv-cache-dir", kv_dir, "--timeout", "5", ctx=CTX)
     # the server's log, drained so it never blocks on a full pipe
     log = []
     threading.Thread(target=lambda: log.extend(p.stderr), daemon=True).start()
@@ -214,7 +160,7 @@ def main():
                 err = f"{kind}: status {st}: {raw[:120]!r}"
             else:
                 try:
-                    text = answer_text(raw, kind == "chat", stream)
+                    text = sc.answer_text(raw, kind == "chat", stream)
                 except ValueError:
                     text = None
                 ok = text is not None and (want.endswith(text.encode() + b"\n")

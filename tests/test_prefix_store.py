@@ -21,21 +21,15 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import serve_client as sc  # noqa: E402
+from serve_client import check  # noqa: E402
+
 KVPRED, SRC = sys.argv[1], sys.argv[2]
 MODEL = os.path.join(SRC, "models", "kvpred-default.gguf")
 CTX = 4096
 BS = 16              # KV block size (the default): the store keeps whole blocks
 NODE_TIMEOUT_MS = 3000
-passed = 0
-
-
-def check(cond, what):
-    global passed
-    if not cond:
-        print(f"FAIL: {what}", flush=True)
-        sys.exit(1)
-    passed += 1
-    print(f"ok: {what}", flush=True)
 
 
 def skip(why):
@@ -200,26 +194,13 @@ class Cluster:
 # ---- the server -----------------------------------------------------------------------------
 
 def start(url, *extra):
-    args = [KVPRED, "serve", "-m", MODEL, "--port", "0", "-c", str(CTX), "--timeout", "3",
-            "--prefix-store", url, *extra]
-    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = p.stdout.readline()
-    if not line.startswith("listening "):
-        print("server did not start:", line, p.stderr.read())
-        sys.exit(1)
-    return p, int(line.split()[1])
+    return sc.start(KVPRED, MODEL, "--timeout", "3", "--prefix-store", url, *extra, ctx=CTX)
 
 
 def stop(p):
     """SIGTERM; the server must exit 0 with no sanitizer report (ASan builds): its stderr."""
-    p.send_signal(signal.SIGTERM)
-    try:
-        rc = p.wait(120)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        rc = p.wait()
-    err = p.stderr.read()
-    if rc != 0 or "Sanitizer" in err or "runtime error:" in err:
+    rc, err = sc.stop(p)
+    if rc != 0 or sc.sanitizer_report(err):
         print(f"FAIL: the server exited {rc}: {err[-3000:]}", flush=True)
         sys.exit(1)
     return err
@@ -273,6 +254,99 @@ def prefilled(port):
 HDR = 64 + 4 * BS + 8
 
 
+class SlowProxy:
+    """A TCP proxy in front of one Redis server that holds every byte a client sends for
+    `delay` seconds while delay is set: a store that answers slowly, for as long as the test
+    wants, without blocking the Redis server behind it."""
+
+    def __init__(self, target):
+        self.target, self.delay = target, 0.0
+        self.ls = socket.create_server(("127.0.0.1", 0))
+        self.port = self.ls.getsockname()[1]
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self):
+        while True:
+            try:
+                c, _ = self.ls.accept()
+                s = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:
+                return
+            threading.Thread(target=self.pump, args=(c, s, True), daemon=True).start()
+            threading.Thread(target=self.pump, args=(s, c, False), daemon=True).start()
+
+    def pump(self, a, b, slow):
+        try:
+            while (d := a.recv(65536)):
+                if slow and self.delay > 0:
+                    time.sleep(self.delay)
+                b.sendall(d)
+        except OSError:
+            pass
+        for x in (a, b):
+            try:
+                x.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self):
+        self.ls.close()
+
+
+def slow_store(doc, q, want):
+    """A store that takes DELAY seconds to answer a lookup holds back only the request that
+    waits for it: a request that arrives after it, on the other slot, is answered meanwhile."""
+    delay = 4.0
+    port = 21500 + os.getpid() % 2000
+    while not port_free(port):
+        port += 1
+    d = tempfile.mkdtemp(prefix="kvpred-pstore-slow-")
+    rs = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save",
+                           "", "--appendonly", "no", "--dir", d],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    px = None
+    try:
+        for _ in range(200):
+            try:
+                if resp(port, "PING") == "PONG":
+                    break
+            except OSError:
+                time.sleep(0.05)
+        px = SlowProxy(port)
+        c, pc = start(f"redis://127.0.0.1:{px.port}?timeout_ms=30000", "-np", "2",
+                      "--cache-ram", "0")
+        short = "Once upon a time"  # under the store's 32 tokens: never looked up
+        want_short = run_cli(short, 8)
+        ask(pc, short)  # warm: the weights and the slot
+        res = {}
+        px.delay = delay
+        t0 = time.time()
+        slow = threading.Thread(target=lambda: res.__setitem__("doc", (ask(pc, doc + q),
+                                                                       time.time() - t0)))
+        slow.start()
+        time.sleep(0.3)  # the document's lookup is now held by the proxy
+        t1 = time.time()
+        r = ask(pc, short)
+        t_short = time.time() - t1
+        slow.join()
+        px.delay = 0
+        err = stop(c)
+        r_doc, t_doc = res["doc"]
+        # before the store's read left the scheduler, the short request waited for the lookup
+        # (delay - 0.3 s); a slot's own time for it is ~0.1 s: half the delay parts the two
+        check(text(r) == want_short and t_short < delay / 2 and t_doc >= delay and
+              text(r_doc) == want and "refused" not in err,
+              f"a store {delay:.0f} s slow to answer: a short request on the other slot is "
+              f"answered in {t_short:.2f} s meanwhile; the document's answer ({t_doc:.1f} s) "
+              "equals kvpred run's")
+    finally:
+        if px:
+            px.close()
+        rs.kill()
+        rs.wait()
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def block_index(v):
     return int.from_bytes(v[12:16], "little")
 
@@ -315,6 +389,8 @@ def main():
     check(text(r1) == want and r2["kvpred"]["prefix_reused"] > 0 and up == 0 and
           err.count("unreachable") == 1,
           f"a store that is not there: said once, up 0, served from RAM ({err.strip()[-160:]!r})")
+
+    slow_store(doc, q, want)
 
     cl = Cluster()
     servers = []
@@ -454,7 +530,7 @@ def main():
                 p.kill()
         cl.close()
 
-    print(f"{passed} passed, 0 failed")
+    print(f"{sc.passed()} passed, 0 failed")
 
 
 main()

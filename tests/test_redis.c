@@ -65,6 +65,51 @@ static void test_crc16(void **state)
     assert_int_equal(kvp_redis_key_slot("a{b", 3), kvp_redis_crc16("a{b", 3) % 16384);
 }
 
+/* the seed list both Redis clients parse their URLs' nodes with */
+struct seeds {
+    char got[256];
+    int limit; /* add refuses (-2) past this many */
+    int n;
+};
+
+static int add_seed(void *arg, const char *host, size_t host_len, int port)
+{
+    struct seeds *s = arg;
+    if (s->n == s->limit)
+        return -2;
+    size_t at = strlen(s->got);
+    snprintf(s->got + at, sizeof(s->got) - at, "%s%.*s|%d", s->n ? " " : "", (int)host_len, host,
+             port);
+    s->n++;
+    return 0;
+}
+
+static int seeds_of(const char *list, int limit, struct seeds *s)
+{
+    *s = (struct seeds){.limit = limit};
+    return kvp_redis_seed_list(list, strlen(list), add_seed, s);
+}
+
+static void test_seed_list(void **state)
+{
+    (void)state;
+    struct seeds s;
+    assert_int_equal(seeds_of("127.0.0.1:6379", 8, &s), 1);
+    assert_string_equal(s.got, "127.0.0.1|6379");
+    assert_int_equal(seeds_of("a:1,b.example:65535,::1:7000", 8, &s), 3);
+    assert_string_equal(s.got, "a|1 b.example|65535 ::1|7000"); /* the last ':' splits */
+    const char *bad[] = {"", "a", "a:", ":1", "a:0", "a:65536", "a:99999999999", "a:1,",
+                         ",a:1", "a:1,,b:2", "a:1x", "a:-1", "a:+1", "a: 1"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        assert_int_equal(seeds_of(bad[i], 8, &s), -1);
+    assert_int_equal(seeds_of("a:1,b:2,c:3", 2, &s), -2); /* the caller's refusal passes on */
+    assert_int_equal(s.n, 2);
+    /* the length bounds the list: what follows (a URL's options) is not read */
+    s = (struct seeds){.limit = 8};
+    assert_int_equal(kvp_redis_seed_list("a:1?ttl_ms=5", 3, add_seed, &s), 1);
+    assert_string_equal(s.got, "a|1");
+}
+
 /* =================================== servers on loopback ================================== */
 
 static struct kvp_ctx_params base_params(const char *url)
@@ -1077,6 +1122,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_crc16),
+        cmocka_unit_test(test_seed_list),
 #ifdef KVP_HAVE_HIREDIS
         cmocka_unit_test(test_wrong_urls),
         cmocka_unit_test(test_silent_server),

@@ -21,12 +21,15 @@ Environment: LOAD_SECONDS (the mixed load's duration; default 20), LOAD_HALF_OPE
 import json
 import os
 import resource
-import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_client import check, dechunk, http, metrics, request_bytes, sse_text, timed  # noqa: E402
+import serve_client as sc  # noqa: E402
 
 KVPRED, SRC = sys.argv[1], sys.argv[2]
 PARTS = sys.argv[3:] or ["half_open", "slow", "vanish", "burst", "mixed"]
@@ -35,94 +38,19 @@ LOAD_SECONDS = float(os.environ.get("LOAD_SECONDS", "20"))
 HALF_OPEN = int(os.environ.get("LOAD_HALF_OPEN", "1000"))
 # a binary built with AddressSanitizer (its runtime is linked in)
 SANITIZED = b"libasan" in subprocess.run(["ldd", KVPRED], capture_output=True).stdout
-passed = 0
 DOC = " ".join(f"Line {i}: the fox crossed the river at dawn and the key is under the stone."
                for i in range(60))
 
 
-def check(cond, what):
-    global passed
-    if not cond:
-        print(f"FAIL: {what}", flush=True)
-        sys.exit(1)
-    passed += 1
-    print(f"ok: {what}", flush=True)
-
-
 def start(*extra, ctx=2048):
-    args = [KVPRED, "serve", "-m", MODEL, "--port", "0", "-c", str(ctx), *extra]
-    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = p.stdout.readline()
-    if not line.startswith("listening "):
-        print("server did not start:", line, p.stderr.read())
-        sys.exit(1)
-    return p, int(line.split()[1])
+    return sc.start(KVPRED, MODEL, *extra, ctx=ctx)
 
 
 def stop(p):
     """SIGTERM; the server must exit 0 (a sanitizer's report, or a hang, fails the part)."""
-    p.send_signal(signal.SIGTERM)
-    try:
-        rc = p.wait(120)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        rc = None
-    err = p.stderr.read()
+    rc, err = sc.stop(p)
     check(rc == 0, f"the server stops cleanly after the part (exit {rc})"
           + ("" if rc == 0 else f": {err[-600:]!r}"))
-
-
-def dechunk(b):
-    out = b""
-    while b:
-        size, _, b = b.partition(b"\r\n")
-        try:
-            n = int(size.split(b";")[0], 16)
-        except ValueError:
-            break
-        if n == 0:
-            break
-        out += b[:n]
-        b = b[n + 2:]
-    return out
-
-
-def request_bytes(port, method, path, body=None):
-    data = None if body is None else json.dumps(body).encode()
-    h = [f"{method} {path} HTTP/1.1", f"Host: 127.0.0.1:{port}", "Connection: close"]
-    if data is not None:
-        h += ["Content-Type: application/json", f"Content-Length: {len(data)}"]
-    return ("\r\n".join(h) + "\r\n\r\n").encode() + (data or b"")
-
-
-def http(port, method, path, body=None, timeout=120, src=None):
-    """One request on a fresh socket; (status, headers, body) or (0, error, b"")."""
-    try:
-        s = socket.create_connection(("127.0.0.1", port), timeout=timeout,
-                                     source_address=(src, 0) if src else None)
-        s.sendall(request_bytes(port, method, path, body))
-        out = b""
-        while (b := s.recv(65536)):
-            out += b
-        s.close()
-    except OSError as e:
-        return 0, str(e), b""
-    head, _, rest = out.partition(b"\r\n\r\n")
-    if not head:
-        return 0, "closed without an answer", b""
-    if b"chunked" in head.lower():
-        rest = dechunk(rest)
-    return int(head.split()[1]), head.decode(), rest
-
-
-def metrics(port):
-    _, _, body = http(port, "GET", "/metrics")
-    out = {}
-    for line in body.decode().splitlines():
-        if line and not line.startswith("#"):
-            k, v = line.rsplit(" ", 1)
-            out[k] = float(v)
-    return out
 
 
 def wait_for(port, cond, what, limit=60):
@@ -140,26 +68,7 @@ def wait_for(port, cond, what, limit=60):
 
 
 def run_cli(prompt, n, ctx, chat=False):
-    args = [KVPRED, "run", "-m", MODEL, "-c", str(ctx), "-p", prompt, "-n", str(n),
-            "--temp", "0"] + (["--chat"] if chat else [])
-    out = subprocess.run(args, capture_output=True, timeout=300).stdout
-    if chat:
-        return out  # the template's text, then the answer and a newline
-    assert out.startswith(prompt.encode()), out[:80]
-    return out[len(prompt.encode()):-1].decode("utf-8", "replace")
-
-
-def sse_text(raw, chat=False):
-    text, done = "", False
-    for ev in raw.split("\n\n"):
-        if not ev.startswith("data: "):
-            continue
-        if ev[6:] == "[DONE]":
-            done = True
-            continue
-        for c in json.loads(ev[6:]).get("choices", []):
-            text += (c.get("delta", {}).get("content") or "") if chat else c.get("text", "")
-    return text, done
+    return sc.run_cli(KVPRED, MODEL, prompt, n, ctx, chat, timeout=300)
 
 
 def open_stream(port, body, rcvbuf=None):
@@ -180,12 +89,6 @@ def read_all(s, out=b""):
         pass
     s.close()
     return out
-
-
-def timed(fn):
-    t0 = time.perf_counter()
-    r = fn()
-    return time.perf_counter() - t0, r
 
 
 def rss_kib(pid):
@@ -548,17 +451,4 @@ def mixed():
         stop(p)
 
 
-def main():
-    if not os.path.exists(MODEL):
-        if os.environ.get("CI") == "true":
-            check(False, f"no default model at {MODEL}")
-        print("skipped: no default model at", MODEL)
-        sys.exit(77)
-    for part in PARTS:
-        t0 = time.time()
-        globals()[part]()
-        print(f"-- {part}: {time.time() - t0:.1f} s", flush=True)
-    print(f"{passed} passed, 0 failed")
-
-
-main()
+sc.run_parts(PARTS, globals(), MODEL)

@@ -17,13 +17,15 @@ import json
 import os
 import random
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_client import check  # noqa: E402
+import serve_client as sc  # noqa: E402
 
 KVPRED, SRC = sys.argv[1], sys.argv[2]
 PARTS = sys.argv[3:] or ["flips", "kills"]
@@ -31,37 +33,14 @@ MODEL = os.path.join(SRC, "models", "kvpred-default.gguf")
 KILL_POINTS = int(os.environ.get("KILL_POINTS", "100"))
 CTX = 4096
 HEADER = 72  # a prefix file's header bytes (src/server/prefix.c), then 4 bytes per token
-passed = 0
-
-
-def check(cond, what):
-    global passed
-    if not cond:
-        print(f"FAIL: {what}", flush=True)
-        sys.exit(1)
-    passed += 1
-    print(f"ok: {what}", flush=True)
 
 
 def start(d, *extra):
-    args = [KVPRED, "serve", "-m", MODEL, "--port", "0", "-c", str(CTX), "--kv-cache-dir", d,
-            *extra]
-    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = p.stdout.readline()
-    if not line.startswith("listening "):
-        print("server did not start:", line, p.stderr.read())
-        sys.exit(1)
-    return p, int(line.split()[1])
+    return sc.start(KVPRED, MODEL, "--kv-cache-dir", d, *extra, ctx=CTX)
 
 
 def stop(p):
-    p.send_signal(signal.SIGTERM)
-    try:
-        p.wait(120)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.wait()
-    return p.stderr.read()
+    return sc.stop(p)[1]
 
 
 def ask(port, prompt, n=8, timeout=120):
@@ -85,10 +64,7 @@ def ask(port, prompt, n=8, timeout=120):
 
 
 def run_cli(prompt, n):
-    out = subprocess.run([KVPRED, "run", "-m", MODEL, "-c", str(CTX), "-p", prompt, "-n", str(n),
-                          "--temp", "0"], capture_output=True, timeout=300).stdout
-    assert out.startswith(prompt.encode()), out[:80]
-    return out[len(prompt.encode()):-1].decode("utf-8", "replace")
+    return sc.run_cli(KVPRED, MODEL, prompt, n, CTX, timeout=300)
 
 
 def document(k, lines):
@@ -214,17 +190,4 @@ def kills():
         shutil.rmtree(d, ignore_errors=True)
 
 
-def main():
-    if not os.path.exists(MODEL):
-        if os.environ.get("CI") == "true":
-            check(False, f"no default model at {MODEL}")
-        print("skipped: no default model at", MODEL)
-        sys.exit(77)
-    for part in PARTS:
-        t0 = time.time()
-        globals()[part]()
-        print(f"-- {part}: {time.time() - t0:.1f} s", flush=True)
-    print(f"{passed} passed, 0 failed")
-
-
-main()
+sc.run_parts(PARTS, globals(), MODEL)

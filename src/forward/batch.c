@@ -250,7 +250,7 @@ int kvp_seq_copy(kvp_seq *dst, kvp_seq *src, int n, struct kvp_err *err)
         if (src->store)
             kvp_store_prefill_end(src->store, l, src->n_tokens, src->n_tokens, NULL, 0);
     }
-    dst->n_tokens = n;
+    kvp_ctx_tokens_set(dst, n);
     kvp_spf_forget(dst->spf, 0);
     if (dst->pol.p && dst->pol.p->ops->on_prefill)
         dst->pol_seen = n; /* every layer's on_prefill saw the copy */
@@ -307,7 +307,7 @@ int kvp_seq_write_kv(kvp_seq *dst, int n, kvp_kv_layer_fn fn, void *arg, struct 
         if (dst->store)
             kvp_store_prefill_end(dst->store, l, 0, n, NULL, 0);
     }
-    dst->n_tokens = n;
+    kvp_ctx_tokens_set(dst, n);
     kvp_spf_forget(dst->spf, 0);
     if (dst->pol.p && dst->pol.p->ops->on_prefill)
         dst->pol_seen = n;

@@ -173,6 +173,10 @@ struct kvp_ctx {
     struct kvp_spf *spf;
     kvp_progress_fn progress;
     void *progress_user;
+    /* token-layers in the cache: n_tokens * n_layer between passes, and during a pass the
+     * piece's tokens times the layers it has done on top, so another thread can poll how far a
+     * long piece has come (kvp_ctx_progress_tokens) without touching n_tokens */
+    atomic_llong progress_tl;
 
     /* ---- tiered KV store (src/store/store.h), NULL when every block is hot ---- */
     struct kvp_store *store;       /* owned */
@@ -201,6 +205,13 @@ struct kvp_ctx {
                            (kvp_prefill_obs.first): 0 after a reset, lowered by a truncation,
                            the prompt's end after its on_prefill */
 };
+
+/* Set the tokens in the cache, and the progress counter with them. */
+static inline void kvp_ctx_tokens_set(struct kvp_ctx *c, int n)
+{
+    c->n_tokens = n;
+    atomic_store_explicit(&c->progress_tl, (long long)n * c->hp.n_layer, memory_order_relaxed);
+}
 
 /* Rows of the shared batch that go through a product as one unit: the multi-token part of a
  * sequence (rows [row0, row0+n)), or a single row (n = 1); y: where its first output row goes

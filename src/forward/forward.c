@@ -285,7 +285,7 @@ void kvp_ctx_free(kvp_ctx *c)
 
 void kvp_ctx_reset(kvp_ctx *c)
 {
-    c->n_tokens = 0;
+    kvp_ctx_tokens_set(c, 0);
     c->job_end = 0;
     c->pol_seen = 0;
     kvp_spf_forget(c->spf, 0);
@@ -300,7 +300,7 @@ void kvp_ctx_truncate(kvp_ctx *c, int n)
         return;
     }
     if (n >= 0 && n < c->n_tokens) {
-        c->n_tokens = n;
+        kvp_ctx_tokens_set(c, n);
         c->job_end = 0;
         if (c->pol_seen > n)
             c->pol_seen = n;
@@ -362,7 +362,7 @@ bool kvp_ctx_has_store(const kvp_ctx *c)
 void kvp_ctx_set_n_tokens(kvp_ctx *c, int n)
 {
     kvp_spf_forget(c->spf, 0); /* the caller wrote every block */
-    c->n_tokens = n;
+    kvp_ctx_tokens_set(c, n);
 }
 
 bool kvp_ctx_measuring(const kvp_ctx *c)
@@ -1009,7 +1009,7 @@ int kvp_forward_pass(struct kvp_shared *sh, const struct kvp_pass_item *items, i
         int r = kvp_kv_batch_end(c, rc < 0 ? NULL : err);
         if (r < 0 && rc == 0)
             rc = r;
-        c->n_tokens += items[i].n;
+        kvp_ctx_tokens_set(c, c->n_tokens + items[i].n);
         if (items[i].last)
             c->job_end = 0;
     }

@@ -266,6 +266,10 @@ int kvp_kv_batch_end(struct kvp_ctx *c, struct kvp_err *err)
 
 void kvp_kv_layer_done(struct kvp_ctx *c, int l, double t0, int ith)
 {
+    if (ith == 0) { /* the piece's tokens through layer l, for kvp_ctx_progress_tokens */
+        long long tl = (long long)c->job_pos0 * c->hp.n_layer + (long long)c->job_n * (l + 1);
+        atomic_store_explicit(&c->progress_tl, tl, memory_order_relaxed);
+    }
     if (c->store && c->job_n == 1 && ith == 0)
         kvp_store_note(c->store, KVP_EV_LAYER, l, t0, kvp_time_now());
 }

@@ -722,3 +722,9 @@ void kvp_ctx_set_progress(kvp_ctx *c, kvp_progress_fn fn, void *user)
     c->progress = fn;
     c->progress_user = user;
 }
+
+double kvp_ctx_progress_tokens(const kvp_ctx *c)
+{
+    long long tl = atomic_load_explicit(&c->progress_tl, memory_order_relaxed);
+    return c->hp.n_layer > 0 ? (double)tl / c->hp.n_layer : 0;
+}

@@ -138,7 +138,7 @@ int kvp_ctx_fill_tile(kvp_ctx *c, int n, struct kvp_err *err)
             kvp_store_prefill_end(c->store, l, m, n, NULL, 0);
     }
     free(kb), free(kr), free(cs);
-    c->n_tokens = n;
+    kvp_ctx_tokens_set(c, n);
     kvp_spf_forget(c->spf, 0);
     if (c->store && (rc = kvp_store_take_error(c->store, err)) < 0)
         return rc;

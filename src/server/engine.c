@@ -29,6 +29,12 @@ struct slot {
     double pol_s0;      /* policy seconds at the job's start */
     double t_lookup, t_load, t_copy; /* trace: seconds of the job's prefix lookup, load, copy */
     int how;            /* trace: 0 slot, 1 prefix cache, 2 another slot */
+    /* the prefill running now, under the engine's mu (read by /metrics and by a stream waiting
+     * for its first token): the job (NULL: none), the prompt tokens in the cache when it began,
+     * the prompt's tokens, when it began */
+    const struct srv_job *pf_job;
+    int pf_from, pf_total;
+    double pf_t0;
 };
 
 struct srv_stats {
@@ -263,6 +269,59 @@ static void refresh_kv(struct srv_engine *e, struct slot *s)
     pthread_mutex_unlock(&j->mu);
 }
 
+/* ---- prefill progress ------------------------------------------------------------------- */
+
+/* The slot's prefill starts (again, after a loss) from what its cache holds now. */
+static void progress_begin(struct srv_engine *e, struct slot *s)
+{
+    pthread_mutex_lock(&e->mu);
+    s->pf_job = s->job;
+    s->pf_from = s->pos;
+    s->pf_total = s->job->n_prompt;
+    s->pf_t0 = kvp_time_now();
+    pthread_mutex_unlock(&e->mu);
+}
+
+static void progress_end(struct srv_engine *e, struct slot *s)
+{
+    pthread_mutex_lock(&e->mu);
+    s->pf_job = NULL;
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* The slot's prefill progress (e->mu held): false when it runs none. The tokens done come from
+ * the library's counter, which moves layer by layer inside a piece: a piece of a long prompt
+ * takes seconds, and the report should move more often than that. */
+static bool slot_progress(const struct slot *s, struct srv_prefill_progress *p)
+{
+    *p = (struct srv_prefill_progress){.seconds_left = -1};
+    if (!s->pf_job)
+        return false;
+    double done = kvp_ctx_progress_tokens(s->ctx);
+    done = done < s->pf_from ? s->pf_from : done > s->pf_total ? s->pf_total : done;
+    double dt = kvp_time_now() - s->pf_t0;
+    p->done = (int)done;
+    p->total = s->pf_total;
+    p->reused = s->pf_from;
+    p->tokens_per_s = dt > 0 ? (done - s->pf_from) / dt : 0;
+    if (p->tokens_per_s > 0)
+        p->seconds_left = (s->pf_total - done) / p->tokens_per_s;
+    return true;
+}
+
+bool srv_engine_job_progress(struct srv_engine *e, const struct srv_job *j,
+                             struct srv_prefill_progress *p)
+{
+    bool found = false;
+    *p = (struct srv_prefill_progress){.seconds_left = -1};
+    pthread_mutex_lock(&e->mu);
+    for (int i = 0; i < e->cfg.n_slots && !found; i++)
+        if (e->slots[i].pf_job == j)
+            found = slot_progress(&e->slots[i], p);
+    pthread_mutex_unlock(&e->mu);
+    return found;
+}
+
 /* The job's prefill attention: the server's, with the request's policy and budget over it. */
 static struct kvp_prefill_params job_prefill(const struct srv_engine *e, const struct srv_job *j)
 {
@@ -425,6 +484,7 @@ static int slot_begin(struct srv_engine *e, struct slot *s, struct srv_job *j)
         e->st.prefix_tokens_saved += (uint64_t)reuse;
     }
     pthread_mutex_unlock(&e->mu);
+    progress_begin(e, s);
     return 0;
 }
 
@@ -435,6 +495,7 @@ static void slot_end(struct srv_engine *e, struct slot *s, int finish, const cha
     /* counted before the client is told: one that has its answer sees the slot free in
      * /metrics (an event-driven server answers it before this thread would get here) */
     pthread_mutex_lock(&e->mu);
+    s->pf_job = NULL;
     e->st.jobs++;
     e->st.jobs_cancelled += finish == SRV_FINISH_CANCELLED;
     e->st.jobs_failed += finish == SRV_FINISH_ERROR;
@@ -608,6 +669,7 @@ static void recover(struct srv_engine *e, struct slot *s)
         s->pos = s->n_toks = keep; /* never above pos: a loss is untrusted from its call on */
         s->replay = 0;
         t = keep;
+        progress_begin(e, s); /* the rest of the prompt is a prefill again */
     } else {
         /* the prompt is whole: the generated tokens from the loss on are evaluated again (the
          * token of the failed step included: its evaluation did not count) */
@@ -645,6 +707,8 @@ static void slot_after(struct srv_engine *e, const struct step_item *it, int rc,
         memcpy(s->toks + s->pos, it->tokens, (size_t)it->n * sizeof(int32_t));
         s->pos += it->n;
         s->n_toks = s->pos;
+        if (it->last)
+            progress_end(e, s);
         if (it->last && e->prefix && !strcmp(s->pf_key, e->pf_default_key))
             srv_prefix_put(e->prefix, s->ctx, j->ids, j->n_prompt);
         if (it->last && !strcmp(s->pf_key, e->pf_default_key))
@@ -691,6 +755,31 @@ static struct slot *pick_slot(struct srv_engine *e, const struct srv_job *j)
     return best ? best : lru;
 }
 
+/* Whether job j's read from the shared store is still running: the job waits in the queue,
+ * since starting it would leave the scheduler, and so every slot, waiting for the store. */
+static bool store_pending(struct srv_engine *e, const struct srv_job *j)
+{
+    return e->pstore && srv_pstore_pending(e->pstore, j->ids, j->n_prompt);
+}
+
+/* A queued job that can start now (e->mu held). */
+static bool startable(struct srv_engine *e)
+{
+    for (int k = 0; k < e->q_len; k++)
+        if (!store_pending(e, e->queue[(e->q_head + k) % e->cfg.max_queue]))
+            return true;
+    return false;
+}
+
+/* The shared store finished a read: a job held back for it may start. */
+static void store_ready(void *arg)
+{
+    struct srv_engine *e = arg;
+    pthread_mutex_lock(&e->mu);
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
 static void *scheduler(void *arg)
 {
     struct srv_engine *e = arg;
@@ -699,26 +788,37 @@ static void *scheduler(void *arg)
         int busy = 0;
         for (int i = 0; i < e->cfg.n_slots; i++)
             busy += e->slots[i].job != NULL;
-        while (busy == 0 && e->q_len == 0 && !e->quit)
+        /* idle until a job can start: one whose read from the shared store runs waits in the
+         * queue (store_ready wakes this thread when it is done) */
+        while (busy == 0 && !e->quit && !startable(e))
             pthread_cond_wait(&e->cv, &e->mu);
         if (busy == 0 && e->q_len == 0 && e->quit) {
             pthread_mutex_unlock(&e->mu);
             break;
         }
-        /* hand queued jobs to free slots, first come first served */
+        /* hand queued jobs to free slots, first come first served among those that can start;
+         * the others keep their order in the queue */
         struct srv_job *start[64];
         struct slot *where[64];
-        int n_start = 0;
-        while (e->q_len > 0 && busy < e->cfg.n_slots && n_start < 64) {
-            struct srv_job *j = e->queue[e->q_head];
-            struct slot *s = pick_slot(e, j);
-            e->q_head = (e->q_head + 1) % e->cfg.max_queue;
-            e->q_len--;
-            s->job = j;
-            start[n_start] = j;
-            where[n_start++] = s;
-            busy++;
-            e->st.busy++;
+        int n_start = 0, kept = 0, n_queued = e->q_len;
+        for (int k = 0; k < n_queued; k++) {
+            struct srv_job *j = e->queue[(e->q_head + k) % e->cfg.max_queue];
+            if (busy < e->cfg.n_slots && n_start < 64 && !store_pending(e, j)) {
+                struct slot *s = pick_slot(e, j);
+                s->job = j;
+                start[n_start] = j;
+                where[n_start++] = s;
+                busy++;
+                e->st.busy++;
+            } else {
+                e->queue[(e->q_head + kept++) % e->cfg.max_queue] = j;
+            }
+        }
+        e->q_len = kept;
+        if (busy == 0 && n_start == 0) {
+            /* every queued job waits for the store (or the engine quits with nothing left) */
+            pthread_mutex_unlock(&e->mu);
+            continue;
         }
         pthread_mutex_unlock(&e->mu);
         for (int k = 0; k < n_start; k++)
@@ -846,7 +946,8 @@ int srv_engine_start(const struct srv_engine_config *cfg, struct srv_engine **ou
     if (cfg->prefix_store) {
         struct srv_pstore_config sc = {
             .url = cfg->prefix_store, .like = e->slots[0].ctx, .min_tokens = 32,
-            .fingerprint = srv_prefix_fingerprint(cfg->model_path, cfg->model, pf_variant)};
+            .fingerprint = srv_prefix_fingerprint(cfg->model_path, cfg->model, pf_variant),
+            .on_ready = store_ready, .on_ready_arg = e};
         int rc = srv_pstore_open(&sc, &e->pstore, err);
         if (rc < 0) {
             srv_engine_free(e);
@@ -864,10 +965,22 @@ int srv_engine_start(const struct srv_engine_config *cfg, struct srv_engine **ou
 
 int srv_engine_submit(struct srv_engine *e, struct srv_job *j)
 {
+    /* The shared store's read starts before the job is queued, so the scheduler sees it running
+     * (srv_pstore_pending) and never starts the job while the store still answers; only jobs
+     * prefilled with the server's own prefill attention can use what it reads. */
+    struct kvp_prefill_params pf = job_prefill(e, j);
+    char pf_key[sizeof(e->pf_default_key)];
+    prefill_key(&pf, pf_key, sizeof(pf_key));
+    bool from_store = e->pstore && !strcmp(pf_key, e->pf_default_key);
+    if (from_store) /* for more than this server holds */
+        srv_pstore_prefetch(e->pstore, j->ids, j->n_prompt,
+                            srv_prefix_match(e->prefix, j->ids, j->n_prompt, j->n_prompt - 2, 0));
     pthread_mutex_lock(&e->mu);
     if (e->stopping || e->q_len == e->cfg.max_queue) {
         int rc = e->stopping ? SRV_SUBMIT_STOPPING : SRV_SUBMIT_FULL;
         pthread_mutex_unlock(&e->mu);
+        if (from_store)
+            srv_pstore_forget(e->pstore, j->ids, j->n_prompt);
         return rc;
     }
     atomic_fetch_add(&j->refs, 1);
@@ -878,9 +991,6 @@ int srv_engine_submit(struct srv_engine *e, struct srv_job *j)
     /* a document kept only in the folder (after a restart) is read back while the request
      * waits for its slot, not by the scheduler when it starts */
     srv_prefix_prefetch(e->prefix, j->ids, j->n_prompt);
-    if (e->pstore) /* the shared store too, for more than this server holds */
-        srv_pstore_prefetch(e->pstore, j->ids, j->n_prompt,
-                            srv_prefix_match(e->prefix, j->ids, j->n_prompt, j->n_prompt - 2, 0));
     return 0;
 }
 
@@ -951,6 +1061,42 @@ void srv_engine_free(struct srv_engine *e)
 int srv_engine_n_slots(const struct srv_engine *e)
 {
     return e->cfg.n_slots;
+}
+
+/* Each slot's prefill as it runs: one family per gauge, a line per slot, zeros when the slot
+ * prefills nothing (so every series is always there). snprintf-style. */
+static size_t slot_metrics(struct srv_engine *e, char *buf, size_t cap)
+{
+    static const struct {
+        const char *name, *help;
+    } fam[] = {
+        {"prefilling", "Whether the slot is prefilling a prompt now."},
+        {"prefill_tokens_done", "Prompt tokens of the slot's prefill in its cache (reused ones "
+                                "included; a piece in flight counted by the layers it has done)."},
+        {"prefill_tokens_total", "Tokens of the prompt the slot is prefilling."},
+        {"prefill_tokens_per_second", "Tokens prefilled per second since the prefill began."},
+        {"prefill_seconds_left", "The prefill's time left at that rate (-1: not known yet)."},
+    };
+    struct srv_prefill_progress p[256]; /* srv_engine_start allows 256 slots */
+    bool on[256];
+    pthread_mutex_lock(&e->mu);
+    for (int i = 0; i < e->cfg.n_slots; i++)
+        on[i] = slot_progress(&e->slots[i], &p[i]);
+    pthread_mutex_unlock(&e->mu);
+    size_t n = 0;
+#define ROOM n < cap ? buf + n : NULL, n < cap ? cap - n : 0
+    for (size_t f = 0; f < sizeof(fam) / sizeof(fam[0]); f++) {
+        n += (size_t)snprintf(ROOM, "# HELP kvpred_slot_%s %s\n# TYPE kvpred_slot_%s gauge\n",
+                              fam[f].name, fam[f].help, fam[f].name);
+        for (int i = 0; i < e->cfg.n_slots; i++) {
+            double v = f == 0 ? on[i] : f == 1 ? p[i].done : f == 2 ? p[i].total
+                     : f == 3 ? p[i].tokens_per_s : on[i] ? p[i].seconds_left : 0;
+            n += (size_t)snprintf(ROOM, "kvpred_slot_%s{slot=\"%d\"} %.*f\n", fam[f].name, i,
+                                  f >= 3 ? 3 : 0, v);
+        }
+    }
+#undef ROOM
+    return n;
 }
 
 size_t srv_engine_metrics(struct srv_engine *e, char *buf, size_t cap)
@@ -1045,6 +1191,7 @@ size_t srv_engine_metrics(struct srv_engine *e, char *buf, size_t cap)
         (unsigned long long)s.kv_recomputed);
     if (n < 0)
         return 0;
-    size_t at = (size_t)n < cap ? (size_t)n : cap;
-    return (size_t)n + srv_pstore_metrics(e->pstore, buf + at, cap - at);
+    size_t at = (size_t)n;
+    at += srv_pstore_metrics(e->pstore, at < cap ? buf + at : NULL, at < cap ? cap - at : 0);
+    return at + slot_metrics(e, at < cap ? buf + at : NULL, at < cap ? cap - at : 0);
 }

@@ -129,4 +129,16 @@ size_t srv_engine_metrics(struct srv_engine *e, char *buf, size_t cap);
 
 int srv_engine_n_slots(const struct srv_engine *e);
 
+/* Where the prefill of a job stands while it runs. */
+struct srv_prefill_progress {
+    int done;            /* prompt tokens in the slot's cache (a piece in flight by its layers) */
+    int total;           /* the prompt's tokens */
+    int reused;          /* of them, taken from a cache before the prefill began */
+    double tokens_per_s; /* prefilled since it began */
+    double seconds_left; /* at that rate; -1 before the first layer */
+};
+/* False when job j is not prefilling now (queued, generating, finished). Any thread. */
+bool srv_engine_job_progress(struct srv_engine *e, const struct srv_job *j,
+                             struct srv_prefill_progress *p);
+
 #endif

@@ -261,6 +261,10 @@ static cJSON *envelope(const struct srv_server *s, const char *id, long long cre
 
 /* ---- streaming -------------------------------------------------------------------------- */
 
+/* A stream waiting for its first token gets a comment this often (seconds): the prefill's
+ * progress, or a keep-alive while it waits for a slot. */
+#define PROGRESS_S 1.0
+
 /* What next_event made. */
 enum { EV_END, EV_DATA, EV_WAIT };
 
@@ -278,13 +282,23 @@ static int next_event(struct stream *st)
     if (st->wait.due && st->phase == 1) {
         /* Nothing for a while (a long prompt, or a wait for a slot): an SSE comment, which
          * clients skip, shows the client and any proxy between that the answer is alive, and
-         * restarts libmicrohttpd's timeout, which runs again from the resume on. */
+         * restarts libmicrohttpd's timeout, which runs again from the resume on. While the
+         * prompt is prefilled the comment says how far it has come. */
         st->wait.due = false;
-        static const char ka[] = ": keep-alive\n\n";
-        if (!(st->out = malloc(sizeof(ka))))
+        char line[160];
+        struct srv_prefill_progress p;
+        if (srv_engine_job_progress(st->s->eng, j, &p) && p.seconds_left >= 0)
+            snprintf(line, sizeof(line),
+                     ": prefill %d/%d tokens (%d reused), %.1f tokens/s, %.0f s left\n\n",
+                     p.done, p.total, p.reused, p.tokens_per_s, p.seconds_left);
+        else if (p.total > 0)
+            snprintf(line, sizeof(line), ": prefill %d/%d tokens (%d reused)\n\n", p.done,
+                     p.total, p.reused);
+        else
+            snprintf(line, sizeof(line), ": keep-alive\n\n");
+        if (!(st->out = strdup(line)))
             return EV_END;
-        memcpy(st->out, ka, sizeof(ka));
-        st->out_len = sizeof(ka) - 1;
+        st->out_len = strlen(line);
         st->t_out = kvp_time_now();
         return EV_DATA;
     }
@@ -400,8 +414,13 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
     if (st->out_off == st->out_len) {
         int ev = next_event(st);
         if (ev == EV_WAIT) {
+            /* before the first token, a comment every PROGRESS_S at least: the prefill's
+             * progress (a long prompt takes minutes) */
+            double every = st->s->keepalive_s;
+            if (st->sent == 0 && every > PROGRESS_S)
+                every = PROGRESS_S;
             st->wait = (struct srv_wait){.conn = st->conn, .job = st->job, .after = st->sent,
-                                         .keepalive_at = st->t_out + st->s->keepalive_s};
+                                         .keepalive_at = st->t_out + every};
             if (!srv_waiter_park(st->s->waiter, &st->wait))
                 return MHD_CONTENT_READER_END_WITH_ERROR; /* stopping */
             return 0;
@@ -737,6 +756,14 @@ static enum MHD_Result metrics(struct srv_server *s, struct MHD_Connection *c)
         return fail(s, c, 500, "server_error", NULL, "out of memory");
     /* each part writes snprintf-style; a part that did not fit is cut where the buffer ends */
     size_t n = srv_engine_metrics(s->eng, buf, cap);
+    if (n + 16384 > cap) { /* many slots: room for all of them and the parts below */
+        char *big = realloc(buf, n + 16384);
+        if (big) {
+            buf = big;
+            cap = n + 16384;
+            n = srv_engine_metrics(s->eng, buf, cap);
+        }
+    }
 #define ROOM (n < cap ? cap - n : 0)
 #define AT (n < cap ? buf + n : NULL)
     n += srv_conns_metrics(s->conns, AT, ROOM);

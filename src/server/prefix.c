@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/fnv.h"
 #include "core/platform.h"
 #include "forward/context.h"
 #include "kv/kvcache.h"
@@ -63,46 +64,34 @@ struct srv_prefix {
     struct srv_prefix_stats st;
 };
 
-static uint64_t fnv(uint64_t h, const void *p, size_t n)
-{
-    const uint8_t *b = p;
-    for (size_t i = 0; i < n; i++) {
-        h ^= b[i];
-        h *= 1099511628211ULL;
-    }
-    return h;
-}
-#define FNV0 14695981039346656037ULL
-
-
 /* The model file's identity: its size, its first and last 64 KiB and its shapes. Reading the
  * whole file would cost seconds for a large model at every start; a changed file that keeps its
  * size, head and tail is not a case this guards against. */
 uint64_t srv_prefix_fingerprint(const char *path, const kvp_model *m, const char *variant)
 {
-    uint64_t h = FNV0;
+    uint64_t h = KVP_FNV64_INIT;
     if (variant && variant[0])
-        h = fnv(h, variant, strlen(variant));
+        h = kvp_fnv64(h, variant, strlen(variant));
     struct kvp_model_info info;
     kvp_model_get_info(m, &info);
     int shape[] = {info.n_vocab, info.n_embd, info.n_layer, info.n_head, info.n_head_kv,
                    info.head_dim, info.n_ff};
-    h = fnv(h, shape, sizeof(shape));
+    h = kvp_fnv64(h, shape, sizeof(shape));
     int fd = path ? open(path, O_RDONLY) : -1;
     if (fd < 0)
         return h;
     struct stat st;
     if (fstat(fd, &st) == 0) {
         uint64_t size = (uint64_t)st.st_size;
-        h = fnv(h, &size, 8);
+        h = kvp_fnv64(h, &size, 8);
         static uint8_t buf[65536];
         ssize_t n = pread(fd, buf, sizeof(buf), 0);
         if (n > 0)
-            h = fnv(h, buf, (size_t)n);
+            h = kvp_fnv64(h, buf, (size_t)n);
         off_t tail = st.st_size > (off_t)sizeof(buf) ? st.st_size - (off_t)sizeof(buf) : 0;
         n = pread(fd, buf, sizeof(buf), tail);
         if (n > 0)
-            h = fnv(h, buf, (size_t)n);
+            h = kvp_fnv64(h, buf, (size_t)n);
     }
     close(fd);
     return h;
@@ -178,8 +167,8 @@ static void header_fill(const struct srv_prefix *p, const struct entry *e, uint8
     srv_put_u32(h + 40, (uint32_t)p->n_head_kv);
     srv_put_u32(h + 44, (uint32_t)p->head_dim);
     srv_put_u64(h + 48, p->unit_bytes);
-    srv_put_u64(h + 56, fnv(FNV0, e->toks, (size_t)e->n * sizeof(int32_t)));
-    srv_put_u64(h + 64, fnv(FNV0, h, 64));
+    srv_put_u64(h + 56, kvp_fnv64(KVP_FNV64_INIT, e->toks, (size_t)e->n * sizeof(int32_t)));
+    srv_put_u64(h + 64, kvp_fnv64(KVP_FNV64_INIT, h, 64));
 }
 
 static bool write_all(int fd, const void *buf, size_t n)
@@ -218,8 +207,8 @@ static char *write_entry(struct srv_prefix *p, const struct entry *e, int *err_n
     /* named by what it was made with and its tokens, so servers of other models or KV types
      * sharing the folder never overwrite each other's files */
     int layout[] = {p->type_k, p->type_v, p->bs};
-    uint64_t cfg = fnv(fnv(FNV0, &p->fingerprint, 8), layout, sizeof(layout));
-    uint64_t key = fnv(cfg, e->toks, (size_t)e->n * sizeof(int32_t));
+    uint64_t cfg = kvp_fnv64(kvp_fnv64(KVP_FNV64_INIT, &p->fingerprint, 8), layout, sizeof(layout));
+    uint64_t key = kvp_fnv64(cfg, e->toks, (size_t)e->n * sizeof(int32_t));
     size_t pl = strlen(p->dir) + 64;
     char *path = malloc(pl), *tmp = malloc(pl);
     if (!path || !tmp) {
@@ -240,7 +229,7 @@ static char *write_entry(struct srv_prefix *p, const struct entry *e, int *err_n
     for (size_t u = 0; ok && u < units; u++) {
         const uint8_t *d = e->data + u * p->unit_bytes;
         uint8_t sum[8];
-        srv_put_u64(sum, fnv(FNV0, d, p->unit_bytes));
+        srv_put_u64(sum, kvp_fnv64(KVP_FNV64_INIT, d, p->unit_bytes));
         ok = write_all(fd, d, p->unit_bytes) && write_all(fd, sum, 8);
     }
     *err_no = ok ? 0 : errno;
@@ -325,7 +314,7 @@ static struct entry *read_index(struct srv_prefix *p, const char *path, const ch
         *foreign = true;
         goto out;
     }
-    if (srv_get_u64(h + 64) != fnv(FNV0, h, 64)) {
+    if (srv_get_u64(h + 64) != kvp_fnv64(KVP_FNV64_INIT, h, 64)) {
         *why = "header checksum mismatch";
         goto out;
     }
@@ -362,7 +351,7 @@ static struct entry *read_index(struct srv_prefix *p, const char *path, const ch
     }
     e->n = (int)n;
     if (!read_all(fd, e->toks, (size_t)n * 4) ||
-        fnv(FNV0, e->toks, (size_t)n * 4) != srv_get_u64(h + 56)) {
+        kvp_fnv64(KVP_FNV64_INIT, e->toks, (size_t)n * 4) != srv_get_u64(h + 56)) {
         *why = "token ids do not match their checksum";
         entry_free(e);
         e = NULL;
@@ -390,7 +379,7 @@ static uint8_t *read_data(struct srv_prefix *p, const char *path, int n, const c
             *why = "truncated";
             goto out;
         }
-        if (srv_get_u64(sum) != fnv(FNV0, d + u * p->unit_bytes, p->unit_bytes)) {
+        if (srv_get_u64(sum) != kvp_fnv64(KVP_FNV64_INIT, d + u * p->unit_bytes, p->unit_bytes)) {
             *why = "a unit does not match its checksum";
             goto out;
         }

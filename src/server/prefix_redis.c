@@ -64,6 +64,11 @@ static int node_add(struct pfx_redis *c, const char *host, size_t host_len, int 
     return c->n_nodes++;
 }
 
+static int add_seed(void *arg, const char *host, size_t host_len, int port)
+{
+    return node_add(arg, host, host_len, port) < 0 ? -1 : 0;
+}
+
 struct pfx_redis *pfx_redis_new(const char *seeds, int timeout_ms, char *why, size_t why_cap)
 {
     struct pfx_redis *c = calloc(1, sizeof(*c));
@@ -73,27 +78,9 @@ struct pfx_redis *pfx_redis_new(const char *seeds, int timeout_ms, char *why, si
     }
     c->timeout_ms = timeout_ms;
     memset(c->slot_master, NO_NODE, sizeof(c->slot_master));
-    const char *p = seeds;
-    while (*p) {
-        const char *end = strchr(p, ',');
-        size_t len = end ? (size_t)(end - p) : strlen(p);
-        const char *colon = NULL;
-        for (size_t i = 0; i < len; i++)
-            if (p[i] == ':')
-                colon = p + i;
-        char *num_end = NULL;
-        long port = colon ? strtol(colon + 1, &num_end, 10) : 0;
-        if (!colon || num_end != p + len || port <= 0 || port > 65535 ||
-            node_add(c, p, (size_t)(colon - p), (int)port) < 0) {
-            snprintf(why, why_cap, "'%.*s' is not HOST:PORT (or more than %d nodes)", (int)len, p,
-                     MAX_NODES);
-            free(c);
-            return NULL;
-        }
-        p += len + (end ? 1 : 0);
-    }
-    if (c->n_nodes == 0) {
-        snprintf(why, why_cap, "no HOST:PORT given");
+    if (kvp_redis_seed_list(seeds, strlen(seeds), add_seed, c) < 0) {
+        snprintf(why, why_cap, "'%s' is not HOST:PORT[,HOST:PORT...] of at most %d nodes", seeds,
+                 MAX_NODES);
         free(c);
         return NULL;
     }

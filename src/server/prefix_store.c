@@ -8,6 +8,7 @@
 
 #include "core/checksum.h"
 #include "core/err.h"
+#include "core/fnv.h"
 #include "core/platform.h"
 #include "forward/context.h"
 #include "kv/kvcache.h"
@@ -29,6 +30,10 @@ void srv_pstore_close(struct srv_pstore *ps)
 }
 void srv_pstore_prefetch(struct srv_pstore *ps, const int32_t *ids, int n, int have)
 {
+}
+bool srv_pstore_pending(struct srv_pstore *ps, const int32_t *ids, int n)
+{
+    return false;
 }
 int srv_pstore_load(struct srv_pstore *ps, kvp_ctx *ctx, const int32_t *ids, int n, int have)
 {
@@ -64,21 +69,9 @@ size_t srv_pstore_metrics(struct srv_pstore *ps, char *buf, size_t cap)
 #define DEFAULT_TIMEOUT_MS 2000
 static const char MAGIC[8] = {'K', 'V', 'P', 'S', 'B', 'L', 'K', '1'};
 
-__extension__ typedef unsigned __int128 u128;
-
-/* FNV-1a with 128 bits: the chain's hash. Keys are checked against the stored header and
- * tokens anyway; 128 bits keep two different prefixes from ever fighting over one key. */
-static u128 fnv128(u128 h, const void *p, size_t n)
-{
-    const u128 prime = ((u128)1 << 88) | 0x13B;
-    const uint8_t *b = p;
-    for (size_t i = 0; i < n; i++) {
-        h ^= b[i];
-        h *= prime;
-    }
-    return h;
-}
-static const u128 FNV128_0 = ((u128)0x6c62272e07bb0142ULL << 64) | 0x62b821756295c58dULL;
+/* The chain's hash is FNV-1a with 128 bits (core/fnv.h). Keys are checked against the stored
+ * header and tokens anyway; 128 bits keep two different prefixes from ever fighting over one
+ * key. */
 
 enum { FETCH_QUEUED, FETCH_RUNNING, FETCH_DONE };
 
@@ -98,7 +91,7 @@ struct fetch {
 
 struct write {
     int first, nb;    /* blocks [first, first + nb) */
-    u128 *chain;      /* [nb + 1]: the parent of `first`, then each block's key */
+    kvp_u128 *chain;      /* [nb + 1]: the parent of `first`, then each block's key */
     int32_t *toks;    /* [nb * bs] */
     uint8_t *data;    /* [n_layer][nb] units */
     size_t bytes;
@@ -115,7 +108,7 @@ struct srv_pstore {
     int ttl_s, timeout_ms, min_tokens;
     int bs, n_layer, n_head_kv, head_dim, type_k, type_v;
     size_t k_bytes, v_bytes, unit_bytes, hdr_bytes, value_bytes;
-    u128 seed;
+    kvp_u128 seed;
     pthread_mutex_t mu; /* everything below */
     pthread_cond_t cv;
     struct fetch *fetches;
@@ -125,7 +118,7 @@ struct srv_pstore {
     size_t fetch_bytes; /* data of fetches read and not yet taken */
     uint64_t *known; /* open addressing: chain keys known to be stored (0 empty, 1 deleted) */
     int known_used;
-    u128 repair[REPAIRS]; /* ring: a put starting at one of these writes it whatever it adds */
+    kvp_u128 repair[REPAIRS]; /* ring: a put starting at one of these writes it whatever it adds */
     int repair_next;
     bool up;
     double retry_at;
@@ -133,6 +126,8 @@ struct srv_pstore {
     pthread_t readers[READERS], writer;
     int n_readers;
     bool writer_started;
+    void (*on_ready)(void *arg);
+    void *on_ready_arg;
     struct pstats st;
 };
 
@@ -146,19 +141,19 @@ static void say(const char *fmt, const char *a, const char *b)
 /* ---- keys ------------------------------------------------------------------------------- */
 
 /* chain[b] = the key of block b of ids (chain[-1] is the store's seed). */
-static void make_chain(const struct srv_pstore *ps, const int32_t *ids, int nb, u128 *chain)
+static void make_chain(const struct srv_pstore *ps, const int32_t *ids, int nb, kvp_u128 *chain)
 {
-    u128 h = ps->seed;
+    kvp_u128 h = ps->seed;
     for (int b = 0; b < nb; b++) {
         uint8_t prev[16];
         memcpy(prev, &h, 16);
-        h = fnv128(fnv128(FNV128_0, prev, 16), ids + (size_t)b * ps->bs,
+        h = kvp_fnv128(kvp_fnv128(kvp_fnv128_init(), prev, 16), ids + (size_t)b * ps->bs,
                    (size_t)ps->bs * sizeof(int32_t));
         chain[b] = h;
     }
 }
 
-static void key_text(u128 k, char *out)
+static void key_text(kvp_u128 k, char *out)
 {
     static const char hex[] = "0123456789abcdef";
     memcpy(out, KEY_PREFIX, 6);
@@ -167,12 +162,12 @@ static void key_text(u128 k, char *out)
     out[KEY_LEN] = 0;
 }
 
-static uint64_t known_slot_key(u128 k)
+static uint64_t known_slot_key(kvp_u128 k)
 {
     return (uint64_t)k | 2; /* never 0 (empty) or 1 (deleted) */
 }
 
-static bool known_has(const struct srv_pstore *ps, u128 k)
+static bool known_has(const struct srv_pstore *ps, kvp_u128 k)
 {
     uint64_t v = known_slot_key(k);
     for (uint32_t i = (uint32_t)(v >> 32) & (KNOWN_CAP - 1);; i = (i + 1) & (KNOWN_CAP - 1)) {
@@ -183,7 +178,7 @@ static bool known_has(const struct srv_pstore *ps, u128 k)
     }
 }
 
-static void known_set(struct srv_pstore *ps, u128 k, bool stored)
+static void known_set(struct srv_pstore *ps, kvp_u128 k, bool stored)
 {
     uint64_t v = known_slot_key(k);
     if (stored && ps->known_used >= KNOWN_CAP / 2) {
@@ -216,13 +211,13 @@ static void known_set(struct srv_pstore *ps, u128 k, bool stored)
 /* A block missing inside a stored prefix (refused, evicted while later blocks stay): unlike the
  * end of a document, which a follow-up question extends by a few tokens, it is worth a write
  * however short the rest of the prompt (lock held). */
-static void repair_note(struct srv_pstore *ps, u128 k)
+static void repair_note(struct srv_pstore *ps, kvp_u128 k)
 {
     ps->repair[ps->repair_next] = k;
     ps->repair_next = (ps->repair_next + 1) % REPAIRS;
 }
 
-static bool repair_take(struct srv_pstore *ps, u128 k)
+static bool repair_take(struct srv_pstore *ps, kvp_u128 k)
 {
     for (int i = 0; i < REPAIRS; i++)
         if (ps->repair[i] == k) {
@@ -265,7 +260,7 @@ static bool usable(const struct srv_pstore *ps)
 
 /* Block b's value into out (value_bytes): units from data ([n_layer][nb_d] units, the block at
  * column col). */
-static void value_fill(const struct srv_pstore *ps, int b, u128 key, u128 parent,
+static void value_fill(const struct srv_pstore *ps, int b, kvp_u128 key, kvp_u128 parent,
                        const int32_t *toks, const uint8_t *data, int nb_d, int col, uint8_t *out)
 {
     memset(out, 0, 64);
@@ -291,7 +286,7 @@ static void value_fill(const struct srv_pstore *ps, int b, u128 key, u128 parent
 /* Check block b's value against what the prompt asks for and copy its units into data's column
  * b: NULL, or why it is refused. */
 static const char *value_check(const struct srv_pstore *ps, const uint8_t *v, size_t len, int b,
-                               u128 key, u128 parent, const int32_t *toks, uint8_t *data,
+                               kvp_u128 key, kvp_u128 parent, const int32_t *toks, uint8_t *data,
                                int nb_d)
 {
     if (len != ps->value_bytes)
@@ -300,7 +295,7 @@ static const char *value_check(const struct srv_pstore *ps, const uint8_t *v, si
         return "not a block of this version";
     if (srv_get_u64(v + ps->hdr_bytes - 8) != kvp_checksum(v, ps->hdr_bytes - 8))
         return "header checksum mismatch";
-    u128 k, p;
+    kvp_u128 k, p;
     memcpy(&k, v + 24, 16);
     memcpy(&p, v + 40, 16);
     if (srv_get_u32(v + 12) != (uint32_t)b || k != key || p != parent ||
@@ -362,7 +357,7 @@ static void fetch_free(struct srv_pstore *ps, struct fetch *f)
 
 struct batch {
     struct srv_pstore *ps;
-    const u128 *chain;
+    const kvp_u128 *chain;
     const int32_t *ids;
     int base;          /* block of command 0 */
     uint8_t *flags;    /* per block: EXISTS said yes / GET checked it */
@@ -390,7 +385,7 @@ static void on_get(void *arg, int i, redisReply *r)
     if (r->type != REDIS_REPLY_STRING)
         return; /* gone since the lookup (evicted, expired): a miss */
     const struct srv_pstore *ps = bt->ps;
-    u128 parent = b > 0 ? bt->chain[b - 1] : ps->seed;
+    kvp_u128 parent = b > 0 ? bt->chain[b - 1] : ps->seed;
     bt->why[b] = value_check(ps, (const uint8_t *)r->str, r->len, b, bt->chain[b], parent,
                              bt->ids + (size_t)b * ps->bs, bt->data, bt->nb_d);
     bt->flags[b] = bt->why[b] == NULL;
@@ -407,7 +402,7 @@ static void do_fetch(struct srv_pstore *ps, struct pfx_redis *rc, struct fetch *
 {
     int nb = f->n / ps->bs;
     double t0 = kvp_time_now();
-    u128 *chain = malloc((size_t)nb * sizeof(u128));
+    kvp_u128 *chain = malloc((size_t)nb * sizeof(kvp_u128));
     char *keys = malloc((size_t)nb * (KEY_LEN + 1));
     struct pfx_cmd *cmds = calloc((size_t)nb, sizeof(*cmds));
     uint8_t *flags = calloc((size_t)nb, 1);
@@ -576,6 +571,8 @@ static void *reader_main(void *arg)
             fetch_free(ps, f); /* already out of the list */
         pthread_cond_broadcast(&ps->cv);
         pthread_mutex_unlock(&ps->mu);
+        if (ps->on_ready) /* the request may start now */
+            ps->on_ready(ps->on_ready_arg);
         /* the blocks just read expire ttl_s from now: renewed once the request has them (a
          * write, so on the masters only, and it may wait for a failover) */
         renew(ps, rc, touch, n_touch);
@@ -750,6 +747,8 @@ int srv_pstore_open(const struct srv_pstore_config *cfg, struct srv_pstore **out
     }
     const struct kvp_kvcache *kv = kvp_ctx_kvcache_const(cfg->like);
     ps->min_tokens = cfg->min_tokens;
+    ps->on_ready = cfg->on_ready;
+    ps->on_ready_arg = cfg->on_ready_arg;
     ps->bs = kv->block_size;
     ps->n_layer = kv->n_layer;
     ps->n_head_kv = kv->n_head_kv;
@@ -770,7 +769,7 @@ int srv_pstore_open(const struct srv_pstore_config *cfg, struct srv_pstore **out
     for (int i = 0; i < 7; i++)
         srv_put_u32(id + 16 + 4 * i, (uint32_t)layout[i]);
     srv_put_u64(id + 44, ps->unit_bytes);
-    ps->seed = fnv128(FNV128_0, id, sizeof(id));
+    ps->seed = kvp_fnv128(kvp_fnv128_init(), id, sizeof(id));
     /* one command now, so that a cluster that is not there is said at start */
     ps->up = true;
     char probe_key[KEY_LEN + 1];
@@ -900,6 +899,20 @@ void srv_pstore_prefetch(struct srv_pstore *ps, const int32_t *ids, int n, int h
     pthread_mutex_unlock(&ps->mu);
 }
 
+bool srv_pstore_pending(struct srv_pstore *ps, const int32_t *ids, int n)
+{
+    if (!ps)
+        return false;
+    int lim = lookup_len(ps, n);
+    if (lim < ps->min_tokens)
+        return false;
+    pthread_mutex_lock(&ps->mu);
+    struct fetch **pf = find_fetch(ps, ids, lim);
+    bool pending = pf && (*pf)->state != FETCH_DONE;
+    pthread_mutex_unlock(&ps->mu);
+    return pending;
+}
+
 int srv_pstore_load(struct srv_pstore *ps, kvp_ctx *ctx, const int32_t *ids, int n, int have)
 {
     if (!ps)
@@ -909,24 +922,16 @@ int srv_pstore_load(struct srv_pstore *ps, kvp_ctx *ctx, const int32_t *ids, int
         return 0;
     pthread_mutex_lock(&ps->mu);
     struct fetch **pf = find_fetch(ps, ids, lim), *f = pf ? *pf : NULL;
-    if (lim <= have) {
-        /* the slot holds as much already (a follow-up in the slot of its document): what was
-         * looked up for it when it arrived goes */
+    /* the slot holds as much already (a follow-up in the slot of its document), or the read is
+     * not done (the scheduler starts a request once it is, so only a request that came while
+     * the store was off, or found the fetch list full, gets here without one): nothing from the
+     * store, and what was looked up for it goes */
+    if (!f || lim <= have || f->state != FETCH_DONE) {
         if (pf)
             drop_fetch(ps, pf);
         pthread_mutex_unlock(&ps->mu);
         return 0;
     }
-    if (!f && usable(ps))
-        f = add_fetch(ps, ids, lim, have);
-    if (!f) {
-        pthread_mutex_unlock(&ps->mu);
-        return 0;
-    }
-    while (f->state != FETCH_DONE)
-        pthread_cond_wait(&ps->cv, &ps->mu);
-    for (pf = &ps->fetches; *pf != f; pf = &(*pf)->next)
-        ;
     *pf = f->next;
     ps->n_fetches--;
     pthread_mutex_unlock(&ps->mu);
@@ -970,7 +975,7 @@ void srv_pstore_put(struct srv_pstore *ps, kvp_ctx *ctx, const int32_t *ids, int
     int n = n_prompt - n_prompt % ps->bs, nb = n / ps->bs;
     if (n < ps->min_tokens || n <= 0 || !srv_prefix_ctx_ok(ctx) || kvp_ctx_n_tokens(ctx) < n)
         return;
-    u128 *chain = malloc(((size_t)nb + 1) * sizeof(u128));
+    kvp_u128 *chain = malloc(((size_t)nb + 1) * sizeof(kvp_u128));
     if (!chain)
         return;
     chain[0] = ps->seed;
@@ -990,7 +995,7 @@ void srv_pstore_put(struct srv_pstore *ps, kvp_ctx *ctx, const int32_t *ids, int
     }
     pthread_mutex_unlock(&ps->mu);
     struct write *w = skip ? NULL : calloc(1, sizeof(*w));
-    if (!w || !(w->chain = malloc(((size_t)(nb - first) + 1) * sizeof(u128))) ||
+    if (!w || !(w->chain = malloc(((size_t)(nb - first) + 1) * sizeof(kvp_u128))) ||
         !(w->toks = malloc((size_t)(nb - first) * (size_t)ps->bs * sizeof(int32_t))) ||
         !(w->data = malloc(bytes))) {
         write_free(w);
@@ -1000,7 +1005,7 @@ void srv_pstore_put(struct srv_pstore *ps, kvp_ctx *ctx, const int32_t *ids, int
     w->first = first;
     w->nb = nb - first;
     w->bytes = bytes;
-    memcpy(w->chain, chain + first, ((size_t)w->nb + 1) * sizeof(u128));
+    memcpy(w->chain, chain + first, ((size_t)w->nb + 1) * sizeof(kvp_u128));
     memcpy(w->toks, ids + (size_t)first * ps->bs, (size_t)w->nb * (size_t)ps->bs * 4);
     free(chain);
     /* copied out now, on the scheduler thread: the slot moves on after this */

@@ -34,6 +34,7 @@
 #ifndef KVP_SERVER_PREFIX_STORE_H
 #define KVP_SERVER_PREFIX_STORE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -46,6 +47,10 @@ struct srv_pstore_config {
     const kvp_ctx *like;   /* a context of the slots' shape and KV types */
     uint64_t fingerprint;  /* the model file's (srv_prefix_fingerprint) */
     int min_tokens;        /* shorter prompts are not stored */
+    /* called by a reader thread (no lock of the store held) when a lookup started by
+     * srv_pstore_prefetch is done, so that a request held back by srv_pstore_pending can start */
+    void (*on_ready)(void *arg);
+    void *on_ready_arg;
 };
 
 /* 0, or an error for a bad URL, a build without hiredis, or no memory. A cluster that cannot be
@@ -59,10 +64,16 @@ void srv_pstore_close(struct srv_pstore *ps);
  * the background; `have` is what this server already holds of it. Any thread; NULL ps: none. */
 void srv_pstore_prefetch(struct srv_pstore *ps, const int32_t *ids, int n, int have);
 
+/* True while the lookup and read that srv_pstore_prefetch started for ids[0..n) runs. The
+ * scheduler leaves such a request in its queue and starts others meanwhile (a slow store must
+ * not stall every slot), then starts it once on_ready said the read is done. Any thread. */
+bool srv_pstore_pending(struct srv_pstore *ps, const int32_t *ids, int n);
+
 /* Copy the longest stored prefix of ids[0..n) (at most n - 2 tokens, whole blocks) into ctx when
- * it is longer than `have`, waiting for the read started by srv_pstore_prefetch (or starting
- * one). Returns the tokens copied in (ctx then holds exactly them), 0 when none better (ctx
- * untouched), -1 when a copy failed (ctx emptied). */
+ * it is longer than `have`, from what the read started by srv_pstore_prefetch found. Never waits
+ * for the store: without a finished read it copies nothing. Returns the tokens copied in (ctx
+ * then holds exactly them), 0 when none better (ctx untouched), -1 when a copy failed (ctx
+ * emptied). */
 int srv_pstore_load(struct srv_pstore *ps, kvp_ctx *ctx, const int32_t *ids, int n, int have);
 
 /* The request for ids[0..n) will not load from the store (its slot's policy cannot take a

@@ -858,6 +858,18 @@ struct url_opt {
     long min;
 };
 
+/* A seed node of the URL (kvp_redis_seed_list): -1 for a host too long, -2 past MAX_NODES. */
+static int add_seed(void *arg, const char *host, size_t host_len, int port)
+{
+    struct redis_io *r = arg;
+    char h[sizeof(r->nodes[0].host)];
+    if (host_len >= sizeof(h))
+        return -1;
+    memcpy(h, host, host_len);
+    h[host_len] = 0;
+    return node_find_or_add(r, h, port) < 0 ? -2 : 0;
+}
+
 /* redis://HOST:PORT[,HOST:PORT...][?OPTION=N&...] into r's seed nodes and options. */
 static int parse_url(struct redis_io *r, const char *url, struct kvp_err *err)
 {
@@ -871,25 +883,13 @@ static int parse_url(struct redis_io *r, const char *url, struct kvp_err *err)
     if (!url || strncmp(url, "redis://", 8))
         return kvp_err_set(err, KVP_EINVAL, "--kv-url %s: %s", url ? url : "(none)", usage);
     const char *p = url + 8;
-    for (;;) {
-        const char *colon = strchr(p, ':');
-        size_t hl = colon ? (size_t)(colon - p) : 0;
-        char *end = NULL;
-        long port = colon ? strtol(colon + 1, &end, 10) : 0;
-        if (!colon || hl == 0 || hl >= sizeof(r->nodes[0].host) || memchr(p, ',', hl) ||
-            memchr(p, '?', hl) || end == colon + 1 || port <= 0 || port > 65535 ||
-            (*end && *end != ',' && *end != '?'))
-            return kvp_err_set(err, KVP_EINVAL, "--kv-url %s: %s", url, usage);
-        char host[128];
-        memcpy(host, p, hl);
-        host[hl] = 0;
-        if (node_find_or_add(r, host, (int)port) < 0)
-            return kvp_err_set(err, KVP_EINVAL, "--kv-url %s: too many nodes", url);
-        p = end;
-        if (*p != ',')
-            break;
-        p++;
-    }
+    size_t seeds = strcspn(p, "?");
+    int n = kvp_redis_seed_list(p, seeds, add_seed, r);
+    if (n == -2)
+        return kvp_err_set(err, KVP_EINVAL, "--kv-url %s: too many nodes", url);
+    if (n < 0)
+        return kvp_err_set(err, KVP_EINVAL, "--kv-url %s: %s", url, usage);
+    p += seeds;
     while (*p) { /* ?key=value&key=value */
         p++;
         const struct url_opt *o = NULL;
