@@ -306,6 +306,43 @@ static kvp_sampler *open_sampler(const struct run_opts *o, int n_vocab)
     return smp;
 }
 
+/* Generate from the prompt of o with the model: prompt, context, sampler, the tokens, the
+ * report. Returns the exit status. */
+static int run_model(const kvp_model *model, struct run_opts *o)
+{
+    struct kvp_model_info info;
+    kvp_model_get_info(model, &info);
+    int status = 1;
+    struct run_prompt p = {0};
+    struct run_stats st = {0};
+    kvp_ctx *ctx = NULL;
+    kvp_sampler *smp = NULL;
+    float *logits = NULL;
+    if (read_prompt(model, o, &p))
+        goto out;
+    long n_ctx = context_length(o, &info, p.n);
+    if (n_ctx < 0 || !(ctx = open_context(model, o, n_ctx)) ||
+        !(smp = open_sampler(o, info.n_vocab)))
+        goto out;
+    logits = malloc((size_t)info.n_vocab * sizeof(float));
+    if (!logits) {
+        cli_fail("out of memory");
+        goto out;
+    }
+    if (generate(model, ctx, smp, logits, o, &p, &st))
+        goto out;
+    printf("\n");
+    print_report(model, ctx, &info, o, p.n, &st);
+    status = 0;
+out:
+    free(logits);
+    kvp_sampler_free(smp);
+    kvp_ctx_free(ctx);
+    free(p.ids);
+    free(p.owned);
+    return status;
+}
+
 int cmd_run(int argc, char **argv)
 {
     struct run_opts o = {.n_predict = 128,
@@ -321,38 +358,7 @@ int cmd_run(int argc, char **argv)
     if (rc)
         return rc == 2 ? 0 : 1;
     kvp_model *model = cli_open_model(&o.mo);
-    if (!model)
-        return 1;
-    struct kvp_model_info info;
-    kvp_model_get_info(model, &info);
-    int status = 1;
-    struct run_prompt p = {0};
-    struct run_stats st = {0};
-    kvp_ctx *ctx = NULL;
-    kvp_sampler *smp = NULL;
-    float *logits = NULL;
-    if (read_prompt(model, &o, &p))
-        goto out;
-    long n_ctx = context_length(&o, &info, p.n);
-    if (n_ctx < 0 || !(ctx = open_context(model, &o, n_ctx)) ||
-        !(smp = open_sampler(&o, info.n_vocab)))
-        goto out;
-    logits = malloc((size_t)info.n_vocab * sizeof(float));
-    if (!logits) {
-        cli_fail("out of memory");
-        goto out;
-    }
-    if (generate(model, ctx, smp, logits, &o, &p, &st))
-        goto out;
-    printf("\n");
-    print_report(model, ctx, &info, &o, p.n, &st);
-    status = 0;
-out:
-    free(logits);
-    kvp_sampler_free(smp);
-    kvp_ctx_free(ctx);
-    free(p.ids);
-    free(p.owned);
+    int status = model ? run_model(model, &o) : 1;
     kvp_model_close(model);
     return status;
 }

@@ -136,9 +136,9 @@ static int parse_args(struct serve_opts *o, int argc, char **argv)
     return 0;
 }
 
-/* The server's configuration from the flags; *n_ctx receives each slot's context. */
-static struct srv_config server_config(struct serve_opts *o, const struct kvp_model_info *info,
-                                       int *n_ctx)
+/* The server's configuration from the flags; *n_ctx receives each slot's context (-c, else the
+ * model's training length). */
+static struct srv_config server_config(struct serve_opts *o, const kvp_model *model, int *n_ctx)
 {
     struct srv_config cfg = {
         .host = o->host,
@@ -168,7 +168,9 @@ static struct srv_config server_config(struct serve_opts *o, const struct kvp_mo
     cfg.cp.prefill = &o->pf.p;
     if (cfg.max_queue < 1)
         cfg.max_queue = 1;
-    *n_ctx = cfg.cp.n_ctx > 0 ? cfg.cp.n_ctx : info->n_ctx_train;
+    struct kvp_model_info info;
+    kvp_model_get_info(model, &info);
+    *n_ctx = cfg.cp.n_ctx > 0 ? cfg.cp.n_ctx : info.n_ctx_train;
     cfg.max_tokens = (int)(o->max_tokens > 0 ? o->max_tokens : *n_ctx);
     return cfg;
 }
@@ -234,11 +236,9 @@ int cmd_serve(int argc, char **argv)
     kvp_model *model = cli_open_model(&o.mo);
     if (!model)
         return 1;
-    struct kvp_model_info info;
-    kvp_model_get_info(model, &info);
     cli_policy_default_file(&o.mo, &o.pp, o.aux, sizeof(o.aux), "kvpred serve");
     int n_ctx;
-    struct srv_config cfg = server_config(&o, &info, &n_ctx);
+    struct srv_config cfg = server_config(&o, model, &n_ctx);
     if (catch_signals())
         return 1;
     struct srv_server *srv = NULL;

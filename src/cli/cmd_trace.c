@@ -364,9 +364,7 @@ int cmd_trace(int argc, char **argv)
     if (rc)
         return rc == 2 ? 0 : 1;
     kvp_model *m = cli_open_model(&o.mo);
-    if (!m)
-        return 1;
-    int status = o.n_tasks > 0 ? record_tasks(m, &o) : record_corpora(m, &o);
+    int status = !m ? 1 : o.n_tasks > 0 ? record_tasks(m, &o) : record_corpora(m, &o);
     kvp_model_close(m);
     return status;
 }
