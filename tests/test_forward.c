@@ -65,14 +65,6 @@ static float *eval_all(kvp_model *m, const int32_t *ids, int n, int threads, int
     return eval_all_kv(m, ids, n, threads, block, decode, kv_type, NULL);
 }
 
-static double max_abs_diff(const float *a, const float *b, size_t n)
-{
-    double d = 0;
-    for (size_t i = 0; i < n; i++)
-        d = fmax(d, fabs((double)a[i] - b[i]));
-    return d;
-}
-
 static double max_abs_diff_d(const float *a, const double *b, size_t n)
 {
     double d = 0;
@@ -532,13 +524,13 @@ static void test_reference_logits(void **state)
     float *lg2 = eval_all(m, ids, n, 1, 16, true, KVP_KV_F32);
     double r_dec = mca_bound_ratio(lg2, truth, bound, nl);
     print_message("max |prefill - decode| = %.3g, decode at most %.3g of the bound\n",
-                  max_abs_diff(lg, lg2, nl), r_dec);
+                  kvp_test_max_diff(lg, lg2, nl), r_dec);
     assert_true(r_dec <= 1);
     free(lg2);
     lg2 = eval_all(m, ids, n, 1, 7, false, KVP_KV_F32);
     double r_bs = mca_bound_ratio(lg2, truth, bound, nl);
     print_message("1 thread, block size 7: |vs 2 threads, 16| = %.3g, at most %.3g of the bound\n",
-                  max_abs_diff(lg, lg2, nl), r_bs);
+                  kvp_test_max_diff(lg, lg2, nl), r_bs);
     assert_true(r_bs <= 1);
     free(lg2);
     free(truth);
