@@ -31,9 +31,8 @@ export LD_LIBRARY_PATH="$LLAMA_BIN${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # OpenBLAS picks its own kernels (see bench_peers.sh)
 unset OPENBLAS_CORETYPE
 
-for tool in jq "$KVP" "$LLAMA_BIN/llama-bench"; do
-    command -v "$tool" >/dev/null || { echo "bench_arch: $tool not found" >&2; exit 1; }
-done
+. scripts/lib.sh
+kvp_need bench_arch jq "$KVP" "$LLAMA_BIN/llama-bench"
 mkdir -p "$OUT"
 RES="$OUT/results.jsonl"
 : >"$RES"
@@ -74,9 +73,7 @@ for shape in $SHAPES; do
 done
 
 # medians per (shape, type, row, engine) and the ratio kvpred / llama.cpp
-jq -sc --arg date "$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
-    --arg commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
-    --arg cpu "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')" \
+jq -sc --arg date "$(kvp_date)" --arg commit "$(kvp_commit)" --arg machine "$(kvp_machine)" \
     --argjson layers "$LAYERS" --argjson reps "$REPS" '
     def median: sort | if length == 0 then null
                        else (if length % 2 == 1 then .[length / 2 | floor]
@@ -86,5 +83,5 @@ jq -sc --arg date "$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
            kvpred: ([.[] | select(.engine == "kvpred") | .tokens_per_s] | median),
            llama_cpp: ([.[] | select(.engine == "llama.cpp") | .tokens_per_s] | median)}
           | .ratio = (if .llama_cpp then .kvpred / .llama_cpp else null end))
-    | {summary: "bench_arch", date: $date, commit: $commit, cpu: $cpu, layers: $layers,
+    | {summary: "bench_arch", date: $date, commit: $commit, machine: $machine, layers: $layers,
        reps: $reps, rows: .}' "$RES"

@@ -52,9 +52,8 @@ export LD_LIBRARY_PATH="$LLAMA_BIN${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # see bench_peers.sh: OpenBLAS's own kernel choice for the sgemm prefill path
 [ "${KEEP_BLAS_CORETYPE:-0}" = 1 ] || unset OPENBLAS_CORETYPE
 
-for tool in jq "$KVP" "$LLAMA_BIN/llama-batched-bench"; do
-    command -v "$tool" >/dev/null || { echo "bench_batched: $tool not found" >&2; exit 1; }
-done
+. scripts/lib.sh
+kvp_need bench_batched jq "$KVP" "$LLAMA_BIN/llama-batched-bench"
 mkdir -p "$OUT" "$(dirname "$RESULTS")"
 # The peer binaries are built for another CPU: where llama-batched-bench dies of SIGILL (exit
 # 132) the static llama-server stands in (scripts/llama_server_bench.py: -np N slots, N concurrent
@@ -68,13 +67,13 @@ set +e
 set -e
 [ "$PEER" = server ] && echo "bench_batched: llama-batched-bench dies of SIGILL here; llama-server stands in" >&2
 RES="$RESULTS.jsonl"
-COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-MACHINE="$(uname -n) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//') $(nproc) cores"
+COMMIT=$(kvp_commit)
+MACHINE=$(kvp_machine)
 npl_max=$(tr ',' '\n' <<<"$NPL" | sort -n | tail -1)
 
 # tag ENGINE: each JSON line on stdin gets the engine, date, commit and machine
 tag() {
-    jq -c --arg e "$1" --arg d "$(date -u +%FT%TZ)" --arg c "$COMMIT" --arg m "$MACHINE" \
+    jq -c --arg e "$1" --arg d "$(kvp_date)" --arg c "$COMMIT" --arg m "$MACHINE" \
         '{engine:$e, date:$d, commit:$c, machine:$m} + .' >>"$RES"
 }
 

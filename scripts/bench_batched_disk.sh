@@ -39,6 +39,7 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 KVP=${KVP:-build/kvpred}
 OUT=${OUT:-/tmp/kvp-bench-batched}
 KV_DIR=${KV_DIR:-${TMPDIR:-/tmp}}
@@ -71,8 +72,8 @@ largest_fitting() {
 NPL_DENSE=${NPL_DENSE:-$(largest_fitting 16 1 2)}
 NPL_RAM=${NPL_RAM:-$(largest_fitting "$NPL" 3 4)}
 RES=bench/batched_disk_$(date -u +%Y%m%dT%H%M%SZ).jsonl
-COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-MACHINE="$(uname -n) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//') $(nproc) cores $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)"
+COMMIT=$(kvp_commit)
+MACHINE=$(kvp_machine)
 mkdir -p "$OUT" bench
 f="$OUT/smol-L30-Q8_0.gguf"
 [ -s "$f" ] || "$KVP" synth --shape SmolLM2-135M --layers 30 --type Q8_0 -t 2 -o "$f"
@@ -108,7 +109,7 @@ run() {
     local pid=$!
     timed "$pid"
     wait "$pid"
-    jq -c --arg n "$name" --arg d "$(date -u +%FT%TZ)" --arg c "$COMMIT" --arg m "$MACHINE" \
+    jq -c --arg n "$name" --arg d "$(kvp_date)" --arg c "$COMMIT" --arg m "$MACHINE" \
         --arg cmd "kvpred batched-bench -m $f -t $T --json $*" --arg note "$NOTE" \
         --arg fm "one sequence filled ($FILL: $([ "$FILL" = tile ] &&
             echo "4096 tokens prefilled, tiled to npp - 32, the last 32 prefilled" ||

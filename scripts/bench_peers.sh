@@ -52,10 +52,9 @@ export LD_LIBRARY_PATH="$LLAMA_BIN${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # AVX-512 CPU than OpenBLAS's own choice. KEEP_BLAS_CORETYPE=1 keeps the variable.
 [ "${KEEP_BLAS_CORETYPE:-0}" = 1 ] || unset OPENBLAS_CORETYPE
 
-for tool in jq /usr/bin/time "$KVP" "$LLAMA_BIN/llama-bench" "$LLAMA_BIN/llama-batched-bench" \
-    "$LLAMA_BIN/llama-quantize"; do
-    command -v "$tool" >/dev/null || { echo "bench_peers: $tool not found" >&2; exit 1; }
-done
+. scripts/lib.sh
+kvp_need bench_peers jq /usr/bin/time "$KVP" "$LLAMA_BIN/llama-bench" \
+    "$LLAMA_BIN/llama-batched-bench" "$LLAMA_BIN/llama-quantize"
 mkdir -p "$OUT"
 RES="$OUT/results.jsonl"
 start=$(date +%s)

@@ -28,20 +28,11 @@ FA=${FA:-"0 1"}
 # OpenBLAS runs kvpred's prefill attention GEMMs; a pinned core type is not what users have
 unset OPENBLAS_CORETYPE
 
-command -v jq >/dev/null || { echo "bench_prefill_long: jq not found" >&2; exit 1; }
-[ -x "$KVP" ] || { echo "bench_prefill_long: $KVP not built" >&2; exit 1; }
-if [ ! -f "$MODEL" ]; then
-    mkdir -p "$(dirname "$MODEL")"
-    "$KVP" synth --shape SmolLM2-135M --type Q8_0 -t "$THREADS" -o "$MODEL" >&2
-fi
-LLAMA=""
-if [ -x "$LLAMA_BIN/llama-bench" ] &&
-    LD_LIBRARY_PATH="$LLAMA_BIN" "$LLAMA_BIN/llama-bench" -m "$MODEL" -p 16 -n 0 -r 1 \
-        -t "$THREADS" -o json >/dev/null 2>&1; then
-    LLAMA="$LLAMA_BIN/llama-bench"
-else
-    echo "bench_prefill_long: llama-bench missing or failing: kvpred rows only" >&2
-fi
+. scripts/lib.sh
+kvp_need bench_prefill_long jq
+kvp_need_built bench_prefill_long "$KVP"
+kvp_synth_smol "$KVP" "$MODEL" "$THREADS"
+LLAMA=$(kvp_llama_bench bench_prefill_long "$LLAMA_BIN" "$MODEL" "$THREADS")
 tmp=$(mktemp)
 trap 'rm -f "$tmp"' EXIT
 longest=${LENS##* }

@@ -29,9 +29,8 @@ CTX=${CTX:-$((TOKENS + 512))}
 THREADS=${THREADS:-2}
 MISSES=${MISSES:-3}
 OUT=${OUT:-bench_prefix_store.jsonl}
-for t in redis-server redis-cli curl jq python3 git; do
-    command -v $t >/dev/null || { echo "bench_prefix_store: $t is needed" >&2; exit 1; }
-done
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+kvp_need bench_prefix_store redis-server redis-cli curl jq python3 git
 
 DIR=$(mktemp -d)
 PIDS=()
@@ -43,36 +42,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() { # a loopback port nobody listens on, with its cluster bus port (+10000) free too
-    python3 -c 'import random, socket
-for _ in range(1000):
-    p = random.randint(20000, 39999)
-    try:
-        for q in (p, p + 10000):
-            s = socket.socket(); s.bind(("127.0.0.1", q)); s.close()
-        print(p); break
-    except OSError:
-        pass'
-}
-
-NODES=()
-for _ in 1 2 3 4 5 6; do
-    q=$(free_port)
-    redis-server --port "$q" --bind 127.0.0.1 --save '' --appendonly no --dir "$DIR" \
-        --cluster-enabled yes --cluster-config-file "nodes-$q.conf" >/dev/null 2>&1 &
-    PIDS+=($!)
-    for _ in $(seq 500); do redis-cli -p "$q" ping >/dev/null 2>&1 && break; sleep 0.01; done
-    NODES+=("127.0.0.1:$q")
-done
-redis-cli --cluster create "${NODES[@]}" --cluster-replicas 1 --cluster-yes >/dev/null
-for _ in $(seq 3000); do
-    ok=1
-    for n in "${NODES[@]}"; do
-        redis-cli -p "${n#*:}" cluster info | grep -q cluster_state:ok || ok=0
-    done
-    [ $ok = 1 ] && break
-    sleep 0.01
-done
+kvp_redis_cluster "$DIR" 3 1
 URL="redis://${NODES[0]},${NODES[1]}"
 
 SRV_PORT=
@@ -111,9 +81,9 @@ wait_stored() { # port blocks
     done
 }
 
-COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-MACHINE="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(nproc) CPUs"
-DATE=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+COMMIT=$(kvp_commit)
+MACHINE=$(kvp_machine)
+DATE=$(kvp_date)
 COLD=
 emit() { # case answer-json [lookup_ms]
     local line

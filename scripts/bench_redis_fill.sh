@@ -20,8 +20,8 @@ CTX=${CTX:-32768}
 REPS=${REPS:-1}
 CLUSTER=${CLUSTER:-0}
 OUT=${OUT:-bench_redis_fill.jsonl}
-command -v redis-server >/dev/null && command -v redis-cli >/dev/null ||
-    { echo "bench_redis_fill: redis-server and redis-cli are needed (redis-server, redis-tools)" >&2; exit 1; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+kvp_need bench_redis_fill redis-server redis-cli python3
 
 DIR=$(mktemp -d)
 PIDS=()
@@ -32,42 +32,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() { # a loopback port nobody listens on, with its cluster bus port (+10000) free too
-    python3 -c 'import random, socket
-for _ in range(1000):
-    p = random.randint(20000, 39999)
-    try:
-        for q in (p, p + 10000):
-            s = socket.socket(); s.bind(("127.0.0.1", q)); s.close()
-        print(p); break
-    except OSError:
-        pass'
-}
-
-start() { # port, extra flags...
-    local port=$1; shift
-    redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$DIR" \
-        "$@" >/dev/null 2>&1 &
-    PIDS+=($!)
-    for _ in $(seq 500); do redis-cli -p "$port" ping >/dev/null 2>&1 && return; sleep 0.01; done
-    echo "bench_redis_fill: redis-server on $port did not start" >&2; exit 1
-}
-
-P=$(free_port)
-start "$P"
+P=$(kvp_free_port)
+kvp_redis_start "$DIR" "$P"
 URLS=("redis://127.0.0.1:$P")
 if [ "$CLUSTER" = 1 ]; then
-    NODES=()
-    for _ in 1 2 3; do
-        q=$(free_port)
-        start "$q" --cluster-enabled yes --cluster-config-file "nodes-$q.conf"
-        NODES+=("127.0.0.1:$q")
-    done
-    redis-cli --cluster create "${NODES[@]}" --cluster-yes >/dev/null
-    for _ in $(seq 1000); do
-        redis-cli -p "${NODES[0]#*:}" cluster info | grep -q cluster_state:ok && break
-        sleep 0.01
-    done
+    kvp_redis_cluster "$DIR" 3 0
     URLS+=("redis://${NODES[0]},${NODES[1]}")
 fi
 

@@ -8,15 +8,15 @@
 # Environment: MODEL (default models/kvpred-default.gguf), SEEDS (default "4242 777"), LENGTHS
 # (default "2048 8192"), SAMPLES (per depth, default 20), JOBS (default 2), OUT (default bench).
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$root"
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$KVP_ROOT"
 kvp="${1:-build}/kvpred"
-m="${MODEL:-models/kvpred-default.gguf}"
+kvp_model_files
 out="${OUT:-bench}"
 essays="${KVP_SHARED_DIR:-../shared}/data/pg_essays"
 [ -d "$essays" ] || { echo "eval_acceptance: $essays not found (needs ../shared)" >&2; exit 1; }
 mkdir -p "$out"
-dst="$out/acceptance_$(basename "${m%.gguf}").jsonl"
+dst="$out/acceptance_$name.jsonl"
 parts="$(mktemp -d)"
 trap 'rm -rf "$parts"' EXIT
 for seed in ${SEEDS:-4242 777}; do

@@ -22,14 +22,10 @@
 # 8192 tokens a prefill of the shipped model takes about 2 CPU seconds, so the defaults are
 # 3 x 10 x 8 x (1 + 4) = 1200 prefills, about 45 CPU minutes.
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$root"
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$KVP_ROOT"
 kvp="$(realpath "${1:-build}")/kvpred"
-m="${MODEL:-models/kvpred-default.gguf}"
-qkvpp="${QKVPP:-${m%.gguf}.qkvpp}"
-kvpp="${KVPP:-${m%.gguf}.kvpp}"
-profile="${PROFILE:-${m%.gguf}.catekv-r0.4.profile}"
-name="$(basename "${m%.gguf}")"
+kvp_model_files
 lengths="${LENGTHS:-8192}"
 out="${OUT:-bench/multi_question_${name}_${lengths//,/_}.jsonl}"
 read -r -a tasks <<< "${TASKS:-passkey niah_single niah_multikey}"

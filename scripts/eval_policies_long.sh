@@ -26,14 +26,10 @@
 # BUDGETS or SAMPLES for a first look. A check on a tiny run:
 #   LENGTHS=512 SAMPLES=1 BUDGETS=1/16 TASKS=passkey OUT=/tmp/p.jsonl scripts/eval_policies_long.sh
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$root"
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$KVP_ROOT"
 kvp="$(realpath "${1:-build}")/kvpred"
-m="${MODEL:-models/kvpred-default.gguf}"
-qkvpp="${QKVPP:-${m%.gguf}.qkvpp}"
-kvpp="${KVPP:-${m%.gguf}.kvpp}"
-profile="${PROFILE:-${m%.gguf}.catekv-r0.4.profile}"
-name="$(basename "${m%.gguf}")"
+kvp_model_files
 out="${OUT:-bench/policies_long_${name}.jsonl}"
 c2f="${C2F:-groups=16,coarse=approx,visit=4}"
 read -r -a lengths <<< "${LENGTHS:-16384 32768}"

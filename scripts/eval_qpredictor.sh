@@ -13,16 +13,14 @@
 # contexts, default "16384 32768"), OUT (default bench). Every line of the JSON outputs is one
 # kvpred command's result.
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$root"
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$KVP_ROOT"
 kvp="${1:-build}/kvpred"
 part="${PART:-all}"
 seed="${SEED:-7}"
 samples="${SAMPLES:-10}"
 out="${OUT:-bench}"
-model="${MODEL:-models/kvpred-default.gguf}"
-kvpp="${KVPP:-${model%.gguf}.kvpp}"
-qkvpp="${QKVPP:-${model%.gguf}.qkvpp}"
+kvp_model_files
 length="${LENGTH:-8192}"
 baselines="${BASELINES-quest,oracle,predictor}"
 mkdir -p "$out"
@@ -34,7 +32,7 @@ if [[ "$part" == all || "$part" == tasks ]]; then
     dst="$out/qpredictor_tasks_${length}_seed$seed.jsonl"
     : > "$dst"
     for task in ${TASKS:-niah_single niah_multikey passkey}; do
-        common=(-m "$model" -t 1 --task "$task" --lengths "$length" --depths 0,25,50,75,100
+        common=(-m "$m" -t 1 --task "$task" --lengths "$length" --depths 0,25,50,75,100
                 --samples "$samples" --seed "$seed" --budget 1/16,1/8 --json)
         if [[ -n "$baselines" ]]; then
             "$kvp" eval "${common[@]}" --policy "$baselines" --aux "$kvpp" >> "$dst"
@@ -69,7 +67,7 @@ if [[ "$part" == all || "$part" == bench ]]; then
     : > "$dst"
     for c in ${CTXS:-16384 32768}; do
         for pol in quest:$kvpp qpredictor:$qkvpp predictor:$kvpp; do
-            "$kvp" bench -m "$model" -t 1 -c "$c" -n 64 --prefill 16 --policy "${pol%%:*}" \
+            "$kvp" bench -m "$m" -t 1 -c "$c" -n 64 --prefill 16 --policy "${pol%%:*}" \
                 --budget 1/16 --aux "${pol#*:}" --json 2>/dev/null >> "$dst"
         done
     done

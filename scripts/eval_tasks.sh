@@ -17,15 +17,13 @@
 #   SEED       prompt seed, default 7 (evaluation seeds never meet training seeds, see
 #              src/cli/cmd_eval_tasks.c); JOBS default 3 (one per task); OUT default bench
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$root"
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$KVP_ROOT"
 kvp="${1:-build}/kvpred"
-m="${MODEL:-models/kvpred-default.gguf}"
-aux="${AUX:-${m%.gguf}.kvpp}"
-profile="${PROFILE:-${m%.gguf}.catekv-r0.4.profile}"
+kvp_model_files
+aux="${AUX:-$kvpp}"
 seed="${SEED:-7}"
 out="${OUT:-bench}"
-name="$(basename "${m%.gguf}")"
 read -r -a tasks <<< "${TASKS:-passkey niah_single niah_multikey}"
 read -r -a lengths <<< "${LENGTHS:-2048 4096 8192}"
 policies="${POLICIES:-full,streaming,h2o,snapkv,pyramidkv,quest,oracle,predictor,catekv}"

@@ -34,8 +34,9 @@ KL_DECODE=${KL_DECODE:-256}
 TEXT=${TEXT:-data/heldout_stories.txt}
 THREADS=${THREADS:-2}
 OUT=${OUT:-bench/prefill_sparse_quality.jsonl}
-command -v jq >/dev/null || { echo "quality_prefill_sparse: jq not found" >&2; exit 1; }
-[ -x "$KVP" ] || { echo "quality_prefill_sparse: $KVP not built" >&2; exit 1; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+kvp_need quality_prefill_sparse jq
+kvp_need_built quality_prefill_sparse "$KVP"
 start=$(wc -l <"$OUT" 2>/dev/null || echo 0)
 
 # one length per call, so that each record's prefill_density is its length's

@@ -27,49 +27,15 @@
 #include "kernels/types.h"
 #include "kv/kvcache.h"
 #include "kvpred.h"
+#include "mca.h"
 #include "model/model.h"
 #include "model/synth.h"
 #include "policy/policy.h"
 #include "testutil.h"
 
-#define MCA_RUNS 10
-#define MCA_LAMBDA 10.0
-#define U32 0x1p-24
 #define N_VOCAB 400
 
 static const char *const TEXT = "The quick brown fox jumps over the lazy dog again.";
-
-/* ---- Monte Carlo arithmetic (see test_forward.c for the derivation) ---- */
-
-struct mca {
-    uint64_t s;
-};
-
-static double mca_xi(struct mca *r) /* uniform in [-1, 1) */
-{
-    r->s ^= r->s >> 12;
-    r->s ^= r->s << 25;
-    r->s ^= r->s >> 27;
-    return (double)((r->s * 0x2545F4914F6CDD1Dull) >> 11) * 0x1p-52 - 1.0;
-}
-
-/* x as an f32 operation of relative accuracy k·u may have left it */
-static double P(struct mca *r, double x, double k)
-{
-    return r ? x * (1 + k * U32 * mca_xi(r)) : x;
-}
-
-/* Σ a[c]·b[c·sb] as an f32 dot may have left it (products and running sums each rounded) */
-static double dot64(struct mca *r, const double *a, const double *b, size_t sb, int n)
-{
-    double s = 0, v = 0;
-    for (int c = 0; c < n; c++) {
-        double p = a[c] * b[(size_t)c * sb];
-        s += p;
-        v += p * p + s * s;
-    }
-    return r ? s + U32 * sqrt(v) * mca_xi(r) : s;
-}
 
 /* ---- the reference ---- */
 
@@ -90,62 +56,11 @@ enum defect {
  * the context's size, so the comparison with it runs kvpred at the same. */
 #define LLAMA_LOGITS_CTX 512
 
-/* Which products quantize their input to 8 bits, as kvpred does for a quantized weight type
- * (decode's mat-vec; in a multi-token pass the integer GEMM, when it takes the type). */
-struct quant_model {
-    bool prefill;
-    int n_rows;
-};
-
-static double *mat64(const struct kvp_mat *w)
+/* y = W x for the weights W of w (mca.h: where qm says kvpred quantizes x, and how) */
+static void mv_mat(const double *W, const struct kvp_mat *w, const double *x, double *y,
+                   const struct mca_quant *qm, struct mca *r)
 {
-    float *row = malloc((size_t)w->cols * sizeof(float));
-    double *o = malloc((size_t)(w->rows * w->cols) * sizeof(double));
-    for (int64_t r = 0; r < w->rows; r++) {
-        kvp_mat_dequant_rows(w, row, r, r + 1);
-        for (int64_t c = 0; c < w->cols; c++)
-            o[r * w->cols + c] = row[c];
-    }
-    free(row);
-    return o;
-}
-
-/* y = W x; x moved within half an 8-bit step (and the block scale's f16 rounding) where kvpred
- * quantizes it */
-static void mv64(const double *W, const struct kvp_mat *w, const double *x, double *y,
-                 const struct quant_model *qm, struct mca *r)
-{
-    int rows = (int)w->rows, cols = (int)w->cols;
-    int vt = kvp_type_vec_dot_type(w->type);
-    double *xq = NULL;
-    if (r && w->type != KVP_TYPE_F32 && vt != KVP_TYPE_F32 &&
-        (!qm->prefill || kvp_gemm_wants(w->type, qm->n_rows))) {
-        int bs = vt == KVP_TYPE_Q8_K ? 256 : 32;
-        xq = malloc((size_t)cols * sizeof(double));
-        for (int b = 0; b < cols; b += bs) {
-            double a = 0;
-            for (int c = b; c < b + bs; c++)
-                a = fmax(a, fabs(x[c]));
-            double d = a / 127, f = vt == KVP_TYPE_Q8_0 ? 1 + 0x1p-11 * mca_xi(r) : 1;
-            for (int c = b; c < b + bs; c++)
-                xq[c] = (x[c] + d / 2 * mca_xi(r)) * f;
-        }
-        x = xq;
-    }
-    for (int i = 0; i < rows; i++)
-        y[i] = dot64(r, W + (size_t)i * cols, x, 1, cols);
-    free(xq);
-}
-
-/* RMS norm: the sum of squares in double, the scale rounded to f32, two products */
-static void rms64(double *o, const double *x, const float *w, int n, double eps, struct mca *r)
-{
-    double ss = 0;
-    for (int i = 0; i < n; i++)
-        ss += x[i] * x[i];
-    double sc = P(r, 1.0 / sqrt(ss / n + eps), 1);
-    for (int i = 0; i < n; i++)
-        o[i] = P(r, P(r, x[i] * sc, 1) * w[i], 1);
+    mv64(W, x, y, (int)w->rows, (int)w->cols, w->type, qm, r);
 }
 
 /* The angle per position of each dimension pair and the factor on cos and sin, from the
@@ -231,15 +146,9 @@ static double gelu64(double x, bool f16, struct mca *r)
     return f16 ? kvp_f16_to_f32(kvp_f32_to_f16((float)y)) : y;
 }
 
-static void addb(double *y, const float *b, int n, struct mca *r)
-{
-    for (int i = 0; b && i < n; i++)
-        y[i] = P(r, y[i] + b[i], 1);
-}
-
 /* Logits of every position of ids, [n][n_vocab]. */
 static double *reference(const kvp_model *m, const int32_t *ids, int n, int n_ctx,
-                         enum defect defect, const struct quant_model *qm, struct mca *r)
+                         enum defect defect, const struct mca_quant *qm, struct mca *r)
 {
     const struct kvp_hparams *hp = &m->hp;
     int D = hp->n_embd, hd = hp->head_dim, H = hp->n_head, KV = hp->n_head_kv, F = hp->n_ff;
@@ -279,9 +188,9 @@ static double *reference(const kvp_model *m, const int32_t *ids, int n, int n_ct
         for (int i = 0; i < n; i++) {
             double *qi = q + (size_t)i * qd, *ki = k + (size_t)i * kvd, *vi = v + (size_t)i * kvd;
             rms64(h, x + (size_t)i * D, L->attn_norm, D, hp->norm_eps, r);
-            mv64(wq, &L->wq, h, qi, qm, r);
-            mv64(wk, &L->wk, h, ki, qm, r);
-            mv64(wv, &L->wv, h, vi, qm, r);
+            mv_mat(wq, &L->wq, h, qi, qm, r);
+            mv_mat(wk, &L->wk, h, ki, qm, r);
+            mv_mat(wv, &L->wv, h, vi, qm, r);
             addb(qi, L->bq, qd, r);
             addb(ki, L->bk, kvd, r);
             addb(vi, L->bv, kvd, r);
@@ -319,7 +228,7 @@ static double *reference(const kvp_model *m, const int32_t *ids, int n, int n_ct
                     att[hh * hd + d] = dot64(r, sc + t0, v + (size_t)t0 * kvd + kh * hd + d, kvd,
                                              i + 1 - t0);
             }
-            mv64(wo, &L->wo, att, o, qm, r);
+            mv_mat(wo, &L->wo, att, o, qm, r);
             if (gemma) { /* Gemma: the output normalised before it joins the residual */
                 assert_non_null(L->attn_post_norm);
                 rms64(o, o, L->attn_post_norm, D, hp->norm_eps, r);
@@ -328,15 +237,15 @@ static double *reference(const kvp_model *m, const int32_t *ids, int n, int n_ct
                 x[(size_t)i * D + d] = P(r, x[(size_t)i * D + d] + o[d], 1);
             addb(x + (size_t)i * D, L->bo, D, r);
             rms64(h, x + (size_t)i * D, L->ffn_norm, D, hp->norm_eps, r);
-            mv64(w1, &L->w_gate, h, gt, qm, r);
-            mv64(w3, &L->w_up, h, up, qm, r);
+            mv_mat(w1, &L->w_gate, h, gt, qm, r);
+            mv_mat(w3, &L->w_up, h, up, qm, r);
             if (gemma)
                 for (int f = 0; f < F; f++)
                     gt[f] = P(r, gelu64(gt[f], defect == REF_GELU_F16, r) * up[f], 1);
             else
                 for (int f = 0; f < F; f++) /* SwiGLU: g / (1 + exp(-g)) * u, exp within 2u */
                     gt[f] = P(r, P(r, gt[f] / P(r, 1 + P(r, exp(-gt[f]), 2), 1), 1) * up[f], 1);
-            mv64(w2, &L->w_down, gt, o, qm, r);
+            mv_mat(w2, &L->w_down, gt, o, qm, r);
             if (gemma)
                 rms64(o, o, L->ffn_post_norm, D, hp->norm_eps, r);
             for (int d = 0; d < D; d++)
@@ -346,7 +255,7 @@ static double *reference(const kvp_model *m, const int32_t *ids, int n, int n_ct
     }
     for (int i = 0; i < n; i++) {
         rms64(h, x + (size_t)i * D, m->output_norm, D, hp->norm_eps, r);
-        mv64(out, &m->output, h, lg + (size_t)i * V, qm, r);
+        mv_mat(out, &m->output, h, lg + (size_t)i * V, qm, r);
         for (int j = 0; hp->arch_id == KVP_ARCH_GEMMA2 && j < V; j++) { /* logit soft-capping */
             double c = hp->final_softcap, *y = lg + (size_t)i * V + j;
             *y = P(r, c * P(r, tanh(P(r, *y / c, 1)), 2), 1);
@@ -360,44 +269,20 @@ static double *reference(const kvp_model *m, const int32_t *ids, int n, int n_ct
 /* The exact logits and in *bound how far kvpred's may be from each: MCA_LAMBDA standard
  * deviations of the perturbed runs (at least the row's pooled one) plus u·|logit|. */
 static double *reference_bounded(const kvp_model *m, const int32_t *ids, int n, int n_ctx,
-                                 const struct quant_model *qm, double **bound)
+                                 const struct mca_quant *qm, double **bound)
 {
     size_t nl = (size_t)n * m->hp.n_vocab;
     double *exact = reference(m, ids, n, n_ctx, DEFECT_NONE, qm, NULL);
     double *var = calloc(nl, 8);
     for (int run = 0; run < MCA_RUNS; run++) {
-        struct mca r = {.s = 0x9E3779B97F4A7C15ull * (run + 1)};
+        struct mca r = mca_run(run);
         double *p = reference(m, ids, n, n_ctx, DEFECT_NONE, qm, &r);
-        for (size_t i = 0; i < nl; i++)
-            var[i] += (p[i] - exact[i]) * (p[i] - exact[i]) / MCA_RUNS;
+        mca_add_run(var, p, exact, nl);
         free(p);
     }
-    int V = m->hp.n_vocab;
-    for (int i = 0; i < n; i++) {
-        double *vr = var + (size_t)i * V, pooled = 0;
-        for (int j = 0; j < V; j++)
-            pooled += vr[j] / V;
-        for (int j = 0; j < V; j++)
-            vr[j] = MCA_LAMBDA * sqrt(fmax(vr[j], pooled)) + U32 * fabs(exact[(size_t)i * V + j]);
-    }
+    mca_bounds(var, exact, n, m->hp.n_vocab);
     *bound = var;
     return exact;
-}
-
-static double bound_ratio_f(const float *got, const double *want, const double *bound, size_t n)
-{
-    double q = 0;
-    for (size_t i = 0; i < n; i++)
-        q = fmax(q, fabs(got[i] - want[i]) / bound[i]);
-    return q;
-}
-
-static double bound_ratio_d(const double *got, const double *want, const double *bound, size_t n)
-{
-    double q = 0;
-    for (size_t i = 0; i < n; i++)
-        q = fmax(q, fabs(got[i] - want[i]) / bound[i]);
-    return q;
 }
 
 /* ---- kvpred and llama.cpp ---- */
@@ -591,18 +476,18 @@ static void check_case_file(const struct arch_case *ac, int type, int n_ctx, con
      * takes the type, on prefill's */
     double *bound = NULL, *truth = NULL;
     for (int decode = lq ? 1 : 0; decode < 2; decode++) {
-        struct quant_model qm = {.prefill = !decode, .n_rows = decode ? 1 : n};
+        struct mca_quant qm = {.prefill = !decode, .n_rows = decode ? 1 : n};
         if (!truth || type != KVP_TYPE_F32) {
             free(truth), free(bound);
             truth = reference_bounded(m, ids, n, n_ctx, &qm, &bound);
         }
         float *lg = kvpred_logits(m, ids, n, n_ctx, decode);
-        double ratio = bound_ratio_f(lg, truth, bound, nl);
+        double ratio = mca_bound_ratio(lg, truth, bound, nl);
         double bmax = 0, lmax = 0;
         for (size_t i = 0; i < nl; i++)
             bmax = fmax(bmax, bound[i]), lmax = fmax(lmax, fabs(truth[i]));
         double *bad = reference(m, ids, n, n_ctx, ac->defect, &qm, NULL);
-        double bad_ratio = bound_ratio_d(bad, truth, bound, nl);
+        double bad_ratio = mca_bound_ratio_d(bad, truth, bound, nl);
         print_message("%s %s%s %s, context %d: |kvpred - reference| at most %.3g of the bound (largest bound "
                       "%.3g, largest logit %.3g); the reference with the planted defect is %.3g "
                       "of it\n", ac->shape, kvp_type_name(type), lq ? " (llama-quantize)" : "",
@@ -615,7 +500,7 @@ static void check_case_file(const struct arch_case *ac, int type, int n_ctx, con
         if (ac->llama_cpp && !decode && type == KVP_TYPE_F32 && n_ctx == LLAMA_LOGITS_CTX) {
             double *ll = llama_logits(path, ids, n);
             if (ll) {
-                double lr = bound_ratio_d(ll, truth, bound, nl);
+                double lr = mca_bound_ratio_d(ll, truth, bound, nl);
                 print_message("%s: llama.cpp f32-KV logits within %.3g of the bound of the "
                               "reference\n", ac->shape, lr);
                 assert_true(lr <= 4);
@@ -628,7 +513,7 @@ static void check_case_file(const struct arch_case *ac, int type, int n_ctx, con
     if (m->hp.n_swa > 0 && type == KVP_TYPE_F32) {
         /* prefill in passes over the local layers' rings, against the same reference */
         float *lg = kvpred_logits_ring(m, ids, n, n_ctx, false, true);
-        double ratio = bound_ratio_f(lg, truth, bound, nl);
+        double ratio = mca_bound_ratio(lg, truth, bound, nl);
         print_message("%s, rings of %d-token blocks, passes of %d: |kvpred - reference| at "
                       "most %.3g of the bound\n", ac->shape, RING_BLOCK, RING_BATCH, ratio);
         assert_true(ratio <= 1);
@@ -662,7 +547,7 @@ static void check_llama_gelu(const struct arch_case *ac)
     size_t nl = (size_t)n * N_VOCAB;
     double *ll = llama_logits(path, ids, n);
     if (ll) {
-        struct quant_model qm = {.prefill = true, .n_rows = n};
+        struct mca_quant qm = {.prefill = true, .n_rows = n};
         double *want = reference(m, ids, n, LLAMA_LOGITS_CTX, REF_GELU_F16, &qm, NULL);
         double *bad = reference(m, ids, n, LLAMA_LOGITS_CTX, ac->defect, &qm, NULL);
         float *lg = kvpred_logits(m, ids, n, LLAMA_LOGITS_CTX, false);

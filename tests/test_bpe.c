@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "testutil.h"
+#include "vocab_expect.h"
 
 #include "gguf/gguf.h"
 #include "tokenizer/pretok.h"
@@ -19,19 +20,6 @@
 #define C "\xc4\x8a" /* U+010A, the byte-mapped LF */
 
 /* ============================== Helpers ======================================================= */
-
-static int32_t *encode(const struct kvp_vocab *v, const char *text, size_t len, bool add_special,
-                       bool parse_special, size_t *n)
-{
-    struct kvp_err err = {0};
-    size_t cap = len + 16;
-    int32_t *ids = malloc(cap * sizeof(*ids));
-    assert_non_null(ids);
-    int rc = kvp_vocab_encode(v, text, len, add_special, parse_special, ids, cap, n, &err);
-    if (rc)
-        fail_msg("encode: %s", err.msg);
-    return ids;
-}
 
 /* Concatenated pieces of ids; heap string with its length in *len. */
 static char *decode(const struct kvp_vocab *v, const int32_t *ids, size_t n, size_t *len)
@@ -45,25 +33,6 @@ static char *decode(const struct kvp_vocab *v, const int32_t *ids, size_t n, siz
     *len = o;
     return s;
 }
-
-static void expect_ids(const struct kvp_vocab *v, const char *text, bool parse_special,
-                       const int32_t *want, size_t n_want)
-{
-    size_t n;
-    int32_t *ids = encode(v, text, strlen(text), false, parse_special, &n);
-    if (n != n_want)
-        fail_msg("'%s': %zu ids, expected %zu", text, n, n_want);
-    for (size_t i = 0; i < n; i++)
-        if (ids[i] != want[i])
-            fail_msg("'%s': id %zu is %d, expected %d", text, i, ids[i], want[i]);
-    free(ids);
-}
-
-#define EXPECT(v, text, ps, ...)                                                                   \
-    do {                                                                                           \
-        const int32_t w_[] = {__VA_ARGS__};                                                        \
-        expect_ids(v, text, ps, w_, sizeof(w_) / sizeof(w_[0]));                                   \
-    } while (0)
 
 /* Description of a hand-made gpt2 vocabulary written to GGUF with the writer. NULL pre or
  * merges leave the key out; n_types < 0 leaves token_type out. */
@@ -432,7 +401,7 @@ static void test_special_and_defaults(void **state)
     EXPECT(v, "ab<x>ab", false, 5, 13, 5);
     EXPECT(v, "ab<|eot|>", true, 5, 12);
     size_t n;
-    int32_t *ids = encode(v, "a<|eot|>", 8, false, false, &n);
+    int32_t *ids = kvp_test_encode(v, "a<|eot|>", 8, false, false, &n);
     for (size_t i = 0; i < n; i++) /* raw text: its bytes, which this vocabulary mostly lacks */
         assert_int_not_equal(ids[i], 12);
     free(ids);
@@ -440,7 +409,7 @@ static void test_special_and_defaults(void **state)
     assert_int_equal(kvp_vocab_bos(v), 11);
     assert_int_equal(kvp_vocab_eos(v), 11);
     assert_false(kvp_vocab_add_bos(v));
-    ids = encode(v, "ab", 2, true, false, &n);
+    ids = kvp_test_encode(v, "ab", 2, true, false, &n);
     assert_int_equal(n, 1);
     free(ids);
     /* decoding: byte-mapped back, control silent, user-defined verbatim */
@@ -459,7 +428,7 @@ static void test_special_and_defaults(void **state)
     t.pre = "llama-bpe";
     v = tiny_vocab(&t);
     assert_true(kvp_vocab_add_bos(v));
-    ids = encode(v, "ab", 2, true, false, &n);
+    ids = kvp_test_encode(v, "ab", 2, true, false, &n);
     assert_int_equal(n, 2);
     assert_int_equal(ids[0], 11);
     free(ids);
@@ -517,7 +486,7 @@ static struct kvp_vocab *full_byte_vocab(const char *pre)
 static void roundtrip(const struct kvp_vocab *v, const char *text, size_t len)
 {
     size_t n, dn;
-    int32_t *ids = encode(v, text, len, false, false, &n);
+    int32_t *ids = kvp_test_encode(v, text, len, false, false, &n);
     char *back = decode(v, ids, n, &dn);
     if (dn != len || memcmp(back, text, len) != 0)
         fail_msg("round trip of %zu bytes gave %zu bytes", len, dn);
@@ -687,19 +656,6 @@ static void test_hostile(void **state)
 
 /* ============================== llama.cpp test vectors ======================================== */
 
-static struct kvp_vocab *load_gguf_vocab(const char *path)
-{
-    struct kvp_gguf *g = NULL;
-    struct kvp_err err = {0};
-    if (kvp_gguf_open(path, &g, &err))
-        fail_msg("%s: %s", path, err.msg);
-    struct kvp_vocab *v = NULL;
-    if (kvp_vocab_load_gguf(g, &v, &err))
-        fail_msg("%s: %s", path, err.msg);
-    kvp_gguf_close(g);
-    return v;
-}
-
 /* The ids of a test-vector case decode back to its text. */
 static int check_round_trip(const struct kvp_vocab *v, int index, const char *text,
                             const int32_t *ids, size_t n)
@@ -718,21 +674,15 @@ static void test_gpt2_vectors(void **state)
 {
     (void)state;
     KVP_REQUIRE_SHARED(gp, "models/tokenizer-tests/ggml-vocab-gpt-2.gguf");
-    struct kvp_vocab *v = load_gguf_vocab(gp);
+    struct kvp_vocab *v = kvp_test_load_gguf_vocab(gp);
     assert_int_equal(kvp_vocab_n_tokens(v), 50257);
     assert_int_equal(kvp_vocab_kind(v), KVP_VOCAB_BPE);
     assert_int_equal(kvp_vocab_bos(v), 50256);
     assert_int_equal(kvp_vocab_eos(v), 50256);
     assert_false(kvp_vocab_add_bos(v)); /* pre = gpt-2, no add_bos key */
     assert_true(kvp_vocab_is_eog(v, 50256));
-    KVP_REQUIRE_SHARED(ip, "models/tokenizer-tests/ggml-vocab-gpt-2.gguf.inp");
-    char *inp = kvp_test_read_file(ip, NULL);
-    KVP_REQUIRE_SHARED(op, "models/tokenizer-tests/ggml-vocab-gpt-2.gguf.out");
-    char *out = kvp_test_read_file(op, NULL);
-    assert_true(inp && out);
-
     int failed;
-    int cases = kvp_test_vocab_vectors(v, inp, out, check_round_trip, &failed);
+    int cases = kvp_test_llama_vectors(v, "gpt-2", check_round_trip, &failed);
     print_message("gpt-2 vocab: %d cases, %d failed\n", cases, failed);
     assert_int_equal(cases, 47);
     assert_int_equal(failed, 0);
@@ -740,11 +690,9 @@ static void test_gpt2_vectors(void **state)
     /* special tokens: <|endoftext|> is control, so only parse_special matches it */
     EXPECT(v, "Hello<|endoftext|>", true, 15496, 50256);
     size_t n;
-    int32_t *ids = encode(v, "<|endoftext|>", 13, false, false, &n);
+    int32_t *ids = kvp_test_encode(v, "<|endoftext|>", 13, false, false, &n);
     assert_true(n > 1);
     free(ids);
-    free(inp);
-    free(out);
     kvp_vocab_free(v);
 }
 
@@ -753,7 +701,7 @@ static void test_gpt2_roundtrip(void **state)
 {
     (void)state;
     KVP_REQUIRE_SHARED(gp, "models/tokenizer-tests/ggml-vocab-gpt-2.gguf");
-    struct kvp_vocab *v = load_gguf_vocab(gp);
+    struct kvp_vocab *v = kvp_test_load_gguf_vocab(gp);
     roundtrip_many(v, 300, 12345);
     const char *odd = "\xc0\xaf \xed\xa0\x80 \xf4\x90\x80\x80 \xf8\x88\x80\x80\x80 \xef\xbb\xbf";
     roundtrip(v, odd, strlen(odd));

@@ -373,14 +373,6 @@ static int run(kvp_model *m, const struct kvp_policy_params *pp, int bs, bool me
     return 0;
 }
 
-static double max_diff(const float *a, const float *b, size_t n)
-{
-    double d = 0;
-    for (size_t i = 0; i < n; i++)
-        d = fmax(d, fabs((double)a[i] - b[i]));
-    return d;
-}
-
 /* The scaled-down setting: c 8, S 8, R 8, tail 8, B 64 (select_sets 6 of 29 middle chunks). */
 static struct kvp_policy_params small_params(float r, int mode)
 {
@@ -406,10 +398,11 @@ static void test_policy_all_adaptive_is_full(void **state)
     struct kvp_policy_params pp = small_params(1.0f, KVP_ADAPTIVE_FULL);
     assert_int_equal(run(m, &pp, 16, true, 256, 24, &cat), 0);
     print_message("r = 1: max |logit diff| %.3g, recovery %.6f, %d adaptive\n",
-                  max_diff(dense.logits, cat.logits, 24 * NV), cat.recovery, cat.n_adaptive);
+                  kvp_test_max_diff(dense.logits, cat.logits, 24 * NV), cat.recovery,
+                  cat.n_adaptive);
     /* every head adaptive with budget >= context reads every token in order, which takes the
      * dense kernel (one road, see docs/testing.md): bit-equal under every table and BLAS kernel */
-    assert_true(max_diff(dense.logits, cat.logits, 24 * NV) == 0.0);
+    assert_true(kvp_test_max_diff(dense.logits, cat.logits, 24 * NV) == 0.0);
     assert_int_equal(cat.n_adaptive, NL * NKV);
     /* recovery: a ratio of two f32 sums of the same <= 256 probabilities in another order,
      * gamma(257) * 2 = 3.1e-5 relative at worst; measured 0 */
@@ -419,7 +412,7 @@ static void test_policy_all_adaptive_is_full(void **state)
     assert_int_equal(run(m, NULL, 16, false, 200, 8, &tiny_dense), 0);
     struct kvp_policy_params paper = {.name = "catekv", .budget = 2048, .sink = 64, .local = 256};
     assert_int_equal(run(m, &paper, 16, false, 200, 8, &tiny), 0);
-    assert_true(max_diff(tiny_dense.logits, tiny.logits, 8 * NV) == 0.0);
+    assert_true(kvp_test_max_diff(tiny_dense.logits, tiny.logits, 8 * NV) == 0.0);
     free(dense.logits);
     free(cat.logits);
     free(tiny_dense.logits);
@@ -495,11 +488,12 @@ static void test_policy_quest(void **state)
     assert_int_equal(run(m, &pp, 16, false, 256, 16, &q), 0);
     assert_int_equal(run(m, &pp, 16, true, 256, 16, &qm), 0);
     print_message("quest: recovery %.4f, logit diff to full %.3g\n", qm.recovery,
-                  max_diff(full.logits, q.logits, 16 * NV));
+                  kvp_test_max_diff(full.logits, q.logits, 16 * NV));
     assert_int_equal(q.resident, full.resident);
     assert_true(qm.recovery > 0.2 && qm.recovery < 1.0);
-    assert_true(max_diff(q.logits, qm.logits, 16 * NV) == 0.0); /* measuring changes nothing */
-    assert_true(max_diff(full.logits, q.logits, 16 * NV) > 1e-6);
+    assert_true(kvp_test_max_diff(q.logits, qm.logits, 16 * NV) ==
+                0.0); /* measuring changes nothing */
+    assert_true(kvp_test_max_diff(full.logits, q.logits, 16 * NV) > 1e-6);
     for (size_t i = 0; i < 16 * NV; i++)
         assert_true(isfinite(q.logits[i]));
     struct run_out unused;
@@ -608,8 +602,8 @@ static void test_policy_adaptive_predictor(void **state)
     pp.budget = 8 + 8 + 34 * 8; /* 288 >= 280 */
     assert_int_equal(run(m, &pp, 16, false, n, gen, &big), 0);
     print_message("predictor mode, r = 1, B >= n: max |logit diff| %.3g\n",
-                  max_diff(dense.logits, big.logits, (size_t)gen * NV));
-    assert_true(max_diff(dense.logits, big.logits, (size_t)gen * NV) == 0.0);
+                  kvp_test_max_diff(dense.logits, big.logits, (size_t)gen * NV));
+    assert_true(kvp_test_max_diff(dense.logits, big.logits, (size_t)gen * NV) == 0.0);
     assert_int_equal(big.resident, dense.resident);
 
     /* r = 1, B = 64: every head adaptive, and each reads what the `predictor` policy with the
@@ -627,10 +621,10 @@ static void test_policy_adaptive_predictor(void **state)
     run_logged(m, &pr, 16, n, gen, &pred, &lp);
     print_message("predictor mode, r = 1, B = 64: max |logit diff| to `predictor` %.3g, "
                   "to full %.3g\n",
-                  max_diff(pred.logits, cat.logits, (size_t)gen * NV),
-                  max_diff(dense.logits, cat.logits, (size_t)gen * NV));
-    assert_true(max_diff(pred.logits, cat.logits, (size_t)gen * NV) == 0.0);
-    assert_true(max_diff(dense.logits, cat.logits, (size_t)gen * NV) > 1e-6);
+                  kvp_test_max_diff(pred.logits, cat.logits, (size_t)gen * NV),
+                  kvp_test_max_diff(dense.logits, cat.logits, (size_t)gen * NV));
+    assert_true(kvp_test_max_diff(pred.logits, cat.logits, (size_t)gen * NV) == 0.0);
+    assert_true(kvp_test_max_diff(dense.logits, cat.logits, (size_t)gen * NV) > 1e-6);
     assert_memory_equal(lc.count, lp.count, (size_t)gen * NL * NKV * sizeof(int));
     for (int i = 0; i < gen * NL * NKV; i++)
         assert_true(lc.count[i] <= B);

@@ -215,17 +215,7 @@ static void test_token_oracle(void **state)
 
 /* ---- the harness on a fixture ---- */
 
-static const struct kvp_test_model_spec fixture = {.n_vocab = 80,
-                                                   .n_embd = 64,
-                                                   .n_layer = 4,
-                                                   .n_head = 4,
-                                                   .n_head_kv = 2,
-                                                   .n_ff = 96,
-                                                   .n_ctx = 512,
-                                                   .type = 0,
-                                                   .embd_type = 0,
-                                                   .tied = 1,
-                                                   .seed = 5};
+static const struct kvp_test_model_spec fixture = KVP_TEST_FIXTURE_SPEC(80, 5);
 
 static void test_harness(void **state)
 {

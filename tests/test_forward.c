@@ -15,6 +15,7 @@
 #include "kernels/prefill_gemm.h"
 #include "kernels/types.h"
 #include "kvpred.h"
+#include "mca.h"
 #include "model/model.h"
 #include "testutil.h"
 
@@ -64,14 +65,6 @@ static float *eval_all(kvp_model *m, const int32_t *ids, int n, int threads, int
     return eval_all_kv(m, ids, n, threads, block, decode, kv_type, NULL);
 }
 
-static double max_abs_diff(const float *a, const float *b, size_t n)
-{
-    double d = 0;
-    for (size_t i = 0; i < n; i++)
-        d = fmax(d, fabs((double)a[i] - b[i]));
-    return d;
-}
-
 static double max_abs_diff_d(const float *a, const double *b, size_t n)
 {
     double d = 0;
@@ -107,100 +100,16 @@ static double max_abs_diff_d(const float *a, const double *b, size_t n)
  * bound is about 5e-6 of the largest logit, so a defect of 0.1 % (a wrong scale, a dropped
  * element) is 200 times over it; with 8-bit activations it is about 1.5 %, and defects smaller
  * than that in a quantized kernel are test_quant's and test_kernels' to find. */
-#define MCA_RUNS 10
-#define MCA_LAMBDA 10.0
-#define U32 0x1p-24
-
 struct err_model {
     const kvp_model *types; /* the model kvpred runs: which products quantize x (NULL: none) */
-    bool prefill;           /* the products of a multi-token pass (integer GEMM or dequantizing
-                               sgemm, kernels/prefill_gemm.h) rather than decode's mat-vecs */
-    int n_rows;             /* tokens in that pass */
+    struct mca_quant quant; /* a multi-token pass of n_rows tokens (integer GEMM or dequantizing
+                               sgemm, kernels/prefill_gemm.h) or decode's mat-vecs */
 };
-
-/* The perturbation of one oracle run (NULL or off: exact). */
-struct mca {
-    uint64_t s;
-};
-
-static double mca_xi(struct mca *r) /* uniform in [-1, 1) */
-{
-    r->s ^= r->s >> 12;
-    r->s ^= r->s << 25;
-    r->s ^= r->s >> 27;
-    return (double)((r->s * 0x2545F4914F6CDD1Dull) >> 11) * 0x1p-52 - 1.0;
-}
-
-/* x as an f32 operation of relative accuracy k·u may have left it */
-static inline double P(struct mca *r, double x, double k)
-{
-    return r ? x * (1 + k * U32 * mca_xi(r)) : x;
-}
-
-/* Σ a[c]·b[c·sb] as an f32 dot may have left it: the products and the running sums each round
- * (relative u, independent), which adds a zero-mean error of variance u²/3 · (Σ products² +
- * Σ partial sums²); one uniform draw of that variance stands for them all. */
-static double dot64(struct mca *r, const double *a, const double *b, size_t sb, int n)
-{
-    double s = 0, v = 0;
-    for (int c = 0; c < n; c++) {
-        double p = a[c] * b[(size_t)c * sb];
-        s += p;
-        v += p * p + s * s;
-    }
-    return r ? s + U32 * sqrt(v) * mca_xi(r) : s;
-}
 
 static double *mat_f64(const struct kvp_mat *w)
 {
-    assert_int_equal(w->type, 0); /* the oracle reads F32 models only */
-    size_t n = (size_t)(w->rows * w->cols);
-    double *o = malloc(n * sizeof(double));
-    for (size_t i = 0; i < n; i++)
-        o[i] = ((const float *)w->data)[i];
-    return o;
-}
-
-/* x as 8-bit quantization (blocks of bs, f16 scale or not) may have moved it: each element by up
- * to half the step d = max|x| / 127, the block by the relative rounding of d to f16 */
-static void act_quant(struct mca *r, const double *x, double *xq, int cols, int bs, bool f16)
-{
-    for (int b = 0; b < cols; b += bs) {
-        double a = 0;
-        for (int c = b; c < b + bs; c++)
-            a = fmax(a, fabs(x[c]));
-        double d = a / 127, f = f16 ? 1 + 0x1p-11 * mca_xi(r) : 1;
-        for (int c = b; c < b + bs; c++)
-            xq[c] = (x[c] + d / 2 * mca_xi(r)) * f;
-    }
-}
-
-/* y = W x as kvpred computes it for W of the given type (F32, or the type kvpred's copy of W has)
- * in decode or prefill (struct err_model) */
-static void mv64(const double *W, const double *x, double *y, int rows, int cols, int type,
-                 const struct err_model *em, struct mca *r)
-{
-    double *xq = NULL;
-    int vt = kvp_type_vec_dot_type(type);
-    if (r && em && type != 0 && vt != 0 && (!em->prefill || kvp_gemm_wants(type, em->n_rows))) {
-        xq = malloc(cols * sizeof(double));
-        act_quant(r, x, xq, cols, vt == KVP_TYPE_Q8_K ? 256 : 32, vt == KVP_TYPE_Q8_0);
-        x = xq;
-    }
-    for (int i = 0; i < rows; i++)
-        y[i] = dot64(r, W + (size_t)i * cols, x, 1, cols);
-    free(xq);
-}
-
-/* RMS norm: the sum of squares in double, the scale rounded to f32, two products */
-static void rms64(double *o, const double *x, const float *w, int n, double eps, struct mca *r)
-{
-    double ss = 0;
-    for (int i = 0; i < n; i++)
-        ss += x[i] * x[i];
-    double sc = P(r, 1.0 / sqrt(ss / n + eps), 1);
-    for (int i = 0; i < n; i++)
-        o[i] = P(r, P(r, x[i] * sc, 1) * w[i], 1);
+    assert_int_equal(w->type, KVP_TYPE_F32); /* the oracle reads F32 models only */
+    return mat64(w);
 }
 
 static void rope64(double *v, int nh, int hd, int pos, const kvp_model *m, struct mca *r)
@@ -218,12 +127,6 @@ static void rope64(double *v, int nh, int hd, int pos, const kvp_model *m, struc
             *a = P(r, P(r, x0 * c, 1) - P(r, x1 * s, 1), 1);
             *b = P(r, P(r, x0 * s, 1) + P(r, x1 * c, 1), 1);
         }
-}
-
-static void addb(double *y, const float *b, int n, struct mca *r)
-{
-    for (int i = 0; b && i < n; i++)
-        y[i] = P(r, y[i] + b[i], 1);
 }
 
 /* How the oracle treats the attention inputs: exactly (float64), or the way an engine with an
@@ -261,6 +164,7 @@ static double *oracle_core(const kvp_model *m, const int32_t *ids, int n, enum o
     int D = hp->n_embd, hd = hp->head_dim, H = hp->n_head, KV = hp->n_head_kv, F = hp->n_ff;
     int qd = H * hd, kvd = KV * hd, g = H / KV;
     const kvp_model *tm = em && em->types ? em->types : m; /* whose weight types */
+    const struct mca_quant *quant = em ? &em->quant : NULL;
     double *emb = mat_f64(&m->tok_embd), *out = mat_f64(&m->output);
     double *x = calloc((size_t)n * D, 8), *h = malloc(D * 8), *q = malloc((size_t)n * qd * 8);
     double *k = malloc((size_t)n * kvd * 8), *v = malloc((size_t)n * kvd * 8);
@@ -277,9 +181,9 @@ static double *oracle_core(const kvp_model *m, const int32_t *ids, int n, enum o
         for (int i = 0; i < n; i++) {
             double *qi = q + (size_t)i * qd, *ki = k + (size_t)i * kvd, *vi = v + (size_t)i * kvd;
             rms64(h, x + (size_t)i * D, L->attn_norm, D, hp->norm_eps, r);
-            mv64(wq, h, qi, qd, D, T->wq.type, em, r);
-            mv64(wk, h, ki, kvd, D, T->wk.type, em, r);
-            mv64(wv, h, vi, kvd, D, T->wv.type, em, r);
+            mv64(wq, h, qi, qd, D, T->wq.type, quant, r);
+            mv64(wk, h, ki, kvd, D, T->wk.type, quant, r);
+            mv64(wv, h, vi, kvd, D, T->wv.type, quant, r);
             addb(qi, L->bq, qd, r);
             addb(ki, L->bk, kvd, r);
             addb(vi, L->bv, kvd, r);
@@ -317,16 +221,16 @@ static double *oracle_core(const kvp_model *m, const int32_t *ids, int n, enum o
                 for (int d = 0; d < hd; d++)
                     att[hh * hd + d] = dot64(r, sc, v + kh * hd + d, kvd, i + 1);
             }
-            mv64(wo, att, o, D, qd, T->wo.type, em, r);
+            mv64(wo, att, o, D, qd, T->wo.type, quant, r);
             for (int d = 0; d < D; d++)
                 x[(size_t)i * D + d] = P(r, x[(size_t)i * D + d] + o[d], 1);
             addb(x + (size_t)i * D, L->bo, D, r);
             rms64(h, x + (size_t)i * D, L->ffn_norm, D, hp->norm_eps, r);
-            mv64(w1, h, gt, F, D, T->w_gate.type, em, r);
-            mv64(w3, h, up, F, D, T->w_up.type, em, r);
+            mv64(w1, h, gt, F, D, T->w_gate.type, quant, r);
+            mv64(w3, h, up, F, D, T->w_up.type, quant, r);
             for (int f = 0; f < F; f++) /* g / (1 + expf(-g)) * u: expf within 2u */
                 gt[f] = P(r, P(r, gt[f] / P(r, 1 + P(r, exp(-gt[f]), 2), 1), 1) * up[f], 1);
-            mv64(w2, gt, o, D, F, T->w_down.type, em, r);
+            mv64(w2, gt, o, D, F, T->w_down.type, quant, r);
             for (int d = 0; d < D; d++)
                 x[(size_t)i * D + d] = P(r, x[(size_t)i * D + d] + o[d], 1);
         }
@@ -334,7 +238,7 @@ static double *oracle_core(const kvp_model *m, const int32_t *ids, int n, enum o
     }
     for (int i = 0; i < n; i++) {
         rms64(h, x + (size_t)i * D, m->output_norm, D, hp->norm_eps, r);
-        mv64(out, h, lg + (size_t)i * hp->n_vocab, hp->n_vocab, D, tm->output.type, em, r);
+        mv64(out, h, lg + (size_t)i * hp->n_vocab, hp->n_vocab, D, tm->output.type, quant, r);
     }
     free(emb), free(out), free(x), free(h), free(q), free(k), free(v), free(att), free(o);
     free(gt), free(up), free(sc);
@@ -371,22 +275,14 @@ static double *oracle_bounded(const kvp_model *m, const int32_t *ids, int n,
     double *exact = oracle_core(m, ids, n, ORACLE_F64, kv_given, kv0, em, NULL);
     double *var = calloc(nl, 8);
     for (int run = 0; run < MCA_RUNS; run++) {
-        struct mca r = {.s = 0x9E3779B97F4A7C15ull * (run + 1)};
+        struct mca r = mca_run(run);
         double *p = oracle_core(m, ids, n, ORACLE_F64, kv_given, kvr, em, &r);
-        for (size_t i = 0; i < nl; i++)
-            var[i] += (p[i] - exact[i]) * (p[i] - exact[i]) / MCA_RUNS;
-        for (size_t i = 0; kv_given && i < nkv; i++)
-            kvs[i] += (kvr[i] - kv0[i]) * (kvr[i] - kv0[i]) / MCA_RUNS;
+        mca_add_run(var, p, exact, nl);
+        if (kv_given)
+            mca_add_run(kvs, kvr, kv0, nkv);
         free(p);
     }
-    for (int i = 0; i < n; i++) {
-        double *vr = var + (size_t)i * hp->n_vocab, pooled = 0;
-        for (int j = 0; j < hp->n_vocab; j++)
-            pooled += vr[j] / hp->n_vocab;
-        for (int j = 0; j < hp->n_vocab; j++)
-            vr[j] = MCA_LAMBDA * sqrt(fmax(vr[j], pooled)) +
-                    U32 * fabs(exact[(size_t)i * hp->n_vocab + j]);
-    }
+    mca_bounds(var, exact, n, hp->n_vocab);
     for (size_t i = 0; kv_given && i < nkv; i++) {
         double e = MCA_LAMBDA * sqrt(kvs[i]) + U32 * fabs(kv0[i]);
         double allow = f16_half_ulp(fabs(kv0[i]) + e) + e;
@@ -396,15 +292,6 @@ static double *oracle_bounded(const kvp_model *m, const int32_t *ids, int n,
     free(kv0), free(kvr), free(kvs);
     *bound = var;
     return exact;
-}
-
-/* max |got - want| / bound: at most 1 when got is within its bound everywhere */
-static double bound_ratio(const float *got, const double *want, const double *bound, size_t n)
-{
-    double r = 0;
-    for (size_t i = 0; i < n; i++)
-        r = fmax(r, fabs(got[i] - want[i]) / bound[i]);
-    return r;
 }
 
 /* ---- reference logits ---- */
@@ -533,7 +420,8 @@ static void check_f16_cache(kvp_model *m, const int32_t *ids, int n, const cJSON
         assert_int_equal(am, am_ref);
     }
     size_t nl = (size_t)n * n_vocab;
-    double e_pre = bound_ratio(lg, o_pre, b_pre, nl), e_dec = bound_ratio(dec, o_dec, b_dec, nl);
+    double e_pre = mca_bound_ratio(lg, o_pre, b_pre, nl);
+    double e_dec = mca_bound_ratio(dec, o_dec, b_dec, nl);
     print_message("f16 KV: max |kvpred - llama.cpp f16-KV reference| = %.3g, argmax agrees at "
                   "%d/%d, |kvpred - oracle with f16 Q, K, V, P (llama.cpp's rounding)| = %.3g\n",
                   worst, n, n, vs_llama_oracle);
@@ -615,7 +503,7 @@ static void test_reference_logits(void **state)
      * same tokens, same argmax everywhere, kvpred within its bound and closer to the exact
      * result than the reference is. */
     size_t nl = (size_t)n * in.n_vocab;
-    double ratio = bound_ratio(lg, truth, bound, nl);
+    double ratio = mca_bound_ratio(lg, truth, bound, nl);
     print_message("f32 KV: max |kvpred - llama.cpp f16-KV reference| = %.3g\n", worst);
     print_message("f32 KV: max |kvpred - float64 oracle| = %.3g (at most %.3g of its bound), "
                   "max |reference - float64 oracle| = %.3g\n",
@@ -634,15 +522,15 @@ static void test_reference_logits(void **state)
      * and split, OpenBLAS's sgemm splitting sums across threads included), so any two within
      * twice of each other */
     float *lg2 = eval_all(m, ids, n, 1, 16, true, KVP_KV_F32);
-    double r_dec = bound_ratio(lg2, truth, bound, nl);
+    double r_dec = mca_bound_ratio(lg2, truth, bound, nl);
     print_message("max |prefill - decode| = %.3g, decode at most %.3g of the bound\n",
-                  max_abs_diff(lg, lg2, nl), r_dec);
+                  kvp_test_max_diff(lg, lg2, nl), r_dec);
     assert_true(r_dec <= 1);
     free(lg2);
     lg2 = eval_all(m, ids, n, 1, 7, false, KVP_KV_F32);
-    double r_bs = bound_ratio(lg2, truth, bound, nl);
+    double r_bs = mca_bound_ratio(lg2, truth, bound, nl);
     print_message("1 thread, block size 7: |vs 2 threads, 16| = %.3g, at most %.3g of the bound\n",
-                  max_abs_diff(lg, lg2, nl), r_bs);
+                  kvp_test_max_diff(lg, lg2, nl), r_bs);
     assert_true(r_bs <= 1);
     free(lg2);
     free(truth);
@@ -771,8 +659,8 @@ static void check_type(int type, int embd_type, int tied, int n_head_kv)
      * integer GEMM for the type (kernels/prefill_gemm.h), which quantizes each token as decode
      * does. (That the integer GEMM and decode agree more closely than that, product by product,
      * is test_prefill_gemm's check.) */
-    struct err_model em_pre = {.types = mq, .prefill = true, .n_rows = 40};
-    struct err_model em_dec = {.types = mq, .prefill = false, .n_rows = 1};
+    struct err_model em_pre = {.types = mq, .quant = {.prefill = true, .n_rows = 40}};
+    struct err_model em_dec = {.types = mq, .quant = {.prefill = false, .n_rows = 1}};
     double *b_pre = NULL, *b_dec = NULL;
     double *t_dec = oracle_bounded(mf, ids, 40, &em_dec, NULL, NULL, &b_dec);
     /* prefill quantizes exactly where decode does when every quantized type has the GEMM */
@@ -789,7 +677,8 @@ static void check_type(int type, int embd_type, int tied, int n_head_kv)
         scale = fmax(scale, fabs(t_dec[i]));
         bmax = fmax(bmax, b_dec[i]);
     }
-    double r_pre = bound_ratio(pre, t_pre, b_pre, nl), r_dec = bound_ratio(dec, t_dec, b_dec, nl);
+    double r_pre = mca_bound_ratio(pre, t_pre, b_pre, nl);
+    double r_dec = mca_bound_ratio(dec, t_dec, b_dec, nl);
     bool gemm = kvp_gemm_wants(type, 40) || kvp_gemm_wants(embd_type, 40);
     print_message("type %d embd %d tied %d: |logit| max %.3g, |prefill - oracle| %.3g, |decode - "
                   "oracle| %.3g (largest bound %.3g); at most %.3g / %.3g of the bounds%s\n",
@@ -847,7 +736,8 @@ static void check_against_oracle(const struct kvp_test_model_spec *sp, const cha
     float *dec = eval_all(m, ids, 48, 1, 16, true, KVP_KV_F32);
     double *bound = NULL, *truth = oracle_bounded(m, ids, 48, NULL, NULL, NULL, &bound);
     size_t nl = (size_t)48 * sp->n_vocab;
-    double r_pre = bound_ratio(pre, truth, bound, nl), r_dec = bound_ratio(dec, truth, bound, nl);
+    double r_pre = mca_bound_ratio(pre, truth, bound, nl);
+    double r_dec = mca_bound_ratio(dec, truth, bound, nl);
     print_message("%s: prefill err %.3g, decode err %.3g: at most %.3g / %.3g of the f32 bound\n",
                   what, max_abs_diff_d(pre, truth, nl), max_abs_diff_d(dec, truth, nl), r_pre,
                   r_dec);

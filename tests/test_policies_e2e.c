@@ -59,9 +59,7 @@ struct result {
 
 static kvp_model *fixture_model(char **path)
 {
-    struct kvp_test_model_spec sp = {.n_vocab = 80, .n_embd = 64, .n_layer = 4, .n_head = 4,
-                                     .n_head_kv = 2, .n_ff = 96, .n_ctx = 512, .type = 0,
-                                     .embd_type = 0, .tied = 1, .seed = 23};
+    struct kvp_test_model_spec sp = KVP_TEST_FIXTURE_SPEC(80, 23);
     return kvp_test_model(&sp, path);
 }
 
@@ -157,14 +155,6 @@ static struct result run(kvp_model *m, const struct kvp_policy_params *pp, bool 
     return r;
 }
 
-static double max_diff(const float *a, const float *b, size_t n)
-{
-    double d = 0;
-    for (size_t i = 0; i < n; i++)
-        d = fmax(d, fabs((double)a[i] - b[i]));
-    return d;
-}
-
 /* Every policy with a budget at least the context gives the full-attention logits of the same
  * KV cache type, for every type. */
 static void check_large_budget_is_full(kvp_model *m, const int32_t *ids, int n_prompt, int n_dec)
@@ -189,7 +179,7 @@ static void check_large_budget_is_full(kvp_model *m, const int32_t *ids, int n_p
                 else
                     pp.budget_ratio = 1.0f;
                 struct result r = run(m, &pp, v == 1, ids, n_prompt, n_dec);
-                double d = max_diff(dense.logits, r.logits, (size_t)n_dec * mi.n_vocab);
+                double d = kvp_test_max_diff(dense.logits, r.logits, (size_t)n_dec * mi.n_vocab);
                 worst = fmax(worst, d);
                 /* exact: a selection that covers every position takes the dense attention
                  * kernel (same tokens, same summation order, same stored KV), so the logits
@@ -417,7 +407,7 @@ static void test_fixture_threads_agree(void **state)
         struct result b = run(m, &pp, true, ids, 100, 12);
         n_threads = 1;
         prompt_by_token = false;
-        double d = max_diff(a.logits, b.logits, (size_t)12 * 80);
+        double d = kvp_test_max_diff(a.logits, b.logits, (size_t)12 * 80);
         if (d != 0 || a.recovery != b.recovery)
             fail_msg("%s: 1 vs 2 threads differ by %.3g (recovery %.6f vs %.6f)", registered[i], d,
                      a.recovery, b.recovery);

@@ -13,9 +13,7 @@
 
 static kvp_model *fixture_model(char **path)
 {
-    struct kvp_test_model_spec sp = {.n_vocab = 80, .n_embd = 64, .n_layer = 4, .n_head = 4,
-                                     .n_head_kv = 2, .n_ff = 96, .n_ctx = 512, .type = 0,
-                                     .embd_type = 0, .tied = 1, .seed = 11};
+    struct kvp_test_model_spec sp = KVP_TEST_FIXTURE_SPEC(80, 11);
     return kvp_test_model(&sp, path);
 }
 
@@ -56,14 +54,6 @@ static float *run(kvp_model *m, const struct kvp_policy_params *pp, bool measure
     return lg;
 }
 
-static double max_diff(const float *a, const float *b, size_t n)
-{
-    double d = 0;
-    for (size_t i = 0; i < n; i++)
-        d = fmax(d, fabs((double)a[i] - b[i]));
-    return d;
-}
-
 static void test_full_and_large_budgets_match_dense(void **state)
 {
     (void)state;
@@ -78,18 +68,18 @@ static void test_full_and_large_budgets_match_dense(void **state)
      * exp-sum, the reciprocal and the product; the double sum adds nothing at this size). */
     const double u = 0x1p-24, nk = 100 + 30 + 2, rec_bound = nk * u / (1 - nk * u);
     print_message("full vs dense: %.3g, recovery %.9f (bound 1 +- %.3g)\n",
-                  max_diff(dense, f, 30 * 80), rec, rec_bound);
+                  kvp_test_max_diff(dense, f, 30 * 80), rec, rec_bound);
     /* A selection of every token is computed by the dense kernel (kv/attention.c,
      * sel_is_everything): the full policy has the bits of no policy, on every SIMD table and
      * BLAS kernel. Within rounding is not enough: with the f16 cache, an ulp on the attention
      * output can round the next key or value to the other f16 neighbour, which later steps
      * amplify (2e-4 here under the AVX2 table when the two took different roads). */
-    assert_true(max_diff(dense, f, 30 * 80) == 0.0);
+    assert_true(kvp_test_max_diff(dense, f, 30 * 80) == 0.0);
     assert_true(fabs(rec - 1.0) <= rec_bound);
     /* a streaming budget of all 130 tokens selects everything too: the same road */
     struct kvp_policy_params st = {.name = "streaming", .budget = 130};
     float *s = run(m, &st, false, 100, 30, NULL, NULL);
-    assert_true(max_diff(dense, s, 30 * 80) == 0.0);
+    assert_true(kvp_test_max_diff(dense, s, 30 * 80) == 0.0);
     free(dense);
     free(f);
     free(s);
@@ -113,11 +103,11 @@ static void test_streaming_frees_memory(void **state)
     assert_true(small_bytes < full_bytes * 0.75);
     assert_int_equal(small_bytes, measured_bytes);
     /* measuring computes dense attention on the side but changes nothing that is read */
-    assert_true(max_diff(s, sm, 32 * 80) == 0.0);
+    assert_true(kvp_test_max_diff(s, sm, 32 * 80) == 0.0);
     assert_true(rec > 0 && rec < 1);
     /* the budget does change the result: more than the f32 rounding of a dense step (the
      * roads differ, so the sizes of the two differences are what can be compared) */
-    assert_true(max_diff(d, s, 32 * 80) > 1e-4);
+    assert_true(kvp_test_max_diff(d, s, 32 * 80) > 1e-4);
     free(d);
     free(s);
     free(sm);

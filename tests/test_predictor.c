@@ -730,15 +730,7 @@ static void test_predictor_file(void **state)
 
 static kvp_model *fixture_model(char **path)
 {
-    struct kvp_test_model_spec sp = {.n_vocab = 80,
-                                     .n_embd = 64,
-                                     .n_layer = 4,
-                                     .n_head = 4,
-                                     .n_head_kv = 2,
-                                     .n_ff = 96,
-                                     .n_ctx = 512,
-                                     .tied = 1,
-                                     .seed = 11};
+    struct kvp_test_model_spec sp = KVP_TEST_FIXTURE_SPEC(80, 11);
     *path = kvp_test_tmpfile(".gguf");
     assert_int_equal(kvp_test_write_model(&sp, *path, NULL), 0);
     kvp_model *m = NULL;
@@ -814,14 +806,6 @@ static struct run_out run(kvp_model *m, const struct kvp_policy_params *pp, int 
     return r;
 }
 
-static double max_diff(const float *a, const float *b, size_t n)
-{
-    double d = 0;
-    for (size_t i = 0; i < n; i++)
-        d = fmax(d, fabs((double)a[i] - b[i]));
-    return d;
-}
-
 static void test_policy_end_to_end(void **state)
 {
     (void)state;
@@ -835,12 +819,12 @@ static void test_policy_end_to_end(void **state)
         .name = "predictor", .aux_path = ppath, .budget = np + nd, .sink = 16, .local = 16};
     struct run_out r = run(m, &big, np, nd, 1);
     print_message("budget >= context: max logit diff %.3g, recovery %.6f\n",
-                  max_diff(dense.logits, r.logits, (size_t)nd * 80), r.recovery);
+                  kvp_test_max_diff(dense.logits, r.logits, (size_t)nd * 80), r.recovery);
     /* exact: a selection covering every position takes the dense attention kernel (same
      * tokens, same order), so the logits are bit-identical. The recovery is the double sum of the
      * n = np + nd f32 dense probabilities e_t * (1 / S), S an f32 sum of n terms: 1 within
      * gamma(n - 1) + 2u <= gamma(n + 1) */
-    assert_true(max_diff(dense.logits, r.logits, (size_t)nd * 80) == 0);
+    assert_true(kvp_test_max_diff(dense.logits, r.logits, (size_t)nd * 80) == 0);
     assert_true(fabs(r.recovery - 1.0) <= kvp_test_gamma(np + nd + 1));
     free(r.logits);
 
@@ -869,7 +853,7 @@ static void test_policy_end_to_end(void **state)
              * order that depends on the rows each thread takes), and the same selections read
              * through the same kernels; a selection that differs between the incremental and
              * the from-scratch CNN changes the logits */
-            assert_true(max_diff(inc_logits, r.logits, (size_t)nd * 80) == 0);
+            assert_true(kvp_test_max_diff(inc_logits, r.logits, (size_t)nd * 80) == 0);
             free(r.logits);
         } else
             free(r.logits);
@@ -916,7 +900,6 @@ static void test_policy_end_to_end(void **state)
     free(mpath);
     free(ppath);
 }
-
 
 /* ---- the query-aware predictor (qpredictor) ------------------------------------------------- */
 
@@ -1389,12 +1372,12 @@ static void test_qpredictor_end_to_end(void **state)
         .name = "qpredictor", .aux_path = ppath, .budget = np + nd, .sink = 16, .local = 16};
     struct run_out r = run(m, &big, np, nd, 1);
     print_message("qpredictor, budget >= context: max logit diff %.3g, recovery %.6f\n",
-                  max_diff(dense.logits, r.logits, (size_t)nd * 80), r.recovery);
+                  kvp_test_max_diff(dense.logits, r.logits, (size_t)nd * 80), r.recovery);
     /* exact: a selection covering every position takes the dense attention kernel (same
      * tokens, same order), so the logits are bit-identical. The recovery is the double sum of the
      * n = np + nd f32 dense probabilities e_t * (1 / S), S an f32 sum of n terms: 1 within
      * gamma(n - 1) + 2u <= gamma(n + 1) */
-    assert_true(max_diff(dense.logits, r.logits, (size_t)nd * 80) == 0);
+    assert_true(kvp_test_max_diff(dense.logits, r.logits, (size_t)nd * 80) == 0);
     assert_true(fabs(r.recovery - 1.0) <= kvp_test_gamma(np + nd + 1));
     free(r.logits);
     const char *opts[] = {"prune=0", "extra=1000", "extra=0", "q8=1", NULL};
@@ -1411,7 +1394,7 @@ static void test_qpredictor_end_to_end(void **state)
             full_logits = r.logits;
         else {
             if (i == 1) /* every block a candidate: the same selections as prune=0 */
-                assert_true(max_diff(full_logits, r.logits, (size_t)nd * 80) == 0.0);
+                assert_true(kvp_test_max_diff(full_logits, r.logits, (size_t)nd * 80) == 0.0);
             free(r.logits);
         }
     }

@@ -91,9 +91,7 @@ static kvp_model *model;
 static int setup(void **state)
 {
     (void)state;
-    struct kvp_test_model_spec sp = {.n_vocab = VOCAB, .n_embd = 64, .n_layer = 4, .n_head = 4,
-                                     .n_head_kv = 2, .n_ff = 96, .n_ctx = 512, .type = 0,
-                                     .embd_type = 0, .tied = 1, .seed = 23};
+    struct kvp_test_model_spec sp = KVP_TEST_FIXTURE_SPEC(VOCAB, 23);
     model = kvp_test_model(&sp, &model_path);
     return 0;
 }
@@ -103,14 +101,6 @@ static int teardown(void **state)
     (void)state;
     kvp_test_model_free(model, model_path);
     return 0;
-}
-
-/* A fresh empty directory for scratch files (caller frees the string). */
-static char *scratch_dir(void)
-{
-    char *d = kvp_test_tmpdir();
-    assert_non_null(d);
-    return d;
 }
 
 static int dir_entries(const char *path)
@@ -189,14 +179,6 @@ static float *run_sequence(const struct run_cfg *rc, struct kvp_store_stats *sta
         assert_int_equal(kvp_ctx_store_stats(c, stats), 0);
     kvp_ctx_free(c);
     return lg;
-}
-
-static double max_diff(const float *a, const float *b, size_t n)
-{
-    double d = 0;
-    for (size_t i = 0; i < n; i++)
-        d = fmax(d, fabs((double)a[i] - b[i]));
-    return d;
 }
 
 /* ================================ bookkeeping (store alone) ================================ */
@@ -431,13 +413,12 @@ static void test_write_on_full(void **state)
 {
     (void)state;
     check_write_on_full(KVP_TIER_RAM, NULL);
-    char *d = scratch_dir();
+    char *d = kvp_test_tmpdir();
     check_write_on_full(KVP_TIER_DISK, d);
     assert_int_equal(dir_entries(d), 0);
     rmdir(d);
     free(d);
 }
-
 
 static void test_bookkeeping_ram(void **state)
 {
@@ -448,7 +429,7 @@ static void test_bookkeeping_ram(void **state)
 static void test_bookkeeping_disk(void **state)
 {
     (void)state;
-    char *d = scratch_dir();
+    char *d = kvp_test_tmpdir();
     check_bookkeeping(KVP_TIER_DISK, d);
     assert_int_equal(dir_entries(d), 0);
     rmdir(d);
@@ -487,7 +468,7 @@ static void test_acquire_head(void **state)
 {
     (void)state;
     check_acquire_head(KVP_TIER_RAM, NULL);
-    char *d = scratch_dir();
+    char *d = kvp_test_tmpdir();
     check_acquire_head(KVP_TIER_DISK, d);
     assert_int_equal(dir_entries(d), 0);
     rmdir(d);
@@ -508,7 +489,7 @@ static void test_predictor_calibration_on_disk(void **state)
     kvp_model *m = NULL;
     struct kvp_err err = {0};
     assert_int_equal(kvp_model_open(path, NULL, &m, &err), 0);
-    char *d = scratch_dir();
+    char *d = kvp_test_tmpdir();
     enum { NP = 600, ND = 60, NV = 1024 };
     float *lg[2];
     for (int t = 0; t < 2; t++) {
@@ -535,7 +516,7 @@ static void test_predictor_calibration_on_disk(void **state)
         }
         kvp_ctx_free(c);
     }
-    double diff = max_diff(lg[0], lg[1], (size_t)ND * NV);
+    double diff = kvp_test_max_diff(lg[0], lg[1], (size_t)ND * NV);
     if (diff != 0.0)
         print_message("predictor, disk tier against untiered: logits %g apart\n", diff);
     assert_true(diff == 0.0);
@@ -552,7 +533,7 @@ static void test_predictor_calibration_on_disk(void **state)
 static void test_sq_cpu(void **state)
 {
     (void)state;
-    char *d = scratch_dir();
+    char *d = kvp_test_tmpdir();
     struct kvp_kvcache kv;
     struct kvp_err err = {0};
     assert_int_equal(kvp_kvcache_init_external(&kv, 2, 2, 16, 16, 256, bare_type, bare_type,
@@ -591,7 +572,7 @@ static void test_sq_cpu(void **state)
  * Reads stay O_DIRECT-aligned either way. */
 static void padding_and_alignment(int type)
 {
-    char *d = scratch_dir();
+    char *d = kvp_test_tmpdir();
     struct bare b;
     bare_type = type;
     bare_init(&b, KVP_TIER_DISK, d, 8, 3);
@@ -702,7 +683,7 @@ static void test_link_model(void **state)
 /* all_modes: both tiers x every prefetch mode; else the disk tier in token mode only */
 static void logits_equal(bool all_modes)
 {
-    char *d = scratch_dir();
+    char *d = kvp_test_tmpdir();
     predict_salt = 0;
     struct run_cfg base = {.sparse = true};
     float *ref = run_sequence(&base, NULL);
@@ -720,7 +701,7 @@ static void logits_equal(bool all_modes)
             /* the RAM tier shows select the cold copies; the disk tier only the hot blocks */
             if (tier == KVP_TIER_RAM)
                 assert_int_equal(null_reads, 0);
-            double diff = max_diff(ref, lg, (size_t)N_ROWS * VOCAB);
+            double diff = kvp_test_max_diff(ref, lg, (size_t)N_ROWS * VOCAB);
             print_message("%s %-5s: diff %g, hits %llu (late %llu), misses %llu, prefetched %llu,"
                           " overflow %llu, read %llu B\n",
                           tier == KVP_TIER_RAM ? "ram " : "disk", names[m], diff,
@@ -741,18 +722,18 @@ static void logits_equal(bool all_modes)
     struct run_cfg roomy = {.tier = KVP_TIER_DISK, .prefetch = KVP_PREFETCH_TOKEN,
                             .sparse = true, .dir = d};
     float *lg = run_sequence(&roomy, NULL);
-    assert_true(max_diff(ref, lg, (size_t)N_ROWS * VOCAB) == 0.0);
+    assert_true(kvp_test_max_diff(ref, lg, (size_t)N_ROWS * VOCAB) == 0.0);
     free(lg);
     roomy.syscall_submit = true;
     struct kvp_store_stats st;
     lg = run_sequence(&roomy, &st);
-    assert_true(max_diff(ref, lg, (size_t)N_ROWS * VOCAB) == 0.0);
+    assert_true(kvp_test_max_diff(ref, lg, (size_t)N_ROWS * VOCAB) == 0.0);
     assert_false(st.sq_poll);
     free(lg);
     struct run_cfg dense0 = {0}, dense1 = {.tier = KVP_TIER_DISK, .prefetch = KVP_PREFETCH_DENSE,
                                           .dir = d};
     float *a = run_sequence(&dense0, NULL), *b = run_sequence(&dense1, NULL);
-    assert_true(max_diff(a, b, (size_t)N_ROWS * VOCAB) == 0.0);
+    assert_true(kvp_test_max_diff(a, b, (size_t)N_ROWS * VOCAB) == 0.0);
     free(a);
     free(b);
     free(ref);
@@ -781,7 +762,7 @@ static void test_logits_equal(void **state)
 static void test_sq_bypass(void **state)
 {
     (void)state;
-    char *d = scratch_dir();
+    char *d = kvp_test_tmpdir();
     struct run_cfg base = {.sparse = true};
     float *ref = run_sequence(&base, NULL);
     static const int forced[] = {KVP_SQ_BYPASS_ALWAYS, KVP_SQ_BYPASS_ALTERNATE,
@@ -797,7 +778,7 @@ static void test_sq_bypass(void **state)
                           forced[i], m, st.sq_poll, (unsigned long long)st.direct_requests,
                           (unsigned long long)(st.reads + st.writes),
                           (unsigned long long)st.direct_submits);
-            assert_true(max_diff(ref, lg, (size_t)N_ROWS * VOCAB) == 0.0);
+            assert_true(kvp_test_max_diff(ref, lg, (size_t)N_ROWS * VOCAB) == 0.0);
             /* a submission carries one request or more (a layer's, held together) */
             assert_true(st.direct_submits <= st.direct_requests);
             assert_true((st.direct_submits > 0) == (st.direct_requests > 0));
@@ -851,8 +832,8 @@ static void test_mispredicted_on_demand(void **state)
     print_message("exact prediction: %llu misses of %llu; wrong prediction: %llu misses of %llu\n",
                   (unsigned long long)sg.misses, (unsigned long long)(sg.misses + sg.hits),
                   (unsigned long long)sb.misses, (unsigned long long)(sb.misses + sb.hits));
-    assert_true(max_diff(ref, lg, (size_t)N_ROWS * VOCAB) == 0.0);
-    assert_true(max_diff(ref, lb, (size_t)N_ROWS * VOCAB) == 0.0);
+    assert_true(kvp_test_max_diff(ref, lg, (size_t)N_ROWS * VOCAB) == 0.0);
+    assert_true(kvp_test_max_diff(ref, lb, (size_t)N_ROWS * VOCAB) == 0.0);
     assert_true(sb.misses > 2 * sg.misses);
     assert_true(sb.prefetched > 0);
     free(ref);
@@ -866,7 +847,7 @@ static void test_mispredicted_on_demand(void **state)
 static void test_first_step_warm(void **state)
 {
     (void)state;
-    char *d = scratch_dir();
+    char *d = kvp_test_tmpdir();
     int32_t ids[120];
     for (int i = 0; i < 120; i++)
         ids[i] = (i * 13 + 7) % VOCAB;
@@ -897,7 +878,7 @@ static void test_first_step_warm(void **state)
                   (unsigned long long)(st[1].misses + st[1].hits));
     assert_int_equal(st[0].misses, 0);
     assert_true(st[1].misses > 3);
-    assert_true(max_diff(lg[0], lg[1], VOCAB) == 0.0);
+    assert_true(kvp_test_max_diff(lg[0], lg[1], VOCAB) == 0.0);
     rmdir(d);
     free(d);
 }
@@ -911,7 +892,7 @@ static void test_first_step_warm(void **state)
 static void test_quest_prefetch(void **state)
 {
     (void)state;
-    char *d = scratch_dir();
+    char *d = kvp_test_tmpdir();
     struct run_cfg base = {.quest_opts = ""};
     float *ref = run_sequence(&base, NULL);
     static const int modes[] = {KVP_PREFETCH_NONE, KVP_PREFETCH_LAYER, KVP_PREFETCH_TOKEN};
@@ -924,7 +905,7 @@ static void test_quest_prefetch(void **state)
                                          .quest_opts = opts[o], .dir = d};
                     struct kvp_store_stats st;
                     float *lg = run_sequence(&rc, &st);
-                    double diff = max_diff(ref, lg, (size_t)N_ROWS * VOCAB);
+                    double diff = kvp_test_max_diff(ref, lg, (size_t)N_ROWS * VOCAB);
                     if (diff != 0.0)
                         print_message("tier %d mode %d opts '%s' hot %d: diff %g\n", tier,
                                       modes[m], opts[o], hot, diff);
@@ -1066,7 +1047,7 @@ static void test_quest_shared_ranking(void **state)
 static void test_decode_to_the_end(void **state)
 {
     (void)state;
-    char *d = scratch_dir();
+    char *d = kvp_test_tmpdir();
     int32_t ids[256];
     for (int i = 0; i < 256; i++)
         ids[i] = (i * 17 + 1) % VOCAB;
@@ -1086,7 +1067,7 @@ static void test_decode_to_the_end(void **state)
             assert_int_equal(kvp_eval(c, ids + i, 1, lg[tier], false, &err), 0);
         kvp_ctx_free(c);
     }
-    assert_true(max_diff(lg[0], lg[1], VOCAB) == 0.0);
+    assert_true(kvp_test_max_diff(lg[0], lg[1], VOCAB) == 0.0);
     rmdir(d);
     free(d);
 }
@@ -1111,7 +1092,7 @@ static void test_unwritable_dir(void **state)
     remove(f);
     free(f);
     if (geteuid() != 0) { /* root writes anywhere */
-        char *d = scratch_dir();
+        char *d = kvp_test_tmpdir();
         chmod(d, 0500);
         cp.kv_dir = d;
         assert_int_equal(kvp_ctx_init(model, &cp, &c, &err), KVP_EIO);
@@ -1125,7 +1106,7 @@ static void test_unwritable_dir(void **state)
 static void test_disk_full(void **state)
 {
     (void)state;
-    char *d = scratch_dir();
+    char *d = kvp_test_tmpdir();
     fflush(NULL);
     pid_t pid = fork();
     assert_true(pid >= 0);

@@ -48,9 +48,7 @@ static int32_t ids[N_CTX];
 static int setup(void **state)
 {
     (void)state;
-    struct kvp_test_model_spec sp = {.n_vocab = VOCAB, .n_embd = 64, .n_layer = 4, .n_head = 4,
-                                     .n_head_kv = 2, .n_ff = 96, .n_ctx = 512, .type = 0,
-                                     .embd_type = 0, .tied = 1, .seed = 29};
+    struct kvp_test_model_spec sp = KVP_TEST_FIXTURE_SPEC(VOCAB, 29);
     model = kvp_test_model(&sp, &model_path);
     for (int i = 0; i < N_CTX; i++)
         ids[i] = (i * 11 + 5) % VOCAB;
@@ -62,13 +60,6 @@ static int teardown(void **state)
     (void)state;
     kvp_test_model_free(model, model_path);
     return 0;
-}
-
-static char *scratch_dir(void)
-{
-    char *d = kvp_test_tmpdir();
-    assert_non_null(d);
-    return d;
 }
 
 /* ====================================== checksum ========================================== */
@@ -228,7 +219,7 @@ static void recover(kvp_ctx *c, bool policy)
  * again: every call equal) and for good (the call fails, the ones after it too; recovery). */
 static void injected(int kind, const char *word)
 {
-    char *d = scratch_dir();
+    char *d = kvp_test_tmpdir();
     float *ref = reference(true);
     static const int modes[] = {KVP_PREFETCH_NONE, KVP_PREFETCH_TOKEN};
     for (int tier = KVP_TIER_RAM; tier <= KVP_TIER_DISK; tier++)
@@ -287,7 +278,7 @@ static void test_injected_short(void **state)
 static void test_failed_write(void **state)
 {
     (void)state;
-    char *d = scratch_dir();
+    char *d = kvp_test_tmpdir();
     float *ref = reference(true);
     struct cfg f = {.tier = KVP_TIER_DISK, .prefetch = KVP_PREFETCH_NONE, .hot_budget = 64,
                     .policy = true, .dir = d};
@@ -348,7 +339,7 @@ static int scratch_file(const char *dir)
 static void test_bit_flip_on_disk(void **state)
 {
     (void)state;
-    char *d = scratch_dir();
+    char *d = kvp_test_tmpdir();
     float *ref = reference(false);
     struct cfg f = {.tier = KVP_TIER_DISK, .prefetch = KVP_PREFETCH_DENSE, .dir = d};
     kvp_ctx *c = new_ctx(&f);
@@ -401,7 +392,7 @@ static void test_bit_flip_on_disk(void **state)
 static void test_bit_flip_read_ends(void **state)
 {
     (void)state;
-    char *d = scratch_dir();
+    char *d = kvp_test_tmpdir();
     float *ref = reference(false);
     static const int blocks[] = {0, 4, 8};
     uint8_t *page = kvp_alloc_huge(4096, 4096);
@@ -461,7 +452,7 @@ static void check_pread(const char *dir, const float *ref)
 static void test_pread_path(void **state)
 {
     (void)state;
-    char *d = scratch_dir();
+    char *d = kvp_test_tmpdir();
     float *ref = reference(true);
     /* asked for by the parameter */
     struct cfg f = {.tier = KVP_TIER_DISK, .prefetch = KVP_PREFETCH_TOKEN, .hot_budget = 64,
@@ -568,7 +559,7 @@ static int refused_child(int e, const char *dir, const float *ref)
 static void test_io_uring_refused(void **state)
 {
     (void)state;
-    char *d = scratch_dir();
+    char *d = kvp_test_tmpdir();
     float *ref = reference(true);
     static const int errs[] = {EPERM, ENOSYS};
     for (int k = 0; k < 2; k++) {

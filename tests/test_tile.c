@@ -183,7 +183,6 @@ static void test_policy_and_tiers(void **state)
     prompt(ids, M + ND, in.n_vocab);
     float *la = malloc(ND * nv * sizeof(float)), *lb = malloc(ND * nv * sizeof(float));
     char *dir = kvp_test_tmpdir();
-    assert_non_null(dir);
     const char *pols[] = {"quest", "full"};
     const int tiers[] = {KVP_TIER_NONE, KVP_TIER_RAM, KVP_TIER_DISK};
     for (size_t pi = 0; pi < 2; pi++)

@@ -12,6 +12,7 @@
 #include <cjson/cJSON.h>
 
 #include "testutil.h"
+#include "vocab_expect.h"
 
 #include "gguf/gguf.h"
 #include "tokenizer/vocab.h"
@@ -19,20 +20,6 @@
 #define TOK_HAVE_GGUF 1
 
 /* ============================== Helpers ======================================================= */
-
-/* Encode into a heap array (caller frees); fails the test on error. */
-static int32_t *encode(const struct kvp_vocab *v, const char *text, size_t len, bool add_special,
-                       bool parse_special, size_t *n)
-{
-    struct kvp_err err = {0};
-    size_t cap = 3 * len + 16;
-    int32_t *ids = malloc(cap * sizeof(*ids));
-    assert_non_null(ids);
-    int rc = kvp_vocab_encode(v, text, len, add_special, parse_special, ids, cap, n, &err);
-    if (rc)
-        fail_msg("encode: %s", err.msg);
-    return ids;
-}
 
 /* Decode ids as a streaming client would (prev = previous id, -1 first). Heap string. */
 static char *decode(const struct kvp_vocab *v, const int32_t *ids, size_t n, int first_prev)
@@ -97,7 +84,7 @@ static void check_reference(const struct kvp_vocab *v)
     assert_non_null(ref);
     assert_int_equal(n_ref, 256);
     size_t n;
-    int32_t *ids = encode(v, text, len, true, false, &n);
+    int32_t *ids = kvp_test_encode(v, text, len, true, false, &n);
     assert_true(n >= n_ref);
     for (size_t i = 0; i < n_ref; i++)
         if (ids[i] != ref[i])
@@ -130,27 +117,27 @@ static void test_tok512_basics(void **state)
     (void)p;
     struct kvp_vocab *v = load_tokbin("models/llama2c/tok512.bin", 512);
     size_t n;
-    int32_t *ids = encode(v, "", 0, true, false, &n);
+    int32_t *ids = kvp_test_encode(v, "", 0, true, false, &n);
     assert_int_equal(n, 1);
     assert_int_equal(ids[0], 1);
     free(ids);
-    ids = encode(v, "", 0, false, false, &n);
+    ids = kvp_test_encode(v, "", 0, false, false, &n);
     assert_int_equal(n, 0);
     free(ids);
     /* a newline is the byte token <0x0A> = 3 + 10 (../shared/docs/formats.md §5.2, tok512 layout
      * §6.3) */
-    ids = encode(v, "a\nb", 3, false, false, &n);
+    ids = kvp_test_encode(v, "a\nb", 3, false, false, &n);
     bool found = false;
     for (size_t i = 0; i < n; i++)
         found |= ids[i] == 13;
     assert_true(found);
     free(ids);
     /* BOS text is not special unless asked */
-    ids = encode(v, "<s>", 3, false, true, &n);
+    ids = kvp_test_encode(v, "<s>", 3, false, true, &n);
     assert_int_equal(n, 1);
     assert_int_equal(ids[0], 1);
     free(ids);
-    ids = encode(v, "<s>", 3, false, false, &n);
+    ids = kvp_test_encode(v, "<s>", 3, false, false, &n);
     assert_true(n > 1);
     free(ids);
     /* decoding: BOS and EOS print nothing, byte tokens their byte */
@@ -205,7 +192,7 @@ static void test_golden_roundtrip(void **state)
         free(s);
         free(ids);
         size_t m;
-        ids = encode(v, text, strlen(text), true, false, &m);
+        ids = kvp_test_encode(v, text, strlen(text), true, false, &m);
         assert_int_equal(ids[0], 1);
         s = decode(v, ids, m, -1);
         assert_string_equal(s, text);
@@ -263,25 +250,6 @@ static struct kvp_vocab *tiny_vocab(int n_extra, const char *const *extra, const
     free(texts);
     return v;
 }
-
-static void expect_ids(const struct kvp_vocab *v, const char *text, bool parse_special,
-                       const int32_t *want, size_t n_want)
-{
-    size_t n;
-    int32_t *ids = encode(v, text, strlen(text), false, parse_special, &n);
-    if (n != n_want)
-        fail_msg("'%s': %zu ids, expected %zu", text, n, n_want);
-    for (size_t i = 0; i < n; i++)
-        if (ids[i] != want[i])
-            fail_msg("'%s': id %zu is %d, expected %d", text, i, ids[i], want[i]);
-    free(ids);
-}
-
-#define EXPECT(v, text, ps, ...)                                                                   \
-    do {                                                                                           \
-        const int32_t w_[] = {__VA_ARGS__};                                                        \
-        expect_ids(v, text, ps, w_, sizeof(w_) / sizeof(w_[0]));                                   \
-    } while (0)
 
 static void test_merge_priority(void **state)
 {
@@ -344,7 +312,7 @@ static void test_byte_fallback(void **state)
     EXPECT(v, "\t", false, 259, 3 + 0x09);
     /* decoding the bytes gives back the character */
     size_t n;
-    int32_t *ids = encode(v, "a\xc3\xa9\n", 4, true, false, &n);
+    int32_t *ids = kvp_test_encode(v, "a\xc3\xa9\n", 4, true, false, &n);
     char *s = decode(v, ids, n, -1);
     assert_string_equal(s, "a\xc3\xa9\n");
     free(s);
@@ -393,7 +361,7 @@ static void test_special_partition(void **state)
     EXPECT(v, "a<s>", false, 259, 260, 3 + '<', 3 + 's', 3 + '>');
     /* add_special puts BOS first */
     size_t n;
-    int32_t *ids = encode(v, "<s>", 3, true, true, &n);
+    int32_t *ids = kvp_test_encode(v, "<s>", 3, true, true, &n);
     assert_int_equal(n, 2);
     assert_int_equal(ids[0], 1);
     assert_int_equal(ids[1], 1);
@@ -441,27 +409,11 @@ static void test_create_errors(void **state)
 
 #if TOK_HAVE_GGUF
 
-static struct kvp_vocab *load_gguf_vocab(const char *path, struct kvp_gguf **gout)
-{
-    struct kvp_gguf *g = NULL;
-    struct kvp_err err = {0};
-    if (kvp_gguf_open(path, &g, &err))
-        fail_msg("%s: %s", path, err.msg);
-    struct kvp_vocab *v = NULL;
-    if (kvp_vocab_load_gguf(g, &v, &err))
-        fail_msg("%s: %s", path, err.msg);
-    if (gout)
-        *gout = g;
-    else
-        kvp_gguf_close(g);
-    return v;
-}
-
 static void test_gguf_stories_reference(void **state)
 {
     (void)state;
     KVP_REQUIRE_SHARED(p, "models/stories260K.gguf");
-    struct kvp_vocab *v = load_gguf_vocab(p, NULL);
+    struct kvp_vocab *v = kvp_test_load_gguf_vocab(p);
     assert_int_equal(kvp_vocab_n_tokens(v), 512);
     assert_int_equal(kvp_vocab_bos(v), 1);
     assert_int_equal(kvp_vocab_eos(v), 2);
@@ -474,20 +426,12 @@ static void test_llama_spm_vectors(void **state)
 {
     (void)state;
     KVP_REQUIRE_SHARED(gp, "models/tokenizer-tests/ggml-vocab-llama-spm.gguf");
-    struct kvp_vocab *v = load_gguf_vocab(gp, NULL);
+    struct kvp_vocab *v = kvp_test_load_gguf_vocab(gp);
     assert_int_equal(kvp_vocab_n_tokens(v), 32000);
-    KVP_REQUIRE_SHARED(ip, "models/tokenizer-tests/ggml-vocab-llama-spm.gguf.inp");
-    char *inp = kvp_test_read_file(ip, NULL);
-    KVP_REQUIRE_SHARED(op, "models/tokenizer-tests/ggml-vocab-llama-spm.gguf.out");
-    char *out = kvp_test_read_file(op, NULL);
-    assert_true(inp && out);
-
     int failed;
-    int cases = kvp_test_vocab_vectors(v, inp, out, NULL, &failed);
+    int cases = kvp_test_llama_vectors(v, "llama-spm", NULL, &failed);
     assert_int_equal(cases, 47);
     assert_int_equal(failed, 0);
-    free(inp);
-    free(out);
     kvp_vocab_free(v);
 }
 
@@ -532,8 +476,8 @@ static void test_write_reload(void **state)
     assert_true(kvp_vocab_add_bos(r));
     const char *text = "Once upon a time, there was a little girl.\nShe said \"hi\" \xc3\xa9!";
     size_t n1, n2;
-    int32_t *a = encode(v, text, strlen(text), true, false, &n1);
-    int32_t *b = encode(r, text, strlen(text), true, false, &n2);
+    int32_t *a = kvp_test_encode(v, text, strlen(text), true, false, &n1);
+    int32_t *b = kvp_test_encode(r, text, strlen(text), true, false, &n2);
     assert_int_equal(n1, n2);
     assert_memory_equal(a, b, n1 * sizeof(*a));
     free(a);

@@ -29,6 +29,14 @@ double kvp_test_gamma(double n)
     return nu / (1 - nu);
 }
 
+double kvp_test_max_diff(const float *a, const float *b, size_t n)
+{
+    double d = 0;
+    for (size_t i = 0; i < n; i++)
+        d = fmax(d, fabs((double)a[i] - b[i]));
+    return d;
+}
+
 const char *kvp_test_shared(const char *relpath)
 {
     static char bufs[8][4096];
@@ -91,13 +99,10 @@ char *kvp_test_tmpdir(void)
         tmp = "/tmp";
     size_t n = strlen(tmp) + 32;
     char *path = malloc(n);
-    if (!path)
-        return NULL;
+    assert_non_null(path);
     snprintf(path, n, "%s/kvptestXXXXXX", tmp);
-    if (!mkdtemp(path)) {
-        free(path);
-        return NULL;
-    }
+    if (!mkdtemp(path))
+        fail_msg("cannot create a directory %s", path);
     return path;
 }
 

@@ -32,6 +32,9 @@ const char *kvp_test_shared(const char *relpath);
  * §3.1). The numeric tests state their bounds in it (docs/testing.md). */
 double kvp_test_gamma(double n);
 
+/* max |a[i] - b[i]| over n floats, in double. */
+double kvp_test_max_diff(const float *a, const float *b, size_t n);
+
 /* Path of the kvpred CLI built next to the tests (KVP_CLI), or NULL. */
 const char *kvp_test_cli(void);
 
@@ -52,8 +55,8 @@ void kvp_test_expect_error(const char *cmd, const char *needle);
 /* A fresh temporary file path (the file is created empty); caller frees with free(). */
 char *kvp_test_tmpfile(const char *suffix);
 
-/* A fresh empty temporary directory (mkdtemp under $TMPDIR or /tmp); caller frees with free(),
- * NULL on failure. */
+/* A fresh empty temporary directory (mkdtemp under $TMPDIR or /tmp); caller frees with free().
+ * Fails the current test when it cannot be made. */
 char *kvp_test_tmpdir(void);
 
 /* Read a whole file into a NUL-terminated heap buffer; NULL on failure. */
@@ -65,8 +68,6 @@ int kvp_test_write_file(const char *path, const void *data, size_t size);
 /* Run a shell command, capturing stdout (and stderr if merge_stderr) into a heap string.
  * Returns the exit status (or -1). */
 int kvp_test_run(const char *cmd, char **output, int merge_stderr);
-
-#endif
 
 /* ---- llama.cpp tokenizer test vectors ---- */
 struct kvp_vocab;
@@ -98,6 +99,15 @@ struct kvp_test_model_spec {
     int head_dim;     /* 0: n_embd / n_head; else written as attention.key_length */
 };
 
+/* The small random model most tests run on, as an initializer of struct kvp_test_model_spec: 4
+ * layers 64 wide, 4 query heads over 2 KV heads, feed-forward 96, context 512, F32, tied output;
+ * the vocabulary size and the seed as given. */
+#define KVP_TEST_FIXTURE_SPEC(vocab, sd)                                                           \
+    {                                                                                              \
+        .n_vocab = (vocab), .n_embd = 64, .n_layer = 4, .n_head = 4, .n_head_kv = 2, .n_ff = 96,   \
+        .n_ctx = 512, .tied = 1, .seed = (sd)                                                      \
+    }
+
 /* Write a GGUF model with random weights (deterministic in seed). When deq_path is not NULL,
  * also write the F32 model whose weights are exactly the dequantized weights of the first file,
  * so both must give the same logits up to summation order. Returns 0 on success. */
@@ -109,3 +119,5 @@ struct kvp_model;
  * the file's path in *path. kvp_test_model_free closes the model and removes and frees the file. */
 struct kvp_model *kvp_test_model(const struct kvp_test_model_spec *spec, char **path);
 void kvp_test_model_free(struct kvp_model *model, char *path);
+
+#endif

@@ -118,51 +118,60 @@ static int32_t token_at(long seq, long i, int n_vocab)
     return (int32_t)(kvp_splitmix64(&x) % (uint64_t)n_vocab);
 }
 
-/* One row: npl sequences, prompts of npp, ntg steps. Prints the error and returns -1. */
-static int run_row(struct bench *b, struct row *r)
+/* A row's sequences and the buffers its steps share. */
+struct row_work {
+    kvp_seq **seq;                /* npl sequences */
+    struct kvp_batch_item *items; /* one step's items */
+    int32_t *toks;                /* per sequence: prompt, batched decode, serial decode */
+    float *logits;                /* per sequence: the last step's */
+    long per;                     /* tokens per sequence in toks */
+};
+
+/* The row's sequences, each with the policy and the prefill policy. Returns 0, or -1 after
+ * printing the error. */
+static int open_sequences(struct bench *b, const struct row *r, struct row_work *w)
 {
     struct kvp_err err = {0};
-    int rc = -1;
-    kvp_seq **seq = calloc((size_t)r->npl, sizeof(*seq));
-    struct kvp_batch_item *items = calloc((size_t)r->npl, sizeof(*items));
-    int32_t *toks = malloc((size_t)r->npl * (size_t)(r->npp + 2 * r->ntg) * sizeof(int32_t));
-    float *logits = malloc((size_t)r->npl * b->n_vocab * sizeof(float));
-    long per = r->npp + 2 * r->ntg;
-    if (!seq || !items || !toks || !logits) {
-        cli_fail("out of memory");
-        goto out;
-    }
-    for (long s = 0; s < r->npl; s++)
-        for (long i = 0; i < per; i++)
-            toks[s * per + i] = token_at(b->fill ? 0 : s, i, b->n_vocab);
     for (long s = 0; s < r->npl; s++) {
         struct kvp_ctx_params cp = b->cp;
-        cp.n_ctx = (int)per;
-        if (kvp_seq_init(b->e, &cp, &seq[s], &err) < 0 ||
-            (b->pp->name && kvp_ctx_set_policy(seq[s], b->pp, &err) < 0))
-            goto fail;
-        if (cli_prefill_apply(b->pf, seq[s]))
-            goto out;
+        cp.n_ctx = (int)w->per;
+        if (kvp_seq_init(b->e, &cp, &w->seq[s], &err) < 0 ||
+            (b->pp->name && kvp_ctx_set_policy(w->seq[s], b->pp, &err) < 0)) {
+            cli_fail_err(&err);
+            return -1;
+        }
+        if (cli_prefill_apply(b->pf, w->seq[s]))
+            return -1;
     }
-    /* prefill: whole prompts packed into steps of at most n_batch tokens, a prompt longer than
-     * that in pieces */
+    return 0;
+}
+
+/* Prefill (the first sequence alone with --fill): whole prompts packed into steps of at most
+ * n_batch tokens, a prompt longer than that in pieces; --fill tile tiles the first one instead.
+ * Sets r->t_pp. Returns 0, or -1 after printing the error. */
+static int prefill_prompts(struct bench *b, struct row *r, struct row_work *w)
+{
+    struct kvp_err err = {0};
     double t0 = kvp_time_now();
     long n_prefill = b->fill ? 1 : r->npl;
     long s = 0, fed = 0;
     if (b->fill == FILL_TILE && r->npp > TILE_SOURCE + TILE_TAIL) {
-        if (kvp_eval(seq[0], toks, TILE_SOURCE, NULL, false, &err) < 0 ||
-            kvp_ctx_fill_tile(seq[0], (int)(r->npp - TILE_TAIL), &err) < 0 ||
-            kvp_eval(seq[0], toks + r->npp - TILE_TAIL, TILE_TAIL, NULL, false, &err) < 0)
-            goto fail;
+        if (kvp_eval(w->seq[0], w->toks, TILE_SOURCE, NULL, false, &err) < 0 ||
+            kvp_ctx_fill_tile(w->seq[0], (int)(r->npp - TILE_TAIL), &err) < 0 ||
+            kvp_eval(w->seq[0], w->toks + r->npp - TILE_TAIL, TILE_TAIL, NULL, false, &err) < 0) {
+            cli_fail_err(&err);
+            return -1;
+        }
         s = n_prefill;
     }
     while (s < n_prefill) {
         int n = 0, rows = 0;
         while (s < n_prefill && rows < b->n_batch) {
             int take = (int)(r->npp - fed < b->n_batch - rows ? r->npp - fed : b->n_batch - rows);
-            items[n++] = (struct kvp_batch_item){.seq = seq[s], .tokens = toks + s * per + fed,
-                                                 .n = take,
-                                                 .prompt_rest = (int)(r->npp - fed - take)};
+            w->items[n++] = (struct kvp_batch_item){.seq = w->seq[s],
+                                                    .tokens = w->toks + s * w->per + fed,
+                                                    .n = take,
+                                                    .prompt_rest = (int)(r->npp - fed - take)};
             rows += take;
             fed += take;
             if (fed == r->npp) {
@@ -170,85 +179,142 @@ static int run_row(struct bench *b, struct row *r)
                 fed = 0;
             }
         }
-        if (kvp_batch_eval(b->e, items, n, &err) < 0)
-            goto fail;
+        if (kvp_batch_eval(b->e, w->items, n, &err) < 0) {
+            cli_fail_err(&err);
+            return -1;
+        }
     }
     r->t_pp = kvp_time_now() - t0;
-    if (b->fill) {
-        t0 = kvp_time_now();
-        for (long k = 1; k < r->npl; k++)
-            if (kvp_seq_copy(seq[k], seq[0], (int)r->npp, &err) < 0)
-                goto fail;
-        r->t_fill_copy = kvp_time_now() - t0;
-        /* the copies decode tokens of their own from here on */
-        for (long k = 0; k < r->npl; k++)
-            for (long i = r->npp; i < per; i++)
-                toks[k * per + i] = token_at(k + 1, i, b->n_vocab);
-    }
+    return 0;
+}
+
+/* --fill: the first sequence's KV copied into the others (r->t_fill_copy), which then decode
+ * tokens of their own. Returns 0, or -1 after printing the error. */
+static int copy_fill(struct bench *b, struct row *r, struct row_work *w)
+{
+    struct kvp_err err = {0};
+    double t0 = kvp_time_now();
+    for (long k = 1; k < r->npl; k++)
+        if (kvp_seq_copy(w->seq[k], w->seq[0], (int)r->npp, &err) < 0) {
+            cli_fail_err(&err);
+            return -1;
+        }
+    r->t_fill_copy = kvp_time_now() - t0;
     for (long k = 0; k < r->npl; k++)
-        kvp_ctx_store_reset_stats(seq[k]);
-    if (b->stop)
-        raise(SIGSTOP);
-    /* decode: every sequence one token per step */
-    t0 = kvp_time_now();
+        for (long i = r->npp; i < w->per; i++)
+            w->toks[k * w->per + i] = token_at(k + 1, i, b->n_vocab);
+    return 0;
+}
+
+/* The timed decode: every sequence one token per step (r->t_tg). Returns 0, or -1 after
+ * printing the error. */
+static int decode_batched(struct bench *b, struct row *r, struct row_work *w)
+{
+    struct kvp_err err = {0};
+    double t0 = kvp_time_now();
     for (long i = 0; i < r->ntg; i++) {
         for (long k = 0; k < r->npl; k++)
-            items[k] = (struct kvp_batch_item){.seq = seq[k],
-                                               .tokens = toks + k * per + r->npp + i, .n = 1,
-                                               .logits = logits + (size_t)k * b->n_vocab};
-        if (kvp_batch_eval(b->e, items, (int)r->npl, &err) < 0)
-            goto fail;
+            w->items[k] = (struct kvp_batch_item){.seq = w->seq[k],
+                                                  .tokens = w->toks + k * w->per + r->npp + i,
+                                                  .n = 1,
+                                                  .logits = w->logits + (size_t)k * b->n_vocab};
+        if (kvp_batch_eval(b->e, w->items, (int)r->npl, &err) < 0) {
+            cli_fail_err(&err);
+            return -1;
+        }
     }
     r->t_tg = kvp_time_now() - t0;
+    return 0;
+}
+
+/* What the batched decode left: the process's RSS, the KV held and the store's traffic. */
+static void take_decode_stats(struct row *r, struct row_work *w)
+{
     r->rss_kib = rss_kib();
     r->kv_resident = r->kv_cold = 0;
     r->bytes_read = r->hits = r->misses = r->serial_bytes_read = 0;
     r->reads = r->serial_reads = 0;
     for (long k = 0; k < r->npl; k++) {
         size_t res, cold;
-        kvp_seq_kv_bytes(seq[k], &res, &cold);
+        kvp_seq_kv_bytes(w->seq[k], &res, &cold);
         r->kv_resident += res;
         r->kv_cold += cold;
         struct kvp_store_stats st;
-        if (kvp_ctx_store_stats(seq[k], &st) == 0) {
+        if (kvp_ctx_store_stats(w->seq[k], &st) == 0) {
             r->bytes_read += st.bytes_read;
             r->reads += st.reads;
             r->hits += st.hits;
             r->misses += st.misses;
         }
-        kvp_ctx_store_reset_stats(seq[k]);
+        kvp_ctx_store_reset_stats(w->seq[k]);
     }
-    if (b->serial) {
-        t0 = kvp_time_now();
-        for (long k = 0; k < r->npl; k++)
-            for (long i = 0; i < r->ntg; i++) {
-                items[0] = (struct kvp_batch_item){
-                    .seq = seq[k], .tokens = toks + k * per + r->npp + r->ntg + i, .n = 1,
-                    .logits = logits};
-                if (kvp_batch_eval(b->e, items, 1, &err) < 0)
-                    goto fail;
-            }
-        r->t_serial = kvp_time_now() - t0;
-        for (long k = 0; k < r->npl; k++) {
-            struct kvp_store_stats st;
-            if (kvp_ctx_store_stats(seq[k], &st) == 0) {
-                r->serial_bytes_read += st.bytes_read;
-                r->serial_reads += st.reads;
+}
+
+/* --serial: the same sequences decode ntg more tokens one after another (r->t_serial, and the
+ * store's traffic). Returns 0, or -1 after printing the error. */
+static int decode_serial(struct bench *b, struct row *r, struct row_work *w)
+{
+    struct kvp_err err = {0};
+    double t0 = kvp_time_now();
+    for (long k = 0; k < r->npl; k++)
+        for (long i = 0; i < r->ntg; i++) {
+            w->items[0] =
+                (struct kvp_batch_item){.seq = w->seq[k],
+                                        .tokens = w->toks + k * w->per + r->npp + r->ntg + i,
+                                        .n = 1,
+                                        .logits = w->logits};
+            if (kvp_batch_eval(b->e, w->items, 1, &err) < 0) {
+                cli_fail_err(&err);
+                return -1;
             }
         }
+    r->t_serial = kvp_time_now() - t0;
+    for (long k = 0; k < r->npl; k++) {
+        struct kvp_store_stats st;
+        if (kvp_ctx_store_stats(w->seq[k], &st) == 0) {
+            r->serial_bytes_read += st.bytes_read;
+            r->serial_reads += st.reads;
+        }
     }
-    cli_prefill_take(seq[0], b->n_layer, &r->pf);
+    return 0;
+}
+
+/* One row: npl sequences, prompts of npp, ntg steps. Prints the error and returns -1. */
+static int run_row(struct bench *b, struct row *r)
+{
+    int rc = -1;
+    struct row_work w = {.per = r->npp + 2 * r->ntg};
+    w.seq = calloc((size_t)r->npl, sizeof(*w.seq));
+    w.items = calloc((size_t)r->npl, sizeof(*w.items));
+    w.toks = malloc((size_t)r->npl * (size_t)w.per * sizeof(int32_t));
+    w.logits = malloc((size_t)r->npl * b->n_vocab * sizeof(float));
+    if (!w.seq || !w.items || !w.toks || !w.logits) {
+        cli_fail("out of memory");
+        goto out;
+    }
+    for (long s = 0; s < r->npl; s++)
+        for (long i = 0; i < w.per; i++)
+            w.toks[s * w.per + i] = token_at(b->fill ? 0 : s, i, b->n_vocab);
+    if (open_sequences(b, r, &w) || prefill_prompts(b, r, &w) || (b->fill && copy_fill(b, r, &w)))
+        goto out;
+    for (long k = 0; k < r->npl; k++)
+        kvp_ctx_store_reset_stats(w.seq[k]);
+    if (b->stop)
+        raise(SIGSTOP);
+    if (decode_batched(b, r, &w))
+        goto out;
+    take_decode_stats(r, &w);
+    if (b->serial && decode_serial(b, r, &w))
+        goto out;
+    cli_prefill_take(w.seq[0], b->n_layer, &r->pf);
     rc = 0;
-    goto out;
-fail:
-    cli_fail_err(&err);
 out:
-    for (long k = 0; seq && k < r->npl; k++)
-        kvp_ctx_free(seq[k]);
-    free(seq);
-    free(items);
-    free(toks);
-    free(logits);
+    for (long k = 0; w.seq && k < r->npl; k++)
+        kvp_ctx_free(w.seq[k]);
+    free(w.seq);
+    free(w.items);
+    free(w.toks);
+    free(w.logits);
     return rc;
 }
 

@@ -557,25 +557,31 @@ static const char *prefetch_name(const struct bench_opts *o)
     return cli_prefetch_names[o->to.prefetch ? o->to.prefetch : KVP_PREFETCH_TOKEN];
 }
 
-/* One JSON object on stdout; the fields are documented inline. */
-static void print_json(const struct bench_opts *o, const struct bench_result *r)
+/* Print j on one line on stdout and free it. */
+static void print_and_free(cJSON *j)
 {
-    cJSON *j = cJSON_CreateObject();
-    cJSON_AddStringToObject(j, "model", r->in.name);
-    cJSON_AddStringToObject(j, "simd", kvp_simd()->name);
-    if (o->prefill_only) { /* what was timed: the prefill */
-        cJSON_AddNumberToObject(j, "threads", (double)o->mo.n_threads);
-        cJSON_AddNumberToObject(j, "reps", (double)o->reps);
-        cJSON_AddBoolToObject(j, "prefill_only", true);
-        cJSON_AddNumberToObject(j, "prefill_tokens", (double)o->n_prefill);
-        cJSON_AddNumberToObject(j, "prefill_tokens_per_s", r->pp_best);
-        cli_prefill_json(j, &o->pf, &r->pf);
-        char *s = cJSON_PrintUnformatted(j);
-        printf("%s\n", s);
-        cJSON_free(s);
-        cJSON_Delete(j);
-        return;
-    }
+    char *s = cJSON_PrintUnformatted(j);
+    printf("%s\n", s);
+    cJSON_free(s);
+    cJSON_Delete(j);
+}
+
+/* --prefill-only: what was timed, the prefill. */
+static void add_prefill_only_json(cJSON *j, const struct bench_opts *o,
+                                  const struct bench_result *r)
+{
+    cJSON_AddNumberToObject(j, "threads", (double)o->mo.n_threads);
+    cJSON_AddNumberToObject(j, "reps", (double)o->reps);
+    cJSON_AddBoolToObject(j, "prefill_only", true);
+    cJSON_AddNumberToObject(j, "prefill_tokens", (double)o->n_prefill);
+    cJSON_AddNumberToObject(j, "prefill_tokens_per_s", r->pp_best);
+    cli_prefill_json(j, &o->pf, &r->pf);
+}
+
+/* The run's shape, the prefill, the fill and the decode rates, the weights and the KV cache,
+ * and the floor of the decode rate. */
+static void add_speed_json(cJSON *j, const struct bench_opts *o, const struct bench_result *r)
+{
     cJSON_AddNumberToObject(j, "packed_bytes", (double)r->packed_bytes);
     /* the untimed decode token before the timed ones (null: none, a tiered run) */
     if (r->warmup_ms >= 0)
@@ -621,6 +627,11 @@ static void print_json(const struct bench_opts *o, const struct bench_result *r)
     cJSON_AddNumberToObject(j, "floor_decode_tokens_per_s", r->floor_tps);
     cJSON_AddNumberToObject(j, "fraction_of_floor",
                             r->floor_tps > 0 ? r->tg_mean / r->floor_tps : 0);
+}
+
+/* What the selection policy let a step read, and its time. */
+static void add_selection_json(cJSON *j, const struct bench_opts *o, const struct bench_result *r)
+{
     /* kv_read_bytes_per_token: K and V bytes the selections let attention read per step
      * (measured from the selections; dense layers and dense runs read every key);
      * meta_flat_bytes_per_token: the block metadata a flat bound pass over every block
@@ -636,9 +647,6 @@ static void print_json(const struct bench_opts *o, const struct bench_result *r)
         cJSON_AddStringToObject(j, "budget", o->budget_arg);
     else
         cJSON_AddNullToObject(j, "budget");
-    /* kv_tier: none, ram, disk or redis; prefetch: dense/none/layer/token (null when
-     * untiered); hot_budget: --hot-budget tokens per layer (0: sized from the budget);
-     * link_gbps, link_latency_us: the modelled link (0: off) */
     /* policy_ms_per_token: time inside the policy's select/on_step hooks per token (thread
      * time summed over KV heads); policy_share: its fraction of the decode time */
     if (o->pp.name) {
@@ -650,6 +658,11 @@ static void print_json(const struct bench_opts *o, const struct bench_result *r)
         cJSON_AddNumberToObject(j, "policy_cpu_share",
                                 r->cpu_ms > 0 ? r->pol_cpu_ms / r->cpu_ms : 0);
     }
+}
+
+/* Where the KV cache lived: resident bytes, the tier and its store's counters. */
+static void add_tier_json(cJSON *j, const struct bench_opts *o, const struct bench_result *r)
+{
     /* kv_resident_bytes: KV bytes (K and V, all layers) in the physical blocks the cache
      * holds after the last decode step, taken from its block pool; null when tiered (the
      * store's hot_bytes and cold_bytes say what it holds) */
@@ -657,6 +670,9 @@ static void print_json(const struct bench_opts *o, const struct bench_result *r)
         cJSON_AddNullToObject(j, "kv_resident_bytes");
     else
         cJSON_AddNumberToObject(j, "kv_resident_bytes", (double)r->kv_resident);
+    /* kv_tier: none, ram, disk or redis; prefetch: dense/none/layer/token (null when
+     * untiered); hot_budget: --hot-budget tokens per layer (0: sized from the budget);
+     * link_gbps, link_latency_us: the modelled link (0: off) */
     cJSON_AddStringToObject(j, "kv_tier", cli_tier_names[o->to.tier]);
     if (r->tiered)
         cJSON_AddStringToObject(j, "prefetch", prefetch_name(o));
@@ -699,6 +715,11 @@ static void print_json(const struct bench_opts *o, const struct bench_result *r)
         cJSON_AddItemToObject(j, "store", store_json(&r->ss));
     else
         cJSON_AddNullToObject(j, "store");
+}
+
+/* --paired: the tiered decode against its untiered twin. */
+static void add_paired_json(cJSON *j, const struct bench_result *r)
+{
     /* paired (--paired, else null): the same decode on an untiered cache, alternating:
      *   ram_tokens_per_s   untiered decode tokens/s over the same tokens
      *   ratio              tiered time / untiered time (1.2 = tiered 1.2x slower)
@@ -721,10 +742,23 @@ static void print_json(const struct bench_opts *o, const struct bench_result *r)
     } else {
         cJSON_AddNullToObject(j, "paired");
     }
-    char *s = cJSON_PrintUnformatted(j);
-    printf("%s\n", s);
-    cJSON_free(s);
-    cJSON_Delete(j);
+}
+
+/* One JSON object on stdout; the fields are documented inline. */
+static void print_json(const struct bench_opts *o, const struct bench_result *r)
+{
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "model", r->in.name);
+    cJSON_AddStringToObject(j, "simd", kvp_simd()->name);
+    if (o->prefill_only) {
+        add_prefill_only_json(j, o, r);
+    } else {
+        add_speed_json(j, o, r);
+        add_selection_json(j, o, r);
+        add_tier_json(j, o, r);
+        add_paired_json(j, r);
+    }
+    print_and_free(j);
 }
 
 /* The human-readable report. */

@@ -38,14 +38,11 @@
 
 #include "cli/cli.h"
 #include "cli/common.h"
-#include "cli/measure_opts.h"
-#include "cli/prefill_opts.h"
+#include "cli/eval_opts.h"
 #include "eval/multi_question.h"
 #include "eval/task_eval.h"
 #include "tasks/corpus.h"
 #include "tasks/tasks.h"
-
-#define MAX_LENGTHS 64
 
 static void help(void)
 {
@@ -79,81 +76,53 @@ static void help(void)
 }
 
 struct multi_opts {
-    struct cli_model_opts mo;
-    struct kvp_policy_params pp;
-    int ti;
-    long lengths[MAX_LENGTHS];
-    int n_len;
-    long docs, seed, questions;
+    struct cli_eval_opts e;
+    long docs, questions;
     int follow_up;
-    struct cli_grid grid;
-    bool json;
-    const char *filler;
-    struct cli_prefill_opts pf;
-    struct cli_prefill_report pf_report; /* every document's and question's prompts */
 };
 
 static int parse_args(struct multi_opts *o, int argc, char **argv)
 {
-    const char *policy_list = "full", *budget_list = "1/8", *task = NULL, *lengths = NULL;
     const char *follow = "keep";
     const struct cli_flag flags[] = {
-        CLI_STR("--task", &task),
+        CLI_EVAL_FLAGS(&o->e),
         CLI_INT("--questions", 1, KVP_TASK_MAX_QUESTIONS, &o->questions, "a count in 1..8"),
-        CLI_STR("--lengths", &lengths),
         CLI_INT("--samples", 1, 1 << 20, &o->docs, "a positive count"),
         CLI_STR("--follow-up", &follow),
-        CLI_INT("--seed", 0, 0x7fffffffffffffffL, &o->seed, "a non-negative integer"),
-        CLI_INT("--policy-seed", 0, 0x7fffffffffffffffL, &o->pp.seed, "a non-negative integer"),
-        CLI_STR("--policy", &policy_list),
-        CLI_STR("--budget", &budget_list),
-        CLI_STR("--filler", &o->filler),
-        CLI_BOOL("--json", &o->json),
-        CLI_PREFILL_FLAGS(&o->pf),
         {0},
     };
-    const struct cli_command cmd = {
-        .name = "eval",
-        .mo = &o->mo,
-        .pp = &o->pp,
-        .flags = flags,
-        .help = help,
-    };
-    int rc = cli_parse_command(&cmd, argc, argv);
+    int rc = cli_eval_parse(&o->e, flags, help, argc, argv);
     if (rc)
         return rc;
-    if (lengths &&
-        (o->n_len = cli_parse_int_list(lengths, 16, 1 << 24, o->lengths, MAX_LENGTHS)) < 0)
-        return cli_fail("--lengths: '%s' is not a list of token counts (>= 16)", lengths);
-    if (cli_prefill_check(&o->pf))
+    if (cli_prefill_check(&o->e.pf))
         return 1;
     if ((o->follow_up = kvp_mq_follow_up_by_name(follow)) < 0)
         return cli_fail("--follow-up: '%s' is neither keep nor recompute", follow);
-    o->ti = kvp_task_eval_index(task);
+    const char *task = o->e.task;
     if (!task || (strcmp(task, "passkey") && strcmp(task, "niah_single") &&
                   strcmp(task, "niah_multikey")))
         return cli_fail("eval --questions: --task '%s' is not one of passkey, niah_single, "
                         "niah_multikey", task ? task : "");
-    return cli_grid_parse(&o->grid, policy_list, budget_list, NULL, NULL);
+    return cli_eval_grid(&o->e);
 }
 
 static void print_table(const struct multi_opts *o, const struct kvp_mq_run *runs, int n_runs,
                         const char *model_name)
 {
-    FILE *f = o->json ? stderr : stdout;
+    FILE *f = o->e.json ? stderr : stdout;
     int nq = (int)o->questions;
     fprintf(f, "# %s: %s, %ld documents x %d questions, follow-up %s, seed %ld\n", model_name,
-            kvp_task_eval_kind(o->ti)->name, o->docs, nq, kvp_mq_follow_up_name(o->follow_up),
-            o->seed);
+            kvp_task_eval_kind(o->e.ti)->name, o->docs, nq, kvp_mq_follow_up_name(o->follow_up),
+            o->e.seed);
     fprintf(f, "%-14s %-11s %6s %6s %6s", "task", "policy", "budget", "length", "server");
     for (int q = 0; q < nq; q++)
         fprintf(f, "     q%d", q + 1);
     fprintf(f, " %9s\n", "read");
     for (int k = 0; k < n_runs; k++)
-        for (int li = 0; li < o->n_len; li++) {
+        for (int li = 0; li < o->e.n_len; li++) {
             const struct kvp_mq_cell *cells = &runs[k].cells[li * nq];
-            fprintf(f, "%-14s %-11s %6s %6ld %6s", kvp_task_eval_kind(o->ti)->name,
-                    runs[k].pp.name, runs[k].label, o->lengths[li],
+            fprintf(f, "%-14s %-11s %6s %6ld %6s", kvp_task_eval_kind(o->e.ti)->name,
+                    runs[k].pp.name, runs[k].label, o->e.lengths[li],
                     runs[k].server_keeps ? "keep" : "recomp");
             double read = 0.0;
             for (int q = 0; q < nq; q++) {
@@ -168,25 +137,17 @@ static void print_table(const struct multi_opts *o, const struct kvp_mq_run *run
 static void json_cell(const struct multi_opts *o, const char *model_name,
                       const struct kvp_mq_run *r, int li, int q, char (*refs)[48])
 {
-    const struct kvp_task_eval_kind *kind = kvp_task_eval_kind(o->ti);
+    const struct kvp_task_eval_kind *kind = kvp_task_eval_kind(o->e.ti);
     int nq = (int)o->questions;
     const struct kvp_mq_cell *cell = &r->cells[li * nq + q];
-    cJSON *j = cJSON_CreateObject();
+    cJSON *j = cli_eval_json_cell(&o->e, model_name, &r->pp, r->label, cell->budget_tokens);
     if (!j)
         return;
-    cJSON_AddStringToObject(j, "task", kind->name);
-    cJSON_AddStringToObject(j, "generator", kvp_task_name(kind->task));
-    cJSON_AddStringToObject(j, "model", model_name);
-    cJSON_AddStringToObject(j, "filler", o->filler);
-    cJSON_AddStringToObject(j, "policy", r->pp.name);
-    cJSON_AddStringToObject(j, "budget", r->label);
-    cJSON_AddNumberToObject(j, "budget_ratio", r->pp.budget > 0 ? 0.0 : r->pp.budget_ratio);
-    cJSON_AddNumberToObject(j, "budget_tokens", cell->budget_tokens);
-    cJSON_AddNumberToObject(j, "length", (double)o->lengths[li]);
+    cJSON_AddNumberToObject(j, "length", (double)o->e.lengths[li]);
     cJSON_AddNumberToObject(j, "questions", nq);
     cJSON_AddNumberToObject(j, "question", q + 1);
     cJSON_AddNumberToObject(j, "documents", (double)o->docs);
-    cJSON_AddNumberToObject(j, "seed", (double)o->seed);
+    cJSON_AddNumberToObject(j, "seed", (double)o->e.seed);
     cJSON_AddStringToObject(j, "follow_up", kvp_mq_follow_up_name(o->follow_up));
     cJSON_AddStringToObject(j, "server_follow_up", r->server_keeps ? "keep" : "recompute");
     cJSON_AddNumberToObject(j, "max_new_tokens", kind->max_new);
@@ -199,7 +160,7 @@ static void json_cell(const struct multi_opts *o, const char *model_name,
     cJSON_AddNumberToObject(j, "kv_resident_bytes", cell->kv_resident_bytes);
     cJSON_AddNumberToObject(j, "kv_kept_bytes", cell->kv_kept_bytes);
     cJSON_AddNumberToObject(j, "seconds", cell->seconds);
-    cli_prefill_json(j, &o->pf, &o->pf_report);
+    cli_prefill_json(j, &o->e.pf, &o->e.pf_report);
     cJSON *ans = cJSON_AddArrayToObject(j, "answers");
     cJSON *ref = cJSON_AddArrayToObject(j, "references");
     for (long i = 0; ans && ref && i < o->docs; i++) {
@@ -209,11 +170,7 @@ static void json_cell(const struct multi_opts *o, const char *model_name,
         cJSON_AddItemToArray(ref, cJSON_CreateString(refs[((size_t)li * (size_t)o->docs +
                                                            (size_t)i) * (size_t)nq + (size_t)q]));
     }
-    char *s = cJSON_PrintUnformatted(j);
-    if (s)
-        printf("%s\n", s);
-    cJSON_free(s);
-    cJSON_Delete(j);
+    cli_eval_json_print(j);
 }
 
 static void progress(void *ud, long done, long total, long length)
@@ -228,12 +185,12 @@ static char (*collect_refs(const struct multi_opts *o, const struct kvp_corpus *
                            const kvp_model *m))[48]
 {
     int nq = (int)o->questions;
-    char(*refs)[48] = calloc((size_t)o->n_len * (size_t)o->docs * (size_t)nq, sizeof(*refs));
-    for (int li = 0; refs && li < o->n_len; li++)
+    char(*refs)[48] = calloc((size_t)o->e.n_len * (size_t)o->docs * (size_t)nq, sizeof(*refs));
+    for (int li = 0; refs && li < o->e.n_len; li++)
         for (long i = 0; i < o->docs; i++) {
             struct kvp_mq_doc d;
             struct kvp_err err = {0};
-            if (kvp_mq_doc_make(c, m, o->ti, (uint64_t)o->seed, i, o->lengths[li], nq, &d,
+            if (kvp_mq_doc_make(c, m, o->e.ti, (uint64_t)o->e.seed, i, o->e.lengths[li], nq, &d,
                                 &err) < 0)
                 continue;
             for (int q = 0; q < nq; q++)
@@ -246,71 +203,67 @@ static char (*collect_refs(const struct multi_opts *o, const struct kvp_corpus *
 
 int cmd_eval_multi(int argc, char **argv)
 {
-    struct multi_opts o = {.pp = {.gqa_agg = KVP_AGG_MEAN}, .docs = 4, .seed = 42,
-                           .n_len = 1, .lengths = {2048}, .pf = CLI_PREFILL_OPTS_INIT};
+    struct multi_opts o = {.e = CLI_EVAL_OPTS_INIT, .docs = 4};
+    o.e.n_len = 1;
+    o.e.lengths[0] = 2048;
     int rc = parse_args(&o, argc, argv);
     if (rc) {
-        cli_grid_free(&o.grid);
+        cli_grid_free(&o.e.grid);
         return rc == 2 ? 0 : 1;
     }
     int status = 1, n_runs = 0, nq = (int)o.questions;
     struct kvp_mq_run *runs = NULL;
-    kvp_ctx *ctx = NULL;
-    struct kvp_corpus *c = NULL;
-    kvp_model *m = NULL;
+    struct cli_eval_setup su = {0};
     char(*refs)[48] = NULL;
     if (o.questions < 1) {
         cli_fail("eval: --questions N is needed (1..%d)", KVP_TASK_MAX_QUESTIONS);
         goto out;
     }
-    if (!(c = cli_open_filler(&o.filler, o.ti)) || !(m = cli_open_model(&o.mo)))
+    if (cli_eval_open(&o.e, &su))
         goto out;
-    const struct cli_grid *gr = &o.grid;
+    const struct cli_grid *gr = &o.e.grid;
     runs = calloc((size_t)gr->n_policies * (size_t)gr->n_budgets, sizeof(*runs));
     if (!runs) {
         cli_fail("out of memory");
         goto out;
     }
-    size_t n_preds = (size_t)o.n_len * (size_t)o.docs * (size_t)nq;
+    size_t n_preds = (size_t)o.e.n_len * (size_t)o.docs * (size_t)nq;
     for (int i = 0; i < gr->n_policies; i++)
         for (int k = 0; k < cli_grid_budgets(gr, i); k++) {
             struct kvp_mq_run *r = &runs[n_runs++];
-            r->label = cli_grid_cell(gr, i, k, &o.pp, &r->pp);
-            r->cells = calloc((size_t)o.n_len * (size_t)nq, sizeof(*r->cells));
-            r->preds = o.json ? calloc(n_preds, KVP_MQ_PRED_CAP) : NULL;
-            if (!r->cells || (o.json && !r->preds)) {
+            r->label = cli_grid_cell(gr, i, k, &o.e.pp, &r->pp);
+            r->cells = calloc((size_t)o.e.n_len * (size_t)nq, sizeof(*r->cells));
+            r->preds = o.e.json ? calloc(n_preds, KVP_MQ_PRED_CAP) : NULL;
+            if (!r->cells || (o.e.json && !r->preds)) {
                 cli_fail("out of memory");
                 goto out;
             }
         }
-    const struct kvp_mq_grid g = {.ti = o.ti, .lengths = o.lengths, .n_len = o.n_len,
-                                  .docs = o.docs, .n_questions = nq, .seed = (uint64_t)o.seed,
+    const struct kvp_mq_grid g = {.ti = o.e.ti,
+                                  .lengths = o.e.lengths,
+                                  .n_len = o.e.n_len,
+                                  .docs = o.docs,
+                                  .n_questions = nq,
+                                  .seed = (uint64_t)o.e.seed,
                                   .follow_up = o.follow_up};
-    if (!(ctx = cli_open_ctx(m, &o.mo, kvp_mq_ctx_tokens(&g))) || cli_prefill_apply(&o.pf, ctx))
+    if (cli_eval_open_ctx(&o.e, &su, kvp_mq_ctx_tokens(&g)))
         goto out;
-    struct kvp_model_info info;
-    kvp_model_get_info(m, &info);
     struct kvp_err err = {0};
     bool tty = isatty(STDERR_FILENO) != 0;
-    rc = kvp_mq_run_grid(ctx, m, c, &g, runs, n_runs, tty ? progress : NULL,
-                         (void *)kvp_task_eval_kind(o.ti)->name, &err);
-    if (tty)
-        fprintf(stderr, "\r\033[K");
-    if (rc < 0) {
-        cli_fail("eval: %s", err.msg);
+    rc = kvp_mq_run_grid(su.ctx, su.m, su.c, &g, runs, n_runs, tty ? progress : NULL,
+                         (void *)kvp_task_eval_kind(o.e.ti)->name, &err);
+    if (cli_eval_finish_run(&o.e, &su, tty, rc, &err))
         goto out;
-    }
-    cli_prefill_take(ctx, info.n_layer, &o.pf_report);
-    print_table(&o, runs, n_runs, info.name);
-    if (o.json) {
-        if (!(refs = collect_refs(&o, c, m))) {
+    print_table(&o, runs, n_runs, su.info.name);
+    if (o.e.json) {
+        if (!(refs = collect_refs(&o, su.c, su.m))) {
             cli_fail("out of memory");
             goto out;
         }
         for (int k = 0; k < n_runs; k++)
-            for (int li = 0; li < o.n_len; li++)
+            for (int li = 0; li < o.e.n_len; li++)
                 for (int q = 0; q < nq; q++)
-                    json_cell(&o, info.name, &runs[k], li, q, refs);
+                    json_cell(&o, su.info.name, &runs[k], li, q, refs);
     }
     fflush(stdout);
     status = 0;
@@ -321,9 +274,6 @@ out:
     }
     free(refs);
     free(runs);
-    kvp_ctx_free(ctx);
-    kvp_model_close(m);
-    kvp_corpus_free(c);
-    cli_grid_free(&o.grid);
+    cli_eval_close(&o.e, &su);
     return status;
 }

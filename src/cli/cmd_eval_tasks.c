@@ -49,14 +49,13 @@
 
 #include "cli/cli.h"
 #include "cli/common.h"
-#include "cli/measure_opts.h"
-#include "cli/prefill_opts.h"
+#include "cli/eval_opts.h"
 #include "eval/heatmap.h"
 #include "eval/task_eval.h"
 #include "tasks/corpus.h"
 #include "tasks/tasks.h"
 
-#define MAX_ITEMS 64 /* lengths, depths */
+#define MAX_DEPTHS 64
 
 static void help(void)
 {
@@ -91,60 +90,35 @@ static void help(void)
 }
 
 struct task_opts {
-    struct cli_model_opts mo;
-    struct kvp_policy_params pp;
-    int ti;                      /* evaluation task (kvp_task_eval_kind) */
-    long lengths[MAX_ITEMS], depths[MAX_ITEMS];
-    int n_len, n_depth;
-    long samples, seed;
-    struct cli_grid grid;        /* --policy x --budget */
-    bool json;
-    const char *heatmap, *filler;
-    struct cli_prefill_opts pf;
-    struct cli_prefill_report pf_report; /* the whole grid's prompts */
+    struct cli_eval_opts e;
+    long depths[MAX_DEPTHS];
+    int n_depth;
+    long samples;
+    const char *heatmap;
 };
 
 static int parse_args(struct task_opts *o, int argc, char **argv)
 {
-    const char *policy_list = "full", *budget_list = "1/8", *task = NULL;
-    const char *lengths = NULL, *depths = NULL;
+    const char *depths = NULL;
     const struct cli_flag flags[] = {
-        CLI_STR("--task", &task),
-        CLI_STR("--lengths", &lengths),
+        CLI_EVAL_FLAGS(&o->e),
         CLI_STR("--depths", &depths),
         CLI_INT("--samples", 1, 1 << 20, &o->samples, "a positive count"),
-        CLI_INT("--seed", 0, 0x7fffffffffffffffL, &o->seed, "a non-negative integer"),
-        CLI_INT("--policy-seed", 0, 0x7fffffffffffffffL, &o->pp.seed, "a non-negative integer"),
-        CLI_STR("--policy", &policy_list),
-        CLI_STR("--budget", &budget_list),
         CLI_STR("--heatmap", &o->heatmap),
-        CLI_STR("--filler", &o->filler),
-        CLI_BOOL("--json", &o->json),
-        CLI_PREFILL_FLAGS(&o->pf),
         {0},
     };
-    const struct cli_command cmd = {
-        .name = "eval",
-        .mo = &o->mo,
-        .pp = &o->pp,
-        .flags = flags,
-        .help = help,
-    };
-    int rc = cli_parse_command(&cmd, argc, argv);
+    int rc = cli_eval_parse(&o->e, flags, help, argc, argv);
     if (rc)
         return rc;
-    if (lengths &&
-        (o->n_len = cli_parse_int_list(lengths, 16, 1 << 24, o->lengths, MAX_ITEMS)) < 0)
-        return cli_fail("--lengths: '%s' is not a list of token counts (>= 16)", lengths);
-    if (depths &&
-        (o->n_depth = cli_parse_int_list(depths, 0, 100, o->depths, MAX_ITEMS)) < 0)
+    if (depths && (o->n_depth = cli_parse_int_list(depths, 0, 100, o->depths, MAX_DEPTHS)) < 0)
         return cli_fail("--depths: '%s' is not a list of percentages in 0..100", depths);
-    if ((o->ti = kvp_task_eval_index(task)) < 0)
+    if (o->e.ti < 0)
         return cli_fail("eval: --task '%s' is not one of passkey, niah_single, niah_multikey, "
-                        "niah_multivalue, niah_multiquery, vt", task ? task : "");
-    if (cli_prefill_check(&o->pf))
+                        "niah_multivalue, niah_multiquery, vt",
+                        o->e.task ? o->e.task : "");
+    if (cli_prefill_check(&o->e.pf))
         return 1;
-    return cli_grid_parse(&o->grid, policy_list, budget_list, NULL, NULL);
+    return cli_eval_grid(&o->e);
 }
 
 /* ---- output -------------------------------------------------------------------------------- */
@@ -152,24 +126,16 @@ static int parse_args(struct task_opts *o, int argc, char **argv)
 static void json_cell(const struct task_opts *o, const char *model_name,
                       const struct kvp_task_eval_run *r, int li, int di)
 {
-    const struct kvp_task_eval_kind *kind = kvp_task_eval_kind(o->ti);
+    const struct kvp_task_eval_kind *kind = kvp_task_eval_kind(o->e.ti);
     const struct kvp_task_eval_cell *cell = &r->cells[li * o->n_depth + di];
-    cJSON *j = cJSON_CreateObject();
+    cJSON *j = cli_eval_json_cell(&o->e, model_name, &r->pp, r->label, cell->budget_tokens);
     if (!j)
         return;
-    cJSON_AddStringToObject(j, "task", kind->name);
-    cJSON_AddStringToObject(j, "generator", kvp_task_name(kind->task));
-    cJSON_AddStringToObject(j, "model", model_name);
-    cJSON_AddStringToObject(j, "filler", o->filler);
-    cJSON_AddStringToObject(j, "policy", r->pp.name);
-    cJSON_AddStringToObject(j, "budget", r->label);
-    cJSON_AddNumberToObject(j, "budget_ratio", r->pp.budget > 0 ? 0.0 : r->pp.budget_ratio);
-    cJSON_AddNumberToObject(j, "budget_tokens", cell->budget_tokens);
     cJSON_AddNumberToObject(j, "read_tokens", cell->read_tokens);
-    cJSON_AddNumberToObject(j, "length", (double)o->lengths[li]);
+    cJSON_AddNumberToObject(j, "length", (double)o->e.lengths[li]);
     cJSON_AddNumberToObject(j, "depth", (double)o->depths[di]);
     cJSON_AddNumberToObject(j, "samples", (double)o->samples);
-    cJSON_AddNumberToObject(j, "seed", (double)o->seed);
+    cJSON_AddNumberToObject(j, "seed", (double)o->e.seed);
     cJSON_AddNumberToObject(j, "max_new_tokens", kind->max_new);
     cJSON_AddNumberToObject(j, "prompt_tokens", cell->prompt_tokens);
     cJSON_AddNumberToObject(j, "accuracy", cell->accuracy);
@@ -181,12 +147,8 @@ static void json_cell(const struct task_opts *o, const char *model_name,
     cJSON_AddNumberToObject(j, "kv_resident_bytes", cell->kv_resident_bytes);
     cJSON_AddNumberToObject(j, "kv_kept_bytes", cell->kv_kept_bytes);
     /* the prompts' attention: the settings, and density and times over the whole grid */
-    cli_prefill_json(j, &o->pf, &o->pf_report);
-    char *s = cJSON_PrintUnformatted(j);
-    if (s)
-        printf("%s\n", s);
-    cJSON_free(s);
-    cJSON_Delete(j);
+    cli_prefill_json(j, &o->e.pf, &o->e.pf_report);
+    cli_eval_json_print(j);
 }
 
 /* The panel title of a run: "streaming, budget 1/4", "full, all tokens". */
@@ -205,9 +167,15 @@ static int write_figure(const struct task_opts *o, const char *name, const char 
 {
     char path[4096];
     snprintf(path, sizeof(path), "%s/%s.png", o->heatmap, name);
-    struct kvp_heatmap hm = {.title = title, .subtitle = subtitle, .lengths = o->lengths,
-                             .depths = o->depths, .n_len = o->n_len, .n_depth = o->n_depth,
-                             .panels = panels, .n_panels = n_panels, .cols = cols};
+    struct kvp_heatmap hm = {.title = title,
+                             .subtitle = subtitle,
+                             .lengths = o->e.lengths,
+                             .depths = o->depths,
+                             .n_len = o->e.n_len,
+                             .n_depth = o->n_depth,
+                             .panels = panels,
+                             .n_panels = n_panels,
+                             .cols = cols};
     struct kvp_err err = {0};
     return kvp_heatmap_write_png(&hm, path, &err) < 0 ? cli_fail_err(&err) : 0;
 }
@@ -219,13 +187,14 @@ static int write_figure(const struct task_opts *o, const char *name, const char 
 static int write_heatmaps(const struct task_opts *o, const struct kvp_task_eval_run *runs, int n_runs,
                           const char *model_name)
 {
-    const char *task = kvp_task_eval_kind(o->ti)->name, *file = o->mo.model_path;
-    int cells = o->n_len * o->n_depth, cols = 1, status = 1;
-    for (int i = 0; i < o->grid.n_policies; i++)
-        cols = cli_grid_budgets(&o->grid, i) > cols ? cli_grid_budgets(&o->grid, i) : cols;
+    const char *task = kvp_task_eval_kind(o->e.ti)->name, *file = o->e.mo.model_path;
+    int cells = o->e.n_len * o->n_depth, cols = 1, status = 1;
+    for (int i = 0; i < o->e.grid.n_policies; i++)
+        cols = cli_grid_budgets(&o->e.grid, i) > cols ? cli_grid_budgets(&o->e.grid, i) : cols;
     double *acc = malloc((size_t)n_runs * (size_t)cells * sizeof(double));
     char *titles = malloc((size_t)n_runs * TITLE_CAP);
-    struct kvp_heatmap_panel *grid = calloc((size_t)o->grid.n_policies * (size_t)cols, sizeof(*grid));
+    struct kvp_heatmap_panel *grid =
+        calloc((size_t)o->e.grid.n_policies * (size_t)cols, sizeof(*grid));
     if (!acc || !titles || !grid) {
         cli_fail("heatmap: out of memory");
         goto out;
@@ -234,9 +203,9 @@ static int write_heatmaps(const struct task_opts *o, const struct kvp_task_eval_
     const char *base = file && strrchr(file, '/') ? strrchr(file, '/') + 1 : file;
     snprintf(subtitle, sizeof(subtitle), "model %s%s%s%s, %ld samples per cell, seed %ld",
              model_name, base ? " (" : "", base ? base : "", base ? ")" : "", o->samples,
-             o->seed);
-    for (int k = 0, i = 0; i < o->grid.n_policies; i++) {
-        for (int j = 0; j < cli_grid_budgets(&o->grid, i); j++, k++) {
+             o->e.seed);
+    for (int k = 0, i = 0; i < o->e.grid.n_policies; i++) {
+        for (int j = 0; j < cli_grid_budgets(&o->e.grid, i); j++, k++) {
             double *a = acc + (size_t)k * (size_t)cells;
             for (int c = 0; c < cells; c++)
                 a[c] = runs[k].cells[c].accuracy;
@@ -256,7 +225,7 @@ static int write_heatmaps(const struct task_opts *o, const struct kvp_task_eval_
     }
     snprintf(name, sizeof(name), "%s_all", task);
     snprintf(title, sizeof(title), "%s: every policy and budget", task);
-    status = write_figure(o, name, title, subtitle, grid, o->grid.n_policies * cols, cols);
+    status = write_figure(o, name, title, subtitle, grid, o->e.grid.n_policies * cols, cols);
 out:
     free(grid);
     free(titles);
@@ -267,22 +236,22 @@ out:
 static void print_table(const struct task_opts *o, const struct kvp_task_eval_run *runs, int n_runs,
                         const char *model_name)
 {
-    FILE *f = o->json ? stderr : stdout;
+    FILE *f = o->e.json ? stderr : stdout;
     fprintf(f, "# %s: %s, %ld samples per (length, depth) x %d depths, seed %ld\n", model_name,
-            kvp_task_eval_kind(o->ti)->name, o->samples, o->n_depth, o->seed);
+            kvp_task_eval_kind(o->e.ti)->name, o->samples, o->n_depth, o->e.seed);
     fprintf(f, "%-16s %-12s %7s %7s %9s %12s\n", "task", "policy", "budget", "length",
             "accuracy", "KV resident");
     for (int k = 0; k < n_runs; k++)
-        for (int li = 0; li < o->n_len; li++) {
+        for (int li = 0; li < o->e.n_len; li++) {
             double s = 0.0, res = 0.0;
             for (int di = 0; di < o->n_depth; di++) {
                 s += runs[k].cells[li * o->n_depth + di].accuracy;
                 res += runs[k].cells[li * o->n_depth + di].kv_resident_bytes;
             }
             double n = (double)o->n_depth;
-            fprintf(f, "%-16s %-12s %7s %7ld %8.1f%% %9.0f KiB\n", kvp_task_eval_kind(o->ti)->name,
-                    runs[k].pp.name, runs[k].label, o->lengths[li], 100.0 * s / n,
-                    res / n / 1024.0);
+            fprintf(f, "%-16s %-12s %7s %7ld %8.1f%% %9.0f KiB\n",
+                    kvp_task_eval_kind(o->e.ti)->name, runs[k].pp.name, runs[k].label,
+                    o->e.lengths[li], 100.0 * s / n, res / n / 1024.0);
         }
     fflush(f);
 }
@@ -298,8 +267,8 @@ static void progress(void *ud, long done, long total, long length, long depth)
 /* Expand policies × budgets into runs (full once). Returns the count, or -1 out of memory. */
 static int make_runs(const struct task_opts *o, struct kvp_task_eval_run **out)
 {
-    int n = 0, cells = o->n_len * o->n_depth;
-    const struct cli_grid *g = &o->grid;
+    int n = 0, cells = o->e.n_len * o->n_depth;
+    const struct cli_grid *g = &o->e.grid;
     struct kvp_task_eval_run *runs =
         calloc((size_t)g->n_policies * (size_t)g->n_budgets, sizeof(*runs));
     if (!runs)
@@ -307,7 +276,7 @@ static int make_runs(const struct task_opts *o, struct kvp_task_eval_run **out)
     for (int i = 0; i < g->n_policies; i++) {
         for (int k = 0; k < cli_grid_budgets(g, i); k++) {
             struct kvp_task_eval_run *r = &runs[n++];
-            r->label = cli_grid_cell(g, i, k, &o->pp, &r->pp);
+            r->label = cli_grid_cell(g, i, k, &o->e.pp, &r->pp);
             r->cells = calloc((size_t)cells, sizeof(*r->cells));
             if (!r->cells) {
                 *out = runs;
@@ -321,23 +290,20 @@ static int make_runs(const struct task_opts *o, struct kvp_task_eval_run **out)
 
 int cmd_eval_tasks(int argc, char **argv)
 {
-    struct task_opts o = {.pp = {.gqa_agg = KVP_AGG_MEAN}, .samples = 4, .seed = 42,
-                          .pf = CLI_PREFILL_OPTS_INIT};
+    struct task_opts o = {.e = CLI_EVAL_OPTS_INIT, .samples = 4};
     static const long def_len[] = {512, 1024, 2048}, def_depth[] = {0, 25, 50, 75, 100};
-    o.n_len = 3;
-    memcpy(o.lengths, def_len, sizeof(def_len));
+    o.e.n_len = 3;
+    memcpy(o.e.lengths, def_len, sizeof(def_len));
     o.n_depth = 5;
     memcpy(o.depths, def_depth, sizeof(def_depth));
     int rc = parse_args(&o, argc, argv);
     if (rc) {
-        cli_grid_free(&o.grid);
+        cli_grid_free(&o.e.grid);
         return rc == 2 ? 0 : 1;
     }
     int status = 1, n_runs = 0;
     struct kvp_task_eval_run *runs = NULL;
-    kvp_ctx *ctx = NULL;
-    struct kvp_corpus *c = NULL;
-    kvp_model *m = NULL;
+    struct cli_eval_setup su = {0};
     if (o.heatmap) {
         struct stat st;
         if (stat(o.heatmap, &st) != 0 && mkdir(o.heatmap, 0777) != 0) {
@@ -345,38 +311,34 @@ int cmd_eval_tasks(int argc, char **argv)
             goto out;
         }
     }
-    if (!(c = cli_open_filler(&o.filler, o.ti)) || !(m = cli_open_model(&o.mo)))
+    if (cli_eval_open(&o.e, &su))
         goto out;
     if ((n_runs = make_runs(&o, &runs)) < 0) {
         n_runs = -n_runs - 1;
         cli_fail("out of memory");
         goto out;
     }
-    const struct kvp_task_eval_grid g = {.ti = o.ti, .lengths = o.lengths, .depths = o.depths,
-                                         .n_len = o.n_len, .n_depth = o.n_depth,
-                                         .samples = o.samples, .seed = (uint64_t)o.seed};
-    if (!(ctx = cli_open_ctx(m, &o.mo, kvp_task_eval_ctx_tokens(&g))) ||
-        cli_prefill_apply(&o.pf, ctx))
+    const struct kvp_task_eval_grid g = {.ti = o.e.ti,
+                                         .lengths = o.e.lengths,
+                                         .depths = o.depths,
+                                         .n_len = o.e.n_len,
+                                         .n_depth = o.n_depth,
+                                         .samples = o.samples,
+                                         .seed = (uint64_t)o.e.seed};
+    if (cli_eval_open_ctx(&o.e, &su, kvp_task_eval_ctx_tokens(&g)))
         goto out;
-    struct kvp_model_info info;
-    kvp_model_get_info(m, &info);
     struct kvp_err err = {0};
     bool tty = isatty(STDERR_FILENO) != 0;
-    rc = kvp_task_eval_run_grid(ctx, m, c, &g, runs, n_runs, tty ? progress : NULL,
-                                (void *)kvp_task_eval_kind(o.ti)->name, &err);
-    if (tty)
-        fprintf(stderr, "\r\033[K");
-    if (rc < 0) {
-        cli_fail("eval: %s", err.msg);
+    rc = kvp_task_eval_run_grid(su.ctx, su.m, su.c, &g, runs, n_runs, tty ? progress : NULL,
+                                (void *)kvp_task_eval_kind(o.e.ti)->name, &err);
+    if (cli_eval_finish_run(&o.e, &su, tty, rc, &err))
         goto out;
-    }
-    cli_prefill_take(ctx, info.n_layer, &o.pf_report);
-    print_table(&o, runs, n_runs, info.name);
-    for (int k = 0; o.json && k < n_runs; k++)
-        for (int li = 0; li < o.n_len; li++)
+    print_table(&o, runs, n_runs, su.info.name);
+    for (int k = 0; o.e.json && k < n_runs; k++)
+        for (int li = 0; li < o.e.n_len; li++)
             for (int di = 0; di < o.n_depth; di++)
-                json_cell(&o, info.name, &runs[k], li, di);
-    if (o.heatmap && write_heatmaps(&o, runs, n_runs, info.name))
+                json_cell(&o, su.info.name, &runs[k], li, di);
+    if (o.heatmap && write_heatmaps(&o, runs, n_runs, su.info.name))
         goto out;
     fflush(stdout);
     status = 0;
@@ -384,9 +346,6 @@ out:
     for (int k = 0; runs && k < n_runs; k++)
         free(runs[k].cells);
     free(runs);
-    kvp_ctx_free(ctx);
-    kvp_model_close(m);
-    kvp_corpus_free(c);
-    cli_grid_free(&o.grid);
+    cli_eval_close(&o.e, &su);
     return status;
 }

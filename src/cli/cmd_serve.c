@@ -78,101 +78,109 @@ static void help(void)
            cli_policy_flags_help());
 }
 
-int cmd_serve(int argc, char **argv)
+/* The command line. */
+struct serve_opts {
+    struct cli_model_opts mo;
+    const char *host, *api_key, *budget;
+    long port, n_slots, queue, max_body, max_tokens, n_predict, top_k, seed;
+    double temp, top_p, grace;
+    long timeout, send_timeout, max_conn, max_client_conn, http_threads, cache_mib;
+    const char *cache_dir, *prefix_store;
+    struct cli_tier_opts to;
+    struct cli_prefill_opts pf;
+    struct kvp_policy_params pp;
+    char aux[4096]; /* the policy's file beside the model, when pp names it */
+};
+
+/* Parse argv into o. Returns 0, 1 after printing an error, or 2 after printing the help. */
+static int parse_args(struct serve_opts *o, int argc, char **argv)
 {
-    struct cli_model_opts mo = {0};
-    const char *host = "127.0.0.1", *api_key = NULL, *budget = NULL;
-    long port = 8080, n_slots = 2, queue = -1, max_body = 8 << 20, max_tokens = 0,
-         n_predict = 128, top_k = 40, seed = 42;
-    double temp = 0.0, top_p = 0.95, grace = 10.0;
-    long timeout = 5, send_timeout = 60, max_conn = 1024, max_client_conn = 64, http_threads = 4,
-         cache_mib = 1024;
-    const char *cache_dir = NULL, *prefix_store = NULL;
-    struct cli_tier_opts to = CLI_TIER_OPTS_INIT;
-    struct cli_prefill_opts pf = CLI_PREFILL_OPTS_INIT;
-    struct kvp_policy_params pp = {.gqa_agg = KVP_AGG_MEAN};
     const struct cli_flag flags[] = {
-        CLI_STR("--host", &host),
-        CLI_INT("--port", 0, 65535, &port, "a port in 0..65535"),
-        CLI_INT("-np|--parallel", 1, 256, &n_slots, "a slot count in 1..256"),
-        CLI_INT("--queue", 0, 1 << 16, &queue, "a count"),
-        CLI_STR("--api-key", &api_key),
-        CLI_INT("--max-body", 1024, 1L << 30, &max_body, "a byte count in 1024..2^30"),
-        CLI_INT("--max-tokens", 1, 1 << 24, &max_tokens, "a token count"),
-        CLI_INT("--n-predict", 0, 1 << 24, &n_predict, "a token count"),
-        CLI_FLOAT("--temp", 0.0, 2.0, &temp, "a temperature in 0..2"),
-        CLI_INT("--top-k", 0, 1 << 24, &top_k, "a count"),
-        CLI_FLOAT("--top-p", 0.0, 1.0, &top_p, NULL),
-        CLI_INT("--seed", 0, 0x7fffffffffffffffL, &seed, "a non-negative integer"),
-        CLI_FLOAT("--grace", 0.0, 3600.0, &grace, "seconds in 0..3600"),
-        CLI_INT("--timeout", 1, 3600, &timeout, "seconds in 1..3600"),
-        CLI_INT("--send-timeout", 1, 3600, &send_timeout, "seconds in 1..3600"),
-        CLI_INT("--max-connections", 1, 1 << 20, &max_conn, "a count in 1..2^20"),
-        CLI_INT("--max-client-connections", 0, 1 << 20, &max_client_conn, "a count in 0..2^20"),
-        CLI_INT("--http-threads", 1, 64, &http_threads, "a count in 1..64"),
-        CLI_STR("--kv-cache-dir", &cache_dir),
-        CLI_STR("--prefix-store", &prefix_store),
-        CLI_INT("--cache-ram", 0, 1L << 22, &cache_mib, "MiB in 0..2^22"),
-        CLI_TIER_FLAGS(&to),
-        CLI_STR("--policy", &pp.name),
-        CLI_STR("--budget", &budget),
-        CLI_PREFILL_FLAGS(&pf),
+        CLI_STR("--host", &o->host),
+        CLI_INT("--port", 0, 65535, &o->port, "a port in 0..65535"),
+        CLI_INT("-np|--parallel", 1, 256, &o->n_slots, "a slot count in 1..256"),
+        CLI_INT("--queue", 0, 1 << 16, &o->queue, "a count"),
+        CLI_STR("--api-key", &o->api_key),
+        CLI_INT("--max-body", 1024, 1L << 30, &o->max_body, "a byte count in 1024..2^30"),
+        CLI_INT("--max-tokens", 1, 1 << 24, &o->max_tokens, "a token count"),
+        CLI_INT("--n-predict", 0, 1 << 24, &o->n_predict, "a token count"),
+        CLI_FLOAT("--temp", 0.0, 2.0, &o->temp, "a temperature in 0..2"),
+        CLI_INT("--top-k", 0, 1 << 24, &o->top_k, "a count"),
+        CLI_FLOAT("--top-p", 0.0, 1.0, &o->top_p, NULL),
+        CLI_INT("--seed", 0, 0x7fffffffffffffffL, &o->seed, "a non-negative integer"),
+        CLI_FLOAT("--grace", 0.0, 3600.0, &o->grace, "seconds in 0..3600"),
+        CLI_INT("--timeout", 1, 3600, &o->timeout, "seconds in 1..3600"),
+        CLI_INT("--send-timeout", 1, 3600, &o->send_timeout, "seconds in 1..3600"),
+        CLI_INT("--max-connections", 1, 1 << 20, &o->max_conn, "a count in 1..2^20"),
+        CLI_INT("--max-client-connections", 0, 1 << 20, &o->max_client_conn, "a count in 0..2^20"),
+        CLI_INT("--http-threads", 1, 64, &o->http_threads, "a count in 1..64"),
+        CLI_STR("--kv-cache-dir", &o->cache_dir),
+        CLI_STR("--prefix-store", &o->prefix_store),
+        CLI_INT("--cache-ram", 0, 1L << 22, &o->cache_mib, "MiB in 0..2^22"),
+        CLI_TIER_FLAGS(&o->to),
+        CLI_STR("--policy", &o->pp.name),
+        CLI_STR("--budget", &o->budget),
+        CLI_PREFILL_FLAGS(&o->pf),
         {0},
     };
-    int rc = cli_parse_policy_command("serve", &mo, &pp, &budget, flags, help, argc, argv);
+    int rc = cli_parse_policy_command("serve", &o->mo, &o->pp, &o->budget, flags, help, argc, argv);
     if (rc)
-        return rc == 2 ? 0 : 1;
-    if (cli_tier_check(&to, true) || /* no warning without --policy: requests may name one */
-        cli_prefill_check(&pf))
+        return rc;
+    if (cli_tier_check(&o->to, true) || /* no warning without --policy: requests may name one */
+        cli_prefill_check(&o->pf))
         return 1;
-    if (!api_key)
-        api_key = getenv("KVPRED_API_KEY");
-    if (api_key && !*api_key)
+    if (!o->api_key)
+        o->api_key = getenv("KVPRED_API_KEY");
+    if (o->api_key && !*o->api_key)
         return cli_fail("serve: --api-key is empty");
-    kvp_model *model = cli_open_model(&mo);
-    if (!model)
-        return 1;
-    struct kvp_model_info info;
-    kvp_model_get_info(model, &info);
-    char aux[4096];
-    if (srv_policy_default_file(mo.model_path ? mo.model_path : "models/kvpred-default.gguf", &pp,
-                                aux, sizeof(aux)))
-        fprintf(stderr, "kvpred serve: %s uses %s\n", pp.name,
-                pp.aux_path == aux ? pp.aux_path : pp.head_profile);
+    return 0;
+}
+
+/* The server's configuration from the flags; *n_ctx receives each slot's context (-c, else the
+ * model's training length). */
+static struct srv_config server_config(struct serve_opts *o, const kvp_model *model, int *n_ctx)
+{
     struct srv_config cfg = {
-        .host = host,
-        .port = (int)port,
-        .model_path = mo.model_path ? mo.model_path : "models/kvpred-default.gguf",
-        .api_key = api_key,
-        .n_slots = (int)n_slots,
-        .max_queue = (int)(queue >= 0 ? queue : 4 * n_slots),
-        .max_body = (size_t)max_body,
-        .default_max_tokens = (int)n_predict,
-        .timeout_s = (int)timeout,
-        .send_timeout_s = (int)send_timeout,
-        .max_conn = (int)max_conn,
-        .max_client_conn = (int)max_client_conn,
-        .http_threads = (int)http_threads,
-        .cache_ram = (size_t)cache_mib << 20,
-        .cache_dir = cache_dir,
-        .prefix_store = prefix_store,
-        .cp = cli_ctx_params(&mo, 0),
-        .pol = pp.name ? &pp : NULL,
-        .temperature = temp,
-        .top_p = top_p,
-        .top_k = (int)top_k,
-        .seed = (unsigned long long)seed,
+        .host = o->host,
+        .port = (int)o->port,
+        .model_path = o->mo.model_path ? o->mo.model_path : "models/kvpred-default.gguf",
+        .api_key = o->api_key,
+        .n_slots = (int)o->n_slots,
+        .max_queue = (int)(o->queue >= 0 ? o->queue : 4 * o->n_slots),
+        .max_body = (size_t)o->max_body,
+        .default_max_tokens = (int)o->n_predict,
+        .timeout_s = (int)o->timeout,
+        .send_timeout_s = (int)o->send_timeout,
+        .max_conn = (int)o->max_conn,
+        .max_client_conn = (int)o->max_client_conn,
+        .http_threads = (int)o->http_threads,
+        .cache_ram = (size_t)o->cache_mib << 20,
+        .cache_dir = o->cache_dir,
+        .prefix_store = o->prefix_store,
+        .cp = cli_ctx_params(&o->mo, 0),
+        .pol = o->pp.name ? &o->pp : NULL,
+        .temperature = o->temp,
+        .top_p = o->top_p,
+        .top_k = (int)o->top_k,
+        .seed = (unsigned long long)o->seed,
     };
-    cli_tier_apply(&to, &cfg.cp);
-    cfg.cp.prefill = &pf.p;
+    cli_tier_apply(&o->to, &cfg.cp);
+    cfg.cp.prefill = &o->pf.p;
     if (cfg.max_queue < 1)
         cfg.max_queue = 1;
-    int n_ctx = cfg.cp.n_ctx > 0 ? cfg.cp.n_ctx : info.n_ctx_train;
-    cfg.max_tokens = (int)(max_tokens > 0 ? max_tokens : n_ctx);
+    struct kvp_model_info info;
+    kvp_model_get_info(model, &info);
+    *n_ctx = cfg.cp.n_ctx > 0 ? cfg.cp.n_ctx : info.n_ctx_train;
+    cfg.max_tokens = (int)(o->max_tokens > 0 ? o->max_tokens : *n_ctx);
+    return cfg;
+}
 
-    /* SIGINT and SIGTERM write their number to a pipe the main thread waits on. A handler, not
-     * sigwait: threads started before main (the BLAS pool) do not block the signals, so the
-     * kernel may deliver them anywhere. A closed client socket must not kill the server. */
+/* SIGINT and SIGTERM write their number to a pipe the main thread waits on. A handler, not
+ * sigwait: threads started before main (the BLAS pool) do not block the signals, so the kernel
+ * may deliver them anywhere. A closed client socket must not kill the server. Returns 0, or 1
+ * after printing the error. */
+static int catch_signals(void)
+{
     if (pipe(sig_pipe) != 0)
         return cli_fail("serve: cannot create a pipe");
     struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESTART};
@@ -180,17 +188,16 @@ int cmd_serve(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+    return 0;
+}
 
-    struct srv_server *srv = NULL;
-    struct kvp_err err = {0};
-    if (srv_server_start(&cfg, model, &srv, &err) < 0) {
-        cli_fail_err(&err);
-        kvp_model_close(model);
-        return 1;
-    }
+/* Serve until SIGINT or SIGTERM, then stop, giving the requests in flight o->grace seconds. */
+static void serve_until_signal(struct srv_server *srv, const struct srv_config *cfg,
+                               const struct serve_opts *o, int n_ctx)
+{
     fprintf(stderr, "kvpred serve: %s on http://%s:%d/ (%d slots of %d tokens, policy %s%s)\n",
-            cfg.model_path, host, srv_server_port(srv), cfg.n_slots, n_ctx,
-            pp.name ? pp.name : "full", api_key ? ", API key required" : "");
+            cfg->model_path, o->host, srv_server_port(srv), cfg->n_slots, n_ctx,
+            o->pp.name ? o->pp.name : "full", o->api_key ? ", API key required" : "");
     /* the port line on stdout alone, for scripts that start it with --port 0 */
     printf("listening %d\n", srv_server_port(srv));
     fflush(stdout);
@@ -198,8 +205,50 @@ int cmd_serve(int argc, char **argv)
     while (read(sig_pipe[0], &sig, 1) < 0 && errno == EINTR)
         ;
     fprintf(stderr, "kvpred serve: %s: stopping (requests in flight get %.0f s)\n",
-            sig == SIGINT ? "SIGINT" : "SIGTERM", grace);
-    srv_server_stop(srv, grace);
+            sig == SIGINT ? "SIGINT" : "SIGTERM", o->grace);
+    srv_server_stop(srv, o->grace);
+}
+
+int cmd_serve(int argc, char **argv)
+{
+    struct serve_opts o = {.host = "127.0.0.1",
+                           .port = 8080,
+                           .n_slots = 2,
+                           .queue = -1,
+                           .max_body = 8 << 20,
+                           .n_predict = 128,
+                           .top_k = 40,
+                           .seed = 42,
+                           .top_p = 0.95,
+                           .grace = 10.0,
+                           .timeout = 5,
+                           .send_timeout = 60,
+                           .max_conn = 1024,
+                           .max_client_conn = 64,
+                           .http_threads = 4,
+                           .cache_mib = 1024,
+                           .to = CLI_TIER_OPTS_INIT,
+                           .pf = CLI_PREFILL_OPTS_INIT,
+                           .pp = {.gqa_agg = KVP_AGG_MEAN}};
+    int rc = parse_args(&o, argc, argv);
+    if (rc)
+        return rc == 2 ? 0 : 1;
+    kvp_model *model = cli_open_model(&o.mo);
+    if (!model)
+        return 1;
+    cli_policy_default_file(&o.mo, &o.pp, o.aux, sizeof(o.aux), "kvpred serve");
+    int n_ctx;
+    struct srv_config cfg = server_config(&o, model, &n_ctx);
+    if (catch_signals())
+        return 1;
+    struct srv_server *srv = NULL;
+    struct kvp_err err = {0};
+    if (srv_server_start(&cfg, model, &srv, &err) < 0) {
+        cli_fail_err(&err);
+        kvp_model_close(model);
+        return 1;
+    }
+    serve_until_signal(srv, &cfg, &o, n_ctx);
     kvp_model_close(model);
     close(sig_pipe[0]);
     close(sig_pipe[1]);

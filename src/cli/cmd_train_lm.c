@@ -350,193 +350,294 @@ static int run_bench(const struct kvp_train_config *cfg, const char *ctx_list, i
     return 0;
 }
 
-int cmd_train_lm(int argc, char **argv)
-{
-    maybe_reexec(argc, argv);
+/* The command line: the library's options (o) and the flags the command turns into them. */
+struct train_args {
     struct kvp_train_opts o;
-    kvp_train_opts_default(&o);
     const char *data[MAX_DATA], *hay[MAX_DATA];
-    int n_data = 0, n_hay = 0;
-    const char *curriculum = NULL, *mix = NULL, *precision = NULL;
-    const char *bench_ctx = "2048,8192,16384";
-    bool export_only = false, untied = false, bench = false;
-    long bench_steps = 2, bench_reps = 3;
-    long steps = o.hp.steps, ctx = o.model.n_ctx, batch = 8, micro = 0, dim = o.model.n_embd,
-         layers = o.model.n_layer, heads = o.model.n_head, kv_heads = o.model.n_head_kv,
-         ff = o.model.n_ff, vocab = o.model.n_vocab, seed = 1, threads = o.n_threads,
-         eval_every = 0, eval_samples = o.eval_samples, ckpt_every = 100, stop_after = 0;
-    double lr = o.hp.lr, lr_min = -1.0, warmup = o.hp.warmup_frac, wd = o.hp.weight_decay,
-           clip = o.hp.clip, answer_weight = o.hp.answer_weight, rope_base = o.model.rope_base,
-           edge_frac = KVP_EDGE_FRAC_DEFAULT, fill_min = KVP_FILL_MIN_DEFAULT, hay_frac = 0.0;
+    int n_data, n_hay;
+    const char *curriculum, *mix, *precision, *bench_ctx;
+    bool export_only, untied, bench;
+    long bench_steps, bench_reps;
+    long steps, ctx, batch, micro, dim, layers, heads, kv_heads, ff, vocab, seed, threads,
+        eval_every, eval_samples, ckpt_every, stop_after;
+    double lr, lr_min, warmup, wd, clip, answer_weight, rope_base, edge_frac, fill_min, hay_frac;
+    int prec; /* --precision's enum kvp_train_precision (-1: the library's choice) */
+};
+
+/* The defaults: the library's, and the command's own where it has one. */
+static void default_args(struct train_args *a)
+{
+    memset(a, 0, sizeof(*a));
+    kvp_train_opts_default(&a->o);
+    const struct kvp_train_opts *o = &a->o;
+    a->bench_ctx = "2048,8192,16384";
+    a->bench_steps = 2;
+    a->bench_reps = 3;
+    a->steps = o->hp.steps;
+    a->ctx = o->model.n_ctx;
+    a->batch = 8;
+    a->dim = o->model.n_embd;
+    a->layers = o->model.n_layer;
+    a->heads = o->model.n_head;
+    a->kv_heads = o->model.n_head_kv;
+    a->ff = o->model.n_ff;
+    a->vocab = o->model.n_vocab;
+    a->seed = 1;
+    a->threads = o->n_threads;
+    a->eval_samples = o->eval_samples;
+    a->ckpt_every = 100;
+    a->lr = o->hp.lr;
+    a->lr_min = -1.0;
+    a->warmup = o->hp.warmup_frac;
+    a->wd = o->hp.weight_decay;
+    a->clip = o->hp.clip;
+    a->answer_weight = o->hp.answer_weight;
+    a->rope_base = o->model.rope_base;
+    a->edge_frac = KVP_EDGE_FRAC_DEFAULT;
+    a->fill_min = KVP_FILL_MIN_DEFAULT;
+    a->prec = -1;
+}
+
+/* --data or --hay at argv[*i] and the paths after it, up to the next flag, into a's lists.
+ * Returns 0, or 1 after printing the error. */
+static int parse_paths(struct train_args *a, int argc, char **argv, int *i)
+{
+    const char *flag = argv[*i];
+    bool is_hay = !strcmp(flag, "--hay");
+    const char **list = is_hay ? a->hay : a->data;
+    int *n = is_hay ? &a->n_hay : &a->n_data, n0 = *n;
+    while (*i + 1 < argc && argv[*i + 1][0] != '-') {
+        if (*n == MAX_DATA)
+            return cli_fail("%s: at most %d paths", flag, MAX_DATA);
+        list[(*n)++] = argv[++*i];
+    }
+    if (*n == n0)
+        return cli_fail("%s needs at least one path", flag);
+    return 0;
+}
+
+/* Parse argv into a. Returns 0, 1 after printing an error, or 2 after printing the help. */
+static int parse_args(struct train_args *a, int argc, char **argv)
+{
+    struct kvp_train_opts *o = &a->o;
     const struct cli_flag flags[] = {
-        CLI_INT("--steps", 1, 100000000, &steps, NULL),
-        CLI_INT("--ctx", 16, 65536, &ctx, NULL),
-        CLI_INT("--batch", 1, 1 << 20, &batch, NULL),
-        CLI_INT("--micro", 16, 1 << 24, &micro, NULL),
-        CLI_INT("--dim", 2, 65536, &dim, NULL),
-        CLI_INT("--layers", 1, 1024, &layers, NULL),
-        CLI_INT("--heads", 1, 1024, &heads, NULL),
-        CLI_INT("--kv-heads", 1, 1024, &kv_heads, NULL),
-        CLI_INT("--ff", 1, 1 << 20, &ff, NULL),
-        CLI_INT("--vocab", 259, 65536, &vocab, NULL),
-        CLI_INT("--seed", 0, 0x7fffffffffffffffL, &seed, NULL),
-        CLI_INT("--threads", 1, 64, &threads, NULL),
-        CLI_INT("--eval-every", 0, 100000000, &eval_every, NULL),
-        CLI_INT("--eval-samples", 0, 100000, &eval_samples, NULL),
-        CLI_INT("--ckpt-every", 0, 100000000, &ckpt_every, NULL),
-        CLI_INT("--stop-after", 0, 100000000, &stop_after, NULL),
-        CLI_FLOAT("--lr", 1e-8, 10.0, &lr, NULL),
-        CLI_FLOAT("--lr-min", 0.0, 10.0, &lr_min, NULL),
-        CLI_FLOAT("--warmup", 0.0, 1.0, &warmup, NULL),
-        CLI_FLOAT("--wd", 0.0, 10.0, &wd, NULL),
-        CLI_FLOAT("--clip", 0.0, 1e6, &clip, NULL),
-        CLI_FLOAT("--answer-weight", 0.0, 1000.0, &answer_weight, NULL),
-        CLI_FLOAT("--rope-base", 1.0001, 1e9, &rope_base, NULL),
-        CLI_FLOAT("--edge-frac", 0.0, 1.0, &edge_frac, NULL),
-        CLI_FLOAT("--fill-min", 0.01, 1.0, &fill_min, NULL),
-        CLI_FLOAT("--hay-frac", 0.0, 1.0, &hay_frac, NULL),
-        CLI_STR("--init-from", &o.init_gguf),
-        CLI_STR("-o|--output", &o.out_gguf),
-        CLI_STR("--ckpt", &o.ckpt_path),
-        CLI_STR("--resume", &o.resume_path),
-        CLI_STR("--curriculum", &curriculum),
-        CLI_STR("--mix", &mix),
-        CLI_BOOL("--export-only", &export_only),
-        CLI_BOOL("--untied", &untied),
-        CLI_STR("--precision", &precision),
-        CLI_BOOL("--bench", &bench),
-        CLI_STR("--bench-ctx", &bench_ctx),
-        CLI_INT("--bench-steps", 1, 1000, &bench_steps, NULL),
-        CLI_INT("--bench-reps", 1, BENCH_MAX_REPS, &bench_reps, NULL),
+        CLI_INT("--steps", 1, 100000000, &a->steps, NULL),
+        CLI_INT("--ctx", 16, 65536, &a->ctx, NULL),
+        CLI_INT("--batch", 1, 1 << 20, &a->batch, NULL),
+        CLI_INT("--micro", 16, 1 << 24, &a->micro, NULL),
+        CLI_INT("--dim", 2, 65536, &a->dim, NULL),
+        CLI_INT("--layers", 1, 1024, &a->layers, NULL),
+        CLI_INT("--heads", 1, 1024, &a->heads, NULL),
+        CLI_INT("--kv-heads", 1, 1024, &a->kv_heads, NULL),
+        CLI_INT("--ff", 1, 1 << 20, &a->ff, NULL),
+        CLI_INT("--vocab", 259, 65536, &a->vocab, NULL),
+        CLI_INT("--seed", 0, 0x7fffffffffffffffL, &a->seed, NULL),
+        CLI_INT("--threads", 1, 64, &a->threads, NULL),
+        CLI_INT("--eval-every", 0, 100000000, &a->eval_every, NULL),
+        CLI_INT("--eval-samples", 0, 100000, &a->eval_samples, NULL),
+        CLI_INT("--ckpt-every", 0, 100000000, &a->ckpt_every, NULL),
+        CLI_INT("--stop-after", 0, 100000000, &a->stop_after, NULL),
+        CLI_FLOAT("--lr", 1e-8, 10.0, &a->lr, NULL),
+        CLI_FLOAT("--lr-min", 0.0, 10.0, &a->lr_min, NULL),
+        CLI_FLOAT("--warmup", 0.0, 1.0, &a->warmup, NULL),
+        CLI_FLOAT("--wd", 0.0, 10.0, &a->wd, NULL),
+        CLI_FLOAT("--clip", 0.0, 1e6, &a->clip, NULL),
+        CLI_FLOAT("--answer-weight", 0.0, 1000.0, &a->answer_weight, NULL),
+        CLI_FLOAT("--rope-base", 1.0001, 1e9, &a->rope_base, NULL),
+        CLI_FLOAT("--edge-frac", 0.0, 1.0, &a->edge_frac, NULL),
+        CLI_FLOAT("--fill-min", 0.01, 1.0, &a->fill_min, NULL),
+        CLI_FLOAT("--hay-frac", 0.0, 1.0, &a->hay_frac, NULL),
+        CLI_STR("--init-from", &o->init_gguf),
+        CLI_STR("-o|--output", &o->out_gguf),
+        CLI_STR("--ckpt", &o->ckpt_path),
+        CLI_STR("--resume", &o->resume_path),
+        CLI_STR("--curriculum", &a->curriculum),
+        CLI_STR("--mix", &a->mix),
+        CLI_BOOL("--export-only", &a->export_only),
+        CLI_BOOL("--untied", &a->untied),
+        CLI_STR("--precision", &a->precision),
+        CLI_BOOL("--bench", &a->bench),
+        CLI_STR("--bench-ctx", &a->bench_ctx),
+        CLI_INT("--bench-steps", 1, 1000, &a->bench_steps, NULL),
+        CLI_INT("--bench-reps", 1, BENCH_MAX_REPS, &a->bench_reps, NULL),
         {0},
     };
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
+        const char *arg = argv[i];
         int r = cli_parse_flags(flags, argc, argv, &i);
         if (r < 0)
             return 1;
         if (r > 0)
             continue;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+        if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {
             train_usage(stdout);
-            return 0;
+            return 2;
         }
-        bool is_hay = !strcmp(a, "--hay");
-        if (strcmp(a, "--data") && !is_hay)
-            return cli_fail("train-lm: unknown flag '%s' (try kvpred train-lm --help)", a);
-        const char **list = is_hay ? hay : data;
-        int *n = is_hay ? &n_hay : &n_data, n0 = *n;
-        while (i + 1 < argc && argv[i + 1][0] != '-') {
-            if (*n == MAX_DATA)
-                return cli_fail("%s: at most %d paths", a, MAX_DATA);
-            list[(*n)++] = argv[++i];
-        }
-        if (*n == n0)
-            return cli_fail("%s needs at least one path", a);
+        if (strcmp(arg, "--data") && strcmp(arg, "--hay"))
+            return cli_fail("train-lm: unknown flag '%s' (try kvpred train-lm --help)", arg);
+        if (parse_paths(a, argc, argv, &i))
+            return 1;
     }
-    int prec = -1;
-    if (precision && (prec = kvp_train_precision_by_name(precision)) < 0)
-        return cli_fail("--precision: '%s' is not f32 or bf16", precision);
-    if (bench) {
-        struct kvp_train_config bc = {.n_vocab = (int)vocab, .n_embd = (int)dim,
-                                      .n_layer = (int)layers, .n_head = (int)heads,
-                                      .n_head_kv = (int)kv_heads, .n_ff = (int)ff,
-                                      .n_ctx = (int)ctx, .rope_base = (float)rope_base,
-                                      .norm_eps = 1e-5f, .tied = untied ? 0 : 1};
-        struct kvp_err berr = {0};
-        if (kvp_train_config_check(&bc, &berr) < 0)
-            return cli_fail_err(&berr);
-        return run_bench(&bc, bench_ctx, prec, bench_steps, bench_reps, (int)threads) ? 1 : 0;
-    }
-    if (n_data == 0)
-        return cli_fail("train-lm: --data is required");
-    if (!o.out_gguf && !o.ckpt_path)
-        return cli_fail("train-lm: give -o OUT.gguf and/or --ckpt PATH");
-    if (export_only && (!(o.resume_path || o.init_gguf) || !o.out_gguf))
-        return cli_fail("--export-only needs --resume CKPT or --init-from GGUF, and -o OUT.gguf");
-    if (o.init_gguf && o.resume_path)
-        return cli_fail("train-lm: --init-from starts a run, --resume continues one: not both");
-    o.data_paths = data;
-    o.n_data_paths = n_data;
-    o.hay_paths = hay;
-    o.n_hay_paths = n_hay;
-    o.model = (struct kvp_train_config){.n_vocab = (int)vocab, .n_embd = (int)dim,
-                                        .n_layer = (int)layers, .n_head = (int)heads,
-                                        .n_head_kv = (int)kv_heads, .n_ff = (int)ff,
-                                        .n_ctx = (int)ctx, .rope_base = (float)rope_base,
-                                        .norm_eps = 1e-5f, .tied = untied ? 0 : 1};
+    if (a->precision && (a->prec = kvp_train_precision_by_name(a->precision)) < 0)
+        return cli_fail("--precision: '%s' is not f32 or bf16", a->precision);
+    return 0;
+}
+
+/* The model's shape from the flags. */
+static struct kvp_train_config model_config(const struct train_args *a)
+{
+    return (struct kvp_train_config){.n_vocab = (int)a->vocab,
+                                     .n_embd = (int)a->dim,
+                                     .n_layer = (int)a->layers,
+                                     .n_head = (int)a->heads,
+                                     .n_head_kv = (int)a->kv_heads,
+                                     .n_ff = (int)a->ff,
+                                     .n_ctx = (int)a->ctx,
+                                     .rope_base = (float)a->rope_base,
+                                     .norm_eps = 1e-5f,
+                                     .tied = a->untied ? 0 : 1};
+}
+
+/* --bench on the model of the flags. Returns the exit status. */
+static int bench_model(const struct train_args *a)
+{
+    struct kvp_train_config bc = model_config(a);
     struct kvp_err err = {0};
-    if (kvp_train_config_check(&o.model, &err) < 0)
+    if (kvp_train_config_check(&bc, &err) < 0)
         return cli_fail_err(&err);
-    o.hp.seed = (uint64_t)seed;
-    o.hp.steps = steps;
-    bool steps_given = false, rope_given = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        steps_given |= !strcmp(a, "--steps");
-        rope_given |= !strcmp(a, "--rope-base");
-        if (!strcmp(a, "--hay-frac"))
-            o.resume_override |= KVP_TRAIN_OVERRIDE_HAY_FRAC;
-        if (!strcmp(a, "--ctx"))
-            o.resume_override |= KVP_TRAIN_OVERRIDE_CTX | KVP_TRAIN_OVERRIDE_BATCH;
-        if (!strcmp(a, "--rope-base"))
-            o.resume_override |= KVP_TRAIN_OVERRIDE_ROPE;
-        if (!strcmp(a, "--curriculum"))
-            o.resume_override |= KVP_TRAIN_OVERRIDE_CURRICULUM;
-        if (!strcmp(a, "--batch") || !strcmp(a, "--micro"))
-            o.resume_override |= KVP_TRAIN_OVERRIDE_BATCH;
-        if (!strcmp(a, "--lr") || !strcmp(a, "--lr-min"))
-            o.resume_override |= KVP_TRAIN_OVERRIDE_LR;
-        if (!strcmp(a, "--answer-weight"))
-            o.resume_override |= KVP_TRAIN_OVERRIDE_ANSWER_WEIGHT;
-        if (!strcmp(a, "--mix"))
-            o.resume_override |= KVP_TRAIN_OVERRIDE_MIX;
-        if (!strcmp(a, "--edge-frac"))
-            o.resume_override |= KVP_TRAIN_OVERRIDE_EDGE_FRAC;
-        if (!strcmp(a, "--fill-min"))
-            o.resume_override |= KVP_TRAIN_OVERRIDE_FILL_MIN;
-    }
-    if (o.resume_path && !steps_given)
-        o.hp.steps = 0; /* keep the checkpoint's length; --steps N extends a run */
-    o.hp.tokens_per_step = batch * ctx;
-    o.hp.micro_tokens = micro > 0 ? micro : (ctx > 4096 ? ctx : 4096);
-    o.hp.lr = (float)lr;
-    o.hp.lr_min = (float)(lr_min >= 0.0 ? lr_min : lr / 10.0);
-    o.hp.warmup_frac = (float)warmup;
-    o.hp.weight_decay = (float)wd;
-    o.hp.clip = (float)clip;
-    o.hp.answer_weight = (float)answer_weight;
-    if (curriculum) {
-        if (!parse_curriculum(curriculum, &o.hp))
+    return run_bench(&bc, a->bench_ctx, a->prec, a->bench_steps, a->bench_reps, (int)a->threads);
+}
+
+/* What a resumed run takes from the command line instead of the checkpoint: the settings whose
+ * flags were given (enum kvp_train_override bits). */
+static unsigned resume_overrides(int argc, char **argv)
+{
+    static const struct {
+        const char *flag;
+        unsigned bits;
+    } given[] = {
+        {"--hay-frac", KVP_TRAIN_OVERRIDE_HAY_FRAC},
+        {"--ctx", KVP_TRAIN_OVERRIDE_CTX | KVP_TRAIN_OVERRIDE_BATCH},
+        {"--rope-base", KVP_TRAIN_OVERRIDE_ROPE},
+        {"--curriculum", KVP_TRAIN_OVERRIDE_CURRICULUM},
+        {"--batch", KVP_TRAIN_OVERRIDE_BATCH},
+        {"--micro", KVP_TRAIN_OVERRIDE_BATCH},
+        {"--lr", KVP_TRAIN_OVERRIDE_LR},
+        {"--lr-min", KVP_TRAIN_OVERRIDE_LR},
+        {"--answer-weight", KVP_TRAIN_OVERRIDE_ANSWER_WEIGHT},
+        {"--mix", KVP_TRAIN_OVERRIDE_MIX},
+        {"--edge-frac", KVP_TRAIN_OVERRIDE_EDGE_FRAC},
+        {"--fill-min", KVP_TRAIN_OVERRIDE_FILL_MIN},
+    };
+    unsigned bits = 0;
+    for (int i = 1; i < argc; i++)
+        for (size_t k = 0; k < sizeof(given) / sizeof(given[0]); k++)
+            if (!strcmp(argv[i], given[k].flag))
+                bits |= given[k].bits;
+    return bits;
+}
+
+/* Whether the flag appears in argv. */
+static bool flag_given(int argc, char **argv, const char *flag)
+{
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], flag))
+            return true;
+    return false;
+}
+
+/* The optimiser's and the data mix's settings from the flags into a->o.hp. Returns 0, or 1
+ * after printing the error. */
+static int set_hparams(struct train_args *a, int argc, char **argv)
+{
+    struct kvp_train_hparams *hp = &a->o.hp;
+    hp->seed = (uint64_t)a->seed;
+    hp->steps = a->steps;
+    if (a->o.resume_path && !flag_given(argc, argv, "--steps"))
+        hp->steps = 0; /* keep the checkpoint's length; --steps N extends a run */
+    hp->tokens_per_step = a->batch * a->ctx;
+    hp->micro_tokens = a->micro > 0 ? a->micro : (a->ctx > 4096 ? a->ctx : 4096);
+    hp->lr = (float)a->lr;
+    hp->lr_min = (float)(a->lr_min >= 0.0 ? a->lr_min : a->lr / 10.0);
+    hp->warmup_frac = (float)a->warmup;
+    hp->weight_decay = (float)a->wd;
+    hp->clip = (float)a->clip;
+    hp->answer_weight = (float)a->answer_weight;
+    if (a->curriculum) {
+        if (!parse_curriculum(a->curriculum, hp))
             return cli_fail("--curriculum: '%s' is not ctx:fraction,... (ctx 16..65536)",
-                            curriculum);
+                            a->curriculum);
     } else {
-        default_curriculum(&o.hp, (int)ctx);
+        default_curriculum(hp, (int)a->ctx);
     }
-    if (mix && !parse_mix(mix, &o.hp.mix))
+    if (a->mix && !parse_mix(a->mix, &hp->mix))
         return cli_fail("--mix: '%s' is not task:weight,... over lm, passkey, niah_single_1..3, "
-                        "niah_multikey_1..3, niah_multivalue, niah_multiquery, vt, copy", mix);
-    o.hp.mix.edge_frac = (float)edge_frac;
-    o.hp.mix.fill_min = (float)fill_min;
-    o.hp.mix.hay_frac = (float)hay_frac;
-    if (o.init_gguf && !rope_given)
-        o.model.rope_base = 0.0f; /* keep the file's */
-    o.n_threads = (int)threads;
-    if (prec >= 0)
-        o.precision = prec;
-    o.eval_every = eval_every;
-    o.eval_samples = (int)eval_samples;
-    o.ckpt_every = o.ckpt_path ? ckpt_every : 0;
-    o.stop_after = stop_after;
-    if (export_only) {
-        o.eval_samples = 0;
-        o.stop_after = -1;
-        o.ckpt_path = NULL;
+                        "niah_multikey_1..3, niah_multivalue, niah_multiquery, vt, copy",
+                        a->mix);
+    hp->mix.edge_frac = (float)a->edge_frac;
+    hp->mix.fill_min = (float)a->fill_min;
+    hp->mix.hay_frac = (float)a->hay_frac;
+    return 0;
+}
+
+/* The library's options of a training run (or an export) from the flags. Returns 0, or 1 after
+ * printing the error. */
+static int training_opts(struct train_args *a, int argc, char **argv)
+{
+    struct kvp_train_opts *o = &a->o;
+    if (a->n_data == 0)
+        return cli_fail("train-lm: --data is required");
+    if (!o->out_gguf && !o->ckpt_path)
+        return cli_fail("train-lm: give -o OUT.gguf and/or --ckpt PATH");
+    if (a->export_only && (!(o->resume_path || o->init_gguf) || !o->out_gguf))
+        return cli_fail("--export-only needs --resume CKPT or --init-from GGUF, and -o OUT.gguf");
+    if (o->init_gguf && o->resume_path)
+        return cli_fail("train-lm: --init-from starts a run, --resume continues one: not both");
+    o->data_paths = a->data;
+    o->n_data_paths = a->n_data;
+    o->hay_paths = a->hay;
+    o->n_hay_paths = a->n_hay;
+    o->model = model_config(a);
+    struct kvp_err err = {0};
+    if (kvp_train_config_check(&o->model, &err) < 0)
+        return cli_fail_err(&err);
+    o->resume_override |= resume_overrides(argc, argv);
+    if (set_hparams(a, argc, argv))
+        return 1;
+    if (o->init_gguf && !flag_given(argc, argv, "--rope-base"))
+        o->model.rope_base = 0.0f; /* keep the file's */
+    o->n_threads = (int)a->threads;
+    if (a->prec >= 0)
+        o->precision = a->prec;
+    o->eval_every = a->eval_every;
+    o->eval_samples = (int)a->eval_samples;
+    o->ckpt_every = o->ckpt_path ? a->ckpt_every : 0;
+    o->stop_after = a->stop_after;
+    if (a->export_only) {
+        o->eval_samples = 0;
+        o->stop_after = -1;
+        o->ckpt_path = NULL;
     }
+    return 0;
+}
+
+int cmd_train_lm(int argc, char **argv)
+{
+    maybe_reexec(argc, argv);
+    struct train_args a;
+    default_args(&a);
+    int rc = parse_args(&a, argc, argv);
+    if (rc)
+        return rc == 2 ? 0 : 1;
+    if (a.bench)
+        return bench_model(&a);
+    if (training_opts(&a, argc, argv))
+        return 1;
+    struct kvp_err err = {0};
     struct ui u = {.tty = isatty(STDERR_FILENO) == 1, .log_every = 1};
-    fprintf(stderr, "train-lm: seed %ld, %ld steps of %ld tokens, threads %ld, %s\n", seed, steps,
-            o.hp.tokens_per_step, threads, kvp_train_precision_name(o.precision));
-    if (kvp_train_run(&o, on_progress, &u, &err) < 0)
+    fprintf(stderr, "train-lm: seed %ld, %ld steps of %ld tokens, threads %ld, %s\n", a.seed,
+            a.steps, a.o.hp.tokens_per_step, a.threads, kvp_train_precision_name(a.o.precision));
+    if (kvp_train_run(&a.o, on_progress, &u, &err) < 0)
         return cli_fail_err(&err);
     return 0;
 }

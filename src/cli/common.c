@@ -12,6 +12,7 @@
 #include "cli/measure_opts.h"
 #include "core/stream.h"
 #include "eval/task_eval.h"
+#include "server/server.h"
 #include "tasks/tasks.h"
 
 /* ---- errors and numbers ---- */
@@ -448,4 +449,13 @@ int cli_parse_policy_command(const char *name, struct cli_model_opts *mo,
     const struct cli_command cmd = {
         .name = name, .mo = mo, .pp = pp, .flags = flags, .help = help, .budget = budget};
     return cli_parse_command(&cmd, argc, argv);
+}
+
+void cli_policy_default_file(const struct cli_model_opts *mo, struct kvp_policy_params *pp,
+                             char *buf, size_t cap, const char *who)
+{
+    if (srv_policy_default_file(mo->model_path ? mo->model_path : "models/kvpred-default.gguf", pp,
+                                buf, cap))
+        fprintf(stderr, "%s: %s uses %s\n", who, pp->name,
+                pp->aux_path == buf ? pp->aux_path : pp->head_profile);
 }

@@ -170,4 +170,10 @@ int cli_parse_policy_command(const char *name, struct cli_model_opts *mo,
                              const struct cli_flag *flags, void (*help)(void), int argc,
                              char **argv);
 
+/* A policy that needs a file (predictor, qpredictor, catekv) and was given none takes the one
+ * beside the model (srv_policy_default_file), written into buf (cap bytes) and named on stderr
+ * after "who: ". */
+void cli_policy_default_file(const struct cli_model_opts *mo, struct kvp_policy_params *pp,
+                             char *buf, size_t cap, const char *who);
+
 #endif
