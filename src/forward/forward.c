@@ -1083,22 +1083,19 @@ int kvp_ctx_set_policy_ops(kvp_ctx *c, const struct kvp_policy_ops *ops,
     if (!ops && !(ops = kvp_policy_lookup(params->name, err)))
         return KVP_EINVAL;
     /* The layers of local_attention.h have no policy hooks: a sliding-window layer needs no
-     * selection (its keys are bounded by the window), so a policy selects on the global layers
-     * only (Gemma 3). Models whose global layers attend there too (soft-capped or otherwise
-     * scaled scores: Gemma 2, the 27B models) run dense ("full") only, and policies that evict
-     * or watch the prompt's attention, which would also have to see the local layers, are
-     * refused on any model with local layers. */
-    bool local_only = true, any_local = false;
-    for (int l = 0; l < c->hp.n_layer; l++) {
-        any_local |= kvp_local_attn_wants(&c->hp, l);
-        local_only &= !kvp_local_attn_wants(&c->hp, l) || kvp_layer_is_local(&c->hp, l);
-    }
-    if (any_local && strcmp(ops->name, "full") != 0 &&
-        (!local_only || ops->evicting || ops->wants_obs || ops->wants_colsum))
+     * selection and nothing to evict (its keys are bounded by the window and its ring holds
+     * them), so a policy selects, evicts and watches the prompt's attention on the global
+     * layers only (docs/architectures.md). Global layers that attend there too, whose scores
+     * are scaled otherwise than the KV step's kernels scale them (the Gemma 27B models), run
+     * dense ("full") only. */
+    bool global_elsewhere = false;
+    for (int l = 0; l < c->hp.n_layer; l++)
+        global_elsewhere |= kvp_local_attn_wants(&c->hp, l) && !kvp_layer_is_local(&c->hp, l);
+    if (global_elsewhere && strcmp(ops->name, "full") != 0)
         return kvp_err_set(err, KVP_EUNSUPPORTED,
-                           "policy %s: on %s (sliding-window or soft-capped layers) only "
-                           "non-evicting selection policies run%s", ops->name, c->model->arch,
-                           local_only ? "" : "; this model takes full attention only");
+                           "policy %s: this %s model scales its attention scores by %g, not "
+                           "1/sqrt(head_dim), on its global layers, which therefore take full "
+                           "attention only", ops->name, c->model->arch, (double)c->hp.attn_scale);
     if ((rc = kvp_kv_accepts(c, ops, err)) < 0)
         return rc;
     rc = kvp_policy_host_set(&c->pol, ops, params, &c->pol.env, kvp_kv_wants_predictions(c), err);
@@ -1165,9 +1162,9 @@ void kvp_ctx_set_measure(kvp_ctx *c, bool on)
 
 const float *kvp_ctx_dense_probs(const kvp_ctx *c, int layer, int head, int *n_keys)
 {
-    if (!c->measure || !kvp_policy_sparse(&c->pol, layer) || layer >= c->hp.n_layer ||
-        head < 0 || head >= c->hp.n_head)
-        return NULL;
+    if (!c->measure || layer < 0 || layer >= c->hp.n_layer || !kvp_policy_sparse(&c->pol, layer) ||
+        head < 0 || head >= c->hp.n_head || kvp_local_attn_wants(&c->hp, layer))
+        return NULL; /* (a sliding-window layer is never measured: local_attention.h) */
     if (n_keys)
         *n_keys = c->n_tokens;
     return c->dense_probs + ((size_t)layer * c->hp.n_head + head) * c->probs_stride;

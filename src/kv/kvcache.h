@@ -83,6 +83,9 @@ struct kvp_kvcache {
     int32_t *ring;         /* owned [n_layer] or NULL: blocks of a sliding-window layer's ring
                               per KV head (0: a global layer; see kvp_kvcache_init_windowed) */
     int32_t *ring_end;     /* owned [n_layer]: logical blocks [0, this) mapped by ring_advance */
+    float score_cap;       /* attention scores s -> score_cap·tanh(s / score_cap) before the
+                              softmax in every kernel that reads this cache (Gemma 2's
+                              attn_logit_softcapping; 0: none). Set by the owner after init. */
 };
 
 /* type_k, type_v: enum kvp_kv_type (KVP_KV_DEFAULT: f16). */
