@@ -293,6 +293,11 @@ void kvp_ctx_reset(kvp_ctx *c)
     kvp_policy_reset(&c->pol);
 }
 
+bool kvp_ctx_truncate_keeps(const kvp_ctx *c, int n)
+{
+    return n >= c->n_tokens || c->store || kvp_kvcache_truncate_keeps(&c->kv, n);
+}
+
 void kvp_ctx_truncate(kvp_ctx *c, int n)
 {
     if (n >= 0 && n < c->n_tokens && !c->store && !kvp_kvcache_truncate_keeps(&c->kv, n)) {
@@ -841,11 +846,17 @@ static void forward_worker(void *arg, int ith, int nth)
         }
         /* K and V into each sequence's cache, attention into its rows of sh->att (kv_step.h;
          * sliding-window and soft-capped layers: local_attention.h) */
+        const double t_attn = ith == 0 ? kvp_time_now() : 0;
         if (kvp_local_attn_wants(hp, l))
             kvp_local_attn_layer(sh, l, ith, nth);
         else
             kvp_kv_step(sh, l, ith, nth);
         kvp_pool_barrier(sh->pool);
+        if (ith == 0) { /* every thread is past the attention (kvp_ctx_attention_seconds) */
+            const double dt = kvp_time_now() - t_attn;
+            for (int s = 0; s < sh->n_seqs; s++)
+                sh->seqs[s]->attn_s[kvp_layer_is_local(hp, l) ? 0 : 1] += dt;
+        }
 
         kvp_split_range(D, ith, nth, &r0, &r1);
         if (L->attn_post_norm) {
@@ -1183,6 +1194,29 @@ double kvp_ctx_recovery(const kvp_ctx *c, int layer, int head)
         head >= c->hp.n_head)
         return -1.0;
     return c->recovery[(size_t)layer * c->hp.n_head + head];
+}
+
+void kvp_ctx_kv_bytes_by_kind(const kvp_ctx *c, size_t *windowed, size_t *global)
+{
+    size_t all = kvp_kvcache_resident_bytes(&c->kv, c->n_tokens);
+    size_t w = kvp_kvcache_ring_resident_bytes(&c->kv, c->n_tokens);
+    if (windowed)
+        *windowed = w;
+    if (global)
+        *global = all - w;
+}
+
+void kvp_ctx_attention_seconds(const kvp_ctx *c, double *windowed, double *global)
+{
+    if (windowed)
+        *windowed = c->attn_s[0];
+    if (global)
+        *global = c->attn_s[1];
+}
+
+void kvp_ctx_reset_attention_seconds(kvp_ctx *c)
+{
+    c->attn_s[0] = c->attn_s[1] = 0;
 }
 
 void kvp_ctx_kv_bytes(const kvp_ctx *c, size_t *resident, size_t *kept)

@@ -253,6 +253,9 @@ static inline size_t kvp_kvcache_block_bytes(const struct kvp_kvcache *c)
  * layers and heads. */
 size_t kvp_kvcache_resident_bytes(const struct kvp_kvcache *c, int n_tokens);
 
+/* The part of kvp_kvcache_resident_bytes held by sliding-window layers' rings (0 without). */
+size_t kvp_kvcache_ring_resident_bytes(const struct kvp_kvcache *c, int n_tokens);
+
 /* Bytes of the tokens kept (not evicted), as a token-compacting store would hold them. */
 size_t kvp_kvcache_kept_bytes(const struct kvp_kvcache *c, int n_tokens);
 
