@@ -1029,6 +1029,8 @@ static void test_window_ring_32k(void **state)
     }
     size_t bb = kvp_kvcache_block_bytes(&kv), resident = kvp_kvcache_resident_bytes(&kv, CTX);
     assert_int_equal(resident, (size_t)(4 * full + 22 * R) * bb);
+    /* the rings' part of it (kvpred bench's windowed_kv_bytes) */
+    assert_int_equal(kvp_kvcache_ring_resident_bytes(&kv, CTX), (size_t)22 * R * bb);
     print_message("32768 tokens, Gemma 3 1B's layers: KV resident %.2f MiB, dense layers would "
                   "hold %.2f MiB (%.3f); a local layer holds %d tokens\n", resident / 1048576.0,
                   (double)NL * full * bb / 1048576.0, (double)resident / ((double)NL * full * bb),
