@@ -235,6 +235,9 @@ void kvp_ctx_reset(kvp_ctx *ctx);
  * need, it drops every token instead (kvp_ctx_n_tokens() then says 0): evaluating from the cut
  * would read keys that are gone. */
 void kvp_ctx_truncate(kvp_ctx *ctx, int n);
+/* Whether kvp_ctx_truncate(ctx, n) keeps the tokens before n (false where it would drop them
+ * all: sliding-window rings already past the cut). */
+bool kvp_ctx_truncate_keeps(const kvp_ctx *ctx, int n);
 /* Tokens currently in the cache (the position of the next token). */
 int kvp_ctx_n_tokens(const kvp_ctx *ctx);
 /* Leading tokens whose KV can be trusted: kvp_ctx_n_tokens() unless a tiered cache lost data
@@ -436,6 +439,17 @@ double kvp_ctx_recovery(const kvp_ctx *ctx, int layer, int head);
 /* KV memory now: bytes of physical blocks holding live tokens (resident) and bytes of the live
  * tokens themselves (kept). */
 void kvp_ctx_kv_bytes(const kvp_ctx *ctx, size_t *resident, size_t *kept);
+
+/* Models with sliding-window layers (Gemma 2 and 3): kvp_ctx_kv_bytes' resident bytes split
+ * into those of the sliding-window layers (their rings) and those of the other layers. */
+void kvp_ctx_kv_bytes_by_kind(const kvp_ctx *ctx, size_t *windowed, size_t *global);
+/* Wall seconds of the attention phase of the sliding-window layers and of the other layers
+ * (writing K and V, the policy's selection and hooks, attention, up to the threads' meeting
+ * after it), summed over the forward passes the context took part in since it was created or
+ * the last kvp_ctx_reset_attention_seconds. A model without sliding-window layers has all of
+ * it in global. */
+void kvp_ctx_attention_seconds(const kvp_ctx *ctx, double *windowed, double *global);
+void kvp_ctx_reset_attention_seconds(kvp_ctx *ctx);
 
 /* ---- prefill attention -------------------------------------------------------------------- */
 

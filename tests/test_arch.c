@@ -701,37 +701,89 @@ static void test_chat_families(void **state)
     }
 }
 
-/* quest with its select and on_step recording the layers they are called for */
+/* A registered policy with every hook recording the layers it is called for. */
 static const struct kvp_policy_ops *rec_inner;
 static unsigned long long rec_layers;
+
+static void rec_note(int layer)
+{
+    __atomic_or_fetch(&rec_layers, 1ull << layer, __ATOMIC_RELAXED);
+}
 
 static void rec_select(struct kvp_policy *p, int layer, int kvh, const float *q, int n_tokens,
                        struct kvp_sel *sel)
 {
-    __atomic_or_fetch(&rec_layers, 1ull << layer, __ATOMIC_RELAXED);
+    rec_note(layer);
     rec_inner->select(p, layer, kvh, q, n_tokens, sel);
 }
 
 static void rec_on_step(struct kvp_policy *p, int layer, int kvh, const struct kvp_sel *sel,
                         const float *probs, int probs_stride, int n_tokens)
 {
-    __atomic_or_fetch(&rec_layers, 1ull << layer, __ATOMIC_RELAXED);
-    if (rec_inner->on_step)
-        rec_inner->on_step(p, layer, kvh, sel, probs, probs_stride, n_tokens);
+    rec_note(layer);
+    rec_inner->on_step(p, layer, kvh, sel, probs, probs_stride, n_tokens);
 }
 
-/* Gemma 3 (six layers: 0-4 local, 5 global, window 5): a selection policy (quest) is called on
- * the global layer only, its decode logits are finite, and with a budget of the whole context
- * equal the dense ones within the f32 bound's order (same keys, another summation); policies
- * that evict are refused with one error, and Gemma 2 (soft-capped global layers) takes full
- * attention only. */
-static void test_policy_global_layers(void **state)
+static void rec_on_prefill(struct kvp_policy *p, int layer, const struct kvp_prefill_obs *obs)
 {
-    (void)state;
-    struct kvp_synth_shape s = reduced("Gemma-3-1B", 9, 2);
+    rec_note(layer);
+    rec_inner->on_prefill(p, layer, obs);
+}
+
+static void rec_predict(struct kvp_policy *p, int layer, int kvh, int n_next, struct kvp_sel *sel)
+{
+    rec_note(layer);
+    rec_inner->predict_next(p, layer, kvh, n_next, sel);
+}
+
+static bool rec_reads_all(const struct kvp_policy *p, int layer)
+{
+    rec_note(layer);
+    return rec_inner->reads_all_keys(p, layer);
+}
+
+static struct kvp_policy_ops recording(const struct kvp_policy_ops *inner)
+{
+    rec_inner = inner;
+    struct kvp_policy_ops ops = *inner;
+    ops.select = inner->select ? rec_select : NULL;
+    ops.on_step = inner->on_step ? rec_on_step : NULL;
+    ops.on_prefill = inner->on_prefill ? rec_on_prefill : NULL;
+    ops.predict_next = inner->predict_next ? rec_predict : NULL;
+    ops.reads_all_keys = inner->reads_all_keys ? rec_reads_all : NULL;
+    return ops;
+}
+
+/* The shipped file a policy that needs one reads (models/kvpred-default.*: the predictors'
+ * features do not depend on the model's shape), or NULL when it is not there (outside CI). */
+static const char *aux_for(const struct kvp_policy_ops *ops, char *buf, size_t n)
+{
+    const char *src = getenv("KVP_SOURCE_DIR");
+    snprintf(buf, n, "%s/models/kvpred-default.%s", src ? src : ".",
+             !strcmp(ops->name, "qpredictor") ? "qkvpp" : "kvpp");
+    FILE *f = fopen(buf, "rb");
+    if (f) {
+        fclose(f);
+        return buf;
+    }
+    const char *ci = getenv("CI");
+    assert_false(ci && strcmp(ci, "true") == 0);
+    print_message("%s not found: policy %s skipped\n", buf, ops->name);
+    return NULL;
+}
+
+/* One model with sliding-window layers: every registered policy (selecting, evicting,
+ * watching the prompt) runs a prompt and decodes the rest of the text with its every hook
+ * called for global layers only (`global`: their bit mask) and finite logits; quest with a
+ * budget of the whole context (its softmax folded block by block, soft-capped on Gemma 2) is
+ * within the float64 reference's bound, as the dense logits are. */
+static void check_policies_global_only(const char *shape, int n_layer, unsigned long long global)
+{
+    struct kvp_synth_shape s = reduced(shape, !strcmp(shape, "Gemma-3-1B") ? 9 : 8,
+                                       !strcmp(shape, "Gemma-3-1B") ? 2 : 4);
     s.sliding_window = 5;
     char *path = kvp_test_tmpfile(".gguf");
-    struct kvp_synth_params p = {.type = KVP_TYPE_F32, .n_layer = 6, .n_vocab = N_VOCAB,
+    struct kvp_synth_params p = {.type = KVP_TYPE_F32, .n_layer = n_layer, .n_vocab = N_VOCAB,
                                  .seed = 11, .n_threads = 2};
     struct kvp_err err = {0};
     assert_int_equal(kvp_synth_write(&s, &p, path, NULL, &err), 0);
@@ -740,49 +792,89 @@ static void test_policy_global_layers(void **state)
     int32_t ids[64];
     size_t nt = 0;
     assert_int_equal(kvp_tokenize(m, TEXT, strlen(TEXT), true, ids, 64, &nt, &err), 0);
-    int n = (int)nt;
+    const int n = (int)nt, n_prompt = n / 2;
     float *dense = kvpred_logits(m, ids, n, 64, true);
-    rec_inner = kvp_policy_find("quest");
-    assert_non_null(rec_inner);
-    struct kvp_policy_ops ops = *rec_inner;
-    ops.select = rec_select;
-    ops.on_step = rec_on_step;
-    struct kvp_ctx_params cp = {.n_ctx = 64, .n_threads = 1, .block_size = 4,
+    struct kvp_ctx_params cp = {.n_ctx = 64, .n_threads = 2, .block_size = 4,
                                 .type_k = KVP_KV_F32, .type_v = KVP_KV_F32};
     float *lg = malloc((size_t)N_VOCAB * sizeof(float));
-    for (int pass = 0; pass < 2; pass++) {
-        /* a budget of 8 tokens, then of the whole context */
-        struct kvp_policy_params pp = {.budget = pass ? 64 : 8, .sink = 2, .local = 2,
-                                       .dense_layers = -1};
+    int ran = 0;
+    for (int k = 0; kvp_policy_registry[k]; k++) {
+        char aux[4096];
+        struct kvp_policy_ops ops = recording(kvp_policy_registry[k]);
+        /* budget 8 of the ~20 tokens a prompt leaves, 2 sink, 2 recent, every layer compressed */
+        struct kvp_policy_params pp = {.budget = 8, .sink = 2, .local = 2, .dense_layers = -1};
+        if (!strcmp(ops.name, "catekv")) /* its sink and recent tokens are whole chunks of 8 */
+            pp = (struct kvp_policy_params){.budget = 16, .sink = 8, .local = 8,
+                                            .dense_layers = -1};
+        if (ops.needs_aux && !(pp.aux_path = aux_for(&ops, aux, sizeof(aux))))
+            continue;
+        struct kvp_ctx_params cpp = cp;
+        if (ops.needs_aux) /* the shipped predictors were trained for blocks of 16 */
+            cpp.block_size = 16;
         kvp_ctx *c = NULL;
-        assert_int_equal(kvp_ctx_init(m, &cp, &c, &err), 0);
-        assert_int_equal(kvp_ctx_set_policy_ops(c, &ops, &pp, &err), 0);
+        assert_int_equal(kvp_ctx_init(m, &cpp, &c, &err), 0);
+        int rc = kvp_ctx_set_policy_ops(c, &ops, &pp, &err);
+        if (rc != 0)
+            print_message("%s on %s: %s\n", ops.name, shape, err.msg);
+        assert_int_equal(rc, 0);
         rec_layers = 0;
-        double worst = 0;
-        for (int i = 0; i < n; i++) {
+        assert_int_equal(kvp_eval(c, ids, n_prompt, lg, false, &err), 0);
+        for (int i = n_prompt; i < n; i++) {
             assert_int_equal(kvp_eval(c, ids + i, 1, lg, false, &err), 0);
-            for (int j = 0; j < N_VOCAB; j++) {
+            for (int j = 0; j < N_VOCAB; j++)
                 assert_true(isfinite(lg[j]));
-                worst = fmax(worst, fabs(lg[j] - dense[(size_t)i * N_VOCAB + j]));
-            }
         }
-        print_message("quest budget %d on Gemma 3's layers: layers selected 0x%llx, max |quest "
-                      "- dense| %.3g\n", pp.budget, rec_layers, worst);
-        assert_true(rec_layers == 1ull << 5); /* the global layer alone */
-        if (pass)
-            assert_true(worst < 1e-4);
+        print_message("%-13s on %s: hooks called for layers 0x%llx (global 0x%llx)\n", ops.name,
+                      shape, rec_layers, global);
+        assert_true((rec_layers & ~global) == 0); /* never a sliding-window layer */
+        if (ops.select && strcmp(ops.name, "full") != 0)
+            assert_true(rec_layers == global); /* and every global one */
         kvp_ctx_free(c);
+        ran++;
     }
+    assert_true(ran >= 8);
+    /* quest reading the whole context is the dense attention, decoding from the first token */
+    struct kvp_policy_ops ops = recording(kvp_policy_find("quest"));
+    struct kvp_policy_params pp = {.budget = 64, .sink = 2, .local = 2, .dense_layers = -1};
     kvp_ctx *c = NULL;
     assert_int_equal(kvp_ctx_init(m, &cp, &c, &err), 0);
-    struct kvp_policy_params snap = {.name = "snapkv", .budget = 8};
-    assert_int_equal(kvp_ctx_set_policy(c, &snap, &err), KVP_EUNSUPPORTED);
+    assert_int_equal(kvp_ctx_set_policy_ops(c, &ops, &pp, &err), 0);
+    rec_layers = 0;
+    double worst = 0;
+    float *qlg = malloc((size_t)n * N_VOCAB * sizeof(float));
+    for (int i = 0; i < n; i++) {
+        float *row = qlg + (size_t)i * N_VOCAB;
+        assert_int_equal(kvp_eval(c, ids + i, 1, row, false, &err), 0);
+        for (int j = 0; j < N_VOCAB; j++)
+            worst = fmax(worst, fabs(row[j] - dense[(size_t)i * N_VOCAB + j]));
+    }
+    /* against the float64 reference within its bound, as the dense logits are (check_case):
+     * the sparse road's per-block softmax must cap the scores as the dense one does */
+    struct quant_model qm = {.prefill = false, .n_rows = 1};
+    double *bound = NULL, *truth = reference_bounded(m, ids, n, 64, &qm, &bound);
+    double ratio = bound_ratio_f(qlg, truth, bound, (size_t)n * N_VOCAB);
+    print_message("quest at budget 64 on %s: layers 0x%llx, max |quest - dense| %.3g, "
+                  "|quest - reference| %.3g of the bound\n", shape, rec_layers, worst, ratio);
+    assert_true(rec_layers == global);
+    assert_true(ratio <= 1);
+    free(truth);
+    free(bound);
+    free(qlg);
     kvp_ctx_free(c);
     free(lg);
     free(dense);
     kvp_model_close(m);
     remove(path);
     free(path);
+}
+
+/* Gemma 3 (six layers: 0-4 local, 5 global) and Gemma 2 (four: even layers local, their
+ * global layers soft-capped), window 5: policies act on the global layers alone. */
+static void test_policy_global_layers(void **state)
+{
+    (void)state;
+    check_policies_global_only("Gemma-3-1B", 6, 1ull << 5);
+    check_policies_global_only("Gemma-2-2B", 4, (1ull << 1) | (1ull << 3));
 }
 
 /* Gemma 3 1B's layer pattern (22 local layers with a window of 512, 4 global) at 32768 tokens,
@@ -822,6 +914,8 @@ static void test_window_ring_32k(void **state)
     }
     size_t bb = kvp_kvcache_block_bytes(&kv), resident = kvp_kvcache_resident_bytes(&kv, CTX);
     assert_int_equal(resident, (size_t)(4 * full + 22 * R) * bb);
+    /* the rings' part of it (kvpred bench's windowed_kv_bytes) */
+    assert_int_equal(kvp_kvcache_ring_resident_bytes(&kv, CTX), (size_t)22 * R * bb);
     print_message("32768 tokens, Gemma 3 1B's layers: KV resident %.2f MiB, dense layers would "
                   "hold %.2f MiB (%.3f); a local layer holds %d tokens\n", resident / 1048576.0,
                   (double)NL * full * bb / 1048576.0, (double)resident / ((double)NL * full * bb),

@@ -133,6 +133,7 @@ struct attn_bound {
 static void attn_bound(const struct kvp_kvcache *c, const struct kvp_kvcache *other, int h,
                        const float *q, const struct kvp_sel *sel, struct attn_bound *b)
 {
+    const double cap = c->score_cap;
     const double scale = 1 / sqrt((double)HD);
     static double s[CTX], es[CTX], dv[CTX][HD], v[CTX][HD];
     int n = 0, pos[CTX];
@@ -158,6 +159,13 @@ static void attn_bound(const struct kvp_kvcache *c, const struct kvp_kvcache *ot
             }
             s[n] = dot * scale;
             es[n] = kvp_test_gamma(HD + 1) * scale * a + scale * dk;
+            if (cap > 0) {
+                /* soft-capped: tanh's slope is at most 1, so the score's error passes through;
+                 * s / cap rounds (u·|s|), tanhf is within 2 ulp of a value below 1, and the
+                 * product with cap rounds once more (3u·cap) */
+                es[n] += U32 * fabs(s[n]) + 3 * U32 * cap;
+                s[n] = cap * tanh(s[n] / cap);
+            }
             pos[n++] = p;
         }
     double mx = -INFINITY, emax = 0, dmax = 0, sum = 0;
@@ -178,11 +186,17 @@ static void attn_bound(const struct kvp_kvcache *c, const struct kvp_kvcache *ot
     (void)pos;
 }
 
-static void matches_float64(void)
+/* Both roads against float64 within attn_bound; with cap > 0 the scores are soft-capped
+ * (kvcache.h, score_cap) and the reference caps them too. Returns the largest difference of a
+ * probability between the capped and the uncapped float64 softmax over its bound (how far a
+ * kernel that forgot the cap would be outside it). */
+static double matches_float64_cap(double cap)
 {
     struct fixture f;
     fixture_init(&f);
     struct kvp_kvcache *c = &f.c;
+    c->score_cap = (float)cap;
+    double missed = 0;
     struct kvp_sel sel = f.sel;
     struct blocks_buf b;
     blocks_init(&b, 0);
@@ -205,6 +219,8 @@ static void matches_float64(void)
                                    kvp_kvcache_key_at(c, 0, h, sel.blocks[i] * BS + t, d);
                         dot /= sqrt((double)HD);
                     }
+                    if (cap > 0 && dot != -INFINITY)
+                        dot = cap * tanh(dot / cap);
                     s[i * BS + t] = dot;
                     mx = dot > mx ? dot : mx;
                 }
@@ -228,19 +244,25 @@ static void matches_float64(void)
     for (int j = 0; j < G; j++) {
         struct attn_bound bd;
         attn_bound(c, NULL, 0, q + j * HD, NULL, &bd);
-        double s[NKEYS], mx = -INFINITY, sum = 0, o[HD] = {0};
+        double s[NKEYS], raw[NKEYS], mx = -INFINITY, sum = 0, o[HD] = {0};
+        double rmx = -INFINITY, rsum = 0;
         for (int t = 0; t < NKEYS; t++) {
             s[t] = 0;
             for (int d = 0; d < HD; d++)
                 s[t] += (double)q[j * HD + d] * kvp_kvcache_key_at(c, 0, 0, t, d);
             s[t] /= sqrt((double)HD);
+            raw[t] = s[t];
+            if (cap > 0)
+                s[t] = cap * tanh(s[t] / cap);
             mx = fmax(mx, s[t]);
+            rmx = fmax(rmx, raw[t]);
         }
         for (int t = 0; t < NKEYS; t++)
-            sum += exp(s[t] - mx);
+            sum += exp(s[t] - mx), rsum += exp(raw[t] - rmx);
         for (int t = 0; t < NKEYS; t++) {
             double p = exp(s[t] - mx) / sum;
             assert_true(fabs(p - probs[j * CTX + t]) <= bd.eps_p * p);
+            missed = fmax(missed, fabs(exp(raw[t] - rmx) / rsum - p) / (bd.eps_p * p));
             for (int d = 0; d < HD; d++)
                 o[d] += p * kvp_kv_value_at(c->type_v, kvp_kvcache_vblock(c, 0, 0, t / BS), HD,
                                             BS, t % BS, d);
@@ -258,6 +280,7 @@ static void matches_float64(void)
             assert_true(probs[j * CTX + i] == 0.0f);
     blocks_free(&b);
     kvp_kvcache_free(c);
+    return missed;
 }
 
 static void test_matches_float64(void **state)
@@ -265,8 +288,24 @@ static void test_matches_float64(void **state)
     (void)state;
     for (int i = 0; i < N_TYPES; i++) {
         cur_type = all_types[i];
-        matches_float64();
+        matches_float64_cap(0);
     }
+}
+
+/* Gemma 2's soft-capped scores (score_cap 1, below the fixture's largest scores so that it
+ * binds): both roads, block by block and dense, cap before the softmax, within the bound; the
+ * uncapped softmax is far outside that bound, so a road that forgot the cap fails. */
+static void test_softcap(void **state)
+{
+    (void)state;
+    for (int i = 0; i < N_TYPES; i++) {
+        cur_type = all_types[i];
+        double missed = matches_float64_cap(1.0);
+        print_message("%s: the uncapped softmax is %.3g of the bound away\n",
+                      kvp_kv_type_name(cur_type), missed);
+        assert_true(missed > 100);
+    }
+    cur_type = KVP_KV_F32;
 }
 
 static void early_blocks_same_bits(void)
@@ -876,7 +915,7 @@ int main(void)
         cmocka_unit_test(test_types_vs_f32),    cmocka_unit_test(test_simd_vs_scalar),
         cmocka_unit_test(test_group_kernels),   cmocka_unit_test(test_group_vs_single_heads),
         cmocka_unit_test(test_everything_is_dense),
-        cmocka_unit_test(test_dense_chunks),
+        cmocka_unit_test(test_dense_chunks),    cmocka_unit_test(test_softcap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

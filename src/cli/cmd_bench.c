@@ -208,6 +208,8 @@ struct bench_result {
     size_t packed_bytes;       /* the weights packed for decode (kvp_ctx_pack_weights) */
     double warmup_ms;          /* the untimed warm-up token (-1: none, tiered) */
     size_t kv_resident;        /* untiered: KV bytes in the blocks held after the last step */
+    size_t kv_windowed;        /* of those, the sliding-window layers' (their rings) */
+    double attn_w_ms, attn_g_ms; /* attention phase per token: sliding-window, other layers */
     bool tiered;               /* the store's counters in ss */
     struct kvp_store_stats ss;
     bool paired; /* --paired: the untiered twin's figures below */
@@ -341,6 +343,7 @@ static int time_decode(const struct bench_opts *o, kvp_ctx *ctx, kvp_ctx *ram,
     }
     kvp_ctx_store_reset_stats(ctx);
     kvp_ctx_policy_reset_seconds(ctx);
+    kvp_ctx_reset_attention_seconds(ctx);
     for (long k = 0; k < reps; k++) {
         /* a tiered run refills: a policy may rebuild its metadata from every block after a
          * truncation, and the hot tier does not hold every block */
@@ -348,9 +351,13 @@ static int time_decode(const struct bench_opts *o, kvp_ctx *ctx, kvp_ctx *ram,
             kvp_ctx_reset(ctx);
             if (fill_cache(ctx, toks, depth, &o->fill, logits, err) < 0)
                 return -1;
-        } else {
+        } else if (kvp_ctx_truncate_keeps(ctx, (int)depth)) {
             kvp_ctx_truncate(ctx, (int)depth);
-        }
+        } else if (k > 0) { /* sliding-window rings cannot go back: fill again */
+            kvp_ctx_reset(ctx);
+            if (fill_cache(ctx, toks, depth, &o->fill, logits, err) < 0)
+                return -1;
+        } /* (the first repetition then keeps the warm-up token: one position later) */
         if (ram)
             kvp_ctx_truncate(ram, (int)depth);
         double dt = 0;
@@ -388,7 +395,12 @@ static int time_decode(const struct bench_opts *o, kvp_ctx *ctx, kvp_ctx *ram,
     }
     /* the KV memory really held after the last step: the physical blocks with live tokens */
     kvp_ctx_kv_bytes(ctx, &r->kv_resident, NULL);
+    kvp_ctx_kv_bytes_by_kind(ctx, &r->kv_windowed, NULL);
     const double per_tok = 1e3 / ((double)reps * n_decode);
+    double attn_w = 0, attn_g = 0;
+    kvp_ctx_attention_seconds(ctx, &attn_w, &attn_g);
+    r->attn_w_ms = attn_w * per_tok;
+    r->attn_g_ms = attn_g * per_tok;
     r->tg_mean = tg_sum / reps;
     r->pol_ms = o->pp.name ? kvp_ctx_policy_seconds(ctx) * per_tok : 0;
     r->pol_cpu_ms = o->pp.name ? kvp_ctx_policy_cpu_seconds(ctx) * per_tok : 0;
@@ -420,7 +432,8 @@ static int run(const struct bench_opts *o, kvp_model *m, struct bench_result *r)
     float *logits = NULL;
     double *chunk_ratio = NULL;
     kvp_ctx *ctx = NULL, *ram = NULL; /* ram: the untiered twin of --paired */
-    const long cap = o->depth + o->n_decode;
+    /* (+1: a model whose rings cannot cut the warm-up token away keeps it: see decode) */
+    const long cap = o->depth + o->n_decode + 1;
     kvp_model_get_info(m, &r->in);
     if (!(ctx = bench_ctx(m, o, cap, true)) ||
         (o->paired && !(ram = bench_ctx(m, o, cap, false))))
@@ -670,6 +683,19 @@ static void add_tier_json(cJSON *j, const struct bench_opts *o, const struct ben
         cJSON_AddNullToObject(j, "kv_resident_bytes");
     else
         cJSON_AddNumberToObject(j, "kv_resident_bytes", (double)r->kv_resident);
+    /* windowed_*: models with sliding-window layers (Gemma 2 and 3; 0 elsewhere): the KV bytes
+     * of kv_resident_bytes those layers' rings hold and their share, and the attention phase
+     * per decoded token (K and V written, the policy's selection and hooks, attention) of
+     * those layers and of the others, with their shares of the decode time */
+    if (!r->tiered) {
+        cJSON_AddNumberToObject(j, "windowed_kv_bytes", (double)r->kv_windowed);
+        cJSON_AddNumberToObject(j, "windowed_kv_share",
+                                r->kv_resident ? (double)r->kv_windowed / r->kv_resident : 0);
+    }
+    cJSON_AddNumberToObject(j, "windowed_attention_ms_per_token", r->attn_w_ms);
+    cJSON_AddNumberToObject(j, "windowed_attention_share", r->attn_w_ms * r->tg_mean / 1e3);
+    cJSON_AddNumberToObject(j, "global_attention_ms_per_token", r->attn_g_ms);
+    cJSON_AddNumberToObject(j, "global_attention_share", r->attn_g_ms * r->tg_mean / 1e3);
     /* kv_tier: none, ram, disk or redis; prefetch: dense/none/layer/token (null when
      * untiered); hot_budget: --hot-budget tokens per layer (0: sized from the budget);
      * link_gbps, link_latency_us: the modelled link (0: off) */

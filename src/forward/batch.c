@@ -17,6 +17,7 @@
 #include "core/err.h"
 #include "forward/context_internal.h"
 #include "forward/kv_step.h"
+#include "forward/local_attention.h"
 #include "forward/sparse_prefill.h"
 #include "policy/host.h"
 #include "policy/policy.h"
@@ -224,7 +225,8 @@ int kvp_seq_copy(kvp_seq *dst, kvp_seq *src, int n, struct kvp_err *err)
     kvp_ctx_reset(dst);
     if (n == 0)
         return 0;
-    if (!dst->store && (rc = kvp_kvcache_reserve(&dst->kv, n, err)) < 0)
+    if (!dst->store && ((rc = kvp_kvcache_reserve(&dst->kv, n, err)) < 0 ||
+                        (rc = kvp_kvcache_ring_advance(&dst->kv, n, err)) < 0))
         return rc;
     const int bs = sk->block_size, nb = (n + bs - 1) / bs;
     for (int l = 0; l < sk->n_layer; l++) {
@@ -235,6 +237,8 @@ int kvp_seq_copy(kvp_seq *dst, kvp_seq *src, int n, struct kvp_err *err)
             kvp_store_prefill_begin(dst->store, l, 0, n);
         for (int h = 0; h < sk->n_head_kv; h++)
             for (int b = 0; b < nb; b++) {
+                if (!kvp_kvcache_kblock(dk, l, h, b))
+                    continue; /* older than a sliding-window layer's ring: never read again */
                 memcpy(kvp_kvcache_kblock(dk, l, h, b), kvp_kvcache_kblock(sk, l, h, b),
                        sk->k_bytes);
                 memcpy(kvp_kvcache_vblock(dk, l, h, b), kvp_kvcache_vblock(sk, l, h, b),
@@ -243,7 +247,7 @@ int kvp_seq_copy(kvp_seq *dst, kvp_seq *src, int n, struct kvp_err *err)
         /* what a prompt's end shows the policy (quest folds its block bounds from the keys
          * while the whole layer is visible; a tiered layer is only now) */
         struct kvp_prefill_obs ob = {.n_prompt = n};
-        if (dst->pol.p && dst->pol.p->ops->on_prefill)
+        if (dst->pol.p && dst->pol.p->ops->on_prefill && !kvp_local_attn_wants(&dst->hp, l))
             kvp_policy_on_prefill(&dst->pol, l, &ob);
         if (dst->store)
             kvp_store_prefill_end(dst->store, l, 0, n, NULL, 0);
@@ -294,7 +298,8 @@ int kvp_seq_write_kv(kvp_seq *dst, int n, kvp_kv_layer_fn fn, void *arg, struct 
     kvp_ctx_reset(dst);
     if (n == 0)
         return 0;
-    if (!dst->store && (rc = kvp_kvcache_reserve(&dst->kv, n, err)) < 0)
+    if (!dst->store && ((rc = kvp_kvcache_reserve(&dst->kv, n, err)) < 0 ||
+                        (rc = kvp_kvcache_ring_advance(&dst->kv, n, err)) < 0))
         return rc;
     for (int l = 0; l < dst->kv.n_layer; l++) {
         if (dst->store)
@@ -302,7 +307,7 @@ int kvp_seq_write_kv(kvp_seq *dst, int n, kvp_kv_layer_fn fn, void *arg, struct 
         fn(arg, l, &dst->kv);
         /* as kvp_seq_copy: the policy sees the prompt's end while the whole layer is visible */
         struct kvp_prefill_obs ob = {.n_prompt = n};
-        if (dst->pol.p && dst->pol.p->ops->on_prefill)
+        if (dst->pol.p && dst->pol.p->ops->on_prefill && !kvp_local_attn_wants(&dst->hp, l))
             kvp_policy_on_prefill(&dst->pol, l, &ob);
         if (dst->store)
             kvp_store_prefill_end(dst->store, l, 0, n, NULL, 0);

@@ -38,7 +38,9 @@ void kvp_ctx_set_n_tokens(kvp_ctx *c, int n);
 /* A prompt's KV out of or into a sequence, one layer at a time, for a cache of prompts (the
  * server's prefix cache): fn(arg, layer, kv) is called for every layer with blocks
  * [0, ceil(n / block size)) of each KV head addressable through kvp_kvcache_kblock/vblock (a
- * tiered layer staged through its store, as a prompt's prefill). kvp_seq_read_kv reads the
+ * tiered layer staged through its store, as a prompt's prefill), except, when writing, the
+ * blocks older than a sliding-window layer's ring (NULL there: no query reads them again; fn
+ * skips them). kvp_seq_read_kv reads the
  * first n tokens (n <= the sequence's; the conditions of kvp_seq_copy's source: no evicted
  * tokens, a policy that keeps nothing beyond the keys and values, the KV trusted).
  * kvp_seq_write_kv resets the sequence and has fn write n tokens, which it then holds; the

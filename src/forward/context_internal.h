@@ -184,6 +184,8 @@ struct kvp_ctx {
 
     /* ---- measuring (kvp_ctx_set_measure) ---- */
     bool measure;
+    double attn_s[2];      /* attention phases of sliding-window [0] and other [1] layers
+                              (kvp_ctx_attention_seconds) */
     float *dense_probs;            /* [n_layer][n_head][probs_stride] */
     float *dense_q;                /* [n_layer][n_head][head_dim] the queries of those rows */
     double *recovery;              /* [n_layer][n_head]; -1 when not measured */

@@ -293,6 +293,11 @@ void kvp_ctx_reset(kvp_ctx *c)
     kvp_policy_reset(&c->pol);
 }
 
+bool kvp_ctx_truncate_keeps(const kvp_ctx *c, int n)
+{
+    return n >= c->n_tokens || c->store || kvp_kvcache_truncate_keeps(&c->kv, n);
+}
+
 void kvp_ctx_truncate(kvp_ctx *c, int n)
 {
     if (n >= 0 && n < c->n_tokens && !c->store && !kvp_kvcache_truncate_keeps(&c->kv, n)) {
@@ -841,11 +846,17 @@ static void forward_worker(void *arg, int ith, int nth)
         }
         /* K and V into each sequence's cache, attention into its rows of sh->att (kv_step.h;
          * sliding-window and soft-capped layers: local_attention.h) */
+        const double t_attn = ith == 0 ? kvp_time_now() : 0;
         if (kvp_local_attn_wants(hp, l))
             kvp_local_attn_layer(sh, l, ith, nth);
         else
             kvp_kv_step(sh, l, ith, nth);
         kvp_pool_barrier(sh->pool);
+        if (ith == 0) { /* every thread is past the attention (kvp_ctx_attention_seconds) */
+            const double dt = kvp_time_now() - t_attn;
+            for (int s = 0; s < sh->n_seqs; s++)
+                sh->seqs[s]->attn_s[kvp_layer_is_local(hp, l) ? 0 : 1] += dt;
+        }
 
         kvp_split_range(D, ith, nth, &r0, &r1);
         if (L->attn_post_norm) {
@@ -1083,22 +1094,19 @@ int kvp_ctx_set_policy_ops(kvp_ctx *c, const struct kvp_policy_ops *ops,
     if (!ops && !(ops = kvp_policy_lookup(params->name, err)))
         return KVP_EINVAL;
     /* The layers of local_attention.h have no policy hooks: a sliding-window layer needs no
-     * selection (its keys are bounded by the window), so a policy selects on the global layers
-     * only (Gemma 3). Models whose global layers attend there too (soft-capped or otherwise
-     * scaled scores: Gemma 2, the 27B models) run dense ("full") only, and policies that evict
-     * or watch the prompt's attention, which would also have to see the local layers, are
-     * refused on any model with local layers. */
-    bool local_only = true, any_local = false;
-    for (int l = 0; l < c->hp.n_layer; l++) {
-        any_local |= kvp_local_attn_wants(&c->hp, l);
-        local_only &= !kvp_local_attn_wants(&c->hp, l) || kvp_layer_is_local(&c->hp, l);
-    }
-    if (any_local && strcmp(ops->name, "full") != 0 &&
-        (!local_only || ops->evicting || ops->wants_obs || ops->wants_colsum))
+     * selection and nothing to evict (its keys are bounded by the window and its ring holds
+     * them), so a policy selects, evicts and watches the prompt's attention on the global
+     * layers only (docs/architectures.md). Global layers that attend there too, whose scores
+     * are scaled otherwise than the KV step's kernels scale them (the Gemma 27B models), run
+     * dense ("full") only. */
+    bool global_elsewhere = false;
+    for (int l = 0; l < c->hp.n_layer; l++)
+        global_elsewhere |= kvp_local_attn_wants(&c->hp, l) && !kvp_layer_is_local(&c->hp, l);
+    if (global_elsewhere && strcmp(ops->name, "full") != 0)
         return kvp_err_set(err, KVP_EUNSUPPORTED,
-                           "policy %s: on %s (sliding-window or soft-capped layers) only "
-                           "non-evicting selection policies run%s", ops->name, c->model->arch,
-                           local_only ? "" : "; this model takes full attention only");
+                           "policy %s: this %s model scales its attention scores by %g, not "
+                           "1/sqrt(head_dim), on its global layers, which therefore take full "
+                           "attention only", ops->name, c->model->arch, (double)c->hp.attn_scale);
     if ((rc = kvp_kv_accepts(c, ops, err)) < 0)
         return rc;
     rc = kvp_policy_host_set(&c->pol, ops, params, &c->pol.env, kvp_kv_wants_predictions(c), err);
@@ -1165,9 +1173,9 @@ void kvp_ctx_set_measure(kvp_ctx *c, bool on)
 
 const float *kvp_ctx_dense_probs(const kvp_ctx *c, int layer, int head, int *n_keys)
 {
-    if (!c->measure || !kvp_policy_sparse(&c->pol, layer) || layer >= c->hp.n_layer ||
-        head < 0 || head >= c->hp.n_head)
-        return NULL;
+    if (!c->measure || layer < 0 || layer >= c->hp.n_layer || !kvp_policy_sparse(&c->pol, layer) ||
+        head < 0 || head >= c->hp.n_head || kvp_local_attn_wants(&c->hp, layer))
+        return NULL; /* (a sliding-window layer is never measured: local_attention.h) */
     if (n_keys)
         *n_keys = c->n_tokens;
     return c->dense_probs + ((size_t)layer * c->hp.n_head + head) * c->probs_stride;
@@ -1186,6 +1194,29 @@ double kvp_ctx_recovery(const kvp_ctx *c, int layer, int head)
         head >= c->hp.n_head)
         return -1.0;
     return c->recovery[(size_t)layer * c->hp.n_head + head];
+}
+
+void kvp_ctx_kv_bytes_by_kind(const kvp_ctx *c, size_t *windowed, size_t *global)
+{
+    size_t all = kvp_kvcache_resident_bytes(&c->kv, c->n_tokens);
+    size_t w = kvp_kvcache_ring_resident_bytes(&c->kv, c->n_tokens);
+    if (windowed)
+        *windowed = w;
+    if (global)
+        *global = all - w;
+}
+
+void kvp_ctx_attention_seconds(const kvp_ctx *c, double *windowed, double *global)
+{
+    if (windowed)
+        *windowed = c->attn_s[0];
+    if (global)
+        *global = c->attn_s[1];
+}
+
+void kvp_ctx_reset_attention_seconds(kvp_ctx *c)
+{
+    c->attn_s[0] = c->attn_s[1] = 0;
 }
 
 void kvp_ctx_kv_bytes(const kvp_ctx *c, size_t *resident, size_t *kept)

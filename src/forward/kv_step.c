@@ -37,7 +37,7 @@ static int kvp_kv_init_windowed(struct kvp_ctx *c, const struct kvp_ctx_params *
     return rc;
 }
 
-int kvp_kv_init(struct kvp_ctx *c, const struct kvp_ctx_params *p, struct kvp_err *err)
+static int kv_init(struct kvp_ctx *c, const struct kvp_ctx_params *p, struct kvp_err *err)
 {
     const struct kvp_hparams *hp = &c->hp;
     if (hp->n_swa > 0) /* sliding-window layers keep a ring of their window */
@@ -52,6 +52,15 @@ int kvp_kv_init(struct kvp_ctx *c, const struct kvp_ctx_params *p, struct kvp_er
     rc = kvp_store_init(p, &c->kv, hp->n_layer, hp->n_head_kv, hp->head_dim, p->block_size,
                         c->kv.max_blocks, &c->store, err);
     c->hot_budget = p->hot_budget;
+    return rc;
+}
+
+int kvp_kv_init(struct kvp_ctx *c, const struct kvp_ctx_params *p, struct kvp_err *err)
+{
+    int rc = kv_init(c, p, err);
+    /* Gemma 2's global layers cap their scores in every kernel of the step (kvcache.h) */
+    if (rc >= 0)
+        c->kv.score_cap = c->hp.attn_softcap;
     return rc;
 }
 

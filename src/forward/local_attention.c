@@ -1,5 +1,5 @@
 /*
- * Sliding-window and soft-capped attention (see local_attention.h).
+ * Sliding-window attention, soft-capped where the model caps (see local_attention.h).
  *
  * Work items are (sequence, KV head, chunk of up to KVP_QCHUNK query rows), split evenly among
  * the pool's threads. An item gathers the keys and values its queries can see as f32 once (the
@@ -18,10 +18,10 @@
 
 bool kvp_local_attn_wants(const struct kvp_hparams *hp, int l)
 {
-    /* the KV step's kernels scale scores by 1/sqrt(head_dim): another scale runs here too */
+    /* the KV step's kernels scale scores by 1/sqrt(head_dim) (and soft-cap them: kvcache.h,
+     * score_cap): another scale runs here too */
     const float usual = 1.0f / sqrtf((float)hp->head_dim); /* a rounding apart at most */
-    return hp->attn_softcap > 0 || kvp_layer_is_local(hp, l) ||
-           fabsf(hp->attn_scale - usual) > 1e-6f * usual;
+    return kvp_layer_is_local(hp, l) || fabsf(hp->attn_scale - usual) > 1e-6f * usual;
 }
 
 /* First position a query at pos sees in layer l. */

@@ -1,10 +1,12 @@
 /*
  * Attention of the layers the KV step (kv_step.h) does not run: sliding-window layers (Gemma's
- * local layers: a query at position p sees positions p - n_swa + 1 .. p) and layers whose
- * scores are soft-capped (Gemma 2: s -> c·tanh(s / c) before the softmax) or scaled otherwise
- * than by 1/sqrt(head_dim) (the Gemma 27B models). Dense over the
- * visible keys, prefill and decode alike, for every sequence of the pass; no policy selects on
- * these layers (a local layer's keys are bounded by its window anyway).
+ * local layers: a query at position p sees positions p - n_swa + 1 .. p; soft-capped on Gemma 2,
+ * s -> c·tanh(s / c) before the softmax) and layers whose scores are scaled otherwise than by
+ * 1/sqrt(head_dim) (the Gemma 27B models). Dense over the visible keys, prefill and decode
+ * alike, for every sequence of the pass; no policy hook is ever called for these layers (a
+ * local layer's keys are bounded by its window, so there is nothing to select or evict).
+ * Soft-capped global layers (Gemma 2) run in the KV step, whose kernels cap (kvcache.h,
+ * score_cap), so policies select on them.
  */
 #ifndef KVP_FORWARD_LOCAL_ATTENTION_H
 #define KVP_FORWARD_LOCAL_ATTENTION_H

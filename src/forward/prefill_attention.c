@@ -9,8 +9,10 @@
 #include "forward/context_internal.h"
 #include "core/platform.h"
 #include "core/threadpool.h"
+#include "forward/local_attention.h"
 #include "forward/sparse_prefill.h"
 #include "kernels/simd.h"
+#include "kv/attention.h"
 
 /* Keys and values of the runs of one KV head (n_cols keys in all) as f32, whatever the cache's
  * types: keys as [hd][n_cols] (the blocks' transposed rows side by side, in run order), values as
@@ -58,6 +60,7 @@ static void prefill_head(struct kvp_ctx *c, int l, int h, int qs, int nq, int n_
         float *row = ts->s + (size_t)i * n_cols;
         int pos = pos0 + qs + i;
         int visible = n_cols - (n_keys - (pos + 1)); /* causal: keys up to its own position */
+        kvp_attn_softcap(row, visible, c->kv.score_cap); /* Gemma 2 (kvcache.h) */
         inv[i] = 1.0f / ops->exp_sum(row, visible, kvp_simd_max(ops, row, visible));
         memset(row + visible, 0, (size_t)(n_cols - visible) * sizeof(float));
         if (c->pol.colsum) {
@@ -92,7 +95,10 @@ void kvp_attn_prefill_layer(struct kvp_ctx *c, int l, int ith)
     const int n = c->job_n, pos0 = c->job_pos0, n_kv = c->hp.n_head_kv;
     const int g = c->hp.n_head / n_kv;
     const int n_chunks = (n + KVP_QCHUNK - 1) / KVP_QCHUNK;
-    if (spf && l == 0 && ith == 0)
+    int first_layer = 0; /* the first layer this runs (sliding-window ones do not come here) */
+    while (first_layer + 1 < c->hp.n_layer && kvp_local_attn_wants(&c->hp, first_layer))
+        first_layer++;
+    if (spf && l == first_layer && ith == 0)
         kvp_spf_count_tokens(spf, n);
     if (kvp_spf_needs_fold(spf, c)) {
         /* the estimate's per-block statistics of the blocks this piece wrote, every thread a

@@ -13,6 +13,7 @@
 #include "core/threadpool.h"
 #include "forward/context_internal.h"
 #include "kernels/simd.h"
+#include "kv/attention.h"
 #include "store/store.h"
 
 #define SPF_STRIDE 16 /* the strided estimate scores every 16th query of a block */
@@ -368,6 +369,7 @@ static void estimate_strided(const struct kvp_spf *s, const struct kvp_ctx *c, i
         for (int r = 0; r < rows; r++) {
             float *row = ts->s + (size_t)r * n_keys;
             const int visible = c->job_pos0 + qs + r * SPF_STRIDE + 1;
+            kvp_attn_softcap(row, visible, kv->score_cap);
             const float inv = 1.0f / ops->exp_sum(row, visible, kvp_simd_max(ops, row, visible));
             for (int u = 0; u * s->block < visible; u++) {
                 const int e = (u + 1) * s->block < visible ? (u + 1) * s->block : visible;
@@ -409,6 +411,7 @@ static void measure(struct kvp_spf *s, const struct kvp_ctx *c, int l, int kvh, 
         for (int i = 0; i < nq; i++) {
             float *row = ts->s + (size_t)i * n_keys;
             const int visible = c->job_pos0 + qs + i + 1;
+            kvp_attn_softcap(row, visible, kv->score_cap);
             const double inv = 1.0 / ops->exp_sum(row, visible, kvp_simd_max(ops, row, visible));
             double picked = 0, forced = 0;
             for (int k = 0; k < visible; k++) {

@@ -89,6 +89,9 @@ static void range_scores(const struct kvp_kvcache *kv, int l, int kvh, const flo
         if (kt) {
             group_scores(kv->kk, q, g, kt, hd, bs, scale, probs + (size_t)b * bs,
                          (size_t)probs_stride);
+            for (int j = 0; kv->score_cap > 0 && j < g; j++)
+                kvp_attn_softcap(probs + (size_t)j * probs_stride + (size_t)b * bs, bs,
+                                 kv->score_cap);
             continue;
         }
         for (int j = 0; j < g; j++)
@@ -318,6 +321,8 @@ static void reduce_block(const struct kvp_kvcache *kv, int l, int kvh, const flo
     float *s0 = probs + (size_t)i * bs;
     if (m)
         group_scores(kv->kk, q, g, kt, hd, bs, scale, s0, (size_t)probs_stride);
+    for (int j = 0; m && kv->score_cap > 0 && j < g; j++)
+        kvp_attn_softcap(s0 + (size_t)j * probs_stride, bs, kv->score_cap);
     for (int j = 0; j < g; j++) {
         float *s = s0 + (size_t)j * probs_stride;
         float *bm = &ab->bmax[(size_t)j * ab->bmax_stride + i];

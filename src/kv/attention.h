@@ -17,11 +17,24 @@
 #ifndef KVP_KV_ATTENTION_H
 #define KVP_KV_ATTENTION_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
 
 #include "kv/kvcache.h"
 #include "kv/sel.h"
+
+/* Soft-capping of n scores (kvcache.h, score_cap): s -> cap·tanh(s / cap); nothing when cap is
+ * 0. Monotone, so a ranking of scores (or of bounds on them, quest's) is the same before and
+ * after; the softmax is what changes. */
+static inline void kvp_attn_softcap(float *s, int n, float cap)
+{
+    if (cap <= 0.0f)
+        return;
+    const float inv = 1.0f / cap;
+    for (int t = 0; t < n; t++)
+        s[t] = cap * tanhf(s[t] * inv);
+}
 
 /* Dense attention of one KV head group over its first n_keys tokens (no token may have been
  * freed): q is [g][hd], probs [g][probs_stride] receives the probabilities (left unnormalised when

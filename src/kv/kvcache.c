@@ -450,6 +450,16 @@ size_t kvp_kvcache_resident_bytes(const struct kvp_kvcache *c, int n_tokens)
     return (size_t)live * kvp_kvcache_block_bytes(c);
 }
 
+size_t kvp_kvcache_ring_resident_bytes(const struct kvp_kvcache *c, int n_tokens)
+{
+    long blocks = (n_tokens + c->block_size - 1) / c->block_size;
+    long live = 0;
+    for (int lh = 0; c->ring && lh < c->n_layer * c->n_head_kv; lh++)
+        if (c->ring[lh / c->n_head_kv]) /* rings are never compacted */
+            live += blocks - c->released[lh];
+    return (size_t)live * kvp_kvcache_block_bytes(c);
+}
+
 size_t kvp_kvcache_kept_bytes(const struct kvp_kvcache *c, int n_tokens)
 {
     size_t kept = 0;

@@ -83,6 +83,9 @@ struct kvp_kvcache {
     int32_t *ring;         /* owned [n_layer] or NULL: blocks of a sliding-window layer's ring
                               per KV head (0: a global layer; see kvp_kvcache_init_windowed) */
     int32_t *ring_end;     /* owned [n_layer]: logical blocks [0, this) mapped by ring_advance */
+    float score_cap;       /* attention scores s -> score_cap·tanh(s / score_cap) before the
+                              softmax in every kernel that reads this cache (Gemma 2's
+                              attn_logit_softcapping; 0: none). Set by the owner after init. */
 };
 
 /* type_k, type_v: enum kvp_kv_type (KVP_KV_DEFAULT: f16). */
@@ -249,6 +252,9 @@ static inline size_t kvp_kvcache_block_bytes(const struct kvp_kvcache *c)
  * counts ceil(its live tokens / block_size) blocks, as compaction would hold), K and V, all
  * layers and heads. */
 size_t kvp_kvcache_resident_bytes(const struct kvp_kvcache *c, int n_tokens);
+
+/* The part of kvp_kvcache_resident_bytes held by sliding-window layers' rings (0 without). */
+size_t kvp_kvcache_ring_resident_bytes(const struct kvp_kvcache *c, int n_tokens);
 
 /* Bytes of the tokens kept (not evicted), as a token-compacting store would hold them. */
 size_t kvp_kvcache_kept_bytes(const struct kvp_kvcache *c, int n_tokens);

@@ -121,6 +121,10 @@ static void copy_layer(void *arg, int l, struct kvp_kvcache *kv)
         uint8_t *u = c->data + ((size_t)l * c->nb_e + b) * p->unit_bytes;
         for (int h = 0; h < p->n_head_kv; h++) {
             uint8_t *k = kvp_kvcache_kblock(kv, l, h, b), *v = kvp_kvcache_vblock(kv, l, h, b);
+            if (!k) { /* older than a sliding-window layer's ring (kvp_seq_write_kv) */
+                u += p->k_bytes + p->v_bytes;
+                continue;
+            }
             memcpy(c->to_cache ? k : u, c->to_cache ? u : k, p->k_bytes);
             u += p->k_bytes;
             memcpy(c->to_cache ? v : u, c->to_cache ? u : v, p->v_bytes);

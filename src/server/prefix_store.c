@@ -334,6 +334,10 @@ static void copy_layer(void *arg, int l, struct kvp_kvcache *kv)
                                    ps->unit_bytes;
         for (int h = 0; h < ps->n_head_kv; h++) {
             uint8_t *k = kvp_kvcache_kblock(kv, l, h, b), *v = kvp_kvcache_vblock(kv, l, h, b);
+            if (!k) { /* older than a sliding-window layer's ring (kvp_seq_write_kv) */
+                u += ps->k_bytes + ps->v_bytes;
+                continue;
+            }
             memcpy(c->to_cache ? k : u, c->to_cache ? u : k, ps->k_bytes);
             u += ps->k_bytes;
             memcpy(c->to_cache ? v : u, c->to_cache ? u : v, ps->v_bytes);

@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""ctest test_server_arch: `kvpred serve` on models with sliding-window layers and a policy.
+
+Two files written by `kvpred synth` with random weights of real shapes, cut to a few layers:
+Gemma 3 1B's (six layers: five local with a window of 512, one global) and Gemma 2 2B's (two:
+one local, one global with soft-capped scores). Each is served with quest at 1/4 as the default
+policy; a prompt longer than Gemma 3's window (so its local layers' rings wrap), the same
+prompt under snapkv (an evicting policy, chosen by the request), and a follow-up that starts
+with the first prompt (prefix reuse) must each generate exactly what `kvpred run` generates with
+the same policy and greedy sampling (the server runs the same kvp_eval calls: no tolerance).
+
+usage: test_server_arch.py KVPRED_BINARY   (exit 0: passed)
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import urllib.request
+
+KVPRED = sys.argv[1]
+CTX = 1024
+passed = 0
+
+
+def check(cond, what):
+    global passed
+    if not cond:
+        print(f"FAIL: {what}", flush=True)
+        sys.exit(1)
+    passed += 1
+    print(f"ok: {what}", flush=True)
+
+
+def synth(shape, layers, path):
+    subprocess.run([KVPRED, "synth", "--shape", shape, "--layers", str(layers), "--type", "Q8_0",
+                    "--seed", "3", "-t", "2", "-o", path], check=True, capture_output=True,
+                   timeout=600)
+
+
+def start(model, *extra):
+    args = [KVPRED, "serve", "-m", model, "--port", "0", "-c", str(CTX), "--timeout", "30",
+            "-t", "2", *extra]
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = p.stdout.readline()
+    if not line.startswith("listening "):
+        print("server did not start:", line, p.stderr.read())
+        sys.exit(1)
+    return p, int(line.split()[1])
+
+
+def complete(port, body):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
+                                 data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        return json.loads(r.read())
+
+
+def run_cli(model, prompt, n, policy, budget):
+    args = [KVPRED, "run", "-m", model, "-c", str(CTX), "-p", prompt, "-n", str(n), "--temp",
+            "0", "-t", "2", "--policy", policy, "--budget", budget]
+    out = subprocess.run(args, capture_output=True, timeout=600).stdout
+    assert out.startswith(prompt.encode()), out[:80]  # run echoes the prompt, then the answer
+    return out[len(prompt.encode()):-1].decode("utf-8", "replace")
+
+
+def serve_checks(model, name):
+    # longer than Gemma 3's window of 512 positions in tokens (the synthetic vocabulary is
+    # letters and bytes: about a token a character)
+    doc = " ".join(f"item {i} is a small red box;" for i in range(30))
+    follow = doc + " which item is blue?"
+    p, port = start(model, "--policy", "quest", "--budget", "1/4")
+    try:
+        got = complete(port, {"prompt": doc, "max_tokens": 8, "temperature": 0})
+        toks = got["usage"]["prompt_tokens"]
+        want = run_cli(model, doc, 8, "quest", "1/4")
+        check(got["choices"][0]["text"] == want,
+              f"{name}: quest 1/4 (the server's default) on a {toks}-token prompt equals "
+              f"kvpred run")
+        got = complete(port, {"prompt": doc, "max_tokens": 8, "temperature": 0,
+                              "kvpred": {"policy": "snapkv", "budget": "1/4"}})
+        check(got["choices"][0]["text"] == run_cli(model, doc, 8, "snapkv", "1/4"),
+              f"{name}: snapkv 1/4 by the request (evicting on the global layers) equals "
+              f"kvpred run")
+        got = complete(port, {"prompt": follow, "max_tokens": 8, "temperature": 0})
+        check(got["choices"][0]["text"] == run_cli(model, follow, 8, "quest", "1/4"),
+              f"{name}: follow-up (prefix reused: {got['kvpred'].get('prefix_reused')} tokens) "
+              f"equals kvpred run")
+    finally:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(120)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    return toks
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="kvp_srv_arch_")
+    try:
+        g3, g2 = os.path.join(tmp, "gemma3.gguf"), os.path.join(tmp, "gemma2.gguf")
+        synth("Gemma-3-1B", 6, g3)
+        synth("Gemma-2-2B", 2, g2)
+        toks = serve_checks(g3, "Gemma 3 (6 layers, window 512)")
+        check(toks > 512, f"the prompt ({toks} tokens) is longer than the window")
+        serve_checks(g2, "Gemma 2 (2 layers, soft-capped global layer)")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"{passed} passed, 0 failed")
+
+
+main()
