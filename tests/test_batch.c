@@ -989,7 +989,7 @@ static void test_cold_reads_together(void **state)
 /* The exact value (in double) of one row's dot with one prepared vector, as the kernels split it:
  * per 32-element block b, dw_b·dx_b·Σ q·x (q the code as the block's integer sum takes it) minus,
  * for Q4_K, dmin·m·dx·Σ x; and *T, the sum of the terms' magnitudes (per element), which the
- * rounding bound below scales. Decoded from the formats (../shared/docs/formats.md §4), not
+ * rounding bound below scales. Decoded from the formats (docs/formats.md §4), not
  * through any kernel. */
 static double exact_dot(int type, const uint8_t *row, const uint8_t *xq, int cols, double *T)
 {

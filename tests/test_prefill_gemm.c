@@ -198,7 +198,7 @@ static void test_matches_decode_dot(void **state)
 /* ---- K-quant tiles (Q4_K, Q6_K): gemm_tile_k ------------------------------------------------
  *
  * The oracle decodes the weights itself, in double, from the block layouts
- * (../shared/docs/formats.md §4.4): Q4_K w = d·sc·q - dmin·m per sub-block of 32, Q6_K
+ * (docs/formats.md §4.4): Q4_K w = d·sc·q - dmin·m per sub-block of 32, Q6_K
  * w = d·sc·(q - 32) per sub-block of 16; and the activations as the Q8_K blocks the reference
  * quantizer makes of each token, x = d·q in double. The kernel sums each sub-block's products
  * exactly in int32 and then adds, per block of 32, two terms into one f32 accumulator (Q4_K: the

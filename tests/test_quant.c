@@ -2,7 +2,7 @@
  * Quantized tensor types and `kvpred quantize`.
  *
  * Layers of checks, each against an independent oracle:
- *   - block sizes and hand-made blocks with hand-computed values (../shared/docs/formats.md §4.4 by
+ *   - block sizes and hand-made blocks with hand-computed values (docs/formats.md §4.4 by
  *     hand);
  *   - quantize → dequantize round trips of Gaussian weights, with a stated RMS relative error
  *     bound per type (measured values are printed; bounds have ~25% headroom);
