@@ -5,7 +5,8 @@
  * tokenizer.bin), tokenizes text, runs batched prefill and single-token decode over a block-paged
  * KV cache, and samples. Every function that can fail returns 0 or a negative KVP_E* code and
  * fills a caller-owned struct kvp_err with one line that names the problem. The library never
- * prints, never calls exit(), and never trusts a file.
+ * prints (its few notices go to the caller's kvp_set_log function), never calls exit(), and never
+ * trusts a file.
  *
  * Ownership: objects returned through `**out` are owned by the caller and released with the
  * matching *_close / *_free function, which accepts NULL.
@@ -46,6 +47,12 @@ struct kvp_err {
 };
 
 const char *kvp_strerror(int code);
+
+/* Notices that are not errors (one line each, no trailing newline): e.g. which IO path the disk
+ * KV tier took, said once per process. The library calls fn(user, line) from whatever thread
+ * noticed it; fn must be thread-safe. NULL (the default) drops them. Set it before other calls. */
+typedef void (*kvp_log_fn)(void *user, const char *line);
+void kvp_set_log(kvp_log_fn fn, void *user);
 
 /* ---- tensor types (ids are the GGUF on-disk ids) ------------------------------------------ */
 
@@ -157,7 +164,7 @@ struct kvp_ctx_params {
                                a CPU the kernel refuses is an error] */
     int kv_sq_cpu;
     int kv_disk_io;         /* disk tier: enum kvp_disk_io [AUTO: io_uring, else a pool of pread
-                               threads; the environment variable KVPRED_DISK_IO=io_uring|pread
+                               threads; the environment variable KVP_DISK_IO=io_uring|pread
                                chooses when this is AUTO] */
     /* element types of the cached keys and values (enum kvp_kv_type) [KVP_KV_F16, as llama.cpp] */
     int type_k;
@@ -377,7 +384,7 @@ struct kvp_policy_params {
     const char *aux_path;/* a file the policy needs (predictor weights, head profile) */
     const char *opts;    /* policy-specific "key=value,..." options: the keys of the policy's
                             option table (kvpred run --help lists them) */
-    /* ---- catekv (../shared/docs/methods.md §2): sink = S, local = R, budget = B per consistent KV
+    /* ---- catekv (docs/methods.md §2): sink = S, local = R, budget = B per consistent KV
        head, window = w; dense_layers is ignored (every layer alike) ---- */
     float adaptive_ratio;/* r, fraction of adaptive KV heads [0.4]; < 0 means 0, >= 1 all */
     int adaptive_mode;   /* enum kvp_adaptive_mode [KVP_ADAPTIVE_FULL] */
@@ -391,7 +398,7 @@ struct kvp_policy_params {
                                  classify every prompt (dynamic) */
 };
 
-/* How CateKV's adaptive heads decode (../shared/docs/methods.md §2.6). */
+/* How CateKV's adaptive heads decode (docs/methods.md §2.6). */
 enum kvp_adaptive_mode {
     KVP_ADAPTIVE_FULL = 0,     /* the whole cache */
     KVP_ADAPTIVE_FRACTION = 1, /* sink + the top η of the middle chunks + tail, fixed */
