@@ -341,8 +341,9 @@ static void test_aux_policies(void **state)
     kvp_model *m = NULL;
     struct kvp_err err = {0};
     if (kvp_model_open(path, NULL, &m, &err) < 0) {
-        print_message("[  SKIP    ] %s: %s\n", path, err.msg);
-        skip();
+        char what[4700];
+        snprintf(what, sizeof(what), "%s: %s", path, err.msg);
+        kvp_test_skip_missing(what);
     }
     for (int k = 0; kvp_policy_registry[k]; k++) {
         const struct kvp_policy_ops *ops = kvp_policy_registry[k];

@@ -914,7 +914,7 @@ static void test_cli_profile_heads(void **state)
     KVP_REQUIRE_SHARED(text, "data/tinystories/tinystories_val.txt");
     const char *cli = kvp_test_cli();
     if (!cli)
-        skip();
+        kvp_test_skip_missing("KVP_CLI not set");
     char *prof = kvp_test_tmpfile(".profile"), *png = kvp_test_tmpfile(".png");
     char cmd[16384], *out = NULL;
     snprintf(cmd, sizeof(cmd),

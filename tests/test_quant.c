@@ -776,7 +776,7 @@ static void test_cli_stories(void **state)
     (void)state;
     const char *cli = kvp_test_cli();
     if (!cli)
-        skip();
+        kvp_test_skip_missing("KVP_CLI not set");
     KVP_REQUIRE_SHARED(mpath, "models/stories260K.gguf");
     KVP_REQUIRE_SHARED(tpath, "data/tinystories/tinystories_val.txt");
     /* stories260K's rows are 64 (and ffn_down's 172) wide: every K-quant falls back, and

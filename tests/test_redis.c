@@ -304,8 +304,7 @@ static long long dbsize(const struct server *sv)
 #define REQUIRE_REDIS()                                                                            \
     do {                                                                                           \
         if (!have_redis) {                                                                         \
-            print_message("[  SKIP    ] redis-server or redis-cli not found, test skipped\n");     \
-            skip();                                                                                \
+            kvp_test_skip_missing("redis-server or redis-cli not found");                          \
         }                                                                                          \
     } while (0)
 
