@@ -24,6 +24,7 @@
 #include "kernels/types.h"
 #include "forward/context.h"
 #include "kvpred.h"
+#include "kvpred_lab.h"
 #include "policy/policy.h"
 #include "store/store.h"
 #include "testutil.h"

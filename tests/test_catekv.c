@@ -15,6 +15,7 @@
 
 #include "forward/context.h"
 #include "kvpred.h"
+#include "kvpred_lab.h"
 #include "policy/catekv_classify.h"
 #include "forward/catekv_ctx.h"
 #include "policy/catekv_profile.h"

@@ -27,6 +27,7 @@
 
 #include "core/platform.h"
 #include "kvpred.h"
+#include "kvpred_lab.h"
 #include "store/redis_slot.h"
 #include "testutil.h"
 

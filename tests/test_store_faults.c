@@ -33,6 +33,7 @@
 #include "core/platform.h"
 #include "forward/context.h"
 #include "kvpred.h"
+#include "kvpred_lab.h"
 #include "store/store.h"
 #include "testutil.h"
 

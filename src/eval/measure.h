@@ -30,6 +30,7 @@
 
 #include "core/err.h"
 #include "kvpred.h"
+#include "kvpred_lab.h"
 
 struct kvp_measure;
 

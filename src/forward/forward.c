@@ -34,6 +34,7 @@
 #include "kv/attention.h"
 #include "model/rope.h"
 #include "policy/host.h"
+#include "kvpred_lab.h"
 
 /* ---- setup -------------------------------------------------------------------------------- */
 

@@ -9,6 +9,7 @@
 #include "core/platform.h"
 #include "forward/context.h"
 #include "policy/host.h"
+#include "kvpred_lab.h"
 
 struct slot {
     kvp_ctx *ctx;

@@ -81,6 +81,7 @@
 
 #include "core/err.h"
 #include "kvpred.h"
+#include "kvpred_lab.h"
 
 struct kvp_kvcache;
 struct kvp_sel;
