@@ -480,22 +480,10 @@ int kvp_prefill_policy_parse(const char *name);
 
 /* Set how later prompts attend (NULL: dense). Allocates the estimate's per-block statistics
  * (for pooled: one f32 head vector per block of 64 keys and (layer, KV head), 1/64 of an f32
- * cache's keys; bound twice that). KVP_EINVAL for a value out of range. Resets the stats. */
+ * cache's keys; bound twice that). KVP_EINVAL for a value out of range. Resets the statistics
+ * (kvpred_lab.h). */
 int kvp_ctx_set_prefill(kvp_ctx *ctx, const struct kvp_prefill_params *params,
                         struct kvp_err *err);
-
-/* What the prompts since the last reset did, summed over prompt pieces. keys_read / keys_seen
- * is the density: the keys gathered over the keys the query blocks could see (1 for dense). */
-struct kvp_prefill_stats {
-    double estimate_s;   /* thread-seconds spent estimating and on the block statistics */
-    double attention_s;  /* thread-seconds in prefill attention (estimate excluded) */
-    double keys_read, keys_seen; /* summed over layers, KV heads and query blocks */
-    uint64_t tokens;     /* prompt tokens through prefill attention (pieces of > 1 token) */
-};
-void kvp_ctx_prefill_stats(const kvp_ctx *ctx, struct kvp_prefill_stats *stats);
-/* The density of layer l since the reset (keys read / keys seen), -1 when no prompt ran. */
-double kvp_ctx_prefill_density(const kvp_ctx *ctx, int layer);
-void kvp_ctx_prefill_reset_stats(kvp_ctx *ctx);
 
 /* Called by kvp_eval after each piece of a prompt of more than one piece (n_batch tokens): done
  * of total tokens evaluated. NULL turns it off. Runs on the caller's thread, between pieces. */

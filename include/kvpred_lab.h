@@ -1,8 +1,9 @@
 /*
  * kvpred_lab.h: measuring and tuning libkvpred, beside the text-generation API of kvpred.h
  * (which this header includes). What `kvpred eval`, `bench` and the tests read: the dense
- * attention a sparse step did not compute, the recovery of a policy's selection, and the tiered
- * KV store's counters and timeline. docs/api.md ("Measuring and tuning") describes each call.
+ * attention a sparse step did not compute, the recovery of a policy's selection, what
+ * block-sparse prefill read, and the tiered KV store's counters and timeline. docs/api.md
+ * ("Measuring and tuning") describes each call.
  */
 #ifndef KVPRED_LAB_H
 #define KVPRED_LAB_H
@@ -28,6 +29,21 @@ const float *kvp_ctx_dense_query(const kvp_ctx *ctx, int layer, int head);
 /* Attention recovery of the last decode step for (layer, query head): the dense attention mass
  * on the tokens the step read. -1 when not measured. */
 double kvp_ctx_recovery(const kvp_ctx *ctx, int layer, int head);
+
+/* ---- prefill attention's statistics ------------------------------------------------------- */
+
+/* What the prompts since the last reset did, summed over prompt pieces. keys_read / keys_seen
+ * is the density: the keys gathered over the keys the query blocks could see (1 for dense). */
+struct kvp_prefill_stats {
+    double estimate_s;   /* thread-seconds spent estimating and on the block statistics */
+    double attention_s;  /* thread-seconds in prefill attention (estimate excluded) */
+    double keys_read, keys_seen; /* summed over layers, KV heads and query blocks */
+    uint64_t tokens;     /* prompt tokens through prefill attention (pieces of > 1 token) */
+};
+void kvp_ctx_prefill_stats(const kvp_ctx *ctx, struct kvp_prefill_stats *stats);
+/* The density of layer l since the reset (keys read / keys seen), -1 when no prompt ran. */
+double kvp_ctx_prefill_density(const kvp_ctx *ctx, int layer);
+void kvp_ctx_prefill_reset_stats(kvp_ctx *ctx);
 
 /* ---- the tiered KV store's statistics ------------------------------------------------------ */
 
