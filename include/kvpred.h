@@ -5,10 +5,15 @@
  * tokenizer.bin), tokenizes text, runs batched prefill and single-token decode over a block-paged
  * KV cache, and samples. Every function that can fail returns 0 or a negative KVP_E* code and
  * fills a caller-owned struct kvp_err with one line that names the problem. The library never
- * prints, never calls exit(), and never trusts a file.
+ * prints (its few notices go to the caller's kvp_set_log function), never calls exit(), and never
+ * trusts a file.
  *
  * Ownership: objects returned through `**out` are owned by the caller and released with the
  * matching *_close / *_free function, which accepts NULL.
+ *
+ * This header holds what a program that generates text needs. Measuring and tuning (the dense
+ * attention behind a sparse step, recovery, the tiered store's statistics and timeline) are in
+ * kvpred_lab.h, which includes this one.
  */
 #ifndef KVPRED_H
 #define KVPRED_H
@@ -46,6 +51,12 @@ struct kvp_err {
 };
 
 const char *kvp_strerror(int code);
+
+/* Notices that are not errors (one line each, no trailing newline): e.g. which IO path the disk
+ * KV tier took, said once per process. The library calls fn(user, line) from whatever thread
+ * noticed it; fn must be thread-safe. NULL (the default) drops them. Set it before other calls. */
+typedef void (*kvp_log_fn)(void *user, const char *line);
+void kvp_set_log(kvp_log_fn fn, void *user);
 
 /* ---- tensor types (ids are the GGUF on-disk ids) ------------------------------------------ */
 
@@ -157,7 +168,7 @@ struct kvp_ctx_params {
                                a CPU the kernel refuses is an error] */
     int kv_sq_cpu;
     int kv_disk_io;         /* disk tier: enum kvp_disk_io [AUTO: io_uring, else a pool of pread
-                               threads; the environment variable KVPRED_DISK_IO=io_uring|pread
+                               threads; the environment variable KVP_DISK_IO=io_uring|pread
                                chooses when this is AUTO] */
     /* element types of the cached keys and values (enum kvp_kv_type) [KVP_KV_F16, as llama.cpp] */
     int type_k;
@@ -380,7 +391,7 @@ struct kvp_policy_params {
     const char *aux_path;/* a file the policy needs (predictor weights, head profile) */
     const char *opts;    /* policy-specific "key=value,..." options: the keys of the policy's
                             option table (kvpred run --help lists them) */
-    /* ---- catekv (../shared/docs/methods.md §2): sink = S, local = R, budget = B per consistent KV
+    /* ---- catekv (docs/methods.md §2): sink = S, local = R, budget = B per consistent KV
        head, window = w; dense_layers is ignored (every layer alike) ---- */
     float adaptive_ratio;/* r, fraction of adaptive KV heads [0.4]; < 0 means 0, >= 1 all */
     int adaptive_mode;   /* enum kvp_adaptive_mode [KVP_ADAPTIVE_FULL] */
@@ -394,7 +405,7 @@ struct kvp_policy_params {
                                  classify every prompt (dynamic) */
 };
 
-/* How CateKV's adaptive heads decode (../shared/docs/methods.md §2.6). */
+/* How CateKV's adaptive heads decode (docs/methods.md §2.6). */
 enum kvp_adaptive_mode {
     KVP_ADAPTIVE_FULL = 0,     /* the whole cache */
     KVP_ADAPTIVE_FRACTION = 1, /* sink + the top η of the middle chunks + tail, fixed */
@@ -422,19 +433,7 @@ void kvp_ctx_policy_reset_seconds(kvp_ctx *ctx);
  * without one). Both 0 without a policy. */
 void kvp_ctx_policy_reads(const kvp_ctx *ctx, double *tokens, double *selects);
 
-/* Measuring: when on, every decode step also computes the dense attention of every compressed
- * layer (for measuring only; it never changes what the policy selects or attention reads). */
-void kvp_ctx_set_measure(kvp_ctx *ctx, bool on);
-
-/* Dense attention of the last decode step for (layer, query head) over its n_keys keys, or NULL
- * when measuring was off or the layer is not compressed. */
-const float *kvp_ctx_dense_probs(const kvp_ctx *ctx, int layer, int head, int *n_keys);
-/* The query (after RoPE, head_dim floats) behind that row, or NULL as for kvp_ctx_dense_probs. */
-const float *kvp_ctx_dense_query(const kvp_ctx *ctx, int layer, int head);
-
-/* Attention recovery of the last decode step for (layer, query head): the dense attention mass
- * on the tokens the step read. -1 when not measured. */
-double kvp_ctx_recovery(const kvp_ctx *ctx, int layer, int head);
+/* Measuring dense attention and recovery: kvpred_lab.h. */
 
 /* KV memory now: bytes of physical blocks holding live tokens (resident) and bytes of the live
  * tokens themselves (kept). */
@@ -495,22 +494,10 @@ int kvp_prefill_policy_parse(const char *name);
 
 /* Set how later prompts attend (NULL: dense). Allocates the estimate's per-block statistics
  * (for pooled: one f32 head vector per block of 64 keys and (layer, KV head), 1/64 of an f32
- * cache's keys; bound twice that). KVP_EINVAL for a value out of range. Resets the stats. */
+ * cache's keys; bound twice that). KVP_EINVAL for a value out of range. Resets the statistics
+ * (kvpred_lab.h). */
 int kvp_ctx_set_prefill(kvp_ctx *ctx, const struct kvp_prefill_params *params,
                         struct kvp_err *err);
-
-/* What the prompts since the last reset did, summed over prompt pieces. keys_read / keys_seen
- * is the density: the keys gathered over the keys the query blocks could see (1 for dense). */
-struct kvp_prefill_stats {
-    double estimate_s;   /* thread-seconds spent estimating and on the block statistics */
-    double attention_s;  /* thread-seconds in prefill attention (estimate excluded) */
-    double keys_read, keys_seen; /* summed over layers, KV heads and query blocks */
-    uint64_t tokens;     /* prompt tokens through prefill attention (pieces of > 1 token) */
-};
-void kvp_ctx_prefill_stats(const kvp_ctx *ctx, struct kvp_prefill_stats *stats);
-/* The density of layer l since the reset (keys read / keys seen), -1 when no prompt ran. */
-double kvp_ctx_prefill_density(const kvp_ctx *ctx, int layer);
-void kvp_ctx_prefill_reset_stats(kvp_ctx *ctx);
 
 /* Called by kvp_eval after each piece of a prompt of more than one piece (n_batch tokens): done
  * of total tokens evaluated. NULL turns it off. Runs on the caller's thread, between pieces. */
@@ -524,63 +511,7 @@ double kvp_ctx_progress_tokens(const kvp_ctx *ctx);
 
 /* ---- tiered KV store ---------------------------------------------------------------------- */
 
-/* Counters of the tiered store since the last kvp_ctx_store_reset_stats. A unit is one
- * (layer, block) with the K and V of every KV head (the transfer granularity). Times are
- * seconds summed over decode steps; divide by `steps` for per-token means. */
-struct kvp_store_stats {
-    uint64_t steps;         /* decode steps (single-token evals) counted */
-    double step_s;          /* wall time of those steps */
-    double compute_s;       /* step_s - predict_s - wait_s: the forward pass itself */
-    double predict_s;       /* next-step prediction on the critical path (layer/token modes) */
-    double transfer_s;      /* time with at least one cold-tier read or write in flight */
-    double wait_s;          /* stalls: waiting for prefetches and on-demand fetches */
-    uint64_t hits;          /* selected units already hot or in flight when attention asked */
-    uint64_t late;          /* of the hits, units whose prefetch was still in flight */
-    uint64_t misses;        /* selected units fetched on demand */
-    uint64_t prefetched;    /* units read ahead of need */
-    uint64_t overflow;      /* of the misses, units read past a full hot tier into the staging
-                               area (raise hot_budget if this is not 0) */
-    uint64_t bytes_read;    /* from the cold tier */
-    uint64_t bytes_written; /* write-through to the cold tier */
-    uint64_t reads, writes; /* I/O requests (a request may cover several adjacent units) */
-    uint64_t misaligned;    /* disk requests not 4 KiB aligned in offset, length or buffer */
-    size_t hot_bytes;       /* hot tier (including the prefill staging area) */
-    size_t cold_bytes;      /* cold tier: the whole cache */
-    size_t unit_bytes;      /* bytes of one unit */
-    bool sq_poll;           /* disk reads are picked up by a polling kernel thread */
-    /* Disk tier on a busy host (cold_disk.c): where the decode thread's time went and who
-     * moved the reads. */
-    double runq_s;          /* the decode thread runnable but not running (from schedstat) */
-    double sq_runq_s;       /* the polling thread runnable but not running */
-    double sq_cpu_s;        /* the polling thread on a CPU */
-    double wait_sleep_s;    /* of wait_s, asleep in the kernel for a completion */
-    uint64_t wait_sleeps;   /* waits that slept */
-    uint64_t sq_unpicked;   /* waits that found requests the polling thread had not taken yet */
-    uint64_t direct_requests; /* requests submitted by the decode thread itself, bypassing the
-                               polling thread because the host had no core to spare for it */
-    uint64_t bypasses;      /* times the store switched to bypassing the polling thread */
-    uint64_t direct_submits; /* system calls that submitted those requests */
-    /* Faults and integrity (docs/store.md) */
-    int disk_io;            /* enum kvp_disk_io the disk tier runs on (URING or PREAD; 0 other
-                               tiers) */
-    uint64_t retries;       /* failed, short or corrupt requests issued again */
-    uint64_t bad_checksums; /* units read whose checksum did not match */
-    uint64_t lost_units;    /* units whose cold copy was given up (KVP_EKVLOST) */
-    double checksum_s;      /* decode-thread time computing and checking unit checksums */
-};
-
-/* 0 and stats filled, or KVP_EINVAL when the context is not tiered. */
-int kvp_ctx_store_stats(const kvp_ctx *ctx, struct kvp_store_stats *stats);
-void kvp_ctx_store_reset_stats(kvp_ctx *ctx);
-
-/* Timeline recording for the next decode steps: on clears the recorded events and records up to
- * a fixed number of them (preallocated; recording stops when full); off stops recording. */
-void kvp_ctx_store_timeline(kvp_ctx *ctx, bool on);
-
-/* Draw the recorded timeline as a PNG (lanes: compute per layer, prediction, stalls, transfers;
- * one vertical line per token). KVP_EINVAL when nothing was recorded, KVP_EIO when the file
- * cannot be written. */
-int kvp_ctx_store_timeline_png(const kvp_ctx *ctx, const char *path, struct kvp_err *err);
+/* Its statistics and timeline: kvpred_lab.h. */
 
 /* ---- sampling ----------------------------------------------------------------------------- */
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Generate src/tokenizer/unicode_tables.h: sorted code-point ranges for the Unicode general
 categories L* (letters) and N* (numbers), which the BPE pre-tokenizers need for \\p{L} and
-\\p{N} (../shared/docs/formats.md §5.5).
+\\p{N} (docs/formats.md §5.5).
 
 The data comes from Python's own unicodedata module, so no download is needed; the Unicode
 version it carries is written into the header. Ranges are inclusive [lo, hi] pairs, sorted and

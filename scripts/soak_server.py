@@ -94,9 +94,12 @@ def main():
     ap.add_argument("--model", default=os.path.join(ROOT, "models", "kvpred-default.gguf"))
     a = ap.parse_args()
     if not os.path.exists(a.model):
-        if os.environ.get("CI") == "true":
+        if os.environ.get("CI") in ("true", "1"):
             sys.exit(f"soak_server: no model at {a.model}")
         print(f"skipped: no model at {a.model}")
+        if os.environ.get("KVP_SKIP_LOG"):
+            with open(os.environ["KVP_SKIP_LOG"], "a") as f:
+                f.write(f"soak_server.py: no model at {a.model}\n")
         sys.exit(77)
     out = sys.stdout if a.out == "-" else open(a.out, "w")
 

@@ -23,6 +23,11 @@ export PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig:$tmp/prefix/lib64/pkgconfig:$t
 flags="$(pkg-config --cflags --libs kvpred)"
 # shellcheck disable=SC2086  # word splitting of the flags is intended
 "$cc" -std=c11 -Wall -Wextra -Werror $extra "$src/examples/generate.c" -o "$tmp/generate" $flags
+# the measuring and tuning header installs beside it and stands on its own
+printf '#include <kvpred_lab.h>\nint main(void) { struct kvp_store_stats s = {0}; return (int)s.steps; }\n' \
+    >"$tmp/lab.c"
+# shellcheck disable=SC2086
+"$cc" -std=c11 -Wall -Wextra -Werror $extra "$tmp/lab.c" -o "$tmp/lab" $flags
 out="$(cd "$src" && "$tmp/generate" models/kvpred-default.gguf "Once upon a time")"
 if [ -z "${out//[[:space:]]/}" ]; then
     echo "install_example: the example generated no text" >&2

@@ -8,7 +8,12 @@
 # library's objects (one ;-separated list, CMake's $<TARGET_OBJECTS>). Exit 77 (skipped) without
 # objdump or on an architecture not listed here.
 set -u
-command -v objdump >/dev/null || { echo "objdump not found: skipped"; exit 77; }
+if ! command -v objdump >/dev/null; then
+    [ "${CI:-}" = true ] && { echo "objdump not found (CI=true: a missing input fails the run)"; exit 1; }
+    echo "objdump not found: skipped"
+    [ -n "${KVP_SKIP_LOG:-}" ] && echo "prefetch_emitted.sh: objdump not found" >>"$KVP_SKIP_LOG"
+    exit 77
+fi
 IFS=';' read -ra objs <<<"$1"
 want=(kv/attention.c kv/quest_meta_avx512.c kernels/simd_vnni_avx512.c
       kernels/simd_lanes_vnni_avx512.c)

@@ -24,6 +24,7 @@
 #include "kernels/types.h"
 #include "forward/context.h"
 #include "kvpred.h"
+#include "kvpred_lab.h"
 #include "policy/policy.h"
 #include "store/store.h"
 #include "testutil.h"
@@ -341,8 +342,9 @@ static void test_aux_policies(void **state)
     kvp_model *m = NULL;
     struct kvp_err err = {0};
     if (kvp_model_open(path, NULL, &m, &err) < 0) {
-        print_message("[  SKIP    ] %s: %s\n", path, err.msg);
-        skip();
+        char what[4700];
+        snprintf(what, sizeof(what), "%s: %s", path, err.msg);
+        kvp_test_skip_missing(what);
     }
     for (int k = 0; kvp_policy_registry[k]; k++) {
         const struct kvp_policy_ops *ops = kvp_policy_registry[k];
@@ -989,7 +991,7 @@ static void test_cold_reads_together(void **state)
 /* The exact value (in double) of one row's dot with one prepared vector, as the kernels split it:
  * per 32-element block b, dw_b·dx_b·Σ q·x (q the code as the block's integer sum takes it) minus,
  * for Q4_K, dmin·m·dx·Σ x; and *T, the sum of the terms' magnitudes (per element), which the
- * rounding bound below scales. Decoded from the formats (../shared/docs/formats.md §4), not
+ * rounding bound below scales. Decoded from the formats (docs/formats.md §4), not
  * through any kernel. */
 static double exact_dot(int type, const uint8_t *row, const uint8_t *xq, int cols, double *T)
 {

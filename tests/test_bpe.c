@@ -1,5 +1,5 @@
 /*
- * Byte-level BPE tests (../shared/docs/formats.md §5.3–5.5). Golden ids come from independent
+ * Byte-level BPE tests (docs/formats.md §5.3–5.5). Golden ids come from independent
  * sources only: llama.cpp's GPT-2 vocab test vectors (ggml-vocab-gpt-2.gguf.inp/.out, read from
  * ../shared at run time), and, for the scanners, the byte map and the hand-made vocabularies below,
  * words and ids worked out by hand from the reference regexes and rules of §5.3 and §5.5.

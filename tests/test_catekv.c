@@ -1,5 +1,5 @@
 /*
- * CateKV (../shared/docs/methods.md §2): the classification arithmetic on hand-made matrices whose
+ * CateKV (docs/methods.md §2): the classification arithmetic on hand-made matrices whose
  * results are worked out in the comments (exact quantiles with interpolation, the (k, α) threshold,
  * chunk hits, CV, chunk scores, the observation matrix renormalised over the middle keys, the
  * global split, voting with its per-r reset), the chunk geometry and its edge cases, the policy end
@@ -15,6 +15,7 @@
 
 #include "forward/context.h"
 #include "kvpred.h"
+#include "kvpred_lab.h"
 #include "policy/catekv_classify.h"
 #include "forward/catekv_ctx.h"
 #include "policy/catekv_profile.h"
@@ -259,7 +260,7 @@ static void test_geometry(void **state)
     (void)state;
     struct kvp_catekv_geom g;
     struct kvp_err err = {0};
-    /* ../shared/docs/methods.md §2.2's example: n = 131072 with the defaults */
+    /* docs/methods.md §2.2's example: n = 131072 with the defaults */
     assert_int_equal(kvp_catekv_geometry(131072, 8, 64, 256, 32, 2048, &g, &err), 0);
     assert_int_equal(g.chunks, 16380);
     assert_int_equal(g.chunk_end, 131040);
@@ -908,7 +909,7 @@ static void test_cli_profile_heads(void **state)
     KVP_REQUIRE_SHARED(text, "data/tinystories/tinystories_val.txt");
     const char *cli = kvp_test_cli();
     if (!cli)
-        skip();
+        kvp_test_skip_missing("KVP_CLI not set");
     char *prof = kvp_test_tmpfile(".profile"), *png = kvp_test_tmpfile(".png");
     char cmd[16384], *out = NULL;
     snprintf(cmd, sizeof(cmd),

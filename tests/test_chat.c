@@ -1,5 +1,5 @@
 /*
- * Chat template tests (../shared/docs/formats.md §5.6). Expected prompts are written by hand from
+ * Chat template tests (docs/formats.md §5.6). Expected prompts are written by hand from
  * the formats in §5.6 and the published prompt formats of each model family (Meta's Llama 2 / Llama
  * 3 model cards, Mistral's [INST] format, ChatML, Zephyr, Phi-3, Gemma); template texts are short
  * hand-written excerpts containing the markers a real template has.

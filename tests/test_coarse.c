@@ -639,8 +639,7 @@ static void test_qpredictor_coarse_equals_flat(void **state)
     snprintf(aux, sizeof(aux), "%s/models/kvpred-default.qkvpp", src ? src : ".");
     FILE *f = fopen(aux, "rb");
     if (!f) {
-        print_message("# skipped: no %s\n", aux);
-        skip();
+        kvp_test_skip_missing(aux);
     }
     fclose(f);
     const int bs = 16, n_ctx = 8192, n_kv = 2;

@@ -1,6 +1,6 @@
 /*
  * Tests for llama2.c → GGUF conversion. Each converted file is reopened with the GGUF reader and
- * checked against the raw .bin bytes at offsets computed here from ../shared/docs/formats.md §6.1
+ * checked against the raw .bin bytes at offsets computed here from docs/formats.md §6.1
  * (not through the llama2.c reader), against the metadata the format implies, and for stories260K
  * against the independently produced stories260K.gguf. Hostile inputs and unwritable outputs must
  * fail cleanly.
@@ -123,7 +123,7 @@ static void check_converted(const char *out_path, const uint8_t *bin, size_t siz
     assert_int_equal(kvp_gguf_get_bool(g, "tokenizer.ggml.add_space_prefix", &b, &err), 0);
     assert_true(b);
 
-    /* every tensor, in llama2.c body order (../shared/docs/formats.md §6.1) */
+    /* every tensor, in llama2.c body order (docs/formats.md §6.1) */
     assert_int_equal(g->n_tensors, 2 + 9 * (uint64_t)L + (shared ? 0 : 1));
     const uint8_t *body = bin + 28;
     size_t off = 0;

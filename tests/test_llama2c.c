@@ -19,7 +19,7 @@ struct cfg {
     int32_t dim, hidden, layers, heads, kv_heads, vocab, seq_len;
 };
 
-/* Float counts of the arrays, by the formula of ../shared/docs/formats.md §6.1 written out
+/* Float counts of the arrays, by the formula of docs/formats.md §6.1 written out
  * independently. */
 static size_t n_body_floats(const struct cfg *c, int version, bool shared)
 {
@@ -212,7 +212,7 @@ static void open_real(const char *rel, const struct cfg *want, size_t file_size)
 static void test_real_stories260k(void **state)
 {
     (void)state;
-    /* ../shared/docs/formats.md §6.1: 1,056,540 bytes */
+    /* docs/formats.md §6.1: 1,056,540 bytes */
     struct cfg c = {64, 172, 5, 8, 4, 512, 512};
     open_real("models/llama2c/stories260K.bin", &c, 1056540);
 }

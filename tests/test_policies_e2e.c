@@ -13,6 +13,7 @@
 
 #include "forward/context.h"
 #include "kvpred.h"
+#include "kvpred_lab.h"
 #include "policy/policy.h"
 #include "testutil.h"
 

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kvpred.h"
+#include "kvpred_lab.h"
 #include "testutil.h"
 
 static kvp_model *fixture_model(char **path)

@@ -14,6 +14,7 @@
 #include "core/platform.h"
 #include "forward/context.h"
 #include "kvpred.h"
+#include "kvpred_lab.h"
 #include "policy/policy.h"
 #include "kv/quest_meta.h"
 #include "kv/quest_meta8.h"

@@ -40,10 +40,7 @@ static float rng_uniform(void) /* [-1, 1), xorshift64* */
 
 static bool have_kernel(void)
 {
-    if (kvp_gemm_wants(KVP_TYPE_Q8_0, 16))
-        return true;
-    print_message("[  SKIP    ] no integer prefill GEMM on this CPU (or KVP_PREFILL=sgemm)\n");
-    return false;
+    return kvp_gemm_wants(KVP_TYPE_Q8_0, 16);
 }
 
 /* W (rows × K of type) times n tokens, rows [r0, r1), tokens quantized in nslice thread-like
@@ -127,7 +124,7 @@ static void test_against_oracle(void **state)
 {
     (void)state;
     if (!have_kernel())
-        skip();
+        kvp_test_skip_unsupported("no integer prefill GEMM on this CPU (or KVP_PREFILL=sgemm)");
     rng_state = 12345;
     const int types[] = {KVP_TYPE_Q8_0, KVP_TYPE_Q4_0, KVP_TYPE_Q5_0};
     /* rows, K, n, r0, r1, slices, tile rows, accumulate */
@@ -153,7 +150,7 @@ static void test_matches_decode_dot(void **state)
 {
     (void)state;
     if (!have_kernel())
-        skip();
+        kvp_test_skip_unsupported("no integer prefill GEMM on this CPU (or KVP_PREFILL=sgemm)");
     rng_state = 777;
     enum { R = 13, K = 544, N = 21 };
     size_t rb = (size_t)K / 32 * sizeof(struct kvp_block_q8_0);
@@ -198,7 +195,7 @@ static void test_matches_decode_dot(void **state)
 /* ---- K-quant tiles (Q4_K, Q6_K): gemm_tile_k ------------------------------------------------
  *
  * The oracle decodes the weights itself, in double, from the block layouts
- * (../shared/docs/formats.md §4.4): Q4_K w = d·sc·q - dmin·m per sub-block of 32, Q6_K
+ * (docs/formats.md §4.4): Q4_K w = d·sc·q - dmin·m per sub-block of 32, Q6_K
  * w = d·sc·(q - 32) per sub-block of 16; and the activations as the Q8_K blocks the reference
  * quantizer makes of each token, x = d·q in double. The kernel sums each sub-block's products
  * exactly in int32 and then adds, per block of 32, two terms into one f32 accumulator (Q4_K: the

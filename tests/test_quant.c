@@ -2,7 +2,7 @@
  * Quantized tensor types and `kvpred quantize`.
  *
  * Layers of checks, each against an independent oracle:
- *   - block sizes and hand-made blocks with hand-computed values (../shared/docs/formats.md §4.4 by
+ *   - block sizes and hand-made blocks with hand-computed values (docs/formats.md §4.4 by
  *     hand);
  *   - quantize → dequantize round trips of Gaussian weights, with a stated RMS relative error
  *     bound per type (measured values are printed; bounds have ~25% headroom);
@@ -776,7 +776,7 @@ static void test_cli_stories(void **state)
     (void)state;
     const char *cli = kvp_test_cli();
     if (!cli)
-        skip();
+        kvp_test_skip_missing("KVP_CLI not set");
     KVP_REQUIRE_SHARED(mpath, "models/stories260K.gguf");
     KVP_REQUIRE_SHARED(tpath, "data/tinystories/tinystories_val.txt");
     /* stories260K's rows are 64 (and ffn_down's 172) wide: every K-quant falls back, and

@@ -27,6 +27,7 @@
 
 #include "core/platform.h"
 #include "kvpred.h"
+#include "kvpred_lab.h"
 #include "store/redis_slot.h"
 #include "testutil.h"
 
@@ -349,8 +350,7 @@ static long long dbsize(const struct server *sv)
 #define REQUIRE_REDIS()                                                                            \
     do {                                                                                           \
         if (!have_redis) {                                                                         \
-            print_message("[  SKIP    ] redis-server or redis-cli not found, test skipped\n");     \
-            skip();                                                                                \
+            kvp_test_skip_missing("redis-server or redis-cli not found");                          \
         }                                                                                          \
     } while (0)
 

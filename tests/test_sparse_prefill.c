@@ -16,7 +16,7 @@
 
 #include "forward/context.h"
 #include "forward/sparse_prefill.h"
-#include "kvpred.h"
+#include "kvpred_lab.h"
 #include "tasks/corpus.h"
 #include "tasks/tasks.h"
 #include "testutil.h"

@@ -29,6 +29,7 @@
 #include "forward/context.h"
 #include "kv/kvcache.h"
 #include "kvpred.h"
+#include "kvpred_lab.h"
 #include "store/store.h"
 #include "testutil.h"
 

@@ -33,6 +33,7 @@
 #include "core/platform.h"
 #include "forward/context.h"
 #include "kvpred.h"
+#include "kvpred_lab.h"
 #include "store/store.h"
 #include "testutil.h"
 
@@ -467,9 +468,9 @@ static void test_pread_path(void **state)
     assert_int_equal(decode_checked(c, ref, &first_fail, &err), 0);
     kvp_ctx_free(c);
     /* by the environment */
-    setenv("KVPRED_DISK_IO", "pread", 1);
+    setenv("KVP_DISK_IO", "pread", 1);
     check_pread(d, ref);
-    unsetenv("KVPRED_DISK_IO");
+    unsetenv("KVP_DISK_IO");
     /* the default is io_uring where the kernel allows it */
     f.disk_io = KVP_DISK_IO_AUTO;
     c = new_ctx(&f);

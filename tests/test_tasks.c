@@ -364,8 +364,7 @@ static void test_protocol_library(void **state)
     (void)state;
     const char *root = getenv("KVP_SOURCE_DIR");
     if (!root) {
-        print_message("[  SKIP    ] KVP_SOURCE_DIR not set, test skipped\n");
-        skip();
+        kvp_test_skip_missing("KVP_SOURCE_DIR not set");
     }
     char path[4096];
     snprintf(path, sizeof(path), "%s/models/kvpred-default.gguf", root);

@@ -2,7 +2,7 @@
  * Tokenizer tests. Golden ids come from independent sources only: llama.cpp's tokenization of
  * the reference text (stories260K_logits.json), llama.cpp's SPM vocab test vectors
  * (ggml-vocab-llama-spm.gguf.inp/.out), the greedy outputs in golden_greedy.jsonl, and, for the
- * hand-made vocabularies below, ids worked out by hand from the rules of ../shared/docs/formats.md
+ * hand-made vocabularies below, ids worked out by hand from the rules of docs/formats.md
  * §5.2.
  */
 #include <stdio.h>
@@ -124,7 +124,7 @@ static void test_tok512_basics(void **state)
     ids = kvp_test_encode(v, "", 0, false, false, &n);
     assert_int_equal(n, 0);
     free(ids);
-    /* a newline is the byte token <0x0A> = 3 + 10 (../shared/docs/formats.md §5.2, tok512 layout
+    /* a newline is the byte token <0x0A> = 3 + 10 (docs/formats.md §5.2, tok512 layout
      * §6.3) */
     ids = kvp_test_encode(v, "a\nb", 3, false, false, &n);
     bool found = false;

@@ -1730,8 +1730,7 @@ static void test_cli_train_lm(void **state)
     (void)state;
     const char *cli = kvp_test_cli();
     if (!cli) {
-        print_message("[  SKIP    ] KVP_CLI not set, test skipped\n");
-        skip();
+        kvp_test_skip_missing("KVP_CLI not set");
     }
     char cmd[2048], *out = NULL;
     snprintf(cmd, sizeof(cmd), "%s train-lm --data x --steps abc", cli);

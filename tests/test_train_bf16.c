@@ -117,7 +117,7 @@ static void test_conversions(void **state)
     (void)state;
     const struct kvp_tk_ops *t[2];
     if (tables(t) < 2)
-        skip();
+        kvp_test_skip_unsupported("one trainer kernel table on this CPU");
     struct kvp_rng rng;
     kvp_rng_seed(&rng, 3);
     enum { N = 77 };
@@ -147,7 +147,7 @@ static void test_swiglu(void **state)
     (void)state;
     const struct kvp_tk_ops *t[2];
     if (tables(t) < 2)
-        skip();
+        kvp_test_skip_unsupported("one trainer kernel table on this CPU");
     enum { N = 1003 };
     struct kvp_rng rng;
     kvp_rng_seed(&rng, 4);

@@ -6,6 +6,7 @@
 #define KVP_TESTS_TESTUTIL_H
 
 #include <setjmp.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -16,7 +17,8 @@
  * paths asked for stay valid together (a test's model, text and reference). */
 const char *kvp_test_shared(const char *relpath);
 
-/* Same, but skips the current cmocka test with a message when the file is missing. */
+/* Same, but skips the current cmocka test with a message when the file is missing (under CI,
+ * kvp_test_shared has failed it already, and outside it has noted the skip). */
 #define KVP_REQUIRE_SHARED(var, relpath)                                                           \
     const char *var = kvp_test_shared(relpath);                                                    \
     do {                                                                                           \
@@ -25,6 +27,32 @@ const char *kvp_test_shared(const char *relpath);
             skip();                                                                                \
         }                                                                                          \
     } while (0)
+
+/* Whether the tests run under CI (CI=true): then a missing input is a failure, not a skip. */
+bool kvp_test_in_ci(void);
+
+/* Append "program: why" to $KVP_SKIP_LOG (scripts/test.sh counts the lines at the end). */
+void kvp_test_note_skip(const char *why);
+
+/* A missing input (a file, a tool, a server): under CI fail the current test naming it, else
+ * skip it with a message and a line in the skip log. Does not return. */
+void kvp_test_skip_missing(const char *what);
+
+/* Skip the current test because this machine cannot run it (a CPU feature, /proc): a skip under
+ * CI too, noted in the skip log. Does not return. */
+void kvp_test_skip_unsupported(const char *why);
+
+/* KVP_TEST_FILTER that matches none of tests[0..n): says so and returns 1 (the program then
+ * fails instead of running nothing); else 0. cmocka_run_group_tests below calls it. */
+int kvp_test_filter_check(const struct CMUnitTest *tests, size_t n);
+
+#undef cmocka_run_group_tests
+#define cmocka_run_group_tests(group_tests, group_setup, group_teardown)                           \
+    (kvp_test_filter_check(group_tests, sizeof(group_tests) / sizeof((group_tests)[0]))            \
+         ? 1                                                                                       \
+         : _cmocka_run_group_tests(#group_tests, group_tests,                                      \
+                                   sizeof(group_tests) / sizeof((group_tests)[0]), group_setup,    \
+                                   group_teardown))
 
 /* gamma(n) = n·u / (1 - n·u), u = 2^-24 (f32's unit roundoff): a sum of n f32 products (or of
  * n - 1 additions and one more rounding) computed in any order, with or without FMA, lies within
@@ -42,10 +70,8 @@ const char *kvp_test_cli(void);
 #define KVP_REQUIRE_CLI(var)                                                                       \
     const char *var = kvp_test_cli();                                                              \
     do {                                                                                           \
-        if (!var) {                                                                                \
-            print_message("[  SKIP    ] KVP_CLI not set, test skipped\n");                         \
-            skip();                                                                                \
-        }                                                                                          \
+        if (!var)                                                                                  \
+            kvp_test_skip_missing("KVP_CLI not set");                                              \
     } while (0)
 
 /* Run a shell command that must fail the kvpred way: exit status 1 and exactly one output line,

@@ -37,6 +37,7 @@
 #include "core/rng.h"
 #include "kernels/simd.h"
 #include "kernels/types.h"
+#include "kvpred_lab.h"
 
 #define MAX_LIST 32
 

@@ -48,6 +48,7 @@
 #include "kernels/prefill_gemm.h"
 #include "kernels/simd.h"
 #include "kernels/types.h"
+#include "kvpred_lab.h"
 
 static const char *const fill_names[] = {"prefill", "tile", NULL};
 

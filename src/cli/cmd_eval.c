@@ -1,7 +1,7 @@
 /*
  * `kvpred eval`: every policy × budget on identical forced tokens, measured against the dense
  * reference (src/eval/measure.h has the protocol and the metric definitions,
- * ../shared/docs/methods.md §6).
+ * docs/methods.md §6).
  *
  * Output: a table (stdout; stderr with --json) and, with --json, one JSON object per line per
  * (policy, budget) on stdout. `full` ignores budgets, so it runs once with budget "all".
@@ -48,11 +48,11 @@
  *   read_tokens            number  mean |S| (tokens read) per step, compressed layer and KV
  *                                  head; above budget_tokens for policies whose budget leaves
  *                                  out generated tokens (snapkv, pyramidkv:
- *                                  ../shared/docs/methods.md §4) or whose block-aligned local
+ *                                  docs/methods.md §4) or whose block-aligned local
  *                                  window overshoots it by < bs
  *   compression            number  achieved compression 1 - kept/Lk (kept: tokens not evicted),
  *                                  mean over steps, compressed layers and KV heads
- *                                  (../shared/docs/methods.md §4)
+ *                                  (docs/methods.md §4)
  *   kv_resident_bytes      int     KV bytes in physical blocks holding live tokens, after the
  *                                  last step (all layers); the run keeps evicted data in place,
  *                                  so token-evicting policies are counted as compacted, exactly

@@ -1,5 +1,5 @@
 /*
- * `kvpred eval --task T`: RULER-style retrieval accuracy (../shared/docs/tasks.md §1, the needle
+ * `kvpred eval --task T`: RULER-style retrieval accuracy (docs/tasks.md §1, the needle
  * grid of §2.3) for every policy × budget. The prompts come from the task generators (src/tasks)
  * with the Paul Graham essays as filler, sized in tokens of the model under test; every policy sees
  * the very same prompts. The pass key hides in its own noise line unless --filler names a text,

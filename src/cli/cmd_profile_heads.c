@@ -1,5 +1,5 @@
 /*
- * `kvpred profile-heads`: CateKV static head identification (../shared/docs/methods.md §2.4). Cuts
+ * `kvpred profile-heads`: CateKV static head identification (docs/methods.md §2.4). Cuts
  * reference texts into samples of --prefill tokens, classifies every sample dynamically with the
  * catekv policy (its CVs over layers × KV heads), votes for the fraction r of adaptive heads and
  * writes a head profile (format: src/policy/catekv_profile.h) for `--head-profile` /

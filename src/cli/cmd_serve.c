@@ -36,7 +36,7 @@ static void help(void)
            "                       (-c is the context of each slot)\n"
            "  --queue N            requests waiting for a slot before 429 (default 4 x slots)\n"
            "  --api-key KEY        require 'Authorization: Bearer KEY' (all but /health); also\n"
-           "                       read from $KVPRED_API_KEY\n"
+           "                       read from $KVP_API_KEY\n"
            "  --max-body BYTES     largest request body (default 8388608)\n"
            "  --max-tokens N       largest max_tokens a request may ask (default: the context)\n"
            "  --n-predict N        max_tokens when a request gives none (default 128)\n"
@@ -70,7 +70,7 @@ static void help(void)
            "  --budget B           tokens per layer and KV head, or a ratio such as 1/16\n"
            "  predictor, qpredictor and catekv find their file beside the model\n"
            "  (MODEL.kvpp, .qkvpp, .catekv-r0.2.profile) when --aux / --head-profile is not given\n"
-           "  KVPRED_SERVE_TRACE=1 in the environment logs where each prompt's time went\n"
+           "  KVP_SERVE_TRACE=1 in the environment logs where each prompt's time went\n"
            "%s"
            "                       (every slot's prompts)\n"
            "%s",
@@ -130,7 +130,7 @@ static int parse_args(struct serve_opts *o, int argc, char **argv)
         cli_prefill_check(&o->pf))
         return 1;
     if (!o->api_key)
-        o->api_key = getenv("KVPRED_API_KEY");
+        o->api_key = getenv("KVP_API_KEY");
     if (o->api_key && !*o->api_key)
         return cli_fail("serve: --api-key is empty");
     return 0;

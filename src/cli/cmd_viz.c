@@ -22,6 +22,7 @@
 #include "image/draw.h"
 #include "image/png.h"
 #include "policy/catekv_profile.h"
+#include "kvpred_lab.h"
 
 #define LOG_FLOOR (-4.0) /* log10 of the smallest block mass with a colour */
 #define SEP_W     3      /* separator width in pixels */

@@ -57,8 +57,16 @@ static void usage(FILE *f)
         fprintf(f, "  %-16s %s\n", commands[i].name, commands[i].help);
 }
 
+/* The library's notices (kvp_set_log) go to stderr, one line each, as the CLI's own do. */
+static void log_to_stderr(void *user, const char *line)
+{
+    (void)user;
+    fprintf(stderr, "kvpred: %s\n", line);
+}
+
 int main(int argc, char **argv)
 {
+    kvp_set_log(log_to_stderr, NULL);
     if (argc < 2) {
         usage(stderr);
         return 1;

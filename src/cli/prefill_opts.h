@@ -8,7 +8,7 @@
 #include <stdio.h>
 
 #include "cli/common.h"
-#include "kvpred.h"
+#include "kvpred_lab.h"
 
 struct cli_prefill_opts {
     int policy;          /* index in cli_prefill_names (0: dense) */

@@ -21,7 +21,7 @@ const char *cli_tier_flags_help =
     "  --kv-sq-cpu N        disk tier: run that polling thread on CPU N (for example with\n"
     "                       the decode thread kept elsewhere by taskset)\n"
     "  --kv-disk-io P       disk tier: auto, io_uring or pread (default auto: io_uring, pread\n"
-    "                       threads where it is refused; KVPRED_DISK_IO sets auto's choice)\n";
+    "                       threads where it is refused; KVP_DISK_IO sets auto's choice)\n";
 
 int cli_tier_check(const struct cli_tier_opts *o, bool has_policy)
 {

@@ -1,5 +1,6 @@
 /* Four interleaved CRC32C streams (see checksum.h). */
 #include "core/checksum.h"
+#include "core/settings.h"
 
 #include <pthread.h>
 #include <stdbool.h>
@@ -25,9 +26,8 @@ static void init_once(void)
         crc_table[i] = c;
     }
 #if defined(__x86_64__)
-    const char *simd = getenv("KVP_SIMD");
     __builtin_cpu_init();
-    use_hw = __builtin_cpu_supports("sse4.2") && !(simd && !strcmp(simd, "scalar"));
+    use_hw = __builtin_cpu_supports("sse4.2") && !kvp_setting_is(KVP_SETTING_SIMD, "scalar");
 #endif
 }
 

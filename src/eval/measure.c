@@ -23,6 +23,7 @@
 #include "eval/metrics.h"
 #include "forward/context.h"
 #include "policy/policy.h"
+#include "kvpred_lab.h"
 
 struct kvp_measure {
     const kvp_model *model; /* borrowed */

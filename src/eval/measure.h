@@ -1,6 +1,6 @@
 /*
  * The measuring harness: runs a KV selection policy on forced tokens next to the dense reference
- * and reduces ../shared/docs/methods.md §6's metrics to one row per (policy, budget).
+ * and reduces docs/methods.md §6's metrics to one row per (policy, budget).
  *
  * Protocol (the same forced tokens for every policy): prefill tokens[0, N) densely, then decode
  * M steps with teacher forcing; step i feeds tokens[N + i] and its next-token distribution is
@@ -30,6 +30,7 @@
 
 #include "core/err.h"
 #include "kvpred.h"
+#include "kvpred_lab.h"
 
 struct kvp_measure;
 

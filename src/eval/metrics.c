@@ -1,6 +1,6 @@
 /*
  * Metrics of KV selection (see metrics.h): logit fidelity (KL, top-1, log-likelihood), attention
- * recovery, token retention and the block and token oracles of ../shared/docs/methods.md §6.
+ * recovery, token retention and the block and token oracles of docs/methods.md §6.
  *
  * The oracles are the policy library's selection helpers (select_util.c: kvp_block_plan,
  * kvp_sel_best, kvp_keep_tokens) applied to the true attention, so an oracle row here and the

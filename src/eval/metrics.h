@@ -1,5 +1,5 @@
 /*
- * Metrics of KV selection (../shared/docs/methods.md §6), as small pure functions over plain arrays
+ * Metrics of KV selection (docs/methods.md §6), as small pure functions over plain arrays
  * so that the tests can check each one on hand-made data and the measuring harness (measure.h) only
  * has to gather the arrays.
  *
@@ -32,12 +32,12 @@ double kvp_metric_recovery(const float *a, int n_keys, const uint64_t *masks, in
 /* Tokens of S below n_keys. */
 int kvp_metric_set_size(const uint64_t *masks, int n_keys, int bs);
 
-/* Token retention |TopK(a) ∩ S| / K with K = min(k, n_keys) (../shared/docs/methods.md §6). scratch
+/* Token retention |TopK(a) ∩ S| / K with K = min(k, n_keys) (docs/methods.md §6). scratch
  * holds 2 * n_keys ints. 1 when n_keys is 0. */
 double kvp_metric_retention(const float *a, int n_keys, const uint64_t *masks, int bs, int k,
                             int *scratch);
 
-/* Oracle selections at the budget of a policy (../shared/docs/methods.md §6, "oracle granularity"),
+/* Oracle selections at the budget of a policy (docs/methods.md §6, "oracle granularity"),
  * built with the policy library's own helpers (select_util.c), so an oracle row here selects
  * exactly what the `oracle` and `oracle_token` policies would on the same scores:
  *   block oracle: kvp_block_plan(p, n_keys), the plan every block policy uses (forced sink,

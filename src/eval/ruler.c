@@ -1,5 +1,5 @@
 /*
- * RULER scoring (../shared/docs/tasks.md §1.1): post-processing and string_match_all. Predictions
+ * RULER scoring (docs/tasks.md §1.1): post-processing and string_match_all. Predictions
  * are short (at most a few hundred bytes), so a plain case-insensitive search is all it needs.
  */
 #include <ctype.h>

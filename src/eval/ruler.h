@@ -1,5 +1,5 @@
 /*
- * Scoring of RULER-style predictions (../shared/docs/tasks.md §1.1): the prediction is stripped and
+ * Scoring of RULER-style predictions (docs/tasks.md §1.1): the prediction is stripped and
  * every character in U+0000–U+001F becomes '\n'; string_match_all is the fraction of the reference
  * strings that occur in it, case-insensitively, as substrings. Passkey and numeric needles use the
  * same rule with one reference (§2.3 there: 1 if the number appears in the output).

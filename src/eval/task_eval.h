@@ -1,6 +1,6 @@
 /*
  * The evaluation protocol of `kvpred eval --task` (RULER-style retrieval accuracy,
- * ../shared/docs/tasks.md §1 and the needle grid of §2.3), in the library so the CLI only parses
+ * docs/tasks.md §1 and the needle grid of §2.3), in the library so the CLI only parses
  * and prints and the tests reach it directly.
  *
  * Tasks: each evaluation task names one of the task generators (src/tasks) and RULER's

@@ -10,6 +10,7 @@
 
 #include "forward/context.h"
 #include "kv/quest_meta.h"
+#include "kvpred_lab.h"
 
 int kvp_trace_record(struct kvp_trace_writer *w, kvp_ctx *ctx, const int32_t *tokens, int n,
                      struct kvp_err *err)

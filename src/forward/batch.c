@@ -22,6 +22,7 @@
 #include "policy/host.h"
 #include "policy/policy.h"
 #include "store/store.h"
+#include "kvpred_lab.h"
 
 struct kvp_engine {
     struct kvp_shared *sh;       /* owned */

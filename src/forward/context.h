@@ -12,6 +12,7 @@
 #include "kv/kvcache.h"
 #include "model/model.h"
 #include "policy/host.h"
+#include "kvpred_lab.h"
 
 struct kvp_store;
 

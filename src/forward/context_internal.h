@@ -14,6 +14,7 @@
 
 #include "core/threadpool.h"
 #include "forward/context.h"
+#include "kvpred_lab.h"
 
 struct kvp_lanes;
 struct kvp_spf;

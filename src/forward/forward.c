@@ -1,5 +1,5 @@
 /*
- * Forward pass of the `llama` architecture (../shared/docs/formats.md §3.3): batched prefill and
+ * Forward pass of the `llama` architecture (docs/formats.md §3.3): batched prefill and
  * single-token decode over the block-paged KV cache.
  *
  * One call to kvp_eval runs as a single thread-pool region: every thread walks the same sequence
@@ -34,6 +34,7 @@
 #include "kv/attention.h"
 #include "model/rope.h"
 #include "policy/host.h"
+#include "kvpred_lab.h"
 
 /* ---- setup -------------------------------------------------------------------------------- */
 

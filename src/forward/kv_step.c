@@ -12,6 +12,7 @@
 #include "forward/sparse_prefill.h"
 #include "kv/attention.h"
 #include "store/store.h"
+#include "kvpred_lab.h"
 
 /* ---- lifetime ------------------------------------------------------------------------------ */
 

@@ -28,6 +28,7 @@
 
 #include "core/err.h"
 #include "kvpred.h"
+#include "kvpred_lab.h"
 
 struct kvp_ctx;
 struct kvp_shared;

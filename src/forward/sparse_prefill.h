@@ -16,7 +16,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "kvpred.h"
+#include "kvpred_lab.h"
 
 struct kvp_ctx;
 struct kvp_thread_scratch;

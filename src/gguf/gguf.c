@@ -1,5 +1,5 @@
 /*
- * GGUF reader (../shared/docs/formats.md §1): header, metadata records, tensor records, and every
+ * GGUF reader (docs/formats.md §1): header, metadata records, tensor records, and every
  * safety check the container needs before anything points into the tensor data.
  *
  * The file is untrusted. All bytes are decoded through a struct kvp_cursor, every length and

@@ -1,5 +1,5 @@
 /*
- * GGUF v2/v3 reader and writer (../shared/docs/formats.md §1).
+ * GGUF v2/v3 reader and writer (docs/formats.md §1).
  *
  * The reader maps the file (or takes a caller's buffer), decodes the header, every metadata
  * record and every tensor record through a bounds-checked cursor, and checks every size, offset

@@ -1,5 +1,5 @@
 /*
- * GGUF v3 writer (../shared/docs/formats.md §1): the inverse of gguf.c, used by `kvpred convert`,
+ * GGUF v3 writer (docs/formats.md §1): the inverse of gguf.c, used by `kvpred convert`,
  * the trainer and the tests to build files whose every byte is known.
  *
  * Each metadata value is encoded into its own small buffer when it is set (type id plus value
@@ -11,7 +11,7 @@
  * Layout: header, metadata records, tensor-info records, zero padding up to the alignment (only
  * when there are tensors), then the tensor data, each tensor starting at a multiple of the
  * alignment with zero padding between tensors. Nothing follows the last tensor, so the file ends
- * where its data ends (../shared/docs/formats.md: padding appears only before and inside the data
+ * where its data ends (docs/formats.md: padding appears only before and inside the data
  * section). The alignment is 32 unless the caller sets `general.alignment` (any integer setter, or
  * kvp_gguf_writer_set_alignment), which then is written into the file and obeyed.
  *

@@ -10,6 +10,7 @@
  * share, like the dequantized tiles of the sgemm path.
  */
 #include "kernels/prefill_gemm.h"
+#include "core/settings.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -26,8 +27,7 @@ static bool env_sgemm; /* KVP_PREFILL=sgemm: keep the dequantize + sgemm path */
 
 static void env_init(void)
 {
-    const char *v = getenv("KVP_PREFILL");
-    env_sgemm = v && strcmp(v, "sgemm") == 0;
+    env_sgemm = kvp_setting_is(KVP_SETTING_PREFILL, "sgemm");
 }
 
 static bool is_k(int type)

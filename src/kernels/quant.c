@@ -1,7 +1,7 @@
 /*
  * Reference quantizers and dequantizers for the block types in quant.h.
  *
- * Dequantizers transcribe ../shared/docs/formats.md §4.4 one formula per loop, so that they can be
+ * Dequantizers transcribe docs/formats.md §4.4 one formula per loop, so that they can be
  * checked line by line against the spec; they are also the prefill path (a weight tile is
  * dequantized and handed to sgemm), where they run once per tile row and are not the bottleneck.
  *

@@ -2,7 +2,7 @@
  * Quantized block formats beyond Q8_0: the 32-element types (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL),
  * the 256-element K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) and Q8_K, the activation format the
  * K-quant dots consume. Layouts, byte offsets and dequantization formulas are
- * ../shared/docs/formats.md §4.3 and §4.4, which match upstream ggml; the structs below pin those
+ * docs/formats.md §4.3 and §4.4, which match upstream ggml; the structs below pin those
  * layouts at compile time.
  *
  * This module holds the reference (scalar) converters only: dequantize a row to f32 and quantize
@@ -66,7 +66,7 @@ _Static_assert(sizeof(struct kvp_block_iq4_nl) == 18, "iq4_nl block is 18 bytes"
 /* Q2_K: 16 sub-blocks of 16; scales[k] = scale (low nibble) | min (high nibble). */
 struct kvp_block_q2_k {
     uint8_t scales[16];
-    uint8_t qs[64]; /* 2-bit quants, four per byte (../shared/docs/formats.md §4.4 for the order) */
+    uint8_t qs[64]; /* 2-bit quants, four per byte (docs/formats.md §4.4 for the order) */
     uint16_t d;     /* f16 super-block scale for the 4-bit scales */
     uint16_t dmin;  /* f16 super-block scale for the 4-bit mins */
 };
@@ -117,11 +117,11 @@ struct kvp_block_q8_k {
 };
 _Static_assert(sizeof(struct kvp_block_q8_k) == 292, "q8_k block is 292 bytes");
 
-/* The IQ4_NL code book (../shared/docs/formats.md §4.4). */
+/* The IQ4_NL code book (docs/formats.md §4.4). */
 extern const int8_t kvp_iq4nl_table[16];
 
 /* Unpack the 12-byte Q4_K/Q5_K scale field into eight 6-bit scales and eight 6-bit mins
- * (../shared/docs/formats.md §4.4). Inline: the SIMD dots call it once per 256 weights. */
+ * (docs/formats.md §4.4). Inline: the SIMD dots call it once per 256 weights. */
 static inline void kvp_k_scales_unpack(const uint8_t s[KVP_K_SCALE_SIZE], uint8_t sc[8],
                                        uint8_t m[8])
 {
@@ -136,7 +136,7 @@ static inline void kvp_k_scales_unpack(const uint8_t s[KVP_K_SCALE_SIZE], uint8_
 }
 
 /* Unpack the 12-byte Q3_K scale field into sixteen signed scales (-32..31), byte-wise as in
- * ../shared/docs/formats.md §4.4 (endian-free). */
+ * docs/formats.md §4.4 (endian-free). */
 static inline void kvp_q3_k_scales_unpack(const uint8_t s[12], int8_t sc[16])
 {
     for (int i = 0; i < 16; i++) {
@@ -148,7 +148,7 @@ static inline void kvp_q3_k_scales_unpack(const uint8_t s[12], int8_t sc[16])
 
 /*
  * Row converters. n is a multiple of the block size (32 or 256); src/dst may be unaligned.
- * Dequantizers apply ../shared/docs/formats.md §4.4 exactly. Quantizers write n / block_size
+ * Dequantizers apply docs/formats.md §4.4 exactly. Quantizers write n / block_size
  * blocks; the K-quant ones choose per-sub-block scales with a least-squares search (see quant.c).
  */
 void kvp_dequant_row_q4_0(const void *src, float *dst, int64_t n);

@@ -14,6 +14,7 @@
  * falls back to the best table it can run rather than crashing on an illegal instruction.
  */
 #include "kernels/simd.h"
+#include "core/settings.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -62,7 +63,7 @@ const struct kvp_simd_ops *kvp_simd_pick(const char *want, int features)
 static void simd_init(void)
 {
     simd_features = kvp_cpu_features();
-    atomic_store_explicit(&simd_best, kvp_simd_pick(getenv("KVP_SIMD"), simd_features),
+    atomic_store_explicit(&simd_best, kvp_simd_pick(kvp_setting(KVP_SETTING_SIMD), simd_features),
                           memory_order_release);
 }
 

@@ -492,7 +492,7 @@ static float dot_q4_k(const void *w, const void *xq, int64_t n)
     return hsum256(_mm256_sub_ps(fold(acc), mins));
 }
 
-/* Q6_K × Q8_K: per half, two zmm of 64 codes (runs 0|1 and 2|3 of ../shared/docs/formats.md §4.4);
+/* Q6_K × Q8_K: per half, two zmm of 64 codes (runs 0|1 and 2|3 of docs/formats.md §4.4);
  * the eight int8 scales of the half are widened and spread over the int16 pairs with vpermw. */
 static float dot_q6_k(const void *w, const void *xq, int64_t n)
 {

@@ -102,7 +102,7 @@ static void block_accum(const float *p, const float *v, int hd, int n, float *ou
 
 /* Row batches are plain loops over the single-row dots here; the SIMD files do real batching.
  * Float rows are read through memcpy-free casts: GGUF keeps f32 rows 4-aligned and f16/bf16 rows
- * 2-aligned (../shared/docs/formats.md §1.5), which is all these loads need. */
+ * 2-aligned (docs/formats.md §1.5), which is all these loads need. */
 static void rows_f32(const void *w, size_t row_bytes, const float *x, int64_t n, int64_t nrows,
                      float *y)
 {
@@ -157,7 +157,7 @@ static void dequant_q8_0(const void *src, float *dst, int64_t n)
 /* ============================== quantized weights ==============================
  *
  * Each dot decodes one weight block into its integer codes (exactly the integers
- * ../shared/docs/formats.md §4.4 multiplies by the scales), sums code × activation products in
+ * docs/formats.md §4.4 multiplies by the scales), sums code × activation products in
  * int32 per sub-block, applies the integer sub-block scales in int32, and only then the float
  * scales: the same arithmetic the SIMD kernels do, written out plainly. */
 

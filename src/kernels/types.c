@@ -1,5 +1,5 @@
 /*
- * The type table (see types.h). Sizes follow ../shared/docs/formats.md §4.1/§4.3 for every GGUF
+ * The type table (see types.h). Sizes follow docs/formats.md §4.1/§4.3 for every GGUF
  * type id so that files holding types kvpred cannot compute with yet still parse and get a precise
  * error later.
  */

@@ -14,10 +14,10 @@
 
 #define KVP_QK8_0 32
 
-/* Type ids the public enum kvp_type does not list (../shared/docs/formats.md §4.1). */
+/* Type ids the public enum kvp_type does not list (docs/formats.md §4.1). */
 enum { KVP_TYPE_IQ4_NL = 20 };
 
-/* Q8_0: 32 int8 quants and one f16 scale (../shared/docs/formats.md §4.3). */
+/* Q8_0: 32 int8 quants and one f16 scale (docs/formats.md §4.3). */
 struct kvp_block_q8_0 {
     uint16_t d;      /* f16 scale */
     int8_t qs[KVP_QK8_0];

@@ -1,5 +1,6 @@
 /* Quest's per-block key metadata (see quest_meta.h). */
 #include "kv/quest_meta.h"
+#include "core/settings.h"
 
 #include <pthread.h>
 #include <stdint.h>
@@ -262,7 +263,7 @@ static qm_f16_tile_fn f16_tile_best;
 static void pick_f16_tile(void)
 {
 #if defined(__x86_64__)
-    const char *want = getenv("KVP_SIMD");
+    const char *want = kvp_setting(KVP_SETTING_SIMD);
     if ((kvp_cpu_features() & KVP_CPU_AVX512) &&
         !(want && (!strcmp(want, "scalar") || !strcmp(want, "avx2"))))
         f16_tile_best = kvp_qmeta_tiles_sel_f16_avx512;

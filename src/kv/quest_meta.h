@@ -1,5 +1,5 @@
 /*
- * Quest's per-block key metadata (../shared/docs/methods.md §3.5), shared by the `quest` policy,
+ * Quest's per-block key metadata (docs/methods.md §3.5), shared by the `quest` policy,
  * the query-aware predictor `qpredictor` and the trace recorder: for every (layer, KV head) and
  * block, the element-wise max and min of the block's keys after RoPE, folded in one token at a
  * time. 2 × head_dim floats per block and (layer, KV head): 1/8 of the keys at bs = 16.

@@ -1,5 +1,6 @@
 /* The 8-bit copy of Quest's block metadata (see quest_meta8.h). */
 #include "kv/quest_meta8.h"
+#include "core/settings.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -206,7 +207,7 @@ static tile_fn tile_best = tile_scalar;
 static void pick(void)
 {
 #if defined(__x86_64__)
-    const char *want = getenv("KVP_SIMD");
+    const char *want = kvp_setting(KVP_SETTING_SIMD);
     if ((kvp_cpu_features() & KVP_CPU_AVX512VNNI) &&
         !(want && (!strcmp(want, "scalar") || !strcmp(want, "avx2") || !strcmp(want, "avx512"))))
         tile_best = kvp_qmeta8_tile_vnni;

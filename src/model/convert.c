@@ -4,7 +4,7 @@
  * The checkpoint stays mapped while the writer borrows pointers into it, so no weight is copied
  * before serialization. Each llama2.c array holds all layers back to back ([L][out][in]), and
  * layer i of it becomes tensor blk.i.* with ne = [in, out] (GGUF lists the innermost dimension
- * first, ../shared/docs/formats.md §3.1): the row-major bytes are identical, only the name and
+ * first, docs/formats.md §3.1): the row-major bytes are identical, only the name and
  * shape are new. llama2.c names the SwiGLU matrices w1 (gate), w3 (up) and w2 (down).
  *
  * Metadata follows what llama.cpp's converter writes for a Llama model (u32 counts, f32 epsilon

@@ -1,5 +1,5 @@
 /*
- * llama2.c checkpoint reader (../shared/docs/formats.md §6.1, §6.2).
+ * llama2.c checkpoint reader (docs/formats.md §6.1, §6.2).
  *
  * A llama2.c checkpoint is a small header followed by raw f32 arrays. The legacy layout
  * ("version 0", written by the original export and by most forks) has no magic at all: seven

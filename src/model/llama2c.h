@@ -1,5 +1,5 @@
 /*
- * llama2.c checkpoint reader (../shared/docs/formats.md §6.1, §6.2). Legacy ("version 0") files
+ * llama2.c checkpoint reader (docs/formats.md §6.1, §6.2). Legacy ("version 0") files
  * have a 28-byte header of seven int32 and no magic, so the file size computed from the header must
  * match exactly; version 1 files start with the "ak42" magic and a 256-byte header. Both are
  * all-f32. Version 2 (int8 groups) is refused as unsupported. Arrays point into the mapping.

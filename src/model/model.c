@@ -469,7 +469,7 @@ static int model_from_llama2c(struct kvp_llama2c *c, const char *path, struct kv
     hp->head_dim = c->dim / c->n_heads;
     hp->n_ff = c->hidden_dim;
     hp->n_ctx_train = c->seq_len;
-    hp->norm_eps = 1e-5f; /* llama2.c constants (../shared/docs/formats.md §6.1) */
+    hp->norm_eps = 1e-5f; /* llama2.c constants (docs/formats.md §6.1) */
     hp->rope_base = 10000.0f;
     hp->rope_style = KVP_ROPE_NORM;
     hp->rope_freq_scale = 1.0f;

@@ -1,7 +1,7 @@
 /*
  * The in-memory model: hyperparameters, weight matrices (pointing into the file mapping) and the
  * vocabulary. Both GGUF files and llama2.c checkpoints load into this one struct, so a single
- * forward pass serves both (../shared/docs/formats.md §6.4).
+ * forward pass serves both (docs/formats.md §6.4).
  */
 #ifndef KVP_MODEL_MODEL_H
 #define KVP_MODEL_MODEL_H

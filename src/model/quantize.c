@@ -7,7 +7,7 @@
  * at a time to f32 (the type table's to_f32) and re-encoded with the target's reference
  * quantizer (from_f32). Which 2-D tensors change type follows llama.cpp's `quantize` tool: all of
  * them, token_embd and output included, unless keep_output is set; when a row length is not a
- * multiple of the target's block size the matrix falls back as ../shared/docs/formats.md §4.5
+ * multiple of the target's block size the matrix falls back as docs/formats.md §4.5
  * describes, which is how Q4_K_M files of models such as Qwen2-0.5B end up holding Q5_0 and Q8_0
  * tensors.
  */

@@ -41,7 +41,7 @@ int kvp_quantize_file(const char *in_path, const char *out_path,
                       struct kvp_err *err);
 
 /* The type a matrix with rows of ne0 elements gets when `type` is asked for: type itself when
- * ne0 is a multiple of its block size, else the ../shared/docs/formats.md §4.5 fallback (Q4_K →
+ * ne0 is a multiple of its block size, else the docs/formats.md §4.5 fallback (Q4_K →
  * Q5_0, Q5_K → Q5_1, Q6_K → Q8_0, Q2_K / Q3_K → IQ4_NL), else F16. */
 int kvp_quantize_pick_type(int type, int64_t ne0);
 

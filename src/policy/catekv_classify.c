@@ -1,6 +1,6 @@
 /*
  * CateKV classification arithmetic (see catekv_classify.h for the rules and
- * ../shared/docs/methods.md §2).
+ * docs/methods.md §2).
  *
  * The workload: per (layer, KV head) one observation matrix of w × |M| probabilities (64 × 130K
  * at 128K context), two exact quantiles over all of its entries, one pass for chunk hits and one
@@ -265,7 +265,8 @@ int kvp_catekv_vote(const double *cvs, int n_samples, int n_heads, double r, int
         free(sorted);
         return kvp_err_set(err, KVP_ENOMEM, "catekv vote: out of memory");
     }
-    memset(votes, 0, (size_t)n_heads * sizeof(int)); /* per-r reset (upstream defect 2) */
+    /* per-r reset (docs/methods.md §8.2 item 2) */
+    memset(votes, 0, (size_t)n_heads * sizeof(int));
     for (int s = 0; s < n_samples; s++) {
         const double *cv = cvs + (size_t)s * n_heads;
         memcpy(tmp, cv, (size_t)n_heads * sizeof(double));

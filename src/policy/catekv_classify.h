@@ -1,5 +1,5 @@
 /*
- * CateKV head classification (../shared/docs/methods.md §2.2-§2.5): chunk geometry, the observation
+ * CateKV head classification (docs/methods.md §2.2-§2.5): chunk geometry, the observation
  * matrix, binarization, chunk hits, the coefficient of variation (CV) of per-chunk hit counts, the
  * global adaptive/consistent split, the voting recipe of static identification, and the chunk
  * scores consistent heads are selected by.
@@ -9,11 +9,11 @@
  * cmd_profile_heads.c alike:
  *   - quantiles are exact (deterministic quickselect over all entries, no sampling) with linear
  *     interpolation at position p·(N−1) between neighbouring order statistics, as torch.quantile;
- *     upstream's 2^24-element limit (defect 3) does not exist here;
+ *     upstream's 2^24-element limit (docs/methods.md §8.2 item 3) does not exist here;
  *   - the hit test is strict (A > τ), τ = max(vmin + (vmax − vmin)·α, 1e-9);
  *   - CV uses the unbiased (N−1) standard deviation over the middle chunks and a mean floor of
  *     1e-10 (a head without hits gets CV 0); with fewer than 2 middle chunks CV is 0;
- *   - ties in chunk selection go to the lower chunk index (defect 4).
+ *   - ties in chunk selection go to the lower chunk index (docs/methods.md §8.2 item 4).
  * The dynamic encoding of upstream (1 = consistent) is not used: kvpred writes 1 = adaptive
  * everywhere, as the static masks do.
  */
@@ -30,7 +30,7 @@
 #define KVP_CATEKV_TAU_FLOOR  1e-9  /* smallest binarization threshold */
 #define KVP_CATEKV_MEAN_FLOOR 1e-10 /* CV denominator floor */
 
-/* Chunk geometry of one prompt (../shared/docs/methods.md §2.2). All positions are token positions.
+/* Chunk geometry of one prompt (docs/methods.md §2.2). All positions are token positions.
  * */
 struct kvp_catekv_geom {
     int n;         /* prompt tokens */
@@ -64,11 +64,11 @@ int kvp_catekv_geometry(int n, int chunk, int sink, int recent, int tail, int bu
 double kvp_catekv_quantile_f(float *x, size_t n, double p);
 double kvp_catekv_quantile_d(double *x, size_t n, double p);
 
-/* Binarization threshold of one head's entries (../shared/docs/methods.md §2.4):
+/* Binarization threshold of one head's entries (docs/methods.md §2.4):
  * τ = max(q(1−k) + (q(k) − q(1−k))·α, 1e-9). Reorders a. */
 double kvp_catekv_threshold(float *a, size_t n, double k, double alpha);
 
-/* Observation matrix of one KV head (../shared/docs/methods.md §2.3): A[i][j] for window row i <
+/* Observation matrix of one KV head (docs/methods.md §2.3): A[i][j] for window row i <
  * obs->n_obs and middle key j < mid_end − mid_begin, the probabilities renormalised over the middle
  * keys and averaged over the g query heads kvh·g .. kvh·g + g − 1. The framework's rows are
  * softmaxes over all prompt keys; dividing them by their mass on M gives exactly the softmax over M
@@ -87,7 +87,7 @@ double kvp_catekv_cv(const float *A, int w, int n_chunks, int chunk, double tau,
 double kvp_catekv_head_cv(const float *A, int w, int n_chunks, int chunk, double k, double alpha,
                           float *scratch);
 
-/* Chunk scores for selection (../shared/docs/methods.md §2.5): score[m] = Σ_i max over chunk m of
+/* Chunk scores for selection (docs/methods.md §2.5): score[m] = Σ_i max over chunk m of
  * A[i][·], summed in double. A is [w][n_chunks·chunk]. */
 void kvp_catekv_chunk_scores(const float *A, int w, int n_chunks, int chunk, float *score);
 
@@ -97,12 +97,12 @@ void kvp_catekv_chunk_scores(const float *A, int w, int n_chunks, int chunk, flo
  * adaptive heads. */
 int kvp_catekv_split(const double *cv, int n, double r, uint8_t *adaptive, double *scratch);
 
-/* Static identification by voting (../shared/docs/methods.md §2.4): cvs is [n_samples][n_heads].
+/* Static identification by voting (docs/methods.md §2.4): cvs is [n_samples][n_heads].
  * Each sample votes for its heads with CV <= quantile(its CVs, r); num_top = ⌈r·n_heads⌉; a head is
  * adaptive when its votes reach the num_top-th largest vote count (at least 1: a head no sample
  * voted for is never adaptive). votes[n_heads] is zeroed here on every call, so calling this once
- * per r never accumulates votes across ratios (upstream defect 2). Returns the number of adaptive
- * heads, or KVP_EINVAL / KVP_ENOMEM. */
+ * per r never accumulates votes across ratios (docs/methods.md §8.2 item 2). Returns the number of
+ * adaptive heads, or KVP_EINVAL / KVP_ENOMEM. */
 int kvp_catekv_vote(const double *cvs, int n_samples, int n_heads, double r, int *votes,
                     uint8_t *adaptive, struct kvp_err *err);
 

@@ -1,6 +1,6 @@
 /*
  * CateKV head profiles: the static adaptive/consistent classification of a model's KV heads
- * (../shared/docs/methods.md §2.4, "static identification"), built by voting over a reference set,
+ * (docs/methods.md §2.4, "static identification"), built by voting over a reference set,
  * stored in a small text file, read back by the `catekv` policy (params.head_profile) and drawn as
  * a PNG.
  *

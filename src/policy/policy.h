@@ -15,7 +15,7 @@
  * select and on_step of different KV heads run concurrently on different threads; a policy keeps
  * per-(layer, KV head) state and touches nothing shared in them.
  *
- * Budget semantics (../shared/docs/methods.md §4): `budget` counts tokens per (layer, KV head) and
+ * Budget semantics (docs/methods.md §4): `budget` counts tokens per (layer, KV head) and
  * includes the sink and local windows; budget_ratio (0 < r <= 1) makes it r × the current context
  * instead. GQA: one selection per KV head; scores of the g query heads of a group are combined with
  * gqa_agg (max, mean or sum of probabilities). Adding a policy = one policy_NAME.c file defining a
@@ -120,7 +120,7 @@ struct kvp_policy_ops {
      * probs[j][i] the largest of block blocks[i]'s. May evict. */
     void (*on_step)(struct kvp_policy *p, int layer, int kvh, const struct kvp_sel *sel,
                     const float *probs, int probs_stride, int n_tokens);
-    /* Optional, for the tiered store's prefetching (src/store/store.h, ../shared/docs/methods.md
+    /* Optional, for the tiered store's prefetching (src/store/store.h, docs/methods.md
      * §1.9): the blocks the next select of (layer, kvh) is expected to read, for a step with
      * n_tokens_next tokens, without that step's query. Called after on_step of the current step
      * (cross-token prefetching), for cross-layer prefetching before the step's select of the layer,
@@ -167,14 +167,14 @@ void kvp_gqa_combine(const float *rows, int g, int stride, int n, int agg, float
  *
  * Every policy keeps the first `sink` tokens and the most recent max(local, 1) tokens (the
  * current token is always read, so attention is never empty), and the budget counts both
- * (../shared/docs/methods.md §4). sink = -1 / local = -1 in the parameters turn them off (local
+ * (docs/methods.md §4). sink = -1 / local = -1 in the parameters turn them off (local
  * then still keeps the current token, or its block for block policies). */
 int kvp_policy_recent(const struct kvp_policy *p);
 
 /* Block selection plan for a context of n_tokens (quest, oracle, random, attnpred):
  *   forced tokens [0, sink) and [local_start, n_tokens). The local window is the last
  *   max(local, 1) tokens, moved down to the block boundary below its start when the budget can
- *   pay for the extra tokens (../shared/docs/methods.md §1.4 kvpred default: no gap and no overlap
+ *   pay for the extra tokens (docs/methods.md §1.4 kvpred default: no gap and no overlap
  *   between the selected blocks and the window); otherwise it stays exact, and the rest of the
  *   block it starts in is not read; candidates: the whole blocks [first, end) between the sink and
  *   the local window (a sink that is not a multiple of bs leaves the rest of its last block
@@ -245,7 +245,7 @@ void kvp_evict_unkept(struct kvp_kvcache *kv, int layer, int kvh, const uint64_t
 void kvp_sel_resident(struct kvp_sel *sel, const struct kvp_kvcache *kv, int layer, int kvh,
                       int n_tokens, uint64_t *masks);
 
-/* SnapKV score of one KV head (../shared/docs/methods.md §3.3) from a prefill observation: for each
+/* SnapKV score of one KV head (docs/methods.md §3.3) from a prefill observation: for each
  * query head j of the group (first_head + j, j < g), s_j[t] = sum over the n_obs window rows of
  * their attention to t, for the past positions t < n_prompt - n_obs; combined over the group with
  * agg, then pooled along positions with a centred window of `pool` (padding pool/2, stride 1;
@@ -263,7 +263,7 @@ int kvp_snap_init_scratch(struct kvp_policy *p, struct kvp_scratch *scr);
 void kvp_snap_compress(struct kvp_policy *p, struct kvp_scratch *scr, int layer,
                        const struct kvp_prefill_obs *obs, int budget);
 
-/* PyramidKV per-layer budgets (../shared/docs/methods.md §3.4), see policy_pyramidkv.c. */
+/* PyramidKV per-layer budgets (docs/methods.md §3.4), see policy_pyramidkv.c. */
 enum kvp_pyramid_mode {
     KVP_PYRAMID_NONE = 0,    /* n_prompt <= budget: nothing is compressed */
     KVP_PYRAMID_FLAT = 1,    /* fallback: every compressed layer gets the budget (= SnapKV) */

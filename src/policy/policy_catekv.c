@@ -1,5 +1,5 @@
 /*
- * `catekv` (CateKV, ../shared/docs/methods.md §2): KV heads split into consistent and adaptive ones
+ * `catekv` (CateKV, docs/methods.md §2): KV heads split into consistent and adaptive ones
  * by the CV of their chunk hit counts over the observation window, with a different cache for each
  * kind.
  *
@@ -16,9 +16,9 @@
  *   quest      the η-cache (default η = 1) read through Quest page selection every step: min/max
  *              key landmarks per c-token chunk of [0, chunk_end) computed once after prefill,
  *              score Σ_d max(q_d·kmin_d, q_d·kmax_d), **max** over the GQA group
- *              (../shared/docs/methods.md §5), top B/c chunks plus the unlandmarked tail
+ *              (docs/methods.md §5), top B/c chunks plus the unlandmarked tail
  *              [chunk_end, n_tokens) (§2.6);
- *   predictor  AttentionPredictor on the adaptive heads (../shared/docs/methods.md §1): the
+ *   predictor  AttentionPredictor on the adaptive heads (docs/methods.md §1): the
  *              whole cache stays resident (η is ignored, nothing is evicted) and each decode
  *              step reads the sink,
  *              the block-aligned local window and the best blocks the CNN predicts from the
@@ -387,7 +387,7 @@ static bool quest_select(struct kvp_policy *p, int layer, int kvh, const float *
                 float a = qj[d] * mn[d], b = qj[d] * mx[d];
                 ub += a > b ? a : b;
             }
-            best = ub > best ? ub : best; /* max over the group (../shared/docs/methods.md §5) */
+            best = ub > best ? ub : best; /* max over the group (docs/methods.md §5) */
         }
         sc[i] = best;
     }

@@ -1,10 +1,10 @@
 /*
- * `h2o` (H2O, Zhang et al. 2023; ../shared/docs/methods.md §3.2): heavy hitters plus recent tokens,
+ * `h2o` (H2O, Zhang et al. 2023; docs/methods.md §3.2): heavy hitters plus recent tokens,
  * evicted for good. Each (layer, KV head) scores every key by the attention it has accumulated: the
  * column sums of the whole prompt's attention (from the prefill, .wants_colsum) and then, after
  * every decode step, the probabilities that step gave it (on_step). The g query heads of a group
- * are combined with gqa_agg (mean by default, as kvpress; upstream H2O is MHA only, §8 baseline
- * defect 2). Whenever the context exceeds the budget, the policy keeps
+ * are combined with gqa_agg (mean by default, as kvpress; upstream H2O is MHA only,
+ * docs/methods.md §8.3 item 2). Whenever the context exceeds the budget, the policy keeps
  *
  *     the first `sink` tokens  ∪  the last max(local, 1) tokens  ∪  the best
  *     budget - sink - local of the tokens in between, by score (ties to the lower position)

@@ -1,5 +1,5 @@
 /*
- * `oracle` and `oracle_token`: upper bounds, not methods (../shared/docs/methods.md §6). Both
+ * `oracle` and `oracle_token`: upper bounds, not methods (docs/methods.md §6). Both
  * compute the current step's true dense attention inside select, from the query the step is about
  * to use (kvp_attn_dense_group over every cached key), and keep what that attention says is best.
  * Only an oracle may look at the answer like this; nothing is evicted.

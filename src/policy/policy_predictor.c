@@ -1,5 +1,5 @@
 /*
- * `predictor`: AttentionPredictor (../shared/docs/methods.md §1). Per (compressed layer, query
+ * `predictor`: AttentionPredictor (docs/methods.md §1). Per (compressed layer, query
  * head) a history of the last H block-max-pooled attention rows, newest row last, as upstream
  * MIRALab-USTC/LLM-AttentionPredictor; a small CNN (src/predictor/cnn.h) reads it and scores every
  * block for the next step; each decode step keeps the sink, the local window and the best predicted
@@ -21,7 +21,7 @@
  *      blocks not read); every M-th step (calib, default 5; 0 = never) it gets the dense row
  *      instead, computed with kvp_attn_dense_group in select (where q is at hand).
  * Prefill initialises the history from the observation window (the last H prompt queries,
- * causal: the framework applies the mask, fixing upstream defect §8.1).
+ * causal: the framework applies the mask, docs/methods.md §8.1).
  *
  * Options (p.opts, "key=value,..."): every=K predict every K steps (reuse the last scores in
  * between, new columns ranked first) [1]; calib=M [5]; gqa=pooled|union [pooled];

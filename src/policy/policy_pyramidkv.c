@@ -1,5 +1,5 @@
 /*
- * `pyramidkv` (PyramidKV, Cai et al. 2024; ../shared/docs/methods.md §3.4): SnapKV's scores and
+ * `pyramidkv` (PyramidKV, Cai et al. 2024; docs/methods.md §3.4): SnapKV's scores and
  * eviction (kvp_snap_compress) with a budget per layer that shrinks with depth, since lower layers
  * attend broadly and upper layers attend to few tokens. With the average budget C (window
  * included), window w, β = 20 and L compressed layers (l = layer - dense_layers):
@@ -15,7 +15,7 @@
  * layer's budget falls below its forced set (which would push the average above C).
  *
  * What kvpred does differently, and why:
- *  - the fallbacks are reported, not hidden (§8 baseline defect 3: kvpress silently falls back
+ *  - the fallbacks are reported, not hidden (docs/methods.md §8.3 item 3: kvpress silently falls back
  *    to SnapKV budgets): kvp_pyramid_budgets returns KVP_PYRAMID_NONE (n <= C: no
  *    compression), KVP_PYRAMID_FLAT with a reason (n < 2c as upstream, c <= 0, or fewer than two
  *    compressed layers) or KVP_PYRAMID_PYRAMID, and the eval can print it;

@@ -1,6 +1,6 @@
 /*
  * `qpredictor`: the query-aware AttentionPredictor. The paper-faithful `predictor`
- * (../shared/docs/methods.md §1) predicts the next step's blocks from the attention history alone,
+ * (docs/methods.md §1) predicts the next step's blocks from the attention history alone,
  * and a history cannot foresee the first answer token's jump to a needle, which only the query
  * reveals. This policy gives its CNN a second input channel: the current query's per-block
  * relevance bound, Quest's Σ_d max(q_d·M_d, q_d·m_d) over each block's element-wise key max M and

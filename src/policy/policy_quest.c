@@ -1,5 +1,5 @@
 /*
- * `quest` (Quest, Tang et al. 2024; ../shared/docs/methods.md §3.5): query-aware block ("page")
+ * `quest` (Quest, Tang et al. 2024; docs/methods.md §3.5): query-aware block ("page")
  * selection with nothing evicted. For every block and KV head the policy keeps the element-wise max
  * M and min m of the block's keys, read from the cache after RoPE. At each decode step the bound
  *
@@ -10,21 +10,21 @@
  *
  * What kvpred does differently, and why:
  *  - one selection per KV head (upstream's kernel is MHA and its evaluation path selects per
- *    query head). The bounds are combined with p.gqa_agg; ../shared/docs/methods.md §5 names sum
+ *    query head). The bounds are combined with p.gqa_agg; docs/methods.md §5 names sum
  *    for Quest, the framework default is mean: both rank identically, max (CateKV + Quest) is an
  *    option;
  *  - the forced set and the budget are the block plan every block policy shares
  *    (kvp_block_plan, policy.h): sink [0, sink) and the local window from the block boundary at
  *    or below n - local, both counted in the budget. The block holding the current token is
  *    always in the local window, which is Quest's "last page forced" (its kernel's choice;
- *    defect §8.5: the evaluation path forgets it). With sink = -1 and local = -1 this is exactly
+ *    methods.md §8.4: the evaluation path forgets it). With sink = -1 and local = -1 this is exactly
  *    Quest: top (budget/bs - 1) blocks among all but the last, plus the last;
  *  - metadata is rebuilt from the cache after the prompt (on_prefill) and then folded in one
  *    token at a time as tokens are appended, so each step touches only the newest block.
  *    Upstream starts a new page from ∓FP16_MAX; here a block starts from its first key, which is
  *    the same thing without the sentinel.
  *
- * Prefetching (predict_next, for the tiered store; ../shared/docs/methods.md §1.9). Quest needs the
+ * Prefetching (predict_next, for the tiered store; docs/methods.md §1.9). Quest needs the
  * query, and the next step has not computed it yet. The query of consecutive steps is strongly
  * correlated (that note cites a cosine autocorrelation of about 0.87), so select keeps the last
  * query of every (layer, KV head) and predict_next ranks the blocks with the same bound over the

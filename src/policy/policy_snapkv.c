@@ -1,5 +1,5 @@
 /*
- * `snapkv` (SnapKV, Li et al. 2024; ../shared/docs/methods.md §3.3): one-shot prompt compression.
+ * `snapkv` (SnapKV, Li et al. 2024; docs/methods.md §3.3): one-shot prompt compression.
  * After the dense prefill of each compressed layer, the attention rows of the last w = min(window,
  * n) prompt queries (the observation window, causal, from the prefill itself: .wants_obs) vote for
  * the past positions j < n - w:
@@ -7,7 +7,7 @@
  *     s[j] = Σ_{window queries i} attn[i][j]        per query head,
  *
  * combined over the GQA group with gqa_agg (mean by default, as kvpress; the original repeats
- * K/V per query head, §8 baseline defect 1), then smoothed by a 1-D pool along positions
+ * K/V per query head, docs/methods.md §8.3 item 1), then smoothed by a 1-D pool along positions
  * (p.pool_max: max, else average; kernel p.pool, padding pool/2, stride 1; the average divides
  * by the kernel size including padding, PyTorch's default as in the original, so the first and
  * last pool/2 positions are damped; max pooling ignores the padding). Each KV head then keeps

@@ -1,5 +1,5 @@
 /*
- * `streaming` (StreamingLLM, ../shared/docs/methods.md §3.1): keep the first `sink` tokens and the
+ * `streaming` (StreamingLLM, docs/methods.md §3.1): keep the first `sink` tokens and the
  * most recent budget - sink tokens; everything in between is evicted for good as it leaves the
  * window, so resident memory stays at the budget. Score-free and the same for every head. Positions
  * are kept as cached (kvpred caches keys after RoPE at their true positions), not re-assigned.

@@ -1,5 +1,5 @@
 /*
- * The AttentionPredictor's per-(layer, KV head) selection machinery (../shared/docs/methods.md §1),
+ * The AttentionPredictor's per-(layer, KV head) selection machinery (docs/methods.md §1),
  * shared by the `predictor` policy (every compressed KV head) and catekv's `--adaptive predictor`
  * mode (the adaptive KV heads only). It owns the CNN read from a predictor file, one history ring
  * per series (query head, or KV head with hist=kv) of every compressed layer, the last prediction

@@ -10,6 +10,7 @@
  * column sums differ by rounding.
  */
 #include "predictor/cnn.h"
+#include "core/settings.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -327,7 +328,7 @@ static void kern_init(void)
 {
 #if defined(__x86_64__)
     int f = kvp_cpu_features();
-    const char *want = getenv("KVP_SIMD");
+    const char *want = kvp_setting(KVP_SETTING_SIMD);
     bool avx2 = (f & KVP_CPU_AVX2) != 0, avx512 = avx2 && (f & KVP_CPU_AVX512) != 0;
     if (want && !strcmp(want, "scalar"))
         kern_best = &kvp_cnn_kernels_scalar;

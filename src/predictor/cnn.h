@@ -1,5 +1,5 @@
 /*
- * The AttentionPredictor CNN (../shared/docs/methods.md §1.3): a tiny fully convolutional network
+ * The AttentionPredictor CNN (docs/methods.md §1.3): a tiny fully convolutional network
  * that reads the recent history of block-max-pooled attention rows of one head as an image (time ×
  * blocks) and scores every block for the next decode step.
  *
@@ -186,7 +186,7 @@ void kvp_qfeat_row(const float *ub, int W, float *out);
  * = 5 blocks for k = 3), so a prediction needs the CNN only at the columns it ranks. Per column
  * the conv1 values around it and its conv2 column are computed for each row; rows whose input
  * neighbourhood is all zero (no history in the 4p+1 columns, and older than the query row) give
- * one constant conv2 value per edge case, so they cost nothing (../shared/docs/methods.md §1.7
+ * one constant conv2 value per edge case, so they cost nothing (docs/methods.md §1.7
  * lever "skip zero history"). Any cin, any k. Equal to kvp_tr_sample's full network on the columns
  * it scores up to float summation order (tested). */
 struct kvp_cnn_cols_scratch {

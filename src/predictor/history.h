@@ -1,5 +1,5 @@
 /*
- * Attention history for AttentionPredictor (../shared/docs/methods.md §1.2, §1.5): for every series
+ * Attention history for AttentionPredictor (docs/methods.md §1.2, §1.5): for every series
  * (one per compressed layer and query head, or per KV head when pooled) the last H rows of
  * block-max-pooled attention probabilities, oldest row first and newest row last, as upstream
  * (MIRALab-USTC/LLM-AttentionPredictor) feeds its CNN.

@@ -5,7 +5,7 @@
  * A trace is recorded by decoding real text densely, one token at a time from the first token,
  * and keeping for every position t, every compressed layer (>= first_layer) and every query head
  * the dense attention row of query t over keys 0..t, pooled over blocks of b tokens twice: the
- * block max (what the history holds, ../shared/docs/methods.md §1.2) and the block sum (the
+ * block max (what the history holds, docs/methods.md §1.2) and the block sum (the
  * attention mass a block would recover, what the oracle ranks by, §6). A training sample (history
  * window, next row) is then any t >= H: rows t-H .. t-1 form the history (zero-extended to the
  * width of row t-1), row t is the target, exactly the step at which the policy predicts for Lk = t

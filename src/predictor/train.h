@@ -1,5 +1,5 @@
 /*
- * Training the AttentionPredictor CNN in C (../shared/docs/methods.md §1.8): layer-wise forward and
+ * Training the AttentionPredictor CNN in C (docs/methods.md §1.8): layer-wise forward and
  * backward passes written by hand (conv via im2col and OpenBLAS sgemm), two losses, Adam, and the
  * training loop over an attention trace (trace.h) with a validation split by sequence.
  *
@@ -13,7 +13,7 @@
  *
  * Validation measures what the policy is for: for each token budget B, the recovery of the top-k
  * predicted blocks (k from B after sink and the block-aligned local window,
- * ../shared/docs/methods.md §1.4) plus the forced sink and local mass, relative to the oracle that
+ * docs/methods.md §1.4) plus the forced sink and local mass, relative to the oracle that
  * takes the top-k blocks by true mass (mean R_pred / mean R_oracle). Histories in training and
  * validation are dense rows.
  */

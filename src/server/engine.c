@@ -9,6 +9,7 @@
 #include "core/platform.h"
 #include "forward/context.h"
 #include "policy/host.h"
+#include "kvpred_lab.h"
 
 struct slot {
     kvp_ctx *ctx;
@@ -70,7 +71,7 @@ struct srv_engine {
     kvp_engine *kv_engine;     /* owned: the slots are its sequences, stepped together */
     struct kvp_batch_item *batch; /* [n_slots] */
     int n_batch;               /* tokens a step takes */
-    bool trace;                /* $KVPRED_SERVE_TRACE: one line per prompt with its phases */
+    bool trace;                /* $KVP_SERVE_TRACE: one line per prompt with its phases */
     struct kvp_prefill_params pf_default; /* the server's prefill attention (cfg.cp.prefill) */
     char pf_default_key[128];
 };
@@ -880,7 +881,7 @@ int srv_engine_start(const struct srv_engine_config *cfg, struct srv_engine **ou
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     e->t_start = kvp_time_now();
-    const char *tr = getenv("KVPRED_SERVE_TRACE");
+    const char *tr = getenv("KVP_SERVE_TRACE");
     e->trace = tr && *tr && strcmp(tr, "0") != 0;
     e->slots = calloc((size_t)cfg->n_slots, sizeof(*e->slots));
     e->queue = calloc((size_t)cfg->max_queue, sizeof(*e->queue));

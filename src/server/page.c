@@ -1,7 +1,7 @@
 /* The chat page of `kvpred serve` (page.h). It talks to the same endpoints as any client:
  * GET /v1/models for the policy list, POST /v1/chat/completions with "stream": true, and it
  * shows the "kvpred" object each streamed chunk carries (the slot's KV cache for this
- * conversation). Element ids are what tests/test_server_page.js checks. */
+ * conversation). Element ids are what tests/server_page.mjs checks. */
 #include "server/page.h"
 
 const char srv_page_html[] =

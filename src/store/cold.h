@@ -59,10 +59,10 @@ extern const struct kvp_cold_ops kvp_cold_pread; /* the disk tier through pread 
  * KVP_EIO naming the directory and the reason. */
 int kvp_cold_file_open(const struct kvp_ctx_params *p, size_t bytes, int *fd,
                        struct kvp_err *err);
-/* The path asked for: p->kv_disk_io, or when AUTO the environment's KVPRED_DISK_IO
+/* The path asked for: p->kv_disk_io, or when AUTO the environment's KVP_DISK_IO
  * (io_uring|pread), else AUTO (enum kvp_disk_io). */
 int kvp_disk_io_choice(const struct kvp_ctx_params *p);
-/* One line on stderr, the first time a process takes this path (enum kvp_disk_io). */
+/* One notice (kvp_set_log), the first time a process takes this path (enum kvp_disk_io). */
 void kvp_disk_io_announce(int path, const char *detail);
 #ifdef KVP_HAVE_HIREDIS
 extern const struct kvp_cold_ops kvp_cold_redis;

@@ -18,6 +18,7 @@
 #include <liburing.h>
 
 #include "core/platform.h"
+#include "core/settings.h"
 #include "store/store_internal.h"
 
 /* A wait polls the completion queue this long before it sleeps in the kernel: a few reads take
@@ -349,11 +350,10 @@ static int disk_open(struct kvp_store *s, const struct kvp_ctx_params *p, struct
     if (s->st.sq_poll) { /* the busy-host bypass; without it the polling ring serves alone */
         io->ring_on[RING_DIRECT] =
             io_uring_queue_init(KVP_STORE_MAX_XFER, &io->ring[RING_DIRECT], 0) == 0;
-        /* experiments: KVPRED_SQ_BYPASS=never|always (enum kvp_sq_bypass), else automatic */
-        const char *b = getenv("KVPRED_SQ_BYPASS");
-        if (b && !strcmp(b, "never"))
+        /* experiments: KVP_SQ_BYPASS=never|always (enum kvp_sq_bypass), else automatic */
+        if (kvp_setting_is(KVP_SETTING_SQ_BYPASS, "never"))
             s->sq_bypass = KVP_SQ_BYPASS_NEVER;
-        else if (b && !strcmp(b, "always"))
+        else if (kvp_setting_is(KVP_SETTING_SQ_BYPASS, "always"))
             s->sq_bypass = KVP_SQ_BYPASS_ALWAYS;
     }
     return 0;

@@ -11,13 +11,15 @@
 #include <unistd.h>
 
 #include "store/store_internal.h"
+#include "core/log.h"
+#include "core/settings.h"
 
 int kvp_cold_file_open(const struct kvp_ctx_params *p, size_t bytes, int *out,
                        struct kvp_err *err)
 {
     const char *dir = p->kv_dir;
     if (!dir || !*dir)
-        dir = getenv("TMPDIR");
+        dir = kvp_setting(KVP_SETTING_TMPDIR);
     if (!dir || !*dir)
         dir = "/tmp";
     int fd = open(dir, O_TMPFILE | O_RDWR | O_DIRECT | O_CLOEXEC, 0600);
@@ -56,10 +58,9 @@ int kvp_disk_io_choice(const struct kvp_ctx_params *p)
 {
     if (p->kv_disk_io != KVP_DISK_IO_AUTO)
         return p->kv_disk_io;
-    const char *e = getenv("KVPRED_DISK_IO");
-    if (e && !strcmp(e, "pread"))
+    if (kvp_setting_is(KVP_SETTING_DISK_IO, "pread"))
         return KVP_DISK_IO_PREAD;
-    if (e && !strcmp(e, "io_uring"))
+    if (kvp_setting_is(KVP_SETTING_DISK_IO, "io_uring"))
         return KVP_DISK_IO_URING;
     return KVP_DISK_IO_AUTO;
 }
@@ -70,5 +71,5 @@ void kvp_disk_io_announce(int path, const char *detail)
     static int said[3];
     if (path < 0 || path > 2 || __atomic_exchange_n(&said[path], 1, __ATOMIC_RELAXED))
         return;
-    fprintf(stderr, "kvpred: disk KV tier: %s\n", detail);
+    kvp_log("disk KV tier: %s", detail);
 }

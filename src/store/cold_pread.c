@@ -3,7 +3,7 @@
  * read and written by a small pool of threads with pread/pwrite. This is the path where io_uring
  * is refused (Docker's default seccomp profile answers EPERM, old kernels ENOSYS, a locked-down
  * host ENOMEM or EACCES), or where it is asked for (kvp_ctx_params.kv_disk_io,
- * KVPRED_DISK_IO=pread). A read blocks its thread for the device's latency, so the pool keeps
+ * KVP_DISK_IO=pread). A read blocks its thread for the device's latency, so the pool keeps
  * THREADS requests in flight, about what a decode step's misses and prefetches need on an SSD;
  * completion order is the threads', the store takes records in any order.
  */

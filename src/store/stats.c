@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "store/store_internal.h"
+#include "kvpred_lab.h"
 
 #define TIMELINE_EVENTS (1 << 16) /* about 2 MiB; a few tokens of a deep model fit easily */
 

@@ -1,7 +1,7 @@
 /*
  * Tiered KV store: the whole KV cache in a slow (cold) tier, only the blocks a step needs in a
  * small fast (hot) tier, and cross-token prefetching to hide the transfers
- * (../shared/docs/methods.md §1.9).
+ * (docs/methods.md §1.9).
  *
  * Units. The transfer unit is one (layer, logical block) with the keys and values of every KV
  * head: [kv_head][K block][V block], the same per-head block layouts as kvcache.h and
@@ -81,6 +81,7 @@
 
 #include "core/err.h"
 #include "kvpred.h"
+#include "kvpred_lab.h"
 
 struct kvp_kvcache;
 struct kvp_sel;
@@ -209,7 +210,7 @@ void kvp_store_prefetch(struct kvp_store *s, int layer, const struct kvp_sel *se
 
 /* Making the cold tier visible to a reader of every key (a select that reads keys, the dense
  * pass of a measurement), as the host would read the whole cache where it lives
- * (../shared/docs/methods.md §1.9). An in-memory cold tier points the table entries of the blocks
+ * (docs/methods.md §1.9). An in-memory cold tier points the table entries of the blocks
  * that are not hot at their cold copies, cheap enough for every select of a sparse layer (it first
  * waits for the layer's reads in flight, so no key is read from a half-copied slot); a device reads
  * every block of the layer that is not hot into the staging area, synchronously (the wait is

@@ -10,6 +10,7 @@
 
 #include "store/cold.h"
 #include "store/store.h"
+#include "kvpred_lab.h"
 
 struct kvp_store_xfer {
     int s0, n;        /* hot slots [s0, s0+n) */

@@ -1,5 +1,5 @@
 /*
- * RULER-style retrieval tasks (../shared/docs/tasks.md §1–2) and the training samples built from
+ * RULER-style retrieval tasks (docs/tasks.md §1–2) and the training samples built from
  * them, one fixed-length token sequence per sample.
  *
  * Samples. A sample is [BOS] prompt answer [EOS], then [BOS] plain text [EOS]... packed to
@@ -7,7 +7,7 @@
  * a random length in [T/2, T]; it is encoded as one text with the space prefix, exactly as the
  * engine will encode an evaluation prompt, and the answer is encoded separately without a prefix,
  * as the tokens greedy decoding must produce after the prompt. Templates, needle sentences,
- * answer prefixes and the singular forms follow ../shared/docs/tasks.md word for word; the passkey
+ * answer prefixes and the singular forms follow docs/tasks.md word for word; the passkey
  * task follows the Quest/Landmark form. Needle keys are two words of the corpus joined by "-" (the
  * RULER adjective-noun form, drawn from thousands of words so keys are copied, not memorised).
  *

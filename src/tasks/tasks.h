@@ -1,5 +1,5 @@
 /*
- * RULER-style retrieval tasks (../shared/docs/tasks.md §1–2): task instances, haystacks sized to a
+ * RULER-style retrieval tasks (docs/tasks.md §1–2): task instances, haystacks sized to a
  * token budget, prompts, the training samples built from them, and the train/eval seed contract.
  * Used by the trainer (src/train), the evaluation (src/eval), the CLI and the tests; it needs no
  * tokenizer of its own (struct kvp_task_tok, kvp_task_count_fn).

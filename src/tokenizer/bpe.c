@@ -1,5 +1,5 @@
 /*
- * Byte-level BPE (../shared/docs/formats.md §5.3), the tokenizer of GPT-2, Llama 3, Qwen2 and
+ * Byte-level BPE (docs/formats.md §5.3), the tokenizer of GPT-2, Llama 3, Qwen2 and
  * SmolLM (tokenizer.ggml.model = "gpt2").
  *
  * Token texts are stored byte-mapped: every byte of the original text stands as one code point

@@ -1,5 +1,5 @@
 /*
- * Chat templates (see chat.h and ../shared/docs/formats.md §5.6).
+ * Chat templates (see chat.h and docs/formats.md §5.6).
  *
  * Each format is a few literal strings around each message; the only state is in the [INST]
  * family (when to open a new "[INST] " and where a system message goes) and in Gemma and

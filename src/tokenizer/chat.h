@@ -1,5 +1,5 @@
 /*
- * Chat templates (../shared/docs/formats.md §5.6): turn a conversation into the prompt text a chat
+ * Chat templates (docs/formats.md §5.6): turn a conversation into the prompt text a chat
  * model was trained on.
  *
  * tokenizer.chat_template is a Jinja program; kvpred does not interpret it. The common formats

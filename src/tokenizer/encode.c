@@ -1,5 +1,5 @@
 /*
- * The public encoder: special-token partitioning (../shared/docs/formats.md §5.1) in front of the
+ * The public encoder: special-token partitioning (docs/formats.md §5.1) in front of the
  * two algorithms, SentencePiece-style (spm.c) and byte-level BPE (bpe.c).
  *
  * The text is cut at the literal texts of special tokens, longest text first (ties: lower id),

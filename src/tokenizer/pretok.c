@@ -1,5 +1,5 @@
 /*
- * Pre-tokenizer scanners (../shared/docs/formats.md §5.5).
+ * Pre-tokenizer scanners (docs/formats.md §5.5).
  *
  * The text is decoded once into code points with their class bits (letter, number, white space)
  * and byte offsets; each scanner then looks at position i and returns the length, in code
@@ -161,7 +161,7 @@ static size_t scan_contraction(const struct cps *s, size_t i, size_t end, bool f
     return 0;
 }
 
-/* Llama 3 / Qwen2 word at i (max_digits 3 or 1); the rules of ../shared/docs/formats.md §5.5 in
+/* Llama 3 / Qwen2 word at i (max_digits 3 or 1); the rules of docs/formats.md §5.5 in
  * order. */
 static size_t scan_llama3(const struct cps *s, size_t i, size_t end, size_t max_digits)
 {

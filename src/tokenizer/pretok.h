@@ -1,5 +1,5 @@
 /*
- * Pre-tokenizers for byte-level BPE (../shared/docs/formats.md §5.5): cut raw text into the words
+ * Pre-tokenizers for byte-level BPE (docs/formats.md §5.5): cut raw text into the words
  * that BPE merges within. Each family is a hand-written scanner equivalent to the reference regex
  * of llama.cpp / Hugging Face; no regex engine is involved.
  *

@@ -1,5 +1,5 @@
 /*
- * SentencePiece-style encoder (../shared/docs/formats.md §5.1–5.2), as llama.cpp runs it on
+ * SentencePiece-style encoder (docs/formats.md §5.1–5.2), as llama.cpp runs it on
  * tokenizer.ggml.model = "llama" vocabularies and as llama2.c's run.c runs it on tokenizer.bin.
  *
  * encode.c first cuts the text into fragments at the literal texts of special tokens (longest

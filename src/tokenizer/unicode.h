@@ -1,5 +1,5 @@
 /*
- * The small piece of Unicode that byte-level BPE needs (../shared/docs/formats.md §5.3, §5.5): a
+ * The small piece of Unicode that byte-level BPE needs (docs/formats.md §5.3, §5.5): a
  * lenient UTF-8 decoder, letter / number / whitespace classification, and GPT-2's byte ↔ code-point
  * map.
  *

@@ -2,7 +2,7 @@
  * Vocabulary storage, loading and decoding.
  *
  * One struct kvp_vocab holds every token's text, score and type plus the special ids and flags,
- * whatever the source: GGUF metadata (tokenizer.ggml.*, ../shared/docs/formats.md §2.3) or
+ * whatever the source: GGUF metadata (tokenizer.ggml.*, docs/formats.md §2.3) or
  * llama2.c's tokenizer.bin (§6.3), which is rewritten at load into the SentencePiece form that
  * llama.cpp's GGUF files use: a space becomes U+2581, "\n<s>\n" and "\n</s>\n" become the control
  * tokens "<s>" and "</s>", id 0 is the unknown token and "<0xXX>" texts are byte tokens. That makes
@@ -126,7 +126,7 @@ int kvp_vocab_build(int n, const char *const *texts, const size_t *lens, const f
     }
     if (hash_build(v, err) < 0)
         goto fail_free_vocab;
-    v->bos = n > 1 ? 1 : -1; /* SPM defaults (../shared/docs/formats.md §2.3) */
+    v->bos = n > 1 ? 1 : -1; /* SPM defaults (docs/formats.md §2.3) */
     v->eos = n > 2 ? 2 : -1;
     v->unk = 0;
     v->eot = -1;

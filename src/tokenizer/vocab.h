@@ -4,7 +4,7 @@
  * One in-memory vocabulary serves both sources: GGUF metadata (tokenizer.ggml.*) and llama2.c's
  * tokenizer.bin, which is converted at load into the same SentencePiece form (a space written as
  * U+2581, token types, BOS/EOS ids) so one encoder and one decoder serve both, and `kvpred convert`
- * can write it back out as GGUF metadata. Encoding follows ../shared/docs/formats.md §5.1–5.2
+ * can write it back out as GGUF metadata. Encoding follows docs/formats.md §5.1–5.2
  * (special-token partitioning, space prefix, best-score pair merging with a heap, byte fallback).
  * GGUF files with tokenizer.ggml.model = "gpt2" load as byte-level BPE (§5.3–5.5: pre-tokenizer
  * chosen by tokenizer.ggml.pre, lowest-rank merging, byte-mapped texts); the same calls encode and

@@ -1,5 +1,5 @@
 /*
- * Vocabulary ↔ GGUF metadata (../shared/docs/formats.md §2.3, §5.4): reading tokenizer.ggml.* into
+ * Vocabulary ↔ GGUF metadata (docs/formats.md §2.3, §5.4): reading tokenizer.ggml.* into
  * a struct kvp_vocab, and writing one back for `kvpred convert`. Kept apart from vocab.c so that
  * programs that only read llama2.c files do not pull in the GGUF reader.
  *
@@ -32,7 +32,7 @@ static int read_id(const struct kvp_gguf *g, const char *key, int n, int *id, st
     if (rc < 0)
         return rc;
     if (x >= 0 && x < n)
-        *id = (int)x; /* ../shared/docs/formats.md §2.3: an id >= n_vocab is ignored */
+        *id = (int)x; /* docs/formats.md §2.3: an id >= n_vocab is ignored */
     return 0;
 }
 
@@ -71,7 +71,7 @@ static const struct kvp_gguf_kv *get_array(const struct kvp_gguf *g, const char 
     return kv;
 }
 
-/* The eot id: from the key, else by text as llama.cpp does (../shared/docs/formats.md §2.3). */
+/* The eot id: from the key, else by text as llama.cpp does (docs/formats.md §2.3). */
 static int find_eot(const struct kvp_gguf *g, struct kvp_vocab *v, struct kvp_err *err)
 {
     int rc = read_id(g, "tokenizer.ggml.eot_token_id", v->n, &v->eot, err);
@@ -219,7 +219,7 @@ static void set_bpe_defaults(struct kvp_vocab *v, const struct kvp_pretok_info *
     v->add_space_prefix = false;
 }
 
-/* Read tokenizer.ggml.* (../shared/docs/formats.md §2.3, defaults of §5.4). Returns 0,
+/* Read tokenizer.ggml.* (docs/formats.md §2.3, defaults of §5.4). Returns 0,
  * KVP_ENOTFOUND when the file has no tokenizer, KVP_EUNSUPPORTED for models other than "llama" and
  * "gpt2" or an unknown BPE pre-tokenizer, or KVP_EFORMAT. */
 int kvp_vocab_load_gguf(const struct kvp_gguf *g, struct kvp_vocab **out, struct kvp_err *err)
@@ -278,7 +278,7 @@ fail_free_vocab:
     return rc;
 }
 
-/* Add the tokenizer.ggml.* keys (../shared/docs/formats.md §2.3) describing v. Token strings are
+/* Add the tokenizer.ggml.* keys (docs/formats.md §2.3) describing v. Token strings are
  * borrowed from v until the writer is serialized. Returns 0 or a negative KVP_E* code. */
 int kvp_vocab_write_gguf(const struct kvp_vocab *v, struct kvp_gguf_writer *w,
                          struct kvp_err *err)

@@ -2,7 +2,7 @@
  * kvpred's trainer: internal API shared by the src/train files, the train-lm subcommand and the tests.
  *
  * The trainer builds a small Llama-architecture model from scratch on a CPU, exactly in the form
- * the engine runs (../shared/docs/formats.md §3.3): token embedding, per layer RMSNorm → Q/K/V
+ * the engine runs (docs/formats.md §3.3): token embedding, per layer RMSNorm → Q/K/V
  * (GQA) → RoPE on adjacent pairs → causal softmax attention → output projection, RMSNorm → SwiGLU
  * FFN, final RMSNorm and an output head that is either tied to the embedding or separate. Every op
  * has a hand-written backward pass (train_ops.c), checked against finite differences in
@@ -301,7 +301,7 @@ double kvp_clip_grad(float *g, size_t n, double max_norm);
 #define KVP_TVOCAB_N_SPECIAL 3
 #define KVP_TVOCAB_BYTE0 3 /* <0x00> */
 
-/* The trainer's vocabulary in SentencePiece form (../shared/docs/formats.md §5.2). */
+/* The trainer's vocabulary in SentencePiece form (docs/formats.md §5.2). */
 struct kvp_tvocab {
     int n;
     char **text;     /* owned [n]; NUL-terminated, U+2581 for space */
@@ -322,7 +322,7 @@ int kvp_tvocab_create(int n, const char *const *text, const size_t *len, const f
                       const int32_t *type, struct kvp_tvocab **out, struct kvp_err *err);
 void kvp_tvocab_free(struct kvp_tvocab *v);
 int kvp_tvocab_find(const struct kvp_tvocab *v, const char *s, size_t len);
-/* SentencePiece encode exactly as the engine does (../shared/docs/formats.md §5.2 steps 1–6, no
+/* SentencePiece encode exactly as the engine does (docs/formats.md §5.2 steps 1–6, no
  * BOS): optional space prefix, spaces → U+2581, per-character symbols, best-score pair merges (ties
  * to the left), byte fallback. Writes at most cap ids; *n_out gets the full count; KVP_ERANGE when
  * cap is too small. */

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "kernels/simd.h"
+#include "core/settings.h"
 #include "kernels/types.h"
 #include "train/train.h"
 
@@ -142,8 +143,7 @@ const struct kvp_tk_ops *kvp_tk(void)
     const struct kvp_tk_ops *t = __atomic_load_n(&chosen, __ATOMIC_ACQUIRE);
     if (t)
         return t;
-    const char *want = getenv("KVP_TRAIN_KERNELS");
-    t = want && !strcmp(want, "scalar") ? NULL : kvp_tk_avx512bf16();
+    t = kvp_setting_is(KVP_SETTING_TRAIN_KERNELS, "scalar") ? NULL : kvp_tk_avx512bf16();
     if (!t)
         t = &tk_scalar;
     __atomic_store_n(&chosen, t, __ATOMIC_RELEASE);

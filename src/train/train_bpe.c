@@ -12,13 +12,13 @@
  * replays the merges in learning order. Because words never contain "▁" after their first
  * character, no token spans a word boundary.
  *
- * Vocabulary layout (../shared/docs/formats.md §5.2, as in Llama 2): 0 <unk> (type 2), 1 <s>, 2
+ * Vocabulary layout (docs/formats.md §5.2, as in Llama 2): 0 <unk> (type 2), 1 <s>, 2
  * </s> (type 3), 3..258 the byte tokens <0x00>..<0xFF> (type 6), then the multi-byte characters
  * frequent enough to deserve a token ("▁" first, otherwise every space would cost three byte
  * tokens), then the merges. Single ASCII characters need no token of their own: a symbol that is
  * not a token falls back to its byte token, and pair merging looks only at the concatenated text.
  *
- * Encoding follows ../shared/docs/formats.md §5.2 exactly (space prefix, escape, one symbol per
+ * Encoding follows docs/formats.md §5.2 exactly (space prefix, escape, one symbol per
  * UTF-8 character, a max-heap of mergeable adjacent pairs by score with ties to the left,
  * stale-entry checks, byte fallback), so the token ids the trainer learns from are the ids the
  * engine will produce for the same text.

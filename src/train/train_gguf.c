@@ -1,6 +1,6 @@
 /*
  * GGUF export of a trained model: architecture `llama`, every tensor F32, the hyper-parameter
- * keys of ../shared/docs/formats.md §2.2 and the tokenizer in SentencePiece form (§2.3, §5.2), so
+ * keys of docs/formats.md §2.2 and the tokenizer in SentencePiece form (§2.3, §5.2), so
  * the engine loads it like any Llama 2-style file. Shapes follow §3.1–3.2: a weight [out][in]
  * row-major is written with ne = [in, out]; output.weight is omitted when tied to token_embd. Q and
  * K rows are already in the adjacent-pair (NORM) order the engine's `llama` RoPE expects, because

@@ -2,7 +2,7 @@
  * Trainer ops: forward and hand-written backward passes of every layer of the Llama block, on
  * plain row-major float arrays (train.h describes the shapes).
  *
- * Conventions follow the engine exactly (../shared/docs/formats.md §3.3–3.4): RMSNorm y = x/√(mean
+ * Conventions follow the engine exactly (docs/formats.md §3.3–3.4): RMSNorm y = x/√(mean
  * x² + ε)·w, RoPE on adjacent pairs (x[2i], x[2i+1]) with θ_i = pos·base^(−2i/hd), attention scale
  * 1/√hd with query head h reading KV head h/(H/Hkv), SwiGLU down(silu(gate)·up). Matrix products
  * are OpenBLAS sgemm calls; everything else is simple loops over contiguous rows.
