@@ -850,9 +850,9 @@ static void check_policies_global_only(const char *shape, int n_layer, unsigned 
     }
     /* against the float64 reference within its bound, as the dense logits are (check_case):
      * the sparse road's per-block softmax must cap the scores as the dense one does */
-    struct quant_model qm = {.prefill = false, .n_rows = 1};
+    struct mca_quant qm = {.prefill = false, .n_rows = 1};
     double *bound = NULL, *truth = reference_bounded(m, ids, n, 64, &qm, &bound);
-    double ratio = bound_ratio_f(qlg, truth, bound, (size_t)n * N_VOCAB);
+    double ratio = mca_bound_ratio(qlg, truth, bound, (size_t)n * N_VOCAB);
     print_message("quest at budget 64 on %s: layers 0x%llx, max |quest - dense| %.3g, "
                   "|quest - reference| %.3g of the bound\n", shape, rec_layers, worst, ratio);
     assert_true(rec_layers == global);
