@@ -67,6 +67,9 @@ void kvp_spf_plan_load(struct kvp_spf *s, struct kvp_ctx *c, int l);
 int kvp_spf_planned(const struct kvp_spf *s, int kvh, int chunk, int n_chunks,
                     const struct kvp_key_run **runs, int *n_cols, double *est_s);
 
+/* Whether s chooses keys (a policy other than dense); NULL: no. */
+bool kvp_spf_sparse(const struct kvp_spf *s);
+
 /* Counters of thread ith: seconds estimating and attending, keys read and seen in layer l. */
 void kvp_spf_count(struct kvp_spf *s, int ith, int l, double est_s, double attn_s, double read,
                    double seen);
