@@ -28,9 +28,10 @@ for tool in aarch64-linux-gnu-gcc qemu-aarch64; do
     fi
 done
 
-tests=(test_kernels test_quant test_attention test_kvcache test_policy_units
-       test_policy_framework test_predictor test_prefill_gemm test_gguf test_tokenizer
-       test_sampler test_forward)
+# test_attention, test_predictor and test_forward take many minutes each under emulation (with
+# the dot-product filter they used to match none of their tests and ran nothing): x86 only
+tests=(test_kernels test_quant test_kvcache test_policy_units test_policy_framework
+       test_prefill_gemm test_gguf test_tokenizer test_sampler)
 regex="^($(IFS='|'; echo "${tests[*]}"))\$"
 
 echo "== aarch64 cross build (build-arm64)"
@@ -42,8 +43,14 @@ for t in "${tests[@]}"; do
 done
 cmake --build build-arm64 -j"$jobs" "${targets[@]}" --target kvpred_cli
 
+# the filter is test_quant's alone: a program that matches none of a filter fails (an empty
+# run would pass while testing nothing)
+whole_tests=()
+for t in "${tests[@]}"; do [ "$t" = test_quant ] || whole_tests+=("$t"); done
+whole="^($(IFS='|'; echo "${whole_tests[*]}"))\$"
 for simd in neon scalar; do
     echo "== aarch64 tests under qemu-user, KVP_SIMD=$simd"
+    KVP_SIMD="$simd" ctest --test-dir build-arm64 -R "$whole" --output-on-failure -j"$jobs"
     KVP_SIMD="$simd" KVP_TEST_FILTER='test_dot_*' \
-        ctest --test-dir build-arm64 -R "$regex" --output-on-failure -j"$jobs"
+        ctest --test-dir build-arm64 -R '^test_quant$' --output-on-failure -j"$jobs"
 done
