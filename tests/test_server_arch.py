@@ -20,18 +20,11 @@ import sys
 import tempfile
 import urllib.request
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_client import check, passed  # noqa: E402
+
 KVPRED = sys.argv[1]
 CTX = 1024
-passed = 0
-
-
-def check(cond, what):
-    global passed
-    if not cond:
-        print(f"FAIL: {what}", flush=True)
-        sys.exit(1)
-    passed += 1
-    print(f"ok: {what}", flush=True)
 
 
 def synth(shape, layers, path):
@@ -109,7 +102,7 @@ def main():
         serve_checks(g2, "Gemma 2 (2 layers, soft-capped global layer)")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{passed} passed, 0 failed")
+    print(f"{passed()} passed, 0 failed")
 
 
 main()
