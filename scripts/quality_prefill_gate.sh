@@ -10,7 +10,8 @@
 # Environment: MODEL (models/kvpred-default.gguf), GATE (models/kvpred-default.kvpg; trained
 # when TRAIN=1), FILLER (../shared/data/tinystories/tinystories_val.txt: training haystacks),
 # PROMPTS (16) VAL (4) LENGTH (4096): the training prompts, BUDGETS ("1/8 1/16"), KL_PREFILL
-# (4096), KL_DECODE (128), MIN_KEYS (1024: query blocks seeing fewer keys read them all),
+# (4096), KL_DECODE (128), OFFSETS ("0": byte offsets into the held-out text, one KL row
+# each), MIN_KEYS (1024: query blocks seeing fewer keys read them all),
 # WINDOW (64), TASKS ("passkey niah_single"), TASK_LENGTH (4096), SAMPLES (2 per depth, depths
 # 0,25,50,75,100: 10 prompts), THREADS (2), OUT (bench/prefill_gate.jsonl; appended to).
 set -euo pipefail
@@ -27,6 +28,7 @@ LENGTH=${LENGTH:-4096}
 BUDGETS=${BUDGETS:-"1/8 1/16"}
 KL_PREFILL=${KL_PREFILL:-4096}
 KL_DECODE=${KL_DECODE:-128}
+OFFSETS=${OFFSETS:-0}
 MIN_KEYS=${MIN_KEYS:-1024}
 WINDOW=${WINDOW:-64}
 TASKS=${TASKS:-"passkey niah_single"}
@@ -58,11 +60,14 @@ est_flags() { # the --prefill-* flags of estimate $1 at budget $2
 for b in $BUDGETS; do
     for est in pooled learned; do
         read -r -a flags <<<"$(est_flags "$est" "$b")"
-        cmd="kvpred eval -m $MODEL -t $THREADS -f $TEXT --prefill $KL_PREFILL --decode $KL_DECODE --policy full ${flags[*]} --json"
-        echo "quality_prefill_gate: KL, $est at $b" >&2
-        "$KVP" eval -m "$MODEL" -t "$THREADS" -f "$TEXT" --prefill "$KL_PREFILL" \
-            --decode "$KL_DECODE" --policy full "${flags[@]}" --json 2>/dev/null | grep '^{' |
-            jq -c --arg est "$est" --arg cmd "$cmd" '. + {kind: "kl", estimate: $est, command: $cmd}' >>"$OUT"
+        for off in $OFFSETS; do
+            cmd="kvpred eval -m $MODEL -t $THREADS -f $TEXT --offset $off --prefill $KL_PREFILL --decode $KL_DECODE --policy full ${flags[*]} --json"
+            echo "quality_prefill_gate: KL, $est at $b, offset $off" >&2
+            "$KVP" eval -m "$MODEL" -t "$THREADS" -f "$TEXT" --offset "$off" \
+                --prefill "$KL_PREFILL" --decode "$KL_DECODE" --policy full "${flags[@]}" \
+                --json 2>/dev/null | grep '^{' |
+                jq -c --arg est "$est" --arg cmd "$cmd" '. + {kind: "kl", estimate: $est, command: $cmd}' >>"$OUT"
+        done
         for task in $TASKS; do
             cmd="kvpred eval -m $MODEL -t $THREADS --task $task --lengths $TASK_LENGTH --depths 0,25,50,75,100 --samples $SAMPLES --policy full ${flags[*]} --json"
             echo "quality_prefill_gate: $task, $est at $b" >&2
@@ -76,5 +81,5 @@ done
 python3 scripts/bench_tables.py --stamp "$OUT"
 tail -n +"$((start + 1))" "$OUT" | jq -r '
     if .kind == "train" then "trained: recovery learned \(.recovery_learned) pooled \(.recovery_pooled)"
-    elif .kind == "kl" then "KL \(.estimate) budget \(.prefill_budget) density \(.prefill_density * 1000 | round / 1000): KL \(.kl), ppl ratio \(.ppl_ratio), estimate/attention \(.prefill_estimate_s / .prefill_attention_s * 1000 | round / 10) %"
+    elif .kind == "kl" then "KL \(.estimate) budget \(.prefill_budget) offset \(.offset) density \(.prefill_density * 1000 | round / 1000): KL \(.kl), ppl ratio \(.ppl_ratio), estimate/attention \(.prefill_estimate_s / .prefill_attention_s * 1000 | round / 10) %"
     else "\(.task) \(.estimate) budget \(.prefill_budget) density \(.prefill_density * 1000 | round / 1000): accuracy \(.accuracy) over \(.samples)" end'
