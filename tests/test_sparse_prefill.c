@@ -780,6 +780,7 @@ static void test_cli_switch(void **state)
     assert_int_equal(kvp_test_run(cmd, &out, 0), 0);
     assert_non_null(strstr(out, "--prefill-policy"));
     assert_non_null(strstr(out, "--prefill-budget"));
+    assert_non_null(strstr(out, "--prefill-predictor"));
     assert_non_null(strstr(out, "sparse\n                       (recommended: pooled)"));
     for (int i = 0; i < KVP_PREFILL_COUNT; i++)
         assert_non_null(strstr(out, kvp_prefill_policy_name(i)));
@@ -791,6 +792,15 @@ static void test_cli_switch(void **state)
         kvp_test_expect_error(cmd, "need a sparse --prefill-policy");
         snprintf(cmd, sizeof(cmd), "%s %s --prefill-policy sparsest 2>&1", cli, cmds[i]);
         kvp_test_expect_error(cmd, "--prefill-policy");
+        /* the learned estimate and its gate go together, and a bad gate is refused */
+        snprintf(cmd, sizeof(cmd), "%s %s --prefill-policy learned 2>&1", cli, cmds[i]);
+        kvp_test_expect_error(cmd, "needs --prefill-predictor");
+        snprintf(cmd, sizeof(cmd), "%s %s --prefill-predictor g.kvpg 2>&1", cli, cmds[i]);
+        kvp_test_expect_error(cmd, "needs --prefill-policy learned");
+        snprintf(cmd, sizeof(cmd),
+                 "%s %s --prefill-policy learned --prefill-predictor /nonexistent.kvpg 2>&1", cli,
+                 cmds[i]);
+        kvp_test_expect_error(cmd, "prefill gate file");
     }
     /* the JSON says what the prefill did */
     const char *src = getenv("KVP_SOURCE_DIR");
