@@ -11,8 +11,8 @@
 # when TRAIN=1), FILLER (../shared/data/tinystories/tinystories_val.txt: training haystacks),
 # PROMPTS (16) VAL (4) LENGTH (4096): the training prompts, BUDGETS ("1/8 1/16"), KL_PREFILL
 # (4096), KL_DECODE (128), OFFSETS ("0": byte offsets into the held-out text, one KL row
-# each), MIN_KEYS (1024: query blocks seeing fewer keys read them all),
-# WINDOW (64), TASKS ("passkey niah_single"), TASK_LENGTH (4096), SAMPLES (2 per depth, depths
+# each), MIN_KEYS (1024: query blocks seeing fewer keys read them all), WINDOW (64), TASKS
+# ("passkey niah_single"; empty: none), TASK_LENGTH (4096), SAMPLES (2 per depth, depths
 # 0,25,50,75,100: 10 prompts), THREADS (2), OUT (bench/prefill_gate.jsonl; appended to).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +31,7 @@ KL_DECODE=${KL_DECODE:-128}
 OFFSETS=${OFFSETS:-0}
 MIN_KEYS=${MIN_KEYS:-1024}
 WINDOW=${WINDOW:-64}
-TASKS=${TASKS:-"passkey niah_single"}
+TASKS=${TASKS-"passkey niah_single"}
 TASK_LENGTH=${TASK_LENGTH:-4096}
 SAMPLES=${SAMPLES:-2}
 THREADS=${THREADS:-2}
