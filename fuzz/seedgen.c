@@ -22,6 +22,7 @@
  *   server_http/  raw HTTP for the server at the socket (a behaviour byte, then the bytes):
  *                 each endpoint, a chunked body, pipelined requests, a huge Content-Length,
  *                 a client that vanishes.
+ *   prefill_gate/ a tiny learned prefill gate (.kvpg) with a distance prior.
  * All values are fixed, so the corpus is the same on every run.
  */
 #include <stdio.h>
@@ -34,6 +35,7 @@
 #include "kernels/types.h"
 #include "gguf/gguf.h"
 #include "policy/catekv_profile.h"
+#include "predictor/prefill_gate.h"
 
 static int save(struct kvp_gguf_writer *w, const char *dir, const char *name)
 {
@@ -160,6 +162,21 @@ static int predictor_seeds(const char *dir)
         return -1;
     snprintf(path, sizeof(path), "%s/tiny_query.kvpp", dir); /* version 2: two channels */
     return fz_write_predictor_ch(path, 2, 16);
+}
+
+/* KVPGATE1: a gate of 2 layers, 1 KV head, head_dim 4, blocks of 64. */
+static int prefill_gate_seeds(const char *dir)
+{
+    struct kvp_pgate g;
+    struct kvp_err err;
+    if (kvp_pgate_init(&g, 2, 1, 4, 64, &err) < 0)
+        return -1;
+    kvp_pgate_w(&g, 1, 0)[3 * 4] = -0.5f; /* a distance prior */
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/tiny.kvpg", dir);
+    int rc = kvp_pgate_save(&g, path, &err);
+    kvp_pgate_free(&g);
+    return rc;
 }
 
 /* KVPTRC01: block 2, layers 1..1 of a model, 2 heads, 2 sequences of 3 and 5 tokens; version 1
@@ -387,7 +404,7 @@ int main(int argc, char **argv)
     static const uint8_t spm_flags[] = {0, 1, 2, 3}, bpe_flags[] = {0, 1, 6, 7, 10, 15};
     const char *names[] = {"gguf", "llama2c", "predictor", "trace", "head_profile",
                            "spm", "bpe", "chat", "policy_opts", "corpus_json", "server_request",
-                           "server_http"};
+                           "server_http", "prefill_gate"};
     mkdir(argv[1], 0755);
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         char sub[4096];
@@ -404,7 +421,8 @@ int main(int argc, char **argv)
                  : i == 8 ? policy_opts_seeds(sub)
                  : i == 9 ? corpus_json_seeds(sub)
                  : i == 10 ? server_request_seeds(sub)
-                          : server_http_seeds(sub);
+                 : i == 11 ? server_http_seeds(sub)
+                           : prefill_gate_seeds(sub);
         if (rc < 0) {
             fprintf(stderr, "seedgen: cannot write the %s seeds to %s\n", names[i], sub);
             return 1;

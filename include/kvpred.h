@@ -464,6 +464,8 @@ enum kvp_prefill_policy {
                                 max and min (quest's bound) */
     KVP_PREFILL_STRIDED = 3, /* exact scores of every 16th query of the block against every
                                 key, summed per key block (dearer: it reads every key) */
+    KVP_PREFILL_LEARNED = 4, /* a learned gate per (layer, KV head) over each key block's mean,
+                                max and min key and its distance (params.gate) */
     KVP_PREFILL_COUNT
 };
 
@@ -483,9 +485,17 @@ struct kvp_prefill_params {
                             densely [256; < 0: none] */
     int min_keys;        /* a query block that sees fewer keys reads them all (the crossover
                             below which sparse does not pay) [2048; < 0: 0] */
+    const struct kvp_prefill_gate *gate; /* learned: the gate (kvp_prefill_gate_load; copied by
+                                            kvp_ctx_set_prefill, so it may be freed after) */
 };
 
-/* Names of the policies ("dense", "pooled", "bound", "strided"), NULL past the end; parse gives
+/* A learned prefill gate, from a .kvpg file (docs/formats.md; `kvpred train-prefill-gate` writes
+ * them). KVP_EFORMAT with one line for a malformed file. */
+struct kvp_prefill_gate;
+int kvp_prefill_gate_load(const char *path, struct kvp_prefill_gate **out, struct kvp_err *err);
+void kvp_prefill_gate_free(struct kvp_prefill_gate *gate);
+
+/* Names of the policies ("dense", "pooled", "bound", "strided", "learned"), NULL past the end; parse gives
  * the policy of a name or of "sparse" (the recommended estimate), -1 for an unknown one. */
 const char *kvp_prefill_policy_name(int policy);
 int kvp_prefill_policy_parse(const char *name);

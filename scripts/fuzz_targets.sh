@@ -3,7 +3,8 @@
 
 # Every target; its seeds are in SEEDS/<name without fuzz_>.
 FUZZ_TARGETS=(fuzz_gguf fuzz_llama2c fuzz_predictor fuzz_trace fuzz_head_profile fuzz_spm fuzz_bpe
-              fuzz_chat fuzz_policy_opts fuzz_corpus_json fuzz_server_request fuzz_server_http)
+              fuzz_chat fuzz_policy_opts fuzz_corpus_json fuzz_server_request fuzz_server_http
+              fuzz_prefill_gate)
 
 # libFuzzer flags of one target (ROOT the checkout): input size limit (files need room, texts stay
 # short so each input runs fast), per-input timeout, memory limit, and the target's dictionary
@@ -12,7 +13,7 @@ fuzz_flags() {
     local max_len dict="$2/fuzz/${1#fuzz_}.dict"
     case "$1" in
         fuzz_gguf|fuzz_llama2c|fuzz_predictor) max_len=65536 ;;
-        fuzz_trace|fuzz_head_profile) max_len=16384 ;;
+        fuzz_trace|fuzz_head_profile|fuzz_prefill_gate) max_len=16384 ;;
         *) max_len=4096 ;;
     esac
     echo "-max_len=$max_len -timeout=10 -rss_limit_mb=2048"
@@ -42,4 +43,5 @@ fuzz_seeds() {
     fi
     cp "$root"/models/*.kvpp "$seeds/predictor/" 2>/dev/null || true
     cp "$root"/models/*.profile "$seeds/head_profile/" 2>/dev/null || true
+    cp "$root"/models/*.kvpg "$seeds/prefill_gate/" 2>/dev/null || true
 }

@@ -8,20 +8,38 @@
  *   - on the shipped model, each estimate's picks hold more of the dense attention than a random
  *     pick of as many blocks would in expectation (a wrong sign or a broken bound does not);
  *   - the shipped model still finds its passkeys after a prefill with the default sparse
- *     settings.
+ *     settings;
+ *   - the learned gate (predictor/prefill_gate.h): its file loader refuses every malformed file
+ *     with one error, a gate at pooled's weights makes pooled's choices, a gate that is a pure
+ *     distance prior picks the nearest blocks, and the shipped gate's recovery is measured
+ *     beside the heuristics'.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "forward/context.h"
 #include "forward/sparse_prefill.h"
 #include "kvpred_lab.h"
+#include "predictor/prefill_gate.h"
 #include "tasks/corpus.h"
 #include "tasks/tasks.h"
 #include "testutil.h"
 
 enum { N_PROMPT = 1500, CTX = 1600, BATCH = 256 };
+
+/* FNV-1a 64 (the gate file's checksum, and a fingerprint of a choice) */
+static uint64_t kvp_fnv64_test(const void *p, size_t n)
+{
+    uint64_t h = 14695981039346656037ULL;
+    for (size_t i = 0; i < n; i++) {
+        h ^= ((const uint8_t *)p)[i];
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
 
 static kvp_model *fixture(char **path)
 {
@@ -31,6 +49,29 @@ static kvp_model *fixture(char **path)
                                      .type = KVP_TYPE_F32, .embd_type = KVP_TYPE_F32,
                                      .tied = 1, .seed = 11, .rope_base = 10000.0f};
     return kvp_test_model(&sp, path);
+}
+
+/* A gate for the fixture (2 layers, 2 KV heads, head_dim 32, blocks of 32): pooled's weights
+ * with some of the bound's and a distance prior, so its path is not pooled's. */
+static const struct kvp_prefill_gate *fixture_gate(void)
+{
+    static struct kvp_prefill_gate *g;
+    if (!g) {
+        struct kvp_pgate pg;
+        struct kvp_err err = {0};
+        assert_int_equal(kvp_pgate_init(&pg, 2, 2, 32, 32, &err), 0);
+        for (int l = 0; l < 2; l++)
+            for (int h = 0; h < 2; h++) {
+                float *w = kvp_pgate_w(&pg, l, h);
+                for (int d = 0; d < 32; d++)
+                    w[32 + d] = w[64 + d] = 0.05f * (float)(1 + (d + l + h) % 3);
+                w[96] = -0.5f;
+                w[97] = 0.25f;
+            }
+        assert_int_equal(kvp_spf_gate_from(&pg, &g, &err), 0);
+        kvp_pgate_free(&pg);
+    }
+    return g;
 }
 
 static void prompt_ids(int32_t *ids, int n, int vocab)
@@ -146,6 +187,8 @@ static void test_density_one_is_dense(void **state)
                     struct kvp_prefill_params pp = {.policy = est, .budget_ratio = 1,
                                                     .min_keys = -1, .dense_tail = -1,
                                                     .window = -1, .sink = -1, .block = 32};
+                    if (est == KVP_PREFILL_LEARNED)
+                        pp.gate = fixture_gate();
                     struct kvp_prefill_params res = pp;
                     res.sink = res.window = res.dense_tail = res.min_keys = 0;
                     res.budget_ratio = 1;
@@ -184,6 +227,8 @@ static void test_choice_holds_sink_window_budget(void **state)
                                             .threshold = thr ? 0.9 : 0, .block = 32,
                                             .sink = 40, .window = 100, .dense_tail = 200,
                                             .min_keys = 300};
+            if (est == KVP_PREFILL_LEARNED)
+                pp.gate = fixture_gate();
             struct observed obs = {.p = &pp, .job_end = N_PROMPT};
             free(prefill_logits(m, ids, KVP_KV_F16, 1, NULL, &pp, &obs));
             print_message("estimate %s, threshold %g: %d sparse choices\n",
@@ -226,6 +271,234 @@ static void test_refusals(void **state)
     assert_int_equal(kvp_prefill_policy_parse("Pooled"), -1);
     assert_null(kvp_prefill_policy_name(KVP_PREFILL_COUNT));
     kvp_ctx_free(c);
+    kvp_test_model_free(m, path);
+}
+
+/* ---- the learned gate ---- */
+
+/* Parse a copy of buf with bytes [at, at + n) replaced by v (n 0: unchanged), the checksum fixed
+ * when fix: the error code, and the message must say which check refused it. */
+static int parse_mutated(const uint8_t *buf, size_t size, size_t at, const void *v, size_t n,
+                         bool fix, const char *want)
+{
+    uint8_t *b = malloc(size);
+    assert_non_null(b);
+    memcpy(b, buf, size);
+    memcpy(b + at, v, n);
+    if (fix) {
+        const uint64_t h = kvp_fnv64_test(b, size - 8);
+        memcpy(b + size - 8, &h, 8);
+    }
+    struct kvp_pgate g;
+    struct kvp_err err = {0};
+    int rc = kvp_pgate_parse(b, size, &g, &err);
+    if (rc == 0)
+        kvp_pgate_free(&g);
+    else if (want && !strstr(err.msg, want))
+        fail_msg("expected '%s', got '%s'", want, err.msg);
+    free(b);
+    return rc;
+}
+
+static void test_gate_file_refusals(void **state)
+{
+    (void)state;
+    struct kvp_pgate g;
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_pgate_init(&g, 2, 2, 32, 32, &err), 0);
+    kvp_pgate_w(&g, 1, 1)[96] = -0.75f;
+    char path[] = "/tmp/kvp_gate_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    assert_int_equal(kvp_pgate_save(&g, path, &err), 0);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    static uint8_t buf[16384];
+    const size_t size = fread(buf, 1, sizeof(buf), f);
+    fclose(f);
+    /* as written: read back the same weights */
+    struct kvp_pgate back;
+    assert_int_equal(kvp_pgate_load(path, &back, &err), 0);
+    assert_memory_equal(back.w, g.w, (size_t)2 * 2 * g.nw * sizeof(float));
+    assert_true(kvp_pgate_w(&back, 1, 1)[96] == -0.75f);
+    kvp_pgate_free(&back);
+    /* every truncation: one error, never a crash (ASan sees overreads: the copies are exact) */
+    for (size_t n = 0; n < size; n++) {
+        uint8_t *b = malloc(n ? n : 1);
+        memcpy(b, buf, n);
+        err = (struct kvp_err){0};
+        assert_int_equal(kvp_pgate_parse(b, n, &back, &err), KVP_EFORMAT);
+        assert_true(err.msg[0] != 0 && strchr(err.msg, '\n') == NULL);
+        free(b);
+    }
+    const uint32_t v2 = 2, big = 1u << 20, npos3 = 3;
+    const float nan = NAN;
+    const size_t w0 = 8 + 4 * 6 + 24 + 64 + 4 + 2 * 8 + 4; /* the first weight */
+    assert_int_equal(parse_mutated(buf, size, 0, "KVPGATE2", 8, true, "bad magic"), KVP_EFORMAT);
+    assert_int_equal(parse_mutated(buf, size, 8, &v2, 4, true, "version"), KVP_EFORMAT);
+    assert_int_equal(parse_mutated(buf, size, 12, &big, 4, true, "implausible"), KVP_EFORMAT);
+    assert_int_equal(parse_mutated(buf, size, 28, &npos3, 4, true, "implausible"), KVP_EFORMAT);
+    assert_int_equal(parse_mutated(buf, size, w0 - 4, &big, 4, true, "weights"), KVP_EFORMAT);
+    assert_int_equal(parse_mutated(buf, size, w0, &nan, 4, true, "not finite"), KVP_EFORMAT);
+    assert_int_equal(parse_mutated(buf, size, w0, &nan, 4, false, "checksum"), KVP_EFORMAT);
+    assert_int_equal(parse_mutated(buf, size, 0, NULL, 0, false, NULL), 0);
+    /* one byte too many */
+    static uint8_t longer[16384 + 1];
+    memcpy(longer, buf, size);
+    assert_int_equal(kvp_pgate_parse(longer, size + 1, &back, &err), KVP_EFORMAT);
+    /* the public loader: a missing file, and a gate the model cannot use */
+    struct kvp_prefill_gate *pg = NULL;
+    assert_true(kvp_prefill_gate_load("/nonexistent/x.kvpg", &pg, &err) < 0);
+    assert_null(pg);
+    assert_int_equal(kvp_prefill_gate_load(path, &pg, &err), 0);
+    char *mpath = NULL;
+    kvp_model *m = fixture(&mpath);
+    struct kvp_ctx_params cp = {.n_ctx = 512};
+    kvp_ctx *c = NULL;
+    assert_int_equal(kvp_ctx_init(m, &cp, &c, &err), 0);
+    const struct kvp_prefill_params none = {.policy = KVP_PREFILL_LEARNED};
+    assert_int_equal(kvp_ctx_set_prefill(c, &none, &err), KVP_EINVAL); /* no gate */
+    const struct kvp_prefill_params other = {.policy = KVP_PREFILL_LEARNED, .block = 64,
+                                             .gate = pg}; /* the gate's blocks are 32 */
+    assert_int_equal(kvp_ctx_set_prefill(c, &other, &err), KVP_EINVAL);
+    assert_non_null(strstr(err.msg, "prefill gate is for"));
+    const struct kvp_prefill_params ok = {.policy = KVP_PREFILL_LEARNED, .gate = pg};
+    assert_int_equal(kvp_ctx_set_prefill(c, &ok, &err), 0);
+    kvp_prefill_gate_free(pg); /* the context holds a copy */
+    kvp_ctx_free(c);
+    kvp_test_model_free(m, mpath);
+    kvp_pgate_free(&g);
+    remove(path);
+}
+
+/* Every choice's runs, in the order a one-thread prefill makes them. */
+struct choices {
+    int n;
+    uint64_t h[8192];
+};
+
+static void record_choice(void *user, int l, int kvh, int p0, int nq, int n_keys,
+                          const struct kvp_key_run *runs, int n_runs)
+{
+    struct choices *ch = user;
+    int key[5] = {l, kvh, p0, nq, n_keys};
+    uint64_t h = kvp_fnv64_test(key, sizeof(key));
+    h ^= kvp_fnv64_test(runs, (size_t)n_runs * sizeof(*runs)) * 31;
+    if (ch->n < 8192)
+        ch->h[ch->n++] = h;
+}
+
+static void run_choices(kvp_model *m, const int32_t *ids, const struct kvp_prefill_params *pp,
+                        kvp_spf_observer fn, void *user)
+{
+    struct kvp_ctx_params cp = {.n_ctx = CTX, .n_threads = 1, .n_batch = BATCH};
+    kvp_ctx *c = NULL;
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_ctx_init(m, &cp, &c, &err), 0);
+    assert_int_equal(kvp_ctx_set_prefill(c, pp, &err), 0);
+    kvp_spf_set_observer(kvp_ctx_spf(c), fn, user);
+    assert_int_equal(kvp_eval(c, ids, N_PROMPT, NULL, false, &err), 0);
+    kvp_ctx_free(c);
+}
+
+/* A gate at pooled's weights makes pooled's choices, every one of them. */
+static void test_gate_at_pooled_weights_is_pooled(void **state)
+{
+    (void)state;
+    char *path = NULL;
+    kvp_model *m = fixture(&path);
+    struct kvp_model_info info;
+    kvp_model_get_info(m, &info);
+    static int32_t ids[N_PROMPT];
+    prompt_ids(ids, N_PROMPT, info.n_vocab);
+    struct kvp_pgate g;
+    struct kvp_prefill_gate *pg = NULL;
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_pgate_init(&g, 2, 2, 32, 32, &err), 0);
+    assert_int_equal(kvp_spf_gate_from(&g, &pg, &err), 0);
+    struct kvp_prefill_params pp = {.policy = KVP_PREFILL_POOLED, .budget_ratio = 0.25,
+                                    .block = 32, .window = 64, .min_keys = 256};
+    static struct choices pooled, learned;
+    run_choices(m, ids, &pp, record_choice, &pooled);
+    pp.policy = KVP_PREFILL_LEARNED;
+    pp.gate = pg;
+    run_choices(m, ids, &pp, record_choice, &learned);
+    print_message("%d choices each\n", pooled.n);
+    assert_true(pooled.n > 0);
+    assert_int_equal(pooled.n, learned.n);
+    assert_memory_equal(pooled.h, learned.h, (size_t)pooled.n * sizeof(uint64_t));
+    kvp_prefill_gate_free(pg);
+    kvp_pgate_free(&g);
+    kvp_test_model_free(m, path);
+}
+
+/* A gate that is only a distance prior (-ln(1 + d)) ranks the nearest blocks first: each choice
+ * is the forced blocks plus the budget's worth of candidates just before the window. */
+struct nearest {
+    int calls, bad, B, sink, window;
+    double ratio;
+};
+
+static void check_nearest(void *user, int l, int kvh, int p0, int nq, int n_keys,
+                          const struct kvp_key_run *runs, int n_runs)
+{
+    (void)l, (void)kvh, (void)nq;
+    struct nearest *o = user;
+    const int B = o->B, U = (n_keys + B - 1) / B;
+    const int sink_u = (o->sink + B - 1) / B, win_u = (p0 - o->window > 0 ? p0 - o->window : 0) / B;
+    const int bu = (int)((ceil(o->ratio * n_keys) + B - 1) / B);
+    uint8_t pick[256] = {0};
+    for (int r = 0; r < n_runs; r++)
+        for (int k = runs[r].start; k < runs[r].start + runs[r].n; k += B)
+            pick[k / B] = 1;
+    const int forced = sink_u + (U - win_u);
+    int want = bu - forced < win_u - sink_u ? bu - forced : win_u - sink_u;
+    want = want < 0 ? 0 : want;
+    int bad = 0;
+    for (int u = sink_u; u < win_u; u++)
+        bad += pick[u] != (u >= win_u - want);
+    if (bad && !o->bad) {
+        print_message("first bad choice: p0 %d, n_keys %d, want %d of blocks %d..%d:", p0,
+                      n_keys, want, sink_u, win_u - 1);
+        for (int u = 0; u < U; u++)
+            print_message("%d", pick[u]);
+        print_message("\n");
+    }
+    o->bad += bad;
+    o->calls++;
+}
+
+static void test_gate_distance_prior_ranks_nearest(void **state)
+{
+    (void)state;
+    char *path = NULL;
+    kvp_model *m = fixture(&path);
+    struct kvp_model_info info;
+    kvp_model_get_info(m, &info);
+    static int32_t ids[N_PROMPT];
+    prompt_ids(ids, N_PROMPT, info.n_vocab);
+    struct kvp_pgate g;
+    struct kvp_prefill_gate *pg = NULL;
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_pgate_init(&g, 2, 2, 32, 32, &err), 0);
+    for (int l = 0; l < 2; l++)
+        for (int h = 0; h < 2; h++) {
+            float *w = kvp_pgate_w(&g, l, h);
+            memset(w, 0, (size_t)g.nw * sizeof(float));
+            w[96] = -1.0f;
+        }
+    assert_int_equal(kvp_spf_gate_from(&g, &pg, &err), 0);
+    const struct kvp_prefill_params pp = {.policy = KVP_PREFILL_LEARNED, .budget_ratio = 0.25,
+                                          .block = 32, .sink = 32, .window = 64,
+                                          .min_keys = 256, .gate = pg};
+    struct nearest o = {.B = 32, .sink = 32, .window = 64, .ratio = 0.25};
+    run_choices(m, ids, &pp, check_nearest, &o);
+    print_message("%d choices, %d blocks off the nearest\n", o.calls, o.bad);
+    assert_true(o.calls > 0);
+    assert_int_equal(o.bad, 0);
+    kvp_prefill_gate_free(pg);
+    kvp_pgate_free(&g);
     kvp_test_model_free(m, path);
 }
 
@@ -391,10 +664,24 @@ static int32_t *task_prompt(const kvp_model *m, int n, float depth, uint64_t see
 
 /* The estimate's picks against the dense attention, every layer of the shipped model at 1/8:
  * more than a random pick of as many blocks holds in expectation, layer by layer. */
+static struct kvp_prefill_gate *shipped_gate(void)
+{
+    static char path[4096];
+    const char *src = getenv("KVP_SOURCE_DIR");
+    snprintf(path, sizeof(path), "%s/models/kvpred-default.kvpg", src ? src : ".");
+    struct kvp_prefill_gate *g = NULL;
+    struct kvp_err err = {0};
+    /* the gate is part of the repository: missing or unreadable is a failure */
+    if (kvp_prefill_gate_load(path, &g, &err) < 0)
+        fail_msg("%s: %s", path, err.msg);
+    return g;
+}
+
 static void test_estimates_beat_random(void **state)
 {
     (void)state;
     kvp_model *m = shipped();
+    struct kvp_prefill_gate *gate = shipped_gate();
     size_t n = 0;
     int32_t *ids = task_prompt(m, 3000, 0.5f, 4242, &n, NULL, 0);
     struct kvp_model_info info;
@@ -406,7 +693,8 @@ static void test_estimates_beat_random(void **state)
         assert_int_equal(kvp_ctx_init(m, &cp, &c, &err), 0);
         /* a small window, so that most of the budget is the estimate's */
         struct kvp_prefill_params pp = {.policy = est, .budget_ratio = 0.125, .min_keys = 1024,
-                                        .window = 64, .dense_tail = -1};
+                                        .window = 64, .dense_tail = -1,
+                                        .gate = est == KVP_PREFILL_LEARNED ? gate : NULL};
         assert_int_equal(kvp_ctx_set_prefill(c, &pp, &err), 0);
         kvp_spf_measure(kvp_ctx_spf(c), true);
         assert_int_equal(kvp_eval(c, ids, (int)n, NULL, false, &err), 0);
@@ -420,6 +708,7 @@ static void test_estimates_beat_random(void **state)
         }
         kvp_ctx_free(c);
     }
+    kvp_prefill_gate_free(gate);
     free(ids);
     kvp_model_close(m);
 }
@@ -491,6 +780,7 @@ static void test_cli_switch(void **state)
     assert_int_equal(kvp_test_run(cmd, &out, 0), 0);
     assert_non_null(strstr(out, "--prefill-policy"));
     assert_non_null(strstr(out, "--prefill-budget"));
+    assert_non_null(strstr(out, "--prefill-predictor"));
     assert_non_null(strstr(out, "sparse\n                       (recommended: pooled)"));
     for (int i = 0; i < KVP_PREFILL_COUNT; i++)
         assert_non_null(strstr(out, kvp_prefill_policy_name(i)));
@@ -502,6 +792,15 @@ static void test_cli_switch(void **state)
         kvp_test_expect_error(cmd, "need a sparse --prefill-policy");
         snprintf(cmd, sizeof(cmd), "%s %s --prefill-policy sparsest 2>&1", cli, cmds[i]);
         kvp_test_expect_error(cmd, "--prefill-policy");
+        /* the learned estimate and its gate go together, and a bad gate is refused */
+        snprintf(cmd, sizeof(cmd), "%s %s --prefill-policy learned 2>&1", cli, cmds[i]);
+        kvp_test_expect_error(cmd, "needs --prefill-predictor");
+        snprintf(cmd, sizeof(cmd), "%s %s --prefill-predictor g.kvpg 2>&1", cli, cmds[i]);
+        kvp_test_expect_error(cmd, "needs --prefill-policy learned");
+        snprintf(cmd, sizeof(cmd),
+                 "%s %s --prefill-policy learned --prefill-predictor /nonexistent.kvpg 2>&1", cli,
+                 cmds[i]);
+        kvp_test_expect_error(cmd, "prefill gate file");
     }
     /* the JSON says what the prefill did */
     const char *src = getenv("KVP_SOURCE_DIR");
@@ -531,6 +830,9 @@ int main(void)
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_batched_step),
         cmocka_unit_test(test_tiered_reads_chosen_blocks),
+        cmocka_unit_test(test_gate_file_refusals),
+        cmocka_unit_test(test_gate_at_pooled_weights_is_pooled),
+        cmocka_unit_test(test_gate_distance_prior_ranks_nearest),
         cmocka_unit_test(test_estimates_beat_random),
         cmocka_unit_test(test_passkey_after_sparse_prefill),
         cmocka_unit_test(test_cli_switch),

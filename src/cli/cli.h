@@ -32,6 +32,7 @@ int cmd_profile_heads(int argc, char **argv);
 int cmd_viz_heads(int argc, char **argv);
 int cmd_trace(int argc, char **argv);
 int cmd_train_predictor(int argc, char **argv);
+int cmd_train_prefill_gate(int argc, char **argv);
 /* `kvpred --version` (cmd_version.c). */
 int cmd_version(int argc, char **argv);
 

@@ -46,6 +46,8 @@ static const struct command commands[] = {
     {"prompt", cmd_prompt, "print an evaluation prompt (the one `eval --task` decodes)"},
     {"trace", cmd_trace, "record attention traces for training the predictor"},
     {"train-predictor", cmd_train_predictor, "train the AttentionPredictor CNN on a trace"},
+    {"train-prefill-gate", cmd_train_prefill_gate,
+     "train the learned estimate of block-sparse prefill (.kvpg)"},
 };
 
 static void usage(FILE *f)

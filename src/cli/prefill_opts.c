@@ -2,6 +2,7 @@
 #include "cli/prefill_opts.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -9,14 +10,19 @@
 #include "cli/measure_opts.h"
 #include "core/platform.h"
 
-const char *const cli_prefill_names[] = {"dense", "pooled", "bound", "strided", "sparse", NULL};
+const char *const cli_prefill_names[] = {"dense",   "pooled", "bound", "strided",
+                                         "learned", "sparse", NULL};
 
 const char *cli_prefill_flags_help =
     "  --prefill-policy P   how a prompt attends to itself (docs/prefill.md): dense (default)\n"
     "                       or block-sparse, its key blocks ranked by an estimate: sparse\n"
     "                       (recommended: pooled), pooled (mean query . mean key of each block),\n"
     "                       bound (quest's bound over each block's key max/min), strided\n"
-    "                       (exact scores of every 16th query; reads every key)\n"
+    "                       (exact scores of every 16th query; reads every key), learned\n"
+    "                       (a trained gate over each block's mean/max/min key and its\n"
+    "                       distance; needs --prefill-predictor)\n"
+    "  --prefill-predictor F the learned policy's gate, a .kvpg file (kvpred\n"
+    "                       train-prefill-gate; models/kvpred-default.kvpg for the default model)\n"
     "  --prefill-budget B   keys a block of 64 queries reads, sink and window included: a\n"
     "                       count or a ratio of the keys it sees (1/16, 0.0625; default 1/16)\n"
     "  --prefill-threshold X stop adding key blocks once they hold this share of the\n"
@@ -27,6 +33,15 @@ const char *cli_prefill_flags_help =
     "  --prefill-window N   keys before a query block it always reads (256)\n"
     "  --prefill-sink N     leading keys every query reads (64)\n";
 
+/* The learned policy's gate, loaded once and freed at exit. */
+static struct kvp_prefill_gate *loaded_gate;
+
+static void free_gate(void)
+{
+    kvp_prefill_gate_free(loaded_gate);
+    loaded_gate = NULL;
+}
+
 int cli_prefill_check(struct cli_prefill_opts *o)
 {
     const int pol = o->policy == KVP_PREFILL_COUNT ? KVP_PREFILL_SPARSE : o->policy;
@@ -36,8 +51,21 @@ int cli_prefill_check(struct cli_prefill_opts *o)
         return cli_fail("--prefill-budget, --prefill-threshold, --prefill-min-keys, "
                         "--prefill-tail, --prefill-window and --prefill-sink need a sparse "
                         "--prefill-policy");
+    if (o->gate_path && pol != KVP_PREFILL_LEARNED)
+        return cli_fail("--prefill-predictor needs --prefill-policy learned");
+    if (pol == KVP_PREFILL_LEARNED && !o->gate_path)
+        return cli_fail("--prefill-policy learned needs --prefill-predictor FILE (a .kvpg gate)");
     o->p = (struct kvp_prefill_params){.policy = pol, .threshold = o->threshold,
                                        .min_keys = (int)o->min_keys};
+    if (pol == KVP_PREFILL_LEARNED) {
+        struct kvp_err err = {0};
+        if (!loaded_gate) {
+            if (kvp_prefill_gate_load(o->gate_path, &loaded_gate, &err) < 0)
+                return cli_fail_err(&err);
+            atexit(free_gate);
+        }
+        o->p.gate = loaded_gate;
+    }
     if (o->budget) {
         float ratio = 0;
         if (!cli_parse_budget(o->budget, &o->p.budget, &ratio))

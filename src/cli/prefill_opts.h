@@ -17,6 +17,7 @@ struct cli_prefill_opts {
     long min_keys;       /* --prefill-min-keys (0: the library's default) */
     long tail;           /* --prefill-tail (-1: unset) */
     long window, sink;   /* --prefill-window, --prefill-sink (-1: unset) */
+    const char *gate_path; /* --prefill-predictor: the learned policy's gate (.kvpg) */
     struct kvp_prefill_params p; /* resolved by cli_prefill_check */
 };
 
@@ -27,18 +28,20 @@ extern const char *const cli_prefill_names[];
 
 #define CLI_PREFILL_FLAGS(o)                                                                       \
     CLI_CHOICE("--prefill-policy", cli_prefill_names, 0, &(o)->policy,                            \
-               "dense, sparse, pooled, bound or strided"),                                         \
+               "dense, sparse, pooled, bound, strided or learned"),                                \
         CLI_STR("--prefill-budget", &(o)->budget),                                                 \
         CLI_FLOAT("--prefill-threshold", 0, 1, &(o)->threshold, "a mass in [0, 1]"),               \
         CLI_INT("--prefill-min-keys", 1, 1 << 24, &(o)->min_keys, "a positive token count"),       \
         CLI_INT("--prefill-tail", 0, 1 << 24, &(o)->tail, "a token count"),                        \
         CLI_INT("--prefill-window", 0, 1 << 24, &(o)->window, "a token count"),                    \
-        CLI_INT("--prefill-sink", 0, 1 << 24, &(o)->sink, "a token count")
+        CLI_INT("--prefill-sink", 0, 1 << 24, &(o)->sink, "a token count"),                        \
+        CLI_STR("--prefill-predictor", &(o)->gate_path)
 
 /* Help lines for those flags. */
 extern const char *cli_prefill_flags_help;
 
-/* The flags' combinations into o->p: 0, or 1 after printing the error. */
+/* The flags' combinations into o->p (loading the learned policy's gate, kept until the process
+ * exits): 0, or 1 after printing the error. */
 int cli_prefill_check(struct cli_prefill_opts *o);
 
 /* Put o on a context (every command calls it, dense included, so the counters run), and the

@@ -14,12 +14,18 @@
 #include "forward/context_internal.h"
 #include "kernels/simd.h"
 #include "kv/attention.h"
+#include "predictor/prefill_gate.h"
 #include "store/store.h"
 
 #define SPF_STRIDE 16 /* the strided estimate scores every 16th query of a block */
 
 static const char *const policy_names[KVP_PREFILL_COUNT] = {"dense", "pooled", "bound",
-                                                            "strided"};
+                                                            "strided", "learned"};
+
+/* The public face of a learned gate (kvpred.h): the predictor's weights. */
+struct kvp_prefill_gate {
+    struct kvp_pgate g;
+};
 
 const char *kvp_prefill_policy_name(int policy)
 {
@@ -42,6 +48,7 @@ int kvp_prefill_policy_parse(const char *name)
 struct spf_thread {
     float *qbar;            /* [g][hd] the block's mean query of each head of the group */
     float *qpos, *qneg;     /* [g][hd] its positive and negative parts (bound) */
+    float *qgate;           /* [g][3 hd] the learned gate's query vectors (kvp_pgate_query) */
     float *mass;            /* [g][max_units] each head's estimated share per key block */
     float *imp;             /* [max_units] the group's importance of each key block */
     int32_t *order;         /* [max_units] candidate blocks, most important first */
@@ -57,7 +64,11 @@ struct spf_thread {
 struct kvp_spf {
     struct kvp_prefill_params p; /* defaults resolved */
     int n_layer, n_kv, hd, g, block, max_units, n_threads;
-    int sdim;        /* floats of statistics per block: hd (mean) or 2 hd (max, min) */
+    int sdim;        /* floats of statistics per block: hd (mean), 2 hd (max, min) or 3 hd
+                        (mean, max, min: the learned gate) */
+    struct kvp_pgate gate; /* learned: a copy of the gate */
+    kvp_spf_collector collector; /* kvp_spf_set_collector */
+    void *collector_user;
     float *stats;    /* [n_layer][n_kv][max_units][sdim]; NULL when the estimate needs none */
     int *done;       /* [n_layer] tokens whose blocks are folded */
     struct spf_thread *thr; /* [n_threads] */
@@ -79,6 +90,7 @@ static void free_thread(struct spf_thread *t)
     free(t->qbar);
     free(t->qpos);
     free(t->qneg);
+    free(t->qgate);
     free(t->mass);
     free(t->imp);
     free(t->order);
@@ -107,6 +119,7 @@ void kvp_spf_free(struct kvp_spf *s)
     free(s->plan_n);
     free(s->plan_cols);
     free(s->plan_est);
+    kvp_pgate_free(&s->gate);
     free(s);
 }
 
@@ -125,6 +138,11 @@ static int resolve(struct kvp_prefill_params *p, int cache_bs, struct kvp_err *e
                            p->threshold);
     if (p->budget == 0 && p->budget_ratio == 0)
         p->budget_ratio = 1.0 / 16;
+    if (p->policy == KVP_PREFILL_LEARNED && !p->gate)
+        return kvp_err_set(err, KVP_EINVAL, "prefill policy learned needs a gate "
+                                            "(kvp_prefill_gate_load, --prefill-predictor)");
+    if (p->policy == KVP_PREFILL_LEARNED && p->block == 0)
+        p->block = p->gate->g.block;
     if (p->block == 0) /* the smallest multiple of the cache's blocks from 64 keys on */
         p->block = (64 + cache_bs - 1) / cache_bs * cache_bs;
     if (p->block < 0 || p->block > (1 << 16) || p->block % cache_bs != 0)
@@ -151,9 +169,24 @@ int kvp_spf_set(struct kvp_ctx *c, struct kvp_spf **out, const struct kvp_prefil
     int rc = resolve(&p, c->kv.block_size, err);
     if (rc < 0)
         return rc;
+    if (p.policy == KVP_PREFILL_LEARNED) {
+        const struct kvp_pgate *g = &p.gate->g;
+        if (g->n_layer != c->hp.n_layer || g->n_kv != c->hp.n_head_kv ||
+            g->hd != c->hp.head_dim || g->block != p.block)
+            return kvp_err_set(err, KVP_EINVAL,
+                               "prefill gate is for %d layers, %d KV heads, head_dim %d, blocks "
+                               "of %d; the model has %d, %d, %d and the prefill blocks of %d",
+                               g->n_layer, g->n_kv, g->hd, g->block, c->hp.n_layer,
+                               c->hp.n_head_kv, c->hp.head_dim, p.block);
+    }
     struct kvp_spf *s = calloc(1, sizeof(*s));
     if (!s)
         return kvp_err_set(err, KVP_ENOMEM, "out of memory");
+    if (p.policy == KVP_PREFILL_LEARNED && (rc = kvp_pgate_copy(&s->gate, &p.gate->g, err)) < 0) {
+        free(s);
+        return rc;
+    }
+    p.gate = NULL; /* the copy serves; the caller's may go */
     s->p = p;
     s->n_layer = c->hp.n_layer;
     s->n_kv = c->hp.n_head_kv;
@@ -162,8 +195,10 @@ int kvp_spf_set(struct kvp_ctx *c, struct kvp_spf **out, const struct kvp_prefil
     s->block = p.block;
     s->max_units = (c->n_ctx + p.block - 1) / p.block;
     s->n_threads = c->sh->n_threads;
-    s->sdim = p.policy == KVP_PREFILL_POOLED ? s->hd : p.policy == KVP_PREFILL_BOUND ? 2 * s->hd
-                                                                                     : 0;
+    s->sdim = p.policy == KVP_PREFILL_POOLED    ? s->hd
+              : p.policy == KVP_PREFILL_BOUND   ? 2 * s->hd
+              : p.policy == KVP_PREFILL_LEARNED ? 3 * s->hd
+                                                : 0;
     const size_t U = (size_t)s->max_units, hd = (size_t)s->hd, g = (size_t)s->g;
     bool ok = (s->done = calloc((size_t)s->n_layer, sizeof(int))) &&
               (s->thr = calloc((size_t)s->n_threads, sizeof(*s->thr)));
@@ -183,6 +218,7 @@ int kvp_spf_set(struct kvp_ctx *c, struct kvp_spf **out, const struct kvp_prefil
         ok = (t->qbar = malloc(g * hd * sizeof(float))) &&
              (t->qpos = malloc(g * hd * sizeof(float))) &&
              (t->qneg = malloc(g * hd * sizeof(float))) &&
+             (t->qgate = malloc(g * 3 * hd * sizeof(float))) &&
              (t->mass = malloc(g * U * sizeof(float))) && (t->imp = malloc(U * sizeof(float))) &&
              (t->order = malloc(U * sizeof(int32_t))) && (t->pick = malloc(U)) &&
              (t->kbuf = malloc(hd * (size_t)p.block * sizeof(float))) &&
@@ -240,19 +276,21 @@ static void fold_unit(struct kvp_spf *s, const struct kvp_ctx *c, int l, int kvh
     float *st = unit_stats(s, l, kvh, u);
     for (int d = 0; d < hd; d++) {
         const float *row = kbuf + (size_t)d * B;
+        float sum = row[0], mx = row[0], mn = row[0];
+        for (int t = 1; t < n; t++) {
+            sum += row[t];
+            mx = row[t] > mx ? row[t] : mx;
+            mn = row[t] < mn ? row[t] : mn;
+        }
         if (s->p.policy == KVP_PREFILL_POOLED) {
-            float sum = 0;
-            for (int t = 0; t < n; t++)
-                sum += row[t];
             st[d] = sum / (float)n;
-        } else {
-            float mx = row[0], mn = row[0];
-            for (int t = 1; t < n; t++) {
-                mx = row[t] > mx ? row[t] : mx;
-                mn = row[t] < mn ? row[t] : mn;
-            }
+        } else if (s->p.policy == KVP_PREFILL_BOUND) {
             st[d] = mx;
             st[hd + d] = mn;
+        } else { /* learned: [mean, max, min], the layout kvp_pgate_query's vector multiplies */
+            st[d] = sum / (float)n;
+            st[hd + d] = mx;
+            st[2 * hd + d] = mn;
         }
     }
 }
@@ -343,6 +381,25 @@ static void estimate_pooled(const struct kvp_spf *s, const struct kvp_ctx *c, in
     mass_from_logits(s, t, U, n_keys);
 }
 
+/* The learned gate's logits (predictor/prefill_gate.h): per head of the group its query vector
+ * [a∘q̄, b∘q̄⁺, c∘q̄⁻] against every block's [mean, max, min] in one product, plus the distance
+ * prior of each block before the query block qu (in key blocks). */
+static void estimate_learned(const struct kvp_spf *s, int l, int kvh, int qu, int U, int n_keys,
+                             struct spf_thread *t)
+{
+    const int hd = s->hd, g = s->g, ld = s->sdim;
+    for (int j = 0; j < g; j++)
+        kvp_pgate_query(&s->gate, l, kvh, t->qbar + (size_t)j * hd, t->qgate + (size_t)j * ld);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g, U, ld, 1.0f, t->qgate, ld,
+                unit_stats(s, l, kvh, 0), ld, 0.0f, t->mass, s->max_units);
+    for (int u = 0; u < U; u++) {
+        const float prior = kvp_pgate_prior(&s->gate, l, kvh, qu - u);
+        for (int j = 0; j < g; j++)
+            t->mass[(size_t)j * s->max_units + u] += prior;
+    }
+    mass_from_logits(s, t, U, n_keys);
+}
+
 /* Every SPF_STRIDE-th query of the block against every key it sees (gathered as f32 into
  * ts->vc, [hd][n_keys], which attention overwrites afterwards), softmax per sampled row, the
  * probabilities summed per key block and averaged over the rows. */
@@ -426,6 +483,48 @@ static void measure(struct kvp_spf *s, const struct kvp_ctx *c, int l, int kvh, 
     }
 }
 
+/* The collector's sample (kvp_spf_set_collector): each head's dense attention share on every key
+ * block, the mean over the block's queries (keys gathered into ts->vc, scores in ts->s, as
+ * measure does), handed over with the block's mean queries and the blocks' statistics. */
+static void collect(struct kvp_spf *s, const struct kvp_ctx *c, int l, int kvh, int qs, int nq,
+                    int n_keys, int U, int n_pick, struct spf_thread *t,
+                    struct kvp_thread_scratch *ts)
+{
+    const struct kvp_simd_ops *ops = kvp_simd();
+    const struct kvp_kvcache *kv = &c->kv;
+    const int hd = s->hd, bs = kv->block_size, q_dim = c->hp.n_head * hd, B = s->block;
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int b = 0; b * bs < n_keys; b++) {
+        const int nt = n_keys - b * bs < bs ? n_keys - b * bs : bs;
+        kv->kk->k_rows(kvp_kvcache_kblock(kv, l, kvh, b), hd, bs, nt, ts->vc + (size_t)b * bs,
+                       (size_t)n_keys);
+    }
+    /* collecting for training only (never in a plain prefill): an allocation per item is fine */
+    float *mass = malloc((size_t)s->g * U * sizeof(float));
+    if (!mass)
+        return;
+    memset(mass, 0, (size_t)s->g * U * sizeof(float));
+    for (int j = 0; j < s->g; j++) {
+        const float *q = c->q + (size_t)qs * q_dim + (size_t)(kvh * s->g + j) * hd;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, n_keys, hd, scale, q, q_dim,
+                    ts->vc, n_keys, 0.0f, ts->s, n_keys);
+        for (int i = 0; i < nq; i++) {
+            float *row = ts->s + (size_t)i * n_keys;
+            const int visible = c->job_pos0 + qs + i + 1;
+            kvp_attn_softcap(row, visible, kv->score_cap);
+            const double inv = 1.0 / ops->exp_sum(row, visible, kvp_simd_max(ops, row, visible));
+            for (int k = 0; k < visible; k++)
+                mass[(size_t)j * U + k / B] += (float)(row[k] * inv / nq);
+        }
+    }
+    const struct kvp_spf_sample smp = {
+        .l = l, .kvh = kvh, .qu = (c->job_pos0 + qs) / B, .U = U, .n_keys = n_keys, .block = B,
+        .g = s->g, .hd = hd, .n_pick = n_pick, .forced = t->pick, .qbar = t->qbar,
+        .stats = unit_stats(s, l, kvh, 0), .mass = mass};
+    s->collector(s->collector_user, &smp);
+    free(mass);
+}
+
 /* ---- the choice ------------------------------------------------------------------------------ */
 
 /* qsort has no argument for the comparison, so each thread points this at its importances. */
@@ -470,12 +569,20 @@ int kvp_spf_select(struct kvp_spf *s, struct kvp_ctx *c, int l, int kvh, int qs,
     if (forced >= U)
         return 1;
     if (forced < bu || p->threshold > 0) {
-        const double te = kvp_time_now();
+        double te = kvp_time_now();
         if (p->policy == KVP_PREFILL_STRIDED) {
             estimate_strided(s, c, l, kvh, qs, nq, U, n_keys, t, ts);
+        } else if (p->policy == KVP_PREFILL_LEARNED) {
+            mean_queries(s, c, kvh, qs, nq, t);
+            estimate_learned(s, l, kvh, p0 / B, U, n_keys, t);
         } else {
             mean_queries(s, c, kvh, qs, nq, t);
             estimate_pooled(s, c, l, kvh, U, n_keys, t);
+        }
+        if (s->collector && p->policy == KVP_PREFILL_LEARNED) {
+            const double tc = kvp_time_now(); /* not the estimate's cost */
+            collect(s, c, l, kvh, qs, nq, n_keys, U, bu - forced, t, ts);
+            te += kvp_time_now() - tc;
         }
         /* the group reads one set: a block counts as much as the head that wants it most */
         int n_cand = 0;
@@ -668,6 +775,14 @@ void kvp_spf_measure(struct kvp_spf *s, bool on)
         s->measure = on;
 }
 
+void kvp_spf_set_collector(struct kvp_spf *s, kvp_spf_collector fn, void *user)
+{
+    if (s) {
+        s->collector = fn;
+        s->collector_user = user;
+    }
+}
+
 void kvp_spf_set_observer(struct kvp_spf *s, kvp_spf_observer fn, void *user)
 {
     if (s) {
@@ -697,6 +812,45 @@ struct kvp_spf *kvp_ctx_spf(kvp_ctx *c)
 }
 
 /* ---- the public face (kvpred.h) -------------------------------------------------------------- */
+
+int kvp_prefill_gate_load(const char *path, struct kvp_prefill_gate **out, struct kvp_err *err)
+{
+    *out = NULL;
+    struct kvp_prefill_gate *g = calloc(1, sizeof(*g));
+    if (!g)
+        return kvp_err_set(err, KVP_ENOMEM, "out of memory");
+    int rc = kvp_pgate_load(path, &g->g, err);
+    if (rc < 0) {
+        free(g);
+        return rc;
+    }
+    *out = g;
+    return 0;
+}
+
+int kvp_spf_gate_from(const struct kvp_pgate *src, struct kvp_prefill_gate **out,
+                      struct kvp_err *err)
+{
+    *out = NULL;
+    struct kvp_prefill_gate *g = calloc(1, sizeof(*g));
+    if (!g)
+        return kvp_err_set(err, KVP_ENOMEM, "out of memory");
+    int rc = kvp_pgate_copy(&g->g, src, err);
+    if (rc < 0) {
+        free(g);
+        return rc;
+    }
+    *out = g;
+    return 0;
+}
+
+void kvp_prefill_gate_free(struct kvp_prefill_gate *g)
+{
+    if (g) {
+        kvp_pgate_free(&g->g);
+        free(g);
+    }
+}
 
 int kvp_ctx_set_prefill(kvp_ctx *c, const struct kvp_prefill_params *params, struct kvp_err *err)
 {

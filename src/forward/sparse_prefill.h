@@ -83,6 +83,25 @@ int kvp_spf_recovery(const struct kvp_spf *s, int layer, double *rec, double *re
 typedef void (*kvp_spf_observer)(void *user, int l, int kvh, int p0, int nq, int n_keys,
                                  const struct kvp_key_run *runs, int n_runs);
 void kvp_spf_set_observer(struct kvp_spf *s, kvp_spf_observer fn, void *user);
+/* Collecting the learned gate's training items (policy learned only; off by default): every
+ * choice that ranks blocks also computes each head's dense attention share per key block and
+ * hands it over with what the gate reads. Called from the pool's threads at once: the collector
+ * locks what it shares. The pointers hold for the call only. */
+struct kvp_spf_sample {
+    int l, kvh, qu;        /* layer, KV head, the query block's first position / block */
+    int U, n_keys, block;  /* key blocks, keys the last query sees, keys per block */
+    int g, hd, n_pick;     /* heads of the group, head_dim, blocks the budget adds */
+    const uint8_t *forced; /* [U] the sink's and the window's blocks */
+    const float *qbar;     /* [g][hd] the block's mean query per head */
+    const float *stats;    /* [U][3 hd] each key block's mean, max and min key */
+    const float *mass;     /* [g][U] each head's dense attention share (mean over the queries) */
+};
+typedef void (*kvp_spf_collector)(void *user, const struct kvp_spf_sample *smp);
+void kvp_spf_set_collector(struct kvp_spf *s, kvp_spf_collector fn, void *user);
+/* A public gate holding a copy of g (tests and the trainer, which make gates in memory). */
+struct kvp_pgate;
+int kvp_spf_gate_from(const struct kvp_pgate *g, struct kvp_prefill_gate **out,
+                      struct kvp_err *err);
 /* The context's state (NULL before kvp_ctx_set_prefill). */
 struct kvp_spf *kvp_ctx_spf(kvp_ctx *c);
 

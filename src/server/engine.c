@@ -329,7 +329,8 @@ static struct kvp_prefill_params job_prefill(const struct srv_engine *e, const s
     struct kvp_prefill_params p = e->pf_default;
     if (j->prefill_policy >= 0 && j->prefill_policy != p.policy) {
         /* another policy: none of the server's tuning carries over */
-        p = (struct kvp_prefill_params){.policy = j->prefill_policy};
+        p = (struct kvp_prefill_params){.policy = j->prefill_policy,
+                                        .gate = e->pf_default.gate}; /* learned's, if loaded */
     }
     if (j->prefill_budget > 0 || j->prefill_budget_ratio > 0) {
         p.budget = j->prefill_budget;

@@ -247,7 +247,7 @@ static int parse_extension(const cJSON *root, struct srv_request *r, struct srv_
         if (!cJSON_IsString(pp) ||
             (r->prefill_policy = kvp_prefill_policy_parse(pp->valuestring)) < 0)
             return BAD(e, "kvpred.prefill_policy", "kvpred.prefill_policy must be one of "
-                       "dense, sparse, pooled, bound, strided");
+                       "dense, sparse, pooled, bound, strided, learned");
     }
     const cJSON *pb = cJSON_GetObjectItemCaseSensitive(x, "prefill_budget");
     if (pb && !cJSON_IsNull(pb)) {
