@@ -418,6 +418,18 @@ enum kvp_adaptive_mode {
 int kvp_ctx_set_policy(kvp_ctx *ctx, const struct kvp_policy_params *params,
                        struct kvp_err *err);
 
+/* Attach a policy as kvp_ctx_set_policy does, but keep the cached tokens: the policy sees them
+ * as a prompt that has just ended, as a copy shows them (kvp_seq_copy), without the prompt's
+ * attention rows or last query; a policy that learns from those (qpredictor, predictor; quest
+ * keeps the last query) gets them by evaluating the prompt's last tokens again: truncate them
+ * away first, attach, then kvp_eval them. Decoding from there is decoding after a prompt that
+ * ended in that piece with the policy set from the start. So several policies decode from one
+ * fill of a long cache, each after truncating back to the fill. KVP_EUNSUPPORTED for evicting
+ * policies, tiered caches and caches that gave up keys (evicted tokens, sliding-window rings);
+ * NULL params: no policy, dense attention. */
+int kvp_ctx_set_policy_keep(kvp_ctx *ctx, const struct kvp_policy_params *params,
+                            struct kvp_err *err);
+
 /* Name of the policy registered at index i, or NULL past the end. */
 const char *kvp_policy_name(int i);
 

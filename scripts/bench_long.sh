@@ -18,13 +18,23 @@
 #     peer     llama.cpp's llama-server dense at PEER_CTX on the SmolLM2-135M shape, alternating
 #              with kvpred dense and quest at 1/16 (llama-server is the peer that runs on hosts
 #              where llama-bench dies of an illegal instruction)
+#     real     no tile: one real prefill per shape and context of a prompt of essays (TEXT,
+#              repeated to the length), with REAL_PREFILL (the block-sparse prefill at 1/16 by
+#              default, docs/prefill.md), then every REAL_POLICIES entry decodes from that one
+#              fill (`bench` with several --policy: each goes back to the fill's last 32
+#              tokens, attaches its policy, evaluates them and decodes): one record each, with
+#              the fill's seconds and density (fill_seconds, fill_density) beside its own rates
 #   env: SHAPES ("smol135m llama1b default"), CTXS ("32768 65536 131072"), BUDGETS ("1/16 1/32
 #        1/64"), N (decode tokens, 16), THREADS (2), OUT (bench/long_decode.jsonl, appended),
 #        DEFAULT_MODEL (the file of the shape "default", models/kvpred-default.gguf),
 #        POLICIES (";"-separated "label=bench flags" entries, default flat quest and qpredictor;
 #        add e.g. "quest coarse=--policy quest --policy-opts ..." ), FILL_SOURCE (4096),
 #        FILL_TEXT (../shared/data/pg_essays/worked.txt when present), L1B_LAYERS (16), DIR
-#        (/tmp/kvp-long: the synth files), DISK_CTXS (131072), DISK_SHAPES (smol135m: the shapes
+#        (/tmp/kvp-long: the synth files), TEXT (../shared/data/pg_essays: a file or a folder of
+#        .txt files, the real part's prompt), REAL_PREFILL ("--prefill-policy sparse
+#        --prefill-budget 1/16"), REAL_BUDGET (1/32), REAL_POLICIES (";"-separated
+#        "label=bench flags": dense, quest as shipped, quest and qpredictor coarse-to-fine with
+#        every layer sparse, at REAL_BUDGET: the README's long-context table), DISK_CTXS (131072), DISK_SHAPES (smol135m: the shapes
 #        of the disk part), DISK_BUDGET (1/32), KV_DIR
 #        (/tmp), PEER_CTX (32768), PEER_BIN (../shared/peers/llama.cpp/bin), PORT (18080),
 #        WRAP (a prefix for every timed command, e.g. "flock LOCK nice -n -20" on a shared host),
@@ -38,7 +48,12 @@
 #   SHAPES=smol135m CTXS=131072 scripts/bench_long.sh build sparse   (dense, quest and
 #       qpredictor at 1/16 1/32 1/64: 7 rows, a tiled fill of ~35 s each)
 #   scripts/bench_long.sh build disk                                  (2 paired rows)
+# The README's long-context table from real prefills (about 11 minutes on a 2-core host: sparse
+# prefills of 43 s, 2 and 7 minutes, then four 16-token decodes each):
+#   SHAPES=smol135m OUT=bench/long_decode_real.jsonl NOTE="idle host" WRAP="nice -n -20" \
+#       scripts/bench_long.sh build real
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 BUILD=${1:-build}
 shift || true
 PARTS=${*:-sparse}
@@ -65,6 +80,13 @@ PORT=${PORT:-18080}
 REAL_MAX=${REAL_MAX:-32768}
 HOT_FRAC=${HOT_FRAC:-8}
 NOTE=${NOTE:-"2 threads; nice -20, loaded host (a shared lock, beside nice-19 compile jobs)"}
+TEXT=${TEXT:-../shared/data/pg_essays}
+REAL_PREFILL=${REAL_PREFILL:-"--prefill-policy sparse --prefill-budget 1/16"}
+REAL_BUDGET=${REAL_BUDGET:-1/32}
+C2F="--dense-layers 0 --policy-opts groups=16,coarse=approx,visit=4,q8=1"
+REAL_POLICIES=${REAL_POLICIES:-"dense=--policy none;quest=--policy quest --budget $REAL_BUDGET\
+;quest coarse-to-fine=--policy quest $C2F --budget $REAL_BUDGET\
+;qpredictor coarse-to-fine=--policy qpredictor --aux $QKVPP $C2F --budget $REAL_BUDGET"}
 # shellcheck disable=SC2206
 WRAP=(${WRAP:-})
 mkdir -p "$DIR"
@@ -183,6 +205,39 @@ print(json.dumps({'prompt': [random.randrange(3, 512) for _ in range($n_prompt)]
     kill "$srv_pid" 2>/dev/null || true
     wait "$srv_pid" 2>/dev/null || true
     trap - EXIT
+}
+
+# One real prefill per shape and context, every REAL_POLICIES entry decoding from it.
+part_real() {
+    local prompt="$DIR/long_prompt.txt" longest=0 c s p m out
+    for c in $CTXS; do [ "$c" -gt "$longest" ] && longest=$c; done
+    kvp_prompt_text "$TEXT" "$longest" "$prompt"
+    local labels=() flags=()
+    IFS=';' read -ra pols <<< "$REAL_POLICIES"
+    for p in "${pols[@]}"; do
+        labels+=("${p%%=*}")
+        # shellcheck disable=SC2206
+        flags+=(${p#*=})
+    done
+    local lj
+    lj=$(printf '%s\n' "${labels[@]}" | jq -R . | jq -sc .)
+    for s in $SHAPES; do
+        make_model "$s"
+        m=$(model_of "$s")
+        for c in $CTXS; do
+            # shellcheck disable=SC2086
+            local args=(-m "$m" -t "$THREADS" -n "$N" -r 1 --prefill 16 --json -c "$c"
+                --fill prefill $REAL_PREFILL)
+            echo "bench_long: real prefill of $c tokens, $s, then ${#labels[@]} policies" >&2
+            out=$("${WRAP[@]}" "$KVP" bench "${args[@]}" --fill-text "$prompt" "${flags[@]}" \
+                2>/dev/null) || { echo "FAILED: $s real $c" >&2; continue; }
+            jq -c --arg s "$s" --argjson l "$lj" --arg n "$NOTE" --arg t "$TEXT" \
+                --arg c "kvpred bench ${args[*]} --fill-text PROMPT ${flags[*]}" \
+                '. + {part: "real", shape: $s, label: $l[.policy_index], note: $n,
+                      prompt: ($t + " repeated"), command: $c}' <<< "$out" >> "$OUT"
+            tail -n "${#labels[@]}" "$OUT" | jq -r '"\(.shape) ctx \(.ctx) \(.label) \(.budget // "-"): \(.decode_tokens_per_s * 100 | round / 100) tok/s, policy_share \(.policy_share // 0 | . * 1000 | round / 1000), fill \(.fill_seconds | round) s at density \(.fill_density * 1000 | round / 1000)"' >&2
+        done
+    done
 }
 
 for part in $PARTS; do

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prefill of long real prompts, dense against block-sparse (docs/prefill.md), with llama.cpp's
 # llama-bench beside them up to LLAMA_MAX tokens: the SmolLM2-135M shape in Q8_0 (`kvpred synth`,
-# random weights), the runs of one length in alternation (kvpred dense, kvpred sparse, llama-bench
+# random weights; SHAPE names another, e.g. Llama-3.2-1B), the runs of one length in alternation (kvpred dense, kvpred sparse, llama-bench
 # without and with flash attention) so all see the same host. The prompt is text (TEXT, repeated
 # as needed) tokenized by the model's vocabulary, prefilled for real: no tile fill
 # (`kvpred bench --prefill-only`). One JSON line per run on OUT: engine, policy, budget,
@@ -16,14 +16,18 @@
 # Environment: LENS ("8192 16384 32768 65536 131072"), DENSE_MAX (131072: dense runs up to this
 # length; dense at 131072 takes about an hour on 2 threads), LLAMA_MAX (32768), BUDGET (1/16),
 # POLICY (sparse), REPS (1), THREADS (2), OUT (bench/prefill_sparse.jsonl; appended to), NOTE
-# ("idle host"), WRAP ("nice -n -20"), MODEL (/tmp/kvp-long/smol135m-q8_0.gguf, made with kvpred
-# synth when missing), TEXT (../shared/data/pg_essays: a file or a folder of .txt files),
+# ("idle host"), WRAP ("nice -n -20"), SHAPE (SmolLM2-135M: a `kvpred synth --shape` name),
+# MODEL (/tmp/kvp-long/smol135m-q8_0.gguf, llama1b-q8_0.gguf for Llama-3.2-1B, SHAPE-q8_0.gguf
+# else; made with kvpred synth when missing), TEXT (../shared/data/pg_essays: a file or a folder of .txt files),
 # LLAMA_BIN (../shared/peers/llama.cpp/bin; its rows are left out when llama-bench is missing or
 # dies), FA ("0 1"), CROSS ("": lengths at which to find the crossover: dense against sparse with
 # --prefill-min-keys 1, so every query block past the sink and window is sparse; the default
 # min_keys is chosen from these rows).
 #
 # Quick check: LENS=4096 DENSE_MAX=4096 LLAMA_MAX=4096 OUT=/tmp/p.jsonl scripts/bench_prefill_sparse.sh
+# The Llama-3.2-1B shape at 32768 tokens, dense, sparse and llama-bench (about 35 minutes on a
+# 2-core host, most of it the dense run):
+#   SHAPE=Llama-3.2-1B LENS=32768 scripts/bench_prefill_sparse.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -38,7 +42,7 @@ THREADS=${THREADS:-2}
 OUT=${OUT:-bench/prefill_sparse.jsonl}
 NOTE=${NOTE:-"idle host"}
 WRAP=${WRAP:-"nice -n -20"}
-MODEL=${MODEL:-/tmp/kvp-long/smol135m-q8_0.gguf}
+SHAPE=${SHAPE:-SmolLM2-135M}
 TEXT=${TEXT:-../shared/data/pg_essays}
 LLAMA_BIN=${LLAMA_BIN:-../shared/peers/llama.cpp/bin}
 FA=${FA:-"0 1"}
@@ -47,9 +51,10 @@ CROSS=${CROSS:-}
 unset OPENBLAS_CORETYPE
 
 . scripts/lib.sh
+MODEL=${MODEL:-$(kvp_synth_file "$SHAPE")}
 kvp_need bench_prefill_sparse jq
 kvp_need_built bench_prefill_sparse "$KVP"
-kvp_synth_smol "$KVP" "$MODEL" "$THREADS"
+kvp_synth "$KVP" "$MODEL" "$THREADS" "$SHAPE"
 LLAMA=$(kvp_llama_bench bench_prefill_sparse "$LLAMA_BIN" "$MODEL" "$THREADS")
 tmp=$(mktemp)
 prompt=$(mktemp --suffix=.txt)
@@ -59,9 +64,7 @@ trap 'rm -f "$tmp" "$prompt"' EXIT
 # longest length (about 4 bytes a token for English; the model's tokenizer decides).
 longest=0
 for n in $LENS $CROSS; do [ "$n" -gt "$longest" ] && longest=$n; done
-if [ -d "$TEXT" ]; then src=("$TEXT"/*.txt); else src=("$TEXT"); fi
-[ -f "${src[0]}" ] || { echo "bench_prefill_sparse: no text at $TEXT" >&2; exit 1; }
-while [ "$(stat -c %s "$prompt")" -lt $((longest * 6)) ]; do cat "${src[@]}" >>"$prompt"; done
+kvp_prompt_text "$TEXT" "$longest" "$prompt" || exit 1
 
 # kvpred_run N POLICY [BUDGET] [EXTRA...]: one prefill of N tokens, one JSON line
 kvpred_run() {
@@ -74,8 +77,8 @@ kvpred_run() {
     echo "bench_prefill_sparse: kvpred $n ${flags[*]} (rep $rep)" >&2
     $WRAP "$KVP" bench -m "$MODEL" -t "$THREADS" -r 1 --prefill "$n" -c "$n" --prefill-only \
         --fill-text "$prompt" "${flags[@]}" --json 2>/dev/null >"$tmp"
-    jq -c --arg cmd "$cmd" --arg note "$NOTE" --argjson rep "$rep" \
-        '{engine: "kvpred", model: "synth SmolLM2-135M Q8_0", policy: .prefill_policy,
+    jq -c --arg cmd "$cmd" --arg note "$NOTE" --argjson rep "$rep" --arg model "synth $SHAPE Q8_0" \
+        '{engine: "kvpred", model: $model, policy: .prefill_policy,
           budget: .prefill_budget, prompt_tokens: .prefill_tokens, prefill_tokens_per_s,
           seconds: (.prefill_tokens / .prefill_tokens_per_s), density: .prefill_density,
           density_layers: .prefill_density_layers, estimate_s: .prefill_estimate_s,
@@ -92,8 +95,8 @@ llama_run() {
     echo "bench_prefill_sparse: llama-bench $n fa $fa (rep $rep)" >&2
     LD_LIBRARY_PATH="$LLAMA_BIN" $WRAP "$LLAMA" -m "$MODEL" -p "$n" -n 0 -r 1 \
         -t "$THREADS" -fa "$fa" -o json 2>/dev/null >"$tmp" || return 0
-    jq -c --arg cmd "$cmd" --arg note "$NOTE" --argjson rep "$rep" \
-        '.[0] | {engine: "llama-bench", model: "synth SmolLM2-135M Q8_0", policy: "dense",
+    jq -c --arg cmd "$cmd" --arg note "$NOTE" --argjson rep "$rep" --arg model "synth $SHAPE Q8_0" \
+        '.[0] | {engine: "llama-bench", model: $model, policy: "dense",
          prompt_tokens: .n_prompt, prefill_tokens_per_s: .avg_ts,
          seconds: (.n_prompt / .avg_ts), threads: .n_threads, flash_attn: .flash_attn,
          build_commit, rep: $rep, note: $note, command: $cmd}' "$tmp" >>"$OUT"

@@ -48,12 +48,35 @@ kvp_model_files() {
     profile="${PROFILE:-${m%.gguf}.catekv-r0.4.profile}"
 }
 
-# kvp_synth_smol KVP FILE THREADS: the SmolLM2-135M shape in Q8_0 with random weights at FILE,
-# made with `kvpred synth` unless it is there already.
-kvp_synth_smol() {
+# kvp_synth KVP FILE THREADS SHAPE: a `kvpred synth --shape SHAPE` model in Q8_0 with random
+# weights at FILE, made unless it is there already.
+kvp_synth() {
     [ -f "$2" ] && return
     mkdir -p "$(dirname "$2")"
-    "$1" synth --shape SmolLM2-135M --type Q8_0 -t "$3" -o "$2" >&2
+    "$1" synth --shape "$4" --type Q8_0 -t "$3" -o "$2" >&2
+}
+
+# kvp_synth_smol KVP FILE THREADS: the same for the SmolLM2-135M shape.
+kvp_synth_smol() { kvp_synth "$1" "$2" "$3" SmolLM2-135M; }
+
+# kvp_synth_file SHAPE: where the scripts keep that shape's synth model (/tmp/kvp-long).
+kvp_synth_file() {
+    case $1 in
+    SmolLM2-135M) echo /tmp/kvp-long/smol135m-q8_0.gguf ;;
+    Llama-3.2-1B) echo /tmp/kvp-long/llama1b-q8_0.gguf ;;
+    *) echo "/tmp/kvp-long/$1-q8_0.gguf" ;;
+    esac
+}
+
+# kvp_prompt_text TEXT TOKENS FILE: a long prompt at FILE: TEXT's files (TEXT a file, or a folder
+# of .txt files) one after another, repeated until FILE holds more than TOKENS tokens (6 bytes a
+# token: English takes about 4 with a byte-pair vocabulary, so the model's tokenizer finds more).
+kvp_prompt_text() {
+    local src
+    if [ -d "$1" ]; then src=("$1"/*.txt); else src=("$1"); fi
+    [ -f "${src[0]}" ] || { echo "no text at $1" >&2; return 1; }
+    : >"$3"
+    while [ "$(stat -c %s "$3")" -lt $(($2 * 6)) ]; do cat "${src[@]}" >>"$3"; done
 }
 
 # kvp_llama_bench SCRIPT LLAMA_BIN MODEL THREADS: print the path of llama.cpp's llama-bench if it

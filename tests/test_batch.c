@@ -705,6 +705,90 @@ static void test_quest_follow_up(void **state)
     fixture_close(m, path);
 }
 
+/* The logits of nd decode steps of c on tokens q, into out[nd][nv]. */
+static void decode_steps(kvp_ctx *c, const int32_t *q, int nd, float *out, size_t nv)
+{
+    struct kvp_err err = {0};
+    for (int i = 0; i < nd; i++)
+        if (kvp_eval(c, q + i, 1, out + (size_t)i * nv, false, &err) < 0)
+            fail_msg("decode step %d: %s", i, err.msg);
+}
+
+/* kvp_ctx_set_policy_keep: a policy attached to a filled cache (after another one decoded from it
+ * and was truncated away), with the prompt's last piece evaluated again, decodes bit for bit as
+ * the same policy set before the prompt; evicting policies and tiered caches are refused and
+ * leave the cache as it was. */
+static void test_policy_keep(void **state)
+{
+    (void)state;
+    char *path;
+    kvp_model *m = fixture(KVP_TYPE_Q8_0, &path);
+    struct kvp_model_info in;
+    kvp_model_get_info(m, &in);
+    struct kvp_err err = {0};
+    enum { NP = 200, TAIL = 24, ND = 6 };
+    int32_t doc[NP], q[ND];
+    for (int i = 0; i < NP; i++)
+        doc[i] = token_of(3, i, in.n_vocab);
+    for (int i = 0; i < ND; i++)
+        q[i] = token_of(5, i, in.n_vocab);
+    const size_t nv = (size_t)in.n_vocab;
+    float *got = calloc(ND * nv, sizeof(float)), *want = calloc(ND * nv, sizeof(float));
+    const struct kvp_ctx_params cp = {.n_ctx = 256, .n_threads = 2};
+    const char *names[] = {"quest", "oracle", "random", NULL};
+    for (int k = 0; k < 4; k++) {
+        struct kvp_policy_params pp = policy(names[k]);
+        kvp_ctx *a = NULL, *b = NULL;
+        assert_int_equal(kvp_ctx_init(m, &cp, &a, &err), 0);
+        assert_int_equal(kvp_ctx_init(m, &cp, &b, &err), 0);
+        /* the policy from the start, the prompt in the same two pieces */
+        if (names[k])
+            assert_int_equal(kvp_ctx_set_policy(a, &pp, &err), 0);
+        assert_int_equal(kvp_eval(a, doc, NP - TAIL, NULL, false, &err), 0);
+        assert_int_equal(kvp_eval(a, doc + NP - TAIL, TAIL, NULL, false, &err), 0);
+        decode_steps(a, q, ND, want, nv);
+        /* another policy decodes first, then back to the fill and this one attached */
+        struct kvp_policy_params other = policy("quest");
+        other.budget = 32;
+        assert_int_equal(kvp_eval(b, doc, NP - TAIL, NULL, false, &err), 0);
+        assert_int_equal(kvp_ctx_set_policy_keep(b, &other, &err), 0);
+        assert_int_equal(kvp_eval(b, doc + NP - TAIL, TAIL, NULL, false, &err), 0);
+        decode_steps(b, q + 1, ND - 1, got, nv);
+        kvp_ctx_truncate(b, NP - TAIL);
+        assert_int_equal(kvp_ctx_set_policy_keep(b, names[k] ? &pp : NULL, &err), 0);
+        assert_int_equal(kvp_ctx_n_tokens(b), NP - TAIL);
+        assert_int_equal(kvp_eval(b, doc + NP - TAIL, TAIL, NULL, false, &err), 0);
+        decode_steps(b, q, ND, got, nv);
+        if (memcmp(got, want, ND * nv * sizeof(float)) != 0)
+            fail_msg("%s attached to a filled cache decodes otherwise than set before it",
+                     names[k] ? names[k] : "no policy");
+        kvp_ctx_free(a);
+        kvp_ctx_free(b);
+    }
+    /* refusals: an evicting policy, a tiered cache; the cache stays */
+    kvp_ctx *c = NULL;
+    assert_int_equal(kvp_ctx_init(m, &cp, &c, &err), 0);
+    assert_int_equal(kvp_eval(c, doc, NP, NULL, false, &err), 0);
+    struct kvp_policy_params snap = policy("snapkv");
+    assert_int_equal(kvp_ctx_set_policy_keep(c, &snap, &err), KVP_EUNSUPPORTED);
+    assert_non_null(strstr(err.msg, "evicts"));
+    assert_int_equal(kvp_ctx_n_tokens(c), NP);
+    kvp_ctx_free(c);
+    char *dir = scratch_dir();
+    const struct kvp_ctx_params tp = {.n_ctx = 256, .n_threads = 1, .kv_tier = KVP_TIER_RAM,
+                                      .kv_dir = dir};
+    assert_int_equal(kvp_ctx_init(m, &tp, &c, &err), 0);
+    assert_int_equal(kvp_eval(c, doc, 40, NULL, false, &err), 0);
+    struct kvp_policy_params qp = policy("quest");
+    assert_int_equal(kvp_ctx_set_policy_keep(c, &qp, &err), KVP_EUNSUPPORTED);
+    assert_int_equal(kvp_ctx_n_tokens(c), 40);
+    kvp_ctx_free(c);
+    rmdir(dir);
+    free(dir);
+    free(got), free(want);
+    fixture_close(m, path);
+}
+
 /* Steps that cannot run are refused whole, with one line naming the item. */
 static void test_refusals(void **state)
 {
@@ -1175,6 +1259,7 @@ int main(void)
         cmocka_unit_test(test_fast_steps),
         cmocka_unit_test(test_quest_follow_up),    cmocka_unit_test(test_cold_reads_together),
         cmocka_unit_test(test_mixed),
+        cmocka_unit_test(test_policy_keep),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -386,6 +386,89 @@ static void test_bench_fill_text(void **state)
     free(txt);
 }
 
+/* The JSON objects cmd prints, one a line, into js[0..cap); returns how many. */
+static int run_json_lines(const char *cmd, cJSON **js, int cap)
+{
+    char *out = NULL;
+    assert_int_equal(kvp_test_run(cmd, &out, 0), 0);
+    int n = 0;
+    for (char *line = strtok(out, "\n"); line && n < cap; line = strtok(NULL, "\n")) {
+        js[n] = cJSON_Parse(line);
+        if (!js[n])
+            print_message("%s printed:\n%s\n", cmd, line);
+        assert_non_null(js[n++]);
+    }
+    free(out);
+    return n;
+}
+
+/* `bench` with several --policy entries decodes each from one fill (each attaches its policy to
+ * the shared cache and evaluates the fill's last 32 tokens): each entry's last decoded logits are
+ * bit for bit those of a run of that policy alone with the same fill (a sparse prefill, a tiled
+ * fill), with two repetitions each (each truncates back to the fill); few enough decode tokens
+ * that qpredictor's history still holds the prompt's attention rows, so an entry that missed
+ * them (its policy attached after the last 32 tokens) differs. Evicting policies and tiers are
+ * refused in a list. */
+static void test_bench_policy_list(void **state)
+{
+    (void)state;
+    KVP_REQUIRE_CLI(cli);
+    static char model[4096], aux[4096], cmd[32768], base[8192], one[32768];
+    default_model(model, sizeof(model));
+    const char *src = getenv("KVP_SOURCE_DIR");
+    snprintf(aux, sizeof(aux), "%s/models/kvpred-default.qkvpp", src ? src : ".");
+    const char *fills[] = {"--fill prefill --prefill-policy sparse --prefill-budget 1/4 "
+                           "--prefill-min-keys 1 --prefill-window 64 --prefill-tail 64",
+                           "--fill tile --fill-source 256"};
+    enum { N_ENTRIES = 4 };
+    static char entries[N_ENTRIES][4200];
+    snprintf(entries[0], sizeof(entries[0]), "--policy none");
+    snprintf(entries[1], sizeof(entries[1]), "--policy quest");
+    snprintf(entries[2], sizeof(entries[2]),
+             "--policy quest --dense-layers 0 --policy-opts groups=4,coarse=approx,visit=4,q8=1 "
+             "--budget 1/4");
+    snprintf(entries[3], sizeof(entries[3]), "--policy qpredictor --aux %s", aux);
+    for (int f = 0; f < 2; f++) {
+        snprintf(base, sizeof(base),
+                 "%s bench -m %s -c 700 -n 8 -r 2 --prefill 16 -t 2 --bandwidth 1 --json %s "
+                 "--budget 1/8",
+                 cli, model, fills[f]);
+        snprintf(cmd, sizeof(cmd), "%s %s %s %s %s 2>/dev/null", base, entries[0], entries[1],
+                 entries[2], entries[3]);
+        cJSON *list[N_ENTRIES + 1] = {0};
+        assert_int_equal(run_json_lines(cmd, list, N_ENTRIES + 1), N_ENTRIES);
+        for (int k = 0; k < N_ENTRIES; k++) {
+            snprintf(one, sizeof(one), "%s %s 2>/dev/null", base, entries[k]);
+            cJSON *alone = run_json(one);
+            const char *a = cJSON_GetObjectItem(alone, "decode_logits_fnv")->valuestring;
+            const char *b = cJSON_GetObjectItem(list[k], "decode_logits_fnv")->valuestring;
+            const char *pol = cJSON_GetObjectItem(list[k], "policy")->valuestring;
+            print_message("fill %d, entry %d (%s): alone %s, in the list %s\n", f, k, pol, a, b);
+            assert_string_equal(a, b);
+            assert_int_equal(cJSON_GetObjectItem(list[k], "policy_index")->valueint, k);
+            assert_int_equal(cJSON_GetObjectItem(list[k], "policies")->valueint, N_ENTRIES);
+            /* the flags before the first --policy are every entry's, those after one its own */
+            cJSON *bj = cJSON_GetObjectItem(list[k], "budget");
+            if (k == 0)
+                assert_true(cJSON_IsNull(bj));
+            else
+                assert_string_equal(bj->valuestring, k == 2 ? "1/4" : "1/8");
+            /* the fill's density: the sparse prefill read part of the keys, the tiled fill
+             * (a dense prefill) all of them */
+            double d = cJSON_GetObjectItem(list[k], "fill_density")->valuedouble;
+            assert_true(f == 0 ? d > 0 && d < 1 : d == 1);
+            cJSON_Delete(alone);
+            cJSON_Delete(list[k]);
+        }
+    }
+    snprintf(cmd, sizeof(cmd), "%s --policy quest --policy snapkv", base);
+    kvp_test_expect_error(cmd, "evicts tokens");
+    snprintf(cmd, sizeof(cmd), "%s --policy quest --policy none --kv-tier ram", base);
+    kvp_test_expect_error(cmd, "an untiered cache");
+    snprintf(cmd, sizeof(cmd), "%s --policy none --budget 8 --policy quest", base);
+    kvp_test_expect_error(cmd, "--budget needs --policy");
+}
+
 /* `run` takes the tier flags: the text generated with the KV cache in the RAM or disk tier (both
  * disk IO paths, a hot tier smaller than the selection's reach) is the untiered text; a bad IO
  * path and a missing directory are refused; `bench --json` names the disk tier's IO path. */
@@ -560,6 +643,7 @@ int main(void)
         cmocka_unit_test(test_prompt_too_long),  cmocka_unit_test(test_prompt_command),
         cmocka_unit_test(test_bench_paired),
         cmocka_unit_test(test_bench_fill_text),
+        cmocka_unit_test(test_bench_policy_list),
         cmocka_unit_test(test_run_tiers),
         cmocka_unit_test(test_tier_flags_shared),
         cmocka_unit_test(test_batched_fill_tile),

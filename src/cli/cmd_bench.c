@@ -24,11 +24,18 @@
  * per decoded token; --timeline OUT.png draws tokens 8..11 of the first repetition.
  *
  * Long contexts: --fill tile prefills only the first --fill-source tokens for real (the ids of
- * --fill-text when given, as for a plain prefill), grows the cache to CTX - TILE_TAIL by tiling
+ * --fill-text when given, as for a plain prefill), grows the cache to CTX - FILL_TAIL by tiling
  * them with the keys turned to their new positions (kvp_ctx_fill_tile), and evaluates the last
- * TILE_TAIL tokens for real, so the cache ends as a prompt does: the policy sees real attention
- * rows and a real last query.
+ * FILL_TAIL tokens for real, so the cache ends as a prompt does: the policy sees real attention
+ * rows and a real last query. A plain prefill ends with those tokens as a piece of its own too.
  * A 128K-token cache of SmolLM2-135M's shape fills in under a minute instead of hours.
+ *
+ * Several policies from one fill: each --policy starts an entry, and the policy flags after it
+ * are its own. The cache is filled once without a policy up to its last FILL_TAIL tokens; each
+ * entry then truncates back to there, attaches its policy to the kept cache
+ * (kvp_ctx_set_policy_keep), evaluates the last FILL_TAIL tokens (so it sees the prompt's last
+ * queries and attention rows as with its policy set from the start) and decodes; one result per
+ * entry. A real prefill of 131072 tokens takes minutes, the tail and each decode seconds.
  */
 #include <math.h>
 #include <stdio.h>
@@ -42,6 +49,7 @@
 #include "cli/measure_opts.h"
 #include "cli/prefill_opts.h"
 #include "cli/tier_opts.h"
+#include "core/fnv.h"
 #include "core/platform.h"
 #include "core/rng.h"
 #include "core/threadpool.h"
@@ -49,15 +57,18 @@
 #include "kernels/simd.h"
 #include "kernels/types.h"
 #include "kvpred_lab.h"
+#include "policy/policy.h"
 
 static const char *const fill_names[] = {"prefill", "tile", NULL};
 
-/* --fill tile: tokens evaluated for real after the tiled part (the policies' observation
- * window, 32 by default, sees real queries) */
-#define TILE_TAIL 32
+/* The last tokens of a fill, evaluated for real as a prompt piece of their own: after a tiled
+ * part the policies' observation window (32 by default) sees real queries, and with several
+ * policies each one evaluates them again on the shared rest of the fill (the head), so that it
+ * sees the prompt's last queries as it would with one policy set from the start. */
+#define FILL_TAIL 32
 
-/* How the cache is filled to depth before decode: a prefill of toks[0..depth), or (tile) a
- * prefill of toks[0..src), tiling to depth - TILE_TAIL and a real prefill of the rest. */
+/* How the cache is filled to depth before decode: a prefill of toks[0..depth - FILL_TAIL), or
+ * (tile) a prefill of toks[0..src) tiled to depth - FILL_TAIL; then a prefill of the rest. */
 struct fill_plan {
     int mode; /* 0 prefill, 1 tile */
     long src;
@@ -69,16 +80,38 @@ static long fill_real_tokens(const struct fill_plan *f, long depth)
     return f->mode ? f->src : depth;
 }
 
+/* Tokens the head of a fill leaves in the cache (the tail evaluates the rest). */
+static long fill_head_tokens(long depth)
+{
+    return depth > FILL_TAIL ? depth - FILL_TAIL : 0;
+}
+
+static int fill_head(kvp_ctx *c, const int32_t *toks, long depth, const struct fill_plan *f,
+                     struct kvp_err *err)
+{
+    const long head = fill_head_tokens(depth);
+    if (!f->mode || depth <= f->src + FILL_TAIL)
+        return head > 0 ? kvp_eval(c, toks, (int)head, NULL, false, err) : 0;
+    int rc = kvp_eval(c, toks, (int)f->src, NULL, false, err);
+    return rc < 0 ? rc : kvp_ctx_fill_tile(c, (int)head, err);
+}
+
+static int fill_tail(kvp_ctx *c, const int32_t *toks, long depth, float *logits,
+                     struct kvp_err *err)
+{
+    const long head = fill_head_tokens(depth);
+    return kvp_eval(c, toks + head, (int)(depth - head), logits, false, err);
+}
+
 static int fill_cache(kvp_ctx *c, const int32_t *toks, long depth, const struct fill_plan *f,
                       float *logits, struct kvp_err *err)
 {
-    if (!f->mode || depth <= f->src + TILE_TAIL)
-        return kvp_eval(c, toks, (int)depth, logits, false, err);
-    int rc = kvp_eval(c, toks, (int)f->src, NULL, false, err);
-    if (rc < 0 || (rc = kvp_ctx_fill_tile(c, (int)(depth - TILE_TAIL), err)) < 0)
-        return rc;
-    return kvp_eval(c, toks + depth - TILE_TAIL, TILE_TAIL, logits, false, err);
+    int rc = fill_head(c, toks, depth, f, err);
+    return rc < 0 ? rc : fill_tail(c, toks, depth, logits, err);
 }
+
+/* Most --policy entries in one run. */
+#define MAX_POLICIES 16
 
 /* --paired: decode tokens per turn of each context. Short enough that both see the same moments
  * of a shared host, long enough that switching caches costs little. */
@@ -104,6 +137,14 @@ static void help(void)
            "                       policy_share)\n"
            "  --budget B           policy budget: tokens per (layer, KV head), or a fraction of\n"
            "                       the context (0.0625 or 1/16)\n"
+           "  several --policy     decode each from one fill (--policy none: dense attention):\n"
+           "                       the policy flags after a --policy (--budget, --dense-layers,\n"
+           "                       --policy-opts, --aux, ...) are its own, those before the\n"
+           "                       first are every entry's; the cache is filled once up to its\n"
+           "                       last %d tokens, then each entry goes back there, attaches its\n"
+           "                       policy, evaluates those tokens and decodes: one result (JSON\n"
+           "                       line) each, as a run of that policy alone would give (not\n"
+           "                       evicting policies, tiers, --paired, sliding-window models)\n"
            "%s"
            "                       (JSON: store.sq_poll and store.disk_io say which path ran)\n"
            "  --link-gbps X        RAM tier: model a link of X GB/s\n"
@@ -115,7 +156,8 @@ static void help(void)
            "  --fill F             prefill (default) or tile: prefill --fill-source tokens for\n"
            "                       real, tile their KV to CTX - %d with the keys re-rotated to\n"
            "                       their new positions, then prefill the last %d (long contexts\n"
-           "                       in seconds; JSON fill, fill_seconds)\n"
+           "                       in seconds; JSON fill, fill_seconds); a prefill also takes\n"
+           "                       those last tokens as a piece of their own\n"
            "  --fill-source N      --fill tile: tokens prefilled for real (default 4096)\n"
            "  --fill-text FILE     take the tokens prefilled for real from this text (--fill\n"
            "                       prefill: the whole depth; tile: the --fill-source tokens),\n"
@@ -124,7 +166,7 @@ static void help(void)
            "  --prefill-only       time the --prefill repetitions alone: no fill to -c, no\n"
            "                       decode (long prompts; JSON: the prefill's fields)\n"
            "%s%s\n%s",
-           cli_tier_flags_help, PAIR_CHUNK, TILE_TAIL, TILE_TAIL, cli_prefill_flags_help,
+           FILL_TAIL, cli_tier_flags_help, PAIR_CHUNK, FILL_TAIL, FILL_TAIL, cli_prefill_flags_help,
            cli_policy_flags_help(),
            cli_model_flags_help_sans_ctx);
 }
@@ -181,6 +223,11 @@ struct bench_opts {
     struct cli_model_opts mo;
     struct kvp_policy_params pp;
     const char *budget_arg; /* --budget as given (the JSON repeats it) */
+    /* every --policy entry, its own flags applied (pol[0] is pp and budget_arg); index: the
+     * entry this copy of the options decodes */
+    struct kvp_policy_params pol[MAX_POLICIES];
+    const char *pol_budget[MAX_POLICIES];
+    int n_pol, index;
     long n_decode, n_prefill, reps;
     long depth;       /* tokens in the cache when decode is timed (-c; default 512) */
     double bandwidth; /* GB/s for the floor (0: measure it) */
@@ -201,6 +248,8 @@ struct bench_result {
     struct kvp_model_info in;
     double pp_best, fill_s;    /* prefill tokens/s (best run); seconds to fill to depth */
     struct cli_prefill_report pf; /* what the best prefill run's attention did */
+    struct cli_prefill_report fill_pf; /* what the fill's attention did */
+    uint64_t logits_fnv;       /* FNV-1a of the last decoded token's logits */
     bool fill_tiered;          /* fill_transfer_s is the tier's */
     double fill_transfer_s;    /* of the fill, the time with cold-tier transfers in flight */
     double tg_mean, tg_best;   /* decode tokens/s, mean and best of the repetitions */
@@ -220,6 +269,70 @@ struct bench_result {
     double bandwidth, kv_per_token, kv_bytes, floor_tps; /* the floor and what it counts */
     double kv_read, meta_flat, read_floor; /* bytes a step reads (print_json) and their floor */
 };
+
+/* Take the policy flags out of argv into o's entries (each --policy starts one, copying the
+ * flags given before the first) and the rest into rest[0..*n_rest). 0, or 1 after printing the
+ * error. */
+static int split_policy_flags(struct bench_opts *o, int argc, char **argv, char **rest,
+                              int *n_rest)
+{
+    struct kvp_policy_params shared = {0};
+    const char *shared_budget = NULL;
+    int n = 0;
+    for (int i = 0; i < argc; i++) {
+        const bool pol = !strcmp(argv[i], "--policy"), bud = !strcmp(argv[i], "--budget");
+        if ((pol || bud) && i + 1 >= argc)
+            return cli_fail("%s needs a value", argv[i]);
+        if (pol && o->n_pol == MAX_POLICIES)
+            return cli_fail("--policy: at most %d in one run", MAX_POLICIES);
+        if (pol) {
+            const char *name = strcmp(argv[++i], "none") ? argv[i] : NULL;
+            o->pol[o->n_pol] = shared;
+            o->pol[o->n_pol].name = name;
+            o->pol_budget[o->n_pol++] = name ? shared_budget : NULL; /* none: dense */
+            continue;
+        }
+        if (bud) {
+            *(o->n_pol ? &o->pol_budget[o->n_pol - 1] : &shared_budget) = argv[++i];
+            continue;
+        }
+        int r = i == 0 ? 0
+                       : cli_policy_flag(o->n_pol ? &o->pol[o->n_pol - 1] : &shared, false,
+                                         argc, argv, &i);
+        if (r < 0)
+            return 1;
+        if (r == 0)
+            rest[n++] = argv[i];
+    }
+    *n_rest = n;
+    if (!o->n_pol) { /* no --policy: dense, and the flags stand alone as before */
+        o->pol[0] = shared;
+        o->pol_budget[0] = shared_budget;
+    }
+    for (int k = 0; k < (o->n_pol ? o->n_pol : 1); k++) {
+        struct kvp_policy_params *pp = &o->pol[k];
+        if (o->pol_budget[k] && !pp->name)
+            return cli_fail("--budget needs --policy");
+        if (pp->name && !cli_policy_known(pp->name))
+            return cli_fail("--policy: unknown policy '%s' (known: %s)", pp->name,
+                            cli_policy_names());
+        if (o->pol_budget[k] && !cli_parse_budget(o->pol_budget[k], &pp->budget,
+                                                  &pp->budget_ratio))
+            return cli_fail("--budget: '%s' is not a token count or a ratio in (0, 1]",
+                            o->pol_budget[k]);
+    }
+    o->pp = o->pol[0];
+    o->budget_arg = o->pol_budget[0];
+    if (o->n_pol < 2)
+        return 0;
+    for (int k = 0; k < o->n_pol; k++)
+        for (int j = 0; o->pol[k].name && kvp_policy_registry[j]; j++)
+            if (kvp_policy_registry[j]->evicting &&
+                !strcmp(kvp_policy_registry[j]->name, o->pol[k].name))
+                return cli_fail("--policy %s evicts tokens the next entry would need: run it "
+                                "alone", o->pol[k].name);
+    return 0;
+}
 
 /* Parse argv into o. Returns 0, 1 after printing an error, or 2 after printing the help. */
 static int parse_args(struct bench_opts *o, int argc, char **argv)
@@ -244,8 +357,18 @@ static int parse_args(struct bench_opts *o, int argc, char **argv)
         CLI_BOOL("--prefill-only", &o->prefill_only),
         {0},
     };
-    int rc = cli_parse_policy_command("bench", &o->mo, &o->pp, &o->budget_arg, flags, help, argc,
-                                      argv);
+    char **rest = malloc((size_t)(argc + 1) * sizeof(char *));
+    int n_rest = 0;
+    if (!rest)
+        return cli_fail("out of memory");
+    int rc = split_policy_flags(o, argc, argv, rest, &n_rest);
+    if (!rc) {
+        struct kvp_policy_params none = {0};
+        const char *no_budget = NULL;
+        rc = cli_parse_policy_command("bench", &o->mo, &none, &no_budget, flags, help, n_rest,
+                                      rest);
+    }
+    free(rest);
     if (rc)
         return rc;
     if (o->mo.n_threads <= 0)
@@ -253,8 +376,9 @@ static int parse_args(struct bench_opts *o, int argc, char **argv)
     o->depth = o->mo.n_ctx > 0 ? o->mo.n_ctx : 512;
     if (o->n_prefill > o->depth)
         o->n_prefill = o->depth;
-    if (o->budget_arg && !o->pp.name)
-        return cli_fail("--budget needs --policy");
+    if (o->n_pol > 1 && (o->to.tier != KVP_TIER_NONE || o->paired || o->prefill_only))
+        return cli_fail("several --policy: an untiered cache, without --paired or "
+                        "--prefill-only");
     o->fill = (struct fill_plan){.mode = o->fill_mode,
                                  .src = o->fill_src < o->depth ? o->fill_src : o->depth};
     if (o->to.tier == KVP_TIER_NONE && (o->link_gbps || o->link_us || o->timeline || o->paired))
@@ -276,7 +400,8 @@ static kvp_ctx *bench_ctx(const kvp_model *m, const struct bench_opts *o, long c
     }
     kvp_ctx *c = cli_open_ctx_params(m, &cp);
     struct kvp_err err = {0};
-    if (c && o->pp.name && kvp_ctx_set_policy(c, &o->pp, &err) < 0) {
+    /* (several policies: each is attached to the filled cache in turn, run_entries) */
+    if (c && o->pp.name && o->n_pol < 2 && kvp_ctx_set_policy(c, &o->pp, &err) < 0) {
         cli_fail_err(&err);
         kvp_ctx_free(c);
         return NULL;
@@ -303,14 +428,16 @@ static int time_prefill(const struct bench_opts *o, kvp_ctx *ctx, const int32_t 
             cli_prefill_take(ctx, r->in.n_layer, &r->pf);
         r->pp_best = rate > r->pp_best ? rate : r->pp_best;
     }
-    if (o->prefill_only)
+    if (o->prefill_only || o->n_pol > 1) /* several policies fill in run_entries */
         return 0;
     kvp_ctx_reset(ctx);
     kvp_ctx_store_reset_stats(ctx);
+    kvp_ctx_prefill_reset_stats(ctx);
     double t0 = kvp_time_now();
     if (fill_cache(ctx, toks, o->depth, &o->fill, logits, err) < 0)
         return -1;
     r->fill_s = kvp_time_now() - t0;
+    cli_prefill_take(ctx, r->in.n_layer, &r->fill_pf);
     /* of the fill, the time with cold-tier transfers in flight: the prefill waits for each
      * layer's writes and reads, so this is what the tier adds to the forward pass */
     struct kvp_store_stats fill_st = {0};
@@ -424,6 +551,86 @@ static int time_decode(const struct bench_opts *o, kvp_ctx *ctx, kvp_ctx *ram,
     return 0;
 }
 
+/* One run's report on stdout: JSON or text (below). */
+static void print_result(const struct bench_opts *o, const struct bench_result *r);
+
+/* From the decode just timed on ctx and r->bandwidth: the floor, and what a step read. */
+static void derive(const struct bench_opts *o, const kvp_model *m, kvp_ctx *ctx,
+                   struct bench_result *r)
+{
+    /* the floor: every weight byte and the KV at the run's mean depth, at the bandwidth */
+    r->type_k = kvp_ctx_kv_type_k(ctx);
+    r->type_v = kvp_ctx_kv_type_v(ctx);
+    r->kv_per_token =
+        (double)kvp_kv_bytes_per_token(m, r->type_k, r->type_v, (int)o->mo.block_size);
+    r->kv_bytes = r->kv_per_token * (double)(o->depth + o->n_decode / 2);
+    const double step_bytes = (double)r->in.weight_bytes + r->kv_bytes;
+    r->floor_tps = r->bandwidth > 0 ? r->bandwidth * 1e9 / step_bytes : 0;
+    /* what a step reads: the keys and values the selections let attention read (every key of
+     * a (layer, KV head) that made no selection), and the block metadata a flat bound pass
+     * reads (2 x head_dim elements per block and selecting (layer, KV head), f16 for an f16
+     * key cache, else f32: quest_meta.h); a coarse-to-fine pass reads less of it */
+    const double steps = (double)o->reps * o->n_decode;
+    double sel_tokens = 0, selects = 0;
+    kvp_ctx_policy_reads(ctx, &sel_tokens, &selects);
+    const double pairs = (double)r->in.n_layer * r->in.n_head_kv;
+    const double mean_keys = (double)o->depth + o->n_decode / 2.0;
+    const double sel_pairs = selects / steps; /* selecting (layer, KV head) pairs per step */
+    const int bs = o->mo.block_size > 0 ? (int)o->mo.block_size : 16; /* kvp_ctx_params */
+    r->kv_read = (sel_tokens / steps + (pairs - sel_pairs) * mean_keys) * r->kv_per_token / pairs;
+    r->meta_flat = sel_pairs * ceil(mean_keys / bs) * 2.0 * r->in.head_dim *
+                   (r->type_k == KVP_KV_F16 ? 2.0 : 4.0);
+    const double read_bytes = (double)r->in.weight_bytes + r->kv_read + r->meta_flat;
+    r->read_floor = r->bandwidth > 0 ? r->bandwidth * 1e9 / read_bytes : 0;
+}
+
+/* Several --policy entries from one fill (see the top of the file), a result printed for each.
+ * base: the prefill's figures and the bandwidth. */
+static int run_entries(const struct bench_opts *o, const kvp_model *m, kvp_ctx *ctx,
+                       const int32_t *toks, float *logits, double *chunk_ratio,
+                       const struct bench_result *base, struct kvp_err *err)
+{
+    const long head = fill_head_tokens(o->depth);
+    double head_s = 0;
+    struct cli_prefill_report fill_pf = {0};
+    for (int k = 0; k < o->n_pol; k++) {
+        struct bench_opts oe = *o;
+        oe.pp = o->pol[k];
+        oe.budget_arg = o->pol_budget[k];
+        oe.index = k;
+        struct bench_result r = *base;
+        if (k == 0) { /* the shared fill, without a policy */
+            kvp_ctx_reset(ctx);
+            kvp_ctx_prefill_reset_stats(ctx);
+            const double t0 = kvp_time_now();
+            if (fill_head(ctx, toks, o->depth, &o->fill, err) < 0)
+                return -1;
+            head_s = kvp_time_now() - t0;
+        } else if (kvp_ctx_truncate_keeps(ctx, (int)head)) {
+            kvp_ctx_truncate(ctx, (int)head); /* back to the shared fill */
+        } else { /* (kvp_ctx_set_policy_keep refuses such a cache before this) */
+            err->code = KVP_EUNSUPPORTED;
+            snprintf(err->msg, sizeof(err->msg), "the cache cannot go back to its fill");
+            return -1;
+        }
+        if (kvp_ctx_set_policy_keep(ctx, oe.pp.name ? &oe.pp : NULL, err) < 0)
+            return -1;
+        const double t1 = kvp_time_now();
+        if (fill_tail(ctx, toks, o->depth, logits, err) < 0)
+            return -1;
+        r.fill_s = head_s + (kvp_time_now() - t1); /* the shared head and this entry's tail */
+        if (k == 0)
+            cli_prefill_take(ctx, r.in.n_layer, &fill_pf);
+        r.fill_pf = fill_pf;
+        if (time_decode(&oe, ctx, NULL, toks, logits, chunk_ratio, &r, err) < 0)
+            return -1;
+        derive(&oe, m, ctx, &r);
+        r.logits_fnv = kvp_fnv64(KVP_FNV64_INIT, logits, (size_t)r.in.n_vocab * sizeof(float));
+        print_result(&oe, &r);
+    }
+    return 0;
+}
+
 /* The whole measurement into r: contexts and token ids, the timed runs, then the floor. 0, or 1
  * after printing the error. */
 static int run(const struct bench_opts *o, kvp_model *m, struct bench_result *r)
@@ -477,37 +684,24 @@ static int run(const struct bench_opts *o, kvp_model *m, struct bench_result *r)
             status = 0;
         goto out;
     }
+    if (o->n_pol > 1) { /* several policies from one fill; each entry prints its result */
+        r->bandwidth = o->bandwidth > 0 ? o->bandwidth : measure_bandwidth((int)o->mo.n_threads);
+        if (time_prefill(o, ctx, toks, logits, r, &err) < 0 ||
+            run_entries(o, m, ctx, toks, logits, chunk_ratio, r, &err) < 0)
+            cli_fail_err(&err);
+        else
+            status = 0;
+        goto out;
+    }
     if (time_prefill(o, ctx, toks, logits, r, &err) < 0 ||
         (ram && fill_cache(ram, toks, o->depth, &o->fill, logits, &err) < 0) ||
         time_decode(o, ctx, ram, toks, logits, chunk_ratio, r, &err) < 0) {
         cli_fail_err(&err);
         goto out;
     }
-    /* the floor: every weight byte and the KV at the run's mean depth, at the bandwidth */
+    r->logits_fnv = kvp_fnv64(KVP_FNV64_INIT, logits, (size_t)r->in.n_vocab * sizeof(float));
     r->bandwidth = o->bandwidth > 0 ? o->bandwidth : measure_bandwidth((int)o->mo.n_threads);
-    r->type_k = kvp_ctx_kv_type_k(ctx);
-    r->type_v = kvp_ctx_kv_type_v(ctx);
-    r->kv_per_token =
-        (double)kvp_kv_bytes_per_token(m, r->type_k, r->type_v, (int)o->mo.block_size);
-    r->kv_bytes = r->kv_per_token * (double)(o->depth + o->n_decode / 2);
-    const double step_bytes = (double)r->in.weight_bytes + r->kv_bytes;
-    r->floor_tps = r->bandwidth > 0 ? r->bandwidth * 1e9 / step_bytes : 0;
-    /* what a step reads: the keys and values the selections let attention read (every key of
-     * a (layer, KV head) that made no selection), and the block metadata a flat bound pass
-     * reads (2 x head_dim elements per block and selecting (layer, KV head), f16 for an f16
-     * key cache, else f32: quest_meta.h); a coarse-to-fine pass reads less of it */
-    const double steps = (double)o->reps * o->n_decode;
-    double sel_tokens = 0, selects = 0;
-    kvp_ctx_policy_reads(ctx, &sel_tokens, &selects);
-    const double pairs = (double)r->in.n_layer * r->in.n_head_kv;
-    const double mean_keys = (double)o->depth + o->n_decode / 2.0;
-    const double sel_pairs = selects / steps; /* selecting (layer, KV head) pairs per step */
-    const int bs = o->mo.block_size > 0 ? (int)o->mo.block_size : 16; /* kvp_ctx_params */
-    r->kv_read = (sel_tokens / steps + (pairs - sel_pairs) * mean_keys) * r->kv_per_token / pairs;
-    r->meta_flat = sel_pairs * ceil(mean_keys / bs) * 2.0 * r->in.head_dim *
-                   (r->type_k == KVP_KV_F16 ? 2.0 : 4.0);
-    const double read_bytes = (double)r->in.weight_bytes + r->kv_read + r->meta_flat;
-    r->read_floor = r->bandwidth > 0 ? r->bandwidth * 1e9 / read_bytes : 0;
+    derive(o, m, ctx, r);
     status = 0;
 out:
     free(chunk_ratio);
@@ -617,6 +811,16 @@ static void add_speed_json(cJSON *j, const struct bench_opts *o, const struct be
     cJSON_AddStringToObject(j, "fill", fill_names[o->fill.mode]);
     cJSON_AddNumberToObject(j, "fill_source_tokens", (double)fill_real_tokens(&o->fill, o->depth));
     cJSON_AddNumberToObject(j, "fill_seconds", r->fill_s);
+    /* fill_density: keys read / keys seen by the fill's prefill attention (1: dense; null:
+     * nothing prefilled), fill_estimate_s and fill_attention_s its thread-seconds (the prefill_*
+     * fields above are the timed --prefill's) */
+    if (r->fill_pf.st.keys_seen > 0)
+        cJSON_AddNumberToObject(j, "fill_density",
+                                r->fill_pf.st.keys_read / r->fill_pf.st.keys_seen);
+    else
+        cJSON_AddNullToObject(j, "fill_density");
+    cJSON_AddNumberToObject(j, "fill_estimate_s", r->fill_pf.st.estimate_s);
+    cJSON_AddNumberToObject(j, "fill_attention_s", r->fill_pf.st.attention_s);
     if (r->fill_tiered)
         cJSON_AddNumberToObject(j, "fill_transfer_seconds", r->fill_transfer_s);
     cJSON_AddNumberToObject(j, "decode_tokens_per_s", r->tg_mean);
@@ -661,6 +865,23 @@ static void add_selection_json(cJSON *j, const struct bench_opts *o, const struc
         cJSON_AddStringToObject(j, "budget", o->budget_arg);
     else
         cJSON_AddNullToObject(j, "budget");
+    /* policy_opts, dense_layers: as given (null: the policy's defaults); policy_index and
+     * policies: this entry of the --policy list and the list's length (one fill for all) */
+    if (o->pp.opts)
+        cJSON_AddStringToObject(j, "policy_opts", o->pp.opts);
+    else
+        cJSON_AddNullToObject(j, "policy_opts");
+    if (o->pp.dense_layers)
+        cJSON_AddNumberToObject(j, "dense_layers", o->pp.dense_layers < 0 ? 0 : o->pp.dense_layers);
+    else
+        cJSON_AddNullToObject(j, "dense_layers");
+    cJSON_AddNumberToObject(j, "policy_index", o->index);
+    cJSON_AddNumberToObject(j, "policies", o->n_pol > 1 ? o->n_pol : 1);
+    /* decode_logits_fnv: FNV-1a 64 of the last decoded token's logits (hex): the same in a
+     * run of one policy and in that policy's entry of a list, which a test checks */
+    char fnv[17];
+    snprintf(fnv, sizeof(fnv), "%016llx", (unsigned long long)r->logits_fnv);
+    cJSON_AddStringToObject(j, "decode_logits_fnv", fnv);
     /* policy_ms_per_token: time inside the policy's select/on_step hooks per token (thread
      * time summed over KV heads); policy_share: its fraction of the decode time */
     if (o->pp.name) {
@@ -831,6 +1052,15 @@ static void print_text(const struct bench_opts *o, const struct bench_result *r)
                r->pair_rate, PAIR_CHUNK, r->pair_ratio, r->pair_median);
 }
 
+static void print_result(const struct bench_opts *o, const struct bench_result *r)
+{
+    if (o->json)
+        print_json(o, r);
+    else
+        print_text(o, r);
+    fflush(stdout);
+}
+
 int cmd_bench(int argc, char **argv)
 {
     struct bench_opts o = {.n_decode = 128, .n_prefill = 512, .reps = 3, .fill_src = 4096,
@@ -843,10 +1073,8 @@ int cmd_bench(int argc, char **argv)
         return 1;
     struct bench_result r = {0};
     int status = run(&o, m, &r);
-    if (status == 0 && o.json)
-        print_json(&o, &r);
-    else if (status == 0)
-        print_text(&o, &r);
+    if (status == 0 && o.n_pol < 2)
+        print_result(&o, &r);
     kvp_model_close(m);
     return status;
 }

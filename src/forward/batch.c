@@ -192,14 +192,6 @@ static int check_copyable(const struct kvp_ctx *c, const char *who, struct kvp_e
     return 0;
 }
 
-static bool has_evicted(const struct kvp_kvcache *kv)
-{
-    for (int i = 0; i < kv->n_layer * kv->n_head_kv; i++)
-        if (kv->n_evicted[i] > 0 || kv->released[i] > 0)
-            return true;
-    return false;
-}
-
 int kvp_seq_copy(kvp_seq *dst, kvp_seq *src, int n, struct kvp_err *err)
 {
     if (!dst || !src || dst == src)
@@ -219,7 +211,7 @@ int kvp_seq_copy(kvp_seq *dst, kvp_seq *src, int n, struct kvp_err *err)
     if ((rc = check_copyable(src, "source", err)) < 0 ||
         (rc = check_copyable(dst, "destination", err)) < 0)
         return rc;
-    if (has_evicted(sk))
+    if (kvp_kvcache_has_evicted(sk))
         return kvp_err_set(err, KVP_EUNSUPPORTED, "copy from a cache with evicted tokens");
     if ((rc = kvp_kv_check(src, err)) < 0) /* nothing untrusted is copied */
         return rc;
@@ -274,7 +266,7 @@ int kvp_seq_read_kv(kvp_seq *src, int n, kvp_kv_layer_fn fn, void *arg, struct k
     int rc;
     if ((rc = check_copyable(src, "source", err)) < 0)
         return rc;
-    if (has_evicted(&src->kv))
+    if (kvp_kvcache_has_evicted(&src->kv))
         return kvp_err_set(err, KVP_EUNSUPPORTED, "read from a cache with evicted tokens");
     if ((rc = kvp_kv_check(src, err)) < 0) /* nothing untrusted is read */
         return rc;

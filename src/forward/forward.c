@@ -1084,11 +1084,13 @@ int kvp_eval(kvp_ctx *c, const int32_t *tokens, int n, float *logits, bool all_l
 
 /* ---- policies and measuring --------------------------------------------------------------- */
 
-int kvp_ctx_set_policy_ops(kvp_ctx *c, const struct kvp_policy_ops *ops,
-                           const struct kvp_policy_params *params, struct kvp_err *err)
+/* Attach a policy (ops, or the one params names; none: dense), clearing the cache unless keep. */
+static int attach_policy(kvp_ctx *c, const struct kvp_policy_ops *ops,
+                         const struct kvp_policy_params *params, bool keep, struct kvp_err *err)
 {
     free_policy(c);
-    kvp_ctx_reset(c);
+    if (!keep)
+        kvp_ctx_reset(c);
     int rc = kvp_kv_configure(c, err);
     if (rc < 0 || !params || (!ops && !params->name))
         return rc;
@@ -1122,9 +1124,52 @@ int kvp_ctx_set_policy_ops(kvp_ctx *c, const struct kvp_policy_ops *ops,
     return 0;
 }
 
+int kvp_ctx_set_policy_ops(kvp_ctx *c, const struct kvp_policy_ops *ops,
+                           const struct kvp_policy_params *params, struct kvp_err *err)
+{
+    return attach_policy(c, ops, params, false, err);
+}
+
 int kvp_ctx_set_policy(kvp_ctx *c, const struct kvp_policy_params *params, struct kvp_err *err)
 {
-    return kvp_ctx_set_policy_ops(c, NULL, params, err);
+    return attach_policy(c, NULL, params, false, err);
+}
+
+int kvp_ctx_set_policy_keep(kvp_ctx *c, const struct kvp_policy_params *params,
+                            struct kvp_err *err)
+{
+    const struct kvp_policy_ops *ops = NULL;
+    if (params && params->name && !(ops = kvp_policy_lookup(params->name, err)))
+        return KVP_EINVAL;
+    /* an evicting policy would drop keys on its first look at the cache, and its state after a
+     * prompt is what it evicted while reading it: it has to see the prompt itself */
+    if (ops && ops->evicting)
+        return kvp_err_set(err, KVP_EUNSUPPORTED,
+                           "policy '%s' evicts tokens; attach it before the prompt "
+                           "(kvp_ctx_set_policy)", ops->name);
+    /* a tiered cache's hot tier and staging are sized and filled for the policy it was
+     * filled with */
+    if (c->store)
+        return kvp_err_set(err, KVP_EUNSUPPORTED,
+                           "a policy on a filled tiered cache: set it before the prompt");
+    if (kvp_kvcache_has_evicted(&c->kv))
+        return kvp_err_set(err, KVP_EUNSUPPORTED,
+                           "a policy on a cache that has given up keys (evicted tokens or a "
+                           "sliding-window ring): set it before the prompt");
+    const int n = c->n_tokens;
+    int rc = attach_policy(c, ops, params, true, err);
+    if (rc < 0 || !c->pol.p)
+        return rc;
+    /* what a copy of the cache shows its policy (kvp_seq_copy): the cached tokens as a prompt
+     * that has just ended, without observation rows or a last query */
+    struct kvp_prefill_obs ob = {.n_prompt = n};
+    if (n > 0 && c->pol.p->ops->on_prefill)
+        for (int l = 0; l < c->hp.n_layer; l++)
+            if (!kvp_local_attn_wants(&c->hp, l))
+                kvp_policy_on_prefill(&c->pol, l, &ob);
+    c->pol_seen = n;
+    c->job_end = 0;
+    return 0;
 }
 
 double kvp_ctx_policy_seconds(const kvp_ctx *c)

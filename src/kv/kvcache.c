@@ -230,6 +230,14 @@ static void truncate_compacted(struct kvp_kvcache *c, int lh, int n_tokens)
     c->compact_limit[lh] = lim < n_tokens ? lim : n_tokens;
 }
 
+bool kvp_kvcache_has_evicted(const struct kvp_kvcache *c)
+{
+    for (int i = 0; i < c->n_layer * c->n_head_kv; i++)
+        if (c->n_evicted[i] > 0 || c->released[i] > 0)
+            return true;
+    return false;
+}
+
 bool kvp_kvcache_truncate_keeps(const struct kvp_kvcache *c, int n_tokens)
 {
     if (!c->ring)

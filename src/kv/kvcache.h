@@ -205,6 +205,10 @@ static inline float kvp_kvcache_key_at(const struct kvp_kvcache *c, int layer, i
  * newest token is never released, since the next token will be written there). */
 void kvp_kvcache_evict(struct kvp_kvcache *c, int layer, int kvh, int pos, int n_tokens);
 
+/* Whether any (layer, KV head) has evicted tokens or released blocks (a sliding-window ring
+ * counts: it gave up its oldest blocks), so the cache no longer holds every key it was given. */
+bool kvp_kvcache_has_evicted(const struct kvp_kvcache *c);
+
 /* Tokens of (layer, KV head) not evicted, out of n_tokens. */
 static inline int kvp_kvcache_kept(const struct kvp_kvcache *c, int layer, int kvh, int n_tokens)
 {
