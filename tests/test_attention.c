@@ -323,7 +323,7 @@ static void window_ring_matches(double cap)
     struct kvp_kvcache c;
     struct kvp_err err = {0};
     assert_int_equal(kvp_kvcache_init_windowed(&c, 1, NKV, HD, BS, CTX, cur_type, cur_type,
-                                               window, 1, &err),
+                                               window, 1, false, &err),
                      0);
     c.score_cap = (float)cap;
     const int R = kvp_kvcache_ring_blocks(WIN, 1, BS, c.max_blocks);
