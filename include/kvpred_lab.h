@@ -70,6 +70,10 @@ struct kvp_store_stats {
     size_t hot_bytes;       /* hot tier (including the prefill staging area) */
     size_t cold_bytes;      /* cold tier: the whole cache */
     size_t unit_bytes;      /* bytes of one unit */
+    int stored_layers;      /* layers the store holds: every layer but the sliding-window ones */
+    int windowed_layers;    /* sliding-window layers (Gemma 2 and 3): their rings stay in RAM in
+                               the cache and never reach a tier, so hot_bytes, cold_bytes and
+                               every count here leave them out */
     bool sq_poll;           /* disk reads are picked up by a polling kernel thread */
     /* Disk tier on a busy host (cold_disk.c): where the decode thread's time went and who
      * moved the reads. */

@@ -13,11 +13,15 @@
  *    and text are within 4 of the same bound of the reference (test_forward.c's empirical
  *    allowance for another engine's f32 arithmetic), so the reference is the function llama.cpp
  *    computes, not only kvpred's reading of the description.
+ *
+ * And what models with sliding-window layers change elsewhere: policies hooked on global layers
+ * only, the rings' memory at 32K tokens, and a tiered store holding the global layers alone.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -31,6 +35,7 @@
 #include "model/model.h"
 #include "model/synth.h"
 #include "policy/policy.h"
+#include "store/store.h"
 #include "testutil.h"
 
 #define N_VOCAB 400
@@ -893,7 +898,7 @@ static void test_window_ring_32k(void **state)
     struct kvp_kvcache kv;
     struct kvp_err err = {0};
     assert_int_equal(kvp_kvcache_init_windowed(&kv, NL, 1, HD, BS, CTX, KVP_KV_F16, KVP_KV_F16,
-                                               window, BATCH, &err),
+                                               window, BATCH, false, &err),
                      0);
     const int R = (WIN + BATCH + BS - 1) / BS + 2, full = CTX / BS;
     assert_int_equal(kv.n_pool, 4 * full + 22 * R);
@@ -923,6 +928,132 @@ static void test_window_ring_32k(void **state)
     kvp_kvcache_free(&kv);
 }
 
+/* One run of quest over ids: a prompt in two pieces (n_prompt tokens), then one token at a
+ * time to n, then a cut back to `cut` tokens and the rest decoded again. Under a tier (disk in
+ * directory dir, or RAM), the store's statistics after the prompt and the table entries of every
+ * layer are checked: the sliding-window layers (window[l] > 0) point into the cache's own pool
+ * and never into the store's hot tier, which holds the global layers alone, and the cold tier
+ * took the prompt's units of the global layers and nothing more. Returns the logits of every
+ * decoded row ([n - n_prompt + n - cut][N_VOCAB]). */
+static float *tier_run(kvp_model *m, const int32_t *ids, int n_prompt, int n, int cut, int tier,
+                       const char *dir, const int *window)
+{
+    struct kvp_ctx_params cp = {.n_ctx = 256, .n_threads = 2, .block_size = 4,
+                                .type_k = KVP_KV_F16, .type_v = KVP_KV_F16, .kv_tier = tier,
+                                .kv_dir = dir, .n_batch = 64,
+                                /* 12 hot blocks of the 30 a global layer fills: quest's
+                                 * selections miss (sized from the budget, the hot tier would
+                                 * hold this short context whole) */
+                                .hot_budget = 48};
+    struct kvp_policy_params pp = {.name = "quest", .budget = 24, .sink = 4, .local = 4,
+                                   .dense_layers = -1}; /* every global layer tiered */
+    struct kvp_err err = {0};
+    kvp_ctx *c = NULL;
+    assert_int_equal(kvp_ctx_init(m, &cp, &c, &err), 0);
+    assert_int_equal(kvp_ctx_set_policy(c, &pp, &err), 0);
+    const int rows = n - n_prompt + n - cut;
+    float *lg = malloc((size_t)rows * N_VOCAB * sizeof(float));
+    assert_non_null(lg);
+    assert_int_equal(kvp_eval(c, ids, n_prompt / 2, NULL, false, &err), 0);
+    assert_int_equal(kvp_eval(c, ids + n_prompt / 2, n_prompt - n_prompt / 2, NULL, false, &err),
+                     0);
+    const struct kvp_kvcache *kv = kvp_ctx_kvcache_const(c);
+    int n_layer = kv->n_layer, n_global = 0;
+    for (int l = 0; l < n_layer; l++)
+        n_global += window[l] == 0;
+    if (tier != KVP_TIER_NONE) {
+        struct kvp_store_stats st;
+        assert_int_equal(kvp_ctx_store_stats(c, &st), 0);
+        assert_int_equal(st.stored_layers, n_global);
+        assert_int_equal(st.windowed_layers, n_layer - n_global);
+        assert_int_equal(st.cold_bytes, (size_t)n_global * kv->max_blocks * st.unit_bytes);
+        /* the prompt wrote each of its units of the global layers once per piece it touched
+         * (the second piece rewrites the block the first left partial, if any) */
+        const int bs = kv->block_size, p1 = n_prompt / 2;
+        const int units = (p1 + bs - 1) / bs + (n_prompt + bs - 1) / bs - p1 / bs;
+        assert_int_equal(st.bytes_written, (uint64_t)n_global * units * st.unit_bytes);
+        struct kvp_store_layout lay;
+        kvp_store_get_layout(kvp_ctx_store(c), &lay);
+        const uint8_t *own = kv->k_pool, *own_end = kv->k_pool + (size_t)kv->n_pool * kv->k_bytes;
+        for (int l = 0; l < n_layer; l++)
+            for (int b = 0; b < (n_prompt + bs - 1) / bs; b++) {
+                const uint8_t *k = kvp_kvcache_kblock(kv, l, 0, b);
+                if (window[l]) /* the ring, in the cache's pool, or released */
+                    assert_true(!k || (k >= own && k < own_end));
+                else if (k) /* hot in the store */
+                    assert_true(k >= lay.hot && (own == NULL || k < own || k >= own_end));
+            }
+    }
+    int row = 0;
+    for (int i = n_prompt; i < n; i++, row++)
+        assert_int_equal(kvp_eval(c, ids + i, 1, lg + (size_t)row * N_VOCAB, false, &err), 0);
+    if (tier != KVP_TIER_NONE) {
+        struct kvp_store_stats st;
+        assert_int_equal(kvp_ctx_store_stats(c, &st), 0);
+        print_message("disk tier: %llu decode steps, %llu units hit, %llu missed, %llu "
+                      "prefetched\n", (unsigned long long)st.steps, (unsigned long long)st.hits,
+                      (unsigned long long)st.misses, (unsigned long long)st.prefetched);
+        assert_true(st.misses + st.prefetched > 0); /* the global layer really moved */
+    }
+    assert_true(kvp_ctx_truncate_keeps(c, cut));
+    kvp_ctx_truncate(c, cut);
+    for (int i = cut; i < n; i++, row++)
+        assert_int_equal(kvp_eval(c, ids + i, 1, lg + (size_t)row * N_VOCAB, false, &err), 0);
+    kvp_ctx_free(c);
+    return lg;
+}
+
+/* Gemma 3 (five local layers, one global) and Gemma 2 (alternating), window 16, 120 tokens in
+ * blocks of 4: quest decoding with the KV on a disk tier (and a RAM tier, whose cold copies sit
+ * beside the hot slots) gives the untiered run's logits bit
+ * for bit (the windowed layers' rings stay in RAM as without a store and the global layers'
+ * selections are reduced by the same kernels), through a prompt in two pieces, decoding and a
+ * cut; their rings never reach the tier (tier_run). */
+static void tier_windowed(const char *shape, int div, int head_div, int n_layer)
+{
+    struct kvp_synth_shape s = reduced(shape, div, head_div);
+    s.sliding_window = 16;
+    char *path = kvp_test_tmpfile(".gguf");
+    struct kvp_synth_params p = {.type = KVP_TYPE_F32, .n_layer = n_layer, .n_vocab = N_VOCAB,
+                                 .seed = 5, .n_threads = 2};
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_synth_write(&s, &p, path, NULL, &err), 0);
+    kvp_model *m = NULL;
+    assert_int_equal(kvp_model_open(path, NULL, &m, &err), 0);
+    int window[16] = {0};
+    assert_true(n_layer <= 16);
+    for (int l = 0; l < n_layer; l++)
+        window[l] = kvp_layer_is_local(&m->hp, l) ? m->hp.n_swa : 0;
+    enum { N = 120, PROMPT = 90, CUT = 117 }; /* the rings still hold a ring before the cut */
+    int32_t ids[N];
+    for (int i = 0; i < N; i++)
+        ids[i] = 1 + (i * 37 + i / 7) % (N_VOCAB - 1);
+    char *dir = kvp_test_tmpdir();
+    float *ref = tier_run(m, ids, PROMPT, N, CUT, KVP_TIER_NONE, NULL, window);
+    float *disk = tier_run(m, ids, PROMPT, N, CUT, KVP_TIER_DISK, dir, window);
+    float *ram = tier_run(m, ids, PROMPT, N, CUT, KVP_TIER_RAM, NULL, window);
+    const size_t n_out = (size_t)(N - PROMPT + N - CUT) * N_VOCAB;
+    double diff = kvp_test_max_diff(ref, disk, n_out), diff_ram = kvp_test_max_diff(ref, ram, n_out);
+    print_message("%s, %d layers: quest on a disk (RAM) tier against untiered: max |diff| %g "
+                  "(%g)\n", shape, n_layer, diff, diff_ram);
+    assert_true(diff == 0.0 && diff_ram == 0.0);
+    free(ref);
+    free(disk);
+    free(ram);
+    rmdir(dir);
+    free(dir);
+    kvp_model_close(m);
+    remove(path);
+    free(path);
+}
+
+static void test_tier_windowed(void **state)
+{
+    (void)state;
+    tier_windowed("Gemma-3-1B", 9, 2, 6);
+    tier_windowed("Gemma-2-2B", 8, 4, 4);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -935,6 +1066,7 @@ int main(void)
         cmocka_unit_test(test_quantized),
         cmocka_unit_test(test_chat_families),
         cmocka_unit_test(test_policy_global_layers),
+        cmocka_unit_test(test_tier_windowed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -7,7 +7,8 @@
  * room for them. Then each type against f32 on the same data (dense and sparse, within the
  * bounds stated at test_types_vs_f32), the AVX-512 kernels of each type against the scalar
  * ones, and the group kernels (g query heads per pass) against the per-head ones, alone and
- * inside attention.
+ * inside attention. And a sliding-window layer's attention over its ring (the window's keys
+ * only, the ring wrapping) against float64 for every type.
  */
 #include <math.h>
 #include <stdbool.h>
@@ -304,6 +305,98 @@ static void test_softcap(void **state)
         print_message("%s: the uncapped softmax is %.3g of the bound away\n",
                       kvp_kv_type_name(cur_type), missed);
         assert_true(missed > 100);
+    }
+    cur_type = KVP_KV_F32;
+}
+
+/* A sliding-window layer's attention (kvp_attn_window_group) over its ring: one layer with a
+ * window of WIN positions (not a multiple of the block size, so the window mostly starts inside
+ * a block), filled one token at a time as decode does, the ring wrapping every few blocks; after
+ * every token, each KV head's query group against the keys [pos - WIN + 1, pos] only, within
+ * attn_bound of a float64 evaluation of exactly those keys (a selection of the window's blocks
+ * masked to the window), soft-capped and not. A window one key too wide or too narrow, or the
+ * first block's keys below the window weighed in, is far outside the bound. */
+static void window_ring_matches(double cap)
+{
+    enum { WIN = 37 };
+    const int window[1] = {WIN};
+    struct kvp_kvcache c;
+    struct kvp_err err = {0};
+    assert_int_equal(kvp_kvcache_init_windowed(&c, 1, NKV, HD, BS, CTX, cur_type, cur_type,
+                                               window, 1, false, &err),
+                     0);
+    c.score_cap = (float)cap;
+    const int R = kvp_kvcache_ring_blocks(WIN, 1, BS, c.max_blocks);
+    assert_true(R < NKEYS / BS / 2); /* the ring wraps at least twice */
+    float q[G * HD], out[G * HD], probs[G * CTX];
+    int32_t blocks[WIN / BS + 2];
+    uint64_t mask[WIN / BS + 2];
+    for (int pos = 0; pos < NKEYS; pos++) {
+        assert_int_equal(kvp_kvcache_ring_advance(&c, pos + 1, &err), 0);
+        for (int h = 0; h < NKV; h++) {
+            float k[HD], v[HD];
+            for (int d = 0; d < HD; d++) {
+                k[d] = 3.0f * urand();
+                v[d] = urand();
+            }
+            kvp_kvcache_store(&c, 0, h, pos, k, v);
+        }
+        const int k0 = pos - WIN + 1 > 0 ? pos - WIN + 1 : 0, k1 = pos + 1;
+        /* the window as a selection: its blocks, masked to [k0, k1) */
+        struct kvp_sel sel = {.blocks = blocks, .mask = mask};
+        for (int b = k0 / BS; b * BS < k1; b++) {
+            uint64_t m = 0;
+            for (int t = 0; t < BS; t++)
+                m |= (uint64_t)(b * BS + t >= k0 && b * BS + t < k1) << t;
+            blocks[sel.n] = b;
+            mask[sel.n++] = m;
+        }
+        const int stride = kvp_attn_window_stride(k0, k1, BS);
+        assert_true(stride <= CTX);
+        for (int h = 0; h < NKV; h++) {
+            for (int i = 0; i < G * HD; i++)
+                q[i] = urand();
+            kvp_attn_window_group(&c, 0, h, q, G, k0, k1, 1.0f / sqrtf((float)HD), probs, stride,
+                                  out);
+            for (int j = 0; j < G; j++) {
+                struct attn_bound bd;
+                attn_bound(&c, NULL, h, q + j * HD, &sel, &bd);
+                double sc[WIN], mx = -INFINITY, sum = 0, o[HD] = {0};
+                for (int t = k0; t < k1; t++) {
+                    double dot = 0;
+                    for (int d = 0; d < HD; d++)
+                        dot += (double)q[j * HD + d] * kvp_kvcache_key_at(&c, 0, h, t, d);
+                    dot /= sqrt((double)HD);
+                    if (cap > 0)
+                        dot = cap * tanh(dot / cap);
+                    sc[t - k0] = dot;
+                    mx = fmax(mx, dot);
+                }
+                for (int t = k0; t < k1; t++)
+                    sum += exp(sc[t - k0] - mx);
+                for (int t = k0; t < k1; t++) {
+                    const double pt = exp(sc[t - k0] - mx) / sum;
+                    const uint8_t *vb = kvp_kvcache_vblock(&c, 0, h, t / BS);
+                    for (int d = 0; d < HD; d++)
+                        o[d] += pt * kvp_kv_value_at(c.type_v, vb, HD, BS, t % BS, d);
+                }
+                for (int d = 0; d < HD; d++)
+                    assert_true(fabs(o[d] - out[j * HD + d]) <= bd.out[d]);
+            }
+        }
+    }
+    /* the ring held no more than its blocks: the first ones were released long ago */
+    assert_null(kvp_kvcache_kblock(&c, 0, 0, 0));
+    kvp_kvcache_free(&c);
+}
+
+static void test_window_ring(void **state)
+{
+    (void)state;
+    for (int i = 0; i < N_TYPES; i++) {
+        cur_type = all_types[i];
+        window_ring_matches(0);
+        window_ring_matches(1.0);
     }
     cur_type = KVP_KV_F32;
 }
@@ -916,6 +1009,7 @@ int main(void)
         cmocka_unit_test(test_group_kernels),   cmocka_unit_test(test_group_vs_single_heads),
         cmocka_unit_test(test_everything_is_dense),
         cmocka_unit_test(test_dense_chunks),    cmocka_unit_test(test_softcap),
+        cmocka_unit_test(test_window_ring),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -721,6 +721,8 @@ static cJSON *store_json(const struct kvp_store_stats *s)
     cJSON_AddNumberToObject(o, "hot_bytes", (double)s->hot_bytes);     /* hot tier + staging */
     cJSON_AddNumberToObject(o, "cold_bytes", (double)s->cold_bytes);   /* the whole cache */
     cJSON_AddNumberToObject(o, "unit_bytes", (double)s->unit_bytes);   /* one (layer, block) */
+    cJSON_AddNumberToObject(o, "stored_layers", s->stored_layers);     /* layers in the tiers */
+    cJSON_AddNumberToObject(o, "windowed_layers", s->windowed_layers); /* rings kept in RAM */
     cJSON_AddBoolToObject(o, "sq_poll", s->sq_poll); /* disk reads go through a polling thread */
     if (s->disk_io) /* disk tier: "io_uring" or "pread" (io_uring refused, or asked for) */
         cJSON_AddStringToObject(o, "disk_io", cli_disk_io_names[s->disk_io]);
@@ -906,14 +908,17 @@ static void add_tier_json(cJSON *j, const struct bench_opts *o, const struct ben
     else
         cJSON_AddNumberToObject(j, "kv_resident_bytes", (double)r->kv_resident);
     /* windowed_*: models with sliding-window layers (Gemma 2 and 3; 0 elsewhere): the KV bytes
-     * of kv_resident_bytes those layers' rings hold and their share, and the attention phase
-     * per decoded token (K and V written, the policy's selection and hooks, attention) of
-     * those layers and of the others, with their shares of the decode time */
-    if (!r->tiered) {
-        cJSON_AddNumberToObject(j, "windowed_kv_bytes", (double)r->kv_windowed);
+     * those layers' rings hold (tiered too: the rings stay in RAM, outside the store, whose
+     * counters leave them out) and their share of kv_resident_bytes (null when tiered), and
+     * the attention phase per decoded token (K and V written, the policy's selection and
+     * hooks, attention) of those layers and of the others, with their shares of the decode
+     * time */
+    cJSON_AddNumberToObject(j, "windowed_kv_bytes", (double)r->kv_windowed);
+    if (!r->tiered)
         cJSON_AddNumberToObject(j, "windowed_kv_share",
                                 r->kv_resident ? (double)r->kv_windowed / r->kv_resident : 0);
-    }
+    else
+        cJSON_AddNullToObject(j, "windowed_kv_share");
     cJSON_AddNumberToObject(j, "windowed_attention_ms_per_token", r->attn_w_ms);
     cJSON_AddNumberToObject(j, "windowed_attention_share", r->attn_w_ms * r->tg_mean / 1e3);
     cJSON_AddNumberToObject(j, "global_attention_ms_per_token", r->attn_g_ms);
@@ -933,6 +938,9 @@ static void add_tier_json(cJSON *j, const struct bench_opts *o, const struct ben
      *   tokens          decode steps counted
      *   hot_bytes       hot tier including the one-layer prefill staging area
      *   cold_bytes      cold tier (the whole cache); unit_bytes: one (layer, block) unit
+     *   stored_layers   layers the store holds: all but the sliding-window ones, whose rings
+     *                   stay in RAM (windowed_layers; windowed_kv_bytes above) and are never
+     *                   tiered nor counted here
      *   step_ms         wall time of a step = compute_ms + predict_ms + wait_ms
      *   compute_ms      the forward pass itself
      *   predict_ms      next-step prediction on the critical path (layer, token modes)

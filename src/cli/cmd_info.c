@@ -18,7 +18,9 @@ static void help(void)
            "Show architecture, shapes, tensor types, tokenizer and memory needs.\n"
            "KV memory is for keys and values of the types -ctk / -ctv (default f16) at context\n"
            "CTX (default: the model's), block padding included. Sliding-window layers (Gemma)\n"
-           "hold a ring of their window plus one batch of 512 tokens, whatever the context.\n");
+           "hold a ring of their window plus one batch of 512 tokens, whatever the context;\n"
+           "under a tiered KV store (--kv-tier) those rings stay in RAM and the store holds\n"
+           "the global layers alone (kv_tier_bytes_at_ctx, before padding to 4 KiB units).\n");
 }
 
 /* What the command reports besides the model's own info: the KV cache's size and the types of
@@ -27,6 +29,7 @@ struct model_summary {
     struct kvp_model_info in;
     long n_ctx;
     double kv_per_token, kv_per_layer, kv_at_ctx;
+    double kv_tier_at_ctx; /* of kv_at_ctx, what a tiered store holds: the global layers' */
     const char *tk, *tv; /* the KV cache's key and value types */
     int n_local;         /* sliding-window layers */
     long ring_tokens;    /* tokens a sliding-window layer holds at most */
@@ -53,8 +56,8 @@ static void summarize_kv(const kvp_model *m, const struct cli_model_opts *mo,
     s->ring_tokens =
         s->n_local ? (long)kvp_kvcache_ring_blocks(m->hp.n_swa, 512, bs, (int)max_blocks) * bs : 0;
     long ring = s->ring_tokens < s->n_ctx ? s->ring_tokens : s->n_ctx;
-    s->kv_at_ctx = s->kv_per_layer * ((double)(s->in.n_layer - s->n_local) * (double)s->n_ctx +
-                                      (double)s->n_local * (double)ring);
+    s->kv_tier_at_ctx = s->kv_per_layer * (double)(s->in.n_layer - s->n_local) * (double)s->n_ctx;
+    s->kv_at_ctx = s->kv_tier_at_ctx + s->kv_per_layer * (double)s->n_local * (double)ring;
 }
 
 /* The tokenizer and the count of weight matrices per tensor type. */
@@ -113,6 +116,7 @@ static void print_json(const kvp_model *m, const struct model_summary *s)
     cJSON_AddNumberToObject(o, "n_local_layers", s->n_local);
     cJSON_AddNumberToObject(o, "sliding_window", s->n_local ? m->hp.n_swa : 0);
     cJSON_AddNumberToObject(o, "local_ring_tokens", (double)s->ring_tokens);
+    cJSON_AddNumberToObject(o, "kv_tier_bytes_at_ctx", s->kv_tier_at_ctx);
     char *txt = cJSON_Print(o);
     printf("%s\n", txt);
     cJSON_free(txt);
@@ -157,6 +161,11 @@ static void print_text(const kvp_model *m, const struct model_summary *s)
                "context %ld where dense layers would take %.2f MiB)\n",
                s->kv_per_layer, in->n_layer - s->n_local, s->n_local, m->hp.n_swa, s->ring_tokens,
                s->kv_at_ctx / 1048576.0, s->n_ctx, s->kv_per_token * (double)s->n_ctx / 1048576.0);
+    if (s->n_local)
+        printf("KV tiers       a tiered store (--kv-tier) holds the %d global layers, %.2f MiB "
+               "at context %ld; the sliding-window layers' rings (%.2f MiB) stay in RAM\n",
+               in->n_layer - s->n_local, s->kv_tier_at_ctx / 1048576.0, s->n_ctx,
+               (s->kv_at_ctx - s->kv_tier_at_ctx) / 1048576.0);
 }
 
 int cmd_info(int argc, char **argv)

@@ -8,7 +8,8 @@ const char *const cli_disk_io_names[] = {"auto", "io_uring", "pread", NULL};
 const char *cli_tier_flags_help =
     "  --kv-tier T          ram, disk or redis: keep the whole KV cache in a cold tier and\n"
     "                       only the blocks a step needs hot (default none: untiered);\n"
-    "                       the logits equal the untiered ones\n"
+    "                       the logits equal the untiered ones; sliding-window layers\n"
+    "                       (Gemma 2, 3) keep their rings in RAM, only global layers tier\n"
     "  --kv-dir DIR         disk tier: directory of its scratch files (default $TMPDIR,\n"
     "                       /tmp); they have no name and vanish with the process\n"
     "  --kv-url URL         redis tier: redis://HOST:PORT[,HOST:PORT...] (one server or the\n"

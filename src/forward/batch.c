@@ -218,8 +218,8 @@ int kvp_seq_copy(kvp_seq *dst, kvp_seq *src, int n, struct kvp_err *err)
     kvp_ctx_reset(dst);
     if (n == 0)
         return 0;
-    if (!dst->store && ((rc = kvp_kvcache_reserve(&dst->kv, n, err)) < 0 ||
-                        (rc = kvp_kvcache_ring_advance(&dst->kv, n, err)) < 0))
+    if ((!dst->store && (rc = kvp_kvcache_reserve(&dst->kv, n, err)) < 0) ||
+        (rc = kvp_kvcache_ring_advance(&dst->kv, n, err)) < 0) /* rings: also under a store */
         return rc;
     const int bs = sk->block_size, nb = (n + bs - 1) / bs;
     for (int l = 0; l < sk->n_layer; l++) {
@@ -291,8 +291,8 @@ int kvp_seq_write_kv(kvp_seq *dst, int n, kvp_kv_layer_fn fn, void *arg, struct 
     kvp_ctx_reset(dst);
     if (n == 0)
         return 0;
-    if (!dst->store && ((rc = kvp_kvcache_reserve(&dst->kv, n, err)) < 0 ||
-                        (rc = kvp_kvcache_ring_advance(&dst->kv, n, err)) < 0))
+    if ((!dst->store && (rc = kvp_kvcache_reserve(&dst->kv, n, err)) < 0) ||
+        (rc = kvp_kvcache_ring_advance(&dst->kv, n, err)) < 0) /* rings: also under a store */
         return rc;
     for (int l = 0; l < dst->kv.n_layer; l++) {
         if (dst->store)

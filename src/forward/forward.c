@@ -296,12 +296,12 @@ void kvp_ctx_reset(kvp_ctx *c)
 
 bool kvp_ctx_truncate_keeps(const kvp_ctx *c, int n)
 {
-    return n >= c->n_tokens || c->store || kvp_kvcache_truncate_keeps(&c->kv, n);
+    return n >= c->n_tokens || kvp_kvcache_truncate_keeps(&c->kv, n); /* rings, if any */
 }
 
 void kvp_ctx_truncate(kvp_ctx *c, int n)
 {
-    if (n >= 0 && n < c->n_tokens && !c->store && !kvp_kvcache_truncate_keeps(&c->kv, n)) {
+    if (n >= 0 && n < c->n_tokens && !kvp_kvcache_truncate_keeps(&c->kv, n)) {
         kvp_ctx_reset(c); /* a sliding-window ring no longer holds what the cut would need */
         return;
     }

@@ -17,15 +17,20 @@
 /* ---- lifetime ------------------------------------------------------------------------------ */
 
 /* The cache of a model with sliding-window layers: each of them a ring of its window
- * (kvcache.h), untiered only. */
+ * (kvcache.h), in RAM also under a tiered store, which holds the global layers alone. */
 static int kvp_kv_init_windowed(struct kvp_ctx *c, const struct kvp_ctx_params *p,
                                 struct kvp_err *err)
 {
     const struct kvp_hparams *hp = &c->hp;
-    if (p->kv_tier != KVP_TIER_NONE)
-        return kvp_err_set(err, KVP_EUNSUPPORTED,
-                           "%s: a tiered KV cache is not supported with sliding-window layers",
-                           c->model->arch);
+    const bool tiered = p->kv_tier != KVP_TIER_NONE;
+    for (int l = 0; tiered && l < hp->n_layer; l++)
+        if (kvp_local_attn_wants(hp, l) && !kvp_layer_is_local(hp, l))
+            /* such a layer attends outside the KV step, so nothing would make its blocks hot
+             * (local_attention.h) */
+            return kvp_err_set(err, KVP_EUNSUPPORTED,
+                               "%s: a tiered KV cache needs global layers that scale their "
+                               "scores by 1/sqrt(head_dim); this model scales them by %g",
+                               c->model->arch, (double)hp->attn_scale);
     int *window = calloc((size_t)hp->n_layer, sizeof(int));
     if (!window)
         return kvp_err_set(err, KVP_ENOMEM, "out of memory");
@@ -33,8 +38,14 @@ static int kvp_kv_init_windowed(struct kvp_ctx *c, const struct kvp_ctx_params *
         window[l] = kvp_layer_is_local(hp, l) ? hp->n_swa : 0;
     int rc = kvp_kvcache_init_windowed(&c->kv, hp->n_layer, hp->n_head_kv, hp->head_dim,
                                        p->block_size, p->n_ctx, p->type_k, p->type_v, window,
-                                       c->sh->n_batch, err);
+                                       c->sh->n_batch, tiered, err);
     free(window);
+    if (rc < 0 || !tiered)
+        return rc;
+    /* the store takes the layers without a ring (kv.ring tells it which) */
+    rc = kvp_store_init(p, &c->kv, hp->n_layer, hp->n_head_kv, hp->head_dim, p->block_size,
+                        c->kv.max_blocks, &c->store, err);
+    c->hot_budget = p->hot_budget;
     return rc;
 }
 
@@ -93,20 +104,19 @@ void kvp_kv_free(struct kvp_ctx *c)
     kvp_kvcache_free(&c->kv);
 }
 
+/* Under a store the cache's own part is the sliding-window layers' rings (kvcache.h), if any. */
 void kvp_kv_clear(struct kvp_ctx *c)
 {
     if (c->store)
         kvp_store_truncate(c->store, 0);
-    else
-        kvp_kvcache_clear(&c->kv);
+    kvp_kvcache_clear(&c->kv);
 }
 
 void kvp_kv_truncate(struct kvp_ctx *c, int n)
 {
     if (c->store)
         kvp_store_truncate(c->store, n);
-    else
-        kvp_kvcache_truncate(&c->kv, n);
+    kvp_kvcache_truncate(&c->kv, n);
 }
 
 int kvp_kv_reserve(struct kvp_ctx *c, int n, struct kvp_err *err)

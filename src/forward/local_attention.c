@@ -2,18 +2,26 @@
  * Sliding-window attention, soft-capped where the model caps (see local_attention.h).
  *
  * Work items are (sequence, KV head, chunk of up to KVP_QCHUNK query rows), split evenly among
- * the pool's threads. An item gathers the keys and values its queries can see as f32 once (the
- * union of their windows: from the first query's window start to the last query's position),
- * then each query head of the group scores its visible keys, caps them, and takes the softmax
- * and the weighted sum of the values in one pass over its own range. An item's arithmetic does
- * not depend on the thread that runs it nor on the other sequences of the pass.
+ * the pool's threads. The kernels are those of the global layers, so every KV type and SIMD
+ * table they support runs here too (KVP_SIMD=scalar: the portable ones): a decode row (one
+ * query) reads its window's blocks in place through the block table with the dense kernels
+ * (kvp_attn_window_group); a chunk of prefill rows gathers the keys and values its queries can
+ * see as f32 once (the union of their windows: from the first query's window start to the last
+ * query's position) and runs two sgemm calls per query head, as the global layers' prefill
+ * does. A ring's blocks are addressed by logical block through the table, so its wrap needs no
+ * care here. An item's arithmetic does not depend on the thread that runs it nor on the other
+ * sequences of the pass.
  */
 #include "forward/local_attention.h"
 
 #include <math.h>
 #include <string.h>
 
+#include <cblas.h>
+
 #include "forward/context_internal.h"
+#include "kernels/simd.h"
+#include "kv/attention.h"
 #include "kv/kvcache.h"
 
 bool kvp_local_attn_wants(const struct kvp_hparams *hp, int l)
@@ -33,10 +41,34 @@ static int window_start(const struct kvp_hparams *hp, int l, int pos)
     return lo > 0 ? lo : 0;
 }
 
-/* Queries [qs, qs + nq) of sequence c against KV head kvh of layer l. */
+/* One query (decode): its group's heads straight from the cache's blocks with the SIMD
+ * kernels of the cache's types, as the global layers' dense attention reads them
+ * (kv/attention.h); no gather. False when the scores would not fit the scratch (then the
+ * gathered road below runs). */
+static bool attend_one(struct kvp_ctx *c, int l, int kvh, int qs, struct kvp_thread_scratch *ts)
+{
+    const struct kvp_hparams *hp = &c->hp;
+    const int hd = hp->head_dim, g = hp->n_head / hp->n_head_kv, q_dim = hp->n_head * hd;
+    const int pos = c->job_pos0 + qs, k0 = window_start(hp, l, pos);
+    const int stride = kvp_attn_window_stride(k0, pos + 1, c->kv.block_size);
+    if (g > 64 || (size_t)g * stride > (size_t)KVP_QCHUNK * c->sh->n_ctx)
+        return false;
+    const size_t off = (size_t)qs * q_dim + (size_t)kvh * g * hd; /* the group's heads */
+    kvp_attn_window_group(&c->kv, l, kvh, c->q + off, g, k0, pos + 1, hp->attn_scale, ts->s,
+                          stride, c->att + off);
+    return true;
+}
+
+/* Queries [qs, qs + nq) of sequence c against KV head kvh of layer l: the keys and values
+ * they see gathered as f32 once, then per query head two sgemm calls (scores, outputs) as
+ * the global layers' prefill (prefill_attention.c), each row's keys outside its window given
+ * weight 0 before the second. */
 static void attend_chunk(struct kvp_ctx *c, int l, int kvh, int qs, int nq,
                          struct kvp_thread_scratch *ts)
 {
+    if (nq == 1 && attend_one(c, l, kvh, qs, ts))
+        return;
+    const struct kvp_simd_ops *ops = kvp_simd();
     const struct kvp_hparams *hp = &c->hp;
     const struct kvp_kvcache *kv = &c->kv;
     const int hd = hp->head_dim, bs = kv->block_size, q_dim = hp->n_head * hd;
@@ -51,39 +83,27 @@ static void attend_chunk(struct kvp_ctx *c, int l, int kvh, int qs, int nq,
         kv->vk->v_rows(kvp_kvcache_vblock(kv, l, kvh, b), hd, bs, nt,
                        ts->vc + (size_t)(b - b0) * bs * hd);
     }
-    const float scale = hp->attn_scale, cap = hp->attn_softcap;
-    float *s = ts->s;
-    for (int i = 0; i < nq; i++) {
-        const int pos = first + i, lo = window_start(hp, l, pos) - base, n = pos + 1 - base - lo;
-        for (int j = 0; j < g; j++) {
-            const int h = kvh * g + j;
-            const float *q = c->q + (size_t)(qs + i) * q_dim + (size_t)h * hd;
-            float mx = -INFINITY;
-            for (int t = 0; t < n; t++) {
-                const float *kcol = ts->kc + lo + t;
-                float dot = 0.0f;
-                for (int d = 0; d < hd; d++)
-                    dot += q[d] * kcol[(size_t)d * nk];
-                dot *= scale;
-                if (cap > 0)
-                    dot = cap * tanhf(dot / cap);
-                s[t] = dot;
-                mx = dot > mx ? dot : mx;
-            }
-            float sum = 0.0f;
-            for (int t = 0; t < n; t++)
-                sum += s[t] = expf(s[t] - mx);
-            float *out = c->att + (size_t)(qs + i) * q_dim + (size_t)h * hd;
-            memset(out, 0, (size_t)hd * sizeof(float));
-            for (int t = 0; t < n; t++) {
-                const float *v = ts->vc + (size_t)(lo + t) * hd;
-                for (int d = 0; d < hd; d++)
-                    out[d] += s[t] * v[d];
-            }
-            const float inv = 1.0f / sum;
-            for (int d = 0; d < hd; d++)
-                out[d] *= inv;
+    float inv[KVP_QCHUNK];
+    for (int j = 0; j < g; j++) {
+        const int h = kvh * g + j;
+        const float *q = c->q + (size_t)qs * q_dim + (size_t)h * hd;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, nk, hd, hp->attn_scale, q,
+                    q_dim, ts->kc, nk, 0.0f, ts->s, nk);
+        for (int i = 0; i < nq; i++) {
+            const int pos = first + i, lo = window_start(hp, l, pos) - base;
+            const int n = pos + 1 - base - lo; /* keys [lo, lo + n) of the row */
+            float *row = ts->s + (size_t)i * nk;
+            kvp_attn_softcap(row + lo, n, kv->score_cap);
+            inv[i] = 1.0f / ops->exp_sum(row + lo, n, kvp_simd_max(ops, row + lo, n));
+            memset(row, 0, (size_t)lo * sizeof(float));
+            memset(row + lo + n, 0, (size_t)(nk - lo - n) * sizeof(float));
         }
+        float *out = c->att + (size_t)qs * q_dim + (size_t)h * hd;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nk, 1.0f, ts->s, nk,
+                    ts->vc, hd, 0.0f, out, q_dim);
+        for (int i = 0; i < nq; i++)
+            for (int d = 0; d < hd; d++)
+                out[(size_t)i * q_dim + d] *= inv[i];
     }
 }
 

@@ -289,6 +289,57 @@ void kvp_attn_dense_group(const struct kvp_kvcache *kv, int l, int kvh, const fl
         dense_group(kv, l, kvh, q, g, n_keys, probs, probs_stride, out, false);
 }
 
+void kvp_attn_window_group(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
+                           int k0, int k1, float scale, float *probs, int probs_stride, float *out)
+{
+    const struct kvp_simd_ops *ops = kvp_simd();
+    const int hd = kv->head_dim, bs = kv->block_size;
+    const int b0 = k0 / bs, b1 = (k1 + bs - 1) / bs, lead = k0 - b0 * bs, n = k1 - k0;
+    /* scores of the whole blocks, column (b - b0)·bs + t: the window's keys from column lead */
+    for (int b = b0; b < b0 + PF_AHEAD && b < b1; b++)
+        prefetch_kv(kv, l, kvh, b);
+    for (int b = b0; b < b1; b++) {
+        const uint8_t *kt = kvp_kvcache_kblock(kv, l, kvh, b);
+        if (b + PF_AHEAD < b1) /* the ring's blocks are scattered over the pool */
+            prefetch_kv(kv, l, kvh, b + PF_AHEAD);
+        float *s = probs + (size_t)(b - b0) * bs;
+        if (kt) {
+            group_scores(kv->kk, q, g, kt, hd, bs, scale, s, (size_t)probs_stride);
+            for (int j = 0; kv->score_cap > 0 && j < g; j++) /* absent keys stay -inf */
+                kvp_attn_softcap(s + (size_t)j * probs_stride, bs, kv->score_cap);
+            continue;
+        }
+        for (int j = 0; j < g; j++)
+            for (int t = 0; t < bs; t++)
+                s[(size_t)j * probs_stride + t] = -INFINITY;
+    }
+    float inv[64]; /* g <= 64: the callers' query heads per KV head */
+    for (int j = 0; j < g; j++) {
+        float *p = probs + (size_t)j * probs_stride, *w = p + lead;
+        const float mx = kvp_simd_max(ops, w, n);
+        /* the first block's keys below k0 are outside the window: weight 0 in the value sums */
+        memset(p, 0, (size_t)lead * sizeof(float));
+        if (mx == -INFINITY) { /* nothing readable: output 0 */
+            memset(w, 0, (size_t)n * sizeof(float));
+            inv[j] = 0.0f;
+            continue;
+        }
+        inv[j] = 1.0f / ops->exp_sum(w, n, mx);
+    }
+    memset(out, 0, (size_t)g * hd * sizeof(float));
+    for (int b = b0; b < b1; b++) {
+        const uint8_t *vb = kvp_kvcache_vblock(kv, l, kvh, b);
+        if (!vb)
+            continue;
+        const int nt = k1 - b * bs < bs ? k1 - b * bs : bs;
+        group_accum(kv->vk, probs + (size_t)(b - b0) * bs, (size_t)probs_stride, g, vb, hd, bs,
+                    nt, out, (size_t)hd);
+    }
+    for (int j = 0; j < g; j++)
+        for (int d = 0; d < hd; d++)
+            out[(size_t)j * hd + d] *= inv[j];
+}
+
 /* Whether selected block i of sel may be read for keys [0, n_keys), and which of its tokens
  * (bit t), after eviction and the end of the cache; 0 when nothing in it is readable. */
 static uint64_t readable_tokens(const struct kvp_kvcache *kv, int l, int kvh, int n_keys,

@@ -43,6 +43,23 @@ static inline void kvp_attn_softcap(float *s, int n, float cap)
 void kvp_attn_dense_group(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
                           int n_keys, float *probs, int probs_stride, float *out);
 
+/* Dense attention of one KV head group over the keys [k0, k1) alone: a sliding-window layer's
+ * (its ring holds the blocks of those keys only, kvcache.h) or any layer whose scores are
+ * scaled by `scale` rather than 1/sqrt(head_dim). Reads blocks k0 / bs .. (k1 - 1) / bs through
+ * the block table, so a ring's wrap is the table's business; the keys of the first block below
+ * k0 weigh nothing. Scores soft-capped as the cache says (score_cap). q is [g][hd], probs
+ * [g][probs_stride] is scratch (probs_stride >= the blocks read times bs), out [g][hd]. A block
+ * without storage (none should be in a window) reads as absent. */
+void kvp_attn_window_group(const struct kvp_kvcache *kv, int l, int kvh, const float *q, int g,
+                           int k0, int k1, float scale, float *probs, int probs_stride,
+                           float *out);
+
+/* The probs_stride kvp_attn_window_group needs for keys [k0, k1). */
+static inline int kvp_attn_window_stride(int k0, int k1, int bs)
+{
+    return ((k1 + bs - 1) / bs - k0 / bs) * bs;
+}
+
 /* With an output (and the probabilities left as scratch) dense attention runs in chunks of
  * KVP_ATTN_CHUNK_BLOCKS blocks: each chunk's softmax state (per head its largest score m, its
  * sum of exp(score - m) and the value sum weighted by those) is computed on its own, and the

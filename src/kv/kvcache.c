@@ -39,8 +39,9 @@ static int kvcache_init(struct kvp_kvcache *c, int n_layer, int n_head_kv, int h
         !kvp_mul_ok(n_tab, c->k_bytes, &k_all) || !kvp_mul_ok(n_tab, c->v_bytes, &v_all))
         return kvp_err_set(err, KVP_ENOMEM, "KV cache size overflows");
     c->n_pool = external ? 0 : (int)n_tab;
-    if (window && !external) {
-        /* a windowed layer's heads hold their ring only (kvcache.h) */
+    if (window) {
+        /* a windowed layer's heads hold their ring only (kvcache.h); with a tiered store, the
+         * pool holds the rings alone and the store the other layers */
         c->ring = calloc((size_t)n_layer, sizeof(int32_t));
         c->ring_end = calloc((size_t)n_layer, sizeof(int32_t));
         if (!c->ring || !c->ring_end) {
@@ -52,13 +53,16 @@ static int kvcache_init(struct kvp_kvcache *c, int n_layer, int n_head_kv, int h
             if (window[l] > 0)
                 c->ring[l] = kvp_kvcache_ring_blocks(window[l], n_batch, block_size,
                                                      c->max_blocks);
-            pool += (size_t)n_head_kv * (c->ring[l] ? (size_t)c->ring[l] : (size_t)c->max_blocks);
+            pool += (size_t)n_head_kv * (c->ring[l]   ? (size_t)c->ring[l]
+                                         : external ? 0
+                                                    : (size_t)c->max_blocks);
         }
         c->n_pool = (int)pool;
         if (!kvp_mul_ok(pool, c->k_bytes, &k_all) || !kvp_mul_ok(pool, c->v_bytes, &v_all))
             return kvp_err_set(err, KVP_ENOMEM, "KV cache size overflows");
     }
-    if (!external) {
+    const bool own_pool = !external || c->n_pool > 0;
+    if (own_pool) {
         c->k_pool = kvp_alloc_huge(k_all, 64);
         c->v_pool = kvp_alloc_huge(v_all, 64);
     }
@@ -71,20 +75,24 @@ static int kvcache_init(struct kvp_kvcache *c, int n_layer, int n_head_kv, int h
     c->pools = calloc((size_t)n_layer, sizeof(*c->pools));
     if (!external)
         c->pos = malloc(n_tab * block_size * sizeof(int32_t));
-    if ((!external && (!c->k_pool || !c->v_pool || !c->pos)) || !c->table || !c->evicted ||
+    if ((own_pool && (!c->k_pool || !c->v_pool)) || (!external && !c->pos) || !c->table ||
+        !c->evicted ||
         !c->n_evicted || !c->released || !c->free_stack || !c->compact_limit || !c->pools) {
         kvp_kvcache_free(c);
         return kvp_err_set(err, KVP_ENOMEM, "cannot allocate the KV cache (%zu MiB)",
                            (k_all + v_all) >> 20);
     }
     /* zero so the unused tail of a partial block holds finite values (it is masked anyway) */
-    if (!external) {
+    if (own_pool) {
         memset(c->k_pool, 0, k_all);
         memset(c->v_pool, 0, v_all);
-        for (int l = 0; l < n_layer; l++)
-            c->pools[l] = (struct kvp_kvpool){.k = c->k_pool, .v = c->v_pool,
-                                              .k_unit = c->k_bytes, .v_unit = c->v_bytes};
+        for (int l = 0; l < n_layer; l++) /* an external cache's other layers: the store's */
+            if (!external || c->ring[l])
+                c->pools[l] = (struct kvp_kvpool){.k = c->k_pool, .v = c->v_pool,
+                                                  .k_unit = c->k_bytes, .v_unit = c->v_bytes};
     }
+    for (size_t i = 0; i < n_tab; i++)
+        c->table[i] = -1;
     kvp_kvcache_clear(c);
     return 0;
 }
@@ -106,10 +114,11 @@ int kvp_kvcache_init_external(struct kvp_kvcache *c, int n_layer, int n_head_kv,
 
 int kvp_kvcache_init_windowed(struct kvp_kvcache *c, int n_layer, int n_head_kv, int head_dim,
                               int block_size, int n_ctx, int type_k, int type_v,
-                              const int *window, int n_batch, struct kvp_err *err)
+                              const int *window, int n_batch, bool external,
+                              struct kvp_err *err)
 {
     return kvcache_init(c, n_layer, n_head_kv, head_dim, block_size, n_ctx, type_k, type_v,
-                        false, window, n_batch > 0 ? n_batch : 1, err);
+                        external, window, n_batch > 0 ? n_batch : 1, err);
 }
 
 int kvp_kvcache_ring_advance(struct kvp_kvcache *c, int n_tokens, struct kvp_err *err)
@@ -154,10 +163,8 @@ void kvp_kvcache_free(struct kvp_kvcache *c)
 {
     if (!c)
         return;
-    if (!c->external) {
-        kvp_free_aligned(c->k_pool);
-        kvp_free_aligned(c->v_pool);
-    }
+    kvp_free_aligned(c->k_pool); /* NULL when the store holds every layer */
+    kvp_free_aligned(c->v_pool);
     free(c->table);
     free(c->evicted);
     free(c->n_evicted);
@@ -176,8 +183,11 @@ void kvp_kvcache_clear(struct kvp_kvcache *c)
 {
     size_t n_lh = (size_t)c->n_layer * c->n_head_kv;
     size_t n_tab = n_lh * c->max_blocks;
-    for (size_t i = 0; i < n_tab; i++)
-        c->table[i] = -1;
+    /* an external cache's other layers are mapped by the store (store.h) */
+    for (size_t lh = 0; lh < n_lh; lh++)
+        if (!c->external || (c->ring && c->ring[lh / c->n_head_kv]))
+            for (int b = 0; b < c->max_blocks; b++)
+                c->table[lh * c->max_blocks + b] = -1;
     memset(c->evicted, 0, n_tab * sizeof(uint64_t));
     memset(c->n_evicted, 0, n_lh * sizeof(int32_t));
     memset(c->released, 0, n_lh * sizeof(int32_t));
@@ -268,6 +278,8 @@ void kvp_kvcache_truncate(struct kvp_kvcache *c, int n_tokens)
     for (int lh = 0; lh < c->n_layer * c->n_head_kv; lh++) {
         int32_t *tab = c->table + (size_t)lh * c->max_blocks;
         uint64_t *ev = c->evicted + (size_t)lh * c->max_blocks;
+        if (c->external && !(c->ring && c->ring[lh / c->n_head_kv]))
+            continue; /* the store's (kvp_store_truncate) */
         truncate_compacted(c, lh, n_tokens);
         for (int b = 0; b < c->max_blocks; b++) {
             uint64_t keep = b < n_tokens / bs ? ~0ULL

@@ -63,7 +63,8 @@ struct kvp_kvcache {
     uint8_t *k_pool;       /* owned [n_pool] key blocks (NULL when external) */
     uint8_t *v_pool;       /* owned [n_pool] value blocks (NULL when external) */
     struct kvp_kvpool *pools; /* owned [n_layer]: where each layer's physical blocks are */
-    bool external;         /* pools and table are managed by a tiered store (store.h) */
+    bool external;         /* pools and table are managed by a tiered store (store.h), but
+                              for the rings of sliding-window layers (ring below) */
     int32_t *table;        /* owned [n_layer*n_head_kv][max_blocks]: physical block or -1 */
     uint64_t *evicted;     /* owned [n_layer*n_head_kv][max_blocks]: bit t = token evicted */
     int32_t *n_evicted;    /* owned [n_layer*n_head_kv]: evicted tokens */
@@ -95,7 +96,8 @@ void kvp_kvcache_free(struct kvp_kvcache *c);
 
 /* Same as kvp_kvcache_init, but without a pool: a tiered store (src/store/store.h) owns the
  * memory and maps logical blocks to its hot slots itself, then hands the pool over with
- * kvp_kvcache_attach. reserve and truncate must not be called on such a cache. */
+ * kvp_kvcache_attach. reserve must not be called on such a cache; clear and truncate touch
+ * only the rings of its sliding-window layers (kvp_kvcache_init_windowed), none without. */
 int kvp_kvcache_init_external(struct kvp_kvcache *c, int n_layer, int n_head_kv, int head_dim,
                               int block_size, int n_ctx, int type_k, int type_v,
                               struct kvp_err *err);
@@ -108,10 +110,15 @@ int kvp_kvcache_init_external(struct kvp_kvcache *c, int n_layer, int n_head_kv,
  * the pool holds exactly that for it. Its blocks are mapped by kvp_kvcache_ring_advance before
  * each pass, never by reserve; a block that left the ring counts as released (memory
  * accounting). Truncating such a cache below the oldest position its rings still hold loses
- * those positions: tokens evaluated again after that see zeros for them. */
+ * those positions: tokens evaluated again after that see zeros for them. With external set
+ * (a tiered store, store.h), the pool holds the rings alone: the global layers are the store's
+ * as with kvp_kvcache_init_external (it attaches their memory and maps their blocks; clear and
+ * truncate leave their table entries to it), while the windowed layers keep their rings here,
+ * in RAM, mapped by ring_advance as without a store. */
 int kvp_kvcache_init_windowed(struct kvp_kvcache *c, int n_layer, int n_head_kv, int head_dim,
                               int block_size, int n_ctx, int type_k, int type_v,
-                              const int *window, int n_batch, struct kvp_err *err);
+                              const int *window, int n_batch, bool external,
+                              struct kvp_err *err);
 
 /* Blocks of a windowed layer's ring per KV head (see kvp_kvcache_init_windowed). */
 static inline int kvp_kvcache_ring_blocks(int window, int n_batch, int block_size, int max_blocks)

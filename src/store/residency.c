@@ -130,9 +130,10 @@ void kvp_res_mark_selection(struct kvp_store *s, const struct kvp_sel *sels, int
 void kvp_res_remap_all(struct kvp_store *s)
 {
     struct kvp_kvcache *kv = s->kv;
-    size_t n_tab = (size_t)s->n_layer * s->n_kv * s->max_blocks;
-    for (size_t i = 0; i < n_tab; i++)
-        kv->table[i] = -1;
+    for (int l = 0; l < s->n_layer; l++) /* a windowed layer's ring is the cache's */
+        for (int h = 0; h < s->n_kv && !s->windowed[l]; h++)
+            for (int b = 0; b < s->max_blocks; b++)
+                kv->table[(size_t)kvp_kvcache_lh(kv, l, h) * kv->max_blocks + b] = -1;
     for (size_t i = 0; i < (size_t)s->n_layer * s->max_blocks; i++)
         s->res[i] = -1;
     for (int sl = 0; sl < s->n_slot; sl++) {
@@ -146,8 +147,8 @@ void kvp_res_remap_all(struct kvp_store *s)
             s->lru_prev[sl] = sl + 1 < e ? sl + 1 : -1;
             s->lru_next[sl] = sl > a ? sl - 1 : -1;
         }
-        s->lru_head[l] = e - 1;
-        s->lru_tail[l] = a;
+        s->lru_head[l] = e > a ? e - 1 : -1; /* a windowed layer has no slot */
+        s->lru_tail[l] = e > a ? a : -1;
     }
     for (int l = 0; l < s->n_layer; l++) {
         if (!identity_layer(s, l))

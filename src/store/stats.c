@@ -40,6 +40,8 @@ void kvp_store_reset_stats(struct kvp_store *s)
     s->st.hot_bytes = keep.hot_bytes;
     s->st.cold_bytes = keep.cold_bytes;
     s->st.unit_bytes = keep.unit_bytes;
+    s->st.stored_layers = keep.stored_layers;
+    s->st.windowed_layers = keep.windowed_layers;
     s->st.sq_poll = keep.sq_poll;
     s->st.disk_io = keep.disk_io;
 }

@@ -460,9 +460,21 @@ int kvp_store_init(const struct kvp_ctx_params *p, struct kvp_kvcache *kv, int n
         s->ppu *= 2;
     s->unit_bytes = ((size_t)n_kv * (s->k_bytes + s->v_bytes) + KVP_STORE_ALIGN - 1) /
                     KVP_STORE_ALIGN * KVP_STORE_ALIGN;
-    size_t n_units;
+    /* a sliding-window layer's ring stays in the cache (kvcache.h): no cold unit, no slot */
+    s->windowed = calloc((size_t)n_layer, sizeof(bool));
+    s->cold_layer = calloc((size_t)n_layer, sizeof(int));
+    if (!s->windowed || !s->cold_layer) {
+        rc = kvp_err_set(err, KVP_ENOMEM, "out of memory for the KV store");
+        goto fail;
+    }
+    for (int l = 0; l < n_layer; l++) {
+        s->windowed[l] = kv->ring && kv->ring[l] > 0;
+        s->cold_layer[l] = s->windowed[l] ? -1 : s->n_stored++;
+    }
+    size_t n_units, n_cold;
     if (!kvp_mul_ok((size_t)n_layer, (size_t)max_blocks, &n_units) ||
-        !kvp_mul_ok(n_units, s->unit_bytes, &s->cold_bytes)) {
+        !kvp_mul_ok((size_t)s->n_stored, (size_t)max_blocks, &n_cold) ||
+        !kvp_mul_ok(n_cold, s->unit_bytes, &s->cold_bytes)) {
         rc = kvp_err_set(err, KVP_ENOMEM, "KV store size overflows");
         goto fail;
     }
@@ -493,6 +505,8 @@ int kvp_store_init(const struct kvp_ctx_params *p, struct kvp_kvcache *kv, int n
         goto fail;
     s->st.cold_bytes = s->cold_bytes;
     s->st.unit_bytes = s->unit_bytes;
+    s->st.stored_layers = s->n_stored;
+    s->st.windowed_layers = n_layer - s->n_stored;
     if ((rc = kvp_store_configure(s, n_layer, 0, err)) < 0)
         goto fail;
     *out = s;
@@ -540,6 +554,8 @@ void kvp_store_free(struct kvp_store *s)
     free(s->lru_head);
     free(s->lru_tail);
     free(s->tiered);
+    free(s->windowed);
+    free(s->cold_layer);
     free(s->unit_state);
     free(s->unit_sum);
     free(s->retry);
@@ -561,9 +577,11 @@ int kvp_store_configure(struct kvp_store *s, int dense_layers, int hot_blocks,
     for (int l = 0; l < s->n_layer; l++) {
         bool dense_mode = s->mode == KVP_PREFETCH_DENSE;
         s->slot0[l] = n;
-        s->n_slots[l] = dense_mode || l < dense_layers ? s->max_blocks : hot_blocks;
-        s->tiered[l] = dense_mode || s->n_slots[l] < s->max_blocks;
-        staging |= s->n_slots[l] < s->max_blocks;
+        s->n_slots[l] = s->windowed[l]                   ? 0
+                        : dense_mode || l < dense_layers ? s->max_blocks
+                                                         : hot_blocks;
+        s->tiered[l] = !s->windowed[l] && (dense_mode || s->n_slots[l] < s->max_blocks);
+        staging |= !s->windowed[l] && s->n_slots[l] < s->max_blocks;
         n += s->n_slots[l];
     }
     s->stage0 = staging ? n : -1;
@@ -596,6 +614,8 @@ int kvp_store_configure(struct kvp_store *s, int dense_layers, int hot_blocks,
      * dense attention then streams each head's keys instead of taking 1 KiB from every 4 KiB
      * page (2 dense layers of stories260K at 32K: 2.4 ms more per token). */
     for (int l = 0; l < s->n_layer; l++) {
+        if (s->windowed[l])
+            continue; /* its ring's memory is the cache's own */
         int shift = __builtin_ctz((unsigned)s->ppu);
         struct kvp_kvpool pool = {.k = s->hot, .v = s->hot + s->k_bytes,
                                   .k_unit = s->unit_bytes, .v_unit = s->unit_bytes,
@@ -694,7 +714,7 @@ static void stage_old(struct kvp_store *s, int layer, int nb, const uint8_t *nee
 void kvp_store_prefill_begin_some(struct kvp_store *s, int layer, int pos0, int end,
                                   const uint8_t *need)
 {
-    if (identity_layer(s, layer))
+    if (identity_layer(s, layer) || s->windowed[layer])
         return;
     kvp_store_drain(s);
     clear_overflow(s);
@@ -711,7 +731,7 @@ void kvp_store_prefill_begin(struct kvp_store *s, int layer, int pos0, int end)
 
 void kvp_store_prefill_load(struct kvp_store *s, int layer, int nb, const uint8_t *need)
 {
-    if (!identity_layer(s, layer))
+    if (!identity_layer(s, layer) && !s->windowed[layer])
         stage_old(s, layer, nb, need);
 }
 
@@ -719,6 +739,8 @@ void kvp_store_prefill_end(struct kvp_store *s, int layer, int pos0, int end,
                            const struct kvp_sel *next, int n_keys_next)
 {
     s->n_tokens = end;
+    if (s->windowed[layer])
+        return;
     if (identity_layer(s, layer)) {
         if (s->tiered[layer]) /* dense mode: the cold tier holds every layer */
             for (int b = pos0 / s->bs; b < (end + s->bs - 1) / s->bs; b += MAX_RUN) {
@@ -1003,7 +1025,7 @@ static void map_cold(struct kvp_store *s, int layer, int n_keys, bool on)
     if (!s->io->in_memory || !s->tiered[layer] || identity_layer(s, layer))
         return;
     int nb = (n_keys + s->bs - 1) / s->bs;
-    int base = s->n_slot + layer * s->max_blocks;
+    int base = s->n_slot + s->cold_layer[layer] * s->max_blocks;
     /* a prefetch of this layer may still be copying into a hot slot that the table already
      * points at (layer mode starts it one layer early): select must not read half a block */
     if (on)

@@ -50,9 +50,9 @@ struct kvp_store {
     /* cold tier: a backend (cold.h) and its state */
     const struct kvp_cold_ops *io;
     void *io_state;        /* owned by the backend */
-    uint8_t *cold;         /* in-memory backends: [n_layer][max_blocks][unit_bytes] inside the
+    uint8_t *cold;         /* in-memory backends: [n_stored][max_blocks][unit_bytes] inside the
                               hot allocation, right after the slots (cold unit (l, b) is "slot"
-                              n_slot + l*max_blocks + b) */
+                              n_slot + cold_layer[l]*max_blocks + b) */
     size_t cold_bytes;
 
     /* hot tier: layers' slots back to back, then the staging area (residency.c) */
@@ -62,6 +62,10 @@ struct kvp_store {
     int *slot0;            /* [n_layer] first slot of the layer */
     int *n_slots;          /* [n_layer] slots of the layer */
     bool *tiered;          /* [n_layer] the layer moves through the cold tier */
+    bool *windowed;        /* [n_layer] a sliding-window layer: the cache keeps its ring in RAM
+                              (kvcache.h), so the store never holds, maps, moves nor counts it */
+    int *cold_layer;       /* [n_layer] the layer's place in the cold tier (-1: windowed) */
+    int n_stored;          /* layers the store holds (n_layer - the windowed ones) */
     int32_t *res;          /* [n_layer][max_blocks] slot holding the block, or -1 */
     int32_t *slot_blk;     /* [n_slot] block held (-1: none) */
     uint8_t *slot_state;   /* [n_slot] enum kvp_slot_state */
@@ -144,7 +148,7 @@ static inline uint8_t *slot_ptr(const struct kvp_store *s, int slot)
 /* Byte offset of cold unit (layer, b) in the cold tier. */
 static inline size_t cold_off(const struct kvp_store *s, int layer, int b)
 {
-    return ((size_t)layer * s->max_blocks + (size_t)b) * s->unit_bytes;
+    return ((size_t)s->cold_layer[layer] * s->max_blocks + (size_t)b) * s->unit_bytes;
 }
 
 static inline int32_t *res_of(struct kvp_store *s, int layer, int b)
