@@ -171,6 +171,7 @@ struct kvp_ctx {
     const struct kvp_model *model; /* borrowed */
     struct kvp_hparams hp;
     struct kvp_ctx_params params;  /* as created (strings borrowed): what a fork copies */
+    struct kvp_disk_ring_params ring; /* *params.kv_ring's copy (params.kv_ring points here) */
     int n_ctx;
     int hot_budget;                /* kvp_ctx_params.hot_budget (tokens per layer, 0: auto) */
 

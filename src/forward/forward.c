@@ -216,6 +216,10 @@ int kvp_seq_setup(struct kvp_shared *sh, const struct kvp_ctx_params *params, st
     c->sh = sh;
     c->pool = sh->pool;
     c->n_ctx = p.n_ctx;
+    if (p.kv_ring) { /* copied, so that a fork may open its store after the caller's is gone */
+        c->ring = *p.kv_ring;
+        p.kv_ring = &c->ring;
+    }
     c->params = p;
     int rc = kvp_kv_init(c, &p, err);
     if (rc < 0)
