@@ -143,7 +143,8 @@ size_t kvp_token_to_piece(const kvp_model *model, int prev, int token, char *buf
 
 typedef struct kvp_ctx kvp_ctx;
 
-struct kvp_prefill_params; /* below: prefill attention */
+struct kvp_prefill_params;    /* below: prefill attention */
+struct kvp_disk_ring_params; /* kvpred_lab.h: tuning the disk tier's io_uring */
 
 struct kvp_ctx_params {
     int n_ctx;        /* KV capacity in tokens (0: the model's training context) */
@@ -161,12 +162,9 @@ struct kvp_ctx_params {
     int prefetch;         /* enum kvp_prefetch [KVP_PREFETCH_TOKEN] */
     double link_gbps;     /* RAM tier: model a link of this bandwidth in GB/s [0: off] */
     double link_latency_us; /* RAM tier: and this latency per transfer in µs [0] */
-    bool kv_syscall_submit; /* disk tier: submit reads by syscall, not through a kernel thread
-                               that polls the ring [false: polling where the kernel allows] */
-    bool kv_sq_pin;         /* disk tier, polling: run the polling thread on CPU kv_sq_cpu
-                               (keep it off the decode thread's CPU) [false: the kernel's choice;
-                               a CPU the kernel refuses is an error] */
-    int kv_sq_cpu;
+    /* disk tier: how io_uring submits reads (kvpred_lab.h; copied at creation) [NULL: a
+       polling kernel thread where the kernel allows, on the CPU the kernel chooses] */
+    const struct kvp_disk_ring_params *kv_ring;
     int kv_disk_io;         /* disk tier: enum kvp_disk_io [AUTO: io_uring, else a pool of pread
                                threads; the environment variable KVP_DISK_IO=io_uring|pread
                                chooses when this is AUTO] */

@@ -45,6 +45,17 @@ void kvp_ctx_prefill_stats(const kvp_ctx *ctx, struct kvp_prefill_stats *stats);
 double kvp_ctx_prefill_density(const kvp_ctx *ctx, int layer);
 void kvp_ctx_prefill_reset_stats(kvp_ctx *ctx);
 
+/* ---- tuning the disk tier's io_uring ---------------------------------------------------------- */
+
+/* kvp_ctx_params.kv_ring: how the disk tier submits its reads (docs/store.md). Zero: a kernel
+ * thread polls the submission ring where the kernel allows it, on a CPU of the kernel's choice. */
+struct kvp_disk_ring_params {
+    bool syscall_submit; /* submit reads by syscall, not through a polling kernel thread */
+    bool sq_pin;         /* polling: run the polling thread on CPU sq_cpu (keep it off the decode
+                            thread's CPU); a CPU the kernel refuses is an error */
+    int sq_cpu;
+};
+
 /* ---- the tiered KV store's statistics ------------------------------------------------------ */
 
 /* Counters of the tiered store since the last kvp_ctx_store_reset_stats. A unit is one

@@ -33,28 +33,47 @@ report_skips() {
     sort "$KVP_SKIP_LOG" | uniq -c | sort -rn
     for m in "${missing[@]}"; do echo "   missing: $m"; done
 }
-trap report_skips EXIT
+# each step's wall time, printed when it ends and once more at the end (the CI log's budget,
+# docs/testing.md "Time")
+times=()
+step_name="" step_t0=$SECONDS
+step() {
+    if [ -n "$step_name" ]; then
+        times+=("$(printf '%5d s  %s' $((SECONDS - step_t0)) "$step_name")")
+        echo "== $step_name: $((SECONDS - step_t0)) s"
+    fi
+    step_name="$1" step_t0=$SECONDS
+    [ -z "$1" ] || echo "== $1"
+}
+report() {
+    step ""
+    [ ${#times[@]} -eq 0 ] || { echo "== time per step:"; printf '%s\n' "${times[@]}"; }
+    echo "== total: $SECONDS s"
+    report_skips
+}
+trap report EXIT
 
-echo "== release build and tests"
+step "release build and tests"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs" -LE matrix
 
 if [ "${NUMERIC_MATRIX:-1}" != 0 ]; then
-    echo "== numeric tests under every SIMD table and two OpenBLAS kernels"
+    step "the suite under the other SIMD tables, each with its CPUs' OpenBLAS kernel"
     scripts/test_numeric.sh build
 fi
 
-echo "== sanitizer build (ASan + UBSan) and tests"
+step "sanitizer build (ASan + UBSan) and tests"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVP_SANITIZE=ON >/dev/null
 cmake --build build-asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir build-asan --output-on-failure -j"$jobs" -LE matrix
 
+step "aarch64: cross build, a test subset under qemu-user"
 scripts/test_arm64.sh  # aarch64: cross build, a test subset under qemu-user (docs/platforms.md)
 
 fuzz="${FUZZ_SECONDS:-6}"  # 10 targets: about a minute in all
 if [ "$fuzz" -gt 0 ]; then
-    echo "== fuzzing the file readers and text paths, ${fuzz}s per target"
+    step "fuzzing the file readers and text paths, ${fuzz}s per target"
     scripts/fuzz.sh "$fuzz"
 fi

@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# Every path a user's machine may take, after the plain run (which used the table this CPU picks
-# and OpenBLAS's own kernel):
-#   - the whole release suite once more under every other SIMD table this CPU runs, as the built
-#     binary reports them (`kvpred --version`), with OpenBLAS's own kernel; tests labelled `once`
-#     (they never reach a SIMD kernel: docs/testing.md lists them and why) are not repeated;
-#   - the numeric tests (ctest label `numeric`: forward, attention, kernels, quantization,
-#     prefill GEMM, policies, predictor, sampler, store equality) under every table with a second
-#     OpenBLAS kernel (Haswell where the CPU runs AVX2).
+# Every path a user's machine takes, after the plain run (which used the table this CPU picks and
+# OpenBLAS's own kernel): the whole release suite once more under every other SIMD table this CPU
+# runs, as the built binary reports them (`kvpred --version`), each with the OpenBLAS kernel the
+# CPUs of that table get:
+#   - `avx2` (an AVX2-only CPU) and `scalar` (which such a CPU may be asked for): OpenBLAS's
+#     Haswell kernel, every test (`ctest -LE matrix`, as the plain run): the tests labelled
+#     `once` reach no SIMD kernel that decides their outcome (docs/testing.md lists them) but
+#     they do reach OpenBLAS, whose Haswell kernel sums otherwise than an AVX-512 CPU's;
+#   - the AVX-512 tables: OpenBLAS's own kernel, which the plain run used, so the `once` tests
+#     are left out.
+# BLAS_KERNELS="SkylakeX Zen ..." adds the numeric tests (ctest label `numeric`: forward,
+# attention, kernels, quantization, prefill GEMM, policies, predictor, sampler, store equality)
+# under every table with each of those kernels, pairs no CPU gets by itself.
 # The tolerances the tests check are derived per path (docs/testing.md), so every pair must pass.
-#   scripts/test_numeric.sh [BUILD_DIR]   (default build; BLAS_KERNELS="own SkylakeX ..." to
-#                                          choose the kernels, "own" = OPENBLAS_CORETYPE unset;
-#                                          WHOLE_SUITE=0: the numeric label only, as before)
+#   scripts/test_numeric.sh [BUILD_DIR]   (default build; WHOLE_SUITE=0: the numeric tests only,
+#                                          under each table's own kernel)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${1:-$root/build}"
@@ -22,10 +26,8 @@ if [ -z "$tables" ]; then
     echo "test_numeric.sh: no SIMD table list in '$build/kvpred --version'" >&2
     exit 1
 fi
-kernels="${BLAS_KERNELS:-own}"
-if [ -z "${BLAS_KERNELS:-}" ] && [ "$(uname -m)" = x86_64 ] && grep -qw avx2 <<<"$tables"; then
-    kernels="own Haswell"
-fi
+# the kernel OpenBLAS picks here by itself ("blas: OpenBLAS, Cooperlake kernels (...)")
+own_kernel="$(sed -n 's/^blas: OpenBLAS, \([A-Za-z0-9]*\) kernels.*/\1/p' <<<"$version")"
 # the pair the plain ctest run has just covered, when the environment forces neither
 done_pair=""
 if [ -z "${KVP_SIMD:-}" ] && [ -z "${OPENBLAS_CORETYPE:-}" ]; then
@@ -33,28 +35,44 @@ if [ -z "${KVP_SIMD:-}" ] && [ -z "${OPENBLAS_CORETYPE:-}" ]; then
 fi
 whole="${WHOLE_SUITE:-1}"
 
+# The OpenBLAS kernel a CPU of table $1 gets ("own": OPENBLAS_CORETYPE unset).
+native_kernel() {
+    if [ "$(uname -m)" = x86_64 ] && [ "$own_kernel" != Haswell ] &&
+        { [ "$1" = avx2 ] || [ "$1" = scalar ]; }; then
+        echo Haswell
+    else
+        echo own
+    fi
+}
+
+# run WHAT TABLE KERNEL CTEST-SELECTION...
+run() {
+    local what="$1" t="$2" k="$3" t0=$SECONDS
+    shift 3
+    echo "-- $what, KVP_SIMD=$t, OPENBLAS_CORETYPE=${k/#own/(unset)}"
+    if [ "$k" = own ]; then
+        env -u OPENBLAS_CORETYPE KVP_SIMD="$t" \
+            ctest --test-dir "$build" "$@" --output-on-failure -j"$jobs"
+    else
+        KVP_SIMD="$t" OPENBLAS_CORETYPE="$k" \
+            ctest --test-dir "$build" "$@" --output-on-failure -j"$jobs"
+    fi
+    echo "-- KVP_SIMD=$t, OPENBLAS_CORETYPE=${k/#own/(unset)}: $((SECONDS - t0)) s"
+}
+
 for t in $tables; do
-    for k in $kernels; do
-        if [ "$t $k" = "$done_pair" ]; then
-            echo "-- KVP_SIMD=$t, OpenBLAS's own kernel: run above"
-            continue
-        fi
-        # OpenBLAS's own kernel: every test but the `once` ones (the whole programs, so the
-        # `matrix` entries, which are parts of them, are left out); another kernel: `numeric`
-        if [ "$k" = own ] && [ "$whole" != 0 ]; then
-            sel=(-LE 'matrix|once')
-            what="the release suite"
-        else
-            sel=(-L numeric)
-            what="the numeric tests"
-        fi
-        echo "-- $what, KVP_SIMD=$t, OPENBLAS_CORETYPE=${k/#own/(unset)}"
-        if [ "$k" = own ]; then
-            env -u OPENBLAS_CORETYPE KVP_SIMD="$t" \
-                ctest --test-dir "$build" "${sel[@]}" --output-on-failure -j"$jobs"
-        else
-            KVP_SIMD="$t" OPENBLAS_CORETYPE="$k" \
-                ctest --test-dir "$build" "${sel[@]}" --output-on-failure -j"$jobs"
-        fi
+    k="$(native_kernel "$t")"
+    if [ "$t $k" = "$done_pair" ]; then
+        echo "-- KVP_SIMD=$t, OpenBLAS's own kernel: run above"
+    elif [ "$whole" = 0 ]; then
+        run "the numeric tests" "$t" "$k" -L numeric
+    elif [ "$k" = own ]; then
+        # the whole programs, so the `matrix` entries, which are parts of them, are left out
+        run "the release suite but the once tests" "$t" "$k" -LE 'matrix|once'
+    else
+        run "the whole release suite" "$t" "$k" -LE matrix
+    fi
+    for extra in ${BLAS_KERNELS:-}; do
+        [ "$extra" = "$k" ] || run "the numeric tests" "$t" "$extra" -L numeric
     done
 done

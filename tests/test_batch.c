@@ -29,6 +29,10 @@
 #include "store/store.h"
 #include "testutil.h"
 
+/* the disk tier's reads submitted by syscall: no polling kernel thread competing for the
+ * test's cores */
+static const struct kvp_disk_ring_params by_syscall = {.syscall_submit = true};
+
 enum { NSEQ = 4, PIECE = 48, MAXSTEP = 64 };
 
 /* A sequence of the schedule: it joins at step `join`, feeds its prompt in pieces of PIECE
@@ -395,7 +399,7 @@ static void test_tiers(void **state)
             if (ops->needs_aux || ops->evicting)
                 continue;
             struct setup su = {.cp = {.n_ctx = 512, .kv_tier = tiers[t], .kv_dir = dir,
-                                      .prefetch = KVP_PREFETCH_TOKEN, .kv_syscall_submit = true},
+                                      .prefetch = KVP_PREFETCH_TOKEN, .kv_ring = &by_syscall},
                                .pp = policy(ops->name), .has_policy = true, .n_threads = 2};
             char what[96];
             snprintf(what, sizeof(what), "tier %d, policy %s", tiers[t], ops->name);
@@ -419,7 +423,7 @@ static void test_mixed(void **state)
     for (int nt = 2; nt <= 3; nt++)
         for (int tiered = 0; tiered < 2; tiered++) {
             struct setup su = {.cp = {.n_ctx = 512, .kv_dir = dir, .prefetch = KVP_PREFETCH_TOKEN,
-                                      .kv_syscall_submit = true},
+                                      .kv_ring = &by_syscall},
                                .n_threads = nt, .has_mix = true,
                                .mix = {"quest", NULL, tiered ? "quest" : "streaming", "quest"},
                                .disk = tiered ? 0x6u : 0};
@@ -555,7 +559,7 @@ static void test_fork_and_copy(void **state)
             for (int cp_ = 0; cp_ < 2; cp_++) {
                 /* a hot tier of two blocks: most of the copied prefix lives cold */
                 struct kvp_ctx_params cp = {.n_ctx = 256, .kv_tier = tiers[t], .kv_dir = dir,
-                                            .kv_syscall_submit = true,
+                                            .kv_ring = &by_syscall,
                                             .hot_budget = tiers[t] ? 32 : 0};
                 char what[96];
                 snprintf(what, sizeof(what), "%s, tier %d, %s", cp_ ? "copy" : "fork", tiers[t],
@@ -661,7 +665,7 @@ static void test_quest_follow_up(void **state)
     const int tiers[] = {KVP_TIER_NONE, KVP_TIER_DISK};
     for (int t = 0; t < 2; t++) {
         struct kvp_ctx_params cp = {.n_ctx = 256, .kv_tier = tiers[t], .kv_dir = dir,
-                                    .kv_syscall_submit = true, .hot_budget = tiers[t] ? 32 : 0};
+                                    .kv_ring = &by_syscall, .hot_budget = tiers[t] ? 32 : 0};
         kvp_engine *e = NULL;
         struct kvp_engine_params ep = {.n_threads = 2, .n_ctx = 256, .exact = true};
         assert_int_equal(kvp_engine_init(m, &ep, &e, &err), 0);
@@ -951,7 +955,7 @@ static void cold_schedule(kvp_model *m, const char *dir, int prefetch, unsigned 
     struct kvp_engine_params ep = {.n_threads = 2, .n_batch = 256, .n_ctx = 256, .exact = true};
     assert_int_equal(kvp_engine_init(m, &ep, &e, &err), 0);
     struct kvp_ctx_params cp = {.n_ctx = 256, .kv_tier = KVP_TIER_DISK, .kv_dir = dir,
-                                .kv_syscall_submit = true, .hot_budget = 32,
+                                .kv_ring = &by_syscall, .hot_budget = 32,
                                 .prefetch = prefetch};
     struct kvp_policy_params pp = policy("quest");
     kvp_seq *seq[NCOLD] = {0};

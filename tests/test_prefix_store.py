@@ -98,6 +98,21 @@ def port_free(p):
         s.close()
 
 
+def redis_server(port, d, *extra):
+    """A redis-server on 127.0.0.1:port without persistence, its files in d, once it answers
+    PING (the caller stops it)."""
+    p = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                          "--appendonly", "no", "--dir", d, *extra],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(200):
+        try:
+            if resp(port, "PING") == "PONG":
+                break
+        except OSError:
+            time.sleep(0.05)
+    return p
+
+
 class Cluster:
     """Six redis-servers in cluster mode: 3 masters, one replica each."""
 
@@ -111,19 +126,10 @@ class Cluster:
             if port_free(p) and port_free(p + 10000):
                 self.ports.append(p)
         for port in self.ports:
-            self.procs[port] = subprocess.Popen(
-                ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                 "--appendonly", "no", "--dir", self.dir, "--cluster-enabled", "yes",
-                 "--cluster-config-file", f"nodes-{port}.conf", "--cluster-node-timeout",
-                 str(NODE_TIMEOUT_MS), "--cluster-require-full-coverage", "no"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for port in self.ports:
-            for _ in range(200):
-                try:
-                    if resp(port, "PING") == "PONG":
-                        break
-                except OSError:
-                    time.sleep(0.05)
+            self.procs[port] = redis_server(
+                port, self.dir, "--cluster-enabled", "yes", "--cluster-config-file",
+                f"nodes-{port}.conf", "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
+                "--cluster-require-full-coverage", "no")
         r = subprocess.run(["redis-cli", "--cluster", "create",
                             *[f"127.0.0.1:{p}" for p in self.ports], "--cluster-replicas", "1",
                             "--cluster-yes"], capture_output=True, text=True, timeout=120)
@@ -312,17 +318,9 @@ def slow_store(doc, q, want):
     while not port_free(port):
         port += 1
     d = tempfile.mkdtemp(prefix="kvpred-pstore-slow-")
-    rs = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save",
-                           "", "--appendonly", "no", "--dir", d],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rs = redis_server(port, d)
     px = None
     try:
-        for _ in range(200):
-            try:
-                if resp(port, "PING") == "PONG":
-                    break
-            except OSError:
-                time.sleep(0.05)
         px = SlowProxy(port)
         c, pc = start(f"redis://127.0.0.1:{px.port}?timeout_ms=30000", "-np", "2",
                       "--cache-ram", "0")

@@ -33,6 +33,10 @@
 #include "store/store.h"
 #include "testutil.h"
 
+/* the disk tier's reads submitted by syscall: no polling kernel thread competing for the
+ * test's cores */
+static const struct kvp_disk_ring_params by_syscall = {.syscall_submit = true};
+
 #define VOCAB 80
 
 /* ==================================== test policy ========================================= */
@@ -139,7 +143,7 @@ static float *run_sequence(const struct run_cfg *rc, struct kvp_store_stats *sta
                                 .kv_tier = rc->tier, .kv_dir = rc->dir,
                                 .hot_budget = rc->hot_budget, .prefetch = rc->prefetch,
                                 .link_gbps = rc->link_gbps, .link_latency_us = rc->link_us,
-                                .kv_syscall_submit = rc->syscall_submit,
+                                .kv_ring = rc->syscall_submit ? &by_syscall : NULL,
                                 .type_k = seq_type, .type_v = seq_type};
     kvp_ctx *c = NULL;
     struct kvp_err err = {0};
@@ -529,7 +533,7 @@ static void test_predictor_calibration_on_disk(void **state)
     free(d);
 }
 
-/* kv_sq_pin: the polling thread on a CPU the kernel refuses is one clear error, nothing left
+/* sq_pin: the polling thread on a CPU the kernel refuses is one clear error, nothing left
  * behind; on CPU 0 it runs (where this kernel gives polling threads at all). */
 static void test_sq_cpu(void **state)
 {
@@ -541,21 +545,21 @@ static void test_sq_cpu(void **state)
                                                &err),
                      0);
     struct kvp_store *s = NULL;
-    struct kvp_ctx_params p = {.kv_tier = KVP_TIER_DISK, .kv_dir = d, .kv_sq_pin = true,
-                               .kv_sq_cpu = 4095};
+    struct kvp_disk_ring_params ring = {.sq_pin = true, .sq_cpu = 4095};
+    struct kvp_ctx_params p = {.kv_tier = KVP_TIER_DISK, .kv_dir = d, .kv_ring = &ring};
     assert_int_equal(kvp_store_init(&p, &kv, 2, 2, 16, 16, kv.max_blocks, &s, &err),
                      KVP_EINVAL);
     assert_null(s);
     assert_non_null(strstr(err.msg, "CPU 4095"));
     assert_int_equal(dir_entries(d), 0);
-    p.kv_sq_pin = false;
+    ring.sq_pin = false;
     assert_int_equal(kvp_store_init(&p, &kv, 2, 2, 16, 16, kv.max_blocks, &s, &err), 0);
     bool polls = stats_of(s).sq_poll;
     kvp_store_free(s);
     s = NULL;
     if (polls) {
-        p.kv_sq_pin = true;
-        p.kv_sq_cpu = 0;
+        ring.sq_pin = true;
+        ring.sq_cpu = 0;
         assert_int_equal(kvp_store_init(&p, &kv, 2, 2, 16, 16, kv.max_blocks, &s, &err), 0);
         assert_true(stats_of(s).sq_poll);
         kvp_store_free(s);

@@ -13,7 +13,12 @@
 #include "forward/context.h"
 #include "kv/kvcache.h"
 #include "kvpred.h"
+#include "kvpred_lab.h"
 #include "testutil.h"
+
+/* the disk tier's reads submitted by syscall: no polling kernel thread competing for the
+ * test's cores */
+static const struct kvp_disk_ring_params by_syscall = {.syscall_submit = true};
 
 enum { BS = 16, M = 100, N = 400, CTX = 512, ND = 4 };
 
@@ -190,7 +195,7 @@ static void test_policy_and_tiers(void **state)
             struct kvp_policy_params pp = {.name = pols[pi], .budget = 48, .sink = 4,
                                            .local = 8, .dense_layers = 1};
             struct kvp_ctx_params cp = {.n_ctx = CTX, .kv_tier = tiers[t], .kv_dir = dir,
-                                        .kv_syscall_submit = true,
+                                        .kv_ring = &by_syscall,
                                         .hot_budget = tiers[t] ? 32 : 0};
             struct kvp_ctx_params plain = {.n_ctx = CTX};
             kvp_ctx *src = NULL, *a = NULL, *b = NULL;

@@ -24,7 +24,7 @@ const char *cli_tier_flags_help =
     "  --kv-disk-io P       disk tier: auto, io_uring or pread (default auto: io_uring, pread\n"
     "                       threads where it is refused; KVP_DISK_IO sets auto's choice)\n";
 
-int cli_tier_check(const struct cli_tier_opts *o, bool has_policy)
+int cli_tier_check(struct cli_tier_opts *o, bool has_policy)
 {
     if (o->tier == KVP_TIER_NONE && (o->kv_dir || o->kv_url || o->hot_budget || o->prefetch ||
                                      o->syscall_submit || o->sq_cpu >= 0 || o->disk_io))
@@ -42,6 +42,9 @@ int cli_tier_check(const struct cli_tier_opts *o, bool has_policy)
     if (o->tier != KVP_TIER_NONE && !has_policy && o->prefetch != KVP_PREFETCH_DENSE)
         cli_warn("without --policy every layer is dense and stays hot: nothing is tiered "
                  "unless --prefetch dense");
+    o->ring = (struct kvp_disk_ring_params){.syscall_submit = o->syscall_submit,
+                                            .sq_pin = o->sq_cpu >= 0,
+                                            .sq_cpu = o->sq_cpu >= 0 ? (int)o->sq_cpu : 0};
     return 0;
 }
 
@@ -52,8 +55,6 @@ void cli_tier_apply(const struct cli_tier_opts *o, struct kvp_ctx_params *cp)
     cp->kv_url = o->kv_url;
     cp->hot_budget = (int)o->hot_budget;
     cp->prefetch = o->prefetch;
-    cp->kv_syscall_submit = o->syscall_submit;
-    cp->kv_sq_pin = o->sq_cpu >= 0;
-    cp->kv_sq_cpu = o->sq_cpu >= 0 ? (int)o->sq_cpu : 0;
+    cp->kv_ring = &o->ring;
     cp->kv_disk_io = o->disk_io;
 }

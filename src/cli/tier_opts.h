@@ -6,7 +6,7 @@
 #include <stdbool.h>
 
 #include "cli/common.h"
-#include "kvpred.h"
+#include "kvpred_lab.h"
 
 struct cli_tier_opts {
     int tier;            /* enum kvp_kv_tier (0: untiered) */
@@ -17,6 +17,8 @@ struct cli_tier_opts {
     bool syscall_submit; /* disk tier, io_uring: no polling thread */
     long sq_cpu;         /* disk tier, io_uring: the polling thread's CPU (-1: any) */
     int disk_io;         /* enum kvp_disk_io */
+    struct kvp_disk_ring_params ring; /* syscall_submit and sq_cpu as the library takes them
+                                         (cli_tier_check) */
 };
 
 #define CLI_TIER_OPTS_INIT {.sq_cpu = -1}
@@ -44,10 +46,10 @@ extern const char *cli_tier_flags_help;
 
 /* The flags' combinations: 0, or 1 after printing the error (a store option without
  * --kv-tier, redis without --kv-url, ...). Warns when nothing would be tiered (no policy and
- * no dense prefetch). */
-int cli_tier_check(const struct cli_tier_opts *o, bool has_policy);
+ * no dense prefetch). Fills o->ring. */
+int cli_tier_check(struct cli_tier_opts *o, bool has_policy);
 
-/* Put the options into a context's parameters. */
+/* Put the checked options into a context's parameters (cp->kv_ring points into o). */
 void cli_tier_apply(const struct cli_tier_opts *o, struct kvp_ctx_params *cp);
 
 #endif

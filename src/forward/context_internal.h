@@ -19,7 +19,21 @@
 struct kvp_lanes;
 struct kvp_spf;
 
-#define KVP_QCHUNK 64      /* prefill attention: query rows per work item */
+#define KVP_QCHUNK 64      /* prefill attention: query rows per work item, a window of positions */
+
+/* Where prefill attention's first chunk of a piece from position pos0 starts: at the window of
+ * KVP_QCHUNK positions pos0 falls in, so that a query's chunk (the block sparse prefill chooses
+ * keys for, and the shape of its products) is a function of its position, not of how its prompt
+ * was cut into pieces (prefill_attention.c, prefill_head). */
+static inline int kvp_prefill_base(int pos0)
+{
+    return pos0 - pos0 % KVP_QCHUNK;
+}
+/* The number of those chunks for a piece of n tokens: the windows it touches. */
+static inline int kvp_prefill_chunks(int pos0, int n)
+{
+    return (pos0 + n - 1) / KVP_QCHUNK - pos0 / KVP_QCHUNK + 1;
+}
 /* A step that need not be exact (kvp_engine_params.exact false) sends its single tokens through
  * the batch kernels together from this many on (twice as many for Q8_0 weights with the
  * multi-vector mat-vec kernel, never for the other types with one; forward.c,
@@ -43,12 +57,27 @@ struct kvp_spf;
 #define KVP_PACK_PER_LAYER 7 /* wq, wk, wv, wo, w_gate, w_up, w_down */
 #define KVP_TILE_ROWS 256  /* prefill: weight rows dequantized per sgemm call (fewer repacks of
                               the activations than 64: +10-20 % prefill on real shapes) */
+/* prefill of an exact engine: tokens per sgemm call. Every call of a sequence's product has this
+ * many rows, the tokens of positions [k·64, (k+1)·64) in slots 0..63, so a token's products never
+ * depend on how its prompt was cut into pieces (forward.c, sgemm_tokens); a lone context and an
+ * engine that need not be exact make one call per piece (prefill attention's windows are the
+ * same for all: kvp_prefill_base). A divisor of n_batch's default (512),
+ * so that a prompt's full pieces fill whole calls. Each call packs its weight tile again: on the
+ * SmolLM2-135M shape (6 layers, Q8_0, avx2 table, Haswell kernel, one thread, a loaded host)
+ * 512-token prefills took 7-13 % more CPU than one call per piece, 128 rows 5-7 %; but a piece
+ * of a few tokens (a follow-up) computes up to two whole windows, so fewer rows waste less. */
+#define KVP_SGEMM_TOKENS 64
 
 struct kvp_thread_scratch {
     float *kc;    /* [head_dim][n_keys] keys gathered as f32 for prefill attention */
     float *vc;    /* [n_ctx][head_dim] values gathered */
-    float *s;     /* [KVP_QCHUNK][n_ctx] prefill scores */
+    float *s;     /* [KVP_QCHUNK][n_ctx] prefill scores (n_ctx rounded up to KVP_QCHUNK, as kc
+                   * and vc are) */
+    float *qwin;  /* [KVP_QCHUNK][head_dim] a chunk's queries at their slots */
+    float *owin;  /* [KVP_QCHUNK][head_dim] their outputs */
     float *tile;  /* [KVP_TILE_ROWS][max_cols] dequantized weight rows */
+    float *win;   /* [KVP_SGEMM_TOKENS][max_cols] a piece's first or last rows at their slots */
+    float *wout;  /* [KVP_SGEMM_TOKENS][KVP_TILE_ROWS] their products */
     void *xq;     /* activation quantized for integer dot products [max_cols] */
     int xq_type;  /* the kvp_type_vec_dot_type xq holds for the current input (-1: none) */
     int xg_ready; /* the previous product left its input quantized in kvp_shared.xg, for weights
@@ -68,7 +97,8 @@ struct kvp_shared {
     int n_threads;
     int n_batch;                   /* rows (tokens of all sequences) per forward pass */
     int n_ctx;                     /* longest context the per-thread scratch serves */
-    bool exact;                    /* kvp_engine_params.exact */
+    bool exact;                    /* kvp_engine_params.exact; also: prefill's weight products in
+                                      fixed windows of positions (KVP_SGEMM_TOKENS) */
     double *inv_freq;              /* [head_dim/2] angle per position of each pair (rope.h) */
     double rope_mscale;            /* cos and sin are multiplied by it (YaRN; else 1) */
     double *inv_freq_local;        /* [head_dim/2] the local layers' own (Gemma 3), or NULL */
@@ -141,6 +171,7 @@ struct kvp_ctx {
     const struct kvp_model *model; /* borrowed */
     struct kvp_hparams hp;
     struct kvp_ctx_params params;  /* as created (strings borrowed): what a fork copies */
+    struct kvp_disk_ring_params ring; /* *params.kv_ring's copy (params.kv_ring points here) */
     int n_ctx;
     int hot_budget;                /* kvp_ctx_params.hot_budget (tokens per layer, 0: auto) */
 

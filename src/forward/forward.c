@@ -109,18 +109,30 @@ int kvp_shared_init(const struct kvp_model *model, int n_threads, int n_batch, i
         goto fail_nomem;
     for (int t = 0; t < n_threads; t++) {
         struct kvp_thread_scratch *s = &sh->ts[t];
-        s->kc = falloc((size_t)n_ctx * hp->head_dim);
-        s->vc = falloc((size_t)n_ctx * hp->head_dim);
-        s->s = falloc((size_t)KVP_QCHUNK * n_ctx);
+        /* prefill attention's chunks reach the end of their window of KVP_QCHUNK positions */
+        const size_t keys = ((size_t)n_ctx + KVP_QCHUNK - 1) / KVP_QCHUNK * KVP_QCHUNK;
+        s->kc = falloc(keys * hp->head_dim);
+        s->vc = falloc(keys * hp->head_dim);
+        s->s = falloc((size_t)KVP_QCHUNK * keys);
+        s->qwin = falloc((size_t)KVP_QCHUNK * hp->head_dim);
+        s->owin = falloc((size_t)KVP_QCHUNK * hp->head_dim);
         s->tile = falloc((size_t)KVP_TILE_ROWS * max_cols);
+        s->win = falloc((size_t)KVP_SGEMM_TOKENS * max_cols);
+        s->wout = falloc((size_t)KVP_SGEMM_TOKENS * KVP_TILE_ROWS);
         s->xq = kvp_alloc_aligned(max_cols * 2 + 64);
         s->xv = kvp_alloc_aligned(nb * sh->xv_stride);
         s->xvp = calloc(nb, sizeof(*s->xvp));
         s->yvp = calloc(nb, sizeof(*s->yvp));
         s->xq_type = -1;
         s->xv_type = -1;
-        if (!s->kc || !s->vc || !s->s || !s->tile || !s->xq || !s->xv || !s->xvp || !s->yvp)
+        if (!s->kc || !s->vc || !s->s || !s->qwin || !s->owin || !s->tile || !s->win ||
+            !s->wout || !s->xq || !s->xv || !s->xvp || !s->yvp)
             goto fail_nomem;
+        /* the slots a piece leaves empty are read by sgemm (their results are dropped): zeros,
+         * not whatever the allocator left there */
+        memset(s->win, 0, (size_t)KVP_SGEMM_TOKENS * max_cols * sizeof(float));
+        memset(s->wout, 0, (size_t)KVP_SGEMM_TOKENS * KVP_TILE_ROWS * sizeof(float));
+        memset(s->qwin, 0, (size_t)KVP_QCHUNK * hp->head_dim * sizeof(float));
     }
     /* θ_i = pos · inv_freq_i: base^(−2i/d), scaled (linear, YaRN) and divided by a file's
      * frequency factors (model/rope.h) */
@@ -154,6 +166,10 @@ void kvp_shared_free(struct kvp_shared *sh)
             kvp_free_aligned(sh->ts[t].vc);
             kvp_free_aligned(sh->ts[t].s);
             kvp_free_aligned(sh->ts[t].tile);
+            kvp_free_aligned(sh->ts[t].win);
+            kvp_free_aligned(sh->ts[t].qwin);
+            kvp_free_aligned(sh->ts[t].owin);
+            kvp_free_aligned(sh->ts[t].wout);
             kvp_free_aligned(sh->ts[t].xq);
             kvp_free_aligned(sh->ts[t].xv);
             free(sh->ts[t].xvp);
@@ -200,6 +216,10 @@ int kvp_seq_setup(struct kvp_shared *sh, const struct kvp_ctx_params *params, st
     c->sh = sh;
     c->pool = sh->pool;
     c->n_ctx = p.n_ctx;
+    if (p.kv_ring) { /* copied, so that a fork may open its store after the caller's is gone */
+        c->ring = *p.kv_ring;
+        p.kv_ring = &c->ring;
+    }
     c->params = p;
     int rc = kvp_kv_init(c, &p, err);
     if (rc < 0)
@@ -500,13 +520,56 @@ size_t kvp_ctx_pack_weights(kvp_ctx *c)
 
 /* ---- building blocks ---------------------------------------------------------------------- */
 
+/* Y[i][0..nr) (+)= dot(w row r, X[i]) for the n rows of X, w nr <= KVP_TILE_ROWS f32 weight rows
+ * of K columns. pos0 is the position of X's first row when the rows are one sequence's tokens:
+ * then every sgemm call has the same shape, KVP_SGEMM_TOKENS rows, and the token at position p
+ * sits in slot p mod KVP_SGEMM_TOKENS, a piece's first and last rows copied into the thread's
+ * window at their slots (the other slots' results are dropped). OpenBLAS's sums for a row depend
+ * on the call's shape and on the row's slot in it: its Haswell kernel rounds the rows of a
+ * call's last partial tile otherwise than full tiles, and within a full tile of 12 its two
+ * halves differently; its SkylakeX kernel takes another path for small calls. A prompt
+ * prefilled in two pieces (a follow-up after a cut, a piece of a batched step) then differed from
+ * one prefill. Fixed calls make a token's products a function of its position and inputs alone.
+ * pos0 < 0 (a lone context, an engine that need not be exact): one call as the rows come. */
+static void sgemm_tokens(struct kvp_thread_scratch *ts, const float *w, long nr, long K,
+                         const float *X, int n, int ldx, int pos0, float *Y, int ldy, float beta)
+{
+    if (pos0 < 0) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, (int)nr, (int)K, 1.0f, X, ldx, w,
+                    (int)K, beta, Y, ldy);
+        return;
+    }
+    const int T = KVP_SGEMM_TOKENS;
+    for (int w0 = -(pos0 % T); w0 < n; w0 += T) {
+        const int v0 = w0 > 0 ? w0 : 0, v1 = w0 + T < n ? w0 + T : n;
+        if (v0 == w0 && v1 == w0 + T) {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, (int)nr, (int)K, 1.0f,
+                        X + (size_t)w0 * ldx, ldx, w, (int)K, beta, Y + (size_t)w0 * ldy, ldy);
+            continue;
+        }
+        /* the same call on the window: the rows (and what they accumulate onto) at their slots */
+        for (int i = v0; i < v1; i++) {
+            memcpy(ts->win + (size_t)(i - w0) * K, X + (size_t)i * ldx, (size_t)K * sizeof(float));
+            if (beta != 0.0f)
+                memcpy(ts->wout + (size_t)(i - w0) * nr, Y + (size_t)i * ldy,
+                       (size_t)nr * sizeof(float));
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, (int)nr, (int)K, 1.0f, ts->win,
+                    (int)K, w, (int)K, beta, ts->wout, (int)nr);
+        for (int i = v0; i < v1; i++)
+            memcpy(Y + (size_t)i * ldy, ts->wout + (size_t)(i - w0) * nr,
+                   (size_t)nr * sizeof(float));
+    }
+}
+
 /* Y[i][r] (+)= dot(W row r, X[i]) for the rows [r0, r1) this thread owns, i < n, n >= 2 (the
- * multi-token rows of one sequence). same_x: X is the input of this thread's previous call,
+ * multi-token rows of one sequence, the first at position pos0; -1: no fixed windows, a lone
+ * context's or a non-exact engine's rows, or the single rows of such a step together). same_x: X is the input of this thread's previous call,
  * unchanged (K and V after Q, up after gate), so a batch through the integer GEMM reuses its
  * quantized copy. Every thread calls this for every product (the GEMM path has a barrier). */
 static void matmul_rows(struct kvp_shared *sh, const struct kvp_mat *W, const float *X, int n,
-                        int ldx, float *Y, int ldy, bool accumulate, bool same_x, long r0, long r1,
-                        int ith, int nth)
+                        int ldx, int pos0, float *Y, int ldy, bool accumulate, bool same_x,
+                        long r0, long r1, int ith, int nth)
 {
     struct kvp_thread_scratch *ts = &sh->ts[ith];
     if (sh->xg && kvp_gemm_wants(W->type, n)) {
@@ -525,20 +588,16 @@ static void matmul_rows(struct kvp_shared *sh, const struct kvp_mat *W, const fl
         return;
     }
     ts->xg_ready = -1;
-    if (r0 >= r1)
-        return;
     float beta = accumulate ? 1.0f : 0.0f;
-    if (W->type == KVP_TYPE_F32) {
-        const float *w = (const float *)W->data + (size_t)r0 * W->cols;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, (int)(r1 - r0), (int)W->cols, 1.0f,
-                    X, ldx, w, (int)W->cols, beta, Y + r0, ldy);
-        return;
-    }
+    /* OpenBLAS sgemm on tiles of KVP_TILE_ROWS weight rows, dequantized unless they are f32 */
     for (long a = r0; a < r1; a += KVP_TILE_ROWS) {
         long b = a + KVP_TILE_ROWS < r1 ? a + KVP_TILE_ROWS : r1;
-        kvp_mat_dequant_rows(W, ts->tile, a, b);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, (int)(b - a), (int)W->cols, 1.0f, X,
-                    ldx, ts->tile, (int)W->cols, beta, Y + a, ldy);
+        const float *w = (const float *)W->data + (size_t)a * W->cols;
+        if (W->type != KVP_TYPE_F32) {
+            kvp_mat_dequant_rows(W, ts->tile, a, b);
+            w = ts->tile;
+        }
+        sgemm_tokens(ts, w, b - a, (long)W->cols, X, n, ldx, pos0, Y + a, ldy, beta);
     }
 }
 
@@ -660,8 +719,12 @@ static void matmul_pass(struct kvp_shared *sh, const struct kvp_mat *W,
         if (n_multi > 1 && sh->xg && kvp_gemm_wants(W->type, s->n))
             kvp_pool_barrier(sh->pool);
         float *y = s->y ? s->y : Y + (size_t)s->row0 * ldy;
-        matmul_rows(sh, W, X + (size_t)s->row0 * ldx, s->n, ldx, y, ldy, accumulate, reuse, r0,
-                    r1, ith, nth);
+        /* sh->multi[0] holds the single rows of several sequences (steps that need not be
+         * exact); every other piece is one sequence's consecutive tokens, in fixed windows of
+         * positions where the engine is exact (sgemm_tokens) */
+        int pos0 = !sh->exact || s == &sh->multi[0] ? -1 : sh->row_pos[s->row0];
+        matmul_rows(sh, W, X + (size_t)s->row0 * ldx, s->n, ldx, pos0, y, ldy, accumulate, reuse,
+                    r0, r1, ith, nth);
     }
     matvec_multi(sh, W, P, X, ldx, single, n_single, Y, ldy, accumulate, same_x, r0, r1, ith);
 }

@@ -206,7 +206,8 @@ int kvp_spf_set(struct kvp_ctx *c, struct kvp_spf **out, const struct kvp_prefil
         ok = (s->stats = malloc((size_t)s->n_layer * s->n_kv * U * s->sdim * sizeof(float)));
     if (ok && s->sdim && c->store) { /* the estimate reads no keys: plan the tiered reads */
         const size_t mb = (size_t)c->kv.max_blocks;
-        s->plan_items = s->n_kv * ((c->sh->n_batch + KVP_QCHUNK - 1) / KVP_QCHUNK);
+        /* a piece's chunks are windows of positions: one more than its rows fill */
+        s->plan_items = s->n_kv * ((c->sh->n_batch + KVP_QCHUNK - 1) / KVP_QCHUNK + 1);
         const size_t it = (size_t)s->plan_items;
         ok = (s->need = malloc(mb)) && (s->loaded = malloc(mb)) &&
              (s->plan_runs = malloc(it * U * sizeof(*s->plan_runs))) &&
@@ -664,18 +665,21 @@ bool kvp_spf_staged(const struct kvp_spf *s)
 void kvp_spf_plan(struct kvp_spf *s, struct kvp_ctx *c, int l, int ith, int nth,
                   struct kvp_thread_scratch *ts)
 {
-    const int n = c->job_n, n_chunks = (n + KVP_QCHUNK - 1) / KVP_QCHUNK;
+    const int n = c->job_n, pos0 = c->job_pos0, base = kvp_prefill_base(pos0);
+    const int n_chunks = kvp_prefill_chunks(pos0, n);
     const long items = (long)s->n_kv * n_chunks;
     long i0, i1;
     kvp_split_range(items, ith, nth, &i0, &i1);
     for (long i = i0; i < i1; i++) {
         const int kvh = (int)(i / n_chunks), chunk = (int)(i % n_chunks);
-        const int qs = chunk * KVP_QCHUNK, nq = n - qs < KVP_QCHUNK ? n - qs : KVP_QCHUNK;
+        /* the positions prefill attention's chunk covers (prefill_attention.c) */
+        const int w0 = base + chunk * KVP_QCHUNK, a = w0 > pos0 ? w0 : pos0;
+        const int b = w0 + KVP_QCHUNK < pos0 + n ? w0 + KVP_QCHUNK : pos0 + n;
         const struct kvp_key_run *runs;
         int cols;
         double est;
-        const int nr = kvp_spf_select(s, c, l, kvh, qs, nq, c->job_pos0 + qs + nq, ith, ts,
-                                      &runs, &cols, &est);
+        const int nr = kvp_spf_select(s, c, l, kvh, a - pos0, b - a, b, ith, ts, &runs, &cols,
+                                      &est);
         memcpy(s->plan_runs + (size_t)i * s->max_units, runs, (size_t)nr * sizeof(*runs));
         s->plan_n[i] = nr;
         s->plan_cols[i] = cols;
@@ -686,7 +690,7 @@ void kvp_spf_plan(struct kvp_spf *s, struct kvp_ctx *c, int l, int ith, int nth,
 void kvp_spf_plan_load(struct kvp_spf *s, struct kvp_ctx *c, int l)
 {
     const int bs = c->kv.block_size, nb_old = (c->job_pos0 + bs - 1) / bs;
-    const int items = s->n_kv * ((c->job_n + KVP_QCHUNK - 1) / KVP_QCHUNK);
+    const int items = s->n_kv * kvp_prefill_chunks(c->job_pos0, c->job_n);
     memset(s->need, 0, (size_t)nb_old);
     for (int i = 0; i < items; i++)
         for (int r = 0; r < s->plan_n[i]; r++) {

@@ -1,10 +1,11 @@
 /*
  * The disk cold tier (cold.h): an unnamed O_DIRECT scratch file under kv_dir (cold_file.c), read
  * and written through io_uring; where io_uring is refused or not wanted, it hands the store over
- * to the pread path (cold_pread.c). Where the kernel allows it, a kernel thread polls the submission queue, so
- * the decode thread does not pay the submission syscalls (kvp_ctx_params.kv_syscall_submit,
- * kv_sq_pin, kv_sq_cpu choose). On a host with no core to spare for that thread, requests
- * bypass it through a second ring the decode thread submits and completes itself (see below).
+ * to the pread path (cold_pread.c). Where the kernel allows it, a kernel thread polls the
+ * submission queue, so the decode thread does not pay the submission syscalls
+ * (kvp_ctx_params.kv_ring, struct kvp_disk_ring_params in kvpred_lab.h, chooses). On a host with
+ * no core to spare for that thread, requests bypass it through a second ring the decode thread
+ * submits and completes itself (see below).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -317,17 +318,18 @@ static int disk_open(struct kvp_store *s, const struct kvp_ctx_params *p, struct
     /* a kernel thread that polls the submission queue does the O_DIRECT submission work
      * (page pinning, bio set-up, the doorbell) on another core instead of the decode
      * thread; where it is refused (old kernel, no privilege), submissions are syscalls */
+    const struct kvp_disk_ring_params rp = p->kv_ring ? *p->kv_ring
+                                                      : (struct kvp_disk_ring_params){0};
     struct io_uring_params up = {.flags = IORING_SETUP_SQPOLL, .sq_thread_idle = SQ_IDLE_MS};
-    if (p->kv_sq_pin) {
+    if (rp.sq_pin) {
         up.flags |= IORING_SETUP_SQ_AFF;
-        up.sq_thread_cpu = (unsigned)p->kv_sq_cpu;
+        up.sq_thread_cpu = (unsigned)rp.sq_cpu;
     }
     struct io_uring *polled = &io->ring[RING_POLLED];
-    int e = p->kv_syscall_submit ? -1
-                                 : io_uring_queue_init_params(KVP_STORE_MAX_XFER, polled, &up);
-    if (e < 0 && p->kv_sq_pin && !p->kv_syscall_submit && !refused(e))
+    int e = rp.syscall_submit ? -1 : io_uring_queue_init_params(KVP_STORE_MAX_XFER, polled, &up);
+    if (e < 0 && rp.sq_pin && !rp.syscall_submit && !refused(e))
         return kvp_err_set(err, KVP_EINVAL, "io_uring: no polling thread on CPU %d: %s",
-                           p->kv_sq_cpu, strerror(-e));
+                           rp.sq_cpu, strerror(-e));
     s->st.sq_poll = e >= 0;
     if (e < 0)
         e = io_uring_queue_init(KVP_STORE_MAX_XFER, polled, 0);
