@@ -639,6 +639,106 @@ def prefill_sparse_quality(name="prefill_sparse_quality.jsonl"):
     return out, provenance(recs, name, "scripts/quality_prefill_sparse.sh build")
 
 
+
+def long_decode_real(name="long_decode_real.jsonl"):
+    """Decode after one real (sparse) prefill per length, several policies from that cache."""
+    if not os.path.exists(os.path.join(BENCH, name)):
+        return "(no data yet: `scripts/bench_long.sh build real`)\n", ""
+    recs = load(name)
+    last = collections.OrderedDict()  # re-runs supersede
+    for r in recs:
+        last[(r["shape"], r["ctx"], r["label"], r.get("budget"))] = r
+    dense = {(k[0], k[1]): r for k, r in last.items() if k[2] == "dense"}
+    rows = []
+    for k, r in sorted(last.items(), key=lambda kr: (kr[0][0], kr[0][1], kr[1]["policy_index"])):
+        d = dense.get((k[0], k[1]))
+        tps = r["decode_tokens_per_s"]
+        rows.append([k[0], k[1], k[2], r.get("budget") or "—", fmt(tps, 2),
+                     fmt(tps / d["decode_tokens_per_s"], 1) + "×" if d else "—",
+                     fmt(r.get("policy_share", float("nan")), 3),
+                     f"{r.get('prefill_policy', '?')} {r.get('prefill_budget') or ''}".strip(),
+                     fmt(r.get("fill_density", float("nan")), 3), fmt(r["fill_seconds"], 0)])
+    head = ["model", "ctx", "policy", "budget", "decode tok/s", "÷ dense", "policy_share",
+            "prefill", "prefill density", "fill s"]
+    return table(head, rows), provenance(
+        recs, name, "scripts/bench_long.sh build real (each record has its command)")
+
+
+def arch_summary(name, what):
+    """The summary object a bench_arch*.sh run ends with (its last line)."""
+    path = os.path.join(BENCH, name)
+    if not os.path.exists(path):
+        return None
+    lines = [json.loads(x) for x in open(path).read().splitlines() if x.strip()]
+    summ = [x for x in lines if x.get("summary") == what]
+    return summ[-1] if summ else None
+
+
+def arch_peers(name="arch_peers.json"):
+    s = arch_summary(name, "bench_arch")
+    if not s:
+        return "(no data yet: `scripts/bench_arch.sh`)\n", ""
+    rows = [[r["shape"], r["type"], r["row"], fmt(r["kvpred"], 2), fmt(r["llama_cpp"], 2),
+             fmt(r["ratio"], 2) + "×" if r.get("ratio") else "—"] for r in s["rows"]]
+    rec = {"date": s["date"], "commit": s["commit"], "machine": s["machine"]}
+    return table(["shape", "weights", "test", "kvpred tok/s", "llama.cpp tok/s", "ratio"],
+                 rows), provenance([rec], name, f"REPS={s['reps']} TG=64 scripts/bench_arch.sh")
+
+
+def arch_policies(name="arch_policies.json"):
+    s = arch_summary(name, "bench_arch_policies")
+    if not s:
+        return "(no data yet: `scripts/bench_arch_policies.sh`)\n", ""
+    keys = [k for k in s["rows"][0] if k not in ("shape", "policy")]
+    rows = [[r["shape"], r["policy"]] + [fmt(r[k], 3) if isinstance(r[k], float) else
+                                         ("—" if r[k] is None else r[k]) for k in keys]
+            for r in s["rows"]]
+    rec = {"date": s["date"], "commit": s["commit"], "machine": s["machine"]}
+    return table(["shape", "policy"] + keys, rows), provenance(
+        [rec], name, "scripts/bench_arch_policies.sh")
+
+
+def prefill_gate(name="prefill_gate.jsonl"):
+    """The learned prefill estimate against pooled at equal budget (docs/prefill.md)."""
+    if not os.path.exists(os.path.join(BENCH, name)):
+        return "(no data yet: `scripts/quality_prefill_gate.sh`)\n", ""
+    recs = load(name)
+    by = collections.defaultdict(list)
+    layers = []  # per-layer recovery: the trainer's held-out items, the test's prompt
+    for r in recs:
+        if r.get("kind") == "train":
+            layers.append(["trainer's held-out items, budget " + fmt(r["budget"], 3),
+                           " / ".join(fmt(x, 3) for x in r["recovery_learned"]),
+                           " / ".join(fmt(x, 3) for x in r["recovery_pooled"])])
+            continue
+        if r.get("kind") == "recovery":
+            layers.append([f"{r['prompt']}, budget {r['budget']}",
+                           " / ".join(fmt(x, 3) for x in r["recovery"]["learned"]),
+                           " / ".join(fmt(x, 3) for x in r["recovery"]["pooled"])])
+            continue
+        kind = r.get("task") or "KL, " + r.get("text", "?")
+        by[(kind, r.get("length") or r.get("n_prefill"),
+            r.get("prefill_policy"), r.get("prefill_budget"))].append(r)
+    rows = []
+    for k in sorted(by, key=lambda k: tuple(str(x) for x in k)):
+        rs = by[k]
+        acc = [r["accuracy"] for r in rs if "accuracy" in r]
+        kl = [r["kl"] for r in rs if r.get("kl") is not None]
+        est = [r["prefill_estimate_s"] / r["prefill_attention_s"] for r in rs
+               if r.get("prefill_estimate_s") is not None and r.get("prefill_attention_s")]
+        dens = [r["prefill_density"] for r in rs if r.get("prefill_density") is not None]
+        rows.append([k[0], k[1], k[2], k[3], fmt(100 * med(acc), 0) + " %" if acc else "—",
+                     f"{med(kl):.3g}" if kl else "—", fmt(med(dens), 3) if dens else "—",
+                     fmt(100 * med(est), 1) + " %" if est else "—"])
+    out = table(["task", "tokens", "estimate", "budget", "accuracy", "KL", "density",
+                 "estimate / attention"], rows)
+    if layers:
+        out += "\nShare of the dense attention the picks hold, layers 0 / 1 / 2 / 3:\n\n" + \
+            table(["where", "learned", "pooled"], layers)
+    return out, provenance(
+        recs, name, "scripts/quality_prefill_gate.sh build")
+
+
 SECTIONS = [
     ("Speed against llama.cpp", peers,
      "Random-weight files with real shapes (`kvpred synth`), both engines on the same files in "
@@ -646,6 +746,16 @@ SECTIONS = [
      "column the ratio of each run). pp512: prefill of 512 tokens; tg128: decode of 128 tokens "
      "from an empty cache; tg128 @512: with 512 tokens cached; decode @16384 / @4096: with that "
      "many cached, the quest rows against llama.cpp's dense decode."),
+    ("Other architectures against llama.cpp", arch_peers,
+     "Phi-3.5-mini and Gemma-2-2B shapes, every layer (`kvpred synth`, random weights, "
+     "vocabulary 512), Q8_0 and Q4_K, 2 threads, kvpred `bench` and llama-bench on the same "
+     "files in alternation, 2 reps, medians (docs/architectures.md). pp512: prefill of 512 "
+     "tokens; tg64: decode of 64 tokens from an empty cache."),
+    ("Policies on Gemma shapes at 32768 tokens", arch_policies,
+     "Gemma 3 1B cut to 6 layers (5 windowed, 1 global) and Gemma 2 2B cut to 2 (1 and 1), "
+     "random weights, Q8_0, 2 threads, budget 1/16: decode speed per policy and where the "
+     "attention time and the KV bytes go between the windowed layers (rings of their window) "
+     "and the global ones (docs/architectures.md)."),
     ("Against llama.cpp on an Intel Xeon", lambda: peers(
         name="peers_xeon.jsonl",
         command="REPS=1 LONG=32768 scripts/bench_peers.sh"),
@@ -666,6 +776,18 @@ SECTIONS = [
      "alternation per length (docs/prefill.md). Attention share: attention thread-seconds over "
      "threads × the prefill's seconds; estimate / attention: the sparse estimate's thread time "
      "over the attention's."),
+    ("Decode after a real prefill, 32K to 128K tokens", long_decode_real,
+     "SmolLM2-135M shape (`kvpred synth`, Q8_0, random weights), 2 threads, f16 KV: one prompt "
+     "of essays per length prefilled for real with the block-sparse prefill at 1/16 (no tile "
+     "fill), then each policy decodes 16 tokens from that same cache (`bench` with several "
+     "`--policy`, docs/cli.md), every selecting policy reading 1/32. quest: as shipped (its "
+     "first two layers dense); coarse-to-fine: every layer sparse, groups of 16 blocks ranked "
+     "first. Each record's `note` says what else ran on the host."),
+    ("The learned prefill estimate against pooled", prefill_gate,
+     "The shipped model, `--prefill-policy learned` (the gate `models/kvpred-default.kvpg`) "
+     "and `pooled` at the same budget, so the same density (docs/prefill.md): retrieval "
+     "accuracy and next-token KL after the sparse prefill against the dense one; estimate / "
+     "attention: the estimate's thread time over the sparse attention's (busy host)."),
     ("Retrieval after a block-sparse prefill (the shipped model)", prefill_sparse_quality,
      "`kvpred eval --task` after a dense and after a sparse prefill (default sparse settings), "
      "each decoded with the full cache and with quest; accuracy over depths 0-100 %, greedy, "
