@@ -502,30 +502,41 @@ enum { LN_TG = 8 };
 
 /* y[j][r - r0] (+)= rows [r0, r1) of the packed matrix against the nv prepared vectors xq[j]. A
  * tile that the range cuts is computed whole and stored for the range's rows only. The vectors'
- * blocks are prepared once per call where a row is at most one chunk (LN_CB blocks); longer rows
- * (a down projection of 8192 columns) go a group of LN_TG tiles at a time, chunk by chunk, so
- * that a chunk's blocks are prepared once per group instead of once per tile (preparing them for
- * every tile doubled the arithmetic of one vector), each tile's sums kept between chunks; the
- * blocks of each (row, vector) are still added in column order, so the results are the same. */
+ * blocks are prepared once per call where they fit the LN_NV × LN_CB blocks of `prep` (a row of
+ * at most LN_CB blocks, or few vectors: one vector's 32768 columns), and each tile is then
+ * computed whole, in address order, with the cursor LN_PF_AHEAD ahead through all its parts.
+ * Otherwise (many vectors against long rows) they go a group of LN_TG tiles at a time, chunk by
+ * chunk, so that a chunk's blocks are prepared once per group instead of once per tile
+ * (preparing them for every tile doubled the arithmetic of one vector), each tile's sums kept
+ * between chunks. The grouped walk jumps between tiles and between the Q4_K tile's codes and
+ * scale streams, which the hardware prefetcher follows badly: one vector against Q4_K rows of
+ * 2304 to 9216 columns (every matrix of a Gemma-2-2B or Phi-3.5-mini layer) took it and streamed
+ * about 16.5 GB/s in decode. The blocks of each (row, vector) are added in column order on
+ * either walk, so the results are the same. */
 LN_INLINE void ln_run(const void *packed, int64_t n, const void *const *xq, int nv, int64_t r0,
                       int64_t r1, float *const *y, bool accumulate, int kind)
 {
-    struct ln_x prep[LN_NV][LN_CB];
+    struct ln_x prep[LN_NV * LN_CB];
     const int64_t nb = n / 32;
     const size_t tb = kvp_lanes_tile_bytes(ln_type(kind), n), cb = ln_code_bytes(kind);
-    const bool once = nb <= LN_CB;
+    /* vectors whose whole rows of blocks fit prep */
+    const int64_t fit = nb <= LN_CB ? LN_NV : (int64_t)LN_NV * LN_CB / nb;
+    const bool once = nv <= fit || nb <= LN_CB;
+    const int per_pass = once ? (int)fit : LN_NV;
+    const int64_t chunk = once ? nb : LN_CB;
     const int tg = once ? 1 : LN_TG;
     const int64_t t_first = r0 / LN_ROWS, t_end = (r1 + LN_ROWS - 1) / LN_ROWS;
-    /* one chunk: the cursor runs LN_PF_AHEAD through the tiles in address order; more: it
-     * runs through the (tile, chunk) computed next, that region's codes */
+    /* once: the cursor runs LN_PF_AHEAD through the tiles in address order; else: it runs
+     * through the (tile, chunk) computed next, that region's codes */
     struct ln_pf pf = {NULL, once ? (tb + (size_t)nb - 1) / (size_t)nb : cb};
-    for (int j0 = 0; j0 < nv; j0 += LN_NV) {
-        int m = nv - j0 < LN_NV ? nv - j0 : LN_NV;
+    for (int j0 = 0; j0 < nv; j0 += per_pass) {
+        int m = nv - j0 < per_pass ? nv - j0 : per_pass;
         const struct ln_x *xp[LN_NV];
         for (int j = 0; j < m; j++) {
+            struct ln_x *pj = prep + (once ? (size_t)j * (size_t)nb : (size_t)j * LN_CB);
             if (once)
-                ln_prep((const uint8_t *)xq[j0 + j], 0, (int)nb, prep[j], kind);
-            xp[j] = prep[j];
+                ln_prep((const uint8_t *)xq[j0 + j], 0, (int)nb, pj, kind);
+            xp[j] = pj;
         }
         for (int64_t g = t_first; g < t_end; g += tg) {
             const int gn = t_end - g < tg ? (int)(t_end - g) : tg;
@@ -533,11 +544,12 @@ LN_INLINE void ln_run(const void *packed, int64_t n, const void *const *xq, int 
             for (int i = 0; i < gn; i++)
                 for (int j = 0; j < m; j++)
                     acc[i][j] = _mm512_setzero_ps();
-            for (int64_t b0 = 0; b0 < nb; b0 += LN_CB) {
-                int nbc = nb - b0 < LN_CB ? (int)(nb - b0) : LN_CB;
+            for (int64_t b0 = 0; b0 < nb; b0 += chunk) {
+                int nbc = nb - b0 < chunk ? (int)(nb - b0) : (int)chunk;
                 if (!once)
                     for (int j = 0; j < m; j++)
-                        ln_prep((const uint8_t *)xq[j0 + j], b0, nbc, prep[j], kind);
+                        ln_prep((const uint8_t *)xq[j0 + j], b0, nbc, prep + (size_t)j * LN_CB,
+                                kind);
                 for (int i = 0; i < gn; i++) {
                     const uint8_t *base = (const uint8_t *)packed + (size_t)(g + i) * tb;
                     if (once) {
