@@ -664,32 +664,42 @@ def long_decode_real(name="long_decode_real.jsonl"):
         recs, name, "scripts/bench_long.sh build real (each record has its command)")
 
 
-def arch_summary(name, what):
-    """The summary object a bench_arch*.sh run ends with (its last line)."""
+def arch_summary(name):
+    """The summary objects bench_arch*.sh runs end with, their rows merged."""
     path = os.path.join(BENCH, name)
     if not os.path.exists(path):
         return None
     lines = [json.loads(x) for x in open(path).read().splitlines() if x.strip()]
-    summ = [x for x in lines if x.get("summary") == what]
-    return summ[-1] if summ else None
+    summ = [x for x in lines if "summary" in x and "rows" in x]
+    if not summ:
+        return None
+    # a later run's row supersedes an earlier one's (a rerun of some rows keeps the others)
+    rows = collections.OrderedDict()
+    for x in summ:
+        for r in x["rows"]:
+            rows[tuple(str(r.get(k)) for k in ("shape", "type", "row", "policy", "layers"))] = \
+                dict(r, date=x["date"], commit=x["commit"])
+    return dict(summ[-1], rows=list(rows.values()), runs=summ)
 
 
 def arch_peers(name="arch_peers.json"):
-    s = arch_summary(name, "bench_arch")
+    s = arch_summary(name)
     if not s:
         return "(no data yet: `scripts/bench_arch.sh`)\n", ""
     rows = [[r["shape"], r["type"], r["row"], fmt(r["kvpred"], 2), fmt(r["llama_cpp"], 2),
-             fmt(r["ratio"], 2) + "×" if r.get("ratio") else "—"] for r in s["rows"]]
-    rec = {"date": s["date"], "commit": s["commit"], "machine": s["machine"]}
-    return table(["shape", "weights", "test", "kvpred tok/s", "llama.cpp tok/s", "ratio"],
-                 rows), provenance([rec], name, f"REPS={s['reps']} TG=64 scripts/bench_arch.sh")
+             fmt(r["ratio"], 2) + "×" if r.get("ratio") else "—", r["date"][:10], r["commit"]]
+            for r in sorted(s["rows"], key=lambda r: (r["shape"], r["type"], r["row"]))]
+    recs = [{"date": x["date"], "commit": x["commit"], "machine": x["machine"]} for x in s["runs"]]
+    return table(["shape", "weights", "test", "kvpred tok/s", "llama.cpp tok/s", "ratio", "date",
+                  "commit"], rows), provenance(
+        recs, name, "REPS=2 TG=64 scripts/bench_arch.sh (TYPES=Q4_K: the Q4_K rows alone)")
 
 
 def arch_policies(name="arch_policies.json"):
-    s = arch_summary(name, "bench_arch_policies")
+    s = arch_summary(name)
     if not s:
         return "(no data yet: `scripts/bench_arch_policies.sh`)\n", ""
-    keys = [k for k in s["rows"][0] if k not in ("shape", "policy")]
+    keys = [k for k in s["rows"][0] if k not in ("shape", "policy", "date", "commit")]
     rows = [[r["shape"], r["policy"]] + [fmt(r[k], 3) if isinstance(r[k], float) else
                                          ("—" if r[k] is None else r[k]) for k in keys]
             for r in s["rows"]]
@@ -755,7 +765,10 @@ SECTIONS = [
      "Gemma 3 1B cut to 6 layers (5 windowed, 1 global) and Gemma 2 2B cut to 2 (1 and 1), "
      "random weights, Q8_0, 2 threads, budget 1/16: decode speed per policy and where the "
      "attention time and the KV bytes go between the windowed layers (rings of their window) "
-     "and the global ones (docs/architectures.md)."),
+     "and the global ones (docs/architectures.md). Gemma 2 cut to 2 layers: its one global "
+     "layer is the second, inside the two leading layers the policies keep dense by default "
+     "(`--dense-layers 2`), so its rows select nothing (a rerun with `--dense-layers 0` is "
+     "due); its speeds differ by the host's noise only."),
     ("Against llama.cpp on an Intel Xeon", lambda: peers(
         name="peers_xeon.jsonl",
         command="REPS=1 LONG=32768 scripts/bench_peers.sh"),
