@@ -18,7 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/bytebuf.h"
 #include "core/cursor.h"
+#include "core/fnv.h"
 #include "core/platform.h"
 
 /* ---- weights ------------------------------------------------------------------------------- */
@@ -124,84 +126,41 @@ void kvp_cnn_prepare(struct kvp_cnn *n)
 static const char file_magic[8] = {'K', 'V', 'P', 'C', 'N', 'N', '0', '1'};
 #define FILE_VERSION 2u /* the newest this build reads and writes; 1 = one input channel */
 
-static uint64_t fnv1a(const uint8_t *p, size_t n)
-{
-    uint64_t h = 14695981039346656037ULL;
-    for (size_t i = 0; i < n; i++) {
-        h ^= p[i];
-        h *= 1099511628211ULL;
-    }
-    return h;
-}
-
-struct wbuf {
-    uint8_t *p;
-    size_t n, cap;
-    bool fail;
-};
-
-static void put(struct wbuf *b, const void *src, size_t n)
-{
-    if (b->fail)
-        return;
-    if (b->n + n > b->cap) {
-        size_t cap = (b->cap ? b->cap * 2 : 1024) + n;
-        uint8_t *q = realloc(b->p, cap);
-        if (!q) {
-            b->fail = true;
-            return;
-        }
-        b->p = q;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, src, n);
-    b->n += n;
-}
-
-static void put_u32(struct wbuf *b, uint32_t v)
-{
-    put(b, &v, 4);
-}
-static void put_u64(struct wbuf *b, uint64_t v)
-{
-    put(b, &v, 8);
-}
-
 int kvp_cnn_save(const struct kvp_cnn *n, const char *path, struct kvp_err *err)
 {
-    struct wbuf b = {0};
+    struct kvp_bytebuf b = {0};
     const struct kvp_cnn_meta *m = &n->meta;
-    put(&b, file_magic, 8);
-    put_u32(&b, n->cin == 1 ? 1u : FILE_VERSION);
+    kvp_bytebuf_put(&b, file_magic, 8);
+    kvp_bytebuf_u32(&b, n->cin == 1 ? 1u : FILE_VERSION);
     if (n->cin != 1)
-        put_u32(&b, (uint32_t)n->cin);
-    put_u32(&b, (uint32_t)n->c1);
-    put_u32(&b, (uint32_t)n->c2);
-    put_u32(&b, (uint32_t)n->k);
-    put_u32(&b, (uint32_t)n->H);
-    put_u32(&b, (uint32_t)n->block_size);
-    put_u32(&b, m->loss);
-    put_u32(&b, m->sink);
-    put_u32(&b, m->local);
-    put_u32(&b, m->flags);
-    put_u32(&b, m->epochs);
-    put_u64(&b, m->seed);
-    put_u64(&b, m->n_train);
-    put_u64(&b, m->n_val);
+        kvp_bytebuf_u32(&b, (uint32_t)n->cin);
+    kvp_bytebuf_u32(&b, (uint32_t)n->c1);
+    kvp_bytebuf_u32(&b, (uint32_t)n->c2);
+    kvp_bytebuf_u32(&b, (uint32_t)n->k);
+    kvp_bytebuf_u32(&b, (uint32_t)n->H);
+    kvp_bytebuf_u32(&b, (uint32_t)n->block_size);
+    kvp_bytebuf_u32(&b, m->loss);
+    kvp_bytebuf_u32(&b, m->sink);
+    kvp_bytebuf_u32(&b, m->local);
+    kvp_bytebuf_u32(&b, m->flags);
+    kvp_bytebuf_u32(&b, m->epochs);
+    kvp_bytebuf_u64(&b, m->seed);
+    kvp_bytebuf_u64(&b, m->n_train);
+    kvp_bytebuf_u64(&b, m->n_val);
     char name[64] = {0};
     memcpy(name, m->model, strnlen(m->model, sizeof(name) - 1));
-    put(&b, name, sizeof(name));
+    kvp_bytebuf_put(&b, name, sizeof(name));
     uint32_t n_rec = m->n_rec > KVP_CNN_MAX_REC ? KVP_CNN_MAX_REC : m->n_rec;
-    put_u32(&b, n_rec);
+    kvp_bytebuf_u32(&b, n_rec);
     for (uint32_t i = 0; i < n_rec; i++) {
-        put_u32(&b, m->rec_budget[i]);
-        put(&b, &m->rec_rel[i], 4);
+        kvp_bytebuf_u32(&b, m->rec_budget[i]);
+        kvp_bytebuf_put(&b, &m->rec_rel[i], 4);
     }
     size_t np = kvp_cnn_n_params(n);
-    put_u32(&b, (uint32_t)np);
-    put(&b, n->params, np * sizeof(float));
+    kvp_bytebuf_u32(&b, (uint32_t)np);
+    kvp_bytebuf_put(&b, n->params, np * sizeof(float));
     if (!b.fail)
-        put_u64(&b, fnv1a(b.p, b.n));
+        kvp_bytebuf_u64(&b, kvp_fnv64(KVP_FNV64_INIT, b.p, b.n));
     if (b.fail) {
         free(b.p);
         return kvp_err_set(err, KVP_ENOMEM, "%s: out of memory", path);
@@ -286,7 +245,7 @@ int kvp_cnn_parse(const void *data, size_t size, struct kvp_cnn *n, struct kvp_e
     if (kvp_cursor_left(&c) != 0)
         return kvp_err_set(err, KVP_EFORMAT, "predictor file: %zu unexpected bytes at the end",
                            kvp_cursor_left(&c));
-    if (sum != fnv1a(c.base, body))
+    if (sum != kvp_fnv64(KVP_FNV64_INIT, c.base, body))
         return kvp_err_set(err, KVP_EFORMAT, "predictor file corrupted (checksum mismatch)");
     int rc = kvp_cnn_init_ch(n, (int)cin, (int)h[1], (int)h[2], (int)h[3], (int)h[4], (int)h[5],
                              err);

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/bytebuf.h"
 #include "core/cursor.h"
 #include "core/fnv.h"
 #include "core/platform.h"
@@ -69,62 +70,28 @@ int kvp_pgate_copy(struct kvp_pgate *dst, const struct kvp_pgate *src, struct kv
 
 /* ---- the file ------------------------------------------------------------------------------ */
 
-struct wbuf {
-    uint8_t *p;
-    size_t n, cap;
-    bool fail;
-};
-
-static void put(struct wbuf *b, const void *src, size_t n)
-{
-    if (b->fail)
-        return;
-    if (b->n + n > b->cap) {
-        size_t cap = (b->cap ? b->cap * 2 : 1024) + n;
-        uint8_t *q = realloc(b->p, cap);
-        if (!q) {
-            b->fail = true;
-            return;
-        }
-        b->p = q;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, src, n);
-    b->n += n;
-}
-
-static void put_u32(struct wbuf *b, uint32_t v)
-{
-    put(b, &v, 4);
-}
-
-static void put_u64(struct wbuf *b, uint64_t v)
-{
-    put(b, &v, 8);
-}
-
 int kvp_pgate_save(const struct kvp_pgate *g, const char *path, struct kvp_err *err)
 {
-    struct wbuf b = {0};
-    put(&b, file_magic, 8);
-    put_u32(&b, FILE_VERSION);
+    struct kvp_bytebuf b = {0};
+    kvp_bytebuf_put(&b, file_magic, 8);
+    kvp_bytebuf_u32(&b, FILE_VERSION);
     const uint32_t hdr[5] = {(uint32_t)g->n_layer, (uint32_t)g->n_kv, (uint32_t)g->hd,
                              (uint32_t)g->block, KVP_PGATE_NPOS};
     for (int i = 0; i < 5; i++)
-        put_u32(&b, hdr[i]);
-    put_u64(&b, g->seed);
-    put_u64(&b, g->n_train);
-    put_u64(&b, g->n_val);
+        kvp_bytebuf_u32(&b, hdr[i]);
+    kvp_bytebuf_u64(&b, g->seed);
+    kvp_bytebuf_u64(&b, g->n_train);
+    kvp_bytebuf_u64(&b, g->n_val);
     char name[64] = {0};
     memcpy(name, g->model, strnlen(g->model, sizeof(name) - 1));
-    put(&b, name, sizeof(name));
-    put(&b, &g->budget, 4);
-    put(&b, g->rec, (size_t)g->n_layer * 2 * sizeof(float));
+    kvp_bytebuf_put(&b, name, sizeof(name));
+    kvp_bytebuf_put(&b, &g->budget, 4);
+    kvp_bytebuf_put(&b, g->rec, (size_t)g->n_layer * 2 * sizeof(float));
     const size_t np = (size_t)g->n_layer * g->n_kv * g->nw;
-    put_u32(&b, (uint32_t)np);
-    put(&b, g->w, np * sizeof(float));
+    kvp_bytebuf_u32(&b, (uint32_t)np);
+    kvp_bytebuf_put(&b, g->w, np * sizeof(float));
     if (!b.fail)
-        put_u64(&b, kvp_fnv64(KVP_FNV64_INIT, b.p, b.n));
+        kvp_bytebuf_u64(&b, kvp_fnv64(KVP_FNV64_INIT, b.p, b.n));
     if (b.fail) {
         free(b.p);
         return kvp_err_set(err, KVP_ENOMEM, "%s: out of memory", path);

@@ -244,28 +244,6 @@ out_free:
 
 /* ============================== Decoding ====================================================== */
 
-static size_t put(char *buf, size_t cap, size_t o, const char *src, size_t n)
-{
-    if (o >= cap)
-        return o;
-    if (n > cap - o)
-        n = cap - o;
-    memcpy(buf + o, src, n);
-    return o + n;
-}
-
-/* Hex digit value, or -1. */
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    return -1;
-}
-
 /* See vocab_impl.h. */
 size_t kvp_bpe_piece(const struct kvp_vocab *v, int token, char *buf, size_t cap)
 {
@@ -277,12 +255,12 @@ size_t kvp_bpe_piece(const struct kvp_vocab *v, int token, char *buf, size_t cap
     case KVP_TOKEN_UNKNOWN:
         return 0;
     case KVP_TOKEN_USER_DEFINED:
-        return put(buf, cap, 0, t, n);
+        return kvp_piece_put(buf, cap, 0, t, n);
     case KVP_TOKEN_BYTE:
         if (n == 6 && t[0] == '<' && t[1] == '0' && t[2] == 'x' && t[5] == '>' &&
-            hexval(t[3]) >= 0 && hexval(t[4]) >= 0) {
-            char c = (char)(hexval(t[3]) * 16 + hexval(t[4]));
-            return put(buf, cap, 0, &c, 1);
+            kvp_hex_byte(t[3], t[4]) >= 0) {
+            char c = (char)kvp_hex_byte(t[3], t[4]);
+            return kvp_piece_put(buf, cap, 0, &c, 1);
         }
         break;
     default:
@@ -295,9 +273,9 @@ size_t kvp_bpe_piece(const struct kvp_vocab *v, int token, char *buf, size_t cap
         int b = cp == KVP_CP_INVALID ? -1 : kvp_cp_to_byte(cp);
         if (b >= 0) {
             char c = (char)b;
-            o = put(buf, cap, o, &c, 1);
+            o = kvp_piece_put(buf, cap, o, &c, 1);
         } else {
-            o = put(buf, cap, o, t + i, k); /* not a mapped byte: copy as written */
+            o = kvp_piece_put(buf, cap, o, t + i, k); /* not a mapped byte: copy as written */
         }
         i += k;
     }

@@ -477,8 +477,15 @@ static int hex_digit(char c)
     return -1;
 }
 
-/* Copy src to buf (truncated to cap); returns bytes written. */
-static size_t put(char *buf, size_t cap, size_t o, const char *src, size_t n)
+/* See vocab_impl.h. */
+int kvp_hex_byte(char hi, char lo)
+{
+    const int h = hex_digit(hi), l = hex_digit(lo);
+    return h < 0 || l < 0 ? -1 : h * 16 + l;
+}
+
+/* See vocab_impl.h. */
+size_t kvp_piece_put(char *buf, size_t cap, size_t o, const char *src, size_t n)
 {
     if (o >= cap)
         return o;
@@ -500,19 +507,19 @@ size_t kvp_vocab_piece(const struct kvp_vocab *v, int prev, int token, char *buf
     size_t n = v->len[token];
     switch (v->type[token]) {
     case KVP_TOKEN_BYTE: {
-        int hi = n == 6 ? hex_digit(t[3]) : -1, lo = n == 6 ? hex_digit(t[4]) : -1;
-        if (hi < 0 || lo < 0)
-            return put(buf, cap, 0, t, n);
-        char c = (char)(hi * 16 + lo);
-        return put(buf, cap, 0, &c, 1);
+        const int byte = n == 6 ? kvp_hex_byte(t[3], t[4]) : -1;
+        if (byte < 0)
+            return kvp_piece_put(buf, cap, 0, t, n);
+        char c = (char)byte;
+        return kvp_piece_put(buf, cap, 0, &c, 1);
     }
     case KVP_TOKEN_CONTROL:
     case KVP_TOKEN_UNUSED:
         return 0;
     case KVP_TOKEN_UNKNOWN:
-        return put(buf, cap, 0, "\xe2\x96\x85", 3);
+        return kvp_piece_put(buf, cap, 0, "\xe2\x96\x85", 3);
     case KVP_TOKEN_USER_DEFINED:
-        return put(buf, cap, 0, t, n);
+        return kvp_piece_put(buf, cap, 0, t, n);
     default:
         break;
     }
@@ -522,10 +529,10 @@ size_t kvp_vocab_piece(const struct kvp_vocab *v, int prev, int token, char *buf
     for (size_t i = 0; i < n;) {
         if (n - i >= SPACE_MARK_LEN && memcmp(t + i, SPACE_MARK, SPACE_MARK_LEN) == 0) {
             if (!(strip && i == 0))
-                o = put(buf, cap, o, " ", 1);
+                o = kvp_piece_put(buf, cap, o, " ", 1);
             i += SPACE_MARK_LEN;
         } else {
-            o = put(buf, cap, o, t + i, 1);
+            o = kvp_piece_put(buf, cap, o, t + i, 1);
             i++;
         }
     }

@@ -83,6 +83,12 @@ int kvp_spm_encode_fragment(const struct kvp_vocab *v, const char *text, size_t 
 int kvp_bpe_encode_fragment(const struct kvp_vocab *v, const char *text, size_t len,
                             struct kvp_id_sink *out);
 
+/* Decoding helpers shared by both vocabularies' piece functions (vocab.c). kvp_piece_put copies
+ * n bytes of src to buf at offset o, cut at cap, and returns the new offset; kvp_hex_byte is the
+ * byte two hex digits spell (as in a byte token "<0xAB>"), or -1. */
+size_t kvp_piece_put(char *buf, size_t cap, size_t o, const char *src, size_t n);
+int kvp_hex_byte(char hi, char lo);
+
 /* Output bytes of one BPE token (bpe.c); see kvp_vocab_piece. */
 size_t kvp_bpe_piece(const struct kvp_vocab *v, int token, char *buf, size_t cap);
 

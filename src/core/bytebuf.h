@@ -1,0 +1,54 @@
+/*
+ * A growing byte buffer for writing small binary files in one piece (the predictor's .kvpp and
+ * the prefill gate's .kvpg): the writer appends fields, then checks `fail` once, hashes the bytes
+ * and writes them, so a file on disk is never half written by an allocation failure.
+ */
+#ifndef KVP_CORE_BYTEBUF_H
+#define KVP_CORE_BYTEBUF_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct kvp_bytebuf {
+    uint8_t *p; /* owned: free(p) when done */
+    size_t n, cap;
+    bool fail; /* an append ran out of memory: the content is incomplete */
+};
+
+static inline void kvp_bytebuf_put(struct kvp_bytebuf *b, const void *src, size_t n)
+{
+    if (b->fail)
+        return;
+    if (n > b->cap - b->n) {
+        const size_t grow = b->cap ? b->cap : 1024;
+        if (n > SIZE_MAX / 2 - b->cap - grow) {
+            b->fail = true;
+            return;
+        }
+        const size_t cap = b->cap + grow + n;
+        uint8_t *q = realloc(b->p, cap);
+        if (!q) {
+            b->fail = true;
+            return;
+        }
+        b->p = q;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, src, n);
+    b->n += n;
+}
+
+/* Integers as the host stores them (little-endian on every target kvpred builds for). */
+static inline void kvp_bytebuf_u32(struct kvp_bytebuf *b, uint32_t v)
+{
+    kvp_bytebuf_put(b, &v, 4);
+}
+
+static inline void kvp_bytebuf_u64(struct kvp_bytebuf *b, uint64_t v)
+{
+    kvp_bytebuf_put(b, &v, 8);
+}
+
+#endif
