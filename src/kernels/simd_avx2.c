@@ -27,8 +27,6 @@
 #include "kernels/simd_quant_x86.h"
 #include "kernels/types.h"
 
-#define KVP_INLINE static inline __attribute__((always_inline))
-
 enum { W_F32, W_F16, W_BF16 }; /* element kind for the generic float loaders */
 
 /* ============================== helpers ============================== */

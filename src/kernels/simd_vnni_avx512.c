@@ -36,8 +36,6 @@
 #include "kernels/simd_quant_x86.h"
 #include "kernels/types.h"
 
-#define KVP_INLINE static inline __attribute__((always_inline))
-
 enum { PF_AHEAD_BYTES = 8192 }; /* row-wise: how far ahead the Q8_0 kernel prefetches */
 
 /* The Q8_0 kernel's row-wise distance: about PF_AHEAD_BYTES, a whole number of nr-row passes and

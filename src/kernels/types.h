@@ -59,4 +59,8 @@ uint16_t kvp_f32_to_f16(float f);
 float kvp_bf16_to_f32(uint16_t h);
 uint16_t kvp_f32_to_bf16(float f);
 
+/* The SIMD kernels' small helpers (kernels/simd_*.c, kv/kv_types_*.c): forced inline, since a
+ * call per vector of work would cost more than the work. */
+#define KVP_INLINE static inline __attribute__((always_inline))
+
 #endif

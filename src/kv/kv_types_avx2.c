@@ -13,8 +13,6 @@
 #include "kernels/types.h"
 #include "kv/kv_types.h"
 
-#define KVP_INLINE static inline __attribute__((always_inline))
-
 static size_t elem_bytes(int ty)
 {
     return ty == KVP_KV_F32 ? 4 : ty == KVP_KV_Q8_0 ? 1 : 2;

@@ -13,8 +13,6 @@
 #include "kernels/types.h"
 #include "kv/kv_types.h"
 
-#define KVP_INLINE static inline __attribute__((always_inline))
-
 static inline __mmask16 tail_mask(int n)
 {
     return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);

@@ -28,8 +28,6 @@
 #include "kernels/types.h"
 #include "kv/kv_types.h"
 
-#define KVP_INLINE static inline __attribute__((always_inline))
-
 /* The f16 at element i of p as f32; q8_0 scale arrays may be odd-aligned (a block of odd
  * head_dim x bs), so read through memcpy. */
 KVP_INLINE float f16_at(const uint16_t *p, size_t i)

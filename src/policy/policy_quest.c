@@ -183,17 +183,8 @@ static int quest_init(struct kvp_policy *p, struct kvp_err *err)
         !s->scored_end || !s->kept || !s->n_kept || !s->kept_first || !s->kept_end ||
         !s->predicting ||
         kvp_scratch_init(&s->scr, &p->env, g * mb * p->env.block_size) < 0) {
-        kvp_qmeta_free(&s->meta);
-        free(s->lastq);
-        free(s->has_q);
-        free(s->score);
-        free(s->scored_end);
-        free(s->kept);
-        free(s->n_kept);
-        free(s->kept_first);
-        free(s->kept_end);
-        free(s->predicting);
-        free(s);
+        p->state = s; /* quest_free frees what was made; the rest is still NULL or zero */
+        quest_free(p);
         return kvp_err_set(err, KVP_ENOMEM, "quest: out of memory for block metadata");
     }
     for (size_t i = 0; i < n_lh; i++)
