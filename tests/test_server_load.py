@@ -353,11 +353,14 @@ def vanish():
 
 
 def burst():
-    ctx = 4096
+    # the stream that holds the slot must outlast the burst's arrival on a loaded host: the
+    # default model writes ~6000 tokens a second at a short context, so 3500 tokens freed the
+    # slot within a second; 32000 over a growing cache take tens of seconds (closed below)
+    ctx = 32768
     p, port = start("-np", "1", "--queue", "2", ctx=ctx)
     try:
         want = run_cli("Burst", 8, ctx)
-        a = open_stream(port, {"prompt": "Once upon a time", "max_tokens": 3500})
+        a = open_stream(port, {"prompt": "Once upon a time", "max_tokens": 32000})
         wait_for(port, lambda m: m["kvpred_slots_busy"] == 1, "the stream holding the slot")
         res = [None] * 12
         health = []
