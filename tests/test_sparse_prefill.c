@@ -284,7 +284,8 @@ static int parse_mutated(const uint8_t *buf, size_t size, size_t at, const void 
     uint8_t *b = malloc(size);
     assert_non_null(b);
     memcpy(b, buf, size);
-    memcpy(b + at, v, n);
+    if (n) /* n 0: v may be NULL, which memcpy may not be given */
+        memcpy(b + at, v, n);
     if (fix) {
         const uint64_t h = kvp_fnv64_test(b, size - 8);
         memcpy(b + size - 8, &h, 8);
