@@ -1,7 +1,8 @@
 /*
  * A growing byte buffer for writing small binary files in one piece (the predictor's .kvpp and
- * the prefill gate's .kvpg): the writer appends fields, then checks `fail` once, hashes the bytes
- * and writes them, so a file on disk is never half written by an allocation failure.
+ * the prefill gate's .kvpg): the writer appends fields, then kvp_bytebuf_save checks `fail`
+ * once, appends the FNV-1a checksum and writes the file, so a file on disk is never half
+ * written by an allocation failure.
  */
 #ifndef KVP_CORE_BYTEBUF_H
 #define KVP_CORE_BYTEBUF_H
@@ -10,6 +11,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "core/err.h"
 
 struct kvp_bytebuf {
     uint8_t *p; /* owned: free(p) when done */
@@ -50,5 +53,9 @@ static inline void kvp_bytebuf_u64(struct kvp_bytebuf *b, uint64_t v)
 {
     kvp_bytebuf_put(b, &v, 8);
 }
+
+/* Append the 64-bit FNV-1a of the content, write it all to path and free the buffer (always):
+ * 0, or KVP_ENOMEM (an append failed), or KVP_EIO. */
+int kvp_bytebuf_save(struct kvp_bytebuf *b, const char *path, struct kvp_err *err);
 
 #endif

@@ -159,23 +159,7 @@ int kvp_cnn_save(const struct kvp_cnn *n, const char *path, struct kvp_err *err)
     size_t np = kvp_cnn_n_params(n);
     kvp_bytebuf_u32(&b, (uint32_t)np);
     kvp_bytebuf_put(&b, n->params, np * sizeof(float));
-    if (!b.fail)
-        kvp_bytebuf_u64(&b, kvp_fnv64(KVP_FNV64_INIT, b.p, b.n));
-    if (b.fail) {
-        free(b.p);
-        return kvp_err_set(err, KVP_ENOMEM, "%s: out of memory", path);
-    }
-    FILE *f = fopen(path, "wb");
-    if (!f) {
-        free(b.p);
-        return kvp_err_set(err, KVP_EIO, "%s: cannot create", path);
-    }
-    bool ok = fwrite(b.p, 1, b.n, f) == b.n;
-    ok = (fclose(f) == 0) && ok;
-    free(b.p);
-    if (!ok)
-        return kvp_err_set(err, KVP_EIO, "%s: write failed", path);
-    return 0;
+    return kvp_bytebuf_save(&b, path, err);
 }
 
 #define TRUNC(what) kvp_err_set(err, KVP_EFORMAT, "predictor file truncated (in the %s)", what)

@@ -90,21 +90,7 @@ int kvp_pgate_save(const struct kvp_pgate *g, const char *path, struct kvp_err *
     const size_t np = (size_t)g->n_layer * g->n_kv * g->nw;
     kvp_bytebuf_u32(&b, (uint32_t)np);
     kvp_bytebuf_put(&b, g->w, np * sizeof(float));
-    if (!b.fail)
-        kvp_bytebuf_u64(&b, kvp_fnv64(KVP_FNV64_INIT, b.p, b.n));
-    if (b.fail) {
-        free(b.p);
-        return kvp_err_set(err, KVP_ENOMEM, "%s: out of memory", path);
-    }
-    FILE *f = fopen(path, "wb");
-    if (!f) {
-        free(b.p);
-        return kvp_err_set(err, KVP_EIO, "%s: cannot create", path);
-    }
-    bool ok = fwrite(b.p, 1, b.n, f) == b.n;
-    ok = (fclose(f) == 0) && ok;
-    free(b.p);
-    return ok ? 0 : kvp_err_set(err, KVP_EIO, "%s: write failed", path);
+    return kvp_bytebuf_save(&b, path, err);
 }
 
 #define TRUNC(what) kvp_err_set(err, KVP_EFORMAT, "prefill gate file truncated (%s)", what)
