@@ -443,6 +443,39 @@ static void estimate_strided(const struct kvp_spf *s, const struct kvp_ctx *c, i
 
 /* ---- measuring ------------------------------------------------------------------------------- */
 
+/* Keys 0..n_keys of (layer l, KV head kvh) as f32 rows into ts->vc: how measure and collect read
+ * the dense attention (attention overwrites ts->vc afterwards). */
+static void gather_keys(const struct kvp_kvcache *kv, int l, int kvh, int hd, int n_keys,
+                        struct kvp_thread_scratch *ts)
+{
+    const int bs = kv->block_size;
+    for (int b = 0; b * bs < n_keys; b++) {
+        const int nt = n_keys - b * bs < bs ? n_keys - b * bs : bs;
+        kv->kk->k_rows(kvp_kvcache_kblock(kv, l, kvh, b), hd, bs, nt, ts->vc + (size_t)b * bs,
+                       (size_t)n_keys);
+    }
+}
+
+/* Query head j of the group against the gathered keys: the block's nq (<= KVP_QCHUNK) score
+ * rows in ts->s, n_keys apart, each capped as attention caps it and left by ops->exp_sum as
+ * exp(score - max); inv[i] is 1 / the sum over the keys query i sees, so row[k] * inv[i] is
+ * query i's dense probability of key k. */
+static void dense_rows(const struct kvp_spf *s, const struct kvp_ctx *c, int kvh, int j, int qs,
+                       int nq, int n_keys, struct kvp_thread_scratch *ts, double *inv)
+{
+    const struct kvp_simd_ops *ops = kvp_simd();
+    const int hd = s->hd, q_dim = c->hp.n_head * hd;
+    const float *q = c->q + (size_t)qs * q_dim + (size_t)(kvh * s->g + j) * hd;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, n_keys, hd,
+                1.0f / sqrtf((float)hd), q, q_dim, ts->vc, n_keys, 0.0f, ts->s, n_keys);
+    for (int i = 0; i < nq; i++) {
+        float *row = ts->s + (size_t)i * n_keys;
+        const int visible = c->job_pos0 + qs + i + 1;
+        kvp_attn_softcap(row, visible, c->kv.score_cap);
+        inv[i] = 1.0 / ops->exp_sum(row, visible, kvp_simd_max(ops, row, visible));
+    }
+}
+
 /* The dense attention of the block's queries (each head of the group, keys gathered as f32 into
  * ts->vc and scores into ts->s, which attention overwrites afterwards): the mean share of it on
  * the picked blocks, and the mean share a random pick of as many candidate blocks would get in
@@ -451,31 +484,21 @@ static void measure(struct kvp_spf *s, const struct kvp_ctx *c, int l, int kvh, 
                     int n_keys, int n_cand, int n_extra, struct spf_thread *t,
                     struct kvp_thread_scratch *ts)
 {
-    const struct kvp_simd_ops *ops = kvp_simd();
-    const struct kvp_kvcache *kv = &c->kv;
-    const int hd = s->hd, bs = kv->block_size, q_dim = c->hp.n_head * hd, B = s->block;
-    const float scale = 1.0f / sqrtf((float)hd);
+    const int B = s->block;
     const int sink_u = (s->p.sink + B - 1) / B;
     const int win_u = (c->job_pos0 + qs - s->p.window > 0 ? c->job_pos0 + qs - s->p.window : 0) / B;
-    for (int b = 0; b * bs < n_keys; b++) {
-        const int nt = n_keys - b * bs < bs ? n_keys - b * bs : bs;
-        kv->kk->k_rows(kvp_kvcache_kblock(kv, l, kvh, b), hd, bs, nt, ts->vc + (size_t)b * bs,
-                       (size_t)n_keys);
-    }
+    double inv[KVP_QCHUNK];
+    gather_keys(&c->kv, l, kvh, s->hd, n_keys, ts);
     for (int j = 0; j < s->g; j++) {
-        const float *q = c->q + (size_t)qs * q_dim + (size_t)(kvh * s->g + j) * hd;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, n_keys, hd, scale, q, q_dim,
-                    ts->vc, n_keys, 0.0f, ts->s, n_keys);
+        dense_rows(s, c, kvh, j, qs, nq, n_keys, ts, inv);
         for (int i = 0; i < nq; i++) {
-            float *row = ts->s + (size_t)i * n_keys;
+            const float *row = ts->s + (size_t)i * n_keys;
             const int visible = c->job_pos0 + qs + i + 1;
-            kvp_attn_softcap(row, visible, kv->score_cap);
-            const double inv = 1.0 / ops->exp_sum(row, visible, kvp_simd_max(ops, row, visible));
             double picked = 0, forced = 0;
             for (int k = 0; k < visible; k++) {
                 const int u = k / B;
-                picked += t->pick[u] ? row[k] * inv : 0;
-                forced += u < sink_u || u >= win_u ? row[k] * inv : 0;
+                picked += t->pick[u] ? row[k] * inv[i] : 0;
+                forced += u < sink_u || u >= win_u ? row[k] * inv[i] : 0;
             }
             t->rec[l] += picked;
             t->rec_rand[l] += forced + (n_cand > 0 ? (1 - forced) * n_extra / n_cand : 0);
@@ -491,36 +514,26 @@ static void collect(struct kvp_spf *s, const struct kvp_ctx *c, int l, int kvh, 
                     int n_keys, int U, int n_pick, struct spf_thread *t,
                     struct kvp_thread_scratch *ts)
 {
-    const struct kvp_simd_ops *ops = kvp_simd();
-    const struct kvp_kvcache *kv = &c->kv;
-    const int hd = s->hd, bs = kv->block_size, q_dim = c->hp.n_head * hd, B = s->block;
-    const float scale = 1.0f / sqrtf((float)hd);
-    for (int b = 0; b * bs < n_keys; b++) {
-        const int nt = n_keys - b * bs < bs ? n_keys - b * bs : bs;
-        kv->kk->k_rows(kvp_kvcache_kblock(kv, l, kvh, b), hd, bs, nt, ts->vc + (size_t)b * bs,
-                       (size_t)n_keys);
-    }
+    const int B = s->block;
+    double inv[KVP_QCHUNK];
+    gather_keys(&c->kv, l, kvh, s->hd, n_keys, ts);
     /* collecting for training only (never in a plain prefill): an allocation per item is fine */
     float *mass = malloc((size_t)s->g * U * sizeof(float));
     if (!mass)
         return;
     memset(mass, 0, (size_t)s->g * U * sizeof(float));
     for (int j = 0; j < s->g; j++) {
-        const float *q = c->q + (size_t)qs * q_dim + (size_t)(kvh * s->g + j) * hd;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, n_keys, hd, scale, q, q_dim,
-                    ts->vc, n_keys, 0.0f, ts->s, n_keys);
+        dense_rows(s, c, kvh, j, qs, nq, n_keys, ts, inv);
         for (int i = 0; i < nq; i++) {
-            float *row = ts->s + (size_t)i * n_keys;
+            const float *row = ts->s + (size_t)i * n_keys;
             const int visible = c->job_pos0 + qs + i + 1;
-            kvp_attn_softcap(row, visible, kv->score_cap);
-            const double inv = 1.0 / ops->exp_sum(row, visible, kvp_simd_max(ops, row, visible));
             for (int k = 0; k < visible; k++)
-                mass[(size_t)j * U + k / B] += (float)(row[k] * inv / nq);
+                mass[(size_t)j * U + k / B] += (float)(row[k] * inv[i] / nq);
         }
     }
     const struct kvp_spf_sample smp = {
         .l = l, .kvh = kvh, .qu = (c->job_pos0 + qs) / B, .U = U, .n_keys = n_keys, .block = B,
-        .g = s->g, .hd = hd, .n_pick = n_pick, .forced = t->pick, .qbar = t->qbar,
+        .g = s->g, .hd = s->hd, .n_pick = n_pick, .forced = t->pick, .qbar = t->qbar,
         .stats = unit_stats(s, l, kvh, 0), .mass = mass};
     s->collector(s->collector_user, &smp);
     free(mass);
