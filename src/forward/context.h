@@ -56,4 +56,12 @@ int kvp_seq_write_kv(kvp_seq *dst, int n, kvp_kv_layer_fn fn, void *arg, struct 
 int kvp_ctx_set_policy_ops(kvp_ctx *c, const struct kvp_policy_ops *ops,
                            const struct kvp_policy_params *params, struct kvp_err *err);
 
+/* The first n tokens of a prompt whose last rest tokens come later, evaluated as kvp_eval
+ * evaluates them (no logits) on a context without a policy, inside a job that ends where the
+ * whole prompt ends: what prefill attention decides by the prompt's end (a sparse prefill's
+ * dense tail, docs/prefill.md) is decided as for the whole prompt at once. Then the rest (or,
+ * after kvp_ctx_truncate back to here and kvp_ctx_set_policy_keep, the rest with a policy:
+ * several policies after one fill, eval/task_eval.c) goes through kvp_eval. */
+int kvp_eval_prompt_head(kvp_ctx *c, const int32_t *tokens, int n, int rest, struct kvp_err *err);
+
 #endif
