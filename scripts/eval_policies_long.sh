@@ -23,16 +23,16 @@
 # and the exact `command`. One `kvpred eval` per task and group of variants that take the same
 # flags: full, oracle, quest and qpredictor in one (with qpredictor's --aux), predictor (its own
 # --aux), quest_c2f (its --policy-opts) and each evicting variant alone. Within an invocation the
-# non-evicting policies share one prefill of each prompt and evaluate only its last 32 tokens
-# each, with the answers of their runs alone (docs/tasks.md §2.2); the evicting ones (catekv,
-# snapkv, pyramidkv, h2o, streaming) prefill every prompt once per budget. So a prompt costs 18
-# prefills instead of 31 (3 shared fills + 15). Cost: a prefill dominates a run (the answer is
+# non-evicting policies share one prefill of each prompt and evaluate only its last 32 to 543
+# tokens each, with the answers of their own whole prefills (docs/tasks.md §2.2); the evicting
+# ones (catekv, snapkv, pyramidkv, h2o, streaming) prefill every prompt once per budget. So a
+# prompt costs 18 prefills instead of 31 (3 shared fills + 15). Cost: a prefill dominates a run (the answer is
 # at most 128 tokens); the defaults are 3 tasks x 2 lengths x 50 prompts x 18 prefills of 16K
 # and 32K tokens (about 5400), still days on 2 cores; cut VARIANTS, BUDGETS or SAMPLES for a
 # first look. One passkey prompt of 8192 tokens with full,oracle,quest,qpredictor x 1/16,1/32,
 # 1/64 (10 runs, -t 1, nice 19 on a host busy with other jobs, so only the ratio means much):
-# 10.3 s with the shared fill (7.7 s of it the fill), 86.8 s with --no-shared-fill; the same
-# accuracy in every cell. A check on a tiny run:
+# 3.8 and 4.2 s with the shared fill (1.6 s of it the fill), 18.6 and 19.4 s with
+# --no-shared-fill, the same answer_fnv in every cell. A check on a tiny run:
 #   LENGTHS=512 SAMPLES=1 BUDGETS=1/16 TASKS=passkey OUT=/tmp/p.jsonl scripts/eval_policies_long.sh
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"

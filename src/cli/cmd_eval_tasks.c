@@ -10,8 +10,9 @@
  * (src/eval/task_eval.h); this file parses the flags, opens the filler, model and context and
  * prints the table, the JSON lines and the figures. The runs whose policy neither evicts nor
  * decides at prompt time (full, oracle, quest, qpredictor, predictor) share one prefill of each
- * prompt and evaluate only its last 32 tokens each, with answers bit for bit those of the run
- * alone (task_eval.h); --no-shared-fill gives every run its own prefill, for checking.
+ * prompt and evaluate only its last 32 to 32 + batch tokens each, with answers bit for bit those
+ * of their own whole prefill (task_eval.h); --no-shared-fill gives every run its own, for
+ * checking.
  *
  * Figures (--heatmap DIR, drawn by eval/heatmap.h): DIR/TASK_POLICY_BUDGET.png per policy ×
  * budget and DIR/TASK_all.png with all of them side by side, a row per policy.
@@ -40,9 +41,10 @@
  *   seconds         number  wall time of the cell; a run with a shared fill: without the
  *                           shared part (fill_seconds)
  *   shared_fill     bool    the run decoded from a fill of each prompt shared with other runs
- *   fill_seconds    number  shared_fill: wall time of the cell's shared fills (all but the
- *                           prompts' last 32 tokens; the same for every run sharing them, so
- *                           seconds + fill_seconds is the cost of the run alone); else 0
+ *   fill_seconds    number  shared_fill: wall time of the cell's shared fills (the prompts
+ *                           up to a pass boundary 32 tokens or more before their end; the same
+ *                           for every run sharing them, so seconds + fill_seconds is about the
+ *                           cost of the run alone); else 0
  *   answer_fnv      string  FNV-1a 64 (hex) over every sample's answer and its last logits:
  *                           equal in two cells when their answers are bit for bit equal
  *   kv_resident_bytes number mean KV bytes (K and V, all layers) in the physical blocks the
@@ -95,8 +97,9 @@ static void help(void)
            "  --no-shared-fill   every run prefills every prompt itself; by default the runs\n"
            "                     whose policy neither evicts nor decides at prompt time (full,\n"
            "                     oracle, quest, qpredictor, predictor) share one prefill of\n"
-           "                     each prompt and evaluate its last 32 tokens each, with the\n"
-           "                     same answers as alone\n"
+           "                     each prompt up to a pass boundary (-b) 32 or more tokens\n"
+           "                     before its end and each evaluate the rest, with the very\n"
+           "                     same answers\n"
            "  --questions N      several questions on one document instead (see\n"
            "                     kvpred eval --task passkey --questions 4 --help)\n"
            "%s%s",

@@ -146,6 +146,17 @@ static bool shares_fill(kvp_ctx *ctx, const struct kvp_task_eval_grid *g,
     return ops && !ops->evicting;
 }
 
+/* Where the shared fill of a prompt of n tokens ends: at least tail tokens before the end, on
+ * a boundary of kvp_eval's passes, so that the fill and each run's rest go through the very
+ * passes of the prompt evaluated whole (a pass's rows go through the projections together; cut
+ * elsewhere, the rows would round otherwise): a run's answers are then bit for bit those of its
+ * own whole prefill with its policy set from the start. */
+static int shared_head(const kvp_ctx *ctx, int n, int tail)
+{
+    const int nb = kvp_ctx_n_batch(ctx);
+    return n > tail ? (n - tail) / nb * nb : 0;
+}
+
 /* One run on one prompt (ids[0, n)): the prefill (the shared head's tail from head on, or the
  * whole prompt), the answer and the cell's sums. */
 static int run_prompt(const kvp_model *m, kvp_ctx *ctx, const struct kvp_task_text *tt,
@@ -224,7 +235,7 @@ int kvp_task_eval_run_grid(kvp_ctx *ctx, const kvp_model *m, const struct kvp_co
                     kvp_task_text_free(&tt);
                     goto out;
                 }
-                int cidx = li * g->n_depth + di, head = (int)n > tail ? (int)n - tail : 0;
+                int cidx = li * g->n_depth + di, head = shared_head(ctx, (int)n, tail);
                 bool filled = false;
                 double fill_s = 0.0;
                 /* the sharing runs first, from one fill; then the others, each its own */

@@ -20,14 +20,15 @@
  *
  * One fill for many runs: the runs whose policy neither evicts nor decides at prompt time
  * (full, oracle, quest, qpredictor, predictor: those kvp_ctx_set_policy_keep takes) share one
- * prefill of each prompt. Its head, all but the last KVP_TASK_EVAL_TAIL tokens (or the largest
- * observation window of those runs), is evaluated once without a policy, as a piece of the whole
- * prompt (kvp_eval_prompt_head: a sparse prefill treats it as it treats the whole prompt); each
- * run then truncates back to the head, attaches its policy to it (kvp_ctx_set_policy_keep),
- * evaluates the tail, so its policy sees the prompt's last queries and attention rows as when
- * set from the start, and decodes. A run of one such policy alone goes the same way, so its
- * answers are bit for bit those it gives next to others (the head and each run's operations on
- * it are the same). The other runs (snapkv, pyramidkv, h2o, streaming, catekv), every run of a
+ * prefill of each prompt. Its head, up to the last boundary of kvp_eval's passes at least
+ * KVP_TASK_EVAL_TAIL tokens (or the largest observation window of those runs) before the end, is
+ * evaluated once without a policy, as a piece of the whole prompt (kvp_eval_prompt_head: a
+ * sparse prefill treats it as it treats the whole prompt); each run then truncates back to the
+ * head, attaches its policy to it (kvp_ctx_set_policy_keep), evaluates the rest, so its policy
+ * sees the prompt's last queries and attention rows as when set from the start, and decodes.
+ * The head and the rest run the very passes of the whole prompt, and these policies leave the
+ * cache as they find it, so a run's answers are bit for bit those of its own whole prefill with
+ * its policy set from the start (grid.own_prefill), and those it gives alone. The other runs (snapkv, pyramidkv, h2o, streaming, catekv), every run of a
  * tiered cache or of a model with sliding-window layers (whose caches cannot go back), and every
  * run with grid.own_prefill prefill the whole prompt themselves with their policy attached.
  * The context holds L + answer length tokens (kvp_task_eval_ctx_tokens); a budget ratio such as
@@ -111,8 +112,8 @@ struct kvp_task_eval_run {
     bool shared_fill;                 /* set by the grid: the run shared the prompts' fill */
 };
 
-/* The prompt's last tokens that each run sharing a fill evaluates itself: the default
- * observation window of the policies that learn from the prompt's last rows. */
+/* The fewest of the prompt's last tokens that each run sharing a fill evaluates itself: the
+ * default observation window of the policies that learn from the prompt's last rows. */
 #define KVP_TASK_EVAL_TAIL 32
 
 struct kvp_task_eval_grid {

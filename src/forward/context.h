@@ -26,6 +26,8 @@ const struct kvp_kvcache *kvp_ctx_kvcache_const(const kvp_ctx *c);
 struct kvp_policy_host *kvp_ctx_policy_host(kvp_ctx *c);
 const struct kvp_policy_host *kvp_ctx_policy_host_const(const kvp_ctx *c);
 int kvp_ctx_probs_stride(const kvp_ctx *c);
+/* Most tokens of one forward pass: kvp_eval splits a prompt into passes of this many. */
+int kvp_ctx_n_batch(const kvp_ctx *c);
 struct kvp_store *kvp_ctx_store(kvp_ctx *c);
 bool kvp_ctx_has_store(const kvp_ctx *c);
 /* Whether kvp_ctx_set_measure(c, true) took: false when its rows could not be allocated. */

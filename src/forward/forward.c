@@ -375,6 +375,11 @@ int kvp_ctx_probs_stride(const kvp_ctx *c)
     return c->probs_stride;
 }
 
+int kvp_ctx_n_batch(const kvp_ctx *c)
+{
+    return c->sh->n_batch;
+}
+
 struct kvp_store *kvp_ctx_store(kvp_ctx *c)
 {
     return c->store;
