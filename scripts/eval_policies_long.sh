@@ -20,10 +20,19 @@
 #   SEED       default 7; JOBS parallel jobs of one thread, default 2; NICE default 5
 #   OUT        default bench/policies_long_MODELNAME.jsonl (replaced)
 # Every record gets a `variant` field (quest_c2f is quest with C2F, its policy field says quest)
-# and the exact `command`. Cost: at 32768 tokens a prefill of a 1M-parameter model takes tens of
-# CPU seconds and every variant x budget prefills every prompt again: the defaults are 3 tasks x
-# 2 lengths x 31 runs x 50 prompts (about 9300 prefills), CPU days on 2 cores; cut VARIANTS,
-# BUDGETS or SAMPLES for a first look. A check on a tiny run:
+# and the exact `command`. One `kvpred eval` per task and group of variants that take the same
+# flags: full, oracle, quest and qpredictor in one (with qpredictor's --aux), predictor (its own
+# --aux), quest_c2f (its --policy-opts) and each evicting variant alone. Within an invocation the
+# non-evicting policies share one prefill of each prompt and evaluate only its last 32 to 543
+# tokens each, with the answers of their own whole prefills (docs/tasks.md §2.2); the evicting
+# ones (catekv, snapkv, pyramidkv, h2o, streaming) prefill every prompt once per budget. So a
+# prompt costs 18 prefills instead of 31 (3 shared fills + 15). Cost: a prefill dominates a run (the answer is
+# at most 128 tokens); the defaults are 3 tasks x 2 lengths x 50 prompts x 18 prefills of 16K
+# and 32K tokens (about 5400), still days on 2 cores; cut VARIANTS, BUDGETS or SAMPLES for a
+# first look. One passkey prompt of 8192 tokens with full,oracle,quest,qpredictor x 1/16,1/32,
+# 1/64 (10 runs, -t 1, nice 19 on a host busy with other jobs, so only the ratio means much):
+# 3.8 and 4.2 s with the shared fill (1.6 s of it the fill), 18.6 and 19.4 s with
+# --no-shared-fill, the same answer_fnv in every cell. A check on a tiny run:
 #   LENGTHS=512 SAMPLES=1 BUDGETS=1/16 TASKS=passkey OUT=/tmp/p.jsonl scripts/eval_policies_long.sh
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -40,8 +49,15 @@ lens="$(printf '%s\n' "${lengths[@]}" | paste -sd, -)"
 parts="$(mktemp -d)"
 trap 'rm -rf "$parts"' EXIT
 
-# the flags of a variant
+# the non-evicting variants that go in one invocation (the same flags): one fill per prompt
+shared_group=" full oracle quest qpredictor "
+
+# the flags of a variant, or of a comma-separated group of shared_group's
 flags_of() {
+    if [[ $1 == *,* ]]; then
+        echo "--policy $1$([[ ,$1, == *,qpredictor,* ]] && echo " --aux $qkvpp")"
+        return
+    fi
     case "$1" in
     full) echo "--policy full" ;;
     oracle) echo "--policy oracle" ;;
@@ -55,7 +71,7 @@ flags_of() {
     esac
 }
 
-run_one() { # task variant: one eval over every length, depth and budget
+run_one() { # task variant(s): one eval over every length, depth and budget
     local task="$1" variant="$2" f
     f="$(flags_of "$variant")"
     # shellcheck disable=SC2086
@@ -65,18 +81,26 @@ run_one() { # task variant: one eval over every length, depth and budget
     nice -n "${NICE:-5}" "$kvp" "${cmd[@]}" 2> "$parts/$task.$variant.txt" |
         python3 -c '
 import json, sys
-variant, command = sys.argv[1], sys.argv[2]
+variants, command, prefix = sys.argv[1].split(","), sys.argv[2], sys.argv[3]
+out = {v: open("%s.%s.jsonl" % (prefix, v), "w") for v in variants}
 for line in sys.stdin:
     r = json.loads(line)
-    r["variant"], r["command"] = variant, command
-    print(json.dumps(r))' "$variant" "kvpred ${cmd[*]}" > "$parts/$task.$variant.jsonl"
+    # a group names its variants by their policies (full, oracle, quest, qpredictor)
+    v = variants[0] if len(variants) == 1 else r["policy"]
+    r["variant"], r["command"] = v, command
+    out[v].write(json.dumps(r) + "\n")' "$variant" "kvpred ${cmd[*]}" "$parts/$task"
 }
 export -f run_one flags_of
 export kvp m qkvpp kvpp profile c2f lens budgets parts SAMPLES SEED EXTRA NICE
+group=""
+for v in "${variants[@]}"; do
+    flags_of "$v" > /dev/null
+    [[ $shared_group == *" $v "* ]] && group="${group:+$group,}$v"
+done
 for task in "${tasks[@]}"; do
+    [ -n "$group" ] && echo "$task $group"
     for v in "${variants[@]}"; do
-        flags_of "$v" > /dev/null
-        echo "$task $v"
+        [[ $shared_group == *" $v "* ]] || echo "$task $v"
     done
 done | xargs -P "${JOBS:-2}" -L 1 bash -c 'run_one "$@"' _
 cat "$parts"/*.txt >&2

@@ -7,6 +7,8 @@
  *     the budget, and the prompt's tail and the blocks below min_keys read every key;
  *   - on the shipped model, each estimate's picks hold more of the dense attention than a random
  *     pick of as many blocks would in expectation (a wrong sign or a broken bound does not);
+ *   - a prompt's head evaluated as a piece of the whole prompt, then its tail, gives the whole
+ *     prompt's logits;
  *   - the shipped model still finds its passkeys after a prefill with the default sparse
  *     settings;
  *   - the learned gate (predictor/prefill_gate.h): its file loader refuses every malformed file
@@ -571,6 +573,57 @@ static void test_batched_step(void **state)
     kvp_test_model_free(m, path);
 }
 
+/* A prompt's head evaluated as a piece of the whole prompt (kvp_eval_prompt_head: what `eval
+ * --task` shares between its runs) and then its last tokens: the whole prompt's logits bit for
+ * bit, the dense tail being the whole prompt's last tokens. The head ends on a pass boundary, so
+ * that both ways run the same passes (a pass's rows go through the projections together, and
+ * other passes round otherwise). Evaluated as a prompt of its own instead, the head's last query
+ * chunks would take the dense tail, and the logits differ (the check that the comparison can
+ * fail). */
+static void test_prompt_head_piece(void **state)
+{
+    (void)state;
+    enum { HEAD = 5 * BATCH, TAIL = N_PROMPT - HEAD };
+    char *path = NULL;
+    kvp_model *m = fixture(&path);
+    struct kvp_model_info info;
+    kvp_model_get_info(m, &info);
+    static int32_t ids[N_PROMPT];
+    prompt_ids(ids, N_PROMPT, info.n_vocab);
+    const struct kvp_prefill_params pp = {.policy = KVP_PREFILL_POOLED, .budget_ratio = 0.25,
+                                          .block = 32, .min_keys = 300, .dense_tail = 64};
+    const struct kvp_ctx_params cp = {.n_ctx = CTX, .n_threads = 2, .n_batch = BATCH,
+                                      .prefill = &pp};
+    const size_t bytes = (size_t)info.n_vocab * sizeof(float);
+    float *lg[3];
+    struct kvp_err err = {0};
+    for (int way = 0; way < 3; way++) { /* whole, head as a piece, head as a prompt */
+        kvp_ctx *c = NULL;
+        assert_int_equal(kvp_ctx_init(m, &cp, &c, &err), 0);
+        lg[way] = malloc(bytes);
+        assert_non_null(lg[way]);
+        const int head = way == 0 ? 0 : HEAD;
+        if (way == 1)
+            assert_int_equal(kvp_eval_prompt_head(c, ids, head, N_PROMPT - head, &err), 0);
+        else if (way == 2)
+            assert_int_equal(kvp_eval(c, ids, head, NULL, false, &err), 0);
+        assert_int_equal(kvp_eval(c, ids + head, N_PROMPT - head, lg[way], false, &err), 0);
+        kvp_ctx_free(c);
+    }
+    assert_memory_equal(lg[0], lg[1], bytes);
+    assert_true(memcmp(lg[0], lg[2], bytes) != 0);
+    /* a policy's prompt hooks would miss the head: refused with one */
+    kvp_ctx *c = NULL;
+    assert_int_equal(kvp_ctx_init(m, &cp, &c, &err), 0);
+    struct kvp_policy_params pol = {.name = "quest", .budget = 64};
+    assert_int_equal(kvp_ctx_set_policy(c, &pol, &err), 0);
+    assert_int_equal(kvp_eval_prompt_head(c, ids, 64, TAIL, &err), KVP_EINVAL);
+    kvp_ctx_free(c);
+    for (int way = 0; way < 3; way++)
+        free(lg[way]);
+    kvp_test_model_free(m, path);
+}
+
 /* ---- a tiered store ---- */
 
 /* With a RAM cold tier every prompt piece stages the layer's blocks for prefill attention; a
@@ -833,6 +886,7 @@ int main(void)
         cmocka_unit_test(test_choice_holds_sink_window_budget),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_batched_step),
+        cmocka_unit_test(test_prompt_head_piece),
         cmocka_unit_test(test_tiered_reads_chosen_blocks),
         cmocka_unit_test(test_gate_file_refusals),
         cmocka_unit_test(test_gate_at_pooled_weights_is_pooled),

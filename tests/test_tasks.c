@@ -413,6 +413,104 @@ static void test_protocol_library(void **state)
     kvp_model_close(m);
 }
 
+/* The rows of an `eval --task --json` command, one object a line, into js[0..cap); returns how
+ * many. */
+static int eval_rows(const char *cmd, cJSON **js, int cap)
+{
+    char *out = NULL;
+    assert_int_equal(kvp_test_run(cmd, &out, 0), 0);
+    int n = 0;
+    for (char *line = strtok(out, "\n"); line && n < cap; line = strtok(NULL, "\n")) {
+        js[n] = cJSON_Parse(line);
+        if (!js[n])
+            print_message("%s printed:\n%s\n", cmd, line);
+        assert_non_null(js[n++]);
+    }
+    free(out);
+    return n;
+}
+
+/* One fill for many runs (task_eval.h): in a grid of full, quest, qpredictor and snapkv, every
+ * cell answers bit for bit as the run of its policy alone and as the grid with every run's own
+ * whole prefill (--no-shared-fill): answer_fnv hashes each sample's answer and its last logits,
+ * and the figures that follow from the cache match exactly too; yet the three non-evicting runs
+ * decode from one prefill of each prompt, the later ones after truncating back to it; snapkv,
+ * which evicts, prefills on its own. Prompts of 512 and 1024 tokens in passes of 128 (-b): shared
+ * heads of 384 and 896 tokens. Two samples per cell, so the second prompt's fill replaces the
+ * first's. With a dense prefill and with a sparse one (which applies to the shared fill as to a
+ * run's own prefill). */
+static void shared_fill_grid(const char *root, const char *cli, const char *prefill)
+{
+    static char base[8192], cmd[9000];
+    snprintf(base, sizeof(base),
+             "%s eval -m %s/models/kvpred-default.gguf --task passkey --lengths 512,1024 "
+             "--depths 50 --samples 2 --seed 3 --budget 1/8 -t 2 -b 128 "
+             "--aux %s/models/kvpred-default.qkvpp --json %s",
+             cli, root, root, prefill);
+    static const char *const pols[] = {"full", "quest", "qpredictor", "snapkv"};
+    enum { N_POL = 4, N_LEN = 2 };
+    cJSON *list[N_POL * N_LEN + 1] = {0}, *own[N_POL * N_LEN + 1] = {0};
+    snprintf(cmd, sizeof(cmd), "%s --policy full,quest,qpredictor,snapkv 2>/dev/null", base);
+    assert_int_equal(eval_rows(cmd, list, N_POL * N_LEN + 1), N_POL * N_LEN);
+    snprintf(cmd, sizeof(cmd), "%s --policy full,quest,qpredictor,snapkv --no-shared-fill "
+             "2>/dev/null", base);
+    assert_int_equal(eval_rows(cmd, own, N_POL * N_LEN + 1), N_POL * N_LEN);
+    static const char *const same[] = {"accuracy",      "exact",          "prompt_tokens",
+                                       "budget_tokens", "read_tokens",    "kv_resident_bytes",
+                                       "kv_kept_bytes"};
+    for (int p = 0; p < N_POL; p++) {
+        cJSON *alone[N_LEN + 1] = {0};
+        snprintf(cmd, sizeof(cmd), "%s --policy %s 2>/dev/null", base, pols[p]);
+        assert_int_equal(eval_rows(cmd, alone, N_LEN + 1), N_LEN);
+        for (int li = 0; li < N_LEN; li++) {
+            cJSON *a = alone[li], *b = list[p * N_LEN + li], *o = own[p * N_LEN + li];
+            assert_string_equal(cJSON_GetObjectItem(b, "policy")->valuestring, pols[p]);
+            assert_int_equal(cJSON_GetObjectItem(a, "length")->valueint,
+                             cJSON_GetObjectItem(b, "length")->valueint);
+            const char *fa = cJSON_GetObjectItem(a, "answer_fnv")->valuestring;
+            const char *fb = cJSON_GetObjectItem(b, "answer_fnv")->valuestring;
+            const char *fo = cJSON_GetObjectItem(o, "answer_fnv")->valuestring;
+            print_message("%s at %d%s: alone %s, in the grid %s, own prefill %s (accuracy "
+                          "%.2f)\n",
+                          pols[p], cJSON_GetObjectItem(a, "length")->valueint,
+                          *prefill ? ", sparse" : "", fa, fb, fo,
+                          cJSON_GetObjectItem(b, "accuracy")->valuedouble);
+            assert_string_equal(fa, fb);
+            assert_string_equal(fo, fb);
+            for (size_t f = 0; f < sizeof(same) / sizeof(same[0]); f++) {
+                const double vb = cJSON_GetObjectItem(b, same[f])->valuedouble;
+                assert_true(cJSON_GetObjectItem(a, same[f])->valuedouble == vb);
+                assert_true(cJSON_GetObjectItem(o, same[f])->valuedouble == vb);
+            }
+            assert_false(cJSON_IsTrue(cJSON_GetObjectItem(o, "shared_fill")));
+            assert_true(cJSON_GetObjectItem(o, "fill_seconds")->valuedouble == 0);
+            /* the three non-evicting runs share the fill (alone too: the same path), and its
+             * time is theirs apart; snapkv prefills its prompts itself */
+            bool shares = p < 3;
+            assert_true(cJSON_IsTrue(cJSON_GetObjectItem(b, "shared_fill")) == shares);
+            assert_true(cJSON_IsTrue(cJSON_GetObjectItem(a, "shared_fill")) == shares);
+            double fs = cJSON_GetObjectItem(b, "fill_seconds")->valuedouble;
+            assert_true(shares ? fs > 0 : fs == 0);
+            cJSON_Delete(a);
+            cJSON_Delete(b);
+            cJSON_Delete(o);
+        }
+    }
+}
+
+static void test_shared_fill(void **state)
+{
+    (void)state;
+    const char *root = getenv("KVP_SOURCE_DIR"), *cli = kvp_test_cli();
+    if (!root || !cli) {
+        kvp_test_skip_missing("KVP_SOURCE_DIR or the CLI not set");
+    }
+    shared_fill_grid(root, cli, "");
+    shared_fill_grid(root, cli,
+                     "--prefill-policy sparse --prefill-budget 1/4 --prefill-min-keys 1 "
+                     "--prefill-window 64 --prefill-tail 64");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -421,6 +519,7 @@ int main(void)
         cmocka_unit_test(test_length),        cmocka_unit_test(test_score),
         cmocka_unit_test(test_cli),           cmocka_unit_test(test_cli_heatmap),
         cmocka_unit_test(test_bad_flags), cmocka_unit_test(test_protocol_library),
+        cmocka_unit_test(test_shared_fill),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

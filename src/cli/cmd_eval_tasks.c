@@ -8,7 +8,11 @@
  *
  * The protocol (prompts, seeds, greedy decoding, scoring, per-cell means) is the library's
  * (src/eval/task_eval.h); this file parses the flags, opens the filler, model and context and
- * prints the table, the JSON lines and the figures.
+ * prints the table, the JSON lines and the figures. The runs whose policy neither evicts nor
+ * decides at prompt time (full, oracle, quest, qpredictor, predictor) share one prefill of each
+ * prompt and evaluate only its last 32 to 32 + batch tokens each, with answers bit for bit those
+ * of their own whole prefill (task_eval.h); --no-shared-fill gives every run its own, for
+ * checking.
  *
  * Figures (--heatmap DIR, drawn by eval/heatmap.h): DIR/TASK_POLICY_BUDGET.png per policy ×
  * budget and DIR/TASK_all.png with all of them side by side, a row per policy.
@@ -34,7 +38,15 @@
  *   prompt_tokens   number  mean prompt tokens (BOS included)
  *   accuracy        number  mean string_match_all in [0, 1]
  *   exact           number  fraction of samples with every reference found
- *   seconds         number  wall time of the cell
+ *   seconds         number  wall time of the cell; a run with a shared fill: without the
+ *                           shared part (fill_seconds)
+ *   shared_fill     bool    the run decoded from a fill of each prompt shared with other runs
+ *   fill_seconds    number  shared_fill: wall time of the cell's shared fills (the prompts
+ *                           up to a pass boundary 32 tokens or more before their end; the same
+ *                           for every run sharing them, so seconds + fill_seconds is about the
+ *                           cost of the run alone); else 0
+ *   answer_fnv      string  FNV-1a 64 (hex) over every sample's answer and its last logits:
+ *                           equal in two cells when their answers are bit for bit equal
  *   kv_resident_bytes number mean KV bytes (K and V, all layers) in the physical blocks the
  *                           cache held after the answer (kvp_ctx_kv_bytes)
  *   kv_kept_bytes   number  mean bytes of the live tokens themselves
@@ -82,6 +94,12 @@ static void help(void)
            "  --filler PATH      filler text file or directory (default\n"
            "                     $KVP_SHARED_DIR/data/pg_essays; passkey: its noise line,\n"
            "                     or this text, the needle on a line of its own, when given)\n"
+           "  --no-shared-fill   every run prefills every prompt itself; by default the runs\n"
+           "                     whose policy neither evicts nor decides at prompt time (full,\n"
+           "                     oracle, quest, qpredictor, predictor) share one prefill of\n"
+           "                     each prompt up to a pass boundary (-b) 32 or more tokens\n"
+           "                     before its end and each evaluate the rest, with the very\n"
+           "                     same answers\n"
            "  --questions N      several questions on one document instead (see\n"
            "                     kvpred eval --task passkey --questions 4 --help)\n"
            "%s%s",
@@ -95,6 +113,7 @@ struct task_opts {
     int n_depth;
     long samples;
     const char *heatmap;
+    bool no_shared_fill;
 };
 
 static int parse_args(struct task_opts *o, int argc, char **argv)
@@ -105,6 +124,7 @@ static int parse_args(struct task_opts *o, int argc, char **argv)
         CLI_STR("--depths", &depths),
         CLI_INT("--samples", 1, 1 << 20, &o->samples, "a positive count"),
         CLI_STR("--heatmap", &o->heatmap),
+        CLI_BOOL("--no-shared-fill", &o->no_shared_fill),
         {0},
     };
     int rc = cli_eval_parse(&o->e, flags, help, argc, argv);
@@ -141,6 +161,11 @@ static void json_cell(const struct task_opts *o, const char *model_name,
     cJSON_AddNumberToObject(j, "accuracy", cell->accuracy);
     cJSON_AddNumberToObject(j, "exact", cell->exact);
     cJSON_AddNumberToObject(j, "seconds", cell->seconds);
+    cJSON_AddBoolToObject(j, "shared_fill", r->shared_fill);
+    cJSON_AddNumberToObject(j, "fill_seconds", cell->fill_seconds);
+    char fnv[17];
+    snprintf(fnv, sizeof(fnv), "%016llx", (unsigned long long)cell->answer_fnv);
+    cJSON_AddStringToObject(j, "answer_fnv", fnv);
     /* KV memory the policy really held once the answer was decoded (means over the samples):
      * bytes of the physical blocks with live tokens, and of the live tokens themselves. A policy
      * that only reads a subset (quest, or CateKV's adaptive heads) holds the whole cache. */
@@ -324,7 +349,8 @@ int cmd_eval_tasks(int argc, char **argv)
                                          .n_len = o.e.n_len,
                                          .n_depth = o.n_depth,
                                          .samples = o.samples,
-                                         .seed = (uint64_t)o.e.seed};
+                                         .seed = (uint64_t)o.e.seed,
+                                         .own_prefill = o.no_shared_fill};
     if (cli_eval_open_ctx(&o.e, &su, kvp_task_eval_ctx_tokens(&g)))
         goto out;
     struct kvp_err err = {0};

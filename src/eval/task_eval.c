@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/fnv.h"
 #include "core/platform.h"
 #include "core/rng.h"
 #include "eval/metrics.h"
@@ -87,8 +88,8 @@ long kvp_task_eval_ctx_tokens(const struct kvp_task_eval_grid *g)
     return max_len + kinds[g->ti].max_new + 1;
 }
 
-int kvp_task_eval_decode(const kvp_model *m, kvp_ctx *ctx, int32_t prev, int max_new,
-                         float *logits, int n_vocab, char *pred, size_t cap, struct kvp_err *err)
+int kvp_task_eval_decode(const kvp_model *m, kvp_ctx *ctx, int32_t prev, int max_new, float *logits,
+                         int n_vocab, char *pred, size_t cap, struct kvp_err *err)
 {
     size_t k = 0;
     pred[0] = 0;
@@ -116,15 +117,80 @@ int kvp_task_eval_decode(const kvp_model *m, kvp_ctx *ctx, int32_t prev, int max
     return 0;
 }
 
-/* Prefill ids with the context's policy, then decode greedily up to max_new tokens into pred
- * (cap bytes), stopping at an end-of-generation token or a newline. */
-static int decode_greedy(const kvp_model *m, kvp_ctx *ctx, const int32_t *ids, int n, int max_new,
-                         float *logits, int n_vocab, char *pred, size_t cap, struct kvp_err *err)
+/* Evaluate ids[from, n) with the context's policy (the whole prompt, or the tail after a shared
+ * head), then decode greedily up to max_new tokens into pred (cap bytes), stopping at an
+ * end-of-generation token or a newline. */
+static int decode_greedy(const kvp_model *m, kvp_ctx *ctx, const int32_t *ids, int from, int n,
+                         int max_new, float *logits, int n_vocab, char *pred, size_t cap,
+                         struct kvp_err *err)
 {
     pred[0] = 0;
-    if (kvp_eval(ctx, ids, n, logits, false, err) < 0)
+    if (kvp_eval(ctx, ids + from, n - from, logits, false, err) < 0)
         return err->code;
     return kvp_task_eval_decode(m, ctx, ids[n - 1], max_new, logits, n_vocab, pred, cap, err);
+}
+
+/* Whether run r can decode from a fill shared with other runs (see task_eval.h): a policy that
+ * evicts (or one the registry does not know: its own prefill then names the error) cannot, nor
+ * can any run on a tiered cache or a cache with sliding-window rings, which cannot go back to
+ * the fill. */
+static bool shares_fill(kvp_ctx *ctx, const struct kvp_task_eval_grid *g,
+                        const struct kvp_task_eval_run *r)
+{
+    if (g->own_prefill || kvp_ctx_has_store(ctx) || kvp_ctx_hparams(ctx)->n_swa > 0)
+        return false;
+    if (!r->pp.name)
+        return true;
+    struct kvp_err ignored = {0};
+    const struct kvp_policy_ops *ops = kvp_policy_lookup(r->pp.name, &ignored);
+    return ops && !ops->evicting;
+}
+
+/* Where the shared fill of a prompt of n tokens ends: at least tail tokens before the end, on
+ * a boundary of kvp_eval's passes, so that the fill and each run's rest go through the very
+ * passes of the prompt evaluated whole (a pass's rows go through the projections together; cut
+ * elsewhere, the rows would round otherwise): a run's answers are then bit for bit those of its
+ * own whole prefill with its policy set from the start. */
+static int shared_head(const kvp_ctx *ctx, int n, int tail)
+{
+    const int nb = kvp_ctx_n_batch(ctx);
+    return n > tail ? (n - tail) / nb * nb : 0;
+}
+
+/* One run on one prompt (ids[0, n)): the prefill (the shared head's tail from head on, or the
+ * whole prompt), the answer and the cell's sums. */
+static int run_prompt(const kvp_model *m, kvp_ctx *ctx, const struct kvp_task_text *tt,
+                      const int32_t *ids, int head, int n, int max_new, float *logits, int n_vocab,
+                      long sample, struct kvp_task_eval_run *run, struct kvp_task_eval_cell *cell,
+                      struct kvp_err *err)
+{
+    char pred[2048];
+    double t0 = kvp_time_now();
+    int rc = run->shared_fill ? kvp_ctx_set_policy_keep(ctx, &run->pp, err)
+                              : kvp_ctx_set_policy(ctx, &run->pp, err);
+    if (rc < 0 || (rc = decode_greedy(m, ctx, ids, run->shared_fill ? head : 0, n, max_new, logits,
+                                      n_vocab, pred, sizeof(pred), err)) < 0)
+        return rc;
+    double s = kvp_ruler_match_all(pred, tt->refs, tt->n_refs);
+    cell->accuracy += s;
+    cell->exact += s >= 1.0;
+    cell->prompt_tokens += (double)n;
+    const struct kvp_policy *pol = kvp_ctx_policy_host(ctx)->p;
+    if (pol && strcmp(pol->ops->name, "full"))
+        cell->budget_tokens += kvp_policy_budget(pol, n);
+    cell->seconds += kvp_time_now() - t0;
+    double rtok = 0.0, rsel = 0.0;
+    kvp_ctx_policy_reads(ctx, &rtok, &rsel);
+    int steps = kvp_ctx_n_tokens(ctx) - n + 1;
+    cell->read_tokens += rsel > 0 ? rtok / rsel : (double)n + (double)(steps - 1) / 2.0;
+    size_t resident, kept;
+    kvp_ctx_kv_bytes(ctx, &resident, &kept);
+    cell->kv_resident_bytes += (double)resident;
+    cell->kv_kept_bytes += (double)kept;
+    uint64_t h = sample == 0 ? KVP_FNV64_INIT : cell->answer_fnv;
+    h = kvp_fnv64(h, pred, strlen(pred) + 1);
+    cell->answer_fnv = kvp_fnv64(h, logits, (size_t)n_vocab * sizeof(float));
+    return 0;
 }
 
 int kvp_task_eval_run_grid(kvp_ctx *ctx, const kvp_model *m, const struct kvp_corpus *c,
@@ -137,11 +203,17 @@ int kvp_task_eval_run_grid(kvp_ctx *ctx, const kvp_model *m, const struct kvp_co
     int max_new = kinds[g->ti].max_new;
     float *logits = malloc((size_t)info.n_vocab * sizeof(float));
     int32_t *ids = NULL;
-    char pred[2048];
     int rc = 0;
     long done = 0, total = (long)g->n_len * g->n_depth * g->samples;
     if (!logits)
         return kvp_err_set(err, KVP_ENOMEM, "out of memory");
+    /* the tail the sharing runs evaluate each: long enough for every one's observation window */
+    int tail = KVP_TASK_EVAL_TAIL;
+    for (int k = 0; k < n_runs; k++) {
+        runs[k].shared_fill = shares_fill(ctx, g, &runs[k]);
+        if (runs[k].shared_fill && runs[k].pp.window > tail)
+            tail = runs[k].pp.window;
+    }
     for (int li = 0; li < g->n_len; li++)
         for (int di = 0; di < g->n_depth; di++)
             for (long i = 0; i < g->samples; i++) {
@@ -163,42 +235,41 @@ int kvp_task_eval_run_grid(kvp_ctx *ctx, const kvp_model *m, const struct kvp_co
                     kvp_task_text_free(&tt);
                     goto out;
                 }
-                int cidx = li * g->n_depth + di;
-                for (int k = 0; k < n_runs; k++) {
-                    double t0 = kvp_time_now();
-                    if ((rc = kvp_ctx_set_policy(ctx, &runs[k].pp, err)) < 0 ||
-                        (rc = decode_greedy(m, ctx, ids, (int)n, max_new, logits, info.n_vocab,
-                                            pred, sizeof(pred), err)) < 0) {
-                        kvp_task_text_free(&tt);
-                        kvp_err_prefix(err, "%s @ %s", runs[k].pp.name,
-                                       runs[k].label ? runs[k].label : "?");
-                        goto out;
+                int cidx = li * g->n_depth + di, head = shared_head(ctx, (int)n, tail);
+                bool filled = false;
+                double fill_s = 0.0;
+                /* the sharing runs first, from one fill; then the others, each its own */
+                for (int pass = 0; pass < 2; pass++)
+                    for (int k = 0; k < n_runs; k++) {
+                        if (runs[k].shared_fill != (pass == 0))
+                            continue;
+                        if (runs[k].shared_fill && !filled) {
+                            double t0 = kvp_time_now();
+                            if ((rc = kvp_ctx_set_policy(ctx, NULL, err)) >= 0 && head > 0)
+                                rc = kvp_eval_prompt_head(ctx, ids, head, (int)n - head, err);
+                            fill_s = kvp_time_now() - t0;
+                            filled = true;
+                        } else if (runs[k].shared_fill) {
+                            kvp_ctx_truncate(ctx, head); /* back to the shared head */
+                        }
+                        struct kvp_task_eval_cell *cell = &runs[k].cells[cidx];
+                        if (runs[k].shared_fill)
+                            cell->fill_seconds += fill_s;
+                        if (rc < 0 ||
+                            (rc = run_prompt(m, ctx, &tt, ids, head, (int)n, max_new, logits,
+                                             info.n_vocab, i, &runs[k], cell, err)) < 0) {
+                            kvp_task_text_free(&tt);
+                            kvp_err_prefix(err, "%s @ %s", runs[k].pp.name,
+                                           runs[k].label ? runs[k].label : "?");
+                            goto out;
+                        }
                     }
-                    struct kvp_task_eval_cell *cell = &runs[k].cells[cidx];
-                    double s = kvp_ruler_match_all(pred, tt.refs, tt.n_refs);
-                    cell->accuracy += s;
-                    cell->exact += s >= 1.0;
-                    cell->prompt_tokens += (double)n;
-                    const struct kvp_policy *pol = kvp_ctx_policy_host(ctx)->p;
-                    if (pol && strcmp(pol->ops->name, "full"))
-                        cell->budget_tokens += kvp_policy_budget(pol, (int)n);
-                    cell->seconds += kvp_time_now() - t0;
-                    double rtok = 0.0, rsel = 0.0;
-                    kvp_ctx_policy_reads(ctx, &rtok, &rsel);
-                    int steps = kvp_ctx_n_tokens(ctx) - (int)n + 1;
-                    cell->read_tokens +=
-                        rsel > 0 ? rtok / rsel : (double)n + (double)(steps - 1) / 2.0;
-                    size_t resident, kept;
-                    kvp_ctx_kv_bytes(ctx, &resident, &kept);
-                    cell->kv_resident_bytes += (double)resident;
-                    cell->kv_kept_bytes += (double)kept;
-                }
                 kvp_task_text_free(&tt);
                 done++;
                 if (progress)
                     progress(ud, done, total, g->lengths[li], g->depths[di]);
             }
-    /* sums to means (seconds stay the cell's total) */
+    /* sums to means (seconds and fill_seconds stay the cell's totals) */
     double ns = (double)g->samples;
     for (int k = 0; k < n_runs; k++)
         for (int cidx = 0; cidx < g->n_len * g->n_depth; cidx++) {

@@ -17,6 +17,20 @@
  * decoded greedily for at most the task's answer length, stopping at an end-of-generation token
  * or at the first newline after the first token; the prediction is scored by string_match_all
  * (ruler.h; for passkey the exact-number match of §2.3). Every run sees the very same prompts.
+ *
+ * One fill for many runs: the runs whose policy neither evicts nor decides at prompt time
+ * (full, oracle, quest, qpredictor, predictor: those kvp_ctx_set_policy_keep takes) share one
+ * prefill of each prompt. Its head, up to the last boundary of kvp_eval's passes at least
+ * KVP_TASK_EVAL_TAIL tokens (or the largest observation window of those runs) before the end, is
+ * evaluated once without a policy, as a piece of the whole prompt (kvp_eval_prompt_head: a
+ * sparse prefill treats it as it treats the whole prompt); each run then truncates back to the
+ * head, attaches its policy to it (kvp_ctx_set_policy_keep), evaluates the rest, so its policy
+ * sees the prompt's last queries and attention rows as when set from the start, and decodes.
+ * The head and the rest run the very passes of the whole prompt, and these policies leave the
+ * cache as they find it, so a run's answers are bit for bit those of its own whole prefill with
+ * its policy set from the start (grid.own_prefill), and those it gives alone. The other runs (snapkv, pyramidkv, h2o, streaming, catekv), every run of a
+ * tiered cache or of a model with sliding-window layers (whose caches cannot go back), and every
+ * run with grid.own_prefill prefill the whole prompt themselves with their policy attached.
  * The context holds L + answer length tokens (kvp_task_eval_ctx_tokens); a budget ratio such as
  * 1/16 resolves against the prompt length. A cell's figures are means over its samples
  * (seconds: the total).
@@ -24,6 +38,7 @@
 #ifndef KVP_EVAL_TASK_EVAL_H
 #define KVP_EVAL_TASK_EVAL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -75,7 +90,13 @@ struct kvp_task_eval_cell {
     double prompt_tokens;     /* mean prompt tokens, BOS included */
     double budget_tokens;     /* mean budget in tokens per (layer, KV head) at the prompt's
                                  length (kvp_budget_tokens); 0 for dense attention */
-    double seconds;           /* wall time of the cell (all samples) */
+    double seconds;           /* wall time of the cell (all samples); a run that shares the
+                                 fill: its tails and answers, without the shared heads */
+    double fill_seconds;      /* a run that shares the fill: wall time of the shared heads of
+                                 the cell's prompts (the same for every such run); else 0 */
+    uint64_t answer_fnv;      /* FNV-1a 64 over every sample's prediction (with its NUL) and
+                                 the logits of the last token evaluated for it: equal when the
+                                 answers are bit for bit equal */
     double read_tokens;       /* mean tokens a decode step read per compressed (layer, KV head)
                                  through the policy's selections; full attention: the cached
                                  tokens (the prompt and half the answer, on average) */
@@ -88,7 +109,12 @@ struct kvp_task_eval_run {
     struct kvp_policy_params pp;
     const char *label;                /* the budget as given, for messages ("all" for full) */
     struct kvp_task_eval_cell *cells;
+    bool shared_fill;                 /* set by the grid: the run shared the prompts' fill */
 };
+
+/* The fewest of the prompt's last tokens that each run sharing a fill evaluates itself: the
+ * default observation window of the policies that learn from the prompt's last rows. */
+#define KVP_TASK_EVAL_TAIL 32
 
 struct kvp_task_eval_grid {
     int ti;              /* the evaluation task */
@@ -97,6 +123,7 @@ struct kvp_task_eval_grid {
     int n_len, n_depth;
     long samples;        /* prompts per cell */
     uint64_t seed;       /* generation seed S */
+    bool own_prefill;    /* every run prefills every prompt itself (no shared fill) */
 };
 
 /* Called after every prompt (all runs done) with the prompts done and in all. */

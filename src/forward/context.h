@@ -26,6 +26,8 @@ const struct kvp_kvcache *kvp_ctx_kvcache_const(const kvp_ctx *c);
 struct kvp_policy_host *kvp_ctx_policy_host(kvp_ctx *c);
 const struct kvp_policy_host *kvp_ctx_policy_host_const(const kvp_ctx *c);
 int kvp_ctx_probs_stride(const kvp_ctx *c);
+/* Most tokens of one forward pass: kvp_eval splits a prompt into passes of this many. */
+int kvp_ctx_n_batch(const kvp_ctx *c);
 struct kvp_store *kvp_ctx_store(kvp_ctx *c);
 bool kvp_ctx_has_store(const kvp_ctx *c);
 /* Whether kvp_ctx_set_measure(c, true) took: false when its rows could not be allocated. */
@@ -55,5 +57,13 @@ int kvp_seq_write_kv(kvp_seq *dst, int n, kvp_kv_layer_fn fn, void *arg, struct 
  * test doubles; params->name may then be anything). */
 int kvp_ctx_set_policy_ops(kvp_ctx *c, const struct kvp_policy_ops *ops,
                            const struct kvp_policy_params *params, struct kvp_err *err);
+
+/* The first n tokens of a prompt whose last rest tokens come later, evaluated as kvp_eval
+ * evaluates them (no logits) on a context without a policy, inside a job that ends where the
+ * whole prompt ends: what prefill attention decides by the prompt's end (a sparse prefill's
+ * dense tail, docs/prefill.md) is decided as for the whole prompt at once. Then the rest (or,
+ * after kvp_ctx_truncate back to here and kvp_ctx_set_policy_keep, the rest with a policy:
+ * several policies after one fill, eval/task_eval.c) goes through kvp_eval. */
+int kvp_eval_prompt_head(kvp_ctx *c, const int32_t *tokens, int n, int rest, struct kvp_err *err);
 
 #endif

@@ -375,6 +375,11 @@ int kvp_ctx_probs_stride(const kvp_ctx *c)
     return c->probs_stride;
 }
 
+int kvp_ctx_n_batch(const kvp_ctx *c)
+{
+    return c->sh->n_batch;
+}
+
 struct kvp_store *kvp_ctx_store(kvp_ctx *c)
 {
     return c->store;
@@ -1091,15 +1096,19 @@ int kvp_forward_pass(struct kvp_shared *sh, const struct kvp_pass_item *items, i
     return rc;
 }
 
-int kvp_eval(kvp_ctx *c, const int32_t *tokens, int n, float *logits, bool all_logits,
-             struct kvp_err *err)
+/* kvp_eval, and kvp_eval_prompt_head with rest > 0: n tokens of a job that ends rest tokens
+ * after them (its last pass then does not end the job). */
+static int eval_job(kvp_ctx *c, const int32_t *tokens, int n, int rest, float *logits,
+                    bool all_logits, struct kvp_err *err)
 {
     if (n <= 0)
         return kvp_err_set(err, KVP_EINVAL, "no tokens to evaluate");
-    if (n > c->n_ctx - c->n_tokens)
+    if (rest < 0)
+        return kvp_err_set(err, KVP_EINVAL, "negative rest of a prompt %d", rest);
+    if ((long)n + rest > (long)c->n_ctx - c->n_tokens)
         return kvp_err_set(err, KVP_ERANGE,
-                           "%d tokens do not fit: %d of the context's %d are already used", n,
-                           c->n_tokens, c->n_ctx);
+                           "%ld tokens do not fit: %d of the context's %d are already used",
+                           (long)n + rest, c->n_tokens, c->n_ctx);
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= c->hp.n_vocab)
             return kvp_err_set(err, KVP_EINVAL, "token id %d out of range 0..%d", tokens[i],
@@ -1122,11 +1131,11 @@ int kvp_eval(kvp_ctx *c, const int32_t *tokens, int n, float *logits, bool all_l
     rc = kvp_kv_reserve(c, n, err);
     if (rc < 0)
         return rc;
-    kvp_job_open(c, n);
+    kvp_job_open(c, n + rest);
     /* passes of at most n_batch tokens */
     for (int done = 0; done < n;) {
         int nb = n - done < c->sh->n_batch ? n - done : c->sh->n_batch;
-        bool last = done + nb == n;
+        bool last = done + nb == n && rest == 0;
         struct kvp_pass_item it = {.c = c, .tokens = tokens + done, .n = nb,
                                    .all_logits = all_logits, .last = last};
         if (logits && all_logits)
@@ -1143,6 +1152,19 @@ int kvp_eval(kvp_ctx *c, const int32_t *tokens, int n, float *logits, bool all_l
             c->progress(c->progress_user, done, n);
     }
     return 0;
+}
+
+int kvp_eval(kvp_ctx *c, const int32_t *tokens, int n, float *logits, bool all_logits,
+             struct kvp_err *err)
+{
+    return eval_job(c, tokens, n, 0, logits, all_logits, err);
+}
+
+int kvp_eval_prompt_head(kvp_ctx *c, const int32_t *tokens, int n, int rest, struct kvp_err *err)
+{
+    if (c->pol.p)
+        return kvp_err_set(err, KVP_EINVAL, "a prompt's head is evaluated without a policy");
+    return eval_job(c, tokens, n, rest, NULL, false, err);
 }
 
 /* ---- policies and measuring --------------------------------------------------------------- */
