@@ -7,7 +7,9 @@ one local, one global with soft-capped scores). Each is served with quest at 1/4
 policy; a prompt longer than Gemma 3's window (so its local layers' rings wrap), the same
 prompt under snapkv (an evicting policy, chosen by the request), and a follow-up that starts
 with the first prompt (prefix reuse) must each generate exactly what `kvpred run` generates with
-the same policy and greedy sampling (the server runs the same kvp_eval calls: no tolerance).
+the same policy and greedy sampling (the server runs the same kvp_eval calls: no tolerance); and
+on Gemma 2 a chat request, which takes the family's template as `kvpred run --chat` does (the
+synthetic file has none of its own).
 Under the sanitizers (ARCH_QUICK=1, set by CMake) Gemma 3's snapkv check is left out.
 
 usage: test_server_arch.py KVPRED_BINARY   (exit 0: passed)
@@ -53,7 +55,7 @@ def run_cli(model, prompt, n, policy, budget):
     return out[len(prompt.encode()):-1].decode("utf-8", "replace")
 
 
-def serve_checks(model, name, snapkv=True):
+def serve_checks(model, name, snapkv=True, chat=False):
     # longer than Gemma 3's window of 512 positions in tokens (the synthetic vocabulary is
     # letters and bytes: about a token a character)
     doc = " ".join(f"item {i} is a small red box;" for i in range(30))
@@ -76,6 +78,21 @@ def serve_checks(model, name, snapkv=True):
         check(got["choices"][0]["text"] == run_cli(model, follow, 8, "quest", "1/4"),
               f"{name}: follow-up (prefix reused: {got['kvpred'].get('prefix_reused')} tokens) "
               f"equals kvpred run")
+        if chat:
+            # a synthetic file has no chat template: the server must take the family's format
+            # as `kvpred run --chat` does (Gemma's turns), not plain text
+            q = "which item is blue?"
+            out = subprocess.run([KVPRED, "run", "-m", model, "-c", str(CTX), "-p", q, "-n", "8",
+                                  "--temp", "0", "-t", "2", "--policy", "quest", "--budget",
+                                  "1/4", "--chat"], capture_output=True, timeout=600).stdout
+            status, _, raw = http(port, "POST", "/v1/chat/completions",
+                                  {"messages": [{"role": "user", "content": q}],
+                                   "max_tokens": 8, "temperature": 0}, timeout=600)
+            text = json.loads(raw)["choices"][0]["message"]["content"] if status == 200 else None
+            check(out.startswith(b"<start_of_turn>user") and text is not None
+                  and out.endswith(text.encode() + b"\n"),
+                  f"{name}: a chat request takes the family's template as kvpred run --chat "
+                  f"does ({status})")
     finally:
         stop(p)
     return toks
@@ -93,7 +110,7 @@ def main():
         quick = os.environ.get("ARCH_QUICK") == "1"
         toks = serve_checks(g3, "Gemma 3 (6 layers, window 512)", snapkv=not quick)
         check(toks > 512, f"the prompt ({toks} tokens) is longer than the window")
-        serve_checks(g2, "Gemma 2 (2 layers, soft-capped global layer)")
+        serve_checks(g2, "Gemma 2 (2 layers, soft-capped global layer)", chat=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"{passed()} passed, 0 failed")

@@ -680,6 +680,16 @@ static int family_chat_format(int arch_id)
     }
 }
 
+int kvp_model_chat_format(const struct kvp_model *m)
+{
+    int fmt = m->gguf ? kvp_chat_detect_gguf(m->gguf) : KVP_CHAT_PLAIN;
+    /* a file without a template (converted or synthetic): its family's format */
+    if (fmt == KVP_CHAT_PLAIN && m->gguf &&
+        kvp_gguf_find_key(m->gguf, "tokenizer.chat_template") < 0)
+        fmt = family_chat_format(m->hp.arch_id);
+    return fmt;
+}
+
 int kvp_chat_prompt(const kvp_model *m, const char *format_name, const char *system,
                     const char *user, char **text, size_t *len, struct kvp_err *err)
 {
@@ -689,11 +699,7 @@ int kvp_chat_prompt(const kvp_model *m, const char *format_name, const char *sys
         if (fmt < 0)
             return kvp_err_set(err, KVP_EINVAL, "unknown chat format '%s'", format_name);
     } else {
-        fmt = m->gguf ? kvp_chat_detect_gguf(m->gguf) : KVP_CHAT_PLAIN;
-        /* a file without a template (converted or synthetic): its family's format */
-        if (fmt == KVP_CHAT_PLAIN && m->gguf &&
-            kvp_gguf_find_key(m->gguf, "tokenizer.chat_template") < 0)
-            fmt = family_chat_format(m->hp.arch_id);
+        fmt = kvp_model_chat_format(m);
     }
     struct kvp_chat_msg msgs[2];
     size_t n = 0;

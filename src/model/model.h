@@ -120,4 +120,9 @@ struct kvp_model {
 /* Load from an already-open GGUF (takes ownership of g on success and on failure). */
 int kvp_model_from_gguf(struct kvp_gguf *g, struct kvp_model **out, struct kvp_err *err);
 
+/* The chat format of m's own template (tokenizer.chat_template), or where the file has none (a
+ * converted or synthetic file) its family's; KVP_CHAT_PLAIN for a template kvpred does not know
+ * and for files without GGUF metadata. What `kvpred run --chat` and `kvpred serve` both use. */
+int kvp_model_chat_format(const struct kvp_model *m);
+
 #endif

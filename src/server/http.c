@@ -1034,7 +1034,7 @@ int srv_server_start(const struct srv_config *cfg, const kvp_model *model,
     /* a stream with nothing to send for a third of the shorter timeout sends a comment */
     s->keepalive_s = (timeout < send_timeout ? timeout : send_timeout) / 3.0;
     s->model = model;
-    s->chat_fmt = model->gguf ? kvp_chat_detect_gguf(model->gguf) : KVP_CHAT_PLAIN;
+    s->chat_fmt = kvp_model_chat_format(model); /* what `kvpred run --chat` uses */
     const char *base = strrchr(cfg->model_path, '/');
     base = base ? base + 1 : cfg->model_path;
     snprintf(s->model_id, sizeof(s->model_id), "%s", base);
