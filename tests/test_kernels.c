@@ -24,6 +24,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/fastmath.h"
 #include "core/platform.h"
 #include "kernels/matvec.h"
 #include "kernels/simd.h"
@@ -444,6 +445,33 @@ static void test_dot_q8_0(void **state)
 
 /* max equals the plain maximum exactly, at every length and with -inf entries (scores of
  * masked tokens), wherever the largest element sits. */
+/* kvp_tanh_fast against double tanh over [-12, 12] every 1e-4 and at the edges. The bound: the
+ * reduced exponential's relative error (~1.2e-7, its polynomial's and the rounding of x / ln2)
+ * moves tanh = 1 - 2 / (e + 1) by at most half of it, and the final 1 - 2 / (...) rounds by half
+ * an ulp of 1 (6e-8); 3e-7 leaves room for the roundings in between. A planted error in the
+ * polynomial's fourth coefficient (4.1665795894e-2 -> 4.17e-2) gives 3.9e-7 and fails. */
+static void test_tanh_fast(void **state)
+{
+    (void)state;
+    double worst = 0.0, at = 0.0;
+    for (int i = -120000; i <= 120000; i++) {
+        float y = (float)i * 1e-4f;
+        double e = fabs((double)kvp_tanh_fast(y) - tanh((double)y));
+        if (e > worst)
+            worst = e, at = y;
+    }
+    const float edges[] = {0.0f, -0.0f, 1e-30f, -1e-30f, 8.999f, 9.0f, 9.001f, -9.0f, 88.0f,
+                           -88.0f, 1e30f, -1e30f, INFINITY, -INFINITY};
+    for (size_t i = 0; i < sizeof(edges) / sizeof(edges[0]); i++) {
+        double e = fabs((double)kvp_tanh_fast(edges[i]) - tanh((double)edges[i]));
+        if (e > worst)
+            worst = e, at = edges[i];
+    }
+    print_message("kvp_tanh_fast: worst absolute error %.3g at %g\n", worst, at);
+    assert_true(worst < 3e-7);
+    assert_true(isnan(kvp_tanh_fast(NAN)));
+}
+
 static void test_max(void **state)
 {
     (void)state;
@@ -923,7 +951,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_bf16),         cmocka_unit_test(test_q8_0_quantize),
         cmocka_unit_test(test_dot_float),    cmocka_unit_test(test_dot_q8_0),
         cmocka_unit_test(test_axpy),         cmocka_unit_test(test_exp_sum),
-        cmocka_unit_test(test_max),
+        cmocka_unit_test(test_max),          cmocka_unit_test(test_tanh_fast),
         cmocka_unit_test(test_block_scores), cmocka_unit_test(test_block_accum),
         cmocka_unit_test(test_matvec_f32),   cmocka_unit_test(test_matvec_f16),
         cmocka_unit_test(test_matvec_bf16),  cmocka_unit_test(test_matvec_q8_0),

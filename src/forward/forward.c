@@ -23,6 +23,7 @@
 #include <cblas.h>
 
 #include "core/err.h"
+#include "core/fastmath.h"
 #include "core/platform.h"
 #include "forward/context_internal.h"
 #include "forward/kv_step.h"
@@ -799,7 +800,7 @@ static void gelu_mul(float *g, const float *u, long n)
     const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
     for (long j = 0; j < n; j++) {
         float x = g[j];
-        g[j] = 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x))) * u[j];
+        g[j] = 0.5f * x * (1.0f + kvp_tanh_fast(c * (x + 0.044715f * x * x * x))) * u[j];
     }
 }
 
@@ -807,7 +808,7 @@ static void gelu_mul(float *g, const float *u, long n)
 static void softcap(float *v, long n, float cap)
 {
     for (long j = 0; j < n; j++)
-        v[j] = cap * tanhf(v[j] / cap);
+        v[j] = cap * kvp_tanh_fast(v[j] / cap);
 }
 
 /* Qwen3's and Gemma 3's q/k norm: each head of vec normalised on its own, in place, with the

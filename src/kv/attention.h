@@ -21,6 +21,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "core/fastmath.h"
 #include "kv/kvcache.h"
 #include "kv/sel.h"
 
@@ -33,7 +34,7 @@ static inline void kvp_attn_softcap(float *s, int n, float cap)
         return;
     const float inv = 1.0f / cap;
     for (int t = 0; t < n; t++)
-        s[t] = cap * tanhf(s[t] * inv);
+        s[t] = cap * kvp_tanh_fast(s[t] * inv);
 }
 
 /* Dense attention of one KV head group over its first n_keys tokens (no token may have been
