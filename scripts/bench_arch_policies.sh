@@ -18,7 +18,9 @@
 # shape), POLICIES ("none quest oracle qpredictor snapkv streaming"; none = dense attention,
 # qpredictor reads models/kvpred-default.qkvpp), BUDGET (1/16), CTX (32768), N (decode tokens
 # timed, 32), REPS (1), TYPE (Q8_0), THREADS (2), KVP (build/kvpred), OUT
-# (/tmp/kvp-bench-arch-policies; synth files are kept there and reused).
+# (/tmp/kvp-bench-arch-policies; synth files are kept there and reused), DENSE_LAYERS (0: the
+# engine's default of 2 dense leading layers would hold the cut Gemma 2's only global layer, and
+# its policies would select nothing).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -33,6 +35,7 @@ REPS=${REPS:-1}
 TYPE=${TYPE:-Q8_0}
 THREADS=${THREADS:-2}
 QPRED=${QPRED:-models/kvpred-default.qkvpp}
+DENSE_LAYERS=${DENSE_LAYERS:-0}
 unset OPENBLAS_CORETYPE # OpenBLAS picks its own kernels (see bench_peers.sh)
 
 for tool in jq "$KVP"; do
@@ -52,10 +55,11 @@ for sl in $SHAPES; do
     fi
     for pol in $POLICIES; do
         args=(-m "$f" -c "$CTX" -n "$N" --prefill 64 -r "$REPS" -t "$THREADS" --json)
-        [ "$pol" != none ] && args+=(--policy "$pol" --budget "$BUDGET")
+        [ "$pol" != none ] && args+=(--policy "$pol" --budget "$BUDGET" --dense-layers "$DENSE_LAYERS")
         [ "$pol" = qpredictor ] && args+=(--aux "$QPRED")
         "$KVP" bench "${args[@]}" >"$OUT/run.json"
-        jq -c --arg shape "$shape" --argjson layers "$layers" '{shape: $shape, layers: $layers,
+        jq -c --arg shape "$shape" --argjson layers "$layers" --argjson dl "$DENSE_LAYERS" \
+            '{shape: $shape, layers: $layers, dense_layers: (if .policy == "none" then null else $dl end),
             policy, budget, ctx, threads, weight_type, decode_tokens_per_s,
             decode_ms_per_token, policy_share: (.policy_share // 0),
             windowed_attention_share, global_attention_share,
@@ -72,6 +76,6 @@ jq -sc --arg date "$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
     '{summary: "sparse policies on Gemma shapes: decode tokens/s, the policy'"'"'s share, the
       windowed (sliding-window) and global layers'"'"' shares of attention time and resident KV",
       date: $date, commit: $commit, machine: $machine, threads: $threads,
-      rows: [.[] | {shape, layers, policy, budget, ctx, decode_tokens_per_s, policy_share,
+      rows: [.[] | {shape, layers, dense_layers, policy, budget, ctx, decode_tokens_per_s, policy_share,
                     windowed_attention_share, global_attention_share, windowed_kv_share,
                     kv_resident_mib: (.kv_resident_bytes / 1048576)}]}' "$RES"
