@@ -30,7 +30,10 @@ static inline float kvp_tanh_fast(float y)
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    const int32_t bits = ((int32_t)n + 127) * (1 << 23);
+    /* n is within [-26, 26] for every number; a NaN (which stays NaN through p) is kept away
+     * from the conversion, where it would be undefined */
+    const float nn = n >= -126.0f ? n : -126.0f;
+    const int32_t bits = ((int32_t)nn + 127) * (1 << 23);
     float scale;
     memcpy(&scale, &bits, sizeof(scale));
     return 1.0f - 2.0f / (p * scale + 1.0f);
