@@ -692,8 +692,7 @@ def arch_peers(name="arch_peers.json"):
     recs = [{"date": x["date"], "commit": x["commit"], "machine": x["machine"]} for x in s["runs"]]
     return table(["shape", "weights", "test", "kvpred tok/s", "llama.cpp tok/s", "ratio", "date",
                   "commit"], rows), provenance(
-        recs, name, "REPS=5 TG=64 scripts/bench_arch.sh (SHAPES=Gemma-2-2B: the Gemma rows alone; "
-        "each row from the latest run that has it)")
+        recs, name, "REPS=5 TG=64 scripts/bench_arch.sh (each row from the latest run that has it)")
 
 
 def arch_policies(name="arch_policies.json"):
@@ -763,8 +762,8 @@ SECTIONS = [
      "files in alternation, 5 reps, medians (docs/architectures.md). pp512: prefill of 512 "
      "tokens; tg64: decode of 64 tokens from an empty cache. Both engines stream the weights "
      "from memory in decode, so its rows move with the host's memory bandwidth, which its "
-     "neighbours shared: the run before the Gemma rows' had Gemma-2-2B Q4_K at 20.34 against "
-     "20.89 tok/s (0.97×), Q8_0 at 15.17 against 12.99 (1.17×)."),
+     "neighbours shared: single reps swing by ±15 %, and an earlier run that day had "
+     "Gemma-2-2B Q4_K at 20.34 against 20.89 tok/s (0.97×)."),
     ("Policies on Gemma shapes at 32768 tokens", arch_policies,
      "Gemma 3 1B cut to 6 layers (5 windowed, 1 global) and Gemma 2 2B cut to 2 (1 and 1), "
      "random weights, Q8_0, 2 threads, budget 1/16: decode speed per policy and where the "
