@@ -386,22 +386,6 @@ static void test_bench_fill_text(void **state)
     free(txt);
 }
 
-/* The JSON objects cmd prints, one a line, into js[0..cap); returns how many. */
-static int run_json_lines(const char *cmd, cJSON **js, int cap)
-{
-    char *out = NULL;
-    assert_int_equal(kvp_test_run(cmd, &out, 0), 0);
-    int n = 0;
-    for (char *line = strtok(out, "\n"); line && n < cap; line = strtok(NULL, "\n")) {
-        js[n] = cJSON_Parse(line);
-        if (!js[n])
-            print_message("%s printed:\n%s\n", cmd, line);
-        assert_non_null(js[n++]);
-    }
-    free(out);
-    return n;
-}
-
 /* `bench` with several --policy entries decodes each from one fill (each attaches its policy to
  * the shared cache and evaluates the fill's last 32 tokens): each entry's last decoded logits are
  * bit for bit those of a run of that policy alone with the same fill (a sparse prefill, a tiled
@@ -436,7 +420,7 @@ static void test_bench_policy_list(void **state)
         snprintf(cmd, sizeof(cmd), "%s %s %s %s %s 2>/dev/null", base, entries[0], entries[1],
                  entries[2], entries[3]);
         cJSON *list[N_ENTRIES + 1] = {0};
-        assert_int_equal(run_json_lines(cmd, list, N_ENTRIES + 1), N_ENTRIES);
+        assert_int_equal(kvp_test_run_json_lines(cmd, list, N_ENTRIES + 1), N_ENTRIES);
         for (int k = 0; k < N_ENTRIES; k++) {
             snprintf(one, sizeof(one), "%s %s 2>/dev/null", base, entries[k]);
             cJSON *alone = run_json(one);

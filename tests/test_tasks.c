@@ -413,23 +413,6 @@ static void test_protocol_library(void **state)
     kvp_model_close(m);
 }
 
-/* The rows of an `eval --task --json` command, one object a line, into js[0..cap); returns how
- * many. */
-static int eval_rows(const char *cmd, cJSON **js, int cap)
-{
-    char *out = NULL;
-    assert_int_equal(kvp_test_run(cmd, &out, 0), 0);
-    int n = 0;
-    for (char *line = strtok(out, "\n"); line && n < cap; line = strtok(NULL, "\n")) {
-        js[n] = cJSON_Parse(line);
-        if (!js[n])
-            print_message("%s printed:\n%s\n", cmd, line);
-        assert_non_null(js[n++]);
-    }
-    free(out);
-    return n;
-}
-
 /* One fill for many runs (task_eval.h): in a grid of full, quest, qpredictor and snapkv, every
  * cell answers bit for bit as the run of its policy alone and as the grid with every run's own
  * whole prefill (--no-shared-fill): answer_fnv hashes each sample's answer and its last logits,
@@ -451,17 +434,17 @@ static void shared_fill_grid(const char *root, const char *cli, const char *pref
     enum { N_POL = 4, N_LEN = 2 };
     cJSON *list[N_POL * N_LEN + 1] = {0}, *own[N_POL * N_LEN + 1] = {0};
     snprintf(cmd, sizeof(cmd), "%s --policy full,quest,qpredictor,snapkv 2>/dev/null", base);
-    assert_int_equal(eval_rows(cmd, list, N_POL * N_LEN + 1), N_POL * N_LEN);
+    assert_int_equal(kvp_test_run_json_lines(cmd, list, N_POL * N_LEN + 1), N_POL * N_LEN);
     snprintf(cmd, sizeof(cmd), "%s --policy full,quest,qpredictor,snapkv --no-shared-fill "
              "2>/dev/null", base);
-    assert_int_equal(eval_rows(cmd, own, N_POL * N_LEN + 1), N_POL * N_LEN);
+    assert_int_equal(kvp_test_run_json_lines(cmd, own, N_POL * N_LEN + 1), N_POL * N_LEN);
     static const char *const same[] = {"accuracy",      "exact",          "prompt_tokens",
                                        "budget_tokens", "read_tokens",    "kv_resident_bytes",
                                        "kv_kept_bytes"};
     for (int p = 0; p < N_POL; p++) {
         cJSON *alone[N_LEN + 1] = {0};
         snprintf(cmd, sizeof(cmd), "%s --policy %s 2>/dev/null", base, pols[p]);
-        assert_int_equal(eval_rows(cmd, alone, N_LEN + 1), N_LEN);
+        assert_int_equal(kvp_test_run_json_lines(cmd, alone, N_LEN + 1), N_LEN);
         for (int li = 0; li < N_LEN; li++) {
             cJSON *a = alone[li], *b = list[p * N_LEN + li], *o = own[p * N_LEN + li];
             assert_string_equal(cJSON_GetObjectItem(b, "policy")->valuestring, pols[p]);

@@ -12,6 +12,8 @@
 #include <unistd.h>
 #include <math.h>
 
+#include <cjson/cJSON.h>
+
 #include "core/stream.h"
 
 /* KVP_TEST_FILTER=PATTERN: run only the cmocka tests of this program whose names match (cmocka's
@@ -204,6 +206,21 @@ int kvp_test_run(const char *cmd, char **output, int merge_stderr)
     else
         free(buf);
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+int kvp_test_run_json_lines(const char *cmd, cJSON **js, int cap)
+{
+    char *out = NULL;
+    assert_int_equal(kvp_test_run(cmd, &out, 0), 0);
+    int n = 0;
+    for (char *line = strtok(out, "\n"); line && n < cap; line = strtok(NULL, "\n")) {
+        js[n] = cJSON_Parse(line);
+        if (!js[n])
+            print_message("%s printed:\n%s\n", cmd, line);
+        assert_non_null(js[n++]);
+    }
+    free(out);
+    return n;
 }
 
 /* ---- llama.cpp tokenizer test vectors ---- */

@@ -95,6 +95,12 @@ int kvp_test_write_file(const char *path, const void *data, size_t size);
  * Returns the exit status (or -1). */
 int kvp_test_run(const char *cmd, char **output, int merge_stderr);
 
+/* Run cmd (it must exit 0) and parse each line it prints on stdout as one JSON object into
+ * js[0..cap) (the caller cJSON_Deletes them); a line that is not JSON fails the test, printed.
+ * Returns how many. */
+struct cJSON;
+int kvp_test_run_json_lines(const char *cmd, struct cJSON **js, int cap);
+
 /* ---- llama.cpp tokenizer test vectors ---- */
 struct kvp_vocab;
 
