@@ -1,8 +1,8 @@
 /*
- * A growing byte buffer for writing small binary files in one piece (the predictor's .kvpp and
- * the prefill gate's .kvpg): the writer appends fields, then kvp_bytebuf_save checks `fail`
- * once, appends the FNV-1a checksum and writes the file, so a file on disk is never half
- * written by an allocation failure.
+ * A growing byte buffer for writing binary files in one piece: the writer appends fields and
+ * checks the sticky `fail` once at the end. The predictor's .kvpp and the prefill gate's .kvpg
+ * end with kvp_bytebuf_save (the FNV-1a checksum, then the file), so a file on disk is never
+ * half written by an allocation failure; the GGUF writer encodes its values and header with it.
  */
 #ifndef KVP_CORE_BYTEBUF_H
 #define KVP_CORE_BYTEBUF_H
@@ -22,7 +22,7 @@ struct kvp_bytebuf {
 
 static inline void kvp_bytebuf_put(struct kvp_bytebuf *b, const void *src, size_t n)
 {
-    if (b->fail)
+    if (b->fail || n == 0) /* n 0: src may be NULL (an empty array), which memcpy may not get */
         return;
     if (n > b->cap - b->n) {
         const size_t grow = b->cap ? b->cap : 1024;

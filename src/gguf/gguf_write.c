@@ -29,6 +29,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/bytebuf.h"
 #include "core/cursor.h"
 #include "kernels/types.h"
 
@@ -43,14 +44,6 @@ static const uint8_t wr_vtype_size[KVP_GGUF_VTYPE_COUNT] = {
     [KVP_GGUF_FLOAT32] = 4, [KVP_GGUF_BOOL] = 1,    [KVP_GGUF_STRING] = 0,
     [KVP_GGUF_ARRAY] = 0,   [KVP_GGUF_UINT64] = 8,  [KVP_GGUF_INT64] = 8,
     [KVP_GGUF_FLOAT64] = 8,
-};
-
-/* A growable byte buffer; oom is sticky so a sequence of puts needs one check at the end. */
-struct wbuf {
-    uint8_t *p;  /* owned */
-    size_t n;
-    size_t cap;
-    bool oom;
 };
 
 struct wkv {
@@ -79,48 +72,11 @@ struct kvp_gguf_writer {
 
 /* ======================================================================== byte buffers ===== */
 
-static void wb_put(struct wbuf *b, const void *src, size_t n)
+/* A GGUF string: its length, then its bytes. */
+static void wb_str(struct kvp_bytebuf *b, const char *s, size_t n)
 {
-    if (b->oom || n == 0)
-        return;
-    if (n > b->cap - b->n) {
-        size_t need, cap = b->cap ? b->cap : 64;
-        if (!kvp_add_ok(b->n, n, &need)) {
-            b->oom = true;
-            return;
-        }
-        while (cap < need) {
-            if (!kvp_mul_ok(cap, 2, &cap)) {
-                b->oom = true;
-                return;
-            }
-        }
-        uint8_t *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, src, n);
-    b->n += n;
-}
-
-static void wb_u32(struct wbuf *b, uint32_t v)
-{
-    wb_put(b, &v, 4); /* x86-64 is little-endian like the file */
-}
-
-static void wb_u64(struct wbuf *b, uint64_t v)
-{
-    wb_put(b, &v, 8);
-}
-
-static void wb_str(struct wbuf *b, const char *s, size_t n)
-{
-    wb_u64(b, n);
-    wb_put(b, s, n);
+    kvp_bytebuf_u64(b, n);
+    kvp_bytebuf_put(b, s, n);
 }
 
 /* ============================================================================= setters ===== */
@@ -135,9 +91,9 @@ static int fail(struct kvp_gguf_writer *w, int code, const char *what, const cha
 
 /* Store an encoded value (ownership of b->p moves to the writer) under key: replaces the value
  * of an existing key in place, or appends. */
-static int put_value(struct kvp_gguf_writer *w, const char *key, struct wbuf *b)
+static int put_value(struct kvp_gguf_writer *w, const char *key, struct kvp_bytebuf *b)
 {
-    if (b->oom) {
+    if (b->fail) {
         free(b->p);
         return fail(w, KVP_ENOMEM, "out of memory", key);
     }
@@ -215,13 +171,13 @@ int kvp_gguf_writer_set_scalar(struct kvp_gguf_writer *w, const char *key, uint3
         return fail(w, KVP_EINVAL, "not a scalar value type", key);
     if (strcmp(key, "general.alignment") == 0 && (rc = adopt_alignment(w, vtype, v)) < 0)
         return rc;
-    struct wbuf b = {0};
-    wb_u32(&b, vtype);
+    struct kvp_bytebuf b = {0};
+    kvp_bytebuf_u32(&b, vtype);
     if (vtype == KVP_GGUF_BOOL) {
         uint8_t byte = *(const bool *)v ? 1 : 0;
-        wb_put(&b, &byte, 1);
+        kvp_bytebuf_put(&b, &byte, 1);
     } else {
-        wb_put(&b, v, wr_vtype_size[vtype]);
+        kvp_bytebuf_put(&b, v, wr_vtype_size[vtype]);
     }
     return put_value(w, key, &b);
 }
@@ -237,17 +193,17 @@ int kvp_gguf_writer_set_arr(struct kvp_gguf_writer *w, const char *key, uint32_t
         return fail(w, KVP_EINVAL, "not a scalar element type", key);
     if (n > WRITER_MAX_ARR_LEN)
         return fail(w, KVP_EINVAL, "array longer than 2^30 elements", key);
-    struct wbuf b = {0};
-    wb_u32(&b, KVP_GGUF_ARRAY);
-    wb_u32(&b, elem);
-    wb_u64(&b, n);
+    struct kvp_bytebuf b = {0};
+    kvp_bytebuf_u32(&b, KVP_GGUF_ARRAY);
+    kvp_bytebuf_u32(&b, elem);
+    kvp_bytebuf_u64(&b, n);
     if (elem == KVP_GGUF_BOOL) {
         for (size_t i = 0; i < n; i++) {
             uint8_t byte = ((const bool *)v)[i] ? 1 : 0;
-            wb_put(&b, &byte, 1);
+            kvp_bytebuf_put(&b, &byte, 1);
         }
     } else {
-        wb_put(&b, v, n * wr_vtype_size[elem]);
+        kvp_bytebuf_put(&b, v, n * wr_vtype_size[elem]);
     }
     return put_value(w, key, &b);
 }
@@ -261,8 +217,8 @@ int kvp_gguf_writer_set_strn(struct kvp_gguf_writer *w, const char *key, const c
         return rc;
     if (!s && len)
         return fail(w, KVP_EINVAL, "NULL string", key);
-    struct wbuf b = {0};
-    wb_u32(&b, KVP_GGUF_STRING);
+    struct kvp_bytebuf b = {0};
+    kvp_bytebuf_u32(&b, KVP_GGUF_STRING);
     wb_str(&b, s, len);
     return put_value(w, key, &b);
 }
@@ -284,10 +240,10 @@ int kvp_gguf_writer_set_arr_str(struct kvp_gguf_writer *w, const char *key,
         return fail(w, KVP_EINVAL, "NULL string array", key);
     if (n > WRITER_MAX_ARR_LEN)
         return fail(w, KVP_EINVAL, "array longer than 2^30 elements", key);
-    struct wbuf b = {0};
-    wb_u32(&b, KVP_GGUF_ARRAY);
-    wb_u32(&b, KVP_GGUF_STRING);
-    wb_u64(&b, n);
+    struct kvp_bytebuf b = {0};
+    kvp_bytebuf_u32(&b, KVP_GGUF_ARRAY);
+    kvp_bytebuf_u32(&b, KVP_GGUF_STRING);
+    kvp_bytebuf_u64(&b, n);
     for (size_t i = 0; i < n; i++) {
         if (!strs[i] && (!lens || lens[i])) {
             free(b.p);
@@ -458,23 +414,23 @@ static bool layout(const struct kvp_gguf_writer *w, size_t *offs, size_t *data_o
 static void serialize(const struct kvp_gguf_writer *w, const size_t *offs, size_t data_off,
                       uint8_t *buf)
 {
-    struct wbuf b = {.p = buf, .cap = data_off}; /* exactly sized: never reallocates */
-    wb_put(&b, "GGUF", 4);
-    wb_u32(&b, 3);
-    wb_u64(&b, w->n_t);
-    wb_u64(&b, w->n_kv);
+    struct kvp_bytebuf b = {.p = buf, .cap = data_off}; /* exactly sized: never reallocates */
+    kvp_bytebuf_put(&b, "GGUF", 4);
+    kvp_bytebuf_u32(&b, 3);
+    kvp_bytebuf_u64(&b, w->n_t);
+    kvp_bytebuf_u64(&b, w->n_kv);
     for (size_t i = 0; i < w->n_kv; i++) {
         wb_str(&b, w->kv[i].key, strlen(w->kv[i].key));
-        wb_put(&b, w->kv[i].val, w->kv[i].val_len);
+        kvp_bytebuf_put(&b, w->kv[i].val, w->kv[i].val_len);
     }
     for (size_t i = 0; i < w->n_t; i++) {
         const struct wtensor *t = &w->t[i];
         wb_str(&b, t->name, strlen(t->name));
-        wb_u32(&b, t->n_dims);
+        kvp_bytebuf_u32(&b, t->n_dims);
         for (uint32_t d = 0; d < t->n_dims; d++)
-            wb_u64(&b, (uint64_t)t->ne[d]);
-        wb_u32(&b, t->type);
-        wb_u64(&b, offs[i]);
+            kvp_bytebuf_u64(&b, (uint64_t)t->ne[d]);
+        kvp_bytebuf_u32(&b, t->type);
+        kvp_bytebuf_u64(&b, offs[i]);
     }
     for (size_t i = 0; i < w->n_t; i++)
         if (w->t[i].nbytes)
